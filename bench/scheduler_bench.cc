@@ -1,0 +1,384 @@
+// The scheduler under load, through its real gRPC face: submit throughput,
+// start latency, and a scheduler holding 100,000 queued jobs for 1,000
+// simulated workers. Prints a markdown table; the figures are not asserted.
+//
+//   scheduler_bench [--jobs N] [--queued N] [--workers N] [--chain N]
+//   scheduler_bench --stamp FILE   (used as a job: appends the time and exits)
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/endpoint.h"
+#include "dlbatch/v1/scheduler.grpc.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string SelfDir() {
+  return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
+}
+
+int Stamp(const char* file) {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  int fd = open(file, O_WRONLY | O_CREAT | O_APPEND, 0644);
+  std::string line = absl::StrCat(static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec,
+                                  " ", getenv("DLBATCH_JOB_ID") ? getenv("DLBATCH_JOB_ID") : "0",
+                                  "\n");
+  (void)!write(fd, line.data(), line.size());
+  close(fd);
+  return 0;
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<std::string> store = argv;
+  std::vector<char*> args;
+  for (auto& a : store) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// A scheduler process in its own temp folder.
+struct Scheduler {
+  std::string dir;
+  std::string address;
+  pid_t pid = 0;
+  std::shared_ptr<grpc::Channel> channel;
+
+  explicit Scheduler(const std::string& root, const std::string& name) {
+    dir = root + "/" + name;
+    std::filesystem::create_directories(dir);
+    address = "unix:" + dir + "/s.sock";
+    std::string ready = dir + "/ready";
+    pid = Spawn({SelfDir() + "/dlbatch-scheduler", "--state-dir", dir + "/state", "--listen",
+                 address, "--ready-file", ready, "--heartbeat-timeout", "120s"},
+                dir + "/scheduler.log");
+    for (int i = 0; i < 300 && !std::filesystem::exists(ready); ++i) usleep(50000);
+    dlbatch::ChannelConfig config;
+    config.endpoint = *dlbatch::ParseEndpoint(address);
+    channel = dlbatch::MakeChannel(config);
+  }
+  ~Scheduler() {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  std::unique_ptr<dlbatch::v1::Scheduler::Stub> Stub() const {
+    dlbatch::ChannelConfig config;
+    config.endpoint = *dlbatch::ParseEndpoint(address);
+    // A channel per client, as separate processes would have.
+    return dlbatch::v1::Scheduler::NewStub(dlbatch::MakeChannel(config));
+  }
+  dlbatch::v1::Stats Stats(bool reset = false) const {
+    auto stub = dlbatch::v1::Scheduler::NewStub(channel);
+    grpc::ClientContext ctx;
+    dlbatch::v1::GetStatsRequest req;
+    req.set_reset_max(reset);
+    dlbatch::v1::Stats stats;
+    (void)stub->GetStats(&ctx, req, &stats);
+    return stats;
+  }
+};
+
+// A worker that registers over the real stream and holds whatever it is given.
+class SimWorker {
+ public:
+  SimWorker(std::shared_ptr<grpc::Channel> channel, std::string name, std::string profile,
+            int slots)
+      : stub_(dlbatch::v1::WorkerLink::NewStub(channel)) {
+    stream_ = stub_->Connect(&ctx_);
+    dlbatch::v1::WorkerMessage hello;
+    auto* reg = hello.mutable_register_();
+    reg->set_name(name);
+    reg->set_host("sim");
+    reg->set_profile(profile);
+    for (int i = 0; i < slots; ++i) {
+      auto* d = reg->add_devices();
+      d->set_index(i);
+      d->set_kind("cpu");
+    }
+    stream_->Write(hello);
+    dlbatch::v1::SchedulerMessage reply;
+    stream_->Read(&reply);
+    reader_ = std::thread([this] {
+      dlbatch::v1::SchedulerMessage m;
+      while (stream_->Read(&m)) {
+        if (m.has_start()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          held_.push_back(m.start());
+        }
+      }
+    });
+  }
+  ~SimWorker() {
+    ctx_.TryCancel();
+    reader_.join();
+  }
+  // Ends one held job; false if it holds none.
+  bool EndOne() {
+    dlbatch::v1::StartJob start;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (held_.empty()) return false;
+      start = held_.front();
+      held_.erase(held_.begin());
+    }
+    dlbatch::v1::WorkerMessage m;
+    auto* e = m.mutable_ended();
+    e->set_job_id(start.job_id());
+    e->set_attempt(start.attempt());
+    e->set_part(start.part());
+    e->set_state(dlbatch::v1::JOB_STATE_FINISHED);
+    std::lock_guard<std::mutex> lock(write_mu_);
+    return stream_->Write(m);
+  }
+  void Beat() {
+    dlbatch::v1::WorkerMessage m;
+    m.mutable_heartbeat()->set_time_ms(1);
+    std::lock_guard<std::mutex> lock(write_mu_);
+    stream_->Write(m);
+  }
+  size_t held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.size();
+  }
+
+ private:
+  std::unique_ptr<dlbatch::v1::WorkerLink::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<dlbatch::v1::WorkerMessage,
+                                           dlbatch::v1::SchedulerMessage>>
+      stream_;
+  std::thread reader_;
+  std::mutex mu_, write_mu_;
+  std::vector<dlbatch::v1::StartJob> held_;
+};
+
+dlbatch::v1::SubmitJobRequest Request(const std::string& profile, int64_t n,
+                                      std::vector<std::string> argv = {"true"}) {
+  dlbatch::v1::SubmitJobRequest req;
+  req.set_request_id(absl::StrCat("bench-", getpid(), "-", n));
+  req.set_user("bench");
+  auto* spec = req.mutable_spec();
+  spec->set_name(absl::StrCat("job-", n));
+  spec->set_profile(profile);
+  spec->set_pool(1);
+  for (auto& a : argv) spec->mutable_command()->add_argv(a);
+  return req;
+}
+
+// Submits `total` jobs from `clients` concurrent clients; returns jobs/s.
+double SubmitMany(const Scheduler& s, const std::string& profile, int64_t total, int clients,
+                  int64_t first) {
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> errors{0};
+  auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&] {
+      auto stub = s.Stub();
+      for (;;) {
+        int64_t n = next.fetch_add(1);
+        if (n >= total) return;
+        grpc::ClientContext ctx;
+        dlbatch::v1::SubmitJobReply reply;
+        if (!stub->SubmitJob(&ctx, Request(profile, first + n), &reply).ok()) ++errors;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  double secs = Seconds(t0, Clock::now());
+  if (errors > 0) std::cerr << "submit errors: " << errors << "\n";
+  return static_cast<double>(total) / secs;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+struct Row {
+  std::string what, value, goal, verdict;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--stamp") return Stamp(argv[2]);
+  int64_t jobs = 10000, queued = 100000, chain = 200;
+  int workers = 1000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    int64_t v = std::stoll(argv[i + 1]);
+    if (flag == "--jobs") jobs = v;
+    else if (flag == "--queued") queued = v;
+    else if (flag == "--workers") workers = static_cast<int>(v);
+    else if (flag == "--chain") chain = v;
+    else {
+      std::cerr << "usage: scheduler_bench [--jobs N] [--queued N] [--workers N] [--chain N]\n";
+      return 2;
+    }
+  }
+  signal(SIGPIPE, SIG_IGN);
+  char tmpl[] = "/tmp/dlbb-XXXXXX";
+  std::string root = mkdtemp(tmpl);
+  std::vector<Row> rows;
+  auto verdict = [](bool met) { return std::string(met ? "met" : "MISSED"); };
+
+  // 1. Submit throughput: jobs queue behind one held slot.
+  {
+    Scheduler s(root, "submit");
+    SimWorker holder(s.channel, "holder", "local", 1);
+    double one = SubmitMany(s, "local", jobs, 1, 0);
+    double sixteen = SubmitMany(s, "local", jobs, 16, jobs);
+    rows.push_back({absl::StrFormat("submit, 1 client, %d jobs", jobs),
+                    absl::StrFormat("%.0f jobs/s", one), ">= 5000 jobs/s", verdict(one >= 5000)});
+    rows.push_back({absl::StrFormat("submit, 16 clients, %d jobs", jobs),
+                    absl::StrFormat("%.0f jobs/s", sixteen), ">= 5000 jobs/s",
+                    verdict(sixteen >= 5000)});
+  }
+
+  // 2. Start latency: a chain of jobs on one real worker's single slot.
+  {
+    Scheduler s(root, "latency");
+    std::string stamps = s.dir + "/stamps";
+    pid_t worker = Spawn({SelfDir() + "/dlbatch-worker", "--scheduler", s.address, "--work-dir",
+                          s.dir + "/work", "--cpu-slots", "1", "--name", "w"},
+                         s.dir + "/worker.log");
+    for (int i = 0; i < 200; ++i) {
+      auto stub = s.Stub();
+      grpc::ClientContext ctx;
+      dlbatch::v1::ListWorkersReply reply;
+      stub->ListWorkers(&ctx, dlbatch::v1::ListWorkersRequest(), &reply);
+      if (reply.workers_size() > 0 && reply.workers(0).online()) break;
+      usleep(50000);
+    }
+    auto stub = s.Stub();
+    std::vector<int64_t> ids;
+    for (int64_t n = 0; n < chain; ++n) {
+      grpc::ClientContext ctx;
+      dlbatch::v1::SubmitJobReply reply;
+      stub->SubmitJob(&ctx, Request("local", n, {SelfDir() + "/scheduler_bench", "--stamp", stamps}),
+                      &reply);
+      ids.push_back(reply.job_id());
+    }
+    grpc::ClientContext ctx;
+    dlbatch::v1::WaitJobsRequest wait;
+    for (int64_t id : ids) wait.add_job_ids(id);
+    dlbatch::v1::WaitJobsReply waited;
+    stub->WaitJobs(&ctx, wait, &waited);
+    std::ifstream in(stamps);
+    std::vector<std::pair<int64_t, int64_t>> seen;  // job id, ns
+    int64_t ns, id;
+    while (in >> ns >> id) seen.emplace_back(id, ns);
+    std::sort(seen.begin(), seen.end());
+    std::vector<double> gaps;
+    for (size_t i = 6; i < seen.size(); ++i) {
+      gaps.push_back(static_cast<double>(seen[i].second - seen[i - 1].second) / 1e6);
+    }
+    double med = Percentile(gaps, 0.5), p99 = Percentile(gaps, 0.99);
+    rows.push_back({absl::StrFormat("start latency, median (%d jobs)", gaps.size()),
+                    absl::StrFormat("%.1f ms", med), "<= 20 ms", verdict(med <= 20)});
+    rows.push_back({"start latency, p99", absl::StrFormat("%.1f ms", p99), "<= 100 ms",
+                    verdict(p99 <= 100)});
+    kill(worker, SIGTERM);
+    waitpid(worker, nullptr, 0);
+  }
+
+  // 3. Scale: many simulated workers, every slot busy, `queued` jobs waiting.
+  {
+    Scheduler s(root, "scale");
+    const int slots = 8;
+    std::vector<std::unique_ptr<SimWorker>> sims;
+    auto t0 = Clock::now();
+    for (int w = 0; w < workers; ++w) {
+      sims.push_back(std::make_unique<SimWorker>(s.channel, absl::StrCat("sim-", w), "local",
+                                                 slots));
+    }
+    double join_s = Seconds(t0, Clock::now());
+    int64_t total = queued + static_cast<int64_t>(workers) * slots;
+    double rate = SubmitMany(s, "local", total, 16, 0);
+    std::atomic<bool> stop{false};
+    std::thread beats([&] {
+      while (!stop) {
+        for (auto& w : sims) w->Beat();
+        for (int i = 0; i < 50 && !stop; ++i) usleep(100000);
+      }
+    });
+    dlbatch::v1::Stats before = s.Stats(/*reset=*/true);
+    // Churn: jobs end one at a time; each end runs a pass that starts one.
+    int ended = 0;
+    for (int i = 0; i < 200; ++i) ended += sims[static_cast<size_t>(i) % sims.size()]->EndOne();
+    usleep(500000);
+    dlbatch::v1::Stats after = s.Stats();
+    auto c0 = Clock::now();
+    std::string cmd = absl::StrCat(SelfDir(), "/dlbatch --scheduler ", s.address,
+                                   " jobs > /dev/null");
+    int rc = system(cmd.c_str());
+    double jobs_s = Seconds(c0, Clock::now());
+    auto q0 = Clock::now();
+    cmd = absl::StrCat(SelfDir(), "/dlbatch --scheduler ", s.address,
+                       " jobs --state running > /dev/null");
+    rc |= system(cmd.c_str());
+    double running_s = Seconds(q0, Clock::now());
+    stop = true;
+    beats.join();
+    rows.push_back({absl::StrFormat("%d simulated workers join", workers),
+                    absl::StrFormat("%.2f s", join_s), "-", "-"});
+    rows.push_back({absl::StrFormat("submit %d jobs, 16 clients", total),
+                    absl::StrFormat("%.0f jobs/s", rate), "-", "-"});
+    rows.push_back({absl::StrFormat("queued / running jobs"),
+                    absl::StrFormat("%d / %d", after.queued(), after.running()), "-", "-"});
+    rows.push_back({absl::StrFormat("placement pass, max over %d churn passes",
+                                    after.placement_passes() - before.placement_passes()),
+                    absl::StrFormat("%.2f ms", after.max_pass_ms()), "<= 10 ms",
+                    verdict(after.max_pass_ms() <= 10)});
+    rows.push_back({"`dlbatch jobs` (all jobs, table)", absl::StrFormat("%.2f s", jobs_s),
+                    "<= 1 s", verdict(jobs_s <= 1 && rc == 0)});
+    rows.push_back({"`dlbatch jobs --state running`", absl::StrFormat("%.2f s", running_s), "-",
+                    "-"});
+    double rss_mb = static_cast<double>(after.rss_bytes()) / (1 << 20);
+    rows.push_back({"scheduler RSS", absl::StrFormat("%.0f MB", rss_mb), "<= 500 MB",
+                    verdict(rss_mb <= 500)});
+    (void)ended;
+  }
+
+  std::printf("| measure | value | goal | |\n|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    std::printf("| %s | %s | %s | %s |\n", r.what.c_str(), r.value.c_str(), r.goal.c_str(),
+                r.verdict.c_str());
+  }
+  std::filesystem::remove_all(root);
+  return 0;
+}

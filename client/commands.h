@@ -1,0 +1,49 @@
+// The CLI's commands. Each takes its parsed options, talks to the scheduler
+// through a Connection, prints to stdout (errors are returned, and main
+// prints them on stderr) and returns the process exit code.
+#ifndef DLBATCH_CLIENT_COMMANDS_H_
+#define DLBATCH_CLIENT_COMMANDS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/connection.h"
+
+namespace dlbatch::client {
+
+struct SubmitOptions {
+  std::string job_file;
+  std::optional<int> pool;
+  std::optional<std::string> profile;
+  std::optional<int> priority;
+  std::optional<std::string> name;
+  bool follow = false;
+  bool quiet = false;  // print only the id
+};
+absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& options);
+
+struct JobsOptions {
+  std::vector<std::string> states;
+  bool json = false;
+  int limit = 0;
+};
+absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options);
+absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json);
+absl::StatusOr<int> Diary(Connection& conn, int64_t job_id, bool follow, bool timestamps);
+absl::StatusOr<int> Cancel(Connection& conn, const std::vector<int64_t>& job_ids);
+absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,
+                         int64_t timeout_ms);
+absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id, const std::string& dir,
+                                 bool list_only);
+absl::StatusOr<int> Workers(Connection& conn, bool json);
+absl::StatusOr<int> Profiles(Connection& conn, bool json);
+
+// Exit code of `wait` and `submit --follow` for a job that ended in `state`.
+int ExitCodeFor(v1::JobState state);
+
+}  // namespace dlbatch::client
+
+#endif  // DLBATCH_CLIENT_COMMANDS_H_

@@ -1,0 +1,341 @@
+// submit, jobs, show, diary, cancel, wait.
+#include <google/protobuf/util/json_util.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/commands.h"
+#include "client/format.h"
+#include "common/blob_transfer.h"
+#include "common/clock.h"
+#include "common/duration.h"
+#include "common/files.h"
+#include "common/status.h"
+#include "proto/jobspec_yaml.h"
+
+namespace dlbatch::client {
+namespace fs = std::filesystem;
+namespace {
+
+std::string RandomRequestId() {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd());
+  return absl::StrFormat("%016x%016x", gen(), gen());
+}
+
+std::string CurrentUser() {
+  if (const struct passwd* pw = ::getpwuid(::geteuid())) return pw->pw_name;
+  return absl::StrCat("uid", ::geteuid());
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+struct LocalFile {
+  std::string source;  // on this machine
+  std::string path;    // in the job's working folder
+};
+
+// Expands `attach:` entries into files, relative to the job file's folder.
+absl::StatusOr<std::vector<LocalFile>> ResolveAttachments(const std::vector<std::string>& attach,
+                                                          const std::string& job_file) {
+  fs::path base = fs::absolute(job_file).parent_path();
+  std::vector<LocalFile> files;
+  for (const std::string& entry : attach) {
+    fs::path written(entry);
+    fs::path source = written.is_absolute() ? written : base / written;
+    source = source.lexically_normal();
+    std::error_code ec;
+    if (!fs::exists(source, ec)) {
+      return absl::NotFoundError(absl::StrCat("attach: '", entry, "' not found (looked for ",
+                                              source.string(), ")"));
+    }
+    fs::path layout = written.lexically_normal();
+    std::string first = layout.begin() != layout.end() ? layout.begin()->string() : "";
+    if (written.is_absolute() || first == "..") layout = source.filename();
+    if (layout.filename().empty()) layout = layout.parent_path();  // "data/"
+    if (fs::is_directory(source, ec)) {
+      if (source.filename().empty()) source = source.parent_path();
+      for (auto it = fs::recursive_directory_iterator(source, ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        if (!it->is_regular_file(ec)) continue;
+        files.push_back({it->path().string(),
+                         (layout / fs::relative(it->path(), source, ec)).string()});
+      }
+      if (ec) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("attach: cannot read ", source.string(), ": ", ec.message()));
+      }
+    } else {
+      files.push_back({source.string(), layout.string()});
+    }
+  }
+  return files;
+}
+
+}  // namespace
+
+int ExitCodeFor(v1::JobState state) {
+  return state == v1::JOB_STATE_FINISHED ? 0 : 1;
+}
+
+absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& options) {
+  // Everything that can be checked here is, before the scheduler is touched.
+  ASSIGN_OR_RETURN(ParsedJobFile parsed, ReadJobFile(options.job_file));
+  v1::JobSpec& spec = parsed.spec;
+  if (options.pool) spec.set_pool(*options.pool);
+  if (options.profile) spec.set_profile(*options.profile);
+  if (options.priority) spec.set_priority(*options.priority);
+  if (options.name) spec.set_name(*options.name);
+  if (spec.name().empty()) spec.set_name(fs::path(options.job_file).stem().string());
+  if (spec.pool() < 0 || (options.pool && *options.pool <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool ", spec.pool(), " is not a number of slots; use --pool 1 or more"));
+  }
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  ASSIGN_OR_RETURN(auto files, ResolveAttachments(parsed.attach, options.job_file));
+
+  ASSIGN_OR_RETURN(auto conn, Connection::Open(flags));
+  int64_t total = 0;
+  for (const auto& f : files) {
+    std::error_code ec;
+    total += static_cast<int64_t>(fs::file_size(f.source, ec));
+  }
+  {
+    ProgressBar bar(absl::StrCat("uploading ", files.size(), " file(s)"));
+    int64_t before = 0;
+    for (const auto& f : files) {
+      auto blob = UploadFile(conn->stub(), conn->token(), f.source,
+                             [&](int64_t done, int64_t) { bar.Update(before + done, total); });
+      if (!blob.ok()) {
+        absl::Status s = blob.status();
+        if (s.code() == absl::StatusCode::kUnavailable ||
+            s.code() == absl::StatusCode::kUnauthenticated) {
+          s = conn->Error(ToGrpcStatus(s));
+        }
+        return Annotate(s, absl::StrCat("attach: uploading ", f.source));
+      }
+      before += blob->size;
+      auto* a = spec.add_attach();
+      a->set_path(f.path);
+      a->set_sha256(blob->sha256);
+      a->set_size(blob->size);
+      std::error_code ec;
+      a->set_mode(static_cast<uint32_t>(fs::status(f.source, ec).permissions()) & 0777);
+    }
+  }
+  v1::SubmitJobRequest request;
+  request.set_request_id(RandomRequestId());
+  *request.mutable_spec() = spec;
+  request.set_user(CurrentUser());
+  v1::SubmitJobReply reply;
+  grpc::Status status;
+  // The request id makes a retried submit safe: it never makes two jobs.
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    auto ctx = conn->Context();
+    status = conn->stub()->SubmitJob(ctx.get(), request, &reply);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    usleep(200000 << attempt);
+  }
+  RETURN_IF_ERROR(conn->Error(status));
+  if (options.quiet) {
+    std::cout << reply.job_id() << std::endl;
+  } else {
+    std::cout << "Submitted job " << reply.job_id() << std::endl;
+  }
+  if (!options.follow) return 0;
+  ASSIGN_OR_RETURN(int rc, Diary(*conn, reply.job_id(), /*follow=*/true, false));
+  (void)rc;
+  auto ctx = conn->Context();
+  v1::GetJobRequest get;
+  get.set_job_id(reply.job_id());
+  v1::Job job;
+  RETURN_IF_ERROR(conn->Error(conn->stub()->GetJob(ctx.get(), get, &job)));
+  std::cerr << "job " << job.id() << " " << StateLabel(job.state())
+            << (job.reason().empty() ? "" : ": " + job.reason()) << "\n";
+  return ExitCodeFor(job.state());
+}
+
+absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
+  v1::ListJobsRequest request;
+  for (const std::string& s : options.states) {
+    v1::JobState state;
+    if (!ParseState(s, &state)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown state '", s,
+          "'; use queued, running, cancelling, finished, failed or cancelled"));
+    }
+    request.add_states(state);
+  }
+  request.set_limit(options.limit);
+  v1::ListJobsReply reply;
+  auto ctx = conn.Context();
+  RETURN_IF_ERROR(conn.Error(conn.stub()->ListJobs(ctx.get(), request, &reply)));
+  if (options.json) {
+    std::cout << ToJson(reply);
+    return 0;
+  }
+  Table table({"ID", "NAME", "USER", "STATE", "POOL", "PROFILE", "SUBMITTED", "ELAPSED", "NOTE"});
+  int64_t now = SystemClock::Get()->NowMs();
+  std::string out;
+  for (const v1::Job& job : reply.jobs()) {
+    int64_t end = job.end_time_ms() > 0 ? job.end_time_ms() : now;
+    std::string elapsed = job.start_time_ms() > 0 ? FormatDurationMs(end - job.start_time_ms())
+                                                  : "-";
+    table.Add({absl::StrCat(job.id()), job.spec().name(), job.user(), StateLabel(job.state()),
+               absl::StrCat(job.spec().pool()), job.spec().profile(),
+               LocalTime(job.submit_time_ms()), elapsed, job.reason()});
+  }
+  std::cout << table.Render();
+  return 0;
+}
+
+absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job job;
+  auto ctx = conn.Context();
+  RETURN_IF_ERROR(conn.Error(conn.stub()->GetJob(ctx.get(), request, &job)));
+  if (json) {
+    std::cout << ToJson(job);
+    return 0;
+  }
+  const v1::JobSpec& spec = job.spec();
+  std::string out;
+  absl::StrAppend(&out, "Job ", job.id(), "  ", spec.name(), "  (user ", job.user(), ")\n");
+  absl::StrAppend(&out, "  State:      ", StateLabel(job.state()),
+                  job.attempt() > 0 ? absl::StrCat(" (attempt ", job.attempt(), ")") : "", "\n");
+  if (!job.wait_reason().empty()) absl::StrAppend(&out, "  Waiting:    ", job.wait_reason(), "\n");
+  if (!job.reason().empty()) absl::StrAppend(&out, "  Reason:     ", job.reason(), "\n");
+  absl::StrAppend(&out, "  Profile:    ", spec.profile(), "    Pool: ", spec.pool(),
+                  "    Priority: ", spec.priority(),
+                  spec.time_limit_s() > 0
+                      ? absl::StrCat("    Time limit: ", FormatDurationMs(spec.time_limit_s() * 1000))
+                      : "",
+                  "\n");
+  if (spec.has_command()) {
+    absl::StrAppend(&out, "  Command:    ", absl::StrJoin(spec.command().argv(), " "), "\n");
+  } else if (spec.has_train()) {
+    absl::StrAppend(&out, "  Train:      ", spec.train().network().layers_size(), " layers\n");
+  }
+  for (const auto& part : job.placement()) {
+    absl::StrAppend(&out, "  Placement:  ",
+                    part.worker_name().empty() ? absl::StrCat("#", part.worker_id())
+                                               : part.worker_name(),
+                    " devices [", absl::StrJoin(part.devices(), ","), "]\n");
+  }
+  absl::StrAppend(&out, "  Submitted:  ", LocalTime(job.submit_time_ms()), "\n");
+  if (job.start_time_ms() > 0) {
+    absl::StrAppend(&out, "  Started:    ", LocalTime(job.start_time_ms()), "\n");
+  }
+  if (job.end_time_ms() > 0) {
+    absl::StrAppend(&out, "  Ended:      ", LocalTime(job.end_time_ms()), "  (ran ",
+                    FormatDurationMs(job.end_time_ms() - job.start_time_ms()), ")\n");
+  }
+  if (job.state() == v1::JOB_STATE_FINISHED || job.state() == v1::JOB_STATE_FAILED) {
+    absl::StrAppend(&out, "  Exit code:  ", job.exit_code(), "\n");
+  }
+  absl::StrAppend(&out, "  Diary:      ", job.diary_lines(), " lines (dlbatch diary ", job.id(),
+                  ")\n");
+  absl::StrAppend(&out, "  History:\n");
+  for (const auto& h : job.history()) {
+    absl::StrAppend(&out, "    ", LocalTime(h.time_ms()), "  ", StateLabel(h.state()),
+                    h.attempt() > 0 && h.state() == v1::JOB_STATE_RUNNING
+                        ? absl::StrCat(" (attempt ", h.attempt(), ")")
+                        : "",
+                    h.reason().empty() ? "" : absl::StrCat(": ", h.reason()), "\n");
+  }
+  std::cout << out;
+  return 0;
+}
+
+absl::StatusOr<int> Diary(Connection& conn, int64_t job_id, bool follow, bool timestamps) {
+  v1::ReadDiaryRequest request;
+  request.set_job_id(job_id);
+  request.set_follow(follow);
+  int64_t after = 0;
+  // A follow that loses the scheduler (restart) picks up where it was.
+  for (int retries = 0;; ++retries) {
+    request.set_after(after);
+    auto ctx = conn.Context(/*deadline_ms=*/0);
+    auto reader = conn.stub()->ReadDiary(ctx.get(), request);
+    v1::DiaryChunk chunk;
+    bool ended = false;
+    while (reader->Read(&chunk)) {
+      for (const auto& line : chunk.lines()) {
+        if (timestamps) std::cout << LocalTime(line.time_ms()) << "  ";
+        std::cout << line.text() << "\n";
+        after = line.n();
+      }
+      std::cout.flush();
+      if (chunk.end()) ended = true;
+    }
+    grpc::Status status = reader->Finish();
+    if (status.ok() && (ended || !follow)) return 0;
+    if (status.ok() || (follow && status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                        retries < 150)) {
+      usleep(200000);
+      continue;
+    }
+    return conn.Error(status);
+  }
+}
+
+absl::StatusOr<int> Cancel(Connection& conn, const std::vector<int64_t>& job_ids) {
+  v1::CancelJobsRequest request;
+  for (int64_t id : job_ids) request.add_job_ids(id);
+  v1::CancelJobsReply reply;
+  auto ctx = conn.Context();
+  RETURN_IF_ERROR(conn.Error(conn.stub()->CancelJobs(ctx.get(), request, &reply)));
+  int rc = 0;
+  for (const auto& r : reply.results()) {
+    if (!r.error().empty()) {
+      std::cerr << "dlbatch: " << r.error() << "\n";
+      rc = 1;
+    } else {
+      std::cout << "job " << r.job_id() << " " << StateLabel(r.state()) << "\n";
+    }
+  }
+  return rc;
+}
+
+absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,
+                         int64_t timeout_ms) {
+  v1::WaitJobsRequest request;
+  for (int64_t id : job_ids) request.add_job_ids(id);
+  request.set_timeout_ms(timeout_ms);
+  v1::WaitJobsReply reply;
+  grpc::Status status;
+  for (int retries = 0;; ++retries) {
+    auto ctx = conn.Context(/*deadline_ms=*/0);
+    status = conn.stub()->WaitJobs(ctx.get(), request, &reply);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || retries >= 150) break;
+    usleep(200000);  // the scheduler restarts; wait on
+  }
+  RETURN_IF_ERROR(conn.Error(status));
+  int rc = 0;
+  for (const v1::Job& job : reply.jobs()) {
+    std::cout << "job " << job.id() << " " << StateLabel(job.state())
+              << (job.reason().empty() ? "" : ": " + job.reason()) << "\n";
+    if (ExitCodeFor(job.state()) != 0) rc = 1;
+  }
+  if (reply.timed_out()) {
+    std::cerr << "dlbatch: timed out before every job ended\n";
+    return 2;
+  }
+  return rc;
+}
+
+}  // namespace dlbatch::client

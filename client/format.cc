@@ -1,0 +1,102 @@
+#include "client/format.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/duration.h"
+#include "common/files.h"
+
+namespace dlbatch::client {
+
+std::string Table::Render() const {
+  std::vector<size_t> width;
+  for (const auto& row : rows_) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows_) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string StateLabel(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_QUEUED: return "queued";
+    case v1::JOB_STATE_RUNNING: return "running";
+    case v1::JOB_STATE_CANCELLING: return "cancelling";
+    case v1::JOB_STATE_FINISHED: return "finished";
+    case v1::JOB_STATE_FAILED: return "failed";
+    case v1::JOB_STATE_CANCELLED: return "cancelled";
+    default: return "unknown";
+  }
+}
+
+bool ParseState(const std::string& text, v1::JobState* state) {
+  for (int s = v1::JOB_STATE_QUEUED; s <= v1::JOB_STATE_CANCELLED; ++s) {
+    if (StateLabel(static_cast<v1::JobState>(s)) == text) {
+      *state = static_cast<v1::JobState>(s);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string LocalTime(int64_t ms) {
+  if (ms <= 0) return "-";
+  time_t t = static_cast<time_t>(ms / 1000);
+  struct tm tm;
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+ProgressBar::ProgressBar(std::string label)
+    : label_(std::move(label)),
+      tty_(::isatty(STDERR_FILENO) == 1),
+      start_ms_(SystemClock::Get()->MonotonicMs()) {}
+
+ProgressBar::~ProgressBar() { Done(); }
+
+void ProgressBar::Update(int64_t done, int64_t total) {
+  done_ = done;
+  total_ = total;
+  int64_t now = SystemClock::Get()->MonotonicMs();
+  if (now - last_draw_ms_ < 100 && done < total) return;
+  last_draw_ms_ = now;
+  Draw(false);
+}
+
+void ProgressBar::Done() {
+  if (finished_) return;
+  finished_ = true;
+  if (last_draw_ms_ != 0) Draw(true);
+}
+
+void ProgressBar::Draw(bool final) {
+  if (!tty_) return;
+  constexpr int kWidth = 30;
+  double frac = total_ > 0 ? static_cast<double>(done_) / static_cast<double>(total_) : 1.0;
+  frac = std::clamp(frac, 0.0, 1.0);
+  int filled = static_cast<int>(frac * kWidth);
+  double secs = std::max<int64_t>(1, SystemClock::Get()->MonotonicMs() - start_ms_) / 1000.0;
+  std::string rate = HumanBytes(static_cast<int64_t>(static_cast<double>(done_) / secs)) + "/s";
+  std::fprintf(stderr, "\r%-28.28s [%s%s] %5.1f%%  %s / %s  %s%s", label_.c_str(),
+               std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
+               frac * 100, HumanBytes(done_).c_str(), HumanBytes(total_).c_str(), rate.c_str(),
+               final ? "\n" : "");
+  std::fflush(stderr);
+}
+
+}  // namespace dlbatch::client

@@ -1,0 +1,54 @@
+// Human output of the CLI: aligned tables, times, and a progress bar for
+// long transfers.
+#ifndef DLBATCH_CLIENT_FORMAT_H_
+#define DLBATCH_CLIENT_FORMAT_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "dlbatch/v1/job.pb.h"
+
+namespace dlbatch::client {
+
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  // Columns padded to their widest cell; the last column is not padded.
+  std::string Render() const;
+  size_t rows() const { return rows_.size() - 1; }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string StateLabel(v1::JobState state);
+// Parses "queued", "running", ... (as StateLabel prints them).
+bool ParseState(const std::string& text, v1::JobState* state);
+// "2026-11-22 14:03:07" in local time; "-" for 0.
+std::string LocalTime(int64_t ms);
+
+// A one-line bar on stderr, redrawn at most 10 times a second; silent when
+// stderr is not a terminal.
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::string label);
+  ~ProgressBar();
+  void Update(int64_t done, int64_t total);
+  void Done();
+
+ private:
+  void Draw(bool final);
+  std::string label_;
+  bool tty_;
+  int64_t done_ = 0, total_ = 0;
+  int64_t last_draw_ms_ = 0;
+  int64_t start_ms_;
+  bool finished_ = false;
+};
+
+}  // namespace dlbatch::client
+
+#endif  // DLBATCH_CLIENT_FORMAT_H_

@@ -1,0 +1,44 @@
+// The embedded local cluster: a scheduler and one worker of this machine,
+// started in the background on a Unix socket in $XDG_STATE_HOME/dlbatch
+// (mode 0700) the first time the CLI needs one, as MATLAB's `local` profile.
+#ifndef DLBATCH_CLIENT_LOCAL_CLUSTER_H_
+#define DLBATCH_CLIENT_LOCAL_CLUSTER_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace dlbatch::client {
+
+class LocalCluster {
+ public:
+  // Finds the state folder ($XDG_STATE_HOME/dlbatch, else
+  // ~/.local/state/dlbatch) and creates it with mode 0700.
+  static absl::StatusOr<LocalCluster> Resolve();
+
+  std::string address() const { return "unix:" + socket_path(); }
+  std::string socket_path() const { return dir_ + "/scheduler.sock"; }
+  const std::string& dir() const { return dir_; }
+
+  // Starts what is not running (under a lock, so concurrent CLIs start one
+  // cluster) and waits until the worker has joined. cpu_slots 0: default.
+  absl::Status EnsureRunning(bool verbose, int cpu_slots = 0);
+  absl::Status Stop();
+  // Human status lines.
+  std::string Status();
+  bool SchedulerAnswers() const;
+
+ private:
+  explicit LocalCluster(std::string dir) : dir_(std::move(dir)) {}
+  absl::Status StartProcess(const std::string& binary, const std::vector<std::string>& args,
+                            const std::string& log, const std::string& pid_file);
+  std::string dir_;
+};
+
+// The folder of the running dlbatch executable, where its siblings
+// dlbatch-scheduler and dlbatch-worker are looked for first.
+std::string SelfDir();
+
+}  // namespace dlbatch::client
+
+#endif  // DLBATCH_CLIENT_LOCAL_CLUSTER_H_

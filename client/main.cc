@@ -1,0 +1,179 @@
+// dlbatch: the command line of the batch system.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <iostream>
+
+#include "client/commands.h"
+#include "client/connection.h"
+#include "client/local_cluster.h"
+#include "common/duration.h"
+
+namespace dlbatch::client {
+namespace {
+
+int Report(const absl::StatusOr<int>& result) {
+  if (!result.ok()) {
+    std::cerr << "dlbatch: " << result.status().message() << "\n";
+    return 1;
+  }
+  return *result;
+}
+
+// Runs `command` with a connection to the configured scheduler.
+int WithConnection(const GlobalFlags& flags,
+                   const std::function<absl::StatusOr<int>(Connection&)>& command) {
+  auto conn = Connection::Open(flags);
+  if (!conn.ok()) return Report(conn.status());
+  return Report(command(**conn));
+}
+
+}  // namespace
+}  // namespace dlbatch::client
+
+int main(int argc, char** argv) {
+  using namespace dlbatch::client;
+  signal(SIGPIPE, SIG_IGN);
+  GlobalFlags flags;
+  CLI::App app{
+      "dlbatch: batch jobs for deep-learning training.\n"
+      "With no --scheduler (and no DLBATCH_SCHEDULER), commands use the embedded local\n"
+      "cluster, started in the background on first use."};
+  app.require_subcommand(1);
+  app.add_option("--scheduler", flags.scheduler,
+                 "Scheduler address: unix:PATH or HOST:PORT (or DLBATCH_SCHEDULER)");
+  app.add_option("--token-file", flags.token_file,
+                 "File with the scheduler's token, for TCP (or DLBATCH_TOKEN)");
+  int rc = 0;
+
+  SubmitOptions submit;
+  auto* c_submit = app.add_subcommand("submit", "Queue a job described by a job.yaml");
+  c_submit->add_option("job_file", submit.job_file, "The job file")->required();
+  c_submit->add_option("--pool", submit.pool, "GPUs (or CPU slots) the job needs at once");
+  c_submit->add_option("--profile", submit.profile, "Cluster profile to queue on");
+  c_submit->add_option("--priority", submit.priority, "Higher starts first");
+  c_submit->add_option("--name", submit.name, "Job name");
+  c_submit->add_flag("-f,--follow", submit.follow,
+                     "Follow the diary until the job ends; exit code says how it ended");
+  c_submit->add_flag("-q,--quiet", submit.quiet, "Print only the job id");
+  c_submit->callback([&] { rc = Report(Submit(flags, submit)); });
+
+  JobsOptions jobs;
+  auto* c_jobs = app.add_subcommand("jobs", "List jobs");
+  c_jobs->add_option("--state", jobs.states,
+                     "Only these states: queued running cancelling finished failed cancelled")
+      ->delimiter(',');
+  c_jobs->add_option("--limit", jobs.limit, "At most this many (oldest first)");
+  c_jobs->add_flag("--json", jobs.json, "JSON instead of a table");
+  c_jobs->callback([&] {
+    rc = WithConnection(flags, [&](Connection& c) { return Jobs(c, jobs); });
+  });
+
+  int64_t show_id = 0;
+  bool show_json = false;
+  auto* c_show = app.add_subcommand("show", "Show one job, and why it waits if it does");
+  c_show->add_option("id", show_id, "Job id")->required();
+  c_show->add_flag("--json", show_json, "JSON instead of text");
+  c_show->callback([&] {
+    rc = WithConnection(flags, [&](Connection& c) { return Show(c, show_id, show_json); });
+  });
+
+  int64_t diary_id = 0;
+  bool diary_follow = false, diary_ts = false;
+  auto* c_diary = app.add_subcommand("diary", "Print a job's diary (its output)");
+  c_diary->add_option("id", diary_id, "Job id")->required();
+  c_diary->add_flag("-f,--follow", diary_follow, "Keep printing until the job ends");
+  c_diary->add_flag("-t,--timestamps", diary_ts, "Prefix each line with its time");
+  c_diary->callback([&] {
+    rc = WithConnection(flags,
+                        [&](Connection& c) { return Diary(c, diary_id, diary_follow, diary_ts); });
+  });
+
+  int64_t fetch_id = 0;
+  std::string fetch_dir;
+  bool fetch_list = false;
+  auto* c_fetch = app.add_subcommand("fetch-outputs", "Download a job's outputs");
+  c_fetch->add_option("id", fetch_id, "Job id")->required();
+  c_fetch->add_option("-o,--output", fetch_dir, "Target folder (default dlbatch-ID-outputs)");
+  c_fetch->add_flag("--list", fetch_list, "Only list the outputs with their sizes");
+  c_fetch->callback([&] {
+    rc = WithConnection(
+        flags, [&](Connection& c) { return FetchOutputs(c, fetch_id, fetch_dir, fetch_list); });
+  });
+
+  std::vector<int64_t> cancel_ids;
+  auto* c_cancel = app.add_subcommand("cancel", "Cancel jobs");
+  c_cancel->add_option("ids", cancel_ids, "Job ids")->required();
+  c_cancel->callback([&] {
+    rc = WithConnection(flags, [&](Connection& c) { return Cancel(c, cancel_ids); });
+  });
+
+  std::vector<int64_t> wait_ids;
+  std::string wait_timeout;
+  auto* c_wait = app.add_subcommand(
+      "wait", "Wait until jobs end; exit 0 if all finished, 1 if not, 2 on timeout");
+  c_wait->add_option("ids", wait_ids, "Job ids")->required();
+  c_wait->add_option("--timeout", wait_timeout, "Give up after this long (e.g. 10m)");
+  c_wait->callback([&] {
+    int64_t timeout_ms = 0;
+    if (!wait_timeout.empty()) {
+      auto s = dlbatch::ParseDurationSeconds(wait_timeout);
+      if (!s.ok()) {
+        rc = Report(s.status());
+        return;
+      }
+      timeout_ms = *s * 1000;
+    }
+    rc = WithConnection(flags, [&](Connection& c) { return Wait(c, wait_ids, timeout_ms); });
+  });
+
+  bool workers_json = false;
+  auto* c_workers = app.add_subcommand("workers", "List workers and their devices");
+  c_workers->add_flag("--json", workers_json, "JSON instead of a table");
+  c_workers->callback([&] {
+    rc = WithConnection(flags, [&](Connection& c) { return Workers(c, workers_json); });
+  });
+
+  bool profiles_json = false;
+  auto* c_profiles = app.add_subcommand("profiles", "List cluster profiles: slots, free, queued");
+  c_profiles->add_flag("--json", profiles_json, "JSON instead of a table");
+  c_profiles->callback([&] {
+    rc = WithConnection(flags, [&](Connection& c) { return Profiles(c, profiles_json); });
+  });
+
+  auto* c_local = app.add_subcommand("local", "Start, stop or inspect the embedded local cluster");
+  c_local->require_subcommand(1);
+  int local_slots = 0;
+  auto* c_local_start = c_local->add_subcommand("start", "Start the local scheduler and worker");
+  c_local_start->add_option("--cpu-slots", local_slots,
+                            "CPU slots of the local worker (default: the number of cores)");
+  c_local_start->callback([&] {
+    auto local = LocalCluster::Resolve();
+    if (!local.ok()) {
+      rc = Report(local.status());
+      return;
+    }
+    absl::Status s = local->EnsureRunning(/*verbose=*/true, local_slots);
+    if (!s.ok()) {
+      rc = Report(s);
+      return;
+    }
+    std::cout << local->Status();
+  });
+  c_local->add_subcommand("stop", "Stop the local scheduler and worker")->callback([&] {
+    auto local = LocalCluster::Resolve();
+    rc = local.ok() ? Report(local->Stop().ok() ? 0 : 1) : Report(local.status());
+  });
+  c_local->add_subcommand("status", "Is the local cluster running?")->callback([&] {
+    auto local = LocalCluster::Resolve();
+    if (!local.ok()) {
+      rc = Report(local.status());
+      return;
+    }
+    std::cout << local->Status();
+  });
+
+  CLI11_PARSE(app, argc, argv);
+  return rc;
+}

@@ -1,0 +1,145 @@
+#include "common/endpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/files.h"
+#include "common/status.h"
+
+namespace dlbatch {
+
+std::string Endpoint::GrpcTarget() const {
+  if (is_unix) {
+    return path.starts_with('/') ? absl::StrCat("unix://", path)
+                                 : absl::StrCat("unix:", path);
+  }
+  if (host.find(':') != std::string::npos) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+bool Endpoint::IsLoopback() const {
+  return is_unix || host == "localhost" || host == "::1" ||
+         absl::StartsWith(host, "127.");
+}
+
+absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view address) {
+  Endpoint ep;
+  ep.original = std::string(address);
+  if (absl::StartsWith(address, "unix:")) {
+    absl::string_view path = address.substr(5);
+    while (absl::StartsWith(path, "//")) path.remove_prefix(1);
+    if (path.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "address '", address, "' names no socket path; use unix:/path/to/socket"));
+    }
+    ep.is_unix = true;
+    ep.path = std::string(path);
+    return ep;
+  }
+  size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address '", address, "' is neither unix:PATH nor HOST:PORT"));
+  }
+  absl::string_view host = address.substr(0, colon);
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    host = host.substr(1, host.size() - 2);
+  }
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address '", address, "' has no valid port (0-65535) after the last ':'"));
+  }
+  ep.host = host.empty() ? "127.0.0.1" : std::string(host);
+  ep.port = port;
+  return ep;
+}
+
+absl::StatusOr<std::string> GenerateToken() {
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "open", "/dev/urandom");
+  unsigned char raw[32];
+  ssize_t n = ::read(fd, raw, sizeof raw);
+  ::close(fd);
+  if (n != static_cast<ssize_t>(sizeof raw)) {
+    return absl::InternalError("short read from /dev/urandom");
+  }
+  std::string hex;
+  for (unsigned char c : raw) absl::StrAppendFormat(&hex, "%02x", c);
+  return hex;
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  auto contents = ReadFile(path);
+  if (!contents.ok()) {
+    return Annotate(contents.status(), "reading the token file");
+  }
+  std::string token(absl::StripAsciiWhitespace(*contents));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+  }
+  return token;
+}
+
+absl::StatusOr<std::string> LoadOrCreateToken(const std::string& state_dir) {
+  std::string path = state_dir + "/token";
+  if (::access(path.c_str(), F_OK) == 0) return ReadTokenFile(path);
+  auto token = GenerateToken();
+  if (!token.ok()) return token.status();
+  if (auto s = WriteFileAtomic(path, *token + "\n", 0600); !s.ok()) return s;
+  return token;
+}
+
+absl::Status CheckToken(const grpc::ServerContextBase& context,
+                        const std::string& token) {
+  if (token.empty()) return absl::OkStatus();
+  const auto& md = context.client_metadata();
+  auto it = md.find(kAuthMetadataKey);
+  if (it == md.end()) {
+    return absl::UnauthenticatedError(
+        "no token presented; pass --token-file FILE or set DLBATCH_TOKEN "
+        "(the scheduler writes it to STATE_DIR/token)");
+  }
+  absl::string_view got(it->second.data(), it->second.size());
+  std::string want = absl::StrCat("Bearer ", token);
+  // Constant-time comparison: do not leak how much of the token matched.
+  unsigned char diff = got.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    diff |= static_cast<unsigned char>(got[i] ^ want[i]);
+  }
+  if (diff != 0) {
+    return absl::UnauthenticatedError(
+        "wrong token; use the token in the scheduler's STATE_DIR/token");
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const ChannelConfig& config) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  // Reconnect quickly after a scheduler restart.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(config.endpoint.GrpcTarget(),
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+void AddToken(grpc::ClientContext* context, const std::string& token) {
+  if (!token.empty()) {
+    context->AddMetadata(kAuthMetadataKey, absl::StrCat("Bearer ", token));
+  }
+}
+
+}  // namespace dlbatch

@@ -1,0 +1,60 @@
+// Scheduler addresses (`unix:PATH` or `HOST:PORT`), the shared token that
+// guards TCP listeners, and channels that present it.
+#ifndef DLBATCH_COMMON_ENDPOINT_H_
+#define DLBATCH_COMMON_ENDPOINT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+
+namespace dlbatch {
+
+struct Endpoint {
+  bool is_unix = false;
+  std::string path;  // unix socket path
+  std::string host;  // TCP
+  int port = 0;
+  std::string original;
+
+  // The address as gRPC takes it.
+  std::string GrpcTarget() const;
+  bool IsLoopback() const;
+};
+
+// Accepts "unix:/path", "unix:relative/path", "host:port", "[::1]:port".
+absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view address);
+
+// The metadata key and scheme the token travels under.
+inline constexpr char kAuthMetadataKey[] = "authorization";
+
+// 32 random bytes, hex.
+absl::StatusOr<std::string> GenerateToken();
+// Reads the token in `path`, whitespace trimmed; an empty file is an error.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+// Reads STATE_DIR/token, creating it (mode 0600) on first use.
+absl::StatusOr<std::string> LoadOrCreateToken(const std::string& state_dir);
+
+// Returns OK when the call carries `token` (or when `token` is empty, which
+// the scheduler allows only on a Unix socket).
+absl::Status CheckToken(const grpc::ServerContextBase& context,
+                        const std::string& token);
+
+// Connection settings of a client or worker.
+struct ChannelConfig {
+  Endpoint endpoint;
+  std::string token;  // empty: none presented
+};
+
+std::shared_ptr<grpc::Channel> MakeChannel(const ChannelConfig& config);
+// Puts the token on an outgoing call.
+void AddToken(grpc::ClientContext* context, const std::string& token);
+
+}  // namespace dlbatch
+
+#endif  // DLBATCH_COMMON_ENDPOINT_H_

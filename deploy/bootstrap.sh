@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages dlbatch needs that are missing (and only
+# those), then configures and builds. Safe to run again: it installs nothing
+# twice and rebuilds only what changed.
+#
+#   deploy/bootstrap.sh [--build-dir DIR] [--no-build] [--jobs N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=build
+do_build=1
+jobs=$(nproc)
+while (($#)); do
+  case $1 in
+    --build-dir) build_dir=$2; shift 2 ;;
+    --no-build) do_build=0; shift ;;
+    --jobs) jobs=$2; shift 2 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) echo "bootstrap: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+packages=(
+  build-essential cmake pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libsqlite3-dev libspdlog-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
+  libabsl-dev libssl-dev
+  libgtest-dev libgmock-dev
+  procps tmux
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "bootstrap: installing ${#missing[@]} missing package(s): ${missing[*]}"
+  sudo=()
+  if ((EUID != 0)); then
+    command -v sudo >/dev/null || { echo "bootstrap: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "bootstrap: all ${#packages[@]} packages already installed"
+fi
+
+((do_build)) || exit 0
+echo "bootstrap: configuring in $build_dir"
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release >"$build_dir.configure.log" 2>&1 \
+  || { cat "$build_dir.configure.log"; exit 1; }
+grep -E '^-- dlbatch:' "$build_dir.configure.log" || true
+echo "bootstrap: building with $jobs job(s)"
+cmake --build "$build_dir" -j "$jobs"
+echo "bootstrap: built into $build_dir/"

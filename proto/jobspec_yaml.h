@@ -1,0 +1,39 @@
+// The YAML form of JobSpec (job.yaml), parsed in this one place.
+//
+// Every key is checked: an unknown key is an error naming it and where it
+// is, with the keys allowed there. Malformed YAML reports line and column.
+// Messages read "job.yaml:12:5: ..." so editors can jump to them.
+#ifndef DLBATCH_PROTO_JOBSPEC_YAML_H_
+#define DLBATCH_PROTO_JOBSPEC_YAML_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "dlbatch/v1/job.pb.h"
+
+namespace dlbatch {
+
+// A job file parsed: the spec, plus the attach entries as written (local
+// paths, relative to the job file's folder unless absolute) that the client
+// still has to upload and turn into Attachment messages.
+struct ParsedJobFile {
+  v1::JobSpec spec;                // spec.attach is left empty
+  std::vector<std::string> attach;  // as written in `attach:`
+};
+
+// `source_name` is used in messages (normally the file's path).
+absl::StatusOr<ParsedJobFile> ParseJobYaml(std::string_view text,
+                                           const std::string& source_name);
+absl::StatusOr<ParsedJobFile> ReadJobFile(const std::string& path);
+
+// Checks what the schema alone can check: exactly one of command/train, a
+// non-empty argv, pool >= 1 where given, known layer types and option
+// values, network input of three positive numbers. Called by the parser and
+// again by the scheduler on every submitted spec.
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+}  // namespace dlbatch
+
+#endif  // DLBATCH_PROTO_JOBSPEC_YAML_H_

@@ -1,0 +1,489 @@
+// Client operations and placement. Worker streams, liveness and recovery
+// are in scheduler_workers.cc.
+#include "scheduler/scheduler.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/duration.h"
+#include "common/status.h"
+#include "proto/jobspec_yaml.h"
+#include "spdlog/spdlog.h"
+
+namespace dlbatch::scheduler {
+namespace {
+
+constexpr int kDiaryChunkLines = 1000;
+
+v1::Job ToProto(const JobRecord& rec) {
+  v1::Job job;
+  job.set_id(rec.id);
+  *job.mutable_spec() = rec.spec;
+  job.set_state(rec.state);
+  job.set_attempt(rec.attempt);
+  job.set_user(rec.user);
+  job.set_submit_time_ms(rec.submit_ms);
+  job.set_start_time_ms(rec.start_ms);
+  job.set_end_time_ms(rec.end_ms);
+  for (const Part& p : rec.parts) {
+    auto* part = job.add_placement();
+    part->set_worker_id(p.worker);
+    part->mutable_devices()->Add(p.devices.begin(), p.devices.end());
+  }
+  job.set_exit_code(rec.exit_code);
+  job.set_reason(rec.reason);
+  return job;
+}
+
+int64_t ReadRssBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long pages_total = 0, pages_rss = 0;
+  int n = std::fscanf(f, "%ld %ld", &pages_total, &pages_rss);
+  std::fclose(f);
+  return n == 2 ? pages_rss * sysconf(_SC_PAGESIZE) : 0;
+}
+
+}  // namespace
+
+const char* StateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_QUEUED: return "queued";
+    case v1::JOB_STATE_RUNNING: return "running";
+    case v1::JOB_STATE_CANCELLING: return "cancelling";
+    case v1::JOB_STATE_FINISHED: return "finished";
+    case v1::JOB_STATE_FAILED: return "failed";
+    case v1::JOB_STATE_CANCELLED: return "cancelled";
+    default: return "unknown";
+  }
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_FINISHED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
+                     const Clock* clock, SchedulerOptions options)
+    : store_(store),
+      reader_(reader),
+      blobs_(blobs),
+      clock_(clock),
+      options_(std::move(options)) {}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Stop() {
+  {
+    absl::MutexLock lock(&queue_mu_);
+    stopping_ = true;
+    queue_cv_.SignalAll();
+  }
+  if (loop_.joinable()) loop_.join();
+}
+
+QueuedJob Scheduler::ToQueued(const JobRecord& job) const {
+  QueuedJob q;
+  q.id = job.id;
+  q.profile = job.spec.profile();
+  q.pool = job.spec.pool();
+  q.priority = job.spec.priority();
+  q.seq = job.id;
+  q.max_nodes = std::max(1, job.spec.max_nodes());
+  q.time_limit_ms = job.spec.time_limit_s() * 1000;
+  return q;
+}
+
+void Scheduler::Changed(int64_t job_id) {
+  (void)job_id;
+  ++change_seq_;
+  changed_.SignalAll();
+}
+
+void Scheduler::Deliver(Outbox& out) {
+  for (auto& [session, message] : out) {
+    if (session) session->Send(message);
+  }
+  out.clear();
+}
+
+// Fail-stop: memory already holds the change, so a store that cannot commit
+// it must not keep serving. The restart recovers from the last commit, and
+// workers resend whatever was not acknowledged.
+static void MustCommit(Transaction& txn, const char* what) {
+  absl::Status s = txn.Commit();
+  if (!s.ok()) {
+    spdlog::critical("cannot commit {}: {}; stopping so that a restart recovers",
+                     what, s.ToString());
+    std::abort();
+  }
+}
+
+absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
+    const v1::SubmitJobRequest& request) {
+  v1::JobSpec spec = request.spec();
+  if (spec.pool() == 0) spec.set_pool(1);
+  if (spec.profile().empty()) spec.set_profile("local");
+  if (spec.max_nodes() == 0) spec.set_max_nodes(1);
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  for (const auto& a : spec.attach()) {
+    auto size = blobs_->Size(a.sha256());
+    if (!size.ok() || *size != a.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "attachment '", a.path(), "' was not uploaded to the scheduler; upload it "
+          "first (the dlbatch CLI does this for you)"));
+    }
+  }
+  v1::SubmitJobReply reply;
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!request.request_id().empty()) {
+      ASSIGN_OR_RETURN(auto existing, store_->JobForRequest(request.request_id()));
+      if (existing) {
+        reply.set_job_id(*existing);
+        reply.set_duplicate(true);
+        return reply;
+      }
+    }
+    JobRecord rec;
+    rec.request_id = request.request_id();
+    rec.user = request.user();
+    rec.spec = std::move(spec);
+    rec.state = v1::JOB_STATE_QUEUED;
+    rec.submit_ms = clock_->NowMs();
+    RETURN_IF_ERROR(core_.CheckSatisfiable(ToQueued(rec)));
+    {
+      Transaction txn(store_->db());
+      RETURN_IF_ERROR(txn.status());
+      ASSIGN_OR_RETURN(rec.id, store_->InsertJob(rec));
+      RETURN_IF_ERROR(store_->AddEvent(rec.id, v1::JOB_STATE_QUEUED, 0, rec.submit_ms, ""));
+      RETURN_IF_ERROR(txn.Commit());
+    }
+    core_.Enqueue(ToQueued(rec));
+    reply.set_job_id(rec.id);
+    jobs_[rec.id].record = std::move(rec);
+    Changed(reply.job_id());
+    RETURN_IF_ERROR(PlaceJobs(&out));
+  }
+  Deliver(out);
+  return reply;
+}
+
+absl::Status Scheduler::PlaceJobs(Outbox* out) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<Decision> decisions = core_.Schedule(clock_->NowMs());
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count();
+  ++passes_;
+  last_pass_ms_ = ms;
+  max_pass_ms_ = std::max(max_pass_ms_, ms);
+  if (decisions.empty()) return absl::OkStatus();
+  Transaction txn(store_->db());
+  if (!txn.status().ok()) {
+    spdlog::critical("cannot record placement: {}", txn.status().ToString());
+    std::abort();
+  }
+  int64_t now = clock_->NowMs();
+  for (const Decision& d : decisions) {
+    ActiveJob& job = jobs_.at(d.job);
+    JobRecord& rec = job.record;
+    rec.state = v1::JOB_STATE_RUNNING;
+    rec.attempt += 1;
+    rec.start_ms = now;
+    rec.parts = d.parts;
+    job.part_ended.assign(d.parts.size(), false);
+    job.part_exit.assign(d.parts.size(), 0);
+    job.failure.clear();
+    (void)store_->UpdateJob(rec);
+    (void)store_->AddEvent(rec.id, rec.state, rec.attempt, now, "");
+    for (size_t i = 0; i < d.parts.size(); ++i) {
+      auto w = workers_.find(d.parts[i].worker);
+      if (w == workers_.end()) continue;
+      v1::SchedulerMessage msg;
+      auto* start = msg.mutable_start();
+      start->set_job_id(rec.id);
+      start->set_attempt(rec.attempt);
+      *start->mutable_spec() = rec.spec;
+      start->mutable_devices()->Add(d.parts[i].devices.begin(), d.parts[i].devices.end());
+      start->set_pool(rec.spec.pool());
+      start->set_user(rec.user);
+      start->set_part(static_cast<int>(i));
+      start->set_parts(static_cast<int>(d.parts.size()));
+      out->emplace_back(w->second.session, std::move(msg));
+    }
+    Changed(rec.id);
+  }
+  MustCommit(txn, "placement");
+  return absl::OkStatus();
+}
+
+std::string Scheduler::WaitReason(const ActiveJob& job) const {
+  auto info = core_.Explain(job.record.id);
+  if (!info) return "";
+  const std::string& profile = job.record.spec.profile();
+  std::string reason = absl::StrFormat("waiting for %d slot%s on '%s': %d free", info->needed,
+                                       info->needed == 1 ? "" : "s", profile, info->free_now);
+  if (job.record.spec.max_nodes() <= 1 && info->free_now >= info->needed) {
+    absl::StrAppendFormat(&reason, " (at most %d on one worker)", info->largest_free);
+  }
+  if (info->offline_slots > 0) {
+    absl::StrAppendFormat(&reason, ", %d offline", info->offline_slots);
+  }
+  if (info->jobs_ahead > 0) {
+    absl::StrAppendFormat(&reason, ", %d job%s ahead (#%d, priority %d)", info->jobs_ahead,
+                          info->jobs_ahead == 1 ? "" : "s", info->first_ahead,
+                          info->first_ahead_priority);
+  }
+  if (info->reserved && info->reserved_start != kNever) {
+    absl::StrAppend(&reason, "; next to start, in about ",
+                    FormatDurationMs(info->reserved_start - clock_->NowMs()));
+  } else if (info->reserved) {
+    absl::StrAppend(&reason, "; next to start, when running jobs end");
+  }
+  return reason;
+}
+
+absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
+  ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job_id));
+  if (!rec) {
+    return absl::NotFoundError(
+        absl::StrCat("no job ", job_id, "; `dlbatch jobs` lists the jobs"));
+  }
+  v1::Job job = ToProto(*rec);
+  ASSIGN_OR_RETURN(auto history, reader_->History(job_id));
+  for (auto& h : history) *job.add_history() = std::move(h);
+  ASSIGN_OR_RETURN(int64_t lines, reader_->DiaryCount(job_id));
+  job.set_diary_lines(lines);
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it != jobs_.end()) {
+    // Memory is at least as new as the committed row just read.
+    const JobRecord& live = it->second.record;
+    job.set_state(it->second.cancel_requested && !IsTerminal(live.state)
+                      ? v1::JOB_STATE_CANCELLING
+                      : live.state);
+    if (live.state == v1::JOB_STATE_QUEUED) job.set_wait_reason(WaitReason(it->second));
+  }
+  for (auto& part : *job.mutable_placement()) {
+    auto w = workers_.find(part.worker_id());
+    if (w != workers_.end()) part.set_worker_name(w->second.record.name);
+  }
+  return job;
+}
+
+absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(const v1::ListJobsRequest& request) {
+  std::vector<v1::JobState> states;
+  for (int s : request.states()) states.push_back(static_cast<v1::JobState>(s));
+  ASSIGN_OR_RETURN(auto records, reader_->ListJobs(states, request.limit(),
+                                                   request.newest_first(), false));
+  v1::ListJobsReply reply;
+  reply.mutable_jobs()->Reserve(static_cast<int>(records.size()));
+  for (const JobRecord& rec : records) *reply.add_jobs() = ToProto(rec);
+  return reply;
+}
+
+absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(const v1::CancelJobsRequest& request) {
+  v1::CancelJobsReply reply;
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    Transaction txn(store_->db());
+    RETURN_IF_ERROR(txn.status());
+    for (int64_t id : request.job_ids()) {
+      auto* result = reply.add_results();
+      result->set_job_id(id);
+      auto it = jobs_.find(id);
+      if (it == jobs_.end()) {
+        ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
+        if (!rec) {
+          result->set_error(absl::StrCat("no job ", id));
+        } else {
+          result->set_state(rec->state);
+          result->set_error(absl::StrCat("job ", id, " has already ", StateName(rec->state)));
+        }
+        continue;
+      }
+      ActiveJob& job = it->second;
+      std::string why = "cancelled by request";
+      if (job.record.state == v1::JOB_STATE_QUEUED) {
+        core_.Dequeue(id);
+        result->set_state(v1::JOB_STATE_CANCELLED);
+        RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_CANCELLED, 0, why));
+        jobs_.erase(it);
+        continue;
+      }
+      result->set_state(v1::JOB_STATE_CANCELLING);
+      if (!job.cancel_requested) {
+        job.cancel_requested = true;
+        job.cancel_reason = why;
+        RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_CANCELLING, why));
+        CancelParts(job, why, -1, &out);
+      }
+    }
+    MustCommit(txn, "cancel");
+    RETURN_IF_ERROR(PlaceJobs(&out));
+  }
+  Deliver(out);
+  return reply;
+}
+
+absl::StatusOr<v1::WaitJobsReply> Scheduler::Wait(const v1::WaitJobsRequest& request,
+                                                  const std::function<bool()>& gone) {
+  for (int64_t id : request.job_ids()) {
+    ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
+    if (!rec) return absl::NotFoundError(absl::StrCat("no job ", id));
+  }
+  int64_t deadline = request.timeout_ms() > 0 ? clock_->MonotonicMs() + request.timeout_ms()
+                                              : INT64_MAX;
+  v1::WaitJobsReply reply;
+  {
+    absl::MutexLock lock(&mu_);
+    for (;;) {
+      bool all_ended = std::none_of(request.job_ids().begin(), request.job_ids().end(),
+                                    [&](int64_t id) { return jobs_.contains(id); });
+      if (all_ended) break;
+      if (gone()) return absl::CancelledError("client left");
+      if (clock_->MonotonicMs() >= deadline) {
+        reply.set_timed_out(true);
+        break;
+      }
+      changed_.WaitWithTimeout(&mu_, absl::Milliseconds(250));
+    }
+  }
+  for (int64_t id : request.job_ids()) {
+    ASSIGN_OR_RETURN(v1::Job job, GetJob(id));
+    *reply.add_jobs() = std::move(job);
+  }
+  return reply;
+}
+
+absl::Status Scheduler::ReadDiary(const v1::ReadDiaryRequest& request,
+                                  const std::function<bool(const v1::DiaryChunk&)>& send,
+                                  const std::function<bool()>& gone) {
+  const int64_t id = request.job_id();
+  ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
+  if (!rec) {
+    return absl::NotFoundError(absl::StrCat("no job ", id, "; `dlbatch jobs` lists the jobs"));
+  }
+  int64_t after = request.after();
+  for (;;) {
+    uint64_t seen;
+    bool ended;
+    {
+      absl::MutexLock lock(&mu_);
+      seen = change_seq_;
+      ended = !jobs_.contains(id);
+    }
+    // `ended` was read first, so once true every line is already committed.
+    ASSIGN_OR_RETURN(auto lines, reader_->ReadDiary(id, after, kDiaryChunkLines));
+    if (!lines.empty()) {
+      v1::DiaryChunk chunk;
+      after = lines.back().n();
+      for (auto& l : lines) *chunk.add_lines() = std::move(l);
+      if (!send(chunk)) return absl::CancelledError("client left");
+      if (static_cast<int>(chunk.lines_size()) == kDiaryChunkLines) continue;
+    }
+    if (!request.follow() || ended) {
+      v1::DiaryChunk last;
+      last.set_end(ended);
+      if (ended) {
+        ASSIGN_OR_RETURN(auto final_rec, reader_->GetJob(id));
+        if (final_rec) last.set_state(final_rec->state);
+      }
+      send(last);
+      return absl::OkStatus();
+    }
+    absl::MutexLock lock(&mu_);
+    while (change_seq_ == seen && !gone()) {
+      changed_.WaitWithTimeout(&mu_, absl::Milliseconds(250));
+    }
+    if (gone()) return absl::CancelledError("client left");
+  }
+}
+
+v1::ListWorkersReply Scheduler::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  v1::ListWorkersReply reply;
+  std::map<int64_t, std::vector<int64_t>> running;
+  for (const auto& [id, job] : jobs_) {
+    for (const Part& p : job.record.parts) {
+      if (job.record.state != v1::JOB_STATE_QUEUED) running[p.worker].push_back(id);
+    }
+  }
+  for (const auto& [id, w] : workers_) {
+    auto* info = reply.add_workers();
+    info->set_id(id);
+    info->set_name(w.record.name);
+    info->set_host(w.record.host);
+    info->set_profile(w.record.profile);
+    info->set_online(w.session != nullptr);
+    for (const auto& d : w.record.devices) *info->add_devices() = d;
+    info->set_free_slots(w.session ? static_cast<int>(core_.FreeDevices(id).size()) : 0);
+    auto& jobs = running[id];
+    std::sort(jobs.begin(), jobs.end());
+    info->mutable_running_jobs()->Add(jobs.begin(), jobs.end());
+    info->set_last_seen_ms(w.record.last_seen_ms);
+  }
+  return reply;
+}
+
+v1::ListProfilesReply Scheduler::ListProfiles() {
+  absl::MutexLock lock(&mu_);
+  v1::ListProfilesReply reply;
+  std::map<std::string, std::set<std::string>> kinds;
+  for (const auto& [id, w] : workers_) {
+    for (const auto& d : w.record.devices) kinds[w.record.profile].insert(d.kind());
+  }
+  for (const ProfileSummary& p : core_.Profiles()) {
+    auto* info = reply.add_profiles();
+    info->set_name(p.name);
+    info->set_workers(p.workers);
+    info->set_workers_online(p.workers_online);
+    info->set_total_slots(p.online_slots);
+    info->set_free_slots(p.free_slots);
+    int max_pool = p.known_slots;
+    if (p.max_pool_configured > 0) max_pool = std::min(max_pool, p.max_pool_configured);
+    info->set_max_pool(max_pool);
+    const auto& k = kinds[p.name];
+    info->set_slot_kind(k.empty() ? "none" : k.size() > 1 ? "mixed" : *k.begin());
+    info->set_queued_jobs(p.queued);
+    info->set_running_jobs(p.running);
+  }
+  return reply;
+}
+
+absl::StatusOr<v1::ListOutputsReply> Scheduler::ListOutputs(int64_t job_id) {
+  ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job_id));
+  if (!rec) {
+    return absl::NotFoundError(absl::StrCat("no job ", job_id, "; `dlbatch jobs` lists the jobs"));
+  }
+  v1::ListOutputsReply reply;
+  reply.set_state(rec->state);
+  ASSIGN_OR_RETURN(auto files, reader_->Outputs(job_id));
+  for (auto& f : files) *reply.add_files() = std::move(f);
+  return reply;
+}
+
+v1::Stats Scheduler::GetStats(bool reset_max) {
+  absl::MutexLock lock(&mu_);
+  v1::Stats stats;
+  auto count = store_->CountJobs();
+  stats.set_jobs(count.ok() ? *count : 0);
+  stats.set_queued(static_cast<int64_t>(core_.queued_count()));
+  stats.set_running(static_cast<int64_t>(core_.running_count()));
+  stats.set_placement_passes(passes_);
+  stats.set_last_pass_ms(last_pass_ms_);
+  stats.set_max_pass_ms(max_pass_ms_);
+  stats.set_rss_bytes(ReadRssBytes());
+  if (reset_max) max_pass_ms_ = 0;
+  return stats;
+}
+
+}  // namespace dlbatch::scheduler

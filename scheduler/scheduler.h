@@ -1,0 +1,186 @@
+// The scheduler's domain: jobs, workers and profiles, the placement core
+// driven by their events, and the store that makes every change durable.
+//
+// Client calls (any thread) and worker messages (one loop thread, in
+// batches) take mu_, change memory and the store inside one transaction,
+// commit, and only then reply or acknowledge. Messages to workers are
+// collected under the lock and sent after it is released. Placement runs
+// on every event that can change its answer, never on a timer; the loop's
+// only timer checks worker liveness.
+#ifndef DLBATCH_SCHEDULER_SCHEDULER_H_
+#define DLBATCH_SCHEDULER_SCHEDULER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <tuple>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "dlbatch/v1/scheduler.pb.h"
+#include "scheduler/blob_store.h"
+#include "scheduler/placement.h"
+#include "scheduler/store.h"
+
+namespace dlbatch::scheduler {
+
+struct SchedulerOptions {
+  int64_t heartbeat_interval_ms = 1000;
+  int64_t heartbeat_timeout_ms = 10000;
+  int max_attempts = 3;              // starts of a job before it fails
+  int64_t cancel_grace_ms = 10000;   // SIGTERM to SIGKILL
+  std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
+};
+
+// The scheduler's end of one worker stream. Implemented by the gRPC
+// reactor; thread-safe; Send never blocks (it queues).
+class WorkerSession {
+ public:
+  virtual ~WorkerSession() = default;
+  virtual void Send(const v1::SchedulerMessage& message) = 0;
+  virtual void Close(const std::string& why) = 0;
+};
+
+class Scheduler {
+ public:
+  // Borrowed pointers must outlive the scheduler.
+  Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
+            const Clock* clock, SchedulerOptions options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Loads every job, worker and profile, then starts the loop thread.
+  absl::Status Start();
+  void Stop();
+
+  // ---- clients; any thread ----
+  absl::StatusOr<v1::SubmitJobReply> Submit(const v1::SubmitJobRequest& request);
+  absl::StatusOr<v1::Job> GetJob(int64_t job_id);
+  absl::StatusOr<v1::ListJobsReply> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::CancelJobsReply> Cancel(const v1::CancelJobsRequest& request);
+  // Blocks until every job has ended, the timeout passes, or `gone` is true.
+  absl::StatusOr<v1::WaitJobsReply> Wait(const v1::WaitJobsRequest& request,
+                                         const std::function<bool()>& gone);
+  // Sends the diary in chunks through `send` (false: the client left).
+  absl::Status ReadDiary(const v1::ReadDiaryRequest& request,
+                         const std::function<bool(const v1::DiaryChunk&)>& send,
+                         const std::function<bool()>& gone);
+  v1::ListWorkersReply ListWorkers();
+  v1::ListProfilesReply ListProfiles();
+  absl::StatusOr<v1::ListOutputsReply> ListOutputs(int64_t job_id);
+  v1::Stats GetStats(bool reset_max);
+
+  // ---- worker streams; queued to the loop thread ----
+  void OnWorkerMessage(std::shared_ptr<WorkerSession> session,
+                       v1::WorkerMessage message);
+  void OnWorkerGone(std::shared_ptr<WorkerSession> session);
+
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct ActiveJob {
+    JobRecord record;
+    std::vector<bool> part_ended;
+    std::vector<int> part_exit;
+    std::string failure;          // first failing part's reason
+    bool cancel_requested = false;
+    std::string cancel_reason;
+  };
+  struct WorkerState {
+    WorkerRecord record;
+    std::shared_ptr<WorkerSession> session;  // null while offline
+    bool lost = false;
+    int64_t last_seen_mono = 0;
+  };
+  using Outbox =
+      std::vector<std::pair<std::shared_ptr<WorkerSession>, v1::SchedulerMessage>>;
+  struct Event {
+    std::shared_ptr<WorkerSession> session;
+    std::optional<v1::WorkerMessage> message;  // empty: the stream is gone
+  };
+
+  // Loop thread.
+  void Loop();
+  void ProcessBatch(std::deque<Event>& batch);
+  void CheckLiveness();
+  // Aborts the process if the commit fails (see MustCommit in scheduler.cc).
+  static void MustCommitBatch(Transaction& txn);
+
+  // All below REQUIRE mu_ held and, where they write, a transaction open.
+  void HandleMessage(const std::shared_ptr<WorkerSession>& session,
+                     const v1::WorkerMessage& message, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleRegister(const std::shared_ptr<WorkerSession>& session,
+                      const v1::Register& reg, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleEnded(int64_t worker_id, const v1::JobEnded& ended, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleGone(const std::shared_ptr<WorkerSession>& session)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Requeues (or fails, past max_attempts) a job whose worker was lost.
+  absl::Status RequeueLost(ActiveJob& job, const std::string& why, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoseWorker(WorkerState& worker, const std::string& why, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EndJob(ActiveJob& job, v1::JobState state, int exit_code,
+                      const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SetState(ActiveJob& job, v1::JobState state,
+                        const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CancelParts(const ActiveJob& job, const std::string& why, int skip_part,
+                   Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs a placement pass and records its decisions (without committing).
+  absl::Status PlaceJobs(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a line of dlbatch's own to a job's diary.
+  void Diary(int64_t job_id, int attempt, const std::string& text)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  QueuedJob ToQueued(const JobRecord& job) const;
+  std::string WaitReason(const ActiveJob& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Changed(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Deliver(Outbox& out);
+
+  Store* const store_;
+  StoreReader* const reader_;
+  BlobStore* const blobs_;
+  const Clock* const clock_;
+  const SchedulerOptions options_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;  // signalled on every committed job change
+  PlacementCore core_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<int64_t, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<const WorkerSession*, int64_t> session_worker_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t change_seq_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by Changed()
+  int64_t passes_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  double max_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
+
+  absl::Mutex queue_mu_;
+  absl::CondVar queue_cv_;
+  std::deque<Event> queue_ ABSL_GUARDED_BY(queue_mu_);
+  bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::thread loop_;
+};
+
+const char* StateName(v1::JobState state);
+bool IsTerminal(v1::JobState state);
+
+}  // namespace dlbatch::scheduler
+
+#endif  // DLBATCH_SCHEDULER_SCHEDULER_H_

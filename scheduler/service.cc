@@ -1,0 +1,312 @@
+#include "scheduler/service.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <deque>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/endpoint.h"
+#include "common/files.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace dlbatch::scheduler {
+namespace {
+
+constexpr size_t kBlobChunkBytes = 1 << 20;
+
+#define CHECK_TOKEN(context)                                               \
+  do {                                                                     \
+    if (auto _auth = CheckToken(*(context), token_); !_auth.ok()) {        \
+      return ToGrpcStatus(_auth);                                          \
+    }                                                                      \
+  } while (0)
+
+template <typename T>
+grpc::Status Reply(absl::StatusOr<T> result, T* reply) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *reply = std::move(result).value();
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status SchedulerService::SubmitJob(grpc::ServerContext* context,
+                                         const v1::SubmitJobRequest* request,
+                                         v1::SubmitJobReply* reply) {
+  CHECK_TOKEN(context);
+  return Reply(scheduler_->Submit(*request), reply);
+}
+
+grpc::Status SchedulerService::ListJobs(grpc::ServerContext* context,
+                                        const v1::ListJobsRequest* request,
+                                        v1::ListJobsReply* reply) {
+  CHECK_TOKEN(context);
+  return Reply(scheduler_->ListJobs(*request), reply);
+}
+
+grpc::Status SchedulerService::GetJob(grpc::ServerContext* context,
+                                      const v1::GetJobRequest* request, v1::Job* reply) {
+  CHECK_TOKEN(context);
+  return Reply(scheduler_->GetJob(request->job_id()), reply);
+}
+
+grpc::Status SchedulerService::ReadDiary(grpc::ServerContext* context,
+                                         const v1::ReadDiaryRequest* request,
+                                         grpc::ServerWriter<v1::DiaryChunk>* writer) {
+  CHECK_TOKEN(context);
+  return ToGrpcStatus(scheduler_->ReadDiary(
+      *request, [&](const v1::DiaryChunk& chunk) { return writer->Write(chunk); },
+      [&] { return context->IsCancelled(); }));
+}
+
+grpc::Status SchedulerService::CancelJobs(grpc::ServerContext* context,
+                                          const v1::CancelJobsRequest* request,
+                                          v1::CancelJobsReply* reply) {
+  CHECK_TOKEN(context);
+  return Reply(scheduler_->Cancel(*request), reply);
+}
+
+grpc::Status SchedulerService::WaitJobs(grpc::ServerContext* context,
+                                        const v1::WaitJobsRequest* request,
+                                        v1::WaitJobsReply* reply) {
+  CHECK_TOKEN(context);
+  return Reply(scheduler_->Wait(*request, [&] { return context->IsCancelled(); }), reply);
+}
+
+grpc::Status SchedulerService::ListWorkers(grpc::ServerContext* context,
+                                           const v1::ListWorkersRequest*,
+                                           v1::ListWorkersReply* reply) {
+  CHECK_TOKEN(context);
+  *reply = scheduler_->ListWorkers();
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::ListProfiles(grpc::ServerContext* context,
+                                            const v1::ListProfilesRequest*,
+                                            v1::ListProfilesReply* reply) {
+  CHECK_TOKEN(context);
+  *reply = scheduler_->ListProfiles();
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::ListOutputs(grpc::ServerContext* context,
+                                           const v1::ListOutputsRequest* request,
+                                           v1::ListOutputsReply* reply) {
+  CHECK_TOKEN(context);
+  return Reply(scheduler_->ListOutputs(request->job_id()), reply);
+}
+
+grpc::Status SchedulerService::GetStats(grpc::ServerContext* context,
+                                        const v1::GetStatsRequest* request, v1::Stats* reply) {
+  CHECK_TOKEN(context);
+  *reply = scheduler_->GetStats(request->reset_max());
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::StatBlobs(grpc::ServerContext* context,
+                                         const v1::StatBlobsRequest* request,
+                                         v1::StatBlobsReply* reply) {
+  CHECK_TOKEN(context);
+  for (const auto& sha : request->sha256()) reply->add_present(blobs_->Size(sha).ok());
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::UploadBlob(grpc::ServerContext* context,
+                                          grpc::ServerReader<v1::BlobChunk>* reader,
+                                          v1::BlobRef* reply) {
+  CHECK_TOKEN(context);
+  v1::BlobChunk chunk;
+  if (!reader->Read(&chunk)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty upload");
+  }
+  reply->set_sha256(chunk.sha256());
+  reply->set_size(chunk.size());
+  if (auto size = blobs_->Size(chunk.sha256()); size.ok() && *size == chunk.size()) {
+    return grpc::Status::OK;  // stored already
+  }
+  auto writer = blobs_->NewWriter(chunk.sha256(), chunk.size());
+  if (!writer.ok()) return ToGrpcStatus(writer.status());
+  do {
+    if (auto s = (*writer)->Append(chunk.data()); !s.ok()) {
+      spdlog::warn("upload of {} failed: {}", chunk.sha256(), s.ToString());
+      return ToGrpcStatus(s);
+    }
+  } while (reader->Read(&chunk));
+  if (auto s = (*writer)->Commit(); !s.ok()) {
+    spdlog::warn("upload failed: {}", s.ToString());
+    return ToGrpcStatus(s);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::DownloadBlob(grpc::ServerContext* context,
+                                            const v1::DownloadBlobRequest* request,
+                                            grpc::ServerWriter<v1::BlobChunk>* writer) {
+  CHECK_TOKEN(context);
+  auto size = blobs_->Size(request->sha256());
+  if (!size.ok()) return ToGrpcStatus(size.status());
+  std::string path = blobs_->PathFor(request->sha256());
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ToGrpcStatus(ErrnoStatus(errno, "open", path));
+  std::string buf(kBlobChunkBytes, '\0');
+  int64_t offset = std::max<int64_t>(0, request->offset());
+  bool first = true;
+  grpc::Status status = grpc::Status::OK;
+  for (;;) {
+    ssize_t n = ::pread(fd, buf.data(), buf.size(), offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      status = ToGrpcStatus(ErrnoStatus(errno, "read", path));
+      break;
+    }
+    if (n == 0 && !first) break;
+    v1::BlobChunk chunk;
+    if (first) {
+      chunk.set_sha256(request->sha256());
+      chunk.set_size(*size);
+      first = false;
+    }
+    chunk.set_data(buf.data(), static_cast<size_t>(n));
+    offset += n;
+    if (!writer->Write(chunk)) break;
+    if (n == 0) break;
+  }
+  ::close(fd);
+  return status;
+}
+
+// ---- the worker stream ----
+
+namespace {
+
+class WorkerStream;
+
+// The scheduler's handle on a stream; outlives the reactor, after which it
+// drops what it is given.
+class StreamSession final : public WorkerSession {
+ public:
+  explicit StreamSession(WorkerStream* stream) : stream_(stream) {}
+  void Send(const v1::SchedulerMessage& message) override;
+  void Close(const std::string& why) override;
+
+  // Reactor side.
+  void OnWriteDone();
+  void Detach();
+
+ private:
+  void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
+
+  std::mutex mu_;
+  WorkerStream* stream_;                  // guarded by mu_; null once done
+  std::deque<v1::SchedulerMessage> queue_;  // guarded by mu_; front in flight
+  bool writing_ = false;                  // guarded by mu_
+  bool finish_requested_ = false;         // guarded by mu_
+  bool finished_ = false;                 // guarded by mu_
+  grpc::Status finish_status_;            // guarded by mu_
+};
+
+class WorkerStream final
+    : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage> {
+ public:
+  WorkerStream(Scheduler* scheduler, const absl::Status& auth)
+      : scheduler_(scheduler), session_(std::make_shared<StreamSession>(this)) {
+    if (!auth.ok()) {
+      Finish(ToGrpcStatus(auth));
+      return;
+    }
+    StartRead(&incoming_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      session_->Close("the worker closed its stream");
+      Gone();
+      return;
+    }
+    scheduler_->OnWorkerMessage(session_, std::move(incoming_));
+    incoming_.Clear();
+    StartRead(&incoming_);
+  }
+  void OnWriteDone(bool) override { session_->OnWriteDone(); }
+  void OnCancel() override { session_->Close("the stream was cancelled"); }
+  void OnDone() override {
+    Gone();
+    session_->Detach();
+    delete this;
+  }
+
+ private:
+  void Gone() {
+    if (gone_reported_) return;
+    gone_reported_ = true;
+    scheduler_->OnWorkerGone(session_);
+  }
+
+  Scheduler* scheduler_;
+  std::shared_ptr<StreamSession> session_;
+  v1::WorkerMessage incoming_;
+  bool gone_reported_ = false;  // reactions on this stream are serialised
+  friend class StreamSession;
+};
+
+void StreamSession::Send(const v1::SchedulerMessage& message) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stream_ == nullptr || finish_requested_) return;
+  queue_.push_back(message);
+  if (writing_) return;
+  writing_ = true;
+  const v1::SchedulerMessage* front = &queue_.front();
+  WorkerStream* stream = stream_;
+  lock.unlock();
+  // Safe unlocked: Finish waits while writing_, so the reactor lives on.
+  stream->StartWrite(front);
+}
+
+void StreamSession::OnWriteDone() {
+  std::unique_lock<std::mutex> lock(mu_);
+  queue_.pop_front();
+  if (!queue_.empty() && !finish_requested_) {
+    const v1::SchedulerMessage* front = &queue_.front();
+    WorkerStream* stream = stream_;
+    lock.unlock();
+    stream->StartWrite(front);
+    return;
+  }
+  queue_.clear();
+  writing_ = false;
+  MaybeFinishLocked(lock);
+}
+
+void StreamSession::Close(const std::string& why) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stream_ == nullptr || finish_requested_) return;
+  finish_requested_ = true;
+  finish_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
+  MaybeFinishLocked(lock);
+}
+
+void StreamSession::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
+  if (!finish_requested_ || writing_ || finished_ || stream_ == nullptr) return;
+  finished_ = true;
+  WorkerStream* stream = stream_;
+  grpc::Status status = finish_status_;
+  lock.unlock();
+  stream->Finish(status);
+}
+
+void StreamSession::Detach() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stream_ = nullptr;
+}
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>* WorkerLinkService::Connect(
+    grpc::CallbackServerContext* context) {
+  return new WorkerStream(scheduler_, CheckToken(*context, token_));
+}
+
+}  // namespace dlbatch::scheduler

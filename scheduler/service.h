@@ -1,0 +1,71 @@
+// The gRPC face of the scheduler. Handlers are thin: check the token, call
+// the domain, map the Status. Unary and blob calls use the sync API; the
+// long-lived worker stream uses the callback API and never blocks.
+#ifndef DLBATCH_SCHEDULER_SERVICE_H_
+#define DLBATCH_SCHEDULER_SERVICE_H_
+
+#include <string>
+
+#include "dlbatch/v1/scheduler.grpc.pb.h"
+#include "scheduler/blob_store.h"
+#include "scheduler/scheduler.h"
+
+namespace dlbatch::scheduler {
+
+class SchedulerService final : public v1::Scheduler::Service {
+ public:
+  // An empty token admits every caller (Unix sockets only).
+  SchedulerService(Scheduler* scheduler, BlobStore* blobs, std::string token)
+      : scheduler_(scheduler), blobs_(blobs), token_(std::move(token)) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
+                         v1::SubmitJobReply* reply) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsReply* reply) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                      v1::Job* reply) override;
+  grpc::Status ReadDiary(grpc::ServerContext* context, const v1::ReadDiaryRequest* request,
+                         grpc::ServerWriter<v1::DiaryChunk>* writer) override;
+  grpc::Status CancelJobs(grpc::ServerContext* context, const v1::CancelJobsRequest* request,
+                          v1::CancelJobsReply* reply) override;
+  grpc::Status WaitJobs(grpc::ServerContext* context, const v1::WaitJobsRequest* request,
+                        v1::WaitJobsReply* reply) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
+                           v1::ListWorkersReply* reply) override;
+  grpc::Status ListProfiles(grpc::ServerContext* context,
+                            const v1::ListProfilesRequest* request,
+                            v1::ListProfilesReply* reply) override;
+  grpc::Status ListOutputs(grpc::ServerContext* context, const v1::ListOutputsRequest* request,
+                           v1::ListOutputsReply* reply) override;
+  grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
+                        v1::Stats* reply) override;
+  grpc::Status StatBlobs(grpc::ServerContext* context, const v1::StatBlobsRequest* request,
+                         v1::StatBlobsReply* reply) override;
+  grpc::Status UploadBlob(grpc::ServerContext* context,
+                          grpc::ServerReader<v1::BlobChunk>* reader,
+                          v1::BlobRef* reply) override;
+  grpc::Status DownloadBlob(grpc::ServerContext* context,
+                            const v1::DownloadBlobRequest* request,
+                            grpc::ServerWriter<v1::BlobChunk>* writer) override;
+
+ private:
+  Scheduler* scheduler_;
+  BlobStore* blobs_;
+  std::string token_;
+};
+
+class WorkerLinkService final : public v1::WorkerLink::CallbackService {
+ public:
+  WorkerLinkService(Scheduler* scheduler, std::string token)
+      : scheduler_(scheduler), token_(std::move(token)) {}
+  grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>* Connect(
+      grpc::CallbackServerContext* context) override;
+
+ private:
+  Scheduler* scheduler_;
+  std::string token_;
+};
+
+}  // namespace dlbatch::scheduler
+
+#endif  // DLBATCH_SCHEDULER_SERVICE_H_

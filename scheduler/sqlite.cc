@@ -1,0 +1,167 @@
+#include "scheduler/sqlite.h"
+
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+
+namespace dlbatch::scheduler {
+
+struct Database::Cache {
+  std::unordered_map<const char*, std::unique_ptr<Statement>> statements;
+};
+
+absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path,
+                                                         bool read_only,
+                                                         bool sync_full) {
+  sqlite3* raw = nullptr;
+  int flags = read_only ? SQLITE_OPEN_READONLY
+                        : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  flags |= SQLITE_OPEN_NOMUTEX;
+  int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = raw ? sqlite3_errmsg(raw) : sqlite3_errstr(rc);
+    sqlite3_close(raw);
+    return absl::UnavailableError(absl::StrCat("opening ", path, ": ", msg));
+  }
+  std::unique_ptr<Database> db(new Database(raw));
+  db->cache_ = std::make_unique<Cache>();
+  sqlite3_busy_timeout(raw, 10000);
+  if (!read_only) {
+    if (auto s = db->Exec("PRAGMA journal_mode=WAL"); !s.ok()) return s;
+  }
+  if (auto s = db->Exec(sync_full ? "PRAGMA synchronous=FULL"
+                                  : "PRAGMA synchronous=NORMAL");
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = db->Exec("PRAGMA foreign_keys=OFF"); !s.ok()) return s;
+  return db;
+}
+
+Database::Database(sqlite3* db) : db_(db) {}
+
+Database::~Database() {
+  cache_.reset();  // finalize statements before closing
+  sqlite3_close(db_);
+}
+
+absl::Status Database::Error(absl::string_view what) const {
+  int code = sqlite3_errcode(db_);
+  std::string msg = absl::StrCat(what, ": ", sqlite3_errmsg(db_));
+  if (code == SQLITE_FULL) return absl::ResourceExhaustedError(msg);
+  if (code == SQLITE_CONSTRAINT) return absl::AlreadyExistsError(msg);
+  if (code == SQLITE_BUSY || code == SQLITE_LOCKED) {
+    return absl::UnavailableError(msg);
+  }
+  return absl::InternalError(msg);
+}
+
+absl::Status Database::Exec(absl::string_view sql) {
+  std::string text(sql);
+  char* err = nullptr;
+  if (sqlite3_exec(db_, text.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    absl::Status s = Error(absl::StrCat("sqlite: ", text));
+    sqlite3_free(err);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Statement*> Database::Prepare(const char* sql) {
+  auto& slot = cache_->statements[sql];
+  if (!slot) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, &stmt,
+                           nullptr) != SQLITE_OK) {
+      cache_->statements.erase(sql);
+      return Error(absl::StrCat("sqlite prepare: ", sql));
+    }
+    slot = std::make_unique<Statement>(this, stmt);
+  }
+  slot->Reset();
+  return slot.get();
+}
+
+int64_t Database::LastInsertId() const { return sqlite3_last_insert_rowid(db_); }
+int Database::Changes() const { return sqlite3_changes(db_); }
+
+Statement::~Statement() { sqlite3_finalize(stmt_); }
+
+Statement& Statement::Bind(int index, int64_t value) {
+  sqlite3_bind_int64(stmt_, index, value);
+  return *this;
+}
+
+Statement& Statement::Bind(int index, absl::string_view text) {
+  sqlite3_bind_text(stmt_, index, text.data(), static_cast<int>(text.size()),
+                    SQLITE_TRANSIENT);
+  return *this;
+}
+
+Statement& Statement::BindBlob(int index, absl::string_view bytes) {
+  sqlite3_bind_blob(stmt_, index, bytes.data(), static_cast<int>(bytes.size()),
+                    SQLITE_TRANSIENT);
+  return *this;
+}
+
+Statement& Statement::BindNull(int index) {
+  sqlite3_bind_null(stmt_, index);
+  return *this;
+}
+
+absl::StatusOr<bool> Statement::Step() {
+  int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  return db_->Error(absl::StrCat("sqlite: ", sqlite3_sql(stmt_)));
+}
+
+absl::Status Statement::Run() {
+  auto row = Step();
+  if (!row.ok()) return row.status();
+  return absl::OkStatus();
+}
+
+void Statement::Reset() {
+  sqlite3_reset(stmt_);
+  sqlite3_clear_bindings(stmt_);
+}
+
+int64_t Statement::Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+
+std::string Statement::Text(int col) const {
+  const unsigned char* text = sqlite3_column_text(stmt_, col);
+  if (text == nullptr) return "";
+  return std::string(reinterpret_cast<const char*>(text),
+                     static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+}
+
+absl::string_view Statement::Blob(int col) const {
+  const void* data = sqlite3_column_blob(stmt_, col);
+  if (data == nullptr) return {};
+  return absl::string_view(static_cast<const char*>(data),
+                          static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+}
+
+bool Statement::IsNull(int col) const {
+  return sqlite3_column_type(stmt_, col) == SQLITE_NULL;
+}
+
+Transaction::Transaction(Database* db) : db_(db) {
+  begin_ = db_->Exec("BEGIN IMMEDIATE");
+  if (!begin_.ok()) done_ = true;
+}
+
+Transaction::~Transaction() {
+  if (!done_) (void)db_->Exec("ROLLBACK");
+}
+
+absl::Status Transaction::Commit() {
+  if (done_) return begin_.ok() ? absl::FailedPreconditionError("committed twice") : begin_;
+  done_ = true;
+  absl::Status s = db_->Exec("COMMIT");
+  if (!s.ok()) (void)db_->Exec("ROLLBACK");
+  return s;
+}
+
+}  // namespace dlbatch::scheduler

@@ -1,0 +1,95 @@
+// A thin RAII layer over SQLite: a connection and prepared statements whose
+// errors come back as Status values naming the statement and SQLite's reason.
+#ifndef DLBATCH_SCHEDULER_SQLITE_H_
+#define DLBATCH_SCHEDULER_SQLITE_H_
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+
+namespace dlbatch::scheduler {
+
+class Statement;
+
+// One SQLite connection. Not thread-safe: one thread uses it at a time.
+class Database {
+ public:
+  // Opens (creating) `path` in WAL mode. sync_full: fsync every commit
+  // (survives power loss); otherwise synchronous=NORMAL (survives a crash of
+  // the process at any moment, which is what kill -9 needs).
+  static absl::StatusOr<std::unique_ptr<Database>> Open(const std::string& path,
+                                                        bool read_only,
+                                                        bool sync_full);
+  ~Database();
+  Database(const Database&) = delete;
+  Database& operator=(const Database&) = delete;
+
+  absl::Status Exec(absl::string_view sql);
+  // Prepared once per connection and cached; the returned statement is reset.
+  absl::StatusOr<Statement*> Prepare(const char* sql);
+  int64_t LastInsertId() const;
+  int Changes() const;
+  sqlite3* raw() { return db_; }
+  absl::Status Error(absl::string_view what) const;
+
+ private:
+  explicit Database(sqlite3* db);
+  sqlite3* db_;
+  struct Cache;
+  std::unique_ptr<Cache> cache_;
+};
+
+// A cached prepared statement. Bind indexes are 1-based, columns 0-based.
+class Statement {
+ public:
+  Statement(Database* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}
+  ~Statement();
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  Statement& Bind(int index, int64_t value);
+  Statement& Bind(int index, int value) { return Bind(index, int64_t{value}); }
+  Statement& Bind(int index, absl::string_view text);
+  Statement& BindBlob(int index, absl::string_view bytes);
+  Statement& BindNull(int index);
+
+  // Steps once: true if a row is ready, false when done.
+  absl::StatusOr<bool> Step();
+  // Runs a statement that returns no rows.
+  absl::Status Run();
+  void Reset();
+
+  int64_t Int(int col) const;
+  std::string Text(int col) const;
+  absl::string_view Blob(int col) const;
+  bool IsNull(int col) const;
+
+ private:
+  Database* db_;
+  sqlite3_stmt* stmt_;
+};
+
+// BEGIN IMMEDIATE ... COMMIT; rolls back on destruction unless committed.
+class Transaction {
+ public:
+  explicit Transaction(Database* db);
+  ~Transaction();
+  absl::Status status() const { return begin_; }
+  absl::Status Commit();
+
+ private:
+  Database* db_;
+  absl::Status begin_;
+  bool done_ = false;
+};
+
+}  // namespace dlbatch::scheduler
+
+#endif  // DLBATCH_SCHEDULER_SQLITE_H_

@@ -1,0 +1,495 @@
+#include "scheduler/store.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+
+namespace dlbatch::scheduler {
+namespace {
+
+constexpr int kSchemaVersion = 1;
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS profiles(
+  name TEXT PRIMARY KEY,
+  max_pool INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS workers(
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  host TEXT NOT NULL,
+  profile TEXT NOT NULL,
+  devices BLOB NOT NULL,
+  last_seen_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs(
+  id INTEGER PRIMARY KEY,
+  request_id TEXT UNIQUE,
+  user TEXT NOT NULL,
+  spec BLOB NOT NULL,
+  name TEXT NOT NULL,
+  profile TEXT NOT NULL,
+  pool INTEGER NOT NULL,
+  priority INTEGER NOT NULL,
+  state INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  submit_ms INTEGER NOT NULL,
+  start_ms INTEGER NOT NULL,
+  end_ms INTEGER NOT NULL,
+  parts TEXT NOT NULL,
+  exit_code INTEGER NOT NULL,
+  reason TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS job_events(
+  job_id INTEGER NOT NULL,
+  time_ms INTEGER NOT NULL,
+  state INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  reason TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS job_events_by_job ON job_events(job_id);
+CREATE TABLE IF NOT EXISTS diary(
+  n INTEGER PRIMARY KEY,
+  job_id INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  part INTEGER NOT NULL,
+  seq INTEGER,
+  time_ms INTEGER NOT NULL,
+  stream INTEGER NOT NULL,
+  text TEXT NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS diary_by_line ON diary(job_id, attempt, part, seq);
+CREATE INDEX IF NOT EXISTS diary_by_job ON diary(job_id, n);
+CREATE TABLE IF NOT EXISTS outputs(
+  job_id INTEGER NOT NULL,
+  path TEXT NOT NULL,
+  size INTEGER NOT NULL,
+  sha256 TEXT NOT NULL,
+  mode INTEGER NOT NULL,
+  PRIMARY KEY(job_id, path));
+)sql";
+
+constexpr char kJobColumns[] =
+    "id, request_id, user, spec, state, attempt, submit_ms, start_ms, end_ms, "
+    "parts, exit_code, reason, name, profile, pool, priority";
+
+absl::StatusOr<JobRecord> ReadJobRow(const Statement& row, bool with_spec) {
+  JobRecord job;
+  job.id = row.Int(0);
+  job.request_id = row.Text(1);
+  job.user = row.Text(2);
+  if (with_spec) {
+    absl::string_view blob = row.Blob(3);
+    if (!job.spec.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+      return absl::DataLossError(absl::StrCat("job ", job.id, ": stored spec is corrupt"));
+    }
+  } else {
+    job.spec.set_name(row.Text(12));
+    job.spec.set_profile(row.Text(13));
+    job.spec.set_pool(static_cast<int>(row.Int(14)));
+    job.spec.set_priority(static_cast<int>(row.Int(15)));
+  }
+  job.state = static_cast<v1::JobState>(row.Int(4));
+  job.attempt = static_cast<int>(row.Int(5));
+  job.submit_ms = row.Int(6);
+  job.start_ms = row.Int(7);
+  job.end_ms = row.Int(8);
+  job.parts = DecodeParts(row.Text(9));
+  job.exit_code = static_cast<int>(row.Int(10));
+  job.reason = row.Text(11);
+  return job;
+}
+
+}  // namespace
+
+std::string EncodeParts(const std::vector<Part>& parts) {
+  return absl::StrJoin(parts, ";", [](std::string* out, const Part& p) {
+    absl::StrAppend(out, p.worker, ":", absl::StrJoin(p.devices, ","));
+  });
+}
+
+std::vector<Part> DecodeParts(absl::string_view text) {
+  std::vector<Part> parts;
+  if (text.empty()) return parts;
+  for (absl::string_view piece : absl::StrSplit(text, ';')) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(piece, absl::MaxSplits(':', 1));
+    Part part;
+    if (!absl::SimpleAtoi(kv.first, &part.worker)) continue;
+    for (absl::string_view d : absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
+      int index;
+      if (absl::SimpleAtoi(d, &index)) part.devices.push_back(index);
+    }
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
+                                                   bool sync_full) {
+  ASSIGN_OR_RETURN(auto db, Database::Open(path, /*read_only=*/false, sync_full));
+  RETURN_IF_ERROR(db->Exec(kSchema));
+  ASSIGN_OR_RETURN(Statement * get, db->Prepare("SELECT value FROM meta WHERE key='schema'"));
+  ASSIGN_OR_RETURN(bool found, get->Step());
+  if (found) {
+    int version = 0;
+    if (!absl::SimpleAtoi(get->Text(0), &version) || version != kSchemaVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " has schema version ", get->Text(0), "; this scheduler reads version ",
+          kSchemaVersion));
+    }
+  } else {
+    get->Reset();
+    RETURN_IF_ERROR(db->Exec(absl::StrCat(
+        "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion, "')")));
+  }
+  get->Reset();
+  return std::unique_ptr<Store>(new Store(std::move(db)));
+}
+
+absl::StatusOr<int64_t> Store::InsertJob(const JobRecord& job) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT INTO jobs(request_id, user, spec, name, profile, pool, "
+                   "priority, state, attempt, submit_ms, start_ms, end_ms, parts, "
+                   "exit_code, reason) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+  if (job.request_id.empty()) {
+    st->BindNull(1);
+  } else {
+    st->Bind(1, job.request_id);
+  }
+  st->Bind(2, job.user)
+      .BindBlob(3, job.spec.SerializeAsString())
+      .Bind(4, job.spec.name())
+      .Bind(5, job.spec.profile())
+      .Bind(6, job.spec.pool())
+      .Bind(7, job.spec.priority())
+      .Bind(8, static_cast<int>(job.state))
+      .Bind(9, job.attempt)
+      .Bind(10, job.submit_ms)
+      .Bind(11, job.start_ms)
+      .Bind(12, job.end_ms)
+      .Bind(13, EncodeParts(job.parts))
+      .Bind(14, job.exit_code)
+      .Bind(15, job.reason);
+  RETURN_IF_ERROR(st->Run());
+  return db_->LastInsertId();
+}
+
+absl::Status Store::UpdateJob(const JobRecord& job) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("UPDATE jobs SET state=?, attempt=?, start_ms=?, end_ms=?, "
+                   "parts=?, exit_code=?, reason=? WHERE id=?"));
+  st->Bind(1, static_cast<int>(job.state))
+      .Bind(2, job.attempt)
+      .Bind(3, job.start_ms)
+      .Bind(4, job.end_ms)
+      .Bind(5, EncodeParts(job.parts))
+      .Bind(6, job.exit_code)
+      .Bind(7, job.reason)
+      .Bind(8, job.id);
+  return st->Run();
+}
+
+absl::Status Store::AddEvent(int64_t job_id, v1::JobState state, int attempt,
+                             int64_t time_ms, absl::string_view reason) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("INSERT INTO job_events(job_id, time_ms, state, "
+                                "attempt, reason) VALUES(?,?,?,?,?)"));
+  st->Bind(1, job_id).Bind(2, time_ms).Bind(3, static_cast<int>(state)).Bind(4, attempt).Bind(
+      5, reason);
+  return st->Run();
+}
+
+absl::StatusOr<bool> Store::AddDiary(int64_t job_id, int attempt, int part,
+                                     int64_t seq, int64_t time_ms, int stream,
+                                     absl::string_view text) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("INSERT OR IGNORE INTO diary(job_id, attempt, part, "
+                                "seq, time_ms, stream, text) VALUES(?,?,?,?,?,?,?)"));
+  st->Bind(1, job_id).Bind(2, attempt).Bind(3, part);
+  if (seq < 0) {
+    st->BindNull(4);
+  } else {
+    st->Bind(4, seq);
+  }
+  st->Bind(5, time_ms).Bind(6, stream).Bind(7, text);
+  RETURN_IF_ERROR(st->Run());
+  return db_->Changes() > 0;
+}
+
+absl::Status Store::PutOutputs(int64_t job_id,
+                               const std::vector<v1::OutputFile>& files) {
+  ASSIGN_OR_RETURN(Statement * del, db_->Prepare("DELETE FROM outputs WHERE job_id=?"));
+  RETURN_IF_ERROR(del->Bind(1, job_id).Run());
+  for (const auto& f : files) {
+    ASSIGN_OR_RETURN(Statement * st,
+                     db_->Prepare("INSERT OR REPLACE INTO outputs(job_id, path, size, "
+                                  "sha256, mode) VALUES(?,?,?,?,?)"));
+    st->Bind(1, job_id).Bind(2, f.path()).Bind(3, f.size()).Bind(4, f.sha256()).Bind(
+        5, static_cast<int64_t>(f.mode()));
+    RETURN_IF_ERROR(st->Run());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Store::UpsertWorker(const WorkerRecord& worker) {
+  v1::WorkerInfo devices;  // only its devices are serialised
+  for (const auto& d : worker.devices) *devices.add_devices() = d;
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT INTO workers(name, host, profile, devices, last_seen_ms) "
+                   "VALUES(?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
+                   "host=excluded.host, profile=excluded.profile, "
+                   "devices=excluded.devices, last_seen_ms=excluded.last_seen_ms"));
+  st->Bind(1, worker.name)
+      .Bind(2, worker.host)
+      .Bind(3, worker.profile)
+      .BindBlob(4, devices.SerializeAsString())
+      .Bind(5, worker.last_seen_ms);
+  RETURN_IF_ERROR(st->Run());
+  ASSIGN_OR_RETURN(Statement * get, db_->Prepare("SELECT id FROM workers WHERE name=?"));
+  ASSIGN_OR_RETURN(bool found, get->Bind(1, worker.name).Step());
+  if (!found) return absl::InternalError("worker vanished after upsert");
+  int64_t id = get->Int(0);
+  get->Reset();
+  return id;
+}
+
+absl::Status Store::UpsertProfile(const std::string& name, int max_pool) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("INSERT INTO profiles(name, max_pool) VALUES(?,?) "
+                                "ON CONFLICT(name) DO UPDATE SET max_pool=excluded.max_pool"));
+  return st->Bind(1, name).Bind(2, max_pool).Run();
+}
+
+absl::StatusOr<std::optional<int64_t>> Store::JobForRequest(
+    const std::string& request_id) {
+  ASSIGN_OR_RETURN(Statement * st, db_->Prepare("SELECT id FROM jobs WHERE request_id=?"));
+  ASSIGN_OR_RETURN(bool found, st->Bind(1, request_id).Step());
+  std::optional<int64_t> id;
+  if (found) id = st->Int(0);
+  st->Reset();
+  return id;
+}
+
+absl::StatusOr<std::vector<JobRecord>> Store::ActiveJobs() {
+  static const std::string sql = absl::StrCat(
+      "SELECT ", kJobColumns, " FROM jobs WHERE state IN (1,2,3) ORDER BY id");
+  ASSIGN_OR_RETURN(Statement * st, db_->Prepare(sql.c_str()));
+  std::vector<JobRecord> jobs;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(JobRecord job, ReadJobRow(*st, /*with_spec=*/true));
+    jobs.push_back(std::move(job));
+  }
+  st->Reset();
+  return jobs;
+}
+
+absl::StatusOr<std::vector<WorkerRecord>> Store::Workers() {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT id, name, host, profile, devices, last_seen_ms "
+                                "FROM workers ORDER BY id"));
+  std::vector<WorkerRecord> workers;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    WorkerRecord w;
+    w.id = st->Int(0);
+    w.name = st->Text(1);
+    w.host = st->Text(2);
+    w.profile = st->Text(3);
+    v1::WorkerInfo devices;
+    absl::string_view blob = st->Blob(4);
+    devices.ParseFromArray(blob.data(), static_cast<int>(blob.size()));
+    w.devices.assign(devices.devices().begin(), devices.devices().end());
+    w.last_seen_ms = st->Int(5);
+    workers.push_back(std::move(w));
+  }
+  st->Reset();
+  return workers;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, int>>> Store::Profiles() {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT name, max_pool FROM profiles ORDER BY name"));
+  std::vector<std::pair<std::string, int>> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    out.emplace_back(st->Text(0), static_cast<int>(st->Int(1)));
+  }
+  st->Reset();
+  return out;
+}
+
+absl::StatusOr<int64_t> Store::CountJobs() {
+  ASSIGN_OR_RETURN(Statement * st, db_->Prepare("SELECT COUNT(*) FROM jobs"));
+  ASSIGN_OR_RETURN(bool row, st->Step());
+  int64_t n = row ? st->Int(0) : 0;
+  st->Reset();
+  return n;
+}
+
+// ---- StoreReader ----
+
+absl::StatusOr<std::unique_ptr<Database>> StoreReader::Acquire() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      auto db = std::move(idle_.back());
+      idle_.pop_back();
+      return db;
+    }
+  }
+  return Database::Open(path_, /*read_only=*/true, /*sync_full=*/false);
+}
+
+void StoreReader::Release(std::unique_ptr<Database> db) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (idle_.size() < 8) idle_.push_back(std::move(db));
+}
+
+// Returns the connection to the pool when the read is done.
+class StoreReader::Lease {
+ public:
+  Lease(StoreReader* reader, std::unique_ptr<Database> db)
+      : reader_(reader), db_(std::move(db)) {}
+  ~Lease() { reader_->Release(std::move(db_)); }
+  Database* operator->() { return db_.get(); }
+
+ private:
+  StoreReader* reader_;
+  std::unique_ptr<Database> db_;
+};
+
+absl::StatusOr<std::optional<JobRecord>> StoreReader::GetJob(int64_t id) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  static const std::string sql =
+      absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id=?");
+  ASSIGN_OR_RETURN(Statement * st, db->Prepare(sql.c_str()));
+  ASSIGN_OR_RETURN(bool found, st->Bind(1, id).Step());
+  std::optional<JobRecord> out;
+  if (found) {
+    ASSIGN_OR_RETURN(JobRecord job, ReadJobRow(*st, /*with_spec=*/true));
+    out = std::move(job);
+  }
+  st->Reset();
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::StateChange>> StoreReader::History(int64_t id) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  ASSIGN_OR_RETURN(Statement * st,
+                   db->Prepare("SELECT state, time_ms, attempt, reason FROM job_events "
+                               "WHERE job_id=? ORDER BY rowid"));
+  st->Bind(1, id);
+  std::vector<v1::StateChange> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    v1::StateChange c;
+    c.set_state(static_cast<v1::JobState>(st->Int(0)));
+    c.set_time_ms(st->Int(1));
+    c.set_attempt(static_cast<int>(st->Int(2)));
+    c.set_reason(st->Text(3));
+    out.push_back(std::move(c));
+  }
+  st->Reset();
+  return out;
+}
+
+absl::StatusOr<std::vector<JobRecord>> StoreReader::ListJobs(
+    const std::vector<v1::JobState>& states, int limit, bool newest_first,
+    bool with_spec) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  std::string sql = absl::StrCat("SELECT ", kJobColumns, " FROM jobs");
+  if (!states.empty()) {
+    absl::StrAppend(&sql, " WHERE state IN (",
+                    absl::StrJoin(states, ",", [](std::string* out, v1::JobState s) {
+                      absl::StrAppend(out, static_cast<int>(s));
+                    }),
+                    ")");
+  }
+  absl::StrAppend(&sql, newest_first ? " ORDER BY id DESC" : " ORDER BY id");
+  if (limit > 0) absl::StrAppend(&sql, " LIMIT ", limit);
+  sqlite3_stmt* raw_stmt = nullptr;
+  if (sqlite3_prepare_v2(db->raw(), sql.c_str(), -1, &raw_stmt, nullptr) != SQLITE_OK) {
+    return db->Error("listing jobs");
+  }
+  Statement st(nullptr, raw_stmt);
+  std::vector<JobRecord> jobs;
+  for (;;) {
+    int rc = sqlite3_step(raw_stmt);
+    if (rc == SQLITE_DONE) break;
+    if (rc != SQLITE_ROW) return db->Error("listing jobs");
+    ASSIGN_OR_RETURN(JobRecord job, ReadJobRow(st, with_spec));
+    jobs.push_back(std::move(job));
+  }
+  return jobs;
+}
+
+absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(int64_t job_id,
+                                                                 int64_t after,
+                                                                 int limit) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  ASSIGN_OR_RETURN(Statement * st,
+                   db->Prepare("SELECT n, time_ms, stream, text, attempt, seq FROM diary "
+                               "WHERE job_id=? AND n>? ORDER BY n LIMIT ?"));
+  st->Bind(1, job_id).Bind(2, after).Bind(3, limit);
+  std::vector<v1::DiaryLine> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    v1::DiaryLine line;
+    line.set_n(st->Int(0));
+    line.set_time_ms(st->Int(1));
+    line.set_stream(static_cast<int>(st->Int(2)));
+    line.set_text(st->Text(3));
+    line.set_attempt(static_cast<int>(st->Int(4)));
+    line.set_seq(st->IsNull(5) ? -1 : st->Int(5));
+    out.push_back(std::move(line));
+  }
+  st->Reset();
+  return out;
+}
+
+absl::StatusOr<int64_t> StoreReader::DiaryCount(int64_t job_id) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  ASSIGN_OR_RETURN(Statement * st, db->Prepare("SELECT COUNT(*) FROM diary WHERE job_id=?"));
+  ASSIGN_OR_RETURN(bool row, st->Bind(1, job_id).Step());
+  int64_t n = row ? st->Int(0) : 0;
+  st->Reset();
+  return n;
+}
+
+absl::StatusOr<std::vector<v1::OutputFile>> StoreReader::Outputs(int64_t job_id) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  ASSIGN_OR_RETURN(Statement * st,
+                   db->Prepare("SELECT path, size, sha256, mode FROM outputs "
+                               "WHERE job_id=? ORDER BY path"));
+  st->Bind(1, job_id);
+  std::vector<v1::OutputFile> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    v1::OutputFile f;
+    f.set_path(st->Text(0));
+    f.set_size(st->Int(1));
+    f.set_sha256(st->Text(2));
+    f.set_mode(static_cast<uint32_t>(st->Int(3)));
+    out.push_back(std::move(f));
+  }
+  st->Reset();
+  return out;
+}
+
+}  // namespace dlbatch::scheduler

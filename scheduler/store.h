@@ -1,0 +1,116 @@
+// The scheduler's durable state in one SQLite file (WAL): jobs and their
+// state history, diary lines, workers, profiles and output metadata.
+//
+// Store is the single writer: the scheduler calls it under its own lock and
+// wraps every acknowledged change in one Transaction, committed before the
+// reply. StoreReader serves reads on separate connections, so listing
+// 100,000 jobs never holds the writer up.
+#ifndef DLBATCH_SCHEDULER_STORE_H_
+#define DLBATCH_SCHEDULER_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "dlbatch/v1/scheduler.pb.h"
+#include "scheduler/placement.h"
+#include "scheduler/sqlite.h"
+
+namespace dlbatch::scheduler {
+
+struct JobRecord {
+  int64_t id = 0;
+  std::string request_id;
+  std::string user;
+  v1::JobSpec spec;
+  v1::JobState state = v1::JOB_STATE_QUEUED;
+  int attempt = 0;  // 0 until first started
+  int64_t submit_ms = 0;
+  int64_t start_ms = 0;
+  int64_t end_ms = 0;
+  std::vector<Part> parts;  // placement of the current attempt
+  int exit_code = 0;
+  std::string reason;
+};
+
+struct WorkerRecord {
+  int64_t id = 0;
+  std::string name;
+  std::string host;
+  std::string profile;
+  std::vector<v1::Device> devices;
+  int64_t last_seen_ms = 0;
+};
+
+// "3:0,1;7:2" <-> parts.
+std::string EncodeParts(const std::vector<Part>& parts);
+std::vector<Part> DecodeParts(absl::string_view text);
+
+class Store {
+ public:
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
+                                                     bool sync_full);
+  Database* db() { return db_.get(); }
+
+  // Writes; the caller holds a Transaction on db().
+  absl::StatusOr<int64_t> InsertJob(const JobRecord& job);
+  absl::Status UpdateJob(const JobRecord& job);
+  absl::Status AddEvent(int64_t job_id, v1::JobState state, int attempt,
+                        int64_t time_ms, absl::string_view reason);
+  // seq < 0: a line of dlbatch's own (never deduplicated). Returns false if
+  // the line (job, attempt, part, seq) was stored before.
+  absl::StatusOr<bool> AddDiary(int64_t job_id, int attempt, int part,
+                                int64_t seq, int64_t time_ms, int stream,
+                                absl::string_view text);
+  absl::Status PutOutputs(int64_t job_id,
+                          const std::vector<v1::OutputFile>& files);
+  absl::StatusOr<int64_t> UpsertWorker(const WorkerRecord& worker);
+  absl::Status UpsertProfile(const std::string& name, int max_pool);
+
+  // Reads on the writer connection (recovery and submit de-duplication).
+  absl::StatusOr<std::optional<int64_t>> JobForRequest(
+      const std::string& request_id);
+  absl::StatusOr<std::vector<JobRecord>> ActiveJobs();
+  absl::StatusOr<std::vector<WorkerRecord>> Workers();
+  absl::StatusOr<std::vector<std::pair<std::string, int>>> Profiles();
+  absl::StatusOr<int64_t> CountJobs();
+
+ private:
+  explicit Store(std::unique_ptr<Database> db) : db_(std::move(db)) {}
+  std::unique_ptr<Database> db_;
+};
+
+// Read-only access on pooled connections. Thread-safe.
+class StoreReader {
+ public:
+  explicit StoreReader(std::string path) : path_(std::move(path)) {}
+
+  absl::StatusOr<std::optional<JobRecord>> GetJob(int64_t id);
+  absl::StatusOr<std::vector<v1::StateChange>> History(int64_t id);
+  // Jobs in id order (or newest first); states empty: all.
+  absl::StatusOr<std::vector<JobRecord>> ListJobs(
+      const std::vector<v1::JobState>& states, int limit, bool newest_first,
+      bool with_spec);
+  absl::StatusOr<std::vector<v1::DiaryLine>> ReadDiary(int64_t job_id,
+                                                       int64_t after,
+                                                       int limit);
+  absl::StatusOr<int64_t> DiaryCount(int64_t job_id);
+  absl::StatusOr<std::vector<v1::OutputFile>> Outputs(int64_t job_id);
+
+ private:
+  class Lease;
+  absl::StatusOr<std::unique_ptr<Database>> Acquire();
+  void Release(std::unique_ptr<Database> db);
+
+  std::string path_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Database>> idle_;  // guarded by mu_
+};
+
+}  // namespace dlbatch::scheduler
+
+#endif  // DLBATCH_SCHEDULER_STORE_H_

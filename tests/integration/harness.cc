@@ -1,0 +1,262 @@
+#include "tests/integration/harness.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "worker/subprocess.h"
+
+extern char** environ;
+
+namespace dlbatch::testing {
+namespace fs = std::filesystem;
+
+std::string BinDir() {
+  if (const char* env = std::getenv("DLBATCH_BIN_DIR")) return env;
+  return DLBATCH_BIN_DIR;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteAll(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+bool WaitFor(const std::function<bool()>& ready, int timeout_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (ready()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return ready();
+}
+
+static std::vector<std::string> Environment(const std::map<std::string, std::string>& extra) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : extra) env[k] = v;
+  std::vector<std::string> out;
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+Result Exec(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+            int timeout_ms) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) return {};
+  std::vector<std::string> env_store = Environment(env);
+  std::vector<char*> envp, args;
+  for (auto& e : env_store) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_store = argv;
+  for (auto& a : argv_store) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, 0);
+    execvpe(args[0], args.data(), envp.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  Result r;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  int open_fds = 2;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  bool killed = false;
+  while (open_fds > 0) {
+    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    deadline - std::chrono::steady_clock::now())
+                                    .count());
+    if (left <= 0 && !killed) {
+      kill(pid, SIGKILL);
+      killed = true;
+    }
+    poll(fds, 2, std::max(left, 100));
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[65536];
+      ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n <= 0) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      } else {
+        (i == 0 ? r.out : r.err).append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (killed) r.err += "\n[harness: timed out, killed]";
+  return r;
+}
+
+Cluster::Cluster() {
+  char tmpl[] = "/tmp/dlbt-XXXXXX";
+  dir_ = mkdtemp(tmpl);
+}
+
+Cluster::~Cluster() {
+  for (auto& w : workers_) {
+    if (w.pid > 0) {
+      kill(w.pid, SIGKILL);
+      waitpid(w.pid, nullptr, 0);
+    }
+  }
+  if (scheduler_.pid > 0) {
+    kill(scheduler_.pid, SIGKILL);
+    waitpid(scheduler_.pid, nullptr, 0);
+  }
+  // Jobs of killed workers: nothing of a test outlives it.
+  worker::KillProcessesUnder(dir_);
+  std::error_code ec;
+  if (std::getenv("DLBATCH_KEEP_TEST_DIRS") == nullptr) {
+    // A tmpfs a test mounted inside is unmounted by the test itself.
+    fs::remove_all(dir_, ec);
+  }
+}
+
+pid_t Cluster::Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<std::string> store = argv;
+  std::vector<char*> args;
+  for (auto& a : store) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, 0);
+    setpgid(0, 0);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+void Cluster::StartScheduler(std::vector<std::string> extra, const std::string& listen) {
+  if (!extra.empty() || scheduler_args_.empty()) scheduler_args_ = extra;
+  std::string ready = dir_ + "/scheduler.ready";
+  unlink(ready.c_str());
+  std::string where = listen.empty() ? (address_.empty() ? "unix:" + dir_ + "/sched.sock"
+                                                         : address_)
+                                     : listen;
+  std::vector<std::string> argv = {BinDir() + "/dlbatch-scheduler", "--state-dir",
+                                   scheduler_state(), "--listen", where, "--ready-file", ready};
+  argv.insert(argv.end(), scheduler_args_.begin(), scheduler_args_.end());
+  scheduler_.pid = Spawn(argv, dir_ + "/scheduler.log");
+  ASSERT_TRUE(WaitFor([&] { return !ReadAll(ready).empty(); }, 15000))
+      << ReadAll(dir_ + "/scheduler.log");
+  std::string bound = ReadAll(ready);
+  while (!bound.empty() && (bound.back() == '\n')) bound.pop_back();
+  address_ = bound;
+}
+
+void Cluster::KillScheduler(int sig) {
+  kill(scheduler_.pid, sig);
+  waitpid(scheduler_.pid, nullptr, 0);
+  scheduler_.pid = 0;
+}
+
+int Cluster::StartWorker(const std::string& name, int slots, const std::string& profile,
+                         std::vector<std::string> extra) {
+  std::string work = dir_ + "/worker-" + name;
+  std::vector<std::string> argv = {BinDir() + "/dlbatch-worker", "--scheduler", address_,
+                                   "--profile",  profile, "--work-dir", work, "--name", name,
+                                   "--cpu-slots", std::to_string(slots)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  Proc p;
+  p.name = name;
+  p.pid = Spawn(argv, dir_ + "/worker-" + name + ".log");
+  workers_.push_back(p);
+  return static_cast<int>(workers_.size()) - 1;
+}
+
+void Cluster::KillWorker(int index, int sig) {
+  kill(workers_[index].pid, sig);
+  waitpid(workers_[index].pid, nullptr, 0);
+  workers_[index].pid = 0;
+}
+
+Result Cluster::Cli(std::vector<std::string> args, std::map<std::string, std::string> env,
+                    int timeout_ms) {
+  std::vector<std::string> argv = {BinDir() + "/dlbatch", "--scheduler", address_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  // Never fall back on a local cluster of the user running the tests.
+  env.emplace("XDG_STATE_HOME", dir_ + "/xdg");
+  return Exec(argv, env, timeout_ms);
+}
+
+std::string Cluster::JobFile(const std::string& name, const std::string& yaml) {
+  std::string path = dir_ + "/" + name;
+  WriteAll(path, yaml);
+  return path;
+}
+
+int64_t Cluster::Submit(const std::string& job_file, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"submit", "-q", job_file};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Result r = Cli(args);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  return r.code == 0 ? std::stoll(r.out) : -1;
+}
+
+nlohmann::json Cluster::ShowJson(int64_t id) {
+  Result r = Cli({"show", "--json", std::to_string(id)});
+  if (r.code != 0) return nlohmann::json::object();
+  return nlohmann::json::parse(r.out, nullptr, false);
+}
+
+std::string Cluster::State(int64_t id) {
+  nlohmann::json j = ShowJson(id);
+  if (!j.is_object() || !j.contains("state")) return "";
+  return j["state"].get<std::string>();
+}
+
+bool Cluster::WaitState(int64_t id, const std::string& state, int timeout_ms) {
+  return WaitFor([&] { return State(id) == state; }, timeout_ms);
+}
+
+bool Cluster::WaitWorkers(int workers, int timeout_ms) {
+  return WaitFor(
+      [&] {
+        Result r = Cli({"workers", "--json"});
+        if (r.code != 0) return false;
+        auto j = nlohmann::json::parse(r.out, nullptr, false);
+        if (!j.is_object() || !j.contains("workers")) return false;
+        int online = 0;
+        for (const auto& w : j["workers"]) online += w.value("online", false) ? 1 : 0;
+        return online >= workers;
+      },
+      timeout_ms);
+}
+
+}  // namespace dlbatch::testing

@@ -1,0 +1,490 @@
+// Randomized property test of PlacementCore: many random events, checked
+// after each against invariants and against a naive reference that applies
+// the policy of placement.h by brute force.
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "scheduler/placement.h"
+
+namespace dlbatch::scheduler {
+namespace {
+
+constexpr JobId kFree = -1;
+
+using Caps = std::map<WorkerId, int>;
+using Counts = std::vector<std::pair<WorkerId, int>>;
+
+bool Before(const QueuedJob& a, const QueuedJob& b) {
+  if (a.priority != b.priority) return a.priority > b.priority;
+  if (a.seq != b.seq) return a.seq < b.seq;
+  return a.id < b.id;
+}
+
+// Best fit on one worker (least capacity, then lowest id); else the fewest
+// workers by capacity (highest, then highest id), the last by best fit.
+std::optional<Counts> NaivePlace(const Caps& caps, int pool, int max_nodes) {
+  auto best_fit = [&](int need, const std::set<WorkerId>& skip) {
+    std::optional<std::pair<int, WorkerId>> best;
+    for (const auto& [w, cap] : caps) {
+      if (cap >= need && !skip.count(w) &&
+          (!best || std::pair(cap, w) < *best)) {
+        best = std::pair(cap, w);
+      }
+    }
+    return best;
+  };
+  if (auto one = best_fit(pool, {})) return Counts{{one->second, pool}};
+  if (max_nodes <= 1) return std::nullopt;
+  std::vector<std::pair<int, WorkerId>> sorted;
+  for (const auto& [w, cap] : caps) {
+    if (cap > 0) sorted.emplace_back(cap, w);
+  }
+  std::sort(sorted.rbegin(), sorted.rend());
+  int sum = 0;
+  size_t k = 0;
+  while (k < sorted.size() && static_cast<int>(k) < max_nodes && sum < pool) {
+    sum += sorted[k++].first;
+  }
+  if (sum < pool) return std::nullopt;
+  Counts counts;
+  std::set<WorkerId> used;
+  int rest = pool;
+  for (size_t i = 0; i + 1 < k; ++i) {
+    counts.emplace_back(sorted[i].second, sorted[i].first);
+    used.insert(sorted[i].second);
+    rest -= sorted[i].first;
+  }
+  counts.emplace_back(best_fit(rest, used)->second, rest);
+  return counts;
+}
+
+class NaiveScheduler {
+ public:
+  struct Worker {
+    std::string profile;
+    int slots = 0;
+    bool online = false;
+    std::vector<JobId> owner;
+  };
+  struct Running {
+    QueuedJob job;
+    std::vector<Part> parts;
+    TimeMs end = kNever;
+  };
+
+  void AddProfile(const std::string& name) {
+    if (std::find(profiles_.begin(), profiles_.end(), name) == profiles_.end())
+      profiles_.push_back(name);
+  }
+  void WorkerOnline(WorkerId id, const std::string& profile, int slots) {
+    AddProfile(profile);
+    Worker& w = workers_[id];
+    w.profile = profile;
+    w.slots = slots;
+    w.online = true;
+    if (static_cast<int>(w.owner.size()) < slots) w.owner.resize(slots, kFree);
+  }
+  void WorkerOffline(WorkerId id) {
+    if (workers_.count(id)) workers_[id].online = false;
+  }
+  std::vector<JobId> WorkerLost(WorkerId id) {
+    std::vector<JobId> lost;
+    if (!workers_.count(id)) return lost;
+    for (const auto& [job, r] : running_) {
+      for (const Part& p : r.parts) {
+        if (p.worker == id) {
+          lost.push_back(job);
+          break;
+        }
+      }
+    }
+    for (JobId job : lost) Finished(job);
+    workers_[id].online = false;
+    return lost;
+  }
+  void Forget(WorkerId id) {
+    WorkerLost(id);
+    workers_.erase(id);
+  }
+  void Enqueue(const QueuedJob& job) {
+    AddProfile(job.profile);
+    queued_[job.id] = job;
+  }
+  bool Dequeue(JobId id) { return queued_.erase(id) != 0; }
+  void MarkRunning(const QueuedJob& job, const std::vector<Part>& parts,
+                   TimeMs start) {
+    AddProfile(job.profile);
+    for (const Part& p : parts) {
+      Worker& w = workers_.at(p.worker);
+      for (int d : p.devices) {
+        if (d >= static_cast<int>(w.owner.size())) w.owner.resize(d + 1, kFree);
+        if (w.owner[d] == kFree) w.owner[d] = job.id;
+      }
+    }
+    Add(job, parts, start);
+  }
+  bool Finished(JobId id) {
+    auto it = running_.find(id);
+    if (it == running_.end()) return false;
+    for (const Part& p : it->second.parts) {
+      auto w = workers_.find(p.worker);
+      if (w == workers_.end()) continue;
+      for (int d : p.devices) {
+        if (d < static_cast<int>(w->second.owner.size()) &&
+            w->second.owner[d] == id) {
+          w->second.owner[d] = kFree;
+        }
+      }
+    }
+    running_.erase(it);
+    return true;
+  }
+
+  std::vector<Decision> Schedule(TimeMs now) {
+    std::vector<Decision> out;
+    for (const std::string& profile : profiles_) Pass(profile, now, out);
+    return out;
+  }
+
+  int Free(const Worker& w) const {
+    int free = 0;
+    for (int d = 0; d < w.slots; ++d) free += w.owner[d] == kFree;
+    return free;
+  }
+
+  std::map<WorkerId, Worker> workers_;
+  std::map<JobId, QueuedJob> queued_;
+  std::map<JobId, Running> running_;
+
+ private:
+  void Add(const QueuedJob& job, const std::vector<Part>& parts, TimeMs t) {
+    Running& r = running_[job.id];
+    r.job = job;
+    r.parts = parts;
+    r.end = job.time_limit_ms > 0 ? t + job.time_limit_ms : kNever;
+  }
+
+  Caps FreeCaps(const std::string& profile) const {
+    Caps caps;
+    for (const auto& [id, w] : workers_) {
+      if (w.online && w.profile == profile) caps[id] = Free(w);
+    }
+    return caps;
+  }
+
+  void Pass(const std::string& profile, TimeMs now,
+            std::vector<Decision>& out) {
+    std::vector<QueuedJob> queue;
+    for (const auto& [id, job] : queued_) {
+      if (job.profile == profile) queue.push_back(job);
+    }
+    std::sort(queue.begin(), queue.end(), Before);
+    bool reserved = false;
+    TimeMs start = kNever;
+    Caps slack;
+    for (const QueuedJob& job : queue) {
+      Caps free = FreeCaps(profile);
+      if (!reserved) {
+        if (auto counts = NaivePlace(free, job.pool, job.max_nodes)) {
+          Start(job, *counts, now, out);
+          continue;
+        }
+        Caps all;
+        for (const auto& [id, w] : workers_) {
+          if (w.online && w.profile == profile) all[id] = w.slots;
+        }
+        if (!NaivePlace(all, job.pool, job.max_nodes)) continue;
+        reserved = true;
+        // The earliest end after which the job fits.
+        std::vector<std::pair<TimeMs, JobId>> ends;
+        for (const auto& [id, r] : running_) {
+          if (r.job.profile == profile && r.end != kNever) {
+            ends.emplace_back(r.end, id);
+          }
+        }
+        std::sort(ends.begin(), ends.end());
+        Caps at = free;
+        std::optional<Counts> counts;
+        for (size_t i = 0; i < ends.size() && !counts;) {
+          const TimeMs t = ends[i].first;
+          for (; i < ends.size() && ends[i].first == t; ++i) {
+            const Running& r = running_.at(ends[i].second);
+            for (const Part& p : r.parts) {
+              auto w = workers_.find(p.worker);
+              if (w == workers_.end() || !w->second.online ||
+                  w->second.profile != profile) {
+                continue;
+              }
+              for (int d : p.devices) {
+                if (d < w->second.slots && w->second.owner[d] == r.job.id) {
+                  ++at[p.worker];
+                }
+              }
+            }
+          }
+          counts = NaivePlace(at, job.pool, job.max_nodes);
+          start = std::max(t, now);
+        }
+        if (!counts) {
+          at = all;
+          counts = NaivePlace(all, job.pool, job.max_nodes);
+          start = kNever;
+        }
+        for (const auto& [w, n] : *counts) slack[w] = at[w] - n;
+        continue;
+      }
+      const bool ends_first =
+          job.time_limit_ms > 0 && now + job.time_limit_ms <= start;
+      Caps usable = free;
+      if (!ends_first) {
+        for (const auto& [w, s] : slack) {
+          if (usable.count(w)) usable[w] = std::min(usable[w], s);
+        }
+      }
+      if (auto counts = NaivePlace(usable, job.pool, job.max_nodes)) {
+        Start(job, *counts, now, out);
+        if (!ends_first) {
+          for (const auto& [w, n] : *counts) {
+            if (slack.count(w)) slack[w] -= n;
+          }
+        }
+      }
+    }
+  }
+
+  void Start(const QueuedJob& job, const Counts& counts, TimeMs now,
+             std::vector<Decision>& out) {
+    Decision d{job.id, {}};
+    for (const auto& [id, n] : counts) {
+      Worker& w = workers_.at(id);
+      Part part{id, {}};
+      for (int dev = 0;
+           dev < w.slots && static_cast<int>(part.devices.size()) < n; ++dev) {
+        if (w.owner[dev] == kFree) {
+          w.owner[dev] = job.id;
+          part.devices.push_back(dev);
+        }
+      }
+      d.parts.push_back(part);
+    }
+    queued_.erase(job.id);
+    Add(job, d.parts, now);
+    out.push_back(d);
+  }
+
+  std::vector<std::string> profiles_;
+};
+
+std::string Describe(const std::vector<Decision>& decisions) {
+  std::string s;
+  for (const Decision& d : decisions) {
+    s += "job " + std::to_string(d.job) + ":";
+    for (const Part& p : d.parts) {
+      s += " w" + std::to_string(p.worker) + "[";
+      for (int dev : p.devices) s += std::to_string(dev) + ",";
+      s += "]";
+    }
+    s += "\n";
+  }
+  return s;
+}
+
+class RandomEvents {
+ public:
+  explicit RandomEvents(int seed) : rng_(seed) {
+    for (const char* p : {"a", "b"}) {
+      core_.AddProfile(p, 0);
+      naive_.AddProfile(p);
+    }
+  }
+
+  int Uniform(int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  }
+
+  // Mostly short, sometimes long enough to fall in coarse limit buckets.
+  TimeMs Limit() { return Uniform(0, 3) ? Uniform(1, 120) : Uniform(1, 20000); }
+
+  void Step() {
+    const int dice = Uniform(0, 99);
+    if (dice < 12) {
+      const WorkerId w = Uniform(1, 8);
+      const std::string profile = w % 2 ? "a" : "b";
+      const int slots = Uniform(1, 6);
+      core_.WorkerOnline(w, profile, slots);
+      naive_.WorkerOnline(w, profile, slots);
+    } else if (dice < 17) {
+      const WorkerId w = Uniform(1, 8);
+      core_.WorkerOffline(w);
+      naive_.WorkerOffline(w);
+    } else if (dice < 20) {
+      const WorkerId w = Uniform(1, 8);
+      std::vector<JobId> lost = core_.WorkerLost(w);
+      EXPECT_EQ(lost, naive_.WorkerLost(w));
+    } else if (dice < 21) {
+      const WorkerId w = Uniform(1, 8);
+      core_.ForgetWorker(w);
+      naive_.Forget(w);
+    } else if (dice < 50) {
+      QueuedJob job;
+      job.id = next_id_++;
+      job.seq = job.id;
+      job.profile = Uniform(0, 1) ? "a" : "b";
+      job.pool = Uniform(1, 6);
+      job.priority = Uniform(0, 3);
+      job.max_nodes = Uniform(0, 1) ? 1 : Uniform(2, 3);
+      job.time_limit_ms = Uniform(0, 2) ? Limit() : 0;
+      core_.Enqueue(job);
+      naive_.Enqueue(job);
+    } else if (dice < 55) {
+      if (naive_.queued_.empty()) return;
+      auto it = naive_.queued_.begin();
+      std::advance(it, Uniform(0, naive_.queued_.size() - 1));
+      const JobId id = it->first;
+      EXPECT_TRUE(core_.Dequeue(id));
+      naive_.Dequeue(id);
+    } else if (dice < 80) {
+      if (naive_.running_.empty()) return;
+      auto it = naive_.running_.begin();
+      std::advance(it, Uniform(0, naive_.running_.size() - 1));
+      const JobId id = it->first;
+      EXPECT_TRUE(core_.Finished(id));
+      naive_.Finished(id);
+    } else if (dice < 83) {
+      // A job reported by a worker: some of its free devices.
+      const WorkerId w = Uniform(1, 8);
+      auto it = naive_.workers_.find(w);
+      if (it == naive_.workers_.end()) return;
+      std::vector<int> devices;
+      for (int d : core_.FreeDevices(w)) {
+        if (Uniform(0, 1)) devices.push_back(d);
+      }
+      if (devices.empty()) return;
+      QueuedJob job;
+      job.id = next_id_++;
+      job.seq = job.id;
+      job.profile = it->second.profile;
+      job.pool = static_cast<int>(devices.size());
+      job.time_limit_ms = Uniform(0, 1) ? Limit() : 0;
+      const TimeMs start = now_ - Uniform(0, 50);
+      core_.MarkRunning(job, {Part{w, devices}}, start);
+      naive_.MarkRunning(job, {Part{w, devices}}, start);
+    } else {
+      now_ += Uniform(0, 30);
+      Schedule();
+    }
+    CheckInvariants();
+  }
+
+  void Schedule() {
+    // The job holding each profile's reservation, and when.
+    std::map<JobId, TimeMs> heads = Heads();
+    std::vector<Decision> got = core_.Schedule(now_);
+    std::vector<Decision> want = naive_.Schedule(now_);
+    ASSERT_EQ(Describe(got), Describe(want)) << "at t=" << now_;
+    for (const Decision& d : got) CheckDecision(d);
+    EXPECT_TRUE(core_.Schedule(now_).empty()) << "a pass is a fixed point";
+    // Backfill never moves a waiting head's reservation later.
+    for (const auto& [job, promised] : Heads()) {
+      auto before = heads.find(job);
+      if (before != heads.end()) {
+        EXPECT_LE(promised, std::max(before->second, now_)) << "job " << job;
+      }
+    }
+  }
+
+  void CheckDecision(const Decision& d) {
+    const QueuedJob& job = naive_.running_.at(d.job).job;
+    int devices = 0;
+    std::set<WorkerId> workers;
+    for (const Part& p : d.parts) {
+      const auto& w = naive_.workers_.at(p.worker);
+      EXPECT_TRUE(w.online);
+      EXPECT_EQ(w.profile, job.profile);
+      EXPECT_TRUE(workers.insert(p.worker).second);
+      for (int dev : p.devices) EXPECT_LT(dev, w.slots);
+      devices += static_cast<int>(p.devices.size());
+    }
+    EXPECT_EQ(devices, job.pool);
+    EXPECT_LE(static_cast<int>(d.parts.size()), job.max_nodes);
+  }
+
+  void CheckInvariants() {
+    // No device held twice: each running job's recorded devices.
+    std::map<std::pair<WorkerId, int>, JobId> held;
+    for (const auto& [id, r] : naive_.running_) {
+      for (const Part& p : r.parts) {
+        const auto& w = naive_.workers_.at(p.worker);
+        for (int d : p.devices) {
+          if (w.owner[d] != id) continue;  // claimed by another first
+          EXPECT_TRUE(held.emplace(std::pair(p.worker, d), id).second);
+        }
+      }
+    }
+    std::map<std::string, int> free_slots;
+    for (const auto& [id, w] : naive_.workers_) {
+      std::vector<int> free;
+      for (int d = 0; d < w.slots; ++d) {
+        if (!held.count({id, d})) free.push_back(d);
+      }
+      EXPECT_EQ(core_.FreeDevices(id), free) << "worker " << id;
+      if (w.online) free_slots[w.profile] += static_cast<int>(free.size());
+    }
+    EXPECT_EQ(core_.queued_count(), naive_.queued_.size());
+    EXPECT_EQ(core_.running_count(), naive_.running_.size());
+    for (const auto& [id, job] : naive_.queued_) {
+      EXPECT_TRUE(core_.IsQueued(id));
+      EXPECT_FALSE(core_.IsRunning(id));
+    }
+    for (const auto& [id, r] : naive_.running_)
+      EXPECT_TRUE(core_.IsRunning(id));
+    int queued = 0, running = 0;
+    for (const ProfileSummary& p : core_.Profiles()) {
+      EXPECT_EQ(p.free_slots, free_slots[p.name]) << p.name;
+      queued += p.queued;
+      running += p.running;
+    }
+    EXPECT_EQ(queued, static_cast<int>(naive_.queued_.size()));
+    EXPECT_EQ(running, static_cast<int>(naive_.running_.size()));
+  }
+
+  std::map<JobId, TimeMs> Heads() {
+    std::map<JobId, TimeMs> heads;
+    for (const auto& [id, job] : naive_.queued_) {
+      std::optional<WaitInfo> info = core_.Explain(id);
+      EXPECT_TRUE(info.has_value());
+      if (info && info->reserved) heads[id] = info->reserved_start;
+    }
+    return heads;
+  }
+
+ private:
+  std::mt19937 rng_;
+  PlacementCore core_;
+  NaiveScheduler naive_;
+  JobId next_id_ = 1;
+  TimeMs now_ = 1000;
+};
+
+TEST(PlacementRandom, MatchesNaiveReferenceAndKeepsInvariants) {
+  for (int seed = 1; seed <= 40; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    RandomEvents events(seed);
+    for (int step = 0; step < 600; ++step) {
+      events.Step();
+      if (::testing::Test::HasFatalFailure() ||
+          ::testing::Test::HasNonfatalFailure()) {
+        FAIL() << "at step " << step;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dlbatch::scheduler

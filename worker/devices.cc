@@ -1,0 +1,60 @@
+#include "worker/devices.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+
+#ifdef DLBATCH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dlbatch::worker {
+
+std::vector<v1::Device> DiscoverGpus(std::string* note) {
+  std::vector<v1::Device> gpus;
+#ifdef DLBATCH_HAVE_CUDA
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (note) *note = absl::StrCat("no GPU usable: ", cudaGetErrorString(err));
+    return gpus;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    v1::Device d;
+    d.set_index(i);
+    d.set_kind("gpu");
+    d.set_name(prop.name);
+    d.set_memory_bytes(static_cast<int64_t>(prop.totalGlobalMem));
+    d.set_compute_capability(absl::StrCat(prop.major, ".", prop.minor));
+    gpus.push_back(std::move(d));
+  }
+  if (gpus.empty() && note) *note = "the CUDA runtime found no GPU";
+#else
+  if (note) *note = "built without CUDA";
+#endif
+  return gpus;
+}
+
+std::vector<v1::Device> CpuSlots(int count) {
+  std::vector<v1::Device> slots;
+  for (int i = 0; i < count; ++i) {
+    v1::Device d;
+    d.set_index(i);
+    d.set_kind("cpu");
+    d.set_name(absl::StrCat("cpu slot ", i));
+    slots.push_back(std::move(d));
+  }
+  return slots;
+}
+
+int UsableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+}  // namespace dlbatch::worker

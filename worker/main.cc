@@ -1,0 +1,132 @@
+// dlbatch-worker: runs the jobs a scheduler places on this machine.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/endpoint.h"
+#include "common/files.h"
+#include "spdlog/spdlog.h"
+#include "worker/devices.h"
+#include "worker/subprocess.h"
+#include "worker/worker.h"
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::cerr << "dlbatch-worker: " << message << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::string scheduler;
+  if (const char* env = std::getenv("DLBATCH_SCHEDULER")) scheduler = env;
+  std::string profile = "local";
+  std::string work_dir;
+  std::string name;
+  std::string token_file;
+  int cpu_slots = 0;
+  bool no_gpus = false;
+  bool keep = false;
+  CLI::App app{"dlbatch-worker: runs the jobs a dlbatch scheduler places on this machine"};
+  app.add_option("--scheduler", scheduler,
+                 "Scheduler address, unix:PATH or HOST:PORT (or DLBATCH_SCHEDULER)");
+  app.add_option("--profile", profile, "Profile to join")->capture_default_str();
+  app.add_option("--work-dir", work_dir, "Folder for the jobs' working folders")->required();
+  app.add_option("--name", name,
+                 "Stable worker name (default: host name and a hash of the work folder)");
+  app.add_option("--cpu-slots", cpu_slots,
+                 "CPU slots to offer when no GPU is used (default: the number of cores)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-gpus", no_gpus, "Offer CPU slots even where GPUs are found");
+  app.add_option("--token-file", token_file,
+                 "File holding the scheduler's token (or DLBATCH_TOKEN); TCP only");
+  app.add_flag("--keep-job-dirs", keep, "Keep each job's working folder after it ends");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+
+  if (scheduler.empty()) {
+    return Fail("no scheduler given; pass --scheduler unix:PATH or HOST:PORT");
+  }
+  auto endpoint = dlbatch::ParseEndpoint(scheduler);
+  if (!endpoint.ok()) return Fail(std::string(endpoint.status().message()));
+  dlbatch::worker::WorkerOptions options;
+  options.channel.endpoint = *endpoint;
+  if (!token_file.empty()) {
+    auto token = dlbatch::ReadTokenFile(token_file);
+    if (!token.ok()) return Fail(std::string(token.status().message()));
+    options.channel.token = *token;
+  } else if (const char* env = std::getenv("DLBATCH_TOKEN")) {
+    options.channel.token = env;
+  }
+  if (!endpoint->is_unix && options.channel.token.empty()) {
+    return Fail(absl::StrCat("a TCP scheduler (", scheduler,
+                             ") needs its token: pass --token-file STATE_DIR/token or set "
+                             "DLBATCH_TOKEN"));
+  }
+  if (auto s = dlbatch::MakeDirs(work_dir + "/jobs", 0700); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  work_dir = std::filesystem::absolute(work_dir).lexically_normal().string();
+  int lock_fd = ::open((work_dir + "/worker.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    return Fail(absl::StrCat("another worker uses ", work_dir, "; give each its own --work-dir"));
+  }
+  // Jobs a previous run of this worker left behind are stale now: their
+  // attempts were requeued when it was lost.
+  if (int n = dlbatch::worker::KillProcessesUnder(work_dir + "/jobs"); n > 0) {
+    spdlog::warn("killed {} process(es) of jobs a previous worker left behind", n);
+  }
+  (void)dlbatch::RemoveTree(work_dir + "/jobs");
+  (void)dlbatch::MakeDirs(work_dir + "/jobs", 0700);
+
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  options.host = host;
+  options.name = name.empty()
+                     ? absl::StrCat(host, "-", dlbatch::Sha256Hex(work_dir).substr(0, 8))
+                     : name;
+  options.profile = profile;
+  options.work_dir = work_dir;
+  options.keep_job_dirs = keep;
+  std::string note;
+  if (!no_gpus && cpu_slots == 0) options.devices = dlbatch::worker::DiscoverGpus(&note);
+  if (options.devices.empty()) {
+    int slots = cpu_slots > 0 ? cpu_slots : dlbatch::worker::UsableCores();
+    options.devices = dlbatch::worker::CpuSlots(slots);
+    spdlog::info("offering {} CPU slots{}", slots, note.empty() ? "" : " (" + note + ")");
+  } else {
+    spdlog::info("offering {} GPUs", options.devices.size());
+  }
+
+  dlbatch::worker::Worker worker(options, dlbatch::SystemClock::Get());
+  std::thread([&worker] {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGTERM);
+    sigaddset(&s, SIGINT);
+    int sig = 0;
+    sigwait(&s, &sig);
+    spdlog::info("signal {}: stopping the jobs and leaving", sig);
+    worker.Shutdown();
+  }).detach();
+  absl::Status s = worker.Run();
+  if (!s.ok()) return Fail(std::string(s.message()));
+  return 0;
+}

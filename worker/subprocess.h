@@ -1,0 +1,114 @@
+// Job processes (ninja's Subprocess/SubprocessSet): each started in its own
+// process group with stdin from /dev/null and every other descriptor closed,
+// its stdout and stderr read line by line by one poll loop.
+//
+// A subprocess is *done* only when its leader has exited, every process of
+// its group has exited, and its pipes are drained, so the last lines of a job
+// that prints and exits at once are never lost and a job's slots are never
+// freed while one of its processes lives. The set makes the calling process
+// a child subreaper so that orphaned grandchildren are reaped here too.
+#ifndef DLBATCH_WORKER_SUBPROCESS_H_
+#define DLBATCH_WORKER_SUBPROCESS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+
+namespace dlbatch::worker {
+
+struct SubprocessOptions {
+  std::vector<std::string> argv;  // argv[0] is looked up on PATH
+  std::string cwd;                // must exist
+  // Added to (or replacing in) the calling process's environment.
+  std::vector<std::pair<std::string, std::string>> env;
+  // After the leader exits, how long remaining group members and pipe
+  // writers may linger before the group is killed.
+  int64_t linger_ms = 2000;
+  // Longer lines are split into pieces of this size.
+  size_t max_line_bytes = 64 * 1024;
+  // The leader gets SIGKILL when the thread that started it ends (the
+  // worker died): a job must not run on unsupervised.
+  bool die_with_parent = true;
+};
+
+struct OutputLine {
+  int stream = 1;  // 1 stdout, 2 stderr
+  int64_t time_ms = 0;
+  std::string text;  // without the newline
+};
+
+struct ExitInfo {
+  bool exited = false;   // normal exit (exit_code valid)
+  int exit_code = -1;
+  int term_signal = 0;   // signal that killed the leader, or 0
+  bool killed_after_grace = false;  // SIGKILL was needed
+  int leftover_killed = 0;  // processes killed after the leader exited
+  std::string Describe() const;  // "exit code 3", "killed by signal 9 (Killed)"
+};
+
+// Owns the running subprocesses. All methods are called from one thread
+// (the worker's job loop) except Wake(), which any thread may call.
+class SubprocessSet {
+ public:
+  using Key = int64_t;
+  using LineSink = std::function<void(Key, const OutputLine&)>;
+  using ExitSink = std::function<void(Key, const ExitInfo&)>;
+
+  // `clock` must outlive the set.
+  SubprocessSet(const Clock* clock, LineSink on_line, ExitSink on_exit);
+  ~SubprocessSet();  // kills and reaps whatever still runs
+  SubprocessSet(const SubprocessSet&) = delete;
+  SubprocessSet& operator=(const SubprocessSet&) = delete;
+
+  // Starts argv; `key` names it in the callbacks and must be unused. A
+  // program that cannot be executed (not found, not executable) is an error
+  // here, not a child that exits 127.
+  absl::StatusOr<pid_t> Start(Key key, const SubprocessOptions& options);
+
+  // SIGTERM to the whole group now, SIGKILL to the group after grace_ms if
+  // any of it is still alive. Unknown keys are ignored.
+  void Terminate(Key key, int64_t grace_ms);
+
+  // Waits up to timeout_ms for output, exits or timers, delivering lines and
+  // exits through the sinks (on this thread). Returns early on Wake().
+  void Poll(int64_t timeout_ms);
+  // Makes a Poll in progress return. Thread-safe.
+  void Wake();
+
+  size_t running() const;
+  bool IsRunning(Key key) const;
+
+ private:
+  struct Proc;
+  void ReapChildren();
+  void ReadPipe(Proc* proc, int stream_index);
+  void FlushPartial(Proc* proc, int stream_index);
+  void Advance(Proc* proc);
+
+  const Clock* clock_;
+  LineSink on_line_;
+  ExitSink on_exit_;
+  int wake_fds_[2] = {-1, -1};
+  std::map<Key, std::unique_ptr<Proc>> procs_;
+};
+
+// True if any process of group `pgid` exists (zombies included).
+bool ProcessGroupAlive(pid_t pgid);
+
+// SIGKILLs every process whose working folder lies under `dir` (processes of
+// jobs a previous worker left behind). Returns how many it signalled.
+int KillProcessesUnder(const std::string& dir);
+
+}  // namespace dlbatch::worker
+
+#endif  // DLBATCH_WORKER_SUBPROCESS_H_
