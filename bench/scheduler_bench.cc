@@ -3,7 +3,6 @@
 // simulated workers. Prints a markdown table; the figures are not asserted.
 //
 //   scheduler_bench [--jobs N] [--queued N] [--workers N] [--chain N]
-//   scheduler_bench --stamp FILE   (used as a job: appends the time and exits)
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -38,18 +37,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 std::string SelfDir() {
   return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
-}
-
-int Stamp(const char* file) {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  int fd = open(file, O_WRONLY | O_CREAT | O_APPEND, 0644);
-  std::string line = absl::StrCat(static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec,
-                                  " ", getenv("DLBATCH_JOB_ID") ? getenv("DLBATCH_JOB_ID") : "0",
-                                  "\n");
-  (void)!write(fd, line.data(), line.size());
-  close(fd);
-  return 0;
 }
 
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
@@ -235,18 +222,23 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--stamp") return Stamp(argv[2]);
   int64_t jobs = 10000, queued = 100000, chain = 200;
   int workers = 1000;
+  std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
+    if (flag == "--only") {
+      only = argv[i + 1];
+      continue;
+    }
     int64_t v = std::stoll(argv[i + 1]);
     if (flag == "--jobs") jobs = v;
     else if (flag == "--queued") queued = v;
     else if (flag == "--workers") workers = static_cast<int>(v);
     else if (flag == "--chain") chain = v;
     else {
-      std::cerr << "usage: scheduler_bench [--jobs N] [--queued N] [--workers N] [--chain N]\n";
+      std::cerr << "usage: scheduler_bench [--jobs N] [--queued N] [--workers N] [--chain N]"
+                   " [--only submit|latency|scale]\n";
       return 2;
     }
   }
@@ -256,8 +248,9 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   auto verdict = [](bool met) { return std::string(met ? "met" : "MISSED"); };
 
+  auto run = [&](const char* part) { return only.empty() || only == part; };
   // 1. Submit throughput: jobs queue behind one held slot.
-  {
+  if (run("submit")) {
     Scheduler s(root, "submit");
     SimWorker holder(s.channel, "holder", "local", 1);
     double one = SubmitMany(s, "local", jobs, 1, 0);
@@ -269,8 +262,24 @@ int main(int argc, char** argv) {
                     verdict(sixteen >= 5000)});
   }
 
+  // 0. The floor: a call that does nothing, from one client.
+  if (run("rpc")) {
+    Scheduler s(root, "rpc");
+    auto stub = s.Stub();
+    const int n = 10000;
+    auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      grpc::ClientContext ctx;
+      dlbatch::v1::StatBlobsReply reply;
+      stub->StatBlobs(&ctx, dlbatch::v1::StatBlobsRequest(), &reply);
+    }
+    double rate = n / Seconds(t0, Clock::now());
+    rows.push_back({"empty call (StatBlobs), 1 client", absl::StrFormat("%.0f calls/s", rate),
+                    "-", "-"});
+  }
+
   // 2. Start latency: a chain of jobs on one real worker's single slot.
-  {
+  if (run("latency")) {
     Scheduler s(root, "latency");
     std::string stamps = s.dir + "/stamps";
     pid_t worker = Spawn({SelfDir() + "/dlbatch-worker", "--scheduler", s.address, "--work-dir",
@@ -289,7 +298,7 @@ int main(int argc, char** argv) {
     for (int64_t n = 0; n < chain; ++n) {
       grpc::ClientContext ctx;
       dlbatch::v1::SubmitJobReply reply;
-      stub->SubmitJob(&ctx, Request("local", n, {SelfDir() + "/scheduler_bench", "--stamp", stamps}),
+      stub->SubmitJob(&ctx, Request("local", n, {SelfDir() + "/bench_stamp", stamps}),
                       &reply);
       ids.push_back(reply.job_id());
     }
@@ -317,7 +326,7 @@ int main(int argc, char** argv) {
   }
 
   // 3. Scale: many simulated workers, every slot busy, `queued` jobs waiting.
-  {
+  if (run("scale")) {
     Scheduler s(root, "scale");
     const int slots = 8;
     std::vector<std::unique_ptr<SimWorker>> sims;
@@ -342,6 +351,14 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 200; ++i) ended += sims[static_cast<size_t>(i) % sims.size()]->EndOne();
     usleep(500000);
     dlbatch::v1::Stats after = s.Stats();
+    auto l0 = Clock::now();
+    {
+      auto stub = s.Stub();
+      grpc::ClientContext ctx;
+      dlbatch::v1::ListJobsReply all;
+      stub->ListJobs(&ctx, dlbatch::v1::ListJobsRequest(), &all);
+    }
+    double list_s = Seconds(l0, Clock::now());
     auto c0 = Clock::now();
     std::string cmd = absl::StrCat(SelfDir(), "/dlbatch --scheduler ", s.address,
                                    " jobs > /dev/null");
@@ -364,6 +381,8 @@ int main(int argc, char** argv) {
                                     after.placement_passes() - before.placement_passes()),
                     absl::StrFormat("%.2f ms", after.max_pass_ms()), "<= 10 ms",
                     verdict(after.max_pass_ms() <= 10)});
+    rows.push_back({"ListJobs call alone (all jobs)", absl::StrFormat("%.2f s", list_s), "-",
+                    "-"});
     rows.push_back({"`dlbatch jobs` (all jobs, table)", absl::StrFormat("%.2f s", jobs_s),
                     "<= 1 s", verdict(jobs_s <= 1 && rc == 0)});
     rows.push_back({"`dlbatch jobs --state running`", absl::StrFormat("%.2f s", running_s), "-",

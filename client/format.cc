@@ -18,14 +18,16 @@ std::string Table::Render() const {
     if (width.size() < row.size()) width.resize(row.size(), 0);
     for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
   }
+  size_t line_width = 0;
+  for (size_t w : width) line_width += w + 2;
   std::string out;
+  out.reserve(rows_.size() * (line_width + 1));
   for (const auto& row : rows_) {
-    std::string line;
     for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+      out.append(row[i]);
+      if (i + 1 < row.size()) out.append(width[i] - row[i].size() + 2, ' ');
     }
-    out += line + "\n";
+    out.push_back('\n');
   }
   return out;
 }

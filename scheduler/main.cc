@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/duration.h"
@@ -158,6 +159,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Lock-order checking costs a graph lookup on every lock; the scheduler's
+  // locks are few and documented.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   dlbatch::scheduler::Flags flags;
   CLI::App app{"dlbatch-scheduler: queues dlbatch jobs and places them on workers"};
   app.add_option("--state-dir", flags.state_dir,

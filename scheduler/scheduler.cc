@@ -281,11 +281,9 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
 absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(const v1::ListJobsRequest& request) {
   std::vector<v1::JobState> states;
   for (int s : request.states()) states.push_back(static_cast<v1::JobState>(s));
-  ASSIGN_OR_RETURN(auto records, reader_->ListJobs(states, request.limit(),
-                                                   request.newest_first(), false));
   v1::ListJobsReply reply;
-  reply.mutable_jobs()->Reserve(static_cast<int>(records.size()));
-  for (const JobRecord& rec : records) *reply.add_jobs() = ToProto(rec);
+  RETURN_IF_ERROR(
+      reader_->ListJobSummaries(states, request.limit(), request.newest_first(), &reply));
   return reply;
 }
 

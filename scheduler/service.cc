@@ -33,11 +33,16 @@ grpc::Status Reply(absl::StatusOr<T> result, T* reply) {
 
 }  // namespace
 
-grpc::Status SchedulerService::SubmitJob(grpc::ServerContext* context,
-                                         const v1::SubmitJobRequest* request,
-                                         v1::SubmitJobReply* reply) {
-  CHECK_TOKEN(context);
-  return Reply(scheduler_->Submit(*request), reply);
+grpc::ServerUnaryReactor* SchedulerService::SubmitJob(grpc::CallbackServerContext* context,
+                                                      const v1::SubmitJobRequest* request,
+                                                      v1::SubmitJobReply* reply) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (auto auth = CheckToken(*context, token_); !auth.ok()) {
+    reactor->Finish(ToGrpcStatus(auth));
+    return reactor;
+  }
+  reactor->Finish(Reply(scheduler_->Submit(*request), reply));
+  return reactor;
 }
 
 grpc::Status SchedulerService::ListJobs(grpc::ServerContext* context,

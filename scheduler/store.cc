@@ -40,14 +40,14 @@ CREATE TABLE IF NOT EXISTS jobs(
   parts TEXT NOT NULL,
   exit_code INTEGER NOT NULL,
   reason TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
 CREATE TABLE IF NOT EXISTS job_events(
   job_id INTEGER NOT NULL,
+  ev INTEGER NOT NULL,
   time_ms INTEGER NOT NULL,
   state INTEGER NOT NULL,
   attempt INTEGER NOT NULL,
-  reason TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS job_events_by_job ON job_events(job_id);
+  reason TEXT NOT NULL,
+  PRIMARY KEY(job_id, ev)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS diary(
   n INTEGER PRIMARY KEY,
   job_id INTEGER NOT NULL,
@@ -143,7 +143,12 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion, "')")));
   }
   get->Reset();
-  return std::unique_ptr<Store>(new Store(std::move(db)));
+  auto store = std::unique_ptr<Store>(new Store(std::move(db)));
+  ASSIGN_OR_RETURN(Statement * last, store->db_->Prepare("SELECT MAX(ev) FROM job_events"));
+  ASSIGN_OR_RETURN(bool row, last->Step());
+  store->last_event_ = row ? last->Int(0) : 0;
+  last->Reset();
+  return store;
 }
 
 absl::StatusOr<int64_t> Store::InsertJob(const JobRecord& job) {
@@ -194,10 +199,14 @@ absl::Status Store::UpdateJob(const JobRecord& job) {
 absl::Status Store::AddEvent(int64_t job_id, v1::JobState state, int attempt,
                              int64_t time_ms, absl::string_view reason) {
   ASSIGN_OR_RETURN(Statement * st,
-                   db_->Prepare("INSERT INTO job_events(job_id, time_ms, state, "
-                                "attempt, reason) VALUES(?,?,?,?,?)"));
-  st->Bind(1, job_id).Bind(2, time_ms).Bind(3, static_cast<int>(state)).Bind(4, attempt).Bind(
-      5, reason);
+                   db_->Prepare("INSERT INTO job_events(job_id, ev, time_ms, state, "
+                                "attempt, reason) VALUES(?,?,?,?,?,?)"));
+  st->Bind(1, job_id)
+      .Bind(2, ++last_event_)
+      .Bind(3, time_ms)
+      .Bind(4, static_cast<int>(state))
+      .Bind(5, attempt)
+      .Bind(6, reason);
   return st->Run();
 }
 
@@ -386,7 +395,7 @@ absl::StatusOr<std::vector<v1::StateChange>> StoreReader::History(int64_t id) {
   Lease db(this, std::move(raw));
   ASSIGN_OR_RETURN(Statement * st,
                    db->Prepare("SELECT state, time_ms, attempt, reason FROM job_events "
-                               "WHERE job_id=? ORDER BY rowid"));
+                               "WHERE job_id=? ORDER BY ev"));
   st->Bind(1, id);
   std::vector<v1::StateChange> out;
   for (;;) {
@@ -403,35 +412,53 @@ absl::StatusOr<std::vector<v1::StateChange>> StoreReader::History(int64_t id) {
   return out;
 }
 
-absl::StatusOr<std::vector<JobRecord>> StoreReader::ListJobs(
-    const std::vector<v1::JobState>& states, int limit, bool newest_first,
-    bool with_spec) {
+absl::Status StoreReader::ListJobSummaries(const std::vector<v1::JobState>& states,
+                                           int limit, bool newest_first,
+                                           v1::ListJobsReply* out) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
-  std::string sql = absl::StrCat("SELECT ", kJobColumns, " FROM jobs");
+  std::string sql =
+      "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, exit_code, reason, "
+      "name, profile, pool, priority FROM jobs";
   if (!states.empty()) {
     absl::StrAppend(&sql, " WHERE state IN (",
-                    absl::StrJoin(states, ",", [](std::string* out, v1::JobState s) {
-                      absl::StrAppend(out, static_cast<int>(s));
+                    absl::StrJoin(states, ",", [](std::string* o, v1::JobState s) {
+                      absl::StrAppend(o, static_cast<int>(s));
                     }),
                     ")");
   }
   absl::StrAppend(&sql, newest_first ? " ORDER BY id DESC" : " ORDER BY id");
   if (limit > 0) absl::StrAppend(&sql, " LIMIT ", limit);
-  sqlite3_stmt* raw_stmt = nullptr;
-  if (sqlite3_prepare_v2(db->raw(), sql.c_str(), -1, &raw_stmt, nullptr) != SQLITE_OK) {
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db->raw(), sql.c_str(), -1, &st, nullptr) != SQLITE_OK) {
     return db->Error("listing jobs");
   }
-  Statement st(nullptr, raw_stmt);
-  std::vector<JobRecord> jobs;
+  Statement owner(nullptr, st);
+  auto text = [st](int col) {
+    return absl::string_view(reinterpret_cast<const char*>(sqlite3_column_text(st, col)),
+                             static_cast<size_t>(sqlite3_column_bytes(st, col)));
+  };
   for (;;) {
-    int rc = sqlite3_step(raw_stmt);
+    int rc = sqlite3_step(st);
     if (rc == SQLITE_DONE) break;
     if (rc != SQLITE_ROW) return db->Error("listing jobs");
-    ASSIGN_OR_RETURN(JobRecord job, ReadJobRow(st, with_spec));
-    jobs.push_back(std::move(job));
+    v1::Job* job = out->add_jobs();
+    job->set_id(sqlite3_column_int64(st, 0));
+    job->set_user(std::string(text(1)));
+    job->set_state(static_cast<v1::JobState>(sqlite3_column_int(st, 2)));
+    job->set_attempt(sqlite3_column_int(st, 3));
+    job->set_submit_time_ms(sqlite3_column_int64(st, 4));
+    job->set_start_time_ms(sqlite3_column_int64(st, 5));
+    job->set_end_time_ms(sqlite3_column_int64(st, 6));
+    job->set_exit_code(sqlite3_column_int(st, 7));
+    if (sqlite3_column_bytes(st, 8) > 0) job->set_reason(std::string(text(8)));
+    v1::JobSpec* spec = job->mutable_spec();
+    spec->set_name(std::string(text(9)));
+    spec->set_profile(std::string(text(10)));
+    spec->set_pool(sqlite3_column_int(st, 11));
+    spec->set_priority(sqlite3_column_int(st, 12));
   }
-  return jobs;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(int64_t job_id,

@@ -82,6 +82,7 @@ class Store {
  private:
   explicit Store(std::unique_ptr<Database> db) : db_(std::move(db)) {}
   std::unique_ptr<Database> db_;
+  int64_t last_event_ = 0;  // job_events.ev, increasing across all jobs
 };
 
 // Read-only access on pooled connections. Thread-safe.
@@ -91,10 +92,10 @@ class StoreReader {
 
   absl::StatusOr<std::optional<JobRecord>> GetJob(int64_t id);
   absl::StatusOr<std::vector<v1::StateChange>> History(int64_t id);
-  // Jobs in id order (or newest first); states empty: all.
-  absl::StatusOr<std::vector<JobRecord>> ListJobs(
-      const std::vector<v1::JobState>& states, int limit, bool newest_first,
-      bool with_spec);
+  // Summaries (no spec beyond name, profile, pool, priority) straight into
+  // `out`, for listings of every job.
+  absl::Status ListJobSummaries(const std::vector<v1::JobState>& states, int limit,
+                                bool newest_first, v1::ListJobsReply* out);
   absl::StatusOr<std::vector<v1::DiaryLine>> ReadDiary(int64_t job_id,
                                                        int64_t after,
                                                        int limit);
