@@ -43,6 +43,27 @@ std::string ToJson(const google::protobuf::Message& message) {
   return out;
 }
 
+// One line a person can read and paste into a shell: arguments quoted
+// where needed, newlines shown as \n.
+std::string CommandLine(const google::protobuf::RepeatedPtrField<std::string>& argv) {
+  std::vector<std::string> parts;
+  for (const std::string& arg : argv) {
+    bool plain = !arg.empty() && arg.find_first_of(" \t\n'\"$`\\;&|<>()*?!#~{}[]") == std::string::npos;
+    std::string shown;
+    for (char ch : arg) {
+      if (ch == '\n') {
+        shown += "\\n";
+      } else if (ch == '\'') {
+        shown += "'\\''";
+      } else {
+        shown += ch;
+      }
+    }
+    parts.push_back(plain ? shown : "'" + shown + "'");
+  }
+  return absl::StrJoin(parts, " ");
+}
+
 struct LocalFile {
   std::string source;  // on this machine
   std::string path;    // in the job's working folder
@@ -226,7 +247,7 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
                       : "",
                   "\n");
   if (spec.has_command()) {
-    absl::StrAppend(&out, "  Command:    ", absl::StrJoin(spec.command().argv(), " "), "\n");
+    absl::StrAppend(&out, "  Command:    ", CommandLine(spec.command().argv()), "\n");
   } else if (spec.has_train()) {
     absl::StrAppend(&out, "  Train:      ", spec.train().network().layers_size(), " layers\n");
   }

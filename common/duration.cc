@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -24,7 +25,10 @@ absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text) {
       ++i;
     }
     if (i == start) return bad();
-    double value = std::strtod(std::string(text.substr(start, i - start)).c_str(), nullptr);
+    std::string number(text.substr(start, i - start));
+    char* end = nullptr;
+    double value = std::strtod(number.c_str(), &end);
+    if (end != number.c_str() + number.size()) return bad();  // "1.2.3h"
     double unit = 1;
     if (i < text.size()) {
       switch (text[i]) {
@@ -40,6 +44,7 @@ absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text) {
     }
     total += value * unit;
   }
+  if (!(total < 1e15)) return bad();  // llround would overflow
   int64_t seconds = static_cast<int64_t>(std::llround(total));
   if (seconds <= 0) return bad();
   return seconds;

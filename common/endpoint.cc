@@ -1,5 +1,6 @@
 #include "common/endpoint.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -27,8 +28,12 @@ std::string Endpoint::GrpcTarget() const {
 }
 
 bool Endpoint::IsLoopback() const {
-  return is_unix || host == "localhost" || host == "::1" ||
-         absl::StartsWith(host, "127.");
+  if (is_unix || host == "localhost" || host == "::1") return true;
+  // Only a numeric 127.0.0.0/8 address: a name like 127.example.com can
+  // resolve to any machine.
+  in_addr addr;
+  return ::inet_pton(AF_INET, host.c_str(), &addr) == 1 &&
+         (ntohl(addr.s_addr) >> 24) == 127;
 }
 
 absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view address) {

@@ -68,6 +68,9 @@ absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
                              uint32_t mode) {
   std::string tmp = path + ".tmp";
+  // A stale temp file (or a symlink planted there) must not lend its mode
+  // or its target to the new file.
+  ::unlink(tmp.c_str());
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
   if (fd.get() < 0) return ErrnoStatus(errno, "create", tmp);
   absl::Status s = WriteAll(fd.get(), contents, tmp);
@@ -184,7 +187,7 @@ std::string HumanBytes(int64_t bytes) {
   static const char* kUnits[] = {"B", "KB", "MB", "GB", "TB"};
   double v = static_cast<double>(bytes);
   int unit = 0;
-  while (v >= 1000 && unit < 4) {
+  while (v >= 999.95 && unit < 4) {  // what "%.1f" would print as 1000.0
     v /= 1000;
     ++unit;
   }

@@ -26,7 +26,6 @@ packages=(
   libsqlite3-dev libspdlog-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libabsl-dev libssl-dev
   libgtest-dev libgmock-dev
-  procps tmux
 )
 
 missing=()

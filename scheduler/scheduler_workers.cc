@@ -215,12 +215,26 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
   v1::SchedulerMessage registered;
   registered.mutable_registered()->set_worker_id(rec.id);
   registered.mutable_registered()->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+  // Parts cancelled while the worker was away (or just before a restart):
+  // the CancelJob sent then may never have reached it, so it goes again.
+  Outbox cancels;
   for (const auto& r : reg.running()) {
     auto it = jobs_.find(r.job_id());
     bool ours = it != jobs_.end() && it->second.record.attempt == r.attempt() &&
                 r.part() >= 0 && r.part() < static_cast<int>(it->second.record.parts.size()) &&
                 it->second.record.parts[r.part()].worker == rec.id;
-    if (!ours) *registered.mutable_registered()->add_cancel() = r;
+    if (!ours) {
+      *registered.mutable_registered()->add_cancel() = r;
+    } else if (it->second.cancel_requested && !it->second.part_ended[r.part()]) {
+      v1::SchedulerMessage msg;
+      auto* cancel = msg.mutable_cancel();
+      cancel->set_job_id(r.job_id());
+      cancel->set_attempt(r.attempt());
+      cancel->set_part(r.part());
+      cancel->set_grace_ms(options_.cancel_grace_ms);
+      cancel->set_reason(it->second.cancel_reason);
+      cancels.emplace_back(session, std::move(msg));
+    }
   }
   std::vector<int64_t> lost;
   for (auto& [job_id, job] : jobs_) {
@@ -233,6 +247,7 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
     }
   }
   out->emplace_back(session, std::move(registered));
+  for (auto& c : cancels) out->push_back(std::move(c));
   for (int64_t job_id : lost) {
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) continue;

@@ -127,7 +127,10 @@ std::vector<Part> DecodeParts(absl::string_view text) {
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
                                                    bool sync_full) {
   ASSIGN_OR_RETURN(auto db, Database::Open(path, /*read_only=*/false, sync_full));
-  RETURN_IF_ERROR(db->Exec(kSchema));
+  // The version is checked before the schema is applied: a file of another
+  // version may hold tables this one's statements fail on or would alter.
+  RETURN_IF_ERROR(db->Exec(
+      "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)"));
   ASSIGN_OR_RETURN(Statement * get, db->Prepare("SELECT value FROM meta WHERE key='schema'"));
   ASSIGN_OR_RETURN(bool found, get->Step());
   if (found) {
@@ -137,12 +140,13 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
           path, " has schema version ", get->Text(0), "; this scheduler reads version ",
           kSchemaVersion));
     }
-  } else {
-    get->Reset();
+  }
+  get->Reset();
+  RETURN_IF_ERROR(db->Exec(kSchema));
+  if (!found) {
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion, "')")));
   }
-  get->Reset();
   auto store = std::unique_ptr<Store>(new Store(std::move(db)));
   ASSIGN_OR_RETURN(Statement * last, store->db_->Prepare("SELECT MAX(ev) FROM job_events"));
   ASSIGN_OR_RETURN(bool row, last->Step());

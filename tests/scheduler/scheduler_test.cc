@@ -1,0 +1,978 @@
+// The scheduler's domain class without gRPC: a real SQLite store and blob
+// store in a temp dir, a fake clock, and fake worker sessions that record
+// what the scheduler sends.
+//
+// Worker messages are processed on the scheduler's loop thread, so a test
+// posts a message and then waits (in real time, bounded) for its effect:
+// an acknowledgement, a message to a session, or a state read back.
+#include "scheduler/scheduler.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/files.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/fake_clock.h"
+#include "tests/scheduler/fake_session.h"
+
+namespace dlbatch::scheduler {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+using Message = v1::SchedulerMessage;
+
+constexpr int64_t kHeartbeatTimeoutMs = 1000;
+
+SchedulerOptions TestOptions() {
+  SchedulerOptions options;
+  // The loop checks liveness every max(50, interval / 2) ms of fake time,
+  // and otherwise sleeps at most that long in real time.
+  options.heartbeat_interval_ms = 100;
+  options.heartbeat_timeout_ms = kHeartbeatTimeoutMs;
+  options.max_attempts = 3;
+  options.cancel_grace_ms = 2500;
+  return options;
+}
+
+v1::SubmitJobRequest CommandJob(int pool, const std::string& request_id = "",
+                                const std::string& profile = "local") {
+  v1::SubmitJobRequest request;
+  request.set_request_id(request_id);
+  request.set_user("alice");
+  v1::JobSpec* spec = request.mutable_spec();
+  spec->set_name("train");
+  spec->set_profile(profile);
+  spec->set_pool(pool);
+  spec->mutable_command()->add_argv("python3");
+  spec->mutable_command()->add_argv("train.py");
+  return request;
+}
+
+v1::RunningJob Running(int64_t job_id, int attempt, int part = 0) {
+  v1::RunningJob r;
+  r.set_job_id(job_id);
+  r.set_attempt(attempt);
+  r.set_part(part);
+  return r;
+}
+
+FakeSession::Predicate IsRegistered() {
+  return [](const Message& m) { return m.has_registered(); };
+}
+FakeSession::Predicate IsStart(int64_t job_id, int attempt) {
+  return [=](const Message& m) {
+    return m.has_start() && m.start().job_id() == job_id &&
+           m.start().attempt() == attempt;
+  };
+}
+FakeSession::Predicate IsAnyStart(int64_t job_id) {
+  return [=](const Message& m) {
+    return m.has_start() && m.start().job_id() == job_id;
+  };
+}
+FakeSession::Predicate IsCancel(int64_t job_id) {
+  return [=](const Message& m) {
+    return m.has_cancel() && m.cancel().job_id() == job_id;
+  };
+}
+FakeSession::Predicate IsDiaryAck(int64_t job_id) {
+  return [=](const Message& m) {
+    return m.has_diary_ack() && m.diary_ack().job_id() == job_id;
+  };
+}
+FakeSession::Predicate IsEndedAck(int64_t job_id, int attempt) {
+  return [=](const Message& m) {
+    return m.has_ended_ack() && m.ended_ack().job_id() == job_id &&
+           m.ended_ack().attempt() == attempt;
+  };
+}
+
+// Polls `done` every few ms of real time; false if it stays false.
+bool WaitUntil(const std::function<bool()>& done,
+               absl::Duration timeout = absl::Seconds(5)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+std::vector<int> Devices(const Message& start) {
+  return {start.start().devices().begin(), start.start().devices().end()};
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "dlbatch_scheduler_XXXXXX")
+            .string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+
+  void TearDown() override {
+    StopScheduler();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  // Opens the store, reader and blob store in the temp dir (again, after
+  // StopScheduler: a restart) and starts a scheduler on them.
+  void StartScheduler(SchedulerOptions options = TestOptions()) {
+    const std::string db = dir_ + "/state.db";
+    auto store = Store::Open(db, /*sync_full=*/false);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    reader_ = std::make_unique<StoreReader>(db);
+    auto blobs = BlobStore::Open(dir_ + "/blobs", /*min_free_bytes=*/0);
+    ASSERT_TRUE(blobs.ok()) << blobs.status();
+    blobs_ = std::move(*blobs);
+    scheduler_ = std::make_unique<Scheduler>(store_.get(), reader_.get(),
+                                             blobs_.get(), &clock_, options);
+    absl::Status started = scheduler_->Start();
+    ASSERT_TRUE(started.ok()) << started;
+  }
+
+  void StopScheduler() {
+    if (scheduler_) scheduler_->Stop();
+    scheduler_.reset();
+    reader_.reset();
+    blobs_.reset();
+    store_.reset();
+  }
+
+  // A worker of profile 'local' with `slots` cpu devices connects on a new
+  // session and registers; returns once the scheduler has answered.
+  std::shared_ptr<FakeSession> Connect(
+      const std::string& name, int slots,
+      const std::vector<v1::RunningJob>& running = {}) {
+    auto session = std::make_shared<FakeSession>();
+    v1::WorkerMessage m;
+    v1::Register* reg = m.mutable_register_();
+    reg->set_name(name);
+    reg->set_host("host-" + name);
+    reg->set_profile("local");
+    for (int i = 0; i < slots; ++i) {
+      v1::Device* d = reg->add_devices();
+      d->set_index(i);
+      d->set_kind("cpu");
+      d->set_name("cpu");
+    }
+    for (const auto& r : running) *reg->add_running() = r;
+    scheduler_->OnWorkerMessage(session, std::move(m));
+    EXPECT_TRUE(session->WaitFor(IsRegistered()).has_value())
+        << "worker '" << name << "' got no answer to Register";
+    return session;
+  }
+
+  // Returns once the loop thread has processed every message posted on
+  // `session` before this call and delivered what they caused. `session`
+  // must be registered: an empty diary batch is acknowledged in the next
+  // batch, after the previous batch's messages went out.
+  void Barrier(const std::shared_ptr<FakeSession>& session) {
+    const int64_t marker = -(++barriers_);
+    v1::WorkerMessage m;
+    m.mutable_diary()->set_job_id(marker);
+    scheduler_->OnWorkerMessage(session, std::move(m));
+    EXPECT_TRUE(session->WaitFor(IsDiaryAck(marker)).has_value())
+        << "the loop thread did not answer";
+  }
+
+  int64_t Submit(int pool, const std::string& request_id = "") {
+    auto reply = scheduler_->Submit(CommandJob(pool, request_id));
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    return reply.ok() ? reply->job_id() : -1;
+  }
+
+  v1::Job GetJob(int64_t id) {
+    auto job = scheduler_->GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
+  bool WaitForState(int64_t id, v1::JobState state) {
+    return WaitUntil([&] {
+      auto job = scheduler_->GetJob(id);
+      return job.ok() && job->state() == state;
+    });
+  }
+
+  // Reports the end of part 0 of an attempt and waits for its ack.
+  void ReportEnded(const std::shared_ptr<FakeSession>& session, int64_t id,
+                   int attempt, v1::JobState state, int exit_code,
+                   const std::string& reason = "") {
+    const size_t acks = session->Matching(IsEndedAck(id, attempt)).size();
+    v1::WorkerMessage m;
+    v1::JobEnded* ended = m.mutable_ended();
+    ended->set_job_id(id);
+    ended->set_attempt(attempt);
+    ended->set_state(state);
+    ended->set_exit_code(exit_code);
+    ended->set_reason(reason);
+    scheduler_->OnWorkerMessage(session, std::move(m));
+    const bool acked = WaitUntil([&] {
+      return session->Matching(IsEndedAck(id, attempt)).size() > acks;
+    });
+    EXPECT_TRUE(acked) << "no ended_ack for job " << id;
+  }
+
+  std::vector<v1::DiaryChunk> ReadDiaryChunks(int64_t id) {
+    std::vector<v1::DiaryChunk> chunks;
+    v1::ReadDiaryRequest request;
+    request.set_job_id(id);
+    absl::Status s = scheduler_->ReadDiary(
+        request,
+        [&](const v1::DiaryChunk& chunk) {
+          chunks.push_back(chunk);
+          return true;
+        },
+        [] { return false; });
+    EXPECT_TRUE(s.ok()) << s;
+    return chunks;
+  }
+
+  std::vector<std::string> DiaryTexts(int64_t id) {
+    std::vector<std::string> texts;
+    for (const auto& chunk : ReadDiaryChunks(id)) {
+      for (const auto& line : chunk.lines()) texts.push_back(line.text());
+    }
+    return texts;
+  }
+
+  bool DiaryMentions(int64_t id, const std::string& text) {
+    auto texts = DiaryTexts(id);
+    return std::any_of(texts.begin(), texts.end(), [&](const std::string& t) {
+      return t.find(text) != std::string::npos;
+    });
+  }
+
+  // The reasons recorded in a job's history for entering `state`.
+  std::vector<std::string> HistoryReasons(int64_t id, v1::JobState state) {
+    std::vector<std::string> reasons;
+    const v1::Job job = GetJob(id);
+    for (const auto& change : job.history()) {
+      if (change.state() == state) reasons.push_back(change.reason());
+    }
+    return reasons;
+  }
+
+  std::optional<v1::WorkerInfo> Worker(const std::string& name) {
+    const v1::ListWorkersReply reply = scheduler_->ListWorkers();
+    for (const auto& w : reply.workers()) {
+      if (w.name() == name) return w;
+    }
+    return std::nullopt;
+  }
+
+  FakeClock clock_;
+  std::string dir_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<StoreReader> reader_;
+  std::unique_ptr<BlobStore> blobs_;
+  std::unique_ptr<Scheduler> scheduler_;
+  int64_t barriers_ = 0;
+};
+
+// ---- 1: registration ----
+
+TEST_F(SchedulerTest, RegisteredWorkerIsOnlineWithItsSlots) {
+  StartScheduler();
+  EXPECT_EQ(scheduler_->ListWorkers().workers().size(), 0);
+
+  auto session = Connect("w1", 2);
+  auto registered = session->WaitFor(IsRegistered());
+  ASSERT_TRUE(registered.has_value());
+  EXPECT_GT(registered->registered().worker_id(), 0);
+  EXPECT_EQ(registered->registered().heartbeat_interval_ms(), 100);
+  EXPECT_EQ(registered->registered().cancel().size(), 0);
+
+  auto workers = scheduler_->ListWorkers();
+  ASSERT_EQ(workers.workers_size(), 1);
+  const v1::WorkerInfo& w = workers.workers(0);
+  EXPECT_EQ(w.id(), registered->registered().worker_id());
+  EXPECT_EQ(w.name(), "w1");
+  EXPECT_EQ(w.host(), "host-w1");
+  EXPECT_EQ(w.profile(), "local");
+  EXPECT_TRUE(w.online());
+  EXPECT_EQ(w.devices_size(), 2);
+  EXPECT_EQ(w.free_slots(), 2);
+  EXPECT_EQ(w.last_seen_ms(), FakeClock::kStartNowMs);
+
+  auto profiles = scheduler_->ListProfiles();
+  ASSERT_EQ(profiles.profiles_size(), 1);
+  const v1::ProfileInfo& p = profiles.profiles(0);
+  EXPECT_EQ(p.name(), "local");
+  EXPECT_EQ(p.workers(), 1);
+  EXPECT_EQ(p.workers_online(), 1);
+  EXPECT_EQ(p.total_slots(), 2);
+  EXPECT_EQ(p.free_slots(), 2);
+  EXPECT_EQ(p.max_pool(), 2);
+  EXPECT_EQ(p.slot_kind(), "cpu");
+}
+
+TEST_F(SchedulerTest, RegisterWithoutNameIsRefused) {
+  StartScheduler();
+  auto session = std::make_shared<FakeSession>();
+  v1::WorkerMessage m;
+  m.mutable_register_()->set_profile("local");
+  scheduler_->OnWorkerMessage(session, std::move(m));
+  auto refused = session->WaitFor(
+      [](const Message& message) { return message.has_refused(); });
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(refused->refused(), HasSubstr("name"));
+  EXPECT_EQ(scheduler_->ListWorkers().workers().size(), 0);
+}
+
+// ---- 2: submit ----
+
+TEST_F(SchedulerTest, SubmitStartsJobAndDeduplicatesRequest) {
+  StartScheduler();
+  auto session = Connect("w1", 2);
+  const int64_t worker_id =
+      session->WaitFor(IsRegistered())->registered().worker_id();
+
+  auto first = scheduler_->Submit(CommandJob(1, "req-1"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int64_t id = first->job_id();
+  EXPECT_GT(id, 0);
+  EXPECT_FALSE(first->duplicate());
+
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.user(), "alice");
+  EXPECT_EQ(job.submit_time_ms(), FakeClock::kStartNowMs);
+  ASSERT_EQ(job.placement_size(), 1);
+  EXPECT_EQ(job.placement(0).worker_id(), worker_id);
+  EXPECT_EQ(job.placement(0).worker_name(), "w1");
+  EXPECT_THAT(job.placement(0).devices(), ElementsAre(0));
+
+  auto start = session->WaitFor(IsAnyStart(id));
+  ASSERT_TRUE(start.has_value());
+  EXPECT_EQ(start->start().attempt(), 1);
+  EXPECT_THAT(Devices(*start), ElementsAre(0));
+  EXPECT_EQ(start->start().pool(), 1);
+  EXPECT_EQ(start->start().part(), 0);
+  EXPECT_EQ(start->start().parts(), 1);
+  EXPECT_EQ(start->start().user(), "alice");
+  EXPECT_THAT(start->start().spec().command().argv(),
+              ElementsAre("python3", "train.py"));
+
+  auto again = scheduler_->Submit(CommandJob(1, "req-1"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->job_id(), id);
+  EXPECT_TRUE(again->duplicate());
+
+  // Submit delivers its starts before returning: none came for a copy.
+  EXPECT_EQ(
+      session->Matching([](const Message& m) { return m.has_start(); }).size(),
+      1u);
+  auto jobs = scheduler_->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->jobs_size(), 1);
+}
+
+// ---- 3: submit errors ----
+
+TEST_F(SchedulerTest, SubmitRejectsJobsThatCannotRun) {
+  StartScheduler();
+  auto session = Connect("w1", 2);
+
+  auto too_big = scheduler_->Submit(CommandJob(3));
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_big.status().message(), HasSubstr("exceeds profile 'local'"));
+
+  auto unknown = scheduler_->Submit(CommandJob(1, "", "big-gpus"));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("'big-gpus'"));
+
+  const std::string data = "weights";
+  const std::string sha = Sha256Hex(data);
+  v1::SubmitJobRequest with_attachment = CommandJob(1);
+  v1::Attachment* a = with_attachment.mutable_spec()->add_attach();
+  a->set_path("data/weights.bin");
+  a->set_sha256(sha);
+  a->set_size(static_cast<int64_t>(data.size()));
+  auto missing = scheduler_->Submit(with_attachment);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(missing.status().message(), HasSubstr("data/weights.bin"));
+
+  auto jobs = scheduler_->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->jobs_size(), 0) << "a refused job was stored";
+
+  // Once uploaded, the same attachment is accepted.
+  auto writer = blobs_->NewWriter(sha, static_cast<int64_t>(data.size()));
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Append(data).ok());
+  ASSERT_TRUE((*writer)->Commit().ok());
+  auto accepted = scheduler_->Submit(with_attachment);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_TRUE(session->WaitFor(IsStart(accepted->job_id(), 1)).has_value());
+}
+
+// ---- 4: diary and end ----
+
+TEST_F(SchedulerTest, DiaryAndEndAreStoredOnceAndAcknowledged) {
+  StartScheduler();
+  auto session = Connect("w1", 2);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
+
+  v1::WorkerMessage diary;
+  v1::DiaryBatch* batch = diary.mutable_diary();
+  batch->set_job_id(id);
+  batch->set_attempt(1);
+  const std::vector<std::string> texts = {"epoch 1", "epoch 2", "done"};
+  for (size_t i = 0; i < texts.size(); ++i) {
+    v1::DiaryLine* line = batch->add_lines();
+    line->set_seq(static_cast<int64_t>(i) + 1);
+    line->set_time_ms(FakeClock::kStartNowMs + static_cast<int64_t>(i));
+    line->set_stream(1);
+    line->set_text(texts[i]);
+  }
+  scheduler_->OnWorkerMessage(session, diary);
+  auto ack = session->WaitFor(IsDiaryAck(id));
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->diary_ack().attempt(), 1);
+  EXPECT_EQ(ack->diary_ack().part(), 0);
+  EXPECT_EQ(ack->diary_ack().seq(), 3);
+
+  // A worker that missed the ack sends the batch again.
+  scheduler_->OnWorkerMessage(session, diary);
+  ASSERT_TRUE(
+      WaitUntil([&] { return session->Matching(IsDiaryAck(id)).size() == 2; }));
+  EXPECT_EQ(session->Matching(IsDiaryAck(id)).back().diary_ack().seq(), 3);
+
+  ReportEnded(session, id, 1, v1::JOB_STATE_FINISHED, 0);
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FINISHED);
+  EXPECT_EQ(job.exit_code(), 0);
+  EXPECT_EQ(job.end_time_ms(), FakeClock::kStartNowMs);
+  EXPECT_EQ(job.diary_lines(), 3);
+
+  std::vector<v1::DiaryChunk> chunks = ReadDiaryChunks(id);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_TRUE(chunks.back().end());
+  EXPECT_EQ(chunks.back().state(), v1::JOB_STATE_FINISHED);
+  std::vector<std::string> read;
+  std::vector<int64_t> seqs;
+  for (const auto& chunk : chunks) {
+    for (const auto& line : chunk.lines()) {
+      read.push_back(line.text());
+      seqs.push_back(line.seq());
+      EXPECT_EQ(line.attempt(), 1);
+      EXPECT_EQ(line.stream(), 1);
+    }
+  }
+  EXPECT_EQ(read, texts);
+  EXPECT_THAT(seqs, ElementsAre(1, 2, 3));
+
+  // A resend after the end is acknowledged and still stored once.
+  scheduler_->OnWorkerMessage(session, diary);
+  ASSERT_TRUE(
+      WaitUntil([&] { return session->Matching(IsDiaryAck(id)).size() == 3; }));
+  EXPECT_EQ(DiaryTexts(id), texts);
+
+  auto w = Worker("w1");
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->free_slots(), 2);
+  EXPECT_THAT(w->running_jobs(), IsEmpty());
+}
+
+TEST_F(SchedulerTest, FailedPartMakesTheJobFailWithItsReason) {
+  StartScheduler();
+  auto session = Connect("w1", 1);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
+
+  // A report for another attempt is stale and changes nothing.
+  ReportEnded(session, id, 7, v1::JOB_STATE_FINISHED, 0);
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_RUNNING);
+
+  ReportEnded(session, id, 1, v1::JOB_STATE_FAILED, 3, "exit status 3");
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job.exit_code(), 3);
+  EXPECT_EQ(job.reason(), "exit status 3");
+}
+
+// ---- 5: liveness ----
+
+TEST_F(SchedulerTest, SilentWorkerIsLostAndItsJobRestartsElsewhere) {
+  StartScheduler();
+  auto first = Connect("w1", 2);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(first->WaitFor(IsStart(id, 1)).has_value());
+
+  clock_.Advance(kHeartbeatTimeoutMs / 2);
+  EXPECT_FALSE(
+      WaitUntil([&] { return first->closed(); }, absl::Milliseconds(150)))
+      << "worker lost before its timeout";
+
+  clock_.Advance(kHeartbeatTimeoutMs);
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_QUEUED));
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_THAT(job.wait_reason(), HasSubstr("waiting for 1 slot on 'local'"));
+  EXPECT_TRUE(DiaryMentions(id, "lost"));
+  EXPECT_TRUE(DiaryMentions(id, "requeued"));
+  EXPECT_THAT(HistoryReasons(id, v1::JOB_STATE_QUEUED),
+              ElementsAre("", HasSubstr("lost")));
+  EXPECT_TRUE(first->closed());
+  EXPECT_THAT(first->close_reason(), HasSubstr("lost"));
+  auto w1 = Worker("w1");
+  ASSERT_TRUE(w1.has_value());
+  EXPECT_FALSE(w1->online());
+
+  auto second = Connect("w2", 2);
+  auto start = second->WaitFor(IsAnyStart(id));
+  ASSERT_TRUE(start.has_value());
+  EXPECT_EQ(start->start().attempt(), 2);
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_RUNNING));
+  job = GetJob(id);
+  EXPECT_EQ(job.attempt(), 2);
+  ASSERT_EQ(job.placement_size(), 1);
+  EXPECT_EQ(job.placement(0).worker_name(), "w2");
+
+  // The lost worker's old session is no longer heard.
+  v1::WorkerMessage late;
+  late.mutable_ended()->set_job_id(id);
+  late.mutable_ended()->set_attempt(2);
+  late.mutable_ended()->set_state(v1::JOB_STATE_FINISHED);
+  scheduler_->OnWorkerMessage(first, std::move(late));
+  Barrier(second);
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(SchedulerTest, LostWorkerFailsTheJobAtMaxAttempts) {
+  SchedulerOptions options = TestOptions();
+  options.max_attempts = 1;
+  StartScheduler(options);
+  auto first = Connect("w1", 2);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(first->WaitFor(IsStart(id, 1)).has_value());
+
+  clock_.Advance(kHeartbeatTimeoutMs + 500);
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_FAILED));
+  v1::Job job = GetJob(id);
+  EXPECT_THAT(job.reason(), HasSubstr("attempt 1 of 1"));
+  EXPECT_THAT(job.reason(), HasSubstr("lost"));
+  EXPECT_EQ(job.exit_code(), -1);
+  EXPECT_NE(job.end_time_ms(), 0);
+  EXPECT_TRUE(DiaryMentions(id, "job failed"));
+
+  auto second = Connect("w2", 2);
+  Barrier(second);
+  EXPECT_EQ(second->Matching(IsAnyStart(id)).size(), 0u);
+}
+
+// ---- 6: reconnects ----
+
+TEST_F(SchedulerTest, ReconnectReportingTheJobKeepsItRunning) {
+  StartScheduler();
+  auto first = Connect("w1", 2);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(first->WaitFor(IsStart(id, 1)).has_value());
+
+  scheduler_->OnWorkerGone(first);
+  ASSERT_TRUE(WaitUntil([&] {
+    auto w = Worker("w1");
+    return w && !w->online();
+  }));
+  EXPECT_EQ(Worker("w1")->free_slots(), 0);
+  clock_.Advance(kHeartbeatTimeoutMs / 2);  // within the timeout
+
+  // It also reports a job the scheduler never gave it.
+  auto second = Connect("w1", 2, {Running(id, 1), Running(id + 100, 1)});
+  auto registered = second->WaitFor(IsRegistered());
+  ASSERT_TRUE(registered.has_value());
+  ASSERT_EQ(registered->registered().cancel_size(), 1);
+  EXPECT_EQ(registered->registered().cancel(0).job_id(), id + 100);
+  Barrier(second);
+  EXPECT_EQ(second->Matching(IsAnyStart(id)).size(), 0u);
+
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.diary_lines(), 0);
+  auto w = Worker("w1");
+  ASSERT_TRUE(w.has_value());
+  EXPECT_TRUE(w->online());
+  EXPECT_THAT(w->running_jobs(), ElementsAre(id));
+  EXPECT_EQ(w->free_slots(), 1);
+
+  // The job goes on: its end is accepted on the new session.
+  ReportEnded(second, id, 1, v1::JOB_STATE_FINISHED, 0);
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_FINISHED);
+}
+
+TEST_F(SchedulerTest, ReconnectWithoutTheJobRequeuesIt) {
+  StartScheduler();
+  auto first = Connect("w1", 2);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(first->WaitFor(IsStart(id, 1)).has_value());
+
+  scheduler_->OnWorkerGone(first);
+  auto second = Connect("w1", 2);
+  // Requeued, then placed again at once on the same worker.
+  auto start = second->WaitFor(IsAnyStart(id));
+  ASSERT_TRUE(start.has_value());
+  EXPECT_EQ(start->start().attempt(), 2);
+  EXPECT_TRUE(DiaryMentions(id, "restarted without the job"));
+  EXPECT_THAT(HistoryReasons(id, v1::JOB_STATE_QUEUED),
+              ElementsAre("", HasSubstr("restarted without the job")));
+  EXPECT_EQ(GetJob(id).attempt(), 2);
+}
+
+TEST_F(SchedulerTest, NewConnectionReplacesTheOldOne) {
+  StartScheduler();
+  auto first = Connect("w1", 2);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(first->WaitFor(IsStart(id, 1)).has_value());
+
+  auto second = Connect("w1", 2, {Running(id, 1)});
+  EXPECT_TRUE(first->closed());
+  EXPECT_THAT(first->close_reason(), HasSubstr("replaced"));
+  // The old stream's end arrives late: the worker stays online.
+  scheduler_->OnWorkerGone(first);
+  Barrier(second);
+  auto w = Worker("w1");
+  ASSERT_TRUE(w.has_value());
+  EXPECT_TRUE(w->online());
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_RUNNING);
+}
+
+// ---- 7: cancel ----
+
+TEST_F(SchedulerTest, CancelQueuedAtOnceAndRunningThroughTheWorker) {
+  StartScheduler();
+  auto session = Connect("w1", 2);
+  const int64_t running = Submit(2);
+  const int64_t queued = Submit(1);
+  const int64_t next = Submit(2);
+  ASSERT_TRUE(session->WaitFor(IsStart(running, 1)).has_value());
+  ASSERT_EQ(GetJob(queued).state(), v1::JOB_STATE_QUEUED);
+
+  v1::CancelJobsRequest cancel_queued;
+  cancel_queued.add_job_ids(queued);
+  auto reply = scheduler_->Cancel(cancel_queued);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->results_size(), 1);
+  EXPECT_EQ(reply->results(0).state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(reply->results(0).error(), "");
+  v1::Job job = GetJob(queued);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(job.reason(), "cancelled by request");
+  EXPECT_EQ(job.attempt(), 0);
+  EXPECT_EQ(session->Matching(IsCancel(queued)).size(), 0u);
+
+  v1::CancelJobsRequest cancel_running;
+  cancel_running.add_job_ids(running);
+  reply = scheduler_->Cancel(cancel_running);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->results(0).state(), v1::JOB_STATE_CANCELLING);
+  EXPECT_EQ(GetJob(running).state(), v1::JOB_STATE_CANCELLING);
+  auto cancel = session->WaitFor(IsCancel(running));
+  ASSERT_TRUE(cancel.has_value());
+  EXPECT_EQ(cancel->cancel().attempt(), 1);
+  EXPECT_EQ(cancel->cancel().part(), 0);
+  EXPECT_EQ(cancel->cancel().grace_ms(), 2500);
+  EXPECT_THAT(cancel->cancel().reason(), HasSubstr("cancelled"));
+
+  // Asking again sends nothing new; unknown and ended jobs are errors.
+  cancel_running.add_job_ids(queued);
+  cancel_running.add_job_ids(9999);
+  reply = scheduler_->Cancel(cancel_running);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->results_size(), 3);
+  EXPECT_EQ(reply->results(0).state(), v1::JOB_STATE_CANCELLING);
+  EXPECT_THAT(reply->results(1).error(), HasSubstr("already cancelled"));
+  EXPECT_THAT(reply->results(2).error(), HasSubstr("no job 9999"));
+  EXPECT_EQ(session->Matching(IsCancel(running)).size(), 1u);
+
+  // The slots stay held until the worker says the job stopped.
+  EXPECT_EQ(GetJob(next).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(session->Matching(IsAnyStart(next)).size(), 0u);
+
+  ReportEnded(session, running, 1, v1::JOB_STATE_CANCELLED, -15, "terminated");
+  job = GetJob(running);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(job.reason(), "cancelled by request");
+  auto start = session->WaitFor(IsStart(next, 1));
+  ASSERT_TRUE(start.has_value());
+  EXPECT_THAT(Devices(*start), ElementsAre(0, 1));
+  EXPECT_EQ(GetJob(next).state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(SchedulerTest, CancelWhileDisconnectedReachesTheWorkerOnReconnect) {
+  StartScheduler();
+  auto first = Connect("w1", 1);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(first->WaitFor(IsStart(id, 1)).has_value());
+  scheduler_->OnWorkerGone(first);
+  ASSERT_TRUE(WaitUntil([&] {
+    auto w = Worker("w1");
+    return w && !w->online();
+  }));
+
+  v1::CancelJobsRequest request;
+  request.add_job_ids(id);
+  auto reply = scheduler_->Cancel(request);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->results(0).state(), v1::JOB_STATE_CANCELLING);
+
+  // The job is still running there; the request must not be forgotten.
+  auto second = Connect("w1", 1, {Running(id, 1)});
+  auto cancel = second->WaitFor(IsCancel(id));
+  ASSERT_TRUE(cancel.has_value()) << "the cancel never reached the worker";
+  EXPECT_EQ(cancel->cancel().attempt(), 1);
+  EXPECT_THAT(cancel->cancel().reason(), HasSubstr("cancelled"));
+
+  ReportEnded(second, id, 1, v1::JOB_STATE_CANCELLED, -15);
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_CANCELLED);
+}
+
+// ---- 8: restart ----
+
+TEST_F(SchedulerTest, RestartKeepsJobsAndReconcilesWithTheWorker) {
+  StartScheduler();
+  auto before = Connect("w1", 2);
+  const int64_t kept = Submit(1);
+  const int64_t dropped = Submit(1);
+  const int64_t queued = Submit(2);
+  auto kept_start = before->WaitFor(IsStart(kept, 1));
+  auto dropped_start = before->WaitFor(IsStart(dropped, 1));
+  ASSERT_TRUE(kept_start.has_value());
+  ASSERT_TRUE(dropped_start.has_value());
+  ASSERT_EQ(GetJob(queued).state(), v1::JOB_STATE_QUEUED);
+
+  StopScheduler();
+  StartScheduler();
+
+  EXPECT_EQ(GetJob(kept).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(GetJob(dropped).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(GetJob(queued).state(), v1::JOB_STATE_QUEUED);
+  auto w = Worker("w1");
+  ASSERT_TRUE(w.has_value());
+  EXPECT_FALSE(w->online());
+  EXPECT_THAT(w->running_jobs(), UnorderedElementsAre(kept, dropped));
+
+  const size_t old_messages = before->Messages().size();
+  auto after = Connect("w1", 2, {Running(kept, 1)});
+  auto registered = after->WaitFor(IsRegistered());
+  ASSERT_TRUE(registered.has_value());
+  EXPECT_EQ(registered->registered().cancel().size(), 0);
+  // The unreported job restarts on the slot it held; the others wait.
+  auto restart = after->WaitFor(IsAnyStart(dropped));
+  ASSERT_TRUE(restart.has_value());
+  EXPECT_EQ(restart->start().attempt(), 2);
+  EXPECT_THAT(Devices(*restart), ElementsAre(1));
+  Barrier(after);
+  EXPECT_EQ(after->Matching(IsAnyStart(kept)).size(), 0u);
+  EXPECT_EQ(after->Matching(IsAnyStart(queued)).size(), 0u);
+  EXPECT_EQ(before->Messages().size(), old_messages);
+
+  v1::Job job = GetJob(kept);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_TRUE(DiaryMentions(dropped, "restarted without the job"));
+  EXPECT_EQ(GetJob(dropped).attempt(), 2);
+  EXPECT_EQ(GetJob(queued).state(), v1::JOB_STATE_QUEUED);
+
+  ReportEnded(after, kept, 1, v1::JOB_STATE_FINISHED, 0);
+  EXPECT_EQ(GetJob(kept).state(), v1::JOB_STATE_FINISHED);
+  ReportEnded(after, dropped, 2, v1::JOB_STATE_FINISHED, 0);
+  EXPECT_TRUE(after->WaitFor(IsStart(queued, 1)).has_value());
+}
+
+TEST_F(SchedulerTest, RestartLosesWorkersThatNeverReturn) {
+  StartScheduler();
+  auto before = Connect("w1", 1);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(before->WaitFor(IsStart(id, 1)).has_value());
+
+  StopScheduler();
+  StartScheduler();
+  // The new loop thread may read the clock for its first liveness check
+  // after a single jump, so time moves on as it would for real.
+  ASSERT_TRUE(WaitUntil([&] {
+    clock_.Advance(50);
+    auto job = scheduler_->GetJob(id);
+    return job.ok() && job->state() == v1::JOB_STATE_QUEUED;
+  }));
+  EXPECT_GT(clock_.MonotonicMs() - FakeClock::kStartMonotonicMs,
+            kHeartbeatTimeoutMs);
+  EXPECT_TRUE(DiaryMentions(id, "lost"));
+  auto other = Connect("w2", 1);
+  EXPECT_TRUE(other->WaitFor(IsStart(id, 2)).has_value());
+}
+
+TEST_F(SchedulerTest, RestartResendsCancelOfAJobTheWorkerStillRuns) {
+  StartScheduler();
+  auto before = Connect("w1", 1);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(before->WaitFor(IsStart(id, 1)).has_value());
+  v1::CancelJobsRequest request;
+  request.add_job_ids(id);
+  ASSERT_TRUE(scheduler_->Cancel(request).ok());
+  ASSERT_EQ(before->Matching(IsCancel(id)).size(), 1u);
+
+  // The cancel was sent, but the stream broke with the restart.
+  StopScheduler();
+  StartScheduler();
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_CANCELLING);
+  auto after = Connect("w1", 1, {Running(id, 1)});
+  auto cancel = after->WaitFor(IsCancel(id));
+  ASSERT_TRUE(cancel.has_value()) << "the cancel was not sent again";
+  EXPECT_EQ(cancel->cancel().reason(), "cancelled by request");
+  ReportEnded(after, id, 1, v1::JOB_STATE_CANCELLED, -15);
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_CANCELLED);
+}
+
+// ---- 9: wait ----
+
+TEST_F(SchedulerTest, WaitReturnsOnceEveryJobHasEnded) {
+  StartScheduler();
+  auto session = Connect("w1", 2);
+  const int64_t a = Submit(1);
+  const int64_t b = Submit(1);
+  ASSERT_TRUE(session->WaitFor(IsStart(b, 1)).has_value());
+
+  std::atomic<bool> abandon{false};
+  v1::WaitJobsRequest request;
+  request.add_job_ids(a);
+  request.add_job_ids(b);
+  auto waiting = std::async(std::launch::async, [&] {
+    return scheduler_->Wait(request, [&] { return abandon.load(); });
+  });
+
+  ReportEnded(session, a, 1, v1::JOB_STATE_FINISHED, 0);
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout)
+      << "Wait returned with a job still running";
+  ReportEnded(session, b, 1, v1::JOB_STATE_FAILED, 1, "exit status 1");
+  if (waiting.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    abandon = true;
+    FAIL() << "Wait did not return after the jobs ended";
+  }
+  auto reply = waiting.get();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_FALSE(reply->timed_out());
+  ASSERT_EQ(reply->jobs_size(), 2);
+  EXPECT_EQ(reply->jobs(0).id(), a);
+  EXPECT_EQ(reply->jobs(0).state(), v1::JOB_STATE_FINISHED);
+  EXPECT_EQ(reply->jobs(1).state(), v1::JOB_STATE_FAILED);
+}
+
+TEST_F(SchedulerTest, WaitTimesOutOnTheSchedulerClock) {
+  SchedulerOptions options = TestOptions();
+  options.heartbeat_timeout_ms = 3'600'000;  // the clock moves a lot here
+  StartScheduler(options);
+  auto session = Connect("w1", 1);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
+
+  std::atomic<bool> abandon{false};
+  v1::WaitJobsRequest request;
+  request.add_job_ids(id);
+  request.set_timeout_ms(500);
+  auto waiting = std::async(std::launch::async, [&] {
+    return scheduler_->Wait(request, [&] { return abandon.load(); });
+  });
+  // Real time alone never ends the wait.
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(300)),
+            std::future_status::timeout);
+  // Wait reads its deadline when it starts; move the clock until it passes.
+  const bool returned = WaitUntil([&] {
+    clock_.Advance(100);
+    return waiting.wait_for(std::chrono::milliseconds(20)) ==
+           std::future_status::ready;
+  });
+  if (!returned) {
+    abandon = true;
+    FAIL() << "Wait did not time out";
+  }
+  auto reply = waiting.get();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(reply->timed_out());
+  ASSERT_EQ(reply->jobs_size(), 1);
+  EXPECT_EQ(reply->jobs(0).state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(SchedulerTest, WaitStopsWhenTheClientLeavesAndRejectsUnknownJobs) {
+  StartScheduler();
+  auto session = Connect("w1", 1);
+  const int64_t id = Submit(1);
+
+  v1::WaitJobsRequest request;
+  request.add_job_ids(id);
+  auto left = scheduler_->Wait(request, [] { return true; });
+  EXPECT_EQ(left.status().code(), absl::StatusCode::kCancelled);
+
+  request.add_job_ids(4242);
+  auto unknown = scheduler_->Wait(request, [] { return true; });
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("4242"));
+}
+
+// ---- 10: placement order ----
+
+TEST_F(SchedulerTest, LargeJobHoldsTheSlotsUntilItEnds) {
+  StartScheduler();
+  auto session = Connect("w1", 4);
+  const int64_t big = Submit(4);
+  const int64_t second = Submit(2);
+  const int64_t third = Submit(2);
+  auto big_start = session->WaitFor(IsStart(big, 1));
+  ASSERT_TRUE(big_start.has_value());
+  EXPECT_THAT(Devices(*big_start), ElementsAre(0, 1, 2, 3));
+
+  v1::Job job = GetJob(second);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(job.wait_reason(),
+              HasSubstr("waiting for 2 slots on 'local': 0 free"));
+  job = GetJob(third);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(job.wait_reason(), HasSubstr("waiting for 2 slots on 'local'"));
+  EXPECT_THAT(job.wait_reason(),
+              HasSubstr(absl::StrCat("1 job ahead (#", second)));
+  EXPECT_EQ(session->Matching(IsAnyStart(second)).size(), 0u);
+  EXPECT_EQ(session->Matching(IsAnyStart(third)).size(), 0u);
+
+  ReportEnded(session, big, 1, v1::JOB_STATE_FINISHED, 0);
+  auto second_start = session->WaitFor(IsStart(second, 1));
+  auto third_start = session->WaitFor(IsStart(third, 1));
+  ASSERT_TRUE(second_start.has_value());
+  ASSERT_TRUE(third_start.has_value());
+  std::vector<int> devices = Devices(*second_start);
+  for (int d : Devices(*third_start)) devices.push_back(d);
+  EXPECT_THAT(devices, UnorderedElementsAre(0, 1, 2, 3));
+  EXPECT_EQ(GetJob(second).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(GetJob(third).state(), v1::JOB_STATE_RUNNING);
+}
+
+}  // namespace
+}  // namespace dlbatch::scheduler

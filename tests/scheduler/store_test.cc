@@ -1,0 +1,788 @@
+// Unit tests for the scheduler's durable state: the SQLite store and its
+// reader, the thin SQLite layer, and the content-addressed blob store.
+#include "scheduler/store.h"
+
+#include <google/protobuf/util/message_differencer.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/files.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/blob_store.h"
+#include "scheduler/sqlite.h"
+
+namespace dlbatch::scheduler {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+
+// A fresh folder per test, removed afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = ::testing::TempDir() + "store_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
+    dir_ = pattern;
+  }
+  void TearDown() override { EXPECT_TRUE(RemoveTree(dir_).ok()); }
+
+  std::string dir_;
+};
+
+v1::JobSpec Spec(const std::string& name, int pool = 1, int priority = 0) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  spec.set_profile("local");
+  spec.set_pool(pool);
+  spec.set_priority(priority);
+  spec.set_time_limit_s(3600);
+  spec.mutable_command()->add_argv("python3");
+  spec.mutable_command()->add_argv("train.py");
+  (*spec.mutable_env())["SEED"] = "7";
+  v1::Attachment* a = spec.add_attach();
+  a->set_path("data/x.bin");
+  a->set_sha256(std::string(64, 'a'));
+  a->set_size(10);
+  a->set_mode(0644);
+  return spec;
+}
+
+JobRecord NewJob(const std::string& name, const std::string& request_id = "",
+                 v1::JobState state = v1::JOB_STATE_QUEUED) {
+  JobRecord job;
+  job.request_id = request_id;
+  job.user = "ada";
+  job.spec = Spec(name);
+  job.state = state;
+  job.submit_ms = 1'000;
+  return job;
+}
+
+v1::OutputFile Output(const std::string& path, int64_t size) {
+  v1::OutputFile f;
+  f.set_path(path);
+  f.set_size(size);
+  f.set_sha256(Sha256Hex(path));
+  f.set_mode(0640);
+  return f;
+}
+
+class StoreTest : public TempDirTest {
+ protected:
+  void SetUp() override {
+    TempDirTest::SetUp();
+    path_ = dir_ + "/state.db";
+    Reopen();
+    reader_ = std::make_unique<StoreReader>(path_);
+  }
+
+  void Reopen() {
+    store_.reset();
+    auto store = Store::Open(path_, /*sync_full=*/false);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+
+  void TearDown() override {
+    reader_.reset();
+    store_.reset();
+    TempDirTest::TearDown();
+  }
+
+  StoreReader& reader() { return *reader_; }
+
+  int64_t Insert(const JobRecord& job) {
+    auto id = store_->InsertJob(job);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or(0);
+  }
+
+  std::vector<int64_t> ListedIds(const std::vector<v1::JobState>& states,
+                                 int limit, bool newest_first) {
+    v1::ListJobsReply reply;
+    absl::Status s =
+        reader().ListJobSummaries(states, limit, newest_first, &reply);
+    EXPECT_TRUE(s.ok()) << s;
+    std::vector<int64_t> ids;
+    for (const v1::Job& job : reply.jobs()) ids.push_back(job.id());
+    return ids;
+  }
+
+  std::string path_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<StoreReader> reader_;
+};
+
+// ---- Parts ----
+
+TEST(PartsTest, EncodeAndDecode) {
+  std::vector<Part> parts = {{3, {0, 1}}, {7, {2}}};
+  EXPECT_EQ(EncodeParts(parts), "3:0,1;7:2");
+  EXPECT_EQ(DecodeParts("3:0,1;7:2"), parts);
+  EXPECT_EQ(EncodeParts({}), "");
+  EXPECT_THAT(DecodeParts(""), IsEmpty());
+
+  std::vector<Part> cpu_only = {{5, {}}};
+  EXPECT_EQ(DecodeParts(EncodeParts(cpu_only)), cpu_only);
+}
+
+// ---- Open and schema ----
+
+TEST_F(StoreTest, OpenCreatesTheSchemaAndReopensIt) {
+  auto count = store_->CountJobs();
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 0);
+  Insert(NewJob("a"));
+  Reopen();
+  EXPECT_EQ(store_->CountJobs().value(), 1);
+  Reopen();  // a second reopen finds the version it wrote
+  EXPECT_EQ(store_->CountJobs().value(), 1);
+}
+
+TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
+  ASSERT_TRUE(
+      store_->db()->Exec("UPDATE meta SET value='2' WHERE key='schema'").ok());
+  store_.reset();
+  auto reopened = Store::Open(path_, false);
+  ASSERT_FALSE(reopened.ok());
+  EXPECT_EQ(reopened.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(reopened.status().message()),
+              HasSubstr("schema version 2"));
+  EXPECT_THAT(std::string(reopened.status().message()),
+              HasSubstr("reads version 1"));
+  EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
+}
+
+TEST_F(StoreTest, RefusesANewerLayoutBeforeTouchingIt) {
+  // A file written by a later scheduler whose tables differ: the version
+  // check must come first and must not add this version's tables to it.
+  store_.reset();
+  std::string newer = dir_ + "/newer.db";
+  {
+    auto db = Database::Open(newer, false, false);
+    ASSERT_TRUE(db.ok()) << db.status();
+    ASSERT_TRUE(
+        (*db)
+            ->Exec(
+                "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+                "INSERT INTO meta VALUES('schema', '2');"
+                "CREATE TABLE diary(n INTEGER PRIMARY KEY, body BLOB);")
+            .ok());
+  }
+  auto opened = Store::Open(newer, false);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(opened.status().message()),
+              HasSubstr("schema version 2"));
+
+  auto db = Database::Open(newer, false, false);
+  ASSERT_TRUE(db.ok());
+  auto st =
+      (*db)->Prepare("SELECT COUNT(*) FROM sqlite_master WHERE name='jobs'");
+  ASSERT_TRUE(st.ok());
+  ASSERT_TRUE((*st)->Step().value());
+  EXPECT_EQ((*st)->Int(0), 0) << "Open added tables to a file it refused";
+}
+
+TEST_F(StoreTest, RefusesAFileThatIsNotADatabase) {
+  std::string junk = dir_ + "/junk.db";
+  ASSERT_TRUE(WriteFileAtomic(junk, std::string(4096, 'j')).ok());
+  EXPECT_FALSE(Store::Open(junk, false).ok());
+}
+
+// ---- Jobs ----
+
+TEST_F(StoreTest, JobsRoundTrip) {
+  JobRecord job = NewJob("train-resnet", "req-1");
+  int64_t id = Insert(job);
+  ASSERT_GT(id, 0);
+
+  auto active = store_->ActiveJobs();
+  ASSERT_TRUE(active.ok()) << active.status();
+  ASSERT_EQ(active->size(), 1u);
+  const JobRecord& got = (*active)[0];
+  EXPECT_EQ(got.id, id);
+  EXPECT_EQ(got.request_id, "req-1");
+  EXPECT_EQ(got.user, "ada");
+  EXPECT_TRUE(MessageDifferencer::Equals(got.spec, job.spec))
+      << got.spec.DebugString();
+  EXPECT_EQ(got.state, v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(got.attempt, 0);
+  EXPECT_EQ(got.submit_ms, 1'000);
+  EXPECT_THAT(got.parts, IsEmpty());
+
+  JobRecord running = got;
+  running.state = v1::JOB_STATE_RUNNING;
+  running.attempt = 2;
+  running.start_ms = 5'000;
+  running.parts = {{3, {0, 1, 2, 3}}, {9, {4, 5}}};
+  ASSERT_TRUE(store_->UpdateJob(running).ok());
+  active = store_->ActiveJobs();
+  ASSERT_TRUE(active.ok());
+  ASSERT_EQ(active->size(), 1u);
+  EXPECT_EQ((*active)[0].state, v1::JOB_STATE_RUNNING);
+  EXPECT_EQ((*active)[0].attempt, 2);
+  EXPECT_EQ((*active)[0].start_ms, 5'000);
+  EXPECT_EQ((*active)[0].parts, running.parts);
+  EXPECT_TRUE(MessageDifferencer::Equals((*active)[0].spec, job.spec));
+
+  JobRecord failed = running;
+  failed.state = v1::JOB_STATE_FAILED;
+  failed.end_ms = 9'000;
+  failed.exit_code = 3;
+  failed.reason = "exit status 3";
+  failed.parts.clear();
+  ASSERT_TRUE(store_->UpdateJob(failed).ok());
+  EXPECT_THAT(store_->ActiveJobs().value(), IsEmpty());
+
+  auto read = reader().GetJob(id);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(read->has_value());
+  EXPECT_EQ((*read)->state, v1::JOB_STATE_FAILED);
+  EXPECT_EQ((*read)->end_ms, 9'000);
+  EXPECT_EQ((*read)->exit_code, 3);
+  EXPECT_EQ((*read)->reason, "exit status 3");
+  EXPECT_TRUE(MessageDifferencer::Equals((*read)->spec, job.spec));
+
+  auto missing = reader().GetJob(id + 100);
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+}
+
+TEST_F(StoreTest, ActiveJobsAreQueuedRunningAndCancelling) {
+  int64_t queued = Insert(NewJob("q", "", v1::JOB_STATE_QUEUED));
+  Insert(NewJob("f", "", v1::JOB_STATE_FINISHED));
+  int64_t running = Insert(NewJob("r", "", v1::JOB_STATE_RUNNING));
+  int64_t cancelling = Insert(NewJob("c", "", v1::JOB_STATE_CANCELLING));
+  Insert(NewJob("x", "", v1::JOB_STATE_CANCELLED));
+  auto active = store_->ActiveJobs();
+  ASSERT_TRUE(active.ok()) << active.status();
+  std::vector<int64_t> ids;
+  for (const JobRecord& job : *active) ids.push_back(job.id);
+  EXPECT_THAT(ids, ElementsAre(queued, running, cancelling));
+}
+
+TEST_F(StoreTest, JobForRequestFindsByRequestId) {
+  int64_t first = Insert(NewJob("a", "req-a"));
+  int64_t second = Insert(NewJob("b", "req-b"));
+  EXPECT_EQ(store_->JobForRequest("req-a").value(),
+            std::optional<int64_t>(first));
+  EXPECT_EQ(store_->JobForRequest("req-b").value(),
+            std::optional<int64_t>(second));
+  EXPECT_EQ(store_->JobForRequest("req-c").value(), std::nullopt);
+  // Jobs without a request id do not collide with each other.
+  Insert(NewJob("c"));
+  Insert(NewJob("d"));
+  EXPECT_EQ(store_->CountJobs().value(), 4);
+  EXPECT_EQ(store_->JobForRequest("").value(), std::nullopt);
+
+  auto duplicate = store_->InsertJob(NewJob("again", "req-a"));
+  EXPECT_EQ(duplicate.status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+// ---- Events ----
+
+TEST_F(StoreTest, HistoryIsInOrderPerJob) {
+  int64_t a = Insert(NewJob("a"));
+  int64_t b = Insert(NewJob("b"));
+  ASSERT_TRUE(
+      store_->AddEvent(a, v1::JOB_STATE_QUEUED, 0, 100, "submitted").ok());
+  ASSERT_TRUE(
+      store_->AddEvent(b, v1::JOB_STATE_QUEUED, 0, 110, "submitted").ok());
+  ASSERT_TRUE(store_->AddEvent(a, v1::JOB_STATE_RUNNING, 1, 120, "").ok());
+  // Same time stamp: order of insertion still decides.
+  ASSERT_TRUE(
+      store_->AddEvent(a, v1::JOB_STATE_QUEUED, 1, 120, "worker lost").ok());
+
+  auto history = reader().History(a);
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->size(), 3u);
+  EXPECT_EQ((*history)[0].state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ((*history)[0].time_ms(), 100);
+  EXPECT_EQ((*history)[0].reason(), "submitted");
+  EXPECT_EQ((*history)[1].state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ((*history)[1].attempt(), 1);
+  EXPECT_EQ((*history)[2].state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ((*history)[2].reason(), "worker lost");
+  EXPECT_EQ(reader().History(b).value().size(), 1u);
+  EXPECT_TRUE(reader().History(b + 1).value().empty());
+}
+
+TEST_F(StoreTest, EventsContinueInOrderAfterReopen) {
+  int64_t a = Insert(NewJob("a"));
+  ASSERT_TRUE(store_->AddEvent(a, v1::JOB_STATE_QUEUED, 0, 100, "one").ok());
+  ASSERT_TRUE(store_->AddEvent(a, v1::JOB_STATE_RUNNING, 1, 200, "two").ok());
+  Reopen();
+  // A fresh Store must number new events after the stored ones.
+  ASSERT_TRUE(store_->AddEvent(a, v1::JOB_STATE_FINISHED, 1, 50, "three").ok());
+  auto history = reader().History(a);
+  ASSERT_TRUE(history.ok()) << history.status();
+  std::vector<std::string> reasons;
+  for (const auto& change : *history) reasons.push_back(change.reason());
+  EXPECT_THAT(reasons, ElementsAre("one", "two", "three"));
+}
+
+// ---- Diary ----
+
+TEST_F(StoreTest, AddDiaryDeduplicatesWorkerLines) {
+  int64_t job = Insert(NewJob("a"));
+  EXPECT_TRUE(store_->AddDiary(job, 1, 0, 0, 10, 1, "epoch 1").value());
+  EXPECT_FALSE(store_->AddDiary(job, 1, 0, 0, 11, 1, "epoch 1 again").value());
+  EXPECT_TRUE(store_->AddDiary(job, 1, 0, 1, 12, 1, "epoch 2").value());
+  EXPECT_TRUE(store_->AddDiary(job, 1, 1, 0, 13, 1, "part 1").value());
+  EXPECT_TRUE(store_->AddDiary(job, 2, 0, 0, 14, 1, "attempt 2").value());
+  EXPECT_TRUE(store_->AddDiary(job + 1, 1, 0, 0, 15, 1, "other job").value());
+  // dlbatch's own lines carry no seq and are never deduplicated.
+  EXPECT_TRUE(store_->AddDiary(job, 1, 0, -1, 16, 0, "restarted").value());
+  EXPECT_TRUE(store_->AddDiary(job, 1, 0, -1, 17, 0, "restarted").value());
+
+  EXPECT_EQ(reader().DiaryCount(job).value(), 6);
+  EXPECT_EQ(reader().DiaryCount(job + 1).value(), 1);
+  EXPECT_EQ(reader().DiaryCount(job + 2).value(), 0);
+
+  auto lines = reader().ReadDiary(job, 0, 100);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  ASSERT_EQ(lines->size(), 6u);
+  EXPECT_EQ((*lines)[0].text(), "epoch 1");  // the first copy is kept
+  EXPECT_EQ((*lines)[0].time_ms(), 10);
+  EXPECT_EQ((*lines)[0].stream(), 1);
+  EXPECT_EQ((*lines)[0].attempt(), 1);
+  EXPECT_EQ((*lines)[0].seq(), 0);
+  EXPECT_EQ((*lines)[1].seq(), 1);
+  EXPECT_EQ((*lines)[4].seq(), -1);
+  EXPECT_EQ((*lines)[4].stream(), 0);
+  EXPECT_EQ((*lines)[5].seq(), -1);
+}
+
+TEST_F(StoreTest, ReadDiaryPages) {
+  int64_t job = Insert(NewJob("a"));
+  int64_t other = Insert(NewJob("b"));
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(
+        store_->AddDiary(job, 1, 0, i, i, 1, absl::StrCat("line ", i)).ok());
+    ASSERT_TRUE(store_->AddDiary(other, 1, 0, i, i, 1, "noise").ok());
+  }
+  std::vector<std::string> seen;
+  int64_t after = 0;
+  int pages = 0;
+  for (;;) {
+    auto page = reader().ReadDiary(job, after, 4);
+    ASSERT_TRUE(page.ok()) << page.status();
+    if (page->empty()) break;
+    ++pages;
+    EXPECT_LE(page->size(), 4u);
+    for (const v1::DiaryLine& line : *page) {
+      EXPECT_GT(line.n(), after);
+      after = line.n();
+      seen.push_back(line.text());
+    }
+  }
+  EXPECT_EQ(pages, 3);
+  ASSERT_EQ(seen.size(), 10u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(seen[i], absl::StrCat("line ", i));
+  // Nothing past the end.
+  EXPECT_TRUE(reader().ReadDiary(job, after, 4).value().empty());
+}
+
+// ---- Outputs, workers, profiles ----
+
+TEST_F(StoreTest, PutOutputsReplacesTheSetAndOutputsAreSorted) {
+  int64_t job = Insert(NewJob("a"));
+  ASSERT_TRUE(
+      store_
+          ->PutOutputs(job, {Output("model/z.pt", 30), Output("a.log", 10),
+                             Output("model/b.pt", 20)})
+          .ok());
+  auto outputs = reader().Outputs(job);
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  ASSERT_EQ(outputs->size(), 3u);
+  EXPECT_EQ((*outputs)[0].path(), "a.log");
+  EXPECT_EQ((*outputs)[1].path(), "model/b.pt");
+  EXPECT_EQ((*outputs)[2].path(), "model/z.pt");
+  EXPECT_TRUE(
+      MessageDifferencer::Equals((*outputs)[1], Output("model/b.pt", 20)));
+
+  ASSERT_TRUE(store_->PutOutputs(job, {Output("only.txt", 1)}).ok());
+  outputs = reader().Outputs(job);
+  ASSERT_TRUE(outputs.ok());
+  ASSERT_EQ(outputs->size(), 1u);
+  EXPECT_EQ((*outputs)[0].path(), "only.txt");
+
+  ASSERT_TRUE(store_->PutOutputs(job, {}).ok());
+  EXPECT_TRUE(reader().Outputs(job).value().empty());
+}
+
+TEST_F(StoreTest, PutOutputsKeepsOtherJobsOutputs) {
+  ASSERT_TRUE(store_->PutOutputs(1, {Output("a", 1)}).ok());
+  ASSERT_TRUE(store_->PutOutputs(2, {Output("b", 2)}).ok());
+  ASSERT_TRUE(store_->PutOutputs(1, {}).ok());
+  EXPECT_TRUE(reader().Outputs(1).value().empty());
+  EXPECT_EQ(reader().Outputs(2).value().size(), 1u);
+}
+
+TEST_F(StoreTest, UpsertWorkerKeepsTheIdOfAName) {
+  WorkerRecord w;
+  w.name = "gpu-node-1";
+  w.host = "10.0.0.1";
+  w.profile = "local";
+  v1::Device d;
+  d.set_index(0);
+  d.set_kind("gpu");
+  d.set_name("H100");
+  d.set_memory_bytes(80LL << 30);
+  w.devices = {d};
+  w.last_seen_ms = 100;
+  auto first = store_->UpsertWorker(w);
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  WorkerRecord other = w;
+  other.name = "gpu-node-2";
+  auto second = store_->UpsertWorker(other);
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE(*second, *first);
+
+  w.host = "10.0.0.9";
+  w.profile = "big";
+  d.set_index(1);
+  w.devices.push_back(d);
+  w.last_seen_ms = 200;
+  auto again = store_->UpsertWorker(w);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *first);
+
+  auto workers = store_->Workers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 2u);
+  const WorkerRecord& got = (*workers)[0];
+  EXPECT_EQ(got.id, *first);
+  EXPECT_EQ(got.name, "gpu-node-1");
+  EXPECT_EQ(got.host, "10.0.0.9");
+  EXPECT_EQ(got.profile, "big");
+  EXPECT_EQ(got.last_seen_ms, 200);
+  ASSERT_EQ(got.devices.size(), 2u);
+  EXPECT_EQ(got.devices[1].index(), 1);
+  EXPECT_EQ(got.devices[1].name(), "H100");
+  EXPECT_EQ(got.devices[1].memory_bytes(), 80LL << 30);
+}
+
+TEST_F(StoreTest, Profiles) {
+  EXPECT_THAT(store_->Profiles().value(), IsEmpty());
+  ASSERT_TRUE(store_->UpsertProfile("local", 4).ok());
+  ASSERT_TRUE(store_->UpsertProfile("big", 16).ok());
+  ASSERT_TRUE(store_->UpsertProfile("local", 8).ok());
+  EXPECT_THAT(store_->Profiles().value(),
+              ElementsAre(Pair("big", 16), Pair("local", 8)));
+}
+
+// ---- Listing ----
+
+TEST_F(StoreTest, ListJobSummaries) {
+  JobRecord failed = NewJob("f", "", v1::JOB_STATE_FAILED);
+  failed.reason = "exit status 1";
+  failed.spec.set_pool(4);
+  failed.spec.set_priority(9);
+  std::vector<int64_t> ids = {
+      Insert(NewJob("q1")),
+      Insert(failed),
+      Insert(NewJob("r", "", v1::JOB_STATE_RUNNING)),
+      Insert(NewJob("q2")),
+      Insert(NewJob("c", "", v1::JOB_STATE_CANCELLED)),
+  };
+  EXPECT_EQ(ListedIds({}, 0, false), ids);
+  EXPECT_THAT(ListedIds({v1::JOB_STATE_QUEUED}, 0, false),
+              ElementsAre(ids[0], ids[3]));
+  EXPECT_THAT(
+      ListedIds({v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}, 0, false),
+      ElementsAre(ids[1], ids[4]));
+  EXPECT_THAT(ListedIds({}, 2, false), ElementsAre(ids[0], ids[1]));
+  EXPECT_THAT(ListedIds({}, 2, true), ElementsAre(ids[4], ids[3]));
+  EXPECT_THAT(ListedIds({v1::JOB_STATE_QUEUED}, 1, true), ElementsAre(ids[3]));
+  EXPECT_THAT(ListedIds({v1::JOB_STATE_FINISHED}, 0, false), IsEmpty());
+
+  v1::ListJobsReply reply;
+  ASSERT_TRUE(
+      reader().ListJobSummaries({v1::JOB_STATE_FAILED}, 0, false, &reply).ok());
+  ASSERT_EQ(reply.jobs_size(), 1);
+  const v1::Job& job = reply.jobs(0);
+  EXPECT_EQ(job.user(), "ada");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job.reason(), "exit status 1");
+  EXPECT_EQ(job.submit_time_ms(), 1'000);
+  EXPECT_EQ(job.spec().name(), "f");
+  EXPECT_EQ(job.spec().profile(), "local");
+  EXPECT_EQ(job.spec().pool(), 4);
+  EXPECT_EQ(job.spec().priority(), 9);
+  EXPECT_FALSE(job.spec().has_command());  // summaries carry no program
+}
+
+// ---- Transactions and durability ----
+
+TEST_F(StoreTest, UncommittedTransactionRollsBack) {
+  {
+    Transaction txn(store_->db());
+    ASSERT_TRUE(txn.status().ok()) << txn.status();
+    Insert(NewJob("gone"));
+    ASSERT_TRUE(store_->UpsertProfile("gone", 1).ok());
+    EXPECT_EQ(store_->CountJobs().value(), 1);  // visible inside
+  }
+  EXPECT_EQ(store_->CountJobs().value(), 0);
+  EXPECT_THAT(store_->Profiles().value(), IsEmpty());
+
+  {
+    Transaction txn(store_->db());
+    ASSERT_TRUE(txn.status().ok());
+    Insert(NewJob("kept"));
+    ASSERT_TRUE(txn.Commit().ok());
+    EXPECT_EQ(txn.Commit().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  EXPECT_EQ(store_->CountJobs().value(), 1);
+}
+
+TEST_F(StoreTest, ReaderSeesOnlyCommittedChanges) {
+  Transaction txn(store_->db());
+  ASSERT_TRUE(txn.status().ok());
+  int64_t id = Insert(NewJob("pending"));
+  EXPECT_FALSE(reader().GetJob(id).value().has_value());
+  ASSERT_TRUE(txn.Commit().ok());
+  // The same pooled connection sees the commit.
+  EXPECT_TRUE(reader().GetJob(id).value().has_value());
+}
+
+TEST_F(StoreTest, DataSurvivesANewStore) {
+  int64_t id;
+  {
+    Transaction txn(store_->db());
+    ASSERT_TRUE(txn.status().ok());
+    JobRecord job = NewJob("durable", "req-d", v1::JOB_STATE_RUNNING);
+    job.attempt = 1;
+    job.parts = {{1, {0}}, {2, {0}}};
+    id = Insert(job);
+    ASSERT_TRUE(
+        store_->AddEvent(id, v1::JOB_STATE_RUNNING, 1, 5, "started").ok());
+    ASSERT_TRUE(store_->AddDiary(id, 1, 0, 0, 6, 1, "hello").ok());
+    ASSERT_TRUE(store_->PutOutputs(id, {Output("o", 1)}).ok());
+    ASSERT_TRUE(store_->UpsertProfile("local", 2).ok());
+    ASSERT_TRUE(txn.Commit().ok());
+  }
+  store_.reset();
+  auto reopened = Store::Open(path_, /*sync_full=*/true);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  Store& store = **reopened;
+  auto active = store.ActiveJobs();
+  ASSERT_TRUE(active.ok());
+  ASSERT_EQ(active->size(), 1u);
+  EXPECT_EQ((*active)[0].id, id);
+  EXPECT_EQ((*active)[0].spec.name(), "durable");
+  EXPECT_EQ((*active)[0].parts, (std::vector<Part>{{1, {0}}, {2, {0}}}));
+  EXPECT_EQ(store.JobForRequest("req-d").value(), std::optional<int64_t>(id));
+  EXPECT_THAT(store.Profiles().value(), ElementsAre(Pair("local", 2)));
+  // The duplicate check also survives.
+  EXPECT_FALSE(store.AddDiary(id, 1, 0, 0, 7, 1, "hello").value());
+
+  StoreReader reader(path_);
+  EXPECT_EQ(reader.History(id).value().size(), 1u);
+  EXPECT_EQ(reader.DiaryCount(id).value(), 1);
+  EXPECT_EQ(reader.Outputs(id).value().size(), 1u);
+}
+
+// ---- BlobStore ----
+
+int CountEntries(const std::string& dir) {
+  std::error_code ec;
+  int n = 0;
+  for (auto it = std::filesystem::directory_iterator(dir, ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return n;
+}
+
+class BlobStoreTest : public TempDirTest {
+ protected:
+  void SetUp() override {
+    TempDirTest::SetUp();
+    blobs_dir_ = dir_ + "/blobs";
+    auto blobs = BlobStore::Open(blobs_dir_, /*min_free_bytes=*/0);
+    ASSERT_TRUE(blobs.ok()) << blobs.status();
+    blobs_ = std::move(*blobs);
+  }
+
+  int TempFiles() const { return CountEntries(blobs_dir_ + "/tmp"); }
+
+  std::string blobs_dir_;
+  std::unique_ptr<BlobStore> blobs_;
+};
+
+TEST(IsSha256HexTest, OnlyLowercaseHexOfLength64) {
+  EXPECT_TRUE(IsSha256Hex(Sha256Hex("abc")));
+  EXPECT_FALSE(IsSha256Hex(""));
+  EXPECT_FALSE(IsSha256Hex(std::string(63, 'a')));
+  EXPECT_FALSE(IsSha256Hex(std::string(65, 'a')));
+  EXPECT_FALSE(IsSha256Hex(std::string(64, 'A')));
+  EXPECT_FALSE(IsSha256Hex(std::string(64, 'g')));
+  EXPECT_FALSE(IsSha256Hex("../" + std::string(61, 'a')));
+}
+
+TEST_F(BlobStoreTest, CommitMakesTheBlobVisible) {
+  std::string data = "hello, blob store";
+  std::string sha = Sha256Hex(data);
+  EXPECT_EQ(blobs_->Size(sha).status().code(), absl::StatusCode::kNotFound);
+
+  auto writer = blobs_->NewWriter(sha, static_cast<int64_t>(data.size()));
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Append(data.substr(0, 5)).ok());
+  ASSERT_TRUE((*writer)->Append(data.substr(5)).ok());
+  EXPECT_EQ((*writer)->written(), static_cast<int64_t>(data.size()));
+  // Not visible until committed.
+  EXPECT_EQ(blobs_->Size(sha).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE((*writer)->Commit().ok());
+  writer->reset();
+
+  EXPECT_EQ(blobs_->Size(sha).value(), static_cast<int64_t>(data.size()));
+  EXPECT_EQ(blobs_->PathFor(sha),
+            blobs_dir_ + "/" + sha.substr(0, 2) + "/" + sha);
+  EXPECT_EQ(ReadFile(blobs_->PathFor(sha)).value(), data);
+  EXPECT_EQ(TempFiles(), 0);
+
+  // Uploading the same blob again is harmless.
+  auto again = blobs_->NewWriter(sha, static_cast<int64_t>(data.size()));
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE((*again)->Append(data).ok());
+  EXPECT_TRUE((*again)->Commit().ok());
+  EXPECT_EQ(ReadFile(blobs_->PathFor(sha)).value(), data);
+}
+
+TEST_F(BlobStoreTest, EmptyBlob) {
+  std::string sha = Sha256Hex("");
+  auto writer = blobs_->NewWriter(sha, 0);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Commit().ok());
+  EXPECT_EQ(blobs_->Size(sha).value(), 0);
+}
+
+TEST_F(BlobStoreTest, WrongDigestIsDataLossAndLeavesNothing) {
+  std::string data = "the real bytes";
+  std::string claimed = Sha256Hex("other bytes");
+  {
+    auto writer = blobs_->NewWriter(claimed, static_cast<int64_t>(data.size()));
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->Append(data).ok());
+    absl::Status s = (*writer)->Commit();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("checksum mismatch"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr(Sha256Hex(data)));
+  }
+  EXPECT_EQ(blobs_->Size(claimed).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(::access(blobs_->PathFor(claimed).c_str(), F_OK), -1);
+  EXPECT_EQ(TempFiles(), 0);
+}
+
+TEST_F(BlobStoreTest, ShortUploadIsDataLoss) {
+  std::string data = "0123456789";
+  std::string sha = Sha256Hex(data);
+  {
+    auto writer = blobs_->NewWriter(sha, 10);
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE((*writer)->Append(data.substr(0, 6)).ok());
+    absl::Status s = (*writer)->Commit();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("received 6 of 10 bytes"));
+  }
+  EXPECT_EQ(blobs_->Size(sha).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(TempFiles(), 0);
+}
+
+TEST_F(BlobStoreTest, AppendBeyondTheAnnouncedSizeFails) {
+  std::string data = "0123456789";
+  auto writer = blobs_->NewWriter(Sha256Hex(data), 8);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Append(data.substr(0, 8)).ok());
+  absl::Status s = (*writer)->Append("9");
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("longer than the announced 8 bytes"));
+  EXPECT_EQ((*writer)->written(), 8);
+}
+
+TEST_F(BlobStoreTest, RefusesNamesThatAreNotADigest) {
+  const std::string valid = Sha256Hex("x");
+  std::string upper = valid;
+  for (char& c : upper) c = static_cast<char>(std::toupper(c));
+  for (const std::string& bad :
+       {std::string("../../etc/passwd"), "../" + valid.substr(3), upper,
+        valid.substr(1), std::string(""), valid + "/"}) {
+    auto writer = blobs_->NewWriter(bad, 1);
+    ASSERT_FALSE(writer.ok()) << bad;
+    EXPECT_EQ(writer.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+    EXPECT_THAT(std::string(writer.status().message()),
+                HasSubstr("is not a sha256"));
+    EXPECT_EQ(blobs_->Size(bad).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(TempFiles(), 0);
+  EXPECT_FALSE(blobs_->NewWriter(valid, -1).ok());
+}
+
+TEST_F(BlobStoreTest, WriterDestroyedBeforeCommitLeavesNothing) {
+  std::string data = "abandoned upload";
+  std::string sha = Sha256Hex(data);
+  {
+    auto writer = blobs_->NewWriter(sha, static_cast<int64_t>(data.size()));
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE((*writer)->Append(data).ok());
+    EXPECT_EQ(TempFiles(), 1);
+  }
+  EXPECT_EQ(TempFiles(), 0);
+  EXPECT_EQ(blobs_->Size(sha).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BlobStoreTest, FullDiskIsResourceExhausted) {
+  auto tight =
+      BlobStore::Open(blobs_dir_, std::numeric_limits<int64_t>::max() / 2);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  auto writer = (*tight)->NewWriter(Sha256Hex("x"), 1);
+  ASSERT_FALSE(writer.ok());
+  EXPECT_EQ(writer.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(writer.status().message()), HasSubstr("full"));
+  EXPECT_THAT(std::string(writer.status().message()), HasSubstr(blobs_dir_));
+  EXPECT_EQ(TempFiles(), 0);
+}
+
+TEST_F(BlobStoreTest, OpenRemovesStaleTempFilesAndKeepsBlobs) {
+  std::string data = "kept";
+  std::string sha = Sha256Hex(data);
+  auto writer = blobs_->NewWriter(sha, 4);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Append(data).ok());
+  ASSERT_TRUE((*writer)->Commit().ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(blobs_dir_ + "/tmp/" + sha + ".1.0", "half").ok());
+  ASSERT_EQ(TempFiles(), 1);
+
+  auto reopened = BlobStore::Open(blobs_dir_, 0);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ(TempFiles(), 0);
+  EXPECT_EQ((*reopened)->Size(sha).value(), 4);
+}
+
+}  // namespace
+}  // namespace dlbatch::scheduler
