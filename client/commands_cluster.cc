@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/format.h"
+#include "proto/job_state.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
 #include "common/duration.h"
@@ -50,7 +51,7 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id, const std::st
   if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_RUNNING ||
       state == v1::JOB_STATE_CANCELLING) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " is ", StateLabel(state),
+        "job ", job_id, " is ", JobStateName(state),
         "; its outputs are stored when it ends (dlbatch wait ", job_id, ")"));
   }
   if (list_only) {
@@ -62,7 +63,7 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id, const std::st
     return 0;
   }
   if (reply.files_size() == 0) {
-    std::cout << "job " << job_id << " (" << StateLabel(state) << ") stored no outputs\n";
+    std::cout << "job " << job_id << " (" << JobStateName(state) << ") stored no outputs\n";
     return 0;
   }
   std::string target = dir.empty() ? absl::StrCat("dlbatch-", job_id, "-outputs") : dir;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/format.h"
+#include "proto/job_state.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
 #include "common/duration.h"
@@ -184,7 +185,7 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& option
   get.set_job_id(reply.job_id());
   v1::Job job;
   RETURN_IF_ERROR(conn->Error(conn->stub()->GetJob(ctx.get(), get, &job)));
-  std::cerr << "job " << job.id() << " " << StateLabel(job.state())
+  std::cerr << "job " << job.id() << " " << JobStateName(job.state())
             << (job.reason().empty() ? "" : ": " + job.reason()) << "\n";
   return ExitCodeFor(job.state());
 }
@@ -193,7 +194,7 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
   v1::ListJobsRequest request;
   for (const std::string& s : options.states) {
     v1::JobState state;
-    if (!ParseState(s, &state)) {
+    if (!ParseJobState(s, &state)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown state '", s,
           "'; use queued, running, cancelling, finished, failed or cancelled"));
@@ -215,7 +216,7 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
     int64_t end = job.end_time_ms() > 0 ? job.end_time_ms() : now;
     std::string elapsed = job.start_time_ms() > 0 ? FormatDurationMs(end - job.start_time_ms())
                                                   : "-";
-    table.Add({absl::StrCat(job.id()), job.spec().name(), job.user(), StateLabel(job.state()),
+    table.Add({absl::StrCat(job.id()), job.spec().name(), job.user(), JobStateName(job.state()),
                absl::StrCat(job.spec().pool()), job.spec().profile(),
                LocalTime(job.submit_time_ms()), elapsed, job.reason()});
   }
@@ -236,7 +237,7 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
   const v1::JobSpec& spec = job.spec();
   std::string out;
   absl::StrAppend(&out, "Job ", job.id(), "  ", spec.name(), "  (user ", job.user(), ")\n");
-  absl::StrAppend(&out, "  State:      ", StateLabel(job.state()),
+  absl::StrAppend(&out, "  State:      ", JobStateName(job.state()),
                   job.attempt() > 0 ? absl::StrCat(" (attempt ", job.attempt(), ")") : "", "\n");
   if (!job.wait_reason().empty()) absl::StrAppend(&out, "  Waiting:    ", job.wait_reason(), "\n");
   if (!job.reason().empty()) absl::StrAppend(&out, "  Reason:     ", job.reason(), "\n");
@@ -272,7 +273,7 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
                   ")\n");
   absl::StrAppend(&out, "  History:\n");
   for (const auto& h : job.history()) {
-    absl::StrAppend(&out, "    ", LocalTime(h.time_ms()), "  ", StateLabel(h.state()),
+    absl::StrAppend(&out, "    ", LocalTime(h.time_ms()), "  ", JobStateName(h.state()),
                     h.attempt() > 0 && h.state() == v1::JOB_STATE_RUNNING
                         ? absl::StrCat(" (attempt ", h.attempt(), ")")
                         : "",
@@ -326,7 +327,7 @@ absl::StatusOr<int> Cancel(Connection& conn, const std::vector<int64_t>& job_ids
       std::cerr << "dlbatch: " << r.error() << "\n";
       rc = 1;
     } else {
-      std::cout << "job " << r.job_id() << " " << StateLabel(r.state()) << "\n";
+      std::cout << "job " << r.job_id() << " " << JobStateName(r.state()) << "\n";
     }
   }
   return rc;
@@ -348,7 +349,7 @@ absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,
   RETURN_IF_ERROR(conn.Error(status));
   int rc = 0;
   for (const v1::Job& job : reply.jobs()) {
-    std::cout << "job " << job.id() << " " << StateLabel(job.state())
+    std::cout << "job " << job.id() << " " << JobStateName(job.state())
               << (job.reason().empty() ? "" : ": " + job.reason()) << "\n";
     if (ExitCodeFor(job.state()) != 0) rc = 1;
   }

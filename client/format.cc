@@ -32,28 +32,6 @@ std::string Table::Render() const {
   return out;
 }
 
-std::string StateLabel(v1::JobState state) {
-  switch (state) {
-    case v1::JOB_STATE_QUEUED: return "queued";
-    case v1::JOB_STATE_RUNNING: return "running";
-    case v1::JOB_STATE_CANCELLING: return "cancelling";
-    case v1::JOB_STATE_FINISHED: return "finished";
-    case v1::JOB_STATE_FAILED: return "failed";
-    case v1::JOB_STATE_CANCELLED: return "cancelled";
-    default: return "unknown";
-  }
-}
-
-bool ParseState(const std::string& text, v1::JobState* state) {
-  for (int s = v1::JOB_STATE_QUEUED; s <= v1::JOB_STATE_CANCELLED; ++s) {
-    if (StateLabel(static_cast<v1::JobState>(s)) == text) {
-      *state = static_cast<v1::JobState>(s);
-      return true;
-    }
-  }
-  return false;
-}
-
 std::string LocalTime(int64_t ms) {
   if (ms <= 0) return "-";
   time_t t = static_cast<time_t>(ms / 1000);

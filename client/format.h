@@ -24,9 +24,6 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
-std::string StateLabel(v1::JobState state);
-// Parses "queued", "running", ... (as StateLabel prints them).
-bool ParseState(const std::string& text, v1::JobState* state);
 // "2026-11-22 14:03:07" in local time; "-" for 0.
 std::string LocalTime(int64_t ms);
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/duration.h"
 #include "common/status.h"
+#include "proto/job_state.h"
 #include "proto/jobspec_yaml.h"
 #include "spdlog/spdlog.h"
 
@@ -51,23 +52,6 @@ int64_t ReadRssBytes() {
 }
 
 }  // namespace
-
-const char* StateName(v1::JobState state) {
-  switch (state) {
-    case v1::JOB_STATE_QUEUED: return "queued";
-    case v1::JOB_STATE_RUNNING: return "running";
-    case v1::JOB_STATE_CANCELLING: return "cancelling";
-    case v1::JOB_STATE_FINISHED: return "finished";
-    case v1::JOB_STATE_FAILED: return "failed";
-    case v1::JOB_STATE_CANCELLED: return "cancelled";
-    default: return "unknown";
-  }
-}
-
-bool IsTerminal(v1::JobState state) {
-  return state == v1::JOB_STATE_FINISHED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
-}
 
 Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
                      const Clock* clock, SchedulerOptions options)
@@ -304,7 +288,7 @@ absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(const v1::CancelJobsReques
           result->set_error(absl::StrCat("no job ", id));
         } else {
           result->set_state(rec->state);
-          result->set_error(absl::StrCat("job ", id, " has already ", StateName(rec->state)));
+          result->set_error(absl::StrCat("job ", id, " has already ", JobStateName(rec->state)));
         }
         continue;
       }

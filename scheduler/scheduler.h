@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "dlbatch/v1/scheduler.pb.h"
+#include "proto/job_state.h"
 #include "scheduler/blob_store.h"
 #include "scheduler/placement.h"
 #include "scheduler/store.h"
@@ -178,8 +179,6 @@ class Scheduler {
   std::thread loop_;
 };
 
-const char* StateName(v1::JobState state);
-bool IsTerminal(v1::JobState state);
 
 }  // namespace dlbatch::scheduler
 

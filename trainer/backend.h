@@ -1,0 +1,254 @@
+// The device a trainer rank computes on. Layers never touch a device
+// directly: they ask their Backend for kernels (one object per layer, made
+// once at build time, so a backend can cache oneDNN primitives or cuDNN
+// algorithm choices per shape) and call the element-wise functions below.
+// The CPU backend (oneDNN) is the reference; a GPU backend (cuDNN, cuBLAS)
+// implements the same interface with device memory and one stream per rank.
+//
+// Conventions for every function here:
+// - Pointers are device memory of this backend (Allocate), except where a
+//   name says host. Activations are NHWC (shape.h). `n` is the batch size
+//   of the call, 1 <= n <= the max_batch the kernel was made for.
+// - Gradients are overwritten, never accumulated.
+// - Calls are ordered as issued (one stream). On a GPU they return before
+//   the work is done; CopyToHost, SumSquares and Synchronize wait for it.
+// - A failure while running (a CUDA error, a oneDNN exception) ends the
+//   process with the call, file and line: a trainer rank is its own process,
+//   and a half-computed step cannot be recovered. Creating a kernel for a
+//   shape the backend cannot run returns an error instead.
+//
+// Thread safety: a Backend and its kernels are used from one thread.
+#ifndef DLBATCH_TRAINER_BACKEND_H_
+#define DLBATCH_TRAINER_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "trainer/shape.h"
+
+namespace dlbatch::trainer {
+
+class Backend;
+
+// Memory owned by a Backend: host memory on the CPU, device memory on a
+// GPU. Move-only; freed by its backend, which must outlive it.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* backend, void* data, size_t bytes)
+      : backend_(backend), data_(data), bytes_(bytes) {}
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  float* f32() const { return as<float>(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Padding of a window (convolution, pooling); `same` resolves to an
+// asymmetric one (the extra row/column at the bottom/right, as TensorFlow,
+// MATLAB and ONNX's SAME_UPPER do).
+struct Padding {
+  int top = 0, left = 0, bottom = 0, right = 0;
+  bool operator==(const Padding&) const = default;
+};
+
+struct ConvDesc {
+  Shape in;
+  int filters = 0;
+  int kh = 0, kw = 0;
+  int stride_h = 1, stride_w = 1;
+  Padding pad;
+  Shape out;  // derived by the caller: (in + pads - k) / stride + 1
+};
+
+// Weights are [filters, kh, kw, in.c] (OHWI) and bias [filters].
+class ConvKernel {
+ public:
+  virtual ~ConvKernel() = default;
+  virtual void Forward(int n, const float* x, const float* w, const float* b,
+                       float* y) = 0;
+  virtual void BackwardData(int n, const float* dy, const float* w,
+                            float* dx) = 0;
+  virtual void BackwardWeights(int n, const float* x, const float* dy,
+                               float* dw, float* db) = 0;
+};
+
+// Fully connected: x is (n, in) (a sample's NHWC elements, flattened), the
+// weights [units, in] (row-major) and bias [units]; y is (n, units).
+struct FcDesc {
+  int64_t in = 0;
+  int units = 0;
+};
+
+class FcKernel {
+ public:
+  virtual ~FcKernel() = default;
+  virtual void Forward(int n, const float* x, const float* w, const float* b,
+                       float* y) = 0;
+  virtual void BackwardData(int n, const float* dy, const float* w,
+                            float* dx) = 0;
+  virtual void BackwardWeights(int n, const float* x, const float* dy,
+                               float* dw, float* db) = 0;
+};
+
+enum class PoolKind { kMax, kAverage };
+
+// Average pooling divides by the window's elements inside the input
+// (padding excluded, ONNX's count_include_pad=0). Global average pooling is
+// a window of the whole input.
+struct PoolDesc {
+  PoolKind kind = PoolKind::kMax;
+  Shape in;
+  int kh = 0, kw = 0;
+  int stride_h = 1, stride_w = 1;
+  Padding pad;
+  Shape out;
+};
+
+class PoolKernel {
+ public:
+  virtual ~PoolKernel() = default;
+  // Device bytes that a training Forward of n samples records for Backward
+  // (max pooling's argmax); 0 if none.
+  virtual size_t WorkspaceBytes(int n) const = 0;
+  // `workspace` may be null for inference.
+  virtual void Forward(int n, const float* x, float* y, void* workspace) = 0;
+  virtual void Backward(int n, const float* x, const float* y,
+                        const float* dy, const void* workspace,
+                        float* dx) = 0;
+};
+
+// Batch normalisation per channel over (n, h, w). Variances are biased (the
+// batch's mean of squared deviations), running and saved alike.
+struct BatchNormDesc {
+  Shape in;
+  float epsilon = 1e-5f;
+};
+
+class BatchNormKernel {
+ public:
+  virtual ~BatchNormKernel() = default;
+  // Normalises with this batch's statistics, saves them (mean, var: [c])
+  // for Backward, and moves the running ones toward them:
+  // running = (1 - momentum) * running + momentum * batch.
+  virtual void ForwardTraining(int n, const float* x, const float* gamma,
+                               const float* beta, float* y, float* saved_mean,
+                               float* saved_var, float* running_mean,
+                               float* running_var, float momentum) = 0;
+  virtual void ForwardInference(int n, const float* x, const float* gamma,
+                                const float* beta, const float* running_mean,
+                                const float* running_var, float* y) = 0;
+  virtual void Backward(int n, const float* x, const float* dy,
+                        const float* gamma, const float* saved_mean,
+                        const float* saved_var, float* dx, float* dgamma,
+                        float* dbeta) = 0;
+};
+
+// y = x > 0 ? x : alpha * x (relu: alpha = 0).
+struct ActivationDesc {
+  float alpha = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu: oneDNN 2.6.3, 2 threads" / "gpu 0: NVIDIA H100 80GB HBM3".
+  virtual std::string Describe() const = 0;
+  virtual bool on_gpu() const = 0;
+
+  // --- memory ---
+  // Zero-filled, aligned for any kernel of this backend.
+  virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;
+  virtual void Free(void* data) = 0;
+  // The host side of CopyToDevice may be reused as soon as it returns.
+  virtual void CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
+  // Waits for the work issued before it.
+  virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual void Fill(float* x, int64_t count, float value) = 0;
+  virtual void Synchronize() = 0;
+
+  // --- kernels with shape-dependent set-up ---
+  // `max_batch` bounds n at every call of the kernel.
+  virtual absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(
+      const ConvDesc& desc, int max_batch) = 0;
+  virtual absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(const FcDesc& desc,
+                                                           int max_batch) = 0;
+  virtual absl::StatusOr<std::unique_ptr<PoolKernel>> MakePool(
+      const PoolDesc& desc, int max_batch) = 0;
+  virtual absl::StatusOr<std::unique_ptr<BatchNormKernel>> MakeBatchNorm(
+      const BatchNormDesc& desc, int max_batch) = 0;
+
+  // --- element-wise; `count` elements ---
+  virtual void ActivationForward(const ActivationDesc& desc, int64_t count,
+                                 const float* x, float* y) = 0;
+  virtual void ActivationBackward(const ActivationDesc& desc, int64_t count,
+                                  const float* x, const float* dy,
+                                  float* dx) = 0;
+  // Inverted dropout: mask[i] = (draw(seed, i) >= p) / (1 - p), y = x * mask,
+  // where draw is a counter-based uniform [0, 1) of (seed, i), the same on
+  // every backend.
+  virtual void DropoutForward(float p, uint64_t seed, int64_t count,
+                              const float* x, float* mask, float* y) = 0;
+  // dx = dy * mask.
+  virtual void Multiply(int64_t count, const float* a, const float* b,
+                        float* out) = 0;
+
+  // Softmax over each row of logits (n, classes) into probs, then adds the
+  // rows' summed cross-entropy -log(probs[label]) to stats[0] and the number
+  // of rows whose argmax (first on ties) is the label to stats[1]. stats is
+  // device float[2]. Labels are in [0, classes).
+  virtual void SoftmaxCrossEntropy(int n, int classes, const float* logits,
+                                   const int32_t* labels, float* probs,
+                                   float* stats) = 0;
+  // dlogits = (probs - onehot(labels)) * scale.
+  virtual void SoftmaxCrossEntropyBackward(int n, int classes,
+                                           const float* probs,
+                                           const int32_t* labels, float scale,
+                                           float* dlogits) = 0;
+
+  // --- solvers: one pass over the contiguous parameter buffer ---
+  // The first `decayed` of the `count` parameters get L2 regularisation
+  // (grad + l2 * param); the rest (biases, batchnorm) do not. All updates
+  // are MATLAB's trainingOptions formulas.
+  // v = momentum * v - lr * g;  p += v.
+  virtual void SgdmUpdate(int64_t count, int64_t decayed, float lr,
+                          float momentum, float l2, float* params,
+                          const float* grads, float* velocity) = 0;
+  // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+  // p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps); t >= 1.
+  virtual void AdamUpdate(int64_t count, int64_t decayed, float lr,
+                          float beta1, float beta2, float epsilon, int64_t t,
+                          float l2, float* params, const float* grads,
+                          float* m, float* v) = 0;
+  // v = b2 v + (1-b2) g^2;  p -= lr * g / (sqrt(v) + eps).
+  virtual void RmspropUpdate(int64_t count, int64_t decayed, float lr,
+                             float beta2, float epsilon, float l2,
+                             float* params, const float* grads,
+                             float* v) = 0;
+  // Sum of squares in double precision; waits for the result (a host sync).
+  // Non-finite elements make the result non-finite.
+  virtual double SumSquares(int64_t count, const float* x) = 0;
+  virtual void Scale(int64_t count, float alpha, float* x) = 0;
+};
+
+// The CPU backend: oneDNN kernels on `threads` OpenMP threads (0: all cores).
+absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(int threads);
+
+}  // namespace dlbatch::trainer
+
+#endif  // DLBATCH_TRAINER_BACKEND_H_

@@ -1,0 +1,108 @@
+// Labelled image data for the trainer: reading the files a job names, the
+// sample order of each epoch, and a loader that prepares the next batches
+// on its own thread while the current one trains.
+#ifndef DLBATCH_TRAINER_DATA_H_
+#define DLBATCH_TRAINER_DATA_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "dlbatch/v1/job.pb.h"
+#include "trainer/shape.h"
+
+namespace dlbatch::trainer {
+
+// A data set held in memory: 8-bit pixels, NHWC, and class labels.
+struct Dataset {
+  std::string source;  // the file(s) it came from, for messages
+  Shape shape;
+  int64_t count = 0;
+  int num_classes = 0;  // largest label + 1
+  std::vector<uint8_t> pixels;  // count * shape.size()
+  std::vector<int32_t> labels;  // count
+};
+
+// Reads `source` (format idx: gzipped or raw IDX image and label files, as
+// MNIST and Fashion-MNIST ship them; format cifar10: the binary batch
+// files). Relative paths are taken from `base_dir`. A missing, corrupt or
+// truncated file, or images and labels of different counts, is an error
+// naming the file and what is wrong with it.
+absl::StatusOr<Dataset> LoadDataset(const v1::DataSource& source,
+                                    const std::string& base_dir);
+
+// Pixels are scaled to [0, 1]; with per-channel normalisation they are then
+// (x - mean[c]) / std[c]. Empty vectors: scaling only.
+struct Normalization {
+  std::vector<float> mean;
+  std::vector<float> std;
+};
+// Per-channel mean and standard deviation of the scaled pixels.
+Normalization ComputeNormalization(const Dataset& data);
+
+// The order in which an epoch visits the samples: `shuffle` is "never"
+// (0..count-1), "once" (one permutation, epoch 0's, for every epoch) or
+// "every-epoch". A pure function of its arguments, so that every rank
+// computes the same order and a resumed run continues it exactly.
+std::vector<int64_t> EpochOrder(const std::string& shuffle, uint64_t seed,
+                                int64_t epoch, int64_t count);
+
+// A batch to prepare: which samples, and whether to augment them.
+struct BatchRequest {
+  int64_t epoch = 0;
+  int64_t iteration = 0;  // the consumer's counter, carried through
+  std::vector<int64_t> indices;
+  bool augment = false;
+};
+
+// A prepared batch: images scaled/normalised (and augmented where asked),
+// NHWC floats, host memory.
+struct Batch {
+  int64_t epoch = 0;
+  int64_t iteration = 0;
+  int n = 0;
+  std::vector<float> images;   // n * shape.size()
+  std::vector<int32_t> labels;  // n
+};
+
+// Prepares the requests it is given, in order, on its own thread, up to
+// `depth` batches ahead of Next().
+//
+// Augmentation (MATLAB's imageDataAugmenter): random X/Y reflection,
+// random X/Y translation by up to +-N pixels (zero fill), random crop after
+// zero padding by N pixels. A sample's draws are a pure function of (seed,
+// epoch, sample index): the same on every rank, whichever rank loads it,
+// and again after a resume.
+//
+// Thread safety: Push and Next may be called from different threads.
+class BatchLoader {
+ public:
+  struct Options {
+    v1::Augmentation augmentation;
+    Normalization normalization;
+    uint64_t seed = 0;
+    int depth = 3;
+  };
+  // `data` must outlive the loader.
+  static std::unique_ptr<BatchLoader> Start(const Dataset* data,
+                                            Options options);
+  virtual ~BatchLoader() = default;  // stops the thread
+
+  // Queues a request; never blocks.
+  virtual void Push(BatchRequest request) = 0;
+  // The next prepared batch, in Push order; blocks until it is ready.
+  // nullopt once Close() was called and every request is served.
+  virtual std::optional<Batch> Next() = 0;
+  virtual void Close() = 0;
+};
+
+// Prepares one batch on the calling thread (what the loader's thread runs).
+Batch PrepareBatch(const Dataset& data, const BatchLoader::Options& options,
+                   const BatchRequest& request);
+
+}  // namespace dlbatch::trainer
+
+#endif  // DLBATCH_TRAINER_DATA_H_

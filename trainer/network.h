@@ -1,0 +1,110 @@
+// A network built from a job's `network:` section on one Backend: its
+// layers, their kernels, and all learnable parameters in one contiguous
+// device buffer (one allreduce, one solver pass, one checkpoint write), as
+// llm.c keeps them.
+//
+// Parameter layout: every layer's weights first (the elements that get L2
+// regularisation), then every bias and batchnorm scale/offset. Shapes, in
+// the job file's channels-last terms:
+//   conv  weight [filters, size, size, in_c] (OHWI), bias [filters]
+//   fc    weight [units, in] with `in` the input sample's NHWC elements
+//         flattened, bias [units]
+//   batchnorm  scale [c], offset [c]; state (not learnable, in state()):
+//         running mean [c], running variance [c]
+// The network ends with `softmax`, and the layer before it yields
+// (1, 1, classes): the loss is softmax cross-entropy against class labels.
+//
+// Thread safety: none; one rank uses its Network from one thread.
+#ifndef DLBATCH_TRAINER_NETWORK_H_
+#define DLBATCH_TRAINER_NETWORK_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "dlbatch/v1/job.pb.h"
+#include "trainer/backend.h"
+#include "trainer/shape.h"
+
+namespace dlbatch::trainer {
+
+// A named array in the parameter (or state) buffer.
+struct ParamInfo {
+  std::string name;    // "conv_1.weight", "batchnorm_2.running_var"
+  int layer = 0;       // index into layers()
+  int64_t offset = 0;  // in floats, into params() or state()
+  int64_t count = 0;
+  std::vector<int64_t> dims;  // as in the layout above
+};
+
+struct LayerInfo {
+  int index = 0;
+  std::string name;  // spec's name, else "<type>_<index+1>"
+  v1::LayerSpec spec;
+  Shape in, out;
+  // Resolved window of conv/maxpool/avgpool (stride defaults to 1 for conv
+  // and to `size` for pooling; `padding_same` resolved); globalavgpool:
+  // the whole input.
+  int kh = 0, kw = 0, stride_h = 1, stride_w = 1;
+  Padding pad;
+  std::vector<int> params;  // indices into Network::params_info()
+  std::vector<int> state;   // indices into Network::state_info()
+};
+
+class Network {
+ public:
+  virtual ~Network() = default;
+
+  // Builds `spec` on `backend` (which must outlive the network) for batches
+  // of up to `max_batch` samples. Shapes are checked layer by layer: a
+  // mismatch is InvalidArgument naming the layer, its index and both shapes
+  // ("layers[4] (fc 'fc_5'): input [4, 4, 50] ..."). Also refused: a
+  // network that does not end with softmax after a layer of (1, 1, k)
+  // output, a window larger than its (padded) input.
+  static absl::StatusOr<std::unique_ptr<Network>> Build(
+      const v1::NetworkSpec& spec, Backend* backend, int max_batch);
+
+  virtual Shape input_shape() const = 0;
+  virtual int num_classes() const = 0;
+  virtual int max_batch() const = 0;
+  virtual const std::vector<LayerInfo>& layers() const = 0;
+  virtual const std::vector<ParamInfo>& params_info() const = 0;
+  virtual const std::vector<ParamInfo>& state_info() const = 0;
+
+  virtual int64_t num_params() const = 0;
+  // The first num_decayed() elements of params() are weights (L2 applies).
+  virtual int64_t num_decayed() const = 0;
+  virtual float* params() = 0;  // device, num_params() floats
+  virtual float* grads() = 0;   // device, num_params() floats
+  virtual int64_t state_size() const = 0;
+  virtual float* state() = 0;   // device, state_size() floats
+
+  // Initialises parameters as the frameworks do, reproducibly from `seed`
+  // and identically on every backend: weights of a conv/fc followed (after
+  // any batchnorm) by relu/leakyrelu are He-normal, other weights
+  // Glorot-uniform; biases 0; batchnorm scale 1, offset 0, running mean 0
+  // and variance 1.
+  virtual void Initialize(uint64_t seed) = 0;
+
+  // Runs the network on n samples (device, NHWC, input_shape() each).
+  // training: batchnorm uses (and updates the running) batch statistics,
+  // dropout is drawn from `dropout_seed`; otherwise batchnorm uses the
+  // running statistics and dropout is the identity.
+  virtual void Forward(int n, const float* images, bool training,
+                       uint64_t dropout_seed) = 0;
+  // Class probabilities of the last Forward: device, n x num_classes().
+  virtual const float* probabilities() const = 0;
+  // Adds the last Forward's summed cross-entropy against `labels` (device
+  // int32[n]) to stats[0] and its number of correct predictions to
+  // stats[1] (device float[2]).
+  virtual void Loss(int n, const int32_t* labels, float* stats) = 0;
+  // Gradient of scale * (summed cross-entropy of the last training Forward
+  // against `labels`) into grads(), every element overwritten.
+  virtual void Backward(int n, const int32_t* labels, float scale) = 0;
+};
+
+}  // namespace dlbatch::trainer
+
+#endif  // DLBATCH_TRAINER_NETWORK_H_
