@@ -755,7 +755,7 @@ TEST(AugmentationTest, DrawsDependOnSeedEpochAndSampleOnly) {
             epoch3.images);
 }
 
-TEST(PrepareBatchTest, IsFast) {
+TEST(PrepareBatchTest, PrintsItsCost) {
   const Shape shape{28, 28, 1};
   const Dataset data = Synthetic(1000, shape);
   BatchLoader::Options options;
