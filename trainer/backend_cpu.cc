@@ -2,6 +2,7 @@
 // loops (backend_cpu_kernels.cc) on one OpenMP thread team.
 #include <omp.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -91,6 +92,31 @@ void BoundPrimitive::Run(std::initializer_list<const void*> data) {
   } catch (const dnnl::error& e) {
     Die(name_, __FILE__, __LINE__, e.what());
   }
+}
+
+double TimePrimitive(
+    const Context* ctx, const dnnl::primitive& prim,
+    const std::vector<std::pair<int, dnnl::memory::desc>>& args) {
+  std::unordered_map<int, dnnl::memory> exec;
+  for (const auto& [arg, md] : args) {
+    if (md.get_size() == 0) continue;
+    dnnl::memory mem(md, ctx->engine);
+    std::memset(mem.get_data_handle(), 0, md.get_size());
+    exec[arg] = mem;
+  }
+  prim.execute(ctx->stream, exec);  // warm-up: caches, pages, jit
+  // The best of a few runs: other processes on the machine only ever add.
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    prim.execute(ctx->stream, exec);
+    ctx->stream.wait();
+    const double t = std::chrono::duration<double>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+    if (i == 0 || t < best) best = t;
+  }
+  return best;
 }
 
 namespace {

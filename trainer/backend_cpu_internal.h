@@ -7,6 +7,7 @@
 #define DLBATCH_TRAINER_BACKEND_CPU_INTERNAL_H_
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -25,7 +26,7 @@ namespace dlbatch::trainer::cpu {
 // What every CPU kernel shares with its backend.
 struct Context {
   dnnl::engine engine;
-  dnnl::stream stream;
+  mutable dnnl::stream stream;  // waiting on it changes nothing observable
   int threads = 1;
   // Applies `threads` to the calling thread (OpenMP's thread count is a
   // per-thread setting), in case it is not the one that made the backend.
@@ -99,6 +100,41 @@ class BoundPrimitive {
   std::vector<Arg> args_;
   std::unordered_map<int, dnnl::memory> exec_args_;
 };
+
+// Times `prim` on scratch tensors of the given layouts (zero-filled) and
+// returns its best of a few runs in seconds; what autotuning compares.
+double TimePrimitive(const Context* ctx, const dnnl::primitive& prim,
+                     const std::vector<std::pair<int, dnnl::memory::desc>>& args);
+
+// Autotuning, as cuDNN's algorithm search: among the implementations oneDNN
+// offers for a primitive (`make_pd()`, then next_impl()), other than its
+// reference loops, returns the primitive descriptor of the fastest on this
+// machine. `args` lists the arguments' layouts of a candidate.
+template <typename Pd, typename Prim>
+Pd PickFastest(
+    const Context* ctx, const std::function<Pd()>& make_pd,
+    const std::function<std::vector<std::pair<int, dnnl::memory::desc>>(
+        const Pd&)>& args) {
+  Pd pd = make_pd();
+  int best = 0, index = 0;
+  double best_time = -1;
+  do {
+    const std::string impl = pd.impl_info_str();
+    if (impl.rfind("ref", 0) != 0) {
+      std::vector<std::pair<int, dnnl::memory::desc>> a = args(pd);
+      a.emplace_back(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
+      const double t = TimePrimitive(ctx, Prim(pd), a);
+      if (best_time < 0 || t < best_time) {
+        best_time = t;
+        best = index;
+      }
+    }
+    ++index;
+  } while (pd.next_impl());
+  pd = make_pd();
+  for (int i = 0; i < best; ++i) pd.next_impl();
+  return pd;
+}
 
 // A per-batch-size cache: primitives are made for each n actually used
 // (training uses one; the last validation batch may be smaller).

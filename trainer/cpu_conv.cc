@@ -15,10 +15,12 @@ namespace {
 using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
+using Args = std::vector<std::pair<int, memory::desc>>;
 
-// Let oneDNN pick the weights' layout (its jit kernels want blocked ones);
-// they are reordered from and to OHWI around each call, which costs little
-// next to the convolution itself.
+// Let oneDNN pick the weights' layout: with plain OHWI it offers only its
+// reference loops. Weights are reordered from and to OHWI around each call,
+// which costs little next to the convolution itself. Of the
+// implementations it offers, the fastest is timed and kept (PickFastest).
 constexpr bool kAnyWeights = true;
 // The same for activations (NHWC is the contract between layers).
 constexpr bool kAnyActivations = false;
@@ -103,11 +105,21 @@ class CpuConv final : public ConvKernel {
   const dnnl::convolution_forward::primitive_desc& FwdPd(int n) {
     Prims& p = cache_[n];
     if (!p.fwd_pd) {
-      dnnl::convolution_forward::desc desc(
+      using Pd = dnnl::convolution_forward::primitive_desc;
+      // oneDNN's implementation iterator points at desc: it must outlive
+      // the search.
+      const dnnl::convolution_forward::desc desc(
           dnnl::prop_kind::forward_training,
-          dnnl::algorithm::convolution_direct, SrcAny(n), WeightsAny(), Bias(),
-          DstAny(n), Strides(), PadL(), PadR());
-      p.fwd_pd.emplace(desc, Attr(), ctx_->engine);
+          dnnl::algorithm::convolution_direct, SrcAny(n), WeightsAny(),
+          Bias(), DstAny(n), Strides(), PadL(), PadR());
+      p.fwd_pd.emplace(PickFastest<Pd, dnnl::convolution_forward>(
+          ctx_, [&] { return Pd(desc, Attr(), ctx_->engine); },
+          [](const Pd& pd) -> Args {
+            return {{DNNL_ARG_SRC, pd.src_desc()},
+                    {DNNL_ARG_WEIGHTS, pd.weights_desc()},
+                    {DNNL_ARG_BIAS, pd.bias_desc()},
+                    {DNNL_ARG_DST, pd.dst_desc()}};
+          }));
     }
     return *p.fwd_pd;
   }
@@ -129,11 +141,18 @@ class CpuConv final : public ConvKernel {
   BoundPrimitive& BwdData(int n) {
     Prims& p = cache_[n];
     if (!p.bwd_data) {
-      dnnl::convolution_backward_data::desc desc(
+      using Pd = dnnl::convolution_backward_data::primitive_desc;
+      const auto& hint = FwdPd(n);
+      const dnnl::convolution_backward_data::desc desc(
           dnnl::algorithm::convolution_direct, SrcAny(n), WeightsAny(),
           DstAny(n), Strides(), PadL(), PadR());
-      dnnl::convolution_backward_data::primitive_desc pd(
-          desc, Attr(), ctx_->engine, FwdPd(n));
+      const Pd pd = PickFastest<Pd, dnnl::convolution_backward_data>(
+          ctx_, [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
+          [](const Pd& pd) -> Args {
+            return {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},
+                    {DNNL_ARG_WEIGHTS, pd.weights_desc()},
+                    {DNNL_ARG_DIFF_SRC, pd.diff_src_desc()}};
+          });
       p.bwd_data.emplace(ctx_, name_ + " backward data",
                          dnnl::convolution_backward_data(pd),
                          pd.scratchpad_desc());
@@ -147,11 +166,19 @@ class CpuConv final : public ConvKernel {
   BoundPrimitive& BwdWeights(int n) {
     Prims& p = cache_[n];
     if (!p.bwd_weights) {
-      dnnl::convolution_backward_weights::desc desc(
+      using Pd = dnnl::convolution_backward_weights::primitive_desc;
+      const auto& hint = FwdPd(n);
+      const dnnl::convolution_backward_weights::desc desc(
           dnnl::algorithm::convolution_direct, SrcAny(n), WeightsAny(),
           Bias(), DstAny(n), Strides(), PadL(), PadR());
-      dnnl::convolution_backward_weights::primitive_desc pd(
-          desc, Attr(), ctx_->engine, FwdPd(n));
+      const Pd pd = PickFastest<Pd, dnnl::convolution_backward_weights>(
+          ctx_, [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
+          [](const Pd& pd) -> Args {
+            return {{DNNL_ARG_SRC, pd.src_desc()},
+                    {DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},
+                    {DNNL_ARG_DIFF_WEIGHTS, pd.diff_weights_desc()},
+                    {DNNL_ARG_DIFF_BIAS, pd.diff_bias_desc()}};
+          });
       p.bwd_weights.emplace(ctx_, name_ + " backward weights",
                             dnnl::convolution_backward_weights(pd),
                             pd.scratchpad_desc());
