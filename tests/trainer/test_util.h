@@ -1,0 +1,99 @@
+// Helpers of the trainer's layer and network tests: device arrays filled
+// from the host, random data, and a finite-difference gradient check.
+#ifndef DLBATCH_TESTS_TRAINER_TEST_UTIL_H_
+#define DLBATCH_TESTS_TRAINER_TEST_UTIL_H_
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "trainer/backend.h"
+#include "trainer/rng.h"
+
+namespace dlbatch::trainer::testing {
+
+// A float array on a backend, mirrored by hand to and from the host.
+class DeviceArray {
+ public:
+  DeviceArray(Backend* backend, int64_t count)
+      : backend_(backend),
+        count_(count),
+        buffer_(*backend->Allocate(std::max<int64_t>(count, 1) * 4)) {}
+  DeviceArray(Backend* backend, const std::vector<float>& host)
+      : DeviceArray(backend, static_cast<int64_t>(host.size())) {
+    Set(host);
+  }
+
+  float* data() const { return buffer_.f32(); }
+  int64_t count() const { return count_; }
+  void Set(const std::vector<float>& host) {
+    backend_->CopyToDevice(data(), host.data(), host.size() * 4);
+  }
+  std::vector<float> Get() const {
+    std::vector<float> host(count_);
+    backend_->CopyToHost(host.data(), data(), count_ * 4);
+    return host;
+  }
+
+ private:
+  Backend* backend_;
+  int64_t count_;
+  Buffer buffer_;
+};
+
+inline std::vector<float> RandomVector(int64_t count, uint64_t seed,
+                                       double lo = -1, double hi = 1) {
+  Rng rng(Key(seed, 12345));
+  std::vector<float> v(count);
+  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * rng.Uniform());
+  return v;
+}
+
+// ‖a − b‖ / ‖b‖.
+inline double RelativeError(const std::vector<float>& a,
+                            const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+inline double Dot(const std::vector<float>& y, const std::vector<float>& r) {
+  double s = 0;
+  for (size_t i = 0; i < y.size(); ++i) s += double{y[i]} * r[i];
+  return s;
+}
+
+// Checks `analytic`, the gradient of loss() with respect to `values`, by
+// central differences at `samples` random elements. loss() reads `values`
+// (the caller uploads them inside it).
+inline void CheckGradient(const char* what, std::vector<float>& values,
+                          const std::vector<float>& analytic,
+                          const std::function<double()>& loss, float eps,
+                          double tolerance, int samples = 24,
+                          uint64_t seed = 7) {
+  ASSERT_EQ(values.size(), analytic.size()) << what;
+  Rng rng(Key(seed, values.size()));
+  for (int s = 0; s < samples; ++s) {
+    const size_t i = rng.Below(values.size());
+    const float saved = values[i];
+    values[i] = saved + eps;
+    const double plus = loss();
+    values[i] = saved - eps;
+    const double minus = loss();
+    values[i] = saved;
+    const double numeric = (plus - minus) / (2.0 * eps);
+    EXPECT_NEAR(analytic[i], numeric,
+                tolerance * (1 + std::fabs(numeric)))
+        << what << " element " << i;
+  }
+  loss();  // leaves the unperturbed values uploaded
+}
+
+}  // namespace dlbatch::trainer::testing
+
+#endif  // DLBATCH_TESTS_TRAINER_TEST_UTIL_H_

@@ -1,0 +1,78 @@
+// conv: a 2-D convolution with OHWI weights and a bias per filter.
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/layers.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+class ConvLayer final : public Layer {
+ public:
+  explicit ConvLayer(std::unique_ptr<ConvKernel> kernel)
+      : kernel_(std::move(kernel)) {}
+
+  void Forward(int n, const float* x, float* y, bool /*training*/,
+               uint64_t /*dropout_seed*/) override {
+    kernel_->Forward(n, x, buffers_.params[0], buffers_.params[1], y);
+  }
+
+  void Backward(int n, const float* x, const float* /*y*/, const float* dy,
+                float* dx) override {
+    kernel_->BackwardWeights(n, x, dy, buffers_.grads[0], buffers_.grads[1]);
+    if (dx != nullptr) kernel_->BackwardData(n, dy, buffers_.params[0], dx);
+  }
+
+ private:
+  std::unique_ptr<ConvKernel> kernel_;
+};
+
+}  // namespace
+
+absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx) {
+  const v1::LayerSpec& spec = *ctx.spec;
+  if (spec.filters() <= 0) {
+    return ctx.Error(
+        absl::StrCat("filters must be > 0, not ", spec.filters()));
+  }
+  absl::StatusOr<Window> win = ResolveWindow(ctx, /*default_stride=*/1);
+  if (!win.ok()) return win.status();
+
+  LayerPlan plan = ctx.Plan();
+  plan.info.out = Shape{win->out.h, win->out.w, spec.filters()};
+  plan.info.kh = win->kh;
+  plan.info.kw = win->kw;
+  plan.info.stride_h = win->stride_h;
+  plan.info.stride_w = win->stride_w;
+  plan.info.pad = win->pad;
+
+  ConvDesc desc;
+  desc.in = ctx.in;
+  desc.filters = spec.filters();
+  desc.kh = win->kh;
+  desc.kw = win->kw;
+  desc.stride_h = win->stride_h;
+  desc.stride_w = win->stride_w;
+  desc.pad = win->pad;
+  desc.out = plan.info.out;
+  auto kernel = ctx.backend->MakeConv(desc, ctx.max_batch);
+  if (!kernel.ok()) return ctx.Error(kernel.status().message());
+  plan.layer = std::make_unique<ConvLayer>(*std::move(kernel));
+
+  const int64_t window = int64_t{win->kh} * win->kw;
+  ParamRequest weight;
+  weight.suffix = "weight";
+  weight.dims = {spec.filters(), win->kh, win->kw, ctx.in.c};
+  weight.decayed = true;
+  weight.init = ParamInit::kGlorotUniform;
+  weight.fan_in = window * ctx.in.c;
+  weight.fan_out = window * spec.filters();
+  ParamRequest bias;
+  bias.suffix = "bias";
+  bias.dims = {spec.filters()};
+  plan.params = {weight, bias};
+  return plan;
+}
+
+}  // namespace dlbatch::trainer

@@ -1,0 +1,130 @@
+// relu, leakyrelu (alpha, default 0.01), dropout (probability, default 0.5;
+// inverted, so inference is the identity) and softmax (the last layer; its
+// gradient together with the cross-entropy is the network's, in Backward).
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/layers.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+constexpr float kDefaultLeakyAlpha = 0.01f;
+constexpr float kDefaultDropout = 0.5f;
+
+class ActivationLayer final : public Layer {
+ public:
+  ActivationLayer(Backend* backend, float alpha, int64_t sample_size)
+      : backend_(backend), desc_{alpha}, sample_size_(sample_size) {}
+
+  void Forward(int n, const float* x, float* y, bool /*training*/,
+               uint64_t /*dropout_seed*/) override {
+    backend_->ActivationForward(desc_, n * sample_size_, x, y);
+  }
+  void Backward(int n, const float* x, const float* /*y*/, const float* dy,
+                float* dx) override {
+    if (dx == nullptr) return;
+    backend_->ActivationBackward(desc_, n * sample_size_, x, dy, dx);
+  }
+
+ private:
+  Backend* backend_;
+  ActivationDesc desc_;
+  int64_t sample_size_;
+};
+
+class DropoutLayer final : public Layer {
+ public:
+  DropoutLayer(Backend* backend, float p, int64_t sample_size, Buffer mask)
+      : backend_(backend),
+        p_(p),
+        sample_size_(sample_size),
+        mask_(std::move(mask)) {}
+
+  void Forward(int n, const float* x, float* y, bool training,
+               uint64_t dropout_seed) override {
+    const int64_t count = n * sample_size_;
+    if (training) {
+      backend_->DropoutForward(p_, dropout_seed, count, x, mask_.f32(), y);
+    } else {
+      backend_->CopyOnDevice(y, x, count * sizeof(float));
+    }
+  }
+  void Backward(int n, const float* /*x*/, const float* /*y*/,
+                const float* dy, float* dx) override {
+    if (dx == nullptr) return;
+    backend_->Multiply(n * sample_size_, dy, mask_.f32(), dx);
+  }
+
+ private:
+  Backend* backend_;
+  float p_;
+  int64_t sample_size_;
+  Buffer mask_;
+};
+
+class SoftmaxLayer final : public Layer {
+ public:
+  SoftmaxLayer(Backend* backend, int classes, Buffer scratch)
+      : backend_(backend), classes_(classes), scratch_(std::move(scratch)) {}
+
+  // Softmax through the backend's softmax cross-entropy against labels of
+  // 0, whose statistics go to a scratch buffer nobody reads.
+  void Forward(int n, const float* x, float* y, bool /*training*/,
+               uint64_t /*dropout_seed*/) override {
+    backend_->SoftmaxCrossEntropy(n, classes_, x, scratch_.as<int32_t>() + 2,
+                                  y, scratch_.f32());
+  }
+  // The network computes softmax's and the loss's gradient in one.
+  void Backward(int, const float*, const float*, const float*,
+                float*) override {}
+
+ private:
+  Backend* backend_;
+  int classes_;
+  Buffer scratch_;  // float stats[2], then int32 zero labels[max_batch]
+};
+
+}  // namespace
+
+absl::StatusOr<LayerPlan> MakeElementwiseLayer(const LayerContext& ctx) {
+  const v1::LayerSpec& spec = *ctx.spec;
+  const std::string& type = spec.type();
+  LayerPlan plan = ctx.Plan();
+  plan.info.out = ctx.in;
+  const int64_t sample = ctx.in.size();
+  if (type == "relu" || type == "leakyrelu") {
+    float alpha = 0;
+    if (type == "leakyrelu") {
+      alpha = spec.alpha() != 0 ? spec.alpha() : kDefaultLeakyAlpha;
+    }
+    plan.layer = std::make_unique<ActivationLayer>(ctx.backend, alpha, sample);
+  } else if (type == "dropout") {
+    const float p =
+        spec.probability() != 0 ? spec.probability() : kDefaultDropout;
+    if (!(p >= 0 && p < 1)) {
+      return ctx.Error(absl::StrCat("probability must be in [0, 1), not ",
+                                    spec.probability()));
+    }
+    auto mask = ctx.backend->Allocate(ctx.max_batch * sample * sizeof(float));
+    if (!mask.ok()) return ctx.Error(mask.status().message());
+    plan.layer = std::make_unique<DropoutLayer>(ctx.backend, p, sample,
+                                                *std::move(mask));
+  } else {  // softmax
+    if (ctx.in.h != 1 || ctx.in.w != 1) {
+      return ctx.Error(absl::StrCat(
+          "input ", ctx.in.ToString(), " must be [1, 1, classes] (",
+          "the output of an fc or globalavgpool layer); got [", ctx.in.h,
+          ", ", ctx.in.w, "] positions"));
+    }
+    auto scratch = ctx.backend->Allocate((2 + ctx.max_batch) * 4);
+    if (!scratch.ok()) return ctx.Error(scratch.status().message());
+    plan.layer = std::make_unique<SoftmaxLayer>(ctx.backend, ctx.in.c,
+                                                *std::move(scratch));
+  }
+  return plan;
+}
+
+}  // namespace dlbatch::trainer

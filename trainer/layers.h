@@ -1,0 +1,117 @@
+// The layers a Network is built from (network.cc). A layer checks its spec
+// and input shape, derives its output shape and window, declares the
+// parameters and state it needs (the network places them in its buffers),
+// and runs forward and backward through its Backend's kernels. One file
+// per layer family: layer_conv.cc, layer_fc.cc, layer_pool.cc,
+// layer_norm.cc, layer_elementwise.cc.
+#ifndef DLBATCH_TRAINER_LAYERS_H_
+#define DLBATCH_TRAINER_LAYERS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "dlbatch/v1/job.pb.h"
+#include "trainer/backend.h"
+#include "trainer/network.h"
+#include "trainer/shape.h"
+
+namespace dlbatch::trainer {
+
+// How Network::Initialize fills a parameter or state array.
+enum class ParamInit { kHeNormal, kGlorotUniform, kZeros, kOnes };
+
+// A parameter (or state) array a layer asks for.
+struct ParamRequest {
+  std::string suffix;  // "weight", "bias", "scale", "running_mean", ...
+  std::vector<int64_t> dims;
+  bool decayed = false;  // a weight: placed first, L2 applies
+  ParamInit init = ParamInit::kZeros;
+  int64_t fan_in = 0, fan_out = 0;  // for kHeNormal and kGlorotUniform
+};
+
+// Where a layer's parameters, their gradients and its state live, in the
+// order of its requests.
+struct LayerBuffers {
+  std::vector<float*> params;
+  std::vector<float*> grads;
+  std::vector<float*> state;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  // Called once, after the network has placed the buffers.
+  virtual void Bind(const LayerBuffers& buffers) { buffers_ = buffers; }
+
+  // y = layer(x) for n samples. `dropout_seed` is this layer's own key.
+  virtual void Forward(int n, const float* x, float* y, bool training,
+                       uint64_t dropout_seed) = 0;
+  // From dy (the gradient of this layer's output) computes its parameter
+  // gradients and, unless dx is null, the gradient of its input. x and y are
+  // those of the last training Forward.
+  virtual void Backward(int n, const float* x, const float* y,
+                        const float* dy, float* dx) = 0;
+  // False where Backward needs a dx even when nothing uses it (its kernel
+  // always computes one).
+  virtual bool can_skip_dx() const { return true; }
+
+ protected:
+  LayerBuffers buffers_;
+};
+
+// A layer as made from its spec, before the network places its buffers.
+struct LayerPlan {
+  std::unique_ptr<Layer> layer;
+  LayerInfo info;  // in, out, window; params and state left to the network
+  std::vector<ParamRequest> params;
+  std::vector<ParamRequest> state;
+};
+
+// Everything a layer factory gets.
+struct LayerContext {
+  const v1::LayerSpec* spec = nullptr;
+  int index = 0;
+  std::string name;  // spec's name, else "<type>_<index+1>"
+  Shape in;
+  Backend* backend = nullptr;
+  int max_batch = 0;
+
+  // InvalidArgument "layers[i] (type 'name'): <message>".
+  absl::Status Error(absl::string_view message) const;
+  // The LayerPlan with info's index, name, spec and in filled in.
+  LayerPlan Plan() const;
+};
+
+// The window of a conv or pooling layer, resolved.
+struct Window {
+  int kh = 0, kw = 0, stride_h = 1, stride_w = 1;
+  Padding pad;
+  Shape out;  // with the input's channels
+};
+
+// Resolves size, stride (default `default_stride`), padding and
+// padding_same against the input; refuses a window larger than the padded
+// input or negative settings.
+absl::StatusOr<Window> ResolveWindow(const LayerContext& ctx,
+                                     int default_stride);
+
+// The layer factories, one per family.
+absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx);
+absl::StatusOr<LayerPlan> MakeFcLayer(const LayerContext& ctx);
+absl::StatusOr<LayerPlan> MakePoolLayer(const LayerContext& ctx);
+absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx);
+// relu, leakyrelu, dropout, softmax.
+absl::StatusOr<LayerPlan> MakeElementwiseLayer(const LayerContext& ctx);
+
+// Any layer, by its spec's type.
+absl::StatusOr<LayerPlan> MakeLayer(const LayerContext& ctx);
+
+}  // namespace dlbatch::trainer
+
+#endif  // DLBATCH_TRAINER_LAYERS_H_
