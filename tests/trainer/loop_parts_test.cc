@@ -1,0 +1,175 @@
+// Options with MATLAB's defaults, learning-rate schedules, and the
+// checkpoint format: pure parts of the training loop.
+#include <cmath>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "common/files.h"
+#include "trainer/checkpoint.h"
+#include "trainer/options.h"
+#include "trainer/progress.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+TEST(Options, MatlabDefaultsPerSolver) {
+  v1::TrainingOptions spec;
+  Options o = ResolveOptions(spec);
+  EXPECT_EQ(o.solver, SolverKind::kSgdm);
+  EXPECT_DOUBLE_EQ(o.initial_learn_rate, 0.01);
+  EXPECT_DOUBLE_EQ(o.momentum, 0.9);
+  EXPECT_EQ(o.mini_batch_size, 128);
+  EXPECT_EQ(o.max_epochs, 30);
+  EXPECT_EQ(o.shuffle, "once");
+  EXPECT_EQ(o.schedule.type(), "none");
+  spec.set_solver("adam");
+  o = ResolveOptions(spec);
+  EXPECT_DOUBLE_EQ(o.initial_learn_rate, 0.001);
+  EXPECT_DOUBLE_EQ(o.beta2, 0.999);
+  spec.set_solver("rmsprop");
+  spec.set_initial_learn_rate(0.5);
+  o = ResolveOptions(spec);
+  EXPECT_DOUBLE_EQ(o.initial_learn_rate, 0.5);
+  EXPECT_DOUBLE_EQ(o.beta2, 0.9);
+}
+
+TEST(LearnRate, Schedules) {
+  v1::TrainingOptions spec;
+  spec.set_initial_learn_rate(0.1);
+  spec.mutable_learn_rate_schedule()->set_type("piecewise");
+  spec.mutable_learn_rate_schedule()->set_drop_period(2);
+  Options o = ResolveOptions(spec);  // drop_factor defaults to 0.1
+  EXPECT_DOUBLE_EQ(LearnRate(o, 0, 1, 100), 0.1);
+  EXPECT_DOUBLE_EQ(LearnRate(o, 50, 2, 100), 0.1);
+  EXPECT_NEAR(LearnRate(o, 60, 3, 100), 0.01, 1e-15);
+  EXPECT_NEAR(LearnRate(o, 90, 5, 100), 0.001, 1e-15);
+
+  // Caffe's lenet_solver: inv, gamma 1e-4, power 0.75.
+  spec.mutable_learn_rate_schedule()->Clear();
+  spec.mutable_learn_rate_schedule()->set_type("inv");
+  spec.mutable_learn_rate_schedule()->set_gamma(1e-4);
+  spec.mutable_learn_rate_schedule()->set_power(0.75);
+  o = ResolveOptions(spec);
+  EXPECT_DOUBLE_EQ(LearnRate(o, 0, 1, 100), 0.1);
+  EXPECT_NEAR(LearnRate(o, 10000, 1, 100), 0.1 * std::pow(2.0, -0.75), 1e-12);
+
+  spec.mutable_learn_rate_schedule()->Clear();
+  spec.mutable_learn_rate_schedule()->set_type("step");
+  spec.mutable_learn_rate_schedule()->set_step_size(10);
+  o = ResolveOptions(spec);
+  EXPECT_DOUBLE_EQ(LearnRate(o, 9, 1, 100), 0.1);
+  EXPECT_NEAR(LearnRate(o, 10, 1, 100), 0.01, 1e-15);
+
+  spec.mutable_learn_rate_schedule()->Clear();
+  spec.mutable_learn_rate_schedule()->set_type("cosine");
+  spec.mutable_learn_rate_schedule()->set_warmup_iterations(10);
+  o = ResolveOptions(spec);
+  EXPECT_NEAR(LearnRate(o, 0, 1, 110), 0.01, 1e-12);   // warm-up 1/10
+  EXPECT_NEAR(LearnRate(o, 9, 1, 110), 0.1, 1e-12);    // end of warm-up
+  EXPECT_NEAR(LearnRate(o, 60, 1, 110), 0.05, 1e-12);  // half way
+  EXPECT_NEAR(LearnRate(o, 110, 1, 110), 0.0, 1e-12);
+}
+
+Checkpoint Sample() {
+  Checkpoint c;
+  c.network_fingerprint = "abc";
+  c.solver = "adam";
+  c.iteration = 1234;
+  c.epoch = 3;
+  c.epoch_iteration = 7;
+  c.mini_batch_size = 64;
+  c.seed = 42;
+  c.elapsed_s = 12.5;
+  c.best_validation_loss = 0.25;
+  c.validations_without_improvement = 2;
+  c.normalization.mean = {0.5f};
+  c.normalization.std = {0.25f};
+  for (int i = 0; i < 1000; ++i) c.params.push_back(0.001f * i - 0.3f);
+  c.state = {1, 2, 3, 4};
+  c.solver_state.assign(2000, 0.125f);
+  return c;
+}
+
+TEST(Checkpoint, RoundTripsEveryField) {
+  const Checkpoint c = Sample();
+  absl::StatusOr<Checkpoint> d = DecodeCheckpoint(EncodeCheckpoint(c), "x");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->network_fingerprint, "abc");
+  EXPECT_EQ(d->solver, "adam");
+  EXPECT_EQ(d->iteration, 1234);
+  EXPECT_EQ(d->epoch, 3);
+  EXPECT_EQ(d->epoch_iteration, 7);
+  EXPECT_EQ(d->mini_batch_size, 64);
+  EXPECT_EQ(d->seed, 42u);
+  EXPECT_DOUBLE_EQ(d->elapsed_s, 12.5);
+  EXPECT_DOUBLE_EQ(d->best_validation_loss, 0.25);
+  EXPECT_EQ(d->validations_without_improvement, 2);
+  EXPECT_EQ(d->normalization.mean, c.normalization.mean);
+  EXPECT_EQ(d->params, c.params);
+  EXPECT_EQ(d->state, c.state);
+  EXPECT_EQ(d->solver_state, c.solver_state);
+
+  Checkpoint fresh = c;
+  fresh.best_validation_loss = INFINITY;
+  d = DecodeCheckpoint(EncodeCheckpoint(fresh), "x");
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(std::isinf(d->best_validation_loss));
+}
+
+TEST(Checkpoint, DamageIsDetectedAndNamed) {
+  const std::string good = EncodeCheckpoint(Sample());
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x10;
+  absl::Status s = DecodeCheckpoint(flipped, "run/checkpoint.dlbc").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("run/checkpoint.dlbc"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("checksum"), std::string::npos) << s;
+
+  s = DecodeCheckpoint(good.substr(0, good.size() - 100), "c").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+
+  s = DecodeCheckpoint("PK\x03\x04 something else entirely, long enough......", "c")
+          .status();
+  EXPECT_NE(s.message().find("magic"), std::string::npos) << s;
+
+  std::string newer = good;
+  newer[8] = 9;  // version 9
+  s = DecodeCheckpoint(newer, "c").status();
+  EXPECT_NE(s.message().find("version 9"), std::string::npos) << s;
+}
+
+TEST(Checkpoint, WrittenAtomicallyAndReadBack) {
+  char tmpl[] = "/tmp/dlbatch-ckpt-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/checkpoint.dlbc";
+  ASSERT_TRUE(WriteCheckpoint(path, Sample()).ok());
+  absl::StatusOr<Checkpoint> d = ReadCheckpoint(path);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->params, Sample().params);
+  EXPECT_FALSE(ReadCheckpoint(std::string(tmpl) + "/missing").ok());
+  ASSERT_TRUE(RemoveTree(tmpl).ok());
+}
+
+TEST(Progress, ElapsedAndChannel) {
+  EXPECT_EQ(FormatElapsed(0), "00:00:00");
+  EXPECT_EQ(FormatElapsed(3723.9), "01:02:03");
+  EXPECT_FALSE(ProgressChannel::Open("fd:987").ok());
+  EXPECT_FALSE(ProgressChannel::Open("fd:x").ok());
+  char tmpl[] = "/tmp/dlbatch-progress-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/p.jsonl";
+  {
+    absl::StatusOr<ProgressChannel> c = ProgressChannel::Open(path);
+    ASSERT_TRUE(c.ok());
+    c->Emit(R"({"event":"start"})");
+    c->Emit(R"({"event":"done"})");
+  }
+  absl::StatusOr<std::string> text = ReadFile(path);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "{\"event\":\"start\"}\n{\"event\":\"done\"}\n");
+  ASSERT_TRUE(RemoveTree(tmpl).ok());
+}
+
+}  // namespace
+}  // namespace dlbatch::trainer

@@ -1,0 +1,364 @@
+// Whole training runs of the real dlbatch-train on the real Fashion-MNIST
+// files: accuracy, outputs, determinism, resume after a kill, 1 rank
+// against 4, and the errors a user meets.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "common/files.h"
+#include "tests/integration/harness.h"
+#include "trainer/checkpoint.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+using dlbatch::testing::BinDir;
+using dlbatch::testing::Exec;
+using dlbatch::testing::ReadAll;
+using dlbatch::testing::Result;
+using dlbatch::testing::WaitFor;
+using dlbatch::testing::WriteAll;
+
+constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
+
+bool HaveData() {
+  return access(absl::StrCat(kData, "/train-images-idx3-ubyte.gz").c_str(), R_OK) == 0;
+}
+
+const char kLenet[] = R"(
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: conv, filters: 20, size: 5}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: conv, filters: 50, size: 5}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: fc, units: 500}
+      - {type: relu}
+      - {type: fc, units: 10}
+      - {type: softmax}
+)";
+
+// A small network that trains in a blink, with batchnorm and dropout.
+const char kSmall[] = R"(
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: conv, filters: 8, size: 5, stride: 2}
+      - {type: batchnorm}
+      - {type: relu}
+      - {type: maxpool, size: 2}
+      - {type: dropout, probability: 0.2}
+      - {type: fc, units: 10}
+      - {type: softmax}
+)";
+
+std::string DataSection(bool validation = true) {
+  std::string s = absl::StrCat(
+      "  data:\n    train: {format: idx, images: ", kData,
+      "/train-images-idx3-ubyte.gz, labels: ", kData, "/train-labels-idx1-ubyte.gz}\n");
+  if (validation) {
+    absl::StrAppend(&s, "    validation: {format: idx, images: ", kData,
+                    "/t10k-images-idx3-ubyte.gz, labels: ", kData,
+                    "/t10k-labels-idx1-ubyte.gz}\n");
+  }
+  return s;
+}
+
+class TrainRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveData()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+    char tmpl[] = "/tmp/dlbatch-train-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    if (!dir_.empty() && std::getenv("DLBATCH_KEEP_TEST_DIRS") == nullptr) {
+      RemoveTree(dir_).IgnoreError();
+    }
+  }
+
+  std::string Job(const std::string& name, const std::string& network,
+                  const std::string& options, bool validation = true) {
+    const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
+    WriteAll(path, absl::StrCat("name: ", name, "\ntrain:\n", network,
+                                DataSection(validation), "  options:\n", options));
+    return path;
+  }
+
+  Result Train(const std::string& job, const std::string& out,
+               std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {BinDir() + "/dlbatch-train", job, "--output-dir",
+                                     out};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return Exec(argv, {}, 600000);
+  }
+
+  std::vector<float> FinalParams(const std::string& out) {
+    absl::StatusOr<Checkpoint> c = ReadCheckpoint(out + "/checkpoint.dlbc");
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? c->params : std::vector<float>{};
+  }
+
+  std::string dir_;
+};
+
+double RelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+    norm += double{a[i]} * a[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+TEST_F(TrainRun, LenetReaches85PercentInOneEpochWithEveryOutput) {
+  const std::string job = Job("lenet", kLenet, R"(
+    solver: sgdm
+    initial_learn_rate: 0.01
+    momentum: 0.9
+    l2_regularization: 0.0005
+    learn_rate_schedule: {type: inv, gamma: 0.0001, power: 0.75}
+    mini_batch_size: 64
+    max_epochs: 1
+    shuffle: every-epoch
+    validation_frequency: 400
+    verbose_frequency: 100
+    seed: 1
+)");
+  const std::string out = dir_ + "/out";
+  Result r = Train(job, out, {"--progress", dir_ + "/progress.jsonl"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  // The diary: MATLAB's table with its columns, and the summary line.
+  EXPECT_NE(r.out.find("Mini-batch"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Validation"), std::string::npos);
+  EXPECT_NE(r.out.find("Training finished: 937 iterations"), std::string::npos) << r.out;
+
+  nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
+  EXPECT_EQ(m["iterations"], 937);
+  EXPECT_GE(m["validation_accuracy"].get<double>(), 85.0) << m.dump(2);
+  EXPECT_GT(m["images_per_s"].get<double>(), 0);
+
+  // History: one train row per iteration, validations at 400, 800, 937.
+  const std::string csv = ReadAll(out + "/training_history.csv");
+  std::vector<std::string> lines = absl::StrSplit(csv, '\n', absl::SkipEmpty());
+  int train_rows = 0, validation_rows = 0;
+  for (const std::string& l : lines) {
+    if (l.rfind("train,", 0) == 0) ++train_rows;
+    if (l.rfind("validation,", 0) == 0) ++validation_rows;
+  }
+  EXPECT_EQ(train_rows, 937);
+  EXPECT_EQ(validation_rows, 3);
+  EXPECT_NE(ReadAll(out + "/training_progress.svg").find("<svg"), std::string::npos);
+  EXPECT_EQ(FinalParams(out).size(), 431080u);
+
+  // Structured progress: start, progress lines with the fields the worker
+  // forwards, validations, done.
+  const std::string progress = ReadAll(dir_ + "/progress.jsonl");
+  std::vector<std::string> events = absl::StrSplit(progress, '\n', absl::SkipEmpty());
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(nlohmann::json::parse(events.front())["event"], "start");
+  EXPECT_EQ(nlohmann::json::parse(events.back())["event"], "done");
+  int progress_events = 0;
+  for (const std::string& e : events) {
+    nlohmann::json j = nlohmann::json::parse(e);
+    if (j["event"] != "progress") continue;
+    ++progress_events;
+    for (const char* key : {"iteration", "epoch", "loss", "accuracy", "learn_rate",
+                            "images_per_s", "eta_s"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " missing in " << e;
+    }
+  }
+  EXPECT_GE(progress_events, 1);
+
+  // The ONNX model passes the checker, where Debian's python3-onnx is.
+  Result has_onnx = Exec({"/usr/bin/python3", "-c", "import onnx"});
+  if (has_onnx.code == 0) {
+    Result check = Exec({"/usr/bin/python3", "-c",
+                         "import onnx,sys; onnx.checker.check_model(onnx.load(sys.argv[1]), "
+                         "full_check=True); print('ok')",
+                         out + "/model.onnx"});
+    EXPECT_EQ(check.code, 0) << check.out << check.err;
+  } else {
+    std::printf("python3-onnx missing: the ONNX checker step is skipped\n");
+  }
+}
+
+const char kSmallOptions[] = R"(
+    solver: adam
+    mini_batch_size: 32
+    shuffle: every-epoch
+    validation_frequency: 1000
+    verbose_frequency: 1000
+    checkpoint_frequency: 10
+    checkpoint_frequency_unit: iteration
+    seed: 7
+)";
+
+TEST_F(TrainRun, SameSeedSameWeightsAndAnotherSeedOthers) {
+  const std::string job = Job("small", kSmall, kSmallOptions, false);
+  ASSERT_EQ(Train(job, dir_ + "/a", {"--max-iterations", "30"}).code, 0);
+  ASSERT_EQ(Train(job, dir_ + "/b", {"--max-iterations", "30"}).code, 0);
+  EXPECT_EQ(FinalParams(dir_ + "/a"), FinalParams(dir_ + "/b"));
+  const std::string other = Job("small2", kSmall,
+                                absl::StrReplaceAll(kSmallOptions, {{"seed: 7", "seed: 8"}}),
+                                false);
+  ASSERT_EQ(Train(other, dir_ + "/c", {"--max-iterations", "30"}).code, 0);
+  EXPECT_NE(FinalParams(dir_ + "/a"), FinalParams(dir_ + "/c"));
+}
+
+TEST_F(TrainRun, KilledAndResumedRunEndsWithTheSameWeights) {
+  const std::string job = Job("small", kSmall, kSmallOptions, false);
+  const std::vector<std::string> iters = {"--max-iterations", "400"};
+  ASSERT_EQ(Train(job, dir_ + "/whole", iters).code, 0);
+
+  // Start the same run, kill it with SIGKILL after its second checkpoint.
+  const std::string out = dir_ + "/killed";
+  const std::string progress = dir_ + "/killed.jsonl";
+  const std::string bin = BinDir() + "/dlbatch-train";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (freopen("/dev/null", "w", stdout) == nullptr) _exit(126);
+    execl(bin.c_str(), bin.c_str(), job.c_str(), "--output-dir", out.c_str(),
+          "--max-iterations", "400", "--progress", progress.c_str(), nullptr);
+    _exit(127);
+  }
+  const bool checkpointed = WaitFor([&] {
+    return ReadAll(progress).find("\"iteration\":20,\"path\"") != std::string::npos;
+  }, 60000);
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(checkpointed);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the run ended before it could be killed";
+
+  Result r = Train(job, out, {"--max-iterations", "400", "--resume"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("Resuming from"), std::string::npos) << r.out;
+  EXPECT_EQ(FinalParams(out), FinalParams(dir_ + "/whole"));
+  nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
+  EXPECT_EQ(m["resumed"], true);
+  EXPECT_EQ(m["iterations"], 400);
+  // The history continues without a gap or a repeat.
+  const std::string csv = ReadAll(out + "/training_history.csv");
+  std::vector<std::string> lines = absl::StrSplit(csv, '\n', absl::SkipEmpty());
+  int64_t expect = 1;
+  for (const std::string& l : lines) {
+    if (l.rfind("train,", 0) != 0) continue;
+    std::vector<std::string> f = absl::StrSplit(l, ',');
+    ASSERT_EQ(f[1], std::to_string(expect)) << l;
+    ++expect;
+  }
+  EXPECT_EQ(expect, 401);
+}
+
+TEST_F(TrainRun, FourRanksTrainLenetToTheWeightsOfOne) {
+  const std::string job = Job("lenet", kLenet, R"(
+    solver: sgdm
+    initial_learn_rate: 0.01
+    momentum: 0.9
+    l2_regularization: 0.0005
+    mini_batch_size: 64
+    shuffle: every-epoch
+    verbose_frequency: 1000
+    seed: 3
+)", false);
+  Result one = Train(job, dir_ + "/one", {"--max-iterations", "60", "--ranks", "1"});
+  ASSERT_EQ(one.code, 0) << one.err;
+  Result four = Train(job, dir_ + "/four",
+                      {"--max-iterations", "60", "--ranks", "4", "--threads", "1"});
+  ASSERT_EQ(four.code, 0) << four.out << four.err;
+  nlohmann::json m = nlohmann::json::parse(ReadAll(dir_ + "/four/metrics.json"));
+  EXPECT_EQ(m["ranks"], 4);
+  const std::vector<float> p1 = FinalParams(dir_ + "/one");
+  const std::vector<float> p4 = FinalParams(dir_ + "/four");
+  ASSERT_EQ(p1.size(), p4.size());
+  // The same global batches and the same initial weights: only the order
+  // of float additions differs.
+  EXPECT_LT(RelativeDifference(p4, p1), 1e-4);
+  // And training moved the weights much further than that.
+  ASSERT_EQ(Train(job, dir_ + "/init", {"--max-iterations", "1"}).code, 0);
+  EXPECT_GT(RelativeDifference(FinalParams(dir_ + "/init"), p1), 1e-2);
+}
+
+TEST_F(TrainRun, NonFiniteLossStopsWithTheIteration) {
+  const std::string job = Job("explode", kLenet, R"(
+    solver: sgdm
+    initial_learn_rate: 1000000
+    mini_batch_size: 64
+    verbose_frequency: 1000
+)", false);
+  Result r = Train(job, dir_ + "/out", {"--max-iterations", "200"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("at iteration"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("initial_learn_rate"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainRun, BadSpecsAndDataSayWhatToChange) {
+  // Network input that does not match the images.
+  std::string net = absl::StrReplaceAll(kSmall, {{"input: [28, 28, 1]", "input: [32, 32, 3]"}});
+  Result r = Train(Job("shape", net, "    max_epochs: 1\n", false), dir_ + "/o1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("[28, 28, 1]"), std::string::npos) << r.err;
+  // Fewer classes than the labels have.
+  net = absl::StrReplaceAll(kSmall, {{"units: 10", "units: 5"}});
+  r = Train(Job("classes", net, "    max_epochs: 1\n", false), dir_ + "/o2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("10 units"), std::string::npos) << r.err;
+  // A batch larger than the data set.
+  r = Train(Job("batch", kSmall, "    mini_batch_size: 100000\n", false), dir_ + "/o3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("exceeds the 60000 training images"), std::string::npos) << r.err;
+  // A missing data file is named.
+  const std::string missing = dir_ + "/missing.yaml";
+  WriteAll(missing, absl::StrCat("train:\n", kSmall,
+                                 "  data:\n    train: {format: idx, images: nothere.gz, "
+                                 "labels: nothere-labels.gz}\n"));
+  r = Train(missing, dir_ + "/o4");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("nothere.gz"), std::string::npos) << r.err;
+  // A layer that does not fit its input names the layer and both shapes.
+  net = absl::StrReplaceAll(kSmall, {{"size: 5, stride: 2", "size: 40"}});
+  r = Train(Job("window", net, "    max_epochs: 1\n", false), dir_ + "/o5");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("layers[0]"), std::string::npos) << r.err;
+  // A job file without train:.
+  const std::string command = dir_ + "/command.yaml";
+  WriteAll(command, "command: [true]\n");
+  r = Train(command, dir_ + "/o6");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("no train: section"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainRun, ResumeRefusesAnotherNetworksCheckpoint) {
+  const std::string job = Job("small", kSmall, kSmallOptions, false);
+  ASSERT_EQ(Train(job, dir_ + "/out", {"--max-iterations", "10"}).code, 0);
+  const std::string other = Job("other", absl::StrReplaceAll(kSmall, {{"filters: 8", "filters: 4"}}),
+                                kSmallOptions, false);
+  Result r = Train(other, dir_ + "/out", {"--max-iterations", "20", "--resume"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("another network"), std::string::npos) << r.err;
+  // A damaged checkpoint is reported, not trained from.
+  std::string bytes = ReadAll(dir_ + "/out/checkpoint.dlbc");
+  bytes[bytes.size() / 2] ^= 1;
+  WriteAll(dir_ + "/out/checkpoint.dlbc", bytes);
+  r = Train(job, dir_ + "/out", {"--max-iterations", "20", "--resume"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("checksum"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace dlbatch::trainer

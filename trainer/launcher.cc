@@ -1,0 +1,110 @@
+#include "trainer/launcher.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/files.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+std::atomic<int> g_forward_signal{0};
+
+void RememberSignal(int sig) { g_forward_signal.store(sig); }
+
+int ExitCodeOf(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+absl::StatusOr<int> LaunchRanks(const std::string& program,
+                                const std::vector<std::string>& args,
+                                int world, const std::string& rendezvous_dir) {
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world; ++rank) {
+    std::vector<std::string> argv_s = {program};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    for (const std::string& s :
+         {std::string("--rank"), std::to_string(rank), std::string("--world"),
+          std::to_string(world), std::string("--rendezvous"), rendezvous_dir}) {
+      argv_s.push_back(s);
+    }
+    std::vector<char*> argv;
+    for (std::string& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      for (pid_t p : pids) kill(p, SIGKILL);
+      return ErrnoStatus(errno, "starting a rank of", program);
+    }
+    if (pid == 0) {
+      execv(program.c_str(), argv.data());
+      std::fprintf(stderr, "dlbatch-train: cannot run %s: %s\n", program.c_str(),
+                   std::strerror(errno));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = RememberSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  int result = 0;
+  int running = world;
+  bool stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    if (const int sig = g_forward_signal.exchange(0); sig != 0) {
+      for (pid_t p : pids) if (p > 0) kill(p, sig);
+      if (!stopping) {
+        stopping = true;
+        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      }
+    }
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (pid_t& p : pids) {
+        if (p != pid) continue;
+        p = -1;
+        --running;
+        const int code = ExitCodeOf(status);
+        if (code != 0 && result == 0) {
+          result = code;
+          if (!stopping) {
+            // One rank failed: the others would wait for it in the next
+            // collective until the timeout; stop them now.
+            for (pid_t q : pids) if (q > 0) kill(q, SIGTERM);
+            stopping = true;
+            stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+          }
+        }
+      }
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;
+    if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
+      for (pid_t p : pids) if (p > 0) kill(p, SIGKILL);
+      stop_deadline = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  RemoveTree(rendezvous_dir).IgnoreError();
+  return result;
+}
+
+}  // namespace dlbatch::trainer

@@ -1,0 +1,160 @@
+// dlbatch-train: trains a job file's `train:` section, as `caffe train`
+// does, on CPUs; with --ranks N as N data-parallel processes.
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "proto/jobspec_yaml.h"
+#include "trainer/communicator.h"
+#include "trainer/launcher.h"
+#include "trainer/progress.h"
+#include "trainer/training.h"
+
+namespace {
+
+int Fail(int rank, int world, const absl::Status& status) {
+  if (world > 1) {
+    std::fprintf(stderr, "dlbatch-train: rank %d: %s\n", rank,
+                 std::string(status.message()).c_str());
+  } else {
+    std::fprintf(stderr, "dlbatch-train: %s\n", std::string(status.message()).c_str());
+  }
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dlbatch;
+  using namespace dlbatch::trainer;
+  signal(SIGPIPE, SIG_IGN);
+
+  CLI::App app{
+      "dlbatch-train: train the `train:` section of a job file with the embedded\n"
+      "trainer, as `caffe train` does. Writes the model (ONNX and checkpoint), the\n"
+      "training history, metrics and a progress plot to the output folder."};
+  std::string job_file, output_dir, progress, rendezvous, host = "127.0.0.1";
+  int ranks = 0, threads = 0, rank = -1, world = 1;
+  int64_t max_epochs = 0, max_iterations = 0;
+  int mini_batch_size = 0;
+  bool resume = false;
+  app.add_option("job_file", job_file, "The job file (job.yaml)")->required();
+  app.add_option("-o,--output-dir", output_dir,
+                 "Where outputs and checkpoints go (default: <job name>-output)");
+  app.add_option("--ranks", ranks,
+                 "Data-parallel processes to start on this machine "
+                 "(default: the job's pool, else 1)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--threads", threads,
+                 "Threads per rank (default: this machine's cores / ranks)")
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--resume", resume,
+               "Continue from the output folder's checkpoint.dlbc if there is one");
+  app.add_option("--progress", progress,
+                 "Structured progress as JSON lines: fd:N or a file path");
+  app.add_option("--max-epochs", max_epochs, "Override train.options.max_epochs")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-iterations", max_iterations,
+                 "Override train.options.max_iterations")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--mini-batch-size", mini_batch_size,
+                 "Override train.options.mini_batch_size (global)")
+      ->check(CLI::PositiveNumber);
+  auto* rank_opt = app.add_option("--rank", rank, "This process's rank (set by the launcher)")
+                       ->group("One rank of a launched run");
+  app.add_option("--world", world, "Ranks in all")->group("One rank of a launched run");
+  app.add_option("--rendezvous", rendezvous, "Rendezvous folder shared by the ranks")
+      ->group("One rank of a launched run");
+  app.add_option("--host", host, "Address this rank listens on for its peers")
+      ->group("One rank of a launched run");
+  CLI11_PARSE(app, argc, argv);
+
+  absl::StatusOr<ParsedJobFile> job = ReadJobFile(job_file);
+  if (!job.ok()) return Fail(0, 1, job.status());
+  if (!job->spec.has_train()) {
+    return Fail(0, 1, absl::InvalidArgumentError(absl::StrCat(
+                          job_file, " has no train: section; dlbatch-train runs "
+                                    "the embedded trainer (submit command: jobs "
+                                    "with dlbatch submit)")));
+  }
+  const std::string name = job->spec.name().empty() ? "model" : job->spec.name();
+  if (output_dir.empty()) output_dir = name + "-output";
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+
+  if (rank_opt->count() == 0) {
+    if (ranks == 0) ranks = std::max(1, job->spec.pool());
+    if (ranks > 1) {
+      // The launcher: start the ranks as processes of this same program.
+      std::vector<std::string> args(argv + 1, argv + argc);
+      args.push_back("--threads");
+      args.push_back(std::to_string(threads > 0 ? threads
+                                                : std::max<int>(1, cores / ranks)));
+      args.push_back("--output-dir");
+      args.push_back(output_dir);
+      std::error_code ec;
+      std::filesystem::create_directories(output_dir, ec);
+      const std::string dir =
+          absl::StrCat(output_dir, "/.rendezvous-", getpid());
+      absl::StatusOr<int> code = LaunchRanks("/proc/self/exe", args, ranks, dir);
+      if (!code.ok()) return Fail(0, 1, code.status());
+      return *code;
+    }
+    rank = 0;
+    world = 1;
+  }
+  if (world < 1 || rank < 0 || rank >= world) {
+    return Fail(rank, world, absl::InvalidArgumentError(absl::StrCat(
+                                 "--rank ", rank, " is not in [0, --world ", world, ")")));
+  }
+
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Rendezvous> rdv;
+  if (world == 1) {
+    comm = MakeSoloCommunicator();
+  } else {
+    if (rendezvous.empty()) {
+      return Fail(rank, world, absl::InvalidArgumentError(
+                                   "--world > 1 needs --rendezvous DIR"));
+    }
+    auto r = OpenFileRendezvous(rendezvous);
+    if (!r.ok()) return Fail(rank, world, r.status());
+    rdv = std::move(r).value();
+    auto c = MakeGlooCommunicator(rdv.get(), rank, world, host, absl::Minutes(5));
+    if (!c.ok()) return Fail(rank, world, c.status());
+    comm = std::move(c).value();
+  }
+
+  absl::StatusOr<ProgressChannel> channel =
+      rank == 0 ? ProgressChannel::Open(progress) : ProgressChannel::Open("");
+  if (!channel.ok()) return Fail(rank, world, channel.status());
+
+  TrainRequest req;
+  req.spec = job->spec.train();
+  req.name = name;
+  req.base_dir = std::filesystem::path(job_file).parent_path().string();
+  if (req.base_dir.empty()) req.base_dir = ".";
+  req.output_dir = output_dir;
+  req.resume = resume;
+  req.threads = threads > 0 ? threads : static_cast<int>(cores / world);
+  if (max_epochs > 0) req.max_epochs = max_epochs;
+  if (max_iterations > 0) req.max_iterations = max_iterations;
+  if (mini_batch_size > 0) req.mini_batch_size = mini_batch_size;
+  req.communicator = comm.get();
+  req.progress = &*channel;
+  req.diary = rank == 0 ? stdout : nullptr;
+  absl::StatusOr<TrainResult> result = Train(req);
+  if (!result.ok()) return Fail(rank, world, result.status());
+  if (rank == 0) {
+    std::printf("Outputs are in %s/ (model.onnx, checkpoint.dlbc, "
+                "training_history.csv, metrics.json, training_progress.svg).\n",
+                output_dir.c_str());
+  }
+  return 0;
+}

@@ -1,0 +1,72 @@
+#include "trainer/solver.h"
+
+#include <cmath>
+
+namespace dlbatch::trainer {
+
+absl::StatusOr<std::unique_ptr<Solver>> Solver::Create(const Options& options,
+                                                       Backend* backend,
+                                                       Network* network) {
+  std::unique_ptr<Solver> solver(new Solver(options, backend, network));
+  const int64_t p = network->num_params();
+  solver->state_size_ = options.solver == SolverKind::kAdam ? 2 * p : p;
+  auto buffer = backend->Allocate(
+      static_cast<size_t>(std::max<int64_t>(1, solver->state_size_)) *
+      sizeof(float));
+  if (!buffer.ok()) return buffer.status();
+  solver->state_ = std::move(buffer).value();
+  return solver;
+}
+
+void Solver::Step(double lr, int64_t step) {
+  Network& net = *network_;
+  const int64_t p = net.num_params();
+  if (options_.gradient_threshold > 0) {
+    for (const ParamInfo& info : net.params_info()) {
+      float* g = net.grads() + info.offset;
+      const double norm = std::sqrt(backend_->SumSquares(info.count, g));
+      if (norm > options_.gradient_threshold) {
+        backend_->Scale(info.count,
+                        static_cast<float>(options_.gradient_threshold / norm), g);
+      }
+    }
+  }
+  const float l2 = static_cast<float>(options_.l2_regularization);
+  float* state = state_.f32();
+  switch (options_.solver) {
+    case SolverKind::kSgdm:
+      backend_->SgdmUpdate(p, net.num_decayed(), static_cast<float>(lr),
+                           static_cast<float>(options_.momentum), l2,
+                           net.params(), net.grads(), state);
+      break;
+    case SolverKind::kAdam:
+      backend_->AdamUpdate(p, net.num_decayed(), static_cast<float>(lr),
+                           static_cast<float>(options_.beta1),
+                           static_cast<float>(options_.beta2),
+                           static_cast<float>(options_.epsilon), step, l2,
+                           net.params(), net.grads(), state, state + p);
+      break;
+    case SolverKind::kRmsprop:
+      backend_->RmspropUpdate(p, net.num_decayed(), static_cast<float>(lr),
+                              static_cast<float>(options_.beta2),
+                              static_cast<float>(options_.epsilon), l2,
+                              net.params(), net.grads(), state);
+      break;
+  }
+}
+
+std::vector<float> Solver::SaveState() const {
+  std::vector<float> host(state_size_);
+  if (state_size_ > 0) {
+    backend_->CopyToHost(host.data(), state_.f32(), host.size() * sizeof(float));
+  }
+  return host;
+}
+
+void Solver::LoadState(const std::vector<float>& state) {
+  if (state_size_ > 0) {
+    backend_->CopyToDevice(state_.f32(), state.data(), state.size() * sizeof(float));
+  }
+}
+
+}  // namespace dlbatch::trainer

@@ -1,0 +1,636 @@
+#include "trainer/training.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/files.h"
+#include "common/status.h"
+#include "trainer/backend.h"
+#include "trainer/checkpoint.h"
+#include "trainer/data.h"
+#include "trainer/history.h"
+#include "trainer/network.h"
+#include "trainer/onnx_export.h"
+#include "trainer/options.h"
+#include "trainer/rng.h"
+#include "trainer/solver.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* SolverName(SolverKind kind) {
+  switch (kind) {
+    case SolverKind::kSgdm: return "sgdm";
+    case SolverKind::kAdam: return "adam";
+    case SolverKind::kRmsprop: return "rmsprop";
+  }
+  return "?";
+}
+
+absl::Status CheckFits(const Dataset& data, const Network& net,
+                       absl::string_view role) {
+  if (!(data.shape == net.input_shape())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.data.", role, ": images of ", data.source, " are ",
+        data.shape.ToString(), " but the network's input is ",
+        net.input_shape().ToString(), "; change network.input to ",
+        data.shape.ToString()));
+  }
+  if (data.num_classes > net.num_classes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.data.", role, ": ", data.source, " has labels up to ",
+        data.num_classes - 1, " but the network's last fc layer has ",
+        net.num_classes(), " units; give it ", data.num_classes, " units"));
+  }
+  return absl::OkStatus();
+}
+
+// Metrics of a pass over a data set.
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+class Run {
+ public:
+  explicit Run(const TrainRequest& request)
+      : req_(request), comm_(*request.communicator) {}
+
+  absl::StatusOr<TrainResult> Execute();
+
+ private:
+  bool leader() const { return comm_.rank() == 0; }
+  void Say(const std::string& line) {
+    if (leader() && req_.diary != nullptr) {
+      std::fprintf(req_.diary, "%s\n", line.c_str());
+      std::fflush(req_.diary);
+    }
+  }
+  std::string OutPath(const char* file) const {
+    return absl::StrCat(req_.output_dir, "/", file);
+  }
+  double Elapsed() const { return elapsed_offset_ + SecondsSince(start_); }
+
+  absl::Status LoadData();
+  absl::Status Build();
+  absl::Status ResumeIfAsked();
+  absl::StatusOr<Evaluation> Evaluate(const Dataset& data);
+  absl::Status AverageState();
+  absl::Status SaveCheckpoint();
+  absl::Status WriteOutputs(const TrainResult& result);
+  void EmitProgress(double images_per_s, bool force);
+  BatchRequest RequestFor(int64_t iteration) ;
+
+  const TrainRequest& req_;
+  Communicator& comm_;
+  Options opt_;
+  Clock::time_point start_ = Clock::now();
+  double elapsed_offset_ = 0;
+
+  Dataset train_;
+  std::optional<Dataset> validation_, test_;
+  Normalization normalization_;
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Network> net_;
+  std::unique_ptr<Solver> solver_;
+  Buffer images_, labels_, stats_;
+
+  int global_batch_ = 0;
+  int lo_ = 0, hi_ = 0;  // this rank's slice of each global batch
+  int64_t per_epoch_ = 0;
+  int64_t total_ = 0;  // iterations of the whole run
+  std::string fingerprint_;
+
+  // Position: iterations completed, and where the next one is.
+  int64_t iteration_ = 0;
+  double best_validation_loss_ = std::numeric_limits<double>::infinity();
+  int64_t without_improvement_ = 0;
+  bool resumed_ = false;
+
+  TrainingHistory history_;
+  double last_loss_ = 0, last_accuracy_ = 0, last_lr_ = 0;
+  Clock::time_point last_emit_{};
+  std::vector<int64_t> order_;
+  int64_t order_epoch_ = -1;
+};
+
+absl::Status Run::LoadData() {
+  const v1::DataSpec& d = req_.spec.data();
+  ASSIGN_OR_RETURN(train_, LoadDataset(d.train(), req_.base_dir));
+  if (d.has_validation()) {
+    ASSIGN_OR_RETURN(Dataset v, LoadDataset(d.validation(), req_.base_dir));
+    validation_ = std::move(v);
+  }
+  if (d.has_test()) {
+    ASSIGN_OR_RETURN(Dataset t, LoadDataset(d.test(), req_.base_dir));
+    test_ = std::move(t);
+  }
+  if (d.normalize()) normalization_ = ComputeNormalization(train_);
+  return absl::OkStatus();
+}
+
+absl::Status Run::Build() {
+  const std::string& env = opt_.execution_environment;
+  if (env == "gpu" || env == "multi-gpu") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "train.options.execution_environment: ", env,
+        " asks for GPUs, but this dlbatch-train has no GPU backend yet; use "
+        "cpu or auto"));
+  }
+  ASSIGN_OR_RETURN(backend_, MakeCpuBackend(req_.threads));
+
+  global_batch_ = opt_.mini_batch_size;
+  const int world = comm_.size();
+  if (global_batch_ < world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.options.mini_batch_size ", global_batch_, " is smaller than the ",
+        world, " ranks that share it; use a mini_batch_size of at least ",
+        world, " or a smaller pool"));
+  }
+  lo_ = static_cast<int>(int64_t{global_batch_} * comm_.rank() / world);
+  hi_ = static_cast<int>(int64_t{global_batch_} * (comm_.rank() + 1) / world);
+  const int max_batch = (global_batch_ + world - 1) / world;
+  ASSIGN_OR_RETURN(net_, Network::Build(req_.spec.network(), backend_.get(),
+                                        max_batch));
+  RETURN_IF_ERROR(CheckFits(train_, *net_, "train"));
+  if (validation_) RETURN_IF_ERROR(CheckFits(*validation_, *net_, "validation"));
+  if (test_) RETURN_IF_ERROR(CheckFits(*test_, *net_, "test"));
+
+  if (train_.count < global_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.options.mini_batch_size ", global_batch_, " exceeds the ",
+        train_.count, " training images of ", train_.source,
+        "; use a mini_batch_size of at most ", train_.count));
+  }
+  per_epoch_ = train_.count / global_batch_;
+  total_ = opt_.max_iterations > 0 ? opt_.max_iterations
+                                   : opt_.max_epochs * per_epoch_;
+
+  net_->Initialize(opt_.seed);
+  ASSIGN_OR_RETURN(solver_, Solver::Create(opt_, backend_.get(), net_.get()));
+  const size_t sample = static_cast<size_t>(net_->input_shape().size());
+  ASSIGN_OR_RETURN(images_, backend_->Allocate(max_batch * sample * sizeof(float)));
+  ASSIGN_OR_RETURN(labels_, backend_->Allocate(max_batch * sizeof(int32_t)));
+  ASSIGN_OR_RETURN(stats_, backend_->Allocate(4 * sizeof(float)));
+  fingerprint_ = Sha256Hex(req_.spec.network().SerializeAsString());
+  return absl::OkStatus();
+}
+
+absl::Status Run::ResumeIfAsked() {
+  if (!req_.resume) return absl::OkStatus();
+  const std::string path = OutPath(kCheckpointFile);
+  if (access(path.c_str(), F_OK) != 0) {
+    Say(absl::StrCat("No checkpoint at ", path, "; starting from the beginning."));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(Checkpoint c, ReadCheckpoint(path));
+  if (c.network_fingerprint != fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " was written for another network; train this one in another "
+              "output folder, or start without --resume"));
+  }
+  if (c.solver != SolverName(opt_.solver) ||
+      c.mini_batch_size != global_batch_ || c.seed != opt_.seed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " was written with solver ", c.solver, ", mini_batch_size ",
+        c.mini_batch_size, " and seed ", c.seed, "; this run has ",
+        SolverName(opt_.solver), ", ", global_batch_, " and ", opt_.seed,
+        ". Resume with the same options, or start without --resume"));
+  }
+  if (static_cast<int64_t>(c.params.size()) != net_->num_params() ||
+      static_cast<int64_t>(c.state.size()) != net_->state_size() ||
+      static_cast<int64_t>(c.solver_state.size()) != solver_->state_size()) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": its arrays do not fit this network; start without --resume"));
+  }
+  backend_->CopyToDevice(net_->params(), c.params.data(), c.params.size() * sizeof(float));
+  if (!c.state.empty()) {
+    backend_->CopyToDevice(net_->state(), c.state.data(), c.state.size() * sizeof(float));
+  }
+  solver_->LoadState(c.solver_state);
+  iteration_ = c.iteration;
+  elapsed_offset_ = c.elapsed_s;
+  best_validation_loss_ = c.best_validation_loss;
+  without_improvement_ = c.validations_without_improvement;
+  normalization_ = c.normalization;
+  resumed_ = true;
+
+  // The history up to the checkpoint continues; anything after it (written
+  // by the run that stopped) is dropped, as that run's weights are.
+  absl::StatusOr<std::string> csv = ReadFile(OutPath(kHistoryFile));
+  if (csv.ok()) {
+    absl::StatusOr<TrainingHistory> h = ParseHistoryCsv(*csv);
+    if (h.ok()) history_ = std::move(h).value();
+  }
+  std::erase_if(history_.iterations,
+                [&](const IterationRecord& r) { return r.iteration > iteration_; });
+  std::erase_if(history_.validations,
+                [&](const ValidationRecord& r) { return r.iteration > iteration_; });
+  Say(absl::StrCat("Resuming from ", path, ": iteration ", iteration_,
+                   " of ", total_, " (epoch ", iteration_ / per_epoch_ + 1, ")."));
+  return absl::OkStatus();
+}
+
+BatchRequest Run::RequestFor(int64_t iteration) {
+  const int64_t epoch = iteration / per_epoch_;
+  if (epoch != order_epoch_) {
+    order_ = EpochOrder(opt_.shuffle, opt_.seed, epoch, train_.count);
+    order_epoch_ = epoch;
+  }
+  const int64_t first = (iteration % per_epoch_) * global_batch_;
+  BatchRequest r;
+  r.epoch = epoch;
+  r.iteration = iteration;
+  r.indices.assign(order_.begin() + first + lo_, order_.begin() + first + hi_);
+  r.augment = true;
+  return r;
+}
+
+absl::StatusOr<Evaluation> Run::Evaluate(const Dataset& data) {
+  const int world = comm_.size();
+  const int64_t begin = data.count * comm_.rank() / world;
+  const int64_t end = data.count * (comm_.rank() + 1) / world;
+  const int max_batch = net_->max_batch();
+  BatchLoader::Options lo;
+  lo.normalization = normalization_;
+  double sums[2] = {0, 0};
+  for (int64_t first = begin; first < end; first += max_batch) {
+    BatchRequest r;
+    const int64_t n = std::min<int64_t>(max_batch, end - first);
+    for (int64_t i = 0; i < n; ++i) r.indices.push_back(first + i);
+    Batch b = PrepareBatch(data, lo, r);
+    backend_->CopyToDevice(images_.f32(), b.images.data(), b.images.size() * sizeof(float));
+    backend_->CopyToDevice(labels_.as<int32_t>(), b.labels.data(), b.labels.size() * sizeof(int32_t));
+    net_->Forward(b.n, images_.f32(), /*training=*/false, 0);
+    backend_->Fill(stats_.f32(), 2, 0);
+    net_->Loss(b.n, labels_.as<int32_t>(), stats_.f32());
+    float host[2];
+    backend_->CopyToHost(host, stats_.f32(), sizeof(host));
+    sums[0] += host[0];
+    sums[1] += host[1];
+  }
+  float totals[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
+  if (world > 1) {
+    backend_->CopyToDevice(stats_.f32(), totals, sizeof(totals));
+    RETURN_IF_ERROR(comm_.AllreduceSum(stats_.f32(), 2));
+    backend_->CopyToHost(totals, stats_.f32(), sizeof(totals));
+  }
+  Evaluation e;
+  e.loss = totals[0] / static_cast<double>(data.count);
+  e.accuracy = 100.0 * totals[1] / static_cast<double>(data.count);
+  return e;
+}
+
+// Batchnorm's running statistics are per rank (as DDP keeps them); where a
+// checkpoint or the model is written, the ranks agree on their mean. They
+// do not feed back into training, so this changes no training step.
+absl::Status Run::AverageState() {
+  if (comm_.size() == 1 || net_->state_size() == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(comm_.AllreduceSum(net_->state(), net_->state_size()));
+  backend_->Scale(net_->state_size(), 1.0f / comm_.size(), net_->state());
+  return absl::OkStatus();
+}
+
+absl::Status Run::SaveCheckpoint() {
+  RETURN_IF_ERROR(AverageState());
+  if (!leader()) return absl::OkStatus();
+  Checkpoint c;
+  c.network_fingerprint = fingerprint_;
+  c.solver = SolverName(opt_.solver);
+  c.iteration = iteration_;
+  c.epoch = iteration_ / per_epoch_ + 1;
+  c.epoch_iteration = iteration_ % per_epoch_;
+  c.mini_batch_size = global_batch_;
+  c.seed = opt_.seed;
+  c.elapsed_s = Elapsed();
+  c.best_validation_loss = best_validation_loss_;
+  c.validations_without_improvement = without_improvement_;
+  c.normalization = normalization_;
+  c.params.resize(net_->num_params());
+  backend_->CopyToHost(c.params.data(), net_->params(), c.params.size() * sizeof(float));
+  c.state.resize(net_->state_size());
+  if (!c.state.empty()) {
+    backend_->CopyToHost(c.state.data(), net_->state(), c.state.size() * sizeof(float));
+  }
+  c.solver_state = solver_->SaveState();
+  RETURN_IF_ERROR(WriteCheckpoint(OutPath(kCheckpointFile), c));
+  RETURN_IF_ERROR(WriteFileAtomic(OutPath(kHistoryFile), HistoryCsv(history_)));
+  if (req_.progress != nullptr) {
+    req_.progress->Emit(nlohmann::json{{"event", "checkpoint"},
+                                       {"time_ms", NowMs()},
+                                       {"iteration", iteration_},
+                                       {"path", kCheckpointFile}}
+                            .dump());
+  }
+  return absl::OkStatus();
+}
+
+void Run::EmitProgress(double images_per_s, bool force) {
+  if (!leader() || req_.progress == nullptr || !req_.progress->enabled()) return;
+  const auto now = Clock::now();
+  if (!force && now - last_emit_ < std::chrono::milliseconds(500)) return;
+  last_emit_ = now;
+  const double per_iteration = images_per_s > 0 ? global_batch_ / images_per_s : 0;
+  req_.progress->Emit(nlohmann::json{
+      {"event", "progress"},
+      {"time_ms", NowMs()},
+      {"iteration", iteration_},
+      {"iterations", total_},
+      {"epoch", std::min<int64_t>((iteration_ - 1) / per_epoch_ + 1,
+                                  (total_ + per_epoch_ - 1) / per_epoch_)},
+      {"epochs", (total_ + per_epoch_ - 1) / per_epoch_},
+      {"loss", last_loss_},
+      {"accuracy", last_accuracy_},
+      {"learn_rate", last_lr_},
+      {"images_per_s", images_per_s},
+      {"elapsed_s", Elapsed()},
+      {"eta_s", per_iteration * static_cast<double>(total_ - iteration_)}}
+                          .dump());
+}
+
+absl::Status Run::WriteOutputs(const TrainResult& result) {
+  ModelForExport m;
+  m.name = req_.name;
+  m.input = net_->input_shape();
+  m.num_classes = net_->num_classes();
+  m.layers = net_->layers();
+  m.params_info = net_->params_info();
+  m.state_info = net_->state_info();
+  m.params.resize(net_->num_params());
+  backend_->CopyToHost(m.params.data(), net_->params(), m.params.size() * sizeof(float));
+  m.state.resize(net_->state_size());
+  if (!m.state.empty()) {
+    backend_->CopyToHost(m.state.data(), net_->state(), m.state.size() * sizeof(float));
+  }
+  m.normalization = normalization_;
+  ASSIGN_OR_RETURN(std::string onnx, ExportOnnx(m));
+  RETURN_IF_ERROR(WriteFileAtomic(OutPath(kOnnxFile), onnx));
+  RETURN_IF_ERROR(WriteFileAtomic(OutPath(kPlotFile),
+                                  ProgressSvg(history_, req_.name)));
+  nlohmann::json j = {
+      {"name", req_.name},
+      {"iterations", result.iterations},
+      {"epochs", result.epochs},
+      {"ranks", comm_.size()},
+      {"mini_batch_size", global_batch_},
+      {"backend", backend_->Describe()},
+      {"wall_time_s", result.wall_time_s},
+      {"train_time_s", result.train_time_s},
+      {"images_per_s", result.images_per_s},
+      {"train_loss", result.train_loss},
+      {"train_accuracy", result.train_accuracy},
+      {"stopped_early", result.stopped_early},
+      {"resumed", result.resumed},
+  };
+  if (result.validation_loss) {
+    j["validation_loss"] = *result.validation_loss;
+    j["validation_accuracy"] = *result.validation_accuracy;
+  }
+  if (result.test_loss) {
+    j["test_loss"] = *result.test_loss;
+    j["test_accuracy"] = *result.test_accuracy;
+  }
+  return WriteFileAtomic(OutPath(kMetricsFile), j.dump(2) + "\n");
+}
+
+absl::StatusOr<TrainResult> Run::Execute() {
+  opt_ = ResolveOptions(req_.spec.options());
+  if (req_.max_epochs) opt_.max_epochs = *req_.max_epochs;
+  if (req_.max_iterations) opt_.max_iterations = *req_.max_iterations;
+  if (req_.mini_batch_size) opt_.mini_batch_size = *req_.mini_batch_size;
+  if (leader()) RETURN_IF_ERROR(MakeDirs(req_.output_dir));
+  RETURN_IF_ERROR(LoadData());
+  RETURN_IF_ERROR(Build());
+  RETURN_IF_ERROR(ResumeIfAsked());
+
+  Say(absl::StrFormat(
+      "Training on %s: %d rank%s, mini-batch %d; %d training images%s, %d "
+      "iterations per epoch, %d iterations.",
+      backend_->Describe(), comm_.size(), comm_.size() == 1 ? "" : "s",
+      global_batch_, train_.count,
+      validation_ ? absl::StrCat(", ", validation_->count, " for validation") : "",
+      per_epoch_, total_));
+
+  BatchLoader::Options lo;
+  lo.augmentation = req_.spec.data().augmentation();
+  lo.normalization = normalization_;
+  lo.seed = opt_.seed;
+  std::unique_ptr<BatchLoader> loader = BatchLoader::Start(&train_, lo);
+  int64_t pushed = iteration_;
+  auto top_up = [&] {
+    while (pushed < total_ && pushed < iteration_ + lo.depth + 1) {
+      loader->Push(RequestFor(pushed++));
+    }
+  };
+  top_up();
+
+  ProgressTable table(req_.diary);
+  const bool verbose = leader() && req_.diary != nullptr;
+  if (verbose) table.Header();
+  if (leader() && req_.progress != nullptr) {
+    req_.progress->Emit(nlohmann::json{{"event", "start"},
+                                       {"time_ms", NowMs()},
+                                       {"iteration", iteration_},
+                                       {"iterations", total_},
+                                       {"resumed", resumed_}}
+                            .dump());
+  }
+
+  TrainResult result;
+  result.resumed = resumed_;
+  double train_time = 0;
+  int64_t images = 0;
+  const float scale = 1.0f / static_cast<float>(global_batch_);
+  std::optional<Evaluation> last_validation;
+  while (iteration_ < total_) {
+    const auto step_start = Clock::now();
+    std::optional<Batch> batch = loader->Next();
+    if (!batch) return absl::InternalError("the batch loader ended early");
+    top_up();
+    const int n = batch->n;
+    backend_->CopyToDevice(images_.f32(), batch->images.data(),
+                           batch->images.size() * sizeof(float));
+    backend_->CopyToDevice(labels_.as<int32_t>(), batch->labels.data(),
+                           batch->labels.size() * sizeof(int32_t));
+    net_->Forward(n, images_.f32(), /*training=*/true,
+                  Key(opt_.seed, static_cast<uint64_t>(iteration_),
+                      static_cast<uint64_t>(comm_.rank())));
+    backend_->Fill(stats_.f32(), 2, 0);
+    net_->Loss(n, labels_.as<int32_t>(), stats_.f32());
+    net_->Backward(n, labels_.as<int32_t>(), scale);
+    if (comm_.size() > 1) {
+      RETURN_IF_ERROR(comm_.AllreduceSum(net_->grads(), net_->num_params()));
+      RETURN_IF_ERROR(comm_.AllreduceSum(stats_.f32(), 2));
+    }
+    const int64_t epoch = iteration_ / per_epoch_ + 1;
+    const double lr = LearnRate(opt_, iteration_, epoch, total_);
+    solver_->Step(lr, iteration_ + 1);
+    float stats[2];
+    backend_->CopyToHost(stats, stats_.f32(), sizeof(stats));
+    ++iteration_;
+    train_time += SecondsSince(step_start);
+    images += global_batch_;
+
+    last_loss_ = stats[0] / global_batch_;
+    last_accuracy_ = 100.0 * stats[1] / global_batch_;
+    last_lr_ = lr;
+    if (!std::isfinite(last_loss_)) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "the training loss became ", last_loss_, " at iteration ",
+          iteration_, " (epoch ", epoch,
+          "); lower initial_learn_rate or set gradient_threshold"));
+    }
+    history_.iterations.push_back(
+        {iteration_, epoch, Elapsed(), last_loss_, last_accuracy_, lr});
+
+    const bool last = iteration_ == total_;
+    std::optional<Evaluation> validation;
+    if (validation_ && (iteration_ % opt_.validation_frequency == 0 || last)) {
+      ASSIGN_OR_RETURN(Evaluation v, Evaluate(*validation_));
+      validation = v;
+      last_validation = v;
+      history_.validations.push_back({iteration_, epoch, Elapsed(), v.loss, v.accuracy});
+      if (leader() && req_.progress != nullptr) {
+        req_.progress->Emit(nlohmann::json{{"event", "validation"},
+                                           {"time_ms", NowMs()},
+                                           {"iteration", iteration_},
+                                           {"loss", v.loss},
+                                           {"accuracy", v.accuracy}}
+                                .dump());
+      }
+      if (v.loss < best_validation_loss_) {
+        best_validation_loss_ = v.loss;
+        without_improvement_ = 0;
+      } else {
+        ++without_improvement_;
+      }
+    }
+    const bool stop_early = opt_.validation_patience > 0 &&
+                            without_improvement_ >= opt_.validation_patience;
+    const double images_per_s = train_time > 0 ? images / train_time : 0;
+    if (verbose && (iteration_ == 1 || iteration_ % opt_.verbose_frequency == 0 ||
+                    validation || last || stop_early)) {
+      ProgressRow row;
+      row.epoch = epoch;
+      row.iteration = iteration_;
+      row.elapsed_s = Elapsed();
+      row.loss = last_loss_;
+      row.accuracy = last_accuracy_;
+      if (validation) {
+        row.validation_loss = validation->loss;
+        row.validation_accuracy = validation->accuracy;
+      }
+      row.learn_rate = lr;
+      table.Row(row);
+    }
+    EmitProgress(images_per_s, validation.has_value() || last);
+
+    const bool epoch_end = iteration_ % per_epoch_ == 0;
+    const int64_t freq = opt_.checkpoint_frequency;
+    const bool checkpoint =
+        freq > 0 && (opt_.checkpoint_per_iteration
+                         ? iteration_ % freq == 0
+                         : epoch_end && (iteration_ / per_epoch_) % freq == 0);
+    if (checkpoint && !last && !stop_early) RETURN_IF_ERROR(SaveCheckpoint());
+    if (stop_early) {
+      result.stopped_early = true;
+      Say(absl::StrCat("Validation loss did not improve for ",
+                       opt_.validation_patience,
+                       " validations in a row; stopping early at iteration ",
+                       iteration_, "."));
+      break;
+    }
+  }
+  loader->Close();
+  if (verbose) table.Footer();
+
+  result.iterations = iteration_;
+  result.epochs = static_cast<double>(iteration_) / per_epoch_;
+  result.train_time_s = train_time;
+  result.images_per_s = train_time > 0 ? images / train_time : 0;
+  result.train_loss = last_loss_;
+  result.train_accuracy = last_accuracy_;
+  if (validation_) {
+    if (!last_validation) {
+      ASSIGN_OR_RETURN(Evaluation v, Evaluate(*validation_));
+      last_validation = v;
+    }
+    result.validation_loss = last_validation->loss;
+    result.validation_accuracy = last_validation->accuracy;
+  }
+  RETURN_IF_ERROR(AverageState());
+  if (test_) {
+    ASSIGN_OR_RETURN(Evaluation t, Evaluate(*test_));
+    result.test_loss = t.loss;
+    result.test_accuracy = t.accuracy;
+  }
+  RETURN_IF_ERROR(SaveCheckpoint());
+  result.wall_time_s = SecondsSince(start_);
+  if (leader()) {
+    RETURN_IF_ERROR(WriteOutputs(result));
+    std::string summary = absl::StrFormat(
+        "Training finished: %d iterations in %s, %.0f images/s.",
+        result.iterations, FormatElapsed(Elapsed()), result.images_per_s);
+    if (result.validation_accuracy) {
+      absl::StrAppend(&summary, absl::StrFormat(" Validation accuracy %.2f%%, loss %.4f.",
+                                                *result.validation_accuracy,
+                                                *result.validation_loss));
+    }
+    if (result.test_accuracy) {
+      absl::StrAppend(&summary, absl::StrFormat(" Test accuracy %.2f%%.",
+                                                *result.test_accuracy));
+    }
+    Say(summary);
+    if (req_.progress != nullptr) {
+      nlohmann::json done = {{"event", "done"},
+                             {"time_ms", NowMs()},
+                             {"iteration", iteration_},
+                             {"images_per_s", result.images_per_s}};
+      if (result.validation_accuracy) {
+        done["validation_accuracy"] = *result.validation_accuracy;
+      }
+      req_.progress->Emit(done.dump());
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainResult> Train(const TrainRequest& request) {
+  if (request.communicator == nullptr) {
+    return absl::InvalidArgumentError("Train needs a communicator");
+  }
+  if (request.output_dir.empty()) {
+    return absl::InvalidArgumentError("Train needs an output folder");
+  }
+  Run run(request);
+  return run.Execute();
+}
+
+}  // namespace dlbatch::trainer

@@ -1,0 +1,68 @@
+// One rank's training run: the loop that ties data, network, solver,
+// communicator, checkpoints and outputs together. dlbatch-train runs it in
+// every rank's process; the worker will start those processes later.
+#ifndef DLBATCH_TRAINER_TRAINING_H_
+#define DLBATCH_TRAINER_TRAINING_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "dlbatch/v1/job.pb.h"
+#include "trainer/communicator.h"
+#include "trainer/progress.h"
+
+namespace dlbatch::trainer {
+
+struct TrainRequest {
+  v1::TrainSpec spec;
+  std::string name = "model";  // the job's name, for titles
+  std::string base_dir = ".";  // relative data paths start here
+  std::string output_dir;      // rank 0 writes outputs and checkpoints here
+  // Continue from output_dir/checkpoint.dlbc when it exists (and say so);
+  // start from the beginning when it does not.
+  bool resume = false;
+  int threads = 0;  // per rank; 0: the backend's default
+  // Overrides of the spec's options (the benchmark's and tests' knobs).
+  std::optional<int64_t> max_epochs;
+  std::optional<int64_t> max_iterations;
+  std::optional<int> mini_batch_size;
+  Communicator* communicator = nullptr;  // required; not owned
+  ProgressChannel* progress = nullptr;   // optional; not owned
+  std::FILE* diary = stdout;             // the human output (rank 0 only)
+};
+
+struct TrainResult {
+  int64_t iterations = 0;  // completed, in total
+  double epochs = 0;
+  double wall_time_s = 0;   // this process, set-up included
+  double train_time_s = 0;  // inside training steps, this process
+  double images_per_s = 0;  // training images / train_time_s
+  double train_loss = 0;    // last mini-batch
+  double train_accuracy = 0;
+  std::optional<double> validation_loss;  // final, whole validation set
+  std::optional<double> validation_accuracy;
+  std::optional<double> test_loss;  // data.test, when given
+  std::optional<double> test_accuracy;
+  bool stopped_early = false;  // validation patience ran out
+  bool resumed = false;
+};
+
+// Trains, writing to output_dir (rank 0): checkpoint.dlbc at every
+// checkpoint and at the end, model.onnx, training_history.csv,
+// metrics.json and training_progress.svg. Every rank returns the same
+// result. A non-finite loss is an error naming the iteration.
+absl::StatusOr<TrainResult> Train(const TrainRequest& request);
+
+// The file names inside output_dir.
+inline constexpr char kCheckpointFile[] = "checkpoint.dlbc";
+inline constexpr char kOnnxFile[] = "model.onnx";
+inline constexpr char kHistoryFile[] = "training_history.csv";
+inline constexpr char kMetricsFile[] = "metrics.json";
+inline constexpr char kPlotFile[] = "training_progress.svg";
+
+}  // namespace dlbatch::trainer
+
+#endif  // DLBATCH_TRAINER_TRAINING_H_
