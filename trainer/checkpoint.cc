@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -21,12 +20,14 @@ void PutU32(std::string* out, uint32_t v) {
 
 uint32_t GetU32(const char* p) {
   uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<uint8_t>(p[i])} << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    v |= uint32_t{static_cast<uint8_t>(p[i])} << (8 * i);
   return v;
 }
 
 void PutFloats(std::string* out, const std::vector<float>& v) {
-  out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  out->append(reinterpret_cast<const char*>(v.data()),
+              v.size() * sizeof(float));
 }
 
 std::string DigestBytes(absl::string_view data) {
@@ -93,7 +94,8 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(const std::string& bytes,
   const size_t body = bytes.size() - kDigestBytes;
   if (DigestBytes(absl::string_view(bytes).substr(0, body)) !=
       bytes.substr(body)) {
-    return Damaged(source, "its checksum does not match (truncated or damaged)");
+    return Damaged(source,
+                   "its checksum does not match (truncated or damaged)");
   }
   const uint32_t header_bytes = GetU32(bytes.data() + 12);
   const size_t data_start = 16 + size_t{header_bytes};
@@ -126,7 +128,8 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(const std::string& bytes,
     ns = h.at("state").get<size_t>();
     nss = h.at("solver_state").get<size_t>();
   } catch (const nlohmann::json::exception& e) {
-    return Damaged(source, absl::StrCat("its header lacks a field: ", e.what()));
+    return Damaged(source,
+                   absl::StrCat("its header lacks a field: ", e.what()));
   }
   if ((body - data_start) != (np + ns + nss) * sizeof(float)) {
     return Damaged(source, "its arrays do not have the sizes its header gives");

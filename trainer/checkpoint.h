@@ -27,10 +27,10 @@ struct Checkpoint {
   // sha256 of the serialized NetworkSpec: a checkpoint resumes only the
   // network it was written for.
   std::string network_fingerprint;
-  std::string solver;            // sgdm | adam | rmsprop
-  int64_t iteration = 0;         // iterations completed
-  int64_t epoch = 1;             // the epoch to continue (1-based)
-  int64_t epoch_iteration = 0;   // iterations of that epoch completed
+  std::string solver;           // sgdm | adam | rmsprop
+  int64_t iteration = 0;        // iterations completed
+  int64_t epoch = 1;            // the epoch to continue (1-based)
+  int64_t epoch_iteration = 0;  // iterations of that epoch completed
   int64_t mini_batch_size = 0;
   uint64_t seed = 0;
   double elapsed_s = 0;

@@ -29,8 +29,8 @@ int ExitCodeOf(int status) {
 }  // namespace
 
 absl::StatusOr<int> LaunchRanks(const std::string& program,
-                                const std::vector<std::string>& args,
-                                int world, const std::string& rendezvous_dir) {
+                                const std::vector<std::string>& args, int world,
+                                const std::string& rendezvous_dir) {
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world; ++rank) {
     std::vector<std::string> argv_s = {program};
@@ -50,8 +50,8 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
     }
     if (pid == 0) {
       execv(program.c_str(), argv.data());
-      std::fprintf(stderr, "dlbatch-train: cannot run %s: %s\n", program.c_str(),
-                   std::strerror(errno));
+      std::fprintf(stderr, "dlbatch-train: cannot run %s: %s\n",
+                   program.c_str(), std::strerror(errno));
       _exit(127);
     }
     pids.push_back(pid);
@@ -69,10 +69,12 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
     if (const int sig = g_forward_signal.exchange(0); sig != 0) {
-      for (pid_t p : pids) if (p > 0) kill(p, sig);
+      for (pid_t p : pids)
+        if (p > 0) kill(p, sig);
       if (!stopping) {
         stopping = true;
-        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        stop_deadline =
+            std::chrono::steady_clock::now() + std::chrono::seconds(10);
       }
     }
     int status = 0;
@@ -88,9 +90,11 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
           if (!stopping) {
             // One rank failed: the others would wait for it in the next
             // collective until the timeout; stop them now.
-            for (pid_t q : pids) if (q > 0) kill(q, SIGTERM);
+            for (pid_t q : pids)
+              if (q > 0) kill(q, SIGTERM);
             stopping = true;
-            stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+            stop_deadline =
+                std::chrono::steady_clock::now() + std::chrono::seconds(10);
           }
         }
       }
@@ -98,7 +102,8 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
     }
     if (pid < 0 && errno != EINTR) break;
     if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
-      for (pid_t p : pids) if (p > 0) kill(p, SIGKILL);
+      for (pid_t p : pids)
+        if (p > 0) kill(p, SIGKILL);
       stop_deadline = std::chrono::steady_clock::time_point::max();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -18,8 +18,8 @@ namespace dlbatch::trainer {
 // Returns the exit code to leave with: 0 if every rank succeeded, else the
 // first failing rank's code (128 + signal for a signal).
 absl::StatusOr<int> LaunchRanks(const std::string& program,
-                                const std::vector<std::string>& args,
-                                int world, const std::string& rendezvous_dir);
+                                const std::vector<std::string>& args, int world,
+                                const std::string& rendezvous_dir);
 
 }  // namespace dlbatch::trainer
 

@@ -24,7 +24,8 @@ int Fail(int rank, int world, const absl::Status& status) {
     std::fprintf(stderr, "dlbatch-train: rank %d: %s\n", rank,
                  std::string(status.message()).c_str());
   } else {
-    std::fprintf(stderr, "dlbatch-train: %s\n", std::string(status.message()).c_str());
+    std::fprintf(stderr, "dlbatch-train: %s\n",
+                 std::string(status.message()).c_str());
   }
   return 1;
 }
@@ -37,8 +38,10 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   CLI::App app{
-      "dlbatch-train: train the `train:` section of a job file with the embedded\n"
-      "trainer, as `caffe train` does. Writes the model (ONNX and checkpoint), the\n"
+      "dlbatch-train: train the `train:` section of a job file with the "
+      "embedded\n"
+      "trainer, as `caffe train` does. Writes the model (ONNX and checkpoint), "
+      "the\n"
       "training history, metrics and a progress plot to the output folder."};
   std::string job_file, output_dir, progress, rendezvous, host = "127.0.0.1";
   int ranks = 0, threads = 0, rank = -1, world = 1;
@@ -46,8 +49,9 @@ int main(int argc, char** argv) {
   int mini_batch_size = 0;
   bool resume = false;
   app.add_option("job_file", job_file, "The job file (job.yaml)")->required();
-  app.add_option("-o,--output-dir", output_dir,
-                 "Where outputs and checkpoints go (default: <job name>-output)");
+  app.add_option(
+      "-o,--output-dir", output_dir,
+      "Where outputs and checkpoints go (default: <job name>-output)");
   app.add_option("--ranks", ranks,
                  "Data-parallel processes to start on this machine "
                  "(default: the job's pool, else 1)")
@@ -55,11 +59,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads,
                  "Threads per rank (default: this machine's cores / ranks)")
       ->check(CLI::Range(1, 4096));
-  app.add_flag("--resume", resume,
-               "Continue from the output folder's checkpoint.dlbc if there is one");
+  app.add_flag(
+      "--resume", resume,
+      "Continue from the output folder's checkpoint.dlbc if there is one");
   app.add_option("--progress", progress,
                  "Structured progress as JSON lines: fd:N or a file path");
-  app.add_option("--max-epochs", max_epochs, "Override train.options.max_epochs")
+  app.add_option("--max-epochs", max_epochs,
+                 "Override train.options.max_epochs")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-iterations", max_iterations,
                  "Override train.options.max_iterations")
@@ -67,10 +73,13 @@ int main(int argc, char** argv) {
   app.add_option("--mini-batch-size", mini_batch_size,
                  "Override train.options.mini_batch_size (global)")
       ->check(CLI::PositiveNumber);
-  auto* rank_opt = app.add_option("--rank", rank, "This process's rank (set by the launcher)")
+  auto* rank_opt = app.add_option("--rank", rank,
+                                  "This process's rank (set by the launcher)")
                        ->group("One rank of a launched run");
-  app.add_option("--world", world, "Ranks in all")->group("One rank of a launched run");
-  app.add_option("--rendezvous", rendezvous, "Rendezvous folder shared by the ranks")
+  app.add_option("--world", world, "Ranks in all")
+      ->group("One rank of a launched run");
+  app.add_option("--rendezvous", rendezvous,
+                 "Rendezvous folder shared by the ranks")
       ->group("One rank of a launched run");
   app.add_option("--host", host, "Address this rank listens on for its peers")
       ->group("One rank of a launched run");
@@ -79,12 +88,15 @@ int main(int argc, char** argv) {
   absl::StatusOr<ParsedJobFile> job = ReadJobFile(job_file);
   if (!job.ok()) return Fail(0, 1, job.status());
   if (!job->spec.has_train()) {
-    return Fail(0, 1, absl::InvalidArgumentError(absl::StrCat(
-                          job_file, " has no train: section; dlbatch-train runs "
-                                    "the embedded trainer (submit command: jobs "
-                                    "with dlbatch submit)")));
+    return Fail(0, 1,
+                absl::InvalidArgumentError(
+                    absl::StrCat(job_file,
+                                 " has no train: section; dlbatch-train runs "
+                                 "the embedded trainer (submit command: jobs "
+                                 "with dlbatch submit)")));
   }
-  const std::string name = job->spec.name().empty() ? "model" : job->spec.name();
+  const std::string name =
+      job->spec.name().empty() ? "model" : job->spec.name();
   if (output_dir.empty()) output_dir = name + "-output";
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
 
@@ -94,15 +106,16 @@ int main(int argc, char** argv) {
       // The launcher: start the ranks as processes of this same program.
       std::vector<std::string> args(argv + 1, argv + argc);
       args.push_back("--threads");
-      args.push_back(std::to_string(threads > 0 ? threads
-                                                : std::max<int>(1, cores / ranks)));
+      args.push_back(std::to_string(
+          threads > 0 ? threads : std::max<int>(1, cores / ranks)));
       args.push_back("--output-dir");
       args.push_back(output_dir);
       std::error_code ec;
       std::filesystem::create_directories(output_dir, ec);
       const std::string dir =
           absl::StrCat(output_dir, "/.rendezvous-", getpid());
-      absl::StatusOr<int> code = LaunchRanks("/proc/self/exe", args, ranks, dir);
+      absl::StatusOr<int> code =
+          LaunchRanks("/proc/self/exe", args, ranks, dir);
       if (!code.ok()) return Fail(0, 1, code.status());
       return *code;
     }
@@ -110,8 +123,9 @@ int main(int argc, char** argv) {
     world = 1;
   }
   if (world < 1 || rank < 0 || rank >= world) {
-    return Fail(rank, world, absl::InvalidArgumentError(absl::StrCat(
-                                 "--rank ", rank, " is not in [0, --world ", world, ")")));
+    return Fail(rank, world,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "--rank ", rank, " is not in [0, --world ", world, ")")));
   }
 
   std::unique_ptr<Communicator> comm;
@@ -120,13 +134,15 @@ int main(int argc, char** argv) {
     comm = MakeSoloCommunicator();
   } else {
     if (rendezvous.empty()) {
-      return Fail(rank, world, absl::InvalidArgumentError(
-                                   "--world > 1 needs --rendezvous DIR"));
+      return Fail(
+          rank, world,
+          absl::InvalidArgumentError("--world > 1 needs --rendezvous DIR"));
     }
     auto r = OpenFileRendezvous(rendezvous);
     if (!r.ok()) return Fail(rank, world, r.status());
     rdv = std::move(r).value();
-    auto c = MakeGlooCommunicator(rdv.get(), rank, world, host, absl::Minutes(5));
+    auto c =
+        MakeGlooCommunicator(rdv.get(), rank, world, host, absl::Minutes(5));
     if (!c.ok()) return Fail(rank, world, c.status());
     comm = std::move(c).value();
   }
@@ -152,9 +168,10 @@ int main(int argc, char** argv) {
   absl::StatusOr<TrainResult> result = Train(req);
   if (!result.ok()) return Fail(rank, world, result.status());
   if (rank == 0) {
-    std::printf("Outputs are in %s/ (model.onnx, checkpoint.dlbc, "
-                "training_history.csv, metrics.json, training_progress.svg).\n",
-                output_dir.c_str());
+    std::printf(
+        "Outputs are in %s/ (model.onnx, checkpoint.dlbc, "
+        "training_history.csv, metrics.json, training_progress.svg).\n",
+        output_dir.c_str());
   }
   return 0;
 }

@@ -11,10 +11,13 @@ Options ResolveOptions(const v1::TrainingOptions& spec) {
   if (spec.solver() == "rmsprop") o.solver = SolverKind::kRmsprop;
   if (o.solver != SolverKind::kSgdm) o.initial_learn_rate = 0.001;
   if (o.solver == SolverKind::kRmsprop) o.beta2 = 0.9;
-  if (spec.has_initial_learn_rate()) o.initial_learn_rate = spec.initial_learn_rate();
+  if (spec.has_initial_learn_rate())
+    o.initial_learn_rate = spec.initial_learn_rate();
   if (spec.has_momentum()) o.momentum = spec.momentum();
-  if (spec.has_l2_regularization()) o.l2_regularization = spec.l2_regularization();
-  if (spec.has_gradient_threshold()) o.gradient_threshold = spec.gradient_threshold();
+  if (spec.has_l2_regularization())
+    o.l2_regularization = spec.l2_regularization();
+  if (spec.has_gradient_threshold())
+    o.gradient_threshold = spec.gradient_threshold();
   if (spec.has_gradient_decay_factor()) o.beta1 = spec.gradient_decay_factor();
   if (spec.has_squared_gradient_decay_factor()) {
     o.beta2 = spec.squared_gradient_decay_factor();
@@ -40,7 +43,8 @@ Options ResolveOptions(const v1::TrainingOptions& spec) {
   if (spec.has_validation_patience()) {
     o.validation_patience = spec.validation_patience();
   }
-  if (spec.has_verbose_frequency()) o.verbose_frequency = spec.verbose_frequency();
+  if (spec.has_verbose_frequency())
+    o.verbose_frequency = spec.verbose_frequency();
   if (spec.has_checkpoint_frequency()) {
     o.checkpoint_frequency = spec.checkpoint_frequency();
   }
@@ -62,10 +66,11 @@ double LearnRate(const Options& options, int64_t iteration, int64_t epoch,
     const double drops = std::floor((epoch - 1) / s.drop_period());
     lr = lr0 * std::pow(s.drop_factor(), std::max(0.0, drops));
   } else if (s.type() == "inv") {
-    lr = lr0 * std::pow(1.0 + s.gamma() * static_cast<double>(iteration),
-                        -s.power());
+    lr = lr0 *
+         std::pow(1.0 + s.gamma() * static_cast<double>(iteration), -s.power());
   } else if (s.type() == "step") {
-    lr = lr0 * std::pow(s.gamma(), static_cast<double>(iteration / s.step_size()));
+    lr = lr0 *
+         std::pow(s.gamma(), static_cast<double>(iteration / s.step_size()));
   } else if (s.type() == "cosine") {
     const double span = std::max<int64_t>(1, total_iterations - warmup);
     const double t =

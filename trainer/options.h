@@ -29,7 +29,7 @@ struct Options {
   int64_t validation_frequency = 50;
   int64_t validation_patience = 0;  // 0: never stop early
   int64_t verbose_frequency = 50;
-  int64_t checkpoint_frequency = 1;  // 0: none
+  int64_t checkpoint_frequency = 1;       // 0: none
   bool checkpoint_per_iteration = false;  // else per epoch
   uint64_t seed = 0;
   std::string execution_environment = "auto";

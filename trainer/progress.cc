@@ -17,8 +17,8 @@ namespace dlbatch::trainer {
 namespace {
 
 constexpr const char* kRule =
-    "|==================================================================="
-    "==========================================================|";
+    "|==========================================================="
+    "===========================================================|";
 
 }  // namespace
 
@@ -29,27 +29,30 @@ std::string FormatElapsed(double seconds) {
 
 void ProgressTable::Header() {
   std::fprintf(out_, "%s\n", kRule);
-  std::fprintf(out_,
-               "|  Epoch  |  Iteration  |  Time Elapsed  |  Mini-batch  |  "
-               "Mini-batch  |  Validation  |  Validation  |  Base Learning  |\n"
-               "|         |             |   (hh:mm:ss)   |   Accuracy   |  "
-               "   Loss     |   Accuracy   |     Loss     |      Rate       |\n");
+  std::fprintf(
+      out_,
+      "|  Epoch  |  Iteration  |  Time Elapsed  |  Mini-batch  |  "
+      "Mini-batch  |  Validation  |  Validation  |  Base Learning  |\n"
+      "|         |             |   (hh:mm:ss)   |   Accuracy   |  "
+      "   Loss     |   Accuracy   |     Loss     |      Rate       |\n");
   std::fprintf(out_, "%s\n", kRule);
   std::fflush(out_);
 }
 
 void ProgressTable::Row(const ProgressRow& r) {
   const std::string vacc =
-      r.validation_accuracy ? absl::StrFormat("%11.2f%%", *r.validation_accuracy)
-                            : std::string(12, ' ');
-  const std::string vloss =
-      r.validation_loss ? absl::StrFormat("%12.4f", *r.validation_loss)
-                        : std::string(12, ' ');
-  std::fprintf(out_, "| %7lld | %11lld | %14s | %11.2f%% | %12.4f | %s | %s | %15.4g |\n",
-               static_cast<long long>(r.epoch),
-               static_cast<long long>(r.iteration),
-               FormatElapsed(r.elapsed_s).c_str(), r.accuracy, r.loss,
-               vacc.c_str(), vloss.c_str(), r.learn_rate);
+      r.validation_accuracy
+          ? absl::StrFormat("%11.2f%%", *r.validation_accuracy)
+          : std::string(12, ' ');
+  const std::string vloss = r.validation_loss
+                                ? absl::StrFormat("%12.4f", *r.validation_loss)
+                                : std::string(12, ' ');
+  std::fprintf(
+      out_,
+      "| %7lld | %11lld | %14s | %11.2f%% | %12.4f | %s | %s | %15.4g |\n",
+      static_cast<long long>(r.epoch), static_cast<long long>(r.iteration),
+      FormatElapsed(r.elapsed_s).c_str(), r.accuracy, r.loss, vacc.c_str(),
+      vloss.c_str(), r.learn_rate);
   std::fflush(out_);
 }
 
@@ -58,21 +61,24 @@ void ProgressTable::Footer() {
   std::fflush(out_);
 }
 
-absl::StatusOr<ProgressChannel> ProgressChannel::Open(const std::string& target) {
+absl::StatusOr<ProgressChannel> ProgressChannel::Open(
+    const std::string& target) {
   ProgressChannel channel;
   if (target.empty()) return channel;
   if (absl::StartsWith(target, "fd:")) {
     int fd = -1;
     if (!absl::SimpleAtoi(target.substr(3), &fd) || fd < 0 ||
         fcntl(fd, F_GETFD) < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--progress ", target, ": not an open file descriptor; give fd:N "
-          "for an open descriptor N, or a file path"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--progress ", target,
+                       ": not an open file descriptor; give fd:N "
+                       "for an open descriptor N, or a file path"));
     }
     channel.fd_ = fd;
     return channel;
   }
-  const int fd = open(target.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int fd =
+      open(target.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus(errno, "opening the progress file", target);
   channel.fd_ = fd;
   channel.owned_ = true;

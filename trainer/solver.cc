@@ -27,7 +27,8 @@ void Solver::Step(double lr, int64_t step) {
       const double norm = std::sqrt(backend_->SumSquares(info.count, g));
       if (norm > options_.gradient_threshold) {
         backend_->Scale(info.count,
-                        static_cast<float>(options_.gradient_threshold / norm), g);
+                        static_cast<float>(options_.gradient_threshold / norm),
+                        g);
       }
     }
   }
@@ -58,14 +59,16 @@ void Solver::Step(double lr, int64_t step) {
 std::vector<float> Solver::SaveState() const {
   std::vector<float> host(state_size_);
   if (state_size_ > 0) {
-    backend_->CopyToHost(host.data(), state_.f32(), host.size() * sizeof(float));
+    backend_->CopyToHost(host.data(), state_.f32(),
+                         host.size() * sizeof(float));
   }
   return host;
 }
 
 void Solver::LoadState(const std::vector<float>& state) {
   if (state_size_ > 0) {
-    backend_->CopyToDevice(state_.f32(), state.data(), state.size() * sizeof(float));
+    backend_->CopyToDevice(state_.f32(), state.data(),
+                           state.size() * sizeof(float));
   }
 }
 

@@ -8,10 +8,9 @@
 #include <deque>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -44,9 +43,12 @@ int64_t NowMs() {
 
 const char* SolverName(SolverKind kind) {
   switch (kind) {
-    case SolverKind::kSgdm: return "sgdm";
-    case SolverKind::kAdam: return "adam";
-    case SolverKind::kRmsprop: return "rmsprop";
+    case SolverKind::kSgdm:
+      return "sgdm";
+    case SolverKind::kAdam:
+      return "adam";
+    case SolverKind::kRmsprop:
+      return "rmsprop";
   }
   return "?";
 }
@@ -54,11 +56,11 @@ const char* SolverName(SolverKind kind) {
 absl::Status CheckFits(const Dataset& data, const Network& net,
                        absl::string_view role) {
   if (!(data.shape == net.input_shape())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.data.", role, ": images of ", data.source, " are ",
-        data.shape.ToString(), " but the network's input is ",
-        net.input_shape().ToString(), "; change network.input to ",
-        data.shape.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.data.", role, ": images of ", data.source, " are ",
+                     data.shape.ToString(), " but the network's input is ",
+                     net.input_shape().ToString(), "; change network.input to ",
+                     data.shape.ToString()));
   }
   if (data.num_classes > net.num_classes()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -103,7 +105,7 @@ class Run {
   absl::Status SaveCheckpoint();
   absl::Status WriteOutputs(const TrainResult& result);
   void EmitProgress(double images_per_s, bool force);
-  BatchRequest RequestFor(int64_t iteration) ;
+  BatchRequest RequestFor(int64_t iteration);
 
   const TrainRequest& req_;
   Communicator& comm_;
@@ -167,18 +169,20 @@ absl::Status Run::Build() {
   global_batch_ = opt_.mini_batch_size;
   const int world = comm_.size();
   if (global_batch_ < world) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.options.mini_batch_size ", global_batch_, " is smaller than the ",
-        world, " ranks that share it; use a mini_batch_size of at least ",
-        world, " or a smaller pool"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.options.mini_batch_size ", global_batch_,
+                     " is smaller than the ", world,
+                     " ranks that share it; use a mini_batch_size of at least ",
+                     world, " or a smaller pool"));
   }
   lo_ = static_cast<int>(int64_t{global_batch_} * comm_.rank() / world);
   hi_ = static_cast<int>(int64_t{global_batch_} * (comm_.rank() + 1) / world);
   const int max_batch = (global_batch_ + world - 1) / world;
-  ASSIGN_OR_RETURN(net_, Network::Build(req_.spec.network(), backend_.get(),
-                                        max_batch));
+  ASSIGN_OR_RETURN(
+      net_, Network::Build(req_.spec.network(), backend_.get(), max_batch));
   RETURN_IF_ERROR(CheckFits(train_, *net_, "train"));
-  if (validation_) RETURN_IF_ERROR(CheckFits(*validation_, *net_, "validation"));
+  if (validation_)
+    RETURN_IF_ERROR(CheckFits(*validation_, *net_, "validation"));
   if (test_) RETURN_IF_ERROR(CheckFits(*test_, *net_, "test"));
 
   if (train_.count < global_batch_) {
@@ -194,7 +198,8 @@ absl::Status Run::Build() {
   net_->Initialize(opt_.seed);
   ASSIGN_OR_RETURN(solver_, Solver::Create(opt_, backend_.get(), net_.get()));
   const size_t sample = static_cast<size_t>(net_->input_shape().size());
-  ASSIGN_OR_RETURN(images_, backend_->Allocate(max_batch * sample * sizeof(float)));
+  ASSIGN_OR_RETURN(images_,
+                   backend_->Allocate(max_batch * sample * sizeof(float)));
   ASSIGN_OR_RETURN(labels_, backend_->Allocate(max_batch * sizeof(int32_t)));
   ASSIGN_OR_RETURN(stats_, backend_->Allocate(4 * sizeof(float)));
   fingerprint_ = Sha256Hex(req_.spec.network().SerializeAsString());
@@ -205,14 +210,16 @@ absl::Status Run::ResumeIfAsked() {
   if (!req_.resume) return absl::OkStatus();
   const std::string path = OutPath(kCheckpointFile);
   if (access(path.c_str(), F_OK) != 0) {
-    Say(absl::StrCat("No checkpoint at ", path, "; starting from the beginning."));
+    Say(absl::StrCat("No checkpoint at ", path,
+                     "; starting from the beginning."));
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(Checkpoint c, ReadCheckpoint(path));
   if (c.network_fingerprint != fingerprint_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        path, " was written for another network; train this one in another "
-              "output folder, or start without --resume"));
+        path,
+        " was written for another network; train this one in another "
+        "output folder, or start without --resume"));
   }
   if (c.solver != SolverName(opt_.solver) ||
       c.mini_batch_size != global_batch_ || c.seed != opt_.seed) {
@@ -228,9 +235,11 @@ absl::Status Run::ResumeIfAsked() {
     return absl::DataLossError(absl::StrCat(
         path, ": its arrays do not fit this network; start without --resume"));
   }
-  backend_->CopyToDevice(net_->params(), c.params.data(), c.params.size() * sizeof(float));
+  backend_->CopyToDevice(net_->params(), c.params.data(),
+                         c.params.size() * sizeof(float));
   if (!c.state.empty()) {
-    backend_->CopyToDevice(net_->state(), c.state.data(), c.state.size() * sizeof(float));
+    backend_->CopyToDevice(net_->state(), c.state.data(),
+                           c.state.size() * sizeof(float));
   }
   solver_->LoadState(c.solver_state);
   iteration_ = c.iteration;
@@ -247,12 +256,14 @@ absl::Status Run::ResumeIfAsked() {
     absl::StatusOr<TrainingHistory> h = ParseHistoryCsv(*csv);
     if (h.ok()) history_ = std::move(h).value();
   }
-  std::erase_if(history_.iterations,
-                [&](const IterationRecord& r) { return r.iteration > iteration_; });
-  std::erase_if(history_.validations,
-                [&](const ValidationRecord& r) { return r.iteration > iteration_; });
-  Say(absl::StrCat("Resuming from ", path, ": iteration ", iteration_,
-                   " of ", total_, " (epoch ", iteration_ / per_epoch_ + 1, ")."));
+  std::erase_if(history_.iterations, [&](const IterationRecord& r) {
+    return r.iteration > iteration_;
+  });
+  std::erase_if(history_.validations, [&](const ValidationRecord& r) {
+    return r.iteration > iteration_;
+  });
+  Say(absl::StrCat("Resuming from ", path, ": iteration ", iteration_, " of ",
+                   total_, " (epoch ", iteration_ / per_epoch_ + 1, ")."));
   return absl::OkStatus();
 }
 
@@ -284,8 +295,10 @@ absl::StatusOr<Evaluation> Run::Evaluate(const Dataset& data) {
     const int64_t n = std::min<int64_t>(max_batch, end - first);
     for (int64_t i = 0; i < n; ++i) r.indices.push_back(first + i);
     Batch b = PrepareBatch(data, lo, r);
-    backend_->CopyToDevice(images_.f32(), b.images.data(), b.images.size() * sizeof(float));
-    backend_->CopyToDevice(labels_.as<int32_t>(), b.labels.data(), b.labels.size() * sizeof(int32_t));
+    backend_->CopyToDevice(images_.f32(), b.images.data(),
+                           b.images.size() * sizeof(float));
+    backend_->CopyToDevice(labels_.as<int32_t>(), b.labels.data(),
+                           b.labels.size() * sizeof(int32_t));
     net_->Forward(b.n, images_.f32(), /*training=*/false, 0);
     backend_->Fill(stats_.f32(), 2, 0);
     net_->Loss(b.n, labels_.as<int32_t>(), stats_.f32());
@@ -332,30 +345,35 @@ absl::Status Run::SaveCheckpoint() {
   c.validations_without_improvement = without_improvement_;
   c.normalization = normalization_;
   c.params.resize(net_->num_params());
-  backend_->CopyToHost(c.params.data(), net_->params(), c.params.size() * sizeof(float));
+  backend_->CopyToHost(c.params.data(), net_->params(),
+                       c.params.size() * sizeof(float));
   c.state.resize(net_->state_size());
   if (!c.state.empty()) {
-    backend_->CopyToHost(c.state.data(), net_->state(), c.state.size() * sizeof(float));
+    backend_->CopyToHost(c.state.data(), net_->state(),
+                         c.state.size() * sizeof(float));
   }
   c.solver_state = solver_->SaveState();
   RETURN_IF_ERROR(WriteCheckpoint(OutPath(kCheckpointFile), c));
   RETURN_IF_ERROR(WriteFileAtomic(OutPath(kHistoryFile), HistoryCsv(history_)));
   if (req_.progress != nullptr) {
-    req_.progress->Emit(nlohmann::json{{"event", "checkpoint"},
-                                       {"time_ms", NowMs()},
-                                       {"iteration", iteration_},
-                                       {"path", kCheckpointFile}}
-                            .dump());
+    req_.progress->Emit(nlohmann::json{
+        {"event", "checkpoint"},
+        {"time_ms", NowMs()},
+        {"iteration", iteration_},
+        {"path",
+         kCheckpointFile}}.dump());
   }
   return absl::OkStatus();
 }
 
 void Run::EmitProgress(double images_per_s, bool force) {
-  if (!leader() || req_.progress == nullptr || !req_.progress->enabled()) return;
+  if (!leader() || req_.progress == nullptr || !req_.progress->enabled())
+    return;
   const auto now = Clock::now();
   if (!force && now - last_emit_ < std::chrono::milliseconds(500)) return;
   last_emit_ = now;
-  const double per_iteration = images_per_s > 0 ? global_batch_ / images_per_s : 0;
+  const double per_iteration =
+      images_per_s > 0 ? global_batch_ / images_per_s : 0;
   req_.progress->Emit(nlohmann::json{
       {"event", "progress"},
       {"time_ms", NowMs()},
@@ -382,16 +400,18 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
   m.params_info = net_->params_info();
   m.state_info = net_->state_info();
   m.params.resize(net_->num_params());
-  backend_->CopyToHost(m.params.data(), net_->params(), m.params.size() * sizeof(float));
+  backend_->CopyToHost(m.params.data(), net_->params(),
+                       m.params.size() * sizeof(float));
   m.state.resize(net_->state_size());
   if (!m.state.empty()) {
-    backend_->CopyToHost(m.state.data(), net_->state(), m.state.size() * sizeof(float));
+    backend_->CopyToHost(m.state.data(), net_->state(),
+                         m.state.size() * sizeof(float));
   }
   m.normalization = normalization_;
   ASSIGN_OR_RETURN(std::string onnx, ExportOnnx(m));
   RETURN_IF_ERROR(WriteFileAtomic(OutPath(kOnnxFile), onnx));
-  RETURN_IF_ERROR(WriteFileAtomic(OutPath(kPlotFile),
-                                  ProgressSvg(history_, req_.name)));
+  RETURN_IF_ERROR(
+      WriteFileAtomic(OutPath(kPlotFile), ProgressSvg(history_, req_.name)));
   nlohmann::json j = {
       {"name", req_.name},
       {"iterations", result.iterations},
@@ -433,7 +453,8 @@ absl::StatusOr<TrainResult> Run::Execute() {
       "iterations per epoch, %d iterations.",
       backend_->Describe(), comm_.size(), comm_.size() == 1 ? "" : "s",
       global_batch_, train_.count,
-      validation_ ? absl::StrCat(", ", validation_->count, " for validation") : "",
+      validation_ ? absl::StrCat(", ", validation_->count, " for validation")
+                  : "",
       per_epoch_, total_));
 
   BatchLoader::Options lo;
@@ -453,12 +474,13 @@ absl::StatusOr<TrainResult> Run::Execute() {
   const bool verbose = leader() && req_.diary != nullptr;
   if (verbose) table.Header();
   if (leader() && req_.progress != nullptr) {
-    req_.progress->Emit(nlohmann::json{{"event", "start"},
-                                       {"time_ms", NowMs()},
-                                       {"iteration", iteration_},
-                                       {"iterations", total_},
-                                       {"resumed", resumed_}}
-                            .dump());
+    req_.progress->Emit(nlohmann::json{
+        {"event", "start"},
+        {"time_ms", NowMs()},
+        {"iteration", iteration_},
+        {"iterations", total_},
+        {"resumed",
+         resumed_}}.dump());
   }
 
   TrainResult result;
@@ -501,8 +523,8 @@ absl::StatusOr<TrainResult> Run::Execute() {
     last_lr_ = lr;
     if (!std::isfinite(last_loss_)) {
       return absl::OutOfRangeError(absl::StrCat(
-          "the training loss became ", last_loss_, " at iteration ",
-          iteration_, " (epoch ", epoch,
+          "the training loss became ", last_loss_, " at iteration ", iteration_,
+          " (epoch ", epoch,
           "); lower initial_learn_rate or set gradient_threshold"));
     }
     history_.iterations.push_back(
@@ -514,14 +536,16 @@ absl::StatusOr<TrainResult> Run::Execute() {
       ASSIGN_OR_RETURN(Evaluation v, Evaluate(*validation_));
       validation = v;
       last_validation = v;
-      history_.validations.push_back({iteration_, epoch, Elapsed(), v.loss, v.accuracy});
+      history_.validations.push_back(
+          {iteration_, epoch, Elapsed(), v.loss, v.accuracy});
       if (leader() && req_.progress != nullptr) {
-        req_.progress->Emit(nlohmann::json{{"event", "validation"},
-                                           {"time_ms", NowMs()},
-                                           {"iteration", iteration_},
-                                           {"loss", v.loss},
-                                           {"accuracy", v.accuracy}}
-                                .dump());
+        req_.progress->Emit(nlohmann::json{
+            {"event", "validation"},
+            {"time_ms", NowMs()},
+            {"iteration", iteration_},
+            {"loss", v.loss},
+            {"accuracy",
+             v.accuracy}}.dump());
       }
       if (v.loss < best_validation_loss_) {
         best_validation_loss_ = v.loss;
@@ -533,8 +557,9 @@ absl::StatusOr<TrainResult> Run::Execute() {
     const bool stop_early = opt_.validation_patience > 0 &&
                             without_improvement_ >= opt_.validation_patience;
     const double images_per_s = train_time > 0 ? images / train_time : 0;
-    if (verbose && (iteration_ == 1 || iteration_ % opt_.verbose_frequency == 0 ||
-                    validation || last || stop_early)) {
+    if (verbose &&
+        (iteration_ == 1 || iteration_ % opt_.verbose_frequency == 0 ||
+         validation || last || stop_early)) {
       ProgressRow row;
       row.epoch = epoch;
       row.iteration = iteration_;
@@ -597,9 +622,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
         "Training finished: %d iterations in %s, %.0f images/s.",
         result.iterations, FormatElapsed(Elapsed()), result.images_per_s);
     if (result.validation_accuracy) {
-      absl::StrAppend(&summary, absl::StrFormat(" Validation accuracy %.2f%%, loss %.4f.",
-                                                *result.validation_accuracy,
-                                                *result.validation_loss));
+      absl::StrAppend(&summary,
+                      absl::StrFormat(" Validation accuracy %.2f%%, loss %.4f.",
+                                      *result.validation_accuracy,
+                                      *result.validation_loss));
     }
     if (result.test_accuracy) {
       absl::StrAppend(&summary, absl::StrFormat(" Test accuracy %.2f%%.",

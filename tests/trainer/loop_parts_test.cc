@@ -1,9 +1,9 @@
 // Options with MATLAB's defaults, learning-rate schedules, and the
 // checkpoint format: pure parts of the training loop.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "common/files.h"
 #include "trainer/checkpoint.h"
@@ -129,7 +129,8 @@ TEST(Checkpoint, DamageIsDetectedAndNamed) {
   s = DecodeCheckpoint(good.substr(0, good.size() - 100), "c").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
 
-  s = DecodeCheckpoint("PK\x03\x04 something else entirely, long enough......", "c")
+  s = DecodeCheckpoint("PK\x03\x04 something else entirely, long enough......",
+                       "c")
           .status();
   EXPECT_NE(s.message().find("magic"), std::string::npos) << s;
 

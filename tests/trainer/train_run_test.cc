@@ -1,17 +1,16 @@
 // Whole training runs of the real dlbatch-train on the real Fashion-MNIST
 // files: accuracy, outputs, determinism, resume after a kill, 1 rank
 // against 4, and the errors a user meets.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -33,7 +32,8 @@ using dlbatch::testing::WriteAll;
 constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
 
 bool HaveData() {
-  return access(absl::StrCat(kData, "/train-images-idx3-ubyte.gz").c_str(), R_OK) == 0;
+  return access(absl::StrCat(kData, "/train-images-idx3-ubyte.gz").c_str(),
+                R_OK) == 0;
 }
 
 const char kLenet[] = R"(
@@ -65,9 +65,10 @@ const char kSmall[] = R"(
 )";
 
 std::string DataSection(bool validation = true) {
-  std::string s = absl::StrCat(
-      "  data:\n    train: {format: idx, images: ", kData,
-      "/train-images-idx3-ubyte.gz, labels: ", kData, "/train-labels-idx1-ubyte.gz}\n");
+  std::string s =
+      absl::StrCat("  data:\n    train: {format: idx, images: ", kData,
+                   "/train-images-idx3-ubyte.gz, labels: ", kData,
+                   "/train-labels-idx1-ubyte.gz}\n");
   if (validation) {
     absl::StrAppend(&s, "    validation: {format: idx, images: ", kData,
                     "/t10k-images-idx3-ubyte.gz, labels: ", kData,
@@ -79,7 +80,8 @@ std::string DataSection(bool validation = true) {
 class TrainRun : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveData()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+    if (!HaveData())
+      GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
     char tmpl[] = "/tmp/dlbatch-train-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
@@ -93,15 +95,16 @@ class TrainRun : public ::testing::Test {
   std::string Job(const std::string& name, const std::string& network,
                   const std::string& options, bool validation = true) {
     const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
-    WriteAll(path, absl::StrCat("name: ", name, "\ntrain:\n", network,
-                                DataSection(validation), "  options:\n", options));
+    WriteAll(path,
+             absl::StrCat("name: ", name, "\ntrain:\n", network,
+                          DataSection(validation), "  options:\n", options));
     return path;
   }
 
   Result Train(const std::string& job, const std::string& out,
                std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {BinDir() + "/dlbatch-train", job, "--output-dir",
-                                     out};
+    std::vector<std::string> argv = {BinDir() + "/dlbatch-train", job,
+                                     "--output-dir", out};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return Exec(argv, {}, 600000);
   }
@@ -115,7 +118,8 @@ class TrainRun : public ::testing::Test {
   std::string dir_;
 };
 
-double RelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+double RelativeDifference(const std::vector<float>& a,
+                          const std::vector<float>& b) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
@@ -144,7 +148,8 @@ TEST_F(TrainRun, LenetReaches85PercentInOneEpochWithEveryOutput) {
   // The diary: MATLAB's table with its columns, and the summary line.
   EXPECT_NE(r.out.find("Mini-batch"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Validation"), std::string::npos);
-  EXPECT_NE(r.out.find("Training finished: 937 iterations"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Training finished: 937 iterations"), std::string::npos)
+      << r.out;
 
   nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
   EXPECT_EQ(m["iterations"], 937);
@@ -161,13 +166,15 @@ TEST_F(TrainRun, LenetReaches85PercentInOneEpochWithEveryOutput) {
   }
   EXPECT_EQ(train_rows, 937);
   EXPECT_EQ(validation_rows, 3);
-  EXPECT_NE(ReadAll(out + "/training_progress.svg").find("<svg"), std::string::npos);
+  EXPECT_NE(ReadAll(out + "/training_progress.svg").find("<svg"),
+            std::string::npos);
   EXPECT_EQ(FinalParams(out).size(), 431080u);
 
   // Structured progress: start, progress lines with the fields the worker
   // forwards, validations, done.
   const std::string progress = ReadAll(dir_ + "/progress.jsonl");
-  std::vector<std::string> events = absl::StrSplit(progress, '\n', absl::SkipEmpty());
+  std::vector<std::string> events =
+      absl::StrSplit(progress, '\n', absl::SkipEmpty());
   ASSERT_GE(events.size(), 4u);
   EXPECT_EQ(nlohmann::json::parse(events.front())["event"], "start");
   EXPECT_EQ(nlohmann::json::parse(events.back())["event"], "done");
@@ -176,8 +183,8 @@ TEST_F(TrainRun, LenetReaches85PercentInOneEpochWithEveryOutput) {
     nlohmann::json j = nlohmann::json::parse(e);
     if (j["event"] != "progress") continue;
     ++progress_events;
-    for (const char* key : {"iteration", "epoch", "loss", "accuracy", "learn_rate",
-                            "images_per_s", "eta_s"}) {
+    for (const char* key : {"iteration", "epoch", "loss", "accuracy",
+                            "learn_rate", "images_per_s", "eta_s"}) {
       EXPECT_TRUE(j.contains(key)) << key << " missing in " << e;
     }
   }
@@ -186,10 +193,11 @@ TEST_F(TrainRun, LenetReaches85PercentInOneEpochWithEveryOutput) {
   // The ONNX model passes the checker, where Debian's python3-onnx is.
   Result has_onnx = Exec({"/usr/bin/python3", "-c", "import onnx"});
   if (has_onnx.code == 0) {
-    Result check = Exec({"/usr/bin/python3", "-c",
-                         "import onnx,sys; onnx.checker.check_model(onnx.load(sys.argv[1]), "
-                         "full_check=True); print('ok')",
-                         out + "/model.onnx"});
+    Result check = Exec(
+        {"/usr/bin/python3", "-c",
+         "import onnx,sys; onnx.checker.check_model(onnx.load(sys.argv[1]), "
+         "full_check=True); print('ok')",
+         out + "/model.onnx"});
     EXPECT_EQ(check.code, 0) << check.out << check.err;
   } else {
     std::printf("python3-onnx missing: the ONNX checker step is skipped\n");
@@ -212,9 +220,9 @@ TEST_F(TrainRun, SameSeedSameWeightsAndAnotherSeedOthers) {
   ASSERT_EQ(Train(job, dir_ + "/a", {"--max-iterations", "30"}).code, 0);
   ASSERT_EQ(Train(job, dir_ + "/b", {"--max-iterations", "30"}).code, 0);
   EXPECT_EQ(FinalParams(dir_ + "/a"), FinalParams(dir_ + "/b"));
-  const std::string other = Job("small2", kSmall,
-                                absl::StrReplaceAll(kSmallOptions, {{"seed: 7", "seed: 8"}}),
-                                false);
+  const std::string other =
+      Job("small2", kSmall,
+          absl::StrReplaceAll(kSmallOptions, {{"seed: 7", "seed: 8"}}), false);
   ASSERT_EQ(Train(other, dir_ + "/c", {"--max-iterations", "30"}).code, 0);
   EXPECT_NE(FinalParams(dir_ + "/a"), FinalParams(dir_ + "/c"));
 }
@@ -236,9 +244,12 @@ TEST_F(TrainRun, KilledAndResumedRunEndsWithTheSameWeights) {
           "--max-iterations", "400", "--progress", progress.c_str(), nullptr);
     _exit(127);
   }
-  const bool checkpointed = WaitFor([&] {
-    return ReadAll(progress).find("\"iteration\":20,\"path\"") != std::string::npos;
-  }, 60000);
+  const bool checkpointed = WaitFor(
+      [&] {
+        return ReadAll(progress).find("\"iteration\":20,\"path\"") !=
+               std::string::npos;
+      },
+      60000);
   kill(pid, SIGKILL);
   int status = 0;
   waitpid(pid, &status, 0);
@@ -275,13 +286,17 @@ TEST_F(TrainRun, FourRanksTrainLenetToTheWeightsOfOne) {
     shuffle: every-epoch
     verbose_frequency: 1000
     seed: 3
-)", false);
-  Result one = Train(job, dir_ + "/one", {"--max-iterations", "60", "--ranks", "1"});
+)",
+                              false);
+  Result one =
+      Train(job, dir_ + "/one", {"--max-iterations", "60", "--ranks", "1"});
   ASSERT_EQ(one.code, 0) << one.err;
-  Result four = Train(job, dir_ + "/four",
-                      {"--max-iterations", "60", "--ranks", "4", "--threads", "1"});
+  Result four =
+      Train(job, dir_ + "/four",
+            {"--max-iterations", "60", "--ranks", "4", "--threads", "1"});
   ASSERT_EQ(four.code, 0) << four.out << four.err;
-  nlohmann::json m = nlohmann::json::parse(ReadAll(dir_ + "/four/metrics.json"));
+  nlohmann::json m =
+      nlohmann::json::parse(ReadAll(dir_ + "/four/metrics.json"));
   EXPECT_EQ(m["ranks"], 4);
   const std::vector<float> p1 = FinalParams(dir_ + "/one");
   const std::vector<float> p4 = FinalParams(dir_ + "/four");
@@ -300,7 +315,8 @@ TEST_F(TrainRun, NonFiniteLossStopsWithTheIteration) {
     initial_learn_rate: 1000000
     mini_batch_size: 64
     verbose_frequency: 1000
-)", false);
+)",
+                              false);
   Result r = Train(job, dir_ + "/out", {"--max-iterations", "200"});
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("at iteration"), std::string::npos) << r.err;
@@ -309,8 +325,10 @@ TEST_F(TrainRun, NonFiniteLossStopsWithTheIteration) {
 
 TEST_F(TrainRun, BadSpecsAndDataSayWhatToChange) {
   // Network input that does not match the images.
-  std::string net = absl::StrReplaceAll(kSmall, {{"input: [28, 28, 1]", "input: [32, 32, 3]"}});
-  Result r = Train(Job("shape", net, "    max_epochs: 1\n", false), dir_ + "/o1");
+  std::string net = absl::StrReplaceAll(
+      kSmall, {{"input: [28, 28, 1]", "input: [32, 32, 3]"}});
+  Result r =
+      Train(Job("shape", net, "    max_epochs: 1\n", false), dir_ + "/o1");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("[28, 28, 1]"), std::string::npos) << r.err;
   // Fewer classes than the labels have.
@@ -319,14 +337,17 @@ TEST_F(TrainRun, BadSpecsAndDataSayWhatToChange) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("10 units"), std::string::npos) << r.err;
   // A batch larger than the data set.
-  r = Train(Job("batch", kSmall, "    mini_batch_size: 100000\n", false), dir_ + "/o3");
+  r = Train(Job("batch", kSmall, "    mini_batch_size: 100000\n", false),
+            dir_ + "/o3");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("exceeds the 60000 training images"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exceeds the 60000 training images"), std::string::npos)
+      << r.err;
   // A missing data file is named.
   const std::string missing = dir_ + "/missing.yaml";
-  WriteAll(missing, absl::StrCat("train:\n", kSmall,
-                                 "  data:\n    train: {format: idx, images: nothere.gz, "
-                                 "labels: nothere-labels.gz}\n"));
+  WriteAll(missing,
+           absl::StrCat("train:\n", kSmall,
+                        "  data:\n    train: {format: idx, images: nothere.gz, "
+                        "labels: nothere-labels.gz}\n"));
   r = Train(missing, dir_ + "/o4");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("nothere.gz"), std::string::npos) << r.err;
@@ -346,9 +367,11 @@ TEST_F(TrainRun, BadSpecsAndDataSayWhatToChange) {
 TEST_F(TrainRun, ResumeRefusesAnotherNetworksCheckpoint) {
   const std::string job = Job("small", kSmall, kSmallOptions, false);
   ASSERT_EQ(Train(job, dir_ + "/out", {"--max-iterations", "10"}).code, 0);
-  const std::string other = Job("other", absl::StrReplaceAll(kSmall, {{"filters: 8", "filters: 4"}}),
-                                kSmallOptions, false);
-  Result r = Train(other, dir_ + "/out", {"--max-iterations", "20", "--resume"});
+  const std::string other =
+      Job("other", absl::StrReplaceAll(kSmall, {{"filters: 8", "filters: 4"}}),
+          kSmallOptions, false);
+  Result r =
+      Train(other, dir_ + "/out", {"--max-iterations", "20", "--resume"});
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("another network"), std::string::npos) << r.err;
   // A damaged checkpoint is reported, not trained from.
