@@ -96,7 +96,8 @@ void BoundPrimitive::Run(std::initializer_list<const void*> data) {
 
 double TimePrimitive(
     const Context* ctx, const dnnl::primitive& prim,
-    const std::vector<std::pair<int, dnnl::memory::desc>>& args) {
+    const std::vector<std::pair<int, dnnl::memory::desc>>& args,
+    double give_up) {
   std::unordered_map<int, dnnl::memory> exec;
   for (const auto& [arg, md] : args) {
     if (md.get_size() == 0) continue;
@@ -104,8 +105,9 @@ double TimePrimitive(
     std::memset(mem.get_data_handle(), 0, md.get_size());
     exec[arg] = mem;
   }
-  prim.execute(ctx->stream, exec);  // warm-up: caches, pages, jit
+  prim.execute(ctx->stream, exec);  // warm-up: caches, pages
   // The best of a few runs: other processes on the machine only ever add.
+  // A candidate far slower than the best so far is not worth more runs.
   double best = 0;
   for (int i = 0; i < 3; ++i) {
     const auto start = std::chrono::steady_clock::now();
@@ -115,6 +117,7 @@ double TimePrimitive(
                          std::chrono::steady_clock::now() - start)
                          .count();
     if (i == 0 || t < best) best = t;
+    if (give_up > 0 && best > give_up) break;
   }
   return best;
 }

@@ -102,9 +102,11 @@ class BoundPrimitive {
 };
 
 // Times `prim` on scratch tensors of the given layouts (zero-filled) and
-// returns its best of a few runs in seconds; what autotuning compares.
+// returns its best of a few runs in seconds, what autotuning compares;
+// stops early once the best exceeds `give_up` (if > 0).
 double TimePrimitive(const Context* ctx, const dnnl::primitive& prim,
-                     const std::vector<std::pair<int, dnnl::memory::desc>>& args);
+                     const std::vector<std::pair<int, dnnl::memory::desc>>& args,
+                     double give_up);
 
 // Autotuning, as cuDNN's algorithm search: among the implementations oneDNN
 // offers for a primitive (`make_pd()`, then next_impl()), other than its
@@ -123,7 +125,8 @@ Pd PickFastest(
     if (impl.rfind("ref", 0) != 0) {
       std::vector<std::pair<int, dnnl::memory::desc>> a = args(pd);
       a.emplace_back(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
-      const double t = TimePrimitive(ctx, Prim(pd), a);
+      const double t =
+          TimePrimitive(ctx, Prim(pd), a, best_time < 0 ? 0 : 2 * best_time);
       if (best_time < 0 || t < best_time) {
         best_time = t;
         best = index;
