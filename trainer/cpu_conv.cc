@@ -21,8 +21,9 @@ using Args = std::vector<std::pair<int, memory::desc>>;
 // offers only its reference loops. They are reordered from and to OHWI
 // around each call, which costs little next to the convolution itself.
 // Activations stay NHWC: blocked layouts measured no faster on LeNet's
-// shapes even before counting the reorders they need between layers. Of the implementations oneDNN
-// offers, the fastest on this machine is timed and kept (PickFastest).
+// shapes even before counting the reorders they need between layers. Of
+// the implementations oneDNN offers, the fastest on this machine is timed
+// and kept (PickFastest).
 
 class CpuConv final : public ConvKernel {
  public:
