@@ -105,7 +105,8 @@ void Breakdown(Backend* backend, int n, double seconds) {
   Buffer db = Random(backend, 500, 7);
   Buffer ws = *backend->Allocate(int64_t{n} * 24 * 24 * 20 * 4);
 
-  const ConvDesc c1 = conv_desc({28, 28, 1}, 20), c2 = conv_desc({12, 12, 20}, 50);
+  const ConvDesc c1 = conv_desc({28, 28, 1}, 20),
+                 c2 = conv_desc({12, 12, 20}, 50);
   auto conv1 = *backend->MakeConv(c1, n);
   auto conv2 = *backend->MakeConv(c2, n);
   auto pool1 = *backend->MakePool(pool_desc({24, 24, 20}), n);
@@ -122,8 +123,7 @@ void Breakdown(Backend* backend, int n, double seconds) {
   time("pool1 backward",
        [&] { pool1->Backward(n, x, y, z, ws.as<void>(), x); });
   time("conv2 forward", [&] { conv2->Forward(n, x, w.f32(), b.f32(), y); });
-  time("conv2 backward data",
-       [&] { conv2->BackwardData(n, y, w.f32(), x); });
+  time("conv2 backward data", [&] { conv2->BackwardData(n, y, w.f32(), x); });
   time("conv2 backward weights",
        [&] { conv2->BackwardWeights(n, x, y, dw.f32(), db.f32()); });
   time("pool2 forward", [&] { pool2->Forward(n, x, y, ws.as<void>()); });
@@ -196,8 +196,7 @@ int Main(int argc, char** argv) {
     std::printf(
         "batch %3d: median %.3f ms/step (%.0f images/s), best %.3f ms/step "
         "(%.0f images/s)\n",
-        n, 1e3 * step.median, n / step.median, 1e3 * step.best,
-        n / step.best);
+        n, 1e3 * step.median, n / step.median, 1e3 * step.best, n / step.best);
     Breakdown(backend->get(), n, seconds);
   }
   return 0;

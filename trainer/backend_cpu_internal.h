@@ -39,14 +39,14 @@ struct Context {
 
 // Runs `expr` (oneDNN calls that may throw) and dies with its text, file and
 // line if it throws.
-#define DLBATCH_DNNL_RUN(expr)                                        \
-  do {                                                                \
-    try {                                                             \
-      expr;                                                           \
-    } catch (const dnnl::error& dlbatch_dnnl_error) {                 \
-      ::dlbatch::trainer::cpu::Die(#expr, __FILE__, __LINE__,         \
-                                   dlbatch_dnnl_error.what());        \
-    }                                                                 \
+#define DLBATCH_DNNL_RUN(expr)                                 \
+  do {                                                         \
+    try {                                                      \
+      expr;                                                    \
+    } catch (const dnnl::error& dlbatch_dnnl_error) {          \
+      ::dlbatch::trainer::cpu::Die(#expr, __FILE__, __LINE__,  \
+                                   dlbatch_dnnl_error.what()); \
+    }                                                          \
   } while (false)
 
 // Runs `make` (a primitive's creation, which throws where oneDNN has no
@@ -57,8 +57,8 @@ absl::Status TryCreate(std::string_view what, F&& make) {
   try {
     make();
   } catch (const dnnl::error& e) {
-    return absl::InvalidArgumentError(
-        std::string(what) + ": oneDNN cannot run it: " + e.what());
+    return absl::InvalidArgumentError(std::string(what) +
+                                      ": oneDNN cannot run it: " + e.what());
   }
   return absl::OkStatus();
 }
@@ -102,9 +102,12 @@ class BoundPrimitive {
 };
 
 // Times `prim` on scratch tensors of the given layouts (zero-filled) and
-// returns its best of a few runs in seconds; what autotuning compares.
-double TimePrimitive(const Context* ctx, const dnnl::primitive& prim,
-                     const std::vector<std::pair<int, dnnl::memory::desc>>& args);
+// returns its best of a few runs in seconds, what autotuning compares;
+// stops early once the best exceeds `give_up` (if > 0).
+double TimePrimitive(
+    const Context* ctx, const dnnl::primitive& prim,
+    const std::vector<std::pair<int, dnnl::memory::desc>>& args,
+    double give_up);
 
 // Autotuning, as cuDNN's algorithm search: among the implementations oneDNN
 // offers for a primitive (`make_pd()`, then next_impl()), other than its
@@ -113,8 +116,8 @@ double TimePrimitive(const Context* ctx, const dnnl::primitive& prim,
 template <typename Pd, typename Prim>
 Pd PickFastest(
     const Context* ctx, const std::function<Pd()>& make_pd,
-    const std::function<std::vector<std::pair<int, dnnl::memory::desc>>(
-        const Pd&)>& args) {
+    const std::function<
+        std::vector<std::pair<int, dnnl::memory::desc>>(const Pd&)>& args) {
   Pd pd = make_pd();
   int best = 0, index = 0;
   double best_time = -1;
@@ -123,7 +126,8 @@ Pd PickFastest(
     if (impl.rfind("ref", 0) != 0) {
       std::vector<std::pair<int, dnnl::memory::desc>> a = args(pd);
       a.emplace_back(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
-      const double t = TimePrimitive(ctx, Prim(pd), a);
+      const double t =
+          TimePrimitive(ctx, Prim(pd), a, best_time < 0 ? 0 : 2 * best_time);
       if (best_time < 0 || t < best_time) {
         best_time = t;
         best = index;
@@ -186,8 +190,8 @@ void SoftmaxCrossEntropyBackward(int n, int classes, const float* probs,
 void SgdmUpdate(int64_t count, int64_t decayed, float lr, float momentum,
                 float l2, float* params, const float* grads, float* velocity);
 void AdamUpdate(int64_t count, int64_t decayed, float lr, float beta1,
-                float beta2, float epsilon, int64_t t, float l2,
-                float* params, const float* grads, float* m, float* v);
+                float beta2, float epsilon, int64_t t, float l2, float* params,
+                const float* grads, float* m, float* v);
 void RmspropUpdate(int64_t count, int64_t decayed, float lr, float beta2,
                    float epsilon, float l2, float* params, const float* grads,
                    float* v);

@@ -137,8 +137,8 @@ void AdamRange(int64_t begin, int64_t end, float lr, float beta1, float beta2,
     const float vi = beta2 * v[i] + (1 - beta2) * g * g;
     m[i] = mi;
     v[i] = vi;
-    params[i] -= lr * (mi * correction1) / (std::sqrt(vi * correction2) +
-                                            epsilon);
+    params[i] -=
+        lr * (mi * correction1) / (std::sqrt(vi * correction2) + epsilon);
   }
 }
 
@@ -165,8 +165,8 @@ void SgdmUpdate(int64_t count, int64_t decayed, float lr, float momentum,
 }
 
 void AdamUpdate(int64_t count, int64_t decayed, float lr, float beta1,
-                float beta2, float epsilon, int64_t t, float l2,
-                float* params, const float* grads, float* m, float* v) {
+                float beta2, float epsilon, int64_t t, float l2, float* params,
+                const float* grads, float* m, float* v) {
   decayed = std::clamp<int64_t>(decayed, 0, count);
   const double tt = static_cast<double>(std::max<int64_t>(t, 1));
   const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(beta1, tt)));
@@ -182,8 +182,7 @@ void RmspropUpdate(int64_t count, int64_t decayed, float lr, float beta2,
                    float* v) {
   decayed = std::clamp<int64_t>(decayed, 0, count);
   RmspropRange<true>(0, decayed, lr, beta2, epsilon, l2, params, grads, v);
-  RmspropRange<false>(decayed, count, lr, beta2, epsilon, l2, params, grads,
-                      v);
+  RmspropRange<false>(decayed, count, lr, beta2, epsilon, l2, params, grads, v);
 }
 
 }  // namespace dlbatch::trainer::cpu

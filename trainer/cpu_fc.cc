@@ -16,10 +16,7 @@ using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
-// Let oneDNN pick the weights' layout; reordered from and to [units, in]
-// around each call.
-constexpr bool kAnyWeights = false;
-
+// Plain layouts throughout: oneDNN runs them as one GEMM each (x64:gemm:jit).
 class CpuFc final : public FcKernel {
  public:
   CpuFc(const Context* ctx, const FcDesc& desc, int max_batch)
@@ -67,14 +64,11 @@ class CpuFc final : public FcKernel {
   memory::desc Dst(int n) const {
     return memory::desc({n, d_.units}, dt::f32, tag::nc);
   }
-  memory::desc Weights(tag t = tag::oi) const {
-    return memory::desc({d_.units, d_.in}, dt::f32, t);
+  memory::desc Weights() const {
+    return memory::desc({d_.units, d_.in}, dt::f32, tag::oi);
   }
   memory::desc Bias() const {
     return memory::desc({d_.units}, dt::f32, tag::x);
-  }
-  memory::desc WeightsAny() const {
-    return kAnyWeights ? Weights(tag::any) : Weights();
   }
 
   dnnl::primitive_attr Attr() const {
@@ -86,9 +80,8 @@ class CpuFc final : public FcKernel {
   const dnnl::inner_product_forward::primitive_desc& FwdPd(int n) {
     Prims& p = cache_[n];
     if (!p.fwd_pd) {
-      dnnl::inner_product_forward::desc desc(
-          dnnl::prop_kind::forward_training, Src(n), WeightsAny(), Bias(),
-          Dst(n));
+      dnnl::inner_product_forward::desc desc(dnnl::prop_kind::forward_training,
+                                             Src(n), Weights(), Bias(), Dst(n));
       p.fwd_pd.emplace(desc, Attr(), ctx_->engine);
     }
     return *p.fwd_pd;
@@ -111,8 +104,7 @@ class CpuFc final : public FcKernel {
   BoundPrimitive& BwdData(int n) {
     Prims& p = cache_[n];
     if (!p.bwd_data) {
-      dnnl::inner_product_backward_data::desc desc(Src(n), WeightsAny(),
-                                                   Dst(n));
+      dnnl::inner_product_backward_data::desc desc(Src(n), Weights(), Dst(n));
       dnnl::inner_product_backward_data::primitive_desc pd(
           desc, Attr(), ctx_->engine, FwdPd(n));
       p.bwd_data.emplace(ctx_, name_ + " backward data",
@@ -128,8 +120,8 @@ class CpuFc final : public FcKernel {
   BoundPrimitive& BwdWeights(int n) {
     Prims& p = cache_[n];
     if (!p.bwd_weights) {
-      dnnl::inner_product_backward_weights::desc desc(Src(n), WeightsAny(),
-                                                      Bias(), Dst(n));
+      dnnl::inner_product_backward_weights::desc desc(Src(n), Weights(), Bias(),
+                                                      Dst(n));
       dnnl::inner_product_backward_weights::primitive_desc pd(
           desc, Attr(), ctx_->engine, FwdPd(n));
       p.bwd_weights.emplace(ctx_, name_ + " backward weights",
@@ -139,8 +131,7 @@ class CpuFc final : public FcKernel {
       p.bwd_weights->AddInput(DNNL_ARG_DIFF_DST, Dst(n), pd.diff_dst_desc());
       p.bwd_weights->AddOutput(DNNL_ARG_DIFF_WEIGHTS, Weights(),
                                pd.diff_weights_desc());
-      p.bwd_weights->AddOutput(DNNL_ARG_DIFF_BIAS, Bias(),
-                               pd.diff_bias_desc());
+      p.bwd_weights->AddOutput(DNNL_ARG_DIFF_BIAS, Bias(), pd.diff_bias_desc());
     }
     return *p.bwd_weights;
   }

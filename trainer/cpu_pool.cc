@@ -23,11 +23,10 @@ class CpuPool final : public PoolKernel {
   CpuPool(const Context* ctx, const PoolDesc& desc, int max_batch)
       : ctx_(ctx),
         d_(desc),
-        name_(absl::StrCat(desc.kind == PoolKind::kMax ? "max" : "average",
-                           " pooling ", desc.in.ToString(), " -> ",
-                           desc.out.ToString(), " (", desc.kh, "x", desc.kw,
-                           ", stride ", desc.stride_h, "x", desc.stride_w,
-                           ")")),
+        name_(absl::StrCat(
+            desc.kind == PoolKind::kMax ? "max" : "average", " pooling ",
+            desc.in.ToString(), " -> ", desc.out.ToString(), " (", desc.kh, "x",
+            desc.kw, ", stride ", desc.stride_h, "x", desc.stride_w, ")")),
         cache_(max_batch) {}
 
   absl::Status Prepare(int n) {
@@ -56,8 +55,8 @@ class CpuPool final : public PoolKernel {
     }
   }
 
-  void Backward(int n, const float* /*x*/, const float* /*y*/,
-                const float* dy, const void* workspace, float* dx) override {
+  void Backward(int n, const float* /*x*/, const float* /*y*/, const float* dy,
+                const void* workspace, float* dx) override {
     BoundPrimitive* p = nullptr;
     DLBATCH_DNNL_RUN(p = &Bwd(n));
     if (d_.kind == PoolKind::kMax) {
@@ -77,8 +76,7 @@ class CpuPool final : public PoolKernel {
     return memory::desc({n, d_.in.c, d_.in.h, d_.in.w}, dt::f32, tag::nhwc);
   }
   memory::desc Dst(int n) const {
-    return memory::desc({n, d_.out.c, d_.out.h, d_.out.w}, dt::f32,
-                        tag::nhwc);
+    return memory::desc({n, d_.out.c, d_.out.h, d_.out.w}, dt::f32, tag::nhwc);
   }
   dnnl::algorithm Algorithm() const {
     return d_.kind == PoolKind::kMax
@@ -129,8 +127,8 @@ class CpuPool final : public PoolKernel {
     auto& bwd = cache_[n].bwd;
     if (!bwd) {
       const auto& fwd_pd = FwdPd(n, true);
-      dnnl::pooling_backward::desc desc(Algorithm(), Src(n), Dst(n),
-                                        Strides(), Kernel(), PadL(), PadR());
+      dnnl::pooling_backward::desc desc(Algorithm(), Src(n), Dst(n), Strides(),
+                                        Kernel(), PadL(), PadR());
       dnnl::pooling_backward::primitive_desc pd(desc, Attr(), ctx_->engine,
                                                 fwd_pd);
       bwd.emplace(ctx_, name_ + " backward", dnnl::pooling_backward(pd),

@@ -33,8 +33,7 @@ class ConvLayer final : public Layer {
 absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx) {
   const v1::LayerSpec& spec = *ctx.spec;
   if (spec.filters() <= 0) {
-    return ctx.Error(
-        absl::StrCat("filters must be > 0, not ", spec.filters()));
+    return ctx.Error(absl::StrCat("filters must be > 0, not ", spec.filters()));
   }
   absl::StatusOr<Window> win = ResolveWindow(ctx, /*default_stride=*/1);
   if (!win.ok()) return win.status();

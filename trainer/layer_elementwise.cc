@@ -52,8 +52,8 @@ class DropoutLayer final : public Layer {
       backend_->CopyOnDevice(y, x, count * sizeof(float));
     }
   }
-  void Backward(int n, const float* /*x*/, const float* /*y*/,
-                const float* dy, float* dx) override {
+  void Backward(int n, const float* /*x*/, const float* /*y*/, const float* dy,
+                float* dx) override {
     if (dx == nullptr) return;
     backend_->Multiply(n * sample_size_, dy, mask_.f32(), dx);
   }
@@ -74,8 +74,8 @@ class SoftmaxLayer final : public Layer {
   // 0, whose statistics go to a scratch buffer nobody reads.
   void Forward(int n, const float* x, float* y, bool /*training*/,
                uint64_t /*dropout_seed*/) override {
-    backend_->SoftmaxCrossEntropy(n, classes_, x, scratch_.as<int32_t>() + 2,
-                                  y, scratch_.f32());
+    backend_->SoftmaxCrossEntropy(n, classes_, x, scratch_.as<int32_t>() + 2, y,
+                                  scratch_.f32());
   }
   // The network computes softmax's and the loss's gradient in one.
   void Backward(int, const float*, const float*, const float*,
@@ -116,8 +116,8 @@ absl::StatusOr<LayerPlan> MakeElementwiseLayer(const LayerContext& ctx) {
     if (ctx.in.h != 1 || ctx.in.w != 1) {
       return ctx.Error(absl::StrCat(
           "input ", ctx.in.ToString(), " must be [1, 1, classes] (",
-          "the output of an fc or globalavgpool layer); got [", ctx.in.h,
-          ", ", ctx.in.w, "] positions"));
+          "the output of an fc or globalavgpool layer); got [", ctx.in.h, ", ",
+          ctx.in.w, "] positions"));
     }
     auto scratch = ctx.backend->Allocate((2 + ctx.max_batch) * 4);
     if (!scratch.ok()) return ctx.Error(scratch.status().message());

@@ -35,8 +35,8 @@ class BatchNormLayer final : public Layer {
 
   void Backward(int n, const float* x, const float* /*y*/, const float* dy,
                 float* dx) override {
-    kernel_->Backward(n, x, dy, buffers_.params[0], SavedMean(), SavedVar(),
-                      dx, buffers_.grads[0], buffers_.grads[1]);
+    kernel_->Backward(n, x, dy, buffers_.params[0], SavedMean(), SavedVar(), dx,
+                      buffers_.grads[0], buffers_.grads[1]);
   }
 
   bool can_skip_dx() const override { return false; }
@@ -48,7 +48,7 @@ class BatchNormLayer final : public Layer {
   }
 
   std::unique_ptr<BatchNormKernel> kernel_;
-  Buffer saved_;    // this batch's mean, then its variance
+  Buffer saved_;  // this batch's mean, then its variance
 };
 
 }  // namespace
@@ -69,8 +69,8 @@ absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx) {
   if (!kernel.ok()) return ctx.Error(kernel.status().message());
   auto saved = ctx.backend->Allocate(2 * ctx.in.c * sizeof(float));
   if (!saved.ok()) return ctx.Error(saved.status().message());
-  plan.layer = std::make_unique<BatchNormLayer>(*std::move(kernel),
-                                                *std::move(saved));
+  plan.layer =
+      std::make_unique<BatchNormLayer>(*std::move(kernel), *std::move(saved));
 
   const int64_t c = ctx.in.c;
   ParamRequest scale{"scale", {c}, false, ParamInit::kOnes, 0, 0};

@@ -27,8 +27,7 @@ namespace {
 
 // `same` padding of one dimension: the output covers ceil(in / stride)
 // positions; the extra row or column goes at the bottom or right.
-void SamePadding(int in, int k, int stride, int* before, int* after,
-                 int* out) {
+void SamePadding(int in, int k, int stride, int* before, int* after, int* out) {
   *out = (in + stride - 1) / stride;
   const int total = std::max((*out - 1) * stride + k - in, 0);
   *before = total / 2;
@@ -56,14 +55,14 @@ absl::StatusOr<Window> ResolveWindow(const LayerContext& ctx,
   }
   Window win;
   win.kh = win.kw = spec.size();
-  win.stride_h = win.stride_w = spec.stride() > 0 ? spec.stride()
-                                                   : default_stride;
+  win.stride_h = win.stride_w =
+      spec.stride() > 0 ? spec.stride() : default_stride;
   win.out.c = ctx.in.c;
   if (spec.padding_same()) {
-    SamePadding(ctx.in.h, win.kh, win.stride_h, &win.pad.top,
-                &win.pad.bottom, &win.out.h);
-    SamePadding(ctx.in.w, win.kw, win.stride_w, &win.pad.left,
-                &win.pad.right, &win.out.w);
+    SamePadding(ctx.in.h, win.kh, win.stride_h, &win.pad.top, &win.pad.bottom,
+                &win.out.h);
+    SamePadding(ctx.in.w, win.kw, win.stride_w, &win.pad.left, &win.pad.right,
+                &win.out.w);
     return win;
   }
   const int p = spec.padding();

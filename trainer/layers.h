@@ -55,8 +55,8 @@ class Layer {
   // From dy (the gradient of this layer's output) computes its parameter
   // gradients and, unless dx is null, the gradient of its input. x and y are
   // those of the last training Forward.
-  virtual void Backward(int n, const float* x, const float* y,
-                        const float* dy, float* dx) = 0;
+  virtual void Backward(int n, const float* x, const float* y, const float* dy,
+                        float* dx) = 0;
   // False where Backward needs a dx even when nothing uses it (its kernel
   // always computes one).
   virtual bool can_skip_dx() const { return true; }

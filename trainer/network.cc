@@ -111,9 +111,8 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     LayerContext ctx;
     ctx.spec = &layer;
     ctx.index = i;
-    ctx.name = layer.name().empty()
-                   ? absl::StrCat(layer.type(), "_", i + 1)
-                   : layer.name();
+    ctx.name = layer.name().empty() ? absl::StrCat(layer.type(), "_", i + 1)
+                                    : layer.name();
     ctx.in = in;
     ctx.backend = backend;
     ctx.max_batch = max_batch;

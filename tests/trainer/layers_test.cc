@@ -26,7 +26,9 @@ using testing::RelativeError;
 class LayersTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto backend = MakeCpuBackend(2);
+    // One thread: a busy CI machine stalls a team of threads at every
+    // barrier; TwoThreadsAgreeWithOne covers the threaded paths.
+    auto backend = MakeCpuBackend(1);
     ASSERT_TRUE(backend.ok()) << backend.status();
     backend_ = *std::move(backend);
   }
@@ -212,7 +214,8 @@ TEST_F(LayersTest, FcForwardMatchesReferenceAndBackwardMatchesDifferences) {
   for (int s = 0; s < n; ++s) {
     for (int u = 0; u < d.units; ++u) {
       double sum = b[u];
-      for (int i = 0; i < d.in; ++i) sum += double{x[s * d.in + i]} * w[u * d.in + i];
+      for (int i = 0; i < d.in; ++i)
+        sum += double{x[s * d.in + i]} * w[u * d.in + i];
       ref[s * d.units + u] = sum;
     }
   }
@@ -255,9 +258,9 @@ TEST_P(PoolTest, ForwardMatchesReferenceAndBackwardMatchesDifferences) {
   d.kw = c.k > 0 ? c.k : c.in.w;
   d.stride_h = d.stride_w = c.stride;
   d.pad = c.pad;
-  d.out = Shape{(c.in.h + c.pad.top + c.pad.bottom - d.kh) / c.stride + 1,
-                (c.in.w + c.pad.left + c.pad.right - d.kw) / c.stride + 1,
-                c.in.c};
+  d.out =
+      Shape{(c.in.h + c.pad.top + c.pad.bottom - d.kh) / c.stride + 1,
+            (c.in.w + c.pad.left + c.pad.right - d.kw) / c.stride + 1, c.in.c};
   const int n = 3;
   auto kernel = backend_->MakePool(d, 4);
   ASSERT_TRUE(kernel.ok()) << kernel.status();
@@ -297,16 +300,16 @@ INSTANTIATE_TEST_SUITE_P(
                       PoolCase{PoolKind::kMax, {7, 7, 3}, 3, 2, {0, 0, 1, 1}},
                       PoolCase{PoolKind::kAverage, {6, 6, 4}, 2, 2, {}},
                       // Padding excluded from the average.
-                      PoolCase{PoolKind::kAverage, {5, 5, 2}, 3, 2,
-                               {1, 1, 1, 1}},
+                      PoolCase{
+                          PoolKind::kAverage, {5, 5, 2}, 3, 2, {1, 1, 1, 1}},
                       // Global average pooling: the whole input.
                       PoolCase{PoolKind::kAverage, {4, 3, 6}, 0, 1, {}}),
     [](const ::testing::TestParamInfo<PoolCase>& info) {
       const PoolCase& c = info.param;
       return absl::StrCat(c.kind == PoolKind::kMax ? "max" : "avg", "_in",
                           c.in.h, "x", c.in.w, "x", c.in.c, "_k", c.k, "_s",
-                          c.stride, "_pad", c.pad.top, c.pad.left,
-                          c.pad.bottom, c.pad.right);
+                          c.stride, "_pad", c.pad.top, c.pad.left, c.pad.bottom,
+                          c.pad.right);
     });
 
 // --- batch normalisation ---
@@ -352,9 +355,9 @@ TEST_F(LayersTest, BatchNormTrainingInferenceAndBackward) {
                       rvar.data(), y_.data());
   for (size_t i = 0; i < x.size(); ++i) {
     const int k = i % c;
-    ref[i] = gamma[k] * (x[i] - running_mean[k]) /
-                 std::sqrt(running_var[k] + 1e-5) +
-             beta[k];
+    ref[i] =
+        gamma[k] * (x[i] - running_mean[k]) / std::sqrt(running_var[k] + 1e-5) +
+        beta[k];
   }
   EXPECT_LT(RelativeError(y_.Get(), ref), 1e-5);
 
@@ -406,8 +409,7 @@ TEST_F(LayersTest, DropoutDrawsItsMaskFromTheCounter) {
   std::vector<float> x = RandomVector(count, 7);
   DeviceArray x_(backend_.get(), x), mask_(backend_.get(), count),
       y_(backend_.get(), count);
-  backend_->DropoutForward(p, seed, count, x_.data(), mask_.data(),
-                           y_.data());
+  backend_->DropoutForward(p, seed, count, x_.data(), mask_.data(), y_.data());
   const std::vector<float> mask = mask_.Get(), y = y_.Get();
   int64_t dropped = 0;
   for (int64_t i = 0; i < count; ++i) {
@@ -517,8 +519,7 @@ TEST_F(LayersTest, SolversFollowTheirFormulas) {
       const double vhat = want_v / (1 - std::pow(0.999, 3));
       ASSERT_NEAR(mm[i], want_m, 1e-6) << i;
       ASSERT_NEAR(vv[i], want_v, 1e-6) << i;
-      ASSERT_NEAR(pp[i], d.p[i] - lr * mhat / (std::sqrt(vhat) + 1e-8),
-                  1e-5)
+      ASSERT_NEAR(pp[i], d.p[i] - lr * mhat / (std::sqrt(vhat) + 1e-8), 1e-5)
           << i;
     }
   }
@@ -564,6 +565,45 @@ TEST_F(LayersTest, SumSquaresScaleFillAndCopies) {
                           [](char c) { return c == 0; }));
   EXPECT_NE(backend_->Describe().find("oneDNN"), std::string::npos);
   EXPECT_FALSE(backend_->on_gpu());
+}
+
+// The threaded paths (oneDNN's and the loops' above their parallel
+// threshold) compute what one thread does.
+TEST_F(LayersTest, TwoThreadsAgreeWithOne) {
+  auto two = MakeCpuBackend(2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ConvDesc d;
+  d.in = Shape{12, 12, 20};
+  d.filters = 50;
+  d.kh = d.kw = 5;
+  d.out = Shape{8, 8, 50};
+  const int n = 16;
+  const std::vector<float> x = RandomVector(n * d.in.size(), 1);
+  const std::vector<float> w = RandomVector(50 * 25 * 20, 2);
+  const std::vector<float> b = RandomVector(50, 3);
+  std::vector<std::vector<float>> outputs;
+  for (Backend* backend : {backend_.get(), two->get()}) {
+    auto conv = backend->MakeConv(d, n);
+    ASSERT_TRUE(conv.ok()) << conv.status();
+    DeviceArray x_(backend, x), w_(backend, w), b_(backend, b),
+        y_(backend, n * d.out.size()), gw(backend, w.size()),
+        gb(backend, b.size());
+    (*conv)->Forward(n, x_.data(), w_.data(), b_.data(), y_.data());
+    (*conv)->BackwardWeights(n, x_.data(), y_.data(), gw.data(), gb.data());
+    outputs.push_back(y_.Get());
+    outputs.push_back(gw.Get());
+    const int64_t count = 100000;
+    DeviceArray p(backend, RandomVector(count, 4)),
+        g(backend, RandomVector(count, 5)), v(backend, count);
+    backend->SgdmUpdate(count, count / 2, 0.1f, 0.9f, 0.01f, p.data(),
+                        g.data(), v.data());
+    outputs.push_back(p.Get());
+  }
+  const std::vector<double> y1(outputs[0].begin(), outputs[0].end());
+  const std::vector<double> gw1(outputs[1].begin(), outputs[1].end());
+  EXPECT_LT(RelativeError(outputs[3], y1), 1e-5);
+  EXPECT_LT(RelativeError(outputs[4], gw1), 1e-5);
+  EXPECT_EQ(outputs[5], outputs[2]);
 }
 
 TEST_F(LayersTest, RejectsANegativeThreadCount) {

@@ -87,8 +87,7 @@ inline void CheckGradient(const char* what, std::vector<float>& values,
     const double minus = loss();
     values[i] = saved;
     const double numeric = (plus - minus) / (2.0 * eps);
-    EXPECT_NEAR(analytic[i], numeric,
-                tolerance * (1 + std::fabs(numeric)))
+    EXPECT_NEAR(analytic[i], numeric, tolerance * (1 + std::fabs(numeric)))
         << what << " element " << i;
   }
   loss();  // leaves the unperturbed values uploaded
