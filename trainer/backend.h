@@ -170,6 +170,14 @@ class Backend {
   virtual std::string Describe() const = 0;
   virtual bool on_gpu() const = 0;
 
+  // Which implementation each kernel chose where the backend times the
+  // candidates (oneDNN's implementations, cuDNN's algorithms): text to keep
+  // in a checkpoint, so that a resumed run computes with the same ones and
+  // continues bit for bit. LoadTuning must come before the kernels first
+  // run; choices it names that this machine cannot use are timed afresh.
+  virtual std::string SaveTuning() const { return ""; }
+  virtual void LoadTuning(const std::string& tuning) { (void)tuning; }
+
   // --- memory ---
   // Zero-filled, aligned for any kernel of this backend.
   virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;

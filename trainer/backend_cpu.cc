@@ -10,7 +10,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "trainer/backend.h"
 #include "trainer/backend_cpu_internal.h"
@@ -140,6 +142,26 @@ class CpuBackend final : public Backend {
                         ctx_.threads == 1 ? " thread" : " threads");
   }
   bool on_gpu() const override { return false; }
+
+  // One "index<TAB>key" line per choice.
+  std::string SaveTuning() const override {
+    std::string out;
+    for (const auto& [key, index] : ctx_.tuning) {
+      absl::StrAppend(&out, index, "\t", key, "\n");
+    }
+    return out;
+  }
+  void LoadTuning(const std::string& tuning) override {
+    for (absl::string_view line : absl::StrSplit(tuning, '\n', absl::SkipEmpty())) {
+      const size_t tab = line.find('\t');
+      int index = 0;
+      if (tab == absl::string_view::npos ||
+          !absl::SimpleAtoi(line.substr(0, tab), &index) || index < 0) {
+        continue;  // not ours to judge: it is only a hint
+      }
+      ctx_.tuning[std::string(line.substr(tab + 1))] = index;
+    }
+  }
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     constexpr size_t kAlign = 64;

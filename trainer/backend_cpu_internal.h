@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -28,6 +29,9 @@ struct Context {
   dnnl::engine engine;
   mutable dnnl::stream stream;  // waiting on it changes nothing observable
   int threads = 1;
+  // Autotuning's choices: a kernel's key -> the index of the implementation
+  // chosen among those oneDNN offers (see PickFastest).
+  mutable std::map<std::string, int> tuning;
   // Applies `threads` to the calling thread (OpenMP's thread count is a
   // per-thread setting), in case it is not the one that made the backend.
   void Enter() const;
@@ -112,13 +116,25 @@ double TimePrimitive(
 // Autotuning, as cuDNN's algorithm search: among the implementations oneDNN
 // offers for a primitive (`make_pd()`, then next_impl()), other than its
 // reference loops, returns the primitive descriptor of the fastest on this
-// machine. `args` lists the arguments' layouts of a candidate.
+// machine. `args` lists the arguments' layouts of a candidate. The choice
+// is kept in ctx->tuning under `key` (what is computed, on which shapes and
+// batch size); a choice already there is taken without timing, so that a
+// resumed run computes with the implementations of the run it continues.
 template <typename Pd, typename Prim>
 Pd PickFastest(
-    const Context* ctx, const std::function<Pd()>& make_pd,
+    const Context* ctx, const std::string& key,
+    const std::function<Pd()>& make_pd,
     const std::function<
         std::vector<std::pair<int, dnnl::memory::desc>>(const Pd&)>& args) {
   Pd pd = make_pd();
+  if (auto it = ctx->tuning.find(key); it != ctx->tuning.end()) {
+    bool found = true;
+    for (int i = 0; i < it->second && found; ++i) found = pd.next_impl();
+    if (found && std::string(pd.impl_info_str()).rfind("ref", 0) != 0) {
+      return pd;
+    }
+    pd = make_pd();
+  }
   int best = 0, index = 0;
   double best_time = -1;
   do {
@@ -137,6 +153,7 @@ Pd PickFastest(
   } while (pd.next_impl());
   pd = make_pd();
   for (int i = 0; i < best; ++i) pd.next_impl();
+  ctx->tuning[key] = best;
   return pd;
 }
 

@@ -63,6 +63,7 @@ std::string EncodeCheckpoint(const Checkpoint& c) {
       {"validations_without_improvement", c.validations_without_improvement},
       {"normalization_mean", c.normalization.mean},
       {"normalization_std", c.normalization.std},
+      {"tuning", c.tuning},
       {"params", c.params.size()},
       {"state", c.state.size()},
       {"solver_state", c.solver_state.size()},
@@ -124,6 +125,7 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(const std::string& bytes,
         h.at("validations_without_improvement").get<int64_t>();
     c.normalization.mean = h.at("normalization_mean").get<std::vector<float>>();
     c.normalization.std = h.at("normalization_std").get<std::vector<float>>();
+    c.tuning = h.value("tuning", std::string());
     np = h.at("params").get<size_t>();
     ns = h.at("state").get<size_t>();
     nss = h.at("solver_state").get<size_t>();

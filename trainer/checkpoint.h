@@ -37,6 +37,7 @@ struct Checkpoint {
   double best_validation_loss = 0;  // +inf when none yet
   int64_t validations_without_improvement = 0;
   Normalization normalization;
+  std::string tuning;  // Backend::SaveTuning of the run that wrote it
   std::vector<float> params;
   std::vector<float> state;
   std::vector<float> solver_state;

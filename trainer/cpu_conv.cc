@@ -106,7 +106,7 @@ class CpuConv final : public ConvKernel {
           dnnl::algorithm::convolution_direct, Src(n), WeightsAny(), Bias(),
           Dst(n), Strides(), PadL(), PadR());
       p.fwd_pd.emplace(PickFastest<Pd, dnnl::convolution_forward>(
-          ctx_, [&] { return Pd(desc, Attr(), ctx_->engine); },
+          ctx_, absl::StrCat(name_, " forward, n ", n), [&] { return Pd(desc, Attr(), ctx_->engine); },
           [](const Pd& pd) -> Args {
             return {{DNNL_ARG_SRC, pd.src_desc()},
                     {DNNL_ARG_WEIGHTS, pd.weights_desc()},
@@ -140,7 +140,7 @@ class CpuConv final : public ConvKernel {
           dnnl::algorithm::convolution_direct, Src(n), WeightsAny(), Dst(n),
           Strides(), PadL(), PadR());
       const Pd pd = PickFastest<Pd, dnnl::convolution_backward_data>(
-          ctx_, [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
+          ctx_, absl::StrCat(name_, " backward data, n ", n), [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
           [](const Pd& pd) -> Args {
             return {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},
                     {DNNL_ARG_WEIGHTS, pd.weights_desc()},
@@ -165,7 +165,7 @@ class CpuConv final : public ConvKernel {
           dnnl::algorithm::convolution_direct, Src(n), WeightsAny(), Bias(),
           Dst(n), Strides(), PadL(), PadR());
       const Pd pd = PickFastest<Pd, dnnl::convolution_backward_weights>(
-          ctx_, [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
+          ctx_, absl::StrCat(name_, " backward weights, n ", n), [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
           [](const Pd& pd) -> Args {
             return {{DNNL_ARG_SRC, pd.src_desc()},
                     {DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},

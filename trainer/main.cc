@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -158,11 +159,17 @@ int main(int argc, char** argv) {
   if (req.base_dir.empty()) req.base_dir = ".";
   req.output_dir = output_dir;
   req.resume = resume;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    req.tuning_cache = absl::StrCat(xdg, "/dlbatch");
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    req.tuning_cache = absl::StrCat(home, "/.cache/dlbatch");
+  }
   req.threads = threads > 0 ? threads : static_cast<int>(cores / world);
   if (max_epochs > 0) req.max_epochs = max_epochs;
   if (max_iterations > 0) req.max_iterations = max_iterations;
   if (mini_batch_size > 0) req.mini_batch_size = mini_batch_size;
   req.communicator = comm.get();
+  req.rendezvous = rdv.get();
   req.progress = &*channel;
   req.diary = rank == 0 ? stdout : nullptr;
   absl::StatusOr<TrainResult> result = Train(req);

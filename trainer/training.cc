@@ -96,6 +96,8 @@ class Run {
     return absl::StrCat(req_.output_dir, "/", file);
   }
   double Elapsed() const { return elapsed_offset_ + SecondsSince(start_); }
+  // The tuning cache file for this backend on this machine; "" for none.
+  std::string TuningCachePath() const;
 
   absl::Status LoadData();
   absl::Status Build();
@@ -115,6 +117,7 @@ class Run {
 
   Dataset train_;
   std::optional<Dataset> validation_, test_;
+  std::optional<Checkpoint> checkpoint_;  // read for --resume
   Normalization normalization_;
 
   std::unique_ptr<Backend> backend_;
@@ -156,6 +159,22 @@ absl::Status Run::LoadData() {
   return absl::OkStatus();
 }
 
+std::string Run::TuningCachePath() const {
+  if (req_.tuning_cache.empty()) return "";
+  std::string machine;
+  if (absl::StatusOr<std::string> cpuinfo = ReadFile("/proc/cpuinfo");
+      cpuinfo.ok()) {
+    const size_t at = cpuinfo->find("model name");
+    if (at != std::string::npos) {
+      machine = cpuinfo->substr(at, cpuinfo->find('\n', at) - at);
+    }
+  }
+  // Choices hold for one library version, thread count and processor.
+  const std::string scope = Sha256Hex(backend_->Describe() + "|" + machine);
+  return absl::StrCat(req_.tuning_cache, "/tuning-", scope.substr(0, 16),
+                      ".txt");
+}
+
 absl::Status Run::Build() {
   const std::string& env = opt_.execution_environment;
   if (env == "gpu" || env == "multi-gpu") {
@@ -165,6 +184,18 @@ absl::Status Run::Build() {
         "cpu or auto"));
   }
   ASSIGN_OR_RETURN(backend_, MakeCpuBackend(req_.threads));
+  const std::string cache = TuningCachePath();
+  if (!cache.empty()) {
+    absl::StatusOr<std::string> tuning = ReadFile(cache);
+    if (tuning.ok()) backend_->LoadTuning(*tuning);
+  }
+  if (req_.resume && access(OutPath(kCheckpointFile).c_str(), F_OK) == 0) {
+    // Read before the kernels are made, so that they choose the
+    // implementations the interrupted run computed with.
+    ASSIGN_OR_RETURN(Checkpoint c, ReadCheckpoint(OutPath(kCheckpointFile)));
+    backend_->LoadTuning(c.tuning);
+    checkpoint_ = std::move(c);
+  }
 
   global_batch_ = opt_.mini_batch_size;
   const int world = comm_.size();
@@ -175,22 +206,38 @@ absl::Status Run::Build() {
                      " ranks that share it; use a mini_batch_size of at least ",
                      world, " or a smaller pool"));
   }
-  lo_ = static_cast<int>(int64_t{global_batch_} * comm_.rank() / world);
-  hi_ = static_cast<int>(int64_t{global_batch_} * (comm_.rank() + 1) / world);
-  const int max_batch = (global_batch_ + world - 1) / world;
-  ASSIGN_OR_RETURN(
-      net_, Network::Build(req_.spec.network(), backend_.get(), max_batch));
-  RETURN_IF_ERROR(CheckFits(train_, *net_, "train"));
-  if (validation_)
-    RETURN_IF_ERROR(CheckFits(*validation_, *net_, "validation"));
-  if (test_) RETURN_IF_ERROR(CheckFits(*test_, *net_, "test"));
-
   if (train_.count < global_batch_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "train.options.mini_batch_size ", global_batch_, " exceeds the ",
         train_.count, " training images of ", train_.source,
         "; use a mini_batch_size of at most ", train_.count));
   }
+  lo_ = static_cast<int>(int64_t{global_batch_} * comm_.rank() / world);
+  hi_ = static_cast<int>(int64_t{global_batch_} * (comm_.rank() + 1) / world);
+  const int max_batch = (global_batch_ + world - 1) / world;
+  constexpr char kTuningKey[] = "tuning";
+  if (req_.rendezvous != nullptr && !leader()) {
+    ASSIGN_OR_RETURN(std::string tuning,
+                     req_.rendezvous->Get(kTuningKey, absl::Minutes(10)));
+    backend_->LoadTuning(tuning);
+  }
+  ASSIGN_OR_RETURN(
+      net_, Network::Build(req_.spec.network(), backend_.get(), max_batch));
+  if (req_.rendezvous != nullptr && leader()) {
+    RETURN_IF_ERROR(req_.rendezvous->Set(kTuningKey, backend_->SaveTuning()));
+  }
+  if (!cache.empty() && leader()) {
+    // Best effort: a cache that cannot be written only costs the next run
+    // its timing.
+    if (MakeDirs(req_.tuning_cache, 0700).ok()) {
+      WriteFileAtomic(cache, backend_->SaveTuning()).IgnoreError();
+    }
+  }
+  RETURN_IF_ERROR(CheckFits(train_, *net_, "train"));
+  if (validation_)
+    RETURN_IF_ERROR(CheckFits(*validation_, *net_, "validation"));
+  if (test_) RETURN_IF_ERROR(CheckFits(*test_, *net_, "test"));
+
   per_epoch_ = train_.count / global_batch_;
   total_ = opt_.max_iterations > 0 ? opt_.max_iterations
                                    : opt_.max_epochs * per_epoch_;
@@ -209,12 +256,13 @@ absl::Status Run::Build() {
 absl::Status Run::ResumeIfAsked() {
   if (!req_.resume) return absl::OkStatus();
   const std::string path = OutPath(kCheckpointFile);
-  if (access(path.c_str(), F_OK) != 0) {
+  if (!checkpoint_) {
     Say(absl::StrCat("No checkpoint at ", path,
                      "; starting from the beginning."));
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(Checkpoint c, ReadCheckpoint(path));
+  const Checkpoint c = *std::move(checkpoint_);
+  checkpoint_.reset();
   if (c.network_fingerprint != fingerprint_) {
     return absl::FailedPreconditionError(absl::StrCat(
         path,
@@ -344,6 +392,7 @@ absl::Status Run::SaveCheckpoint() {
   c.best_validation_loss = best_validation_loss_;
   c.validations_without_improvement = without_improvement_;
   c.normalization = normalization_;
+  c.tuning = backend_->SaveTuning();
   c.params.resize(net_->num_params());
   backend_->CopyToHost(c.params.data(), net_->params(),
                        c.params.size() * sizeof(float));

@@ -25,11 +25,19 @@ struct TrainRequest {
   // start from the beginning when it does not.
   bool resume = false;
   int threads = 0;  // per rank; 0: the backend's default
+  // A folder where the backend's kernel choices (Backend::SaveTuning) are
+  // kept between runs on this machine, so that runs of the same job with
+  // the same seed compute alike and skip the timing; "" for none.
+  std::string tuning_cache;
   // Overrides of the spec's options (the benchmark's and tests' knobs).
   std::optional<int64_t> max_epochs;
   std::optional<int64_t> max_iterations;
   std::optional<int> mini_batch_size;
   Communicator* communicator = nullptr;  // required; not owned
+  // Where ranks > 0 take rank 0's kernel choices (Backend::SaveTuning), so
+  // that every rank computes alike and a resume continues bit for bit.
+  // Optional (one rank needs none); not owned.
+  Rendezvous* rendezvous = nullptr;
   ProgressChannel* progress = nullptr;   // optional; not owned
   std::FILE* diary = stdout;             // the human output (rank 0 only)
 };

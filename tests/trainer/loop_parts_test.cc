@@ -85,6 +85,7 @@ Checkpoint Sample() {
   c.validations_without_improvement = 2;
   c.normalization.mean = {0.5f};
   c.normalization.std = {0.25f};
+  c.tuning = "2\tconvolution forward, n 64\n";
   for (int i = 0; i < 1000; ++i) c.params.push_back(0.001f * i - 0.3f);
   c.state = {1, 2, 3, 4};
   c.solver_state.assign(2000, 0.125f);
@@ -106,6 +107,7 @@ TEST(Checkpoint, RoundTripsEveryField) {
   EXPECT_DOUBLE_EQ(d->best_validation_loss, 0.25);
   EXPECT_EQ(d->validations_without_improvement, 2);
   EXPECT_EQ(d->normalization.mean, c.normalization.mean);
+  EXPECT_EQ(d->tuning, c.tuning);
   EXPECT_EQ(d->params, c.params);
   EXPECT_EQ(d->state, c.state);
   EXPECT_EQ(d->solver_state, c.solver_state);

@@ -106,7 +106,8 @@ class TrainRun : public ::testing::Test {
     std::vector<std::string> argv = {BinDir() + "/dlbatch-train", job,
                                      "--output-dir", out};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    return Exec(argv, {}, 600000);
+    // The kernel-choice cache of these runs is their own.
+    return Exec(argv, {{"XDG_CACHE_HOME", dir_ + "/cache"}}, 600000);
   }
 
   std::vector<float> FinalParams(const std::string& out) {
@@ -219,12 +220,15 @@ TEST_F(TrainRun, SameSeedSameWeightsAndAnotherSeedOthers) {
   const std::string job = Job("small", kSmall, kSmallOptions, false);
   ASSERT_EQ(Train(job, dir_ + "/a", {"--max-iterations", "30"}).code, 0);
   ASSERT_EQ(Train(job, dir_ + "/b", {"--max-iterations", "30"}).code, 0);
-  EXPECT_EQ(FinalParams(dir_ + "/a"), FinalParams(dir_ + "/b"));
+  // The second run takes the first one's kernel choices from the machine's
+  // tuning cache, so it computes alike: bit for bit.
+  const std::vector<float> a = FinalParams(dir_ + "/a");
+  EXPECT_EQ(FinalParams(dir_ + "/b"), a);
   const std::string other =
       Job("small2", kSmall,
           absl::StrReplaceAll(kSmallOptions, {{"seed: 7", "seed: 8"}}), false);
   ASSERT_EQ(Train(other, dir_ + "/c", {"--max-iterations", "30"}).code, 0);
-  EXPECT_NE(FinalParams(dir_ + "/a"), FinalParams(dir_ + "/c"));
+  EXPECT_GT(RelativeDifference(FinalParams(dir_ + "/c"), a), 0.1);
 }
 
 TEST_F(TrainRun, KilledAndResumedRunEndsWithTheSameWeights) {
@@ -240,6 +244,7 @@ TEST_F(TrainRun, KilledAndResumedRunEndsWithTheSameWeights) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     if (freopen("/dev/null", "w", stdout) == nullptr) _exit(126);
+    setenv("XDG_CACHE_HOME", (dir_ + "/cache").c_str(), 1);
     execl(bin.c_str(), bin.c_str(), job.c_str(), "--output-dir", out.c_str(),
           "--max-iterations", "400", "--progress", progress.c_str(), nullptr);
     _exit(127);
