@@ -52,14 +52,16 @@ int main(int argc, char** argv) {
   app.add_option("job_file", job_file, "The job file (job.yaml)")->required();
   app.add_option(
       "-o,--output-dir", output_dir,
-      "Where outputs and checkpoints go (default: <job name>-output)");
+      "Where outputs and checkpoints go (default: <job name>-output)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--ranks", ranks,
                  "Data-parallel processes to start on this machine "
                  "(default: the job's pool, else 1)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--threads", threads,
                  "Threads per rank (default: this machine's cores / ranks)")
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1, 4096))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_flag(
       "--resume", resume,
       "Continue from the output folder's checkpoint.dlbc if there is one");
