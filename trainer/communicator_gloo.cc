@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -115,11 +116,13 @@ absl::Status StatusFromCurrentException(const std::string& context) {
   try {
     throw;
   } catch (const gloo::IoException& e) {
-    // Gloo says "Timed out" when a peer stayed silent for the whole timeout;
-    // anything else is a closed or reset connection: the peer is gone.
+    // Gloo says "Timed out", "Read timeout", "Connect timeout"... when a
+    // peer stayed silent for the whole timeout; anything else is a closed or
+    // reset connection: the peer is gone.
     const std::string what = e.what();
-    if (absl::StrContains(what, "Timed out") ||
-        absl::StrContains(what, "timed out")) {
+    const std::string lower = absl::AsciiStrToLower(what);
+    if (absl::StrContains(lower, "timed out") ||
+        absl::StrContains(lower, "timeout")) {
       return absl::DeadlineExceededError(absl::StrCat(
           context, ": a peer did not answer in time (", what, ")"));
     }
@@ -165,29 +168,20 @@ class GlooCommunicator : public Communicator {
     if (absl::Status bad = CheckBuffer("allreduce", data, count); !bad.ok()) {
       return bad;
     }
-    if (IsClassic() && count > INT_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "allreduce of ", count, " floats: Gloo's ",
-          GlooAllreduceName(algorithm_), " takes at most ", INT_MAX));
-    }
     return Run(absl::StrCat("allreduce of ", count, " floats"), [&] {
       if (count == 0) return;
-      switch (algorithm_) {
-        case GlooAllreduce::kUnifiedRing:
-        case GlooAllreduce::kUnifiedBcube: {
-          gloo::AllreduceOptions opts(context_);
-          opts.setAlgorithm(algorithm_ == GlooAllreduce::kUnifiedRing
-                                ? gloo::AllreduceOptions::Algorithm::RING
-                                : gloo::AllreduceOptions::Algorithm::BCUBE);
-          opts.setOutput(data, static_cast<size_t>(count));
-          opts.setReduceFunction(&SumFloats);
-          opts.setTag(NextTag());
-          gloo::allreduce(opts);
-          return;
-        }
-        default:
-          RunClassic(data, count);
+      if (IsClassic() && count <= INT_MAX) {
+        RunClassic(data, count);
+        return;
       }
+      gloo::AllreduceOptions opts(context_);
+      opts.setAlgorithm(algorithm_ == GlooAllreduce::kUnifiedBcube
+                            ? gloo::AllreduceOptions::Algorithm::BCUBE
+                            : gloo::AllreduceOptions::Algorithm::RING);
+      opts.setOutput(data, static_cast<size_t>(count));
+      opts.setReduceFunction(&SumFloats);
+      opts.setTag(NextTag());
+      gloo::allreduce(opts);
     });
   }
 

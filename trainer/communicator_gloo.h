@@ -1,5 +1,17 @@
 // Gloo internals the tests and the allreduce benchmark reach past the
 // public contract in communicator.h for: the choice of allreduce algorithm.
+//
+// Behaviour of every Gloo communicator worth knowing beside that contract:
+// - After a collective fails (dead or silent peer) the communicator is
+//   spent: later collectives return FailedPrecondition with the first error.
+//   Argument errors (bad count, root) leave it usable.
+// - Destroying it closes its connections; a peer still finishing the last
+//   collective may then fail. Ranks that end normally pass a Barrier() first.
+// - Gloo writes to sockets without MSG_NOSIGNAL, so making one sets SIGPIPE
+//   to SIG_IGN process-wide (unless the program has its own handler):
+//   a dead peer must fail a collective, not kill this rank.
+// - Its rendezvous keys live under "gloo/<n>/", n counting the communicators
+//   this rank made over that store; a fresh folder per job attempt is best.
 #ifndef DLBATCH_TRAINER_COMMUNICATOR_GLOO_H_
 #define DLBATCH_TRAINER_COMMUNICATOR_GLOO_H_
 
@@ -24,14 +36,19 @@ enum class GlooAllreduce {
   kUnifiedBcube,     // gloo::allreduce, BCUBE: bit-identical
 };
 
-// What MakeGlooCommunicator uses (the fastest bit-identical one for LeNet's
-// 431,080 floats on loopback with 2-4 ranks; bench/allreduce_bench.cc).
+// What MakeGlooCommunicator uses: the fastest bit-identical one for LeNet's
+// 431,080 floats on loopback with 2-4 ranks (bench/allreduce_bench.cc; tied
+// with kUnifiedBcube at 4 ranks, ahead at 2 and 3; the ring family needs
+// 2(n-1) steps to its log2(n) and was ~1.6x slower at 4).
 inline constexpr GlooAllreduce kDefaultGlooAllreduce =
-    GlooAllreduce::kUnifiedRing;
+    GlooAllreduce::kHalvingDoubling;
 
 const char* GlooAllreduceName(GlooAllreduce algorithm);
 
-// MakeGlooCommunicator with the allreduce algorithm chosen.
+// MakeGlooCommunicator with the allreduce algorithm chosen. The classic
+// ones (kRing, kRingChunked, kHalvingDoubling) copy through a buffer of
+// their own and take at most INT_MAX floats; a larger allreduce goes
+// through kUnifiedRing instead (the same on every rank, as the count is).
 absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooCommunicatorWith(
     GlooAllreduce algorithm, Rendezvous* rendezvous, int rank, int size,
     const std::string& host, absl::Duration timeout);

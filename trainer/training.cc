@@ -692,6 +692,9 @@ absl::StatusOr<TrainResult> Run::Execute() {
       req_.progress->Emit(done.dump());
     }
   }
+  // Gloo closes its connections when the communicator goes: no rank may
+  // leave while another is still in a collective.
+  RETURN_IF_ERROR(comm_.Barrier());
   return result;
 }
 
