@@ -20,6 +20,10 @@ The solver is dlbatch's (MATLAB's trainingOptions, Caffe's lenet_solver):
 SGD with momentum, learn rate base * (1 + gamma * iter)^(-power) (Caffe's
 `inv`, iter counted from 0 over all epochs), L2 on weights only (not biases
 or batchnorm), a fresh shuffle every epoch, the last partial batch dropped.
+PyTorch's best configuration on this machine is the default: oneDNN on,
+channels_last, OpenBLAS (for the fully connected layers) with
+OPENBLAS_CORETYPE=SkylakeX; see bench/RESULTS.md.
+
 Initialisation follows dlbatch's Network::Initialize: conv/fc weights that
 feed a relu (through any batchnorm) He-normal, other weights Glorot-uniform,
 biases 0 (--init torch keeps PyTorch's defaults instead).
@@ -188,9 +192,12 @@ def main():
     parser.add_argument("--data-dir", default=DATA_DIR)
     parser.add_argument("--mkldnn", choices=["on", "off"], default="on",
                         help="torch.backends.mkldnn.enabled")
-    parser.add_argument("--channels-last", action="store_true",
-                        help="model and inputs in torch.channels_last")
-    parser.add_argument("--foreach", action="store_true",
+    parser.add_argument("--channels-last",
+                        action=argparse.BooleanOptionalAction, default=True,
+                        help="model and inputs in torch.channels_last (the "
+                        "fastest here: oneDNN runs NHWC without reorders)")
+    parser.add_argument("--foreach", action=argparse.BooleanOptionalAction,
+                        default=False,
                         help="SGD's multi-tensor (foreach) implementation")
     parser.add_argument("--init", choices=["dlbatch", "torch"],
                         default="dlbatch")
@@ -226,11 +233,13 @@ def main():
     generator = torch.Generator().manual_seed(args.seed)
     iteration = 0
     train_time = 0.0
+    train_cpu = 0.0  # CPU seconds of all threads: a load-robust cross-check
     last_loss = float("nan")
     done = False
     for _ in range(args.epochs):
         order = torch.randperm(n, generator=generator)
         start = time.perf_counter()
+        start_cpu = time.process_time()
         for step in range(steps_per_epoch):
             idx = order[step * args.batch:(step + 1) * args.batch]
             xb = x_train.index_select(0, idx)
@@ -250,6 +259,7 @@ def main():
                 break
         last_loss = loss.item()
         train_time += time.perf_counter() - start
+        train_cpu += time.process_time() - start_cpu
         if done:
             break
 
@@ -263,6 +273,7 @@ def main():
         "test_accuracy": accuracy,
         "test_loss": test_loss,
         "train_time_s": train_time,
+        "train_cpu_s": train_cpu,
         "iterations": iteration,
         "final_train_loss": last_loss,
         "mkldnn": args.mkldnn,

@@ -113,11 +113,14 @@ std::string ReadFile(const std::string& path) {
 
 // The last `max_lines` lines of a log, to quote in an error.
 std::string Tail(const std::string& text, int max_lines = 15) {
-  size_t pos = text.size();
-  for (int i = 0; i <= max_lines && pos != std::string::npos && pos > 0; ++i) {
-    pos = text.rfind('\n', pos - 1);
+  size_t start = text.size();
+  for (int i = 0; i <= max_lines; ++i) {
+    if (start == 0) return text;
+    const size_t newline = text.rfind('\n', start - 1);
+    if (newline == std::string::npos) return text;
+    start = newline;
   }
-  return pos == std::string::npos ? text : text.substr(pos + 1);
+  return text.substr(start + 1);
 }
 
 // Runs argv with `extra_env` added to this process's environment, stdout to
@@ -253,6 +256,7 @@ absl::StatusOr<RunResult> RunPyTorch(const Options& o, const Case& c,
 absl::StatusOr<RunResult> RunDlbatch(const Options& o, const Case& c,
                                      const std::string& dir) {
   const std::string out_dir = dir + "/dlbatch";
+  fs::create_directories(out_dir);
   std::vector<std::string> argv = {
       o.dlbatch_train, "--output-dir", out_dir, "--threads",
       absl::StrCat(o.threads), "--max-epochs", absl::StrCat(c.epochs),
@@ -263,6 +267,10 @@ absl::StatusOr<RunResult> RunDlbatch(const Options& o, const Case& c,
                               dir + "/dlbatch.log", o.timeout_s);
   if (!s.ok()) return s;
   const std::string metrics = out_dir + "/metrics.json";
+  if (!fs::exists(metrics)) {
+    return absl::NotFoundError(absl::StrCat(
+        o.dlbatch_train, " exited 0 but wrote no ", metrics));
+  }
   return ParseResult(ReadFile(metrics), metrics, "validation_accuracy");
 }
 
