@@ -1,0 +1,293 @@
+#!/usr/bin/python3
+"""PyTorch baseline for trainer_bench: the same networks, solver and data as
+bench/jobs/{lenet,blocks}.yaml, trained with PyTorch on the CPU.
+
+Run with Debian's /usr/bin/python3 (python3-torch). Give it its best BLAS:
+libopenblas0-openmp selected for libblas.so.3, and OPENBLAS_CORETYPE=SkylakeX
+on AVX-512 machines (trainer_bench sets it).
+
+  /usr/bin/python3 bench/pytorch_baseline.py --model lenet --batch 64 \
+      --threads 2 --epochs 1
+
+Prints one JSON object on stdout:
+  {"model", "batch", "threads", "epochs", "images_per_s", "test_accuracy",
+   "test_loss", "train_time_s", ...}
+images_per_s counts the training steps only (batch gathering, forward,
+backward, solver step), not the test evaluation; test_accuracy is in percent
+on the full t10k set after the last epoch.
+
+The solver is dlbatch's (MATLAB's trainingOptions, Caffe's lenet_solver):
+SGD with momentum, learn rate base * (1 + gamma * iter)^(-power) (Caffe's
+`inv`, iter counted from 0 over all epochs), L2 on weights only (not biases
+or batchnorm), a fresh shuffle every epoch, the last partial batch dropped.
+PyTorch's best configuration on this machine is the default: oneDNN on,
+channels_last, OpenBLAS (for the fully connected layers) with
+OPENBLAS_CORETYPE=SkylakeX; see bench/RESULTS.md.
+
+Initialisation follows dlbatch's Network::Initialize: conv/fc weights that
+feed a relu (through any batchnorm) He-normal, other weights Glorot-uniform,
+biases 0 (--init torch keeps PyTorch's defaults instead).
+"""
+
+import argparse
+import ctypes
+import gzip
+import json
+import math
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def read_idx(path):
+    """Reads an IDX file (gzipped or not) into a numpy array."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise ValueError(f"{path}: not an unsigned-byte IDX file")
+    dims = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != math.prod(dims):
+        raise ValueError(f"{path}: {data.size} bytes of data, header says "
+                         f"{dims}")
+    return data.reshape(dims)
+
+
+def load_split(data_dir, prefix):
+    images = read_idx(os.path.join(data_dir, f"{prefix}-images-idx3-ubyte.gz"))
+    labels = read_idx(os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte.gz"))
+    x = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)
+    y = torch.from_numpy(labels.astype(np.int64))
+    return x.contiguous(), y
+
+
+class LeNet(nn.Module):
+    """Caffe's LeNet: conv20 5x5, pool, conv50 5x5, pool, fc500, relu, fc10."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 20, 5)
+        self.conv2 = nn.Conv2d(20, 50, 5)
+        self.fc1 = nn.Linear(50 * 4 * 4, 500)
+        self.fc2 = nn.Linear(500, 10)
+        # (module, feeds a relu) for dlbatch's initialisation rule.
+        self.init_plan = [(self.conv1, False), (self.conv2, False),
+                          (self.fc1, True), (self.fc2, False)]
+
+    def forward(self, x):
+        x = F.max_pool2d(self.conv1(x), 2, 2)
+        x = F.max_pool2d(self.conv2(x), 2, 2)
+        x = torch.flatten(x, 1)
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+class Blocks(nn.Module):
+    """MATLAB's CIFAR-10-style blocks on 28x28x1: [conv3x3 same, bn, relu]
+    x {16, 32, 64} with 2/2 max pooling between, global average pool, fc10."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(32)
+        self.conv3 = nn.Conv2d(32, 64, 3, padding=1)
+        self.bn3 = nn.BatchNorm2d(64)
+        self.fc = nn.Linear(64, 10)
+        self.init_plan = [(self.conv1, True), (self.conv2, True),
+                          (self.conv3, True), (self.fc, False)]
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2, 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2, 2)
+        x = F.relu(self.bn3(self.conv3(x)))
+        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+        return self.fc(x)
+
+
+def init_like_dlbatch(model):
+    for module, feeds_relu in model.init_plan:
+        if feeds_relu:
+            nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+        else:
+            nn.init.xavier_uniform_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def param_groups(model, l2):
+    """Weights of conv/fc layers get L2; biases and batchnorm do not."""
+    decayed, plain = [], []
+    for module in model.modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            decayed.append(module.weight)
+            plain.append(module.bias)
+        elif isinstance(module, nn.BatchNorm2d):
+            plain += [module.weight, module.bias]
+    return [{"params": decayed, "weight_decay": l2},
+            {"params": plain, "weight_decay": 0.0}]
+
+
+def evaluate(model, x, y, memory_format, batch=1000):
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    with torch.no_grad():
+        for i in range(0, x.shape[0], batch):
+            xb = x[i:i + batch].contiguous(memory_format=memory_format)
+            logits = model(xb)
+            loss_sum += F.cross_entropy(logits, y[i:i + batch],
+                                        reduction="sum").item()
+            correct += (logits.argmax(1) == y[i:i + batch]).sum().item()
+    model.train()
+    n = x.shape[0]
+    return 100.0 * correct / n, loss_sum / n
+
+
+def blas_info():
+    """What BLAS and oneDNN this process really uses."""
+    info = {"mkldnn_available": torch.backends.mkldnn.is_available(),
+            "mkldnn_enabled": torch.backends.mkldnn.enabled,
+            "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE", "")}
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        lib.openblas_get_config.restype = ctypes.c_char_p
+        info["openblas_core"] = lib.openblas_get_corename().decode()
+        info["openblas_config"] = lib.openblas_get_config().decode()
+        info["openblas_parallel"] = {0: "sequential", 1: "pthreads",
+                                     2: "openmp"}.get(
+                                         lib.openblas_get_parallel(), "?")
+    except (OSError, AttributeError) as e:
+        info["openblas_core"] = f"not loaded ({e})"
+    with open("/proc/self/maps") as maps:
+        libs = sorted({line.split()[-1] for line in maps
+                       if "blas" in line or "lapack" in line
+                       or "dnnl" in line})
+    info["mapped_libraries"] = libs
+    return info
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=["lenet", "blocks"],
+                        default="lenet")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--l2", type=float, default=5e-4)
+    parser.add_argument("--gamma", type=float, default=1e-4)
+    parser.add_argument("--power", type=float, default=0.75)
+    parser.add_argument("--data-dir", default=DATA_DIR)
+    parser.add_argument("--mkldnn", choices=["on", "off"], default="on",
+                        help="torch.backends.mkldnn.enabled")
+    parser.add_argument("--channels-last",
+                        action=argparse.BooleanOptionalAction, default=True,
+                        help="model and inputs in torch.channels_last (the "
+                        "fastest here: oneDNN runs NHWC without reorders)")
+    parser.add_argument("--foreach", action=argparse.BooleanOptionalAction,
+                        default=False,
+                        help="SGD's multi-tensor (foreach) implementation")
+    parser.add_argument("--init", choices=["dlbatch", "torch"],
+                        default="dlbatch")
+    parser.add_argument("--max-iterations", type=int, default=0,
+                        help="stop after this many steps (0: whole epochs)")
+    parser.add_argument("--info", action="store_true",
+                        help="add the BLAS/oneDNN configuration to the JSON")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    torch.backends.mkldnn.enabled = args.mkldnn == "on"
+    torch.manual_seed(args.seed)
+    memory_format = (torch.channels_last if args.channels_last
+                     else torch.contiguous_format)
+
+    x_train, y_train = load_split(args.data_dir, "train")
+    x_test, y_test = load_split(args.data_dir, "t10k")
+    if args.channels_last:
+        x_train = x_train.contiguous(memory_format=memory_format)
+        x_test = x_test.contiguous(memory_format=memory_format)
+
+    model = LeNet() if args.model == "lenet" else Blocks()
+    if args.init == "dlbatch":
+        init_like_dlbatch(model)
+    model = model.to(memory_format=memory_format)
+    optimizer = torch.optim.SGD(param_groups(model, args.l2), lr=args.lr,
+                                momentum=args.momentum,
+                                foreach=args.foreach)
+
+    n = x_train.shape[0]
+    steps_per_epoch = n // args.batch  # the last partial batch is dropped
+    generator = torch.Generator().manual_seed(args.seed)
+    iteration = 0
+    train_time = 0.0
+    train_cpu = 0.0  # CPU seconds of all threads: a load-robust cross-check
+    last_loss = float("nan")
+    done = False
+    for _ in range(args.epochs):
+        order = torch.randperm(n, generator=generator)
+        start = time.perf_counter()
+        start_cpu = time.process_time()
+        for step in range(steps_per_epoch):
+            idx = order[step * args.batch:(step + 1) * args.batch]
+            xb = x_train.index_select(0, idx)
+            if args.channels_last:
+                xb = xb.contiguous(memory_format=memory_format)
+            yb = y_train.index_select(0, idx)
+            lr = args.lr * (1.0 + args.gamma * iteration) ** (-args.power)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss = F.cross_entropy(model(xb), yb)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            iteration += 1
+            if args.max_iterations and iteration >= args.max_iterations:
+                done = True
+                break
+        last_loss = loss.item()
+        train_time += time.perf_counter() - start
+        train_cpu += time.process_time() - start_cpu
+        if done:
+            break
+
+    accuracy, test_loss = evaluate(model, x_test, y_test, memory_format)
+    result = {
+        "model": args.model,
+        "batch": args.batch,
+        "threads": args.threads,
+        "epochs": args.epochs,
+        "images_per_s": iteration * args.batch / train_time,
+        "test_accuracy": accuracy,
+        "test_loss": test_loss,
+        "train_time_s": train_time,
+        "train_cpu_s": train_cpu,
+        "iterations": iteration,
+        "final_train_loss": last_loss,
+        "mkldnn": args.mkldnn,
+        "channels_last": args.channels_last,
+        "foreach": args.foreach,
+        "init": args.init,
+        "torch": torch.__version__,
+    }
+    if args.info:
+        result["config"] = blas_info()
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

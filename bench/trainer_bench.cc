@@ -1,0 +1,520 @@
+// The embedded trainer against PyTorch on the CPU: LeNet (Caffe's
+// lenet_solver) and the convolutional-block network trained on Fashion-MNIST,
+// dlbatch-train and PyTorch run side by side, alternating, with the same
+// model, solver, batch, seed and thread count. Prints a markdown table of
+// training images/s and test accuracy against the goals; the figures
+// are not asserted.
+//
+//   trainer_bench [--threads T] [--repeats R] [--only CASE]
+//                 [--dlbatch-train PATH] [--python PATH]
+//                 [--jobs-dir DIR] [--baseline PATH] [--timeout SECONDS]
+//                 [--vary-seed]
+//   trainer_bench --check-jobs     # parse and validate the job files only
+//
+// Images/s is the median over the repeats; test accuracy is the mean. With
+// --vary-seed, repeat r trains with seed r + 1 on both sides (initial
+// weights and shuffle order), so the accuracy columns compare means over
+// seeds: one seed's accuracy after one epoch moves by about a point from seed
+// to seed, more than the 0.5-point goal.
+//
+// CASE: lenet64 | lenet256 | blocks | lenet2ep. PyTorch runs
+// bench/pytorch_baseline.py with OPENBLAS_CORETYPE=SkylakeX where the CPU
+// has AVX-512 (OpenBLAS otherwise picks a slower kernel set on some CPUs).
+// Where dlbatch-train is missing its columns read "-".
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "proto/jobspec_yaml.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// One benchmark case and the goals for it.
+struct Case {
+  std::string name;      // --only
+  std::string model;     // pytorch_baseline.py --model
+  std::string job_file;  // under --jobs-dir
+  int batch;
+  int epochs;
+  double speed_goal;     // dlbatch/PyTorch images/s, at least
+  double max_acc_drop;   // dlbatch may trail PyTorch by this many points
+  double min_accuracy;   // dlbatch's test accuracy, at least (0: none)
+};
+
+const std::vector<Case>& Cases() {
+  static const std::vector<Case> cases = {
+      {"lenet64", "lenet", "lenet.yaml", 64, 1, 1.5, 0.5, 0},
+      {"lenet256", "lenet", "lenet.yaml", 256, 1, 1.0, 0.5, 0},
+      {"blocks", "blocks", "blocks.yaml", 256, 1, 1.0, 0.5, 0},
+      {"lenet2ep", "lenet", "lenet.yaml", 64, 2, 1.5, 0.5, 89.0},
+  };
+  return cases;
+}
+
+// What one training run reports.
+struct RunResult {
+  double images_per_s = 0;
+  double test_accuracy = 0;  // percent
+};
+
+struct Options {
+  int threads = 2;
+  int repeats = 1;
+  std::string only;
+  std::string dlbatch_train;
+  std::string python = "/usr/bin/python3";
+  std::string jobs_dir = DLBATCH_BENCH_SOURCE_DIR "/jobs";
+  std::string baseline = DLBATCH_BENCH_SOURCE_DIR "/pytorch_baseline.py";
+  int timeout_s = 3600;
+  bool check_jobs = false;
+  bool vary_seed = false;
+};
+
+std::string SelfDir() {
+  return fs::read_symlink("/proc/self/exe").parent_path().string();
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return absl::StrCat(one, " ", five, " ", fifteen);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The last `max_lines` lines of a log, to quote in an error.
+std::string Tail(const std::string& text, int max_lines = 15) {
+  size_t start = text.size();
+  for (int i = 0; i <= max_lines; ++i) {
+    if (start == 0) return text;
+    const size_t newline = text.rfind('\n', start - 1);
+    if (newline == std::string::npos) return text;
+    start = newline;
+  }
+  return text.substr(start + 1);
+}
+
+// Runs argv with `extra_env` added to this process's environment, stdout to
+// `out_path` and stderr to `err_path`, stdin from /dev/null, and waits for
+// it, killing it after `timeout_s`. OK only where it exits with status 0.
+absl::Status RunProcess(const std::vector<std::string>& argv,
+                        const std::vector<std::string>& extra_env,
+                        const std::string& out_path,
+                        const std::string& err_path, int timeout_s) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    bool overridden = false;
+    for (const std::string& x : extra_env) {
+      if (entry.compare(0, x.find('=') + 1, x, 0, x.find('=') + 1) == 0) {
+        overridden = true;
+      }
+    }
+    if (!overridden) env.push_back(entry);
+  }
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
+  std::vector<char*> c_argv, c_env;
+  std::vector<std::string> argv_store = argv;
+  for (std::string& a : argv_store) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  for (std::string& e : env) c_env.push_back(e.data());
+  c_env.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);  // own group: a kill takes its tree
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, c_argv[0], &actions, &attr, c_argv.data(),
+                       c_env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));
+  }
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::seconds(timeout_s);
+  int status = 0;
+  while (true) {
+    pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0) {
+      return absl::InternalError(
+          absl::StrCat("waitpid: ", std::strerror(errno)));
+    }
+    if (Clock::now() > deadline) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return absl::DeadlineExceededError(absl::StrCat(
+          argv[0], " ran past ", timeout_s, " s and was killed; see ",
+          err_path));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(absl::StrCat(
+        absl::StrJoin(argv, " "), " failed (",
+        WIFEXITED(status) ? absl::StrCat("exit ", WEXITSTATUS(status))
+                          : absl::StrCat("signal ", WTERMSIG(status)),
+        "); its stderr ends:\n", Tail(ReadFile(err_path))));
+  }
+  return absl::OkStatus();
+}
+
+// A finite number under `key` of a JSON object, or an error naming `source`.
+absl::StatusOr<double> NumberField(const nlohmann::json& j,
+                                   const std::string& key,
+                                   const std::string& source) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number() ||
+      !std::isfinite(it->get<double>())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": no finite number \"", key, "\""));
+  }
+  return it->get<double>();
+}
+
+absl::StatusOr<RunResult> ParseResult(const std::string& text,
+                                      const std::string& source,
+                                      const std::string& accuracy_key) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not a JSON object: ", Tail(text, 3)));
+  }
+  RunResult r;
+  absl::StatusOr<double> ips = NumberField(j, "images_per_s", source);
+  if (!ips.ok()) return ips.status();
+  absl::StatusOr<double> acc = NumberField(j, accuracy_key, source);
+  if (!acc.ok()) return acc.status();
+  r.images_per_s = *ips;
+  r.test_accuracy = *acc;
+  return r;
+}
+
+std::vector<std::string> OpenBlasEnv() {
+  std::vector<std::string> env;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) {
+    env.push_back("OPENBLAS_CORETYPE=SkylakeX");
+  }
+  return env;
+}
+
+absl::StatusOr<RunResult> RunPyTorch(const Options& o, const Case& c,
+                                     uint64_t seed, const std::string& dir) {
+  std::vector<std::string> argv = {
+      o.python, o.baseline, "--model", c.model, "--batch",
+      absl::StrCat(c.batch), "--threads", absl::StrCat(o.threads),
+      "--epochs", absl::StrCat(c.epochs), "--seed", absl::StrCat(seed)};
+  std::vector<std::string> env = OpenBlasEnv();
+  env.push_back(absl::StrCat("OMP_NUM_THREADS=", o.threads));
+  const std::string out = dir + "/pytorch.json";
+  absl::Status s =
+      RunProcess(argv, env, out, dir + "/pytorch.log", o.timeout_s);
+  if (!s.ok()) return s;
+  return ParseResult(ReadFile(out), out, "test_accuracy");
+}
+
+// The case's job file with `seed: 1` made `seed: <seed>`, written into `dir`
+// (the data paths are absolute, so the copy reads the same files), and
+// checked by parsing it back.
+absl::StatusOr<std::string> JobFileWithSeed(const Options& o, const Case& c,
+                                            uint64_t seed,
+                                            const std::string& dir) {
+  const std::string source = o.jobs_dir + "/" + c.job_file;
+  if (seed == 1) return source;
+  std::string text = ReadFile(source);
+  const std::string from = "\n    seed: 1\n";
+  const size_t at = text.find(from);
+  if (at == std::string::npos) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(source, ": no `    seed: 1` line to vary"));
+  }
+  text.replace(at, from.size(), absl::StrCat("\n    seed: ", seed, "\n"));
+  const std::string path = dir + "/" + c.job_file;
+  std::ofstream(path) << text;
+  absl::StatusOr<dlbatch::ParsedJobFile> job = dlbatch::ReadJobFile(path);
+  if (!job.ok()) return job.status();
+  if (job->spec.train().options().seed() != seed) {
+    return absl::InternalError(absl::StrCat(path, ": seed did not change"));
+  }
+  return path;
+}
+
+absl::StatusOr<RunResult> RunDlbatch(const Options& o, const Case& c,
+                                     uint64_t seed, const std::string& dir) {
+  absl::StatusOr<std::string> job = JobFileWithSeed(o, c, seed, dir);
+  if (!job.ok()) return job.status();
+  const std::string out_dir = dir + "/dlbatch";
+  fs::create_directories(out_dir);
+  std::vector<std::string> argv = {
+      o.dlbatch_train, "--output-dir", out_dir, "--threads",
+      absl::StrCat(o.threads), "--max-epochs", absl::StrCat(c.epochs),
+      "--mini-batch-size", absl::StrCat(c.batch), *job};
+  std::vector<std::string> env = {
+      absl::StrCat("OMP_NUM_THREADS=", o.threads)};
+  absl::Status s = RunProcess(argv, env, dir + "/dlbatch.out",
+                              dir + "/dlbatch.log", o.timeout_s);
+  if (!s.ok()) return s;
+  const std::string metrics = out_dir + "/metrics.json";
+  if (!fs::exists(metrics)) {
+    return absl::NotFoundError(absl::StrCat(
+        o.dlbatch_train, " exited 0 but wrote no ", metrics));
+  }
+  return ParseResult(ReadFile(metrics), metrics, "validation_accuracy");
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Over the repeats that succeeded: median images/s, mean accuracy (a mean
+// over seeds with --vary-seed); nullopt where none did.
+struct Summary {
+  std::optional<double> images_per_s, accuracy;
+};
+
+Summary Summarize(const std::vector<RunResult>& runs) {
+  Summary s;
+  if (runs.empty()) return s;
+  std::vector<double> ips, acc;
+  for (const RunResult& r : runs) {
+    ips.push_back(r.images_per_s);
+    acc.push_back(r.test_accuracy);
+  }
+  s.images_per_s = Median(ips);
+  double sum = 0;
+  for (double a : acc) sum += a;
+  s.accuracy = sum / acc.size();
+  return s;
+}
+
+std::string Num(std::optional<double> v, const char* format) {
+  return v ? absl::StrFormat(format, *v) : "-";
+}
+
+std::string Verdict(std::optional<bool> met) {
+  return met ? (*met ? "met" : "MISSED") : "-";
+}
+
+// One table row of a case, from the medians of its runs.
+std::string Row(const Case& c, const Summary& dl, const Summary& pt) {
+  std::optional<double> ratio, delta;
+  std::optional<bool> speed_met, acc_met;
+  if (dl.images_per_s && pt.images_per_s) {
+    ratio = *dl.images_per_s / *pt.images_per_s;
+    speed_met = *ratio >= c.speed_goal;
+  }
+  if (dl.accuracy && pt.accuracy) {
+    delta = *dl.accuracy - *pt.accuracy;
+    acc_met = *delta >= -c.max_acc_drop;
+  }
+  std::string acc_goal = absl::StrFormat("Δ ≥ %.1f", -c.max_acc_drop);
+  if (c.min_accuracy > 0) {
+    absl::StrAppend(&acc_goal, absl::StrFormat(", ≥ %.0f%%", c.min_accuracy));
+    if (dl.accuracy) {
+      acc_met = acc_met.value_or(true) && *dl.accuracy >= c.min_accuracy;
+    }
+  }
+  const std::string label =
+      absl::StrFormat("%s b%d %dep", c.model, c.batch, c.epochs);
+  return absl::StrFormat(
+      "| %s | %s | %s | %s | ≥ %.1f× | %s | %s | %s | %s | %s | %s |", label,
+      Num(dl.images_per_s, "%.0f"), Num(pt.images_per_s, "%.0f"),
+      Num(ratio, "%.2f×"), c.speed_goal, Verdict(speed_met),
+      Num(dl.accuracy, "%.2f"), Num(pt.accuracy, "%.2f"),
+      Num(delta, "%+.2f"), acc_goal, Verdict(acc_met));
+}
+
+// Parses and validates every job file the cases use.
+absl::Status CheckJobs(const Options& o) {
+  std::vector<std::string> seen;
+  for (const Case& c : Cases()) {
+    if (std::find(seen.begin(), seen.end(), c.job_file) != seen.end()) {
+      continue;
+    }
+    seen.push_back(c.job_file);
+    const std::string path = o.jobs_dir + "/" + c.job_file;
+    absl::StatusOr<dlbatch::ParsedJobFile> job = dlbatch::ReadJobFile(path);
+    if (!job.ok()) return job.status();
+    const auto& options = job->spec.train().options();
+    if (options.learn_rate_schedule().type() != "inv" ||
+        options.max_epochs() != 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": the benchmark expects an `inv` schedule and 1 epoch"));
+    }
+    std::cerr << path << ": "
+              << job->spec.train().network().layers_size() << " layers, "
+              << "batch " << options.mini_batch_size() << ", ok\n";
+  }
+  return absl::OkStatus();
+}
+
+bool ParseFlags(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--check-jobs") {
+      o->check_jobs = true;
+      continue;
+    }
+    if (flag == "--vary-seed") {
+      o->vary_seed = true;
+      continue;
+    }
+    if (i + 1 >= argc) return false;
+    const std::string value = argv[++i];
+    if (flag == "--threads") {
+      if (!absl::SimpleAtoi(value, &o->threads) || o->threads < 1) return false;
+    } else if (flag == "--repeats") {
+      if (!absl::SimpleAtoi(value, &o->repeats) || o->repeats < 1) return false;
+    } else if (flag == "--timeout") {
+      if (!absl::SimpleAtoi(value, &o->timeout_s) || o->timeout_s < 1) {
+        return false;
+      }
+    } else if (flag == "--only") {
+      o->only = value;
+      if (std::none_of(Cases().begin(), Cases().end(),
+                       [&](const Case& c) { return c.name == value; })) {
+        return false;
+      }
+    } else if (flag == "--dlbatch-train") {
+      o->dlbatch_train = value;
+    } else if (flag == "--python") {
+      o->python = value;
+    } else if (flag == "--jobs-dir") {
+      o->jobs_dir = value;
+    } else if (flag == "--baseline") {
+      o->baseline = value;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!ParseFlags(argc, argv, &o)) {
+    std::cerr << "usage: trainer_bench [--threads T] [--repeats R]"
+                 " [--only lenet64|lenet256|blocks|lenet2ep]"
+                 " [--dlbatch-train PATH] [--python PATH] [--jobs-dir DIR]"
+                 " [--baseline PATH] [--timeout SECONDS] [--vary-seed]"
+                 " [--check-jobs]\n";
+    return 2;
+  }
+  if (absl::Status s = CheckJobs(o); !s.ok()) {
+    std::cerr << "trainer_bench: " << s.message() << "\n";
+    return 1;
+  }
+  if (o.check_jobs) return 0;
+  if (o.dlbatch_train.empty()) o.dlbatch_train = SelfDir() + "/dlbatch-train";
+  const bool have_dlbatch = access(o.dlbatch_train.c_str(), X_OK) == 0;
+  if (!have_dlbatch) {
+    std::cerr << "trainer_bench: " << o.dlbatch_train
+              << " not found; running PyTorch alone\n";
+  }
+
+  char tmpl[] = "/tmp/trainer-bench-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  const std::string root = tmpl;
+  const std::string load_before = LoadAverage();
+  std::vector<std::string> rows;
+  int failures = 0;
+  for (const Case& c : Cases()) {
+    if (!o.only.empty() && o.only != c.name) continue;
+    std::vector<RunResult> dl_runs, pt_runs;
+    for (int r = 0; r < o.repeats; ++r) {
+      // Alternate which goes first, so neither always follows the other.
+      for (int k = 0; k < 2; ++k) {
+        const bool pytorch = (k == 0) == (r % 2 == 0);
+        if (!pytorch && !have_dlbatch) continue;
+        const std::string who = pytorch ? "pytorch" : "dlbatch";
+        const std::string dir = absl::StrCat(root, "/", c.name, "-", r, "-", who);
+        fs::create_directories(dir);
+        std::cerr << absl::StrFormat("[%s #%d seed %d] %s ... ", c.name,
+                                     r + 1, o.vary_seed ? r + 1 : 1, who)
+                  << std::flush;
+        const uint64_t seed = o.vary_seed ? r + 1 : 1;
+        absl::StatusOr<RunResult> res = pytorch ? RunPyTorch(o, c, seed, dir)
+                                                : RunDlbatch(o, c, seed, dir);
+        if (!res.ok()) {
+          std::cerr << "failed: " << res.status().message() << "\n";
+          ++failures;
+          continue;
+        }
+        std::cerr << absl::StrFormat("%.0f images/s, %.2f%% (load %s)\n",
+                                     res->images_per_s, res->test_accuracy,
+                                     LoadAverage());
+        (pytorch ? pt_runs : dl_runs).push_back(*res);
+      }
+    }
+    rows.push_back(Row(c, Summarize(dl_runs), Summarize(pt_runs)));
+  }
+
+  std::cout << absl::StrFormat(
+      "Fashion-MNIST, %d thread(s), %d repeat(s)%s: median images/s, mean "
+      "accuracy; load average %s before, %s after\n\n",
+      o.threads, o.repeats, o.vary_seed ? absl::StrCat(" over seeds 1..", o.repeats) : "",
+      load_before, LoadAverage());
+  std::cout << "| case | dlbatch images/s | PyTorch images/s | ratio | goal |"
+               " | dlbatch test acc % | PyTorch test acc % | Δ points | goal"
+               " | |\n";
+  std::cout << "|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const std::string& row : rows) std::cout << row << "\n";
+  std::cerr << "logs: " << root << "\n";
+  return failures == 0 ? 0 : 1;
+}
