@@ -189,6 +189,10 @@ def main():
     parser.add_argument("--l2", type=float, default=5e-4)
     parser.add_argument("--gamma", type=float, default=1e-4)
     parser.add_argument("--power", type=float, default=0.75)
+    parser.add_argument("--schedule", choices=["inv", "cosine"], default="inv",
+                        help="inv (Caffe's, with --gamma/--power) or cosine "
+                        "over the whole run after --warmup linear steps")
+    parser.add_argument("--warmup", type=int, default=0)
     parser.add_argument("--data-dir", default=DATA_DIR)
     parser.add_argument("--mkldnn", choices=["on", "off"], default="on",
                         help="torch.backends.mkldnn.enabled")
@@ -230,6 +234,7 @@ def main():
 
     n = x_train.shape[0]
     steps_per_epoch = n // args.batch  # the last partial batch is dropped
+    total_iterations = steps_per_epoch * args.epochs
     generator = torch.Generator().manual_seed(args.seed)
     iteration = 0
     train_time = 0.0
@@ -246,7 +251,15 @@ def main():
             if args.channels_last:
                 xb = xb.contiguous(memory_format=memory_format)
             yb = y_train.index_select(0, idx)
-            lr = args.lr * (1.0 + args.gamma * iteration) ** (-args.power)
+            if args.schedule == "cosine":
+                # dlbatch's cosine: t is the progress after warm-up.
+                span = max(1, total_iterations - args.warmup)
+                t = min(max((iteration - args.warmup) / span, 0.0), 1.0)
+                lr = args.lr * 0.5 * (1.0 + math.cos(math.pi * t))
+            else:
+                lr = args.lr * (1.0 + args.gamma * iteration) ** (-args.power)
+            if iteration < args.warmup:
+                lr *= (iteration + 1) / args.warmup
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss = F.cross_entropy(model(xb), yb)

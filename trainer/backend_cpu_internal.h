@@ -157,6 +157,44 @@ Pd PickFastest(
   return pd;
 }
 
+// conv and fc on oneDNN share their calls' form: each runs the primitive
+// that `Derived` makes and caches for n (Fwd(n), BwdData(n), BwdWeights(n),
+// each a BoundPrimitive&), and Prepare makes all three at build time to
+// refuse a shape that oneDNN cannot run. `Derived` names itself in name_.
+template <typename Derived, typename Interface>
+class WeightedKernel : public Interface {
+ public:
+  absl::Status Prepare(int n) {
+    return TryCreate(self().name_, [&] {
+      self().Fwd(n);
+      self().BwdData(n);
+      self().BwdWeights(n);
+    });
+  }
+
+  void Forward(int n, const float* x, const float* w, const float* b,
+               float* y) override {
+    BoundPrimitive* p = nullptr;
+    DLBATCH_DNNL_RUN(p = &self().Fwd(n));
+    p->Run({x, w, b, y});
+  }
+  void BackwardData(int n, const float* dy, const float* w,
+                    float* dx) override {
+    BoundPrimitive* p = nullptr;
+    DLBATCH_DNNL_RUN(p = &self().BwdData(n));
+    p->Run({dy, w, dx});
+  }
+  void BackwardWeights(int n, const float* x, const float* dy, float* dw,
+                       float* db) override {
+    BoundPrimitive* p = nullptr;
+    DLBATCH_DNNL_RUN(p = &self().BwdWeights(n));
+    p->Run({x, dy, dw, db});
+  }
+
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
+};
+
 // A per-batch-size cache: primitives are made for each n actually used
 // (training uses one; the last validation batch may be smaller).
 template <typename T>

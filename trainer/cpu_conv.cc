@@ -25,7 +25,7 @@ using Args = std::vector<std::pair<int, memory::desc>>;
 // the implementations oneDNN offers, the fastest on this machine is timed
 // and kept (PickFastest).
 
-class CpuConv final : public ConvKernel {
+class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
  public:
   CpuConv(const Context* ctx, const ConvDesc& desc, int max_batch)
       : ctx_(ctx),
@@ -36,36 +36,9 @@ class CpuConv final : public ConvKernel {
                            ")")),
         cache_(max_batch) {}
 
-  // Makes the primitives for n, to refuse at build time a shape that oneDNN
-  // cannot run.
-  absl::Status Prepare(int n) {
-    return TryCreate(name_, [&] {
-      Fwd(n);
-      BwdData(n);
-      BwdWeights(n);
-    });
-  }
-
-  void Forward(int n, const float* x, const float* w, const float* b,
-               float* y) override {
-    BoundPrimitive* p = nullptr;
-    DLBATCH_DNNL_RUN(p = &Fwd(n));
-    p->Run({x, w, b, y});
-  }
-  void BackwardData(int n, const float* dy, const float* w,
-                    float* dx) override {
-    BoundPrimitive* p = nullptr;
-    DLBATCH_DNNL_RUN(p = &BwdData(n));
-    p->Run({dy, w, dx});
-  }
-  void BackwardWeights(int n, const float* x, const float* dy, float* dw,
-                       float* db) override {
-    BoundPrimitive* p = nullptr;
-    DLBATCH_DNNL_RUN(p = &BwdWeights(n));
-    p->Run({x, dy, dw, db});
-  }
-
  private:
+  friend class WeightedKernel<CpuConv, ConvKernel>;
+
   struct Prims {
     std::optional<dnnl::convolution_forward::primitive_desc> fwd_pd;
     std::optional<BoundPrimitive> fwd, bwd_data, bwd_weights;
@@ -106,7 +79,8 @@ class CpuConv final : public ConvKernel {
           dnnl::algorithm::convolution_direct, Src(n), WeightsAny(), Bias(),
           Dst(n), Strides(), PadL(), PadR());
       p.fwd_pd.emplace(PickFastest<Pd, dnnl::convolution_forward>(
-          ctx_, absl::StrCat(name_, " forward, n ", n), [&] { return Pd(desc, Attr(), ctx_->engine); },
+          ctx_, absl::StrCat(name_, " forward, n ", n),
+          [&] { return Pd(desc, Attr(), ctx_->engine); },
           [](const Pd& pd) -> Args {
             return {{DNNL_ARG_SRC, pd.src_desc()},
                     {DNNL_ARG_WEIGHTS, pd.weights_desc()},
@@ -140,7 +114,8 @@ class CpuConv final : public ConvKernel {
           dnnl::algorithm::convolution_direct, Src(n), WeightsAny(), Dst(n),
           Strides(), PadL(), PadR());
       const Pd pd = PickFastest<Pd, dnnl::convolution_backward_data>(
-          ctx_, absl::StrCat(name_, " backward data, n ", n), [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
+          ctx_, absl::StrCat(name_, " backward data, n ", n),
+          [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
           [](const Pd& pd) -> Args {
             return {{DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},
                     {DNNL_ARG_WEIGHTS, pd.weights_desc()},
@@ -165,7 +140,8 @@ class CpuConv final : public ConvKernel {
           dnnl::algorithm::convolution_direct, Src(n), WeightsAny(), Bias(),
           Dst(n), Strides(), PadL(), PadR());
       const Pd pd = PickFastest<Pd, dnnl::convolution_backward_weights>(
-          ctx_, absl::StrCat(name_, " backward weights, n ", n), [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
+          ctx_, absl::StrCat(name_, " backward weights, n ", n),
+          [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
           [](const Pd& pd) -> Args {
             return {{DNNL_ARG_SRC, pd.src_desc()},
                     {DNNL_ARG_DIFF_DST, pd.diff_dst_desc()},

@@ -17,7 +17,7 @@ using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
 // Plain layouts throughout: oneDNN runs them as one GEMM each (x64:gemm:jit).
-class CpuFc final : public FcKernel {
+class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
  public:
   CpuFc(const Context* ctx, const FcDesc& desc, int max_batch)
       : ctx_(ctx),
@@ -25,34 +25,9 @@ class CpuFc final : public FcKernel {
         name_(absl::StrCat("inner product ", desc.in, " -> ", desc.units)),
         cache_(max_batch) {}
 
-  absl::Status Prepare(int n) {
-    return TryCreate(name_, [&] {
-      Fwd(n);
-      BwdData(n);
-      BwdWeights(n);
-    });
-  }
-
-  void Forward(int n, const float* x, const float* w, const float* b,
-               float* y) override {
-    BoundPrimitive* p = nullptr;
-    DLBATCH_DNNL_RUN(p = &Fwd(n));
-    p->Run({x, w, b, y});
-  }
-  void BackwardData(int n, const float* dy, const float* w,
-                    float* dx) override {
-    BoundPrimitive* p = nullptr;
-    DLBATCH_DNNL_RUN(p = &BwdData(n));
-    p->Run({dy, w, dx});
-  }
-  void BackwardWeights(int n, const float* x, const float* dy, float* dw,
-                       float* db) override {
-    BoundPrimitive* p = nullptr;
-    DLBATCH_DNNL_RUN(p = &BwdWeights(n));
-    p->Run({x, dy, dw, db});
-  }
-
  private:
+  friend class WeightedKernel<CpuFc, FcKernel>;
+
   struct Prims {
     std::optional<dnnl::inner_product_forward::primitive_desc> fwd_pd;
     std::optional<BoundPrimitive> fwd, bwd_data, bwd_weights;

@@ -6,29 +6,6 @@
 #include "trainer/layers.h"
 
 namespace dlbatch::trainer {
-namespace {
-
-class ConvLayer final : public Layer {
- public:
-  explicit ConvLayer(std::unique_ptr<ConvKernel> kernel)
-      : kernel_(std::move(kernel)) {}
-
-  void Forward(int n, const float* x, float* y, bool /*training*/,
-               uint64_t /*dropout_seed*/) override {
-    kernel_->Forward(n, x, buffers_.params[0], buffers_.params[1], y);
-  }
-
-  void Backward(int n, const float* x, const float* /*y*/, const float* dy,
-                float* dx) override {
-    kernel_->BackwardWeights(n, x, dy, buffers_.grads[0], buffers_.grads[1]);
-    if (dx != nullptr) kernel_->BackwardData(n, dy, buffers_.params[0], dx);
-  }
-
- private:
-  std::unique_ptr<ConvKernel> kernel_;
-};
-
-}  // namespace
 
 absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx) {
   const v1::LayerSpec& spec = *ctx.spec;
@@ -57,7 +34,7 @@ absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx) {
   desc.out = plan.info.out;
   auto kernel = ctx.backend->MakeConv(desc, ctx.max_batch);
   if (!kernel.ok()) return ctx.Error(kernel.status().message());
-  plan.layer = std::make_unique<ConvLayer>(*std::move(kernel));
+  plan.layer = std::make_unique<WeightedLayer<ConvKernel>>(*std::move(kernel));
 
   const int64_t window = int64_t{win->kh} * win->kw;
   ParamRequest weight;

@@ -7,29 +7,6 @@
 #include "trainer/layers.h"
 
 namespace dlbatch::trainer {
-namespace {
-
-class FcLayer final : public Layer {
- public:
-  explicit FcLayer(std::unique_ptr<FcKernel> kernel)
-      : kernel_(std::move(kernel)) {}
-
-  void Forward(int n, const float* x, float* y, bool /*training*/,
-               uint64_t /*dropout_seed*/) override {
-    kernel_->Forward(n, x, buffers_.params[0], buffers_.params[1], y);
-  }
-
-  void Backward(int n, const float* x, const float* /*y*/, const float* dy,
-                float* dx) override {
-    kernel_->BackwardWeights(n, x, dy, buffers_.grads[0], buffers_.grads[1]);
-    if (dx != nullptr) kernel_->BackwardData(n, dy, buffers_.params[0], dx);
-  }
-
- private:
-  std::unique_ptr<FcKernel> kernel_;
-};
-
-}  // namespace
 
 absl::StatusOr<LayerPlan> MakeFcLayer(const LayerContext& ctx) {
   const v1::LayerSpec& spec = *ctx.spec;
@@ -44,7 +21,7 @@ absl::StatusOr<LayerPlan> MakeFcLayer(const LayerContext& ctx) {
   desc.units = spec.units();
   auto kernel = ctx.backend->MakeFc(desc, ctx.max_batch);
   if (!kernel.ok()) return ctx.Error(kernel.status().message());
-  plan.layer = std::make_unique<FcLayer>(*std::move(kernel));
+  plan.layer = std::make_unique<WeightedLayer<FcKernel>>(*std::move(kernel));
 
   ParamRequest weight;
   weight.suffix = "weight";

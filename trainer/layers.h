@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -63,6 +64,29 @@ class Layer {
 
  protected:
   LayerBuffers buffers_;
+};
+
+// conv and fc: weights and a bias applied by one kernel (ConvKernel or
+// FcKernel, which share their calls' form).
+template <typename Kernel>
+class WeightedLayer final : public Layer {
+ public:
+  explicit WeightedLayer(std::unique_ptr<Kernel> kernel)
+      : kernel_(std::move(kernel)) {}
+
+  void Forward(int n, const float* x, float* y, bool /*training*/,
+               uint64_t /*dropout_seed*/) override {
+    kernel_->Forward(n, x, buffers_.params[0], buffers_.params[1], y);
+  }
+
+  void Backward(int n, const float* x, const float* /*y*/, const float* dy,
+                float* dx) override {
+    kernel_->BackwardWeights(n, x, dy, buffers_.grads[0], buffers_.grads[1]);
+    if (dx != nullptr) kernel_->BackwardData(n, dy, buffers_.params[0], dx);
+  }
+
+ private:
+  std::unique_ptr<Kernel> kernel_;
 };
 
 // A layer as made from its spec, before the network places its buffers.

@@ -138,8 +138,13 @@ TEST(Jobs, CancelLeavesNoProcessOfTheJobAlive) {
       "command: [sh, -c, \"trap '' TERM; (trap '' TERM; sleep 1000) & echo $! >> " + pids +
           "; sleep 1000 & echo $! >> " + pids + "; echo $$ >> " + pids +
           "; echo ready; wait\"]\n"));
-  ASSERT_TRUE(WaitFor([&] { return std::count(ReadAll(pids).begin(), ReadAll(pids).end(), '\n') >= 3; },
-                      15000));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        // One read: begin() and end() of two reads would span two strings.
+        const std::string text = ReadAll(pids);
+        return std::count(text.begin(), text.end(), '\n') >= 3;
+      },
+      15000));
   Result cancel = c.Cli({"cancel", std::to_string(id)});
   EXPECT_EQ(cancel.code, 0) << cancel.err;
   ASSERT_TRUE(c.WaitState(id, "JOB_STATE_CANCELLED", 20000));

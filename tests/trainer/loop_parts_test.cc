@@ -9,6 +9,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/options.h"
 #include "trainer/progress.h"
+#include "trainer/solver.h"
 
 namespace dlbatch::trainer {
 namespace {
@@ -172,6 +173,53 @@ TEST(Progress, ElapsedAndChannel) {
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(*text, "{\"event\":\"start\"}\n{\"event\":\"done\"}\n");
   ASSERT_TRUE(RemoveTree(tmpl).ok());
+}
+
+// A real network on the CPU backend, with gradients set by hand.
+TEST(Solver, ClipsEachArrayToTheThresholdThenSteps) {
+  v1::NetworkSpec spec;
+  for (int x : {4, 4, 1}) spec.add_input(x);
+  v1::LayerSpec* fc = spec.add_layers();
+  fc->set_type("fc");
+  fc->set_units(3);
+  spec.add_layers()->set_type("softmax");
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCpuBackend(1);
+  ASSERT_TRUE(backend.ok());
+  absl::StatusOr<std::unique_ptr<Network>> net =
+      Network::Build(spec, backend->get(), 2);
+  ASSERT_TRUE(net.ok()) << net.status();
+  Network& n = **net;
+  n.Initialize(1);
+  const int64_t count = n.num_params();  // 16 * 3 weights, 3 biases
+  ASSERT_EQ(count, 51);
+  std::vector<float> before(count), grads(count);
+  (*backend)->CopyToHost(before.data(), n.params(), count * 4);
+  // Weight gradient of norm 10 (each element 10 / sqrt(48)); bias gradient
+  // of norm 0.3, below the threshold.
+  for (int64_t i = 0; i < 48; ++i) grads[i] = 10.0f / std::sqrt(48.0f);
+  for (int64_t i = 48; i < count; ++i) grads[i] = 0.3f / std::sqrt(3.0f);
+  (*backend)->CopyToDevice(n.grads(), grads.data(), count * 4);
+
+  v1::TrainingOptions o;
+  o.set_solver("sgdm");
+  o.set_momentum(0);
+  o.set_l2_regularization(0);
+  o.set_gradient_threshold(1.0);
+  absl::StatusOr<std::unique_ptr<Solver>> solver =
+      Solver::Create(ResolveOptions(o), backend->get(), &n);
+  ASSERT_TRUE(solver.ok());
+  (*solver)->Step(/*lr=*/0.5, /*step=*/1);
+  std::vector<float> after(count);
+  (*backend)->CopyToHost(after.data(), n.params(), count * 4);
+  double weight_step = 0, bias_step = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double d = double{before[i]} - after[i];
+    (i < 48 ? weight_step : bias_step) += d * d;
+  }
+  // The weights' gradient was scaled to norm 1, the biases' kept 0.3.
+  EXPECT_NEAR(std::sqrt(weight_step), 0.5 * 1.0, 1e-5);
+  EXPECT_NEAR(std::sqrt(bias_step), 0.5 * 0.3, 1e-5);
+  EXPECT_EQ((*solver)->state_size(), count);
 }
 
 }  // namespace

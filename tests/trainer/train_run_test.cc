@@ -374,6 +374,31 @@ TEST_F(TrainRun, BadSpecsAndDataSayWhatToChange) {
   EXPECT_NE(r.err.find("no train: section"), std::string::npos) << r.err;
 }
 
+TEST_F(TrainRun, ValidationPatienceStopsEarly) {
+  // A learning rate too small to change any weight, and no batchnorm
+  // whose running statistics would move: the validation loss stays where
+  // it was, which is no improvement.
+  const std::string net =
+      absl::StrReplaceAll(kSmall, {{"      - {type: batchnorm}\n", ""}});
+  ASSERT_EQ(net.find("batchnorm"), std::string::npos);
+  const std::string job = Job("patient", net, R"(
+    solver: sgdm
+    initial_learn_rate: 1e-30
+    mini_batch_size: 100
+    validation_frequency: 5
+    validation_patience: 2
+    verbose_frequency: 1000
+    max_epochs: 1
+)");
+  Result r = Train(job, dir_ + "/out");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("stopping early at iteration 15"), std::string::npos)
+      << r.out;
+  nlohmann::json m = nlohmann::json::parse(ReadAll(dir_ + "/out/metrics.json"));
+  EXPECT_EQ(m["stopped_early"], true);
+  EXPECT_EQ(m["iterations"], 15);
+}
+
 TEST_F(TrainRun, ResumeRefusesAnotherNetworksCheckpoint) {
   const std::string job = Job("small", kSmall, kSmallOptions, false);
   ASSERT_EQ(Train(job, dir_ + "/out", {"--max-iterations", "10"}).code, 0);
