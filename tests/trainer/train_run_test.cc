@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -331,6 +332,32 @@ TEST_F(TrainRun, NonFiniteLossStopsWithTheIteration) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("at iteration"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("initial_learn_rate"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainRun, RanksOfAFailingRunAllStopAndSayWhy) {
+  const std::string job = Job("explode4", kLenet, R"(
+    solver: sgdm
+    initial_learn_rate: 1000000
+    mini_batch_size: 64
+    verbose_frequency: 1000
+)",
+                              false);
+  Result r =
+      Train(job, dir_ + "/out",
+            {"--max-iterations", "200", "--ranks", "2", "--threads", "1"});
+  EXPECT_NE(r.code, 0);
+  // Each rank names itself; the launcher does not hang on the others.
+  EXPECT_NE(r.err.find("rank 0: the training loss became"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("at iteration"), std::string::npos) << r.err;
+  // No rank is left behind.
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc", ec), end;
+       !ec && it != end; it.increment(ec)) {
+    const std::string cmdline = ReadAll(it->path().string() + "/cmdline");
+    EXPECT_EQ(cmdline.find(dir_ + "/explode4.yaml"), std::string::npos)
+        << "a rank is still running: " << it->path();
+  }
 }
 
 TEST_F(TrainRun, BadSpecsAndDataSayWhatToChange) {
