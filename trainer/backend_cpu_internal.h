@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -191,9 +192,37 @@ class WeightedKernel : public Interface {
     p->Run({x, dy, dw, db});
   }
 
+ protected:
+  // Binds a backward-weights primitive made from `pd`: x and dy in, the
+  // weight and bias gradients out, in the user layouts given.
+  template <typename Prim, typename Pd>
+  void BindBackwardWeights(std::optional<BoundPrimitive>* slot, const Pd& pd,
+                           const dnnl::memory::desc& src,
+                           const dnnl::memory::desc& dst,
+                           const dnnl::memory::desc& weights,
+                           const dnnl::memory::desc& bias) {
+    slot->emplace(self().ctx_, self().name_ + " backward weights", Prim(pd),
+                  pd.scratchpad_desc());
+    (*slot)->AddInput(DNNL_ARG_SRC, src, pd.src_desc());
+    (*slot)->AddInput(DNNL_ARG_DIFF_DST, dst, pd.diff_dst_desc());
+    (*slot)->AddOutput(DNNL_ARG_DIFF_WEIGHTS, weights, pd.diff_weights_desc());
+    (*slot)->AddOutput(DNNL_ARG_DIFF_BIAS, bias, pd.diff_bias_desc());
+  }
+
  private:
   Derived& self() { return static_cast<Derived&>(*this); }
 };
+
+// Makes a CPU kernel and its primitives for max_batch at once, so that a
+// shape oneDNN cannot run is refused at build time (Kernel::Prepare).
+template <typename Kernel, typename Desc>
+absl::StatusOr<std::unique_ptr<Kernel>> MakePrepared(const Context* ctx,
+                                                     const Desc& desc,
+                                                     int max_batch) {
+  auto kernel = std::make_unique<Kernel>(ctx, desc, max_batch);
+  if (absl::Status s = kernel->Prepare(max_batch); !s.ok()) return s;
+  return kernel;
+}
 
 // A per-batch-size cache: primitives are made for each n actually used
 // (training uses one; the last validation batch may be smaller).

@@ -168,9 +168,7 @@ class CpuBatchNorm final : public BatchNormKernel {
 
 absl::StatusOr<std::unique_ptr<BatchNormKernel>> MakeBatchNorm(
     const Context* ctx, const BatchNormDesc& desc, int max_batch) {
-  auto kernel = std::make_unique<CpuBatchNorm>(ctx, desc, max_batch);
-  if (absl::Status s = kernel->Prepare(max_batch); !s.ok()) return s;
-  return kernel;
+  return MakePrepared<CpuBatchNorm>(ctx, desc, max_batch);
 }
 
 }  // namespace dlbatch::trainer::cpu

@@ -148,14 +148,8 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
                     {DNNL_ARG_DIFF_WEIGHTS, pd.diff_weights_desc()},
                     {DNNL_ARG_DIFF_BIAS, pd.diff_bias_desc()}};
           });
-      p.bwd_weights.emplace(ctx_, name_ + " backward weights",
-                            dnnl::convolution_backward_weights(pd),
-                            pd.scratchpad_desc());
-      p.bwd_weights->AddInput(DNNL_ARG_SRC, Src(n), pd.src_desc());
-      p.bwd_weights->AddInput(DNNL_ARG_DIFF_DST, Dst(n), pd.diff_dst_desc());
-      p.bwd_weights->AddOutput(DNNL_ARG_DIFF_WEIGHTS, Weights(),
-                               pd.diff_weights_desc());
-      p.bwd_weights->AddOutput(DNNL_ARG_DIFF_BIAS, Bias(), pd.diff_bias_desc());
+      BindBackwardWeights<dnnl::convolution_backward_weights>(
+          &p.bwd_weights, pd, Src(n), Dst(n), Weights(), Bias());
     }
     return *p.bwd_weights;
   }
@@ -171,9 +165,7 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
 absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(const Context* ctx,
                                                      const ConvDesc& desc,
                                                      int max_batch) {
-  auto kernel = std::make_unique<CpuConv>(ctx, desc, max_batch);
-  if (absl::Status s = kernel->Prepare(max_batch); !s.ok()) return s;
-  return kernel;
+  return MakePrepared<CpuConv>(ctx, desc, max_batch);
 }
 
 }  // namespace dlbatch::trainer::cpu

@@ -99,14 +99,8 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
                                                       Dst(n));
       dnnl::inner_product_backward_weights::primitive_desc pd(
           desc, Attr(), ctx_->engine, FwdPd(n));
-      p.bwd_weights.emplace(ctx_, name_ + " backward weights",
-                            dnnl::inner_product_backward_weights(pd),
-                            pd.scratchpad_desc());
-      p.bwd_weights->AddInput(DNNL_ARG_SRC, Src(n), pd.src_desc());
-      p.bwd_weights->AddInput(DNNL_ARG_DIFF_DST, Dst(n), pd.diff_dst_desc());
-      p.bwd_weights->AddOutput(DNNL_ARG_DIFF_WEIGHTS, Weights(),
-                               pd.diff_weights_desc());
-      p.bwd_weights->AddOutput(DNNL_ARG_DIFF_BIAS, Bias(), pd.diff_bias_desc());
+      BindBackwardWeights<dnnl::inner_product_backward_weights>(
+          &p.bwd_weights, pd, Src(n), Dst(n), Weights(), Bias());
     }
     return *p.bwd_weights;
   }
@@ -122,9 +116,7 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
 absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(const Context* ctx,
                                                  const FcDesc& desc,
                                                  int max_batch) {
-  auto kernel = std::make_unique<CpuFc>(ctx, desc, max_batch);
-  if (absl::Status s = kernel->Prepare(max_batch); !s.ok()) return s;
-  return kernel;
+  return MakePrepared<CpuFc>(ctx, desc, max_batch);
 }
 
 }  // namespace dlbatch::trainer::cpu

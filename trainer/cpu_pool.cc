@@ -154,9 +154,7 @@ class CpuPool final : public PoolKernel {
 absl::StatusOr<std::unique_ptr<PoolKernel>> MakePool(const Context* ctx,
                                                      const PoolDesc& desc,
                                                      int max_batch) {
-  auto kernel = std::make_unique<CpuPool>(ctx, desc, max_batch);
-  if (absl::Status s = kernel->Prepare(max_batch); !s.ok()) return s;
-  return kernel;
+  return MakePrepared<CpuPool>(ctx, desc, max_batch);
 }
 
 }  // namespace dlbatch::trainer::cpu

@@ -36,34 +36,36 @@ void AppendInt(int64_t value, std::string* out) {
   out->append(buffer, result.ptr);
 }
 
+// kind,iteration,epoch,time_s,loss,accuracy, -- the fields both kinds of
+// row share, with the comma before learn_rate.
+void AppendSharedFields(const char* kind, int64_t iteration, int64_t epoch,
+                        double time_s, double loss, double accuracy,
+                        std::string* out) {
+  out->append(kind);
+  out->push_back(',');
+  AppendInt(iteration, out);
+  out->push_back(',');
+  AppendInt(epoch, out);
+  out->push_back(',');
+  AppendDouble(time_s, out);
+  out->push_back(',');
+  AppendDouble(loss, out);
+  out->push_back(',');
+  AppendDouble(accuracy, out);
+  out->push_back(',');
+}
+
 void AppendTrainRow(const IterationRecord& r, std::string* out) {
-  out->append("train,");
-  AppendInt(r.iteration, out);
-  out->push_back(',');
-  AppendInt(r.epoch, out);
-  out->push_back(',');
-  AppendDouble(r.time_s, out);
-  out->push_back(',');
-  AppendDouble(r.loss, out);
-  out->push_back(',');
-  AppendDouble(r.accuracy, out);
-  out->push_back(',');
+  AppendSharedFields("train", r.iteration, r.epoch, r.time_s, r.loss,
+                     r.accuracy, out);
   AppendDouble(r.learn_rate, out);
   out->push_back('\n');
 }
 
 void AppendValidationRow(const ValidationRecord& r, std::string* out) {
-  out->append("validation,");
-  AppendInt(r.iteration, out);
-  out->push_back(',');
-  AppendInt(r.epoch, out);
-  out->push_back(',');
-  AppendDouble(r.time_s, out);
-  out->push_back(',');
-  AppendDouble(r.loss, out);
-  out->push_back(',');
-  AppendDouble(r.accuracy, out);
-  out->append(",\n");
+  AppendSharedFields("validation", r.iteration, r.epoch, r.time_s, r.loss,
+                     r.accuracy, out);
+  out->push_back('\n');  // no learn rate
 }
 
 // Parses a whole field as T; `what` and `line` name it in the error.
