@@ -209,7 +209,8 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
     std::cout << ToJson(reply);
     return 0;
   }
-  Table table({"ID", "NAME", "USER", "STATE", "POOL", "PROFILE", "SUBMITTED", "ELAPSED", "NOTE"});
+  Table table({"ID", "NAME", "USER", "STATE", "POOL", "PROFILE", "SUBMITTED", "ELAPSED",
+               "PROGRESS", "NOTE"});
   int64_t now = SystemClock::Get()->NowMs();
   std::string out;
   for (const v1::Job& job : reply.jobs()) {
@@ -218,7 +219,7 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
                                                   : "-";
     table.Add({absl::StrCat(job.id()), job.spec().name(), job.user(), JobStateName(job.state()),
                absl::StrCat(job.spec().pool()), job.spec().profile(),
-               LocalTime(job.submit_time_ms()), elapsed, job.reason()});
+               LocalTime(job.submit_time_ms()), elapsed, ProgressCell(job), job.reason()});
   }
   std::cout << table.Render();
   return 0;
@@ -268,6 +269,11 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
   }
   if (job.state() == v1::JOB_STATE_FINISHED || job.state() == v1::JOB_STATE_FAILED) {
     absl::StrAppend(&out, "  Exit code:  ", job.exit_code(), "\n");
+  }
+  if (job.progress().iterations() > 0) absl::StrAppend(&out, ProgressLines(job.progress()));
+  if (job.checkpoint_size() > 0) {
+    absl::StrAppend(&out, "  Checkpoint: iteration ", job.progress().checkpoint_iteration(),
+                    " stored (", job.checkpoint_size(), " files)\n");
   }
   absl::StrAppend(&out, "  Diary:      ", job.diary_lines(), " lines (dlbatch diary ", job.id(),
                   ")\n");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <ctime>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/duration.h"
@@ -40,6 +41,40 @@ std::string LocalTime(int64_t ms) {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
   return buf;
+}
+
+std::string ProgressCell(const v1::Job& job) {
+  const v1::TrainProgress& p = job.progress();
+  if (p.iterations() <= 0) return "";
+  const int percent = static_cast<int>(100 * p.iteration() / p.iterations());
+  std::string cell = absl::StrFormat("%d%% %d/%d", percent, p.iteration(), p.iterations());
+  if (p.iteration() > 0) absl::StrAppendFormat(&cell, " loss %.3f", p.loss());
+  if (p.has_validation()) absl::StrAppendFormat(&cell, " val %.1f%%", p.validation_accuracy());
+  return cell;
+}
+
+std::string ProgressLines(const v1::TrainProgress& p) {
+  std::string out = absl::StrFormat(
+      "  Progress:   iteration %d of %d (%d%%), epoch %d of %d%s\n", p.iteration(),
+      p.iterations(), p.iterations() > 0 ? 100 * p.iteration() / p.iterations() : 0, p.epoch(),
+      p.epochs(), p.done() ? ", done" : "");
+  if (p.iteration() > 0) {
+    absl::StrAppendFormat(&out,
+                          "  Mini-batch: loss %.4f, accuracy %.2f%%, learn rate %g\n",
+                          p.loss(), p.accuracy(), p.learn_rate());
+  }
+  if (p.has_validation()) {
+    absl::StrAppendFormat(&out, "  Validation: loss %.4f, accuracy %.2f%%\n",
+                          p.validation_loss(), p.validation_accuracy());
+  }
+  if (p.images_per_s() > 0) {
+    absl::StrAppendFormat(&out, "  Speed:      %.0f images/s, elapsed %s%s\n", p.images_per_s(),
+                          FormatDurationMs(static_cast<int64_t>(p.elapsed_s() * 1000)),
+                          p.done() ? ""
+                                   : absl::StrCat(", ETA ", FormatDurationMs(static_cast<int64_t>(
+                                                                p.eta_s() * 1000))));
+  }
+  return out;
 }
 
 ProgressBar::ProgressBar(std::string label)

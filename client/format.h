@@ -27,6 +27,12 @@ class Table {
 // "2026-11-22 14:03:07" in local time; "-" for 0.
 std::string LocalTime(int64_t ms);
 
+// A train job's progress in the jobs table: "45% 420/937 loss 0.521";
+// "" for jobs that report none.
+std::string ProgressCell(const v1::Job& job);
+// `dlbatch show`'s progress section, one "  Label:  value" line each.
+std::string ProgressLines(const v1::TrainProgress& progress);
+
 // A one-line bar on stderr, redrawn at most 10 times a second; silent when
 // stderr is not a terminal.
 class ProgressBar {

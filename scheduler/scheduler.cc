@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/duration.h"
+#include "common/endpoint.h"
 #include "common/status.h"
 #include "proto/job_state.h"
 #include "proto/jobspec_yaml.h"
@@ -59,7 +60,8 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
       reader_(reader),
       blobs_(blobs),
       clock_(clock),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))) {}
 
 Scheduler::~Scheduler() { Stop(); }
 
@@ -187,7 +189,21 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
     job.failure.clear();
     (void)store_->UpdateJob(rec);
     (void)store_->AddEvent(rec.id, rec.state, rec.attempt, now, "");
+    const bool train = rec.spec.has_train();
+    if (train) {
+      rendezvous_.Open(rec.id, rec.attempt);
+      if (job.checkpoint.files_size() > 0) {
+        Diary(rec.id, rec.attempt,
+              absl::StrCat("[dlbatch] attempt ", rec.attempt,
+                           " resumes from the checkpoint stored at iteration ",
+                           job.checkpoint.iteration(), " (by attempt ",
+                           job.checkpoint.attempt(), ")"));
+      }
+    }
+    int first_rank = 0;
     for (size_t i = 0; i < d.parts.size(); ++i) {
+      const int part_first_rank = first_rank;
+      first_rank += static_cast<int>(d.parts[i].devices.size());
       auto w = workers_.find(d.parts[i].worker);
       if (w == workers_.end()) continue;
       v1::SchedulerMessage msg;
@@ -200,6 +216,12 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
       start->set_user(rec.user);
       start->set_part(static_cast<int>(i));
       start->set_parts(static_cast<int>(d.parts.size()));
+      start->set_first_rank(part_first_rank);
+      if (train) {
+        start->set_rendezvous_secret(rendezvous_.SecretFor(rec.id, rec.attempt));
+        *start->mutable_checkpoint() = job.checkpoint.files();
+        start->set_checkpoint_iteration(job.checkpoint.iteration());
+      }
       out->emplace_back(w->second.session, std::move(msg));
     }
     Changed(rec.id);
@@ -245,11 +267,21 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
   for (auto& h : history) *job.add_history() = std::move(h);
   ASSIGN_OR_RETURN(int64_t lines, reader_->DiaryCount(job_id));
   job.set_diary_lines(lines);
+  if (rec->spec.has_train()) {
+    // Committed with (or before) the row just read; memory overrides below.
+    ASSIGN_OR_RETURN(TrainState train, reader_->GetTrainState(job_id));
+    *job.mutable_progress() = std::move(train.progress);
+    *job.mutable_checkpoint() = std::move(*train.checkpoint.mutable_files());
+  }
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it != jobs_.end()) {
     // Memory is at least as new as the committed row just read.
     const JobRecord& live = it->second.record;
+    if (live.spec.has_train()) {
+      *job.mutable_progress() = it->second.progress;
+      *job.mutable_checkpoint() = it->second.checkpoint.files();
+    }
     job.set_state(it->second.cancel_requested && !IsTerminal(live.state)
                       ? v1::JOB_STATE_CANCELLING
                       : live.state);
@@ -268,6 +300,14 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(const v1::ListJobsRequest&
   v1::ListJobsReply reply;
   RETURN_IF_ERROR(
       reader_->ListJobSummaries(states, request.limit(), request.newest_first(), &reply));
+  // The progress column: live jobs' latest reports, from memory.
+  absl::MutexLock lock(&mu_);
+  for (v1::Job& job : *reply.mutable_jobs()) {
+    auto it = jobs_.find(job.id());
+    if (it != jobs_.end() && it->second.progress.iterations() > 0) {
+      *job.mutable_progress() = it->second.progress;
+    }
+  }
   return reply;
 }
 

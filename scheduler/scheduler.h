@@ -32,6 +32,7 @@
 #include "proto/job_state.h"
 #include "scheduler/blob_store.h"
 #include "scheduler/placement.h"
+#include "scheduler/rendezvous.h"
 #include "scheduler/store.h"
 
 namespace dlbatch::scheduler {
@@ -88,6 +89,9 @@ class Scheduler {
                        v1::WorkerMessage message);
   void OnWorkerGone(std::shared_ptr<WorkerSession> session);
 
+  // The train jobs' rendezvous (thread-safe on its own).
+  RendezvousStore& rendezvous() { return rendezvous_; }
+
   const SchedulerOptions& options() const { return options_; }
 
  private:
@@ -98,6 +102,8 @@ class Scheduler {
     std::string failure;          // first failing part's reason
     bool cancel_requested = false;
     std::string cancel_reason;
+    v1::TrainProgress progress;       // train jobs: the latest report
+    v1::CheckpointStored checkpoint;  // train jobs: the newest stored
   };
   struct WorkerState {
     WorkerRecord record;
@@ -128,6 +134,16 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleEnded(int64_t worker_id, const v1::JobEnded& ended, Outbox* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job a worker's report is about if it is the attempt and part that
+  // worker runs now; null for a stale report.
+  ActiveJob* ReportedJob(int64_t worker_id, int64_t job_id, int attempt, int part)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleProgress(int64_t worker_id, const v1::JobProgress& progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleCheckpoint(int64_t worker_id, const v1::CheckpointStored& checkpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills a job's progress and checkpoint from memory or the store.
+  void AddTrainState(v1::Job* job) ABSL_LOCKS_EXCLUDED(mu_);
   void HandleGone(const std::shared_ptr<WorkerSession>& session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Requeues (or fails, past max_attempts) a job whose worker was lost.
@@ -159,6 +175,7 @@ class Scheduler {
   BlobStore* const blobs_;
   const Clock* const clock_;
   const SchedulerOptions options_;
+  RendezvousStore rendezvous_;
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every committed job change

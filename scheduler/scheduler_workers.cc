@@ -49,6 +49,12 @@ absl::Status Scheduler::Start() {
     ActiveJob& job = jobs_[rec.id];
     job.record = std::move(rec);
     const JobRecord& r = job.record;
+    if (r.spec.has_train()) {
+      ASSIGN_OR_RETURN(TrainState train, store_->GetTrainState(r.id));
+      job.progress = std::move(train.progress);
+      job.checkpoint = std::move(train.checkpoint);
+      if (r.state != v1::JOB_STATE_QUEUED) rendezvous_.Open(r.id, r.attempt);
+    }
     if (r.state == v1::JOB_STATE_QUEUED) {
       core_.Enqueue(ToQueued(r));
       ++queued;
@@ -147,6 +153,10 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
         ack.mutable_diary_ack()->set_part(d.part());
         ack.mutable_diary_ack()->set_seq(max_seq);
         acks.emplace_back(e.session, std::move(ack));
+      } else if (m.has_progress()) {
+        HandleProgress(it->second, m.progress());
+      } else if (m.has_checkpoint()) {
+        HandleCheckpoint(it->second, m.checkpoint());
       } else if (m.has_ended()) {
         HandleEnded(it->second, m.ended(), &out);
         v1::SchedulerMessage ack;
@@ -365,8 +375,53 @@ void Scheduler::LoseWorker(WorkerState& worker, const std::string& why, Outbox* 
   }
 }
 
+Scheduler::ActiveJob* Scheduler::ReportedJob(int64_t worker_id, int64_t job_id, int attempt,
+                                             int part) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return nullptr;
+  const JobRecord& rec = it->second.record;
+  if (rec.attempt != attempt || part < 0 || part >= static_cast<int>(rec.parts.size()) ||
+      rec.parts[part].worker != worker_id) {
+    return nullptr;
+  }
+  return &it->second;
+}
+
+void Scheduler::HandleProgress(int64_t worker_id, const v1::JobProgress& report) {
+  ActiveJob* job = ReportedJob(worker_id, report.job_id(), report.attempt(), report.part());
+  if (job == nullptr || report.part() != 0) return;
+  const int64_t checkpoint_iteration = job->progress.checkpoint_iteration();
+  job->progress = report.progress();
+  job->progress.set_checkpoint_iteration(checkpoint_iteration);
+  (void)store_->PutProgress(report.job_id(), job->progress);
+  Changed(report.job_id());
+}
+
+void Scheduler::HandleCheckpoint(int64_t worker_id, const v1::CheckpointStored& report) {
+  ActiveJob* job = ReportedJob(worker_id, report.job_id(), report.attempt(), report.part());
+  if (job == nullptr || report.part() != 0) return;
+  if (job->checkpoint.files_size() > 0 &&
+      report.iteration() < job->checkpoint.iteration()) {
+    return;  // a resend of an older one
+  }
+  for (const auto& f : report.files()) {
+    auto size = blobs_->Size(f.sha256());
+    if (!size.ok() || *size != f.size()) {
+      spdlog::warn("job {}: checkpoint file '{}' is not in the store; ignored", report.job_id(),
+                   f.path());
+      return;
+    }
+  }
+  job->checkpoint = report;
+  job->progress.set_checkpoint_iteration(report.iteration());
+  (void)store_->PutCheckpoint(report.job_id(), report);
+  (void)store_->PutProgress(report.job_id(), job->progress);
+  Changed(report.job_id());
+}
+
 absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why, Outbox* out) {
   JobRecord& rec = job.record;
+  rendezvous_.Drop(rec.id);
   // Parts on other workers must stop too: the job restarts as a whole.
   CancelParts(job, why, -1, out);
   core_.Finished(rec.id);  // other parts' slots (no-op if already released)
@@ -409,6 +464,7 @@ absl::Status Scheduler::SetState(ActiveJob& job, v1::JobState state,
 absl::Status Scheduler::EndJob(ActiveJob& job, v1::JobState state, int exit_code,
                                const std::string& reason) {
   JobRecord& rec = job.record;
+  rendezvous_.Drop(rec.id);
   rec.end_ms = clock_->NowMs();
   rec.exit_code = exit_code;
   rec.reason = reason;

@@ -81,6 +81,27 @@ grpc::Status SchedulerService::WaitJobs(grpc::ServerContext* context,
   return Reply(scheduler_->Wait(*request, [&] { return context->IsCancelled(); }), reply);
 }
 
+// The rendezvous calls authenticate with the attempt's secret instead of the
+// token: they come from the job's own processes.
+grpc::Status SchedulerService::RendezvousSet(grpc::ServerContext*,
+                                             const v1::RendezvousSetRequest* request,
+                                             v1::RendezvousSetReply*) {
+  return ToGrpcStatus(scheduler_->rendezvous().Set(request->job_id(), request->attempt(),
+                                                   request->secret(), request->key(),
+                                                   request->value()));
+}
+
+grpc::Status SchedulerService::RendezvousGet(grpc::ServerContext* context,
+                                             const v1::RendezvousGetRequest* request,
+                                             v1::RendezvousGetReply* reply) {
+  absl::StatusOr<std::string> value = scheduler_->rendezvous().Get(
+      request->job_id(), request->attempt(), request->secret(), request->key(),
+      request->timeout_ms(), [&] { return context->IsCancelled(); });
+  if (!value.ok()) return ToGrpcStatus(value.status());
+  reply->set_value(*std::move(value));
+  return grpc::Status::OK;
+}
+
 grpc::Status SchedulerService::ListWorkers(grpc::ServerContext* context,
                                            const v1::ListWorkersRequest*,
                                            v1::ListWorkersReply* reply) {

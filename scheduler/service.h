@@ -35,6 +35,12 @@ class SchedulerService final
                           v1::CancelJobsReply* reply) override;
   grpc::Status WaitJobs(grpc::ServerContext* context, const v1::WaitJobsRequest* request,
                         v1::WaitJobsReply* reply) override;
+  grpc::Status RendezvousSet(grpc::ServerContext* context,
+                             const v1::RendezvousSetRequest* request,
+                             v1::RendezvousSetReply* reply) override;
+  grpc::Status RendezvousGet(grpc::ServerContext* context,
+                             const v1::RendezvousGetRequest* request,
+                             v1::RendezvousGetReply* reply) override;
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
                            v1::ListWorkersReply* reply) override;
   grpc::Status ListProfiles(grpc::ServerContext* context,

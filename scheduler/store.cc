@@ -66,6 +66,10 @@ CREATE TABLE IF NOT EXISTS outputs(
   sha256 TEXT NOT NULL,
   mode INTEGER NOT NULL,
   PRIMARY KEY(job_id, path));
+CREATE TABLE IF NOT EXISTS train_state(
+  job_id INTEGER PRIMARY KEY,
+  progress BLOB,
+  checkpoint BLOB);
 )sql";
 
 constexpr char kJobColumns[] =
@@ -246,6 +250,44 @@ absl::Status Store::PutOutputs(int64_t job_id,
   return absl::OkStatus();
 }
 
+absl::Status Store::PutProgress(int64_t job_id, const v1::TrainProgress& progress) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("INSERT INTO train_state(job_id, progress) VALUES(?,?) "
+                                "ON CONFLICT(job_id) DO UPDATE SET progress=excluded.progress"));
+  return st->Bind(1, job_id).BindBlob(2, progress.SerializeAsString()).Run();
+}
+
+absl::Status Store::PutCheckpoint(int64_t job_id, const v1::CheckpointStored& checkpoint) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("INSERT INTO train_state(job_id, checkpoint) VALUES(?,?) "
+                                "ON CONFLICT(job_id) DO UPDATE SET "
+                                "checkpoint=excluded.checkpoint"));
+  return st->Bind(1, job_id).BindBlob(2, checkpoint.SerializeAsString()).Run();
+}
+
+static absl::StatusOr<TrainState> ReadTrainState(Database* db, int64_t job_id) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db->Prepare("SELECT progress, checkpoint FROM train_state WHERE job_id=?"));
+  st->Bind(1, job_id);
+  TrainState state;
+  absl::StatusOr<bool> row = st->Step();
+  if (row.ok() && *row) {
+    absl::string_view p = st->Blob(0), c = st->Blob(1);
+    if (!state.progress.ParseFromArray(p.data(), static_cast<int>(p.size())) ||
+        !state.checkpoint.ParseFromArray(c.data(), static_cast<int>(c.size()))) {
+      st->Reset();
+      return absl::DataLossError(absl::StrCat("job ", job_id, ": stored progress is corrupt"));
+    }
+  }
+  st->Reset();
+  if (!row.ok()) return row.status();
+  return state;
+}
+
+absl::StatusOr<TrainState> Store::GetTrainState(int64_t job_id) {
+  return ReadTrainState(db_.get(), job_id);
+}
+
 absl::StatusOr<int64_t> Store::UpsertWorker(const WorkerRecord& worker) {
   v1::WorkerInfo devices;  // only its devices are serialised
   for (const auto& d : worker.devices) *devices.add_devices() = d;
@@ -372,6 +414,7 @@ class StoreReader::Lease {
       : reader_(reader), db_(std::move(db)) {}
   ~Lease() { reader_->Release(std::move(db_)); }
   Database* operator->() { return db_.get(); }
+  Database* get() { return db_.get(); }
 
  private:
   StoreReader* reader_;
@@ -423,7 +466,8 @@ absl::Status StoreReader::ListJobSummaries(const std::vector<v1::JobState>& stat
   Lease db(this, std::move(raw));
   std::string sql =
       "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, exit_code, reason, "
-      "name, profile, pool, priority FROM jobs";
+      "name, profile, pool, priority, train_state.progress FROM jobs "
+      "LEFT JOIN train_state ON train_state.job_id = jobs.id";
   if (!states.empty()) {
     absl::StrAppend(&sql, " WHERE state IN (",
                     absl::StrJoin(states, ",", [](std::string* o, v1::JobState s) {
@@ -461,6 +505,10 @@ absl::Status StoreReader::ListJobSummaries(const std::vector<v1::JobState>& stat
     spec->set_profile(std::string(text(10)));
     spec->set_pool(sqlite3_column_int(st, 11));
     spec->set_priority(sqlite3_column_int(st, 12));
+    if (int n = sqlite3_column_bytes(st, 13); n > 0) {
+      // A damaged row loses only its progress column.
+      (void)job->mutable_progress()->ParseFromArray(sqlite3_column_blob(st, 13), n);
+    }
   }
   return absl::OkStatus();
 }
@@ -499,6 +547,12 @@ absl::StatusOr<int64_t> StoreReader::DiaryCount(int64_t job_id) {
   int64_t n = row ? st->Int(0) : 0;
   st->Reset();
   return n;
+}
+
+absl::StatusOr<TrainState> StoreReader::GetTrainState(int64_t job_id) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  return ReadTrainState(db.get(), job_id);
 }
 
 absl::StatusOr<std::vector<v1::OutputFile>> StoreReader::Outputs(int64_t job_id) {

@@ -46,6 +46,13 @@ struct WorkerRecord {
   int64_t last_seen_ms = 0;
 };
 
+// A train job's latest progress and stored checkpoint (empty messages where
+// none was reported).
+struct TrainState {
+  v1::TrainProgress progress;
+  v1::CheckpointStored checkpoint;
+};
+
 // "3:0,1;7:2" <-> parts.
 std::string EncodeParts(const std::vector<Part>& parts);
 std::vector<Part> DecodeParts(absl::string_view text);
@@ -68,6 +75,9 @@ class Store {
                                 absl::string_view text);
   absl::Status PutOutputs(int64_t job_id,
                           const std::vector<v1::OutputFile>& files);
+  absl::Status PutProgress(int64_t job_id, const v1::TrainProgress& progress);
+  absl::Status PutCheckpoint(int64_t job_id, const v1::CheckpointStored& checkpoint);
+  absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
   absl::StatusOr<int64_t> UpsertWorker(const WorkerRecord& worker);
   absl::Status UpsertProfile(const std::string& name, int max_pool);
 
@@ -101,6 +111,7 @@ class StoreReader {
                                                        int limit);
   absl::StatusOr<int64_t> DiaryCount(int64_t job_id);
   absl::StatusOr<std::vector<v1::OutputFile>> Outputs(int64_t job_id);
+  absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
 
  private:
   class Lease;

@@ -35,6 +35,19 @@ class Rendezvous {
 absl::StatusOr<std::unique_ptr<Rendezvous>> OpenFileRendezvous(
     const std::string& dir);
 
+// The store a dlbatch scheduler serves for one attempt of a train job
+// (`address` as the worker was given it, e.g. unix:/run/x.sock or
+// host:port), authenticated with the attempt's rendezvous secret. Keys are
+// the scheduler's per attempt; they vanish when the attempt ends.
+struct SchedulerRendezvousConfig {
+  std::string address;
+  int64_t job_id = 0;
+  int attempt = 0;
+  std::string secret;
+};
+absl::StatusOr<std::unique_ptr<Rendezvous>> OpenSchedulerRendezvous(
+    const SchedulerRendezvousConfig& config);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

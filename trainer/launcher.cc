@@ -29,16 +29,21 @@ int ExitCodeOf(int status) {
 }  // namespace
 
 absl::StatusOr<int> LaunchRanks(const std::string& program,
-                                const std::vector<std::string>& args, int world,
+                                const std::vector<std::string>& args,
+                                const RankRange& range,
                                 const std::string& rendezvous_dir) {
   std::vector<pid_t> pids;
-  for (int rank = 0; rank < world; ++rank) {
+  for (int i = 0; i < range.count; ++i) {
     std::vector<std::string> argv_s = {program};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     for (const std::string& s :
-         {std::string("--rank"), std::to_string(rank), std::string("--world"),
-          std::to_string(world), std::string("--rendezvous"), rendezvous_dir}) {
+         {std::string("--rank"), std::to_string(range.first + i),
+          std::string("--world"), std::to_string(range.world)}) {
       argv_s.push_back(s);
+    }
+    if (!rendezvous_dir.empty()) {
+      argv_s.push_back("--rendezvous");
+      argv_s.push_back(rendezvous_dir);
     }
     std::vector<char*> argv;
     for (std::string& s : argv_s) argv.push_back(s.data());
@@ -64,7 +69,7 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
   sigaction(SIGTERM, &sa, nullptr);
 
   int result = 0;
-  int running = world;
+  int running = range.count;
   bool stopping = false;
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
@@ -108,7 +113,7 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  RemoveTree(rendezvous_dir).IgnoreError();
+  if (!rendezvous_dir.empty()) RemoveTree(rendezvous_dir).IgnoreError();
   return result;
 }
 

@@ -11,14 +11,25 @@
 
 namespace dlbatch::trainer {
 
-// Runs `program` with `args` plus "--rank R --world N --rendezvous DIR" for
-// R in [0, N), each in the caller's process group with its stdout and
-// stderr. If a rank fails, the others are sent SIGTERM (and SIGKILL after
-// a grace period); SIGINT/SIGTERM to the launcher go to every rank.
-// Returns the exit code to leave with: 0 if every rank succeeded, else the
-// first failing rank's code (128 + signal for a signal).
+// The ranks one launcher starts: [first, first + count) of `world`. A job
+// spread over several machines has one launcher on each.
+struct RankRange {
+  int count = 1;
+  int first = 0;
+  int world = 1;
+};
+
+// Runs `program` with `args` plus "--rank R --world N" (and
+// "--rendezvous DIR" unless `rendezvous_dir` is empty: the ranks then find
+// their rendezvous themselves) for each R of `range`, each in the caller's
+// process group with its stdout and stderr. If a rank fails, the others are
+// sent SIGTERM (and SIGKILL after a grace period); SIGINT/SIGTERM to the
+// launcher go to every rank. Returns the exit code to leave with: 0 if every
+// rank succeeded, else the first failing rank's code (128 + signal for a
+// signal). Removes `rendezvous_dir` at the end.
 absl::StatusOr<int> LaunchRanks(const std::string& program,
-                                const std::vector<std::string>& args, int world,
+                                const std::vector<std::string>& args,
+                                const RankRange& range,
                                 const std::string& rendezvous_dir);
 
 }  // namespace dlbatch::trainer

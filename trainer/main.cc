@@ -8,9 +8,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "absl/time/time.h"
 #include "proto/jobspec_yaml.h"
 #include "trainer/communicator.h"
@@ -19,6 +22,41 @@
 #include "trainer/training.h"
 
 namespace {
+
+// A YAML job file, or with `binary` a serialised JobSpec (a worker's).
+absl::StatusOr<dlbatch::ParsedJobFile> ReadJobFileAs(const std::string& path,
+                                                     bool binary) {
+  if (!binary) return dlbatch::ReadJobFile(path);
+  absl::StatusOr<std::string> bytes = dlbatch::ReadFile(path);
+  if (!bytes.ok()) return bytes.status();
+  dlbatch::ParsedJobFile job;
+  if (!job.spec.ParseFromString(*bytes)) {
+    return absl::DataLossError(
+        absl::StrCat(path, " is not a serialised JobSpec"));
+  }
+  return job;
+}
+
+// DLBATCH_RENDEZVOUS and its companions, as a dlbatch worker sets them.
+absl::StatusOr<std::optional<dlbatch::trainer::SchedulerRendezvousConfig>>
+SchedulerRendezvousFromEnvironment() {
+  const char* address = std::getenv("DLBATCH_RENDEZVOUS");
+  if (address == nullptr || *address == '\0') return std::nullopt;
+  dlbatch::trainer::SchedulerRendezvousConfig c;
+  c.address = address;
+  const char* job = std::getenv("DLBATCH_JOB_ID");
+  const char* attempt = std::getenv("DLBATCH_ATTEMPT");
+  const char* secret = std::getenv("DLBATCH_RENDEZVOUS_SECRET");
+  if (job == nullptr || attempt == nullptr || secret == nullptr ||
+      !absl::SimpleAtoi(job, &c.job_id) ||
+      !absl::SimpleAtoi(attempt, &c.attempt)) {
+    return absl::InvalidArgumentError(
+        "DLBATCH_RENDEZVOUS is set without DLBATCH_JOB_ID, DLBATCH_ATTEMPT "
+        "and DLBATCH_RENDEZVOUS_SECRET");
+  }
+  c.secret = secret;
+  return c;
+}
 
 int Fail(int rank, int world, const absl::Status& status) {
   if (world > 1) {
@@ -45,7 +83,8 @@ int main(int argc, char** argv) {
       "the\n"
       "training history, metrics and a progress plot to the output folder."};
   std::string job_file, output_dir, progress, rendezvous, host = "127.0.0.1";
-  int ranks = 0, threads = 0, rank = -1, world = 1;
+  int ranks = 0, threads = 0, rank = -1, world = 1, first_rank = 0;
+  bool spec_binary = false;
   int64_t max_epochs = 0, max_iterations = 0;
   int mini_batch_size = 0;
   bool resume = false;
@@ -86,10 +125,30 @@ int main(int argc, char** argv) {
       ->group("One rank of a launched run");
   app.add_option("--host", host, "Address this rank listens on for its peers")
       ->group("One rank of a launched run");
+  app.add_option("--first-rank", first_rank,
+                 "With --ranks and --world: the global rank of this machine's "
+                 "first rank (a run spread over machines)")
+      ->check(CLI::NonNegativeNumber)
+      ->group("A run spread over machines");
+  app.add_flag("--spec-binary", spec_binary,
+               "job_file is a serialised JobSpec (as a dlbatch worker writes "
+               "it), not YAML")
+      ->group("A run spread over machines");
+  app.footer(
+      "Ranks meet through a folder the launcher makes or, when "
+      "DLBATCH_RENDEZVOUS (a\n"
+      "scheduler address) is set with DLBATCH_JOB_ID, DLBATCH_ATTEMPT and\n"
+      "DLBATCH_RENDEZVOUS_SECRET, through the scheduler's rendezvous (as a "
+      "dlbatch\n"
+      "worker starts them).");
+  auto* world_opt = app.get_option("--world");
   CLI11_PARSE(app, argc, argv);
 
-  absl::StatusOr<ParsedJobFile> job = ReadJobFile(job_file);
+  absl::StatusOr<ParsedJobFile> job = ReadJobFileAs(job_file, spec_binary);
   if (!job.ok()) return Fail(0, 1, job.status());
+  absl::StatusOr<std::optional<SchedulerRendezvousConfig>> scheduler_rdv =
+      SchedulerRendezvousFromEnvironment();
+  if (!scheduler_rdv.ok()) return Fail(0, 1, scheduler_rdv.status());
   if (!job->spec.has_train()) {
     return Fail(0, 1,
                 absl::InvalidArgumentError(
@@ -105,9 +164,35 @@ int main(int argc, char** argv) {
 
   if (rank_opt->count() == 0) {
     if (ranks == 0) ranks = std::max(1, job->spec.pool());
-    if (ranks > 1) {
+    RankRange range;
+    range.count = ranks;
+    range.first = first_rank;
+    range.world = world_opt->count() > 0 ? world : ranks;
+    if (range.first + range.count > range.world) {
+      return Fail(0, 1,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "ranks ", range.first, "..", range.first + range.count - 1,
+                      " do not fit in --world ", range.world)));
+    }
+    if (range.world > 1 && range.count == 1) {
+      // One rank of a run spread over machines: be it.
+      rank = range.first;
+      world = range.world;
+    } else if (range.count > 1) {
       // The launcher: start the ranks as processes of this same program.
-      std::vector<std::string> args(argv + 1, argv + argc);
+      std::vector<std::string> args;
+      for (int i = 1; i < argc; ++i) {
+        // --world and --first-rank are the launcher's; each rank gets its own.
+        const std::string a = argv[i];
+        if ((a == "--world" || a == "--first-rank") && i + 1 < argc) {
+          ++i;
+          continue;
+        }
+        if (a.rfind("--world=", 0) == 0 || a.rfind("--first-rank=", 0) == 0) {
+          continue;
+        }
+        args.push_back(a);
+      }
       args.push_back("--threads");
       args.push_back(std::to_string(
           threads > 0 ? threads : std::max<int>(1, cores / ranks)));
@@ -116,14 +201,17 @@ int main(int argc, char** argv) {
       std::error_code ec;
       std::filesystem::create_directories(output_dir, ec);
       const std::string dir =
-          absl::StrCat(output_dir, "/.rendezvous-", getpid());
+          scheduler_rdv->has_value()
+              ? std::string()
+              : absl::StrCat(output_dir, "/.rendezvous-", getpid());
       absl::StatusOr<int> code =
-          LaunchRanks("/proc/self/exe", args, ranks, dir);
+          LaunchRanks("/proc/self/exe", args, range, dir);
       if (!code.ok()) return Fail(0, 1, code.status());
       return *code;
+    } else {
+      rank = 0;
+      world = 1;
     }
-    rank = 0;
-    world = 1;
   }
   if (world < 1 || rank < 0 || rank >= world) {
     return Fail(rank, world,
@@ -136,12 +224,14 @@ int main(int argc, char** argv) {
   if (world == 1) {
     comm = MakeSoloCommunicator();
   } else {
-    if (rendezvous.empty()) {
-      return Fail(
-          rank, world,
-          absl::InvalidArgumentError("--world > 1 needs --rendezvous DIR"));
+    if (rendezvous.empty() && !scheduler_rdv->has_value()) {
+      return Fail(rank, world,
+                  absl::InvalidArgumentError(
+                      "--world > 1 needs --rendezvous DIR (or "
+                      "DLBATCH_RENDEZVOUS and its companions)"));
     }
-    auto r = OpenFileRendezvous(rendezvous);
+    auto r = rendezvous.empty() ? OpenSchedulerRendezvous(**scheduler_rdv)
+                                : OpenFileRendezvous(rendezvous);
     if (!r.ok()) return Fail(rank, world, r.status());
     rdv = std::move(r).value();
     auto c =

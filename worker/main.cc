@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   int cpu_slots = 0;
   bool no_gpus = false;
   bool keep = false;
+  std::string trainer, host_address;
   CLI::App app{"dlbatch-worker: runs the jobs a dlbatch scheduler places on this machine"};
   app.add_option("--scheduler", scheduler,
                  "Scheduler address, unix:PATH or HOST:PORT (or DLBATCH_SCHEDULER)");
@@ -58,6 +59,12 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file,
                  "File holding the scheduler's token (or DLBATCH_TOKEN); TCP only");
   app.add_flag("--keep-job-dirs", keep, "Keep each job's working folder after it ends");
+  app.add_option("--trainer", trainer,
+                 "The dlbatch-train program for train: jobs (default: the one next to "
+                 "this program)");
+  app.add_option("--host", host_address,
+                 "Address the ranks of a job spread over workers reach this worker's "
+                 "ranks at (default: the host name)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
 
@@ -98,7 +105,19 @@ int main(int argc, char** argv) {
 
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
-  options.host = host;
+  options.host = host_address.empty() ? std::string(host) : host_address;
+  if (trainer.empty()) {
+    std::error_code ec;
+    auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    trainer = (ec ? std::filesystem::path("dlbatch-train")
+                  : self.parent_path() / "dlbatch-train")
+                  .string();
+  }
+  if (::access(trainer.c_str(), X_OK) != 0) {
+    spdlog::warn("{} is not an executable; train: jobs will fail until it is (--trainer)",
+                 trainer);
+  }
+  options.trainer = trainer;
   options.name = name.empty()
                      ? absl::StrCat(host, "-", dlbatch::Sha256Hex(work_dir).substr(0, 8))
                      : name;

@@ -30,6 +30,9 @@ namespace {
 // being waited for (or the leader cannot be watched through a pidfd) Poll
 // sleeps at most this long.
 constexpr int64_t kReapPollMs = 50;
+// Pipes read per subprocess: stdout, stderr and the optional channel (fd 3).
+constexpr int kStreams = 3;
+constexpr int kPidfdSlot = kStreams;
 constexpr size_t kReadChunk = 64 * 1024;
 // Per pipe and Poll, so one chatty job cannot starve the others.
 constexpr size_t kMaxReadPerPoll = 1024 * 1024;
@@ -59,6 +62,7 @@ struct ChildPlan {
   int stdout_fd;
   int stderr_fd;
   int fail_fd;
+  int channel_fd;   // -1: none; else becomes the child's descriptor 3
   const char* cwd;  // nullptr: stay
   char* const* argv;
   char* const* envp;
@@ -104,11 +108,11 @@ class ScopedFd {
 }
 
 // Closes every descriptor >= 3 except `keep` (which is >= 3).
-void CloseDescriptorsFrom3Except(int keep) {
+void CloseDescriptorsFromExcept(int first, int keep) {
   auto close_range_sys = [](unsigned lo, unsigned hi) {
     return lo > hi || syscall(SYS_close_range, lo, hi, 0u) == 0;
   };
-  if (close_range_sys(3, static_cast<unsigned>(keep) - 1) &&
+  if (close_range_sys(static_cast<unsigned>(first), static_cast<unsigned>(keep) - 1) &&
       close_range_sys(static_cast<unsigned>(keep) + 1, ~0u)) {
     return;
   }
@@ -127,7 +131,7 @@ void CloseDescriptorsFrom3Except(int keep) {
         const char* p = entry->d_name;
         if (*p < '0' || *p > '9') continue;
         for (; *p >= '0' && *p <= '9'; ++p) fd = fd * 10 + (*p - '0');
-        if (fd >= 3 && fd != keep && fd != dir) close(fd);
+        if (fd >= first && fd != keep && fd != dir) close(fd);
       }
     }
     close(dir);
@@ -163,16 +167,20 @@ void CloseDescriptorsFrom3Except(int keep) {
     if (getppid() != plan.parent) _exit(128 + SIGKILL);
   }
 
-  // Move every descriptor we keep above 2 first, so a parent that runs with
-  // 0, 1 or 2 closed (whose pipes may then sit there) is handled too.
-  int sources[4] = {plan.stdin_fd, plan.stdout_fd, plan.stderr_fd, fail_fd};
+  // Move every descriptor we keep above the ones we set first, so a parent
+  // that runs with 0, 1 or 2 closed (whose pipes may then sit there) is
+  // handled too.
+  const int targets = plan.channel_fd >= 0 ? 4 : 3;
+  int sources[5] = {plan.stdin_fd, plan.stdout_fd, plan.stderr_fd,
+                    plan.channel_fd, fail_fd};
   for (int& fd : sources) {
-    int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0) continue;
+    int moved = fcntl(fd, F_DUPFD_CLOEXEC, targets);
     if (moved < 0) ChildFail(fail_fd, kStageSetup, errno);
     fd = moved;
   }
-  fail_fd = sources[3];
-  for (int target = 0; target < 3; ++target) {
+  fail_fd = sources[4];
+  for (int target = 0; target < targets; ++target) {
     // dup2 clears close-on-exec on the target.
     if (dup2(sources[target], target) < 0) {
       ChildFail(fail_fd, kStageSetup, errno);
@@ -181,7 +189,8 @@ void CloseDescriptorsFrom3Except(int keep) {
   if (plan.cwd != nullptr && chdir(plan.cwd) != 0) {
     ChildFail(fail_fd, kStageChdir, errno);
   }
-  CloseDescriptorsFrom3Except(fail_fd);  // fail_fd closes itself on exec
+  // fail_fd closes itself on exec.
+  CloseDescriptorsFromExcept(targets, fail_fd);
 
   // execvpe's rules: keep searching past ENOENT-like errors, remember
   // EACCES, stop at anything else.
@@ -385,9 +394,10 @@ struct SubprocessSet::Proc {
   Key key = 0;
   pid_t pid = -1;         // the leader; also the process group id
   int pidfd = -1;         // readable once the leader exits; -1 if unsupported
-  int fds[2] = {-1, -1};  // stdout, stderr read ends; -1 once at EOF
-  bool would_block[2] = {false, false};  // last ReadPipe stopped at EAGAIN
-  std::string partial[2];  // bytes after the last '\n', at most max+1
+  // stdout, stderr and channel read ends; -1 once at EOF (or never opened).
+  int fds[kStreams] = {-1, -1, -1};
+  bool would_block[kStreams] = {};  // last ReadPipe stopped at EAGAIN
+  std::string partial[kStreams];  // bytes after the last '\n', at most max+1
   size_t max_line_bytes = 0;
   int64_t linger_ms = 0;
 
@@ -417,8 +427,7 @@ SubprocessSet::SubprocessSet(const Clock* clock, LineSink on_line,
 SubprocessSet::~SubprocessSet() {
   for (auto& [key, proc] : procs_) {
     kill(-proc->pid, SIGKILL);
-    CloseFd(&proc->fds[0]);
-    CloseFd(&proc->fds[1]);
+    for (int& fd : proc->fds) CloseFd(&fd);
     CloseFd(&proc->pidfd);
   }
   // Reap the leaders and the group members that were reparented here; a
@@ -466,7 +475,7 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
   for (const std::string& c : candidates) candidate_ptrs.push_back(c.c_str());
 
   const std::string& program = options.argv[0];
-  ScopedFd devnull, out_r, out_w, err_r, err_w, fail_r, fail_w;
+  ScopedFd devnull, out_r, out_w, err_r, err_w, chan_r, chan_w, fail_r, fail_w;
   *devnull.out() = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull.get() < 0) {
     return absl::ErrnoToStatus(
@@ -474,7 +483,8 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
   }
   int fds[2];
   for (auto [r, w] : {std::pair{&out_r, &out_w}, std::pair{&err_r, &err_w},
-                      std::pair{&fail_r, &fail_w}}) {
+                      std::pair{&chan_r, &chan_w}, std::pair{&fail_r, &fail_w}}) {
+    if (r == &chan_r && !options.channel) continue;
     if (pipe2(fds, O_CLOEXEC) != 0) {
       return absl::ErrnoToStatus(
           errno, absl::StrCat("cannot run '", program, "': creating a pipe"));
@@ -488,6 +498,7 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
   plan.stdout_fd = out_w.get();
   plan.stderr_fd = err_w.get();
   plan.fail_fd = fail_w.get();
+  plan.channel_fd = options.channel ? chan_w.get() : -1;
   plan.cwd = options.cwd.empty() ? nullptr : options.cwd.c_str();
   plan.parent = options.die_with_parent ? getpid() : 0;
   plan.argv = argv_ptrs.data();
@@ -511,6 +522,7 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
   devnull.reset();
   out_w.reset();
   err_w.reset();
+  chan_w.reset();
   fail_w.reset();
 
   // EOF on the error pipe means exec succeeded (it was close-on-exec).
@@ -534,7 +546,8 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
     return ChildFailureStatus(failure, options, path);
   }
 
-  for (int fd : {out_r.get(), err_r.get()}) {
+  for (int fd : {out_r.get(), err_r.get(), chan_r.get()}) {
+    if (fd < 0) continue;
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   }
   auto proc = std::make_unique<Proc>();
@@ -544,6 +557,7 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
   if (proc->pidfd < 0) proc->pidfd = -1;
   proc->fds[0] = out_r.release();
   proc->fds[1] = err_r.release();
+  proc->fds[2] = chan_r.release();
   proc->max_line_bytes = options.max_line_bytes;
   proc->linger_ms = std::max<int64_t>(0, options.linger_ms);
   procs_.emplace(key, std::move(proc));
@@ -565,7 +579,7 @@ void SubprocessSet::Terminate(Key key, int64_t grace_ms) {
 void SubprocessSet::Poll(int64_t timeout_ms) {
   struct Slot {
     Key key;
-    int what;  // 0 stdout, 1 stderr, 2 pidfd, -1 wake pipe
+    int what;  // a stream index, kPidfdSlot, or -1 for the wake pipe
   };
   std::vector<pollfd> pfds;
   std::vector<Slot> slots;
@@ -580,7 +594,7 @@ void SubprocessSet::Poll(int64_t timeout_ms) {
     if (wait_ms < 0 || ms < wait_ms) wait_ms = ms;
   };
   for (auto& [key, proc] : procs_) {
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kStreams; ++i) {
       if (proc->fds[i] >= 0) {
         pfds.push_back({proc->fds[i], POLLIN, 0});
         slots.push_back({key, i});
@@ -588,7 +602,7 @@ void SubprocessSet::Poll(int64_t timeout_ms) {
     }
     if (!proc->leader_reaped && proc->pidfd >= 0) {
       pfds.push_back({proc->pidfd, POLLIN, 0});
-      slots.push_back({key, 2});
+      slots.push_back({key, kPidfdSlot});
     } else {
       cap(kReapPollMs);
     }
@@ -608,7 +622,7 @@ void SubprocessSet::Poll(int64_t timeout_ms) {
         }
         continue;
       }
-      if (slots[i].what == 2) continue;  // ReapChildren below
+      if (slots[i].what == kPidfdSlot) continue;  // ReapChildren below
       auto it = procs_.find(slots[i].key);
       if (it != procs_.end()) ReadPipe(it->second.get(), slots[i].what);
     }
@@ -763,7 +777,7 @@ void SubprocessSet::Advance(Proc* proc) {
 
   // No member of the group is left to write; a pipe still open is held by a
   // process that escaped the group (setsid). Take what it holds and let go.
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kStreams; ++i) {
     for (int round = 0; round < kMaxDrainRounds && proc->fds[i] >= 0; ++round) {
       ReadPipe(proc, i);
       if (proc->would_block[i]) break;

@@ -39,10 +39,13 @@ struct SubprocessOptions {
   // The leader gets SIGKILL when the thread that started it ends (the
   // worker died): a job must not run on unsupervised.
   bool die_with_parent = true;
+  // Opens a third pipe as the child's descriptor 3 (a structured channel,
+  // e.g. the trainer's JSON-lines progress); its lines arrive as stream 3.
+  bool channel = false;
 };
 
 struct OutputLine {
-  int stream = 1;  // 1 stdout, 2 stderr
+  int stream = 1;  // 1 stdout, 2 stderr, 3 the channel (descriptor 3)
   int64_t time_ms = 0;
   std::string text;  // without the newline
 };

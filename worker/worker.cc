@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "worker/train_job.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::worker {
@@ -139,6 +141,8 @@ absl::Status Worker::Session() {
     for (auto& [key, job] : jobs_) {
       job.sent_seq = job.unacked.empty() ? job.next_seq : job.unacked.front().seq() - 1;
       job.ended_sent = false;
+      job.progress_unsent = job.progress.time_ms() > 0;
+      job.checkpoint_unsent = job.checkpoint.has_value();
     }
   }
   cv_.notify_all();
@@ -269,6 +273,22 @@ void Worker::SendLoop() {
         sent.emplace_back(key, d->lines(d->lines_size() - 1).seq());
         out.push_back(std::move(m));
       }
+      if (job.progress_unsent) {
+        v1::WorkerMessage m;
+        auto* p = m.mutable_progress();
+        p->set_job_id(job.start.job_id());
+        p->set_attempt(job.start.attempt());
+        p->set_part(job.start.part());
+        *p->mutable_progress() = job.progress;
+        out.push_back(std::move(m));
+        job.progress_unsent = false;  // a failed write: the reconnect resends
+      }
+      if (job.checkpoint_unsent) {
+        v1::WorkerMessage m;
+        *m.mutable_checkpoint() = *job.checkpoint;
+        out.push_back(std::move(m));
+        job.checkpoint_unsent = false;
+      }
       if (job.ended && !job.ended_sent) {
         v1::WorkerMessage m;
         *m.mutable_ended() = *job.ended;
@@ -367,6 +387,10 @@ void Worker::OnLine(int64_t key, const OutputLine& line) {
     auto it = jobs_.find(key);
     if (it == jobs_.end()) return;
     Job& job = it->second;
+    if (line.stream == 3) {
+      OnChannelLineLocked(job, line);
+      return;
+    }
     v1::DiaryLine d;
     d.set_seq(++job.next_seq);
     d.set_time_ms(line.time_ms);
@@ -392,6 +416,22 @@ void Worker::OnExit(int64_t key, const ExitInfo& info) {
   }
   cv_.notify_all();
   PostTransfer([this, key, info] { Finish(key, info); });
+}
+
+void Worker::OnChannelLineLocked(Job& job, const OutputLine& line) {
+  ChannelEvent event = ApplyChannelLine(line.text, line.time_ms, &job.progress);
+  if (event.kind == ChannelEvent::kProgress && job.start.part() == 0) {
+    job.progress_unsent = true;
+    dirty_ = true;
+    cv_.notify_all();
+  } else if (event.kind == ChannelEvent::kCheckpoint && job.start.part() == 0) {
+    job.checkpoint_wanted = event.iteration;
+    if (!job.checkpoint_busy) {
+      job.checkpoint_busy = true;
+      const int64_t key = job.key;
+      PostTransfer([this, key] { StoreCheckpoint(key); });
+    }
+  }
 }
 
 void Worker::CheckDeadlines() {
@@ -481,35 +521,47 @@ void Worker::Prepare(int64_t key) {
   if (s.ok()) s = MakeDirs(out_dir, 0755);
   for (const auto& a : spec.attach()) {
     if (!s.ok()) break;
-    std::string dest = dir + "/" + a.path();
-    s = MakeDirs(std::filesystem::path(dest).parent_path().string(), 0755);
-    for (int tries = 0; s.ok(); ++tries) {
-      absl::Status d = DownloadFile(blobs_.get(), options_.channel.token, a.sha256(), a.size(),
-                                    dest, a.mode());
-      if (d.ok() || !Retryable(d) || tries >= 20) {
-        s = Annotate(d, absl::StrCat("fetching attachment '", a.path(), "'"));
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    s = Annotate(Fetch(a.sha256(), a.size(), dir + "/" + a.path(), a.mode()),
+                 absl::StrCat("fetching attachment '", a.path(), "'"));
+  }
+  SubprocessOptions sp;
+  if (s.ok() && spec.has_train()) {
+    // A requeued attempt continues from the checkpoint an earlier one stored.
+    for (const auto& f : start.checkpoint()) {
+      if (!s.ok()) break;
+      s = Annotate(Fetch(f.sha256(), f.size(), out_dir + "/" + f.path(), 0644),
+                   absl::StrCat("fetching the stored checkpoint's '", f.path(), "'"));
     }
+    TrainLaunch launch;
+    launch.trainer = options_.trainer;
+    launch.job_dir = dir;
+    launch.output_dir = out_dir;
+    launch.rendezvous = RendezvousAddress();
+    // Ranks of a one-worker job talk over loopback.
+    launch.host = start.parts() > 1 ? options_.host : "127.0.0.1";
+    launch.resume = start.checkpoint_size() > 0;
+    if (s.ok()) s = PrepareTrainCommand(start, launch, &sp);
+    if (s.ok() && launch.resume) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = jobs_.find(key);
+      if (it != jobs_.end()) {
+        AddDiaryLocked(it->second, 0,
+                       absl::StrCat("[dlbatch] resuming from the stored checkpoint at iteration ",
+                                    start.checkpoint_iteration()));
+      }
+    }
+  } else if (s.ok()) {
+    sp.argv.assign(spec.command().argv().begin(), spec.command().argv().end());
+    sp.cwd = dir;
   }
   if (!s.ok()) {
     EndWithoutRunning(key, v1::JOB_STATE_FAILED, std::string(s.message()));
     return;
   }
-  if (!spec.has_command()) {
-    EndWithoutRunning(key, v1::JOB_STATE_FAILED,
-                      "this worker runs `command:` jobs; `train:` jobs need the embedded "
-                      "trainer, which is not built into it yet");
-    return;
-  }
-  SubprocessOptions sp;
-  sp.argv.assign(spec.command().argv().begin(), spec.command().argv().end());
-  sp.cwd = dir;
   bool gpus = false;
   for (const auto& d : options_.devices) gpus |= d.kind() == "gpu";
   std::string devices = absl::StrJoin(start.devices(), ",");
-  sp.env = {
+  sp.env.insert(sp.env.begin(), {
       {"DLBATCH_JOB_ID", absl::StrCat(start.job_id())},
       {"DLBATCH_ATTEMPT", absl::StrCat(start.attempt())},
       {"DLBATCH_POOL", absl::StrCat(start.pool())},
@@ -519,7 +571,7 @@ void Worker::Prepare(int64_t key) {
       {"DLBATCH_OUTPUT_DIR", out_dir},
       // Exactly the job's GPUs; none at all on a worker of CPU slots.
       {"CUDA_VISIBLE_DEVICES", gpus ? devices : ""},
-  };
+  });
   if (!gpus) sp.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(start.devices_size()));
   for (const auto& [k, v] : spec.env()) sp.env.emplace_back(k, v);
 
@@ -583,27 +635,14 @@ void Worker::Finish(int64_t key, ExitInfo info) {
   }
   std::sort(files.begin(), files.end());
   for (const auto& path : files) {
-    absl::StatusOr<LocalBlob> blob;
-    for (int tries = 0;; ++tries) {
-      blob = UploadFile(blobs_.get(), options_.channel.token, path.string());
-      if (blob.ok() || !Retryable(blob.status()) || tries >= 120) break;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stopping_) return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    }
     std::string rel = std::filesystem::relative(path, out_dir, ec).string();
-    if (!blob.ok()) {
-      upload = Annotate(blob.status(), absl::StrCat("uploading output '", rel, "'"));
+    absl::StatusOr<v1::OutputFile> f = Upload(path.string(), rel);
+    if (!f.ok() && f.status().code() == absl::StatusCode::kCancelled) return;
+    if (!f.ok()) {
+      upload = Annotate(f.status(), absl::StrCat("uploading output '", rel, "'"));
       break;
     }
-    auto* f = ended.add_outputs();
-    f->set_path(rel);
-    f->set_size(blob->size);
-    f->set_sha256(blob->sha256);
-    struct stat st;
-    f->set_mode(::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644);
+    *ended.add_outputs() = *std::move(f);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -640,6 +679,106 @@ void Worker::Finish(int64_t key, ExitInfo info) {
   cv_.notify_all();
   spdlog::info("job {} (attempt {}) ended: {}", start.job_id(), start.attempt(),
                info.Describe());
+}
+
+// ---- train jobs: checkpoints and transfers ----
+
+absl::Status Worker::Fetch(const std::string& sha256, int64_t size, const std::string& dest,
+                           uint32_t mode) {
+  RETURN_IF_ERROR(MakeDirs(std::filesystem::path(dest).parent_path().string(), 0755));
+  for (int tries = 0;; ++tries) {
+    absl::Status d = DownloadFile(blobs_.get(), options_.channel.token, sha256, size, dest, mode);
+    if (d.ok() || !Retryable(d) || tries >= 20) return d;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+absl::StatusOr<v1::OutputFile> Worker::Upload(const std::string& path, const std::string& rel) {
+  absl::StatusOr<LocalBlob> blob;
+  for (int tries = 0;; ++tries) {
+    blob = UploadFile(blobs_.get(), options_.channel.token, path);
+    if (blob.ok() || !Retryable(blob.status()) || tries >= 120) break;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return absl::CancelledError("the worker is stopping");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  if (!blob.ok()) return blob.status();
+  v1::OutputFile f;
+  f.set_path(rel);
+  f.set_size(blob->size);
+  f.set_sha256(blob->sha256);
+  struct stat st;
+  f.set_mode(::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644);
+  return f;
+}
+
+std::string Worker::RendezvousAddress() const {
+  const Endpoint& e = options_.channel.endpoint;
+  if (!e.is_unix) return e.original;
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(e.path, ec);
+  return "unix:" + (ec ? e.path : p.string());
+}
+
+void Worker::StoreCheckpoint(int64_t key) {
+  for (;;) {
+    v1::CheckpointStored stored;
+    std::string dir;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = jobs_.find(key);
+      if (it == jobs_.end()) return;
+      Job& job = it->second;
+      if (job.checkpoint_wanted < 0) {
+        job.checkpoint_busy = false;
+        return;
+      }
+      stored.set_iteration(job.checkpoint_wanted);
+      job.checkpoint_wanted = -1;
+      stored.set_job_id(job.start.job_id());
+      stored.set_attempt(job.start.attempt());
+      stored.set_part(job.start.part());
+      dir = job.dir;
+    }
+    // Hard links hold this checkpoint's files while the trainer replaces
+    // them with the next one (it writes a new file and renames it over).
+    const std::string snap = absl::StrCat(dir, "/", kCheckpointSnapshotDir);
+    absl::Status s = RemoveTree(snap);
+    if (s.ok()) s = MakeDirs(snap, 0700);
+    for (const char* name : kCheckpointFiles) {
+      if (!s.ok()) break;
+      const std::string from = absl::StrCat(dir, "/output/", name);
+      const std::string to = absl::StrCat(snap, "/", name);
+      if (::link(from.c_str(), to.c_str()) != 0) {
+        s = absl::ErrnoToStatus(errno, absl::StrCat("linking ", from));
+        break;
+      }
+      absl::StatusOr<v1::OutputFile> f = Upload(to, name);
+      if (!f.ok()) {
+        s = f.status();
+        break;
+      }
+      *stored.add_files() = *std::move(f);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(key);
+    if (it == jobs_.end()) return;
+    Job& job = it->second;
+    if (s.ok()) {
+      job.checkpoint = std::move(stored);
+      job.checkpoint_unsent = true;
+      dirty_ = true;
+      cv_.notify_all();
+    } else if (s.code() != absl::StatusCode::kCancelled) {
+      // The job goes on; a requeue would resume from the previous one.
+      AddDiaryLocked(job, 0,
+                     absl::StrCat("[dlbatch] could not store the checkpoint of iteration ",
+                                  stored.iteration(), ": ", s.message()));
+      cv_.notify_all();
+    }
+  }
 }
 
 }  // namespace dlbatch::worker

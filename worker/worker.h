@@ -38,6 +38,7 @@ struct WorkerOptions {
   std::string work_dir;  // jobs run in WORK_DIR/jobs/<id>-<attempt>-<part>
   std::vector<v1::Device> devices;
   bool keep_job_dirs = false;
+  std::string trainer;  // dlbatch-train, for `train:` jobs
 };
 
 class Worker {
@@ -69,6 +70,14 @@ class Worker {
     std::string cancel_reason;
     bool time_limit_hit = false;
     int64_t deadline_mono = 0;           // 0: no time limit
+    // Train jobs: the latest progress and stored checkpoint, each sent when
+    // it changes and again after a reconnect.
+    v1::TrainProgress progress;
+    bool progress_unsent = false;
+    std::optional<v1::CheckpointStored> checkpoint;
+    bool checkpoint_unsent = false;
+    bool checkpoint_busy = false;        // a transfer thread uploads one
+    int64_t checkpoint_wanted = -1;      // iteration of a newer one to upload
   };
   using Stream = grpc::ClientReaderWriter<v1::WorkerMessage, v1::SchedulerMessage>;
 
@@ -86,6 +95,8 @@ class Worker {
   void JobsLoop();
   void RunOnJobsThread(std::function<void()> fn);
   void OnLine(int64_t key, const OutputLine& line);
+  // REQUIRES mu_. A line of a train job's progress channel.
+  void OnChannelLineLocked(Job& job, const OutputLine& line);
   void OnExit(int64_t key, const ExitInfo& info);
   void CheckDeadlines();
 
@@ -93,6 +104,14 @@ class Worker {
   void TransferLoop();
   void PostTransfer(std::function<void()> fn);
   void Prepare(int64_t key);
+  // Uploads the checkpoint the trainer announced (newest first wins).
+  void StoreCheckpoint(int64_t key);
+  // Downloads a blob to `dest`, retrying while the scheduler is unreachable.
+  absl::Status Fetch(const std::string& sha256, int64_t size, const std::string& dest,
+                     uint32_t mode);
+  absl::StatusOr<v1::OutputFile> Upload(const std::string& path, const std::string& rel);
+  // The scheduler's address as a job's processes can use it.
+  std::string RendezvousAddress() const;
   void Finish(int64_t key, ExitInfo info);
   void EndWithoutRunning(int64_t key, v1::JobState state, const std::string& reason);
 

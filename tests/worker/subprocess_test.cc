@@ -471,6 +471,29 @@ TEST_F(SubprocessTest, ParentDescriptorsAreNotInherited) {
   EXPECT_EQ(std::count(fds.begin(), fds.end(), "2"), 1);
 }
 
+TEST_F(SubprocessTest, ChannelIsDescriptorThreeAndArrivesAsStreamThree) {
+  SubprocessOptions options = Shell(
+      "echo out; echo '{\"n\": 1}' >&3; echo err >&2; echo '{\"n\": 2}' >&3");
+  options.channel = true;
+  ExitInfo info = Run(1, options);
+  EXPECT_TRUE(info.exited);
+  EXPECT_EQ(info.exit_code, 0);
+  std::vector<std::string> channel, out;
+  for (const OutputLine& line : lines_[1]) {
+    if (line.stream == 3) channel.push_back(line.text);
+    if (line.stream == 1) out.push_back(line.text);
+  }
+  EXPECT_EQ(channel, (std::vector<std::string>{"{\"n\": 1}", "{\"n\": 2}"}));
+  EXPECT_EQ(out, std::vector<std::string>{"out"});
+}
+
+TEST_F(SubprocessTest, WithoutAChannelDescriptorThreeIsClosed) {
+  ExitInfo info =
+      Run(1, Shell("if { echo x >&3; } 2>/dev/null; then echo open; else echo closed; fi"));
+  EXPECT_TRUE(info.exited);
+  EXPECT_EQ(Texts(1, 1), std::vector<std::string>{"closed"});
+}
+
 TEST_F(SubprocessTest, SignalMaskAndDispositionsAreReset) {
   sigset_t block, saved;
   sigemptyset(&block);

@@ -1,0 +1,51 @@
+// What a worker does for a `train:` job beyond what it does for any job:
+// the trainer's command line and environment, and reading the trainer's
+// structured progress (JSON lines on descriptor 3).
+#ifndef DLBATCH_WORKER_TRAIN_JOB_H_
+#define DLBATCH_WORKER_TRAIN_JOB_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "dlbatch/v1/scheduler.pb.h"
+#include "worker/subprocess.h"
+
+namespace dlbatch::worker {
+
+// Files in a job's working folder that the worker, not the job, writes.
+inline constexpr char kTrainSpecFile[] = ".dlbatch-job.pb";
+inline constexpr char kCheckpointSnapshotDir[] = ".dlbatch-checkpoint";
+// The trainer's files that make a checkpoint: the weights and state, and
+// the history up to them (so a resumed run's history has no gap).
+inline constexpr const char* kCheckpointFiles[] = {"checkpoint.dlbc",
+                                                   "training_history.csv"};
+
+struct TrainLaunch {
+  std::string trainer;      // the dlbatch-train executable
+  std::string job_dir;      // the job's working folder (attachments there)
+  std::string output_dir;   // job_dir/output
+  std::string rendezvous;   // the scheduler's address, absolute for unix:
+  std::string host;         // address this worker's ranks listen on
+  bool resume = false;      // a stored checkpoint was laid out in output_dir
+};
+
+// Writes the spec where the trainer reads it and fills `sp` (argv, cwd,
+// env, the progress channel) to run the part's ranks: one per device.
+absl::Status PrepareTrainCommand(const v1::StartJob& start, const TrainLaunch& launch,
+                                 SubprocessOptions* sp);
+
+// What one line of the trainer's progress channel says.
+struct ChannelEvent {
+  enum Kind { kIgnored, kProgress, kCheckpoint } kind = kIgnored;
+  int64_t iteration = 0;  // kCheckpoint: the iteration it holds
+};
+// Folds a JSON line into `progress` (the job's latest). Lines that are not
+// JSON objects, or of unknown events, are ignored: the channel is the
+// trainer's and the worker must survive anything on it.
+ChannelEvent ApplyChannelLine(const std::string& line, int64_t now_ms,
+                              v1::TrainProgress* progress);
+
+}  // namespace dlbatch::worker
+
+#endif  // DLBATCH_WORKER_TRAIN_JOB_H_
