@@ -79,8 +79,8 @@ absl::Status CheckRelativePath(absl::string_view path_field,
   return absl::OkStatus();
 }
 
-// Which numeric fields each layer type takes; any other that is set is a
-// mistake (e.g. `units` on a conv layer).
+// Which fields each layer type takes; any other that is set is a mistake
+// (e.g. `units` on a conv layer, `sync` on anything but batchnorm).
 enum LayerField : unsigned {
   kFilters = 1 << 0,
   kSize = 1 << 1,
@@ -90,6 +90,7 @@ enum LayerField : unsigned {
   kAlpha = 1 << 5,
   kProbability = 1 << 6,
   kEpsilon = 1 << 7,
+  kSync = 1 << 8,
 };
 
 struct LayerRule {
@@ -99,7 +100,7 @@ struct LayerRule {
 
 constexpr LayerRule kLayerRules[] = {
     {"conv", kFilters | kSize | kStride | kPadding},
-    {"batchnorm", kEpsilon},
+    {"batchnorm", kEpsilon | kSync},
     {"relu", 0},
     {"leakyrelu", kAlpha},
     {"maxpool", kSize | kStride | kPadding},
@@ -143,11 +144,17 @@ absl::Status ValidateLayer(const v1::LayerSpec& layer, int index) {
       {kAlpha, "alpha", layer.alpha() != 0},
       {kProbability, "probability", layer.probability() != 0},
       {kEpsilon, "epsilon", layer.epsilon() != 0},
+      {kSync, "sync", layer.sync()},
   };
   for (const SetField& f : fields) {
     if (f.set && (rule->fields & f.bit) == 0) {
-      return Invalid(path, absl::StrCat(f.name, " does not apply to a ",
-                                        layer.type(), " layer; remove it"));
+      return Invalid(
+          path, absl::StrCat(f.name, " does not apply to a ", layer.type(),
+                             " layer; remove it",
+                             f.bit == kSync ? " (only batchnorm layers "
+                                              "synchronise their statistics "
+                                              "across ranks)"
+                                            : ""));
     }
   }
   const absl::string_view type = layer.type();

@@ -573,6 +573,7 @@ absl::Status JobYamlParser::ParseLayer(const Value& v, v1::LayerSpec* layer) {
           {"probability",
            Into<float>([&](float x) { layer->set_probability(x); })},
           {"epsilon", Into<float>([&](float x) { layer->set_epsilon(x); })},
+          {"sync", Into<bool>([&](bool x) { layer->set_sync(x); })},
       });
 }
 

@@ -157,6 +157,45 @@ class BatchNormKernel {
                         float* dbeta) = 0;
 };
 
+// Batch normalisation whose statistics span the ranks of a data-parallel
+// job: BatchNormKernel's training arithmetic, split where per-channel sums
+// cross ranks. Each pass fills `sums` (device float[2c + 1]) with this
+// rank's sums and its sample count n in sums[2c]; the caller adds them up
+// over all ranks in place (one Communicator::AllreduceSum of 2c + 1) and
+// finishes the pass with the totals, so the global batch is sums[2c] and no
+// count has to come back to the host. Inference needs no sums:
+// BatchNormKernel runs it.
+class SyncBatchNormKernel {
+ public:
+  virtual ~SyncBatchNormKernel() = default;
+  // sums[0, c) = sum of (x - shift), sums[c, 2c) = sum of (x - shift)^2
+  // over this rank's n samples. `shift` ([c]) must be the same on every
+  // rank; a value near the mean keeps the variance from cancelling.
+  virtual void ForwardSums(int n, const float* x, const float* shift,
+                           float* sums) = 0;
+  // From the totals, with m = sums[2c] * h * w: mean = shift + sums[ch] / m,
+  // biased var = sums[c + ch] / m - (sums[ch] / m)^2; then as
+  // BatchNormKernel::ForwardTraining. `shift` may be `running_mean`.
+  virtual void ForwardNormalize(int n, const float* x, const float* gamma,
+                                const float* beta, const float* shift,
+                                const float* sums, float* y, float* saved_mean,
+                                float* saved_var, float* running_mean,
+                                float* running_var, float momentum) = 0;
+  // This rank's parameter gradients (its share of the global ones):
+  // dgamma = sum of dy * xhat, dbeta = sum of dy over its n samples, with
+  // xhat = (x - saved_mean) / sqrt(saved_var + epsilon); the same into
+  // sums[0, c) and sums[c, 2c).
+  virtual void BackwardSums(int n, const float* x, const float* dy,
+                            const float* saved_mean, const float* saved_var,
+                            float* dgamma, float* dbeta, float* sums) = 0;
+  // From the totals (m as above): dx = gamma / sqrt(var + epsilon) *
+  // (dy - sums[c + ch] / m - xhat * sums[ch] / m).
+  virtual void BackwardData(int n, const float* x, const float* dy,
+                            const float* gamma, const float* saved_mean,
+                            const float* saved_var, const float* sums,
+                            float* dx) = 0;
+};
+
 // y = x > 0 ? x : alpha * x (relu: alpha = 0).
 struct ActivationDesc {
   float alpha = 0;
@@ -200,6 +239,8 @@ class Backend {
       const PoolDesc& desc, int max_batch) = 0;
   virtual absl::StatusOr<std::unique_ptr<BatchNormKernel>> MakeBatchNorm(
       const BatchNormDesc& desc, int max_batch) = 0;
+  virtual absl::StatusOr<std::unique_ptr<SyncBatchNormKernel>>
+  MakeSyncBatchNorm(const BatchNormDesc& desc, int max_batch) = 0;
 
   // --- element-wise; `count` elements ---
   virtual void ActivationForward(const ActivationDesc& desc, int64_t count,

@@ -210,6 +210,11 @@ class CpuBackend final : public Backend {
     ctx_.Enter();
     return cpu::MakeBatchNorm(&ctx_, desc, max_batch);
   }
+  absl::StatusOr<std::unique_ptr<SyncBatchNormKernel>> MakeSyncBatchNorm(
+      const BatchNormDesc& desc, int max_batch) override {
+    ctx_.Enter();
+    return cpu::MakeSyncBatchNorm(&ctx_, desc, max_batch);
+  }
 
   void ActivationForward(const ActivationDesc& desc, int64_t count,
                          const float* x, float* y) override {

@@ -255,6 +255,8 @@ absl::StatusOr<std::unique_ptr<PoolKernel>> MakePool(const Context* ctx,
                                                      int max_batch);
 absl::StatusOr<std::unique_ptr<BatchNormKernel>> MakeBatchNorm(
     const Context* ctx, const BatchNormDesc& desc, int max_batch);
+absl::StatusOr<std::unique_ptr<SyncBatchNormKernel>> MakeSyncBatchNorm(
+    const Context* ctx, const BatchNormDesc& desc, int max_batch);
 
 // --- element-wise loops (backend_cpu_kernels.cc), as in backend.h ---
 void ActivationForward(float alpha, int64_t count, const float* x, float* y);

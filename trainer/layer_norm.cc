@@ -1,5 +1,8 @@
 // batchnorm: per-channel batch normalisation with a learnt scale and
-// offset; running statistics (state) move with momentum 0.1.
+// offset; running statistics (state) move with momentum 0.1. With `sync`
+// and more than one rank, a training pass takes its statistics over the
+// global mini-batch (as PyTorch's SyncBatchNorm); otherwise over this
+// rank's slice (as DDP does).
 #include <memory>
 #include <utility>
 
@@ -51,6 +54,76 @@ class BatchNormLayer final : public Layer {
   Buffer saved_;  // this batch's mean, then its variance
 };
 
+// Statistics over every rank's samples. Per pass, one allreduce of 2c + 1
+// floats: the sums SyncBatchNormKernel makes and the ranks' sample counts.
+//
+// Why 1 rank and N ranks compute the same step: the trainer scales the loss
+// gradient by 1 / global batch on every rank and sums the ranks' parameter
+// gradients, so dy here is already the gradient of the global mean loss.
+// The forward statistics are the global batch's; backward totals the ranks'
+// sums of dy and dy * xhat before dx, and leaves dgamma and dbeta as this
+// rank's share, which the trainer's allreduce adds up.
+//
+// The forward sums are shifted by the running mean: the same on every rank
+// (it moves by the same global statistics everywhere, and the trainer's
+// averaging of state keeps it so), near the batch mean once training runs.
+class SyncBatchNormLayer final : public Layer {
+ public:
+  SyncBatchNormLayer(std::unique_ptr<BatchNormKernel> inference,
+                     std::unique_ptr<SyncBatchNormKernel> kernel,
+                     Communicator* communicator, int channels, Buffer saved,
+                     Buffer sums)
+      : inference_(std::move(inference)),
+        kernel_(std::move(kernel)),
+        communicator_(communicator),
+        channels_(channels),
+        saved_(std::move(saved)),
+        sums_(std::move(sums)) {}
+
+  void Forward(int n, const float* x, float* y, bool training,
+               uint64_t /*dropout_seed*/) override {
+    const float* gamma = buffers_.params[0];
+    const float* beta = buffers_.params[1];
+    float* running_mean = buffers_.state[0];
+    float* running_var = buffers_.state[1];
+    if (!training) {
+      inference_->ForwardInference(n, x, gamma, beta, running_mean, running_var,
+                                   y);
+      return;
+    }
+    kernel_->ForwardSums(n, x, running_mean, sums_.f32());
+    // A failure is kept by the network (LayerContext::communicator).
+    communicator_->AllreduceSum(sums_.f32(), SumsCount()).IgnoreError();
+    kernel_->ForwardNormalize(n, x, gamma, beta, running_mean, sums_.f32(), y,
+                              SavedMean(), SavedVar(), running_mean,
+                              running_var, kMomentum);
+  }
+
+  void Backward(int n, const float* x, const float* /*y*/, const float* dy,
+                float* dx) override {
+    kernel_->BackwardSums(n, x, dy, SavedMean(), SavedVar(), buffers_.grads[0],
+                          buffers_.grads[1], sums_.f32());
+    // Every rank skips dx alike (the same network), so the collectives
+    // still match.
+    if (dx == nullptr) return;
+    communicator_->AllreduceSum(sums_.f32(), SumsCount()).IgnoreError();
+    kernel_->BackwardData(n, x, dy, buffers_.params[0], SavedMean(), SavedVar(),
+                          sums_.f32(), dx);
+  }
+
+ private:
+  int64_t SumsCount() const { return 2 * int64_t{channels_} + 1; }
+  float* SavedMean() const { return saved_.f32(); }
+  float* SavedVar() const { return saved_.f32() + channels_; }
+
+  std::unique_ptr<BatchNormKernel> inference_;
+  std::unique_ptr<SyncBatchNormKernel> kernel_;
+  Communicator* communicator_;
+  const int channels_;
+  Buffer saved_;  // this batch's mean, then its variance
+  Buffer sums_;   // [2c + 1], see SyncBatchNormKernel
+};
+
 }  // namespace
 
 absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx) {
@@ -69,8 +142,21 @@ absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx) {
   if (!kernel.ok()) return ctx.Error(kernel.status().message());
   auto saved = ctx.backend->Allocate(2 * ctx.in.c * sizeof(float));
   if (!saved.ok()) return ctx.Error(saved.status().message());
-  plan.layer =
-      std::make_unique<BatchNormLayer>(*std::move(kernel), *std::move(saved));
+  if (spec.sync() && ctx.communicator != nullptr &&
+      ctx.communicator->size() > 1) {
+    auto sync = ctx.backend->MakeSyncBatchNorm(desc, ctx.max_batch);
+    if (!sync.ok()) return ctx.Error(sync.status().message());
+    auto sums = ctx.backend->Allocate((2 * ctx.in.c + 1) * sizeof(float));
+    if (!sums.ok()) return ctx.Error(sums.status().message());
+    plan.layer = std::make_unique<SyncBatchNormLayer>(
+        *std::move(kernel), *std::move(sync), ctx.communicator, ctx.in.c,
+        *std::move(saved), *std::move(sums));
+  } else {
+    // One rank: its batch is the global one, and oneDNN's fused primitive
+    // computes the same statistics faster.
+    plan.layer =
+        std::make_unique<BatchNormLayer>(*std::move(kernel), *std::move(saved));
+  }
 
   const int64_t c = ctx.in.c;
   ParamRequest scale{"scale", {c}, false, ParamInit::kOnes, 0, 0};

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "dlbatch/v1/job.pb.h"
 #include "trainer/backend.h"
+#include "trainer/communicator.h"
 #include "trainer/network.h"
 #include "trainer/shape.h"
 
@@ -105,6 +106,11 @@ struct LayerContext {
   Shape in;
   Backend* backend = nullptr;
   int max_batch = 0;
+  // The ranks a training pass may span (batchnorm with `sync`), or null for
+  // a network of one rank. The network keeps the first failure of its
+  // collectives and reports it (Network::collective_status), so a layer may
+  // ignore the Status one returns.
+  Communicator* communicator = nullptr;
 
   // InvalidArgument "layers[i] (type 'name'): <message>".
   absl::Status Error(absl::string_view message) const;

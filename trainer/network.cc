@@ -16,6 +16,38 @@
 namespace dlbatch::trainer {
 namespace {
 
+// The communicator the layers see: it keeps the first failure and refuses
+// every collective after it, as a peer that failed once would make each of
+// them wait out its timeout.
+class FailFastCommunicator final : public Communicator {
+ public:
+  explicit FailFastCommunicator(Communicator* inner) : inner_(inner) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::Status AllreduceSum(float* data, int64_t count) override {
+    return Keep([&] { return inner_->AllreduceSum(data, count); });
+  }
+  absl::Status Broadcast(float* data, int64_t count, int root) override {
+    return Keep([&] { return inner_->Broadcast(data, count, root); });
+  }
+  absl::Status Barrier() override {
+    return Keep([&] { return inner_->Barrier(); });
+  }
+
+  const absl::Status& status() const { return status_; }
+
+ private:
+  template <typename F>
+  absl::Status Keep(const F& collective) {
+    if (status_.ok()) status_ = collective();
+    return status_;
+  }
+
+  Communicator* const inner_;
+  absl::Status status_;
+};
+
 class NetworkImpl final : public Network {
  public:
   Shape input_shape() const override { return input_; }
@@ -43,6 +75,9 @@ class NetworkImpl final : public Network {
   }
   void Loss(int n, const int32_t* labels, float* stats) override;
   void Backward(int n, const int32_t* labels, float scale) override;
+  absl::Status collective_status() const override {
+    return communicator_ ? communicator_->status() : absl::OkStatus();
+  }
 
  private:
   friend class dlbatch::trainer::Network;
@@ -52,6 +87,9 @@ class NetworkImpl final : public Network {
   }
 
   Backend* backend_ = nullptr;
+  // Outlives the layers, which run their collectives through it; null if
+  // Build was given no communicator.
+  std::unique_ptr<FailFastCommunicator> communicator_;
   Shape input_;
   int classes_ = 0;
   int max_batch_ = 0;
@@ -80,7 +118,8 @@ std::string NextActivation(const v1::NetworkSpec& spec, int i) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Network>> Network::Build(
-    const v1::NetworkSpec& spec, Backend* backend, int max_batch) {
+    const v1::NetworkSpec& spec, Backend* backend, int max_batch,
+    Communicator* communicator) {
   if (max_batch < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("network: max_batch must be >= 1, not ", max_batch));
@@ -102,6 +141,9 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
   net->backend_ = backend;
   net->max_batch_ = max_batch;
   net->input_ = Shape{spec.input(0), spec.input(1), spec.input(2)};
+  if (communicator != nullptr) {
+    net->communicator_ = std::make_unique<FailFastCommunicator>(communicator);
+  }
 
   // Make the layers, checking shapes as they chain.
   std::vector<LayerPlan> plans;
@@ -116,6 +158,7 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     ctx.in = in;
     ctx.backend = backend;
     ctx.max_batch = max_batch;
+    ctx.communicator = net->communicator_.get();
     if (layer.type() == "softmax" && i + 1 != spec.layers_size()) {
       return ctx.Error("softmax must be the last layer");
     }

@@ -23,9 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "dlbatch/v1/job.pb.h"
 #include "trainer/backend.h"
+#include "trainer/communicator.h"
 #include "trainer/shape.h"
 
 namespace dlbatch::trainer {
@@ -63,8 +65,12 @@ class Network {
   // ("layers[4] (fc 'fc_5'): input [4, 4, 50] ..."). Also refused: a
   // network that does not end with softmax after a layer of (1, 1, k)
   // output, a window larger than its (padded) input.
+  // `communicator` (optional; must outlive the network) is this rank's tie
+  // to the others: batchnorm layers with `sync` take their training
+  // statistics over all its ranks' batches when it has more than one.
   static absl::StatusOr<std::unique_ptr<Network>> Build(
-      const v1::NetworkSpec& spec, Backend* backend, int max_batch);
+      const v1::NetworkSpec& spec, Backend* backend, int max_batch,
+      Communicator* communicator = nullptr);
 
   virtual Shape input_shape() const = 0;
   virtual int num_classes() const = 0;
@@ -103,6 +109,12 @@ class Network {
   // Gradient of scale * (summed cross-entropy of the last training Forward
   // against `labels`) into grads(), every element overwritten.
   virtual void Backward(int n, const int32_t* labels, float scale) = 0;
+
+  // The first failure of a collective that Forward or Backward ran (the
+  // allreduces of synchronised batchnorm); OK if none. After one, the
+  // network runs no further collective (each would wait out its timeout),
+  // its outputs and gradients are garbage, and the run must end.
+  virtual absl::Status collective_status() const = 0;
 };
 
 }  // namespace dlbatch::trainer

@@ -221,8 +221,8 @@ absl::Status Run::Build() {
                      req_.rendezvous->Get(kTuningKey, absl::Minutes(10)));
     backend_->LoadTuning(tuning);
   }
-  ASSIGN_OR_RETURN(
-      net_, Network::Build(req_.spec.network(), backend_.get(), max_batch));
+  ASSIGN_OR_RETURN(net_, Network::Build(req_.spec.network(), backend_.get(),
+                                        max_batch, &comm_));
   if (req_.rendezvous != nullptr && leader()) {
     RETURN_IF_ERROR(req_.rendezvous->Set(kTuningKey, backend_->SaveTuning()));
   }
@@ -554,6 +554,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     backend_->Fill(stats_.f32(), 2, 0);
     net_->Loss(n, labels_.as<int32_t>(), stats_.f32());
     net_->Backward(n, labels_.as<int32_t>(), scale);
+    RETURN_IF_ERROR(net_->collective_status());
     if (comm_.size() > 1) {
       RETURN_IF_ERROR(comm_.AllreduceSum(net_->grads(), net_->num_params()));
       RETURN_IF_ERROR(comm_.AllreduceSum(stats_.f32(), 2));

@@ -153,7 +153,7 @@ TEST(JobYamlParse, LayerFieldsMap) {
       "      - {type: conv, name: c1, filters: 16, size: 3, stride: 2, "
       "padding: same}\n"
       "      - {type: conv, filters: 8, size: 3, padding: 1}\n"
-      "      - {type: batchnorm, epsilon: 0.001}\n"
+      "      - {type: batchnorm, epsilon: 0.001, sync: true}\n"
       "      - {type: leakyrelu, alpha: 0.2}\n"
       "      - {type: avgpool, size: 2}\n"
       "      - {type: dropout, probability: 0.25}\n"
@@ -171,6 +171,8 @@ TEST(JobYamlParse, LayerFieldsMap) {
   EXPECT_FALSE(layers[1].padding_same());
   EXPECT_EQ(layers[1].padding(), 1);
   EXPECT_FLOAT_EQ(layers[2].epsilon(), 0.001f);
+  EXPECT_TRUE(layers[2].sync());
+  EXPECT_FALSE(layers[1].sync());
   EXPECT_FLOAT_EQ(layers[3].alpha(), 0.2f);
   EXPECT_EQ(layers[4].size(), 2);
   EXPECT_FLOAT_EQ(layers[5].probability(), 0.25f);
@@ -480,6 +482,14 @@ TEST(JobYamlErrors, LayerRules) {
   EXPECT_THAT(ParseError(TrainJob("      - {type: conv, units: 10}\n")),
               HasSubstr("layers[0] (conv): units does not apply to a conv "
                         "layer; remove it"));
+  EXPECT_THAT(ParseError(TrainJob("      - {type: conv, filters: 4, size: 3, "
+                                  "sync: true}\n")),
+              HasSubstr("layers[0] (conv): sync does not apply to a conv "
+                        "layer; remove it (only batchnorm layers"));
+  EXPECT_THAT(ParseError(TrainJob("      - {type: relu, sync: true}\n")),
+              HasSubstr("layers[0] (relu): sync does not apply"));
+  EXPECT_THAT(ParseError(TrainJob("      - {type: batchnorm, sync: maybe}\n")),
+              HasSubstr("sync"));
   EXPECT_THAT(ParseError(TrainJob("      - {name: x}\n")),
               HasSubstr("layers[0] (no type): add a type"));
   EXPECT_THAT(ParseError(TrainJob("")),

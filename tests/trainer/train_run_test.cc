@@ -320,6 +320,78 @@ TEST_F(TrainRun, FourRanksTrainLenetToTheWeightsOfOne) {
   EXPECT_GT(RelativeDifference(FinalParams(dir_ + "/init"), p1), 1e-3);
 }
 
+// conv -> batchnorm -> relu -> fc: no pooling (whose ties may flip) and no
+// dropout (drawn per rank), so 1 and 2 ranks differ only where batchnorm's
+// statistics do.
+const char kConvBn[] = R"(
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: conv, filters: 8, size: 5, stride: 2}
+      - {type: batchnorm, sync: true}
+      - {type: relu}
+      - {type: fc, units: 10}
+      - {type: softmax}
+)";
+
+TEST_F(TrainRun, TwoRanksWithSyncedBatchnormTrainToTheWeightsOfOne) {
+  const char options[] = R"(
+    solver: sgdm
+    initial_learn_rate: 0.05
+    momentum: 0.9
+    mini_batch_size: 32
+    shuffle: every-epoch
+    verbose_frequency: 1000
+    seed: 5
+)";
+  const std::vector<std::string> steps = {"--max-iterations", "6"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), steps.begin(), steps.end());
+    return more;
+  };
+  const std::string synced = Job("synced", kConvBn, options, false);
+  Result one = Train(synced, dir_ + "/one", with({"--ranks", "1"}));
+  ASSERT_EQ(one.code, 0) << one.err;
+  Result two =
+      Train(synced, dir_ + "/two", with({"--ranks", "2", "--threads", "1"}));
+  ASSERT_EQ(two.code, 0) << two.out << two.err;
+  const std::vector<float> p1 = FinalParams(dir_ + "/one");
+  const std::vector<float> p2 = FinalParams(dir_ + "/two");
+  ASSERT_EQ(p1.size(), p2.size());
+  const double synced_diff = RelativeDifference(p2, p1);
+  EXPECT_LT(synced_diff, 1e-4);
+  // The running statistics moved by the global batch's, as on one rank.
+  absl::StatusOr<Checkpoint> c1 = ReadCheckpoint(dir_ + "/one/checkpoint.dlbc");
+  absl::StatusOr<Checkpoint> c2 = ReadCheckpoint(dir_ + "/two/checkpoint.dlbc");
+  ASSERT_TRUE(c1.ok() && c2.ok());
+  ASSERT_EQ(c1->state.size(), 16u);  // running mean and variance of 8
+  ASSERT_EQ(c2->state.size(), c1->state.size());
+  EXPECT_LT(RelativeDifference(c2->state, c1->state), 1e-4);
+
+  // Per-rank statistics (as DDP): each rank normalises its 16 samples by
+  // their own mean and variance, and training takes another path.
+  const std::string per_rank = Job(
+      "per_rank",
+      absl::StrReplaceAll(
+          kConvBn, {{"{type: batchnorm, sync: true}", "{type: batchnorm}"}}),
+      options, false);
+  Result ddp =
+      Train(per_rank, dir_ + "/ddp", with({"--ranks", "2", "--threads", "1"}));
+  ASSERT_EQ(ddp.code, 0) << ddp.out << ddp.err;
+  const double ddp_diff = RelativeDifference(FinalParams(dir_ + "/ddp"), p1);
+  std::printf("relative difference from 1 rank: synced %.3g, per-rank %.3g\n",
+              synced_diff, ddp_diff);
+  EXPECT_GT(ddp_diff, 1e-3);
+  EXPECT_GT(ddp_diff, 100 * synced_diff);
+  // `sync` changes how a step computes, not what a model holds: the same
+  // arrays in the checkpoint, and the ONNX model of 2 synchronised ranks
+  // the size of 1 rank's (which runs plain batchnorm).
+  EXPECT_EQ(FinalParams(dir_ + "/ddp").size(), p1.size());
+  EXPECT_EQ(ReadAll(dir_ + "/one/model.onnx").size(),
+            ReadAll(dir_ + "/two/model.onnx").size());
+  EXPECT_GT(ReadAll(dir_ + "/two/model.onnx").size(), 4 * p1.size());
+}
+
 TEST_F(TrainRun, NonFiniteLossStopsWithTheIteration) {
   const std::string job = Job("explode", kLenet, R"(
     solver: sgdm
