@@ -255,6 +255,7 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
     core_.Finished(job_id);
     (void)RequeueLost(it->second, why, out);
   }
+  PublishWorker(rec.id);
   spdlog::info("worker '{}' (#{}) {} profile '{}' with {} slots", rec.name, rec.id,
                was_lost ? "rejoined" : "joined", rec.profile, rec.devices.size());
 }
@@ -321,6 +322,7 @@ void Scheduler::HandleGone(const std::shared_ptr<WorkerSession>& session) {
     core_.WorkerOffline(worker.record.id);
     spdlog::warn("worker '{}' disconnected; lost unless it returns within {} ms",
                  worker.record.name, options_.heartbeat_timeout_ms);
+    PublishWorker(worker.record.id);
   }
 }
 
@@ -363,6 +365,7 @@ void Scheduler::LoseWorker(WorkerState& worker, const std::string& why, Outbox* 
     if (it == jobs_.end()) continue;
     (void)RequeueLost(it->second, why, out);
   }
+  PublishWorker(worker.record.id);
 }
 
 absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why, Outbox* out) {
