@@ -40,6 +40,9 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id, const std::st
                                  bool list_only);
 absl::StatusOr<int> Workers(Connection& conn, bool json);
 absl::StatusOr<int> Profiles(Connection& conn, bool json);
+// The live job monitor (monitor.cc); a plain snapshot with `once` or when
+// stdin or stdout is not a terminal.
+absl::StatusOr<int> Monitor(Connection& conn, bool once);
 
 // Exit code of `wait` and `submit --follow` for a job that ended in `state`.
 int ExitCodeFor(v1::JobState state);

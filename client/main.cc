@@ -142,6 +142,20 @@ int main(int argc, char** argv) {
     rc = WithConnection(flags, [&](Connection& c) { return Profiles(c, profiles_json); });
   });
 
+  bool monitor_once = false;
+  auto* c_monitor = app.add_subcommand(
+      "monitor",
+      "Watch the cluster and its jobs live, full screen (like MATLAB's Job Monitor).\n"
+      "Top: each worker's slots, free ('.') or held by a job (the legend names it).\n"
+      "Below: the jobs with state, progress, loss, accuracy, elapsed/ETA, and why a\n"
+      "queued job waits. Keys: Up/Down or j/k select, d the selected job's diary live\n"
+      "(q or Esc returns), c cancel it (asks first), / filter by name, user or state,\n"
+      "q quit. Without a terminal (or with --once) it prints one plain snapshot.");
+  c_monitor->add_flag("--once", monitor_once, "Print one plain snapshot and exit");
+  c_monitor->callback([&] {
+    rc = WithConnection(flags, [&](Connection& c) { return Monitor(c, monitor_once); });
+  });
+
   auto* c_local = app.add_subcommand("local", "Start, stop or inspect the embedded local cluster");
   c_local->require_subcommand(1);
   int local_slots = 0;

@@ -28,6 +28,7 @@ packages=(
   libgtest-dev libgmock-dev
   libdnnl-dev libgloo-dev zlib1g-dev
   dataset-fashion-mnist python3-onnx python3-numpy
+  tmux
 )
 
 missing=()

@@ -87,10 +87,12 @@ QueuedJob Scheduler::ToQueued(const JobRecord& job) const {
 }
 
 void Scheduler::Changed(int64_t job_id) {
-  (void)job_id;
   ++change_seq_;
   changed_.SignalAll();
+  PublishJob(job_id);
 }
+
+v1::Job Scheduler::RecordToProto(const JobRecord& rec) { return ToProto(rec); }
 
 void Scheduler::Deliver(Outbox& out) {
   for (auto& [session, message] : out) {

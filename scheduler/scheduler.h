@@ -31,6 +31,7 @@
 #include "dlbatch/v1/scheduler.pb.h"
 #include "proto/job_state.h"
 #include "scheduler/blob_store.h"
+#include "scheduler/event_hub.h"
 #include "scheduler/placement.h"
 #include "scheduler/rendezvous.h"
 #include "scheduler/store.h"
@@ -83,6 +84,15 @@ class Scheduler {
   v1::ListProfilesReply ListProfiles();
   absl::StatusOr<v1::ListOutputsReply> ListOutputs(int64_t job_id);
   v1::Stats GetStats(bool reset_max);
+
+  // ---- WatchEvents streams; any thread ----
+  // Adds a stream: its queue holds the snapshot (running jobs, up to
+  // kWatchQueuedJobs queued ones, the most recently ended, every worker)
+  // closed by snapshot_done, then every change as it is published. The
+  // caller starts it with Pump() and calls Unwatch when the stream is done.
+  absl::StatusOr<std::shared_ptr<WatchQueue>> Watch(
+      const v1::WatchEventsRequest& request, EventWriter* writer);
+  void Unwatch(const WatchQueue* queue);
 
   // ---- worker streams; queued to the loop thread ----
   void OnWorkerMessage(std::shared_ptr<WorkerSession> session,
@@ -168,6 +178,19 @@ class Scheduler {
   std::string WaitReason(const ActiveJob& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the job's current state to WatchEvents streams, with the workers
+  // whose slots it took or freed. Changed() calls it; call it directly after
+  // a change to a job's record that does not go through Changed() (such as
+  // new progress). Cheap when nobody watches. (scheduler_events.cc)
+  void PublishJob(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for a worker that joined, left or was lost.
+  void PublishWorker(int64_t worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job as WatchEvents shows it: the spec cut to its summary, the live
+  // state and wait reason, worker names.
+  v1::Job JobView(const ActiveJob& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::WorkerInfo WorkerView(const WorkerState& worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static v1::Job RecordToProto(const JobRecord& rec);
   static void Deliver(Outbox& out);
 
   Store* const store_;
@@ -188,6 +211,8 @@ class Scheduler {
   int64_t passes_ ABSL_GUARDED_BY(mu_) = 0;
   double last_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
   double max_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  EventHub events_;
+  WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 
   absl::Mutex queue_mu_;
   absl::CondVar queue_cv_;

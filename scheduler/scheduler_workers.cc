@@ -265,6 +265,7 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
     core_.Finished(job_id);
     (void)RequeueLost(it->second, why, out);
   }
+  PublishWorker(rec.id);
   spdlog::info("worker '{}' (#{}) {} profile '{}' with {} slots", rec.name, rec.id,
                was_lost ? "rejoined" : "joined", rec.profile, rec.devices.size());
 }
@@ -331,6 +332,7 @@ void Scheduler::HandleGone(const std::shared_ptr<WorkerSession>& session) {
     core_.WorkerOffline(worker.record.id);
     spdlog::warn("worker '{}' disconnected; lost unless it returns within {} ms",
                  worker.record.name, options_.heartbeat_timeout_ms);
+    PublishWorker(worker.record.id);
   }
 }
 
@@ -373,6 +375,7 @@ void Scheduler::LoseWorker(WorkerState& worker, const std::string& why, Outbox* 
     if (it == jobs_.end()) continue;
     (void)RequeueLost(it->second, why, out);
   }
+  PublishWorker(worker.record.id);
 }
 
 Scheduler::ActiveJob* Scheduler::ReportedJob(int64_t worker_id, int64_t job_id, int attempt,

@@ -16,7 +16,8 @@ namespace dlbatch::scheduler {
 // server's hand-off between its poller and handler threads cost more than
 // the submit itself.
 class SchedulerService final
-    : public v1::Scheduler::WithCallbackMethod_SubmitJob<v1::Scheduler::Service> {
+    : public v1::Scheduler::WithCallbackMethod_SubmitJob<
+          v1::Scheduler::WithCallbackMethod_WatchEvents<v1::Scheduler::Service>> {
  public:
   // An empty token admits every caller (Unix sockets only).
   SchedulerService(Scheduler* scheduler, BlobStore* blobs, std::string token)
@@ -50,6 +51,10 @@ class SchedulerService final
                            v1::ListOutputsReply* reply) override;
   grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
                         v1::Stats* reply) override;
+  // Long-lived: a reactor fed by the scheduler's event hub
+  // (service_events.cc).
+  grpc::ServerWriteReactor<v1::ClusterEvent>* WatchEvents(
+      grpc::CallbackServerContext* context, const v1::WatchEventsRequest* request) override;
   grpc::Status StatBlobs(grpc::ServerContext* context, const v1::StatBlobsRequest* request,
                          v1::StatBlobsReply* reply) override;
   grpc::Status UploadBlob(grpc::ServerContext* context,

@@ -1,6 +1,7 @@
 #include "trainer/launcher.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
                                 const RankRange& range,
                                 const std::string& rendezvous_dir) {
   std::vector<pid_t> pids;
+  const pid_t parent = getpid();
   for (int i = 0; i < range.count; ++i) {
     std::vector<std::string> argv_s = {program};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
@@ -54,6 +56,10 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
       return ErrnoStatus(errno, "starting a rank of", program);
     }
     if (pid == 0) {
+      // A launcher killed outright (its worker died with SIGKILL) takes its
+      // ranks along: none may train on unsupervised.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(128 + SIGKILL);
       execv(program.c_str(), argv.data());
       std::fprintf(stderr, "dlbatch-train: cannot run %s: %s\n",
                    program.c_str(), std::strerror(errno));

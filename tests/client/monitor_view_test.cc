@@ -1,0 +1,217 @@
+// The monitor's screen as pure functions: rows, the cluster panel, the
+// whole 80x24 screen, the plain snapshot, and key decoding.
+#include "client/monitor_view.h"
+
+#include <string>
+
+#include "client/monitor_terminal.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dlbatch::client {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr int64_t kNow = 1'700'000'100'000;
+
+v1::Job TrainJob() {
+  v1::Job job;
+  job.set_id(42);
+  job.set_user("alice");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.mutable_spec()->set_name("lenet-fashion");
+  job.mutable_spec()->set_pool(4);
+  job.set_start_time_ms(kNow - 125'000);
+  auto* part = job.add_placement();
+  part->set_worker_id(1);
+  for (int d : {0, 1, 2, 3}) part->add_devices(d);
+  v1::TrainProgress* p = job.mutable_progress();
+  p->set_iteration(470);
+  p->set_iterations(940);
+  p->set_loss(0.3456);
+  p->set_accuracy(87.5);
+  p->set_eta_s(130);
+  return job;
+}
+
+v1::WorkerInfo Worker(int64_t id, const std::string& name, int slots,
+                      bool online) {
+  v1::WorkerInfo w;
+  w.set_id(id);
+  w.set_name(name);
+  w.set_online(online);
+  for (int i = 0; i < slots; ++i) {
+    auto* d = w.add_devices();
+    d->set_index(i);
+    d->set_kind("cpu");
+  }
+  w.set_free_slots(slots);
+  return w;
+}
+
+ClusterModel Model() {
+  ClusterModel model;
+  v1::ClusterEvent e;
+  *e.mutable_worker() = Worker(1, "gpu-node-1", 8, true);
+  e.mutable_worker()->set_free_slots(4);
+  model.Apply(e);
+  *e.mutable_worker() = Worker(2, "gpu-node-2", 2, false);
+  model.Apply(e);
+  e.Clear();
+  *e.mutable_job() = TrainJob();
+  model.Apply(e);
+  v1::Job queued;
+  queued.set_id(43);
+  queued.set_user("bob");
+  queued.set_state(v1::JOB_STATE_QUEUED);
+  queued.mutable_spec()->set_name("resnet-sweep");
+  queued.mutable_spec()->set_pool(8);
+  queued.set_wait_reason("waiting for 8 slots on 'local': 4 free");
+  *e.mutable_job() = queued;
+  model.Apply(e);
+  v1::Job done;
+  done.set_id(41);
+  done.set_user("carol");
+  done.set_state(v1::JOB_STATE_CANCELLED);
+  done.mutable_spec()->set_name("cmd");
+  done.mutable_spec()->set_pool(1);
+  done.set_start_time_ms(kNow - 60'000);
+  done.set_end_time_ms(kNow - 30'000);
+  done.set_reason("cancelled by request");
+  *e.mutable_job() = done;
+  model.Apply(e);
+  return model;
+}
+
+TEST(MonitorView, TrainJobRowShowsBarLossAccuracyAndTimesIn80Columns) {
+  std::string row = JobRow(TrainJob(), kNow, 80, /*selected=*/true);
+  EXPECT_LE(row.size(), 80u) << row;
+  EXPECT_THAT(row, HasSubstr("   42 "));
+  EXPECT_THAT(row, HasSubstr("alice"));
+  EXPECT_THAT(row, HasSubstr("running"));
+  EXPECT_THAT(row, HasSubstr("[###....]  50%"));
+  EXPECT_THAT(row, HasSubstr("0.346"));
+  EXPECT_THAT(row, HasSubstr("87.5"));
+  EXPECT_THAT(row, HasSubstr("2:05/2:10"));  // elapsed / ETA
+  EXPECT_EQ(row[0], '>');
+  EXPECT_EQ(JobRow(TrainJob(), kNow, 80, false)[0], ' ');
+}
+
+TEST(MonitorView, RowsCutToNarrowTerminalsAndWidenTheNameOnWideOnes) {
+  v1::Job job = TrainJob();
+  job.mutable_spec()->set_name("a-rather-long-job-name-for-a-sweep");
+  for (int cols : {20, 40, 79, 80, 120, 200}) {
+    std::string row = JobRow(job, kNow, cols, false);
+    EXPECT_LE(static_cast<int>(row.size()), cols) << row;
+    EXPECT_LE(static_cast<int>(JobsHeader(cols).size()), cols);
+  }
+  EXPECT_THAT(JobRow(job, kNow, 200, false),
+              HasSubstr("a-rather-long-job-name-for-a-sweep"));
+  EXPECT_THAT(JobRow(job, kNow, 80, false), Not(HasSubstr("for-a-sweep")));
+}
+
+TEST(MonitorView, QueuedRowsSayWhyTheyWaitAndTextIsMadePrintable) {
+  ClusterModel model = Model();
+  std::string row = JobRow(model.jobs.at(43), kNow, 80, false);
+  EXPECT_THAT(row, HasSubstr("queued"));
+  EXPECT_THAT(row, HasSubstr("waiting for 8 slots"));
+  v1::Job evil = model.jobs.at(43);
+  evil.mutable_spec()->set_name("x\x1b[2Jy\xc3\xa9");
+  std::string cleaned = JobRow(evil, kNow, 80, false);
+  EXPECT_EQ(cleaned.find('\x1b'), std::string::npos);
+  for (char c : cleaned) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << cleaned;
+}
+
+TEST(MonitorView, WorkerLinesMarkEachSlotWithTheJobHoldingIt) {
+  ClusterModel model = Model();
+  auto lines = WorkerLines(model, 80);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_THAT(lines[0], HasSubstr("gpu-node-1"));
+  EXPECT_THAT(lines[0], HasSubstr("online"));
+  EXPECT_THAT(lines[0], HasSubstr("[1111....]"));
+  EXPECT_THAT(lines[0], HasSubstr("1=#42"));
+  EXPECT_THAT(lines[1], HasSubstr("offline"));
+  EXPECT_THAT(lines[1], HasSubstr("[--]"));
+}
+
+TEST(MonitorView, MainScreenFillsExactly80x24) {
+  ClusterModel model = Model();
+  MonitorScreen screen;
+  screen.title = "unix:/tmp/sock";
+  screen.selected_job = 43;
+  screen.footer = " q quit";
+  auto lines = RenderMain(model, screen, kNow);
+  ASSERT_EQ(lines.size(), 24u);
+  for (const auto& line : lines) EXPECT_LE(line.size(), 80u) << line;
+  std::string all;
+  for (const auto& line : lines) all += line + "\n";
+  EXPECT_THAT(all, HasSubstr("gpu-node-1"));
+  EXPECT_THAT(all, HasSubstr(">   43"));
+  EXPECT_THAT(all, HasSubstr("cancelled by request"));
+  // Running first, then queued, then ended.
+  EXPECT_LT(all.find("   42 "), all.find("   43 "));
+  EXPECT_LT(all.find("   43 "), all.find("   41 "));
+  EXPECT_EQ(lines.back(), " q quit");
+}
+
+TEST(MonitorView, FilterMatchesNameUserOrState) {
+  ClusterModel model = Model();
+  EXPECT_EQ(ListedJobs(model, "").size(), 3u);
+  ASSERT_EQ(ListedJobs(model, "BOB").size(), 1u);
+  EXPECT_EQ(ListedJobs(model, "BOB")[0]->id(), 43);
+  ASSERT_EQ(ListedJobs(model, "runn").size(), 1u);
+  EXPECT_EQ(ListedJobs(model, "runn")[0]->id(), 42);
+  EXPECT_EQ(ListedJobs(model, "lenet")[0]->id(), 42);
+  EXPECT_TRUE(ListedJobs(model, "nothing-like-it").empty());
+}
+
+TEST(MonitorView, EndedJobsBeyondTheLimitAreDropped) {
+  ClusterModel model;
+  v1::ClusterEvent e;
+  for (int id = 1; id <= 10; ++id) {
+    e.mutable_job()->set_id(id);
+    e.mutable_job()->set_state(id == 3 ? v1::JOB_STATE_RUNNING
+                                       : v1::JOB_STATE_FINISHED);
+    model.Apply(e, /*keep_ended=*/4);
+  }
+  std::vector<int64_t> ids;
+  for (const auto& [id, job] : model.jobs) ids.push_back(id);
+  EXPECT_EQ(ids, (std::vector<int64_t>{3, 7, 8, 9, 10}));
+}
+
+TEST(MonitorView, PlainSnapshotListsWorkersAndJobs) {
+  std::string text = PlainSnapshot(Model(), kNow);
+  EXPECT_THAT(text, HasSubstr("gpu-node-1"));
+  EXPECT_THAT(text, HasSubstr("[1111....]"));
+  EXPECT_THAT(text, HasSubstr("lenet-fashion"));
+  EXPECT_THAT(text, HasSubstr("50%"));
+  EXPECT_THAT(text, HasSubstr("waiting for 8 slots"));
+}
+
+TEST(MonitorView, ShortDurations) {
+  EXPECT_EQ(ShortDuration(42'000), "42s");
+  EXPECT_EQ(ShortDuration(725'000), "12:05");
+  EXPECT_EQ(ShortDuration(3'720'000), "1h02m");
+  EXPECT_EQ(ShortDuration(3 * 86'400'000LL + 4 * 3'600'000LL), "3d04h");
+  EXPECT_EQ(ShortDuration(-1), "-");
+}
+
+TEST(MonitorKeys, DecodesArrowsEscapeAndCharacters) {
+  auto keys = DecodeKeys("j\x1b[A\x1b[B\x1bOAq\x1b\x7f\r\x1b[5~");
+  ASSERT_EQ(keys.size(), 9u);
+  EXPECT_EQ(keys[0].kind, KeyKind::kChar);
+  EXPECT_EQ(keys[0].ch, 'j');
+  EXPECT_EQ(keys[1].kind, KeyKind::kUp);
+  EXPECT_EQ(keys[2].kind, KeyKind::kDown);
+  EXPECT_EQ(keys[3].kind, KeyKind::kUp);
+  EXPECT_EQ(keys[4].ch, 'q');
+  EXPECT_EQ(keys[5].kind, KeyKind::kEscape);
+  EXPECT_EQ(keys[6].kind, KeyKind::kBackspace);
+  EXPECT_EQ(keys[7].kind, KeyKind::kEnter);
+  EXPECT_EQ(keys[8].kind, KeyKind::kPageUp);
+}
+
+}  // namespace
+}  // namespace dlbatch::client
