@@ -1,0 +1,276 @@
+// What the system costs around the trainer: a LeNet train job submitted
+// through a real scheduler and worker (a Unix socket in a temp folder)
+// against the same training run by dlbatch-train directly, alternating,
+// with the same ranks and threads (a pool of P CPU slots = P ranks of one
+// thread). Prints a markdown table; the figures are not asserted.
+//
+//   train_job_bench [--pool P] [--iterations N] [--repeats R] [--bin DIR]
+//
+// Measured per run, from the moments lines arrive on our end of a pipe:
+// - start: spawn of `dlbatch submit --follow` to its first diary line,
+//   minus spawn of dlbatch-train to its first line (both lines are the
+//   trainer's "Training on ..." header). Submit, placement, the worker's
+//   start and the diary's trip back are what remains.
+// - end: the trainer's last line to `submit --follow` exiting (the job is
+//   committed as ended only once its outputs are stored, so they are
+//   fetchable then), minus dlbatch-train's last line to its exit.
+// - images/s: metrics.json of each run (training steps only).
+// Medians over the repeats; the first run of each kind warms caches and is
+// not counted.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
+
+std::string SelfDir() {
+  return fs::read_symlink("/proc/self/exe").parent_path().string();
+}
+
+double Ms(Clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+// A process whose stdout lines are stamped as they arrive.
+struct Timed {
+  Clock::time_point spawned, first_line, last_line, exited;
+  std::vector<std::string> lines;
+  std::vector<Clock::time_point> times;  // of each line
+  int status = -1;
+};
+
+// Runs argv to its end; lines matching `skip` do not count as first/last.
+Timed RunTimed(const std::vector<std::string>& argv, const std::string& skip_prefix,
+               const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  Timed t;
+  int fds[2];
+  if (pipe(fds) != 0) std::abort();
+  t.spawned = Clock::now();
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, 2);
+    close(fds[0]);
+    close(fds[1]);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string partial;
+  char buf[65536];
+  bool have_first = false;
+  for (;;) {
+    ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    const auto now = Clock::now();
+    partial.append(buf, static_cast<size_t>(n));
+    for (size_t nl; (nl = partial.find('\n')) != std::string::npos;) {
+      std::string line = partial.substr(0, nl);
+      partial.erase(0, nl + 1);
+      if (!skip_prefix.empty() && line.rfind(skip_prefix, 0) == 0) continue;
+      if (!have_first) {
+        t.first_line = now;
+        have_first = true;
+      }
+      t.last_line = now;
+      t.lines.push_back(std::move(line));
+      t.times.push_back(now);
+    }
+  }
+  close(fds[0]);
+  waitpid(pid, &t.status, 0);
+  t.exited = Clock::now();
+  return t;
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+double ImagesPerS(const std::string& metrics_path) {
+  std::ifstream in(metrics_path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  return j.is_object() ? j.value("images_per_s", 0.0) : 0.0;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int pool = 2, iterations = 400, repeats = 3;
+  std::string bin = SelfDir();
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--pool") pool = std::atoi(next().c_str());
+    else if (a == "--iterations") iterations = std::atoi(next().c_str());
+    else if (a == "--repeats") repeats = std::atoi(next().c_str());
+    else if (a == "--bin") bin = next();
+    else {
+      std::cerr << "usage: train_job_bench [--pool P] [--iterations N] [--repeats R] [--bin DIR]\n";
+      return a == "--help" || a == "-h" ? 0 : 2;
+    }
+  }
+  if (!fs::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
+    std::cerr << "Fashion-MNIST is missing from " << kData
+              << " (Debian's dataset-fashion-mnist)\n";
+    return 1;
+  }
+  char tmpl[] = "/tmp/dlbatch-train-job-bench-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string job = dir + "/lenet.yaml";
+  {
+    std::ofstream out(job);
+    out << absl::StrReplaceAll(R"(name: bench-lenet
+pool: POOL
+train:
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: conv, filters: 20, size: 5}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: conv, filters: 50, size: 5}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: fc, units: 500}
+      - {type: relu}
+      - {type: fc, units: 10}
+      - {type: softmax}
+  data:
+    train:      {format: idx, images: DATA/train-images-idx3-ubyte.gz, labels: DATA/train-labels-idx1-ubyte.gz}
+    validation: {format: idx, images: DATA/t10k-images-idx3-ubyte.gz,  labels: DATA/t10k-labels-idx1-ubyte.gz}
+  options:
+    solver: sgdm
+    initial_learn_rate: 0.01
+    momentum: 0.9
+    mini_batch_size: 64
+    max_iterations: ITERATIONS
+    validation_frequency: 1000000
+    verbose_frequency: 100
+    seed: 1
+)",
+                               {{"POOL", std::to_string(pool)},
+                                {"DATA", kData},
+                                {"ITERATIONS", std::to_string(iterations)}});
+  }
+  // One kernel-choice cache for both kinds of run, so they compute alike.
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"XDG_CACHE_HOME", dir + "/cache"}};
+  setenv("XDG_CACHE_HOME", (dir + "/cache").c_str(), 1);
+
+  const std::string sock = "unix:" + dir + "/sched.sock";
+  pid_t scheduler = Spawn({bin + "/dlbatch-scheduler", "--state-dir", dir + "/state",
+                           "--listen", sock, "--ready-file", dir + "/ready"},
+                          dir + "/scheduler.log");
+  for (int i = 0; i < 300 && !fs::exists(dir + "/ready"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  pid_t worker = Spawn({bin + "/dlbatch-worker", "--scheduler", sock, "--work-dir",
+                        dir + "/worker", "--name", "bench", "--cpu-slots", std::to_string(pool)},
+                       dir + "/worker.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+
+  std::vector<double> start_direct, start_system, end_direct, end_system, ips_direct,
+      ips_system;
+  for (int r = 0; r <= repeats; ++r) {
+    const std::string out = absl::StrCat(dir, "/direct-", r);
+    Timed d = RunTimed({bin + "/dlbatch-train", job, "--ranks", std::to_string(pool),
+                        "--threads", "1", "--output-dir", out},
+                       "", env);
+    Timed s = RunTimed({bin + "/dlbatch", "--scheduler", sock, "submit", "--follow", job},
+                       "Submitted job", env);
+    if (d.status != 0 || s.status != 0 || d.lines.empty() || s.lines.empty()) {
+      std::cerr << "run " << r << " failed (direct " << d.status << ", through the scheduler "
+                << s.status << "); logs in " << dir << "\n";
+      kill(worker, SIGTERM);
+      kill(scheduler, SIGTERM);
+      return 1;
+    }
+    // `submit --follow` ends with its own "job N finished" line; the
+    // trainer's last line is the one before.
+    int64_t id = 0;
+    Clock::time_point trainer_last = s.last_line;
+    if (s.lines.size() >= 2 && s.lines.back().rfind("job ", 0) == 0) {
+      id = std::atoll(s.lines.back().c_str() + 4);
+      trainer_last = s.times[s.times.size() - 2];
+    }
+    const std::string fetched = absl::StrCat(dir, "/fetched-", r);
+    Timed f = RunTimed({bin + "/dlbatch", "--scheduler", sock, "fetch-outputs",
+                        std::to_string(id), "-o", fetched},
+                       "");
+    if (r == 0) continue;  // warm-up
+    start_direct.push_back(Ms(d.first_line - d.spawned));
+    start_system.push_back(Ms(s.first_line - s.spawned));
+    end_direct.push_back(Ms(d.exited - d.last_line));
+    end_system.push_back(Ms(s.exited - trainer_last));
+    ips_direct.push_back(ImagesPerS(out + "/metrics.json"));
+    ips_system.push_back(ImagesPerS(fetched + "/metrics.json"));
+  }
+  kill(worker, SIGTERM);
+  kill(scheduler, SIGTERM);
+  waitpid(worker, nullptr, 0);
+  waitpid(scheduler, nullptr, 0);
+  fs::remove_all(dir);
+
+  const double start_overhead = Median(start_system) - Median(start_direct);
+  const double end_overhead = Median(end_system) - Median(end_direct);
+  const double ips_ratio = Median(ips_system) / std::max(1e-9, Median(ips_direct));
+  std::printf("LeNet, batch 64, %d iterations, pool %d (%d ranks x 1 thread), %d repeats "
+              "(medians)\n\n",
+              iterations, pool, pool, repeats);
+  std::printf("| measure | dlbatch-train alone | through scheduler + worker | overhead | goal |\n");
+  std::printf("|---|---|---|---|---|\n");
+  std::printf("| spawn -> first trainer line | %.0f ms | %.0f ms | %+.0f ms | < 150 ms %s |\n",
+              Median(start_direct), Median(start_system), start_overhead,
+              start_overhead < 150 ? "(met)" : "(missed)");
+  std::printf("| last trainer line -> outputs ready | %.0f ms | %.0f ms | %+.0f ms | < 150 ms %s |\n",
+              Median(end_direct), Median(end_system), end_overhead,
+              end_overhead < 150 ? "(met)" : "(missed)");
+  std::printf("| training images/s | %.0f | %.0f | %.3fx | >= 0.97x %s |\n", Median(ips_direct),
+              Median(ips_system), ips_ratio, ips_ratio >= 0.97 ? "(met)" : "(missed)");
+  return 0;
+}

@@ -1,0 +1,261 @@
+// Train jobs through the real scheduler and workers on CPU slots: the
+// embedded trainer's ranks meet at the scheduler's rendezvous, progress and
+// checkpoints flow back, outputs are fetched, and a lost worker's job
+// resumes from its stored checkpoint elsewhere.
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "tests/integration/harness.h"
+#include "trainer/checkpoint.h"
+#include "trainer/history.h"
+
+namespace dlbatch::testing {
+namespace {
+
+constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
+
+// LeNet on Fashion-MNIST. DATA is where the IDX files are (relative to the
+// job's folder, or absolute: a shared filesystem).
+std::string LenetJob(const std::string& data, const std::string& extra_options,
+                     const std::string& header) {
+  std::string yaml = header + R"(
+train:
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: conv, filters: 20, size: 5}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: conv, filters: 50, size: 5}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: fc, units: 500}
+      - {type: relu}
+      - {type: fc, units: 10}
+      - {type: softmax}
+  data:
+    train:      {format: idx, images: DATA/train-images-idx3-ubyte.gz, labels: DATA/train-labels-idx1-ubyte.gz}
+    validation: {format: idx, images: DATA/t10k-images-idx3-ubyte.gz,  labels: DATA/t10k-labels-idx1-ubyte.gz}
+  options:
+    solver: sgdm
+    initial_learn_rate: 0.01
+    momentum: 0.9
+    seed: 7
+)" + extra_options;
+  return absl::StrReplaceAll(yaml, {{"DATA", data}});
+}
+
+bool HaveData() {
+  return std::filesystem::exists(std::string(kDataDir) + "/train-images-idx3-ubyte.gz");
+}
+
+class TrainJobs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveData()) GTEST_SKIP() << "Fashion-MNIST is not in " << kDataDir
+                                  << " (Debian's dataset-fashion-mnist)";
+    // The workers' trainers inherit it: their kernel choices stay in this test.
+    setenv("XDG_CACHE_HOME", (c_.dir() + "/cache").c_str(), 1);
+  }
+  void TearDown() override { unsetenv("XDG_CACHE_HOME"); }
+
+  nlohmann::json Progress(int64_t id) { return c_.ShowJson(id).value("progress", nlohmann::json()); }
+
+  std::vector<float> FetchWeights(int64_t id, const std::string& into) {
+    Result fetch = c_.Cli({"fetch-outputs", std::to_string(id), "--output", into});
+    EXPECT_EQ(fetch.code, 0) << fetch.out << fetch.err;
+    absl::StatusOr<trainer::Checkpoint> ckpt =
+        trainer::ReadCheckpoint(into + "/checkpoint.dlbc");
+    EXPECT_TRUE(ckpt.ok()) << ckpt.status();
+    return ckpt.ok() ? ckpt->params : std::vector<float>();
+  }
+
+  std::string Logs() {
+    std::string out;
+    for (const auto& e : std::filesystem::directory_iterator(c_.dir())) {
+      if (e.path().extension() == ".log") {
+        absl::StrAppend(&out, "--- ", e.path().filename().string(), "\n",
+                        ReadAll(e.path().string()));
+      }
+    }
+    return out;
+  }
+
+  Cluster c_;
+};
+
+int64_t Int(const nlohmann::json& j, const char* key) {
+  // proto3 JSON writes 64-bit integers as strings.
+  if (!j.contains(key)) return 0;
+  const auto& v = j[key];
+  return v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+}
+
+TEST_F(TrainJobs, PoolTwoOnCpuSlotsReachesAccuracyAndDeliversItsOutputs) {
+  c_.StartScheduler();
+  c_.StartWorker("w1", 2);
+  ASSERT_TRUE(c_.WaitWorkers(1));
+  std::filesystem::create_directories(c_.dir() + "/data");
+  for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    std::filesystem::copy_file(std::string(kDataDir) + "/" + f, c_.dir() + "/data/" + f);
+  }
+  const int64_t id = c_.Submit(c_.JobFile(
+      "lenet.yaml", LenetJob("data", R"(    mini_batch_size: 64
+    max_iterations: 300
+    validation_frequency: 100
+    verbose_frequency: 50
+    checkpoint_frequency: 100
+    checkpoint_frequency_unit: iteration
+)",
+                             "name: lenet\npool: 2\nattach: [data/]\n")));
+
+  // Progress reaches the scheduler while the job runs.
+  bool seen_running = WaitFor(
+      [&] {
+        nlohmann::json p = Progress(id);
+        return Int(p, "iteration") > 0 && !p.value("done", false);
+      },
+      60000);
+  EXPECT_TRUE(seen_running) << Logs();
+  Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 180000);
+  ASSERT_EQ(wait.code, 0) << wait.out << wait.err << c_.Cli({"diary", std::to_string(id)}).out
+                          << Logs();
+
+  nlohmann::json show = c_.ShowJson(id);
+  ASSERT_EQ(show["placement"].size(), 1u);
+  EXPECT_EQ(show["placement"][0]["devices"].size(), 2u);
+  nlohmann::json p = show["progress"];
+  EXPECT_EQ(Int(p, "iteration"), 300);
+  EXPECT_EQ(Int(p, "iterations"), 300);
+  EXPECT_TRUE(p.value("done", false));
+  EXPECT_EQ(Int(p, "checkpoint_iteration"), 300);
+  EXPECT_GE(p.value("validation_accuracy", 0.0), 75.0) << p.dump();
+  EXPECT_EQ(show["checkpoint"].size(), 2u);
+
+  Result human = c_.Cli({"show", std::to_string(id)});
+  EXPECT_NE(human.out.find("iteration 300 of 300"), std::string::npos) << human.out;
+  Result jobs = c_.Cli({"jobs"});
+  EXPECT_NE(jobs.out.find("PROGRESS"), std::string::npos) << jobs.out;
+  EXPECT_NE(jobs.out.find("100% 300/300"), std::string::npos) << jobs.out;
+  Result diary = c_.Cli({"diary", std::to_string(id)});
+  EXPECT_NE(diary.out.find("Mini-batch"), std::string::npos) << diary.out;
+  EXPECT_NE(diary.out.find("Training finished: 300 iterations"), std::string::npos)
+      << diary.out;
+
+  Result list = c_.Cli({"fetch-outputs", std::to_string(id), "--list"});
+  ASSERT_EQ(list.code, 0) << list.err;
+  for (const char* f : {"model.onnx", "checkpoint.dlbc", "training_history.csv",
+                        "metrics.json", "training_progress.svg"}) {
+    EXPECT_NE(list.out.find(f), std::string::npos) << f << " missing:\n" << list.out;
+  }
+  const std::string out = c_.dir() + "/fetched";
+  Result fetch = c_.Cli({"fetch-outputs", std::to_string(id), "--output", out});
+  ASSERT_EQ(fetch.code, 0) << fetch.out << fetch.err;
+  nlohmann::json metrics = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
+  EXPECT_EQ(metrics.value("ranks", 0), 2);
+  EXPECT_GE(metrics.value("validation_accuracy", 0.0), 75.0) << metrics.dump();
+  EXPECT_GT(std::filesystem::file_size(out + "/model.onnx"), 100000u);
+}
+
+TEST_F(TrainJobs, AJobSpanningTwoWorkersTrainsAsOneWorkerDoes) {
+  c_.StartScheduler();
+  const int a = c_.StartWorker("a", 1, "local", {"--host", "127.0.0.1"});
+  const int b = c_.StartWorker("b", 1, "local", {"--host", "127.0.0.1"});
+  ASSERT_TRUE(c_.WaitWorkers(2));
+  const std::string options = R"(    mini_batch_size: 32
+    max_iterations: 12
+    verbose_frequency: 4
+)";
+  const std::string data = kDataDir;
+  const int64_t spread = c_.Submit(c_.JobFile(
+      "spread.yaml", LenetJob(data, options, "name: spread\npool: 2\nmax_nodes: 2\n")));
+  Result wait = c_.Cli({"wait", std::to_string(spread)}, {}, 180000);
+  ASSERT_EQ(wait.code, 0) << wait.out << c_.Cli({"diary", std::to_string(spread)}).out
+                          << Logs();
+  EXPECT_EQ(c_.ShowJson(spread)["placement"].size(), 2u);
+  std::vector<float> two_workers = FetchWeights(spread, c_.dir() + "/spread");
+
+  // The same job on one worker of two slots.
+  c_.KillWorker(a, SIGTERM);
+  c_.KillWorker(b, SIGTERM);
+  c_.StartWorker("pair", 2, "pair");
+  ASSERT_TRUE(WaitFor([&] { return c_.Cli({"workers"}).out.find("pair") != std::string::npos; },
+                      15000));
+  const int64_t single = c_.Submit(c_.JobFile(
+      "single.yaml", LenetJob(data, options, "name: single\nprofile: pair\npool: 2\n")));
+  wait = c_.Cli({"wait", std::to_string(single)}, {}, 180000);
+  ASSERT_EQ(wait.code, 0) << wait.out << c_.Cli({"diary", std::to_string(single)}).out
+                          << Logs();
+  EXPECT_EQ(c_.ShowJson(single)["placement"].size(), 1u);
+  std::vector<float> one_worker = FetchWeights(single, c_.dir() + "/single");
+
+  ASSERT_EQ(two_workers.size(), one_worker.size());
+  ASSERT_FALSE(one_worker.empty());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < one_worker.size(); ++i) {
+    diff += std::pow(double{two_workers[i]} - one_worker[i], 2);
+    norm += std::pow(double{one_worker[i]}, 2);
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-5);
+}
+
+TEST_F(TrainJobs, AJobOfALostWorkerResumesFromItsCheckpointOnAnother) {
+  c_.StartScheduler({"--heartbeat-interval", "200ms", "--heartbeat-timeout", "1500ms"});
+  const int a = c_.StartWorker("a", 1);
+  const int b = c_.StartWorker("b", 1);
+  ASSERT_TRUE(c_.WaitWorkers(2));
+  const int64_t id = c_.Submit(c_.JobFile(
+      "resume.yaml", LenetJob(kDataDir, R"(    mini_batch_size: 64
+    max_iterations: 500
+    verbose_frequency: 100
+    checkpoint_frequency: 100
+    checkpoint_frequency_unit: iteration
+)",
+                              "name: resume\npool: 1\n")));
+  ASSERT_TRUE(WaitFor([&] { return Int(Progress(id), "checkpoint_iteration") >= 100; }, 90000))
+      << c_.Cli({"diary", std::to_string(id)}).out << Logs();
+  nlohmann::json show = c_.ShowJson(id);
+  ASSERT_EQ(show["placement"].size(), 1u);
+  const std::string first = show["placement"][0].value("worker_name", "");
+  const int64_t stored = Int(show["progress"], "checkpoint_iteration");
+  ASSERT_LT(stored, 500) << "the job ended before its worker could be killed";
+  c_.KillWorker(first == "a" ? a : b, SIGKILL);
+
+  Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 180000);
+  ASSERT_EQ(wait.code, 0) << wait.out << c_.Cli({"diary", std::to_string(id)}).out << Logs();
+  show = c_.ShowJson(id);
+  EXPECT_EQ(show.value("attempt", 0), 2);
+  EXPECT_NE(show["placement"][0].value("worker_name", ""), first);
+  EXPECT_EQ(Int(show["progress"], "iteration"), 500);
+
+  const std::string diary = c_.Cli({"diary", std::to_string(id)}).out;
+  EXPECT_NE(diary.find("resumes from the checkpoint stored at iteration"), std::string::npos)
+      << diary;
+  EXPECT_NE(diary.find("Resuming from"), std::string::npos) << diary;
+
+  // The history runs from 1 to 500 with no gap and no repeat.
+  const std::string out = c_.dir() + "/fetched";
+  Result fetch = c_.Cli({"fetch-outputs", std::to_string(id), "--output", out});
+  ASSERT_EQ(fetch.code, 0) << fetch.err;
+  absl::StatusOr<trainer::TrainingHistory> history =
+      trainer::ParseHistoryCsv(ReadAll(out + "/training_history.csv"));
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->iterations.size(), 500u);
+  for (size_t i = 0; i < history->iterations.size(); ++i) {
+    ASSERT_EQ(history->iterations[i].iteration, static_cast<int64_t>(i + 1));
+  }
+  nlohmann::json metrics = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
+  EXPECT_TRUE(metrics.value("resumed", false));
+}
+
+}  // namespace
+}  // namespace dlbatch::testing
