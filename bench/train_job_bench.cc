@@ -64,8 +64,10 @@ struct Timed {
 };
 
 // Runs argv to its end; lines matching `skip` do not count as first/last.
+// With merge_stderr, stderr goes into the same pipe (dlbatch's own lines).
 Timed RunTimed(const std::vector<std::string>& argv, const std::string& skip_prefix,
-               const std::vector<std::pair<std::string, std::string>>& env = {}) {
+               const std::vector<std::pair<std::string, std::string>>& env = {},
+               bool merge_stderr = false) {
   Timed t;
   int fds[2];
   if (pipe(fds) != 0) std::abort();
@@ -73,8 +75,12 @@ Timed RunTimed(const std::vector<std::string>& argv, const std::string& skip_pre
   pid_t pid = fork();
   if (pid == 0) {
     dup2(fds[1], 1);
-    int null = open("/dev/null", O_WRONLY);
-    dup2(null, 2);
+    if (merge_stderr) {
+      dup2(fds[1], 2);
+    } else {
+      int null = open("/dev/null", O_WRONLY);
+      dup2(null, 2);
+    }
     close(fds[0]);
     close(fds[1]);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
@@ -222,7 +228,7 @@ train:
                         "--threads", "1", "--output-dir", out},
                        "", env);
     Timed s = RunTimed({bin + "/dlbatch", "--scheduler", sock, "submit", "--follow", job},
-                       "Submitted job", env);
+                       "Submitted job", env, /*merge_stderr=*/true);
     if (d.status != 0 || s.status != 0 || d.lines.empty() || s.lines.empty()) {
       std::cerr << "run " << r << " failed (direct " << d.status << ", through the scheduler "
                 << s.status << "); logs in " << dir << "\n";
@@ -242,6 +248,11 @@ train:
     Timed f = RunTimed({bin + "/dlbatch", "--scheduler", sock, "fetch-outputs",
                         std::to_string(id), "-o", fetched},
                        "");
+    if (f.status != 0) {
+      std::cerr << "fetch-outputs " << id << " failed (" << f.status << "); logs in " << dir
+                << "\n";
+      return 1;
+    }
     if (r == 0) continue;  // warm-up
     start_direct.push_back(Ms(d.first_line - d.spawned));
     start_system.push_back(Ms(s.first_line - s.spawned));

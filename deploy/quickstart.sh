@@ -1,27 +1,65 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and runs an example job
-# through the embedded local cluster: submit, follow its diary live, fetch
-# its outputs.
+# The main job: installs what is missing (Debian's dataset-fashion-mnist
+# included), builds, and trains LeNet on Fashion-MNIST through the embedded
+# local cluster: submit, follow the diary live, fetch the outputs, print the
+# test accuracy and where the model and plot are.
 #
-#   deploy/quickstart.sh [JOB_FILE]     (default examples/hello-command.yaml)
+#   deploy/quickstart.sh [JOB_FILE]   (default examples/lenet-fashion-mnist.yaml)
+#
+# The job's pool is its own unless this machine has fewer CPU slots (and no
+# GPU): then it uses them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-job=${1:-examples/hello-command.yaml}
+job=${1:-examples/lenet-fashion-mnist.yaml}
 
 deploy/bootstrap.sh
 export PATH="$PWD/build/bin:$PATH"
 
+# The example attaches data/ next to it: the four IDX files.
+data_src=/usr/share/datasets/fashion-mnist
+data_dir=$(dirname "$job")/data
+if grep -q 'attach:.*data/' "$job"; then
+  mkdir -p "$data_dir"
+  for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz \
+           t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+    [ -s "$data_dir/$f" ] || cp "$data_src/$f" "$data_dir/$f"
+  done
+fi
+
+pool_args=()
+want=$(sed -n 's/^pool: *\([0-9]*\).*/\1/p' "$job")
+cores=$(nproc)
+if [ -n "$want" ] && [ "$want" -gt "$cores" ] && ! command -v nvidia-smi >/dev/null; then
+  pool_args=(--pool "$cores")
+fi
+
 echo
-echo "== dlbatch submit $job (the local cluster starts on first use)"
-id=$(dlbatch submit -q "$job")
+echo "== dlbatch submit ${pool_args[*]} $job (the local cluster starts on first use)"
+id=$(dlbatch submit -q "${pool_args[@]}" "$job")
 echo "job $id queued; following its diary:"
 dlbatch diary -f "$id"
 echo
-dlbatch show "$id" | sed -n '1,3p'
+status=0
+dlbatch wait "$id" >/dev/null || status=$?
+dlbatch show "$id" | sed -n '1,2p'
 echo
+out="outputs/job-$id"
 echo "== dlbatch fetch-outputs $id"
-dlbatch fetch-outputs "$id" -o "outputs/job-$id"
-dlbatch wait "$id" >/dev/null
+dlbatch fetch-outputs "$id" -o "$out"
+if [ "$status" -ne 0 ]; then
+  echo "job $id did not finish well (dlbatch show $id says why)" >&2
+  exit "$status"
+fi
 echo
-echo "Done: outputs of job $id are in outputs/job-$id/. The local cluster keeps running;"
-echo "stop it with: build/bin/dlbatch local stop"
+if [ -f "$out/metrics.json" ]; then
+  acc=$(sed -n 's/.*"validation_accuracy": *\([0-9.]*\).*/\1/p' "$out/metrics.json" | head -1)
+  printf 'Test accuracy (Fashion-MNIST t10k): %.2f%%\n' "$acc"
+  echo "Model:    $out/model.onnx (ONNX) and $out/checkpoint.dlbc"
+  echo "Plot:     $out/training_progress.svg"
+  echo "History:  $out/training_history.csv, metrics in $out/metrics.json"
+else
+  echo "Outputs of job $id are in $out/."
+fi
+echo
+echo "The local cluster keeps running; watch it with 'dlbatch monitor', stop it with:"
+echo "  build/bin/dlbatch local stop"

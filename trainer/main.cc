@@ -267,10 +267,19 @@ int main(int argc, char** argv) {
   absl::StatusOr<TrainResult> result = Train(req);
   if (!result.ok()) return Fail(rank, world, result.status());
   if (rank == 0) {
-    std::printf(
-        "Outputs are in %s/ (model.onnx, checkpoint.dlbc, "
-        "training_history.csv, metrics.json, training_progress.svg).\n",
-        output_dir.c_str());
+    const char* job_id = std::getenv("DLBATCH_JOB_ID");
+    if (job_id != nullptr && *job_id != '\0') {
+      // A dlbatch worker uploads the folder as the job's outputs.
+      std::printf(
+          "Outputs: model.onnx, checkpoint.dlbc, training_history.csv, "
+          "metrics.json, training_progress.svg (dlbatch fetch-outputs %s).\n",
+          job_id);
+    } else {
+      std::printf(
+          "Outputs are in %s/ (model.onnx, checkpoint.dlbc, "
+          "training_history.csv, metrics.json, training_progress.svg).\n",
+          output_dir.c_str());
+    }
   }
   return 0;
 }
