@@ -38,14 +38,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
+constexpr char kData[] = "/usr/share/datasets/fashion-mnist";  // the job's data
 
 std::string SelfDir() {
   return fs::read_symlink("/proc/self/exe").parent_path().string();
@@ -169,39 +168,24 @@ int main(int argc, char** argv) {
   }
   char tmpl[] = "/tmp/dlbatch-train-job-bench-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
+  // trainer_bench's LeNet job (bench/jobs/lenet.yaml) with a pool and a
+  // number of iterations.
   const std::string job = dir + "/lenet.yaml";
   {
-    std::ofstream out(job);
-    out << absl::StrReplaceAll(R"(name: bench-lenet
-pool: POOL
-train:
-  network:
-    input: [28, 28, 1]
-    layers:
-      - {type: conv, filters: 20, size: 5}
-      - {type: maxpool, size: 2, stride: 2}
-      - {type: conv, filters: 50, size: 5}
-      - {type: maxpool, size: 2, stride: 2}
-      - {type: fc, units: 500}
-      - {type: relu}
-      - {type: fc, units: 10}
-      - {type: softmax}
-  data:
-    train:      {format: idx, images: DATA/train-images-idx3-ubyte.gz, labels: DATA/train-labels-idx1-ubyte.gz}
-    validation: {format: idx, images: DATA/t10k-images-idx3-ubyte.gz,  labels: DATA/t10k-labels-idx1-ubyte.gz}
-  options:
-    solver: sgdm
-    initial_learn_rate: 0.01
-    momentum: 0.9
-    mini_batch_size: 64
-    max_iterations: ITERATIONS
-    validation_frequency: 1000000
-    verbose_frequency: 100
-    seed: 1
-)",
-                               {{"POOL", std::to_string(pool)},
-                                {"DATA", kData},
-                                {"ITERATIONS", std::to_string(iterations)}});
+    std::ifstream in(std::string(DLBATCH_BENCH_SOURCE_DIR) + "/jobs/lenet.yaml");
+    std::ostringstream text;
+    text << in.rdbuf();
+    std::string yaml = text.str();
+    const size_t name = yaml.find("\nname:");
+    const size_t epochs = yaml.find("    max_epochs: 1\n");
+    if (name == std::string::npos || epochs == std::string::npos) {
+      std::cerr << "bench/jobs/lenet.yaml has no name: or max_epochs: 1 line\n";
+      return 1;
+    }
+    yaml.replace(epochs, std::strlen("    max_epochs: 1"),
+                 absl::StrCat("    max_iterations: ", iterations));
+    yaml.insert(yaml.find('\n', name + 1) + 1, absl::StrCat("pool: ", pool, "\n"));
+    std::ofstream(job) << yaml;
   }
   // One kernel-choice cache for both kinds of run, so they compute alike.
   const std::vector<std::pair<std::string, std::string>> env = {

@@ -21,6 +21,20 @@
 extern char** environ;
 
 namespace dlbatch::testing {
+
+const char kLenetNetworkYaml[] = R"(
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: conv, filters: 20, size: 5}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: conv, filters: 50, size: 5}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: fc, units: 500}
+      - {type: relu}
+      - {type: fc, units: 10}
+      - {type: softmax}
+)";
 namespace fs = std::filesystem;
 
 std::string BinDir() {

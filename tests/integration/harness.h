@@ -28,6 +28,10 @@ Result Exec(const std::vector<std::string>& argv,
             int timeout_ms = 120000);
 
 std::string BinDir();
+
+// Caffe's LeNet for 28x28x1 images as a job file's `network:` block, indented
+// to sit under `train:`.
+extern const char kLenetNetworkYaml[];
 std::string ReadAll(const std::string& path);
 void WriteAll(const std::string& path, const std::string& text);
 bool WaitFor(const std::function<bool()>& ready, int timeout_ms);

@@ -28,19 +28,7 @@ constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
 // job's folder, or absolute: a shared filesystem).
 std::string LenetJob(const std::string& data, const std::string& extra_options,
                      const std::string& header) {
-  std::string yaml = header + R"(
-train:
-  network:
-    input: [28, 28, 1]
-    layers:
-      - {type: conv, filters: 20, size: 5}
-      - {type: maxpool, size: 2, stride: 2}
-      - {type: conv, filters: 50, size: 5}
-      - {type: maxpool, size: 2, stride: 2}
-      - {type: fc, units: 500}
-      - {type: relu}
-      - {type: fc, units: 10}
-      - {type: softmax}
+  std::string yaml = header + "train:" + kLenetNetworkYaml + R"(
   data:
     train:      {format: idx, images: DATA/train-images-idx3-ubyte.gz, labels: DATA/train-labels-idx1-ubyte.gz}
     validation: {format: idx, images: DATA/t10k-images-idx3-ubyte.gz,  labels: DATA/t10k-labels-idx1-ubyte.gz}

@@ -23,17 +23,8 @@ using testing::Dot;
 using testing::RandomVector;
 using testing::RelativeError;
 
-class LayersTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    // One thread: a busy CI machine stalls a team of threads at every
-    // barrier; TwoThreadsAgreeWithOne covers the threaded paths.
-    auto backend = MakeCpuBackend(1);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    backend_ = *std::move(backend);
-  }
-  std::unique_ptr<Backend> backend_;
-};
+// TwoThreadsAgreeWithOne covers the threaded paths.
+using LayersTest = testing::CpuBackendTest;
 
 // --- references ---
 

@@ -43,15 +43,7 @@ std::vector<float> Slice(const std::vector<float>& v, int64_t begin,
   return std::vector<float>(v.begin() + begin, v.begin() + end);
 }
 
-class SyncBatchNormTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto backend = MakeCpuBackend(1);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    backend_ = *std::move(backend);
-  }
-  std::unique_ptr<Backend> backend_;
-};
+using SyncBatchNormTest = testing::CpuBackendTest;
 
 // One training pass of a synchronised batchnorm on one rank's slice, its
 // collectives run by `comm`.

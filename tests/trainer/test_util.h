@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -92,6 +93,18 @@ inline void CheckGradient(const char* what, std::vector<float>& values,
   }
   loss();  // leaves the unperturbed values uploaded
 }
+
+// A fixture holding a one-thread CPU backend: a busy CI machine stalls a
+// team of threads at every barrier; threaded paths have tests of their own.
+class CpuBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto backend = MakeCpuBackend(1);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = *std::move(backend);
+  }
+  std::unique_ptr<Backend> backend_;
+};
 
 }  // namespace dlbatch::trainer::testing
 

@@ -37,19 +37,7 @@ bool HaveData() {
                 R_OK) == 0;
 }
 
-const char kLenet[] = R"(
-  network:
-    input: [28, 28, 1]
-    layers:
-      - {type: conv, filters: 20, size: 5}
-      - {type: maxpool, size: 2, stride: 2}
-      - {type: conv, filters: 50, size: 5}
-      - {type: maxpool, size: 2, stride: 2}
-      - {type: fc, units: 500}
-      - {type: relu}
-      - {type: fc, units: 10}
-      - {type: softmax}
-)";
+const char* const kLenet = dlbatch::testing::kLenetNetworkYaml;
 
 // A small network that trains in a blink, with batchnorm and dropout.
 const char kSmall[] = R"(
