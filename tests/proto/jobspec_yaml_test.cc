@@ -88,7 +88,7 @@ TEST(JobYamlExamples, LenetFashionMnistParses) {
   const v1::JobSpec& spec = parsed->spec;
   EXPECT_THAT(parsed->attach, ElementsAre("data/"));
   EXPECT_EQ(spec.attach_size(), 0);  // the client turns `attach` into these
-  EXPECT_EQ(spec.pool(), 4);
+  EXPECT_EQ(spec.pool(), 2);
   EXPECT_EQ(spec.time_limit_s(), 1800);
   ASSERT_TRUE(spec.has_train());
   const v1::TrainSpec& train = spec.train();
@@ -102,8 +102,9 @@ TEST(JobYamlExamples, LenetFashionMnistParses) {
   EXPECT_EQ(train.data().validation().labels(),
             "data/t10k-labels-idx1-ubyte.gz");
   EXPECT_EQ(train.options().solver(), "sgdm");
-  EXPECT_EQ(train.options().learn_rate_schedule().type(), "piecewise");
-  EXPECT_DOUBLE_EQ(train.options().learn_rate_schedule().drop_period(), 8);
+  EXPECT_EQ(train.options().learn_rate_schedule().type(), "cosine");
+  EXPECT_EQ(train.options().learn_rate_schedule().warmup_iterations(), 200);
+  EXPECT_EQ(train.options().max_epochs(), 2);
   EXPECT_EQ(train.options().mini_batch_size(), 64);
   EXPECT_EQ(train.options().seed(), 1u);
 }
