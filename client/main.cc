@@ -77,10 +77,12 @@ int main(int argc, char** argv) {
   bool show_json = false;
   auto* c_show = app.add_subcommand("show", "Show one job, and why it waits if it does");
   auto* show_id_opt = c_show->add_option("id", show_id, "Job id");
-  auto* show_sweep_opt = c_show->add_option("--sweep", show_sweep,
-                     "Instead: compare a sweep's jobs, their options and final metrics, "
-                     "best first")
-      ->excludes(show_id_opt);
+  auto* show_sweep_opt =
+      c_show
+          ->add_option("--sweep", show_sweep,
+                       "Instead: compare a sweep's jobs, their options and final metrics, "
+                       "best first")
+          ->excludes(show_id_opt);
   c_show->add_flag("--json", show_json, "JSON instead of text");
   c_show->callback([&] {
     if (show_sweep_opt->count() == 0 && show_id_opt->count() == 0) {
@@ -90,7 +92,7 @@ int main(int argc, char** argv) {
     }
     rc = WithConnection(flags, [&](Connection& c) {
       return show_sweep_opt->count() > 0 ? ShowSweep(c, show_sweep, show_json)
-                             : Show(c, show_id, show_json);
+                                         : Show(c, show_id, show_json);
     });
   });
 

@@ -103,7 +103,7 @@ std::string RenderSweepTable(const std::vector<v1::Job>& ranked,
       row.insert(row.end(), {"-", "-", "-"});
     } else {
       row.push_back(absl::StrFormat("%.2f%%", m.accuracy));
-      row.push_back(absl::StrFormat("%.4f", m.loss));
+      row.push_back(absl::StrFormat("%.4g", m.loss));
       row.push_back(m.source == SweepMetrics::Source::kValidation
                         ? "validation"
                         : "mini-batch");
