@@ -20,8 +20,8 @@ struct SubmitOptions {
   std::optional<std::string> profile;
   std::optional<int> priority;
   std::optional<std::string> name;
-  bool follow = false;
-  bool quiet = false;  // print only the id
+  bool follow = false;  // a sweep: wait for all its jobs, then compare them
+  bool quiet = false;   // print only the id (a sweep: its job ids, one a line)
 };
 absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& options);
 
@@ -29,6 +29,7 @@ struct JobsOptions {
   std::vector<std::string> states;
   bool json = false;
   int limit = 0;
+  int64_t sweep_id = 0;  // 0: every job
 };
 absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options);
 absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json);
@@ -43,6 +44,16 @@ absl::StatusOr<int> Profiles(Connection& conn, bool json);
 // The live job monitor (monitor.cc); a plain snapshot with `once` or when
 // stdin or stdout is not a terminal.
 absl::StatusOr<int> Monitor(Connection& conn, bool once);
+
+// Sweeps (commands_sweeps.cc). ShowSweep: the sweep's jobs compared, best
+// first (--json: ListJobsReply in that order).
+absl::StatusOr<int> ShowSweep(Connection& conn, int64_t sweep_id, bool json);
+// What submit prints for a sweep: its id and its jobs' ids, or with `quiet`
+// only the job ids, one a line.
+void PrintSubmittedSweep(const v1::SubmitJobReply& reply, bool quiet);
+// submit --follow of a sweep: waits for every job, then shows the
+// comparison; the exit code is wait's.
+absl::StatusOr<int> FollowSweep(Connection& conn, const v1::SubmitJobReply& reply);
 
 // Exit code of `wait` and `submit --follow` for a job that ended in `state`.
 int ExitCodeFor(v1::JobState state);

@@ -3,6 +3,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <random>
@@ -172,6 +173,11 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& option
     usleep(200000 << attempt);
   }
   RETURN_IF_ERROR(conn->Error(status));
+  if (reply.sweep_id() != 0) {
+    PrintSubmittedSweep(reply, options.quiet);
+    if (!options.follow) return 0;
+    return FollowSweep(*conn, reply);
+  }
   if (options.quiet) {
     std::cout << reply.job_id() << std::endl;
   } else {
@@ -202,6 +208,7 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
     request.add_states(state);
   }
   request.set_limit(options.limit);
+  request.set_sweep_id(options.sweep_id);
   v1::ListJobsReply reply;
   auto ctx = conn.Context();
   RETURN_IF_ERROR(conn.Error(conn.stub()->ListJobs(ctx.get(), request, &reply)));
@@ -248,6 +255,15 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
                       ? absl::StrCat("    Time limit: ", FormatDurationMs(spec.time_limit_s() * 1000))
                       : "",
                   "\n");
+  if (job.sweep_id() != 0) {
+    std::vector<std::string> point;
+    for (const auto& [option, value] : spec.sweep_point()) {
+      point.push_back(absl::StrCat(option, "=", value));
+    }
+    std::sort(point.begin(), point.end());
+    absl::StrAppend(&out, "  Sweep:      ", job.sweep_id(), " (", absl::StrJoin(point, ", "),
+                    "; dlbatch show --sweep ", job.sweep_id(), ")\n");
+  }
   if (spec.has_command()) {
     absl::StrAppend(&out, "  Command:    ", CommandLine(spec.command().argv()), "\n");
   } else if (spec.has_train()) {

@@ -55,8 +55,10 @@ int main(int argc, char** argv) {
   c_submit->add_option("--priority", submit.priority, "Higher starts first");
   c_submit->add_option("--name", submit.name, "Job name");
   c_submit->add_flag("-f,--follow", submit.follow,
-                     "Follow the diary until the job ends; exit code says how it ended");
-  c_submit->add_flag("-q,--quiet", submit.quiet, "Print only the job id");
+                     "Follow the diary until the job ends; exit code says how it ended "
+                     "(a sweep: wait for all its jobs, then compare them)");
+  c_submit->add_flag("-q,--quiet", submit.quiet,
+                     "Print only the job id (a sweep: its job ids, one a line)");
   c_submit->callback([&] { rc = Report(Submit(flags, submit)); });
 
   JobsOptions jobs;
@@ -66,17 +68,32 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   c_jobs->add_option("--limit", jobs.limit, "At most this many (oldest first)");
   c_jobs->add_flag("--json", jobs.json, "JSON instead of a table");
+  c_jobs->add_option("--sweep", jobs.sweep_id, "Only the jobs of this sweep");
   c_jobs->callback([&] {
     rc = WithConnection(flags, [&](Connection& c) { return Jobs(c, jobs); });
   });
 
-  int64_t show_id = 0;
+  int64_t show_id = 0, show_sweep = 0;
   bool show_json = false;
   auto* c_show = app.add_subcommand("show", "Show one job, and why it waits if it does");
-  c_show->add_option("id", show_id, "Job id")->required();
+  auto* show_id_opt = c_show->add_option("id", show_id, "Job id");
+  auto* show_sweep_opt =
+      c_show
+          ->add_option("--sweep", show_sweep,
+                       "Instead: compare a sweep's jobs, their options and final metrics, "
+                       "best first")
+          ->excludes(show_id_opt);
   c_show->add_flag("--json", show_json, "JSON instead of text");
   c_show->callback([&] {
-    rc = WithConnection(flags, [&](Connection& c) { return Show(c, show_id, show_json); });
+    if (show_sweep_opt->count() == 0 && show_id_opt->count() == 0) {
+      rc = Report(absl::InvalidArgumentError(
+          "show: give a job id, or --sweep ID to compare a sweep's jobs"));
+      return;
+    }
+    rc = WithConnection(flags, [&](Connection& c) {
+      return show_sweep_opt->count() > 0 ? ShowSweep(c, show_sweep, show_json)
+                                         : Show(c, show_id, show_json);
+    });
   });
 
   int64_t diary_id = 0;

@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "common/duration.h"
 #include "common/files.h"
+#include "proto/jobspec_sweep.h"
 
 namespace dlbatch {
 namespace {
@@ -84,6 +85,19 @@ size_t EditDistance(absl::string_view a, absl::string_view b) {
   return row[b.size()];
 }
 
+// " (did you mean 'x'?)" for the key within two edits of `name`, or "".
+std::string DidYouMean(absl::string_view name,
+                       const std::vector<absl::string_view>& keys) {
+  absl::string_view closest;
+  size_t best = 3;  // suggest only within two edits
+  for (absl::string_view k : keys) {
+    size_t d = EditDistance(name, k);
+    if (d < best) best = d, closest = k;
+  }
+  return closest.empty() ? ""
+                         : absl::StrCat(" (did you mean '", closest, "'?)");
+}
+
 // Walks one document. Single use: construct, call Parse once.
 class JobYamlParser {
  public:
@@ -91,6 +105,10 @@ class JobYamlParser {
       : source_(source_name) {}
 
   absl::StatusOr<ParsedJobFile> Parse(std::string_view text);
+  // Sets one train.options key from a YAML scalar's text, through the same
+  // handler `train.options:` uses; `path` names the value in messages.
+  absl::Status ApplyOption(absl::string_view option, const std::string& text,
+                           const std::string& path, v1::TrainingOptions* o);
 
  private:
   // "job.yaml:12:5" (1-based), or just "job.yaml" for an unknown position.
@@ -131,6 +149,9 @@ class JobYamlParser {
   absl::Status ParseSource(const Value& v, v1::DataSource* source);
   absl::Status ParseAugmentation(const Value& v, v1::Augmentation* aug);
   absl::Status ParseOptions(const Value& v, v1::TrainingOptions* options);
+  // The keys of train.options and how each sets its field in `o`.
+  std::vector<KeyHandler> OptionHandlers(v1::TrainingOptions* o);
+  absl::Status ParseSweep(const Value& v);
   absl::Status ParseSchedule(const Value& v, v1::LearnRateSchedule* schedule);
 
   // ValidateJobSpec's error, located at the field its message begins with.
@@ -150,7 +171,9 @@ std::string JobYamlParser::Where(const YAML::Mark& mark) const {
 
 absl::Status JobYamlParser::ErrorAt(const YAML::Mark& mark,
                                     absl::string_view message) const {
-  return absl::InvalidArgumentError(absl::StrCat(Where(mark), ": ", message));
+  std::string where = Where(mark);
+  if (where.empty()) return absl::InvalidArgumentError(message);
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", message));
 }
 
 absl::Status JobYamlParser::ParseMap(const Value& v,
@@ -179,16 +202,8 @@ absl::Status JobYamlParser::ParseMap(const Value& v,
                      [&](const KeyHandler& k) { return k.key == name; });
     if (handler == keys.end()) {
       std::vector<absl::string_view> allowed;
-      absl::string_view closest;
-      size_t best = 3;  // suggest only within two edits
-      for (const KeyHandler& k : keys) {
-        allowed.push_back(k.key);
-        size_t d = EditDistance(name, k.key);
-        if (d < best) best = d, closest = k.key;
-      }
-      std::string hint = closest.empty()
-                             ? ""
-                             : absl::StrCat(" (did you mean '", closest, "'?)");
+      for (const KeyHandler& k : keys) allowed.push_back(k.key);
+      std::string hint = DidYouMean(name, allowed);
       return ErrorAt(
           key.Mark(),
           absl::StrCat("unknown key '", name, "' ", where_text, hint,
@@ -338,8 +353,18 @@ absl::StatusOr<ParsedJobFile> JobYamlParser::Parse(std::string_view text) {
                    "job has both `command:` and `train:`; keep one (a job "
                    "either runs a program or trains a network)");
   }
+  if (command_mark_ && result_.spec.sweep().axes_size() > 0) {
+    return Locate(absl::InvalidArgumentError(
+        "sweep: only a train: job can be swept (a sweep varies "
+        "train.options); remove `sweep:` or train a network"));
+  }
   s = ValidateJobSpec(result_.spec);
   if (!s.ok()) return Locate(s);
+  if (result_.spec.sweep().axes_size() > 0) {
+    // Every value, and every combination, must make a valid job.
+    absl::StatusOr<std::vector<v1::JobSpec>> jobs = ExpandSweep(result_.spec);
+    if (!jobs.ok()) return Locate(jobs.status());
+  }
   return std::move(result_);
 }
 
@@ -426,6 +451,7 @@ absl::Status JobYamlParser::ParseTop(const Value& root) {
                *spec.mutable_train() = std::move(train);
              return s;
            }},
+          {"sweep", [&](const Value& v) { return ParseSweep(v); }},
       });
 }
 
@@ -659,54 +685,157 @@ absl::Status JobYamlParser::ParseAugmentation(const Value& v,
 
 absl::Status JobYamlParser::ParseOptions(const Value& v,
                                          v1::TrainingOptions* o) {
-  return ParseMap(
-      v,
-      {
-          {"solver",
-           Into<std::string>([&](std::string x) { o->set_solver(x); })},
-          {"initial_learn_rate",
-           Into<double>([&](double x) { o->set_initial_learn_rate(x); })},
-          {"momentum", Into<double>([&](double x) { o->set_momentum(x); })},
-          {"l2_regularization",
-           Into<double>([&](double x) { o->set_l2_regularization(x); })},
-          {"gradient_threshold",
-           Into<double>([&](double x) { o->set_gradient_threshold(x); })},
-          {"learn_rate_schedule",
-           [&](const Value& c) {
-             return ParseSchedule(c, o->mutable_learn_rate_schedule());
-           }},
-          {"mini_batch_size",
-           Into<int32_t>([&](int32_t x) { o->set_mini_batch_size(x); })},
-          {"max_epochs",
-           Into<int32_t>([&](int32_t x) { o->set_max_epochs(x); })},
-          {"max_iterations",
-           Into<int64_t>([&](int64_t x) { o->set_max_iterations(x); })},
-          {"shuffle",
-           Into<std::string>([&](std::string x) { o->set_shuffle(x); })},
-          {"validation_frequency",
-           Into<int64_t>([&](int64_t x) { o->set_validation_frequency(x); })},
-          {"validation_patience",
-           Into<int32_t>([&](int32_t x) { o->set_validation_patience(x); })},
-          {"verbose_frequency",
-           Into<int64_t>([&](int64_t x) { o->set_verbose_frequency(x); })},
-          {"execution_environment", Into<std::string>([&](std::string x) {
-             o->set_execution_environment(x);
-           })},
-          {"checkpoint_frequency",
-           Into<int32_t>([&](int32_t x) { o->set_checkpoint_frequency(x); })},
-          {"checkpoint_frequency_unit", Into<std::string>([&](std::string x) {
-             o->set_checkpoint_frequency_unit(x);
-           })},
-          {"seed", Into<uint64_t>([&](uint64_t x) { o->set_seed(x); })},
-          {"gradient_decay_factor",
-           Into<double>([&](double x) { o->set_gradient_decay_factor(x); })},
-          {"squared_gradient_decay_factor", Into<double>([&](double x) {
-             o->set_squared_gradient_decay_factor(x);
-           })},
-          {"epsilon", Into<double>([&](double x) { o->set_epsilon(x); })},
-          {"precision",
-           Into<std::string>([&](std::string x) { o->set_precision(x); })},
-      });
+  return ParseMap(v, OptionHandlers(o));
+}
+
+std::vector<KeyHandler> JobYamlParser::OptionHandlers(v1::TrainingOptions* o) {
+  return {
+      {"solver", Into<std::string>([o](std::string x) { o->set_solver(x); })},
+      {"initial_learn_rate",
+       Into<double>([o](double x) { o->set_initial_learn_rate(x); })},
+      {"momentum", Into<double>([o](double x) { o->set_momentum(x); })},
+      {"l2_regularization",
+       Into<double>([o](double x) { o->set_l2_regularization(x); })},
+      {"gradient_threshold",
+       Into<double>([o](double x) { o->set_gradient_threshold(x); })},
+      {"learn_rate_schedule",
+       [this, o](const Value& c) {
+         return ParseSchedule(c, o->mutable_learn_rate_schedule());
+       }},
+      {"mini_batch_size",
+       Into<int32_t>([o](int32_t x) { o->set_mini_batch_size(x); })},
+      {"max_epochs", Into<int32_t>([o](int32_t x) { o->set_max_epochs(x); })},
+      {"max_iterations",
+       Into<int64_t>([o](int64_t x) { o->set_max_iterations(x); })},
+      {"shuffle", Into<std::string>([o](std::string x) { o->set_shuffle(x); })},
+      {"validation_frequency",
+       Into<int64_t>([o](int64_t x) { o->set_validation_frequency(x); })},
+      {"validation_patience",
+       Into<int32_t>([o](int32_t x) { o->set_validation_patience(x); })},
+      {"verbose_frequency",
+       Into<int64_t>([o](int64_t x) { o->set_verbose_frequency(x); })},
+      {"execution_environment", Into<std::string>([o](std::string x) {
+         o->set_execution_environment(x);
+       })},
+      {"checkpoint_frequency",
+       Into<int32_t>([o](int32_t x) { o->set_checkpoint_frequency(x); })},
+      {"checkpoint_frequency_unit", Into<std::string>([o](std::string x) {
+         o->set_checkpoint_frequency_unit(x);
+       })},
+      {"seed", Into<uint64_t>([o](uint64_t x) { o->set_seed(x); })},
+      {"gradient_decay_factor",
+       Into<double>([o](double x) { o->set_gradient_decay_factor(x); })},
+      {"squared_gradient_decay_factor", Into<double>([o](double x) {
+         o->set_squared_gradient_decay_factor(x);
+       })},
+      {"epsilon", Into<double>([o](double x) { o->set_epsilon(x); })},
+      {"precision",
+       Into<std::string>([o](std::string x) { o->set_precision(x); })},
+  };
+}
+
+absl::Status JobYamlParser::ParseSweep(const Value& v) {
+  if (v.node.IsNull()) return absl::OkStatus();
+  if (!v.node.IsMap()) {
+    return ErrorAt(v.mark, absl::StrCat("sweep: expected a mapping of "
+                                        "train.options keys to lists of "
+                                        "values, like `initial_learn_rate: "
+                                        "[0.1, 0.01]`, got ",
+                                        KindName(v.node)));
+  }
+  v1::TrainingOptions scratch;  // the values are only checked here
+  const std::vector<KeyHandler> handlers = OptionHandlers(&scratch);
+  v1::SweepSpec* sweep = result_.spec.mutable_sweep();
+  for (const auto& entry : v.node) {
+    const YAML::Node& key = entry.first;
+    const YAML::Node& values = entry.second;
+    if (!key.IsScalar()) {
+      return ErrorAt(key.Mark(), absl::StrCat("sweep: a key is ", KindName(key),
+                                              "; keys are train.options "
+                                              "names"));
+    }
+    const std::string& option = key.Scalar();
+    const std::string path = absl::StrCat("sweep.", option);
+    auto handler =
+        std::find_if(handlers.begin(), handlers.end(),
+                     [&](const KeyHandler& k) { return k.key == option; });
+    if (handler == handlers.end()) {
+      std::vector<absl::string_view> allowed;
+      for (const KeyHandler& k : handlers) allowed.push_back(k.key);
+      return ErrorAt(key.Mark(),
+                     absl::StrCat("sweep: unknown option '", option, "'",
+                                  DidYouMean(option, allowed),
+                                  "; a sweep varies train.options keys: ",
+                                  absl::StrJoin(allowed, ", ")));
+    }
+    for (const v1::SweepAxis& axis : sweep->axes()) {
+      if (axis.option() == option) {
+        return ErrorAt(key.Mark(), absl::StrCat(path,
+                                                ": given twice; keep "
+                                                "one list"));
+      }
+    }
+    marks_[path] = key.Mark();
+    YAML::Mark mark = values.Mark();
+    if (mark.is_null() || values.IsNull()) mark = key.Mark();
+    if (!values.IsSequence()) {
+      return ErrorAt(
+          mark,
+          absl::StrCat(path, ": expected a list of values like [",
+                       values.IsScalar() ? values.Scalar() : "a", ", b], got ",
+                       KindName(values), "; for one value set train.options.",
+                       option, " instead"));
+    }
+    if (values.size() == 0) {
+      return ErrorAt(mark, absl::StrCat(path,
+                                        ": the list is empty; give at "
+                                        "least one value"));
+    }
+    v1::SweepAxis* axis = sweep->add_axes();
+    axis->set_option(option);
+    absl::Status s =
+        ParseList({values, mark, path}, [&](const Value& item) -> absl::Status {
+          if (!item.node.IsScalar()) {
+            return ErrorAt(
+                item.mark,
+                absl::StrCat(item.path, ": expected a single value, got ",
+                             KindName(item.node)));
+          }
+          const std::string& text = item.node.Scalar();
+          for (const std::string& seen : axis->values()) {
+            if (seen == text) {
+              return ErrorAt(item.mark,
+                             absl::StrCat(item.path, ": '", text,
+                                          "' is listed twice; keep one"));
+            }
+          }
+          absl::Status applied = handler->handle(item);
+          if (!applied.ok()) return applied;
+          axis->add_values(text);
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobYamlParser::ApplyOption(absl::string_view option,
+                                        const std::string& text,
+                                        const std::string& path,
+                                        v1::TrainingOptions* o) {
+  std::vector<KeyHandler> handlers = OptionHandlers(o);
+  auto handler =
+      std::find_if(handlers.begin(), handlers.end(),
+                   [&](const KeyHandler& k) { return k.key == option; });
+  if (handler == handlers.end()) {
+    std::vector<absl::string_view> allowed;
+    for (const KeyHandler& k : handlers) allowed.push_back(k.key);
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": unknown option '", option, "'", DidYouMean(option, allowed),
+        "; a sweep varies train.options keys: ", absl::StrJoin(allowed, ", ")));
+  }
+  const YAML::Node node(text);
+  return handler->handle(Value{node, YAML::Mark::null_mark(), path});
 }
 
 absl::Status JobYamlParser::ParseSchedule(const Value& v,
@@ -750,6 +879,18 @@ absl::StatusOr<ParsedJobFile> ParseJobYaml(std::string_view text,
   } catch (const std::exception& e) {
     return absl::InternalError(
         absl::StrCat(source_name, ": cannot parse the job file: ", e.what()));
+  }
+}
+
+absl::Status ApplyTrainingOption(absl::string_view option,
+                                 const std::string& value,
+                                 const std::string& path,
+                                 v1::TrainingOptions* options) {
+  try {
+    return JobYamlParser("").ApplyOption(option, value, path, options);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot read '", value, "': ", e.what()));
   }
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "dlbatch/v1/job.pb.h"
 
 namespace dlbatch {
@@ -19,7 +20,7 @@ namespace dlbatch {
 // paths, relative to the job file's folder unless absolute) that the client
 // still has to upload and turn into Attachment messages.
 struct ParsedJobFile {
-  v1::JobSpec spec;                // spec.attach is left empty
+  v1::JobSpec spec;                 // spec.attach is left empty
   std::vector<std::string> attach;  // as written in `attach:`
 };
 
@@ -33,6 +34,15 @@ absl::StatusOr<ParsedJobFile> ReadJobFile(const std::string& path);
 // values, network input of three positive numbers. Called by the parser and
 // again by the scheduler on every submitted spec.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// Sets the train.options key `option` from `value`, the text of a YAML
+// scalar, through the same code that reads `train.options:` (so a sweep's
+// `mini_batch_size: [64]` sets exactly what `mini_batch_size: 64` would).
+// `path` begins the messages ("sweep.mini_batch_size[0]: expected ...").
+absl::Status ApplyTrainingOption(absl::string_view option,
+                                 const std::string& value,
+                                 const std::string& path,
+                                 v1::TrainingOptions* options);
 
 }  // namespace dlbatch
 

@@ -15,6 +15,7 @@
 #include "common/endpoint.h"
 #include "common/status.h"
 #include "proto/job_state.h"
+#include "proto/jobspec_sweep.h"
 #include "proto/jobspec_yaml.h"
 #include "spdlog/spdlog.h"
 
@@ -40,6 +41,7 @@ v1::Job ToProto(const JobRecord& rec) {
   }
   job.set_exit_code(rec.exit_code);
   job.set_reason(rec.reason);
+  job.set_sweep_id(rec.sweep_id);
   return job;
 }
 
@@ -120,6 +122,9 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   if (spec.profile().empty()) spec.set_profile("local");
   if (spec.max_nodes() == 0) spec.set_max_nodes(1);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
+  // A sweep is one job per combination; a plain spec is one job.
+  ASSIGN_OR_RETURN(std::vector<v1::JobSpec> specs, ExpandSweep(spec));
+  const bool sweep = spec.sweep().axes_size() > 0;
   for (const auto& a : spec.attach()) {
     auto size = blobs_->Size(a.sha256());
     if (!size.ok() || *size != a.size()) {
@@ -133,31 +138,59 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   {
     absl::MutexLock lock(&mu_);
     if (!request.request_id().empty()) {
+      // A sweep's request id is stored on its first job.
       ASSIGN_OR_RETURN(auto existing, store_->JobForRequest(request.request_id()));
       if (existing) {
         reply.set_job_id(*existing);
         reply.set_duplicate(true);
+        ASSIGN_OR_RETURN(int64_t sweep_id, store_->SweepIdOf(*existing));
+        reply.set_sweep_id(sweep_id);
+        if (sweep_id == 0) {
+          reply.add_job_ids(*existing);
+        } else {
+          ASSIGN_OR_RETURN(std::vector<int64_t> ids, store_->SweepJobIds(sweep_id));
+          reply.mutable_job_ids()->Add(ids.begin(), ids.end());
+        }
         return reply;
       }
     }
-    JobRecord rec;
-    rec.request_id = request.request_id();
-    rec.user = request.user();
-    rec.spec = std::move(spec);
-    rec.state = v1::JOB_STATE_QUEUED;
-    rec.submit_ms = clock_->NowMs();
-    RETURN_IF_ERROR(core_.CheckSatisfiable(ToQueued(rec)));
+    const int64_t now = clock_->NowMs();
+    std::vector<JobRecord> records;
+    records.reserve(specs.size());
+    for (v1::JobSpec& job_spec : specs) {
+      JobRecord rec;
+      rec.request_id = records.empty() ? request.request_id() : "";
+      rec.user = request.user();
+      rec.spec = std::move(job_spec);
+      rec.state = v1::JOB_STATE_QUEUED;
+      rec.submit_ms = now;
+      RETURN_IF_ERROR(core_.CheckSatisfiable(ToQueued(rec)));
+      records.push_back(std::move(rec));
+    }
     {
+      // Every job of a sweep, or none.
       Transaction txn(store_->db());
       RETURN_IF_ERROR(txn.status());
-      ASSIGN_OR_RETURN(rec.id, store_->InsertJob(rec));
-      RETURN_IF_ERROR(store_->AddEvent(rec.id, v1::JOB_STATE_QUEUED, 0, rec.submit_ms, ""));
+      int64_t sweep_id = 0;
+      if (sweep) {
+        ASSIGN_OR_RETURN(sweep_id, store_->NextSweepId());
+      }
+      for (JobRecord& rec : records) {
+        rec.sweep_id = sweep_id;
+        ASSIGN_OR_RETURN(rec.id, store_->InsertJob(rec));
+        RETURN_IF_ERROR(store_->AddEvent(rec.id, v1::JOB_STATE_QUEUED, 0, rec.submit_ms, ""));
+      }
       RETURN_IF_ERROR(txn.Commit());
+      reply.set_sweep_id(sweep_id);
     }
-    core_.Enqueue(ToQueued(rec));
-    reply.set_job_id(rec.id);
-    jobs_[rec.id].record = std::move(rec);
-    Changed(reply.job_id());
+    reply.set_job_id(records.front().id);
+    for (JobRecord& rec : records) {
+      const int64_t id = rec.id;
+      core_.Enqueue(ToQueued(rec));
+      reply.add_job_ids(id);
+      jobs_[id].record = std::move(rec);
+      Changed(id);
+    }
     RETURN_IF_ERROR(PlaceJobs(&out));
   }
   Deliver(out);
@@ -300,8 +333,19 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(const v1::ListJobsRequest&
   std::vector<v1::JobState> states;
   for (int s : request.states()) states.push_back(static_cast<v1::JobState>(s));
   v1::ListJobsReply reply;
-  RETURN_IF_ERROR(
-      reader_->ListJobSummaries(states, request.limit(), request.newest_first(), &reply));
+  RETURN_IF_ERROR(reader_->ListJobSummaries(states, request.limit(), request.newest_first(),
+                                            &reply, request.sweep_id()));
+  if (request.sweep_id() != 0 && reply.jobs().empty()) {
+    // None in these states, or no such sweep at all?
+    v1::ListJobsReply any;
+    RETURN_IF_ERROR(reader_->ListJobSummaries({}, 1, false, &any, request.sweep_id()));
+    if (any.jobs().empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no sweep ", request.sweep_id(),
+          "; `dlbatch submit` of a job file with `sweep:` prints its sweep id, and "
+          "`dlbatch show <job id>` names a job's sweep"));
+    }
+  }
   // The progress column: live jobs' latest reports, from memory.
   absl::MutexLock lock(&mu_);
   for (v1::Job& job : *reply.mutable_jobs()) {

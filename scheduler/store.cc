@@ -9,7 +9,8 @@
 namespace dlbatch::scheduler {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// Version 2 added jobs.sweep_id; a version 1 file is migrated on open.
+constexpr int kSchemaVersion = 2;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -39,7 +40,8 @@ CREATE TABLE IF NOT EXISTS jobs(
   end_ms INTEGER NOT NULL,
   parts TEXT NOT NULL,
   exit_code INTEGER NOT NULL,
-  reason TEXT NOT NULL);
+  reason TEXT NOT NULL,
+  sweep_id INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS job_events(
   job_id INTEGER NOT NULL,
   ev INTEGER NOT NULL,
@@ -74,7 +76,7 @@ CREATE TABLE IF NOT EXISTS train_state(
 
 constexpr char kJobColumns[] =
     "id, request_id, user, spec, state, attempt, submit_ms, start_ms, end_ms, "
-    "parts, exit_code, reason, name, profile, pool, priority";
+    "parts, exit_code, reason, name, profile, pool, priority, sweep_id";
 
 absl::StatusOr<JobRecord> ReadJobRow(const Statement& row, bool with_spec) {
   JobRecord job;
@@ -100,7 +102,23 @@ absl::StatusOr<JobRecord> ReadJobRow(const Statement& row, bool with_spec) {
   job.parts = DecodeParts(row.Text(9));
   job.exit_code = static_cast<int>(row.Int(10));
   job.reason = row.Text(11);
+  job.sweep_id = row.Int(16);
   return job;
+}
+
+// Version 1 -> 2: jobs.sweep_id and its index. Idempotent; run on every
+// open, after kSchema (which makes new files with the column already).
+absl::Status AddSweepColumn(Database* db) {
+  ASSIGN_OR_RETURN(Statement * columns,
+                   db->Prepare("SELECT 1 FROM pragma_table_info('jobs') "
+                               "WHERE name='sweep_id'"));
+  ASSIGN_OR_RETURN(bool present, columns->Step());
+  columns->Reset();
+  if (!present) {
+    RETURN_IF_ERROR(
+        db->Exec("ALTER TABLE jobs ADD COLUMN sweep_id INTEGER NOT NULL DEFAULT 0"));
+  }
+  return db->Exec("CREATE INDEX IF NOT EXISTS jobs_by_sweep ON jobs(sweep_id)");
 }
 
 }  // namespace
@@ -139,17 +157,24 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   ASSIGN_OR_RETURN(bool found, get->Step());
   if (found) {
     int version = 0;
-    if (!absl::SimpleAtoi(get->Text(0), &version) || version != kSchemaVersion) {
+    if (!absl::SimpleAtoi(get->Text(0), &version) || version < 1 ||
+        version > kSchemaVersion) {
       return absl::FailedPreconditionError(absl::StrCat(
           path, " has schema version ", get->Text(0), "; this scheduler reads version ",
           kSchemaVersion));
     }
   }
   get->Reset();
-  RETURN_IF_ERROR(db->Exec(kSchema));
-  if (!found) {
+  {
+    // One transaction: a crash mid-migration leaves the old version whole.
+    Transaction txn(db.get());
+    RETURN_IF_ERROR(txn.status());
+    RETURN_IF_ERROR(db->Exec(kSchema));
+    RETURN_IF_ERROR(AddSweepColumn(db.get()));
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
-        "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion, "')")));
+        "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion,
+        "') ON CONFLICT(key) DO UPDATE SET value=excluded.value")));
+    RETURN_IF_ERROR(txn.Commit());
   }
   auto store = std::unique_ptr<Store>(new Store(std::move(db)));
   ASSIGN_OR_RETURN(Statement * last, store->db_->Prepare("SELECT MAX(ev) FROM job_events"));
@@ -164,7 +189,7 @@ absl::StatusOr<int64_t> Store::InsertJob(const JobRecord& job) {
       Statement * st,
       db_->Prepare("INSERT INTO jobs(request_id, user, spec, name, profile, pool, "
                    "priority, state, attempt, submit_ms, start_ms, end_ms, parts, "
-                   "exit_code, reason) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+                   "exit_code, reason, sweep_id) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
   if (job.request_id.empty()) {
     st->BindNull(1);
   } else {
@@ -183,7 +208,8 @@ absl::StatusOr<int64_t> Store::InsertJob(const JobRecord& job) {
       .Bind(12, job.end_ms)
       .Bind(13, EncodeParts(job.parts))
       .Bind(14, job.exit_code)
-      .Bind(15, job.reason);
+      .Bind(15, job.reason)
+      .Bind(16, job.sweep_id);
   RETURN_IF_ERROR(st->Run());
   return db_->LastInsertId();
 }
@@ -388,6 +414,36 @@ absl::StatusOr<int64_t> Store::CountJobs() {
   return n;
 }
 
+absl::StatusOr<int64_t> Store::NextSweepId() {
+  ASSIGN_OR_RETURN(Statement * st, db_->Prepare("SELECT MAX(sweep_id) FROM jobs"));
+  ASSIGN_OR_RETURN(bool row, st->Step());
+  int64_t last = row && !st->IsNull(0) ? st->Int(0) : 0;
+  st->Reset();
+  return last + 1;
+}
+
+absl::StatusOr<int64_t> Store::SweepIdOf(int64_t job_id) {
+  ASSIGN_OR_RETURN(Statement * st, db_->Prepare("SELECT sweep_id FROM jobs WHERE id=?"));
+  ASSIGN_OR_RETURN(bool row, st->Bind(1, job_id).Step());
+  int64_t sweep = row ? st->Int(0) : 0;
+  st->Reset();
+  return sweep;
+}
+
+absl::StatusOr<std::vector<int64_t>> Store::SweepJobIds(int64_t sweep_id) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT id FROM jobs WHERE sweep_id=? ORDER BY id"));
+  st->Bind(1, sweep_id);
+  std::vector<int64_t> ids;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    ids.push_back(st->Int(0));
+  }
+  st->Reset();
+  return ids;
+}
+
 // ---- StoreReader ----
 
 absl::StatusOr<std::unique_ptr<Database>> StoreReader::Acquire() {
@@ -461,20 +517,28 @@ absl::StatusOr<std::vector<v1::StateChange>> StoreReader::History(int64_t id) {
 
 absl::Status StoreReader::ListJobSummaries(const std::vector<v1::JobState>& states,
                                            int limit, bool newest_first,
-                                           v1::ListJobsReply* out) {
+                                           v1::ListJobsReply* out, int64_t sweep_id) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
-  std::string sql =
+  // The spec (for sweep_point) only for one sweep's jobs: at most
+  // kMaxSweepJobs rows, where a listing of every job stays lean.
+  std::string sql = absl::StrCat(
       "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, exit_code, reason, "
-      "name, profile, pool, priority, train_state.progress FROM jobs "
-      "LEFT JOIN train_state ON train_state.job_id = jobs.id";
+      "name, profile, pool, priority, train_state.progress, sweep_id, ",
+      sweep_id != 0 ? "spec" : "NULL",
+      " FROM jobs LEFT JOIN train_state ON train_state.job_id = jobs.id");
+  std::vector<std::string> where;
   if (!states.empty()) {
-    absl::StrAppend(&sql, " WHERE state IN (",
-                    absl::StrJoin(states, ",", [](std::string* o, v1::JobState s) {
-                      absl::StrAppend(o, static_cast<int>(s));
-                    }),
-                    ")");
+    where.push_back(absl::StrCat(
+        "state IN (",
+        absl::StrJoin(states, ",",
+                      [](std::string* o, v1::JobState s) {
+                        absl::StrAppend(o, static_cast<int>(s));
+                      }),
+        ")"));
   }
+  if (sweep_id != 0) where.push_back(absl::StrCat("sweep_id = ", sweep_id));
+  if (!where.empty()) absl::StrAppend(&sql, " WHERE ", absl::StrJoin(where, " AND "));
   absl::StrAppend(&sql, newest_first ? " ORDER BY id DESC" : " ORDER BY id");
   if (limit > 0) absl::StrAppend(&sql, " LIMIT ", limit);
   sqlite3_stmt* st = nullptr;
@@ -508,6 +572,13 @@ absl::Status StoreReader::ListJobSummaries(const std::vector<v1::JobState>& stat
     if (int n = sqlite3_column_bytes(st, 13); n > 0) {
       // A damaged row loses only its progress column.
       (void)job->mutable_progress()->ParseFromArray(sqlite3_column_blob(st, 13), n);
+    }
+    job->set_sweep_id(sqlite3_column_int64(st, 14));
+    if (int n = sqlite3_column_bytes(st, 15); n > 0) {
+      v1::JobSpec full;
+      if (full.ParseFromArray(sqlite3_column_blob(st, 15), n)) {
+        *spec->mutable_sweep_point() = full.sweep_point();
+      }
     }
   }
   return absl::OkStatus();

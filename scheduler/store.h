@@ -35,6 +35,7 @@ struct JobRecord {
   std::vector<Part> parts;  // placement of the current attempt
   int exit_code = 0;
   std::string reason;
+  int64_t sweep_id = 0;  // 0: not part of a sweep
 };
 
 struct WorkerRecord {
@@ -88,6 +89,12 @@ class Store {
   absl::StatusOr<std::vector<WorkerRecord>> Workers();
   absl::StatusOr<std::vector<std::pair<std::string, int>>> Profiles();
   absl::StatusOr<int64_t> CountJobs();
+  // Sweeps: ids are allocated as MAX+1 under the writer, so the caller
+  // must insert the sweep's jobs in the same transaction.
+  absl::StatusOr<int64_t> NextSweepId();
+  // 0 for a job outside any sweep (or no such job).
+  absl::StatusOr<int64_t> SweepIdOf(int64_t job_id);
+  absl::StatusOr<std::vector<int64_t>> SweepJobIds(int64_t sweep_id);
 
  private:
   explicit Store(std::unique_ptr<Database> db) : db_(std::move(db)) {}
@@ -103,9 +110,11 @@ class StoreReader {
   absl::StatusOr<std::optional<JobRecord>> GetJob(int64_t id);
   absl::StatusOr<std::vector<v1::StateChange>> History(int64_t id);
   // Summaries (no spec beyond name, profile, pool, priority) straight into
-  // `out`, for listings of every job.
+  // `out`, for listings of every job. sweep_id != 0: only that sweep's
+  // jobs, with their spec's sweep_point too.
   absl::Status ListJobSummaries(const std::vector<v1::JobState>& states, int limit,
-                                bool newest_first, v1::ListJobsReply* out);
+                                bool newest_first, v1::ListJobsReply* out,
+                                int64_t sweep_id = 0);
   absl::StatusOr<std::vector<v1::DiaryLine>> ReadDiary(int64_t job_id,
                                                        int64_t after,
                                                        int limit);

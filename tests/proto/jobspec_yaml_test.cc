@@ -318,7 +318,7 @@ TEST(JobYamlErrors, UnknownTopLevelKey) {
   EXPECT_THAT(msg, HasSubstr("did you mean 'pool'?"));
   EXPECT_THAT(msg, HasSubstr("allowed keys: name, profile, pool, priority, "
                              "time_limit, max_nodes, nodes, attach, env, "
-                             "command, train"));
+                             "command, train, sweep"));
 }
 
 TEST(JobYamlErrors, UnknownKeyUnderOptions) {

@@ -159,15 +159,15 @@ TEST_F(StoreTest, OpenCreatesTheSchemaAndReopensIt) {
 
 TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   ASSERT_TRUE(
-      store_->db()->Exec("UPDATE meta SET value='2' WHERE key='schema'").ok());
+      store_->db()->Exec("UPDATE meta SET value='3' WHERE key='schema'").ok());
   store_.reset();
   auto reopened = Store::Open(path_, false);
   ASSERT_FALSE(reopened.ok());
   EXPECT_EQ(reopened.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("schema version 2"));
+              HasSubstr("schema version 3"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 1"));
+              HasSubstr("reads version 2"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -183,7 +183,7 @@ TEST_F(StoreTest, RefusesANewerLayoutBeforeTouchingIt) {
         (*db)
             ->Exec(
                 "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-                "INSERT INTO meta VALUES('schema', '2');"
+                "INSERT INTO meta VALUES('schema', '3');"
                 "CREATE TABLE diary(n INTEGER PRIMARY KEY, body BLOB);")
             .ok());
   }
@@ -191,7 +191,7 @@ TEST_F(StoreTest, RefusesANewerLayoutBeforeTouchingIt) {
   ASSERT_FALSE(opened.ok());
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(opened.status().message()),
-              HasSubstr("schema version 2"));
+              HasSubstr("schema version 3"));
 
   auto db = Database::Open(newer, false, false);
   ASSERT_TRUE(db.ok());
@@ -200,6 +200,34 @@ TEST_F(StoreTest, RefusesANewerLayoutBeforeTouchingIt) {
   ASSERT_TRUE(st.ok());
   ASSERT_TRUE((*st)->Step().value());
   EXPECT_EQ((*st)->Int(0), 0) << "Open added tables to a file it refused";
+}
+
+TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
+  const int64_t old = Insert(NewJob("from-v1"));
+  // Make the file what a version 1 scheduler left: no sweep column.
+  ASSERT_TRUE(store_->db()
+                  ->Exec("DROP INDEX jobs_by_sweep;"
+                         "ALTER TABLE jobs DROP COLUMN sweep_id;"
+                         "UPDATE meta SET value='1' WHERE key='schema'")
+                  .ok());
+  Reopen();
+  auto version =
+      store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
+  ASSERT_TRUE(version.ok());
+  ASSERT_TRUE((*version)->Step().value());
+  EXPECT_EQ((*version)->Text(0), "2");
+  (*version)->Reset();
+  auto job = reader().GetJob(old);
+  ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
+  EXPECT_EQ((*job)->spec.name(), "from-v1");
+  EXPECT_EQ((*job)->sweep_id, 0);
+  JobRecord swept = NewJob("swept");
+  swept.sweep_id = 1;
+  const int64_t id = Insert(swept);
+  EXPECT_EQ(store_->SweepIdOf(id).value(), 1);
+  EXPECT_EQ(store_->NextSweepId().value(), 2);
+  Reopen();  // the migrated file reopens as version 2
+  EXPECT_EQ(store_->CountJobs().value(), 2);
 }
 
 TEST_F(StoreTest, RefusesAFileThatIsNotADatabase) {
@@ -534,6 +562,54 @@ TEST_F(StoreTest, ListJobSummaries) {
 }
 
 // ---- Transactions and durability ----
+
+TEST_F(StoreTest, SweepsGroupTheirJobs) {
+  EXPECT_EQ(store_->NextSweepId().value(), 1);
+  const int64_t plain = Insert(NewJob("plain"));
+  std::vector<int64_t> swept;
+  for (const char* rate : {"0.1", "0.01", "0.001"}) {
+    JobRecord job = NewJob(std::string("net[initial_learn_rate=") + rate + "]");
+    job.sweep_id = 1;
+    (*job.spec.mutable_sweep_point())["initial_learn_rate"] = rate;
+    swept.push_back(Insert(job));
+  }
+  EXPECT_EQ(store_->NextSweepId().value(), 2);
+  EXPECT_EQ(store_->SweepIdOf(plain).value(), 0);
+  EXPECT_EQ(store_->SweepIdOf(swept[1]).value(), 1);
+  EXPECT_EQ(store_->SweepIdOf(999).value(), 0);
+  EXPECT_EQ(store_->SweepJobIds(1).value(), swept);
+  EXPECT_THAT(store_->SweepJobIds(2).value(), IsEmpty());
+
+  v1::ListJobsReply reply;
+  ASSERT_TRUE(reader().ListJobSummaries({}, 0, false, &reply, 1).ok());
+  ASSERT_EQ(reply.jobs_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(reply.jobs(i).id(), swept[i]);
+    EXPECT_EQ(reply.jobs(i).sweep_id(), 1);
+  }
+  EXPECT_THAT(reply.jobs(1).spec().sweep_point(),
+              ElementsAre(Pair("initial_learn_rate", "0.01")));
+  // Combined with a state filter and a limit.
+  reply.Clear();
+  ASSERT_TRUE(reader()
+                  .ListJobSummaries({v1::JOB_STATE_QUEUED}, 2, true, &reply, 1)
+                  .ok());
+  ASSERT_EQ(reply.jobs_size(), 2);
+  EXPECT_EQ(reply.jobs(0).id(), swept[2]);
+  // Every job's listing carries the sweep id but not the spec.
+  reply.Clear();
+  ASSERT_TRUE(reader().ListJobSummaries({}, 0, false, &reply).ok());
+  ASSERT_EQ(reply.jobs_size(), 4);
+  EXPECT_EQ(reply.jobs(0).sweep_id(), 0);
+  EXPECT_EQ(reply.jobs(3).sweep_id(), 1);
+  EXPECT_THAT(reply.jobs(3).spec().sweep_point(), IsEmpty());
+
+  auto job = reader().GetJob(swept[0]);
+  ASSERT_TRUE(job.ok() && job->has_value());
+  EXPECT_EQ((*job)->sweep_id, 1);
+  EXPECT_THAT((*job)->spec.sweep_point(),
+              ElementsAre(Pair("initial_learn_rate", "0.1")));
+}
 
 TEST_F(StoreTest, UncommittedTransactionRollsBack) {
   {

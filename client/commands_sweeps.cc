@@ -1,0 +1,85 @@
+// show --sweep, and what submit does for a sweep: print it and follow it.
+#include <google/protobuf/util/json_util.h>
+
+#include <iostream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/commands.h"
+#include "client/sweep_table.h"
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace dlbatch::client {
+namespace {
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<int> ShowSweep(Connection& conn, int64_t sweep_id, bool json) {
+  if (sweep_id <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sweep id ", sweep_id, " is not one; sweep ids start at 1"));
+  }
+  v1::ListJobsRequest request;
+  request.set_sweep_id(sweep_id);
+  v1::ListJobsReply reply;
+  auto ctx = conn.Context();
+  RETURN_IF_ERROR(
+      conn.Error(conn.stub()->ListJobs(ctx.get(), request, &reply)));
+  std::vector<v1::Job> ranked =
+      RankSweepJobs({reply.jobs().begin(), reply.jobs().end()});
+  if (json) {
+    v1::ListJobsReply out;  // the same jobs, best first
+    for (v1::Job& job : ranked) *out.add_jobs() = std::move(job);
+    std::cout << ToJson(out);
+    return 0;
+  }
+  int finished = 0;
+  for (const v1::Job& job : ranked)
+    finished += job.state() == v1::JOB_STATE_FINISHED;
+  std::cout << "Sweep " << sweep_id << ": " << ranked.size() << " jobs, "
+            << finished << " finished; best first\n"
+            << RenderSweepTable(ranked, SystemClock::Get()->NowMs());
+  return 0;
+}
+
+void PrintSubmittedSweep(const v1::SubmitJobReply& reply, bool quiet) {
+  if (quiet) {
+    for (int64_t id : reply.job_ids()) std::cout << id << "\n";
+    std::cout.flush();
+    return;
+  }
+  std::cout << "Submitted sweep " << reply.sweep_id() << ": "
+            << reply.job_ids_size() << " jobs (";
+  for (int i = 0; i < reply.job_ids_size(); ++i) {
+    std::cout << (i > 0 ? ", " : "") << reply.job_ids(i);
+  }
+  std::cout << ")\n  dlbatch jobs --sweep " << reply.sweep_id()
+            << "   lists them\n  dlbatch show --sweep " << reply.sweep_id()
+            << "   compares them, best first" << std::endl;
+}
+
+absl::StatusOr<int> FollowSweep(Connection& conn,
+                                const v1::SubmitJobReply& reply) {
+  std::cerr << "waiting for the " << reply.job_ids_size() << " jobs of sweep "
+            << reply.sweep_id() << "\n";
+  ASSIGN_OR_RETURN(int rc,
+                   Wait(conn, {reply.job_ids().begin(), reply.job_ids().end()},
+                        /*timeout_ms=*/0));
+  std::cout << "\n";
+  ASSIGN_OR_RETURN(int shown,
+                   ShowSweep(conn, reply.sweep_id(), /*json=*/false));
+  (void)shown;
+  return rc;
+}
+
+}  // namespace dlbatch::client
