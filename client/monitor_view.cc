@@ -84,8 +84,11 @@ std::string ProgressColumns(const v1::Job& job, int64_t now_ms) {
     absl::StrAppend(
         &out, Fit(absl::StrCat(bar, " ", std::string(4 - pct.size(), ' '), pct),
                   kProgW));
-    absl::StrAppend(&out, " ", Fit(LossText(p), kLossW), " ",
-                    Fit(absl::StrFormat("%.1f", p.accuracy()), kAccW));
+    // Before the first step there is no loss yet.
+    const bool stepped = p.iteration() > 0;
+    absl::StrAppend(&out, " ", Fit(stepped ? LossText(p) : "-", kLossW), " ",
+                    Fit(stepped ? absl::StrFormat("%.1f", p.accuracy()) : "-",
+                        kAccW));
   } else {
     absl::StrAppend(&out, Fit("-", kProgW), " ", Fit("-", kLossW), " ",
                     Fit("-", kAccW));

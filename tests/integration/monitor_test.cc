@@ -182,5 +182,53 @@ TEST(Monitor, InTmuxShowsTheRunningJobAndCancelsItWithC) {
       << tmux.Screen();
 }
 
+TEST(Monitor, InTmuxATrainJobsRowShowsItsProgressBarLossAndAccuracy) {
+  if (!HaveTmux())
+    GTEST_SKIP() << "tmux is not installed (deploy/bootstrap.sh installs it)";
+  const std::string data = "/usr/share/datasets/fashion-mnist";
+  if (access((data + "/train-images-idx3-ubyte.gz").c_str(), R_OK) != 0)
+    GTEST_SKIP() << "Fashion-MNIST is missing (Debian's dataset-fashion-mnist)";
+  Cluster c;
+  c.StartScheduler();
+  c.StartWorker("w1", 1);
+  ASSERT_TRUE(c.WaitWorkers(1));
+  // Long enough to be watched; cancelled once seen.
+  const int64_t id = c.Submit(c.JobFile(
+      "lenet.yaml", std::string("name: lenet-mon\ntrain:") + kLenetNetworkYaml +
+                        "  data:\n    train: {format: idx, images: " + data +
+                        "/train-images-idx3-ubyte.gz, labels: " + data +
+                        "/train-labels-idx1-ubyte.gz}\n  options:\n"
+                        "    max_iterations: 100000\n    verbose_frequency: 1000\n"));
+
+  Tmux tmux(c.dir());
+  std::string command = "env XDG_STATE_HOME=" + c.dir() + "/xdg " + BinDir() +
+                        "/dlbatch --scheduler " + c.address() + " monitor";
+  ASSERT_EQ(tmux.Run({"new-session", "-d", "-s", "mon", "-x", "80", "-y", "24",
+                      command})
+                .code,
+            0);
+  // The job's row: a bar, a percentage, a loss and an accuracy, updated as
+  // the trainer reports (iteration > 0 makes the loss a number).
+  std::string screen, row;
+  ASSERT_TRUE(tmux.WaitScreen(
+      [&](const std::string& s) {
+        size_t at = s.find(" lenet-mon");
+        if (at == std::string::npos) return false;
+        size_t begin = s.rfind('\n', at);
+        row = s.substr(begin == std::string::npos ? 0 : begin + 1,
+                       s.find('\n', at) - (begin == std::string::npos ? 0 : begin + 1));
+        return row.find("running") != std::string::npos && row.find('%') != std::string::npos &&
+               row.find(" - ") == std::string::npos;
+      },
+      60000, &screen))
+      << screen << "\n" << c.Cli({"diary", std::to_string(id)}).out;
+  EXPECT_LE(row.size(), 80u) << row;
+  // The same numbers the scheduler holds.
+  nlohmann::json p = c.ShowJson(id)["progress"];
+  EXPECT_GT(p.value("loss", 0.0), 0.0) << p.dump();
+  c.Cli({"cancel", std::to_string(id)});
+  tmux.Run({"send-keys", "-t", "mon", "q"});
+}
+
 }  // namespace
 }  // namespace dlbatch::testing
