@@ -10,8 +10,10 @@
 
 namespace dlbatch::trainer {
 
-// SplitMix64's finaliser: a bijective 64-bit mix.
-inline uint64_t Mix64(uint64_t x) {
+// SplitMix64's finaliser: a bijective 64-bit mix. constexpr (so inline)
+// for the GPU backend's kernels, which draw the same numbers on the device
+// (nvcc --expt-relaxed-constexpr).
+constexpr uint64_t Mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
@@ -26,7 +28,7 @@ uint64_t Key(uint64_t a, uint64_t b, Rest... rest) {
 }
 
 // The i-th uniform draw in [0, 1) of stream `key` (24 bits, exact floats).
-inline float UniformAt(uint64_t key, uint64_t i) {
+constexpr float UniformAt(uint64_t key, uint64_t i) {
   return static_cast<float>(Mix64(key ^ Mix64(i)) >> 40) * 0x1.0p-24f;
 }
 

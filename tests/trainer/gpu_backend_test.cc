@@ -1,0 +1,474 @@
+// The GPU backend against the CPU backend, the reference (CONVENTIONS.md):
+// every kernel forward and backward on fresh random inputs, the solvers,
+// and LeNet trained a few steps on each with the same loss curve. Results
+// agree as ‖gpu − cpu‖ / ‖cpu‖ within float tolerance; dropout's mask and
+// the argmax counts agree exactly.
+//
+// Every test skips, saying why, where this process sees no CUDA device.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/trainer/test_util.h"
+#include "trainer/backend.h"
+#include "trainer/backend_cuda.h"
+#include "trainer/network.h"
+#include "trainer/rng.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+using testing::RandomVector;
+
+// Tolerance of ‖gpu − cpu‖ / ‖cpu‖ for float results computed in another
+// order (cuDNN's and oneDNN's summation orders differ).
+constexpr double kTolerance = 1e-5;
+
+double Relative(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double d = double{gpu[i]} - cpu[i];
+    num += d * d;
+    den += double{cpu[i]} * cpu[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// One host array mirrored on both backends.
+class Pair {
+ public:
+  Pair(Backend* cpu, Backend* gpu, const std::vector<float>& host)
+      : cpu_(cpu), gpu_(gpu), count_(static_cast<int64_t>(host.size())) {
+    const size_t bytes = std::max<size_t>(host.size(), 1) * sizeof(float);
+    c_ = *cpu->Allocate(bytes);
+    g_ = *gpu->Allocate(bytes);
+    cpu->CopyToDevice(c_.f32(), host.data(), host.size() * sizeof(float));
+    gpu->CopyToDevice(g_.f32(), host.data(), host.size() * sizeof(float));
+  }
+  Pair(Backend* cpu, Backend* gpu, int64_t count)
+      : Pair(cpu, gpu, std::vector<float>(count, 0.0f)) {}
+
+  float* c() const { return c_.f32(); }
+  float* g() const { return g_.f32(); }
+  std::vector<float> cpu() const { return Get(cpu_, c_); }
+  std::vector<float> gpu() const { return Get(gpu_, g_); }
+  double error() const { return Relative(gpu(), cpu()); }
+
+ private:
+  std::vector<float> Get(Backend* b, const Buffer& buf) const {
+    std::vector<float> host(count_);
+    b->CopyToHost(host.data(), buf.f32(), count_ * sizeof(float));
+    return host;
+  }
+  Backend* cpu_;
+  Backend* gpu_;
+  int64_t count_;
+  Buffer c_, g_;
+};
+
+#define EXPECT_AGREE(pair) \
+  EXPECT_LT((pair).error(), kTolerance) << #pair " differs"
+
+class GpuBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int devices = 0;
+    const cudaError_t e = cudaGetDeviceCount(&devices);
+    if (e != cudaSuccess || devices == 0) {
+      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount says "
+                   << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices")
+                   << "; these tests need a GPU";
+    }
+    auto cpu = MakeCpuBackend(1);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    cpu_ = *std::move(cpu);
+    auto gpu = MakeCudaBackend(0);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    gpu_ = *std::move(gpu);
+  }
+  Pair Random(int64_t count, uint64_t seed, double lo = -1, double hi = 1) {
+    return Pair(cpu_.get(), gpu_.get(), RandomVector(count, seed, lo, hi));
+  }
+  Pair Zeros(int64_t count) { return Pair(cpu_.get(), gpu_.get(), count); }
+
+  std::unique_ptr<Backend> cpu_, gpu_;
+};
+
+TEST_F(GpuBackendTest, DescribesItself) {
+  EXPECT_TRUE(gpu_->on_gpu());
+  EXPECT_EQ(gpu_->Describe().rfind("gpu 0: ", 0), 0u) << gpu_->Describe();
+}
+
+ConvDesc Conv(Shape in, int filters, int k, int stride, int pad) {
+  ConvDesc d;
+  d.in = in;
+  d.filters = filters;
+  d.kh = d.kw = k;
+  d.stride_h = d.stride_w = stride;
+  d.pad = Padding{pad, pad, pad, pad};
+  d.out = Shape{(in.h + 2 * pad - k) / stride + 1,
+                (in.w + 2 * pad - k) / stride + 1, filters};
+  return d;
+}
+
+TEST_F(GpuBackendTest, ConvolutionForwardAndBackward) {
+  const ConvDesc descs[] = {
+      Conv({28, 28, 1}, 20, 5, 1, 0),  // LeNet's first
+      Conv({12, 12, 20}, 50, 5, 1, 0),  // and second
+      Conv({9, 9, 3}, 8, 3, 2, 1),     // strided, padded
+  };
+  uint64_t seed = 1;
+  for (const ConvDesc& d : descs) {
+    SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString());
+    const int max_batch = 4;
+    auto ck = cpu_->MakeConv(d, max_batch);
+    auto gk = gpu_->MakeConv(d, max_batch);
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_TRUE(gk.ok()) << gk.status();
+    for (int n : {max_batch, 3}) {
+      const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
+      Pair x = Random(n * d.in.size(), ++seed);
+      Pair w = Random(weights, ++seed, -0.3, 0.3);
+      Pair b = Random(d.filters, ++seed);
+      Pair dy = Random(n * d.out.size(), ++seed);
+      Pair y = Zeros(n * d.out.size()), dx = Zeros(n * d.in.size());
+      Pair dw = Random(weights, ++seed), db = Random(d.filters, ++seed);
+      (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
+      (*gk)->Forward(n, x.g(), w.g(), b.g(), y.g());
+      (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
+      (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
+      (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
+      (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
+      EXPECT_AGREE(y);
+      EXPECT_AGREE(dx);
+      EXPECT_AGREE(dw);
+      EXPECT_AGREE(db);
+    }
+  }
+}
+
+TEST_F(GpuBackendTest, ConvolutionRefusesAsymmetricPadding) {
+  ConvDesc d = Conv({8, 8, 2}, 4, 2, 1, 0);
+  d.pad = Padding{0, 0, 1, 1};  // 'same' for an even size
+  d.out = Shape{8, 8, 4};
+  auto k = gpu_->MakeConv(d, 2);
+  EXPECT_EQ(k.status().code(), absl::StatusCode::kUnimplemented) << k.status();
+}
+
+TEST_F(GpuBackendTest, ConvolutionTuningRoundTrips) {
+  const ConvDesc d = Conv({12, 12, 4}, 8, 3, 1, 1);
+  ASSERT_TRUE(gpu_->MakeConv(d, 8).ok());
+  const std::string tuning = gpu_->SaveTuning();
+  EXPECT_NE(tuning.find("cuda fwd convolution"), std::string::npos) << tuning;
+  auto other = MakeCudaBackend(0);
+  ASSERT_TRUE(other.ok()) << other.status();
+  (*other)->LoadTuning(tuning);
+  ASSERT_TRUE((*other)->MakeConv(d, 8).ok());
+  EXPECT_EQ((*other)->SaveTuning(), tuning);
+}
+
+TEST_F(GpuBackendTest, FullyConnectedForwardAndBackward) {
+  const FcDesc d{800, 500};
+  auto ck = cpu_->MakeFc(d, 8);
+  auto gk = gpu_->MakeFc(d, 8);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_TRUE(gk.ok()) << gk.status();
+  for (int n : {8, 5}) {
+    Pair x = Random(n * d.in, 11), w = Random(d.units * d.in, 12, -0.1, 0.1);
+    Pair b = Random(d.units, 13), dy = Random(n * d.units, 14);
+    Pair y = Zeros(n * d.units), dx = Zeros(n * d.in);
+    Pair dw = Random(d.units * d.in, 15), db = Random(d.units, 16);
+    (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
+    (*gk)->Forward(n, x.g(), w.g(), b.g(), y.g());
+    (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
+    (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
+    (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
+    (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
+    EXPECT_AGREE(y);
+    EXPECT_AGREE(dx);
+    EXPECT_AGREE(dw);
+    EXPECT_AGREE(db);
+  }
+}
+
+TEST_F(GpuBackendTest, PoolingForwardAndBackward) {
+  PoolDesc max2{PoolKind::kMax, {24, 24, 20}, 2, 2, 2, 2, {}, {12, 12, 20}};
+  PoolDesc avg3{PoolKind::kAverage, {7, 7, 6}, 3, 3, 1, 1, {1, 1, 1, 1},
+                {7, 7, 6}};
+  PoolDesc max3{PoolKind::kMax, {9, 9, 4}, 3, 3, 2, 2, {}, {4, 4, 4}};
+  PoolDesc global{PoolKind::kAverage, {5, 5, 16}, 5, 5, 1, 1, {}, {1, 1, 16}};
+  uint64_t seed = 20;
+  for (const PoolDesc& d : {max2, avg3, max3, global}) {
+    SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString());
+    const int n = 3;
+    auto ck = cpu_->MakePool(d, n);
+    auto gk = gpu_->MakePool(d, n);
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_TRUE(gk.ok()) << gk.status();
+    Buffer cws, gws;
+    if (size_t bytes = (*ck)->WorkspaceBytes(n)) cws = *cpu_->Allocate(bytes);
+    if (size_t bytes = (*gk)->WorkspaceBytes(n)) gws = *gpu_->Allocate(bytes);
+    Pair x = Random(n * d.in.size(), ++seed), dy = Random(n * d.out.size(), ++seed);
+    Pair y = Zeros(n * d.out.size()), dx = Zeros(n * d.in.size());
+    (*ck)->Forward(n, x.c(), y.c(), cws.as<void>());
+    (*gk)->Forward(n, x.g(), y.g(), gws.as<void>());
+    (*ck)->Backward(n, x.c(), y.c(), dy.c(), cws.as<void>(), dx.c());
+    (*gk)->Backward(n, x.g(), y.g(), dy.g(), gws.as<void>(), dx.g());
+    EXPECT_AGREE(y);
+    EXPECT_AGREE(dx);
+  }
+}
+
+TEST_F(GpuBackendTest, BatchNormTrainingInferenceAndBackward) {
+  const BatchNormDesc d{{6, 6, 40}, 1e-5f};
+  const int n = 4, c = d.in.c;
+  const int64_t count = n * d.in.size();
+  auto ck = cpu_->MakeBatchNorm(d, n);
+  auto gk = gpu_->MakeBatchNorm(d, n);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_TRUE(gk.ok()) << gk.status();
+  // An offset mean, as activations have, tests the shifted sums.
+  Pair x = Random(count, 31, 2, 5), dy = Random(count, 32);
+  Pair gamma = Random(c, 33, 0.5, 1.5), beta = Random(c, 34);
+  Pair rmean = Random(c, 35), rvar = Random(c, 36, 0.5, 2);
+  Pair y = Zeros(count), mean = Zeros(c), var = Zeros(c), dx = Zeros(count);
+  Pair dgamma = Zeros(c), dbeta = Zeros(c), yi = Zeros(count);
+  (*ck)->ForwardTraining(n, x.c(), gamma.c(), beta.c(), y.c(), mean.c(),
+                         var.c(), rmean.c(), rvar.c(), 0.1f);
+  (*gk)->ForwardTraining(n, x.g(), gamma.g(), beta.g(), y.g(), mean.g(),
+                         var.g(), rmean.g(), rvar.g(), 0.1f);
+  (*ck)->Backward(n, x.c(), dy.c(), gamma.c(), mean.c(), var.c(), dx.c(),
+                  dgamma.c(), dbeta.c());
+  (*gk)->Backward(n, x.g(), dy.g(), gamma.g(), mean.g(), var.g(), dx.g(),
+                  dgamma.g(), dbeta.g());
+  (*ck)->ForwardInference(n, x.c(), gamma.c(), beta.c(), rmean.c(), rvar.c(),
+                          yi.c());
+  (*gk)->ForwardInference(n, x.g(), gamma.g(), beta.g(), rmean.g(), rvar.g(),
+                          yi.g());
+  EXPECT_AGREE(y);
+  EXPECT_AGREE(mean);
+  EXPECT_AGREE(var);
+  EXPECT_AGREE(rmean);
+  EXPECT_AGREE(rvar);
+  EXPECT_AGREE(dx);
+  EXPECT_AGREE(dgamma);
+  EXPECT_AGREE(dbeta);
+  EXPECT_AGREE(yi);
+}
+
+TEST_F(GpuBackendTest, SyncBatchNormPassesOfOneRank) {
+  const BatchNormDesc d{{5, 5, 12}, 1e-5f};
+  const int n = 3, c = d.in.c;
+  const int64_t count = n * d.in.size();
+  auto ck = cpu_->MakeSyncBatchNorm(d, n);
+  auto gk = gpu_->MakeSyncBatchNorm(d, n);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_TRUE(gk.ok()) << gk.status();
+  Pair x = Random(count, 41, 1, 3), dy = Random(count, 42);
+  Pair gamma = Random(c, 43, 0.5, 1.5), beta = Random(c, 44);
+  Pair rmean = Random(c, 45, 1, 3), rvar = Random(c, 46, 0.5, 2);
+  Pair sums = Zeros(2 * c + 1), bsums = Zeros(2 * c + 1);
+  Pair y = Zeros(count), mean = Zeros(c), var = Zeros(c), dx = Zeros(count);
+  Pair dgamma = Zeros(c), dbeta = Zeros(c);
+  (*ck)->ForwardSums(n, x.c(), rmean.c(), sums.c());
+  (*gk)->ForwardSums(n, x.g(), rmean.g(), sums.g());
+  EXPECT_AGREE(sums);
+  (*ck)->ForwardNormalize(n, x.c(), gamma.c(), beta.c(), rmean.c(), sums.c(),
+                          y.c(), mean.c(), var.c(), rmean.c(), rvar.c(), 0.1f);
+  (*gk)->ForwardNormalize(n, x.g(), gamma.g(), beta.g(), rmean.g(), sums.g(),
+                          y.g(), mean.g(), var.g(), rmean.g(), rvar.g(), 0.1f);
+  (*ck)->BackwardSums(n, x.c(), dy.c(), mean.c(), var.c(), dgamma.c(),
+                      dbeta.c(), bsums.c());
+  (*gk)->BackwardSums(n, x.g(), dy.g(), mean.g(), var.g(), dgamma.g(),
+                      dbeta.g(), bsums.g());
+  (*ck)->BackwardData(n, x.c(), dy.c(), gamma.c(), mean.c(), var.c(),
+                      bsums.c(), dx.c());
+  (*gk)->BackwardData(n, x.g(), dy.g(), gamma.g(), mean.g(), var.g(),
+                      bsums.g(), dx.g());
+  EXPECT_AGREE(y);
+  EXPECT_AGREE(mean);
+  EXPECT_AGREE(var);
+  EXPECT_AGREE(rmean);
+  EXPECT_AGREE(rvar);
+  EXPECT_AGREE(bsums);
+  EXPECT_AGREE(dgamma);
+  EXPECT_AGREE(dbeta);
+  EXPECT_AGREE(dx);
+  EXPECT_EQ(sums.gpu()[2 * c], static_cast<float>(n));
+}
+
+TEST_F(GpuBackendTest, ElementWise) {
+  const int64_t count = 100003;  // not a multiple of any block
+  Pair x = Random(count, 51), dy = Random(count, 52);
+  for (float alpha : {0.0f, 0.1f}) {
+    Pair y = Zeros(count), dx = Zeros(count);
+    cpu_->ActivationForward({alpha}, count, x.c(), y.c());
+    gpu_->ActivationForward({alpha}, count, x.g(), y.g());
+    cpu_->ActivationBackward({alpha}, count, x.c(), dy.c(), dx.c());
+    gpu_->ActivationBackward({alpha}, count, x.g(), dy.g(), dx.g());
+    EXPECT_EQ(y.gpu(), y.cpu()) << "alpha " << alpha;
+    EXPECT_EQ(dx.gpu(), dx.cpu()) << "alpha " << alpha;
+  }
+  Pair mask = Zeros(count), y = Zeros(count), prod = Zeros(count);
+  cpu_->DropoutForward(0.3f, 77, count, x.c(), mask.c(), y.c());
+  gpu_->DropoutForward(0.3f, 77, count, x.g(), mask.g(), y.g());
+  EXPECT_EQ(mask.gpu(), mask.cpu());
+  EXPECT_EQ(y.gpu(), y.cpu());
+  cpu_->Multiply(count, dy.c(), mask.c(), prod.c());
+  gpu_->Multiply(count, dy.g(), mask.g(), prod.g());
+  EXPECT_EQ(prod.gpu(), prod.cpu());
+  cpu_->Scale(count, 0.5f, prod.c());
+  gpu_->Scale(count, 0.5f, prod.g());
+  EXPECT_EQ(prod.gpu(), prod.cpu());
+  EXPECT_NEAR(gpu_->SumSquares(count, x.g()), cpu_->SumSquares(count, x.c()),
+              1e-9 * cpu_->SumSquares(count, x.c()));
+  // Deterministic: the same bits twice.
+  EXPECT_EQ(gpu_->SumSquares(count, x.g()), gpu_->SumSquares(count, x.g()));
+  gpu_->Fill(prod.g(), count, 2.5f);
+  EXPECT_EQ(prod.gpu(), std::vector<float>(count, 2.5f));
+  std::vector<float> bad = RandomVector(1000, 53);
+  bad[500] = NAN;
+  Pair nan(cpu_.get(), gpu_.get(), bad);
+  EXPECT_FALSE(std::isfinite(gpu_->SumSquares(1000, nan.g())));
+}
+
+TEST_F(GpuBackendTest, SoftmaxCrossEntropyForwardAndBackward) {
+  for (int classes : {10, 257}) {
+    SCOPED_TRACE(classes);
+    const int n = 300;  // more rows than a block has threads
+    Pair logits = Random(int64_t{n} * classes, 61, -8, 8);
+    std::vector<int32_t> labels(n);
+    Rng rng(Key(62, classes));
+    for (int32_t& l : labels) l = static_cast<int32_t>(rng.Below(classes));
+    Buffer cl = *cpu_->Allocate(n * 4), gl = *gpu_->Allocate(n * 4);
+    cpu_->CopyToDevice(cl.as<void>(), labels.data(), n * 4);
+    gpu_->CopyToDevice(gl.as<void>(), labels.data(), n * 4);
+    Pair probs = Zeros(int64_t{n} * classes), stats(cpu_.get(), gpu_.get(),
+                                                    std::vector<float>{1, 2});
+    Pair dlogits = Zeros(int64_t{n} * classes);
+    cpu_->SoftmaxCrossEntropy(n, classes, logits.c(), cl.as<int32_t>(),
+                              probs.c(), stats.c());
+    gpu_->SoftmaxCrossEntropy(n, classes, logits.g(), gl.as<int32_t>(),
+                              probs.g(), stats.g());
+    cpu_->SoftmaxCrossEntropyBackward(n, classes, probs.c(), cl.as<int32_t>(),
+                                      0.25f, dlogits.c());
+    gpu_->SoftmaxCrossEntropyBackward(n, classes, probs.g(), gl.as<int32_t>(),
+                                      0.25f, dlogits.g());
+    EXPECT_AGREE(probs);
+    EXPECT_AGREE(dlogits);
+    EXPECT_NEAR(stats.gpu()[0], stats.cpu()[0], 1e-5 * stats.cpu()[0]);
+    EXPECT_EQ(stats.gpu()[1], stats.cpu()[1]);  // counts agree exactly
+  }
+}
+
+TEST_F(GpuBackendTest, SolverUpdates) {
+  const int64_t count = 70001, decayed = 50000;
+  Pair grads = Random(count, 71);
+  for (const char* solver : {"sgdm", "adam", "rmsprop"}) {
+    SCOPED_TRACE(solver);
+    Pair params = Random(count, 72), m = Zeros(count), v = Zeros(count);
+    for (int t = 1; t <= 3; ++t) {
+      const std::string s = solver;
+      if (s == "sgdm") {
+        cpu_->SgdmUpdate(count, decayed, 0.01f, 0.9f, 5e-4f, params.c(),
+                         grads.c(), v.c());
+        gpu_->SgdmUpdate(count, decayed, 0.01f, 0.9f, 5e-4f, params.g(),
+                         grads.g(), v.g());
+      } else if (s == "adam") {
+        cpu_->AdamUpdate(count, decayed, 1e-3f, 0.9f, 0.999f, 1e-8f, t, 1e-4f,
+                         params.c(), grads.c(), m.c(), v.c());
+        gpu_->AdamUpdate(count, decayed, 1e-3f, 0.9f, 0.999f, 1e-8f, t, 1e-4f,
+                         params.g(), grads.g(), m.g(), v.g());
+      } else {
+        cpu_->RmspropUpdate(count, decayed, 1e-3f, 0.9f, 1e-8f, 1e-4f,
+                            params.c(), grads.c(), v.c());
+        gpu_->RmspropUpdate(count, decayed, 1e-3f, 0.9f, 1e-8f, 1e-4f,
+                            params.g(), grads.g(), v.g());
+      }
+    }
+    EXPECT_LT(params.error(), 1e-6);
+    EXPECT_LT(v.error(), 1e-6);
+    if (std::string(solver) == "adam") {
+      EXPECT_LT(m.error(), 1e-6);
+    }
+  }
+}
+
+// LeNet through Network on each backend, from the same initial weights and
+// batches: the loss curves agree within a tolerance that allows float
+// rounding to grow over the steps.
+v1::NetworkSpec LeNet() {
+  v1::NetworkSpec spec;
+  for (int d : {28, 28, 1}) spec.add_input(d);
+  auto add = [&](const std::string& type, int filters, int size, int units) {
+    v1::LayerSpec* l = spec.add_layers();
+    l->set_type(type);
+    if (filters) l->set_filters(filters);
+    if (size) l->set_size(size);
+    if (units) l->set_units(units);
+  };
+  add("conv", 20, 5, 0);
+  add("maxpool", 0, 2, 0);
+  add("conv", 50, 5, 0);
+  add("maxpool", 0, 2, 0);
+  add("fc", 0, 0, 500);
+  add("relu", 0, 0, 0);
+  add("fc", 0, 0, 10);
+  add("softmax", 0, 0, 0);
+  return spec;
+}
+
+std::vector<double> TrainLeNet(Backend* backend, int steps, int n) {
+  auto net = Network::Build(LeNet(), backend, n);
+  EXPECT_TRUE(net.ok()) << net.status();
+  if (!net.ok()) return {};
+  (*net)->Initialize(3);
+  const int64_t params = (*net)->num_params();
+  Buffer velocity = *backend->Allocate(params * sizeof(float));
+  Buffer images = *backend->Allocate(int64_t{n} * 784 * sizeof(float));
+  Buffer labels = *backend->Allocate(n * sizeof(int32_t));
+  Buffer stats = *backend->Allocate(2 * sizeof(float));
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    // A learnable batch: the label sets the brightness of a stripe.
+    std::vector<float> x = RandomVector(int64_t{n} * 784, 100 + step, 0, 0.3);
+    std::vector<int32_t> y(n);
+    for (int i = 0; i < n; ++i) {
+      y[i] = (i * 7 + step) % 10;
+      for (int c = 0; c < 28; ++c) x[i * 784 + (2 * y[i] + 4) * 28 + c] += 0.7f;
+    }
+    backend->CopyToDevice(images.as<void>(), x.data(), x.size() * 4);
+    backend->CopyToDevice(labels.as<void>(), y.data(), y.size() * 4);
+    backend->Fill(stats.f32(), 2, 0);
+    (*net)->Forward(n, images.f32(), /*training=*/true, step);
+    (*net)->Loss(n, labels.as<int32_t>(), stats.f32());
+    (*net)->Backward(n, labels.as<int32_t>(), 1.0f / n);
+    backend->SgdmUpdate(params, (*net)->num_decayed(), 0.01f, 0.9f, 5e-4f,
+                        (*net)->params(), (*net)->grads(), velocity.f32());
+    float host[2];
+    backend->CopyToHost(host, stats.f32(), sizeof(host));
+    losses.push_back(host[0] / n);
+  }
+  return losses;
+}
+
+TEST_F(GpuBackendTest, LeNetLossCurveMatchesTheCpu) {
+  const int steps = 30, n = 32;
+  const std::vector<double> cpu = TrainLeNet(cpu_.get(), steps, n);
+  const std::vector<double> gpu = TrainLeNet(gpu_.get(), steps, n);
+  ASSERT_EQ(cpu.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(gpu.size(), static_cast<size_t>(steps));
+  for (int i = 0; i < steps; ++i) {
+    EXPECT_NEAR(gpu[i], cpu[i], 1e-3 * (1 + i) * std::fabs(cpu[i]))
+        << "step " << i;
+  }
+  EXPECT_LT(cpu.back(), cpu.front());  // it learned
+}
+
+}  // namespace
+}  // namespace dlbatch::trainer

@@ -1,0 +1,295 @@
+// The GPU backend: device memory, one non-blocking stream per backend on
+// which every copy, cuDNN and cuBLAS call and kernel of ours runs in issue
+// order, and the kernels of gpu_*.cc and backend_cuda_kernels.cu.
+#include "trainer/backend_cuda.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "trainer/backend.h"
+#include "trainer/backend_cuda_internal.h"
+#include "trainer/backend_cuda_launch.h"
+
+namespace dlbatch::trainer {
+namespace gpu {
+
+void Die(const char* what, const char* file, int line, const char* detail) {
+  std::fprintf(stderr, "fatal: GPU backend: %s failed at %s:%d: %s\n", what,
+               file, line, detail);
+  std::fflush(stderr);
+  std::abort();
+}
+
+absl::Status CallError(absl::StatusCode code, const char* what,
+                       const char* file, int line, const char* detail) {
+  return absl::Status(code, absl::StrCat("GPU backend: ", what, " failed at ",
+                                         file, ":", line, ": ", detail));
+}
+
+absl::Status Context::ReserveWorkspace(size_t bytes) {
+  if (bytes <= workspace_bytes) return absl::OkStatus();
+  // Freeing waits for the device, so work queued on the old one is done.
+  if (workspace != nullptr) DLBATCH_CUDA_RETURN_IF_ERROR(cudaFree(workspace));
+  workspace = nullptr;
+  workspace_bytes = 0;
+  if (cudaMalloc(&workspace, bytes) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "GPU ", device, ": cannot allocate a cuDNN workspace of ", bytes,
+        " bytes; use a smaller mini_batch_size"));
+  }
+  workspace_bytes = bytes;
+  return absl::OkStatus();
+}
+
+void* Context::Workspace(size_t bytes) {
+  if (bytes > workspace_bytes) {
+    const absl::Status status = ReserveWorkspace(bytes);
+    if (!status.ok()) {
+      Die("Context::Workspace", __FILE__, __LINE__,
+          std::string(status.message()).c_str());
+    }
+  }
+  return workspace;
+}
+
+absl::Status SetNhwc(const TensorDescriptor& desc, int n, const Shape& shape) {
+  DLBATCH_CUDNN_RETURN_IF_ERROR(
+      cudnnSetTensor4dDescriptor(desc.get(), CUDNN_TENSOR_NHWC,
+                                 CUDNN_DATA_FLOAT, n, shape.c, shape.h,
+                                 shape.w));
+  return absl::OkStatus();
+}
+
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() = default;
+  ~CudaBackend() override {
+    // Best effort: a failure here has nothing left to protect.
+    if (ctx_.stream != nullptr) cudaStreamSynchronize(ctx_.stream);
+    if (ctx_.workspace != nullptr) cudaFree(ctx_.workspace);
+    if (sum_partial_ != nullptr) cudaFree(sum_partial_);
+    if (sum_host_ != nullptr) cudaFreeHost(sum_host_);
+    if (ctx_.cublas != nullptr) cublasDestroy(ctx_.cublas);
+    if (ctx_.cudnn != nullptr) cudnnDestroy(ctx_.cudnn);
+    if (ctx_.stream != nullptr) cudaStreamDestroy(ctx_.stream);
+  }
+
+  absl::Status Init(int device, const CudaBackendOptions& options) {
+    ctx_.device = device;
+    ctx_.tf32 = options.tf32;
+    DLBATCH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    cudaDeviceProp prop{};
+    DLBATCH_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+    description_ = absl::StrCat(
+        "gpu ", device, ": ", prop.name, " (sm_", prop.major, prop.minor, ", ",
+        prop.totalGlobalMem >> 30, " GiB), cuDNN ", cudnnGetVersion(),
+        options.tf32 ? ", tf32" : ", fp32");
+    DLBATCH_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+    DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnCreate(&ctx_.cudnn));
+    DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetStream(ctx_.cudnn, ctx_.stream));
+    DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasCreate(&ctx_.cublas));
+    DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx_.cublas, ctx_.stream));
+    DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
+        ctx_.cublas,
+        options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(
+        &sum_partial_, (kSumSquaresBlocks + 1) * sizeof(double)));
+    DLBATCH_CUDA_RETURN_IF_ERROR(cudaMallocHost(&sum_host_, sizeof(double)));
+    return absl::OkStatus();
+  }
+
+  std::string Describe() const override { return description_; }
+  bool on_gpu() const override { return true; }
+
+  // One "algorithm<TAB>key" line per choice, as the CPU backend's.
+  std::string SaveTuning() const override {
+    std::string out;
+    for (const auto& [key, algo] : ctx_.tuning) {
+      absl::StrAppend(&out, algo, "\t", key, "\n");
+    }
+    return out;
+  }
+  void LoadTuning(const std::string& tuning) override {
+    for (absl::string_view line :
+         absl::StrSplit(tuning, '\n', absl::SkipEmpty())) {
+      const size_t tab = line.find('\t');
+      int algo = 0;
+      if (tab == absl::string_view::npos ||
+          !absl::SimpleAtoi(line.substr(0, tab), &algo) || algo < 0) {
+        continue;  // a hint only: a CPU run's lines never match our keys
+      }
+      ctx_.tuning[std::string(line.substr(tab + 1))] = algo;
+    }
+  }
+
+  absl::StatusOr<Buffer> Allocate(size_t bytes) override {
+    void* data = nullptr;
+    const size_t rounded = bytes == 0 ? 256 : bytes;
+    if (cudaMalloc(&data, rounded) != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "GPU ", ctx_.device, ": cannot allocate ", bytes,
+          " bytes of device memory; use a smaller mini_batch_size"));
+    }
+    DLBATCH_CUDA_CHECK(cudaMemsetAsync(data, 0, rounded, ctx_.stream));
+    return Buffer(this, data, bytes);
+  }
+  void Free(void* data) override { DLBATCH_CUDA_CHECK(cudaFree(data)); }
+  // From pageable memory the call returns once the source is staged, so the
+  // caller may reuse it at once (backend.h).
+  void CopyToDevice(void* dst, const void* host_src, size_t bytes) override {
+    DLBATCH_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes,
+                                       cudaMemcpyHostToDevice, ctx_.stream));
+  }
+  void CopyToHost(void* host_dst, const void* src, size_t bytes) override {
+    DLBATCH_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes,
+                                       cudaMemcpyDeviceToHost, ctx_.stream));
+    DLBATCH_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  void CopyOnDevice(void* dst, const void* src, size_t bytes) override {
+    if (dst == src || bytes == 0) return;
+    DLBATCH_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes,
+                                       cudaMemcpyDeviceToDevice, ctx_.stream));
+  }
+  void Fill(float* x, int64_t count, float value) override {
+    LaunchFill(ctx_.stream, x, count, value);
+  }
+  void Synchronize() override {
+    DLBATCH_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+
+  absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(const ConvDesc& desc,
+                                                       int max_batch) override {
+    return gpu::MakeConv(&ctx_, desc, max_batch);
+  }
+  absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(const FcDesc& desc,
+                                                   int max_batch) override {
+    return gpu::MakeFc(&ctx_, this, desc, max_batch);
+  }
+  absl::StatusOr<std::unique_ptr<PoolKernel>> MakePool(const PoolDesc& desc,
+                                                       int max_batch) override {
+    return gpu::MakePool(&ctx_, desc, max_batch);
+  }
+  absl::StatusOr<std::unique_ptr<BatchNormKernel>> MakeBatchNorm(
+      const BatchNormDesc& desc, int max_batch) override {
+    return gpu::MakeBatchNorm(&ctx_, this, desc, max_batch);
+  }
+  absl::StatusOr<std::unique_ptr<SyncBatchNormKernel>> MakeSyncBatchNorm(
+      const BatchNormDesc& desc, int max_batch) override {
+    return gpu::MakeSyncBatchNorm(&ctx_, this, desc, max_batch);
+  }
+
+  void ActivationForward(const ActivationDesc& desc, int64_t count,
+                         const float* x, float* y) override {
+    LaunchActivationForward(ctx_.stream, desc.alpha, count, x, y);
+  }
+  void ActivationBackward(const ActivationDesc& desc, int64_t count,
+                          const float* x, const float* dy, float* dx) override {
+    LaunchActivationBackward(ctx_.stream, desc.alpha, count, x, dy, dx);
+  }
+  void DropoutForward(float p, uint64_t seed, int64_t count, const float* x,
+                      float* mask, float* y) override {
+    LaunchDropoutForward(ctx_.stream, p, seed, count, x, mask, y);
+  }
+  void Multiply(int64_t count, const float* a, const float* b,
+                float* out) override {
+    LaunchMultiply(ctx_.stream, count, a, b, out);
+  }
+  void SoftmaxCrossEntropy(int n, int classes, const float* logits,
+                           const int32_t* labels, float* probs,
+                           float* stats) override {
+    LaunchSoftmaxCrossEntropy(ctx_.stream, n, classes, logits, labels, probs,
+                              stats);
+  }
+  void SoftmaxCrossEntropyBackward(int n, int classes, const float* probs,
+                                   const int32_t* labels, float scale,
+                                   float* dlogits) override {
+    LaunchSoftmaxCrossEntropyBackward(ctx_.stream, n, classes, probs, labels,
+                                      scale, dlogits);
+  }
+  void SgdmUpdate(int64_t count, int64_t decayed, float lr, float momentum,
+                  float l2, float* params, const float* grads,
+                  float* velocity) override {
+    LaunchSgdmUpdate(ctx_.stream, count, decayed, lr, momentum, l2, params,
+                     grads, velocity);
+  }
+  void AdamUpdate(int64_t count, int64_t decayed, float lr, float beta1,
+                  float beta2, float epsilon, int64_t t, float l2,
+                  float* params, const float* grads, float* m,
+                  float* v) override {
+    // The bias corrections as the CPU backend computes them.
+    const double tt = static_cast<double>(t < 1 ? 1 : t);
+    const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(beta1, tt)));
+    const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(beta2, tt)));
+    LaunchAdamUpdate(ctx_.stream, count, decayed, lr, beta1, beta2, epsilon,
+                     c1, c2, l2, params, grads, m, v);
+  }
+  void RmspropUpdate(int64_t count, int64_t decayed, float lr, float beta2,
+                     float epsilon, float l2, float* params, const float* grads,
+                     float* v) override {
+    LaunchRmspropUpdate(ctx_.stream, count, decayed, lr, beta2, epsilon, l2,
+                        params, grads, v);
+  }
+  double SumSquares(int64_t count, const float* x) override {
+    double* result = sum_partial_ + kSumSquaresBlocks;
+    LaunchSumSquares(ctx_.stream, count, x, sum_partial_, result);
+    DLBATCH_CUDA_CHECK(cudaMemcpyAsync(sum_host_, result, sizeof(double),
+                                       cudaMemcpyDeviceToHost, ctx_.stream));
+    DLBATCH_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    return *sum_host_;
+  }
+  void Scale(int64_t count, float alpha, float* x) override {
+    LaunchScale(ctx_.stream, count, alpha, x);
+  }
+
+ private:
+  Context ctx_;
+  std::string description_;
+  double* sum_partial_ = nullptr;  // device: the blocks' sums, then the total
+  double* sum_host_ = nullptr;     // pinned: SumSquares' result
+};
+
+}  // namespace
+}  // namespace gpu
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver, no device: not an error here
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
+    int device, const CudaBackendOptions& options) {
+  const int count = CudaDeviceCount();
+  if (device < 0 || device >= count) {
+    return absl::UnavailableError(absl::StrCat(
+        "GPU ", device, ": this machine has ", count,
+        " visible CUDA device(s)",
+        count == 0 ? " (no driver or no GPU; CUDA_VISIBLE_DEVICES may hide "
+                     "them); use execution_environment: cpu"
+                   : ""));
+  }
+  auto backend = std::make_unique<gpu::CudaBackend>();
+  if (absl::Status s = backend->Init(device, options); !s.ok()) return s;
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace dlbatch::trainer

@@ -1,0 +1,35 @@
+// The GPU backend: one CUDA device, one stream, cuDNN for convolution and
+// pooling, cuBLAS for fully connected layers, our own kernels for the rest
+// (backend.h's contract throughout). Built where CMake finds CUDA, cuDNN
+// and cuBLAS; elsewhere MakeCudaBackend returns UNAVAILABLE, so callers
+// need no #if.
+#ifndef DLBATCH_TRAINER_BACKEND_CUDA_H_
+#define DLBATCH_TRAINER_BACKEND_CUDA_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "trainer/backend.h"
+
+namespace dlbatch::trainer {
+
+struct CudaBackendOptions {
+  // `precision: tf32`: convolutions and matrix products may use tensor
+  // cores on TF32 inputs. Off: plain float32 arithmetic, as MATLAB and
+  // Caffe train (cuDNN's default math would otherwise allow TF32).
+  bool tf32 = false;
+};
+
+// A backend on CUDA device `device` (an index among the visible ones).
+// UNAVAILABLE where this build has no GPU backend or the machine has no such
+// device; INTERNAL where the device cannot be set up (driver, cuDNN).
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
+    int device, const CudaBackendOptions& options = {});
+
+// The number of CUDA devices visible to this process; 0 in a CPU-only
+// build or where the driver finds none.
+int CudaDeviceCount();
+
+}  // namespace dlbatch::trainer
+
+#endif  // DLBATCH_TRAINER_BACKEND_CUDA_H_

@@ -1,0 +1,125 @@
+// The GPU backend's own CUDA kernels, as host functions that launch them on
+// a stream (backend_cuda_kernels.cu, gpu_batchnorm_kernels.cu). Plain C++
+// and the CUDA runtime only, no absl: nvcc compiles the files that include
+// this, the host compiler the rest of the backend.
+//
+// Every launcher returns as soon as its kernels are queued and ends the
+// process (Die) if a launch fails. Pointers are device memory; counts and
+// semantics are backend.h's.
+#ifndef DLBATCH_TRAINER_BACKEND_CUDA_LAUNCH_H_
+#define DLBATCH_TRAINER_BACKEND_CUDA_LAUNCH_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dlbatch::trainer::gpu {
+
+// Ends the process with the failed call, its file and line (backend.h: a
+// failure while running cannot be recovered). Defined in backend_cuda.cc.
+[[noreturn]] void Die(const char* what, const char* file, int line,
+                      const char* detail);
+
+#define DLBATCH_CUDA_CHECK(expr)                                   \
+  do {                                                             \
+    const cudaError_t dlbatch_cuda_error = (expr);                 \
+    if (dlbatch_cuda_error != cudaSuccess) {                       \
+      ::dlbatch::trainer::gpu::Die(#expr, __FILE__, __LINE__,      \
+                                   cudaGetErrorString(dlbatch_cuda_error)); \
+    }                                                              \
+  } while (false)
+
+// After a kernel launch: a bad configuration shows up here, a fault in the
+// kernel at the next synchronising call.
+// `kernel` is a string literal naming it.
+#define DLBATCH_CUDA_CHECK_LAUNCH(kernel)                          \
+  do {                                                             \
+    const cudaError_t dlbatch_cuda_error = cudaGetLastError();     \
+    if (dlbatch_cuda_error != cudaSuccess) {                       \
+      ::dlbatch::trainer::gpu::Die("launch of " kernel, __FILE__,  \
+                                   __LINE__,                       \
+                                   cudaGetErrorString(dlbatch_cuda_error)); \
+    }                                                              \
+  } while (false)
+
+// --- element-wise (backend_cuda_kernels.cu) ---
+void LaunchFill(cudaStream_t stream, float* x, int64_t count, float value);
+void LaunchScale(cudaStream_t stream, int64_t count, float alpha, float* x);
+void LaunchMultiply(cudaStream_t stream, int64_t count, const float* a,
+                    const float* b, float* out);
+void LaunchActivationForward(cudaStream_t stream, float alpha, int64_t count,
+                             const float* x, float* y);
+void LaunchActivationBackward(cudaStream_t stream, float alpha, int64_t count,
+                              const float* x, const float* dy, float* dx);
+void LaunchDropoutForward(cudaStream_t stream, float p, uint64_t seed,
+                          int64_t count, const float* x, float* mask,
+                          float* y);
+// y[r, c] = bias[c] for r < rows, c < cols (row-major): the fully
+// connected layer's bias, before its product is added with beta = 1.
+void LaunchBroadcastRows(cudaStream_t stream, int rows, int cols,
+                         const float* bias, float* y);
+
+// Sum of squares into *result (device double) through `partial` (device
+// double[kSumSquaresBlocks]), in a fixed order: the same inputs give the
+// same bits.
+inline constexpr int kSumSquaresBlocks = 256;
+void LaunchSumSquares(cudaStream_t stream, int64_t count, const float* x,
+                      double* partial, double* result);
+
+void LaunchSoftmaxCrossEntropy(cudaStream_t stream, int n, int classes,
+                               const float* logits, const int32_t* labels,
+                               float* probs, float* stats);
+void LaunchSoftmaxCrossEntropyBackward(cudaStream_t stream, int n, int classes,
+                                       const float* probs,
+                                       const int32_t* labels, float scale,
+                                       float* dlogits);
+
+// --- solvers: one pass each; [0, decayed) gets L2 ---
+void LaunchSgdmUpdate(cudaStream_t stream, int64_t count, int64_t decayed,
+                      float lr, float momentum, float l2, float* params,
+                      const float* grads, float* velocity);
+// correction1 = 1 / (1 - beta1^t), correction2 = 1 / (1 - beta2^t).
+void LaunchAdamUpdate(cudaStream_t stream, int64_t count, int64_t decayed,
+                      float lr, float beta1, float beta2, float epsilon,
+                      float correction1, float correction2, float l2,
+                      float* params, const float* grads, float* m, float* v);
+void LaunchRmspropUpdate(cudaStream_t stream, int64_t count, int64_t decayed,
+                         float lr, float beta2, float epsilon, float l2,
+                         float* params, const float* grads, float* v);
+
+// --- batch normalisation (gpu_batchnorm_kernels.cu) ---
+// Activations are `rows` = n * h * w positions of `c` channels (NHWC);
+// `positions` = h * w. The passes are SyncBatchNormKernel's (backend.h);
+// `partial` is device double[kBnMaxChunks * 2 * c], `coef` device
+// float[3 * c], both scratch of the calling kernel.
+inline constexpr int kBnMaxChunks = 128;
+void LaunchBnForwardSums(cudaStream_t stream, int64_t rows, int c, int n,
+                         const float* x, const float* shift, double* partial,
+                         float* sums);
+void LaunchBnForwardNormalize(cudaStream_t stream, int64_t rows, int c,
+                              int64_t positions, float epsilon, const float* x,
+                              const float* gamma, const float* beta,
+                              const float* shift, const float* sums, float* y,
+                              float* saved_mean, float* saved_var,
+                              float* running_mean, float* running_var,
+                              float momentum, float* coef);
+void LaunchBnBackwardSums(cudaStream_t stream, int64_t rows, int c, int n,
+                          float epsilon, const float* x, const float* dy,
+                          const float* saved_mean, const float* saved_var,
+                          double* partial, float* dgamma, float* dbeta,
+                          float* sums);
+void LaunchBnBackwardData(cudaStream_t stream, int64_t rows, int c,
+                          int64_t positions, float epsilon, const float* x,
+                          const float* dy, const float* gamma,
+                          const float* saved_mean, const float* saved_var,
+                          const float* sums, float* coef, float* dx);
+// y = (x - running_mean) * gamma / sqrt(running_var + epsilon) + beta.
+void LaunchBnForwardInference(cudaStream_t stream, int64_t rows, int c,
+                              float epsilon, const float* x,
+                              const float* gamma, const float* beta,
+                              const float* running_mean,
+                              const float* running_var, float* coef, float* y);
+
+}  // namespace dlbatch::trainer::gpu
+
+#endif  // DLBATCH_TRAINER_BACKEND_CUDA_LAUNCH_H_

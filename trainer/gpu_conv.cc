@@ -1,0 +1,284 @@
+// Convolution on the GPU: cuDNN's forward, backward-data and
+// backward-filter over NHWC activations and OHWI (cuDNN's NHWC filter,
+// KRSC) weights; bias through cudnnAddTensor and cudnnConvolutionBackwardBias.
+//
+// Algorithms are chosen per batch size by timing (cudnnFind*), among the
+// deterministic ones, so that a step gives the same bits every time and a
+// pool of N reproduces a pool of 1 up to the allreduce's rounding. The
+// choices go to the Context's tuning under a key naming the shapes, so a
+// resumed run reuses them (LoadTuning) instead of timing again.
+//
+// cuDNN 9 marks this (its "legacy") API deprecated but keeps it; the graph
+// API is the way forward once it pays (fused bias and activation).
+#include <cudnn.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "trainer/backend.h"
+#include "trainer/backend_cuda_internal.h"
+
+namespace dlbatch::trainer::gpu {
+namespace {
+
+// Picks from cudnnFind*'s results (fastest first): the fastest that ran,
+// deterministic, and (unless tf32) without tensor-op math; else the fastest
+// that ran. -1 if none did.
+template <typename Perf>
+int PickAlgorithm(const Perf* perf, int returned, bool tf32) {
+  int fallback = -1;
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+    if (!tf32 && (perf[i].mathType == CUDNN_TENSOR_OP_MATH ||
+                  perf[i].mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
+      continue;
+    }
+    if (fallback < 0) fallback = static_cast<int>(perf[i].algo);
+    if (perf[i].determinism == CUDNN_DETERMINISTIC) {
+      return static_cast<int>(perf[i].algo);
+    }
+  }
+  return fallback;
+}
+
+class GpuConv final : public ConvKernel {
+ public:
+  GpuConv(Context* ctx, const ConvDesc& desc, int max_batch)
+      : ctx_(ctx),
+        d_(desc),
+        name_(absl::StrCat("convolution ", desc.in.ToString(), " -> ",
+                           desc.out.ToString(), " (", desc.kh, "x", desc.kw,
+                           ", stride ", desc.stride_h, "x", desc.stride_w,
+                           ", pad ", desc.pad.top, ",", desc.pad.left, ")")),
+        plans_(max_batch + 1) {}
+
+  absl::Status Prepare(int max_batch) {
+    if (d_.pad.top != d_.pad.bottom || d_.pad.left != d_.pad.right) {
+      return absl::UnimplementedError(absl::StrCat(
+          name_, ": cuDNN's convolution pads symmetrically and this layer's "
+                 "'same' padding is not (bottom ",
+          d_.pad.bottom, ", right ", d_.pad.right,
+          "); use an odd size or execution_environment: cpu"));
+    }
+    DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(
+        filter_.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, d_.filters,
+        d_.in.c, d_.kh, d_.kw));
+    DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
+        conv_.get(), d_.pad.top, d_.pad.left, d_.stride_h, d_.stride_w, 1, 1,
+        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    // FMA math: cuDNN's default would allow TF32 on Ampere and later.
+    DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(
+        conv_.get(), ctx_->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(
+        bias_.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, d_.filters, 1, 1));
+    int n = 0, c = 0, h = 0, w = 0;
+    TensorDescriptor x;
+    if (absl::Status s = SetNhwc(x, 1, d_.in); !s.ok()) return s;
+    DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnGetConvolution2dForwardOutputDim(
+        conv_.get(), x.get(), filter_.get(), &n, &c, &h, &w));
+    if (c != d_.filters || h != d_.out.h || w != d_.out.w) {
+      return absl::InternalError(absl::StrCat(
+          name_, ": cuDNN computes an output of [", h, ", ", w, ", ", c,
+          "], not ", d_.out.ToString()));
+    }
+    absl::StatusOr<Plan*> plan = MakePlan(max_batch);
+    return plan.status();
+  }
+
+  void Forward(int n, const float* x, const float* w, const float* b,
+               float* y) override {
+    Plan& p = PlanFor(n);
+    const float one = 1, zero = 0;
+    DLBATCH_CUDNN_CHECK(cudnnConvolutionForward(
+        ctx_->cudnn, &one, p.x.get(), x, filter_.get(), w, conv_.get(), p.fwd,
+        ctx_->Workspace(p.workspace), p.workspace, &zero, p.y.get(), y));
+    DLBATCH_CUDNN_CHECK(
+        cudnnAddTensor(ctx_->cudnn, &one, bias_.get(), b, &one, p.y.get(), y));
+  }
+
+  void BackwardData(int n, const float* dy, const float* w,
+                    float* dx) override {
+    Plan& p = PlanFor(n);
+    const float one = 1, zero = 0;
+    DLBATCH_CUDNN_CHECK(cudnnConvolutionBackwardData(
+        ctx_->cudnn, &one, filter_.get(), w, p.y.get(), dy, conv_.get(),
+        p.bwd_data, ctx_->Workspace(p.workspace), p.workspace, &zero,
+        p.x.get(), dx));
+  }
+
+  void BackwardWeights(int n, const float* x, const float* dy, float* dw,
+                       float* db) override {
+    Plan& p = PlanFor(n);
+    const float one = 1, zero = 0;
+    DLBATCH_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+        ctx_->cudnn, &one, p.x.get(), x, p.y.get(), dy, conv_.get(),
+        p.bwd_filter, ctx_->Workspace(p.workspace), p.workspace, &zero,
+        filter_.get(), dw));
+    DLBATCH_CUDNN_CHECK(cudnnConvolutionBackwardBias(
+        ctx_->cudnn, &one, p.y.get(), dy, &zero, bias_.get(), db));
+  }
+
+ private:
+  // Descriptors and algorithms for one batch size.
+  struct Plan {
+    TensorDescriptor x, y;
+    cudnnConvolutionFwdAlgo_t fwd{};
+    cudnnConvolutionBwdDataAlgo_t bwd_data{};
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+    size_t workspace = 0;
+  };
+
+  Plan& PlanFor(int n) {
+    if (n < 1 || n >= static_cast<int>(plans_.size())) {
+      Die(name_.c_str(), __FILE__, __LINE__,
+          absl::StrCat("batch size ", n, " outside [1, ", plans_.size() - 1,
+                       "]")
+              .c_str());
+    }
+    if (plans_[n] == nullptr) {
+      // A batch size first seen while running (the last validation batch).
+      absl::StatusOr<Plan*> plan = MakePlan(n);
+      if (!plan.ok()) {
+        Die(name_.c_str(), __FILE__, __LINE__,
+            std::string(plan.status().message()).c_str());
+      }
+    }
+    return *plans_[n];
+  }
+
+  std::string Key(const char* what, int n) const {
+    return absl::StrCat("cuda ", what, " ", name_, " n=", n,
+                        ctx_->tf32 ? " tf32" : "");
+  }
+
+  // The algorithm tuned for `key` if LoadTuning gave one that cuDNN accepts
+  // here (its workspace size query succeeds), else the one `find` picks.
+  template <typename Algo, typename SizeQuery, typename Find>
+  absl::StatusOr<Algo> Choose(const std::string& key, const SizeQuery& size,
+                              const Find& find, size_t* bytes) {
+    if (auto it = ctx_->tuning.find(key); it != ctx_->tuning.end()) {
+      const Algo algo = static_cast<Algo>(it->second);
+      if (size(algo, bytes) == CUDNN_STATUS_SUCCESS) return algo;
+    }
+    absl::StatusOr<int> found = find();
+    if (!found.ok()) return found.status();
+    if (*found < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": cuDNN has no algorithm for this shape"));
+    }
+    const Algo algo = static_cast<Algo>(*found);
+    DLBATCH_CUDNN_RETURN_IF_ERROR(size(algo, bytes));
+    ctx_->tuning[key] = *found;
+    return algo;
+  }
+
+  absl::StatusOr<Plan*> MakePlan(int n) {
+    auto plan = std::make_unique<Plan>();
+    Plan& p = *plan;
+    if (absl::Status s = SetNhwc(p.x, n, d_.in); !s.ok()) return s;
+    if (absl::Status s = SetNhwc(p.y, n, d_.out); !s.ok()) return s;
+    cudnnHandle_t h = ctx_->cudnn;
+    const bool tf32 = ctx_->tf32;
+    size_t fwd_bytes = 0, data_bytes = 0, filter_bytes = 0;
+
+    absl::StatusOr<cudnnConvolutionFwdAlgo_t> fwd =
+        Choose<cudnnConvolutionFwdAlgo_t>(
+            Key("fwd", n),
+            [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
+              return cudnnGetConvolutionForwardWorkspaceSize(
+                  h, p.x.get(), filter_.get(), conv_.get(), p.y.get(), a,
+                  bytes);
+            },
+            [&]() -> absl::StatusOr<int> {
+              cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+              int returned = 0;
+              DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionForwardAlgorithm(
+                  h, p.x.get(), filter_.get(), conv_.get(), p.y.get(),
+                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
+              return PickAlgorithm(perf, returned, tf32);
+            },
+            &fwd_bytes);
+    if (!fwd.ok()) return fwd.status();
+
+    absl::StatusOr<cudnnConvolutionBwdDataAlgo_t> data =
+        Choose<cudnnConvolutionBwdDataAlgo_t>(
+            Key("bwd_data", n),
+            [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
+              return cudnnGetConvolutionBackwardDataWorkspaceSize(
+                  h, filter_.get(), p.y.get(), conv_.get(), p.x.get(), a,
+                  bytes);
+            },
+            [&]() -> absl::StatusOr<int> {
+              cudnnConvolutionBwdDataAlgoPerf_t
+                  perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+              int returned = 0;
+              DLBATCH_CUDNN_RETURN_IF_ERROR(
+                  cudnnFindConvolutionBackwardDataAlgorithm(
+                      h, filter_.get(), p.y.get(), conv_.get(), p.x.get(),
+                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf));
+              return PickAlgorithm(perf, returned, tf32);
+            },
+            &data_bytes);
+    if (!data.ok()) return data.status();
+
+    absl::StatusOr<cudnnConvolutionBwdFilterAlgo_t> filter =
+        Choose<cudnnConvolutionBwdFilterAlgo_t>(
+            Key("bwd_filter", n),
+            [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
+              return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                  h, p.x.get(), p.y.get(), conv_.get(), filter_.get(), a,
+                  bytes);
+            },
+            [&]() -> absl::StatusOr<int> {
+              cudnnConvolutionBwdFilterAlgoPerf_t
+                  perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+              int returned = 0;
+              DLBATCH_CUDNN_RETURN_IF_ERROR(
+                  cudnnFindConvolutionBackwardFilterAlgorithm(
+                      h, p.x.get(), p.y.get(), conv_.get(), filter_.get(),
+                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
+                      perf));
+              return PickAlgorithm(perf, returned, tf32);
+            },
+            &filter_bytes);
+    if (!filter.ok()) return filter.status();
+
+    p.fwd = *fwd;
+    p.bwd_data = *data;
+    p.bwd_filter = *filter;
+    p.workspace = std::max({fwd_bytes, data_bytes, filter_bytes});
+    if (absl::Status s = ctx_->ReserveWorkspace(p.workspace); !s.ok()) {
+      return s;
+    }
+    plans_[n] = std::move(plan);
+    return plans_[n].get();
+  }
+
+  Context* ctx_;
+  const ConvDesc d_;
+  const std::string name_;
+  FilterDescriptor filter_;
+  ConvolutionDescriptor conv_;
+  TensorDescriptor bias_;
+  std::vector<std::unique_ptr<Plan>> plans_;  // by batch size
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(Context* ctx,
+                                                     const ConvDesc& desc,
+                                                     int max_batch) {
+  if (max_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("convolution: max_batch must be >= 1, not ", max_batch));
+  }
+  auto kernel = std::make_unique<GpuConv>(ctx, desc, max_batch);
+  if (absl::Status s = kernel->Prepare(max_batch); !s.ok()) return s;
+  return kernel;
+}
+
+}  // namespace dlbatch::trainer::gpu

@@ -1,0 +1,124 @@
+// Pooling on the GPU: cuDNN's max and average (padding excluded) pooling
+// over NHWC activations. cuDNN's backward reads the forward's input and
+// output instead of a recorded argmax, so no workspace is needed.
+#include <cudnn.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "trainer/backend.h"
+#include "trainer/backend_cuda_internal.h"
+
+namespace dlbatch::trainer::gpu {
+namespace {
+
+class GpuPool final : public PoolKernel {
+ public:
+  GpuPool(Context* ctx, const PoolDesc& desc, int max_batch)
+      : ctx_(ctx),
+        d_(desc),
+        name_(absl::StrCat(
+            desc.kind == PoolKind::kMax ? "max" : "average", " pooling ",
+            desc.in.ToString(), " -> ", desc.out.ToString(), " (", desc.kh, "x",
+            desc.kw, ", stride ", desc.stride_h, "x", desc.stride_w, ")")),
+        tensors_(max_batch + 1) {}
+
+  absl::Status Prepare(int max_batch) {
+    if (d_.pad.top != d_.pad.bottom || d_.pad.left != d_.pad.right) {
+      return absl::UnimplementedError(absl::StrCat(
+          name_, ": cuDNN's pooling pads symmetrically and this layer's "
+                 "'same' padding is not; use execution_environment: cpu"));
+    }
+    // The deterministic max: its backward adds no gradients with atomics.
+    DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetPooling2dDescriptor(
+        pool_.get(),
+        d_.kind == PoolKind::kMax ? CUDNN_POOLING_MAX_DETERMINISTIC
+                                  : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING,
+        CUDNN_NOT_PROPAGATE_NAN, d_.kh, d_.kw, d_.pad.top, d_.pad.left,
+        d_.stride_h, d_.stride_w));
+    absl::StatusOr<Tensors*> t = MakeTensors(max_batch);
+    if (!t.ok()) return t.status();
+    int n = 0, c = 0, h = 0, w = 0;
+    DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnGetPooling2dForwardOutputDim(
+        pool_.get(), (*t)->x.get(), &n, &c, &h, &w));
+    if (c != d_.out.c || h != d_.out.h || w != d_.out.w) {
+      return absl::InternalError(absl::StrCat(
+          name_, ": cuDNN computes an output of [", h, ", ", w, ", ", c,
+          "], not ", d_.out.ToString()));
+    }
+    return absl::OkStatus();
+  }
+
+  size_t WorkspaceBytes(int /*n*/) const override { return 0; }
+
+  void Forward(int n, const float* x, float* y, void* /*workspace*/) override {
+    Tensors& t = TensorsFor(n);
+    const float one = 1, zero = 0;
+    DLBATCH_CUDNN_CHECK(cudnnPoolingForward(ctx_->cudnn, pool_.get(), &one,
+                                            t.x.get(), x, &zero, t.y.get(), y));
+  }
+
+  void Backward(int n, const float* x, const float* y, const float* dy,
+                const void* /*workspace*/, float* dx) override {
+    Tensors& t = TensorsFor(n);
+    const float one = 1, zero = 0;
+    DLBATCH_CUDNN_CHECK(cudnnPoolingBackward(
+        ctx_->cudnn, pool_.get(), &one, t.y.get(), y, t.y.get(), dy, t.x.get(),
+        x, &zero, t.x.get(), dx));
+  }
+
+ private:
+  struct Tensors {
+    TensorDescriptor x, y;
+  };
+
+  absl::StatusOr<Tensors*> MakeTensors(int n) {
+    auto t = std::make_unique<Tensors>();
+    if (absl::Status s = SetNhwc(t->x, n, d_.in); !s.ok()) return s;
+    if (absl::Status s = SetNhwc(t->y, n, d_.out); !s.ok()) return s;
+    tensors_[n] = std::move(t);
+    return tensors_[n].get();
+  }
+
+  Tensors& TensorsFor(int n) {
+    if (n < 1 || n >= static_cast<int>(tensors_.size())) {
+      Die(name_.c_str(), __FILE__, __LINE__,
+          absl::StrCat("batch size ", n, " outside [1, ", tensors_.size() - 1,
+                       "]")
+              .c_str());
+    }
+    if (tensors_[n] == nullptr) {
+      absl::StatusOr<Tensors*> t = MakeTensors(n);
+      if (!t.ok()) {
+        Die(name_.c_str(), __FILE__, __LINE__,
+            std::string(t.status().message()).c_str());
+      }
+    }
+    return *tensors_[n];
+  }
+
+  Context* ctx_;
+  const PoolDesc d_;
+  const std::string name_;
+  PoolingDescriptor pool_;
+  std::vector<std::unique_ptr<Tensors>> tensors_;  // by batch size
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PoolKernel>> MakePool(Context* ctx,
+                                                     const PoolDesc& desc,
+                                                     int max_batch) {
+  if (max_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pooling: max_batch must be >= 1, not ", max_batch));
+  }
+  auto kernel = std::make_unique<GpuPool>(ctx, desc, max_batch);
+  if (absl::Status s = kernel->Prepare(max_batch); !s.ok()) return s;
+  return kernel;
+}
+
+}  // namespace dlbatch::trainer::gpu
