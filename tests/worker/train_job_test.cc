@@ -1,0 +1,117 @@
+// What a worker reads from a trainer's progress channel, and the command
+// line it starts a train job's ranks with.
+#include "worker/train_job.h"
+
+#include <filesystem>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace dlbatch::worker {
+namespace {
+
+TEST(ApplyChannelLine, FoldsTheTrainersEventsIntoTheLatestProgress) {
+  v1::TrainProgress p;
+  EXPECT_EQ(ApplyChannelLine(R"({"event":"start","iteration":0,"iterations":937})", 1, &p).kind,
+            ChannelEvent::kProgress);
+  EXPECT_EQ(p.iterations(), 937);
+  ApplyChannelLine(R"({"event":"progress","iteration":50,"iterations":937,"epoch":1,"epochs":1,)"
+                   R"("loss":0.69,"accuracy":71.9,"learn_rate":0.01,"images_per_s":2700,)"
+                   R"("elapsed_s":2.5,"eta_s":40})",
+                   2, &p);
+  EXPECT_EQ(p.iteration(), 50);
+  EXPECT_DOUBLE_EQ(p.loss(), 0.69);
+  EXPECT_DOUBLE_EQ(p.accuracy(), 71.9);
+  EXPECT_DOUBLE_EQ(p.eta_s(), 40);
+  EXPECT_EQ(p.time_ms(), 2);
+  EXPECT_FALSE(p.has_validation());
+  ApplyChannelLine(R"({"event":"validation","iteration":100,"loss":0.55,"accuracy":80.3})", 3,
+                   &p);
+  EXPECT_TRUE(p.has_validation());
+  EXPECT_DOUBLE_EQ(p.validation_accuracy(), 80.3);
+  EXPECT_EQ(p.iteration(), 50);  // a validation reports no step
+  ApplyChannelLine(R"({"event":"done","iteration":937,"images_per_s":2800})", 4, &p);
+  EXPECT_TRUE(p.done());
+  EXPECT_EQ(p.iteration(), 937);
+  EXPECT_DOUBLE_EQ(p.eta_s(), 0);
+}
+
+TEST(ApplyChannelLine, ACheckpointIsAnnouncedWithItsIteration) {
+  v1::TrainProgress p;
+  ChannelEvent e =
+      ApplyChannelLine(R"({"event":"checkpoint","iteration":400,"path":"checkpoint.dlbc"})", 1, &p);
+  EXPECT_EQ(e.kind, ChannelEvent::kCheckpoint);
+  EXPECT_EQ(e.iteration, 400);
+}
+
+TEST(ApplyChannelLine, AnythingElseOnTheChannelIsIgnored) {
+  v1::TrainProgress p;
+  p.set_iteration(5);
+  for (const char* line : {"", "not json", "[1,2]", "{\"event\": 3}", "{\"iteration\": 9}",
+                           "{\"event\":\"unknown\",\"iteration\":9}", "{\"event\":\"progress\""}) {
+    EXPECT_EQ(ApplyChannelLine(line, 1, &p).kind, ChannelEvent::kIgnored) << line;
+  }
+  EXPECT_EQ(p.iteration(), 5);
+  // Wrongly typed fields keep their values.
+  ApplyChannelLine(R"({"event":"progress","iteration":"many","loss":null})", 2, &p);
+  EXPECT_EQ(p.iteration(), 5);
+}
+
+TEST(PrepareTrainCommand, RunsThePartsRanksWithTheRendezvousAndChannel) {
+  const std::string dir = ::testing::TempDir() + "/train_job_test";
+  std::filesystem::create_directories(dir);
+  v1::StartJob start;
+  start.set_job_id(12);
+  start.set_attempt(2);
+  start.set_pool(4);
+  start.add_devices(0);
+  start.add_devices(1);
+  start.set_first_rank(2);
+  start.set_parts(2);
+  start.set_rendezvous_secret("s3cret");
+  start.mutable_spec()->set_name("lenet");
+  start.mutable_spec()->mutable_train();
+  TrainLaunch launch;
+  launch.trainer = "/opt/dlbatch/dlbatch-train";
+  launch.job_dir = dir;
+  launch.output_dir = dir + "/output";
+  launch.rendezvous = "unix:/run/s.sock";
+  launch.host = "10.0.0.2";
+  launch.resume = true;
+  SubprocessOptions sp;
+  ASSERT_TRUE(PrepareTrainCommand(start, launch, &sp).ok());
+  const std::string argv = [&] {
+    std::string s;
+    for (const auto& a : sp.argv) s += a + " ";
+    return s;
+  }();
+  EXPECT_EQ(sp.argv[0], "/opt/dlbatch/dlbatch-train");
+  for (const char* want : {"--spec-binary", "--progress fd:3", "--ranks 2", "--first-rank 2",
+                           "--world 4", "--host 10.0.0.2", "--resume"}) {
+    EXPECT_NE(argv.find(want), std::string::npos) << want << " missing from " << argv;
+  }
+  EXPECT_TRUE(sp.channel);
+  EXPECT_EQ(sp.cwd, dir);
+  bool address = false, secret = false;
+  for (const auto& [k, v] : sp.env) {
+    address |= k == "DLBATCH_RENDEZVOUS" && v == "unix:/run/s.sock";
+    secret |= k == "DLBATCH_RENDEZVOUS_SECRET" && v == "s3cret";
+  }
+  EXPECT_TRUE(address && secret);
+  // The spec the ranks read is the job's.
+  v1::JobSpec read;
+  std::string bytes;
+  {
+    FILE* f = fopen((dir + "/" + kTrainSpecFile).c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) bytes.append(buf, n);
+    fclose(f);
+  }
+  ASSERT_TRUE(read.ParseFromString(bytes));
+  EXPECT_EQ(read.name(), "lenet");
+}
+
+}  // namespace
+}  // namespace dlbatch::worker
