@@ -276,6 +276,25 @@ int CudaDeviceCount() {
   return count;
 }
 
+std::vector<CudaDeviceInfo> ListCudaDevices() {
+  std::vector<CudaDeviceInfo> out;
+  const int count = CudaDeviceCount();
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    CudaDeviceInfo info;
+    info.index = i;
+    info.name = prop.name;
+    info.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+    info.compute_capability = absl::StrCat(prop.major, ".", prop.minor);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     int device, const CudaBackendOptions& options) {
   const int count = CudaDeviceCount();

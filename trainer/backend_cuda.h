@@ -6,7 +6,10 @@
 #ifndef DLBATCH_TRAINER_BACKEND_CUDA_H_
 #define DLBATCH_TRAINER_BACKEND_CUDA_H_
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "trainer/backend.h"
@@ -29,6 +32,15 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
 // The number of CUDA devices visible to this process; 0 in a CPU-only
 // build or where the driver finds none.
 int CudaDeviceCount();
+
+// What gpuDevice shows of each visible CUDA device.
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;
+  int64_t memory_bytes = 0;
+  std::string compute_capability;  // "9.0"
+};
+std::vector<CudaDeviceInfo> ListCudaDevices();
 
 }  // namespace dlbatch::trainer
 

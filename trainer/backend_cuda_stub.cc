@@ -19,4 +19,6 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
 
 int CudaDeviceCount() { return 0; }
 
+std::vector<CudaDeviceInfo> ListCudaDevices() { return {}; }
+
 }  // namespace dlbatch::trainer

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
 
+extern char** environ;
+
 namespace dlbatch::trainer {
 namespace {
 
@@ -50,6 +52,15 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
     std::vector<char*> argv;
     for (std::string& s : argv_s) argv.push_back(s.data());
     argv.push_back(nullptr);
+    // As torchrun's LOCAL_RANK: which of this machine's devices is its.
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "DLBATCH_LOCAL_RANK=", 19) != 0) env_s.push_back(*e);
+    }
+    env_s.push_back("DLBATCH_LOCAL_RANK=" + std::to_string(i));
+    std::vector<char*> envp;
+    for (std::string& s : env_s) envp.push_back(s.data());
+    envp.push_back(nullptr);
     const pid_t pid = fork();
     if (pid < 0) {
       for (pid_t p : pids) kill(p, SIGKILL);
@@ -60,7 +71,7 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
       // ranks along: none may train on unsupervised.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(128 + SIGKILL);
-      execv(program.c_str(), argv.data());
+      execve(program.c_str(), argv.data(), envp.data());
       std::fprintf(stderr, "dlbatch-train: cannot run %s: %s\n",
                    program.c_str(), std::strerror(errno));
       _exit(127);

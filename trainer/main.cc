@@ -16,6 +16,8 @@
 #include "common/files.h"
 #include "absl/time/time.h"
 #include "proto/jobspec_yaml.h"
+#include "trainer/backend_cuda.h"
+#include "trainer/backend_select.h"
 #include "trainer/communicator.h"
 #include "trainer/launcher.h"
 #include "trainer/progress.h"
@@ -58,6 +60,26 @@ SchedulerRendezvousFromEnvironment() {
   return c;
 }
 
+// --list-devices: the visible GPUs, or why training would run on the CPU.
+int ListDevices() {
+  const auto devices = dlbatch::trainer::ListCudaDevices();
+  if (devices.empty()) {
+    std::printf("No CUDA device visible%s; training runs on the CPU (%u cores).\n",
+                dlbatch::trainer::GpuBackendBuilt()
+                    ? ""
+                    : " (this dlbatch-train was built without the GPU backend)",
+                std::max(1u, std::thread::hardware_concurrency()));
+    return 0;
+  }
+  for (const auto& d : devices) {
+    std::printf("GPU %d: %s, %.1f GiB, compute capability %s\n", d.index,
+                d.name.c_str(),
+                static_cast<double>(d.memory_bytes) / (1024.0 * 1024 * 1024),
+                d.compute_capability.c_str());
+  }
+  return 0;
+}
+
 int Fail(int rank, int world, const absl::Status& status) {
   if (world > 1) {
     std::fprintf(stderr, "dlbatch-train: rank %d: %s\n", rank,
@@ -88,7 +110,10 @@ int main(int argc, char** argv) {
   int64_t max_epochs = 0, max_iterations = 0;
   int mini_batch_size = 0;
   bool resume = false;
-  app.add_option("job_file", job_file, "The job file (job.yaml)")->required();
+  bool list_devices = false;
+  app.add_option("job_file", job_file, "The job file (job.yaml)");
+  app.add_flag("--list-devices", list_devices,
+               "List the GPUs this process can train on (as gpuDevice) and exit");
   app.add_option(
       "-o,--output-dir", output_dir,
       "Where outputs and checkpoints go (default: <job name>-output)")
@@ -143,6 +168,11 @@ int main(int argc, char** argv) {
       "worker starts them).");
   auto* world_opt = app.get_option("--world");
   CLI11_PARSE(app, argc, argv);
+  if (list_devices) return ListDevices();
+  if (job_file.empty()) {
+    std::fprintf(stderr, "dlbatch-train: a job file is required (see --help)\n");
+    return 2;
+  }
 
   absl::StatusOr<ParsedJobFile> job = ReadJobFileAs(job_file, spec_binary);
   if (!job.ok()) return Fail(0, 1, job.status());
@@ -261,6 +291,9 @@ int main(int argc, char** argv) {
   if (max_iterations > 0) req.max_iterations = max_iterations;
   if (mini_batch_size > 0) req.mini_batch_size = mini_batch_size;
   req.communicator = comm.get();
+  if (const char* local = std::getenv("DLBATCH_LOCAL_RANK"); local != nullptr) {
+    (void)absl::SimpleAtoi(local, &req.local_rank);
+  }
   req.rendezvous = rdv.get();
   req.progress = &*channel;
   req.diary = rank == 0 ? stdout : nullptr;

@@ -17,6 +17,8 @@
 #include "common/files.h"
 #include "common/status.h"
 #include "trainer/backend.h"
+#include "trainer/backend_cuda.h"
+#include "trainer/backend_select.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
 #include "trainer/history.h"
@@ -176,14 +178,14 @@ std::string Run::TuningCachePath() const {
 }
 
 absl::Status Run::Build() {
-  const std::string& env = opt_.execution_environment;
-  if (env == "gpu" || env == "multi-gpu") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "train.options.execution_environment: ", env,
-        " asks for GPUs, but this dlbatch-train has no GPU backend yet; use "
-        "cpu or auto"));
-  }
-  ASSIGN_OR_RETURN(backend_, MakeCpuBackend(req_.threads));
+  ASSIGN_OR_RETURN(
+      BackendChoice choice,
+      ChooseBackend(opt_.execution_environment, comm_.size(), req_.local_rank,
+                    CudaDeviceCount(), GpuBackendBuilt()));
+  if (!choice.note.empty()) Say(choice.note + ".");
+  ASSIGN_OR_RETURN(backend_,
+                   MakeChosenBackend(choice, req_.threads,
+                                     req_.spec.options().precision() == "tf32"));
   const std::string cache = TuningCachePath();
   if (!cache.empty()) {
     absl::StatusOr<std::string> tuning = ReadFile(cache);

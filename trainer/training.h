@@ -34,6 +34,7 @@ struct TrainRequest {
   std::optional<int64_t> max_iterations;
   std::optional<int> mini_batch_size;
   Communicator* communicator = nullptr;  // required; not owned
+  int local_rank = 0;  // this rank among this machine's: its GPU, if any
   // Where ranks > 0 take rank 0's kernel choices (Backend::SaveTuning), so
   // that every rank computes alike and a resume continues bit for bit.
   // Optional (one rank needs none); not owned.
