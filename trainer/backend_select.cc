@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "trainer/backend_cuda.h"
+#include "trainer/communicator_nccl.h"
 
 namespace dlbatch::trainer {
 
@@ -33,20 +34,31 @@ absl::StatusOr<BackendChoice> ChooseBackend(const std::string& environment, int 
                             "cuDNN and cuBLAS were not found)",
         "; use cpu or auto, or run the job on a worker with GPUs"));
   }
-  if (world > 1) {
+  if (world > 1 && !NcclBuilt()) {
     if (!want_gpu) {
-      c.note = "GPUs are visible, but ranks on GPUs need NCCL, which this dlbatch-train does "
-               "not have yet: training on the CPU";
+      c.note = "GPUs are visible, but ranks on GPUs need NCCL, which this dlbatch-train was "
+               "built without: training on the CPU";
       return c;
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "train.options.execution_environment: ", env, " with ", world,
-        " ranks needs NCCL between the GPUs, which this dlbatch-train does not have yet; "
+        " ranks needs NCCL between the GPUs, which this dlbatch-train was built without; "
         "use a pool of 1 for one GPU, or cpu for data parallelism on CPUs"));
+  }
+  if (!want_gpu && world > visible_gpus) {
+    // Every rank must choose alike, and each sees only the world and its
+    // machine's GPUs: more ranks than GPUs here train on CPUs.
+    c.note = absl::StrCat(world, " ranks and ", visible_gpus,
+                          " visible GPU(s): training on the CPU (one rank per GPU "
+                          "trains on the GPUs)");
+    return c;
   }
   if (local_rank >= visible_gpus) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", local_rank, " of this machine has no GPU: ", visible_gpus, " visible"));
+        "rank ", local_rank, " of this machine has no GPU: ", visible_gpus, " visible",
+        world > 1 ? "; run at most one rank per GPU on each machine, or use "
+                    "execution_environment: cpu"
+                  : ""));
   }
   c.gpu = true;
   c.device = local_rank;

@@ -22,9 +22,12 @@ struct BackendChoice {
 // - cpu: the CPU.
 // - gpu / multi-gpu: a GPU, this rank's (local_rank); an error that says
 //   what to change where none is visible or this build has no GPU backend.
-// - auto: the GPU where one is visible and usable, else the CPU.
-// Ranks on GPUs average gradients through NCCL, which is not built yet:
-// until it is, more than one GPU rank is an error (auto chooses the CPU).
+// - auto: the GPUs where this build has the GPU backend and there are at
+//   least as many visible as ranks in all (every rank decides alike), else
+//   the CPU.
+// Ranks on GPUs average gradients through NCCL (MakeNcclCommunicator): in a
+// build without it (NcclBuilt() false), more than one GPU rank is an error
+// and auto chooses the CPU. With it, each rank takes GPU `local_rank`.
 absl::StatusOr<BackendChoice> ChooseBackend(const std::string& environment, int world,
                                             int local_rank, int visible_gpus,
                                             bool gpu_backend_built);

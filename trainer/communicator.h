@@ -1,10 +1,10 @@
 // How a trainer's ranks find each other and average their gradients.
 //
 // A Rendezvous is a small key-value store all ranks of a job can reach, as
-// torchrun's store: a folder for ranks on one machine, and later one the
-// scheduler serves for ranks on many. A Communicator runs collectives over
-// it: Gloo over TCP between CPU replicas (NCCL between GPUs comes later
-// behind the same interface).
+// torchrun's store: a folder for ranks on one machine, or the one a dlbatch
+// scheduler serves for a job's attempt. A Communicator runs collectives over
+// it: Gloo over TCP between CPU replicas, NCCL between GPUs
+// (communicator_nccl.h), on device buffers there.
 //
 // Thread safety: one thread per object.
 #ifndef DLBATCH_TRAINER_COMMUNICATOR_H_

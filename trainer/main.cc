@@ -19,6 +19,7 @@
 #include "trainer/backend_cuda.h"
 #include "trainer/backend_select.h"
 #include "trainer/communicator.h"
+#include "trainer/communicator_nccl.h"
 #include "trainer/launcher.h"
 #include "trainer/progress.h"
 #include "trainer/training.h"
@@ -249,6 +250,10 @@ int main(int argc, char** argv) {
                     "--rank ", rank, " is not in [0, --world ", world, ")")));
   }
 
+  int local_rank = 0;
+  if (const char* local = std::getenv("DLBATCH_LOCAL_RANK"); local != nullptr) {
+    (void)absl::SimpleAtoi(local, &local_rank);
+  }
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Rendezvous> rdv;
   if (world == 1) {
@@ -264,8 +269,17 @@ int main(int argc, char** argv) {
                                 : OpenFileRendezvous(rendezvous);
     if (!r.ok()) return Fail(rank, world, r.status());
     rdv = std::move(r).value();
-    auto c =
-        MakeGlooCommunicator(rdv.get(), rank, world, host, absl::Minutes(5));
+    // Ranks on GPUs meet over NCCL, on CPUs over Gloo: the choice Train
+    // makes again for the backend, from the same inputs.
+    absl::StatusOr<BackendChoice> choice = ChooseBackend(
+        job->spec.train().options().execution_environment(), world,
+        local_rank, CudaDeviceCount(), GpuBackendBuilt());
+    if (!choice.ok()) return Fail(rank, world, choice.status());
+    auto c = choice->gpu
+                 ? MakeNcclCommunicator(rdv.get(), rank, world, choice->device,
+                                        absl::Minutes(5))
+                 : MakeGlooCommunicator(rdv.get(), rank, world, host,
+                                        absl::Minutes(5));
     if (!c.ok()) return Fail(rank, world, c.status());
     comm = std::move(c).value();
   }
@@ -291,9 +305,7 @@ int main(int argc, char** argv) {
   if (max_iterations > 0) req.max_iterations = max_iterations;
   if (mini_batch_size > 0) req.mini_batch_size = mini_batch_size;
   req.communicator = comm.get();
-  if (const char* local = std::getenv("DLBATCH_LOCAL_RANK"); local != nullptr) {
-    (void)absl::SimpleAtoi(local, &req.local_rank);
-  }
+  req.local_rank = local_rank;
   req.rendezvous = rdv.get();
   req.progress = &*channel;
   req.diary = rank == 0 ? stdout : nullptr;

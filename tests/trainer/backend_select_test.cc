@@ -3,6 +3,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "trainer/communicator_nccl.h"
 
 namespace dlbatch::trainer {
 namespace {
@@ -33,11 +34,24 @@ TEST(ChooseBackend, AutoTakesTheGpuOfASingleRankWhereOneIsVisible) {
   }
 }
 
-TEST(ChooseBackend, AutoWithSeveralRanksStaysOnTheCpuAndSaysWhy) {
+TEST(ChooseBackend, AutoWithSeveralRanksTakesTheirGpusWithNcclElseTheCpu) {
   auto c = ChooseBackend("auto", 4, 2, 4, true);
   ASSERT_TRUE(c.ok());
-  EXPECT_FALSE(c->gpu);
-  EXPECT_THAT(c->note, HasSubstr("NCCL"));
+  if (NcclBuilt()) {
+    EXPECT_TRUE(c->gpu);
+    EXPECT_EQ(c->device, 2);
+    EXPECT_EQ(c->note, "");
+  } else {
+    EXPECT_FALSE(c->gpu);
+    EXPECT_THAT(c->note, HasSubstr("NCCL"));
+  }
+}
+
+TEST(ChooseBackend, SeveralGpuRanksNeedAGpuEachWithNccl) {
+  if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL";
+  auto c = ChooseBackend("multi-gpu", 4, 3, 2, true);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(c.status().message(), HasSubstr("one rank per GPU"));
 }
 
 TEST(ChooseBackend, AskingForAGpuThatIsNotThereSaysWhatToChange) {
@@ -48,7 +62,13 @@ TEST(ChooseBackend, AskingForAGpuThatIsNotThereSaysWhatToChange) {
   c = ChooseBackend("multi-gpu", 1, 0, 4, false);
   EXPECT_THAT(c.status().message(), HasSubstr("built without the GPU backend"));
   c = ChooseBackend("multi-gpu", 4, 0, 4, true);
-  EXPECT_THAT(c.status().message(), HasSubstr("NCCL"));
+  if (NcclBuilt()) {
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(c->gpu);
+    EXPECT_EQ(c->device, 0);
+  } else {
+    EXPECT_THAT(c.status().message(), HasSubstr("NCCL"));
+  }
   c = ChooseBackend("tpu", 1, 0, 4, true);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
 }

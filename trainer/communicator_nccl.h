@@ -1,0 +1,52 @@
+// Collectives between ranks on GPUs over NCCL, behind communicator.h's
+// Communicator. The whole module is communicator_nccl.cc; a build without
+// NCCL (or without the GPU backend) compiles it to a stub whose
+// MakeNcclCommunicator returns UNAVAILABLE, so callers need no #if.
+//
+// Contract beyond communicator.h:
+// - `data` is device memory on `device` (the CUDA backend's buffers).
+// - Ordering: the backend computes on a stream of its own that this module
+//   cannot see, so each collective first waits for all work issued to the
+//   device, then runs on the communicator's stream and returns only when it
+//   has finished: the result is ready for whatever the caller issues next,
+//   on any stream. (Bucketing and overlap with backward come later; they
+//   will need the backend's stream or an event from it.)
+// - Every wait is bounded by `timeout`: a rank that never comes, or a peer
+//   that dies mid-collective, ends the call with DeadlineExceeded (or the
+//   error NCCL reports) instead of a hang. After such a failure the NCCL
+//   communicator is aborted and every later collective returns
+//   FailedPrecondition with the first error. Argument errors (negative
+//   count, bad root) leave it usable.
+// - Ranks that end normally pass a Barrier() before destroying it.
+// - Rendezvous key: "nccl_unique_id" (rank 0's ncclUniqueId, hex), one
+//   NCCL communicator per store.
+//
+// Thread safety: one thread per object.
+#ifndef DLBATCH_TRAINER_COMMUNICATOR_NCCL_H_
+#define DLBATCH_TRAINER_COMMUNICATOR_NCCL_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainer/communicator.h"
+
+namespace dlbatch::trainer {
+
+// Rank `rank` of `size` on CUDA device `device` (an index among the visible
+// ones). Rank 0 publishes NCCL's unique id in `rendezvous` (not owned; used
+// only during the call); the others wait for it up to `timeout`.
+// InvalidArgument for bad arguments; UNAVAILABLE where this build has no
+// NCCL or the device is not visible; DeadlineExceeded where the ranks do not
+// all come within `timeout`.
+absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
+    Rendezvous* rendezvous, int rank, int size, int device,
+    absl::Duration timeout);
+
+// Whether this build has the NCCL communicator (CMake found NCCL beside the
+// GPU backend).
+bool NcclBuilt();
+
+}  // namespace dlbatch::trainer
+
+#endif  // DLBATCH_TRAINER_COMMUNICATOR_NCCL_H_
