@@ -19,15 +19,6 @@ namespace dlbatch::client {
 namespace fs = std::filesystem;
 namespace {
 
-std::string ToJson(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
-  return out;
-}
-
 // Output paths come from the job; never let one escape the target folder.
 bool SafeRelative(const std::string& path) {
   fs::path p(path);

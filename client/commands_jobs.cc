@@ -36,15 +36,6 @@ std::string CurrentUser() {
   return absl::StrCat("uid", ::geteuid());
 }
 
-std::string ToJson(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
-  return out;
-}
-
 // One line a person can read and paste into a shell: arguments quoted
 // where needed, newlines shown as \n.
 std::string CommandLine(const google::protobuf::RepeatedPtrField<std::string>& argv) {

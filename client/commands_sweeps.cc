@@ -1,28 +1,15 @@
 // show --sweep, and what submit does for a sweep: print it and follow it.
-#include <google/protobuf/util/json_util.h>
-
 #include <iostream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
+#include "client/format.h"
 #include "client/sweep_table.h"
 #include "common/clock.h"
 #include "common/status.h"
 
 namespace dlbatch::client {
-namespace {
-
-std::string ToJson(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
-  return out;
-}
-
-}  // namespace
 
 absl::StatusOr<int> ShowSweep(Connection& conn, int64_t sweep_id, bool json) {
   if (sweep_id <= 0) {

@@ -6,6 +6,7 @@
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/duration.h"
@@ -41,6 +42,15 @@ std::string LocalTime(int64_t ms) {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
   return buf;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
 }
 
 std::string ProgressCell(const v1::Job& job) {

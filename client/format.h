@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dlbatch/v1/job.pb.h"
+#include "google/protobuf/message.h"
 
 namespace dlbatch::client {
 
@@ -26,6 +27,9 @@ class Table {
 
 // "2026-11-22 14:03:07" in local time; "-" for 0.
 std::string LocalTime(int64_t ms);
+
+// `--json` output: the message with proto field names, indented.
+std::string ToJson(const google::protobuf::Message& message);
 
 // A train job's progress in the jobs table: "45% 420/937 loss 0.521";
 // "" for jobs that report none.
