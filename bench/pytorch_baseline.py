@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """PyTorch baseline for trainer_bench: the same networks, solver and data as
-bench/jobs/{lenet,blocks}.yaml, trained with PyTorch on the CPU.
+bench/jobs/{lenet,blocks}.yaml, trained with PyTorch on the CPU or, with
+--device cuda, on one GPU.
 
 Run with Debian's /usr/bin/python3 (python3-torch). Give it its best BLAS:
 libopenblas0-openmp selected for libblas.so.3, and OPENBLAS_CORETYPE=SkylakeX
@@ -23,6 +24,19 @@ or batchnorm), a fresh shuffle every epoch, the last partial batch dropped.
 PyTorch's best configuration on this machine is the default: oneDNN on,
 channels_last, OpenBLAS (for the fully connected layers) with
 OPENBLAS_CORETYPE=SkylakeX; see bench/RESULTS.md.
+
+With --device cuda the model, the whole data set (both splits, loaded once
+before the clock starts, about 220 MB as float32) and every step live on the
+GPU, so batch gathering is one index_select on the device and no loader or
+host-to-device copy limits the baseline; dlbatch-train, by contrast, copies
+each batch from host memory. Arithmetic is float32: TF32 is switched off for
+cuDNN convolutions and cuBLAS matrix products. cudnn.benchmark is on (the
+fastest algorithm per shape, searched during the first step, which counts in
+the timing as dlbatch's own algorithm search does). The timed region starts
+and ends with torch.cuda.synchronize(). channels_last and the foreach SGD
+default to off and on there (PyTorch's own defaults on CUDA); the CPU path's
+defaults are unchanged. Where no CUDA device is usable it exits with status 2
+and a message on stderr.
 
 Initialisation follows dlbatch's Network::Initialize: conv/fc weights that
 feed a relu (through any batchnorm) He-normal, other weights Glorot-uniform,
@@ -194,15 +208,19 @@ def main():
                         "over the whole run after --warmup linear steps")
     parser.add_argument("--warmup", type=int, default=0)
     parser.add_argument("--data-dir", default=DATA_DIR)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the model, data and steps live")
     parser.add_argument("--mkldnn", choices=["on", "off"], default="on",
                         help="torch.backends.mkldnn.enabled")
     parser.add_argument("--channels-last",
-                        action=argparse.BooleanOptionalAction, default=True,
-                        help="model and inputs in torch.channels_last (the "
-                        "fastest here: oneDNN runs NHWC without reorders)")
+                        action=argparse.BooleanOptionalAction, default=None,
+                        help="model and inputs in torch.channels_last "
+                        "(default: on the CPU, the fastest there: oneDNN runs "
+                        "NHWC without reorders; off on CUDA)")
     parser.add_argument("--foreach", action=argparse.BooleanOptionalAction,
-                        default=False,
-                        help="SGD's multi-tensor (foreach) implementation")
+                        default=None,
+                        help="SGD's multi-tensor (foreach) implementation "
+                        "(default: off on the CPU, on on CUDA)")
     parser.add_argument("--init", choices=["dlbatch", "torch"],
                         default="dlbatch")
     parser.add_argument("--max-iterations", type=int, default=0,
@@ -210,6 +228,24 @@ def main():
     parser.add_argument("--info", action="store_true",
                         help="add the BLAS/oneDNN configuration to the JSON")
     args = parser.parse_args()
+    cuda = args.device == "cuda"
+    if args.channels_last is None:
+        args.channels_last = not cuda
+    if args.foreach is None:
+        args.foreach = cuda
+    if cuda:
+        if not torch.cuda.is_available():
+            sys.stderr.write(
+                f"pytorch_baseline.py: --device cuda, but this PyTorch "
+                f"({torch.__version__}, {sys.executable}) sees no CUDA "
+                f"device (built with CUDA: {torch.version.cuda or 'no'}); "
+                f"run it where a GPU and a CUDA build of PyTorch are, or "
+                f"use --device cpu\n")
+            return 2
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+    device = torch.device(args.device)
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
@@ -223,11 +259,14 @@ def main():
     if args.channels_last:
         x_train = x_train.contiguous(memory_format=memory_format)
         x_test = x_test.contiguous(memory_format=memory_format)
+    if cuda:
+        x_train, y_train = x_train.to(device), y_train.to(device)
+        x_test, y_test = x_test.to(device), y_test.to(device)
 
     model = LeNet() if args.model == "lenet" else Blocks()
     if args.init == "dlbatch":
         init_like_dlbatch(model)
-    model = model.to(memory_format=memory_format)
+    model = model.to(device=device, memory_format=memory_format)
     optimizer = torch.optim.SGD(param_groups(model, args.l2), lr=args.lr,
                                 momentum=args.momentum,
                                 foreach=args.foreach)
@@ -240,9 +279,14 @@ def main():
     train_time = 0.0
     train_cpu = 0.0  # CPU seconds of all threads: a load-robust cross-check
     last_loss = float("nan")
+    first_step_s = None  # CUDA: the first step alone (algorithm search)
     done = False
     for _ in range(args.epochs):
-        order = torch.randperm(n, generator=generator)
+        # Drawn on the CPU as before (the same order for a seed on either
+        # device), copied to the GPU outside the clock.
+        order = torch.randperm(n, generator=generator).to(device)
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         start_cpu = time.process_time()
         for step in range(steps_per_epoch):
@@ -267,10 +311,15 @@ def main():
             loss.backward()
             optimizer.step()
             iteration += 1
+            if cuda and first_step_s is None:
+                torch.cuda.synchronize()
+                first_step_s = time.perf_counter() - start
             if args.max_iterations and iteration >= args.max_iterations:
                 done = True
                 break
         last_loss = loss.item()
+        if cuda:
+            torch.cuda.synchronize()
         train_time += time.perf_counter() - start
         train_cpu += time.process_time() - start_cpu
         if done:
@@ -294,7 +343,13 @@ def main():
         "foreach": args.foreach,
         "init": args.init,
         "torch": torch.__version__,
+        "device": args.device,
     }
+    if cuda:
+        result["device_name"] = torch.cuda.get_device_name(device)
+        result["cudnn"] = torch.backends.cudnn.version()
+        result["first_step_s"] = first_step_s
+        result["tf32"] = False
     if args.info:
         result["config"] = blas_info()
     json.dump(result, sys.stdout)

@@ -1,12 +1,12 @@
-// The embedded trainer against PyTorch on the CPU: LeNet (Caffe's
-// lenet_solver) and the convolutional-block network trained on Fashion-MNIST,
-// dlbatch-train and PyTorch run side by side, alternating, with the same
-// model, solver, batch, seed and thread count. Prints a markdown table of
-// training images/s and test accuracy against the issue's goals; the figures
-// are not asserted.
+// The embedded trainer against PyTorch on the CPU, or with --gpu on one GPU:
+// LeNet (Caffe's lenet_solver) and the convolutional-block network trained on
+// Fashion-MNIST, dlbatch-train and PyTorch run side by side, alternating,
+// with the same model, solver, batch, seed and thread count. Prints a
+// markdown table of training images/s and test accuracy against the issue's
+// goals; the figures are not asserted.
 //
-//   trainer_bench [--threads T] [--repeats R] [--only CASE]
-//                 [--dlbatch-train PATH] [--python PATH]
+//   trainer_bench [--gpu] [--threads T] [--repeats R] [--only CASE]
+//                 [--dlbatch-train PATH] [--python PATH] [--data-dir DIR]
 //                 [--jobs-dir DIR] [--baseline PATH] [--timeout SECONDS]
 //                 [--vary-seed]
 //   trainer_bench --check-jobs     # parse and validate the job files only
@@ -17,10 +17,16 @@
 // seeds: one seed's accuracy after one epoch moves by about a point from seed
 // to seed, more than the 0.5-point goal.
 //
-// CASE: lenet64 | lenet256 | blocks | lenet2ep | lenet2ep-cosine. PyTorch runs
-// bench/pytorch_baseline.py with OPENBLAS_CORETYPE=SkylakeX where the CPU
-// has AVX-512 (OpenBLAS otherwise picks a slower kernel set on some CPUs).
-// Where dlbatch-train is missing its columns read "-".
+// CASE: lenet64 | lenet256 | blocks | lenet2ep | lenet2ep-cosine; with --gpu
+// lenet64gpu | lenet1024gpu | blocks256gpu (2 epochs each; dlbatch-train
+// --execution-environment gpu against pytorch_baseline.py --device cuda,
+// float32 on both sides). --gpu stops at once unless `dlbatch-train
+// --list-devices` shows a GPU. PyTorch runs bench/pytorch_baseline.py with
+// OPENBLAS_CORETYPE=SkylakeX where the CPU has AVX-512 (OpenBLAS otherwise
+// picks a slower kernel set on some CPUs). --python is a path or a name
+// looked up in PATH. --data-dir DIR reads the four Fashion-MNIST .gz files
+// from DIR instead of /usr/share/datasets/fashion-mnist (on both sides).
+// Where dlbatch-train is missing its columns read "-" (not with --gpu).
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -72,6 +78,7 @@ struct Case {
   double min_accuracy;  // dlbatch's test accuracy, at least (0: none)
   // Extra pytorch_baseline.py arguments that match the job file's solver.
   std::vector<std::string> baseline_args = {};
+  bool gpu = false;  // a --gpu case
 };
 
 const std::vector<Case>& Cases() {
@@ -92,6 +99,11 @@ const std::vector<Case>& Cases() {
        0.5,
        89.0,
        {"--lr", "0.03", "--schedule", "cosine", "--warmup", "200"}},
+      // Issue 5's GPU benchmark: 2 epochs, float32, PyTorch eager on the
+      // same GPU as the baseline.
+      {"lenet64gpu", "lenet", "lenet.yaml", 64, 2, 2.0, 0.5, 0, {}, true},
+      {"lenet1024gpu", "lenet", "lenet.yaml", 1024, 2, 1.2, 0.5, 0, {}, true},
+      {"blocks256gpu", "blocks", "blocks.yaml", 256, 2, 1.2, 0.5, 0, {}, true},
   };
   return cases;
 }
@@ -111,9 +123,14 @@ struct Options {
   std::string jobs_dir = DLBATCH_BENCH_SOURCE_DIR "/jobs";
   std::string baseline = DLBATCH_BENCH_SOURCE_DIR "/pytorch_baseline.py";
   int timeout_s = 3600;
+  std::string data_dir;  // "": the job files' own data paths
   bool check_jobs = false;
   bool vary_seed = false;
+  bool gpu = false;
 };
+
+// The data folder the job files name; --data-dir replaces it.
+constexpr char kJobDataDir[] = "/usr/share/datasets/fashion-mnist";
 
 std::string SelfDir() {
   return fs::read_symlink("/proc/self/exe").parent_path().string();
@@ -183,8 +200,9 @@ absl::Status RunProcess(const std::vector<std::string>& argv,
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attr, 0);  // own group: a kill takes its tree
   pid_t pid = 0;
-  int rc = posix_spawn(&pid, c_argv[0], &actions, &attr, c_argv.data(),
-                       c_env.data());
+  // spawnp: --python may be a bare name (python3) to find in PATH.
+  int rc = posix_spawnp(&pid, c_argv[0], &actions, &attr, c_argv.data(),
+                        c_env.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
@@ -268,6 +286,14 @@ absl::StatusOr<RunResult> RunPyTorch(const Options& o, const Case& c,
                                    "--epochs",  absl::StrCat(c.epochs),
                                    "--seed",    absl::StrCat(seed)};
   argv.insert(argv.end(), c.baseline_args.begin(), c.baseline_args.end());
+  if (c.gpu) {
+    argv.push_back("--device");
+    argv.push_back("cuda");
+  }
+  if (!o.data_dir.empty()) {
+    argv.push_back("--data-dir");
+    argv.push_back(o.data_dir);
+  }
   std::vector<std::string> env = OpenBlasEnv();
   env.push_back(absl::StrCat("OMP_NUM_THREADS=", o.threads));
   const std::string out = dir + "/pytorch.json";
@@ -277,22 +303,37 @@ absl::StatusOr<RunResult> RunPyTorch(const Options& o, const Case& c,
   return ParseResult(ReadFile(out), out, "test_accuracy");
 }
 
-// The case's job file with `seed: 1` made `seed: <seed>`, written into `dir`
-// (the data paths are absolute, so the copy reads the same files), and
-// checked by parsing it back.
-absl::StatusOr<std::string> JobFileWithSeed(const Options& o, const Case& c,
-                                            uint64_t seed,
-                                            const std::string& dir) {
+// The case's job file with `seed: 1` made `seed: <seed>` and, with
+// --data-dir, the data folder replaced, written into `dir` (the data paths
+// are absolute, so the copy reads the same files), and checked by parsing it
+// back. The job file itself where neither changes.
+absl::StatusOr<std::string> JobFileFor(const Options& o, const Case& c,
+                                       uint64_t seed, const std::string& dir) {
   const std::string source = o.jobs_dir + "/" + c.job_file;
-  if (seed == 1) return source;
+  if (seed == 1 && o.data_dir.empty()) return source;
   std::string text = ReadFile(source);
-  const std::string from = "\n    seed: 1\n";
-  const size_t at = text.find(from);
-  if (at == std::string::npos) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(source, ": no `    seed: 1` line to vary"));
+  if (seed != 1) {
+    const std::string from = "\n    seed: 1\n";
+    const size_t at = text.find(from);
+    if (at == std::string::npos) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(source, ": no `    seed: 1` line to vary"));
+    }
+    text.replace(at, from.size(), absl::StrCat("\n    seed: ", seed, "\n"));
   }
-  text.replace(at, from.size(), absl::StrCat("\n    seed: ", seed, "\n"));
+  if (!o.data_dir.empty()) {
+    const std::string from = kJobDataDir;
+    int replaced = 0;
+    for (size_t at = text.find(from); at != std::string::npos;
+         at = text.find(from, at + o.data_dir.size())) {
+      text.replace(at, from.size(), o.data_dir);
+      ++replaced;
+    }
+    if (replaced == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          source, ": names no ", from, "/ file for --data-dir to replace"));
+    }
+  }
   const std::string path = dir + "/" + c.job_file;
   std::ofstream(path) << text;
   absl::StatusOr<dlbatch::ParsedJobFile> job = dlbatch::ReadJobFile(path);
@@ -305,7 +346,7 @@ absl::StatusOr<std::string> JobFileWithSeed(const Options& o, const Case& c,
 
 absl::StatusOr<RunResult> RunDlbatch(const Options& o, const Case& c,
                                      uint64_t seed, const std::string& dir) {
-  absl::StatusOr<std::string> job = JobFileWithSeed(o, c, seed, dir);
+  absl::StatusOr<std::string> job = JobFileFor(o, c, seed, dir);
   if (!job.ok()) return job.status();
   const std::string out_dir = dir + "/dlbatch";
   fs::create_directories(out_dir);
@@ -318,6 +359,8 @@ absl::StatusOr<RunResult> RunDlbatch(const Options& o, const Case& c,
                                    absl::StrCat(c.epochs),
                                    "--mini-batch-size",
                                    absl::StrCat(c.batch),
+                                   "--execution-environment",
+                                   c.gpu ? "gpu" : "cpu",
                                    *job};
   std::vector<std::string> env = {absl::StrCat("OMP_NUM_THREADS=", o.threads)};
   absl::Status s = RunProcess(argv, env, dir + "/dlbatch.out",
@@ -388,6 +431,7 @@ std::string Row(const Case& c, const Summary& dl, const Summary& pt) {
   std::string label =
       absl::StrFormat("%s b%d %dep", c.model, c.batch, c.epochs);
   if (!c.baseline_args.empty()) label += " cosine";
+  if (c.gpu) label += " gpu";
   return absl::StrFormat(
       "| %s | %s | %s | %s | ≥ %.1f× | %s | %s | %s | %s | %s | %s |", label,
       Num(dl.images_per_s, "%.0f"), Num(pt.images_per_s, "%.0f"),
@@ -426,6 +470,50 @@ absl::Status CheckJobs(const Options& o) {
   return absl::OkStatus();
 }
 
+// Before a --gpu run: dlbatch-train and PyTorch must both see a GPU. Returns
+// a line naming what they see, for the table's header; an error that says
+// what is missing otherwise, found in seconds rather than after the cases.
+absl::StatusOr<std::string> GpuPreflight(const Options& o,
+                                         const std::string& root) {
+  if (access(o.dlbatch_train.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(o.dlbatch_train,
+                     " not found; --gpu needs dlbatch-train (pass "
+                     "--dlbatch-train PATH)"));
+  }
+  const std::string devices = root + "/list-devices.txt";
+  absl::Status s = RunProcess({o.dlbatch_train, "--list-devices"}, {}, devices,
+                              root + "/list-devices.log", 60);
+  if (!s.ok()) return s;
+  std::string listing = ReadFile(devices);
+  while (!listing.empty() && listing.back() == '\n') listing.pop_back();
+  if (listing.rfind("GPU ", 0) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--gpu needs a GPU, but `", o.dlbatch_train,
+        " --list-devices` says: ", Tail(listing, 3),
+        "\nRun trainer_bench --gpu on a machine with an NVIDIA GPU, from a "
+        "build with the GPU backend (bench/gpu/pack.sh, then "
+        "bench/gpu/on-device.sh there)"));
+  }
+  const std::string probe = root + "/torch-cuda.txt";
+  s = RunProcess({o.python, "-c",
+                  "import sys, torch\n"
+                  "if not torch.cuda.is_available():\n"
+                  "  sys.exit('PyTorch %s (CUDA %s) sees no CUDA device' % "
+                  "(torch.__version__, torch.version.cuda))\n"
+                  "print('PyTorch %s, CUDA %s, cuDNN %s' % (torch.__version__, "
+                  "torch.version.cuda, torch.backends.cudnn.version()))\n"},
+                 {}, probe, root + "/torch-cuda.log", 120);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--gpu needs PyTorch with CUDA from --python ", o.python,
+                     ": ", s.message()));
+  }
+  std::string torch = ReadFile(probe);
+  while (!torch.empty() && torch.back() == '\n') torch.pop_back();
+  return absl::StrCat(listing.substr(0, listing.find('\n')), "; ", torch);
+}
+
 bool ParseFlags(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -435,6 +523,10 @@ bool ParseFlags(int argc, char** argv, Options* o) {
     }
     if (flag == "--vary-seed") {
       o->vary_seed = true;
+      continue;
+    }
+    if (flag == "--gpu") {
+      o->gpu = true;
       continue;
     }
     if (i + 1 >= argc) return false;
@@ -461,6 +553,11 @@ bool ParseFlags(int argc, char** argv, Options* o) {
       o->jobs_dir = value;
     } else if (flag == "--baseline") {
       o->baseline = value;
+    } else if (flag == "--data-dir") {
+      o->data_dir = fs::absolute(value).lexically_normal().string();
+      while (o->data_dir.size() > 1 && o->data_dir.back() == '/') {
+        o->data_dir.pop_back();
+      }
     } else {
       return false;
     }
@@ -473,12 +570,27 @@ bool ParseFlags(int argc, char** argv, Options* o) {
 int main(int argc, char** argv) {
   Options o;
   if (!ParseFlags(argc, argv, &o)) {
-    std::cerr << "usage: trainer_bench [--threads T] [--repeats R]"
-                 " [--only lenet64|lenet256|blocks|lenet2ep|lenet2ep-cosine]"
-                 " [--dlbatch-train PATH] [--python PATH] [--jobs-dir DIR]"
-                 " [--baseline PATH] [--timeout SECONDS] [--vary-seed]"
-                 " [--check-jobs]\n";
+    std::cerr << "usage: trainer_bench [--gpu] [--threads T] [--repeats R]"
+                 " [--only lenet64|lenet256|blocks|lenet2ep|lenet2ep-cosine|"
+                 "lenet64gpu|lenet1024gpu|blocks256gpu]"
+                 " [--dlbatch-train PATH] [--python PATH] [--data-dir DIR]"
+                 " [--jobs-dir DIR] [--baseline PATH] [--timeout SECONDS]"
+                 " [--vary-seed] [--check-jobs]\n";
     return 2;
+  }
+  if (!o.only.empty()) {
+    // A GPU case named alone implies --gpu; a CPU case does not mix with it.
+    const bool only_gpu =
+        std::find_if(Cases().begin(), Cases().end(), [&](const Case& c) {
+          return c.name == o.only;
+        })->gpu;
+    if (o.gpu && !only_gpu) {
+      std::cerr << "trainer_bench: --only " << o.only
+                << " is a CPU case; with --gpu use lenet64gpu, lenet1024gpu "
+                   "or blocks256gpu\n";
+      return 2;
+    }
+    o.gpu = only_gpu;
   }
   if (absl::Status s = CheckJobs(o); !s.ok()) {
     std::cerr << "trainer_bench: " << s.message() << "\n";
@@ -487,7 +599,7 @@ int main(int argc, char** argv) {
   if (o.check_jobs) return 0;
   if (o.dlbatch_train.empty()) o.dlbatch_train = SelfDir() + "/dlbatch-train";
   const bool have_dlbatch = access(o.dlbatch_train.c_str(), X_OK) == 0;
-  if (!have_dlbatch) {
+  if (!have_dlbatch && !o.gpu) {
     std::cerr << "trainer_bench: " << o.dlbatch_train
               << " not found; running PyTorch alone\n";
   }
@@ -498,11 +610,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string root = tmpl;
+  std::string device_line;
+  if (o.gpu) {
+    absl::StatusOr<std::string> gpu = GpuPreflight(o, root);
+    if (!gpu.ok()) {
+      std::cerr << "trainer_bench: " << gpu.status().message() << "\n";
+      return 1;
+    }
+    device_line = *gpu;
+    std::cerr << "trainer_bench: " << device_line << "\n";
+  }
   const std::string load_before = LoadAverage();
   std::vector<std::string> rows;
   int failures = 0;
   for (const Case& c : Cases()) {
     if (!o.only.empty() && o.only != c.name) continue;
+    if (c.gpu != o.gpu) continue;
     std::vector<RunResult> dl_runs, pt_runs;
     for (int r = 0; r < o.repeats; ++r) {
       // Alternate which goes first, so neither always follows the other.
@@ -533,6 +656,7 @@ int main(int argc, char** argv) {
     rows.push_back(Row(c, Summarize(dl_runs), Summarize(pt_runs)));
   }
 
+  if (o.gpu) std::cout << device_line << ", float32 (no TF32)\n\n";
   std::cout << absl::StrFormat(
       "Fashion-MNIST, %d thread(s), %d repeat(s)%s: median images/s, mean "
       "accuracy; load average %s before, %s after\n\n",

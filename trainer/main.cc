@@ -110,6 +110,7 @@ int main(int argc, char** argv) {
   bool spec_binary = false;
   int64_t max_epochs = 0, max_iterations = 0;
   int mini_batch_size = 0;
+  std::string execution_environment;
   bool resume = false;
   bool list_devices = false;
   app.add_option("job_file", job_file, "The job file (job.yaml)");
@@ -141,6 +142,10 @@ int main(int argc, char** argv) {
   app.add_option("--mini-batch-size", mini_batch_size,
                  "Override train.options.mini_batch_size (global)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--execution-environment", execution_environment,
+                 "Override train.options.execution_environment: auto, cpu, "
+                 "gpu or multi-gpu")
+      ->check(CLI::IsMember({"auto", "cpu", "gpu", "multi-gpu"}));
   auto* rank_opt = app.add_option("--rank", rank,
                                   "This process's rank (set by the launcher)")
                        ->group("One rank of a launched run");
@@ -177,6 +182,11 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<ParsedJobFile> job = ReadJobFileAs(job_file, spec_binary);
   if (!job.ok()) return Fail(0, 1, job.status());
+  if (!execution_environment.empty() && job->spec.has_train()) {
+    // Before anything reads it: the communicator's choice below too.
+    job->spec.mutable_train()->mutable_options()->set_execution_environment(
+        execution_environment);
+  }
   absl::StatusOr<std::optional<SchedulerRendezvousConfig>> scheduler_rdv =
       SchedulerRendezvousFromEnvironment();
   if (!scheduler_rdv.ok()) return Fail(0, 1, scheduler_rdv.status());

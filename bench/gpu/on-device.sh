@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# on-device.sh — on a lent GPU machine, from the repository's root copy with
+# bench/out/gpu carried (bench/gpu/pack.sh made it): issue 5's GPU tests and
+# benchmark in one call.
+#
+#   bash bench/gpu/on-device.sh [all|tests|bench]     # default: all
+#
+# all: unpack, nvidia-smi, the GPU tests, then the benchmark; about 5-7
+# minutes in all, inside the device tool's 10-minute limit per command:
+#   - unpack and device information: about 10 s;
+#   - gpu_backend_test, nccl_communicator_test, backend_select_test
+#     (--gtest_brief=1, each stopped after 150 s): about 1-2 min;
+#   - trainer_bench --gpu, one case at a time (lenet64gpu, lenet1024gpu,
+#     blocks256gpu; 2 epochs; REPEATS seeds, default 4, both sides
+#     alternating; each case stopped after 200 s): about 1-1.5 min a case,
+#     most of it process start-up (import torch, CUDA initialisation, reading
+#     the data), which stays outside both sides' timings.
+# Writes to $OUT (default /tmp/gpu-out): gpu-results.md (the tables),
+# on-device.log (everything printed), bench-logs.tar.xz (each run's logs and
+# JSON, without models or checkpoints). Ends with the tables.
+set -uo pipefail
+mode=${1:-all}
+case $mode in all|tests|bench) ;; *) sed -n '2,21p' "$0"; exit 2 ;; esac
+here=bench/out/gpu
+OUT=${OUT:-/tmp/gpu-out}
+REPEATS=${REPEATS:-4}
+THREADS=${THREADS:-4}
+mkdir -p "$OUT"
+[[ -f $here/bundle.tar.xz ]] || {
+  echo "on-device.sh: no $here/bundle.tar.xz; run bench/gpu/pack.sh on the" \
+       "build machine and carry bench/out/gpu" >&2
+  exit 2
+}
+
+main() {
+  local t0=$SECONDS status=0
+  tar -xJf "$here/bundle.tar.xz" -C /tmp || return 1
+  local run=/tmp/dlbatch-bundle/run
+  echo "== device"
+  nvidia-smi
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,pstate --format=csv
+  nproc
+  python3 -c 'import torch; print("PyTorch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name(0))'
+  for b in dlbatch-train trainer_bench gpu_backend_test nccl_communicator_test backend_select_test; do
+    echo -n "$b: "; "$run" --check "$b"
+  done
+  "$run" dlbatch-train --list-devices
+  echo "== device information took $((SECONDS - t0)) s"
+
+  if [[ $mode != bench ]]; then
+    for t in gpu_backend_test nccl_communicator_test backend_select_test; do
+      local t1=$SECONDS
+      echo "== $t"
+      timeout 150 "$run" "$t" --gtest_brief=1
+      local rc=$?
+      echo "== $t: exit $rc, $((SECONDS - t1)) s"
+      [[ $rc == 0 ]] || status=1
+    done
+  fi
+
+  if [[ $mode != tests ]]; then
+    # PyTorch runs with this machine's own library path, not the bundle's
+    # (which `run` puts first for dlbatch-train and trainer_bench).
+    local py=/tmp/dlbatch-python3
+    printf '#!/bin/sh\n%s\nexec python3 "$@"\n' \
+      "$( [[ -n ${LD_LIBRARY_PATH:-} ]] &&
+          printf 'export LD_LIBRARY_PATH=%q' "$LD_LIBRARY_PATH" ||
+          echo 'unset LD_LIBRARY_PATH' )" >"$py"
+    chmod +x "$py"
+    : >"$OUT/gpu-results.md"
+    local marker
+    marker=$(mktemp /tmp/on-device-start.XXXXXX)  # the runs' folders are newer
+    for c in lenet64gpu lenet1024gpu blocks256gpu; do
+      local t1=$SECONDS
+      echo "== trainer_bench --gpu --only $c (repeats $REPEATS)"
+      timeout 200 "$run" trainer_bench --gpu --only "$c" --repeats "$REPEATS" \
+        --vary-seed --threads "$THREADS" --timeout 90 --python "$py" \
+        --data-dir "$here/data" --jobs-dir "$here/jobs" \
+        --baseline "$here/pytorch_baseline.py" >"$OUT/$c.md"
+      local rc=$?
+      echo "== $c: exit $rc, $((SECONDS - t1)) s"
+      [[ $rc == 0 ]] || status=1
+      { echo "### $c"; echo; cat "$OUT/$c.md"; echo; } >>"$OUT/gpu-results.md"
+      rm -f "$OUT/$c.md"
+    done
+    local dirs
+    dirs=$(cd /tmp && find . -maxdepth 1 -name 'trainer-bench-*' -newer "$marker")
+    [[ -z $dirs ]] || tar -cJf "$OUT/bench-logs.tar.xz" --exclude='*.dlbc' \
+      --exclude='*.onnx' -C /tmp $dirs
+    echo "== results ($((SECONDS - t0)) s in all; $OUT/gpu-results.md)"
+    cat "$OUT/gpu-results.md"
+  fi
+  echo "== on-device.sh $mode: $([[ $status == 0 ]] && echo ok || echo FAILED)," \
+       "$((SECONDS - t0)) s"
+  return $status
+}
+
+main 2>&1 | tee "$OUT/on-device.log"
+exit "${PIPESTATUS[0]}"

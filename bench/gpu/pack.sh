@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# pack.sh — on the build machine: gather what bench/gpu/on-device.sh needs on a
+# lent GPU machine into bench/out/gpu/ (git-ignored; it travels as a carried
+# path) and print the one command to run there.
+#
+#   bench/gpu/pack.sh [BUILD_DIR]        # default: build/
+#
+# Builds nothing: build first (cd build && make -j2 dlbatch-train trainer_bench
+# gpu_backend_test nccl_communicator_test backend_select_test). Refuses a build
+# without the GPU backend or NCCL. Writes bench/out/gpu/{bundle.tar.xz (the
+# binaries and the libraries the GPU machine lacks, by gpu-bundle.sh), data/
+# (the four Fashion-MNIST .gz files), jobs/ (bench/jobs/*.yaml),
+# pytorch_baseline.py}. Environment: FASHION_MNIST_DIR (default
+# /usr/share/datasets/fashion-mnist), GPU_BUNDLE (default
+# ../shared/tools/gpu-bundle.sh beside the repository).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+build=$(cd "${1:-$repo/build}" && pwd)
+out=$repo/bench/out/gpu
+data=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
+bundler=${GPU_BUNDLE:-$repo/../shared/tools/gpu-bundle.sh}
+bins=(dlbatch-train trainer_bench gpu_backend_test nccl_communicator_test
+      backend_select_test)
+
+die() { echo "pack.sh: $*" >&2; exit 1; }
+
+[[ -x $bundler ]] || die "no gpu-bundle.sh at $bundler; set GPU_BUNDLE"
+paths=()
+for b in "${bins[@]}"; do
+  [[ -x $build/bin/$b ]] ||
+    die "$build/bin/$b is missing; build it first (make -j2 ${bins[*]})"
+  paths+=("$build/bin/$b")
+done
+# The GPU backend links cuDNN and cuBLAS; a CPU-only build says so itself.
+ldd "$build/bin/dlbatch-train" | grep -q 'libcudnn\.' ||
+  die "$build/bin/dlbatch-train does not link cuDNN: this build has no GPU" \
+      "backend (configure where CUDA, cuDNN and cuBLAS are found)"
+if "$build/bin/dlbatch-train" --list-devices | grep -q 'without the GPU backend'; then
+  die "$build/bin/dlbatch-train says it was built without the GPU backend"
+fi
+ldd "$build/bin/nccl_communicator_test" | grep -q 'libnccl\.' ||
+  die "nccl_communicator_test does not link NCCL: this build has no NCCL"
+# Stale binaries would measure old code: warn where a source is newer.
+newer=$( (find "$repo/trainer" "$repo/proto" "$repo/common" \
+             -newer "$build/bin/dlbatch-train" \
+             \( -name '*.cc' -o -name '*.cu' -o -name '*.h' \) -print
+           find "$repo/bench/trainer_bench.cc" -newer "$build/bin/trainer_bench"
+         ) | head -5)
+[[ -z $newer ]] || echo "pack.sh: warning: newer than dlbatch-train (rebuild?):" \
+  $newer >&2
+for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz \
+         t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+  [[ -f $data/$f ]] || die "no $data/$f; set FASHION_MNIST_DIR"
+done
+
+rm -rf "$out"
+mkdir -p "$out/data" "$out/jobs"
+"$bundler" "$out" "${paths[@]}"
+cp "$data"/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz "$out/data/"
+cp "$repo"/bench/jobs/*.yaml "$out/jobs/"
+cp "$repo/bench/pytorch_baseline.py" "$out/"
+
+echo "pack.sh: bundle.tar.xz $(du -h "$out/bundle.tar.xz" | cut -f1)," \
+     "bench/out/gpu in all $(du -sh "$out" | cut -f1) (the carry limit is" \
+     "64 MiB with the working tree)"
+cat <<'MSG'
+On the device (one call, about 5-7 minutes; its output ends with the table,
+and $OUT brings back gpu-results.md, on-device.log and bench-logs.tar.xz):
+  run(command="bash bench/gpu/on-device.sh", carry=["bench/out/gpu"], timeout_s=600)
+Parts alone: "bash bench/gpu/on-device.sh tests" (about 1-2 min) or
+"REPEATS=3 bash bench/gpu/on-device.sh bench" (about 3 min).
+MSG
