@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -391,6 +392,12 @@ void Worker::OnLine(int64_t key, const OutputLine& line) {
       OnChannelLineLocked(job, line);
       return;
     }
+    // The trainer's own error line says what went wrong better than its
+    // exit code: it becomes the job's reason.
+    if (line.stream == 2 && job.start.spec().has_train() &&
+        line.text.rfind("dlbatch-train: ", 0) == 0 && job.trainer_error.empty()) {
+      job.trainer_error = line.text.substr(std::strlen("dlbatch-train: "));
+    }
     v1::DiaryLine d;
     d.set_seq(++job.next_seq);
     d.set_time_ms(line.time_ms);
@@ -669,7 +676,9 @@ void Worker::Finish(int64_t key, ExitInfo info) {
       ended.set_state(v1::JOB_STATE_FINISHED);
     } else {
       ended.set_state(v1::JOB_STATE_FAILED);
-      ended.set_reason(info.Describe());
+      ended.set_reason(job.trainer_error.empty()
+                           ? info.Describe()
+                           : absl::StrCat(info.Describe(), ": ", job.trainer_error));
     }
     ended.set_last_seq(job.next_seq);
     job.ended = std::move(ended);

@@ -78,6 +78,7 @@ class Worker {
     bool checkpoint_unsent = false;
     bool checkpoint_busy = false;        // a transfer thread uploads one
     int64_t checkpoint_wanted = -1;      // iteration of a newer one to upload
+    std::string trainer_error;           // the trainer's first error line
   };
   using Stream = grpc::ClientReaderWriter<v1::WorkerMessage, v1::SchedulerMessage>;
 

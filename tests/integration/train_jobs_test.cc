@@ -245,5 +245,26 @@ TEST_F(TrainJobs, AJobOfALostWorkerResumesFromItsCheckpointOnAnother) {
   EXPECT_TRUE(metrics.value("resumed", false));
 }
 
+TEST_F(TrainJobs, AMissingDataFileFailsTheJobWithTheTrainersReason) {
+  c_.StartScheduler();
+  c_.StartWorker("w1", 2);
+  ASSERT_TRUE(c_.WaitWorkers(1));
+  const int64_t id = c_.Submit(c_.JobFile(
+      "missing.yaml", LenetJob("/nonexistent/fashion", "    max_iterations: 5\n",
+                               "name: missing\npool: 2\n")));
+  Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 60000);
+  EXPECT_NE(wait.code, 0);
+  nlohmann::json show = c_.ShowJson(id);
+  EXPECT_EQ(show.value("state", ""), "JOB_STATE_FAILED");
+  // The reason names the file, not just an exit code; the diary has it too.
+  const std::string reason = show.value("reason", "");
+  EXPECT_NE(reason.find("/nonexistent/fashion/train-images-idx3-ubyte.gz"), std::string::npos)
+      << reason;
+  EXPECT_NE(c_.Cli({"diary", std::to_string(id)}).out.find("/nonexistent/fashion"),
+            std::string::npos);
+  // A failed job is not retried as if its worker had been lost.
+  EXPECT_EQ(show.value("attempt", 0), 1);
+}
+
 }  // namespace
 }  // namespace dlbatch::testing
