@@ -436,11 +436,11 @@ std::vector<double> TrainLeNet(Backend* backend, int steps, int n) {
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
     // A learnable batch: the label sets the brightness of a stripe.
-    std::vector<float> x = RandomVector(int64_t{n} * 784, 100 + step, 0, 0.3);
+    std::vector<float> x = RandomVector(int64_t{n} * 784, 100 + step, 0, 1.0);
     std::vector<int32_t> y(n);
     for (int i = 0; i < n; ++i) {
       y[i] = (i * 7 + step) % 10;
-      for (int c = 0; c < 28; ++c) x[i * 784 + (2 * y[i] + 4) * 28 + c] += 0.7f;
+      for (int c = 0; c < 28; ++c) x[i * 784 + (2 * y[i] + 4) * 28 + c] += 0.25f;
     }
     backend->CopyToDevice(images.as<void>(), x.data(), x.size() * 4);
     backend->CopyToDevice(labels.as<void>(), y.data(), y.size() * 4);
@@ -457,17 +457,26 @@ std::vector<double> TrainLeNet(Backend* backend, int steps, int n) {
   return losses;
 }
 
-TEST_F(GpuBackendTest, LeNetLossCurveMatchesTheCpu) {
-  const int steps = 30, n = 32;
+// 200 steps, as the issue asks: the first steps agree to float rounding;
+// later ones may drift apart as rounding compounds, but stay on one curve.
+TEST_F(GpuBackendTest, LeNetLossCurveOf200StepsMatchesTheCpu) {
+  const int steps = 200, n = 32;
   const std::vector<double> cpu = TrainLeNet(cpu_.get(), steps, n);
   const std::vector<double> gpu = TrainLeNet(gpu_.get(), steps, n);
   ASSERT_EQ(cpu.size(), static_cast<size_t>(steps));
   ASSERT_EQ(gpu.size(), static_cast<size_t>(steps));
   for (int i = 0; i < steps; ++i) {
-    EXPECT_NEAR(gpu[i], cpu[i], 1e-3 * (1 + i) * std::fabs(cpu[i]))
-        << "step " << i;
+    const double tolerance =
+        i < 10 ? 1e-4 * std::fabs(cpu[i]) : 2e-2 * std::fabs(cpu[i]) + 1e-3;
+    EXPECT_NEAR(gpu[i], cpu[i], tolerance) << "step " << i;
   }
-  EXPECT_LT(cpu.back(), cpu.front());  // it learned
+  double cpu_tail = 0, gpu_tail = 0;
+  for (int i = steps - 20; i < steps; ++i) {
+    cpu_tail += cpu[i] / 20;
+    gpu_tail += gpu[i] / 20;
+  }
+  EXPECT_NEAR(gpu_tail, cpu_tail, 1e-2 * cpu_tail + 1e-3);
+  EXPECT_LT(cpu_tail, 0.5 * cpu.front());  // it learned
 }
 
 }  // namespace
