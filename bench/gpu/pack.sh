@@ -19,7 +19,7 @@ build=$(cd "${1:-$repo/build}" && pwd)
 out=$repo/bench/out/gpu
 data=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 bundler=${GPU_BUNDLE:-$repo/../shared/tools/gpu-bundle.sh}
-bins=(dlbatch-train trainer_bench gpu_backend_test nccl_communicator_test
+bins=(dlbatch-train trainer_bench gpu_backend_test gpu_checkpoint_test nccl_communicator_test
       backend_select_test)
 
 die() { echo "pack.sh: $*" >&2; exit 1; }
