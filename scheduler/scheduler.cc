@@ -346,14 +346,7 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(const v1::ListJobsRequest&
           "`dlbatch show <job id>` names a job's sweep"));
     }
   }
-  // The progress column: live jobs' latest reports, from memory.
-  absl::MutexLock lock(&mu_);
-  for (v1::Job& job : *reply.mutable_jobs()) {
-    auto it = jobs_.find(job.id());
-    if (it != jobs_.end() && it->second.progress.iterations() > 0) {
-      *job.mutable_progress() = it->second.progress;
-    }
-  }
+  // Progress comes with the summaries (committed with each report).
   return reply;
 }
 

@@ -271,16 +271,12 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
 }
 
 void Scheduler::HandleEnded(int64_t worker_id, const v1::JobEnded& ended, Outbox* out) {
-  auto it = jobs_.find(ended.job_id());
-  if (it == jobs_.end()) return;  // already ended: a resend of an acked report
-  ActiveJob& job = it->second;
+  // Unknown once ended (a resend of an acknowledged report), or stale.
+  ActiveJob* reported = ReportedJob(worker_id, ended.job_id(), ended.attempt(), ended.part());
+  const int part = ended.part();
+  if (reported == nullptr || reported->part_ended[part]) return;
+  ActiveJob& job = *reported;
   JobRecord& rec = job.record;
-  int part = ended.part();
-  if (rec.attempt != ended.attempt() || part < 0 ||
-      part >= static_cast<int>(rec.parts.size()) || rec.parts[part].worker != worker_id ||
-      job.part_ended[part]) {
-    return;  // a stale attempt
-  }
   job.part_ended[part] = true;
   job.part_exit[part] = ended.exit_code();
   bool part_failed = ended.state() != v1::JOB_STATE_FINISHED;
@@ -317,9 +313,10 @@ void Scheduler::HandleEnded(int64_t worker_id, const v1::JobEnded& ended, Outbox
     final_state = v1::JOB_STATE_FAILED;
     reason = job.failure;
   }
-  core_.Finished(rec.id);
+  const int64_t id = rec.id;  // rec goes with the entry
+  core_.Finished(id);
   (void)EndJob(job, final_state, job.part_exit[0], reason);
-  jobs_.erase(it);
+  jobs_.erase(id);
 }
 
 void Scheduler::HandleGone(const std::shared_ptr<WorkerSession>& session) {

@@ -264,6 +264,12 @@ int main(int argc, char** argv) {
   if (const char* local = std::getenv("DLBATCH_LOCAL_RANK"); local != nullptr) {
     (void)absl::SimpleAtoi(local, &local_rank);
   }
+  // The device decides the collectives too (GPUs meet over NCCL, CPUs over
+  // Gloo), so it is chosen once, here, before the rendezvous.
+  absl::StatusOr<BackendChoice> choice = ChooseBackend(
+      job->spec.train().options().execution_environment(), world, local_rank,
+      CudaDeviceCount(), GpuBackendBuilt());
+  if (!choice.ok()) return Fail(rank, world, choice.status());
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Rendezvous> rdv;
   if (world == 1) {
@@ -279,12 +285,6 @@ int main(int argc, char** argv) {
                                 : OpenFileRendezvous(rendezvous);
     if (!r.ok()) return Fail(rank, world, r.status());
     rdv = std::move(r).value();
-    // Ranks on GPUs meet over NCCL, on CPUs over Gloo: the choice Train
-    // makes again for the backend, from the same inputs.
-    absl::StatusOr<BackendChoice> choice = ChooseBackend(
-        job->spec.train().options().execution_environment(), world,
-        local_rank, CudaDeviceCount(), GpuBackendBuilt());
-    if (!choice.ok()) return Fail(rank, world, choice.status());
     auto c = choice->gpu
                  ? MakeNcclCommunicator(rdv.get(), rank, world, choice->device,
                                         absl::Minutes(5))
@@ -315,7 +315,7 @@ int main(int argc, char** argv) {
   if (max_iterations > 0) req.max_iterations = max_iterations;
   if (mini_batch_size > 0) req.mini_batch_size = mini_batch_size;
   req.communicator = comm.get();
-  req.local_rank = local_rank;
+  req.device = *choice;
   req.rendezvous = rdv.get();
   req.progress = &*channel;
   req.diary = rank == 0 ? stdout : nullptr;

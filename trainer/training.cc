@@ -17,7 +17,6 @@
 #include "common/files.h"
 #include "common/status.h"
 #include "trainer/backend.h"
-#include "trainer/backend_cuda.h"
 #include "trainer/backend_select.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
@@ -178,13 +177,9 @@ std::string Run::TuningCachePath() const {
 }
 
 absl::Status Run::Build() {
-  ASSIGN_OR_RETURN(
-      BackendChoice choice,
-      ChooseBackend(opt_.execution_environment, comm_.size(), req_.local_rank,
-                    CudaDeviceCount(), GpuBackendBuilt()));
-  if (!choice.note.empty()) Say(choice.note + ".");
+  if (!req_.device.note.empty()) Say(req_.device.note + ".");
   ASSIGN_OR_RETURN(backend_,
-                   MakeChosenBackend(choice, req_.threads,
+                   MakeChosenBackend(req_.device, req_.threads,
                                      req_.spec.options().precision() == "tf32"));
   const std::string cache = TuningCachePath();
   if (!cache.empty()) {

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "dlbatch/v1/job.pb.h"
+#include "trainer/backend_select.h"
 #include "trainer/communicator.h"
 #include "trainer/progress.h"
 
@@ -34,7 +35,7 @@ struct TrainRequest {
   std::optional<int64_t> max_iterations;
   std::optional<int> mini_batch_size;
   Communicator* communicator = nullptr;  // required; not owned
-  int local_rank = 0;  // this rank among this machine's: its GPU, if any
+  BackendChoice device;  // the CPU unless ChooseBackend chose a GPU
   // Where ranks > 0 take rank 0's kernel choices (Backend::SaveTuning), so
   // that every rank computes alike and a resume continues bit for bit.
   // Optional (one rank needs none); not owned.
