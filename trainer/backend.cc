@@ -1,6 +1,9 @@
 #include "trainer/backend.h"
 
+#include <new>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace dlbatch::trainer {
 
@@ -16,6 +19,41 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
+}
+
+absl::StatusOr<HostMemory> HostMemory::Allocate(Backend* backend,
+                                                size_t bytes) {
+  HostMemory m;
+  m.backend_ = backend;
+  m.data_ = backend->AllocateHost(bytes);
+  if (m.data_ == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate ", bytes,
+        " bytes of host memory for batches; use a smaller mini_batch_size"));
+  }
+  return m;
+}
+
+HostMemory::~HostMemory() {
+  if (data_ != nullptr) backend_->FreeHost(data_);
+}
+
+HostMemory& HostMemory::operator=(HostMemory&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) backend_->FreeHost(data_);
+    backend_ = std::exchange(other.backend_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+  }
+  return *this;
+}
+
+void* Backend::AllocateHost(size_t bytes) {
+  return ::operator new(bytes == 0 ? 64 : bytes, std::align_val_t{64},
+                        std::nothrow);
+}
+
+void Backend::FreeHost(void* host) {
+  ::operator delete(host, std::align_val_t{64});
 }
 
 }  // namespace dlbatch::trainer

@@ -57,6 +57,24 @@ class Buffer {
   size_t bytes_ = 0;
 };
 
+// Host memory from Backend::AllocateHost, freed when it goes.
+class HostMemory {
+ public:
+  HostMemory() = default;
+  static absl::StatusOr<HostMemory> Allocate(Backend* backend, size_t bytes);
+  ~HostMemory();
+  HostMemory(HostMemory&& other) noexcept { *this = std::move(other); }
+  HostMemory& operator=(HostMemory&& other) noexcept;
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+
+  void* get() const { return data_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+};
+
 // Padding of a window (convolution, pooling); `same` resolves to an
 // asymmetric one (the extra row/column at the bottom/right, as TensorFlow,
 // MATLAB and ONNX's SAME_UPPER do).
@@ -228,6 +246,27 @@ class Backend {
   virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void Fill(float* x, int64_t count, float value) = 0;
   virtual void Synchronize() = 0;
+
+  // --- batches: copies to the device that overlap compute ---
+  // Host memory that Upload copies from: page-locked on a GPU (so that the
+  // copy runs without the host), plain memory elsewhere. Null if none is
+  // left. Free it with FreeHost.
+  virtual void* AllocateHost(size_t bytes);
+  virtual void FreeHost(void* host);
+  // Queues a copy from AllocateHost memory to the device on a stream of its
+  // own: it starts once the work queued before it is done (so it may
+  // overwrite a buffer that work reads) and runs alongside the work queued
+  // after it. The host must not change `host_src` until WaitUploaded(the
+  // token returned). The CPU copies at once.
+  virtual uint64_t Upload(void* dst, const void* host_src, size_t bytes) {
+    CopyToDevice(dst, host_src, bytes);
+    return 0;
+  }
+  // Work queued after this call waits for every Upload before it; the host
+  // does not wait.
+  virtual void UseUploads() {}
+  // The host waits until Upload `token` has read its source.
+  virtual void WaitUploaded(uint64_t token) { (void)token; }
 
   // --- kernels with shape-dependent set-up ---
   // `max_batch` bounds n at every call of the kernel.

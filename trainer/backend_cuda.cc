@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -85,6 +86,11 @@ class CudaBackend final : public Backend {
     if (sum_host_ != nullptr) cudaFreeHost(sum_host_);
     if (ctx_.cublas != nullptr) cublasDestroy(ctx_.cublas);
     if (ctx_.cudnn != nullptr) cudnnDestroy(ctx_.cudnn);
+    for (cudaEvent_t e : upload_done_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (compute_mark_ != nullptr) cudaEventDestroy(compute_mark_);
+    if (upload_stream_ != nullptr) cudaStreamDestroy(upload_stream_);
     if (ctx_.stream != nullptr) cudaStreamDestroy(ctx_.stream);
   }
 
@@ -100,6 +106,14 @@ class CudaBackend final : public Backend {
         options.tf32 ? ", tf32" : ", fp32");
     DLBATCH_CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+    DLBATCH_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking));
+    DLBATCH_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : upload_done_) {
+      DLBATCH_CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnCreate(&ctx_.cudnn));
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetStream(ctx_.cudnn, ctx_.stream));
     DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasCreate(&ctx_.cublas));
@@ -171,6 +185,42 @@ class CudaBackend final : public Backend {
   }
   void Synchronize() override {
     DLBATCH_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+
+  void* AllocateHost(size_t bytes) override {
+    void* host = nullptr;
+    if (cudaMallocHost(&host, bytes == 0 ? 64 : bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return host;
+  }
+  void FreeHost(void* host) override {
+    if (host != nullptr) DLBATCH_CUDA_CHECK(cudaFreeHost(host));
+  }
+  // The upload stream waits for the compute queued so far (an event), then
+  // copies; each upload records one of a ring of events. A token older
+  // than the ring waits on a later upload of the same stream: later, so
+  // done after it.
+  uint64_t Upload(void* dst, const void* host_src, size_t bytes) override {
+    DLBATCH_CUDA_CHECK(cudaEventRecord(compute_mark_, ctx_.stream));
+    DLBATCH_CUDA_CHECK(cudaStreamWaitEvent(upload_stream_, compute_mark_, 0));
+    DLBATCH_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes,
+                                       cudaMemcpyHostToDevice, upload_stream_));
+    const uint64_t token = ++uploads_;
+    DLBATCH_CUDA_CHECK(cudaEventRecord(
+        upload_done_[token % upload_done_.size()], upload_stream_));
+    return token;
+  }
+  void UseUploads() override {
+    if (uploads_ == 0) return;
+    DLBATCH_CUDA_CHECK(cudaStreamWaitEvent(
+        ctx_.stream, upload_done_[uploads_ % upload_done_.size()], 0));
+  }
+  void WaitUploaded(uint64_t token) override {
+    if (token == 0 || token > uploads_) return;
+    DLBATCH_CUDA_CHECK(
+        cudaEventSynchronize(upload_done_[token % upload_done_.size()]));
   }
 
   absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(const ConvDesc& desc,
@@ -262,6 +312,10 @@ class CudaBackend final : public Backend {
   std::string description_;
   double* sum_partial_ = nullptr;  // device: the blocks' sums, then the total
   double* sum_host_ = nullptr;     // pinned: SumSquares' result
+  cudaStream_t upload_stream_ = nullptr;  // Upload's copies
+  cudaEvent_t compute_mark_ = nullptr;    // Upload: the compute before it
+  std::array<cudaEvent_t, 8> upload_done_{};  // by token % 8
+  uint64_t uploads_ = 0;                      // tokens given
 };
 
 }  // namespace

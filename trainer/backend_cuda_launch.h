@@ -87,6 +87,26 @@ void LaunchRmspropUpdate(cudaStream_t stream, int64_t count, int64_t decayed,
                          float lr, float beta2, float epsilon, float l2,
                          float* params, const float* grads, float* v);
 
+// --- layers (gpu_layer_kernels.cu) ---
+// y[r, j] += bias[j] over `rows` rows of `c` channels (NHWC activations).
+void LaunchAddBiasRows(cudaStream_t stream, int64_t rows, int c,
+                       const float* bias, float* y);
+// db[j] = sum over rows of dy[r, j], in a fixed order through `partial`
+// (device double[kBiasGradMaxChunks * c], scratch of the caller).
+inline constexpr int kBiasGradMaxChunks = 512;
+void LaunchBiasGradRows(cudaStream_t stream, int64_t rows, int c,
+                        const float* dy, double* partial, float* db);
+// Max pooling whose kh x kw windows tile the input (stride = size, no
+// padding; oh = h / kh, ow = w / kw): forward records each window's argmax
+// (uint8, row-major in the window) where `argmax` is not null; backward
+// writes every element of dx from it.
+void LaunchMaxPoolTiledForward(cudaStream_t stream, int n, int h, int w, int c,
+                               int kh, int kw, int oh, int ow, const float* x,
+                               float* y, uint8_t* argmax);
+void LaunchMaxPoolTiledBackward(cudaStream_t stream, int n, int h, int w,
+                                int c, int kh, int kw, int oh, int ow,
+                                const uint8_t* argmax, const float* dy,
+                                float* dx);
 // --- batch normalisation (gpu_batchnorm_kernels.cu) ---
 // Activations are `rows` = n * h * w positions of `c` channels (NHWC);
 // `positions` = h * w. The passes are SyncBatchNormKernel's (backend.h);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -124,7 +125,23 @@ class Run {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> net_;
   std::unique_ptr<Solver> solver_;
+  // Evaluate's batch and sums.
   Buffer images_, labels_, stats_;
+  // Training batches, double-buffered: while a step computes on one slot,
+  // the next batch is copied into the other (Backend::Upload) from the
+  // slot's host memory (page-locked on a GPU).
+  struct Slot {
+    Buffer images, labels;
+    HostMemory host_images, host_labels;
+    uint64_t upload = 0;  // token of the slot's last upload
+    int n = 0;            // samples staged
+  };
+  Slot slots_[2];
+  // Each step's loss and accuracy sums, kStatsRing steps deep: the host
+  // reads them (a wait for the device) only where it needs a number.
+  static constexpr int kStatsRing = 64;
+  static constexpr int kReadEvery = 16;  // on a GPU; < kStatsRing
+  Buffer stats_ring_;
 
   int global_batch_ = 0;
   int lo_ = 0, hi_ = 0;  // this rank's slice of each global batch
@@ -246,6 +263,22 @@ absl::Status Run::Build() {
                    backend_->Allocate(max_batch * sample * sizeof(float)));
   ASSIGN_OR_RETURN(labels_, backend_->Allocate(max_batch * sizeof(int32_t)));
   ASSIGN_OR_RETURN(stats_, backend_->Allocate(4 * sizeof(float)));
+  for (Slot& slot : slots_) {
+    ASSIGN_OR_RETURN(slot.images,
+                     backend_->Allocate(max_batch * sample * sizeof(float)));
+    ASSIGN_OR_RETURN(slot.labels,
+                     backend_->Allocate(max_batch * sizeof(int32_t)));
+    if (backend_->on_gpu()) {
+      ASSIGN_OR_RETURN(slot.host_images,
+                       HostMemory::Allocate(backend_.get(),
+                                            max_batch * sample * sizeof(float)));
+      ASSIGN_OR_RETURN(slot.host_labels,
+                       HostMemory::Allocate(backend_.get(),
+                                            max_batch * sizeof(int32_t)));
+    }
+  }
+  ASSIGN_OR_RETURN(stats_ring_,
+                   backend_->Allocate(2 * kStatsRing * sizeof(float)));
   fingerprint_ = Sha256Hex(req_.spec.network().SerializeAsString());
   return absl::OkStatus();
 }
@@ -535,51 +568,128 @@ absl::StatusOr<TrainResult> Run::Execute() {
   int64_t images = 0;
   const float scale = 1.0f / static_cast<float>(global_batch_);
   std::optional<Evaluation> last_validation;
-  while (iteration_ < total_) {
-    const auto step_start = Clock::now();
+
+  // Copies a prepared batch towards a slot: on a GPU through the slot's
+  // page-locked memory, once the slot's previous upload has read it.
+  auto stage = [&](const Batch& b, Slot& slot) {
+    const size_t image_bytes = b.images.size() * sizeof(float);
+    const size_t label_bytes = b.labels.size() * sizeof(int32_t);
+    slot.n = b.n;
+    if (!backend_->on_gpu()) {
+      backend_->CopyToDevice(slot.images.f32(), b.images.data(), image_bytes);
+      backend_->CopyToDevice(slot.labels.as<void>(), b.labels.data(),
+                             label_bytes);
+      return;
+    }
+    backend_->WaitUploaded(slot.upload);
+    std::memcpy(slot.host_images.get(), b.images.data(), image_bytes);
+    std::memcpy(slot.host_labels.get(), b.labels.data(), label_bytes);
+    backend_->Upload(slot.images.f32(), slot.host_images.get(), image_bytes);
+    slot.upload = backend_->Upload(slot.labels.as<void>(),
+                                   slot.host_labels.get(), label_bytes);
+  };
+  auto next_batch = [&]() -> absl::StatusOr<Batch> {
     std::optional<Batch> batch = loader->Next();
     if (!batch) return absl::InternalError("the batch loader ended early");
     top_up();
-    const int n = batch->n;
-    backend_->CopyToDevice(images_.f32(), batch->images.data(),
-                           batch->images.size() * sizeof(float));
-    backend_->CopyToDevice(labels_.as<int32_t>(), batch->labels.data(),
-                           batch->labels.size() * sizeof(int32_t));
-    net_->Forward(n, images_.f32(), /*training=*/true,
+    return *std::move(batch);
+  };
+
+  // Steps queued whose loss the host has not read yet.
+  struct Queued {
+    int64_t iteration, epoch;
+    double lr, elapsed;
+  };
+  std::vector<Queued> queued;
+  std::vector<float> ring(2 * kStatsRing);
+  // Reads the queued steps' sums (waiting for the device), records them in
+  // the history and checks them.
+  auto retire = [&]() -> absl::Status {
+    if (queued.empty()) return absl::OkStatus();
+    backend_->CopyToHost(ring.data(), stats_ring_.f32(),
+                         ring.size() * sizeof(float));
+    for (const Queued& q : queued) {
+      const float* sums = &ring[2 * ((q.iteration - 1) % kStatsRing)];
+      last_loss_ = sums[0] / global_batch_;
+      last_accuracy_ = 100.0 * sums[1] / global_batch_;
+      last_lr_ = q.lr;
+      if (!std::isfinite(last_loss_)) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "the training loss became ", last_loss_, " at iteration ",
+            q.iteration, " (epoch ", q.epoch,
+            "); lower initial_learn_rate or set gradient_threshold"));
+      }
+      history_.iterations.push_back({q.iteration, q.epoch, q.elapsed,
+                                     last_loss_, last_accuracy_, q.lr});
+    }
+    queued.clear();
+    return absl::OkStatus();
+  };
+
+  int current = 0;  // the slot of the next step's batch
+  if (iteration_ < total_) {
+    ASSIGN_OR_RETURN(Batch first, next_batch());
+    stage(first, slots_[current]);
+  }
+  while (iteration_ < total_) {
+    const auto step_start = Clock::now();
+    Slot& slot = slots_[current];
+    const int n = slot.n;
+    backend_->UseUploads();  // this step's batch is on the device
+    // The next batch travels while this step computes.
+    if (iteration_ + 1 < total_) {
+      ASSIGN_OR_RETURN(Batch next, next_batch());
+      stage(next, slots_[current ^ 1]);
+    }
+    if (queued.size() == kStatsRing) RETURN_IF_ERROR(retire());
+    float* stats = stats_ring_.f32() + 2 * (iteration_ % kStatsRing);
+    net_->Forward(n, slot.images.f32(), /*training=*/true,
                   Key(opt_.seed, static_cast<uint64_t>(iteration_),
                       static_cast<uint64_t>(comm_.rank())));
-    backend_->Fill(stats_.f32(), 2, 0);
-    net_->Loss(n, labels_.as<int32_t>(), stats_.f32());
-    net_->Backward(n, labels_.as<int32_t>(), scale);
+    backend_->Fill(stats, 2, 0);
+    net_->Loss(n, slot.labels.as<int32_t>(), stats);
+    net_->Backward(n, slot.labels.as<int32_t>(), scale);
     RETURN_IF_ERROR(net_->collective_status());
     if (comm_.size() > 1) {
       RETURN_IF_ERROR(comm_.AllreduceSum(net_->grads(), net_->num_params()));
-      RETURN_IF_ERROR(comm_.AllreduceSum(stats_.f32(), 2));
+      RETURN_IF_ERROR(comm_.AllreduceSum(stats, 2));
     }
     const int64_t epoch = iteration_ / per_epoch_ + 1;
     const double lr = LearnRate(opt_, iteration_, epoch, total_);
     solver_->Step(lr, iteration_ + 1);
-    float stats[2];
-    backend_->CopyToHost(stats, stats_.f32(), sizeof(stats));
     ++iteration_;
-    train_time += SecondsSince(step_start);
+    current ^= 1;
     images += global_batch_;
+    queued.push_back({iteration_, epoch, lr, Elapsed()});
 
-    last_loss_ = stats[0] / global_batch_;
-    last_accuracy_ = 100.0 * stats[1] / global_batch_;
-    last_lr_ = lr;
-    if (!std::isfinite(last_loss_)) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "the training loss became ", last_loss_, " at iteration ", iteration_,
-          " (epoch ", epoch,
-          "); lower initial_learn_rate or set gradient_threshold"));
-    }
-    history_.iterations.push_back(
-        {iteration_, epoch, Elapsed(), last_loss_, last_accuracy_, lr});
-
+    // What this iteration does besides the step, each of which needs the
+    // step's numbers (and so waits for the device).
     const bool last = iteration_ == total_;
+    const bool validate =
+        validation_ && (iteration_ % opt_.validation_frequency == 0 || last);
+    const bool row =
+        iteration_ == 1 || iteration_ % opt_.verbose_frequency == 0;
+    const bool epoch_end = iteration_ % per_epoch_ == 0;
+    const int64_t freq = opt_.checkpoint_frequency;
+    const bool checkpoint =
+        freq > 0 && (opt_.checkpoint_per_iteration
+                         ? iteration_ % freq == 0
+                         : epoch_end && (iteration_ / per_epoch_) % freq == 0);
+    // Every rank reads at the same iterations, so that all of them find a
+    // loss that is not finite at the same one and say so. On a GPU reading
+    // waits for the device: every kReadEvery steps there, which keeps the
+    // progress report current; on the CPU it costs nothing.
+    const bool read = queued.size() >= static_cast<size_t>(
+                                           backend_->on_gpu() ? kReadEvery : 1);
+    if (!(last || validate || row || checkpoint || read)) {
+      train_time += SecondsSince(step_start);
+      continue;
+    }
+    RETURN_IF_ERROR(retire());
+    train_time += SecondsSince(step_start);
+
     std::optional<Evaluation> validation;
-    if (validation_ && (iteration_ % opt_.validation_frequency == 0 || last)) {
+    if (validate) {
       ASSIGN_OR_RETURN(Evaluation v, Evaluate(*validation_));
       validation = v;
       last_validation = v;
@@ -604,30 +714,22 @@ absl::StatusOr<TrainResult> Run::Execute() {
     const bool stop_early = opt_.validation_patience > 0 &&
                             without_improvement_ >= opt_.validation_patience;
     const double images_per_s = train_time > 0 ? images / train_time : 0;
-    if (verbose &&
-        (iteration_ == 1 || iteration_ % opt_.verbose_frequency == 0 ||
-         validation || last || stop_early)) {
-      ProgressRow row;
-      row.epoch = epoch;
-      row.iteration = iteration_;
-      row.elapsed_s = Elapsed();
-      row.loss = last_loss_;
-      row.accuracy = last_accuracy_;
+    if (verbose && (row || validation.has_value() || last || stop_early)) {
+      ProgressRow r;
+      r.epoch = epoch;
+      r.iteration = iteration_;
+      r.elapsed_s = Elapsed();
+      r.loss = last_loss_;
+      r.accuracy = last_accuracy_;
       if (validation) {
-        row.validation_loss = validation->loss;
-        row.validation_accuracy = validation->accuracy;
+        r.validation_loss = validation->loss;
+        r.validation_accuracy = validation->accuracy;
       }
-      row.learn_rate = lr;
-      table.Row(row);
+      r.learn_rate = lr;
+      table.Row(r);
     }
     EmitProgress(images_per_s, validation.has_value() || last);
 
-    const bool epoch_end = iteration_ % per_epoch_ == 0;
-    const int64_t freq = opt_.checkpoint_frequency;
-    const bool checkpoint =
-        freq > 0 && (opt_.checkpoint_per_iteration
-                         ? iteration_ % freq == 0
-                         : epoch_end && (iteration_ / per_epoch_) % freq == 0);
     if (checkpoint && !last && !stop_early) RETURN_IF_ERROR(SaveCheckpoint());
     if (stop_early) {
       result.stopped_early = true;
