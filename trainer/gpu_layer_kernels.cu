@@ -67,14 +67,25 @@ __global__ void BiasGradPartialKernel(int64_t rows, int c, int64_t chunk_rows,
   }
 }
 
+// A block per channel: its threads add strided chunks, then a fixed tree
+// adds the threads' sums (one thread per channel took 40 us over 512
+// chunks).
 __global__ void BiasGradFinishKernel(int c, int chunks,
                                      const double* __restrict__ partial,
                                      float* __restrict__ db) {
-  DLBATCH_GRID_STRIDE(channel, c) {
-    double total = 0;
-    for (int k = 0; k < chunks; ++k) total += partial[k * int64_t{c} + channel];
-    db[channel] = static_cast<float>(total);
+  __shared__ double shared[kThreads];
+  const int channel = blockIdx.x;
+  double sum = 0;
+  for (int k = threadIdx.x; k < chunks; k += blockDim.x) {
+    sum += partial[k * int64_t{c} + channel];
   }
+  shared[threadIdx.x] = sum;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) db[channel] = static_cast<float>(shared[0]);
 }
 
 // One thread per output element (n, oy, ox, channel): the window's maximum
@@ -166,8 +177,7 @@ void LaunchBiasGradRows(cudaStream_t stream, int64_t rows, int c,
   BiasGradPartialKernel<<<grid, block, 0, stream>>>(rows, c, chunk_rows, dy,
                                                      partial);
   DLBATCH_CUDA_CHECK_LAUNCH("BiasGradPartialKernel");
-  BiasGradFinishKernel<<<Blocks(c), kThreads, 0, stream>>>(c, chunks, partial,
-                                                           db);
+  BiasGradFinishKernel<<<c, kThreads, 0, stream>>>(c, chunks, partial, db);
   DLBATCH_CUDA_CHECK_LAUNCH("BiasGradFinishKernel");
 }
 
