@@ -172,6 +172,7 @@ class CudaBackend final : public Backend {
   void Synchronize() override {
     DLBATCH_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
   }
+  void* native_stream() override { return ctx_.stream; }
 
   absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(const ConvDesc& desc,
                                                        int max_batch) override {
