@@ -246,6 +246,10 @@ class Backend {
   virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void Fill(float* x, int64_t count, float value) = 0;
   virtual void Synchronize() = 0;
+  // The stream every call above is issued to, for a communicator that
+  // orders its collectives after them (Communicator::SetComputeStream): a
+  // cudaStream_t on the GPU; null where calls finish as they return (CPU).
+  virtual void* native_stream() { return nullptr; }
 
   // --- batches: copies to the device that overlap compute ---
   // Host memory that Upload copies from: page-locked on a GPU (so that the

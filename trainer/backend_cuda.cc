@@ -186,6 +186,7 @@ class CudaBackend final : public Backend {
   void Synchronize() override {
     DLBATCH_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
   }
+  void* native_stream() override { return ctx_.stream; }
 
   void* AllocateHost(size_t bytes) override {
     void* host = nullptr;

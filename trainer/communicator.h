@@ -6,7 +6,8 @@
 // it: Gloo over TCP between CPU replicas, NCCL between GPUs
 // (communicator_nccl.h), on device buffers there.
 //
-// Thread safety: one thread per object.
+// Thread safety: one thread per object (a communicator may run collectives
+// on threads of its own; its callers see none of them).
 #ifndef DLBATCH_TRAINER_COMMUNICATOR_H_
 #define DLBATCH_TRAINER_COMMUNICATOR_H_
 
@@ -58,6 +59,36 @@ class Communicator {
   virtual absl::Status AllreduceSum(float* data, int64_t count) = 0;
   virtual absl::Status Broadcast(float* data, int64_t count, int root) = 0;
   virtual absl::Status Barrier() = 0;
+
+  // Gradient buckets (grad_buckets.h): an allreduce that runs while the
+  // caller goes on computing. StartAllreduceSum starts summing `count`
+  // floats at `data` in place and returns; WaitAll completes every one
+  // started since the last WaitAll. Every rank starts the same counts in
+  // the same order. Until WaitAll returns, the caller must neither read nor
+  // write a started range (on a GPU: no work it issues to the compute stream
+  // before WaitAll may touch one). Collectives called in between
+  // (AllreduceSum, Broadcast, Barrier) run after the started ones, in the
+  // order called, on every rank alike.
+  // A failure shows in the return of StartAllreduceSum or, where the
+  // allreduce ran in the background, of WaitAll; either way the
+  // communicator is unusable afterwards, as after a failed AllreduceSum.
+  // The default runs the blocking AllreduceSum, which is correct (with
+  // nothing to overlap) for any communicator.
+  virtual absl::Status StartAllreduceSum(float* data, int64_t count) {
+    return AllreduceSum(data, count);
+  }
+  // Returns when the started allreduces' results are ready for whatever the
+  // caller issues next: on the CPU, done; on a GPU, ordered before the
+  // compute stream's later work (SetComputeStream) without a host wait.
+  virtual absl::Status WaitAll() { return absl::OkStatus(); }
+
+  // The stream on which the caller computes the data that collectives read
+  // and write (Backend::native_stream(): a cudaStream_t for the CUDA
+  // backend); null for none or unknown. A GPU communicator orders its
+  // collectives after the work issued there with events instead of waiting
+  // for the whole device. The stream must outlive its use here: set null
+  // before destroying it. Communicators over host memory ignore it.
+  virtual void SetComputeStream(void* stream) { (void)stream; }
 };
 
 // One rank alone: the collectives return at once.

@@ -7,15 +7,31 @@
 // a failure Gloo's context is unusable (its pairs are closed or
 // half-way through a transfer), so the communicator remembers the first
 // error and refuses every later collective with it.
+//
+// Started allreduces (StartAllreduceSum) run on one worker thread of the
+// communicator, first in first out: Gloo's context is not safe for
+// concurrent collectives, and every rank must run them in one order. A
+// blocking collective waits until that thread has run everything started
+// before it, then runs on the caller's thread; so at any moment exactly one
+// thread uses the context, and the order of collectives is the order they
+// were called in, on every rank (synchronised batchnorm's allreduces inside
+// backward included).
+#include "trainer/communicator_gloo.h"
+
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -39,7 +55,6 @@
 #include "gloo/transport/tcp/attr.h"
 #include "gloo/transport/tcp/device.h"
 #include "trainer/communicator.h"
-#include "trainer/communicator_gloo.h"
 
 namespace dlbatch::trainer {
 namespace {
@@ -161,6 +176,21 @@ class GlooCommunicator : public Communicator {
                    std::shared_ptr<gloo::Context> context)
       : algorithm_(algorithm), context_(std::move(context)) {}
 
+  GlooCommunicator(const GlooCommunicator&) = delete;
+  GlooCommunicator& operator=(const GlooCommunicator&) = delete;
+
+  // Allreduces still queued are dropped (their callers broke the contract
+  // by not waiting); the one running finishes or times out first.
+  ~GlooCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      queue_.clear();
+    }
+    changed_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
 
@@ -168,21 +198,30 @@ class GlooCommunicator : public Communicator {
     if (absl::Status bad = CheckBuffer("allreduce", data, count); !bad.ok()) {
       return bad;
     }
-    return Run(absl::StrCat("allreduce of ", count, " floats"), [&] {
-      if (count == 0) return;
-      if (IsClassic() && count <= INT_MAX) {
-        RunClassic(data, count);
-        return;
-      }
-      gloo::AllreduceOptions opts(context_);
-      opts.setAlgorithm(algorithm_ == GlooAllreduce::kUnifiedBcube
-                            ? gloo::AllreduceOptions::Algorithm::BCUBE
-                            : gloo::AllreduceOptions::Algorithm::RING);
-      opts.setOutput(data, static_cast<size_t>(count));
-      opts.setReduceFunction(&SumFloats);
-      opts.setTag(NextTag());
-      gloo::allreduce(opts);
-    });
+    Drain();
+    return Allreduce(data, count);
+  }
+
+  absl::Status StartAllreduceSum(float* data, int64_t count) override {
+    if (absl::Status bad = CheckBuffer("allreduce", data, count); !bad.ok()) {
+      return bad;
+    }
+    if (count == 0) return absl::OkStatus();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!worker_.joinable()) worker_ = std::thread([this] { Work(); });
+      queue_.push_back({data, count});
+    }
+    changed_.notify_all();
+    return absl::OkStatus();
+  }
+
+  absl::Status WaitAll() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return queue_.empty() && !running_; });
+    absl::Status first = std::move(started_error_);
+    started_error_ = absl::OkStatus();
+    return first;
   }
 
   absl::Status Broadcast(float* data, int64_t count, int root) override {
@@ -193,6 +232,7 @@ class GlooCommunicator : public Communicator {
       return absl::InvalidArgumentError(absl::StrCat(
           "broadcast root ", root, " is not a rank of ", size()));
     }
+    Drain();
     return Run(absl::StrCat("broadcast of ", count, " floats from rank ", root),
                [&] {
                  if (count == 0) return;
@@ -205,6 +245,7 @@ class GlooCommunicator : public Communicator {
   }
 
   absl::Status Barrier() override {
+    Drain();
     return Run("barrier", [&] {
       gloo::BarrierOptions opts(context_);
       opts.setTag(NextTag());
@@ -222,6 +263,56 @@ class GlooCommunicator : public Communicator {
           data == nullptr ? " and no buffer" : ""));
     }
     return absl::OkStatus();
+  }
+
+  // One started allreduce, waiting for the worker.
+  struct Started {
+    float* data;
+    int64_t count;
+  };
+
+  // The worker thread: runs started allreduces in order until stopped.
+  void Work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      const Started next = queue_.front();
+      queue_.pop_front();
+      running_ = true;
+      lock.unlock();
+      absl::Status status = Allreduce(next.data, next.count);
+      lock.lock();
+      running_ = false;
+      if (started_error_.ok()) started_error_ = std::move(status);
+      changed_.notify_all();
+    }
+  }
+
+  // Returns once everything started before has run: the caller's thread
+  // may use the context (the mutex hands over what the worker wrote).
+  void Drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return queue_.empty() && !running_; });
+  }
+
+  // REQUIRES: the calling thread is the only one using the context.
+  absl::Status Allreduce(float* data, int64_t count) {
+    return Run(absl::StrCat("allreduce of ", count, " floats"), [&] {
+      if (count == 0) return;
+      if (IsClassic() && count <= INT_MAX) {
+        RunClassic(data, count);
+        return;
+      }
+      gloo::AllreduceOptions opts(context_);
+      opts.setAlgorithm(algorithm_ == GlooAllreduce::kUnifiedBcube
+                            ? gloo::AllreduceOptions::Algorithm::BCUBE
+                            : gloo::AllreduceOptions::Algorithm::RING);
+      opts.setOutput(data, static_cast<size_t>(count));
+      opts.setReduceFunction(&SumFloats);
+      opts.setTag(NextTag());
+      gloo::allreduce(opts);
+    });
   }
 
   bool IsClassic() const {
@@ -254,40 +345,62 @@ class GlooCommunicator : public Communicator {
 
   // Gloo's older algorithms bind their buffer at construction (and register
   // it with the peers), so they are built once per element count over a
-  // buffer of our own; the data is copied in and out. The count is the same
-  // on every rank, so every rank rebuilds at the same call.
+  // buffer of our own; the data is copied in and out. Gradient buckets
+  // bring a few counts that recur every step, so each count keeps its
+  // algorithm; past kMaxClassic counts the cache starts afresh. The counts
+  // come in the same order on every rank, so every rank builds (and drops)
+  // at the same call.
   void RunClassic(float* data, int64_t count) {
-    if (classic_ == nullptr || classic_count_ != count) {
-      classic_.reset();
-      staging_.assign(static_cast<size_t>(count), 0.0f);
-      std::vector<float*> ptrs = {staging_.data()};
+    constexpr size_t kMaxClassic = 16;
+    auto it = classic_.find(count);
+    if (it == classic_.end()) {
+      if (classic_.size() >= kMaxClassic) classic_.clear();
+      Classic& made = classic_[count];
+      made.staging.assign(static_cast<size_t>(count), 0.0f);
+      std::vector<float*> ptrs = {made.staging.data()};
       const int n = static_cast<int>(count);
       switch (algorithm_) {
         case GlooAllreduce::kRing:
-          classic_ = std::make_unique<gloo::AllreduceRing<float>>(context_, ptrs, n);
+          made.algorithm =
+              std::make_unique<gloo::AllreduceRing<float>>(context_, ptrs, n);
           break;
         case GlooAllreduce::kRingChunked:
-          classic_ = std::make_unique<gloo::AllreduceRingChunked<float>>(
+          made.algorithm = std::make_unique<gloo::AllreduceRingChunked<float>>(
               context_, ptrs, n);
           break;
         default:
-          classic_ = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(
-              context_, ptrs, n);
+          made.algorithm =
+              std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context_,
+                                                                      ptrs, n);
       }
-      classic_count_ = count;
+      it = classic_.find(count);
     }
-    std::memcpy(staging_.data(), data, sizeof(float) * count);
-    classic_->run();
-    std::memcpy(data, staging_.data(), sizeof(float) * count);
+    Classic& classic = it->second;
+    std::memcpy(classic.staging.data(), data, sizeof(float) * count);
+    classic.algorithm->run();
+    std::memcpy(data, classic.staging.data(), sizeof(float) * count);
   }
+
+  struct Classic {
+    std::unique_ptr<gloo::Algorithm> algorithm;
+    std::vector<float> staging;
+  };
 
   const GlooAllreduce algorithm_;
   std::shared_ptr<gloo::Context> context_;
+  // Used by one thread at a time: the worker while it runs an allreduce,
+  // the caller's thread after Drain().
   absl::Status broken_;
   uint32_t next_tag_ = 0;
-  std::unique_ptr<gloo::Algorithm> classic_;
-  int64_t classic_count_ = -1;
-  std::vector<float> staging_;
+  std::map<int64_t, Classic> classic_;
+
+  std::mutex mu_;
+  std::condition_variable changed_;  // queue_, running_ or stopping_
+  std::deque<Started> queue_;        // guarded by mu_
+  bool running_ = false;             // guarded by mu_: the worker is busy
+  bool stopping_ = false;            // guarded by mu_
+  absl::Status started_error_;       // guarded by mu_: for WaitAll
+  std::thread worker_;               // started by the first StartAllreduceSum
 };
 
 // Finds this communicator's number: the first n for which this rank has not

@@ -10,6 +10,9 @@
 // - Gloo writes to sockets without MSG_NOSIGNAL, so making one sets SIGPIPE
 //   to SIG_IGN process-wide (unless the program has its own handler):
 //   a dead peer must fail a collective, not kill this rank.
+// - StartAllreduceSum runs the allreduces on one thread of the
+//   communicator, in order; a blocking collective first waits for them.
+//   So CPU ranks overlap gradient buckets with backward too.
 // - Its rendezvous keys live under "gloo/<n>/", n counting the communicators
 //   this rank made over that store; a fresh folder per job attempt is best.
 #ifndef DLBATCH_TRAINER_COMMUNICATOR_GLOO_H_

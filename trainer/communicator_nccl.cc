@@ -157,6 +157,10 @@ class NcclCommunicator final : public Communicator {
     }
     // Nothing can be returned from here: failures are reported, not hidden.
     if (scratch_ != nullptr) Report(cudaFree(scratch_), "cudaFree");
+    if (computed_ != nullptr)
+      Report(cudaEventDestroy(computed_), "cudaEventDestroy");
+    if (reduced_ != nullptr)
+      Report(cudaEventDestroy(reduced_), "cudaEventDestroy");
     if (stream_ != nullptr)
       Report(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
@@ -171,6 +175,11 @@ class NcclCommunicator final : public Communicator {
       DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(
           cudaMalloc(reinterpret_cast<void**>(&scratch_), sizeof(float)));
       DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(cudaMemset(scratch_, 0, sizeof(float)));
+      // Ordering only: no timing, so recording them costs next to nothing.
+      DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
+      DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
       DLBATCH_NCCL_RETURN_IF_ERROR(
@@ -196,6 +205,56 @@ class NcclCommunicator final : public Communicator {
               deadline);
           return absl::OkStatus();
         });
+  }
+
+  absl::Status StartAllreduceSum(float* data, int64_t count) override {
+    RETURN_IF_ERROR(CheckBuffer("StartAllreduceSum", data, count));
+    if (count == 0) return absl::OkStatus();
+    absl::Status status = [&]() -> absl::Status {
+      const absl::Time deadline = absl::Now() + timeout_;
+      DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+      RETURN_IF_ERROR(AfterComputeStream());
+      // Returns once enqueued (Settle waits out ncclInProgress, which a
+      // non-blocking communicator returns while it is still enqueueing).
+      DLBATCH_NCCL_RETURN_IF_ERROR(
+          ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32,
+                        ncclSum, comm_, stream_),
+          deadline);
+      ++started_;
+      return absl::OkStatus();
+    }();
+    if (!status.ok()) return Fail(std::move(status));
+    return absl::OkStatus();
+  }
+
+  absl::Status WaitAll() override {
+    RETURN_IF_ERROR(Usable());
+    if (started_ == 0) return absl::OkStatus();
+    started_ = 0;
+    absl::Status status = [&]() -> absl::Status {
+      const absl::Time deadline = absl::Now() + timeout_;
+      DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+      // What NCCL has noticed so far (a peer's closed connection); a later
+      // failure is for the next host wait to find (see the header).
+      ncclResult_t state = ncclSuccess;
+      DLBATCH_NCCL_PLAIN_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
+      if (state != ncclSuccess && state != ncclInProgress) {
+        return NcclError(state, "the started allreduces", __FILE__, __LINE__);
+      }
+      if (compute_stream_ == nullptr) {
+        return WaitForStream("the started allreduces", deadline);
+      }
+      DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(cudaEventRecord(reduced_, stream_));
+      DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(
+          cudaStreamWaitEvent(compute_stream_, reduced_, 0));
+      return absl::OkStatus();
+    }();
+    if (!status.ok()) return Fail(std::move(status));
+    return absl::OkStatus();
+  }
+
+  void SetComputeStream(void* stream) override {
+    compute_stream_ = static_cast<cudaStream_t>(stream);
   }
 
   absl::Status Broadcast(float* data, int64_t count, int root) override {
@@ -249,16 +308,33 @@ class NcclCommunicator final : public Communicator {
         " was aborted after an earlier error: ", first_error_.message()));
   }
 
-  // Waits for all work on the device (the backend's stream included, which
-  // this module cannot see), enqueues the collective and waits for it to
-  // finish, all within the timeout. Any failure aborts the communicator:
-  // the ranks are out of step from then on.
+  // Orders what is enqueued on stream_ next after the work issued so far
+  // to the compute stream: on the device, with an event, where the stream
+  // is known; otherwise by waiting for the whole device (the backend's
+  // stream included, which this module then cannot see).
+  // REQUIRES: cudaSetDevice(device_).
+  absl::Status AfterComputeStream() {
+    if (compute_stream_ == nullptr) {
+      DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+      return absl::OkStatus();
+    }
+    DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(computed_, compute_stream_));
+    DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(stream_, computed_, 0));
+    return absl::OkStatus();
+  }
+
+  // Orders the collective after the caller's work, enqueues it and waits
+  // for it (and for any started allreduce before it on stream_) to finish,
+  // all within the timeout. Any failure aborts the communicator: the ranks
+  // are out of step from then on.
   template <typename Enqueue>
   absl::Status Collective(const std::string& what, Enqueue enqueue) {
     absl::Status status = [&]() -> absl::Status {
       const absl::Time deadline = absl::Now() + timeout_;
       DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-      DLBATCH_NCCL_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+      RETURN_IF_ERROR(AfterComputeStream());
       RETURN_IF_ERROR(enqueue(deadline));
       return WaitForStream(what, deadline);
     }();
@@ -336,8 +412,13 @@ class NcclCommunicator final : public Communicator {
   const int device_;
   const absl::Duration timeout_;
   ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // every collective runs here
   float* scratch_ = nullptr;  // Barrier's one float, on the device
+  // The caller's stream (SetComputeStream); null: order by device syncs.
+  cudaStream_t compute_stream_ = nullptr;
+  cudaEvent_t computed_ = nullptr;  // on compute_stream_, before a collective
+  cudaEvent_t reduced_ = nullptr;   // on stream_, after started allreduces
+  int started_ = 0;                 // since the last WaitAll
   absl::Status first_error_;
 };
 

@@ -5,12 +5,23 @@
 //
 // Contract beyond communicator.h:
 // - `data` is device memory on `device` (the CUDA backend's buffers).
-// - Ordering: the backend computes on a stream of its own that this module
-//   cannot see, so each collective first waits for all work issued to the
-//   device, then runs on the communicator's stream and returns only when it
-//   has finished: the result is ready for whatever the caller issues next,
-//   on any stream. (Bucketing and overlap with backward come later; they
-//   will need the backend's stream or an event from it.)
+// - Ordering: collectives run on a stream of the communicator's own. Given
+//   the backend's stream (SetComputeStream), each one first waits, on the
+//   device, for an event recorded there, so that it reads what the caller
+//   issued before it; without one it waits for the whole device. Blocking
+//   collectives (AllreduceSum, Broadcast, Barrier) then wait on the host
+//   until they finish: the result is ready for whatever the caller issues
+//   next, on any stream.
+// - StartAllreduceSum enqueues and returns; WaitAll records an event after
+//   the started allreduces and makes the compute stream wait for it, with
+//   no host wait (without a compute stream it waits on the host instead).
+//   A peer that dies during them is noticed by the next call that waits on
+//   the host for this communicator's stream (any blocking collective, as
+//   the training loop's loss-statistics allreduce right after WaitAll),
+//   within the timeout; the abort that follows also ends the unfinished
+//   allreduces on the device, so a compute stream waiting on them goes on.
+//   Work the caller syncs on by other means (Backend::CopyToHost) before
+//   such a call could wait for a dead peer without a bound.
 // - Every wait is bounded by `timeout`: a rank that never comes, or a peer
 //   that dies mid-collective, ends the call with DeadlineExceeded (or the
 //   error NCCL reports) instead of a hang. After such a failure the NCCL

@@ -74,7 +74,9 @@ class NetworkImpl final : public Network {
     return activations_.back().f32();
   }
   void Loss(int n, const int32_t* labels, float* stats) override;
-  void Backward(int n, const int32_t* labels, float scale) override;
+  using Network::Backward;
+  void Backward(int n, const int32_t* labels, float scale,
+                const GradsReady& on_grads_ready) override;
   absl::Status collective_status() const override {
     return communicator_ ? communicator_->status() : absl::OkStatus();
   }
@@ -101,6 +103,9 @@ class NetworkImpl final : public Network {
   int64_t num_params_ = 0, num_decayed_ = 0, state_size_ = 0;
   // The first layer with parameters: backward stops there.
   int first_learning_ = -1;
+  // Per layer, its parameters' ranges of grads() (first, count), adjacent
+  // ones merged, highest first: what Backward reports after the layer.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> grad_ranges_;
   Buffer params_, grads_, state_;
   std::vector<Buffer> activations_;  // each layer's output
   Buffer gradient_[2];               // ping-pong for activation gradients
@@ -260,6 +265,23 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
       net->first_learning_ = i;
     }
     plan.layer->Bind(buffers);
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (int k : plan.info.params) {
+      ranges.emplace_back(net->params_info_[k].offset,
+                          net->params_info_[k].count);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    std::vector<std::pair<int64_t, int64_t>> merged;
+    for (const auto& [first, count] : ranges) {
+      if (!merged.empty() &&
+          merged.back().first + merged.back().second == first) {
+        merged.back().second += count;
+      } else {
+        merged.emplace_back(first, count);
+      }
+    }
+    std::reverse(merged.begin(), merged.end());
+    net->grad_ranges_.push_back(std::move(merged));
     net->infos_.push_back(std::move(plan.info));
     net->layers_.push_back(std::move(plan.layer));
   }
@@ -325,7 +347,8 @@ void NetworkImpl::Loss(int n, const int32_t* labels, float* stats) {
                                 activations_[softmax].f32(), stats);
 }
 
-void NetworkImpl::Backward(int n, const int32_t* labels, float scale) {
+void NetworkImpl::Backward(int n, const int32_t* labels, float scale,
+                           const GradsReady& on_grads_ready) {
   if (first_learning_ < 0) return;  // nothing to learn
   const int softmax = static_cast<int>(layers_.size()) - 1;
   int current = 0;
@@ -338,6 +361,13 @@ void NetworkImpl::Backward(int n, const int32_t* labels, float scale) {
     layers_[i]->Backward(n, LayerInput(i), activations_[i].f32(),
                          gradient_[current].f32(), dx);
     current = 1 - current;
+    // After a failed collective the gradients are garbage and the run
+    // ends: starting their allreduces would only wait on dead peers.
+    if (on_grads_ready && collective_status().ok()) {
+      for (const auto& [first, count] : grad_ranges_[i]) {
+        on_grads_ready(first, count);
+      }
+    }
   }
 }
 

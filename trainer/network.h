@@ -19,6 +19,7 @@
 #define DLBATCH_TRAINER_NETWORK_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,7 +109,23 @@ class Network {
   virtual void Loss(int n, const int32_t* labels, float* stats) = 0;
   // Gradient of scale * (summed cross-entropy of the last training Forward
   // against `labels`) into grads(), every element overwritten.
-  virtual void Backward(int n, const int32_t* labels, float scale) = 0;
+  void Backward(int n, const int32_t* labels, float scale) {
+    Backward(n, labels, scale, nullptr);
+  }
+  // Called during Backward with ranges [first, first + count) of grads()
+  // whose values are final: issued to the backend, and never written again
+  // by this Backward. Each element of grads() comes in exactly one range
+  // (unless a collective failed: after that, none come). Ranges come layer
+  // by layer, last layer first, so with the layout above they grow down
+  // from the end of the weights and from the end of the biases. The same
+  // network calls it with the same ranges in the same order every time,
+  // on every rank.
+  using GradsReady = std::function<void(int64_t first, int64_t count)>;
+  // Backward, telling `on_grads_ready` (may be empty) as gradients become
+  // final, so that their allreduce can start while earlier layers compute
+  // (grad_buckets.h).
+  virtual void Backward(int n, const int32_t* labels, float scale,
+                        const GradsReady& on_grads_ready) = 0;
 
   // The first failure of a collective that Forward or Backward ran (the
   // allreduces of synchronised batchnorm); OK if none. After one, the

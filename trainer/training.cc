@@ -21,6 +21,7 @@
 #include "trainer/backend_select.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
+#include "trainer/grad_buckets.h"
 #include "trainer/history.h"
 #include "trainer/network.h"
 #include "trainer/onnx_export.h"
@@ -83,6 +84,8 @@ class Run {
  public:
   explicit Run(const TrainRequest& request)
       : req_(request), comm_(*request.communicator) {}
+  // The communicator outlives the backend's stream it was given.
+  ~Run() { comm_.SetComputeStream(nullptr); }
 
   absl::StatusOr<TrainResult> Execute();
 
@@ -198,6 +201,8 @@ absl::Status Run::Build() {
   ASSIGN_OR_RETURN(backend_,
                    MakeChosenBackend(req_.device, req_.threads,
                                      req_.spec.options().precision() == "tf32"));
+  // Collectives wait for this stream's work with events, not device syncs.
+  comm_.SetComputeStream(backend_->native_stream());
   const std::string cache = TuningCachePath();
   if (!cache.empty()) {
     absl::StatusOr<std::string> tuning = ReadFile(cache);
@@ -567,6 +572,8 @@ absl::StatusOr<TrainResult> Run::Execute() {
   double train_time = 0;
   int64_t images = 0;
   const float scale = 1.0f / static_cast<float>(global_batch_);
+  GradientBuckets buckets(&comm_, net_->grads(), net_->num_params(),
+                          DefaultBucketFloats(backend_->on_gpu()));
   std::optional<Evaluation> last_validation;
 
   // Copies a prepared batch towards a slot: on a GPU through the slot's
@@ -648,10 +655,15 @@ absl::StatusOr<TrainResult> Run::Execute() {
                       static_cast<uint64_t>(comm_.rank())));
     backend_->Fill(stats, 2, 0);
     net_->Loss(n, slot.labels.as<int32_t>(), stats);
-    net_->Backward(n, slot.labels.as<int32_t>(), scale);
+    // Several ranks: each layer's gradients start their allreduce (in
+    // buckets) while the layers before it compute.
+    net_->Backward(n, slot.labels.as<int32_t>(), scale,
+                   comm_.size() > 1 ? buckets.ReadyFn() : nullptr);
     RETURN_IF_ERROR(net_->collective_status());
     if (comm_.size() > 1) {
-      RETURN_IF_ERROR(comm_.AllreduceSum(net_->grads(), net_->num_params()));
+      RETURN_IF_ERROR(buckets.Finish());
+      // Blocking, so also the host's bounded wait for the buckets (a dead
+      // peer is an error here, not a hang in a later read of the device).
       RETURN_IF_ERROR(comm_.AllreduceSum(stats, 2));
     }
     const int64_t epoch = iteration_ / per_epoch_ + 1;

@@ -183,6 +183,11 @@ TEST(SoloCommunicator, CollectivesLeaveDataAlone) {
   ASSERT_TRUE(solo->Barrier().ok());
   EXPECT_EQ(v, (std::vector<float>{1.5f, -2.0f}));
   EXPECT_FALSE(solo->Broadcast(v.data(), 2, 1).ok());
+  // Started allreduces are the blocking ones: done at once.
+  ASSERT_TRUE(solo->StartAllreduceSum(v.data(), 2).ok());
+  ASSERT_TRUE(solo->WaitAll().ok());
+  EXPECT_EQ(v, (std::vector<float>{1.5f, -2.0f}));
+  EXPECT_FALSE(solo->StartAllreduceSum(v.data(), -1).ok());
 }
 
 // ---------------------------------------------------------------- Gloo
@@ -316,6 +321,132 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
+
+class GlooStartedAllreduce
+    : public testing::TestWithParam<std::tuple<GlooAllreduce, int>> {};
+
+// Buckets as backward starts them (highest first, of uneven sizes), with
+// blocking collectives called in between: the same bits as the blocking
+// allreduce of the same slices, on every rank, and (2 ranks: one addition
+// per element) as one blocking allreduce of the whole buffer.
+TEST_P(GlooStartedAllreduce, SumsAsTheBlockingOneWithCollectivesBetween) {
+  const auto [algorithm, size] = GetParam();
+  const std::vector<int64_t> bounds = {0,      1000,       1001,
+                                       150000, kCount - 1, kCount};
+  auto rdv = OpenFileRendezvous(MakeTempDir());
+  ASSERT_TRUE(rdv.ok());
+  std::vector<std::vector<float>> out(size);
+  RunThreadRanks(
+      algorithm, size, rdv->get(), [&, size = size](int rank, Communicator* c) {
+        const float small_sum = static_cast<float>(size * (size + 1) / 2);
+        // Twice: the second round reuses what the first set up.
+        for (int round = 0; round < 2; ++round) {
+          std::vector<float> started = RankData(rank, kCount);
+          std::vector<float> blocking = started;
+          std::vector<float> small(3, static_cast<float>(rank + 1));
+          std::vector<float> bcast(5, static_cast<float>(rank));
+          for (size_t i = bounds.size() - 1; i > 0; --i) {
+            const int64_t first = bounds[i - 1], count = bounds[i] - first;
+            ASSERT_TRUE(
+                c->StartAllreduceSum(started.data() + first, count).ok());
+            if (i == bounds.size() - 2) {
+              ASSERT_TRUE(c->AllreduceSum(small.data(), 3).ok());
+              ASSERT_TRUE(c->Broadcast(bcast.data(), 5, size - 1).ok());
+              EXPECT_EQ(small, std::vector<float>(3, small_sum));
+              EXPECT_EQ(bcast,
+                        std::vector<float>(5, static_cast<float>(size - 1)));
+            }
+          }
+          ASSERT_TRUE(c->StartAllreduceSum(started.data(), 0).ok());
+          EXPECT_EQ(c->StartAllreduceSum(nullptr, 5).code(),
+                    absl::StatusCode::kInvalidArgument);
+          absl::Status waited = c->WaitAll();
+          ASSERT_TRUE(waited.ok()) << waited;
+          EXPECT_TRUE(c->WaitAll().ok());  // nothing left to wait for
+
+          for (size_t i = bounds.size() - 1; i > 0; --i) {
+            const int64_t first = bounds[i - 1];
+            ASSERT_TRUE(
+                c->AllreduceSum(blocking.data() + first, bounds[i] - first)
+                    .ok());
+          }
+          EXPECT_TRUE(started == blocking)
+              << "rank " << rank << " round " << round;
+          if (size == 2) {
+            std::vector<float> whole = RankData(rank, kCount);
+            ASSERT_TRUE(c->AllreduceSum(whole.data(), kCount).ok());
+            EXPECT_TRUE(started == whole)
+                << "rank " << rank << " round " << round;
+          }
+          out[rank] = std::move(started);
+        }
+      });
+  for (int r = 0; r < size; ++r) {
+    ExpectSumOfRanks(out[r], size);
+    EXPECT_TRUE(out[r] == out[0]) << "rank " << r << " holds other bits";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BitIdentical, GlooStartedAllreduce,
+    testing::Combine(testing::Values(GlooAllreduce::kHalvingDoubling,
+                                     GlooAllreduce::kRingChunked,
+                                     GlooAllreduce::kUnifiedRing),
+                     testing::Values(2, 3)),
+    [](const auto& info) {
+      std::string name =
+          absl::StrCat(GlooAllreduceName(std::get<0>(info.param)), "_",
+                       std::get<1>(info.param), "ranks");
+      for (char& c : name) {
+        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+      }
+      return name;
+    });
+
+// A peer killed between steps: the started allreduces fail, and WaitAll
+// says so within the timeout; the communicator refuses everything after.
+TEST(GlooCommunicator, KilledPeerFailsWaitAll) {
+  const std::string dir = MakeTempDir();
+  const absl::Duration timeout = absl::Seconds(3);
+  std::vector<pid_t> pids = ForkRanks({1}, [&](int rank) {
+    auto rdv = OpenFileRendezvous(dir);
+    if (!rdv.ok()) return 10;
+    auto comm = MakeGlooCommunicator(rdv->get(), rank, 2, kHost, timeout);
+    if (!comm.ok()) return 11;
+    std::vector<float> v = RankData(rank, kCount);
+    if (!(*comm)->StartAllreduceSum(v.data(), kCount).ok()) return 12;
+    if (!(*comm)->WaitAll().ok()) return 13;
+    if (!WriteFileAtomic(absl::StrCat(dir, "/done_", rank), "").ok()) return 14;
+    absl::SleepFor(absl::Seconds(60));  // killed here
+    return 15;
+  });
+  auto rdv = OpenFileRendezvous(dir);
+  ASSERT_TRUE(rdv.ok());
+  auto comm = MakeGlooCommunicator(rdv->get(), 0, 2, kHost, timeout);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::vector<float> v = RankData(0, kCount);
+  ASSERT_TRUE((*comm)->StartAllreduceSum(v.data(), kCount).ok());
+  ASSERT_TRUE((*comm)->WaitAll().ok());
+  ASSERT_TRUE(rdv->get()->Get("done_1", absl::Seconds(5)).ok());
+  kill(pids[0], SIGKILL);
+  EXPECT_EQ(WaitFor(pids[0], absl::Seconds(5)), -1);
+
+  const absl::Time start = absl::Now();
+  for (int64_t first : {300000, 100000, 0}) {
+    // Starting never waits on the peer; the failure comes from WaitAll.
+    EXPECT_TRUE((*comm)->StartAllreduceSum(v.data() + first, 100000).ok());
+  }
+  absl::Status failed = (*comm)->WaitAll();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_FALSE(failed.ok());
+  EXPECT_THAT(failed.message(),
+              HasSubstr("allreduce of 100000 floats on rank 0 of 2"));
+  EXPECT_LT(took, timeout + absl::Seconds(1));
+  EXPECT_TRUE((*comm)->WaitAll().ok());  // reported once
+  EXPECT_EQ((*comm)->Barrier().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*comm)->StartAllreduceSum(v.data(), 10).ok());
+  EXPECT_EQ((*comm)->WaitAll().code(), absl::StatusCode::kFailedPrecondition);
+}
 
 TEST(GlooCommunicator, SeveralPerJobAndOddSizes) {
   auto rdv = OpenFileRendezvous(MakeTempDir());

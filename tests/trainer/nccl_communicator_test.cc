@@ -1,8 +1,9 @@
 // The NCCL communicator.
 // - NcclCommunicator.*: arguments, and a build without NCCL or a machine
 //   without GPUs failing with a clear status. Run everywhere (label unit).
-// - NcclCommunicatorGpu.*: collectives between ranks on GPUs (label gpu);
-//   each skips, saying why, with fewer CUDA devices than it needs.
+// - NcclCommunicatorGpu.*: collectives between ranks on GPUs, blocking and
+//   started (gradient buckets) on the backend's stream (label gpu); each
+//   skips, saying why, with fewer CUDA devices than it needs.
 // Ranks are processes: this binary again, forked and exec'd (so no CUDA
 // state crosses a fork), running only NcclRankProcess.Run with its rank,
 // world and rendezvous folder in the environment. ctest never lists
@@ -70,6 +71,69 @@ std::string MakeTempDir() {
   std::string tmpl = testing::TempDir() + "/nccl_test_XXXXXX";
   const char* made = mkdtemp(tmpl.data());
   return made == nullptr ? std::string() : tmpl;
+}
+
+// Buckets as training starts them, on the backend's stream: the data is
+// written and doubled on that stream, summed in three uneven started
+// allreduces (highest first), then halved there again once WaitAll has
+// ordered the stream after them, and read back. Every value is exact.
+// Returns the first failure as text; "" if none.
+std::string StartedAllreducesOnTheBackendStream(Communicator& c,
+                                                Backend& backend) {
+  const int world = c.size();
+  const int rank = c.rank();
+  c.SetComputeStream(backend.native_stream());
+  if (backend.native_stream() == nullptr)
+    return "the GPU backend has no stream";
+  constexpr int64_t kCount = (int64_t{1} << 20) + 5;
+  auto buffer = backend.Allocate(kCount * sizeof(float));
+  if (!buffer.ok()) return buffer.status().ToString();
+  float* data = buffer->f32();
+  std::vector<float> host(kCount), out(kCount);
+  for (int round = 0; round < 2; ++round) {
+    for (int64_t i = 0; i < kCount; ++i) host[i] = 0.5f * (rank + 1) + i % 5;
+    backend.CopyToDevice(data, host.data(), kCount * sizeof(float));
+    backend.Scale(kCount, 2.0f, data);
+    const int64_t bounds[] = {0, 7, 300001, kCount};
+    for (int b = 3; b > 0; --b) {
+      absl::Status s =
+          c.StartAllreduceSum(data + bounds[b - 1], bounds[b] - bounds[b - 1]);
+      if (!s.ok()) return s.ToString();
+    }
+    absl::Status s = c.StartAllreduceSum(data, 0);
+    if (!s.ok()) return s.ToString();
+    if (c.StartAllreduceSum(nullptr, 3).code() !=
+        absl::StatusCode::kInvalidArgument) {
+      return "StartAllreduceSum took a null buffer";
+    }
+    s = c.WaitAll();
+    if (!s.ok()) return s.ToString();
+    backend.Scale(kCount, 0.5f, data);
+    backend.CopyToHost(out.data(), data, kCount * sizeof(float));
+    const float base = 0.25f * world * (world + 1);
+    for (int64_t i = 0; i < kCount; ++i) {
+      const float want = base + world * static_cast<float>(i % 5);
+      if (out[i] != want) {
+        return absl::StrCat("round ", round, ": element ", i, " is ", out[i],
+                            ", not ", want);
+      }
+    }
+  }
+  absl::Status s = c.WaitAll();  // nothing started: nothing to wait for
+  if (!s.ok()) return s.ToString();
+  // A blocking collective after the compute stream's work, by event.
+  backend.Fill(data, kCount, 1.0f);
+  s = c.AllreduceSum(data, kCount);
+  if (!s.ok()) return s.ToString();
+  backend.CopyToHost(out.data(), data, kCount * sizeof(float));
+  for (int64_t i = 0; i < kCount; ++i) {
+    if (out[i] != static_cast<float>(world)) {
+      return absl::StrCat("blocking: element ", i, " is ", out[i]);
+    }
+  }
+  s = c.Barrier();
+  c.SetComputeStream(nullptr);
+  return s.ok() ? "" : s.ToString();
 }
 
 TEST(NcclCommunicator, RejectsBadArguments) {
@@ -200,6 +264,20 @@ TEST(NcclCommunicatorGpu, ARankThatNeverComesEndsInAnErrorNotAHang) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
 }
 
+// One rank alone still goes through NCCL, the backend's stream and the
+// events: the calls and their checks, on one GPU.
+TEST(NcclCommunicatorGpu, OneRankStartsAndWaitsOnTheBackendStream) {
+  const int devices = CudaDeviceCount();
+  if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL";
+  if (devices < 1) GTEST_SKIP() << "needs 1 CUDA device: 0 visible";
+  MemoryRendezvous rdv;
+  auto comm = MakeNcclCommunicator(&rdv, 0, 1, 0, absl::Seconds(60));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  auto backend = MakeCudaBackend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ(StartedAllreducesOnTheBackendStream(**comm, **backend), "");
+}
+
 // One rank of RanksAllreduceAndBroadcastDeviceArrays, on GPU `rank`, with
 // the GPU backend's buffers (so the backend's stream feeds the collectives,
 // as in training).
@@ -261,6 +339,10 @@ TEST(NcclRankProcess, Run) {
   EXPECT_TRUE(c.AllreduceSum(data, 0).ok());
   s = c.Barrier();
   EXPECT_TRUE(s.ok()) << s;
+
+  // Gradient buckets: started on the comm stream after the backend's
+  // stream, waited for with events.
+  EXPECT_EQ(StartedAllreducesOnTheBackendStream(c, **backend), "");
 }
 
 }  // namespace
