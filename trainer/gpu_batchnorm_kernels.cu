@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "trainer/backend_cuda_grid.h"
 #include "trainer/backend_cuda_launch.h"
 
 namespace dlbatch::trainer::gpu {
@@ -21,18 +22,12 @@ namespace {
 
 constexpr int kChannelTile = 32;
 constexpr int kRowLanes = 8;
-constexpr int kThreads = 256;
 
 // Row chunks for `rows` positions: about 256 rows each, at most
 // kBnMaxChunks.
 int Chunks(int64_t rows) {
   return static_cast<int>(
       std::clamp<int64_t>((rows + 255) / 256, 1, kBnMaxChunks));
-}
-
-int Blocks(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<int>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 16));
 }
 
 // --- kernels ---

@@ -18,21 +18,11 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "trainer/backend_cuda_grid.h"
 #include "trainer/backend_cuda_launch.h"
 
 namespace dlbatch::trainer::gpu {
 namespace {
-
-constexpr int kThreads = 256;
-
-int Blocks(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<int>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 16));
-}
-
-#define DLBATCH_GRID_STRIDE(i, count)                              \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; \
-       i < (count); i += int64_t{gridDim.x} * blockDim.x)
 
 __global__ void AddBiasRowsKernel(int64_t rows, int c,
                                   const float* __restrict__ bias,

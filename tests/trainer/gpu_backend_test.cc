@@ -198,6 +198,27 @@ TEST_F(GpuBackendTest, FullyConnectedForwardAndBackward) {
   }
 }
 
+// Pooling `d` over n samples of `x` (gradient `dy`) on both backends:
+// outputs and input gradients agree.
+void ExpectPoolingAgrees(Backend* cpu, Backend* gpu, const PoolDesc& d, int n,
+                         const Pair& x, const Pair& dy) {
+  SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString());
+  auto ck = cpu->MakePool(d, n);
+  auto gk = gpu->MakePool(d, n);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_TRUE(gk.ok()) << gk.status();
+  Buffer cws, gws;
+  if (size_t bytes = (*ck)->WorkspaceBytes(n)) cws = *cpu->Allocate(bytes);
+  if (size_t bytes = (*gk)->WorkspaceBytes(n)) gws = *gpu->Allocate(bytes);
+  Pair y(cpu, gpu, n * d.out.size()), dx(cpu, gpu, n * d.in.size());
+  (*ck)->Forward(n, x.c(), y.c(), cws.as<void>());
+  (*gk)->Forward(n, x.g(), y.g(), gws.as<void>());
+  (*ck)->Backward(n, x.c(), y.c(), dy.c(), cws.as<void>(), dx.c());
+  (*gk)->Backward(n, x.g(), y.g(), dy.g(), gws.as<void>(), dx.g());
+  EXPECT_AGREE(y);
+  EXPECT_AGREE(dx);
+}
+
 TEST_F(GpuBackendTest, PoolingForwardAndBackward) {
   PoolDesc max2{PoolKind::kMax, {24, 24, 20}, 2, 2, 2, 2, {}, {12, 12, 20}};
   PoolDesc avg3{PoolKind::kAverage, {7, 7, 6}, 3, 3, 1, 1, {1, 1, 1, 1},
@@ -208,23 +229,9 @@ TEST_F(GpuBackendTest, PoolingForwardAndBackward) {
   PoolDesc max2odd{PoolKind::kMax, {7, 7, 3}, 2, 2, 2, 2, {}, {3, 3, 3}};
   uint64_t seed = 20;
   for (const PoolDesc& d : {max2, avg3, max3, global, max2odd}) {
-    SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString());
     const int n = 3;
-    auto ck = cpu_->MakePool(d, n);
-    auto gk = gpu_->MakePool(d, n);
-    ASSERT_TRUE(ck.ok()) << ck.status();
-    ASSERT_TRUE(gk.ok()) << gk.status();
-    Buffer cws, gws;
-    if (size_t bytes = (*ck)->WorkspaceBytes(n)) cws = *cpu_->Allocate(bytes);
-    if (size_t bytes = (*gk)->WorkspaceBytes(n)) gws = *gpu_->Allocate(bytes);
     Pair x = Random(n * d.in.size(), ++seed), dy = Random(n * d.out.size(), ++seed);
-    Pair y = Zeros(n * d.out.size()), dx = Zeros(n * d.in.size());
-    (*ck)->Forward(n, x.c(), y.c(), cws.as<void>());
-    (*gk)->Forward(n, x.g(), y.g(), gws.as<void>());
-    (*ck)->Backward(n, x.c(), y.c(), dy.c(), cws.as<void>(), dx.c());
-    (*gk)->Backward(n, x.g(), y.g(), dy.g(), gws.as<void>(), dx.g());
-    EXPECT_AGREE(y);
-    EXPECT_AGREE(dx);
+    ExpectPoolingAgrees(cpu_.get(), gpu_.get(), d, n, x, dy);
   }
 }
 
@@ -234,26 +241,12 @@ TEST_F(GpuBackendTest, MaxPoolingTiesGoToTheSameElement) {
   for (const PoolDesc& d :
        {PoolDesc{PoolKind::kMax, {8, 8, 5}, 2, 2, 2, 2, {}, {4, 4, 5}},
         PoolDesc{PoolKind::kMax, {9, 9, 4}, 3, 3, 2, 2, {}, {4, 4, 4}}}) {
-    SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString());
     const int n = 2;
     std::vector<float> host = RandomVector(n * d.in.size(), 77, 0, 2);
     for (float& v : host) v = std::floor(v);  // 0s and 1s: many ties
     Pair x(cpu_.get(), gpu_.get(), host);
     Pair dy = Random(n * d.out.size(), 78);
-    Pair y = Zeros(n * d.out.size()), dx = Zeros(n * d.in.size());
-    auto ck = cpu_->MakePool(d, n);
-    auto gk = gpu_->MakePool(d, n);
-    ASSERT_TRUE(ck.ok()) << ck.status();
-    ASSERT_TRUE(gk.ok()) << gk.status();
-    Buffer cws, gws;
-    if (size_t bytes = (*ck)->WorkspaceBytes(n)) cws = *cpu_->Allocate(bytes);
-    if (size_t bytes = (*gk)->WorkspaceBytes(n)) gws = *gpu_->Allocate(bytes);
-    (*ck)->Forward(n, x.c(), y.c(), cws.as<void>());
-    (*gk)->Forward(n, x.g(), y.g(), gws.as<void>());
-    (*ck)->Backward(n, x.c(), y.c(), dy.c(), cws.as<void>(), dx.c());
-    (*gk)->Backward(n, x.g(), y.g(), dy.g(), gws.as<void>(), dx.g());
-    EXPECT_AGREE(y);
-    EXPECT_AGREE(dx);
+    ExpectPoolingAgrees(cpu_.get(), gpu_.get(), d, n, x, dy);
   }
 }
 
