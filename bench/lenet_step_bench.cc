@@ -184,7 +184,7 @@ int Main(int argc, char** argv) {
     Buffer velocity = *(*backend)->Allocate(network.num_params() * 4);
     const Timing step = TimeCalls(
         [&] {
-          network.Forward(n, images.f32(), /*training=*/true, 1);
+          network.Forward(n, images.f32(), /*training=*/true);
           network.Loss(n, labels.as<int32_t>(), stats.f32());
           network.Backward(n, labels.as<int32_t>(), 1.0f / n);
           (*backend)->SgdmUpdate(network.num_params(), network.num_decayed(),

@@ -48,12 +48,21 @@ HostMemory& HostMemory::operator=(HostMemory&& other) noexcept {
 }
 
 void* Backend::AllocateHost(size_t bytes) {
-  return ::operator new(bytes == 0 ? 64 : bytes, std::align_val_t{64},
-                        std::nothrow);
+  return ::operator new (bytes == 0 ? 64 : bytes, std::align_val_t{64},
+                         std::nothrow);
 }
 
 void Backend::FreeHost(void* host) {
-  ::operator delete(host, std::align_val_t{64});
+  ::operator delete (host, std::align_val_t{64});
+}
+
+absl::Status Backend::StartRecording() {
+  return absl::UnimplementedError(
+      absl::StrCat(Describe(), " cannot record work; it runs calls as issued"));
+}
+
+absl::StatusOr<std::unique_ptr<Recording>> Backend::FinishRecording() {
+  return absl::FailedPreconditionError("FinishRecording without a recording");
 }
 
 }  // namespace dlbatch::trainer

@@ -47,7 +47,9 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
 
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   float* f32() const { return as<float>(); }
   size_t bytes() const { return bytes_; }
 
@@ -144,9 +146,8 @@ class PoolKernel {
   virtual size_t WorkspaceBytes(int n) const = 0;
   // `workspace` may be null for inference.
   virtual void Forward(int n, const float* x, float* y, void* workspace) = 0;
-  virtual void Backward(int n, const float* x, const float* y,
-                        const float* dy, const void* workspace,
-                        float* dx) = 0;
+  virtual void Backward(int n, const float* x, const float* y, const float* dy,
+                        const void* workspace, float* dx) = 0;
 };
 
 // Batch normalisation per channel over (n, h, w). Variances are biased (the
@@ -219,6 +220,18 @@ struct ActivationDesc {
   float alpha = 0;
 };
 
+// Work recorded once and then issued again as a whole: a CUDA graph of a
+// training step, whose forty-odd kernel launches would otherwise take the
+// host longer than a small network's kernels take on the device.
+class Recording {
+ public:
+  virtual ~Recording() = default;
+  // Issues the recorded work again (in order with the backend's other
+  // calls), with the pointers and arguments it was recorded with: it reads
+  // what the buffers hold when it runs (a new batch, a new dropout key).
+  virtual void Replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -272,6 +285,22 @@ class Backend {
   // The host waits until Upload `token` has read its source.
   virtual void WaitUploaded(uint64_t token) { (void)token; }
 
+  // --- recording (CUDA graphs) ---
+  // Whether StartRecording can succeed: a GPU; the CPU runs calls as they
+  // are issued and has nothing to gain.
+  virtual bool can_record() const { return false; }
+  // The calls issued from StartRecording to FinishRecording are recorded,
+  // not run: nothing of them runs until the Recording replays. Kernels must
+  // have run once before (so that nothing is set up lazily while
+  // recording). In between, nothing may wait for the device (CopyToHost,
+  // SumSquares, Synchronize, WaitUploaded), allocate or free, or Upload;
+  // scalars passed to calls are fixed in the recording, so what changes
+  // between replays must come from device memory (SetDropoutKey, batches).
+  // A failure returns an error and leaves the backend running calls as
+  // issued again.
+  virtual absl::Status StartRecording();
+  virtual absl::StatusOr<std::unique_ptr<Recording>> FinishRecording();
+
   // --- kernels with shape-dependent set-up ---
   // `max_batch` bounds n at every call of the kernel.
   virtual absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(
@@ -291,10 +320,17 @@ class Backend {
   virtual void ActivationBackward(const ActivationDesc& desc, int64_t count,
                                   const float* x, const float* dy,
                                   float* dx) = 0;
-  // Inverted dropout: mask[i] = (draw(seed, i) >= p) / (1 - p), y = x * mask,
-  // where draw is a counter-based uniform [0, 1) of (seed, i), the same on
-  // every backend.
-  virtual void DropoutForward(float p, uint64_t seed, int64_t count,
+  // The key dropout draws from until the next call: a training step's
+  // (seed, iteration, rank). Issued in order like a kernel: on a GPU it is
+  // written to device memory, where DropoutForward reads it, so that a
+  // step recorded once (StartRecording) draws anew each time it replays
+  // after a new key.
+  virtual void SetDropoutKey(uint64_t key) = 0;
+  // Inverted dropout: mask[i] = (draw(Key(key, salt), i) >= p) / (1 - p),
+  // y = x * mask, where key is SetDropoutKey's (0 before any), `salt` tells
+  // the layers of a step apart, and draw is rng.h's UniformAt, a
+  // counter-based uniform [0, 1): the same on every backend.
+  virtual void DropoutForward(float p, uint64_t salt, int64_t count,
                               const float* x, float* mask, float* y) = 0;
   // dx = dy * mask.
   virtual void Multiply(int64_t count, const float* a, const float* b,
@@ -323,15 +359,14 @@ class Backend {
                           const float* grads, float* velocity) = 0;
   // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
   // p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps); t >= 1.
-  virtual void AdamUpdate(int64_t count, int64_t decayed, float lr,
-                          float beta1, float beta2, float epsilon, int64_t t,
-                          float l2, float* params, const float* grads,
-                          float* m, float* v) = 0;
+  virtual void AdamUpdate(int64_t count, int64_t decayed, float lr, float beta1,
+                          float beta2, float epsilon, int64_t t, float l2,
+                          float* params, const float* grads, float* m,
+                          float* v) = 0;
   // v = b2 v + (1-b2) g^2;  p -= lr * g / (sqrt(v) + eps).
   virtual void RmspropUpdate(int64_t count, int64_t decayed, float lr,
                              float beta2, float epsilon, float l2,
-                             float* params, const float* grads,
-                             float* v) = 0;
+                             float* params, const float* grads, float* v) = 0;
   // Sum of squares in double precision; waits for the result (a host sync).
   // Non-finite elements make the result non-finite.
   virtual double SumSquares(int64_t count, const float* x) = 0;

@@ -16,6 +16,7 @@
 #include "oneapi/dnnl/dnnl.hpp"
 #include "trainer/backend.h"
 #include "trainer/backend_cpu_internal.h"
+#include "trainer/rng.h"
 
 namespace dlbatch::trainer {
 namespace cpu {
@@ -152,7 +153,8 @@ class CpuBackend final : public Backend {
     return out;
   }
   void LoadTuning(const std::string& tuning) override {
-    for (absl::string_view line : absl::StrSplit(tuning, '\n', absl::SkipEmpty())) {
+    for (absl::string_view line :
+         absl::StrSplit(tuning, '\n', absl::SkipEmpty())) {
       const size_t tab = line.find('\t');
       int index = 0;
       if (tab == absl::string_view::npos ||
@@ -226,10 +228,11 @@ class CpuBackend final : public Backend {
     ctx_.Enter();
     cpu::ActivationBackward(desc.alpha, count, x, dy, dx);
   }
-  void DropoutForward(float p, uint64_t seed, int64_t count, const float* x,
+  void SetDropoutKey(uint64_t key) override { dropout_key_ = key; }
+  void DropoutForward(float p, uint64_t salt, int64_t count, const float* x,
                       float* mask, float* y) override {
     ctx_.Enter();
-    cpu::DropoutForward(p, seed, count, x, mask, y);
+    cpu::DropoutForward(p, Key(dropout_key_, salt), count, x, mask, y);
   }
   void Multiply(int64_t count, const float* a, const float* b,
                 float* out) override {
@@ -278,6 +281,7 @@ class CpuBackend final : public Backend {
 
  private:
   cpu::Context ctx_;
+  uint64_t dropout_key_ = 0;
 };
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status.h"
 #include "trainer/backend.h"
 #include "trainer/backend_cuda_internal.h"
 #include "trainer/backend_cuda_launch.h"
@@ -46,9 +47,9 @@ absl::Status Context::ReserveWorkspace(size_t bytes) {
   workspace_bytes = 0;
   if (cudaMalloc(&workspace, bytes) != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "GPU ", device, ": cannot allocate a cuDNN workspace of ", bytes,
-        " bytes; use a smaller mini_batch_size"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("GPU ", device, ": cannot allocate a cuDNN workspace of ",
+                     bytes, " bytes; use a smaller mini_batch_size"));
   }
   workspace_bytes = bytes;
   return absl::OkStatus();
@@ -66,14 +67,32 @@ void* Context::Workspace(size_t bytes) {
 }
 
 absl::Status SetNhwc(const TensorDescriptor& desc, int n, const Shape& shape) {
-  DLBATCH_CUDNN_RETURN_IF_ERROR(
-      cudnnSetTensor4dDescriptor(desc.get(), CUDNN_TENSOR_NHWC,
-                                 CUDNN_DATA_FLOAT, n, shape.c, shape.h,
-                                 shape.w));
+  DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(
+      desc.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, shape.c, shape.h,
+      shape.w));
   return absl::OkStatus();
 }
 
 namespace {
+
+// A captured graph, replayed on the stream it was captured from. Freed
+// before its backend (backend.h: a backend outlives what it made).
+class CudaRecording final : public Recording {
+ public:
+  CudaRecording(cudaStream_t stream, cudaGraph_t graph)
+      : stream_(stream), graph_(graph) {}
+  ~CudaRecording() override {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);  // best effort
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+  }
+  void Replay() override { DLBATCH_CUDA_CHECK(cudaGraphLaunch(exec, stream_)); }
+
+  cudaGraphExec_t exec = nullptr;  // set by FinishRecording
+
+ private:
+  cudaStream_t stream_;
+  cudaGraph_t graph_;
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -83,6 +102,8 @@ class CudaBackend final : public Backend {
     if (ctx_.stream != nullptr) cudaStreamSynchronize(ctx_.stream);
     if (ctx_.workspace != nullptr) cudaFree(ctx_.workspace);
     if (sum_partial_ != nullptr) cudaFree(sum_partial_);
+    if (dropout_key_ != nullptr) cudaFree(dropout_key_);
+    if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
     if (sum_host_ != nullptr) cudaFreeHost(sum_host_);
     if (ctx_.cublas != nullptr) cublasDestroy(ctx_.cublas);
     if (ctx_.cudnn != nullptr) cudnnDestroy(ctx_.cudnn);
@@ -118,11 +139,22 @@ class CudaBackend final : public Backend {
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetStream(ctx_.cudnn, ctx_.stream));
     DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasCreate(&ctx_.cublas));
     DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx_.cublas, ctx_.stream));
-    DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
-        ctx_.cublas,
-        options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-    DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(
-        &sum_partial_, (kSumSquaresBlocks + 1) * sizeof(double)));
+    DLBATCH_CUBLAS_RETURN_IF_ERROR(
+        cublasSetMathMode(ctx_.cublas, options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                    : CUBLAS_DEFAULT_MATH));
+    // A workspace of our own (after cublasSetStream, which resets it), so
+    // that cuBLAS allocates nothing while a step is recorded; the sizes
+    // cuBLAS's documentation recommends (32 MiB from Hopper on, 4 before).
+    const size_t cublas_bytes =
+        prop.major >= 9 ? size_t{32} << 20 : size_t{4} << 20;
+    DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, cublas_bytes));
+    DLBATCH_CUBLAS_RETURN_IF_ERROR(
+        cublasSetWorkspace(ctx_.cublas, cublas_workspace_, cublas_bytes));
+    DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(&dropout_key_, sizeof(uint64_t)));
+    DLBATCH_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(dropout_key_, 0, sizeof(uint64_t), ctx_.stream));
+    DLBATCH_CUDA_RETURN_IF_ERROR(
+        cudaMalloc(&sum_partial_, (kSumSquaresBlocks + 1) * sizeof(double)));
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaMallocHost(&sum_host_, sizeof(double)));
     return absl::OkStatus();
   }
@@ -224,6 +256,50 @@ class CudaBackend final : public Backend {
         cudaEventSynchronize(upload_done_[token % upload_done_.size()]));
   }
 
+  bool can_record() const override { return true; }
+  // Stream capture into a CUDA graph. Thread-local mode: a call of this
+  // thread that cannot be recorded (a wait for the device, an allocation)
+  // fails, and ends the process naming it, instead of quietly running at
+  // record time; other threads (the batch loader) are not concerned.
+  absl::Status StartRecording() override {
+    if (recording_) {
+      return absl::FailedPreconditionError("StartRecording while recording");
+    }
+    RETURN_IF_ERROR(Recoverable(
+        cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal),
+        "cudaStreamBeginCapture", __LINE__));
+    recording_ = true;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<Recording>> FinishRecording() override {
+    if (!recording_) {
+      return absl::FailedPreconditionError(
+          "FinishRecording without StartRecording");
+    }
+    recording_ = false;
+    cudaGraph_t graph = nullptr;
+    RETURN_IF_ERROR(Recoverable(cudaStreamEndCapture(ctx_.stream, &graph),
+                                "cudaStreamEndCapture", __LINE__));
+    auto recording = std::make_unique<CudaRecording>(ctx_.stream, graph);
+    RETURN_IF_ERROR(
+        Recoverable(cudaGraphInstantiate(&recording->exec, graph, 0),
+                    "cudaGraphInstantiate", __LINE__));
+    // Sets the graph up on the device now rather than at its first replay.
+    RETURN_IF_ERROR(Recoverable(cudaGraphUpload(recording->exec, ctx_.stream),
+                                "cudaGraphUpload", __LINE__));
+    return std::unique_ptr<Recording>(std::move(recording));
+  }
+
+  // A failed call's Status, with the runtime's last error cleared, so that
+  // the next launch check does not take it for its own.
+  static absl::Status Recoverable(cudaError_t error, const char* what,
+                                  int line) {
+    if (error == cudaSuccess) return absl::OkStatus();
+    cudaGetLastError();
+    return CallError(absl::StatusCode::kInternal, what, __FILE__, line,
+                     cudaGetErrorString(error));
+  }
+
   absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(const ConvDesc& desc,
                                                        int max_batch) override {
     return gpu::MakeConv(&ctx_, desc, max_batch);
@@ -253,9 +329,12 @@ class CudaBackend final : public Backend {
                           const float* x, const float* dy, float* dx) override {
     LaunchActivationBackward(ctx_.stream, desc.alpha, count, x, dy, dx);
   }
-  void DropoutForward(float p, uint64_t seed, int64_t count, const float* x,
+  void SetDropoutKey(uint64_t key) override {
+    LaunchStoreU64(ctx_.stream, dropout_key_, key);
+  }
+  void DropoutForward(float p, uint64_t salt, int64_t count, const float* x,
                       float* mask, float* y) override {
-    LaunchDropoutForward(ctx_.stream, p, seed, count, x, mask, y);
+    LaunchDropoutForward(ctx_.stream, p, dropout_key_, salt, count, x, mask, y);
   }
   void Multiply(int64_t count, const float* a, const float* b,
                 float* out) override {
@@ -287,8 +366,8 @@ class CudaBackend final : public Backend {
     const double tt = static_cast<double>(t < 1 ? 1 : t);
     const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(beta1, tt)));
     const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(beta2, tt)));
-    LaunchAdamUpdate(ctx_.stream, count, decayed, lr, beta1, beta2, epsilon,
-                     c1, c2, l2, params, grads, m, v);
+    LaunchAdamUpdate(ctx_.stream, count, decayed, lr, beta1, beta2, epsilon, c1,
+                     c2, l2, params, grads, m, v);
   }
   void RmspropUpdate(int64_t count, int64_t decayed, float lr, float beta2,
                      float epsilon, float l2, float* params, const float* grads,
@@ -313,10 +392,13 @@ class CudaBackend final : public Backend {
   std::string description_;
   double* sum_partial_ = nullptr;  // device: the blocks' sums, then the total
   double* sum_host_ = nullptr;     // pinned: SumSquares' result
-  cudaStream_t upload_stream_ = nullptr;  // Upload's copies
-  cudaEvent_t compute_mark_ = nullptr;    // Upload: the compute before it
+  cudaStream_t upload_stream_ = nullptr;      // Upload's copies
+  cudaEvent_t compute_mark_ = nullptr;        // Upload: the compute before it
   std::array<cudaEvent_t, 8> upload_done_{};  // by token % 8
   uint64_t uploads_ = 0;                      // tokens given
+  uint64_t* dropout_key_ = nullptr;           // device: SetDropoutKey's
+  void* cublas_workspace_ = nullptr;
+  bool recording_ = false;
 };
 
 }  // namespace
@@ -355,8 +437,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
   const int count = CudaDeviceCount();
   if (device < 0 || device >= count) {
     return absl::UnavailableError(absl::StrCat(
-        "GPU ", device, ": this machine has ", count,
-        " visible CUDA device(s)",
+        "GPU ", device, ": this machine has ", count, " visible CUDA device(s)",
         count == 0 ? " (no driver or no GPU; CUDA_VISIBLE_DEVICES may hide "
                      "them); use execution_environment: cpu"
                    : ""));

@@ -50,16 +50,24 @@ __global__ void ActivationBackwardKernel(float alpha, int64_t count,
   DLBATCH_GRID_STRIDE(i, count) dx[i] = x[i] > 0 ? dy[i] : alpha * dy[i];
 }
 
-// The same counter-based draws as the CPU backend (rng.h's UniformAt).
-__global__ void DropoutForwardKernel(float p, float keep, uint64_t seed,
-                                     int64_t count, const float* __restrict__ x,
+// The same counter-based draws as the CPU backend (rng.h's UniformAt),
+// from the key SetDropoutKey left in device memory.
+__global__ void DropoutForwardKernel(float p, float keep,
+                                     const uint64_t* __restrict__ key,
+                                     uint64_t salt, int64_t count,
+                                     const float* __restrict__ x,
                                      float* __restrict__ mask,
                                      float* __restrict__ y) {
+  const uint64_t seed = Key(*key, salt);
   DLBATCH_GRID_STRIDE(i, count) {
     const float m = UniformAt(seed, static_cast<uint64_t>(i)) >= p ? keep : 0;
     mask[i] = m;
     y[i] = x[i] * m;
   }
+}
+
+__global__ void StoreU64Kernel(uint64_t* __restrict__ at, uint64_t value) {
+  *at = value;
 }
 
 __global__ void BroadcastRowsKernel(int rows, int cols,
@@ -155,8 +163,7 @@ __global__ void SoftmaxCrossEntropyBackwardKernel(
 }
 
 __global__ void SgdmKernel(int64_t count, int64_t decayed, float lr,
-                           float momentum, float l2,
-                           float* __restrict__ params,
+                           float momentum, float l2, float* __restrict__ params,
                            const float* __restrict__ grads,
                            float* __restrict__ velocity) {
   DLBATCH_GRID_STRIDE(i, count) {
@@ -181,7 +188,8 @@ __global__ void AdamKernel(int64_t count, int64_t decayed, float lr,
     const float vi = beta2 * v[i] + (1 - beta2) * g * g;
     m[i] = mi;
     v[i] = vi;
-    params[i] = p - lr * (mi * correction1) / (sqrtf(vi * correction2) + epsilon);
+    params[i] =
+        p - lr * (mi * correction1) / (sqrtf(vi * correction2) + epsilon);
   }
 }
 
@@ -233,17 +241,22 @@ void LaunchActivationForward(cudaStream_t stream, float alpha, int64_t count,
 void LaunchActivationBackward(cudaStream_t stream, float alpha, int64_t count,
                               const float* x, const float* dy, float* dx) {
   if (count <= 0) return;
-  ActivationBackwardKernel<<<Blocks(count), kThreads, 0, stream>>>(
-      alpha, count, x, dy, dx);
+  ActivationBackwardKernel<<<Blocks(count), kThreads, 0, stream>>>(alpha, count,
+                                                                   x, dy, dx);
   DLBATCH_CUDA_CHECK_LAUNCH("ActivationBackwardKernel");
 }
 
-void LaunchDropoutForward(cudaStream_t stream, float p, uint64_t seed,
-                          int64_t count, const float* x, float* mask,
-                          float* y) {
+void LaunchStoreU64(cudaStream_t stream, uint64_t* at, uint64_t value) {
+  StoreU64Kernel<<<1, 1, 0, stream>>>(at, value);
+  DLBATCH_CUDA_CHECK_LAUNCH("StoreU64Kernel");
+}
+
+void LaunchDropoutForward(cudaStream_t stream, float p, const uint64_t* key,
+                          uint64_t salt, int64_t count, const float* x,
+                          float* mask, float* y) {
   if (count <= 0) return;
   DropoutForwardKernel<<<Blocks(count), kThreads, 0, stream>>>(
-      p, 1.0f / (1.0f - p), seed, count, x, mask, y);
+      p, 1.0f / (1.0f - p), key, salt, count, x, mask, y);
   DLBATCH_CUDA_CHECK_LAUNCH("DropoutForwardKernel");
 }
 
@@ -279,9 +292,9 @@ void LaunchSoftmaxCrossEntropyBackward(cudaStream_t stream, int n, int classes,
                                        const int32_t* labels, float scale,
                                        float* dlogits) {
   if (n <= 0) return;
-  SoftmaxCrossEntropyBackwardKernel<<<Blocks(int64_t{n} * classes), kThreads,
-                                      0, stream>>>(n, classes, probs, labels,
-                                                   scale, dlogits);
+  SoftmaxCrossEntropyBackwardKernel<<<Blocks(int64_t{n} * classes), kThreads, 0,
+                                      stream>>>(n, classes, probs, labels,
+                                                scale, dlogits);
   DLBATCH_CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardKernel");
 }
 

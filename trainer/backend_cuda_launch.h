@@ -20,26 +20,25 @@ namespace dlbatch::trainer::gpu {
 [[noreturn]] void Die(const char* what, const char* file, int line,
                       const char* detail);
 
-#define DLBATCH_CUDA_CHECK(expr)                                   \
-  do {                                                             \
-    const cudaError_t dlbatch_cuda_error = (expr);                 \
-    if (dlbatch_cuda_error != cudaSuccess) {                       \
-      ::dlbatch::trainer::gpu::Die(#expr, __FILE__, __LINE__,      \
+#define DLBATCH_CUDA_CHECK(expr)                                            \
+  do {                                                                      \
+    const cudaError_t dlbatch_cuda_error = (expr);                          \
+    if (dlbatch_cuda_error != cudaSuccess) {                                \
+      ::dlbatch::trainer::gpu::Die(#expr, __FILE__, __LINE__,               \
                                    cudaGetErrorString(dlbatch_cuda_error)); \
-    }                                                              \
+    }                                                                       \
   } while (false)
 
 // After a kernel launch: a bad configuration shows up here, a fault in the
 // kernel at the next synchronising call.
 // `kernel` is a string literal naming it.
-#define DLBATCH_CUDA_CHECK_LAUNCH(kernel)                          \
-  do {                                                             \
-    const cudaError_t dlbatch_cuda_error = cudaGetLastError();     \
-    if (dlbatch_cuda_error != cudaSuccess) {                       \
-      ::dlbatch::trainer::gpu::Die("launch of " kernel, __FILE__,  \
-                                   __LINE__,                       \
+#define DLBATCH_CUDA_CHECK_LAUNCH(kernel)                                   \
+  do {                                                                      \
+    const cudaError_t dlbatch_cuda_error = cudaGetLastError();              \
+    if (dlbatch_cuda_error != cudaSuccess) {                                \
+      ::dlbatch::trainer::gpu::Die("launch of " kernel, __FILE__, __LINE__, \
                                    cudaGetErrorString(dlbatch_cuda_error)); \
-    }                                                              \
+    }                                                                       \
   } while (false)
 
 // --- element-wise (backend_cuda_kernels.cu) ---
@@ -51,9 +50,12 @@ void LaunchActivationForward(cudaStream_t stream, float alpha, int64_t count,
                              const float* x, float* y);
 void LaunchActivationBackward(cudaStream_t stream, float alpha, int64_t count,
                               const float* x, const float* dy, float* dx);
-void LaunchDropoutForward(cudaStream_t stream, float p, uint64_t seed,
-                          int64_t count, const float* x, float* mask,
-                          float* y);
+// *at = value, in stream order (a kernel, so that it is recorded as one).
+void LaunchStoreU64(cudaStream_t stream, uint64_t* at, uint64_t value);
+// Draws with Key(*key, salt), *key read on the device (SetDropoutKey).
+void LaunchDropoutForward(cudaStream_t stream, float p, const uint64_t* key,
+                          uint64_t salt, int64_t count, const float* x,
+                          float* mask, float* y);
 // y[r, c] = bias[c] for r < rows, c < cols (row-major): the fully
 // connected layer's bias, before its product is added with beta = 1.
 void LaunchBroadcastRows(cudaStream_t stream, int rows, int cols,
@@ -103,8 +105,8 @@ void LaunchBiasGradRows(cudaStream_t stream, int64_t rows, int c,
 void LaunchMaxPoolTiledForward(cudaStream_t stream, int n, int h, int w, int c,
                                int kh, int kw, int oh, int ow, const float* x,
                                float* y, uint8_t* argmax);
-void LaunchMaxPoolTiledBackward(cudaStream_t stream, int n, int h, int w,
-                                int c, int kh, int kw, int oh, int ow,
+void LaunchMaxPoolTiledBackward(cudaStream_t stream, int n, int h, int w, int c,
+                                int kh, int kw, int oh, int ow,
                                 const uint8_t* argmax, const float* dy,
                                 float* dx);
 // --- batch normalisation (gpu_batchnorm_kernels.cu) ---
@@ -135,9 +137,8 @@ void LaunchBnBackwardData(cudaStream_t stream, int64_t rows, int c,
                           const float* sums, float* coef, float* dx);
 // y = (x - running_mean) * gamma / sqrt(running_var + epsilon) + beta.
 void LaunchBnForwardInference(cudaStream_t stream, int64_t rows, int c,
-                              float epsilon, const float* x,
-                              const float* gamma, const float* beta,
-                              const float* running_mean,
+                              float epsilon, const float* x, const float* gamma,
+                              const float* beta, const float* running_mean,
                               const float* running_var, float* coef, float* y);
 
 }  // namespace dlbatch::trainer::gpu

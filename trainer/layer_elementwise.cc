@@ -20,7 +20,7 @@ class ActivationLayer final : public Layer {
       : backend_(backend), desc_{alpha}, sample_size_(sample_size) {}
 
   void Forward(int n, const float* x, float* y, bool /*training*/,
-               uint64_t /*dropout_seed*/) override {
+               uint64_t /*dropout_salt*/) override {
     backend_->ActivationForward(desc_, n * sample_size_, x, y);
   }
   void Backward(int n, const float* x, const float* /*y*/, const float* dy,
@@ -44,10 +44,10 @@ class DropoutLayer final : public Layer {
         mask_(std::move(mask)) {}
 
   void Forward(int n, const float* x, float* y, bool training,
-               uint64_t dropout_seed) override {
+               uint64_t dropout_salt) override {
     const int64_t count = n * sample_size_;
     if (training) {
-      backend_->DropoutForward(p_, dropout_seed, count, x, mask_.f32(), y);
+      backend_->DropoutForward(p_, dropout_salt, count, x, mask_.f32(), y);
     } else {
       backend_->CopyOnDevice(y, x, count * sizeof(float));
     }
@@ -73,7 +73,7 @@ class SoftmaxLayer final : public Layer {
   // Softmax through the backend's softmax cross-entropy against labels of
   // 0, whose statistics go to a scratch buffer nobody reads.
   void Forward(int n, const float* x, float* y, bool /*training*/,
-               uint64_t /*dropout_seed*/) override {
+               uint64_t /*dropout_salt*/) override {
     backend_->SoftmaxCrossEntropy(n, classes_, x, scratch_.as<int32_t>() + 2, y,
                                   scratch_.f32());
   }

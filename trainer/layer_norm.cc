@@ -22,7 +22,7 @@ class BatchNormLayer final : public Layer {
       : kernel_(std::move(kernel)), saved_(std::move(saved)) {}
 
   void Forward(int n, const float* x, float* y, bool training,
-               uint64_t /*dropout_seed*/) override {
+               uint64_t /*dropout_salt*/) override {
     const float* gamma = buffers_.params[0];
     const float* beta = buffers_.params[1];
     float* running_mean = buffers_.state[0];
@@ -81,7 +81,7 @@ class SyncBatchNormLayer final : public Layer {
         sums_(std::move(sums)) {}
 
   void Forward(int n, const float* x, float* y, bool training,
-               uint64_t /*dropout_seed*/) override {
+               uint64_t /*dropout_salt*/) override {
     const float* gamma = buffers_.params[0];
     const float* beta = buffers_.params[1];
     float* running_mean = buffers_.state[0];

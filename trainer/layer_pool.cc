@@ -15,7 +15,7 @@ class PoolLayer final : public Layer {
       : kernel_(std::move(kernel)), workspace_(std::move(workspace)) {}
 
   void Forward(int n, const float* x, float* y, bool training,
-               uint64_t /*dropout_seed*/) override {
+               uint64_t /*dropout_salt*/) override {
     kernel_->Forward(n, x, y, training ? workspace_.as<void>() : nullptr);
   }
 

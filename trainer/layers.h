@@ -51,9 +51,10 @@ class Layer {
   // Called once, after the network has placed the buffers.
   virtual void Bind(const LayerBuffers& buffers) { buffers_ = buffers; }
 
-  // y = layer(x) for n samples. `dropout_seed` is this layer's own key.
+  // y = layer(x) for n samples. `dropout_salt` is this layer's own
+  // (Backend::DropoutForward).
   virtual void Forward(int n, const float* x, float* y, bool training,
-                       uint64_t dropout_seed) = 0;
+                       uint64_t dropout_salt) = 0;
   // From dy (the gradient of this layer's output) computes its parameter
   // gradients and, unless dx is null, the gradient of its input. x and y are
   // those of the last training Forward.
@@ -76,7 +77,7 @@ class WeightedLayer final : public Layer {
       : kernel_(std::move(kernel)) {}
 
   void Forward(int n, const float* x, float* y, bool /*training*/,
-               uint64_t /*dropout_seed*/) override {
+               uint64_t /*dropout_salt*/) override {
     kernel_->Forward(n, x, buffers_.params[0], buffers_.params[1], y);
   }
 

@@ -9,12 +9,14 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/files.h"
 #include "absl/time/time.h"
+#include "common/files.h"
 #include "proto/jobspec_yaml.h"
 #include "trainer/backend_cuda.h"
 #include "trainer/backend_select.h"
@@ -65,11 +67,12 @@ SchedulerRendezvousFromEnvironment() {
 int ListDevices() {
   const auto devices = dlbatch::trainer::ListCudaDevices();
   if (devices.empty()) {
-    std::printf("No CUDA device visible%s; training runs on the CPU (%u cores).\n",
-                dlbatch::trainer::GpuBackendBuilt()
-                    ? ""
-                    : " (this dlbatch-train was built without the GPU backend)",
-                std::max(1u, std::thread::hardware_concurrency()));
+    std::printf(
+        "No CUDA device visible%s; training runs on the CPU (%u cores).\n",
+        dlbatch::trainer::GpuBackendBuilt()
+            ? ""
+            : " (this dlbatch-train was built without the GPU backend)",
+        std::max(1u, std::thread::hardware_concurrency()));
     return 0;
   }
   for (const auto& d : devices) {
@@ -114,11 +117,12 @@ int main(int argc, char** argv) {
   bool resume = false;
   bool list_devices = false;
   app.add_option("job_file", job_file, "The job file (job.yaml)");
-  app.add_flag("--list-devices", list_devices,
-               "List the GPUs this process can train on (as gpuDevice) and exit");
+  app.add_flag(
+      "--list-devices", list_devices,
+      "List the GPUs this process can train on (as gpuDevice) and exit");
   app.add_option(
-      "-o,--output-dir", output_dir,
-      "Where outputs and checkpoints go (default: <job name>-output)")
+         "-o,--output-dir", output_dir,
+         "Where outputs and checkpoints go (default: <job name>-output)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--ranks", ranks,
                  "Data-parallel processes to start on this machine "
@@ -166,17 +170,20 @@ int main(int argc, char** argv) {
                "it), not YAML")
       ->group("A run spread over machines");
   app.footer(
-      "Ranks meet through a folder the launcher makes or, when "
-      "DLBATCH_RENDEZVOUS (a\n"
-      "scheduler address) is set with DLBATCH_JOB_ID, DLBATCH_ATTEMPT and\n"
-      "DLBATCH_RENDEZVOUS_SECRET, through the scheduler's rendezvous (as a "
-      "dlbatch\n"
-      "worker starts them).");
+      "Ranks meet through a folder the launcher makes or, when\n"
+      "DLBATCH_RENDEZVOUS (a scheduler address) is set with DLBATCH_JOB_ID,\n"
+      "DLBATCH_ATTEMPT and DLBATCH_RENDEZVOUS_SECRET, through the scheduler's\n"
+      "rendezvous (as a dlbatch worker starts them).\n"
+      "On a GPU, DLBATCH_CUDNN_DETERMINISTIC=1 takes deterministic cuDNN\n"
+      "algorithms only (the same bits every run), and DLBATCH_CUDA_GRAPHS=1\n"
+      "records a training step once as a CUDA graph and replays it (one rank;\n"
+      "experimental).");
   auto* world_opt = app.get_option("--world");
   CLI11_PARSE(app, argc, argv);
   if (list_devices) return ListDevices();
   if (job_file.empty()) {
-    std::fprintf(stderr, "dlbatch-train: a job file is required (see --help)\n");
+    std::fprintf(stderr,
+                 "dlbatch-train: a job file is required (see --help)\n");
     return 2;
   }
 
@@ -210,10 +217,11 @@ int main(int argc, char** argv) {
     range.first = first_rank;
     range.world = world_opt->count() > 0 ? world : ranks;
     if (range.first + range.count > range.world) {
-      return Fail(0, 1,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "ranks ", range.first, "..", range.first + range.count - 1,
-                      " do not fit in --world ", range.world)));
+      return Fail(
+          0, 1,
+          absl::InvalidArgumentError(absl::StrCat(
+              "ranks ", range.first, "..", range.first + range.count - 1,
+              " do not fit in --world ", range.world)));
     }
     if (range.world > 1 && range.count == 1) {
       // One rank of a run spread over machines: be it.
@@ -266,9 +274,9 @@ int main(int argc, char** argv) {
   }
   // The device decides the collectives too (GPUs meet over NCCL, CPUs over
   // Gloo), so it is chosen once, here, before the rendezvous.
-  absl::StatusOr<BackendChoice> choice = ChooseBackend(
-      job->spec.train().options().execution_environment(), world, local_rank,
-      CudaDeviceCount(), GpuBackendBuilt());
+  absl::StatusOr<BackendChoice> choice =
+      ChooseBackend(job->spec.train().options().execution_environment(), world,
+                    local_rank, CudaDeviceCount(), GpuBackendBuilt());
   if (!choice.ok()) return Fail(rank, world, choice.status());
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Rendezvous> rdv;
@@ -276,10 +284,10 @@ int main(int argc, char** argv) {
     comm = MakeSoloCommunicator();
   } else {
     if (rendezvous.empty() && !scheduler_rdv->has_value()) {
-      return Fail(rank, world,
-                  absl::InvalidArgumentError(
-                      "--world > 1 needs --rendezvous DIR (or "
-                      "DLBATCH_RENDEZVOUS and its companions)"));
+      return Fail(
+          rank, world,
+          absl::InvalidArgumentError("--world > 1 needs --rendezvous DIR (or "
+                                     "DLBATCH_RENDEZVOUS and its companions)"));
     }
     auto r = rendezvous.empty() ? OpenSchedulerRendezvous(**scheduler_rdv)
                                 : OpenFileRendezvous(rendezvous);
@@ -314,6 +322,9 @@ int main(int argc, char** argv) {
   if (max_epochs > 0) req.max_epochs = max_epochs;
   if (max_iterations > 0) req.max_iterations = max_iterations;
   if (mini_batch_size > 0) req.mini_batch_size = mini_batch_size;
+  if (const char* graphs = std::getenv("DLBATCH_CUDA_GRAPHS"); graphs) {
+    req.record_steps = std::string_view(graphs) == "1";
+  }
   req.communicator = comm.get();
   req.device = *choice;
   req.rendezvous = rdv.get();

@@ -68,8 +68,7 @@ class NetworkImpl final : public Network {
   float* state() override { return state_.f32(); }
 
   void Initialize(uint64_t seed) override;
-  void Forward(int n, const float* images, bool training,
-               uint64_t dropout_seed) override;
+  void Forward(int n, const float* images, bool training) override;
   const float* probabilities() const override {
     return activations_.back().f32();
   }
@@ -332,12 +331,10 @@ void NetworkImpl::Initialize(uint64_t seed) {
                          state.size() * sizeof(float));
 }
 
-void NetworkImpl::Forward(int n, const float* images, bool training,
-                          uint64_t dropout_seed) {
+void NetworkImpl::Forward(int n, const float* images, bool training) {
   images_ = images;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    layers_[i]->Forward(n, LayerInput(i), activations_[i].f32(), training,
-                        Key(dropout_seed, i));
+    layers_[i]->Forward(n, LayerInput(i), activations_[i].f32(), training, i);
   }
 }
 

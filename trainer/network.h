@@ -97,10 +97,11 @@ class Network {
 
   // Runs the network on n samples (device, NHWC, input_shape() each).
   // training: batchnorm uses (and updates the running) batch statistics,
-  // dropout is drawn from `dropout_seed`; otherwise batchnorm uses the
-  // running statistics and dropout is the identity.
-  virtual void Forward(int n, const float* images, bool training,
-                       uint64_t dropout_seed) = 0;
+  // dropout draws from the backend's key (Backend::SetDropoutKey, set by
+  // the caller: per step, outside a recorded step) with the layer's index
+  // as salt; otherwise batchnorm uses the running statistics and dropout is
+  // the identity.
+  virtual void Forward(int n, const float* images, bool training) = 0;
   // Class probabilities of the last Forward: device, n x num_classes().
   virtual const float* probabilities() const = 0;
   // Adds the last Forward's summed cross-entropy against `labels` (device

@@ -20,10 +20,11 @@ constexpr uint64_t Mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// A key derived from several parts: Key(seed, epoch, sample).
-inline uint64_t Key(uint64_t a) { return Mix64(a); }
+// A key derived from several parts: Key(seed, epoch, sample). constexpr
+// too: the GPU's dropout kernel derives its layer's key on the device.
+constexpr uint64_t Key(uint64_t a) { return Mix64(a); }
 template <typename... Rest>
-uint64_t Key(uint64_t a, uint64_t b, Rest... rest) {
+constexpr uint64_t Key(uint64_t a, uint64_t b, Rest... rest) {
   return Key(Mix64(a) ^ (b + 0x632be59bd9b4e019ULL), rest...);
 }
 

@@ -130,6 +130,10 @@ class Run {
   std::unique_ptr<Solver> solver_;
   // Evaluate's batch and sums.
   Buffer images_, labels_, stats_;
+  // A training step's loss and accuracy sums (device float[2]), copied
+  // into stats_ring_ after the step: a fixed address, so that a recorded
+  // step writes the same place each time.
+  Buffer step_stats_;
   // Training batches, double-buffered: while a step computes on one slot,
   // the next batch is copied into the other (Backend::Upload) from the
   // slot's host memory (page-locked on a GPU).
@@ -145,6 +149,10 @@ class Run {
   static constexpr int kStatsRing = 64;
   static constexpr int kReadEvery = 16;  // on a GPU; < kStatsRing
   Buffer stats_ring_;
+  // The step recorded for each slot (TrainRequest::record_steps) and its
+  // batch size; freed before the backend (declared after it).
+  std::unique_ptr<Recording> recorded_[2];
+  int recorded_n_[2] = {0, 0};
 
   int global_batch_ = 0;
   int lo_ = 0, hi_ = 0;  // this rank's slice of each global batch
@@ -198,9 +206,9 @@ std::string Run::TuningCachePath() const {
 
 absl::Status Run::Build() {
   if (!req_.device.note.empty()) Say(req_.device.note + ".");
-  ASSIGN_OR_RETURN(backend_,
-                   MakeChosenBackend(req_.device, req_.threads,
-                                     req_.spec.options().precision() == "tf32"));
+  ASSIGN_OR_RETURN(
+      backend_, MakeChosenBackend(req_.device, req_.threads,
+                                  req_.spec.options().precision() == "tf32"));
   // Collectives wait for this stream's work with events, not device syncs.
   comm_.SetComputeStream(backend_->native_stream());
   const std::string cache = TuningCachePath();
@@ -268,6 +276,7 @@ absl::Status Run::Build() {
                    backend_->Allocate(max_batch * sample * sizeof(float)));
   ASSIGN_OR_RETURN(labels_, backend_->Allocate(max_batch * sizeof(int32_t)));
   ASSIGN_OR_RETURN(stats_, backend_->Allocate(4 * sizeof(float)));
+  ASSIGN_OR_RETURN(step_stats_, backend_->Allocate(2 * sizeof(float)));
   for (Slot& slot : slots_) {
     ASSIGN_OR_RETURN(slot.images,
                      backend_->Allocate(max_batch * sample * sizeof(float)));
@@ -275,11 +284,11 @@ absl::Status Run::Build() {
                      backend_->Allocate(max_batch * sizeof(int32_t)));
     if (backend_->on_gpu()) {
       ASSIGN_OR_RETURN(slot.host_images,
-                       HostMemory::Allocate(backend_.get(),
-                                            max_batch * sample * sizeof(float)));
-      ASSIGN_OR_RETURN(slot.host_labels,
-                       HostMemory::Allocate(backend_.get(),
-                                            max_batch * sizeof(int32_t)));
+                       HostMemory::Allocate(
+                           backend_.get(), max_batch * sample * sizeof(float)));
+      ASSIGN_OR_RETURN(
+          slot.host_labels,
+          HostMemory::Allocate(backend_.get(), max_batch * sizeof(int32_t)));
     }
   }
   ASSIGN_OR_RETURN(stats_ring_,
@@ -382,7 +391,7 @@ absl::StatusOr<Evaluation> Run::Evaluate(const Dataset& data) {
                            b.images.size() * sizeof(float));
     backend_->CopyToDevice(labels_.as<int32_t>(), b.labels.data(),
                            b.labels.size() * sizeof(int32_t));
-    net_->Forward(b.n, images_.f32(), /*training=*/false, 0);
+    net_->Forward(b.n, images_.f32(), /*training=*/false);
     backend_->Fill(stats_.f32(), 2, 0);
     net_->Loss(b.n, labels_.as<int32_t>(), stats_.f32());
     float host[2];
@@ -626,11 +635,37 @@ absl::StatusOr<TrainResult> Run::Execute() {
             q.iteration, " (epoch ", q.epoch,
             "); lower initial_learn_rate or set gradient_threshold"));
       }
-      history_.iterations.push_back({q.iteration, q.epoch, q.elapsed,
-                                     last_loss_, last_accuracy_, q.lr});
+      history_.iterations.push_back(
+          {q.iteration, q.epoch, q.elapsed, last_loss_, last_accuracy_, q.lr});
     }
     queued.clear();
     return absl::OkStatus();
+  };
+
+  // A training step's work on the device, from the slot's batch to the
+  // gradients (the solver's update follows outside: its learn rate changes
+  // from step to step, and with a gradient threshold it reads norms back).
+  // Several ranks: each layer's gradients start their allreduce (in
+  // buckets) while the layers before it compute.
+  auto compute = [&](const Slot& s) -> absl::Status {
+    net_->Forward(s.n, s.images.f32(), /*training=*/true);
+    backend_->Fill(step_stats_.f32(), 2, 0);
+    net_->Loss(s.n, s.labels.as<int32_t>(), step_stats_.f32());
+    net_->Backward(s.n, s.labels.as<int32_t>(), scale,
+                   comm_.size() > 1 ? buckets.ReadyFn() : nullptr);
+    return net_->collective_status();
+  };
+  // One rank only: several would record collectives and their host waits.
+  bool record =
+      req_.record_steps && backend_->can_record() && comm_.size() == 1;
+  int64_t steps_run = 0;  // by this process
+  auto record_step =
+      [&](const Slot& s) -> absl::StatusOr<std::unique_ptr<Recording>> {
+    RETURN_IF_ERROR(backend_->StartRecording());
+    const absl::Status computed = compute(s);
+    absl::StatusOr<std::unique_ptr<Recording>> r = backend_->FinishRecording();
+    RETURN_IF_ERROR(computed);
+    return r;
   };
 
   int current = 0;  // the slot of the next step's batch
@@ -649,23 +684,41 @@ absl::StatusOr<TrainResult> Run::Execute() {
       stage(next, slots_[current ^ 1]);
     }
     if (queued.size() == kStatsRing) RETURN_IF_ERROR(retire());
-    float* stats = stats_ring_.f32() + 2 * (iteration_ % kStatsRing);
-    net_->Forward(n, slot.images.f32(), /*training=*/true,
-                  Key(opt_.seed, static_cast<uint64_t>(iteration_),
-                      static_cast<uint64_t>(comm_.rank())));
-    backend_->Fill(stats, 2, 0);
-    net_->Loss(n, slot.labels.as<int32_t>(), stats);
-    // Several ranks: each layer's gradients start their allreduce (in
-    // buckets) while the layers before it compute.
-    net_->Backward(n, slot.labels.as<int32_t>(), scale,
-                   comm_.size() > 1 ? buckets.ReadyFn() : nullptr);
-    RETURN_IF_ERROR(net_->collective_status());
+    // Outside any recording: the key is what changes between replays.
+    backend_->SetDropoutKey(Key(opt_.seed, static_cast<uint64_t>(iteration_),
+                                static_cast<uint64_t>(comm_.rank())));
+    std::unique_ptr<Recording>& recorded = recorded_[current];
+    if (record && recorded == nullptr && steps_run > 0) {
+      // Recorded once the kernels have run (and set themselves up) once.
+      absl::StatusOr<std::unique_ptr<Recording>> r = record_step(slot);
+      if (r.ok()) {
+        if (recorded_[current ^ 1] == nullptr) {
+          Say("Training steps are recorded once as a CUDA graph and "
+              "replayed.");
+        }
+        recorded = *std::move(r);
+        recorded_n_[current] = n;
+      } else {
+        record = false;
+        Say(absl::StrCat("Recording the training step as a CUDA graph failed (",
+                         r.status().message(),
+                         "); the steps run launch by launch instead."));
+      }
+    }
+    if (recorded != nullptr && recorded_n_[current] == n) {
+      recorded->Replay();
+    } else {
+      RETURN_IF_ERROR(compute(slot));
+    }
+    ++steps_run;
     if (comm_.size() > 1) {
       RETURN_IF_ERROR(buckets.Finish());
       // Blocking, so also the host's bounded wait for the buckets (a dead
       // peer is an error here, not a hang in a later read of the device).
-      RETURN_IF_ERROR(comm_.AllreduceSum(stats, 2));
+      RETURN_IF_ERROR(comm_.AllreduceSum(step_stats_.f32(), 2));
     }
+    backend_->CopyOnDevice(stats_ring_.f32() + 2 * (iteration_ % kStatsRing),
+                           step_stats_.f32(), 2 * sizeof(float));
     const int64_t epoch = iteration_ / per_epoch_ + 1;
     const double lr = LearnRate(opt_, iteration_, epoch, total_);
     solver_->Step(lr, iteration_ + 1);
@@ -691,8 +744,8 @@ absl::StatusOr<TrainResult> Run::Execute() {
     // loss that is not finite at the same one and say so. On a GPU reading
     // waits for the device: every kReadEvery steps there, which keeps the
     // progress report current; on the CPU it costs nothing.
-    const bool read = queued.size() >= static_cast<size_t>(
-                                           backend_->on_gpu() ? kReadEvery : 1);
+    const bool read = queued.size() >=
+                      static_cast<size_t>(backend_->on_gpu() ? kReadEvery : 1);
     if (!(last || validate || row || checkpoint || read)) {
       train_time += SecondsSince(step_start);
       continue;

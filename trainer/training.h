@@ -34,6 +34,12 @@ struct TrainRequest {
   std::optional<int64_t> max_epochs;
   std::optional<int64_t> max_iterations;
   std::optional<int> mini_batch_size;
+  // On a GPU with one rank: record the training step once per batch slot
+  // as a CUDA graph (Backend::StartRecording) and replay it, one launch a
+  // step instead of forty-odd. dlbatch-train sets it from
+  // DLBATCH_CUDA_GRAPHS=1. Where recording fails the run says so and goes
+  // on without.
+  bool record_steps = false;
   Communicator* communicator = nullptr;  // required; not owned
   BackendChoice device;  // the CPU unless ChooseBackend chose a GPU
   // Where ranks > 0 take rank 0's kernel choices (Backend::SaveTuning), so

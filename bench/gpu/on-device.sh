@@ -8,20 +8,22 @@
 # all: unpack, nvidia-smi, the GPU tests, then the benchmark; about 5-7
 # minutes in all, inside the device tool's 10-minute limit per command:
 #   - unpack and device information: about 10 s;
-#   - gpu_backend_test, gpu_checkpoint_test, nccl_communicator_test,
-#     backend_select_test
+#   - gpu_backend_test, gpu_checkpoint_test, gpu_graph_test,
+#     nccl_communicator_test, backend_select_test
 #     (--gtest_brief=1, each stopped after 150 s): about 1-2 min;
 #   - trainer_bench --gpu, one case at a time (lenet64gpu, lenet1024gpu,
 #     blocks256gpu; 2 epochs; REPEATS seeds, default 4, both sides
 #     alternating; each case stopped after 200 s): about 1-1.5 min a case,
 #     most of it process start-up (import torch, CUDA initialisation, reading
-#     the data), which stays outside both sides' timings.
+#     the data), which stays outside both sides' timings. CASES overrides the
+#     case list; GRAPHS=0|1 sets DLBATCH_CUDA_GRAPHS (recorded steps) for
+#     dlbatch's side, unset leaves dlbatch-train's default.
 # Writes to $OUT (default /tmp/gpu-out): gpu-results.md (the tables),
 # on-device.log (everything printed), bench-logs.tar.xz (each run's logs and
 # JSON, without models or checkpoints). Ends with the tables.
 set -uo pipefail
 mode=${1:-all}
-case $mode in all|tests|bench) ;; *) sed -n '2,21p' "$0"; exit 2 ;; esac
+case $mode in all|tests|bench) ;; *) sed -n '2,24p' "$0"; exit 2 ;; esac
 here=bench/out/gpu
 OUT=${OUT:-/tmp/gpu-out}
 REPEATS=${REPEATS:-4}
@@ -42,7 +44,7 @@ main() {
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,pstate --format=csv
   nproc
   python3 -c 'import torch; print("PyTorch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name(0))'
-  for b in dlbatch-train trainer_bench gpu_backend_test gpu_checkpoint_test nccl_communicator_test backend_select_test; do
+  for b in dlbatch-train trainer_bench gpu_backend_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test backend_select_test; do
     echo -n "$b: "; "$run" --check "$b"
   done
   "$run" dlbatch-train --list-devices
@@ -52,7 +54,7 @@ main() {
     # gpu_checkpoint_test runs the bundle's dlbatch-train on the carried data.
     export DLBATCH_BIN_DIR=/tmp/dlbatch-bundle/bin
     export DLBATCH_TEST_DATA_DIR=$PWD/$here/data
-    for t in gpu_backend_test gpu_checkpoint_test nccl_communicator_test backend_select_test; do
+    for t in gpu_backend_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test backend_select_test; do
       local t1=$SECONDS
       echo "== $t"
       timeout 150 "$run" "$t" --gtest_brief=1
@@ -74,9 +76,11 @@ main() {
     : >"$OUT/gpu-results.md"
     local marker
     marker=$(mktemp /tmp/on-device-start.XXXXXX)  # the runs' folders are newer
-    for c in lenet64gpu lenet1024gpu blocks256gpu; do
+    if [[ -n ${GRAPHS:-} ]]; then export DLBATCH_CUDA_GRAPHS=$GRAPHS; fi
+    for c in ${CASES:-lenet64gpu lenet1024gpu blocks256gpu}; do
       local t1=$SECONDS
-      echo "== trainer_bench --gpu --only $c (repeats $REPEATS)"
+      echo "== trainer_bench --gpu --only $c (repeats $REPEATS," \
+           "DLBATCH_CUDA_GRAPHS=${DLBATCH_CUDA_GRAPHS:-unset})"
       timeout 200 "$run" trainer_bench --gpu --only "$c" --repeats "$REPEATS" \
         --vary-seed --threads "$THREADS" --timeout 90 --python "$py" \
         --data-dir "$here/data" --jobs-dir "$here/jobs" \

@@ -6,7 +6,8 @@
 #   bench/gpu/pack.sh [BUILD_DIR]        # default: build/
 #
 # Builds nothing: build first (cd build && make -j2 dlbatch-train trainer_bench
-# gpu_backend_test nccl_communicator_test backend_select_test). Refuses a build
+# gpu_backend_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test
+# backend_select_test). Refuses a build
 # without the GPU backend or NCCL. Writes bench/out/gpu/{bundle.tar.xz (the
 # binaries and the libraries the GPU machine lacks, by gpu-bundle.sh), data/
 # (the four Fashion-MNIST .gz files), jobs/ (bench/jobs/*.yaml),
@@ -19,8 +20,8 @@ build=$(cd "${1:-$repo/build}" && pwd)
 out=$repo/bench/out/gpu
 data=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 bundler=${GPU_BUNDLE:-$repo/../shared/tools/gpu-bundle.sh}
-bins=(dlbatch-train trainer_bench gpu_backend_test gpu_checkpoint_test nccl_communicator_test
-      backend_select_test)
+bins=(dlbatch-train trainer_bench gpu_backend_test gpu_checkpoint_test gpu_graph_test
+      nccl_communicator_test backend_select_test)
 
 die() { echo "pack.sh: $*" >&2; exit 1; }
 
@@ -68,5 +69,6 @@ On the device (one call, about 5-7 minutes; its output ends with the table,
 and $OUT brings back gpu-results.md, on-device.log and bench-logs.tar.xz):
   run(command="bash bench/gpu/on-device.sh", carry=["bench/out/gpu"], timeout_s=600)
 Parts alone: "bash bench/gpu/on-device.sh tests" (about 1-2 min) or
-"REPEATS=3 bash bench/gpu/on-device.sh bench" (about 3 min).
+"REPEATS=3 bash bench/gpu/on-device.sh bench" (about 3 min); GRAPHS=1 (or 0)
+sets DLBATCH_CUDA_GRAPHS for the benchmark, CASES="lenet64gpu ..." picks cases.
 MSG

@@ -341,8 +341,10 @@ TEST_F(GpuBackendTest, ElementWise) {
     EXPECT_EQ(dx.gpu(), dx.cpu()) << "alpha " << alpha;
   }
   Pair mask = Zeros(count), y = Zeros(count), prod = Zeros(count);
-  cpu_->DropoutForward(0.3f, 77, count, x.c(), mask.c(), y.c());
-  gpu_->DropoutForward(0.3f, 77, count, x.g(), mask.g(), y.g());
+  cpu_->SetDropoutKey(77);
+  gpu_->SetDropoutKey(77);
+  cpu_->DropoutForward(0.3f, 5, count, x.c(), mask.c(), y.c());
+  gpu_->DropoutForward(0.3f, 5, count, x.g(), mask.g(), y.g());
   EXPECT_EQ(mask.gpu(), mask.cpu());
   EXPECT_EQ(y.gpu(), y.cpu());
   cpu_->Multiply(count, dy.c(), mask.c(), prod.c());
@@ -471,7 +473,8 @@ std::vector<double> TrainLeNet(Backend* backend, int steps, int n) {
     backend->CopyToDevice(images.as<void>(), x.data(), x.size() * 4);
     backend->CopyToDevice(labels.as<void>(), y.data(), y.size() * 4);
     backend->Fill(stats.f32(), 2, 0);
-    (*net)->Forward(n, images.f32(), /*training=*/true, step);
+    backend->SetDropoutKey(step);
+    (*net)->Forward(n, images.f32(), /*training=*/true);
     (*net)->Loss(n, labels.as<int32_t>(), stats.f32());
     (*net)->Backward(n, labels.as<int32_t>(), 1.0f / n);
     backend->SgdmUpdate(params, (*net)->num_decayed(), 0.01f, 0.9f, 5e-4f,

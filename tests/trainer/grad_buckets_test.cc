@@ -309,7 +309,7 @@ TEST_F(NetworkGradsReady, EachGradientOnceFinalWhenReportedLastLayerFirst) {
   backend_->CopyToDevice(labels.as<int32_t>(), host_labels,
                          sizeof(host_labels));
 
-  n.Forward(4, x.data(), /*training=*/true, 0);
+  n.Forward(4, x.data(), /*training=*/true);
   n.Backward(4, labels.as<int32_t>(), 0.25f);
   std::vector<float> plain(n.num_params());
   backend_->CopyToHost(plain.data(), n.grads(), plain.size() * sizeof(float));
@@ -321,7 +321,7 @@ TEST_F(NetworkGradsReady, EachGradientOnceFinalWhenReportedLastLayerFirst) {
     std::vector<float> values;
   };
   std::vector<Reported> reported;
-  n.Forward(4, x.data(), /*training=*/true, 0);
+  n.Forward(4, x.data(), /*training=*/true);
   n.Backward(4, labels.as<int32_t>(), 0.25f, [&](int64_t first, int64_t count) {
     Reported r{first, count, std::vector<float>(count)};
     backend_->CopyToHost(r.values.data(), n.grads() + first,
@@ -396,7 +396,7 @@ absl::Status RankSteps(const v1::NetworkSpec& spec, Communicator* comm,
   b.CopyToHost(state.data(), n.state(), state.size() * sizeof(float));
 
   GradientBuckets buckets(comm, n.grads(), n.num_params(), bucket_floats);
-  n.Forward(kHalf, x.data(), /*training=*/true, 0);
+  n.Forward(kHalf, x.data(), /*training=*/true);
   n.Backward(kHalf, labels.as<int32_t>(), 0.125f, buckets.ReadyFn());
   if (absl::Status s = n.collective_status(); !s.ok()) return s;
   if (absl::Status s = buckets.Finish(); !s.ok()) return s;
@@ -405,7 +405,7 @@ absl::Status RankSteps(const v1::NetworkSpec& spec, Communicator* comm,
   b.CopyToHost(out->bucketed.data(), n.grads(), n.num_params() * 4);
 
   b.CopyToDevice(n.state(), state.data(), state.size() * sizeof(float));
-  n.Forward(kHalf, x.data(), /*training=*/true, 0);
+  n.Forward(kHalf, x.data(), /*training=*/true);
   n.Backward(kHalf, labels.as<int32_t>(), 0.125f);
   if (absl::Status s = n.collective_status(); !s.ok()) return s;
   if (absl::Status s = comm->AllreduceSum(n.grads(), n.num_params()); !s.ok()) {

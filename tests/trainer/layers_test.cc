@@ -396,11 +396,13 @@ TEST_F(LayersTest, ReluAndLeakyReluForwardAndBackward) {
 TEST_F(LayersTest, DropoutDrawsItsMaskFromTheCounter) {
   const int64_t count = 100000;
   const float p = 0.3f;
+  // The layer's draws come from Key(the step's key, its salt).
   const uint64_t seed = Key(42, 3);
   std::vector<float> x = RandomVector(count, 7);
   DeviceArray x_(backend_.get(), x), mask_(backend_.get(), count),
       y_(backend_.get(), count);
-  backend_->DropoutForward(p, seed, count, x_.data(), mask_.data(), y_.data());
+  backend_->SetDropoutKey(42);
+  backend_->DropoutForward(p, 3, count, x_.data(), mask_.data(), y_.data());
   const std::vector<float> mask = mask_.Get(), y = y_.Get();
   int64_t dropped = 0;
   for (int64_t i = 0; i < count; ++i) {
@@ -414,6 +416,23 @@ TEST_F(LayersTest, DropoutDrawsItsMaskFromTheCounter) {
   DeviceArray dy_(backend_.get(), x), dx_(backend_.get(), count);
   backend_->Multiply(count, dy_.data(), mask_.data(), dx_.data());
   EXPECT_EQ(dx_.Get(), y);
+
+  // Another key, another mask; the key holds until the next one.
+  backend_->SetDropoutKey(43);
+  backend_->DropoutForward(p, 3, count, x_.data(), mask_.data(), y_.data());
+  const std::vector<float> other = mask_.Get();
+  EXPECT_NE(other, mask);
+  backend_->DropoutForward(p, 3, count, x_.data(), mask_.data(), y_.data());
+  EXPECT_EQ(mask_.Get(), other);
+}
+
+// The CPU runs calls as they come: there is nothing to record (a training
+// run asked to record its steps there runs them as issued).
+TEST_F(LayersTest, TheCpuBackendDoesNotRecord) {
+  EXPECT_FALSE(backend_->can_record());
+  const absl::Status s = backend_->StartRecording();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_FALSE(backend_->FinishRecording().ok());
 }
 
 TEST_F(LayersTest, SoftmaxCrossEntropyStatsAndGradient) {

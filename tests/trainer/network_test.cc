@@ -261,7 +261,8 @@ TEST_F(NetworkTest, BackwardMatchesFiniteDifferencesOfTheLoss) {
   const int n = 5;
   Batch batch(backend_.get(), *net, n, 1);
   const float scale = 0.5f;
-  net->Forward(n, batch.images.data(), /*training=*/true, 99);
+  backend_->SetDropoutKey(99);
+  net->Forward(n, batch.images.data(), /*training=*/true);
   net->Backward(n, batch.label_data(), scale);
   std::vector<float> grads(net->num_params());
   backend_->CopyToHost(grads.data(), net->grads(), grads.size() * 4);
@@ -269,7 +270,7 @@ TEST_F(NetworkTest, BackwardMatchesFiniteDifferencesOfTheLoss) {
   std::vector<float> params = Params(*net);
   auto loss = [&] {
     backend_->CopyToDevice(net->params(), params.data(), params.size() * 4);
-    net->Forward(n, batch.images.data(), true, 99);
+    net->Forward(n, batch.images.data(), true);
     std::vector<float> probs(n * 4);
     backend_->CopyToHost(probs.data(), net->probabilities(), probs.size() * 4);
     double sum = 0;
@@ -286,7 +287,7 @@ TEST_F(NetworkTest, BackwardMatchesFiniteDifferencesOfTheLoss) {
   }
 
   // Gradients are overwritten, not accumulated.
-  net->Forward(n, batch.images.data(), true, 99);
+  net->Forward(n, batch.images.data(), true);
   net->Backward(n, batch.label_data(), scale);
   std::vector<float> again(net->num_params());
   backend_->CopyToHost(again.data(), net->grads(), again.size() * 4);
@@ -301,7 +302,7 @@ TEST_F(NetworkTest, LossAddsCrossEntropyAndCorrectCount) {
   net->Initialize(5);
   const int n = 8;
   Batch batch(backend_.get(), *net, n, 2);
-  net->Forward(n, batch.images.data(), false, 0);
+  net->Forward(n, batch.images.data(), false);
   std::vector<float> probs(n * 4);
   backend_->CopyToHost(probs.data(), net->probabilities(), probs.size() * 4);
   double loss = 0;
@@ -335,7 +336,7 @@ TEST_F(NetworkTest, BatchNormTrainingMovesRunningStatsInferenceUsesThem) {
   backend_->CopyToHost(state.data(), net->state(), 16);
   EXPECT_EQ(state, (std::vector<float>{0, 0, 1, 1}));
 
-  net->Forward(n, images.data(), /*training=*/true, 0);
+  net->Forward(n, images.data(), /*training=*/true);
   std::vector<float> train_probs(n * 3);
   backend_->CopyToHost(train_probs.data(), net->probabilities(), n * 12);
   backend_->CopyToHost(state.data(), net->state(), 16);
@@ -349,7 +350,7 @@ TEST_F(NetworkTest, BatchNormTrainingMovesRunningStatsInferenceUsesThem) {
     EXPECT_NEAR(state[2 + c], 0.9 + 0.1 * var, 1e-5);
   }
   // Inference normalises with the running statistics: other outputs.
-  net->Forward(n, images.data(), /*training=*/false, 0);
+  net->Forward(n, images.data(), /*training=*/false);
   std::vector<float> infer_probs(n * 3);
   backend_->CopyToHost(infer_probs.data(), net->probabilities(), n * 12);
   EXPECT_NE(infer_probs, train_probs);
@@ -364,10 +365,10 @@ TEST_F(NetworkTest, ForwardOfFewerSamplesThanMaxBatch) {
   net->Initialize(2);
   const int n = 8;
   DeviceArray images(backend_.get(), RandomVector(n * 784, 9, 0, 1));
-  net->Forward(n, images.data(), false, 0);
+  net->Forward(n, images.data(), false);
   std::vector<float> all(n * 10);
   backend_->CopyToHost(all.data(), net->probabilities(), all.size() * 4);
-  net->Forward(3, images.data(), false, 0);
+  net->Forward(3, images.data(), false);
   std::vector<float> few(3 * 10);
   backend_->CopyToHost(few.data(), net->probabilities(), few.size() * 4);
   for (int i = 0; i < 30; ++i) EXPECT_NEAR(few[i], all[i], 1e-5) << i;
@@ -385,7 +386,7 @@ TEST_F(NetworkTest, LeNetStepLowersTheLossAsItsGradientPredicts) {
   backend_->CopyToDevice(labels.as<void>(), host_labels.data(), n * 4);
   auto mean_loss = [&] {
     DeviceArray stats(backend_.get(), 2);
-    net->Forward(n, images.data(), true, 0);
+    net->Forward(n, images.data(), true);
     net->Loss(n, labels.as<int32_t>(), stats.data());
     return double{stats.Get()[0]} / n;
   };

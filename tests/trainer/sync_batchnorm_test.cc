@@ -330,7 +330,7 @@ Step TrainStep(const v1::NetworkSpec& spec, Communicator* comm,
   Buffer y = *(*backend)->Allocate(n * sizeof(int32_t));
   (*backend)->CopyToDevice(y.as<int32_t>(), labels.data() + begin,
                            n * sizeof(int32_t));
-  (*net)->Forward(n, x.data(), /*training=*/true, 0);
+  (*net)->Forward(n, x.data(), /*training=*/true);
   (*net)->Backward(n, y.as<int32_t>(), 1.0f / total);
   out.status = (*net)->collective_status();
   out.probs.resize(n * (*net)->num_classes());
