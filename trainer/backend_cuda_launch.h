@@ -141,6 +141,33 @@ void LaunchBnForwardInference(cudaStream_t stream, int64_t rows, int c,
                               const float* beta, const float* running_mean,
                               const float* running_var, float* coef, float* y);
 
+
+// --- asymmetric padding (gpu_layer_kernels.cu) ---
+// cuDNN pads symmetrically; these run layers whose `same` padding is not.
+// padded (n, ph, pw, c) = x (n, h, w, c) at offset (top, left), zeros
+// around it (every element written); ph >= h + top, pw >= w + left.
+void LaunchPadNhwc(cudaStream_t stream, int n, int h, int w, int c, int top,
+                   int left, int ph, int pw, const float* x, float* padded);
+// x = the (h, w) interior of padded at offset (top, left): the inverse.
+void LaunchCropNhwc(cudaStream_t stream, int n, int h, int w, int c, int top,
+                    int left, int ph, int pw, const float* padded, float* x);
+// Max (is_max) or average pooling over windows (kh, kw) that start at
+// (oy * sh - top, ox * sw - left), counting only elements inside the input
+// (PoolDesc's semantics, any padding). Forward records max pooling's argmax
+// (int32 per output element: its row-major position in the window, the
+// first maximum) where `argmax` is not null; backward writes every element
+// of dx, adding in a fixed order without atomics (argmax unused for
+// average).
+void LaunchPoolPaddedForward(cudaStream_t stream, bool is_max, int n, int h,
+                             int w, int c, int kh, int kw, int sh, int sw,
+                             int top, int left, int oh, int ow, const float* x,
+                             float* y, int32_t* argmax);
+void LaunchPoolPaddedBackward(cudaStream_t stream, bool is_max, int n, int h,
+                              int w, int c, int kh, int kw, int sh, int sw,
+                              int top, int left, int oh, int ow,
+                              const int32_t* argmax, const float* dy,
+                              float* dx);
+
 }  // namespace dlbatch::trainer::gpu
 
 #endif  // DLBATCH_TRAINER_BACKEND_CUDA_LAUNCH_H_

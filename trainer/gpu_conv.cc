@@ -13,6 +13,15 @@
 // the shapes, so a resumed run reuses them (LoadTuning) instead of timing
 // again.
 //
+// cuDNN pads symmetrically. A layer whose padding is not (`same` with an
+// even window, or a stride over an even input: the extra row and column at
+// the bottom and right) runs cuDNN without padding on a zero-padded copy
+// of x in a scratch buffer of this kernel (max_batch samples): forward pads
+// into it; backward data has cuDNN write the padded input's gradient there
+// and crops its interior into dx; backward weights pads x again (backward
+// data may have overwritten the copy, in either order of the two calls).
+// Symmetric layers take cuDNN's padding and copy nothing.
+//
 // cuDNN 9 marks this (its "legacy") API deprecated but keeps it; the graph
 // API is the way forward once it pays (fused bias and activation).
 #include <cudnn.h>
@@ -67,34 +76,50 @@ class GpuConv final : public ConvKernel {
         name_(absl::StrCat("convolution ", desc.in.ToString(), " -> ",
                            desc.out.ToString(), " (", desc.kh, "x", desc.kw,
                            ", stride ", desc.stride_h, "x", desc.stride_w,
-                           ", pad ", desc.pad.top, ",", desc.pad.left, ")")),
+                           ", pad ", desc.pad.top, ",", desc.pad.left,
+                           Asymmetric(desc.pad)
+                               ? absl::StrCat(",", desc.pad.bottom, ",",
+                                              desc.pad.right)
+                               : "",
+                           ")")),
+        padded_(Asymmetric(desc.pad)),
+        x_shape_(padded_ ? Shape{desc.in.h + desc.pad.top + desc.pad.bottom,
+                                 desc.in.w + desc.pad.left + desc.pad.right,
+                                 desc.in.c}
+                         : desc.in),
         plans_(max_batch + 1) {}
   ~GpuConv() override {
-    if (bias_partial_ != nullptr) cudaFree(bias_partial_);  // best effort
+    // Best effort.
+    if (bias_partial_ != nullptr) cudaFree(bias_partial_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
   }
 
   absl::Status Prepare(int max_batch) {
-    if (d_.pad.top != d_.pad.bottom || d_.pad.left != d_.pad.right) {
-      return absl::UnimplementedError(absl::StrCat(
-          name_, ": cuDNN's convolution pads symmetrically and this layer's "
-                 "'same' padding is not (bottom ",
-          d_.pad.bottom, ", right ", d_.pad.right,
-          "); use an odd size or execution_environment: cpu"));
+    if (padded_ && (d_.pad.top < 0 || d_.pad.left < 0 || d_.pad.bottom < 0 ||
+                    d_.pad.right < 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, ": negative padding"));
     }
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(
         filter_.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, d_.filters,
         d_.in.c, d_.kh, d_.kw));
+    // Padded: cuDNN sees the padded copy (x_shape_) and pads nothing.
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
-        conv_.get(), d_.pad.top, d_.pad.left, d_.stride_h, d_.stride_w, 1, 1,
-        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+        conv_.get(), padded_ ? 0 : d_.pad.top, padded_ ? 0 : d_.pad.left,
+        d_.stride_h, d_.stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
+        CUDNN_DATA_FLOAT));
     // FMA math: cuDNN's default would allow TF32 on Ampere and later.
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(
         conv_.get(), ctx_->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(
         &bias_partial_, sizeof(double) * kBiasGradMaxChunks * d_.filters));
+    if (padded_) {
+      DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(
+          &scratch_, sizeof(float) * max_batch * x_shape_.size()));
+    }
     int n = 0, c = 0, h = 0, w = 0;
     TensorDescriptor x;
-    if (absl::Status s = SetNhwc(x, 1, d_.in); !s.ok()) return s;
+    if (absl::Status s = SetNhwc(x, 1, x_shape_); !s.ok()) return s;
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnGetConvolution2dForwardOutputDim(
         conv_.get(), x.get(), filter_.get(), &n, &c, &h, &w));
     if (c != d_.filters || h != d_.out.h || w != d_.out.w) {
@@ -109,6 +134,7 @@ class GpuConv final : public ConvKernel {
   void Forward(int n, const float* x, const float* w, const float* b,
                float* y) override {
     Plan& p = PlanFor(n);
+    if (padded_) x = Pad(n, x);
     const float one = 1, zero = 0;
     DLBATCH_CUDNN_CHECK(cudnnConvolutionForward(
         ctx_->cudnn, &one, p.x.get(), x, filter_.get(), w, conv_.get(), p.fwd,
@@ -123,12 +149,17 @@ class GpuConv final : public ConvKernel {
     DLBATCH_CUDNN_CHECK(cudnnConvolutionBackwardData(
         ctx_->cudnn, &one, filter_.get(), w, p.y.get(), dy, conv_.get(),
         p.bwd_data, ctx_->Workspace(p.workspace), p.workspace, &zero,
-        p.x.get(), dx));
+        p.x.get(), padded_ ? scratch_ : dx));
+    if (padded_) {
+      LaunchCropNhwc(ctx_->stream, n, d_.in.h, d_.in.w, d_.in.c, d_.pad.top,
+                     d_.pad.left, x_shape_.h, x_shape_.w, scratch_, dx);
+    }
   }
 
   void BackwardWeights(int n, const float* x, const float* dy, float* dw,
                        float* db) override {
     Plan& p = PlanFor(n);
+    if (padded_) x = Pad(n, x);
     const float one = 1, zero = 0;
     DLBATCH_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
         ctx_->cudnn, &one, p.x.get(), x, p.y.get(), dy, conv_.get(),
@@ -168,6 +199,17 @@ class GpuConv final : public ConvKernel {
 
   int64_t Rows(int n) const { return int64_t{n} * d_.out.h * d_.out.w; }
 
+  static bool Asymmetric(const Padding& pad) {
+    return pad.top != pad.bottom || pad.left != pad.right;
+  }
+
+  // Queues the zero-padded copy of x's n samples into scratch_; returns it.
+  const float* Pad(int n, const float* x) {
+    LaunchPadNhwc(ctx_->stream, n, d_.in.h, d_.in.w, d_.in.c, d_.pad.top,
+                  d_.pad.left, x_shape_.h, x_shape_.w, x, scratch_);
+    return scratch_;
+  }
+
   std::string Key(const char* what, int n) const {
     return absl::StrCat("cuda ", what, " ", name_, " n=", n,
                         ctx_->tf32 ? " tf32" : "");
@@ -197,7 +239,7 @@ class GpuConv final : public ConvKernel {
   absl::StatusOr<Plan*> MakePlan(int n) {
     auto plan = std::make_unique<Plan>();
     Plan& p = *plan;
-    if (absl::Status s = SetNhwc(p.x, n, d_.in); !s.ok()) return s;
+    if (absl::Status s = SetNhwc(p.x, n, x_shape_); !s.ok()) return s;
     if (absl::Status s = SetNhwc(p.y, n, d_.out); !s.ok()) return s;
     cudnnHandle_t h = ctx_->cudnn;
     const bool tf32 = ctx_->tf32;
@@ -282,6 +324,12 @@ class GpuConv final : public ConvKernel {
   FilterDescriptor filter_;
   ConvolutionDescriptor conv_;
   const bool deterministic_ = DeterministicOnly();
+  // Asymmetric padding: cuDNN runs on a zero-padded copy of x (see the top)
+  // of shape x_shape_ in scratch_ (device, max_batch samples); else
+  // x_shape_ is d_.in and scratch_ null.
+  const bool padded_;
+  const Shape x_shape_;
+  float* scratch_ = nullptr;
   double* bias_partial_ = nullptr;  // device: LaunchBiasGradRows' scratch
   std::vector<std::unique_ptr<Plan>> plans_;  // by batch size
 };

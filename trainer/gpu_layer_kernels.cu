@@ -10,6 +10,18 @@
 //   215 us there; with the window's argmax recorded in forward, backward is
 //   one pass writing every input gradient once.
 //
+// And what cuDNN cannot do: pooling with asymmetric padding (`same` with an
+// even window or a stride over an even size) and the zero-padded copy that
+// lets cuDNN's symmetric convolution run such a layer.
+//
+// Kernels whose index arithmetic is a template parameter run it in int32
+// where every index of their arrays fits (FitsInt32, decided by the
+// launcher), else in int64. 64-bit division and modulo take many
+// instructions: profiled on an H100 at int64, the bias add (57 us) and the
+// tiled max-pool backward (124 us) spent most of their time on them. The
+// grid-stride counter stays int64 (it may step past 2^31); only the index
+// of an element, below the count, is narrowed. Results do not change.
+//
 // Sums add in a fixed order (per-thread runs, then a fixed tree, then the
 // chunks in order), never with atomics: a step computes the same bits each
 // time it runs.
@@ -24,10 +36,18 @@
 namespace dlbatch::trainer::gpu {
 namespace {
 
-__global__ void AddBiasRowsKernel(int64_t rows, int c,
+// Whether indices below `count` (and the arithmetic that builds them from
+// non-negative coordinates, each partial result at most the index) fit in
+// int32.
+bool FitsInt32(int64_t count) { return count <= INT32_MAX; }
+
+template <typename Index>
+__global__ void AddBiasRowsKernel(int64_t count, int c,
                                   const float* __restrict__ bias,
                                   float* __restrict__ y) {
-  DLBATCH_GRID_STRIDE(i, rows * c) y[i] += bias[i % c];
+  DLBATCH_GRID_STRIDE(i, count) {
+    y[i] += bias[static_cast<Index>(i) % c];
+  }
 }
 
 // Block (32, kBiasRowsPerBlock): x over 32 channels, y over rows; blockIdx.x
@@ -81,26 +101,28 @@ __global__ void BiasGradFinishKernel(int c, int chunks,
 // One thread per output element (n, oy, ox, channel): the window's maximum
 // and, where `argmax` is given, its position in the window (row-major; the
 // first of equal values, as the CPU backend picks).
+template <typename Index>
 __global__ void MaxPoolTiledForwardKernel(int64_t count, int h, int w, int c,
                                           int kh, int kw, int oh, int ow,
                                           const float* __restrict__ x,
                                           float* __restrict__ y,
                                           uint8_t* __restrict__ argmax) {
   DLBATCH_GRID_STRIDE(i, count) {
-    const int channel = static_cast<int>(i % c);
-    int64_t rest = i / c;
+    const Index j = static_cast<Index>(i);
+    const int channel = static_cast<int>(j % c);
+    Index rest = j / c;
     const int ox = static_cast<int>(rest % ow);
     rest /= ow;
     const int oy = static_cast<int>(rest % oh);
-    const int64_t sample = rest / oh;
+    const Index sample = rest / oh;
     const float* base =
-        x + ((sample * h + int64_t{oy} * kh) * w + int64_t{ox} * kw) * c +
+        x + ((sample * h + Index{oy} * kh) * w + Index{ox} * kw) * c +
         channel;
     float best = base[0];
     int where = 0;
     for (int dy = 0; dy < kh; ++dy) {
       for (int dx = 0; dx < kw; ++dx) {
-        const float v = base[(int64_t{dy} * w + dx) * c];
+        const float v = base[(Index{dy} * w + dx) * c];
         if (v > best) {
           best = v;
           where = dy * kw + dx;
@@ -114,23 +136,176 @@ __global__ void MaxPoolTiledForwardKernel(int64_t count, int h, int w, int c,
 
 // One thread per input element: the output's gradient where it was its
 // window's argmax, else 0 (also in rows and columns no window covers).
+template <typename Index>
 __global__ void MaxPoolTiledBackwardKernel(int64_t count, int h, int w, int c,
                                            int kh, int kw, int oh, int ow,
                                            const uint8_t* __restrict__ argmax,
                                            const float* __restrict__ dy,
                                            float* __restrict__ dx) {
   DLBATCH_GRID_STRIDE(i, count) {
-    const int channel = static_cast<int>(i % c);
-    int64_t rest = i / c;
+    const Index j = static_cast<Index>(i);
+    const int channel = static_cast<int>(j % c);
+    Index rest = j / c;
     const int ix = static_cast<int>(rest % w);
     rest /= w;
     const int iy = static_cast<int>(rest % h);
-    const int64_t sample = rest / h;
+    const Index sample = rest / h;
     const int oy = iy / kh, ox = ix / kw;
     float g = 0;
     if (oy < oh && ox < ow) {
-      const int64_t o = ((sample * oh + oy) * ow + ox) * c + channel;
+      const Index o = ((sample * oh + oy) * ow + ox) * c + channel;
       if (argmax[o] == (iy - oy * kh) * kw + (ix - ox * kw)) g = dy[o];
+    }
+    dx[i] = g;
+  }
+}
+
+// --- asymmetric padding ---
+
+// One thread per element of padded (n, ph, pw, c): x's (n, h, w, c) element
+// at (py - top, px - left) where that lies inside x, else 0.
+template <typename Index>
+__global__ void PadNhwcKernel(int64_t count, int h, int w, int c, int top,
+                              int left, int ph, int pw,
+                              const float* __restrict__ x,
+                              float* __restrict__ padded) {
+  DLBATCH_GRID_STRIDE(i, count) {
+    const Index j = static_cast<Index>(i);
+    const int channel = static_cast<int>(j % c);
+    Index rest = j / c;
+    const int px = static_cast<int>(rest % pw);
+    rest /= pw;
+    const int py = static_cast<int>(rest % ph);
+    const Index sample = rest / ph;
+    const int iy = py - top, ix = px - left;
+    float v = 0;
+    if (iy >= 0 && iy < h && ix >= 0 && ix < w) {
+      v = x[((sample * h + iy) * w + ix) * c + channel];
+    }
+    padded[i] = v;
+  }
+}
+
+// One thread per element of x (n, h, w, c): the padded element at
+// (iy + top, ix + left).
+template <typename Index>
+__global__ void CropNhwcKernel(int64_t count, int h, int w, int c, int top,
+                               int left, int ph, int pw,
+                               const float* __restrict__ padded,
+                               float* __restrict__ x) {
+  DLBATCH_GRID_STRIDE(i, count) {
+    const Index j = static_cast<Index>(i);
+    const int channel = static_cast<int>(j % c);
+    Index rest = j / c;
+    const int ix = static_cast<int>(rest % w);
+    rest /= w;
+    const int iy = static_cast<int>(rest % h);
+    const Index sample = rest / h;
+    x[i] = padded[((sample * ph + iy + top) * pw + ix + left) * c + channel];
+  }
+}
+
+// The input elements of a window along one dimension: [begin, end) of
+// [start, start + k) clipped to [0, size).
+struct Span {
+  int begin, end;
+};
+__device__ Span Clip(int start, int k, int size) {
+  return Span{std::max(start, 0), std::min(start + k, size)};
+}
+
+// One thread per output element (n, oy, ox, channel) of a pooling whose
+// window starts at (oy * sh - top, ox * sw - left): max or average over the
+// window's elements inside the input. Max records the first maximum in
+// window order (row-major) as its position in the window, as the CPU
+// backend picks, where `argmax` is not null; a window with no element
+// inside (which `same` padding never makes) gives 0 and position -1.
+template <typename Index>
+__global__ void PoolPaddedForwardKernel(int64_t count, bool is_max, int h,
+                                        int w, int c, int kh, int kw, int sh,
+                                        int sw, int top, int left, int oh,
+                                        int ow, const float* __restrict__ x,
+                                        float* __restrict__ y,
+                                        int32_t* __restrict__ argmax) {
+  DLBATCH_GRID_STRIDE(i, count) {
+    const Index j = static_cast<Index>(i);
+    const int channel = static_cast<int>(j % c);
+    Index rest = j / c;
+    const int ox = static_cast<int>(rest % ow);
+    rest /= ow;
+    const int oy = static_cast<int>(rest % oh);
+    const Index sample = rest / oh;
+    const int y0 = oy * sh - top, x0 = ox * sw - left;
+    const Span rows = Clip(y0, kh, h), cols = Clip(x0, kw, w);
+    const float* plane = x + sample * h * w * c + channel;
+    float result = 0;
+    if (is_max) {
+      int where = -1;
+      for (int iy = rows.begin; iy < rows.end; ++iy) {
+        for (int ix = cols.begin; ix < cols.end; ++ix) {
+          const float v = plane[(Index{iy} * w + ix) * c];
+          if (where < 0 || v > result) {
+            result = v;
+            where = (iy - y0) * kw + (ix - x0);
+          }
+        }
+      }
+      if (argmax != nullptr) argmax[i] = where;
+    } else {
+      float sum = 0;
+      for (int iy = rows.begin; iy < rows.end; ++iy) {
+        for (int ix = cols.begin; ix < cols.end; ++ix) {
+          sum += plane[(Index{iy} * w + ix) * c];
+        }
+      }
+      const int elements = (rows.end - rows.begin) * (cols.end - cols.begin);
+      if (elements > 0) result = sum / static_cast<float>(elements);
+    }
+    y[i] = result;
+  }
+}
+
+// One thread per input element (n, iy, ix, channel): the sum, over the
+// windows that contain it (in order of oy, then ox), of the window's
+// gradient where it is the window's recorded argmax (max) or of the
+// gradient divided by the window's elements inside the input (average).
+template <typename Index>
+__global__ void PoolPaddedBackwardKernel(int64_t count, bool is_max, int h,
+                                         int w, int c, int kh, int kw, int sh,
+                                         int sw, int top, int left, int oh,
+                                         int ow,
+                                         const int32_t* __restrict__ argmax,
+                                         const float* __restrict__ dy,
+                                         float* __restrict__ dx) {
+  DLBATCH_GRID_STRIDE(i, count) {
+    const Index j = static_cast<Index>(i);
+    const int channel = static_cast<int>(j % c);
+    Index rest = j / c;
+    const int ix = static_cast<int>(rest % w);
+    rest /= w;
+    const int iy = static_cast<int>(rest % h);
+    const Index sample = rest / h;
+    // In padded coordinates (>= 0), window oy covers [oy * sh, oy * sh +
+    // kh): it contains py where oy * sh <= py <= oy * sh + kh - 1.
+    const int py = iy + top, px = ix + left;
+    const int oy_begin = py >= kh ? (py - kh) / sh + 1 : 0;
+    const int ox_begin = px >= kw ? (px - kw) / sw + 1 : 0;
+    const int oy_last = std::min(py / sh, oh - 1);
+    const int ox_last = std::min(px / sw, ow - 1);
+    float g = 0;
+    for (int oy = oy_begin; oy <= oy_last; ++oy) {
+      for (int ox = ox_begin; ox <= ox_last; ++ox) {
+        const Index o = ((sample * oh + oy) * ow + ox) * c + channel;
+        if (is_max) {
+          if (argmax[o] == (py - oy * sh) * kw + (px - ox * sw)) g += dy[o];
+        } else {
+          const Span rows = Clip(oy * sh - top, kh, h);
+          const Span cols = Clip(ox * sw - left, kw, w);
+          const int elements =
+              (rows.end - rows.begin) * (cols.end - cols.begin);
+          g += dy[o] / static_cast<float>(elements);
+        }
+      }
     }
     dx[i] = g;
   }
@@ -148,8 +323,14 @@ int BiasGradChunks(int64_t rows) {
 void LaunchAddBiasRows(cudaStream_t stream, int64_t rows, int c,
                        const float* bias, float* y) {
   if (rows <= 0 || c <= 0) return;
-  AddBiasRowsKernel<<<Blocks(rows * c), kThreads, 0, stream>>>(rows, c, bias,
-                                                                 y);
+  const int64_t count = rows * c;
+  if (FitsInt32(count)) {
+    AddBiasRowsKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, c, bias, y);
+  } else {
+    AddBiasRowsKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, c, bias, y);
+  }
   DLBATCH_CUDA_CHECK_LAUNCH("AddBiasRowsKernel");
 }
 
@@ -176,8 +357,14 @@ void LaunchMaxPoolTiledForward(cudaStream_t stream, int n, int h, int w, int c,
                                float* y, uint8_t* argmax) {
   const int64_t count = int64_t{n} * oh * ow * c;
   if (count <= 0) return;
-  MaxPoolTiledForwardKernel<<<Blocks(count), kThreads, 0, stream>>>(
-      count, h, w, c, kh, kw, oh, ow, x, y, argmax);
+  // Its indices reach into x, which is at least as large as y.
+  if (FitsInt32(int64_t{n} * h * w * c)) {
+    MaxPoolTiledForwardKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, h, w, c, kh, kw, oh, ow, x, y, argmax);
+  } else {
+    MaxPoolTiledForwardKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, h, w, c, kh, kw, oh, ow, x, y, argmax);
+  }
   DLBATCH_CUDA_CHECK_LAUNCH("MaxPoolTiledForwardKernel");
 }
 
@@ -185,11 +372,85 @@ void LaunchMaxPoolTiledBackward(cudaStream_t stream, int n, int h, int w,
                                 int c, int kh, int kw, int oh, int ow,
                                 const uint8_t* argmax, const float* dy,
                                 float* dx) {
+  const int64_t count = int64_t{n} * h * w * c;  // at least y's elements
+  if (count <= 0) return;
+  if (FitsInt32(count)) {
+    MaxPoolTiledBackwardKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, h, w, c, kh, kw, oh, ow, argmax, dy, dx);
+  } else {
+    MaxPoolTiledBackwardKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, h, w, c, kh, kw, oh, ow, argmax, dy, dx);
+  }
+  DLBATCH_CUDA_CHECK_LAUNCH("MaxPoolTiledBackwardKernel");
+}
+
+
+// --- asymmetric padding ---
+
+void LaunchPadNhwc(cudaStream_t stream, int n, int h, int w, int c, int top,
+                   int left, int ph, int pw, const float* x, float* padded) {
+  const int64_t count = int64_t{n} * ph * pw * c;  // at least x's elements
+  if (count <= 0) return;
+  if (FitsInt32(count)) {
+    PadNhwcKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, h, w, c, top, left, ph, pw, x, padded);
+  } else {
+    PadNhwcKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, h, w, c, top, left, ph, pw, x, padded);
+  }
+  DLBATCH_CUDA_CHECK_LAUNCH("PadNhwcKernel");
+}
+
+void LaunchCropNhwc(cudaStream_t stream, int n, int h, int w, int c, int top,
+                    int left, int ph, int pw, const float* padded, float* x) {
   const int64_t count = int64_t{n} * h * w * c;
   if (count <= 0) return;
-  MaxPoolTiledBackwardKernel<<<Blocks(count), kThreads, 0, stream>>>(
-      count, h, w, c, kh, kw, oh, ow, argmax, dy, dx);
-  DLBATCH_CUDA_CHECK_LAUNCH("MaxPoolTiledBackwardKernel");
+  // Its indices reach into padded, the larger.
+  if (FitsInt32(int64_t{n} * ph * pw * c)) {
+    CropNhwcKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, h, w, c, top, left, ph, pw, padded, x);
+  } else {
+    CropNhwcKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, h, w, c, top, left, ph, pw, padded, x);
+  }
+  DLBATCH_CUDA_CHECK_LAUNCH("CropNhwcKernel");
+}
+
+void LaunchPoolPaddedForward(cudaStream_t stream, bool is_max, int n, int h,
+                             int w, int c, int kh, int kw, int sh, int sw,
+                             int top, int left, int oh, int ow, const float* x,
+                             float* y, int32_t* argmax) {
+  const int64_t count = int64_t{n} * oh * ow * c;
+  if (count <= 0) return;
+  if (FitsInt32(std::max(count, int64_t{n} * h * w * c))) {
+    PoolPaddedForwardKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, is_max, h, w, c, kh, kw, sh, sw, top, left, oh, ow, x, y,
+        argmax);
+  } else {
+    PoolPaddedForwardKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, is_max, h, w, c, kh, kw, sh, sw, top, left, oh, ow, x, y,
+        argmax);
+  }
+  DLBATCH_CUDA_CHECK_LAUNCH("PoolPaddedForwardKernel");
+}
+
+void LaunchPoolPaddedBackward(cudaStream_t stream, bool is_max, int n, int h,
+                              int w, int c, int kh, int kw, int sh, int sw,
+                              int top, int left, int oh, int ow,
+                              const int32_t* argmax, const float* dy,
+                              float* dx) {
+  const int64_t count = int64_t{n} * h * w * c;
+  if (count <= 0) return;
+  if (FitsInt32(std::max(count, int64_t{n} * oh * ow * c))) {
+    PoolPaddedBackwardKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, is_max, h, w, c, kh, kw, sh, sw, top, left, oh, ow, argmax, dy,
+        dx);
+  } else {
+    PoolPaddedBackwardKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
+        count, is_max, h, w, c, kh, kw, sh, sw, top, left, oh, ow, argmax, dy,
+        dx);
+  }
+  DLBATCH_CUDA_CHECK_LAUNCH("PoolPaddedBackwardKernel");
 }
 
 }  // namespace dlbatch::trainer::gpu

@@ -3,8 +3,11 @@
 // (gpu_layer_kernels.cu), which record each window's argmax in the
 // workspace: cuDNN's deterministic max backward, which finds the maximum
 // again from the input and output, took 215 us where ours takes about 20
-// on LeNet's first pooling at batch 1024. Other max pooling (overlapping
-// windows, padding) and average pooling (padding excluded) are cuDNN's,
+// on LeNet's first pooling at batch 1024. Pooling with asymmetric padding
+// (`same` with an even window, or a stride over an even size), which cuDNN
+// cannot describe, runs our direct kernels: max records its argmax (int32
+// per output) in the workspace. Other max pooling (overlapping windows,
+// symmetric padding) and average pooling (padding excluded) are cuDNN's,
 // whose backward needs no workspace.
 #include <cudnn.h>
 
@@ -37,13 +40,30 @@ class GpuPool final : public PoolKernel {
                desc.pad.right == 0 && desc.kh * desc.kw <= 256 &&
                desc.out.h == desc.in.h / desc.kh &&
                desc.out.w == desc.in.w / desc.kw && desc.out.c == desc.in.c),
+        direct_(desc.pad.top != desc.pad.bottom ||
+                desc.pad.left != desc.pad.right),
         tensors_(max_batch + 1) {}
 
   absl::Status Prepare(int max_batch) {
-    if (d_.pad.top != d_.pad.bottom || d_.pad.left != d_.pad.right) {
-      return absl::UnimplementedError(absl::StrCat(
-          name_, ": cuDNN's pooling pads symmetrically and this layer's "
-                 "'same' padding is not; use execution_environment: cpu"));
+    if (direct_) {
+      // Our kernels read the shapes as given: check what cuDNN would.
+      if (d_.kh < 1 || d_.kw < 1 || d_.stride_h < 1 || d_.stride_w < 1 ||
+          d_.pad.top < 0 || d_.pad.left < 0 || d_.pad.bottom < 0 ||
+          d_.pad.right < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name_, ": a window, stride or padding out of range"));
+      }
+      const int oh = (d_.in.h + d_.pad.top + d_.pad.bottom - d_.kh) /
+                         d_.stride_h + 1;
+      const int ow = (d_.in.w + d_.pad.left + d_.pad.right - d_.kw) /
+                         d_.stride_w + 1;
+      if (d_.out.h != oh || d_.out.w != ow || d_.out.c != d_.in.c) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name_, ": padding ", d_.pad.top, ",", d_.pad.left, ",",
+            d_.pad.bottom, ",", d_.pad.right, " gives an output of [", oh,
+            ", ", ow, ", ", d_.in.c, "], not ", d_.out.ToString()));
+      }
+      return absl::OkStatus();
     }
     // The deterministic max: its backward adds no gradients with atomics.
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetPooling2dDescriptor(
@@ -66,10 +86,25 @@ class GpuPool final : public PoolKernel {
   }
 
   size_t WorkspaceBytes(int n) const override {
+    if (direct_) {
+      return d_.kind == PoolKind::kMax
+                 ? static_cast<size_t>(n) * d_.out.size() * sizeof(int32_t)
+                 : 0;
+    }
     return tiled_ ? static_cast<size_t>(n) * d_.out.size() : 0;
   }
 
   void Forward(int n, const float* x, float* y, void* workspace) override {
+    if (direct_) {
+      CheckBatch(n);
+      LaunchPoolPaddedForward(
+          ctx_->stream, d_.kind == PoolKind::kMax, n, d_.in.h, d_.in.w,
+          d_.in.c, d_.kh, d_.kw, d_.stride_h, d_.stride_w, d_.pad.top,
+          d_.pad.left, d_.out.h, d_.out.w, x, y,
+          d_.kind == PoolKind::kMax ? static_cast<int32_t*>(workspace)
+                                    : nullptr);
+      return;
+    }
     if (tiled_) {
       LaunchMaxPoolTiledForward(ctx_->stream, n, d_.in.h, d_.in.w, d_.in.c,
                                 d_.kh, d_.kw, d_.out.h, d_.out.w, x, y,
@@ -84,6 +119,19 @@ class GpuPool final : public PoolKernel {
 
   void Backward(int n, const float* x, const float* y, const float* dy,
                 const void* workspace, float* dx) override {
+    if (direct_) {
+      CheckBatch(n);
+      if (d_.kind == PoolKind::kMax && workspace == nullptr) {
+        Die(name_.c_str(), __FILE__, __LINE__,
+            "backward without the argmax a training forward records");
+      }
+      LaunchPoolPaddedBackward(
+          ctx_->stream, d_.kind == PoolKind::kMax, n, d_.in.h, d_.in.w,
+          d_.in.c, d_.kh, d_.kw, d_.stride_h, d_.stride_w, d_.pad.top,
+          d_.pad.left, d_.out.h, d_.out.w,
+          static_cast<const int32_t*>(workspace), dy, dx);
+      return;
+    }
     if (tiled_) {
       if (workspace == nullptr) {
         Die(name_.c_str(), __FILE__, __LINE__,
@@ -115,13 +163,17 @@ class GpuPool final : public PoolKernel {
     return tensors_[n].get();
   }
 
-  Tensors& TensorsFor(int n) {
+  void CheckBatch(int n) const {
     if (n < 1 || n >= static_cast<int>(tensors_.size())) {
       Die(name_.c_str(), __FILE__, __LINE__,
           absl::StrCat("batch size ", n, " outside [1, ", tensors_.size() - 1,
                        "]")
               .c_str());
     }
+  }
+
+  Tensors& TensorsFor(int n) {
+    CheckBatch(n);
     if (tensors_[n] == nullptr) {
       absl::StatusOr<Tensors*> t = MakeTensors(n);
       if (!t.ok()) {
@@ -135,7 +187,8 @@ class GpuPool final : public PoolKernel {
   Context* ctx_;
   const PoolDesc d_;
   const std::string name_;
-  const bool tiled_;  // max pooling by our kernels (see the top)
+  const bool tiled_;   // max pooling by our kernels (see the top)
+  const bool direct_;  // asymmetric padding: our direct kernels
   PoolingDescriptor pool_;
   std::vector<std::unique_ptr<Tensors>> tensors_;  // by batch size
 };

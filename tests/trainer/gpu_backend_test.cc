@@ -7,6 +7,7 @@
 // Every test skips, saying why, where this process sees no CUDA device.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -152,14 +153,6 @@ TEST_F(GpuBackendTest, ConvolutionForwardAndBackward) {
       EXPECT_AGREE(db);
     }
   }
-}
-
-TEST_F(GpuBackendTest, ConvolutionRefusesAsymmetricPadding) {
-  ConvDesc d = Conv({8, 8, 2}, 4, 2, 1, 0);
-  d.pad = Padding{0, 0, 1, 1};  // 'same' for an even size
-  d.out = Shape{8, 8, 4};
-  auto k = gpu_->MakeConv(d, 2);
-  EXPECT_EQ(k.status().code(), absl::StatusCode::kUnimplemented) << k.status();
 }
 
 TEST_F(GpuBackendTest, ConvolutionTuningRoundTrips) {
@@ -536,6 +529,159 @@ TEST_F(GpuBackendTest, LeNetLossCurveOf200StepsMatchesTheCpu) {
   double cpu_tail = 0;
   for (int i = steps - window; i < steps; ++i) cpu_tail += cpu[i] / window;
   EXPECT_LT(cpu_tail, 0.5 * cpu.front());  // it learned
+}
+
+
+// --- asymmetric padding: `same` with an even window or a stride over an
+// even size (cuDNN pads symmetrically; the GPU pads a copy or runs its own
+// pooling kernels) ---
+
+// `same` padding of one dimension as layers.cc resolves it: the output
+// covers ceil(in / stride); the extra row or column at the bottom/right.
+void Same(int in, int k, int stride, int* before, int* after, int* out) {
+  *out = (in + stride - 1) / stride;
+  const int total = std::max((*out - 1) * stride + k - in, 0);
+  *before = total / 2;
+  *after = total - *before;
+}
+
+ConvDesc SameConv(Shape in, int filters, int k, int stride) {
+  ConvDesc d;
+  d.in = in;
+  d.filters = filters;
+  d.kh = d.kw = k;
+  d.stride_h = d.stride_w = stride;
+  d.out.c = filters;
+  Same(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
+  Same(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
+  return d;
+}
+
+PoolDesc SamePool(PoolKind kind, Shape in, int k, int stride) {
+  PoolDesc d;
+  d.kind = kind;
+  d.in = in;
+  d.kh = d.kw = k;
+  d.stride_h = d.stride_w = stride;
+  d.out.c = in.c;
+  Same(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
+  Same(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
+  return d;
+}
+
+bool Asymmetric(const Padding& p) {
+  return p.top != p.bottom || p.left != p.right;
+}
+
+std::string PadString(const Padding& p) {
+  return std::to_string(p.top) + "," + std::to_string(p.left) + "," +
+         std::to_string(p.bottom) + "," + std::to_string(p.right);
+}
+
+TEST_F(GpuBackendTest, ConvolutionWithAsymmetricPaddingMatchesTheCpu) {
+  const ConvDesc descs[] = {
+      SameConv({8, 8, 3}, 6, 4, 1),    // even window: pads 1,1,2,2
+      SameConv({8, 8, 5}, 7, 3, 2),    // stride 2 on an even size: 0,0,1,1
+      SameConv({8, 7, 3}, 4, 3, 2),    // asymmetric in h only: 0,1,1,1
+      SameConv({7, 6, 34}, 40, 2, 1),  // 2x2 over many channels: 0,0,1,1
+  };
+  uint64_t seed = 200;
+  for (const ConvDesc& d : descs) {
+    SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString() + " pad " +
+                 PadString(d.pad));
+    ASSERT_TRUE(Asymmetric(d.pad));
+    const int max_batch = 4;
+    auto ck = cpu_->MakeConv(d, max_batch);
+    auto gk = gpu_->MakeConv(d, max_batch);
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_TRUE(gk.ok()) << gk.status();
+    // Both orders of the backward calls: they share the kernel's scratch.
+    for (int n : {max_batch, 3}) {
+      SCOPED_TRACE(n);
+      const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
+      Pair x = Random(n * d.in.size(), ++seed);
+      Pair w = Random(weights, ++seed, -0.3, 0.3);
+      Pair b = Random(d.filters, ++seed);
+      Pair dy = Random(n * d.out.size(), ++seed);
+      // Gradients start as garbage: they must be overwritten.
+      Pair y = Random(n * d.out.size(), ++seed);
+      Pair dx = Random(n * d.in.size(), ++seed);
+      Pair dw = Random(weights, ++seed), db = Random(d.filters, ++seed);
+      (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
+      (*gk)->Forward(n, x.g(), w.g(), b.g(), y.g());
+      if (n == max_batch) {
+        (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
+        (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
+        (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
+        (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
+      } else {
+        (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
+        (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
+        (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
+        (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
+      }
+      EXPECT_AGREE(y);
+      EXPECT_AGREE(dx);
+      EXPECT_AGREE(dw);
+      EXPECT_AGREE(db);
+    }
+  }
+}
+
+TEST_F(GpuBackendTest, PoolingWithAsymmetricPaddingMatchesTheCpu) {
+  struct Case {
+    Shape in;
+    int k, stride;
+  };
+  const Case cases[] = {
+      {{7, 6, 5}, 2, 1},  // 0,0,1,1
+      {{8, 8, 4}, 3, 2},  // 0,0,1,1
+      {{8, 7, 3}, 3, 2},  // 0,1,1,1: asymmetric in h only
+      {{6, 6, 2}, 4, 1},  // 1,1,2,2
+      {{7, 7, 3}, 2, 2},  // 0,0,1,1: tiles but for the padding
+  };
+  uint64_t seed = 300;
+  for (PoolKind kind : {PoolKind::kMax, PoolKind::kAverage}) {
+    for (const Case& c : cases) {
+      const PoolDesc d = SamePool(kind, c.in, c.k, c.stride);
+      SCOPED_TRACE(std::string(kind == PoolKind::kMax ? "max" : "average") +
+                   " " + std::to_string(d.kh) + "x" + std::to_string(d.kw) +
+                   " stride " + std::to_string(d.stride_h) + " pad " +
+                   PadString(d.pad));
+      ASSERT_TRUE(Asymmetric(d.pad));
+      const int n = 3;
+      Pair x = Random(n * d.in.size(), ++seed);
+      Pair dy = Random(n * d.out.size(), ++seed);
+      ExpectPoolingAgrees(cpu_.get(), gpu_.get(), d, n, x, dy);
+    }
+  }
+}
+
+// Ties, as in MaxPoolingTiesGoToTheSameElement, with windows that the
+// padding clips; and inference (no workspace) gives training's output.
+TEST_F(GpuBackendTest, MaxPoolingWithAsymmetricPaddingTiesAndInference) {
+  for (const PoolDesc& d : {SamePool(PoolKind::kMax, {8, 8, 5}, 2, 1),
+                            SamePool(PoolKind::kMax, {8, 8, 4}, 3, 2),
+                            SamePool(PoolKind::kMax, {6, 6, 3}, 4, 1)}) {
+    SCOPED_TRACE(std::to_string(d.kh) + " pad " + PadString(d.pad));
+    ASSERT_TRUE(Asymmetric(d.pad));
+    const int n = 2;
+    std::vector<float> host = RandomVector(n * d.in.size(), 79, 0, 2);
+    for (float& v : host) v = std::floor(v);  // 0s and 1s: many ties
+    Pair x(cpu_.get(), gpu_.get(), host);
+    Pair dy = Random(n * d.out.size(), 80);
+    ExpectPoolingAgrees(cpu_.get(), gpu_.get(), d, n, x, dy);
+
+    auto gk = gpu_->MakePool(d, n);
+    ASSERT_TRUE(gk.ok()) << gk.status();
+    EXPECT_GE((*gk)->WorkspaceBytes(n),
+              static_cast<size_t>(n * d.out.size()) * sizeof(int32_t));
+    Buffer ws = *gpu_->Allocate((*gk)->WorkspaceBytes(n));
+    Pair trained = Zeros(n * d.out.size()), inferred = Zeros(n * d.out.size());
+    (*gk)->Forward(n, x.g(), trained.g(), ws.as<void>());
+    (*gk)->Forward(n, x.g(), inferred.g(), nullptr);
+    EXPECT_EQ(inferred.gpu(), trained.gpu());
+  }
 }
 
 }  // namespace
