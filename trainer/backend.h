@@ -371,6 +371,10 @@ class Backend {
   // Non-finite elements make the result non-finite.
   virtual double SumSquares(int64_t count, const float* x) = 0;
   virtual void Scale(int64_t count, float alpha, float* x) = 0;
+  // Gradient clipping (MATLAB's l2norm method) without a host wait: where
+  // ‖x‖ (SumSquares' double sum) exceeds `threshold`, x *= float(threshold
+  // / ‖x‖). A NaN norm leaves x as it is; the loss shows it.
+  virtual void ClipToNorm(int64_t count, double threshold, float* x) = 0;
 };
 
 // The CPU backend: oneDNN kernels on `threads` OpenMP threads (0: all cores).

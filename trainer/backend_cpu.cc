@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -277,6 +278,10 @@ class CpuBackend final : public Backend {
   void Scale(int64_t count, float alpha, float* x) override {
     ctx_.Enter();
     cpu::Scale(count, alpha, x);
+  }
+  void ClipToNorm(int64_t count, double threshold, float* x) override {
+    const double norm = std::sqrt(SumSquares(count, x));
+    if (norm > threshold) Scale(count, static_cast<float>(threshold / norm), x);
   }
 
  private:

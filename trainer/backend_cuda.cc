@@ -386,6 +386,11 @@ class CudaBackend final : public Backend {
   void Scale(int64_t count, float alpha, float* x) override {
     LaunchScale(ctx_.stream, count, alpha, x);
   }
+  void ClipToNorm(int64_t count, double threshold, float* x) override {
+    double* sum = sum_partial_ + kSumSquaresBlocks;
+    LaunchSumSquares(ctx_.stream, count, x, sum_partial_, sum);
+    LaunchScaleToNorm(ctx_.stream, count, threshold, sum, x);
+  }
 
  private:
   Context ctx_;

@@ -103,6 +103,17 @@ __global__ void SumSquaresPartialKernel(int64_t count,
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
+// x *= threshold / norm where the norm (from the device) exceeds it; the
+// factor is the CPU backend's, rounded from double once.
+__global__ void ScaleToNormKernel(int64_t count, double threshold,
+                                  const double* __restrict__ sum_squares,
+                                  float* __restrict__ x) {
+  const double norm = sqrt(*sum_squares);
+  if (!(norm > threshold)) return;
+  const float factor = static_cast<float>(threshold / norm);
+  DLBATCH_GRID_STRIDE(i, count) x[i] *= factor;
+}
+
 // One block of kThreads over the partial sums.
 __global__ void SumPartialsKernel(int parts, const double* __restrict__ partial,
                                   double* __restrict__ result) {
@@ -276,6 +287,14 @@ void LaunchSumSquares(cudaStream_t stream, int64_t count, const float* x,
   SumPartialsKernel<<<1, kThreads, 0, stream>>>(kSumSquaresBlocks, partial,
                                                 result);
   DLBATCH_CUDA_CHECK_LAUNCH("SumPartialsKernel");
+}
+
+void LaunchScaleToNorm(cudaStream_t stream, int64_t count, double threshold,
+                       const double* sum_squares, float* x) {
+  if (count <= 0) return;
+  ScaleToNormKernel<<<Blocks(count), kThreads, 0, stream>>>(count, threshold,
+                                                            sum_squares, x);
+  DLBATCH_CUDA_CHECK_LAUNCH("ScaleToNormKernel");
 }
 
 void LaunchSoftmaxCrossEntropy(cudaStream_t stream, int n, int classes,

@@ -67,6 +67,10 @@ void LaunchBroadcastRows(cudaStream_t stream, int rows, int cols,
 inline constexpr int kSumSquaresBlocks = 256;
 void LaunchSumSquares(cudaStream_t stream, int64_t count, const float* x,
                       double* partial, double* result);
+// Where sqrt(*sum_squares) > threshold: x *= float(threshold / that norm),
+// read on the device (Backend::ClipToNorm).
+void LaunchScaleToNorm(cudaStream_t stream, int64_t count, double threshold,
+                       const double* sum_squares, float* x);
 
 void LaunchSoftmaxCrossEntropy(cudaStream_t stream, int n, int classes,
                                const float* logits, const int32_t* labels,

@@ -1,7 +1,5 @@
 #include "trainer/solver.h"
 
-#include <cmath>
-
 namespace dlbatch::trainer {
 
 absl::StatusOr<std::unique_ptr<Solver>> Solver::Create(const Options& options,
@@ -22,14 +20,10 @@ void Solver::Step(double lr, int64_t step) {
   Network& net = *network_;
   const int64_t p = net.num_params();
   if (options_.gradient_threshold > 0) {
+    // On the device: no wait for the host inside a step.
     for (const ParamInfo& info : net.params_info()) {
-      float* g = net.grads() + info.offset;
-      const double norm = std::sqrt(backend_->SumSquares(info.count, g));
-      if (norm > options_.gradient_threshold) {
-        backend_->Scale(info.count,
-                        static_cast<float>(options_.gradient_threshold / norm),
-                        g);
-      }
+      backend_->ClipToNorm(info.count, options_.gradient_threshold,
+                           net.grads() + info.offset);
     }
   }
   const float l2 = static_cast<float>(options_.l2_regularization);

@@ -356,6 +356,18 @@ TEST_F(GpuBackendTest, ElementWise) {
   bad[500] = NAN;
   Pair nan(cpu_.get(), gpu_.get(), bad);
   EXPECT_FALSE(std::isfinite(gpu_->SumSquares(1000, nan.g())));
+
+  // Clipping to a norm, on the device: above the threshold scaled down to
+  // it, below left alone, as on the CPU.
+  const double norm = std::sqrt(cpu_->SumSquares(count, x.c()));
+  for (double threshold : {norm / 3, norm * 2}) {
+    Pair clipped(cpu_.get(), gpu_.get(), x.cpu());
+    cpu_->ClipToNorm(count, threshold, clipped.c());
+    gpu_->ClipToNorm(count, threshold, clipped.g());
+    EXPECT_AGREE(clipped);
+    EXPECT_NEAR(std::sqrt(gpu_->SumSquares(count, clipped.g())),
+                std::min(norm, threshold), 1e-5 * norm);
+  }
 }
 
 TEST_F(GpuBackendTest, SoftmaxCrossEntropyForwardAndBackward) {
