@@ -230,6 +230,10 @@ class Recording {
   // calls), with the pointers and arguments it was recorded with: it reads
   // what the buffers hold when it runs (a new batch, a new dropout key).
   virtual void Replay() = 0;
+  // True once the backend moved memory the recorded work uses (it grew a
+  // library's workspace for a new shape): record again; Replay would end
+  // the process.
+  virtual bool stale() const { return false; }
 };
 
 class Backend {

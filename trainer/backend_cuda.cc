@@ -45,6 +45,7 @@ absl::Status Context::ReserveWorkspace(size_t bytes) {
   if (workspace != nullptr) DLBATCH_CUDA_RETURN_IF_ERROR(cudaFree(workspace));
   workspace = nullptr;
   workspace_bytes = 0;
+  ++workspace_moves;
   if (cudaMalloc(&workspace, bytes) != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it
     return absl::ResourceExhaustedError(
@@ -79,19 +80,27 @@ namespace {
 // before its backend (backend.h: a backend outlives what it made).
 class CudaRecording final : public Recording {
  public:
-  CudaRecording(cudaStream_t stream, cudaGraph_t graph)
-      : stream_(stream), graph_(graph) {}
+  CudaRecording(const Context* ctx, cudaGraph_t graph)
+      : ctx_(ctx), graph_(graph), moves_(ctx->workspace_moves) {}
   ~CudaRecording() override {
     if (exec != nullptr) cudaGraphExecDestroy(exec);  // best effort
     if (graph_ != nullptr) cudaGraphDestroy(graph_);
   }
-  void Replay() override { DLBATCH_CUDA_CHECK(cudaGraphLaunch(exec, stream_)); }
+  void Replay() override {
+    if (stale()) {
+      Die("Recording::Replay", __FILE__, __LINE__,
+          "the cuDNN workspace moved since the recording (record again)");
+    }
+    DLBATCH_CUDA_CHECK(cudaGraphLaunch(exec, ctx_->stream));
+  }
+  bool stale() const override { return ctx_->workspace_moves != moves_; }
 
   cudaGraphExec_t exec = nullptr;  // set by FinishRecording
 
  private:
-  cudaStream_t stream_;
+  const Context* ctx_;
   cudaGraph_t graph_;
+  uint64_t moves_;  // ctx_->workspace_moves when recorded
 };
 
 class CudaBackend final : public Backend {
@@ -280,7 +289,7 @@ class CudaBackend final : public Backend {
     cudaGraph_t graph = nullptr;
     RETURN_IF_ERROR(Recoverable(cudaStreamEndCapture(ctx_.stream, &graph),
                                 "cudaStreamEndCapture", __LINE__));
-    auto recording = std::make_unique<CudaRecording>(ctx_.stream, graph);
+    auto recording = std::make_unique<CudaRecording>(&ctx_, graph);
     RETURN_IF_ERROR(
         Recoverable(cudaGraphInstantiate(&recording->exec, graph, 0),
                     "cudaGraphInstantiate", __LINE__));

@@ -98,6 +98,9 @@ struct Context {
   // it (after waiting for the stream) should a call need more.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Counts the workspace's moves: work recorded before one (a CUDA graph,
+  // Backend::StartRecording) points at freed memory and is stale.
+  uint64_t workspace_moves = 0;
   absl::Status ReserveWorkspace(size_t bytes);
   void* Workspace(size_t bytes);
 

@@ -659,6 +659,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   bool record =
       req_.record_steps && backend_->can_record() && comm_.size() == 1;
   int64_t steps_run = 0;  // by this process
+  bool said_recorded = false;
   auto record_step =
       [&](const Slot& s) -> absl::StatusOr<std::unique_ptr<Recording>> {
     RETURN_IF_ERROR(backend_->StartRecording());
@@ -688,11 +689,14 @@ absl::StatusOr<TrainResult> Run::Execute() {
     backend_->SetDropoutKey(Key(opt_.seed, static_cast<uint64_t>(iteration_),
                                 static_cast<uint64_t>(comm_.rank())));
     std::unique_ptr<Recording>& recorded = recorded_[current];
+    // An evaluation's new batch size may have grown a workspace.
+    if (recorded != nullptr && recorded->stale()) recorded.reset();
     if (record && recorded == nullptr && steps_run > 0) {
       // Recorded once the kernels have run (and set themselves up) once.
       absl::StatusOr<std::unique_ptr<Recording>> r = record_step(slot);
       if (r.ok()) {
-        if (recorded_[current ^ 1] == nullptr) {
+        if (!said_recorded) {
+          said_recorded = true;
           Say("Training steps are recorded once as a CUDA graph and "
               "replayed.");
         }

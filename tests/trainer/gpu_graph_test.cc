@@ -169,9 +169,15 @@ class GpuRecordedRun : public ::testing::Test {
              absl::StrCat("name: lenet\ntrain:", kNetwork,
                           "  data:\n    train: {format: idx, images: ", d,
                           "/train-images-idx3-ubyte.gz, labels: ", d,
-                          "/train-labels-idx1-ubyte.gz}\n  options:\n"
+                          "/train-labels-idx1-ubyte.gz}\n"
+                          "    validation: {format: idx, images: ", d,
+                          "/t10k-images-idx3-ubyte.gz, labels: ", d,
+                          "/t10k-labels-idx1-ubyte.gz}\n  options:\n"
                           "    mini_batch_size: 64\n    seed: 5\n"
-                          "    verbose_frequency: 10\n"));
+                          "    verbose_frequency: 10\n"
+                          // Evaluations between replays, of other batch
+                          // sizes (the last validation batch: 10000 % 64).
+                          "    validation_frequency: 15\n"));
   }
 
   // Trains `iterations` on the GPU into `out`; the output (diary).
@@ -224,6 +230,11 @@ TEST_F(GpuRecordedRun, ReplayedStepsTrainToTheWeightsOfLaunchedOnes) {
   for (int i = 0; i < kSteps; ++i) {
     EXPECT_EQ(ha->iterations[i].loss, hb->iterations[i].loss) << i;
     EXPECT_EQ(ha->iterations[i].accuracy, hb->iterations[i].accuracy) << i;
+  }
+  ASSERT_EQ(ha->validations.size(), 3u);  // at 15, 30 and 40
+  ASSERT_EQ(hb->validations.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(ha->validations[i].loss, hb->validations[i].loss) << i;
   }
 }
 
