@@ -354,6 +354,13 @@ absl::Status Run::ResumeIfAsked() {
   std::erase_if(history_.validations, [&](const ValidationRecord& r) {
     return r.iteration > iteration_;
   });
+  const int64_t recorded =
+      history_.iterations.empty() ? 0 : history_.iterations.back().iteration;
+  if (recorded < iteration_) {
+    Say(absl::StrCat(OutPath(kHistoryFile), " ends at iteration ", recorded,
+                     ", before the checkpoint's ", iteration_,
+                     "; the history continues with those rows missing."));
+  }
   Say(absl::StrCat("Resuming from ", path, ": iteration ", iteration_, " of ",
                    total_, " (epoch ", iteration_ / per_epoch_ + 1, ")."));
   return absl::OkStatus();
@@ -446,8 +453,12 @@ absl::Status Run::SaveCheckpoint() {
                          c.state.size() * sizeof(float));
   }
   c.solver_state = solver_->SaveState();
-  RETURN_IF_ERROR(WriteCheckpoint(OutPath(kCheckpointFile), c));
+  // The history first: a run that stops between the two writes (killed, or
+  // a write that fails) leaves a history reaching past the checkpoint,
+  // whose extra rows ResumeIfAsked drops. The other order would leave a
+  // checkpoint ahead of its history, and the rows between would be lost.
   RETURN_IF_ERROR(WriteFileAtomic(OutPath(kHistoryFile), HistoryCsv(history_)));
+  RETURN_IF_ERROR(WriteCheckpoint(OutPath(kCheckpointFile), c));
   if (req_.progress != nullptr) {
     req_.progress->Emit(nlohmann::json{
         {"event", "checkpoint"},

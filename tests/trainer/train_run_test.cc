@@ -1,12 +1,16 @@
 // Whole training runs of the real dlbatch-train on the real Fashion-MNIST
 // files: accuracy, outputs, determinism, resume after a kill, 1 rank
 // against 4, and the errors a user meets.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -221,45 +225,8 @@ TEST_F(TrainRun, SameSeedSameWeightsAndAnotherSeedOthers) {
   EXPECT_GT(RelativeDifference(FinalParams(dir_ + "/c"), a), 0.1);
 }
 
-TEST_F(TrainRun, KilledAndResumedRunEndsWithTheSameWeights) {
-  const std::string job = Job("small", kSmall, kSmallOptions, false);
-  const std::vector<std::string> iters = {"--max-iterations", "400"};
-  ASSERT_EQ(Train(job, dir_ + "/whole", iters).code, 0);
-
-  // Start the same run, kill it with SIGKILL after its second checkpoint.
-  const std::string out = dir_ + "/killed";
-  const std::string progress = dir_ + "/killed.jsonl";
-  const std::string bin = BinDir() + "/dlbatch-train";
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    if (freopen("/dev/null", "w", stdout) == nullptr) _exit(126);
-    setenv("XDG_CACHE_HOME", (dir_ + "/cache").c_str(), 1);
-    execl(bin.c_str(), bin.c_str(), job.c_str(), "--output-dir", out.c_str(),
-          "--max-iterations", "400", "--progress", progress.c_str(), nullptr);
-    _exit(127);
-  }
-  const bool checkpointed = WaitFor(
-      [&] {
-        return ReadAll(progress).find("\"iteration\":20,\"path\"") !=
-               std::string::npos;
-      },
-      60000);
-  kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(checkpointed);
-  ASSERT_TRUE(WIFSIGNALED(status)) << "the run ended before it could be killed";
-
-  Result r = Train(job, out, {"--max-iterations", "400", "--resume"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("Resuming from"), std::string::npos) << r.out;
-  EXPECT_EQ(FinalParams(out), FinalParams(dir_ + "/whole"));
-  nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
-  EXPECT_EQ(m["resumed"], true);
-  EXPECT_EQ(m["iterations"], 400);
-  // The history continues without a gap or a repeat.
-  const std::string csv = ReadAll(out + "/training_history.csv");
+// The history's train rows are 1, 2, ..., n: no gap, no repeat.
+void ExpectRowsOneTo(const std::string& csv, int64_t n) {
   std::vector<std::string> lines = absl::StrSplit(csv, '\n', absl::SkipEmpty());
   int64_t expect = 1;
   for (const std::string& l : lines) {
@@ -268,7 +235,144 @@ TEST_F(TrainRun, KilledAndResumedRunEndsWithTheSameWeights) {
     ASSERT_EQ(f[1], std::to_string(expect)) << l;
     ++expect;
   }
-  EXPECT_EQ(expect, 401);
+  EXPECT_EQ(expect, n + 1);
+}
+
+// A checkpoint every 3 iterations: enough progress lines after the 21st
+// (over 10 kB) that a killed run fills the test's pipe of 4 kB and blocks
+// long before its end.
+std::string KillOptions() {
+  return absl::StrReplaceAll(
+      kSmallOptions, {{"checkpoint_frequency: 10", "checkpoint_frequency: 3"}});
+}
+
+constexpr char kCheckpoint21[] = "\"event\":\"checkpoint\",\"iteration\":21,";
+
+TEST_F(TrainRun, KilledAndResumedRunEndsWithTheSameWeights) {
+  const std::string job = Job("small", kSmall, KillOptions(), false);
+  // One thread: a team of two stalls at every barrier on a loaded machine.
+  ASSERT_EQ(Train(job, dir_ + "/whole",
+                  {"--max-iterations", "400", "--threads", "1", "--progress",
+                   dir_ + "/whole.jsonl"})
+                .code,
+            0);
+
+  // Start the same run with its progress going into a pipe of one page,
+  // and SIGKILL it once its checkpoint of iteration 21 is reported. The
+  // test reads the pipe up to that line and no further, so the run can go
+  // on for at most one pipe's worth of progress lines and then blocks in
+  // its next write: it cannot finish before the kill, however the machine
+  // schedules the two processes. Where between those points the kill
+  // lands (in a step, or between a checkpoint's two files) varies; resume
+  // must work from any of them.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const int capacity = fcntl(fds[0], F_SETPIPE_SZ, 4096);
+  ASSERT_GT(capacity, 0) << "F_SETPIPE_SZ: " << std::strerror(errno);
+  // The uninterrupted run wrote more after that line than the pipe holds.
+  const std::string whole_progress = ReadAll(dir_ + "/whole.jsonl");
+  const size_t line21 = whole_progress.find(kCheckpoint21);
+  ASSERT_NE(line21, std::string::npos) << whole_progress;
+  const size_t after21 =
+      whole_progress.size() - whole_progress.find('\n', line21) - 1;
+  ASSERT_GT(after21, static_cast<size_t>(capacity))
+      << "too few progress lines after iteration 21 to block the run";
+
+  const std::string out = dir_ + "/killed";
+  const std::string bin = BinDir() + "/dlbatch-train";
+  const std::string fd_arg = absl::StrCat("fd:", fds[1]);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    if (freopen("/dev/null", "w", stdout) == nullptr) _exit(126);
+    setenv("XDG_CACHE_HOME", (dir_ + "/cache").c_str(), 1);
+    execl(bin.c_str(), bin.c_str(), job.c_str(), "--output-dir", out.c_str(),
+          "--max-iterations", "400", "--threads", "1", "--progress",
+          fd_arg.c_str(), nullptr);
+    _exit(127);
+  }
+  close(fds[1]);
+  // One byte at a time, so that nothing after the line leaves the pipe.
+  // The poll's limit only keeps a hung run from hanging the test.
+  std::string line;
+  bool checkpointed = false;
+  while (!checkpointed) {
+    pollfd p = {fds[0], POLLIN, 0};
+    if (poll(&p, 1, 120000) <= 0) break;
+    char c;
+    if (read(fds[0], &c, 1) != 1) break;  // the run ended or failed
+    if (c != '\n') {
+      line.push_back(c);
+      continue;
+    }
+    checkpointed = line.find(kCheckpoint21) != std::string::npos;
+    line.clear();
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(fds[0]);
+  ASSERT_TRUE(checkpointed) << "the run reported no checkpoint at 21";
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "the run ended before it was killed, status " << status;
+
+  Result r = Train(job, out,
+                   {"--max-iterations", "400", "--threads", "1", "--resume"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("Resuming from"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rows missing"), std::string::npos) << r.out;
+  EXPECT_EQ(FinalParams(out), FinalParams(dir_ + "/whole"));
+  nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
+  EXPECT_EQ(m["resumed"], true);
+  EXPECT_EQ(m["iterations"], 400);
+  // The history continues without a gap or a repeat.
+  ExpectRowsOneTo(ReadAll(out + "/training_history.csv"), 400);
+}
+
+// A run that stops between a checkpoint's two files (a write that fails
+// here, as on a full disk; a kill leaves the same) loses no history rows:
+// the history is written first, so the checkpoint is never ahead of it.
+TEST_F(TrainRun, RunStoppedBetweenHistoryAndCheckpointResumesWithEveryRow) {
+  const std::string job = Job("small", kSmall, kSmallOptions, false);
+  const std::string out = dir_ + "/out";
+  auto train_to = [&](const char* iterations) {
+    return Train(
+        job, out,
+        {"--threads", "1", "--max-iterations", iterations, "--resume"});
+  };
+  ASSERT_EQ(train_to("10").code, 0);
+  // A directory where the history's temporary file goes: the history of
+  // the checkpoint at 20 cannot be written, and the run stops there.
+  const std::string blocked_history = out + "/training_history.csv.tmp";
+  ASSERT_TRUE(MakeDirs(blocked_history + "/in-the-way").ok());
+  Result r = train_to("30");
+  ASSERT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.err.find("training_history.csv"), std::string::npos) << r.err;
+  absl::StatusOr<Checkpoint> c = ReadCheckpoint(out + "/checkpoint.dlbc");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->iteration, 10) << "a checkpoint ahead of its history";
+  ASSERT_TRUE(RemoveTree(blocked_history).ok());
+  r = train_to("30");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("iteration 10 of 30"), std::string::npos) << r.out;
+  ExpectRowsOneTo(ReadAll(out + "/training_history.csv"), 30);
+
+  // The other way round: the checkpoint of 40 cannot be written after its
+  // history was. The history then reaches past the checkpoint of 30, and
+  // resuming drops its rows 31 to 40 before it trains them again.
+  const std::string blocked_checkpoint = out + "/checkpoint.dlbc.tmp";
+  ASSERT_TRUE(MakeDirs(blocked_checkpoint + "/in-the-way").ok());
+  r = train_to("50");
+  ASSERT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.err.find("checkpoint.dlbc"), std::string::npos) << r.err;
+  ExpectRowsOneTo(ReadAll(out + "/training_history.csv"), 40);
+  ASSERT_TRUE(RemoveTree(blocked_checkpoint).ok());
+  r = train_to("50");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("iteration 30 of 50"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rows missing"), std::string::npos) << r.out;
+  ExpectRowsOneTo(ReadAll(out + "/training_history.csv"), 50);
 }
 
 TEST_F(TrainRun, FourRanksTrainLenetToTheWeightsOfOne) {
