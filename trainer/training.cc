@@ -633,6 +633,13 @@ absl::StatusOr<TrainResult> Run::Execute() {
   // the history and checks them.
   auto retire = [&]() -> absl::Status {
     if (queued.empty()) return absl::OkStatus();
+    if (comm_.size() > 1 && backend_->on_gpu()) {
+      // The host's wait for the steps' collectives, bounded by the
+      // communicator's timeout (a Barrier queues after them): a dead peer
+      // is an error here, not a hang in the read of the device below. On
+      // the CPU, GradientBuckets::Finish has waited for them, bounded too.
+      RETURN_IF_ERROR(comm_.Barrier());
+    }
     backend_->CopyToHost(ring.data(), stats_ring_.f32(),
                          ring.size() * sizeof(float));
     for (const Queued& q : queued) {
@@ -658,10 +665,17 @@ absl::StatusOr<TrainResult> Run::Execute() {
   // from step to step, and with a gradient threshold it reads norms back).
   // Several ranks: each layer's gradients start their allreduce (in
   // buckets) while the layers before it compute.
+  // The step's loss sums start their allreduce as soon as they are known,
+  // ahead of the gradients' buckets (every rank in the same order), and
+  // are complete once the buckets are (GradientBuckets::Finish waits for
+  // every allreduce started).
   auto compute = [&](const Slot& s) -> absl::Status {
     net_->Forward(s.n, s.images.f32(), /*training=*/true);
     backend_->Fill(step_stats_.f32(), 2, 0);
     net_->Loss(s.n, s.labels.as<int32_t>(), step_stats_.f32());
+    if (comm_.size() > 1) {
+      RETURN_IF_ERROR(comm_.StartAllreduceSum(step_stats_.f32(), 2));
+    }
     net_->Backward(s.n, s.labels.as<int32_t>(), scale,
                    comm_.size() > 1 ? buckets.ReadyFn() : nullptr);
     return net_->collective_status();
@@ -726,12 +740,8 @@ absl::StatusOr<TrainResult> Run::Execute() {
       RETURN_IF_ERROR(compute(slot));
     }
     ++steps_run;
-    if (comm_.size() > 1) {
-      RETURN_IF_ERROR(buckets.Finish());
-      // Blocking, so also the host's bounded wait for the buckets (a dead
-      // peer is an error here, not a hang in a later read of the device).
-      RETURN_IF_ERROR(comm_.AllreduceSum(step_stats_.f32(), 2));
-    }
+    // On GPUs no host wait: the compute stream waits for the allreduces.
+    if (comm_.size() > 1) RETURN_IF_ERROR(buckets.Finish());
     backend_->CopyOnDevice(stats_ring_.f32() + 2 * (iteration_ % kStatsRing),
                            step_stats_.f32(), 2 * sizeof(float));
     const int64_t epoch = iteration_ / per_epoch_ + 1;

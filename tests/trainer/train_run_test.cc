@@ -23,6 +23,7 @@
 #include "common/files.h"
 #include "tests/integration/harness.h"
 #include "trainer/checkpoint.h"
+#include "trainer/history.h"
 
 namespace dlbatch::trainer {
 namespace {
@@ -407,6 +408,21 @@ TEST_F(TrainRun, FourRanksTrainLenetToTheWeightsOfOne) {
   // few steps, and differences grow over long runs as in any float
   // training, so the comparison is made early.
   EXPECT_LT(RelativeDifference(p4, p1), 1e-4);
+  // Each step's loss is the global batch's: the ranks' sums, allreduced
+  // while backward runs (a rank's own sum would be about a quarter).
+  absl::StatusOr<TrainingHistory> h1 =
+      ParseHistoryCsv(ReadAll(dir_ + "/one/training_history.csv"));
+  absl::StatusOr<TrainingHistory> h4 =
+      ParseHistoryCsv(ReadAll(dir_ + "/four/training_history.csv"));
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  ASSERT_TRUE(h4.ok()) << h4.status();
+  ASSERT_EQ(h1->iterations.size(), 4u);
+  ASSERT_EQ(h4->iterations.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(h4->iterations[i].loss, h1->iterations[i].loss,
+                1e-4 * h1->iterations[i].loss)
+        << "iteration " << i + 1;
+  }
   // And training moved the weights far more than that.
   ASSERT_EQ(Train(job, dir_ + "/init", {"--max-iterations", "1"}).code, 0);
   EXPECT_GT(RelativeDifference(FinalParams(dir_ + "/init"), p1), 1e-3);
