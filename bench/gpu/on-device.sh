@@ -5,7 +5,7 @@
 #
 #   bash bench/gpu/on-device.sh [all|tests|bench]     # default: all
 #
-# all: unpack, nvidia-smi, the GPU tests, then the benchmark; about 5-7
+# all: unpack, nvidia-smi, the GPU tests, then the benchmark; about 6-8
 # minutes in all, inside the device tool's 10-minute limit per command:
 #   - unpack and device information: about 10 s;
 #   - gpu_backend_test, gpu_checkpoint_test, gpu_graph_test,
@@ -15,15 +15,17 @@
 #     blocks256gpu; 2 epochs; REPEATS seeds, default 4, both sides
 #     alternating; each case stopped after 200 s): about 1-1.5 min a case,
 #     most of it process start-up (import torch, CUDA initialisation, reading
-#     the data), which stays outside both sides' timings. CASES overrides the
-#     case list; GRAPHS=0|1 sets DLBATCH_CUDA_GRAPHS (recorded steps) for
-#     dlbatch's side, unset leaves dlbatch-train's default.
+#     the data), which stays outside both sides' timings. Then GRAPH_CASES
+#     (default lenet64gpu; empty for none) again with DLBATCH_CUDA_GRAPHS=1
+#     (recorded steps), about 1.5 min more. CASES overrides the case list
+#     (and drops the GRAPH_CASES runs); GRAPHS=0|1 sets DLBATCH_CUDA_GRAPHS
+#     for every case instead.
 # Writes to $OUT (default /tmp/gpu-out): gpu-results.md (the tables),
 # on-device.log (everything printed), bench-logs.tar.xz (each run's logs and
 # JSON, without models or checkpoints). Ends with the tables.
 set -uo pipefail
 mode=${1:-all}
-case $mode in all|tests|bench) ;; *) sed -n '2,24p' "$0"; exit 2 ;; esac
+case $mode in all|tests|bench) ;; *) sed -n '2,26p' "$0"; exit 2 ;; esac
 here=bench/out/gpu
 OUT=${OUT:-/tmp/gpu-out}
 REPEATS=${REPEATS:-4}
@@ -76,19 +78,35 @@ main() {
     : >"$OUT/gpu-results.md"
     local marker
     marker=$(mktemp /tmp/on-device-start.XXXXXX)  # the runs' folders are newer
-    if [[ -n ${GRAPHS:-} ]]; then export DLBATCH_CUDA_GRAPHS=$GRAPHS; fi
-    for c in ${CASES:-lenet64gpu lenet1024gpu blocks256gpu}; do
+    # Each entry: case[:graphs], graphs being DLBATCH_CUDA_GRAPHS for that
+    # run. Unless GRAPHS or CASES says otherwise, the default cases run as
+    # dlbatch-train defaults, then GRAPH_CASES with recorded steps, to
+    # compare.
+    local cases
+    if [[ -n ${GRAPHS:-} ]]; then
+      cases=$(for c in ${CASES:-lenet64gpu lenet1024gpu blocks256gpu}; do
+                echo "$c:$GRAPHS"; done)
+    else
+      cases="${CASES:-lenet64gpu lenet1024gpu blocks256gpu}"
+      [[ -n ${CASES:-} ]] || cases+=$(for c in ${GRAPH_CASES-lenet64gpu}; do
+                                         echo " $c:1"; done)
+    fi
+    for entry in $cases; do
+      local c=${entry%%:*} graphs=
+      [[ $entry == *:* ]] && graphs=${entry##*:}
       local t1=$SECONDS
       echo "== trainer_bench --gpu --only $c (repeats $REPEATS," \
-           "DLBATCH_CUDA_GRAPHS=${DLBATCH_CUDA_GRAPHS:-unset})"
-      timeout 200 "$run" trainer_bench --gpu --only "$c" --repeats "$REPEATS" \
-        --vary-seed --threads "$THREADS" --timeout 90 --python "$py" \
-        --data-dir "$here/data" --jobs-dir "$here/jobs" \
-        --baseline "$here/pytorch_baseline.py" >"$OUT/$c.md"
+           "DLBATCH_CUDA_GRAPHS=${graphs:-unset})"
+      ( if [[ -n $graphs ]]; then export DLBATCH_CUDA_GRAPHS=$graphs; fi
+        timeout 200 "$run" trainer_bench --gpu --only "$c" \
+          --repeats "$REPEATS" --vary-seed --threads "$THREADS" --timeout 90 \
+          --python "$py" --data-dir "$here/data" --jobs-dir "$here/jobs" \
+          --baseline "$here/pytorch_baseline.py" >"$OUT/$c.md" )
       local rc=$?
       echo "== $c: exit $rc, $((SECONDS - t1)) s"
       [[ $rc == 0 ]] || status=1
-      { echo "### $c"; echo; cat "$OUT/$c.md"; echo; } >>"$OUT/gpu-results.md"
+      { echo "### $c${graphs:+ (DLBATCH_CUDA_GRAPHS=$graphs)}"; echo
+        cat "$OUT/$c.md"; echo; } >>"$OUT/gpu-results.md"
       rm -f "$OUT/$c.md"
     done
     local dirs

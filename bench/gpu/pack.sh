@@ -65,7 +65,7 @@ echo "pack.sh: bundle.tar.xz $(du -h "$out/bundle.tar.xz" | cut -f1)," \
      "bench/out/gpu in all $(du -sh "$out" | cut -f1) (the carry limit is" \
      "64 MiB with the working tree)"
 cat <<'MSG'
-On the device (one call, about 5-7 minutes; its output ends with the table,
+On the device (one call, about 6-8 minutes; its output ends with the table,
 and $OUT brings back gpu-results.md, on-device.log and bench-logs.tar.xz):
   run(command="bash bench/gpu/on-device.sh", carry=["bench/out/gpu"], timeout_s=600)
 Parts alone: "bash bench/gpu/on-device.sh tests" (about 1-2 min) or
