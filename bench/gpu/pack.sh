@@ -33,13 +33,17 @@ for b in "${bins[@]}"; do
   paths+=("$build/bin/$b")
 done
 # The GPU backend links cuDNN and cuBLAS; a CPU-only build says so itself.
-ldd "$build/bin/dlbatch-train" | grep -q 'libcudnn\.' ||
+# (ldd's output is taken whole first: grep -q stops reading at the first
+# match, and under pipefail ldd's SIGPIPE would fail the check.)
+train_libs=$(ldd "$build/bin/dlbatch-train")
+grep -q 'libcudnn\.' <<<"$train_libs" ||
   die "$build/bin/dlbatch-train does not link cuDNN: this build has no GPU" \
       "backend (configure where CUDA, cuDNN and cuBLAS are found)"
-if "$build/bin/dlbatch-train" --list-devices | grep -q 'without the GPU backend'; then
+if grep -q 'without the GPU backend' <<<"$("$build/bin/dlbatch-train" --list-devices)"; then
   die "$build/bin/dlbatch-train says it was built without the GPU backend"
 fi
-ldd "$build/bin/nccl_communicator_test" | grep -q 'libnccl\.' ||
+nccl_libs=$(ldd "$build/bin/nccl_communicator_test")
+grep -q 'libnccl\.' <<<"$nccl_libs" ||
   die "nccl_communicator_test does not link NCCL: this build has no NCCL"
 # Stale binaries would measure old code: warn where a source is newer.
 newer=$( (find "$repo/trainer" "$repo/proto" "$repo/common" \
