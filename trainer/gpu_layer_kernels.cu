@@ -41,13 +41,42 @@ namespace {
 // int32.
 bool FitsInt32(int64_t count) { return count <= INT32_MAX; }
 
+// Launches kernel<int32_t> where every index fits (FitsInt32(largest), the
+// element count of the kernel's largest array), else kernel<int64_t>, on
+// Blocks(count) x kThreads, and checks the launch.
+#define DLBATCH_LAUNCH_INDEXED(kernel, largest, count, stream, ...)          \
+  do {                                                                      \
+    if (FitsInt32(largest)) {                                               \
+      kernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(__VA_ARGS__); \
+    } else {                                                                \
+      kernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(__VA_ARGS__); \
+    }                                                                       \
+    DLBATCH_CUDA_CHECK_LAUNCH(#kernel);                                     \
+  } while (false)
+
+// Element j's coordinates in an NHWC array of h x w x c samples.
+template <typename Index>
+struct Nhwc {
+  Index sample;
+  int y, x, channel;
+};
+template <typename Index>
+__device__ Nhwc<Index> Coordinates(Index j, int h, int w, int c) {
+  Nhwc<Index> at;
+  at.channel = static_cast<int>(j % c);
+  Index rest = j / c;
+  at.x = static_cast<int>(rest % w);
+  rest /= w;
+  at.y = static_cast<int>(rest % h);
+  at.sample = rest / h;
+  return at;
+}
+
 template <typename Index>
 __global__ void AddBiasRowsKernel(int64_t count, int c,
                                   const float* __restrict__ bias,
                                   float* __restrict__ y) {
-  DLBATCH_GRID_STRIDE(i, count) {
-    y[i] += bias[static_cast<Index>(i) % c];
-  }
+  DLBATCH_GRID_STRIDE(i, count) { y[i] += bias[static_cast<Index>(i) % c]; }
 }
 
 // Block (32, kBiasRowsPerBlock): x over 32 channels, y over rows; blockIdx.x
@@ -108,16 +137,10 @@ __global__ void MaxPoolTiledForwardKernel(int64_t count, int h, int w, int c,
                                           float* __restrict__ y,
                                           uint8_t* __restrict__ argmax) {
   DLBATCH_GRID_STRIDE(i, count) {
-    const Index j = static_cast<Index>(i);
-    const int channel = static_cast<int>(j % c);
-    Index rest = j / c;
-    const int ox = static_cast<int>(rest % ow);
-    rest /= ow;
-    const int oy = static_cast<int>(rest % oh);
-    const Index sample = rest / oh;
+    const auto [sample, oy, ox, channel] =
+        Coordinates(static_cast<Index>(i), oh, ow, c);
     const float* base =
-        x + ((sample * h + Index{oy} * kh) * w + Index{ox} * kw) * c +
-        channel;
+        x + ((sample * h + Index{oy} * kh) * w + Index{ox} * kw) * c + channel;
     float best = base[0];
     int where = 0;
     for (int dy = 0; dy < kh; ++dy) {
@@ -143,13 +166,8 @@ __global__ void MaxPoolTiledBackwardKernel(int64_t count, int h, int w, int c,
                                            const float* __restrict__ dy,
                                            float* __restrict__ dx) {
   DLBATCH_GRID_STRIDE(i, count) {
-    const Index j = static_cast<Index>(i);
-    const int channel = static_cast<int>(j % c);
-    Index rest = j / c;
-    const int ix = static_cast<int>(rest % w);
-    rest /= w;
-    const int iy = static_cast<int>(rest % h);
-    const Index sample = rest / h;
+    const auto [sample, iy, ix, channel] =
+        Coordinates(static_cast<Index>(i), h, w, c);
     const int oy = iy / kh, ox = ix / kw;
     float g = 0;
     if (oy < oh && ox < ow) {
@@ -170,13 +188,8 @@ __global__ void PadNhwcKernel(int64_t count, int h, int w, int c, int top,
                               const float* __restrict__ x,
                               float* __restrict__ padded) {
   DLBATCH_GRID_STRIDE(i, count) {
-    const Index j = static_cast<Index>(i);
-    const int channel = static_cast<int>(j % c);
-    Index rest = j / c;
-    const int px = static_cast<int>(rest % pw);
-    rest /= pw;
-    const int py = static_cast<int>(rest % ph);
-    const Index sample = rest / ph;
+    const auto [sample, py, px, channel] =
+        Coordinates(static_cast<Index>(i), ph, pw, c);
     const int iy = py - top, ix = px - left;
     float v = 0;
     if (iy >= 0 && iy < h && ix >= 0 && ix < w) {
@@ -194,13 +207,8 @@ __global__ void CropNhwcKernel(int64_t count, int h, int w, int c, int top,
                                const float* __restrict__ padded,
                                float* __restrict__ x) {
   DLBATCH_GRID_STRIDE(i, count) {
-    const Index j = static_cast<Index>(i);
-    const int channel = static_cast<int>(j % c);
-    Index rest = j / c;
-    const int ix = static_cast<int>(rest % w);
-    rest /= w;
-    const int iy = static_cast<int>(rest % h);
-    const Index sample = rest / h;
+    const auto [sample, iy, ix, channel] =
+        Coordinates(static_cast<Index>(i), h, w, c);
     x[i] = padded[((sample * ph + iy + top) * pw + ix + left) * c + channel];
   }
 }
@@ -228,13 +236,8 @@ __global__ void PoolPaddedForwardKernel(int64_t count, bool is_max, int h,
                                         float* __restrict__ y,
                                         int32_t* __restrict__ argmax) {
   DLBATCH_GRID_STRIDE(i, count) {
-    const Index j = static_cast<Index>(i);
-    const int channel = static_cast<int>(j % c);
-    Index rest = j / c;
-    const int ox = static_cast<int>(rest % ow);
-    rest /= ow;
-    const int oy = static_cast<int>(rest % oh);
-    const Index sample = rest / oh;
+    const auto [sample, oy, ox, channel] =
+        Coordinates(static_cast<Index>(i), oh, ow, c);
     const int y0 = oy * sh - top, x0 = ox * sw - left;
     const Span rows = Clip(y0, kh, h), cols = Clip(x0, kw, w);
     const float* plane = x + sample * h * w * c + channel;
@@ -278,13 +281,8 @@ __global__ void PoolPaddedBackwardKernel(int64_t count, bool is_max, int h,
                                          const float* __restrict__ dy,
                                          float* __restrict__ dx) {
   DLBATCH_GRID_STRIDE(i, count) {
-    const Index j = static_cast<Index>(i);
-    const int channel = static_cast<int>(j % c);
-    Index rest = j / c;
-    const int ix = static_cast<int>(rest % w);
-    rest /= w;
-    const int iy = static_cast<int>(rest % h);
-    const Index sample = rest / h;
+    const auto [sample, iy, ix, channel] =
+        Coordinates(static_cast<Index>(i), h, w, c);
     // In padded coordinates (>= 0), window oy covers [oy * sh, oy * sh +
     // kh): it contains py where oy * sh <= py <= oy * sh + kh - 1.
     const int py = iy + top, px = ix + left;
@@ -324,14 +322,8 @@ void LaunchAddBiasRows(cudaStream_t stream, int64_t rows, int c,
                        const float* bias, float* y) {
   if (rows <= 0 || c <= 0) return;
   const int64_t count = rows * c;
-  if (FitsInt32(count)) {
-    AddBiasRowsKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, c, bias, y);
-  } else {
-    AddBiasRowsKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, c, bias, y);
-  }
-  DLBATCH_CUDA_CHECK_LAUNCH("AddBiasRowsKernel");
+  DLBATCH_LAUNCH_INDEXED(AddBiasRowsKernel, count, count, stream, count, c,
+                         bias, y);
 }
 
 void LaunchBiasGradRows(cudaStream_t stream, int64_t rows, int c,
@@ -346,7 +338,7 @@ void LaunchBiasGradRows(cudaStream_t stream, int64_t rows, int c,
   const dim3 grid((c + 31) / 32, chunks);
   const dim3 block(32, kBiasRowsPerBlock);
   BiasGradPartialKernel<<<grid, block, 0, stream>>>(rows, c, chunk_rows, dy,
-                                                     partial);
+                                                    partial);
   DLBATCH_CUDA_CHECK_LAUNCH("BiasGradPartialKernel");
   BiasGradFinishKernel<<<c, kThreads, 0, stream>>>(c, chunks, partial, db);
   DLBATCH_CUDA_CHECK_LAUNCH("BiasGradFinishKernel");
@@ -358,32 +350,20 @@ void LaunchMaxPoolTiledForward(cudaStream_t stream, int n, int h, int w, int c,
   const int64_t count = int64_t{n} * oh * ow * c;
   if (count <= 0) return;
   // Its indices reach into x, which is at least as large as y.
-  if (FitsInt32(int64_t{n} * h * w * c)) {
-    MaxPoolTiledForwardKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, h, w, c, kh, kw, oh, ow, x, y, argmax);
-  } else {
-    MaxPoolTiledForwardKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, h, w, c, kh, kw, oh, ow, x, y, argmax);
-  }
-  DLBATCH_CUDA_CHECK_LAUNCH("MaxPoolTiledForwardKernel");
+  DLBATCH_LAUNCH_INDEXED(MaxPoolTiledForwardKernel, int64_t{n} * h * w * c,
+                         count, stream, count, h, w, c, kh, kw, oh, ow, x, y,
+                         argmax);
 }
 
-void LaunchMaxPoolTiledBackward(cudaStream_t stream, int n, int h, int w,
-                                int c, int kh, int kw, int oh, int ow,
+void LaunchMaxPoolTiledBackward(cudaStream_t stream, int n, int h, int w, int c,
+                                int kh, int kw, int oh, int ow,
                                 const uint8_t* argmax, const float* dy,
                                 float* dx) {
   const int64_t count = int64_t{n} * h * w * c;  // at least y's elements
   if (count <= 0) return;
-  if (FitsInt32(count)) {
-    MaxPoolTiledBackwardKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, h, w, c, kh, kw, oh, ow, argmax, dy, dx);
-  } else {
-    MaxPoolTiledBackwardKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, h, w, c, kh, kw, oh, ow, argmax, dy, dx);
-  }
-  DLBATCH_CUDA_CHECK_LAUNCH("MaxPoolTiledBackwardKernel");
+  DLBATCH_LAUNCH_INDEXED(MaxPoolTiledBackwardKernel, count, count, stream,
+                         count, h, w, c, kh, kw, oh, ow, argmax, dy, dx);
 }
-
 
 // --- asymmetric padding ---
 
@@ -391,14 +371,8 @@ void LaunchPadNhwc(cudaStream_t stream, int n, int h, int w, int c, int top,
                    int left, int ph, int pw, const float* x, float* padded) {
   const int64_t count = int64_t{n} * ph * pw * c;  // at least x's elements
   if (count <= 0) return;
-  if (FitsInt32(count)) {
-    PadNhwcKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, h, w, c, top, left, ph, pw, x, padded);
-  } else {
-    PadNhwcKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, h, w, c, top, left, ph, pw, x, padded);
-  }
-  DLBATCH_CUDA_CHECK_LAUNCH("PadNhwcKernel");
+  DLBATCH_LAUNCH_INDEXED(PadNhwcKernel, count, count, stream, count, h, w, c,
+                         top, left, ph, pw, x, padded);
 }
 
 void LaunchCropNhwc(cudaStream_t stream, int n, int h, int w, int c, int top,
@@ -406,14 +380,8 @@ void LaunchCropNhwc(cudaStream_t stream, int n, int h, int w, int c, int top,
   const int64_t count = int64_t{n} * h * w * c;
   if (count <= 0) return;
   // Its indices reach into padded, the larger.
-  if (FitsInt32(int64_t{n} * ph * pw * c)) {
-    CropNhwcKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, h, w, c, top, left, ph, pw, padded, x);
-  } else {
-    CropNhwcKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, h, w, c, top, left, ph, pw, padded, x);
-  }
-  DLBATCH_CUDA_CHECK_LAUNCH("CropNhwcKernel");
+  DLBATCH_LAUNCH_INDEXED(CropNhwcKernel, int64_t{n} * ph * pw * c, count,
+                         stream, count, h, w, c, top, left, ph, pw, padded, x);
 }
 
 void LaunchPoolPaddedForward(cudaStream_t stream, bool is_max, int n, int h,
@@ -422,16 +390,10 @@ void LaunchPoolPaddedForward(cudaStream_t stream, bool is_max, int n, int h,
                              float* y, int32_t* argmax) {
   const int64_t count = int64_t{n} * oh * ow * c;
   if (count <= 0) return;
-  if (FitsInt32(std::max(count, int64_t{n} * h * w * c))) {
-    PoolPaddedForwardKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, is_max, h, w, c, kh, kw, sh, sw, top, left, oh, ow, x, y,
-        argmax);
-  } else {
-    PoolPaddedForwardKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, is_max, h, w, c, kh, kw, sh, sw, top, left, oh, ow, x, y,
-        argmax);
-  }
-  DLBATCH_CUDA_CHECK_LAUNCH("PoolPaddedForwardKernel");
+  DLBATCH_LAUNCH_INDEXED(PoolPaddedForwardKernel,
+                         std::max(count, int64_t{n} * h * w * c), count, stream,
+                         count, is_max, h, w, c, kh, kw, sh, sw, top, left, oh,
+                         ow, x, y, argmax);
 }
 
 void LaunchPoolPaddedBackward(cudaStream_t stream, bool is_max, int n, int h,
@@ -441,16 +403,10 @@ void LaunchPoolPaddedBackward(cudaStream_t stream, bool is_max, int n, int h,
                               float* dx) {
   const int64_t count = int64_t{n} * h * w * c;
   if (count <= 0) return;
-  if (FitsInt32(std::max(count, int64_t{n} * oh * ow * c))) {
-    PoolPaddedBackwardKernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, is_max, h, w, c, kh, kw, sh, sw, top, left, oh, ow, argmax, dy,
-        dx);
-  } else {
-    PoolPaddedBackwardKernel<int64_t><<<Blocks(count), kThreads, 0, stream>>>(
-        count, is_max, h, w, c, kh, kw, sh, sw, top, left, oh, ow, argmax, dy,
-        dx);
-  }
-  DLBATCH_CUDA_CHECK_LAUNCH("PoolPaddedBackwardKernel");
+  DLBATCH_LAUNCH_INDEXED(PoolPaddedBackwardKernel,
+                         std::max(count, int64_t{n} * oh * ow * c), count,
+                         stream, count, is_max, h, w, c, kh, kw, sh, sw, top,
+                         left, oh, ow, argmax, dy, dx);
 }
 
 }  // namespace dlbatch::trainer::gpu
