@@ -28,6 +28,9 @@ Result Exec(const std::vector<std::string>& argv,
             int timeout_ms = 120000);
 
 std::string BinDir();
+// The folder of Fashion-MNIST's four IDX files: DLBATCH_TEST_DATA_DIR, else
+// Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist).
+std::string FashionMnistDir();
 
 // Caffe's LeNet for 28x28x1 images as a job file's `network:` block, indented
 // to sit under `train:`.

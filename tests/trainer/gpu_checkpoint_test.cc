@@ -25,13 +25,9 @@ namespace {
 
 using dlbatch::testing::BinDir;
 using dlbatch::testing::Exec;
+using dlbatch::testing::FashionMnistDir;
 using dlbatch::testing::Result;
 using dlbatch::testing::WriteAll;
-
-std::string DataDir() {
-  const char* env = std::getenv("DLBATCH_TEST_DATA_DIR");
-  return env != nullptr && *env != '\0' ? env : "/usr/share/datasets/fashion-mnist";
-}
 
 class GpuCheckpoint : public ::testing::Test {
  protected:
@@ -39,13 +35,13 @@ class GpuCheckpoint : public ::testing::Test {
     if (CudaDeviceCount() == 0) {
       GTEST_SKIP() << "no CUDA device: this test resumes GPU checkpoints on the CPU and back";
     }
-    if (access((DataDir() + "/train-images-idx3-ubyte.gz").c_str(), R_OK) != 0) {
-      GTEST_SKIP() << "Fashion-MNIST is not in " << DataDir() << " (DLBATCH_TEST_DATA_DIR)";
+    if (access((FashionMnistDir() + "/train-images-idx3-ubyte.gz").c_str(), R_OK) != 0) {
+      GTEST_SKIP() << "Fashion-MNIST is not in " << FashionMnistDir() << " (DLBATCH_TEST_DATA_DIR)";
     }
     char tmpl[] = "/tmp/gpu-checkpoint-XXXXXX";
     dir_ = mkdtemp(tmpl);
     job_ = dir_ + "/lenet.yaml";
-    const std::string d = DataDir();
+    const std::string d = FashionMnistDir();
     WriteAll(job_, absl::StrCat("name: lenet\ntrain:", dlbatch::testing::kLenetNetworkYaml,
                                 "  data:\n    train: {format: idx, images: ", d,
                                 "/train-images-idx3-ubyte.gz, labels: ", d,

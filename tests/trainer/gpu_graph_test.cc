@@ -30,6 +30,7 @@ namespace {
 
 using dlbatch::testing::BinDir;
 using dlbatch::testing::Exec;
+using dlbatch::testing::FashionMnistDir;
 using dlbatch::testing::ReadAll;
 using dlbatch::testing::Result;
 using dlbatch::testing::WriteAll;
@@ -97,9 +98,9 @@ TEST_F(GpuRecording, ARecordingRunsOnReplayWithTheKeyAndInputsOfThatTime) {
     const std::vector<float> got = Get(y, kCount), twice = Get(doubled, kCount);
     int64_t dropped = 0;
     for (int64_t i = 0; i < kCount; ++i) {
-      const float keep =
-          UniformAt(Key(key, 9), static_cast<uint64_t>(i)) >= kP ? 1 / (1 - kP)
-                                                                 : 0;
+      const float keep = UniformAt(Key(key, 9), static_cast<uint64_t>(i)) >= kP
+                             ? 1 / (1 - kP)
+                             : 0;
       ASSERT_EQ(got[i], (*input)[i] * keep) << "key " << key << ", " << i;
       ASSERT_EQ(twice[i], 2 * got[i]) << "key " << key << ", " << i;
       dropped += keep == 0;
@@ -122,12 +123,6 @@ TEST_F(GpuRecording, AFailedRecordingSaysWhyAndLeavesTheBackendWorking) {
   (void)empty;
   gpu_->Fill(y.f32(), 64, 3);
   EXPECT_EQ(Get(y, 64), std::vector<float>(64, 3));
-}
-
-std::string DataDir() {
-  const char* env = std::getenv("DLBATCH_TEST_DATA_DIR");
-  return env != nullptr && *env != '\0' ? env
-                                        : "/usr/share/datasets/fashion-mnist";
 }
 
 // A LeNet with batchnorm and dropout: state that changes every step (the
@@ -156,22 +151,22 @@ class GpuRecordedRun : public ::testing::Test {
       GTEST_SKIP() << "no CUDA device: this test trains on the GPU with and "
                       "without CUDA graphs";
     }
-    if (access((DataDir() + "/train-images-idx3-ubyte.gz").c_str(), R_OK) !=
-        0) {
-      GTEST_SKIP() << "Fashion-MNIST is not in " << DataDir()
+    if (access((FashionMnistDir() + "/train-images-idx3-ubyte.gz").c_str(),
+               R_OK) != 0) {
+      GTEST_SKIP() << "Fashion-MNIST is not in " << FashionMnistDir()
                    << " (DLBATCH_TEST_DATA_DIR)";
     }
     char tmpl[] = "/tmp/gpu-graph-XXXXXX";
     dir_ = mkdtemp(tmpl);
     job_ = dir_ + "/lenet.yaml";
-    const std::string d = DataDir();
+    const std::string d = FashionMnistDir();
     WriteAll(job_,
              absl::StrCat("name: lenet\ntrain:", kNetwork,
                           "  data:\n    train: {format: idx, images: ", d,
                           "/train-images-idx3-ubyte.gz, labels: ", d,
                           "/train-labels-idx1-ubyte.gz}\n"
-                          "    validation: {format: idx, images: ", d,
-                          "/t10k-images-idx3-ubyte.gz, labels: ", d,
+                          "    validation: {format: idx, images: ",
+                          d, "/t10k-images-idx3-ubyte.gz, labels: ", d,
                           "/t10k-labels-idx1-ubyte.gz}\n  options:\n"
                           "    mini_batch_size: 64\n    seed: 5\n"
                           "    verbose_frequency: 10\n"
@@ -182,16 +177,15 @@ class GpuRecordedRun : public ::testing::Test {
 
   // Trains `iterations` on the GPU into `out`; the output (diary).
   std::string Train(const std::string& out, int iterations, bool graphs) {
-    Result r = Exec(
-        {BinDir() + "/dlbatch-train", job_, "--output-dir", out,
-         "--execution-environment", "gpu", "--max-iterations",
-         std::to_string(iterations)},
-        // Deterministic cuDNN algorithms, and the same ones for both runs
-        // (the tuning cache the first run writes).
-        {{"XDG_CACHE_HOME", dir_ + "/cache"},
-         {"DLBATCH_CUDNN_DETERMINISTIC", "1"},
-         {"DLBATCH_CUDA_GRAPHS", graphs ? "1" : "0"}},
-        300000);
+    Result r = Exec({BinDir() + "/dlbatch-train", job_, "--output-dir", out,
+                     "--execution-environment", "gpu", "--max-iterations",
+                     std::to_string(iterations)},
+                    // Deterministic cuDNN algorithms, and the same ones for
+                    // both runs (the tuning cache the first run writes).
+                    {{"XDG_CACHE_HOME", dir_ + "/cache"},
+                     {"DLBATCH_CUDNN_DETERMINISTIC", "1"},
+                     {"DLBATCH_CUDA_GRAPHS", graphs ? "1" : "0"}},
+                    300000);
     EXPECT_EQ(r.code, 0) << out << ":\n" << r.out << r.err;
     return r.out;
   }
@@ -208,8 +202,10 @@ TEST_F(GpuRecordedRun, ReplayedStepsTrainToTheWeightsOfLaunchedOnes) {
       << replayed;
   EXPECT_EQ(replayed.find("failed"), std::string::npos) << replayed;
 
-  absl::StatusOr<Checkpoint> a = ReadCheckpoint(dir_ + "/launched/checkpoint.dlbc");
-  absl::StatusOr<Checkpoint> b = ReadCheckpoint(dir_ + "/replayed/checkpoint.dlbc");
+  absl::StatusOr<Checkpoint> a =
+      ReadCheckpoint(dir_ + "/launched/checkpoint.dlbc");
+  absl::StatusOr<Checkpoint> b =
+      ReadCheckpoint(dir_ + "/replayed/checkpoint.dlbc");
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(a->iteration, kSteps);
