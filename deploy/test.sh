@@ -1,9 +1,25 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test: unit tests in
 # parallel, then the integration tests (real binaries on loopback) one by one.
+# Where the build has the GPU backend (CUDA, cuDNN and cuBLAS were found), it
+# then builds the trainer as a machine without them gets it (CPU-only, in
+# build-cpu-only/) and runs the trainer tests whose outcome depends on that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/bootstrap.sh
 cd build
 ctest --output-on-failure -LE integration -j "$(nproc)"
 ctest --output-on-failure -L integration
+cd ..
+
+if grep -q '^DLBATCH_GPU_BACKEND_BUILT:INTERNAL=ON$' build/CMakeCache.txt; then
+  echo "test: the CPU-only trainer (what a machine without CUDA builds)"
+  cmake -S . -B build-cpu-only -DCMAKE_BUILD_TYPE=Release -DDLBATCH_WITH_CUDA=OFF \
+    >build-cpu-only.configure.log 2>&1 || { cat build-cpu-only.configure.log; exit 1; }
+  grep -E '^-- dlbatch:' build-cpu-only.configure.log || true
+  cmake --build build-cpu-only -j "$(nproc)" --target \
+    dlbatch-train train_run_test backend_select_test nccl_communicator_test
+  cd build-cpu-only
+  ctest --output-on-failure -j "$(nproc)" \
+    -R '^(backend_select_test:|nccl_communicator_test:|train_run_test:TrainRun\.(NoGpuSaysWhy|BadSpecs))'
+fi

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "common/files.h"
 #include "tests/integration/harness.h"
+#include "trainer/backend_select.h"
 #include "trainer/checkpoint.h"
 #include "trainer/history.h"
 
@@ -579,6 +581,47 @@ TEST_F(TrainRun, BadSpecsAndDataSayWhatToChange) {
   r = Train(command, dir_ + "/o6");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("no train: section"), std::string::npos) << r.err;
+}
+
+// Where no GPU is visible (CUDA_VISIBLE_DEVICES empty), or in a CPU-only
+// build (the one a machine without the CUDA toolkit gets): asking for a GPU
+// fails before anything trains, saying which of the two and what to write
+// instead; --list-devices says the same; auto trains on the CPU.
+TEST_F(TrainRun, NoGpuSaysWhyAndAutoTrainsOnTheCpu) {
+  const std::map<std::string, std::string> no_gpu = {
+      {"CUDA_VISIBLE_DEVICES", ""}, {"XDG_CACHE_HOME", dir_ + "/cache"}};
+  const std::string why = GpuBackendBuilt() ? "no CUDA device is visible"
+                                            : "built without the GPU backend";
+  Result r = Exec({BinDir() + "/dlbatch-train", "--list-devices"}, no_gpu);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("training runs on the CPU"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("without the GPU backend") != std::string::npos,
+            !GpuBackendBuilt())
+      << r.out;
+
+  const std::string options = "    mini_batch_size: 64\n    max_epochs: 1\n";
+  const std::string job = Job("where", kSmall, options, false);
+  for (const char* gpu : {"gpu", "multi-gpu"}) {
+    r = Exec({BinDir() + "/dlbatch-train", job, "--output-dir",
+              dir_ + "/" + gpu, "--execution-environment", gpu},
+             no_gpu);
+    EXPECT_NE(r.code, 0) << gpu;
+    EXPECT_NE(r.err.find(why), std::string::npos) << gpu << ": " << r.err;
+    EXPECT_NE(r.err.find("use cpu or auto"), std::string::npos)
+        << gpu << ": " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir_ + "/" + gpu + "/checkpoint.dlbc"))
+        << gpu;
+  }
+
+  r = Exec({BinDir() + "/dlbatch-train", job, "--output-dir", dir_ + "/auto",
+            "--execution-environment", "auto", "--max-iterations", "30"},
+           no_gpu);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE((r.out + r.err).find("Training on cpu"), std::string::npos)
+      << r.out << r.err;
+  absl::StatusOr<Checkpoint> c = ReadCheckpoint(dir_ + "/auto/checkpoint.dlbc");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->params.empty());
 }
 
 TEST_F(TrainRun, ValidationPatienceStopsEarly) {
