@@ -1,0 +1,131 @@
+// The GPU backend's return-code checks (backend_cuda_internal.h,
+// backend_cuda_launch.h): a failed CUDA, cuDNN or cuBLAS call ends the
+// trainer process naming the call, its file and line and the library's
+// reason; while a kernel or the backend is being made it becomes a Status
+// saying the same. Calls that fail on every machine (a nonsense copy
+// direction, a null descriptor or handle, GPU 999) make these real
+// failures, so the tests run with or without a GPU (label unit).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "trainer/backend_cuda.h"
+#include "trainer/backend_cuda_internal.h"
+#include "trainer/backend_cuda_launch.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+// The death tests run in a freshly started copy of this program, so that
+// the child starts CUDA itself rather than inherit the parent's.
+class GpuChecks : public ::testing::Test {
+ protected:
+  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+};
+
+// What Die prints: "fatal: GPU backend: <call> failed at <file>:<line>:
+// <reason>", as regular expressions.
+std::string Fatal(const std::string& call, const std::string& reason = ".+") {
+  return absl::StrCat("fatal: GPU backend: ", call,
+                      " failed at [^ ]*gpu_checks_test\\.cc:[0-9]+: ", reason);
+}
+
+void BadCopy() {
+  DLBATCH_CUDA_CHECK(
+      cudaMemcpy(nullptr, nullptr, 4, static_cast<cudaMemcpyKind>(77)));
+}
+void BadDescriptor() {
+  DLBATCH_CUDNN_CHECK(cudnnSetTensor4dDescriptor(nullptr, CUDNN_TENSOR_NHWC,
+                                                 CUDNN_DATA_FLOAT, 1, 1, 1, 1));
+}
+void BadHandle() { DLBATCH_CUBLAS_CHECK(cublasSetStream(nullptr, nullptr)); }
+
+TEST_F(GpuChecks, AFailedCallEndsTheProcessNamingItsFileAndLine) {
+  EXPECT_DEATH(BadCopy(), Fatal("cudaMemcpy\\(nullptr, nullptr, 4, "
+                                "static_cast<cudaMemcpyKind>\\(77\\)\\)"));
+  EXPECT_DEATH(BadDescriptor(),
+               Fatal("cudnnSetTensor4dDescriptor\\( *nullptr, "
+                     "CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, 1, 1, 1\\)",
+                     "CUDNN_STATUS_BAD_PARAM"));
+  EXPECT_DEATH(BadHandle(), Fatal("cublasSetStream\\(nullptr, nullptr\\)",
+                                  "the library was not initialized"));
+}
+
+absl::Status DescriptorStatus() {
+  DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(
+      nullptr, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, 1, 1, 1));
+  return absl::OkStatus();
+}
+absl::Status HandleStatus() {
+  DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasSetStream(nullptr, nullptr));
+  return absl::OkStatus();
+}
+absl::Status CopyStatus() {
+  DLBATCH_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(nullptr, nullptr, 4, static_cast<cudaMemcpyKind>(77)));
+  return absl::OkStatus();
+}
+
+// While making: a Status. cuDNN's "bad parameter" says the shape cannot
+// run (InvalidArgument, which the network turns into a spec error); other
+// failures are Internal.
+TEST_F(GpuChecks, AFailedCallWhileMakingIsAStatusNamingItsFileAndLine) {
+  const absl::Status descriptor = DescriptorStatus();
+  EXPECT_EQ(descriptor.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(descriptor.message()),
+              ::testing::ContainsRegex(
+                  "^GPU backend: cudnnSetTensor4dDescriptor\\(.*\\) failed at "
+                  "[^ ]*gpu_checks_test\\.cc:[0-9]+: CUDNN_STATUS_BAD_PARAM"))
+      << descriptor;
+
+  const absl::Status handle = HandleStatus();
+  EXPECT_EQ(handle.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(handle.message()),
+              ::testing::ContainsRegex(
+                  "cublasSetStream\\(nullptr, nullptr\\) failed at "
+                  "[^ ]*gpu_checks_test\\.cc:[0-9]+: "
+                  "the library was not initialized"))
+      << handle;
+
+  const absl::Status copy = CopyStatus();
+  EXPECT_EQ(copy.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(copy.message()),
+              ::testing::ContainsRegex("cudaMemcpy\\(.*\\) failed at "
+                                       "[^ ]*gpu_checks_test\\.cc:[0-9]+: .+"))
+      << copy;
+}
+
+// A GPU that is not there (there is no GPU 999 on any machine, and none at
+// all on some) is refused before any call, saying how many there are and
+// what to write instead.
+TEST_F(GpuChecks, ABackendOnAGpuThatIsNotThereSaysWhatToChange) {
+  absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeCudaBackend(999, {});
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_THAT(std::string(gpu.status().message()),
+              ::testing::ContainsRegex("^GPU 999: this machine has [0-9]+ "
+                                       "visible CUDA device.*; use "
+                                       "execution_environment: cpu"))
+      << gpu.status();
+}
+
+// Without a device every launch fails, and the launcher ends the process
+// naming the kernel. (On a GPU the same launch succeeds.)
+TEST_F(GpuChecks, ALaunchThatFailsEndsTheProcessNamingTheKernel) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) {
+    GTEST_SKIP() << "a CUDA device is visible, so the launch would succeed";
+  }
+  cudaGetLastError();
+  EXPECT_DEATH(gpu::LaunchFill(nullptr, nullptr, 1, 0),
+               "fatal: GPU backend: launch of [A-Za-z]+ failed at "
+               "[^ ]*backend_cuda_kernels\\.cu:[0-9]+: .+");
+}
+
+}  // namespace
+}  // namespace dlbatch::trainer
