@@ -8,7 +8,7 @@
 # all: unpack, nvidia-smi, the GPU tests, then the benchmark; about 6-8
 # minutes in all, inside the device tool's 10-minute limit per command:
 #   - unpack and device information: about 10 s;
-#   - gpu_backend_test, gpu_checkpoint_test, gpu_graph_test,
+#   - gpu_backend_test, gpu_checks_test, gpu_checkpoint_test, gpu_graph_test,
 #     nccl_communicator_test, backend_select_test
 #     (--gtest_brief=1, each stopped after 150 s): about 1-2 min;
 #   - trainer_bench --gpu, one case at a time (lenet64gpu, lenet1024gpu,
@@ -46,7 +46,7 @@ main() {
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,pstate --format=csv
   nproc
   python3 -c 'import torch; print("PyTorch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name(0))'
-  for b in dlbatch-train trainer_bench gpu_backend_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test backend_select_test; do
+  for b in dlbatch-train trainer_bench gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test backend_select_test; do
     echo -n "$b: "; "$run" --check "$b"
   done
   "$run" dlbatch-train --list-devices
@@ -56,7 +56,7 @@ main() {
     # gpu_checkpoint_test runs the bundle's dlbatch-train on the carried data.
     export DLBATCH_BIN_DIR=/tmp/dlbatch-bundle/bin
     export DLBATCH_TEST_DATA_DIR=$PWD/$here/data
-    for t in gpu_backend_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test backend_select_test; do
+    for t in gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test backend_select_test; do
       local t1=$SECONDS
       echo "== $t"
       timeout 150 "$run" "$t" --gtest_brief=1

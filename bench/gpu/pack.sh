@@ -6,7 +6,7 @@
 #   bench/gpu/pack.sh [BUILD_DIR]        # default: build/
 #
 # Builds nothing: build first (cd build && make -j2 dlbatch-train trainer_bench
-# gpu_backend_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test
+# gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test
 # backend_select_test). Refuses a build
 # without the GPU backend or NCCL. Writes bench/out/gpu/{bundle.tar.xz (the
 # binaries and the libraries the GPU machine lacks, by gpu-bundle.sh), data/
@@ -20,7 +20,7 @@ build=$(cd "${1:-$repo/build}" && pwd)
 out=$repo/bench/out/gpu
 data=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 bundler=${GPU_BUNDLE:-$repo/../shared/tools/gpu-bundle.sh}
-bins=(dlbatch-train trainer_bench gpu_backend_test gpu_checkpoint_test gpu_graph_test
+bins=(dlbatch-train trainer_bench gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test
       nccl_communicator_test backend_select_test)
 
 die() { echo "pack.sh: $*" >&2; exit 1; }
