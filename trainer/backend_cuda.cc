@@ -114,7 +114,7 @@ class CudaBackend final : public Backend {
     if (dropout_key_ != nullptr) cudaFree(dropout_key_);
     if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
     if (sum_host_ != nullptr) cudaFreeHost(sum_host_);
-    if (ctx_.cublas != nullptr) cublasDestroy(ctx_.cublas);
+    if (ctx_.cublas != nullptr) ctx_.blas->Destroy(ctx_.cublas);
     if (ctx_.cudnn != nullptr) cudnnDestroy(ctx_.cudnn);
     for (cudaEvent_t e : upload_done_) {
       if (e != nullptr) cudaEventDestroy(e);
@@ -146,11 +146,15 @@ class CudaBackend final : public Backend {
     }
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnCreate(&ctx_.cudnn));
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetStream(ctx_.cudnn, ctx_.stream));
-    DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasCreate(&ctx_.cublas));
-    DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx_.cublas, ctx_.stream));
+    absl::StatusOr<const gpu::CublasLibrary*> blas = gpu::LoadCublas();
+    if (!blas.ok()) return blas.status();
+    ctx_.blas = *blas;
+    DLBATCH_CUBLAS_RETURN_IF_ERROR(ctx_.blas->Create(&ctx_.cublas));
     DLBATCH_CUBLAS_RETURN_IF_ERROR(
-        cublasSetMathMode(ctx_.cublas, options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                    : CUBLAS_DEFAULT_MATH));
+        ctx_.blas->SetStream(ctx_.cublas, ctx_.stream));
+    DLBATCH_CUBLAS_RETURN_IF_ERROR(ctx_.blas->SetMathMode(
+        ctx_.cublas,
+        options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     // A workspace of our own (after cublasSetStream, which resets it), so
     // that cuBLAS allocates nothing while a step is recorded; the sizes
     // cuBLAS's documentation recommends (32 MiB from Hopper on, 4 before).
@@ -158,7 +162,7 @@ class CudaBackend final : public Backend {
         prop.major >= 9 ? size_t{32} << 20 : size_t{4} << 20;
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(&cublas_workspace_, cublas_bytes));
     DLBATCH_CUBLAS_RETURN_IF_ERROR(
-        cublasSetWorkspace(ctx_.cublas, cublas_workspace_, cublas_bytes));
+        ctx_.blas->SetWorkspace(ctx_.cublas, cublas_workspace_, cublas_bytes));
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(&dropout_key_, sizeof(uint64_t)));
     DLBATCH_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(dropout_key_, 0, sizeof(uint64_t), ctx_.stream));

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "trainer/backend.h"
 #include "trainer/backend_cuda_launch.h"
+#include "trainer/cublas_library.h"
 
 namespace dlbatch::trainer::gpu {
 
@@ -39,7 +40,7 @@ namespace dlbatch::trainer::gpu {
     if (dlbatch_cublas_status != CUBLAS_STATUS_SUCCESS) {                \
       ::dlbatch::trainer::gpu::Die(                                      \
           #expr, __FILE__, __LINE__,                                     \
-          cublasGetStatusString(dlbatch_cublas_status));                 \
+          ::dlbatch::trainer::gpu::CublasStatusString(dlbatch_cublas_status));                 \
     }                                                                    \
   } while (false)
 
@@ -80,7 +81,7 @@ absl::Status CallError(absl::StatusCode code, const char* what,
     if (dlbatch_cublas_status != CUBLAS_STATUS_SUCCESS) {                    \
       return ::dlbatch::trainer::gpu::CallError(                             \
           absl::StatusCode::kInternal, #expr, __FILE__, __LINE__,            \
-          cublasGetStatusString(dlbatch_cublas_status));                     \
+          ::dlbatch::trainer::gpu::CublasStatusString(dlbatch_cublas_status));                     \
     }                                                                        \
   } while (false)
 
@@ -92,6 +93,7 @@ struct Context {
   cudaStream_t stream = nullptr;
   cudnnHandle_t cudnn = nullptr;
   cublasHandle_t cublas = nullptr;
+  const CublasLibrary* blas = nullptr;  // cuBLAS's functions (LoadCublas)
 
   // One workspace for every cuDNN call: they run one at a time on the
   // stream. Sized at kernel creation for the largest batch; Workspace grows

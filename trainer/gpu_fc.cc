@@ -36,30 +36,30 @@ class GpuFc final : public FcKernel {
     Check(n);
     LaunchBroadcastRows(ctx_->stream, n, units_, b, y);
     const float one = 1;
-    DLBATCH_CUBLAS_CHECK(cublasSgemm(ctx_->cublas, CUBLAS_OP_T, CUBLAS_OP_N,
-                                     units_, n, in_, &one, w, in_, x, in_,
-                                     &one, y, units_));
+    DLBATCH_CUBLAS_CHECK(ctx_->blas->Sgemm(ctx_->cublas, CUBLAS_OP_T,
+                                           CUBLAS_OP_N, units_, n, in_, &one, w,
+                                           in_, x, in_, &one, y, units_));
   }
 
   void BackwardData(int n, const float* dy, const float* w,
                     float* dx) override {
     Check(n);
     const float one = 1, zero = 0;
-    DLBATCH_CUBLAS_CHECK(cublasSgemm(ctx_->cublas, CUBLAS_OP_N, CUBLAS_OP_N,
-                                     in_, n, units_, &one, w, in_, dy, units_,
-                                     &zero, dx, in_));
+    DLBATCH_CUBLAS_CHECK(ctx_->blas->Sgemm(ctx_->cublas, CUBLAS_OP_N,
+                                           CUBLAS_OP_N, in_, n, units_, &one, w,
+                                           in_, dy, units_, &zero, dx, in_));
   }
 
   void BackwardWeights(int n, const float* x, const float* dy, float* dw,
                        float* db) override {
     Check(n);
     const float one = 1, zero = 0;
-    DLBATCH_CUBLAS_CHECK(cublasSgemm(ctx_->cublas, CUBLAS_OP_N, CUBLAS_OP_T,
-                                     in_, units_, n, &one, x, in_, dy, units_,
-                                     &zero, dw, in_));
-    DLBATCH_CUBLAS_CHECK(cublasSgemv(ctx_->cublas, CUBLAS_OP_N, units_, n,
-                                     &one, dy, units_, ones_.f32(), 1, &zero,
-                                     db, 1));
+    DLBATCH_CUBLAS_CHECK(ctx_->blas->Sgemm(ctx_->cublas, CUBLAS_OP_N,
+                                           CUBLAS_OP_T, in_, units_, n, &one, x,
+                                           in_, dy, units_, &zero, dw, in_));
+    DLBATCH_CUBLAS_CHECK(ctx_->blas->Sgemv(ctx_->cublas, CUBLAS_OP_N, units_, n,
+                                           &one, dy, units_, ones_.f32(), 1,
+                                           &zero, db, 1));
   }
 
  private:

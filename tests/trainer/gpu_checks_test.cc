@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "absl/status/status.h"
@@ -18,6 +19,7 @@
 #include "trainer/backend_cuda.h"
 #include "trainer/backend_cuda_internal.h"
 #include "trainer/backend_cuda_launch.h"
+#include "trainer/cublas_library.h"
 
 namespace dlbatch::trainer {
 namespace {
@@ -44,7 +46,19 @@ void BadDescriptor() {
   DLBATCH_CUDNN_CHECK(cudnnSetTensor4dDescriptor(nullptr, CUDNN_TENSOR_NHWC,
                                                  CUDNN_DATA_FLOAT, 1, 1, 1, 1));
 }
-void BadHandle() { DLBATCH_CUBLAS_CHECK(cublasSetStream(nullptr, nullptr)); }
+// cuBLAS through the table the backend uses (loaded on first use).
+const gpu::CublasLibrary& Blas() {
+  static const gpu::CublasLibrary* const blas = [] {
+    absl::StatusOr<const gpu::CublasLibrary*> b = gpu::LoadCublas();
+    if (!b.ok()) {
+      ADD_FAILURE() << b.status();
+      std::abort();
+    }
+    return *b;
+  }();
+  return *blas;
+}
+void BadHandle() { DLBATCH_CUBLAS_CHECK(Blas().SetStream(nullptr, nullptr)); }
 
 TEST_F(GpuChecks, AFailedCallEndsTheProcessNamingItsFileAndLine) {
   EXPECT_DEATH(BadCopy(), Fatal("cudaMemcpy\\(nullptr, nullptr, 4, "
@@ -53,7 +67,7 @@ TEST_F(GpuChecks, AFailedCallEndsTheProcessNamingItsFileAndLine) {
                Fatal("cudnnSetTensor4dDescriptor\\( *nullptr, "
                      "CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, 1, 1, 1\\)",
                      "CUDNN_STATUS_BAD_PARAM"));
-  EXPECT_DEATH(BadHandle(), Fatal("cublasSetStream\\(nullptr, nullptr\\)",
+  EXPECT_DEATH(BadHandle(), Fatal("Blas\\(\\).SetStream\\(nullptr, nullptr\\)",
                                   "the library was not initialized"));
 }
 
@@ -63,7 +77,7 @@ absl::Status DescriptorStatus() {
   return absl::OkStatus();
 }
 absl::Status HandleStatus() {
-  DLBATCH_CUBLAS_RETURN_IF_ERROR(cublasSetStream(nullptr, nullptr));
+  DLBATCH_CUBLAS_RETURN_IF_ERROR(Blas().SetStream(nullptr, nullptr));
   return absl::OkStatus();
 }
 absl::Status CopyStatus() {
@@ -88,7 +102,7 @@ TEST_F(GpuChecks, AFailedCallWhileMakingIsAStatusNamingItsFileAndLine) {
   EXPECT_EQ(handle.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(handle.message()),
               ::testing::ContainsRegex(
-                  "cublasSetStream\\(nullptr, nullptr\\) failed at "
+                  "Blas\\(\\).SetStream\\(nullptr, nullptr\\) failed at "
                   "[^ ]*gpu_checks_test\\.cc:[0-9]+: "
                   "the library was not initialized"))
       << handle;
@@ -99,6 +113,29 @@ TEST_F(GpuChecks, AFailedCallWhileMakingIsAStatusNamingItsFileAndLine) {
               ::testing::ContainsRegex("cudaMemcpy\\(.*\\) failed at "
                                        "[^ ]*gpu_checks_test\\.cc:[0-9]+: .+"))
       << copy;
+}
+
+// cuBLAS is loaded on demand (cublas_library.h): once, every function the
+// backend calls is there, and its words for a status are cuBLAS's.
+TEST_F(GpuChecks, CublasLoadsOnDemandWithEveryFunctionTheBackendCalls) {
+  absl::StatusOr<const gpu::CublasLibrary*> blas = gpu::LoadCublas();
+  ASSERT_TRUE(blas.ok()) << blas.status();
+  const gpu::CublasLibrary& b = **blas;
+  for (const void* fn : {reinterpret_cast<const void*>(b.Create),
+                         reinterpret_cast<const void*>(b.Destroy),
+                         reinterpret_cast<const void*>(b.SetStream),
+                         reinterpret_cast<const void*>(b.SetMathMode),
+                         reinterpret_cast<const void*>(b.SetWorkspace),
+                         reinterpret_cast<const void*>(b.Sgemm),
+                         reinterpret_cast<const void*>(b.Sgemv),
+                         reinterpret_cast<const void*>(b.GetStatusString)}) {
+    EXPECT_NE(fn, nullptr);
+  }
+  EXPECT_EQ(*gpu::LoadCublas(), &b);  // loaded once
+  EXPECT_EQ(b.SetMathMode(nullptr, CUBLAS_DEFAULT_MATH),
+            CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_STREQ(gpu::CublasStatusString(CUBLAS_STATUS_NOT_INITIALIZED),
+               "the library was not initialized");
 }
 
 // A GPU that is not there (there is no GPU 999 on any machine, and none at

@@ -613,10 +613,20 @@ TEST_F(TrainRun, NoGpuSaysWhyAndAutoTrainsOnTheCpu) {
         << gpu;
   }
 
+  // The dynamic linker lists every library it loads (LD_DEBUG=files): a
+  // run on the CPU loads no cuBLAS, which the GPU backend loads when made.
+  std::map<std::string, std::string> listing = no_gpu;
+  listing["LD_DEBUG"] = "files";
   r = Exec({BinDir() + "/dlbatch-train", job, "--output-dir", dir_ + "/auto",
             "--execution-environment", "auto", "--max-iterations", "30"},
-           no_gpu);
+           listing);
   ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("file=libgomp"), std::string::npos)
+      << "no LD_DEBUG listing:\n" << r.err.substr(0, 2000);
+  const size_t blas = r.err.find("libcublas");
+  EXPECT_EQ(blas, std::string::npos)
+      << r.err.substr(blas == std::string::npos || blas < 300 ? 0 : blas - 300,
+                      600);
   EXPECT_NE((r.out + r.err).find("Training on cpu"), std::string::npos)
       << r.out << r.err;
   absl::StatusOr<Checkpoint> c = ReadCheckpoint(dir_ + "/auto/checkpoint.dlbc");
