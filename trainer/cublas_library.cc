@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -25,13 +26,6 @@ struct Loaded {
   absl::Status status;
 };
 
-// dlsym into `*fn`, or false.
-template <typename Fn>
-bool Resolve(void* handle, const char* name, Fn* fn) {
-  *fn = reinterpret_cast<Fn>(dlsym(handle, name));
-  return *fn != nullptr;
-}
-
 Loaded Load() {
   Loaded out;
   // By soname first, as the dynamic linker would find a linked library
@@ -52,23 +46,20 @@ Loaded Load() {
     return out;
   }
   CublasLibrary& l = out.library;
-  const char* missing = nullptr;
-  if (!Resolve(handle, "cublasCreate_v2", &l.Create))
-    missing = "cublasCreate_v2";
-  else if (!Resolve(handle, "cublasDestroy_v2", &l.Destroy))
-    missing = "cublasDestroy_v2";
-  else if (!Resolve(handle, "cublasSetStream_v2", &l.SetStream))
-    missing = "cublasSetStream_v2";
-  else if (!Resolve(handle, "cublasSetMathMode", &l.SetMathMode))
-    missing = "cublasSetMathMode";
-  else if (!Resolve(handle, "cublasSetWorkspace_v2", &l.SetWorkspace))
-    missing = "cublasSetWorkspace_v2";
-  else if (!Resolve(handle, "cublasSgemm_v2", &l.Sgemm))
-    missing = "cublasSgemm_v2";
-  else if (!Resolve(handle, "cublasSgemv_v2", &l.Sgemv))
-    missing = "cublasSgemv_v2";
-  else if (!Resolve(handle, "cublasGetStatusString", &l.GetStatusString))
-    missing = "cublasGetStatusString";
+  const char* missing = nullptr;  // the first function not found
+  auto resolve = [&](const char* name, auto* fn) {
+    *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(
+        dlsym(handle, name));
+    if (*fn == nullptr && missing == nullptr) missing = name;
+  };
+  resolve("cublasCreate_v2", &l.Create);
+  resolve("cublasDestroy_v2", &l.Destroy);
+  resolve("cublasSetStream_v2", &l.SetStream);
+  resolve("cublasSetMathMode", &l.SetMathMode);
+  resolve("cublasSetWorkspace_v2", &l.SetWorkspace);
+  resolve("cublasSgemm_v2", &l.Sgemm);
+  resolve("cublasSgemv_v2", &l.Sgemv);
+  resolve("cublasGetStatusString", &l.GetStatusString);
   if (missing != nullptr) {
     out.status = absl::FailedPreconditionError(absl::StrCat(
         "the cuBLAS loaded (", DLBATCH_CUBLAS_SONAME, ") has no ", missing,

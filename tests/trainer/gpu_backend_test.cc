@@ -98,6 +98,52 @@ class GpuBackendTest : public ::testing::Test {
   }
   Pair Zeros(int64_t count) { return Pair(cpu_.get(), gpu_.get(), count); }
 
+  // `d`'s forward, backward data and backward weights on both backends, at
+  // batch 4 and 3, compared. `garbage`: y and dx start as random values
+  // they must overwrite, and at batch 3 the two backward calls run in the
+  // other order (an asymmetric convolution's share its padded scratch).
+  void ExpectConvAgrees(const ConvDesc& d, uint64_t* seed, bool garbage) {
+    const int max_batch = 4;
+    auto ck = cpu_->MakeConv(d, max_batch);
+    auto gk = gpu_->MakeConv(d, max_batch);
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_TRUE(gk.ok()) << gk.status();
+    for (int n : {max_batch, 3}) {
+      SCOPED_TRACE(n);
+      const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
+      Pair x = Random(n * d.in.size(), ++*seed);
+      Pair w = Random(weights, ++*seed, -0.3, 0.3);
+      Pair b = Random(d.filters, ++*seed);
+      Pair dy = Random(n * d.out.size(), ++*seed);
+      Pair y =
+          garbage ? Random(n * d.out.size(), ++*seed) : Zeros(n * d.out.size());
+      Pair dx =
+          garbage ? Random(n * d.in.size(), ++*seed) : Zeros(n * d.in.size());
+      Pair dw = Random(weights, ++*seed), db = Random(d.filters, ++*seed);
+      (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
+      (*gk)->Forward(n, x.g(), w.g(), b.g(), y.g());
+      auto data = [&] {
+        (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
+        (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
+      };
+      auto weights_and_bias = [&] {
+        (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
+        (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
+      };
+      if (garbage && n != max_batch) {
+        weights_and_bias();
+        data();
+      } else {
+        data();
+        weights_and_bias();
+      }
+      EXPECT_AGREE(y);
+      EXPECT_AGREE(dx);
+      EXPECT_AGREE(dw);
+      EXPECT_AGREE(db);
+    }
+  }
+
   std::unique_ptr<Backend> cpu_, gpu_;
 };
 
@@ -128,30 +174,7 @@ TEST_F(GpuBackendTest, ConvolutionForwardAndBackward) {
   uint64_t seed = 1;
   for (const ConvDesc& d : descs) {
     SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString());
-    const int max_batch = 4;
-    auto ck = cpu_->MakeConv(d, max_batch);
-    auto gk = gpu_->MakeConv(d, max_batch);
-    ASSERT_TRUE(ck.ok()) << ck.status();
-    ASSERT_TRUE(gk.ok()) << gk.status();
-    for (int n : {max_batch, 3}) {
-      const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
-      Pair x = Random(n * d.in.size(), ++seed);
-      Pair w = Random(weights, ++seed, -0.3, 0.3);
-      Pair b = Random(d.filters, ++seed);
-      Pair dy = Random(n * d.out.size(), ++seed);
-      Pair y = Zeros(n * d.out.size()), dx = Zeros(n * d.in.size());
-      Pair dw = Random(weights, ++seed), db = Random(d.filters, ++seed);
-      (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
-      (*gk)->Forward(n, x.g(), w.g(), b.g(), y.g());
-      (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
-      (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
-      (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
-      (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
-      EXPECT_AGREE(y);
-      EXPECT_AGREE(dx);
-      EXPECT_AGREE(dw);
-      EXPECT_AGREE(db);
-    }
+    ExpectConvAgrees(d, &seed, /*garbage=*/false);
   }
 }
 
@@ -602,41 +625,7 @@ TEST_F(GpuBackendTest, ConvolutionWithAsymmetricPaddingMatchesTheCpu) {
     SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString() + " pad " +
                  PadString(d.pad));
     ASSERT_TRUE(Asymmetric(d.pad));
-    const int max_batch = 4;
-    auto ck = cpu_->MakeConv(d, max_batch);
-    auto gk = gpu_->MakeConv(d, max_batch);
-    ASSERT_TRUE(ck.ok()) << ck.status();
-    ASSERT_TRUE(gk.ok()) << gk.status();
-    // Both orders of the backward calls: they share the kernel's scratch.
-    for (int n : {max_batch, 3}) {
-      SCOPED_TRACE(n);
-      const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
-      Pair x = Random(n * d.in.size(), ++seed);
-      Pair w = Random(weights, ++seed, -0.3, 0.3);
-      Pair b = Random(d.filters, ++seed);
-      Pair dy = Random(n * d.out.size(), ++seed);
-      // Gradients start as garbage: they must be overwritten.
-      Pair y = Random(n * d.out.size(), ++seed);
-      Pair dx = Random(n * d.in.size(), ++seed);
-      Pair dw = Random(weights, ++seed), db = Random(d.filters, ++seed);
-      (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
-      (*gk)->Forward(n, x.g(), w.g(), b.g(), y.g());
-      if (n == max_batch) {
-        (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
-        (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
-        (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
-        (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
-      } else {
-        (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
-        (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
-        (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
-        (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
-      }
-      EXPECT_AGREE(y);
-      EXPECT_AGREE(dx);
-      EXPECT_AGREE(dw);
-      EXPECT_AGREE(db);
-    }
+    ExpectConvAgrees(d, &seed, /*garbage=*/true);
   }
 }
 
