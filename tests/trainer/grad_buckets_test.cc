@@ -3,23 +3,18 @@
 // ranks (threads) whose bucketed step equals the blocking one.
 #include "trainer/grad_buckets.h"
 
-#include <stdlib.h>
-
 #include <algorithm>
 #include <cstdint>
-#include <dnnl.hpp>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/time/time.h"
-#include "common/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/test_util.h"
+#include "tests/trainer/thread_ranks.h"
 #include "trainer/backend.h"
 #include "trainer/communicator.h"
 #include "trainer/network.h"
@@ -34,6 +29,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
 using testing::RandomVector;
+using testing::RunThreadRanks;
 
 // Records what is started and waited for; fails where told to.
 class RecordingCommunicator final : public Communicator {
@@ -365,7 +361,6 @@ TEST_F(NetworkGradsReady, EachGradientOnceFinalWhenReportedLastLayerFirst) {
 struct RankStep {
   std::vector<float> bucketed, blocking;
   std::vector<std::pair<int64_t, int64_t>> buckets;
-  absl::Status status;
 };
 
 // One rank's step of `spec` on its half of the batch, twice: with its
@@ -422,33 +417,13 @@ class TwoGlooRanks : public ::testing::TestWithParam<bool> {};
 // thread while backward goes on, synchronised batchnorm's own allreduces
 // (GetParam) queued between them.
 TEST_P(TwoGlooRanks, BucketedStepSumsAsTheBlockingOne) {
-  // Ranks are threads here; see sync_batchnorm_test for why oneDNN's
-  // primitive cache is off.
-  dnnl::set_primitive_cache_capacity(0);
-  std::string dir = ::testing::TempDir() + "/grad_buckets_XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
   const v1::NetworkSpec spec = MixedNet(/*sync=*/GetParam());
   RankStep steps[2];
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto rdv = OpenFileRendezvous(dir);
-      if (!rdv.ok()) {
-        steps[rank].status = rdv.status();
-        return;
-      }
-      auto comm = MakeGlooCommunicator(rdv->get(), rank, 2, "127.0.0.1",
-                                       absl::Seconds(30));
-      if (!comm.ok()) {
-        steps[rank].status = comm.status();
-        return;
-      }
-      steps[rank].status = RankSteps(spec, comm->get(), 8, &steps[rank]);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  RemoveTree(dir).IgnoreError();
-  for (const RankStep& s : steps) ASSERT_TRUE(s.status.ok()) << s.status;
+  const std::vector<absl::Status> statuses =
+      RunThreadRanks(2, [&](int rank, Communicator* comm) {
+        return RankSteps(spec, comm, 8, &steps[rank]);
+      });
+  for (const absl::Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
 
   EXPECT_GE(steps[0].buckets.size(), 6u);
   EXPECT_EQ(steps[0].buckets, steps[1].buckets);

@@ -2,24 +2,19 @@
 // against its plain BatchNormKernel and finite differences, a batch split
 // between ranks by hand, and whole networks of two ranks (threads of this
 // process, Gloo over 127.0.0.1) against one.
-#include <stdlib.h>
 
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
-
-#include <dnnl.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
-#include "common/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/test_util.h"
+#include "tests/trainer/thread_ranks.h"
 #include "trainer/backend.h"
 #include "trainer/communicator.h"
 #include "trainer/network.h"
@@ -33,6 +28,7 @@ using testing::Dot;
 using ::testing::HasSubstr;
 using testing::RandomVector;
 using testing::RelativeError;
+using testing::RunThreadRanks;
 
 std::vector<double> AsDouble(const std::vector<float>& v) {
   return std::vector<double>(v.begin(), v.end());
@@ -350,38 +346,17 @@ Step TrainStep(const v1::NetworkSpec& spec, Communicator* comm,
 std::vector<Step> TwoRankStep(const v1::NetworkSpec& spec,
                               const std::vector<float>& images,
                               const std::vector<int32_t>& labels, int total) {
-  // Ranks are processes in dlbatch-train; here they are threads of one
-  // process, and oneDNN 2.6 crashes now and then when two threads execute
-  // the one cached convolution primitive both asked for. Each thread gets
-  // its own primitives without the cache.
-  dnnl::set_primitive_cache_capacity(0);
-  std::string dir = ::testing::TempDir() + "/sync_bn_XXXXXX";
-  EXPECT_NE(mkdtemp(dir.data()), nullptr);
   std::vector<Step> steps(2);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto rdv = OpenFileRendezvous(dir);
-      if (!rdv.ok()) {
-        steps[rank].status = rdv.status();
-        return;
-      }
-      auto comm = MakeGlooCommunicator(rdv->get(), rank, 2, "127.0.0.1",
-                                       absl::Seconds(30));
-      if (!comm.ok()) {
-        steps[rank].status = comm.status();
-        return;
-      }
-      const int half = total / 2;
-      steps[rank] =
-          TrainStep(spec, comm->get(), images, labels, rank == 0 ? 0 : half,
-                    rank == 0 ? half : total, total);
-      absl::Status s = (*comm)->Barrier();
-      if (steps[rank].status.ok()) steps[rank].status = s;
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  RemoveTree(dir).IgnoreError();
+  const std::vector<absl::Status> statuses =
+      RunThreadRanks(2, [&](int rank, Communicator* comm) {
+        const int half = total / 2;
+        steps[rank] =
+            TrainStep(spec, comm, images, labels, rank == 0 ? 0 : half,
+                      rank == 0 ? half : total, total);
+        absl::Status s = comm->Barrier();
+        return steps[rank].status.ok() ? s : steps[rank].status;
+      });
+  for (int rank = 0; rank < 2; ++rank) steps[rank].status = statuses[rank];
   return steps;
 }
 

@@ -1,0 +1,62 @@
+// Gloo ranks as threads of one test process (dlbatch-train runs them as
+// processes), for the tests of what several ranks compute together.
+#ifndef DLBATCH_TESTS_TRAINER_THREAD_RANKS_H_
+#define DLBATCH_TESTS_TRAINER_THREAD_RANKS_H_
+
+#include <stdlib.h>
+
+#include <dnnl.hpp>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/files.h"
+#include "gtest/gtest.h"
+#include "trainer/communicator.h"
+
+namespace dlbatch::trainer::testing {
+
+// Runs body(rank, communicator) on `size` threads, Gloo ranks over
+// loopback that meet in a fresh folder; returns each rank's Status: its
+// rendezvous's or connection's failure, else body's.
+//
+// oneDNN's primitive cache is turned off for the process: oneDNN 2.6
+// crashes now and then when two threads execute the one cached
+// convolution primitive both asked for, so each thread gets its own.
+inline std::vector<absl::Status> RunThreadRanks(
+    int size, const std::function<absl::Status(int, Communicator*)>& body) {
+  dnnl::set_primitive_cache_capacity(0);
+  std::string dir = ::testing::TempDir() + "/thread_ranks_XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) {
+    return std::vector<absl::Status>(
+        size, absl::InternalError("cannot make a rendezvous folder"));
+  }
+  std::vector<absl::Status> statuses(size);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto rdv = OpenFileRendezvous(dir);
+      if (!rdv.ok()) {
+        statuses[rank] = rdv.status();
+        return;
+      }
+      auto comm = MakeGlooCommunicator(rdv->get(), rank, size, "127.0.0.1",
+                                       absl::Seconds(30));
+      if (!comm.ok()) {
+        statuses[rank] = comm.status();
+        return;
+      }
+      statuses[rank] = body(rank, comm->get());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  RemoveTree(dir).IgnoreError();
+  return statuses;
+}
+
+}  // namespace dlbatch::trainer::testing
+
+#endif  // DLBATCH_TESTS_TRAINER_THREAD_RANKS_H_
