@@ -97,6 +97,12 @@ class GpuBackendTest : public ::testing::Test {
     return Pair(cpu_.get(), gpu_.get(), RandomVector(count, seed, lo, hi));
   }
   Pair Zeros(int64_t count) { return Pair(cpu_.get(), gpu_.get(), count); }
+  // Random 0s and 1s: many ties for a max pool's windows.
+  Pair Ties(int64_t count, uint64_t seed) {
+    std::vector<float> host = RandomVector(count, seed, 0, 2);
+    for (float& v : host) v = std::floor(v);
+    return Pair(cpu_.get(), gpu_.get(), host);
+  }
 
   // `d`'s forward, backward data and backward weights on both backends, at
   // batch 4 and 3, compared. `garbage`: y and dx start as random values
@@ -258,9 +264,7 @@ TEST_F(GpuBackendTest, MaxPoolingTiesGoToTheSameElement) {
        {PoolDesc{PoolKind::kMax, {8, 8, 5}, 2, 2, 2, 2, {}, {4, 4, 5}},
         PoolDesc{PoolKind::kMax, {9, 9, 4}, 3, 3, 2, 2, {}, {4, 4, 4}}}) {
     const int n = 2;
-    std::vector<float> host = RandomVector(n * d.in.size(), 77, 0, 2);
-    for (float& v : host) v = std::floor(v);  // 0s and 1s: many ties
-    Pair x(cpu_.get(), gpu_.get(), host);
+    Pair x = Ties(n * d.in.size(), 77);
     Pair dy = Random(n * d.out.size(), 78);
     ExpectPoolingAgrees(cpu_.get(), gpu_.get(), d, n, x, dy);
   }
@@ -667,9 +671,7 @@ TEST_F(GpuBackendTest, MaxPoolingWithAsymmetricPaddingTiesAndInference) {
     SCOPED_TRACE(std::to_string(d.kh) + " pad " + PadString(d.pad));
     ASSERT_TRUE(Asymmetric(d.pad));
     const int n = 2;
-    std::vector<float> host = RandomVector(n * d.in.size(), 79, 0, 2);
-    for (float& v : host) v = std::floor(v);  // 0s and 1s: many ties
-    Pair x(cpu_.get(), gpu_.get(), host);
+    Pair x = Ties(n * d.in.size(), 79);
     Pair dy = Random(n * d.out.size(), 80);
     ExpectPoolingAgrees(cpu_.get(), gpu_.get(), d, n, x, dy);
 
