@@ -5,12 +5,15 @@
 #
 #   bash bench/gpu/on-device.sh [all|tests|bench]     # default: all
 #
-# all: unpack, nvidia-smi, the GPU tests, then the benchmark; about 6-8
-# minutes in all, inside the device tool's 10-minute limit per command:
+# all: unpack, nvidia-smi, the GPU tests, then the benchmark; about 8-10
+# minutes in all with REPEATS=3, at the device tool's 10-minute limit per
+# command: with more repeats run `tests` and `bench` as two calls.
 #   - unpack and device information: about 10 s;
 #   - gpu_backend_test, gpu_checks_test, gpu_checkpoint_test, gpu_graph_test,
-#     nccl_communicator_test, backend_select_test
-#     (--gtest_brief=1, each stopped after 150 s): about 1-2 min;
+#     nccl_communicator_test, backend_select_test, gpu_jobs_test (the real
+#     scheduler, worker and CLI: LeNet jobs on the GPU)
+#     (--gtest_brief=1, each stopped after 150 s; gpu_jobs_test 240 s):
+#     about 2-3 min;
 #   - trainer_bench --gpu, one case at a time (lenet64gpu, lenet1024gpu,
 #     blocks256gpu; 2 epochs; REPEATS seeds, default 4, both sides
 #     alternating; each case stopped after 200 s): about 1-1.5 min a case,
@@ -46,7 +49,7 @@ main() {
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,pstate --format=csv
   nproc
   python3 -c 'import torch; print("PyTorch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), torch.cuda.get_device_name(0))'
-  for b in dlbatch-train trainer_bench gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test backend_select_test; do
+  for b in dlbatch-train trainer_bench gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test backend_select_test gpu_jobs_test dlbatch dlbatch-scheduler dlbatch-worker; do
     echo -n "$b: "; "$run" --check "$b"
   done
   "$run" dlbatch-train --list-devices
@@ -56,10 +59,11 @@ main() {
     # gpu_checkpoint_test runs the bundle's dlbatch-train on the carried data.
     export DLBATCH_BIN_DIR=/tmp/dlbatch-bundle/bin
     export DLBATCH_TEST_DATA_DIR=$PWD/$here/data
-    for t in gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test backend_select_test; do
-      local t1=$SECONDS
+    for t in gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test backend_select_test gpu_jobs_test; do
+      local t1=$SECONDS limit=150
+      [[ $t == gpu_jobs_test ]] && limit=240
       echo "== $t"
-      timeout 150 "$run" "$t" --gtest_brief=1
+      timeout "$limit" "$run" "$t" --gtest_brief=1
       local rc=$?
       echo "== $t: exit $rc, $((SECONDS - t1)) s"
       [[ $rc == 0 ]] || status=1

@@ -7,7 +7,8 @@
 #
 # Builds nothing: build first (cd build && make -j2 dlbatch-train trainer_bench
 # gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test
-# backend_select_test). Refuses a build
+# backend_select_test gpu_jobs_test; gpu_jobs_test's dependencies bring
+# dlbatch, dlbatch-scheduler and dlbatch-worker). Refuses a build
 # without the GPU backend or NCCL. Writes bench/out/gpu/{bundle.tar.xz (the
 # binaries and the libraries the GPU machine lacks, by gpu-bundle.sh), data/
 # (the four Fashion-MNIST .gz files), jobs/ (bench/jobs/*.yaml),
@@ -21,7 +22,8 @@ out=$repo/bench/out/gpu
 data=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 bundler=${GPU_BUNDLE:-$repo/../shared/tools/gpu-bundle.sh}
 bins=(dlbatch-train trainer_bench gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test
-      nccl_communicator_test backend_select_test)
+      nccl_communicator_test backend_select_test gpu_jobs_test
+      dlbatch dlbatch-scheduler dlbatch-worker)
 
 die() { echo "pack.sh: $*" >&2; exit 1; }
 
@@ -32,7 +34,8 @@ for b in "${bins[@]}"; do
     die "$build/bin/$b is missing; build it first (make -j2 ${bins[*]})"
   paths+=("$build/bin/$b")
 done
-# The GPU backend links cuDNN and cuBLAS; a CPU-only build says so itself.
+# The GPU backend links cuDNN (cuBLAS it loads when it starts); a CPU-only
+# build says so itself.
 # (ldd's output is taken whole first: grep -q stops reading at the first
 # match, and under pipefail ldd's SIGPIPE would fail the check.)
 train_libs=$(ldd "$build/bin/dlbatch-train")
@@ -50,6 +53,8 @@ newer=$( (find "$repo/trainer" "$repo/proto" "$repo/common" \
              -newer "$build/bin/dlbatch-train" \
              \( -name '*.cc' -o -name '*.cu' -o -name '*.h' \) -print
            find "$repo/bench/trainer_bench.cc" -newer "$build/bin/trainer_bench"
+           find "$repo/scheduler" "$repo/worker" "$repo/client" \
+             -newer "$build/bin/gpu_jobs_test" \( -name '*.cc' -o -name '*.h' \) -print
          ) | head -5)
 [[ -z $newer ]] || echo "pack.sh: warning: newer than dlbatch-train (rebuild?):" \
   $newer >&2
@@ -69,10 +74,13 @@ echo "pack.sh: bundle.tar.xz $(du -h "$out/bundle.tar.xz" | cut -f1)," \
      "bench/out/gpu in all $(du -sh "$out" | cut -f1) (the carry limit is" \
      "64 MiB with the working tree)"
 cat <<'MSG'
-On the device (one call, about 6-8 minutes; its output ends with the table,
-and $OUT brings back gpu-results.md, on-device.log and bench-logs.tar.xz):
-  run(command="bash bench/gpu/on-device.sh", carry=["bench/out/gpu"], timeout_s=600)
-Parts alone: "bash bench/gpu/on-device.sh tests" (about 1-2 min) or
-"REPEATS=3 bash bench/gpu/on-device.sh bench" (about 3 min); GRAPHS=1 (or 0)
-sets DLBATCH_CUDA_GRAPHS for the benchmark, CASES="lenet64gpu ..." picks cases.
+On the device, two calls (each inside the 10-minute limit; $OUT brings back
+on-device.log, and from the second gpu-results.md and bench-logs.tar.xz):
+  run(command="bash bench/gpu/on-device.sh tests", carry=["bench/out/gpu"], timeout_s=600)
+      (every GPU test, about 3 min)
+  run(command="REPEATS=5 bash bench/gpu/on-device.sh bench", carry=["bench/out/gpu"], timeout_s=600)
+      (the benchmark table, then LeNet b64 with recorded steps, about 6-7 min)
+"bash bench/gpu/on-device.sh" (all) runs both in one call where REPEATS is 3
+or less. GRAPHS=1 (or 0) sets DLBATCH_CUDA_GRAPHS for the benchmark,
+CASES="lenet64gpu ..." picks cases.
 MSG

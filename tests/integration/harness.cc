@@ -16,6 +16,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_replace.h"
+
 #include "worker/subprocess.h"
 
 extern char** environ;
@@ -36,6 +38,27 @@ const char kLenetNetworkYaml[] = R"(
       - {type: softmax}
 )";
 namespace fs = std::filesystem;
+
+std::string LenetJob(const std::string& data, const std::string& extra_options,
+                     const std::string& header) {
+  std::string yaml = header + "train:" + kLenetNetworkYaml + R"(
+  data:
+    train:      {format: idx, images: DATA/train-images-idx3-ubyte.gz, labels: DATA/train-labels-idx1-ubyte.gz}
+    validation: {format: idx, images: DATA/t10k-images-idx3-ubyte.gz,  labels: DATA/t10k-labels-idx1-ubyte.gz}
+  options:
+    solver: sgdm
+    initial_learn_rate: 0.01
+    momentum: 0.9
+    seed: 7
+)" + extra_options;
+  return absl::StrReplaceAll(yaml, {{"DATA", data}});
+}
+
+int64_t JsonInt(const nlohmann::json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) return 0;
+  const auto& v = j[key];
+  return v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+}
 
 std::string BinDir() {
   if (const char* env = std::getenv("DLBATCH_BIN_DIR")) return env;
@@ -263,6 +286,16 @@ std::string Cluster::State(int64_t id) {
 
 bool Cluster::WaitState(int64_t id, const std::string& state, int timeout_ms) {
   return WaitFor([&] { return State(id) == state; }, timeout_ms);
+}
+
+std::string Cluster::Logs() const {
+  std::string out;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    if (e.path().extension() == ".log") {
+      out += "--- " + e.path().filename().string() + "\n" + ReadAll(e.path().string());
+    }
+  }
+  return out;
 }
 
 bool Cluster::WaitWorkers(int workers, int timeout_ms) {

@@ -35,6 +35,15 @@ std::string FashionMnistDir();
 // Caffe's LeNet for 28x28x1 images as a job file's `network:` block, indented
 // to sit under `train:`.
 extern const char kLenetNetworkYaml[];
+// A job file training kLenetNetworkYaml on Fashion-MNIST with SGDM, seed 7:
+// `header` (name:, pool:, ...) comes first, `extra_options` (lines indented
+// by four) follow the options. DATA is the folder of the IDX files,
+// relative to the job's folder (attached) or absolute (a shared
+// filesystem).
+std::string LenetJob(const std::string& data, const std::string& extra_options,
+                     const std::string& header);
+// A 64-bit integer field of proto3 JSON (written as a string); 0 if absent.
+int64_t JsonInt(const nlohmann::json& j, const char* key);
 std::string ReadAll(const std::string& path);
 void WriteAll(const std::string& path, const std::string& text);
 bool WaitFor(const std::function<bool()>& ready, int timeout_ms);
@@ -70,6 +79,8 @@ class Cluster {
   bool WaitWorkers(int workers, int timeout_ms = 15000);
 
   std::string scheduler_state() const { return dir_ + "/state"; }
+  // Every process log in dir(), each under its file name: for failures.
+  std::string Logs() const;
 
  private:
   struct Proc {

@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "tests/integration/harness.h"
 #include "trainer/checkpoint.h"
 #include "trainer/history.h"
@@ -23,23 +22,6 @@ namespace dlbatch::testing {
 namespace {
 
 constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
-
-// LeNet on Fashion-MNIST. DATA is where the IDX files are (relative to the
-// job's folder, or absolute: a shared filesystem).
-std::string LenetJob(const std::string& data, const std::string& extra_options,
-                     const std::string& header) {
-  std::string yaml = header + "train:" + kLenetNetworkYaml + R"(
-  data:
-    train:      {format: idx, images: DATA/train-images-idx3-ubyte.gz, labels: DATA/train-labels-idx1-ubyte.gz}
-    validation: {format: idx, images: DATA/t10k-images-idx3-ubyte.gz,  labels: DATA/t10k-labels-idx1-ubyte.gz}
-  options:
-    solver: sgdm
-    initial_learn_rate: 0.01
-    momentum: 0.9
-    seed: 7
-)" + extra_options;
-  return absl::StrReplaceAll(yaml, {{"DATA", data}});
-}
 
 bool HaveData() {
   return std::filesystem::exists(std::string(kDataDir) + "/train-images-idx3-ubyte.gz");
@@ -66,26 +48,10 @@ class TrainJobs : public ::testing::Test {
     return ckpt.ok() ? ckpt->params : std::vector<float>();
   }
 
-  std::string Logs() {
-    std::string out;
-    for (const auto& e : std::filesystem::directory_iterator(c_.dir())) {
-      if (e.path().extension() == ".log") {
-        absl::StrAppend(&out, "--- ", e.path().filename().string(), "\n",
-                        ReadAll(e.path().string()));
-      }
-    }
-    return out;
-  }
+  std::string Logs() { return c_.Logs(); }
 
   Cluster c_;
 };
-
-int64_t Int(const nlohmann::json& j, const char* key) {
-  // proto3 JSON writes 64-bit integers as strings.
-  if (!j.contains(key)) return 0;
-  const auto& v = j[key];
-  return v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
-}
 
 TEST_F(TrainJobs, PoolTwoOnCpuSlotsReachesAccuracyAndDeliversItsOutputs) {
   c_.StartScheduler();
@@ -110,7 +76,7 @@ TEST_F(TrainJobs, PoolTwoOnCpuSlotsReachesAccuracyAndDeliversItsOutputs) {
   bool seen_running = WaitFor(
       [&] {
         nlohmann::json p = Progress(id);
-        return Int(p, "iteration") > 0 && !p.value("done", false);
+        return JsonInt(p, "iteration") > 0 && !p.value("done", false);
       },
       60000);
   EXPECT_TRUE(seen_running) << Logs();
@@ -122,10 +88,10 @@ TEST_F(TrainJobs, PoolTwoOnCpuSlotsReachesAccuracyAndDeliversItsOutputs) {
   ASSERT_EQ(show["placement"].size(), 1u);
   EXPECT_EQ(show["placement"][0]["devices"].size(), 2u);
   nlohmann::json p = show["progress"];
-  EXPECT_EQ(Int(p, "iteration"), 300);
-  EXPECT_EQ(Int(p, "iterations"), 300);
+  EXPECT_EQ(JsonInt(p, "iteration"), 300);
+  EXPECT_EQ(JsonInt(p, "iterations"), 300);
   EXPECT_TRUE(p.value("done", false));
-  EXPECT_EQ(Int(p, "checkpoint_iteration"), 300);
+  EXPECT_EQ(JsonInt(p, "checkpoint_iteration"), 300);
   EXPECT_GE(p.value("validation_accuracy", 0.0), 75.0) << p.dump();
   EXPECT_EQ(show["checkpoint"].size(), 2u);
 
@@ -209,12 +175,12 @@ TEST_F(TrainJobs, AJobOfALostWorkerResumesFromItsCheckpointOnAnother) {
     checkpoint_frequency_unit: iteration
 )",
                               "name: resume\npool: 1\n")));
-  ASSERT_TRUE(WaitFor([&] { return Int(Progress(id), "checkpoint_iteration") >= 100; }, 90000))
+  ASSERT_TRUE(WaitFor([&] { return JsonInt(Progress(id), "checkpoint_iteration") >= 100; }, 90000))
       << c_.Cli({"diary", std::to_string(id)}).out << Logs();
   nlohmann::json show = c_.ShowJson(id);
   ASSERT_EQ(show["placement"].size(), 1u);
   const std::string first = show["placement"][0].value("worker_name", "");
-  const int64_t stored = Int(show["progress"], "checkpoint_iteration");
+  const int64_t stored = JsonInt(show["progress"], "checkpoint_iteration");
   ASSERT_LT(stored, 500) << "the job ended before its worker could be killed";
   c_.KillWorker(first == "a" ? a : b, SIGKILL);
 
@@ -223,7 +189,7 @@ TEST_F(TrainJobs, AJobOfALostWorkerResumesFromItsCheckpointOnAnother) {
   show = c_.ShowJson(id);
   EXPECT_EQ(show.value("attempt", 0), 2);
   EXPECT_NE(show["placement"][0].value("worker_name", ""), first);
-  EXPECT_EQ(Int(show["progress"], "iteration"), 500);
+  EXPECT_EQ(JsonInt(show["progress"], "iteration"), 500);
 
   const std::string diary = c_.Cli({"diary", std::to_string(id)}).out;
   EXPECT_NE(diary.find("resumes from the checkpoint stored at iteration"), std::string::npos)
