@@ -165,6 +165,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       rec.state = v1::JOB_STATE_QUEUED;
       rec.submit_ms = now;
       RETURN_IF_ERROR(core_.CheckSatisfiable(ToQueued(rec)));
+      RETURN_IF_ERROR(CheckDevicesFit(rec.spec));
       records.push_back(std::move(rec));
     }
     {
@@ -195,6 +196,25 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   }
   Deliver(out);
   return reply;
+}
+
+absl::Status Scheduler::CheckDevicesFit(const v1::JobSpec& spec) const {
+  if (!spec.has_train()) return absl::OkStatus();
+  const std::string& env = spec.train().options().execution_environment();
+  if (env != "gpu" && env != "multi-gpu") return absl::OkStatus();
+  std::set<std::string> with_gpus;
+  for (const auto& [id, w] : workers_) {
+    for (const auto& d : w.record.devices) {
+      if (d.kind() == "gpu") with_gpus.insert(w.record.profile);
+    }
+  }
+  if (with_gpus.count(spec.profile()) > 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "train.options.execution_environment: ", env, " asks for GPUs, but the workers of "
+      "profile '", spec.profile(), "' offer CPU slots only; use cpu or auto",
+      with_gpus.empty() ? ", or start a worker with GPUs (dlbatch-worker without --cpu-slots)"
+                        : absl::StrCat(", or a profile with GPUs (--profile ",
+                                       absl::StrJoin(with_gpus, " or --profile "), ")")));
 }
 
 absl::Status Scheduler::PlaceJobs(Outbox* out) {

@@ -136,6 +136,14 @@ class Scheduler {
   static void MustCommitBatch(Transaction& txn);
 
   // All below REQUIRE mu_ held and, where they write, a transaction open.
+
+  // A train job whose execution_environment asks for GPUs (gpu, multi-gpu)
+  // on a profile whose known workers all offer CPU slots could only fail
+  // where it starts: refused at submission instead, naming the profiles
+  // that have GPUs. (A profile no worker has joined is refused before, by
+  // PlacementCore::CheckSatisfiable.)
+  absl::Status CheckDevicesFit(const v1::JobSpec& spec) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleMessage(const std::shared_ptr<WorkerSession>& session,
                      const v1::WorkerMessage& message, Outbox* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -57,6 +57,31 @@ TEST_F(BadInput, PoolBeyondTheProfileSaysItsSize) {
   EXPECT_EQ(c_.Cli({"jobs", "--json"}).out.find("\"id\""), std::string::npos);
 }
 
+// The workers of `local` here offer CPU slots: a train job asking for GPUs
+// could only fail where it started. (With a profile that has GPUs the
+// message names it: scheduler_test.)
+TEST_F(BadInput, GpuTrainJobOnAProfileOfCpuSlotsIsRefused) {
+  const std::string job =
+      LenetJob("/data", "    execution_environment: gpu\n", "name: wants-gpu\n");
+  Result r = SubmitYaml(job);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("execution_environment: gpu asks for GPUs, but the workers of "
+                       "profile 'local' offer CPU slots only; use cpu or auto"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("start a worker with GPUs"), std::string::npos) << r.err;
+  EXPECT_EQ(c_.Cli({"jobs", "--json"}).out.find("\"id\""), std::string::npos);
+
+  // cpu and auto are accepted and queued.
+  Result cpu = SubmitYaml(
+      LenetJob("/data", "    execution_environment: cpu\n    max_iterations: 1\n",
+               "name: cpu\n"));
+  EXPECT_EQ(cpu.code, 0) << cpu.err;
+  Result automatic =
+      SubmitYaml(LenetJob("/data", "    max_iterations: 1\n", "name: auto\n"));
+  EXPECT_EQ(automatic.code, 0) << automatic.err;
+}
+
 TEST_F(BadInput, UnknownProfile) {
   Result r = SubmitYaml("command: [true]\n", {"--profile", "gpus"});
   EXPECT_NE(r.code, 0);

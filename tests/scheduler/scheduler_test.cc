@@ -26,6 +26,7 @@
 #include "common/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/jobspec_yaml.h"
 #include "tests/common/fake_clock.h"
 #include "tests/scheduler/fake_session.h"
 
@@ -160,22 +161,24 @@ class SchedulerTest : public ::testing::Test {
     store_.reset();
   }
 
-  // A worker of profile 'local' with `slots` cpu devices connects on a new
-  // session and registers; returns once the scheduler has answered.
+  // A worker of `profile` with `slots` devices of `kind` (cpu or gpu)
+  // connects on a new session and registers; returns once the scheduler
+  // has answered.
   std::shared_ptr<FakeSession> Connect(
       const std::string& name, int slots,
-      const std::vector<v1::RunningJob>& running = {}) {
+      const std::vector<v1::RunningJob>& running = {},
+      const std::string& profile = "local", const std::string& kind = "cpu") {
     auto session = std::make_shared<FakeSession>();
     v1::WorkerMessage m;
     v1::Register* reg = m.mutable_register_();
     reg->set_name(name);
     reg->set_host("host-" + name);
-    reg->set_profile("local");
+    reg->set_profile(profile);
     for (int i = 0; i < slots; ++i) {
       v1::Device* d = reg->add_devices();
       d->set_index(i);
-      d->set_kind("cpu");
-      d->set_name("cpu");
+      d->set_kind(kind);
+      d->set_name(kind);
     }
     for (const auto& r : running) *reg->add_running() = r;
     scheduler_->OnWorkerMessage(session, std::move(m));
@@ -431,6 +434,59 @@ TEST_F(SchedulerTest, SubmitRejectsJobsThatCannotRun) {
   auto accepted = scheduler_->Submit(with_attachment);
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_TRUE(session->WaitFor(IsStart(accepted->job_id(), 1)).has_value());
+}
+
+// A train job of `profile` whose options say execution_environment: `env`
+// (empty: not said).
+v1::SubmitJobRequest TrainJob(const std::string& profile, const std::string& env) {
+  const std::string yaml = absl::StrCat(R"(name: net
+train:
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: fc, units: 10}
+      - {type: softmax}
+  data:
+    train: {format: idx, images: i.gz, labels: l.gz}
+  options:
+    max_iterations: 1
+)", env.empty() ? "" : absl::StrCat("    execution_environment: ", env, "\n"));
+  absl::StatusOr<ParsedJobFile> parsed = ParseJobYaml(yaml, "job.yaml");
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  v1::SubmitJobRequest request;
+  request.set_user("alice");
+  if (parsed.ok()) *request.mutable_spec() = parsed->spec;
+  request.mutable_spec()->set_profile(profile);
+  return request;
+}
+
+TEST_F(SchedulerTest, SubmitRefusesGpuTrainJobsWhereTheWorkersOfferCpuSlots) {
+  StartScheduler();
+  auto cpus = Connect("cpus", 2);
+  auto gpus = Connect("gpus", 1, {}, "gpu-box", "gpu");
+
+  for (const char* env : {"gpu", "multi-gpu"}) {
+    auto refused = scheduler_->Submit(TrainJob("local", env));
+    ASSERT_FALSE(refused.ok()) << env;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.status().message(),
+                HasSubstr(absl::StrCat("execution_environment: ", env,
+                                       " asks for GPUs, but the workers of profile 'local' "
+                                       "offer CPU slots only; use cpu or auto, or a profile "
+                                       "with GPUs (--profile gpu-box)")));
+  }
+  auto jobs = scheduler_->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->jobs_size(), 0) << "a refused job was stored";
+
+  // cpu, auto and the unsaid default run on CPU slots; gpu runs on GPUs.
+  for (const char* env : {"cpu", "auto", ""}) {
+    auto accepted = scheduler_->Submit(TrainJob("local", env));
+    EXPECT_TRUE(accepted.ok()) << env << ": " << accepted.status();
+  }
+  auto on_gpus = scheduler_->Submit(TrainJob("gpu-box", "gpu"));
+  ASSERT_TRUE(on_gpus.ok()) << on_gpus.status();
+  EXPECT_TRUE(gpus->WaitFor(IsStart(on_gpus->job_id(), 1)).has_value());
 }
 
 // ---- 4: diary and end ----
