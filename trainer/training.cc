@@ -694,6 +694,11 @@ absl::StatusOr<TrainResult> Run::Execute() {
     return r;
   };
 
+  const auto& layers = req_.spec.network().layers();
+  const bool has_dropout =
+      std::any_of(layers.begin(), layers.end(),
+                  [](const v1::LayerSpec& l) { return l.type() == "dropout"; });
+
   int current = 0;  // the slot of the next step's batch
   if (iteration_ < total_) {
     ASSIGN_OR_RETURN(Batch first, next_batch());
@@ -710,9 +715,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
       stage(next, slots_[current ^ 1]);
     }
     if (queued.size() == kStatsRing) RETURN_IF_ERROR(retire());
-    // Outside any recording: the key is what changes between replays.
-    backend_->SetDropoutKey(Key(opt_.seed, static_cast<uint64_t>(iteration_),
-                                static_cast<uint64_t>(comm_.rank())));
+    // Outside any recording: the key is what changes between replays. Only
+    // dropout reads it; without dropout a GPU is spared a launch a step.
+    if (has_dropout) {
+      backend_->SetDropoutKey(Key(opt_.seed, static_cast<uint64_t>(iteration_),
+                                  static_cast<uint64_t>(comm_.rank())));
+    }
     std::unique_ptr<Recording>& recorded = recorded_[current];
     // An evaluation's new batch size may have grown a workspace.
     if (recorded != nullptr && recorded->stale()) recorded.reset();
