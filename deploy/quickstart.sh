@@ -6,8 +6,9 @@
 #
 #   deploy/quickstart.sh [JOB_FILE]   (default examples/lenet-fashion-mnist.yaml)
 #
-# The job's pool is its own unless this machine has fewer CPU slots (and no
-# GPU): then it uses them all.
+# The job's pool is its own unless the local cluster has fewer slots (GPUs
+# where the build has the GPU backend and the machine GPUs, else CPU slots):
+# then it uses them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job=${1:-examples/lenet-fashion-mnist.yaml}
@@ -26,15 +27,17 @@ if grep -q 'attach:.*data/' "$job"; then
   done
 fi
 
+dlbatch local start >/dev/null
 pool_args=()
 want=$(sed -n 's/^pool: *\([0-9]*\).*/\1/p' "$job")
-cores=$(nproc)
-if [ -n "$want" ] && [ "$want" -gt "$cores" ] && ! command -v nvidia-smi >/dev/null; then
-  pool_args=(--pool "$cores")
+slots=$(dlbatch profiles --json | sed -n 's/.*"max_pool": *\([0-9]*\).*/\1/p' | head -1)
+if [ -n "$want" ] && [ -n "$slots" ] && [ "$slots" -gt 0 ] && [ "$want" -gt "$slots" ]; then
+  echo "the local cluster has $slots slot(s) (dlbatch profiles); the job asks for $want: using --pool $slots"
+  pool_args=(--pool "$slots")
 fi
 
 echo
-echo "== dlbatch submit ${pool_args[*]} $job (the local cluster starts on first use)"
+echo "== dlbatch submit ${pool_args[*]} $job"
 id=$(dlbatch submit -q "${pool_args[@]}" "$job")
 echo "job $id queued; following its diary:"
 dlbatch diary -f "$id"
