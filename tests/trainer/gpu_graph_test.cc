@@ -10,6 +10,7 @@
 // folder of the four IDX files; DLBATCH_BIN_DIR the one of dlbatch-train.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -75,6 +76,7 @@ TEST_F(GpuRecording, ARecordingRunsOnReplayWithTheKeyAndInputsOfThatTime) {
   // Warm up (recording needs kernels that ran once).
   gpu_->SetDropoutKey(1);
   gpu_->DropoutForward(kP, 9, kCount, x.f32(), mask.f32(), doubled.f32());
+  gpu_->Scale(kCount, 2, doubled.f32());
   gpu_->Fill(y.f32(), kCount, 123);
   gpu_->Synchronize();
 
@@ -229,8 +231,13 @@ TEST_F(GpuRecordedRun, ReplayedStepsTrainToTheWeightsOfLaunchedOnes) {
   }
   ASSERT_EQ(ha->validations.size(), 3u);  // at 15, 30 and 40
   ASSERT_EQ(hb->validations.size(), 3u);
+  // Same weights, so the same loss up to the algorithms: the last
+  // validation batch (10000 % 64 = 16 images) is a size the tuning cache
+  // has not seen, timed anew by each run, which may pick another one.
   for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(ha->validations[i].loss, hb->validations[i].loss) << i;
+    EXPECT_NEAR(ha->validations[i].loss, hb->validations[i].loss,
+                1e-5 * std::abs(ha->validations[i].loss))
+        << i;
   }
 }
 
