@@ -288,6 +288,12 @@ class Backend {
   virtual void UseUploads() {}
   // The host waits until Upload `token` has read its source.
   virtual void WaitUploaded(uint64_t token) { (void)token; }
+  // Whether Upload `token` has read its source, without waiting (for a
+  // bounded wait of the caller's: Communicator::WaitOnDevice).
+  virtual bool Uploaded(uint64_t token) {
+    (void)token;
+    return true;
+  }
 
   // --- recording (CUDA graphs) ---
   // Whether StartRecording can succeed: a GPU; the CPU runs calls as they
@@ -301,7 +307,9 @@ class Backend {
   // scalars passed to calls are fixed in the recording, so what changes
   // between replays must come from device memory (SetDropoutKey, batches).
   // A failure returns an error and leaves the backend running calls as
-  // issued again.
+  // issued again; so does a call in between that fails (one that cannot be
+  // recorded): instead of ending the process, as while running, it makes
+  // FinishRecording return its error.
   virtual absl::Status StartRecording();
   virtual absl::StatusOr<std::unique_ptr<Recording>> FinishRecording();
 

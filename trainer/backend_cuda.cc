@@ -33,6 +33,28 @@ void Die(const char* what, const char* file, int line, const char* detail) {
   std::abort();
 }
 
+namespace {
+// The innermost CaptureErrors open on this thread, if any.
+thread_local CaptureErrors* open_capture_errors = nullptr;
+}  // namespace
+
+void Fault(const char* what, const char* file, int line, const char* detail) {
+  if (open_capture_errors == nullptr) Die(what, file, line, detail);
+  open_capture_errors->Keep(what, file, line, detail);
+}
+
+CaptureErrors::CaptureErrors() : outer_(open_capture_errors) {
+  open_capture_errors = this;
+}
+CaptureErrors::~CaptureErrors() { open_capture_errors = outer_; }
+
+void CaptureErrors::Keep(const char* what, const char* file, int line,
+                         const char* detail) {
+  if (first_.ok()) {
+    first_ = CallError(absl::StatusCode::kInternal, what, file, line, detail);
+  }
+}
+
 absl::Status CallError(absl::StatusCode code, const char* what,
                        const char* file, int line, const char* detail) {
   return absl::Status(code, absl::StrCat("GPU backend: ", what, " failed at ",
@@ -269,6 +291,15 @@ class CudaBackend final : public Backend {
         cudaEventSynchronize(upload_done_[token % upload_done_.size()]));
   }
 
+  bool Uploaded(uint64_t token) override {
+    if (token == 0 || token > uploads_) return true;
+    const cudaError_t done =
+        cudaEventQuery(upload_done_[token % upload_done_.size()]);
+    if (done == cudaErrorNotReady) return false;
+    DLBATCH_CUDA_CHECK(done);
+    return true;
+  }
+
   bool can_record() const override { return true; }
   // Stream capture into a CUDA graph. Thread-local mode: a call of this
   // thread that cannot be recorded (a wait for the device, an allocation)
@@ -282,6 +313,7 @@ class CudaBackend final : public Backend {
         cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal),
         "cudaStreamBeginCapture", __LINE__));
     recording_ = true;
+    capture_errors_ = std::make_unique<CaptureErrors>();
     return absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<Recording>> FinishRecording() override {
@@ -290,10 +322,20 @@ class CudaBackend final : public Backend {
           "FinishRecording without StartRecording");
     }
     recording_ = false;
+    const absl::Status failed = capture_errors_->status();
+    capture_errors_.reset();
     cudaGraph_t graph = nullptr;
-    RETURN_IF_ERROR(Recoverable(cudaStreamEndCapture(ctx_.stream, &graph),
-                                "cudaStreamEndCapture", __LINE__));
+    // Ends the capture whatever happened in it: the stream runs calls as
+    // issued again.
+    const absl::Status ended =
+        Recoverable(cudaStreamEndCapture(ctx_.stream, &graph),
+                    "cudaStreamEndCapture", __LINE__);
     auto recording = std::make_unique<CudaRecording>(&ctx_, graph);
+    if (!failed.ok()) {
+      cudaGetLastError();  // a launch's error, kept in failed
+      return failed;
+    }
+    RETURN_IF_ERROR(ended);
     RETURN_IF_ERROR(
         Recoverable(cudaGraphInstantiate(&recording->exec, graph, 0),
                     "cudaGraphInstantiate", __LINE__));
@@ -414,6 +456,8 @@ class CudaBackend final : public Backend {
   cudaEvent_t compute_mark_ = nullptr;        // Upload: the compute before it
   std::array<cudaEvent_t, 8> upload_done_{};  // by token % 8
   uint64_t uploads_ = 0;                      // tokens given
+  // Open from StartRecording to FinishRecording (on the recording thread).
+  std::unique_ptr<CaptureErrors> capture_errors_;
   uint64_t* dropout_key_ = nullptr;           // device: SetDropoutKey's
   void* cublas_workspace_ = nullptr;
   bool recording_ = false;

@@ -29,8 +29,8 @@ namespace dlbatch::trainer::gpu {
   do {                                                                   \
     const cudnnStatus_t dlbatch_cudnn_status = (expr);                   \
     if (dlbatch_cudnn_status != CUDNN_STATUS_SUCCESS) {                  \
-      ::dlbatch::trainer::gpu::Die(#expr, __FILE__, __LINE__,            \
-                                   cudnnGetErrorString(dlbatch_cudnn_status)); \
+      ::dlbatch::trainer::gpu::Fault(#expr, __FILE__, __LINE__,          \
+                                     cudnnGetErrorString(dlbatch_cudnn_status)); \
     }                                                                    \
   } while (false)
 
@@ -38,11 +38,35 @@ namespace dlbatch::trainer::gpu {
   do {                                                                   \
     const cublasStatus_t dlbatch_cublas_status = (expr);                 \
     if (dlbatch_cublas_status != CUBLAS_STATUS_SUCCESS) {                \
-      ::dlbatch::trainer::gpu::Die(                                      \
+      ::dlbatch::trainer::gpu::Fault(                                    \
           #expr, __FILE__, __LINE__,                                     \
           ::dlbatch::trainer::gpu::CublasStatusString(dlbatch_cublas_status));                 \
     }                                                                    \
   } while (false)
+
+// While one is open on a thread, the return-code checks of that thread
+// (DLBATCH_CUDA_CHECK, DLBATCH_CUDA_CHECK_LAUNCH, DLBATCH_CUDNN_CHECK,
+// DLBATCH_CUBLAS_CHECK) keep their first failure here instead of ending the
+// process (Fault): a step being recorded, where a call that cannot be
+// recorded should end the recording, not the trainer. Scopes nest; the
+// innermost keeps the failures.
+class CaptureErrors {
+ public:
+  CaptureErrors();
+  ~CaptureErrors();
+  CaptureErrors(const CaptureErrors&) = delete;
+  CaptureErrors& operator=(const CaptureErrors&) = delete;
+
+  // OK, or the first failure since the scope opened (as CallError words
+  // it, Internal).
+  const absl::Status& status() const { return first_; }
+  // Called by Fault.
+  void Keep(const char* what, const char* file, int line, const char* detail);
+
+ private:
+  absl::Status first_;
+  CaptureErrors* outer_;
+};
 
 // The Status of a failed call, naming it, its file and line.
 absl::Status CallError(absl::StatusCode code, const char* what,

@@ -4,7 +4,7 @@
 // this, the host compiler the rest of the backend.
 //
 // Every launcher returns as soon as its kernels are queued and ends the
-// process (Die) if a launch fails. Pointers are device memory; counts and
+// process (Fault) if a launch fails. Pointers are device memory; counts and
 // semantics are backend.h's.
 #ifndef DLBATCH_TRAINER_BACKEND_CUDA_LAUNCH_H_
 #define DLBATCH_TRAINER_BACKEND_CUDA_LAUNCH_H_
@@ -19,13 +19,18 @@ namespace dlbatch::trainer::gpu {
 // failure while running cannot be recovered). Defined in backend_cuda.cc.
 [[noreturn]] void Die(const char* what, const char* file, int line,
                       const char* detail);
+// What the return-code checks below call on a failure: Die, unless this
+// thread records a step (CaptureErrors, backend_cuda_internal.h): then the
+// first failure is kept for FinishRecording, which fails with it, and the
+// caller goes on (nothing recorded runs, so nothing depends on the call).
+void Fault(const char* what, const char* file, int line, const char* detail);
 
 #define DLBATCH_CUDA_CHECK(expr)                                            \
   do {                                                                      \
     const cudaError_t dlbatch_cuda_error = (expr);                          \
     if (dlbatch_cuda_error != cudaSuccess) {                                \
-      ::dlbatch::trainer::gpu::Die(#expr, __FILE__, __LINE__,               \
-                                   cudaGetErrorString(dlbatch_cuda_error)); \
+      ::dlbatch::trainer::gpu::Fault(#expr, __FILE__, __LINE__,             \
+                                     cudaGetErrorString(dlbatch_cuda_error)); \
     }                                                                       \
   } while (false)
 
@@ -36,8 +41,9 @@ namespace dlbatch::trainer::gpu {
   do {                                                                      \
     const cudaError_t dlbatch_cuda_error = cudaGetLastError();              \
     if (dlbatch_cuda_error != cudaSuccess) {                                \
-      ::dlbatch::trainer::gpu::Die("launch of " kernel, __FILE__, __LINE__, \
-                                   cudaGetErrorString(dlbatch_cuda_error)); \
+      ::dlbatch::trainer::gpu::Fault("launch of " kernel, __FILE__,         \
+                                     __LINE__,                              \
+                                     cudaGetErrorString(dlbatch_cuda_error)); \
     }                                                                       \
   } while (false)
 

@@ -12,8 +12,10 @@
 #define DLBATCH_TRAINER_COMMUNICATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -81,6 +83,21 @@ class Communicator {
   // caller issues next: on the CPU, done; on a GPU, ordered before the
   // compute stream's later work (SetComputeStream) without a host wait.
   virtual absl::Status WaitAll() { return absl::OkStatus(); }
+
+  // Waits on the host until `done()` holds, for device work that may wait
+  // for this communicator's started allreduces (WaitAll orders the compute
+  // stream after them), so that a peer that dies cannot hold it for ever:
+  // bounded like a blocking collective, by the timeout and by a failure
+  // the communicator notices, either of which aborts it (ending its
+  // unfinished allreduces, so the work waiting on them goes on) and is
+  // returned, naming `what`. The default, for communicators whose
+  // collectives no device work waits on, polls done() without a bound.
+  virtual absl::Status WaitOnDevice(const std::function<bool()>& done,
+                                    const std::string& what) {
+    (void)what;
+    while (!done()) std::this_thread::yield();
+    return absl::OkStatus();
+  }
 
   // The stream on which the caller computes the data that collectives read
   // and write (Backend::native_stream(): a cudaStream_t for the CUDA

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -255,6 +256,34 @@ class NcclCommunicator final : public Communicator {
 
   void SetComputeStream(void* stream) override {
     compute_stream_ = static_cast<cudaStream_t>(stream);
+  }
+
+  absl::Status WaitOnDevice(const std::function<bool()>& done,
+                            const std::string& what) override {
+    RETURN_IF_ERROR(Usable());
+    if (done()) return absl::OkStatus();  // as in a healthy step
+    absl::Status status = [&]() -> absl::Status {
+      const absl::Time deadline = absl::Now() + timeout_;
+      for (int polls = 0; !done(); Pause(&polls)) {
+        ncclResult_t state = ncclSuccess;
+        DLBATCH_NCCL_PLAIN_RETURN_IF_ERROR(
+            ncclCommGetAsyncError(comm_, &state));
+        if (state != ncclSuccess && state != ncclInProgress) {
+          return NcclError(state, what.c_str(), __FILE__, __LINE__);
+        }
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "NCCL: ", what, " did not finish within ",
+              absl::FormatDuration(timeout_), " on rank ", rank_, " of ",
+              size_,
+              ": the device waits for an allreduce that a peer never joined "
+              "(it died or stopped calling collectives); see its errors"));
+        }
+      }
+      return absl::OkStatus();
+    }();
+    if (!status.ok()) return Fail(std::move(status));
+    return absl::OkStatus();
   }
 
   absl::Status Broadcast(float* data, int64_t count, int root) override {

@@ -16,12 +16,13 @@
 //   the started allreduces and makes the compute stream wait for it, with
 //   no host wait (without a compute stream it waits on the host instead).
 //   A peer that dies during them is noticed by the next call that waits on
-//   the host for this communicator's stream (any blocking collective, as
-//   the training loop's loss-statistics allreduce right after WaitAll),
-//   within the timeout; the abort that follows also ends the unfinished
-//   allreduces on the device, so a compute stream waiting on them goes on.
-//   Work the caller syncs on by other means (Backend::CopyToHost) before
-//   such a call could wait for a dead peer without a bound.
+//   the host, within the timeout: any blocking collective, or WaitOnDevice
+//   (the training loop waits there for the upload of a batch slot, which
+//   follows the compute stream and so the allreduces); the abort that
+//   follows also ends the unfinished allreduces on the device, so a compute
+//   stream waiting on them goes on. Work the caller syncs on by other means
+//   (Backend::CopyToHost) before such a call could wait for a dead peer
+//   without a bound.
 // - Every wait is bounded by `timeout`: a rank that never comes, or a peer
 //   that dies mid-collective, ends the call with DeadlineExceeded (or the
 //   error NCCL reports) instead of a hang. After such a failure the NCCL

@@ -597,8 +597,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
   std::optional<Evaluation> last_validation;
 
   // Copies a prepared batch towards a slot: on a GPU through the slot's
-  // page-locked memory, once the slot's previous upload has read it.
-  auto stage = [&](const Batch& b, Slot& slot) {
+  // page-locked memory, once the slot's previous upload has read it. That
+  // upload followed the compute stream, which with several ranks waits for
+  // their allreduces: there the wait is bounded like a collective's.
+  auto stage = [&](const Batch& b, Slot& slot) -> absl::Status {
     const size_t image_bytes = b.images.size() * sizeof(float);
     const size_t label_bytes = b.labels.size() * sizeof(int32_t);
     slot.n = b.n;
@@ -606,14 +608,22 @@ absl::StatusOr<TrainResult> Run::Execute() {
       backend_->CopyToDevice(slot.images.f32(), b.images.data(), image_bytes);
       backend_->CopyToDevice(slot.labels.as<void>(), b.labels.data(),
                              label_bytes);
-      return;
+      return absl::OkStatus();
     }
-    backend_->WaitUploaded(slot.upload);
+    if (comm_.size() > 1) {
+      const uint64_t token = slot.upload;
+      RETURN_IF_ERROR(comm_.WaitOnDevice(
+          [&] { return backend_->Uploaded(token); },
+          "the step before last (its batch slot's upload waits for it)"));
+    } else {
+      backend_->WaitUploaded(slot.upload);
+    }
     std::memcpy(slot.host_images.get(), b.images.data(), image_bytes);
     std::memcpy(slot.host_labels.get(), b.labels.data(), label_bytes);
     backend_->Upload(slot.images.f32(), slot.host_images.get(), image_bytes);
     slot.upload = backend_->Upload(slot.labels.as<void>(),
                                    slot.host_labels.get(), label_bytes);
+    return absl::OkStatus();
   };
   auto next_batch = [&]() -> absl::StatusOr<Batch> {
     std::optional<Batch> batch = loader->Next();
@@ -702,7 +712,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   int current = 0;  // the slot of the next step's batch
   if (iteration_ < total_) {
     ASSIGN_OR_RETURN(Batch first, next_batch());
-    stage(first, slots_[current]);
+    RETURN_IF_ERROR(stage(first, slots_[current]));
   }
   while (iteration_ < total_) {
     const auto step_start = Clock::now();
@@ -712,7 +722,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     // The next batch travels while this step computes.
     if (iteration_ + 1 < total_) {
       ASSIGN_OR_RETURN(Batch next, next_batch());
-      stage(next, slots_[current ^ 1]);
+      RETURN_IF_ERROR(stage(next, slots_[current ^ 1]));
     }
     if (queued.size() == kStatsRing) RETURN_IF_ERROR(retire());
     // Outside any recording: the key is what changes between replays. Only
@@ -749,7 +759,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
     }
     ++steps_run;
     // On GPUs no host wait: the compute stream waits for the allreduces.
-    if (comm_.size() > 1) RETURN_IF_ERROR(buckets.Finish());
+    // WaitAll after Finish: the loss sums' allreduce was started outside
+    // the buckets, and a network without parameters starts no bucket.
+    if (comm_.size() > 1) {
+      RETURN_IF_ERROR(buckets.Finish());
+      RETURN_IF_ERROR(comm_.WaitAll());
+    }
     backend_->CopyOnDevice(stats_ring_.f32() + 2 * (iteration_ % kStatsRing),
                            step_stats_.f32(), 2 * sizeof(float));
     const int64_t epoch = iteration_ / per_epoch_ + 1;

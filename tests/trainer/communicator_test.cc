@@ -188,6 +188,10 @@ TEST(SoloCommunicator, CollectivesLeaveDataAlone) {
   ASSERT_TRUE(solo->WaitAll().ok());
   EXPECT_EQ(v, (std::vector<float>{1.5f, -2.0f}));
   EXPECT_FALSE(solo->StartAllreduceSum(v.data(), -1).ok());
+  // No device work waits on its collectives: WaitOnDevice polls until done.
+  int polls = 0;
+  ASSERT_TRUE(solo->WaitOnDevice([&] { return ++polls == 5; }, "work").ok());
+  EXPECT_EQ(polls, 5);
 }
 
 // ---------------------------------------------------------------- Gloo

@@ -115,6 +115,37 @@ TEST_F(GpuChecks, AFailedCallWhileMakingIsAStatusNamingItsFileAndLine) {
       << copy;
 }
 
+// While a step is recorded (gpu::CaptureErrors open on the thread), a
+// failed call is kept and the caller goes on: the recording fails with the
+// first such error, the trainer does not end. Once the scope closes, a
+// failure ends the process again.
+TEST_F(GpuChecks, WhileRecordingAFailedCallIsKeptNotFatal) {
+  {
+    gpu::CaptureErrors errors;
+    EXPECT_TRUE(errors.status().ok());
+    BadDescriptor();
+    BadCopy();  // a second failure: the first is the one kept
+    BadHandle();
+    const absl::Status kept = errors.status();
+    EXPECT_EQ(kept.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(kept.message()),
+                ::testing::ContainsRegex(
+                    "^GPU backend: cudnnSetTensor4dDescriptor\\(.*\\) failed "
+                    "at [^ ]*gpu_checks_test\\.cc:[0-9]+: "
+                    "CUDNN_STATUS_BAD_PARAM$"))
+        << kept;
+    {
+      // Nested: the inner scope keeps its own, the outer keeps its first.
+      gpu::CaptureErrors inner;
+      BadCopy();
+      EXPECT_THAT(std::string(inner.status().message()),
+                  ::testing::HasSubstr("cudaMemcpy("));
+    }
+    EXPECT_EQ(errors.status(), kept);
+  }
+  EXPECT_DEATH(BadCopy(), Fatal("cudaMemcpy\\(.*\\)"));
+}
+
 // cuBLAS is loaded on demand (cublas_library.h): once, every function the
 // backend calls is there, and its words for a status are cuBLAS's.
 TEST_F(GpuChecks, CublasLoadsOnDemandWithEveryFunctionTheBackendCalls) {

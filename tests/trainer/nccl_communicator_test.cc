@@ -278,6 +278,51 @@ TEST(NcclCommunicatorGpu, OneRankStartsAndWaitsOnTheBackendStream) {
   EXPECT_EQ(StartedAllreducesOnTheBackendStream(**comm, **backend), "");
 }
 
+// The host's wait for device work that may wait on collectives
+// (WaitOnDevice, the training loop's wait for a batch slot's upload):
+// done at once when the work is, bounded by the timeout when it never is,
+// and then the communicator is aborted, as after a failed collective.
+TEST(NcclCommunicatorGpu, WaitOnDeviceIsBoundedAndAbortsWhenItTimesOut) {
+  const int devices = CudaDeviceCount();
+  if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL";
+  if (devices < 1) GTEST_SKIP() << "needs 1 CUDA device: 0 visible";
+  MemoryRendezvous rdv;
+  auto comm = MakeNcclCommunicator(&rdv, 0, 1, 0, absl::Seconds(2));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  auto backend = MakeCudaBackend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  Backend& b = **backend;
+  (*comm)->SetComputeStream(b.native_stream());
+
+  // A real upload, waited for through its token.
+  constexpr int64_t kCount = 1 << 20;
+  Buffer device = *b.Allocate(kCount * sizeof(float));
+  void* host = b.AllocateHost(kCount * sizeof(float));
+  ASSERT_NE(host, nullptr);
+  std::fill_n(static_cast<float*>(host), kCount, 3.0f);
+  const uint64_t token = b.Upload(device.f32(), host, kCount * sizeof(float));
+  EXPECT_TRUE((*comm)->WaitOnDevice([&] { return b.Uploaded(token); },
+                                    "the upload")
+                  .ok());
+  EXPECT_TRUE(b.Uploaded(token));
+  b.UseUploads();
+  std::vector<float> back(kCount);
+  b.CopyToHost(back.data(), device.f32(), kCount * sizeof(float));
+  EXPECT_EQ(back, std::vector<float>(kCount, 3.0f));
+  b.FreeHost(host);
+
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status never =
+      (*comm)->WaitOnDevice([] { return false; }, "the step before last");
+  EXPECT_EQ(never.code(), absl::StatusCode::kDeadlineExceeded) << never;
+  EXPECT_THAT(never.message(), HasSubstr("the step before last did not finish"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  Buffer d = *b.Allocate(sizeof(float));
+  const absl::Status after = (*comm)->AllreduceSum(d.f32(), 1);
+  EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
+  (*comm)->SetComputeStream(nullptr);
+}
+
 // One rank of RanksAllreduceAndBroadcastDeviceArrays, on GPU `rank`, with
 // the GPU backend's buffers (so the backend's stream feeds the collectives,
 // as in training).
