@@ -23,6 +23,7 @@
 #include "trainer/communicator.h"
 #include "trainer/communicator_nccl.h"
 #include "trainer/launcher.h"
+#include "trainer/net_interface.h"
 #include "trainer/progress.h"
 #include "trainer/training.h"
 
@@ -293,6 +294,16 @@ int main(int argc, char** argv) {
                                 : OpenFileRendezvous(rendezvous);
     if (!r.ok()) return Fail(rank, world, r.status());
     rdv = std::move(r).value();
+    if (choice->gpu) {
+      // Ranks on several machines: NCCL's sockets on the interface of the
+      // address the worker gave (--host), as Gloo's, not NCCL's own pick.
+      absl::StatusOr<std::optional<std::string>> ifname =
+          NcclSocketInterface(host, std::getenv("NCCL_SOCKET_IFNAME"));
+      if (!ifname.ok()) return Fail(rank, world, ifname.status());
+      if (ifname->has_value()) {
+        setenv("NCCL_SOCKET_IFNAME", (*ifname)->c_str(), 1);
+      }
+    }
     auto c = choice->gpu
                  ? MakeNcclCommunicator(rdv.get(), rank, world, choice->device,
                                         absl::Minutes(5))
