@@ -307,9 +307,11 @@ class Backend {
   // scalars passed to calls are fixed in the recording, so what changes
   // between replays must come from device memory (SetDropoutKey, batches).
   // A failure returns an error and leaves the backend running calls as
-  // issued again; so does a call in between that fails (one that cannot be
-  // recorded): instead of ending the process, as while running, it makes
-  // FinishRecording return its error.
+  // issued again; so does a CUDA, cuDNN or cuBLAS call in between that
+  // fails (one that cannot be recorded): instead of ending the process, as
+  // while running, it makes FinishRecording return its error. (The
+  // caller's own errors, such as a batch beyond a kernel's max_batch, still
+  // end it.)
   virtual absl::Status StartRecording();
   virtual absl::StatusOr<std::unique_ptr<Recording>> FinishRecording();
 

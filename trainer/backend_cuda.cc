@@ -46,7 +46,19 @@ void Fault(const char* what, const char* file, int line, const char* detail) {
 CaptureErrors::CaptureErrors() : outer_(open_capture_errors) {
   open_capture_errors = this;
 }
-CaptureErrors::~CaptureErrors() { open_capture_errors = outer_; }
+// Scopes close in any order: one closed out of turn is unlinked.
+CaptureErrors::~CaptureErrors() {
+  if (open_capture_errors == this) {
+    open_capture_errors = outer_;
+    return;
+  }
+  for (CaptureErrors* s = open_capture_errors; s != nullptr; s = s->outer_) {
+    if (s->outer_ == this) {
+      s->outer_ = outer_;
+      return;
+    }
+  }
+}
 
 void CaptureErrors::Keep(const char* what, const char* file, int line,
                          const char* detail) {

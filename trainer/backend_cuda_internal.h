@@ -49,7 +49,8 @@ namespace dlbatch::trainer::gpu {
 // DLBATCH_CUBLAS_CHECK) keep their first failure here instead of ending the
 // process (Fault): a step being recorded, where a call that cannot be
 // recorded should end the recording, not the trainer. Scopes nest; the
-// innermost keeps the failures.
+// innermost keeps the failures. A scope belongs to the thread that opened
+// it and is closed there (in any order).
 class CaptureErrors {
  public:
   CaptureErrors();

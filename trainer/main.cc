@@ -279,6 +279,23 @@ int main(int argc, char** argv) {
       ChooseBackend(job->spec.train().options().execution_environment(), world,
                     local_rank, CudaDeviceCount(), GpuBackendBuilt());
   if (!choice.ok()) return Fail(rank, world, choice.status());
+  if (world > 1 && choice->gpu) {
+    // Ranks on several machines: NCCL's sockets on the interface of the
+    // address the worker gave (--host), as Gloo's, not NCCL's own pick.
+    // Set before the rendezvous starts threads (setenv is not safe
+    // beside another thread's getenv). An address on no interface here
+    // leaves NCCL's pick, as before, with a word why.
+    absl::StatusOr<std::optional<std::string>> ifname =
+        NcclSocketInterface(host, std::getenv("NCCL_SOCKET_IFNAME"));
+    if (!ifname.ok()) {
+      std::fprintf(stderr,
+                   "dlbatch-train: rank %d: NCCL chooses its own network "
+                   "interface: %s\n",
+                   rank, std::string(ifname.status().message()).c_str());
+    } else if (ifname->has_value()) {
+      setenv("NCCL_SOCKET_IFNAME", (*ifname)->c_str(), 1);
+    }
+  }
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Rendezvous> rdv;
   if (world == 1) {
@@ -294,16 +311,6 @@ int main(int argc, char** argv) {
                                 : OpenFileRendezvous(rendezvous);
     if (!r.ok()) return Fail(rank, world, r.status());
     rdv = std::move(r).value();
-    if (choice->gpu) {
-      // Ranks on several machines: NCCL's sockets on the interface of the
-      // address the worker gave (--host), as Gloo's, not NCCL's own pick.
-      absl::StatusOr<std::optional<std::string>> ifname =
-          NcclSocketInterface(host, std::getenv("NCCL_SOCKET_IFNAME"));
-      if (!ifname.ok()) return Fail(rank, world, ifname.status());
-      if (ifname->has_value()) {
-        setenv("NCCL_SOCKET_IFNAME", (*ifname)->c_str(), 1);
-      }
-    }
     auto c = choice->gpu
                  ? MakeNcclCommunicator(rdv.get(), rank, world, choice->device,
                                         absl::Minutes(5))

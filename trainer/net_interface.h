@@ -24,7 +24,7 @@ absl::StatusOr<std::string> InterfaceWithAddress(const std::string& host);
 // the ranks span machines (`host` is not a loopback address) and the
 // variable is not set (`current` null: the user's setting wins); nullopt
 // otherwise, leaving NCCL's own choice. An error where `host` is on no
-// interface of this machine.
+// interface of this machine (the caller may leave NCCL's choice then).
 absl::StatusOr<std::optional<std::string>> NcclSocketInterface(
     const std::string& host, const char* current);
 

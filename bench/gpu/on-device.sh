@@ -40,8 +40,17 @@ mkdir -p "$OUT"
   exit 2
 }
 
+# A test stopped by its timeout leaves its cluster behind (scheduler,
+# worker, a trainer on the GPU): none of it may run into what follows.
+leftovers() {
+  command -v pkill >/dev/null || return 0
+  pkill -9 -f '^/tmp/dlbatch-bundle/bin/' && echo "== stopped leftover processes"
+  return 0
+}
+
 main() {
   local t0=$SECONDS status=0
+  leftovers
   tar -xJf "$here/bundle.tar.xz" -C /tmp || return 1
   local run=/tmp/dlbatch-bundle/run
   echo "== device"
@@ -67,6 +76,7 @@ main() {
       local rc=$?
       echo "== $t: exit $rc, $((SECONDS - t1)) s"
       [[ $rc == 0 ]] || status=1
+      leftovers
     done
   fi
 

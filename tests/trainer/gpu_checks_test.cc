@@ -10,6 +10,7 @@
 #include <cudnn.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -142,6 +143,16 @@ TEST_F(GpuChecks, WhileRecordingAFailedCallIsKeptNotFatal) {
                   ::testing::HasSubstr("cudaMemcpy("));
     }
     EXPECT_EQ(errors.status(), kept);
+  }
+  EXPECT_DEATH(BadCopy(), Fatal("cudaMemcpy\\(.*\\)"));
+  {
+    // Closed out of turn: the outer first, then the inner; none is left.
+    auto outer = std::make_unique<gpu::CaptureErrors>();
+    auto inner = std::make_unique<gpu::CaptureErrors>();
+    outer.reset();
+    BadCopy();
+    EXPECT_FALSE(inner->status().ok());
+    inner.reset();
   }
   EXPECT_DEATH(BadCopy(), Fatal("cudaMemcpy\\(.*\\)"));
 }

@@ -287,7 +287,8 @@ TEST(NcclCommunicatorGpu, WaitOnDeviceIsBoundedAndAbortsWhenItTimesOut) {
   if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL";
   if (devices < 1) GTEST_SKIP() << "needs 1 CUDA device: 0 visible";
   MemoryRendezvous rdv;
-  auto comm = MakeNcclCommunicator(&rdv, 0, 1, 0, absl::Seconds(2));
+  // The timeout bounds NCCL's set-up too: room for a cold start.
+  auto comm = MakeNcclCommunicator(&rdv, 0, 1, 0, absl::Seconds(10));
   ASSERT_TRUE(comm.ok()) << comm.status();
   auto backend = MakeCudaBackend(0);
   ASSERT_TRUE(backend.ok()) << backend.status();
@@ -316,7 +317,7 @@ TEST(NcclCommunicatorGpu, WaitOnDeviceIsBoundedAndAbortsWhenItTimesOut) {
       (*comm)->WaitOnDevice([] { return false; }, "the step before last");
   EXPECT_EQ(never.code(), absl::StatusCode::kDeadlineExceeded) << never;
   EXPECT_THAT(never.message(), HasSubstr("the step before last did not finish"));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
   Buffer d = *b.Allocate(sizeof(float));
   const absl::Status after = (*comm)->AllreduceSum(d.f32(), 1);
   EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
