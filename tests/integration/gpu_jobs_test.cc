@@ -43,7 +43,7 @@ class GpuJobs : public ::testing::Test {
     // The trainers inherit it: their kernel choices stay in this test.
     setenv("XDG_CACHE_HOME", (c_.dir() + "/cache").c_str(), 1);
     c_.StartScheduler();
-    // No --cpu-slots: the worker offers the GPUs it finds.
+    // 0: no --cpu-slots, so the worker offers the GPUs it finds.
     c_.StartWorker("gpus", 0);
     ASSERT_TRUE(c_.WaitWorkers(1)) << c_.Logs();
   }

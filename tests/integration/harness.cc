@@ -233,8 +233,11 @@ int Cluster::StartWorker(const std::string& name, int slots, const std::string& 
                          std::vector<std::string> extra) {
   std::string work = dir_ + "/worker-" + name;
   std::vector<std::string> argv = {BinDir() + "/dlbatch-worker", "--scheduler", address_,
-                                   "--profile",  profile, "--work-dir", work, "--name", name,
-                                   "--cpu-slots", std::to_string(slots)};
+                                   "--profile",  profile, "--work-dir", work, "--name", name};
+  if (slots > 0) {
+    argv.push_back("--cpu-slots");
+    argv.push_back(std::to_string(slots));
+  }
   argv.insert(argv.end(), extra.begin(), extra.end());
   Proc p;
   p.name = name;

@@ -59,7 +59,9 @@ class Cluster {
   // Starts the scheduler; `listen` empty: a Unix socket in dir().
   void StartScheduler(std::vector<std::string> extra = {}, const std::string& listen = "");
   void KillScheduler(int sig);
-  // Starts a worker with `slots` CPU slots; returns its index.
+  // Starts a worker with `slots` CPU slots; returns its index. `slots` 0:
+  // without --cpu-slots, so the worker offers the GPUs it finds (else one
+  // slot per core).
   int StartWorker(const std::string& name, int slots, const std::string& profile = "local",
                   std::vector<std::string> extra = {});
   void KillWorker(int index, int sig);
