@@ -23,18 +23,12 @@ LayerPlan LayerContext::Plan() const {
   return plan;
 }
 
-namespace {
-
-// `same` padding of one dimension: the output covers ceil(in / stride)
-// positions; the extra row or column goes at the bottom or right.
 void SamePadding(int in, int k, int stride, int* before, int* after, int* out) {
   *out = (in + stride - 1) / stride;
   const int total = std::max((*out - 1) * stride + k - in, 0);
   *before = total / 2;
   *after = total - *before;
 }
-
-}  // namespace
 
 absl::StatusOr<Window> ResolveWindow(const LayerContext& ctx,
                                      int default_stride) {

@@ -126,6 +126,10 @@ struct Window {
   Shape out;  // with the input's channels
 };
 
+// `same` padding of one dimension: the output covers ceil(in / stride)
+// positions; the extra row or column goes at the bottom or right.
+void SamePadding(int in, int k, int stride, int* before, int* after, int* out);
+
 // Resolves size, stride (default `default_stride`), padding and
 // padding_same against the input; refuses a window larger than the padded
 // input or negative settings.

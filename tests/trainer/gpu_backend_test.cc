@@ -19,6 +19,7 @@
 #include "tests/trainer/test_util.h"
 #include "trainer/backend.h"
 #include "trainer/backend_cuda.h"
+#include "trainer/layers.h"
 #include "trainer/network.h"
 #include "trainer/rng.h"
 
@@ -575,15 +576,6 @@ TEST_F(GpuBackendTest, LeNetLossCurveOf200StepsMatchesTheCpu) {
 // even size (cuDNN pads symmetrically; the GPU pads a copy or runs its own
 // pooling kernels) ---
 
-// `same` padding of one dimension as layers.cc resolves it: the output
-// covers ceil(in / stride); the extra row or column at the bottom/right.
-void Same(int in, int k, int stride, int* before, int* after, int* out) {
-  *out = (in + stride - 1) / stride;
-  const int total = std::max((*out - 1) * stride + k - in, 0);
-  *before = total / 2;
-  *after = total - *before;
-}
-
 ConvDesc SameConv(Shape in, int filters, int k, int stride) {
   ConvDesc d;
   d.in = in;
@@ -591,8 +583,8 @@ ConvDesc SameConv(Shape in, int filters, int k, int stride) {
   d.kh = d.kw = k;
   d.stride_h = d.stride_w = stride;
   d.out.c = filters;
-  Same(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
-  Same(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
+  SamePadding(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
+  SamePadding(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
   return d;
 }
 
@@ -603,8 +595,8 @@ PoolDesc SamePool(PoolKind kind, Shape in, int k, int stride) {
   d.kh = d.kw = k;
   d.stride_h = d.stride_w = stride;
   d.out.c = in.c;
-  Same(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
-  Same(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
+  SamePadding(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
+  SamePadding(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
   return d;
 }
 
