@@ -315,25 +315,24 @@ class CudaBackend final : public Backend {
   bool can_record() const override { return true; }
   // Stream capture into a CUDA graph. Thread-local mode: a call of this
   // thread that cannot be recorded (a wait for the device, an allocation)
-  // fails, and ends the process naming it, instead of quietly running at
-  // record time; other threads (the batch loader) are not concerned.
+  // fails, and FinishRecording with it (CaptureErrors), instead of quietly
+  // running at record time; other threads (the batch loader) are not
+  // concerned.
   absl::Status StartRecording() override {
-    if (recording_) {
+    if (capture_errors_ != nullptr) {
       return absl::FailedPreconditionError("StartRecording while recording");
     }
     RETURN_IF_ERROR(Recoverable(
         cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal),
         "cudaStreamBeginCapture", __LINE__));
-    recording_ = true;
     capture_errors_ = std::make_unique<CaptureErrors>();
     return absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<Recording>> FinishRecording() override {
-    if (!recording_) {
+    if (capture_errors_ == nullptr) {
       return absl::FailedPreconditionError(
           "FinishRecording without StartRecording");
     }
-    recording_ = false;
     const absl::Status failed = capture_errors_->status();
     capture_errors_.reset();
     cudaGraph_t graph = nullptr;
@@ -468,11 +467,11 @@ class CudaBackend final : public Backend {
   cudaEvent_t compute_mark_ = nullptr;        // Upload: the compute before it
   std::array<cudaEvent_t, 8> upload_done_{};  // by token % 8
   uint64_t uploads_ = 0;                      // tokens given
-  // Open from StartRecording to FinishRecording (on the recording thread).
+  // Open from StartRecording to FinishRecording (on the recording thread):
+  // non-null while recording.
   std::unique_ptr<CaptureErrors> capture_errors_;
   uint64_t* dropout_key_ = nullptr;           // device: SetDropoutKey's
   void* cublas_workspace_ = nullptr;
-  bool recording_ = false;
 };
 
 }  // namespace

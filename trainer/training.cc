@@ -677,8 +677,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   // buckets) while the layers before it compute.
   // The step's loss sums start their allreduce as soon as they are known,
   // ahead of the gradients' buckets (every rank in the same order), and
-  // are complete once the buckets are (GradientBuckets::Finish waits for
-  // every allreduce started).
+  // are complete after the step's WaitAll (below, after the buckets').
   auto compute = [&](const Slot& s) -> absl::Status {
     net_->Forward(s.n, s.images.f32(), /*training=*/true);
     backend_->Fill(step_stats_.f32(), 2, 0);
