@@ -83,6 +83,11 @@ class HostMemory {
 struct Padding {
   int top = 0, left = 0, bottom = 0, right = 0;
   bool operator==(const Padding&) const = default;
+  // Whether each side pads as its opposite (all cuDNN can describe).
+  bool symmetric() const { return top == bottom && left == right; }
+  bool negative() const {
+    return top < 0 || left < 0 || bottom < 0 || right < 0;
+  }
 };
 
 struct ConvDesc {

@@ -77,12 +77,12 @@ class GpuConv final : public ConvKernel {
                            desc.out.ToString(), " (", desc.kh, "x", desc.kw,
                            ", stride ", desc.stride_h, "x", desc.stride_w,
                            ", pad ", desc.pad.top, ",", desc.pad.left,
-                           Asymmetric(desc.pad)
+                           !desc.pad.symmetric()
                                ? absl::StrCat(",", desc.pad.bottom, ",",
                                               desc.pad.right)
                                : "",
                            ")")),
-        padded_(Asymmetric(desc.pad)),
+        padded_(!desc.pad.symmetric()),
         x_shape_(padded_ ? Shape{desc.in.h + desc.pad.top + desc.pad.bottom,
                                  desc.in.w + desc.pad.left + desc.pad.right,
                                  desc.in.c}
@@ -95,8 +95,7 @@ class GpuConv final : public ConvKernel {
   }
 
   absl::Status Prepare(int max_batch) {
-    if (padded_ && (d_.pad.top < 0 || d_.pad.left < 0 || d_.pad.bottom < 0 ||
-                    d_.pad.right < 0)) {
+    if (padded_ && d_.pad.negative()) {
       return absl::InvalidArgumentError(
           absl::StrCat(name_, ": negative padding"));
     }
@@ -198,10 +197,6 @@ class GpuConv final : public ConvKernel {
   }
 
   int64_t Rows(int n) const { return int64_t{n} * d_.out.h * d_.out.w; }
-
-  static bool Asymmetric(const Padding& pad) {
-    return pad.top != pad.bottom || pad.left != pad.right;
-  }
 
   // Queues the zero-padded copy of x's n samples into scratch_; returns it.
   const float* Pad(int n, const float* x) {

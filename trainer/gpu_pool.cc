@@ -40,16 +40,14 @@ class GpuPool final : public PoolKernel {
                desc.pad.right == 0 && desc.kh * desc.kw <= 256 &&
                desc.out.h == desc.in.h / desc.kh &&
                desc.out.w == desc.in.w / desc.kw && desc.out.c == desc.in.c),
-        direct_(desc.pad.top != desc.pad.bottom ||
-                desc.pad.left != desc.pad.right),
+        direct_(!desc.pad.symmetric()),
         tensors_(max_batch + 1) {}
 
   absl::Status Prepare(int max_batch) {
     if (direct_) {
       // Our kernels read the shapes as given: check what cuDNN would.
       if (d_.kh < 1 || d_.kw < 1 || d_.stride_h < 1 || d_.stride_w < 1 ||
-          d_.pad.top < 0 || d_.pad.left < 0 || d_.pad.bottom < 0 ||
-          d_.pad.right < 0) {
+          d_.pad.negative()) {
         return absl::InvalidArgumentError(
             absl::StrCat(name_, ": a window, stride or padding out of range"));
       }

@@ -600,10 +600,6 @@ PoolDesc SamePool(PoolKind kind, Shape in, int k, int stride) {
   return d;
 }
 
-bool Asymmetric(const Padding& p) {
-  return p.top != p.bottom || p.left != p.right;
-}
-
 std::string PadString(const Padding& p) {
   return std::to_string(p.top) + "," + std::to_string(p.left) + "," +
          std::to_string(p.bottom) + "," + std::to_string(p.right);
@@ -620,7 +616,7 @@ TEST_F(GpuBackendTest, ConvolutionWithAsymmetricPaddingMatchesTheCpu) {
   for (const ConvDesc& d : descs) {
     SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString() + " pad " +
                  PadString(d.pad));
-    ASSERT_TRUE(Asymmetric(d.pad));
+    ASSERT_FALSE(d.pad.symmetric());
     ExpectConvAgrees(d, &seed, /*garbage=*/true);
   }
 }
@@ -645,7 +641,7 @@ TEST_F(GpuBackendTest, PoolingWithAsymmetricPaddingMatchesTheCpu) {
                    " " + std::to_string(d.kh) + "x" + std::to_string(d.kw) +
                    " stride " + std::to_string(d.stride_h) + " pad " +
                    PadString(d.pad));
-      ASSERT_TRUE(Asymmetric(d.pad));
+      ASSERT_FALSE(d.pad.symmetric());
       const int n = 3;
       Pair x = Random(n * d.in.size(), ++seed);
       Pair dy = Random(n * d.out.size(), ++seed);
@@ -661,7 +657,7 @@ TEST_F(GpuBackendTest, MaxPoolingWithAsymmetricPaddingTiesAndInference) {
                             SamePool(PoolKind::kMax, {8, 8, 4}, 3, 2),
                             SamePool(PoolKind::kMax, {6, 6, 3}, 4, 1)}) {
     SCOPED_TRACE(std::to_string(d.kh) + " pad " + PadString(d.pad));
-    ASSERT_TRUE(Asymmetric(d.pad));
+    ASSERT_FALSE(d.pad.symmetric());
     const int n = 2;
     Pair x = Ties(n * d.in.size(), 79);
     Pair dy = Random(n * d.out.size(), 80);
