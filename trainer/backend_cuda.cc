@@ -500,6 +500,12 @@ std::vector<CudaDeviceInfo> ListCudaDevices() {
     info.name = prop.name;
     info.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
     info.compute_capability = absl::StrCat(prop.major, ".", prop.minor);
+    const auto* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+    info.uuid = "GPU-";
+    for (int b = 0; b < 16; ++b) {
+      if (b == 4 || b == 6 || b == 8 || b == 10) info.uuid += '-';
+      absl::StrAppend(&info.uuid, absl::Hex(u[b], absl::kZeroPad2));
+    }
     out.push_back(std::move(info));
   }
   return out;

@@ -39,6 +39,9 @@ struct CudaDeviceInfo {
   std::string name;
   int64_t memory_bytes = 0;
   std::string compute_capability;  // "9.0"
+  // "GPU-8f3c2d1e-…" as nvidia-smi -L shows it: a name for the device in
+  // CUDA_VISIBLE_DEVICES that holds whatever the ordinals.
+  std::string uuid;
 };
 std::vector<CudaDeviceInfo> ListCudaDevices();
 

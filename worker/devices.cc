@@ -3,7 +3,10 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 #ifdef DLBATCH_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -48,6 +51,27 @@ std::vector<v1::Device> CpuSlots(int count) {
     slots.push_back(std::move(d));
   }
   return slots;
+}
+
+absl::StatusOr<std::string> ChildVisibleDevices(
+    absl::Span<const int32_t> indices, const char* inherited) {
+  if (inherited == nullptr) return absl::StrJoin(indices, ",");
+  std::vector<std::string> entries;
+  for (absl::string_view e : absl::StrSplit(inherited, ',')) {
+    entries.emplace_back(absl::StripAsciiWhitespace(e));
+  }
+  std::vector<std::string> chosen;
+  for (int32_t i : indices) {
+    if (i < 0 || static_cast<size_t>(i) >= entries.size() ||
+        entries[i].empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this worker's GPU ", i,
+          " is not in its own CUDA_VISIBLE_DEVICES (\"", inherited,
+          "\"); restart the worker with the GPUs it should offer"));
+    }
+    chosen.push_back(entries[i]);
+  }
+  return absl::StrJoin(chosen, ",");
 }
 
 int UsableCores() {

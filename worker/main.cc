@@ -55,7 +55,9 @@ int main(int argc, char** argv) {
   app.add_option("--cpu-slots", cpu_slots,
                  "CPU slots to offer when no GPU is used (default: the number of cores)")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--no-gpus", no_gpus, "Offer CPU slots even where GPUs are found");
+  app.add_flag("--no-gpus", no_gpus,
+               "Offer CPU slots even where GPUs are found (to offer some of the GPUs, "
+               "start the worker under CUDA_VISIBLE_DEVICES naming them)");
   app.add_option("--token-file", token_file,
                  "File holding the scheduler's token (or DLBATCH_TOKEN); TCP only");
   app.add_flag("--keep-job-dirs", keep, "Keep each job's working folder after it ends");

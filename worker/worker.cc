@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -14,6 +15,7 @@
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "worker/devices.h"
 #include "worker/train_job.h"
 #include "spdlog/spdlog.h"
 
@@ -568,6 +570,17 @@ void Worker::Prepare(int64_t key) {
   bool gpus = false;
   for (const auto& d : options_.devices) gpus |= d.kind() == "gpu";
   std::string devices = absl::StrJoin(start.devices(), ",");
+  std::string visible;
+  if (gpus) {
+    absl::StatusOr<std::string> v = ChildVisibleDevices(
+        start.devices(), std::getenv("CUDA_VISIBLE_DEVICES"));
+    if (!v.ok()) {
+      EndWithoutRunning(key, v1::JOB_STATE_FAILED,
+                        std::string(v.status().message()));
+      return;
+    }
+    visible = *std::move(v);
+  }
   sp.env.insert(sp.env.begin(), {
       {"DLBATCH_JOB_ID", absl::StrCat(start.job_id())},
       {"DLBATCH_ATTEMPT", absl::StrCat(start.attempt())},
@@ -576,8 +589,9 @@ void Worker::Prepare(int64_t key) {
       {"DLBATCH_PARTS", absl::StrCat(std::max(1, start.parts()))},
       {"DLBATCH_DEVICES", devices},
       {"DLBATCH_OUTPUT_DIR", out_dir},
-      // Exactly the job's GPUs; none at all on a worker of CPU slots.
-      {"CUDA_VISIBLE_DEVICES", gpus ? devices : ""},
+      // Exactly the job's GPUs (named as the worker's own
+      // CUDA_VISIBLE_DEVICES names them); none on a worker of CPU slots.
+      {"CUDA_VISIBLE_DEVICES", visible},
   });
   if (!gpus) sp.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(start.devices_size()));
   for (const auto& [k, v] : spec.env()) sp.env.emplace_back(k, v);

@@ -50,13 +50,15 @@ class GpuJobs : public ::testing::Test {
   void TearDown() override { unsetenv("XDG_CACHE_HOME"); }
 
   // A LeNet job of `pool` GPUs on the test's data; `options` are extra
-  // option lines, indented by four.
+  // option lines, indented by four; `submit` extra arguments of submit.
   int64_t SubmitLenet(const std::string& name, int pool,
-                      const std::string& options) {
-    return c_.Submit(c_.JobFile(
-        name + ".yaml",
-        LenetJob(data_, options,
-                 absl::StrCat("name: ", name, "\npool: ", pool, "\n"))));
+                      const std::string& options,
+                      std::vector<std::string> submit = {}) {
+    return c_.Submit(c_.JobFile(name + ".yaml",
+                                LenetJob(data_, options,
+                                         absl::StrCat("name: ", name,
+                                                      "\npool: ", pool, "\n"))),
+                     std::move(submit));
   }
 
   std::string Diary(int64_t id) {
@@ -233,6 +235,59 @@ TEST_F(GpuJobs, ACancelledGpuJobFreesItsGpuForTheNextJob) {
   ASSERT_EQ(wait.code, 0) << wait.out << Diary(next) << c_.Logs();
   EXPECT_NE(Diary(next).find("Training on gpu 0: "), std::string::npos)
       << Diary(next);
+}
+
+// A worker given some of a machine's GPUs by CUDA_VISIBLE_DEVICES, as a
+// node's GPUs are shared out between workers, numbers those from 0. Its
+// jobs must get those GPUs, not the machine's GPUs of the same numbers.
+// Here the worker is given the machine's last GPU by its UUID: its GPU 0,
+// which a job sees only if CUDA_VISIBLE_DEVICES names it by that UUID too.
+TEST_F(GpuJobs, AWorkerGivenSomeOfTheGpusHandsItsJobsThoseGpus) {
+  const trainer::CudaDeviceInfo& last = gpus_.back();
+  ASSERT_EQ(last.uuid.rfind("GPU-", 0), 0u) << last.uuid;
+  // Only the worker inherits it: this process's CUDA runtime has started.
+  setenv("CUDA_VISIBLE_DEVICES", last.uuid.c_str(), 1);
+  c_.StartWorker("last", 0, "last-gpu");
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  ASSERT_TRUE(c_.WaitWorkers(2)) << c_.Logs();
+
+  nlohmann::json j =
+      nlohmann::json::parse(c_.Cli({"workers", "--json"}).out, nullptr, false);
+  ASSERT_TRUE(j.is_object());
+  const nlohmann::json* worker = nullptr;
+  for (const nlohmann::json& w : j["workers"]) {
+    if (w.value("name", "") == "last") worker = &w;
+  }
+  ASSERT_NE(worker, nullptr) << j.dump();
+  ASSERT_EQ((*worker)["devices"].size(), 1u) << worker->dump();
+  EXPECT_EQ(JsonInt((*worker)["devices"][0], "index"), 0);
+  EXPECT_EQ((*worker)["devices"][0].value("name", ""), last.name);
+
+  // A command job sees its GPU by the name the worker was given it by.
+  const int64_t env =
+      c_.Submit(c_.JobFile("visible.yaml",
+                           "name: visible\ncommand: [sh, -c, 'echo "
+                           "visible=$CUDA_VISIBLE_DEVICES.']\n"),
+                {"--profile", "last-gpu"});
+  Result waited = c_.Cli({"wait", std::to_string(env)}, {}, 60000);
+  ASSERT_EQ(waited.code, 0) << waited.out << Diary(env) << c_.Logs();
+  EXPECT_NE(Diary(env).find(absl::StrCat("visible=", last.uuid, ".")),
+            std::string::npos)
+      << Diary(env);
+
+  // And a train job trains on it.
+  const int64_t id =
+      SubmitLenet("lenet-last", 1, R"(    execution_environment: gpu
+    mini_batch_size: 64
+    max_iterations: 30
+    verbose_frequency: 10
+)",
+                  {"--profile", "last-gpu"});
+  Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 120000);
+  ASSERT_EQ(wait.code, 0) << wait.out << Diary(id) << c_.Logs();
+  EXPECT_NE(Diary(id).find(absl::StrCat("Training on gpu 0: ", last.name)),
+            std::string::npos)
+      << Diary(id);
 }
 
 // NCCL through the scheduler: the ranks of one job on the worker's GPUs
