@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "tests/integration/harness.h"
 #include "trainer/backend_cuda.h"
 #include "trainer/checkpoint.h"
@@ -288,6 +289,52 @@ TEST_F(GpuJobs, AWorkerGivenSomeOfTheGpusHandsItsJobsThoseGpus) {
   EXPECT_NE(Diary(id).find(absl::StrCat("Training on gpu 0: ", last.name)),
             std::string::npos)
       << Diary(id);
+}
+
+// A mini-batch whose activations cannot fit in the GPU's memory (one
+// convolution's output alone is 60000 x 1024 x 28 x 28 floats, 193 GB,
+// beyond an H100's 80 and an H200's 141) fails the job, saying what to
+// change, and leaves the GPU free.
+TEST_F(GpuJobs, AMiniBatchTooLargeForTheGpuFailsTheJobSayingWhatToChange) {
+  const std::string yaml = absl::StrReplaceAll(R"(name: too-large
+train:
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: conv, filters: 1024, size: 3, padding: same}
+      - {type: relu}
+      - {type: fc, units: 10}
+      - {type: softmax}
+  data:
+    train: {format: idx, images: DATA/train-images-idx3-ubyte.gz, labels: DATA/train-labels-idx1-ubyte.gz}
+  options:
+    execution_environment: gpu
+    mini_batch_size: 60000
+    max_iterations: 2
+)",
+                                               {{"DATA", data_}});
+  const int64_t id = c_.Submit(c_.JobFile("too-large.yaml", yaml));
+  Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 180000);
+  EXPECT_NE(wait.code, 0) << wait.out;
+  nlohmann::json show = c_.ShowJson(id);
+  EXPECT_EQ(show.value("state", ""), "JOB_STATE_FAILED") << show.dump();
+  const std::string reason = show.value("reason", "");
+  EXPECT_NE(reason.find("use a smaller mini_batch_size"), std::string::npos)
+      << reason << "\n"
+      << Diary(id) << c_.Logs();
+  // The trainer's failure, not a lost worker: not retried.
+  EXPECT_EQ(JsonInt(show, "attempt"), 1);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        nlohmann::json j = nlohmann::json::parse(
+            c_.Cli({"workers", "--json"}).out, nullptr, false);
+        return j.is_object() && j["workers"].size() == 1 &&
+               j["workers"][0].value("online", false) &&
+               JsonInt(j["workers"][0], "free_slots") ==
+                   static_cast<int64_t>(gpus_.size());
+      },
+      30000))
+      << c_.Cli({"workers"}).out;
 }
 
 // NCCL through the scheduler: the ranks of one job on the worker's GPUs
