@@ -172,7 +172,8 @@ class CpuBackend final : public Backend {
     void* data = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
     if (data == nullptr) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+          absl::StrCat("cannot allocate ", bytes,
+                       " bytes of host memory; use a smaller mini_batch_size"));
     }
     std::memset(data, 0, rounded);
     return Buffer(this, data, bytes);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/files.h"
 #include "trainer/layers.h"
 #include "trainer/rng.h"
 
@@ -121,6 +122,16 @@ std::string NextActivation(const v1::NetworkSpec& spec, int i) {
 
 }  // namespace
 
+absl::Status ParameterMemoryError(const Backend& backend, int64_t floats,
+                                  const std::string& what) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "cannot allocate ",
+      HumanBytes(floats * static_cast<int64_t>(sizeof(float))), " of ",
+      backend.on_gpu() ? "device" : "host", " memory for ", what,
+      "; they grow with the network, not the mini-batch: use fewer filters or "
+      "units"));
+}
+
 absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     const v1::NetworkSpec& spec, Backend* backend, int max_batch,
     Communicator* communicator) {
@@ -223,9 +234,19 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     *out = *std::move(b);
     return absl::OkStatus();
   };
-  if (auto s = allocate(net->num_params_, &net->params_); !s.ok()) return s;
-  if (auto s = allocate(net->num_params_, &net->grads_); !s.ok()) return s;
-  if (auto s = allocate(net->state_size_, &net->state_); !s.ok()) return s;
+  // Sized by the network, not the mini-batch.
+  if (!allocate(net->num_params_, &net->params_).ok()) {
+    return ParameterMemoryError(*backend, net->num_params_,
+                                "the network's weights");
+  }
+  if (!allocate(net->num_params_, &net->grads_).ok()) {
+    return ParameterMemoryError(*backend, net->num_params_,
+                                "the network's gradients");
+  }
+  if (!allocate(net->state_size_, &net->state_).ok()) {
+    return ParameterMemoryError(*backend, net->state_size_,
+                                "the normalisation layers' running statistics");
+  }
   int64_t largest = net->input_.size();
   for (const LayerPlan& plan : plans) {
     largest = std::max(largest, plan.info.out.size());

@@ -135,6 +135,13 @@ class Network {
   virtual absl::Status collective_status() const = 0;
 };
 
+// The error for memory that the network's parameters need (`floats` floats
+// for `what`: "the network's weights", "the solver's state"...) and that
+// `backend` cannot give. Unlike activations they do not shrink with the
+// mini-batch, so it says to make the network smaller instead.
+absl::Status ParameterMemoryError(const Backend& backend, int64_t floats,
+                                  const std::string& what);
+
 }  // namespace dlbatch::trainer
 
 #endif  // DLBATCH_TRAINER_NETWORK_H_

@@ -11,7 +11,14 @@ absl::StatusOr<std::unique_ptr<Solver>> Solver::Create(const Options& options,
   auto buffer = backend->Allocate(
       static_cast<size_t>(std::max<int64_t>(1, solver->state_size_)) *
       sizeof(float));
-  if (!buffer.ok()) return buffer.status();
+  if (!buffer.ok()) {
+    const char* what = options.solver == SolverKind::kAdam
+                           ? "the solver's state (adam's two moments)"
+                       : options.solver == SolverKind::kRmsprop
+                           ? "the solver's state (rmsprop's mean squares)"
+                           : "the solver's state (sgdm's velocities)";
+    return ParameterMemoryError(*backend, solver->state_size_, what);
+  }
   solver->state_ = std::move(buffer).value();
   return solver;
 }

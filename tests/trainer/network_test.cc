@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -177,6 +178,29 @@ TEST_F(NetworkTest, RefusesBadNetworksWithMessagesThatNameTheLayer) {
   EXPECT_THAT(s.message(), HasSubstr("layers[0] (maxpool 'maxpool_1')"));
   EXPECT_THAT(s.message(), HasSubstr("[3, 3, 2]"));
   EXPECT_FALSE(Network::Build(LeNet(), backend_.get(), 0).ok());
+}
+
+// Parameters that cannot be allocated: the error says the network, not the
+// mini-batch, is too large (785 x 2e8 weights and biases are 628 GB).
+TEST_F(NetworkTest, ParametersBeyondMemoryAreAnErrorThatSaysToShrinkTheNetwork) {
+  // Where the kernel grants every allocation (vm.overcommit_memory 1) this
+  // one would succeed, and zeroing it would exhaust the machine.
+  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
+  int mode = -1;
+  overcommit >> mode;
+  if (mode == 1) {
+    GTEST_SKIP() << "vm.overcommit_memory is 1: a 628 GB allocation would "
+                    "succeed here";
+  }
+  absl::Status s =
+      Network::Build(Net({28, 28, 1}, {Fc(200000000), L("softmax")}),
+                     backend_.get(), 1)
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr("cannot allocate 628.0 GB of host memory for the "
+                        "network's weights"));
+  EXPECT_THAT(s.message(), HasSubstr("use fewer filters or units"));
 }
 
 TEST_F(NetworkTest, InitializeIsReproducibleAndScaledAsDocumented) {
