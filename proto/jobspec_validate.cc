@@ -447,6 +447,19 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       return Invalid(path, "a variable name cannot contain '=' or NUL");
     }
     if (HasNul(value)) return Invalid(path, "the value contains a NUL byte");
+    // What the worker sets for each job: a job's own value would win, and
+    // CUDA_VISIBLE_DEVICES would reach GPUs other jobs were given.
+    if (name == "CUDA_VISIBLE_DEVICES") {
+      return Invalid(path,
+                     "the worker sets it to the GPUs the job is given; remove "
+                     "it (the pool says how many GPUs a job gets)");
+    }
+    if (IsOneOf(name, {"DLBATCH_JOB_ID", "DLBATCH_ATTEMPT", "DLBATCH_POOL",
+                       "DLBATCH_PART", "DLBATCH_PARTS", "DLBATCH_DEVICES",
+                       "DLBATCH_OUTPUT_DIR", "DLBATCH_RENDEZVOUS",
+                       "DLBATCH_RENDEZVOUS_SECRET"})) {
+      return Invalid(path, "the worker sets it for each job; use another name");
+    }
   }
   switch (spec.program_case()) {
     case v1::JobSpec::kCommand:

@@ -57,6 +57,16 @@ TEST_F(BadInput, PoolBeyondTheProfileSaysItsSize) {
   EXPECT_EQ(c_.Cli({"jobs", "--json"}).out.find("\"id\""), std::string::npos);
 }
 
+// A job cannot pick its own GPUs (or other jobs') by setting what the
+// worker sets for it.
+TEST_F(BadInput, AJobCannotSetCudaVisibleDevices) {
+  Result r = SubmitYaml("env: {CUDA_VISIBLE_DEVICES: \"0,1\"}\ncommand: [true]\n");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("env.CUDA_VISIBLE_DEVICES: the worker sets it"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(c_.Cli({"jobs", "--json"}).out.find("\"id\""), std::string::npos);
+}
+
 // The workers of `local` here offer CPU slots: a train job asking for GPUs
 // could only fail where it started. (With a profile that has GPUs the
 // message names it: scheduler_test.)

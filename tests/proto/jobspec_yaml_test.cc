@@ -16,6 +16,7 @@
 namespace dlbatch {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -429,6 +430,21 @@ TEST(JobYamlErrors, EnvValueMustBeGiven) {
               StartsWith("job.yaml:3:3: env.FOO: has no value"));
   EXPECT_THAT(ParseError("command: [ls]\nenv: [A=1]\n"),
               HasSubstr("env: expected a mapping"));
+}
+
+TEST(JobYamlErrors, EnvCannotSetWhatTheWorkerSets) {
+  EXPECT_THAT(
+      ParseError("command: [ls]\nenv:\n  CUDA_VISIBLE_DEVICES: \"3\"\n"),
+      AllOf(StartsWith("job.yaml:3:3: env.CUDA_VISIBLE_DEVICES: the "
+                       "worker sets it to the GPUs the job is given"),
+            HasSubstr("remove it")));
+  EXPECT_THAT(ParseError("command: [ls]\nenv: {DLBATCH_OUTPUT_DIR: /tmp}\n"),
+              HasSubstr("env.DLBATCH_OUTPUT_DIR: the worker sets it for each "
+                        "job; use another name"));
+  // The trainer's own switches may be set.
+  EXPECT_TRUE(ParseJobYaml("command: [ls]\nenv: {DLBATCH_CUDA_GRAPHS: \"1\"}\n",
+                           "job.yaml")
+                  .ok());
 }
 
 TEST(JobYamlErrors, NegativeAndZeroPool) {
