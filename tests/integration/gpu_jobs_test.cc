@@ -62,6 +62,20 @@ class GpuJobs : public ::testing::Test {
                      std::move(submit));
   }
 
+  // Waits until the one worker is online with every GPU free again.
+  bool WaitAllGpusFree() {
+    return WaitFor(
+        [&] {
+          nlohmann::json j = nlohmann::json::parse(
+              c_.Cli({"workers", "--json"}).out, nullptr, false);
+          return j.is_object() && j["workers"].size() == 1 &&
+                 j["workers"][0].value("online", false) &&
+                 JsonInt(j["workers"][0], "free_slots") ==
+                     static_cast<int64_t>(gpus_.size());
+        },
+        30000);
+  }
+
   std::string Diary(int64_t id) {
     return c_.Cli({"diary", std::to_string(id)}).out;
   }
@@ -216,16 +230,7 @@ TEST_F(GpuJobs, ACancelledGpuJobFreesItsGpuForTheNextJob) {
       << c_.ShowJson(long_job).dump() << c_.Logs();
 
   // Every GPU of the worker is free again, and the next job trains on one.
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        nlohmann::json j = nlohmann::json::parse(
-            c_.Cli({"workers", "--json"}).out, nullptr, false);
-        return j.is_object() && j["workers"].size() == 1 &&
-               JsonInt(j["workers"][0], "free_slots") ==
-                   static_cast<int64_t>(gpus_.size());
-      },
-      30000))
-      << c_.Cli({"workers"}).out;
+  ASSERT_TRUE(WaitAllGpusFree()) << c_.Cli({"workers"}).out;
   const int64_t next = SubmitLenet("next", static_cast<int>(gpus_.size()),
                                    R"(    execution_environment: multi-gpu
     mini_batch_size: 64
@@ -324,17 +329,7 @@ train:
       << Diary(id) << c_.Logs();
   // The trainer's failure, not a lost worker: not retried.
   EXPECT_EQ(JsonInt(show, "attempt"), 1);
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        nlohmann::json j = nlohmann::json::parse(
-            c_.Cli({"workers", "--json"}).out, nullptr, false);
-        return j.is_object() && j["workers"].size() == 1 &&
-               j["workers"][0].value("online", false) &&
-               JsonInt(j["workers"][0], "free_slots") ==
-                   static_cast<int64_t>(gpus_.size());
-      },
-      30000))
-      << c_.Cli({"workers"}).out;
+  ASSERT_TRUE(WaitAllGpusFree()) << c_.Cli({"workers"}).out;
 }
 
 // NCCL through the scheduler: the ranks of one job on the worker's GPUs
