@@ -27,6 +27,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "trainer/placement.h"
 #include "trainer/shape.h"
 
 namespace dlbatch::trainer {
@@ -299,6 +300,15 @@ class Backend {
     (void)token;
     return true;
   }
+  // Images from bytes (BatchLoader::Options::bytes): `n` samples of
+  // `shape`, 8-bit NHWC as the data set holds them, each placed by
+  // placements[i] (placement.h; null: as they are) into `out`, a value v of
+  // channel c becoming v * scale_bias[c] + scale_bias[shape.c + c] (a
+  // multiply, then an add, each rounded) and a fill position the bias: what
+  // the batch loader makes on the host (PrepareBatch), bit for bit.
+  virtual void PrepareImages(int n, const Shape& shape, const uint8_t* pixels,
+                             const SamplePlacement* placements,
+                             const float* scale_bias, float* out) = 0;
 
   // --- recording (CUDA graphs) ---
   // Whether StartRecording can succeed: a GPU; the CPU runs calls as they

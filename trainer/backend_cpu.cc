@@ -284,6 +284,12 @@ class CpuBackend final : public Backend {
     const double norm = std::sqrt(SumSquares(count, x));
     if (norm > threshold) Scale(count, static_cast<float>(threshold / norm), x);
   }
+  void PrepareImages(int n, const Shape& shape, const uint8_t* pixels,
+                     const SamplePlacement* placements, const float* scale_bias,
+                     float* out) override {
+    ctx_.Enter();
+    cpu::PrepareImages(n, shape, pixels, placements, scale_bias, out);
+  }
 
  private:
   cpu::Context ctx_;

@@ -267,6 +267,9 @@ void DropoutForward(float p, uint64_t seed, int64_t count, const float* x,
 void Multiply(int64_t count, const float* a, const float* b, float* out);
 void Fill(float* x, int64_t count, float value);
 void Scale(int64_t count, float alpha, float* x);
+void PrepareImages(int n, const Shape& shape, const uint8_t* pixels,
+                   const SamplePlacement* placements, const float* scale_bias,
+                   float* out);
 double SumSquares(int64_t count, const float* x);
 void SoftmaxCrossEntropy(int n, int classes, const float* logits,
                          const int32_t* labels, float* probs, float* stats);

@@ -58,6 +58,35 @@ void Scale(int64_t count, float alpha, float* x) {
   for (int64_t i = 0; i < count; ++i) x[i] *= alpha;
 }
 
+void PrepareImages(int n, const Shape& shape, const uint8_t* pixels,
+                   const SamplePlacement* placements, const float* scale_bias,
+                   float* out) {
+  const int h = shape.h, w = shape.w, c = shape.c;
+  const float* scale = scale_bias;
+  const float* bias = scale_bias + c;
+#pragma omp parallel for schedule(static) if (int64_t{n} * shape.size() > \
+                                              kParallelMin)
+  for (int i = 0; i < n; ++i) {
+    const uint8_t* src = pixels + i * shape.size();
+    float* dst = out + i * shape.size();
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x, dst += c) {
+        const int sy = placements ? SourceAt(placements[i].y, y, h) : y;
+        const int sx = placements ? SourceAt(placements[i].x, x, w) : x;
+        if (sy < 0 || sx < 0) {
+          for (int k = 0; k < c; ++k) dst[k] = bias[k];
+          continue;
+        }
+        const uint8_t* v = src + (int64_t{sy} * w + sx) * c;
+        for (int k = 0; k < c; ++k) {
+          const float scaled = static_cast<float>(v[k]) * scale[k];
+          dst[k] = scaled + bias[k];
+        }
+      }
+    }
+  }
+}
+
 double SumSquares(int64_t count, const float* x) {
   double sum = 0;
 #pragma omp parallel for simd schedule(static) reduction(+ : sum) \

@@ -457,6 +457,12 @@ class CudaBackend final : public Backend {
     LaunchSumSquares(ctx_.stream, count, x, sum_partial_, sum);
     LaunchScaleToNorm(ctx_.stream, count, threshold, sum, x);
   }
+  void PrepareImages(int n, const Shape& shape, const uint8_t* pixels,
+                     const SamplePlacement* placements, const float* scale_bias,
+                     float* out) override {
+    LaunchPrepareImages(ctx_.stream, n, shape.h, shape.w, shape.c, pixels,
+                        placements, scale_bias, out);
+  }
 
  private:
   Context ctx_;

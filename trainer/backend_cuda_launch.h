@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "trainer/placement.h"
+
 namespace dlbatch::trainer::gpu {
 
 // Ends the process with the failed call, its file and line (backend.h: a
@@ -119,6 +121,12 @@ void LaunchMaxPoolTiledBackward(cudaStream_t stream, int n, int h, int w, int c,
                                 int kh, int kw, int oh, int ow,
                                 const uint8_t* argmax, const float* dy,
                                 float* dx);
+// out (n, h, w, c) = pixels (n, h, w, c; bytes) placed and scaled as
+// Backend::PrepareImages says; placements may be null.
+void LaunchPrepareImages(cudaStream_t stream, int n, int h, int w, int c,
+                         const uint8_t* pixels,
+                         const SamplePlacement* placements,
+                         const float* scale_bias, float* out);
 // --- batch normalisation (gpu_batchnorm_kernels.cu) ---
 // Activations are `rows` = n * h * w positions of `c` channels (NHWC);
 // `positions` = h * w. The passes are SyncBatchNormKernel's (backend.h);

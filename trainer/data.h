@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "dlbatch/v1/job.pb.h"
+#include "trainer/placement.h"
 #include "trainer/shape.h"
 
 namespace dlbatch::trainer {
@@ -42,6 +43,11 @@ struct Normalization {
 };
 // Per-channel mean and standard deviation of the scaled pixels.
 Normalization ComputeNormalization(const Dataset& data);
+// What a pixel value v of channel c becomes: v * scale[c] + bias[c] (one
+// multiply, then one add, each rounded), scale[c] at [c] and bias[c] at
+// [channels + c]; a fill position (translation, crop padding) is bias[c].
+// What Backend::PrepareImages takes.
+std::vector<float> ScaleAndBias(const Normalization& norm, int channels);
 
 // The order in which an epoch visits the samples: `shuffle` is "never"
 // (0..count-1), "once" (one permutation, epoch 0's, for every epoch) or
@@ -58,14 +64,21 @@ struct BatchRequest {
   bool augment = false;
 };
 
-// A prepared batch: images scaled/normalised (and augmented where asked),
-// NHWC floats, host memory.
+// A prepared batch, host memory: images scaled/normalised (and augmented
+// where asked), NHWC floats; or, from a loader whose Options::bytes is set,
+// the samples' bytes as the data set holds them and where augmentation puts
+// them, for Backend::PrepareImages to finish on the device.
 struct Batch {
   int64_t epoch = 0;
   int64_t iteration = 0;
   int n = 0;
-  std::vector<float> images;   // n * shape.size()
+  std::vector<float> images;    // n * shape.size(); empty with bytes
   std::vector<int32_t> labels;  // n
+  // Options::bytes only: n * shape.size() bytes, and n placements where
+  // the batch is augmented (none where it is not: the samples stay as
+  // they are).
+  std::vector<uint8_t> pixels;
+  std::vector<SamplePlacement> placements;
 };
 
 // Prepares the requests it is given, in order, on its own thread, up to
@@ -85,6 +98,10 @@ class BatchLoader {
     Normalization normalization;
     uint64_t seed = 0;
     int depth = 3;
+    // Hand over bytes and placements instead of floats (Batch): a GPU
+    // converts and augments on the device, and copies a quarter of the
+    // bytes to it.
+    bool bytes = false;
   };
   // `data` must outlive the loader.
   static std::unique_ptr<BatchLoader> Start(const Dataset* data,

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -44,18 +45,11 @@ struct PixelMap {
 };
 
 PixelMap MakePixelMap(const Normalization& norm, int channels) {
-  Require(
-      norm.mean.empty() || (static_cast<int>(norm.mean.size()) == channels &&
-                            norm.std.size() == norm.mean.size()),
-      "normalization needs one mean and one std per channel");
   PixelMap map;
   map.channels = channels;
-  map.scale.assign(channels, 1.0f / 255.0f);
-  map.bias.assign(channels, 0.0f);
-  for (int c = 0; c < static_cast<int>(norm.mean.size()); ++c) {
-    map.scale[c] = static_cast<float>(1.0 / (255.0 * norm.std[c]));
-    map.bias[c] = static_cast<float>(-norm.mean[c] / double{norm.std[c]});
-  }
+  const std::vector<float> scale_bias = ScaleAndBias(norm, channels);
+  map.scale.assign(scale_bias.begin(), scale_bias.begin() + channels);
+  map.bias.assign(scale_bias.begin() + channels, scale_bias.end());
   map.periodic = channels > 0 && PixelMap::kRun % channels == 0;
   if (map.periodic) {
     for (int k = 0; k < PixelMap::kRun; ++k) {
@@ -145,26 +139,16 @@ int Shift(int n, float u) {
 
 // One axis of a sample's augmentation: reflect, then translate by
 // `translation` (zero fill), then pad by P and crop back (a second shift by
-// `crop` in [-P, P], again filling with zeros). Output positions [lo, hi)
-// hold image pixels; the rest are fill.
-struct AxisPlan {
-  bool reflect = false;
-  int shift = 0;  // translation + crop
-  int lo = 0;
-  int hi = 0;
-
-  AxisPlan(int size, bool reflected, int translation, int crop)
-      : reflect(reflected), shift(translation + crop) {
-    lo = std::max({0, crop, shift});
-    hi = std::min({size, size + crop, size + shift});
-    if (hi < lo) hi = lo;
-  }
-  // Where output position `x` (in [lo, hi)) reads from.
-  int Source(int x, int size) const {
-    const int s = x - shift;
-    return reflect ? size - 1 - s : s;
-  }
-};
+// `crop` in [-P, P], again filling with zeros).
+AxisPlacement PlaceAxis(int size, bool reflect, int translation, int crop) {
+  AxisPlacement a;
+  a.reflect = reflect ? 1 : 0;
+  a.shift = translation + crop;
+  a.lo = std::max({0, crop, a.shift});
+  a.hi = std::min({size, size + crop, size + a.shift});
+  if (a.hi < a.lo) a.hi = a.lo;
+  return a;
+}
 
 // Uniform draw positions of a sample's stream; fixed, so that enabling one
 // kind of augmentation never changes the draws of another.
@@ -177,42 +161,49 @@ enum Draw : uint64_t {
   kDrawCropY = 5,
 };
 
-void AugmentSample(const uint8_t* src, const Shape& shape,
-                   const v1::Augmentation& aug, uint64_t key,
-                   const PixelMap& map, float* dst) {
-  const int c = shape.c;
+SamplePlacement PlaceSample(const Shape& shape, const v1::Augmentation& aug,
+                            uint64_t key) {
   const bool reflect_x =
       aug.random_x_reflection() && UniformAt(key, kDrawReflectX) < 0.5f;
   const bool reflect_y =
       aug.random_y_reflection() && UniformAt(key, kDrawReflectY) < 0.5f;
-  const AxisPlan x_plan(
+  SamplePlacement p;
+  p.x = PlaceAxis(
       shape.w, reflect_x,
       Shift(aug.random_x_translation(), UniformAt(key, kDrawTranslateX)),
       Shift(aug.random_crop_padding(), UniformAt(key, kDrawCropX)));
-  const AxisPlan y_plan(
+  p.y = PlaceAxis(
       shape.h, reflect_y,
       Shift(aug.random_y_translation(), UniformAt(key, kDrawTranslateY)),
       Shift(aug.random_crop_padding(), UniformAt(key, kDrawCropY)));
+  return p;
+}
+
+// Writes the sample `src` placed by `p` (SourceAt, a row at a time).
+void PlaceSampleValues(const uint8_t* src, const Shape& shape,
+                       const SamplePlacement& p, const PixelMap& map,
+                       float* dst) {
+  const int c = shape.c;
   const int64_t row = int64_t{shape.w} * c;
   for (int y = 0; y < shape.h; ++y) {
     float* out = dst + y * row;
-    if (y < y_plan.lo || y >= y_plan.hi) {
+    const int source_y = SourceAt(p.y, y, shape.h);
+    if (source_y < 0) {
       Fill(out, shape.w, map);
       continue;
     }
-    const uint8_t* in = src + y_plan.Source(y, shape.h) * row;
-    Fill(out, x_plan.lo, map);
-    if (x_plan.hi > x_plan.lo) {
-      const uint8_t* first =
-          in + int64_t{x_plan.Source(x_plan.lo, shape.w)} * c;
-      float* to = out + int64_t{x_plan.lo} * c;
-      if (x_plan.reflect) {
-        ConvertReversed(first, to, x_plan.hi - x_plan.lo, map);
+    const uint8_t* in = src + source_y * row;
+    Fill(out, p.x.lo, map);
+    if (p.x.hi > p.x.lo) {
+      const uint8_t* first = in + int64_t{SourceAt(p.x, p.x.lo, shape.w)} * c;
+      float* to = out + int64_t{p.x.lo} * c;
+      if (p.x.reflect != 0) {
+        ConvertReversed(first, to, p.x.hi - p.x.lo, map);
       } else {
-        ConvertRun(first, to, x_plan.hi - x_plan.lo, map);
+        ConvertRun(first, to, p.x.hi - p.x.lo, map);
       }
     }
-    Fill(out + int64_t{x_plan.hi} * c, shape.w - x_plan.hi, map);
+    Fill(out + int64_t{p.x.hi} * c, shape.w - p.x.hi, map);
   }
 }
 
@@ -242,9 +233,14 @@ Batch Prepare(const Dataset& data, const BatchLoader::Options& options,
   batch.iteration = request.iteration;
   batch.n = static_cast<int>(request.indices.size());
   const int64_t size = data.shape.size();
-  batch.images.resize(batch.n * size);
+  if (options.bytes) {
+    batch.pixels.resize(batch.n * size);
+  } else {
+    batch.images.resize(batch.n * size);
+  }
   batch.labels.resize(batch.n);
   const bool augment = request.augment && AnyAugmentation(options.augmentation);
+  if (augment && options.bytes) batch.placements.resize(batch.n);
   for (int64_t index : request.indices) {
     Require(index >= 0 && index < data.count,
             "a batch request's sample index is outside the data set");
@@ -260,13 +256,22 @@ Batch Prepare(const Dataset& data, const BatchLoader::Options& options,
     }
     const int64_t index = request.indices[i];
     const uint8_t* src = data.pixels.data() + index * size;
-    float* dst = batch.images.data() + i * size;
     batch.labels[i] = data.labels[index];
+    SamplePlacement placement{};
     if (augment) {
       const uint64_t key =
           Key(options.seed, static_cast<uint64_t>(request.epoch),
               static_cast<uint64_t>(index));
-      AugmentSample(src, data.shape, options.augmentation, key, map, dst);
+      placement = PlaceSample(data.shape, options.augmentation, key);
+    }
+    if (options.bytes) {
+      std::memcpy(batch.pixels.data() + i * size, src, size);
+      if (augment) batch.placements[i] = placement;
+      continue;
+    }
+    float* dst = batch.images.data() + i * size;
+    if (augment) {
+      PlaceSampleValues(src, data.shape, placement, map, dst);
     } else {
       ConvertRun(src, dst, data.shape.h * int64_t{data.shape.w}, map);
     }
@@ -371,6 +376,23 @@ class ThreadedBatchLoader final : public BatchLoader {
 std::unique_ptr<BatchLoader> BatchLoader::Start(const Dataset* data,
                                                 Options options) {
   return std::make_unique<ThreadedBatchLoader>(data, std::move(options));
+}
+
+std::vector<float> ScaleAndBias(const Normalization& norm, int channels) {
+  Require(
+      norm.mean.empty() || (static_cast<int>(norm.mean.size()) == channels &&
+                            norm.std.size() == norm.mean.size()),
+      "normalization needs one mean and one std per channel");
+  std::vector<float> scale_bias(2 * channels, 0.0f);
+  for (int c = 0; c < channels; ++c) {
+    scale_bias[c] = 1.0f / 255.0f;
+    if (c < static_cast<int>(norm.mean.size())) {
+      scale_bias[c] = static_cast<float>(1.0 / (255.0 * norm.std[c]));
+      scale_bias[channels + c] =
+          static_cast<float>(-norm.mean[c] / double{norm.std[c]});
+    }
+  }
+  return scale_bias;
 }
 
 Batch PrepareBatch(const Dataset& data, const BatchLoader::Options& options,

@@ -12,7 +12,8 @@
 //
 // And what cuDNN cannot do: pooling with asymmetric padding (`same` with an
 // even window or a stride over an even size) and the zero-padded copy that
-// lets cuDNN's symmetric convolution run such a layer.
+// lets cuDNN's symmetric convolution run such a layer; and a batch's images
+// from the data set's bytes, scaled, normalised and augmented (placed).
 //
 // Kernels whose index arithmetic is a template parameter run it in int32
 // where every index of their arrays fits (FitsInt32, decided by the
@@ -32,6 +33,7 @@
 
 #include "trainer/backend_cuda_grid.h"
 #include "trainer/backend_cuda_launch.h"
+#include "trainer/placement.h"
 
 namespace dlbatch::trainer::gpu {
 namespace {
@@ -309,6 +311,34 @@ __global__ void PoolPaddedBackwardKernel(int64_t count, bool is_max, int h,
   }
 }
 
+// One thread per output value (sample, y, x, channel): the source byte
+// SourceAt names, times the channel's scale plus its bias (rounded after
+// each, as the host's loader computes it: no fused multiply-add), or the
+// bias where the position is fill. Null placements: every sample as it is.
+template <typename Index>
+__global__ void PrepareImagesKernel(int64_t count, int h, int w, int c,
+                                    const uint8_t* __restrict__ pixels,
+                                    const SamplePlacement* __restrict__ placed,
+                                    const float* __restrict__ scale_bias,
+                                    float* __restrict__ out) {
+  DLBATCH_GRID_STRIDE(i, count) {
+    const auto [sample, y, x, channel] =
+        Coordinates(static_cast<Index>(i), h, w, c);
+    const float bias = scale_bias[c + channel];
+    int sy = y, sx = x;
+    if (placed != nullptr) {
+      sy = SourceAt(placed[sample].y, y, h);
+      sx = SourceAt(placed[sample].x, x, w);
+      if (sy < 0 || sx < 0) {
+        out[i] = bias;
+        continue;
+      }
+    }
+    const float v = pixels[((sample * h + sy) * w + sx) * c + channel];
+    out[i] = __fadd_rn(__fmul_rn(v, scale_bias[channel]), bias);
+  }
+}
+
 int BiasGradChunks(int64_t rows) {
   // About 1024 rows a chunk (up to kBiasGradMaxChunks chunks): enough
   // blocks to keep the device busy, few partial sums to finish.
@@ -407,6 +437,18 @@ void LaunchPoolPaddedBackward(cudaStream_t stream, bool is_max, int n, int h,
                          std::max(count, int64_t{n} * oh * ow * c), count,
                          stream, count, is_max, h, w, c, kh, kw, sh, sw, top,
                          left, oh, ow, argmax, dy, dx);
+}
+
+// --- a batch's images from bytes ---
+
+void LaunchPrepareImages(cudaStream_t stream, int n, int h, int w, int c,
+                         const uint8_t* pixels,
+                         const SamplePlacement* placements,
+                         const float* scale_bias, float* out) {
+  const int64_t count = int64_t{n} * h * w * c;
+  if (count <= 0) return;
+  DLBATCH_LAUNCH_INDEXED(PrepareImagesKernel, count, count, stream, count, h, w,
+                         c, pixels, placements, scale_bias, out);
 }
 
 }  // namespace dlbatch::trainer::gpu

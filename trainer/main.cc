@@ -178,7 +178,9 @@ int main(int argc, char** argv) {
       "On a GPU, DLBATCH_CUDNN_DETERMINISTIC=1 takes deterministic cuDNN\n"
       "algorithms only (the same bits every run), and DLBATCH_CUDA_GRAPHS=1\n"
       "records a training step once as a CUDA graph and replays it (one rank;\n"
-      "experimental).");
+      "experimental). Batches reach a GPU as the data set's bytes, made into\n"
+      "images there; DLBATCH_BYTES_BATCHES=0 sends the host's floats instead\n"
+      "(=1 sends bytes on the CPU too). The images are the same either way.");
   auto* world_opt = app.get_option("--world");
   CLI11_PARSE(app, argc, argv);
   if (list_devices) return ListDevices();
@@ -342,6 +344,9 @@ int main(int argc, char** argv) {
   if (mini_batch_size > 0) req.mini_batch_size = mini_batch_size;
   if (const char* graphs = std::getenv("DLBATCH_CUDA_GRAPHS"); graphs) {
     req.record_steps = std::string_view(graphs) == "1";
+  }
+  if (const char* bytes = std::getenv("DLBATCH_BYTES_BATCHES"); bytes) {
+    req.batches_as_bytes = std::string_view(bytes) == "1";
   }
   req.communicator = comm.get();
   req.device = *choice;

@@ -128,20 +128,28 @@ class Run {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> net_;
   std::unique_ptr<Solver> solver_;
-  // Evaluate's batch and sums.
-  Buffer images_, labels_, stats_;
+  // Evaluate's batch and sums; with bytes_, the batch's bytes (pixels_).
+  // What PrepareImages makes images with (scale_bias_, with bytes_).
+  Buffer images_, labels_, stats_, pixels_, scale_bias_;
+  bool bytes_ = false;  // TrainRequest::batches_as_bytes, resolved
   // A training step's loss and accuracy sums (device float[2]), copied
   // into stats_ring_ after the step: a fixed address, so that a recorded
   // step writes the same place each time.
   Buffer step_stats_;
   // Training batches, double-buffered: while a step computes on one slot,
-  // the next batch is copied into the other (Backend::Upload) from the
-  // slot's host memory (page-locked on a GPU).
+  // the next batch is copied into the other (Backend::Upload; on a GPU from
+  // the slot's page-locked host memory). With bytes_ (by default on a GPU)
+  // it travels as bytes and placements (BatchLoader::Options::bytes), and
+  // PrepareImages makes the slot's images of them before the step.
   struct Slot {
     Buffer images, labels;
-    HostMemory host_images, host_labels;
+    Buffer pixels, placements;  // bytes_
+    // On a GPU: host_pixels and host_placements with bytes_, else
+    // host_images.
+    HostMemory host_images, host_pixels, host_placements, host_labels;
     uint64_t upload = 0;  // token of the slot's last upload
     int n = 0;            // samples staged
+    bool placed = false;  // whether the staged batch has placements
   };
   Slot slots_[2];
   // Each step's loss and accuracy sums, kStatsRing steps deep: the host
@@ -277,19 +285,34 @@ absl::Status Run::Build() {
   ASSIGN_OR_RETURN(labels_, backend_->Allocate(max_batch * sizeof(int32_t)));
   ASSIGN_OR_RETURN(stats_, backend_->Allocate(4 * sizeof(float)));
   ASSIGN_OR_RETURN(step_stats_, backend_->Allocate(2 * sizeof(float)));
+  bytes_ = req_.batches_as_bytes.value_or(backend_->on_gpu());
+  if (bytes_) {
+    ASSIGN_OR_RETURN(pixels_, backend_->Allocate(max_batch * sample));
+  }
+  const size_t image_bytes = max_batch * sample * sizeof(float);
+  const size_t placement_bytes = max_batch * sizeof(SamplePlacement);
   for (Slot& slot : slots_) {
-    ASSIGN_OR_RETURN(slot.images,
-                     backend_->Allocate(max_batch * sample * sizeof(float)));
+    ASSIGN_OR_RETURN(slot.images, backend_->Allocate(image_bytes));
     ASSIGN_OR_RETURN(slot.labels,
                      backend_->Allocate(max_batch * sizeof(int32_t)));
-    if (backend_->on_gpu()) {
-      ASSIGN_OR_RETURN(slot.host_images,
-                       HostMemory::Allocate(
-                           backend_.get(), max_batch * sample * sizeof(float)));
-      ASSIGN_OR_RETURN(
-          slot.host_labels,
-          HostMemory::Allocate(backend_.get(), max_batch * sizeof(int32_t)));
+    if (bytes_) {
+      ASSIGN_OR_RETURN(slot.pixels, backend_->Allocate(max_batch * sample));
+      ASSIGN_OR_RETURN(slot.placements, backend_->Allocate(placement_bytes));
     }
+    if (!backend_->on_gpu()) continue;
+    if (bytes_) {
+      ASSIGN_OR_RETURN(
+          slot.host_pixels,
+          HostMemory::Allocate(backend_.get(), max_batch * sample));
+      ASSIGN_OR_RETURN(slot.host_placements,
+                       HostMemory::Allocate(backend_.get(), placement_bytes));
+    } else {
+      ASSIGN_OR_RETURN(slot.host_images,
+                       HostMemory::Allocate(backend_.get(), image_bytes));
+    }
+    ASSIGN_OR_RETURN(
+        slot.host_labels,
+        HostMemory::Allocate(backend_.get(), max_batch * sizeof(int32_t)));
   }
   ASSIGN_OR_RETURN(stats_ring_,
                    backend_->Allocate(2 * kStatsRing * sizeof(float)));
@@ -388,14 +411,22 @@ absl::StatusOr<Evaluation> Run::Evaluate(const Dataset& data) {
   const int max_batch = net_->max_batch();
   BatchLoader::Options lo;
   lo.normalization = normalization_;
+  lo.bytes = bytes_;
   double sums[2] = {0, 0};
   for (int64_t first = begin; first < end; first += max_batch) {
     BatchRequest r;
     const int64_t n = std::min<int64_t>(max_batch, end - first);
     for (int64_t i = 0; i < n; ++i) r.indices.push_back(first + i);
     Batch b = PrepareBatch(data, lo, r);
-    backend_->CopyToDevice(images_.f32(), b.images.data(),
-                           b.images.size() * sizeof(float));
+    if (lo.bytes) {
+      backend_->CopyToDevice(pixels_.as<void>(), b.pixels.data(),
+                             b.pixels.size());
+      backend_->PrepareImages(b.n, data.shape, pixels_.as<uint8_t>(), nullptr,
+                              scale_bias_.f32(), images_.f32());
+    } else {
+      backend_->CopyToDevice(images_.f32(), b.images.data(),
+                             b.images.size() * sizeof(float));
+    }
     backend_->CopyToDevice(labels_.as<int32_t>(), b.labels.data(),
                            b.labels.size() * sizeof(int32_t));
     net_->Forward(b.n, images_.f32(), /*training=*/false);
@@ -523,6 +554,9 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
       {"ranks", comm_.size()},
       {"mini_batch_size", global_batch_},
       {"backend", backend_->Describe()},
+      // How batches reached the backend: the data set's bytes, made into
+      // images there (a GPU's default), or the host loader's floats.
+      {"batches", bytes_ ? "bytes" : "floats"},
       {"wall_time_s", result.wall_time_s},
       {"train_time_s", result.train_time_s},
       {"images_per_s", result.images_per_s},
@@ -551,6 +585,14 @@ absl::StatusOr<TrainResult> Run::Execute() {
   RETURN_IF_ERROR(LoadData());
   RETURN_IF_ERROR(Build());
   RETURN_IF_ERROR(ResumeIfAsked());
+  if (bytes_) {
+    // Final now (a resumed run's is its checkpoint's).
+    const std::vector<float> scale_bias =
+        ScaleAndBias(normalization_, train_.shape.c);
+    const size_t bytes = scale_bias.size() * sizeof(float);
+    ASSIGN_OR_RETURN(scale_bias_, backend_->Allocate(bytes));
+    backend_->CopyToDevice(scale_bias_.f32(), scale_bias.data(), bytes);
+  }
 
   Say(absl::StrFormat(
       "Training on %s: %d rank%s, mini-batch %d; %d training images%s, %d "
@@ -565,6 +607,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   lo.augmentation = req_.spec.data().augmentation();
   lo.normalization = normalization_;
   lo.seed = opt_.seed;
+  lo.bytes = bytes_;
   std::unique_ptr<BatchLoader> loader = BatchLoader::Start(&train_, lo);
   int64_t pushed = iteration_;
   auto top_up = [&] {
@@ -601,13 +644,36 @@ absl::StatusOr<TrainResult> Run::Execute() {
   // upload followed the compute stream, which with several ranks waits for
   // their allreduces: there the wait is bounded like a collective's.
   auto stage = [&](const Batch& b, Slot& slot) -> absl::Status {
-    const size_t image_bytes = b.images.size() * sizeof(float);
-    const size_t label_bytes = b.labels.size() * sizeof(int32_t);
     slot.n = b.n;
+    slot.placed = !b.placements.empty();
+    struct Part {
+      void* to;
+      const void* from;
+      size_t bytes;
+      void* host;  // page-locked, on a GPU
+    };
+    Part parts[3];
+    int count = 0;
+    if (bytes_) {
+      parts[count++] = {slot.pixels.as<void>(), b.pixels.data(),
+                        b.pixels.size(), slot.host_pixels.get()};
+      if (slot.placed) {
+        parts[count++] = {slot.placements.as<void>(), b.placements.data(),
+                          b.placements.size() * sizeof(SamplePlacement),
+                          slot.host_placements.get()};
+      }
+    } else {
+      parts[count++] = {slot.images.as<void>(), b.images.data(),
+                        b.images.size() * sizeof(float),
+                        slot.host_images.get()};
+    }
+    parts[count++] = {slot.labels.as<void>(), b.labels.data(),
+                      b.labels.size() * sizeof(int32_t),
+                      slot.host_labels.get()};
     if (!backend_->on_gpu()) {
-      backend_->CopyToDevice(slot.images.f32(), b.images.data(), image_bytes);
-      backend_->CopyToDevice(slot.labels.as<void>(), b.labels.data(),
-                             label_bytes);
+      for (int i = 0; i < count; ++i) {
+        backend_->CopyToDevice(parts[i].to, parts[i].from, parts[i].bytes);
+      }
       return absl::OkStatus();
     }
     if (comm_.size() > 1) {
@@ -618,11 +684,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
     } else {
       backend_->WaitUploaded(slot.upload);
     }
-    std::memcpy(slot.host_images.get(), b.images.data(), image_bytes);
-    std::memcpy(slot.host_labels.get(), b.labels.data(), label_bytes);
-    backend_->Upload(slot.images.f32(), slot.host_images.get(), image_bytes);
-    slot.upload = backend_->Upload(slot.labels.as<void>(),
-                                   slot.host_labels.get(), label_bytes);
+    // The slot's uploads run in order: the last one's token covers all.
+    for (int i = 0; i < count; ++i) {
+      std::memcpy(parts[i].host, parts[i].from, parts[i].bytes);
+      slot.upload =
+          backend_->Upload(parts[i].to, parts[i].host, parts[i].bytes);
+    }
     return absl::OkStatus();
   };
   auto next_batch = [&]() -> absl::StatusOr<Batch> {
@@ -729,6 +796,13 @@ absl::StatusOr<TrainResult> Run::Execute() {
     if (has_dropout) {
       backend_->SetDropoutKey(Key(opt_.seed, static_cast<uint64_t>(iteration_),
                                   static_cast<uint64_t>(comm_.rank())));
+    }
+    if (bytes_) {
+      // Outside any recording, like the key: the step reads the images.
+      backend_->PrepareImages(
+          n, train_.shape, slot.pixels.as<uint8_t>(),
+          slot.placed ? slot.placements.as<SamplePlacement>() : nullptr,
+          scale_bias_.f32(), slot.images.f32());
     }
     std::unique_ptr<Recording>& recorded = recorded_[current];
     // An evaluation's new batch size may have grown a workspace.

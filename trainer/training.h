@@ -40,6 +40,12 @@ struct TrainRequest {
   // DLBATCH_CUDA_GRAPHS=1. Where recording fails the run says so and goes
   // on without.
   bool record_steps = false;
+  // Whether training and evaluation batches travel to the backend as the
+  // data set's bytes, to be made into images there (Backend::PrepareImages),
+  // instead of as floats the loader made: a quarter of the bytes to copy
+  // and no conversion on the host. Unset: on a GPU. Either way the images
+  // are the same bits. dlbatch-train sets it from DLBATCH_BYTES_BATCHES=0|1.
+  std::optional<bool> batches_as_bytes;
   Communicator* communicator = nullptr;  // required; not owned
   BackendChoice device;  // the CPU unless ChooseBackend chose a GPU
   // Where ranks > 0 take rank 0's kernel choices (Backend::SaveTuning), so

@@ -3,11 +3,12 @@
 # bench/out/gpu carried (bench/gpu/pack.sh made it): issue 5's GPU tests and
 # benchmark in one call.
 #
-#   bash bench/gpu/on-device.sh [all|tests|bench]     # default: all
+#   bash bench/gpu/on-device.sh [all|tests|bench|compare]   # default: all
 #
-# all: unpack, nvidia-smi, the GPU tests, then the benchmark; about 8-10
-# minutes in all with REPEATS=3, at the device tool's 10-minute limit per
-# command: with more repeats run `tests` and `bench` as two calls.
+# all: unpack, nvidia-smi, the GPU tests, the benchmark, then the
+# comparisons; about 9-10 minutes in all with REPEATS=2, at the device
+# tool's 10-minute limit per command: with more repeats run `tests`,
+# `bench` and `compare` as three calls.
 #   - unpack and device information: about 10 s;
 #   - gpu_backend_test, gpu_checks_test, gpu_checkpoint_test, gpu_graph_test,
 #     nccl_communicator_test, backend_select_test, gpu_jobs_test (the real
@@ -18,17 +19,19 @@
 #     blocks256gpu; 2 epochs; REPEATS seeds, default 4, both sides
 #     alternating; each case stopped after 200 s): about 1-1.5 min a case,
 #     most of it process start-up (import torch, CUDA initialisation, reading
-#     the data), which stays outside both sides' timings. Then GRAPH_CASES
-#     (default lenet64gpu; empty for none) again with DLBATCH_CUDA_GRAPHS=1
-#     (recorded steps), about 1.5 min more. CASES overrides the case list
-#     (and drops the GRAPH_CASES runs); GRAPHS=0|1 sets DLBATCH_CUDA_GRAPHS
-#     for every case instead.
+#     the data), which stays outside both sides' timings. CASES overrides the
+#     case list; GRAPHS=0|1 sets DLBATCH_CUDA_GRAPHS for every case.
+#   - compare: COMPARE (default "lenet64gpu:DLBATCH_CUDA_GRAPHS=1
+#     lenet1024gpu:DLBATCH_BYTES_BATCHES=0"), each case run again with one
+#     variable of dlbatch-train's set, against the table's default run of
+#     the same case: recorded steps at batch 64, and batches sent as the
+#     host's floats instead of bytes at batch 1024; about 1.5 min each.
 # Writes to $OUT (default /tmp/gpu-out): gpu-results.md (the tables),
 # on-device.log (everything printed), bench-logs.tar.xz (each run's logs and
 # JSON, without models or checkpoints). Ends with the tables.
 set -uo pipefail
 mode=${1:-all}
-case $mode in all|tests|bench) ;; *) sed -n '2,26p' "$0"; exit 2 ;; esac
+case $mode in all|tests|bench|compare) ;; *) sed -n '2,31p' "$0"; exit 2 ;; esac
 here=bench/out/gpu
 OUT=${OUT:-/tmp/gpu-out}
 REPEATS=${REPEATS:-4}
@@ -64,7 +67,7 @@ main() {
   "$run" dlbatch-train --list-devices
   echo "== device information took $((SECONDS - t0)) s"
 
-  if [[ $mode != bench ]]; then
+  if [[ $mode == all || $mode == tests ]]; then
     # gpu_checkpoint_test runs the bundle's dlbatch-train on the carried data.
     export DLBATCH_BIN_DIR=/tmp/dlbatch-bundle/bin
     export DLBATCH_TEST_DATA_DIR=$PWD/$here/data
@@ -92,26 +95,23 @@ main() {
     : >"$OUT/gpu-results.md"
     local marker
     marker=$(mktemp /tmp/on-device-start.XXXXXX)  # the runs' folders are newer
-    # Each entry: case[:graphs], graphs being DLBATCH_CUDA_GRAPHS for that
-    # run. Unless GRAPHS or CASES says otherwise, the default cases run as
-    # dlbatch-train defaults, then GRAPH_CASES with recorded steps, to
-    # compare.
-    local cases
-    if [[ -n ${GRAPHS:-} ]]; then
-      cases=$(for c in ${CASES:-lenet64gpu lenet1024gpu blocks256gpu}; do
-                echo "$c:$GRAPHS"; done)
-    else
-      cases="${CASES:-lenet64gpu lenet1024gpu blocks256gpu}"
-      [[ -n ${CASES:-} ]] || cases+=$(for c in ${GRAPH_CASES-lenet64gpu}; do
-                                         echo " $c:1"; done)
+    # Each entry: case[:VARIABLE=value], the variable set for that run.
+    local cases=
+    if [[ $mode != compare ]]; then
+      for c in ${CASES:-lenet64gpu lenet1024gpu blocks256gpu}; do
+        cases+=" $c${GRAPHS:+:DLBATCH_CUDA_GRAPHS=$GRAPHS}"
+      done
+    fi
+    if [[ $mode != bench ]]; then
+      cases+=" ${COMPARE-lenet64gpu:DLBATCH_CUDA_GRAPHS=1 lenet1024gpu:DLBATCH_BYTES_BATCHES=0}"
     fi
     for entry in $cases; do
-      local c=${entry%%:*} graphs=
-      [[ $entry == *:* ]] && graphs=${entry##*:}
+      local c=${entry%%:*} setting=
+      [[ $entry == *:* ]] && setting=${entry#*:}
       local t1=$SECONDS
       echo "== trainer_bench --gpu --only $c (repeats $REPEATS," \
-           "DLBATCH_CUDA_GRAPHS=${graphs:-unset})"
-      ( if [[ -n $graphs ]]; then export DLBATCH_CUDA_GRAPHS=$graphs; fi
+           "${setting:-defaults})"
+      ( if [[ -n $setting ]]; then export "${setting?}"; fi
         timeout 200 "$run" trainer_bench --gpu --only "$c" \
           --repeats "$REPEATS" --vary-seed --threads "$THREADS" --timeout 90 \
           --python "$py" --data-dir "$here/data" --jobs-dir "$here/jobs" \
@@ -119,7 +119,7 @@ main() {
       local rc=$?
       echo "== $c: exit $rc, $((SECONDS - t1)) s"
       [[ $rc == 0 ]] || status=1
-      { echo "### $c${graphs:+ (DLBATCH_CUDA_GRAPHS=$graphs)}"; echo
+      { echo "### $c${setting:+ ($setting)}"; echo
         cat "$OUT/$c.md"; echo; } >>"$OUT/gpu-results.md"
       rm -f "$OUT/$c.md"
     done

@@ -74,13 +74,18 @@ echo "pack.sh: bundle.tar.xz $(du -h "$out/bundle.tar.xz" | cut -f1)," \
      "bench/out/gpu in all $(du -sh "$out" | cut -f1) (the carry limit is" \
      "64 MiB with the working tree)"
 cat <<'MSG'
-On the device, two calls (each inside the 10-minute limit; $OUT brings back
-on-device.log, and from the second gpu-results.md and bench-logs.tar.xz):
+On the device, three calls (each inside the 10-minute limit; $OUT brings back
+on-device.log, and from the second and third gpu-results.md and
+bench-logs.tar.xz):
   run(command="bash bench/gpu/on-device.sh tests", carry=["bench/out/gpu"], timeout_s=600)
       (every GPU test, about 3 min)
   run(command="REPEATS=5 bash bench/gpu/on-device.sh bench", carry=["bench/out/gpu"], timeout_s=600)
-      (the benchmark table, then LeNet b64 with recorded steps, about 6-7 min)
-"bash bench/gpu/on-device.sh" (all) runs both in one call where REPEATS is 3
-or less. GRAPHS=1 (or 0) sets DLBATCH_CUDA_GRAPHS for the benchmark,
-CASES="lenet64gpu ..." picks cases.
+      (the benchmark table, about 5 min)
+  run(command="REPEATS=5 bash bench/gpu/on-device.sh compare", carry=["bench/out/gpu"], timeout_s=600)
+      (LeNet b64 with recorded steps, LeNet b1024 with batches sent as floats,
+      against the table's default runs; about 3-4 min)
+"bash bench/gpu/on-device.sh" (all) runs all three in one call where REPEATS
+is 2. GRAPHS=1 (or 0) sets DLBATCH_CUDA_GRAPHS for the benchmark,
+CASES="lenet64gpu ..." picks cases, COMPARE="case:VARIABLE=value ..." the
+comparisons.
 MSG

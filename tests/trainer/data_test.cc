@@ -22,6 +22,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
+#include "tests/trainer/images_from_bytes.h"
+#include "trainer/backend.h"
 #include "trainer/rng.h"
 
 namespace dlbatch::trainer {
@@ -786,6 +788,16 @@ TEST(PrepareBatchTest, PrintsItsCost) {
   // Printed, not asserted: speed is measured by benchmarks, never by timed
   // tests. The batches themselves were checked above.
   EXPECT_GT(plain_us, 0);
+}
+
+// A GPU's batches travel as bytes and placements and become images on the
+// device (Backend::PrepareImages); the CPU backend's PrepareImages makes
+// the loader's own images of them, bit for bit (gpu_backend_test checks
+// the GPU's the same way).
+TEST(PrepareImagesTest, TheCpuBackendMakesTheLoadersImagesFromBytes) {
+  absl::StatusOr<std::unique_ptr<Backend>> cpu = MakeCpuBackend(1);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(testing::CompareImagesFromBytes(cpu->get()), "");
 }
 
 // --- The loader thread --------------------------------------------------

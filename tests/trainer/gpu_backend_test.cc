@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/trainer/images_from_bytes.h"
 #include "tests/trainer/test_util.h"
 #include "trainer/backend.h"
 #include "trainer/backend_cuda.h"
@@ -673,6 +674,13 @@ TEST_F(GpuBackendTest, MaxPoolingWithAsymmetricPaddingTiesAndInference) {
     (*gk)->Forward(n, x.g(), inferred.g(), nullptr);
     EXPECT_EQ(inferred.gpu(), trained.gpu());
   }
+}
+
+// Batches reach the GPU as the data set's bytes and where augmentation puts
+// each sample; the device makes the images (scaled, normalised, placed)
+// that the host's loader makes, bit for bit.
+TEST_F(GpuBackendTest, ImagesFromBytesAreTheLoadersBitForBit) {
+  EXPECT_EQ(testing::CompareImagesFromBytes(gpu_.get()), "");
 }
 
 }  // namespace

@@ -88,22 +88,26 @@ class TrainRun : public ::testing::Test {
     }
   }
 
+  // `data_extra`: more lines of the data section (normalize, augmentation).
   std::string Job(const std::string& name, const std::string& network,
-                  const std::string& options, bool validation = true) {
+                  const std::string& options, bool validation = true,
+                  const std::string& data_extra = "") {
     const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
-    WriteAll(path,
-             absl::StrCat("name: ", name, "\ntrain:\n", network,
-                          DataSection(validation), "  options:\n", options));
+    WriteAll(path, absl::StrCat("name: ", name, "\ntrain:\n", network,
+                                DataSection(validation), data_extra,
+                                "  options:\n", options));
     return path;
   }
 
   Result Train(const std::string& job, const std::string& out,
-               std::vector<std::string> extra = {}) {
+               std::vector<std::string> extra = {},
+               std::map<std::string, std::string> env = {}) {
     std::vector<std::string> argv = {BinDir() + "/dlbatch-train", job,
                                      "--output-dir", out};
     argv.insert(argv.end(), extra.begin(), extra.end());
     // The kernel-choice cache of these runs is their own.
-    return Exec(argv, {{"XDG_CACHE_HOME", dir_ + "/cache"}}, 600000);
+    env["XDG_CACHE_HOME"] = dir_ + "/cache";
+    return Exec(argv, env, 600000);
   }
 
   std::vector<float> FinalParams(const std::string& out) {
@@ -226,6 +230,45 @@ TEST_F(TrainRun, SameSeedSameWeightsAndAnotherSeedOthers) {
           absl::StrReplaceAll(kSmallOptions, {{"seed: 7", "seed: 8"}}), false);
   ASSERT_EQ(Train(other, dir_ + "/c", {"--max-iterations", "30"}).code, 0);
   EXPECT_GT(RelativeDifference(FinalParams(dir_ + "/c"), a), 0.1);
+}
+
+// Batches that travel as the data set's bytes and become images on the
+// backend (Backend::PrepareImages; a GPU's default, which
+// DLBATCH_BYTES_BATCHES=1 asks of the CPU too) train to the weights of the
+// loader's floats, bit for bit, with augmentation and normalisation, and
+// validate alike.
+TEST_F(TrainRun, BatchesAsBytesTrainToTheWeightsOfFloats) {
+  const std::string job =
+      Job("small", kSmall,
+          absl::StrReplaceAll(kSmallOptions, {{"validation_frequency: 1000",
+                                               "validation_frequency: 25"}}),
+          true,
+          "    normalize: true\n"
+          "    augmentation: {random_x_reflection: true, "
+          "random_y_translation: 2, random_crop_padding: 3}\n");
+  const std::vector<std::string> args = {"--max-iterations", "50", "--threads",
+                                         "1"};
+  Result floats =
+      Train(job, dir_ + "/floats", args, {{"DLBATCH_BYTES_BATCHES", "0"}});
+  ASSERT_EQ(floats.code, 0) << floats.err;
+  Result bytes =
+      Train(job, dir_ + "/bytes", args, {{"DLBATCH_BYTES_BATCHES", "1"}});
+  ASSERT_EQ(bytes.code, 0) << bytes.err;
+  const nlohmann::json f =
+      nlohmann::json::parse(ReadAll(dir_ + "/floats/metrics.json"));
+  const nlohmann::json b =
+      nlohmann::json::parse(ReadAll(dir_ + "/bytes/metrics.json"));
+  EXPECT_EQ(f["batches"], "floats");
+  EXPECT_EQ(b["batches"], "bytes");
+  EXPECT_EQ(FinalParams(dir_ + "/bytes"), FinalParams(dir_ + "/floats"));
+  EXPECT_EQ(b["train_loss"], f["train_loss"]);
+  EXPECT_EQ(b["validation_loss"], f["validation_loss"]);
+  EXPECT_EQ(b["validation_accuracy"], f["validation_accuracy"]);
+  // Augmentation was on: the weights differ from a run without it.
+  const std::string plain =
+      Job("plain", kSmall, kSmallOptions, true, "    normalize: true\n");
+  ASSERT_EQ(Train(plain, dir_ + "/plain", args).code, 0);
+  EXPECT_NE(FinalParams(dir_ + "/plain"), FinalParams(dir_ + "/floats"));
 }
 
 // The history's train rows are 1, 2, ..., n: no gap, no repeat.
