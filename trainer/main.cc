@@ -346,7 +346,15 @@ int main(int argc, char** argv) {
     req.record_steps = std::string_view(graphs) == "1";
   }
   if (const char* bytes = std::getenv("DLBATCH_BYTES_BATCHES"); bytes) {
-    req.batches_as_bytes = std::string_view(bytes) == "1";
+    const std::string_view v(bytes);
+    if (v != "0" && v != "1") {
+      return Fail(rank, world,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "DLBATCH_BYTES_BATCHES is \"", std::string(v),
+                      "\"; set it to 1 (batches as bytes, made into images on "
+                      "the device) or 0 (the host's floats), or unset it")));
+    }
+    req.batches_as_bytes = v == "1";
   }
   req.communicator = comm.get();
   req.device = *choice;

@@ -3,7 +3,9 @@
 // memory holds at that time (the batch, the dropout key), and a run whose
 // steps replay (DLBATCH_CUDA_GRAPHS=1) trains to exactly the weights of one
 // whose steps are launched call by call, through the real dlbatch-train on
-// Fashion-MNIST.
+// Fashion-MNIST. So does a run whose batches reach the GPU as the host
+// loader's floats against one (the default) where the GPU makes them from
+// the data set's bytes (Backend::PrepareImages), augmented and normalised.
 //
 // Label gpu: every test skips, saying why, without a CUDA device. On a
 // machine without Debian's dataset package, DLBATCH_TEST_DATA_DIR names the
@@ -169,7 +171,11 @@ class GpuRecordedRun : public ::testing::Test {
                           "/train-labels-idx1-ubyte.gz}\n"
                           "    validation: {format: idx, images: ",
                           d, "/t10k-images-idx3-ubyte.gz, labels: ", d,
-                          "/t10k-labels-idx1-ubyte.gz}\n  options:\n"
+                          "/t10k-labels-idx1-ubyte.gz}\n"
+                          "    normalize: true\n"
+                          "    augmentation: {random_x_reflection: true, "
+                          "random_y_translation: 2, random_crop_padding: 3}\n"
+                          "  options:\n"
                           "    mini_batch_size: 64\n    seed: 5\n"
                           "    verbose_frequency: 10\n"
                           // Evaluations between replays, of other batch
@@ -177,8 +183,10 @@ class GpuRecordedRun : public ::testing::Test {
                           "    validation_frequency: 15\n"));
   }
 
-  // Trains `iterations` on the GPU into `out`; the output (diary).
-  std::string Train(const std::string& out, int iterations, bool graphs) {
+  // Trains `iterations` on the GPU into `out`, with recorded steps or not
+  // and batches as bytes or floats; the output (diary).
+  std::string Train(const std::string& out, int iterations, bool graphs,
+                    bool bytes = true) {
     Result r = Exec({BinDir() + "/dlbatch-train", job_, "--output-dir", out,
                      "--execution-environment", "gpu", "--max-iterations",
                      std::to_string(iterations)},
@@ -186,7 +194,8 @@ class GpuRecordedRun : public ::testing::Test {
                     // both runs (the tuning cache the first run writes).
                     {{"XDG_CACHE_HOME", dir_ + "/cache"},
                      {"DLBATCH_CUDNN_DETERMINISTIC", "1"},
-                     {"DLBATCH_CUDA_GRAPHS", graphs ? "1" : "0"}},
+                     {"DLBATCH_CUDA_GRAPHS", graphs ? "1" : "0"},
+                     {"DLBATCH_BYTES_BATCHES", bytes ? "1" : "0"}},
                     300000);
     EXPECT_EQ(r.code, 0) << out << ":\n" << r.out << r.err;
     return r.out;
@@ -195,37 +204,31 @@ class GpuRecordedRun : public ::testing::Test {
   std::string dir_, job_;
 };
 
-TEST_F(GpuRecordedRun, ReplayedStepsTrainToTheWeightsOfLaunchedOnes) {
-  constexpr int kSteps = 40;
-  const std::string launched = Train(dir_ + "/launched", kSteps, false);
-  const std::string replayed = Train(dir_ + "/replayed", kSteps, true);
-  EXPECT_EQ(launched.find("CUDA graph"), std::string::npos) << launched;
-  EXPECT_NE(replayed.find("recorded once as a CUDA graph"), std::string::npos)
-      << replayed;
-  EXPECT_EQ(replayed.find("failed"), std::string::npos) << replayed;
-
-  absl::StatusOr<Checkpoint> a =
-      ReadCheckpoint(dir_ + "/launched/checkpoint.dlbc");
-  absl::StatusOr<Checkpoint> b =
-      ReadCheckpoint(dir_ + "/replayed/checkpoint.dlbc");
+// Runs `a` and `b` (their output folders) of `steps` steps ended with the
+// same weights, state and momentum, bit for bit, after the same losses and
+// accuracies step by step, and validated alike.
+void ExpectSameTraining(const std::string& a_dir, const std::string& b_dir,
+                        int steps) {
+  absl::StatusOr<Checkpoint> a = ReadCheckpoint(a_dir + "/checkpoint.dlbc");
+  absl::StatusOr<Checkpoint> b = ReadCheckpoint(b_dir + "/checkpoint.dlbc");
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(a->iteration, kSteps);
-  EXPECT_EQ(b->iteration, kSteps);
+  EXPECT_EQ(a->iteration, steps);
+  EXPECT_EQ(b->iteration, steps);
   EXPECT_TRUE(a->params == b->params) << "weights differ";
   EXPECT_TRUE(a->state == b->state) << "batchnorm's running statistics differ";
   EXPECT_TRUE(a->solver_state == b->solver_state) << "momentum differs";
 
   // The same losses and accuracies, step by step.
   absl::StatusOr<TrainingHistory> ha =
-      ParseHistoryCsv(ReadAll(dir_ + "/launched/training_history.csv"));
+      ParseHistoryCsv(ReadAll(a_dir + "/training_history.csv"));
   absl::StatusOr<TrainingHistory> hb =
-      ParseHistoryCsv(ReadAll(dir_ + "/replayed/training_history.csv"));
+      ParseHistoryCsv(ReadAll(b_dir + "/training_history.csv"));
   ASSERT_TRUE(ha.ok()) << ha.status();
   ASSERT_TRUE(hb.ok()) << hb.status();
-  ASSERT_EQ(ha->iterations.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(hb->iterations.size(), static_cast<size_t>(kSteps));
-  for (int i = 0; i < kSteps; ++i) {
+  ASSERT_EQ(ha->iterations.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(hb->iterations.size(), static_cast<size_t>(steps));
+  for (int i = 0; i < steps; ++i) {
     EXPECT_EQ(ha->iterations[i].loss, hb->iterations[i].loss) << i;
     EXPECT_EQ(ha->iterations[i].accuracy, hb->iterations[i].accuracy) << i;
   }
@@ -238,6 +241,38 @@ TEST_F(GpuRecordedRun, ReplayedStepsTrainToTheWeightsOfLaunchedOnes) {
     EXPECT_NEAR(ha->validations[i].loss, hb->validations[i].loss,
                 1e-5 * std::abs(ha->validations[i].loss))
         << i;
+  }
+}
+
+TEST_F(GpuRecordedRun, ReplayedStepsTrainToTheWeightsOfLaunchedOnes) {
+  constexpr int kSteps = 40;
+  const std::string launched = Train(dir_ + "/launched", kSteps, false);
+  const std::string replayed = Train(dir_ + "/replayed", kSteps, true);
+  EXPECT_EQ(launched.find("CUDA graph"), std::string::npos) << launched;
+  EXPECT_NE(replayed.find("recorded once as a CUDA graph"), std::string::npos)
+      << replayed;
+  EXPECT_EQ(replayed.find("failed"), std::string::npos) << replayed;
+
+  ExpectSameTraining(dir_ + "/launched", dir_ + "/replayed", kSteps);
+}
+
+TEST_F(GpuRecordedRun, BatchesAsBytesTrainToTheWeightsOfFloats) {
+  constexpr int kSteps = 40;
+  Train(dir_ + "/floats", kSteps, false, false);
+  Train(dir_ + "/bytes", kSteps, false, true);
+  const std::string replayed = Train(dir_ + "/bytes-replayed", kSteps, true);
+  EXPECT_EQ(replayed.find("failed"), std::string::npos) << replayed;
+  EXPECT_NE(ReadAll(dir_ + "/floats/metrics.json").find("\"floats\""),
+            std::string::npos);
+  EXPECT_NE(ReadAll(dir_ + "/bytes/metrics.json").find("\"bytes\""),
+            std::string::npos);
+  {
+    SCOPED_TRACE("bytes against floats");
+    ExpectSameTraining(dir_ + "/floats", dir_ + "/bytes", kSteps);
+  }
+  {
+    SCOPED_TRACE("bytes with recorded steps against floats");
+    ExpectSameTraining(dir_ + "/floats", dir_ + "/bytes-replayed", kSteps);
   }
 }
 

@@ -138,10 +138,17 @@ inline std::string CompareImagesFromBytes(Backend* backend) {
             n, c.shape, pixels.as<uint8_t>(),
             placed ? placements.as<SamplePlacement>() : nullptr, factors.f32(),
             images.f32());
-        std::vector<float> made(n * sample);
+        // The whole buffer: the values past the batch must stay as they were.
+        std::vector<float> made(max_batch * sample);
         backend->CopyToHost(made.data(), images.f32(),
                             made.size() * sizeof(float));
-        for (size_t k = 0; k < made.size(); ++k) {
+        for (size_t k = n * sample; k < made.size(); ++k) {
+          if (made[k] != -7.0f) {
+            return absl::StrCat(where, "value ", k, " past the batch of ", n,
+                                " was written");
+          }
+        }
+        for (size_t k = 0; k < static_cast<size_t>(n * sample); ++k) {
           if (std::memcmp(&made[k], &want.images[k], sizeof(float)) != 0) {
             return absl::StrCat(where, "value ", k, " (sample ", k / sample,
                                 ") is ", made[k], ", the loader's ",

@@ -264,6 +264,13 @@ TEST_F(TrainRun, BatchesAsBytesTrainToTheWeightsOfFloats) {
   EXPECT_EQ(b["train_loss"], f["train_loss"]);
   EXPECT_EQ(b["validation_loss"], f["validation_loss"]);
   EXPECT_EQ(b["validation_accuracy"], f["validation_accuracy"]);
+  // Another value is refused, saying what to set.
+  Result bad =
+      Train(job, dir_ + "/bad", args, {{"DLBATCH_BYTES_BATCHES", "yes"}});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("DLBATCH_BYTES_BATCHES is \"yes\"; set it to 1"),
+            std::string::npos)
+      << bad.err;
   // Augmentation was on: the weights differ from a run without it.
   const std::string plain =
       Job("plain", kSmall, kSmallOptions, true, "    normalize: true\n");
