@@ -56,6 +56,10 @@ std::vector<float> ScaleAndBias(const Normalization& norm, int channels);
 std::vector<int64_t> EpochOrder(const std::string& shuffle, uint64_t seed,
                                 int64_t epoch, int64_t count);
 
+// Whether `aug` changes any sample: where it does not, a batch asked to be
+// augmented is prepared as it is (and, as bytes, carries no placements).
+bool AnyAugmentation(const v1::Augmentation& aug);
+
 // A batch to prepare: which samples, and whether to augment them.
 struct BatchRequest {
   int64_t epoch = 0;

@@ -207,12 +207,6 @@ void PlaceSampleValues(const uint8_t* src, const Shape& shape,
   }
 }
 
-bool AnyAugmentation(const v1::Augmentation& aug) {
-  return aug.random_x_reflection() || aug.random_y_reflection() ||
-         aug.random_x_translation() > 0 || aug.random_y_translation() > 0 ||
-         aug.random_crop_padding() > 0;
-}
-
 // Samples sit at random places in a data set far larger than the caches:
 // fetching a few samples ahead hides most of the memory latency.
 constexpr int kPrefetchSamples = 4;
@@ -376,6 +370,12 @@ class ThreadedBatchLoader final : public BatchLoader {
 std::unique_ptr<BatchLoader> BatchLoader::Start(const Dataset* data,
                                                 Options options) {
   return std::make_unique<ThreadedBatchLoader>(data, std::move(options));
+}
+
+bool AnyAugmentation(const v1::Augmentation& aug) {
+  return aug.random_x_reflection() || aug.random_y_reflection() ||
+         aug.random_x_translation() > 0 || aug.random_y_translation() > 0 ||
+         aug.random_crop_padding() > 0;
 }
 
 std::vector<float> ScaleAndBias(const Normalization& norm, int channels) {

@@ -118,12 +118,7 @@ inline std::string CompareImagesFromBytes(Backend* backend) {
             return absl::StrCat(where, "sample ", i, "'s bytes differ");
           }
         }
-        const bool placed =
-            augment && (c.augmentation.random_x_reflection() ||
-                        c.augmentation.random_y_reflection() ||
-                        c.augmentation.random_x_translation() > 0 ||
-                        c.augmentation.random_y_translation() > 0 ||
-                        c.augmentation.random_crop_padding() > 0);
+        const bool placed = augment && AnyAugmentation(c.augmentation);
         if (got.placements.size() != (placed ? static_cast<size_t>(n) : 0)) {
           return absl::StrCat(where, got.placements.size(), " placements");
         }
