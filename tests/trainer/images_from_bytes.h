@@ -2,12 +2,13 @@
 // into images on the host (PrepareBatch, floats) and from the loader's
 // bytes and placements (BatchLoader::Options::bytes) by a backend must agree
 // bit for bit. data_test runs it on the CPU backend, gpu_backend_test on
-// the GPU's.
+// the GPU's, gpu_elements_test on the GPU kernel's arithmetic on the host.
 #ifndef DLBATCH_TESTS_TRAINER_IMAGES_FROM_BYTES_H_
 #define DLBATCH_TESTS_TRAINER_IMAGES_FROM_BYTES_H_
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -59,10 +60,19 @@ inline std::vector<ImagesFromBytesCase> ImagesFromBytesCases() {
   return cases;
 }
 
-// Runs every case on `backend`: several batches each (epochs 0-3, augmented
-// or not, the last one short). Returns "" where all agree bit for bit, else
-// what differed first.
-inline std::string CompareImagesFromBytes(Backend* backend) {
+// Makes the images of a batch of n samples from the bytes, placements (null
+// where not augmented) and per-channel factors (ScaleAndBias), all in host
+// memory, into out[0, n * shape.size()); out holds out_count values, and
+// those past the batch must stay as they are.
+using PrepareImagesOnHost =
+    std::function<void(int n, const Shape& shape, const uint8_t* pixels,
+                       const SamplePlacement* placements,
+                       const float* scale_bias, float* out, int64_t out_count)>;
+
+// Runs every case through `prepare`: several batches each (epochs 0-3,
+// augmented or not, the last one short). Returns "" where all agree bit for
+// bit with the loader's images, else what differed first.
+inline std::string CompareImagesFromBytes(const PrepareImagesOnHost& prepare) {
   for (const ImagesFromBytesCase& c : ImagesFromBytesCases()) {
     const int count = 40;
     Dataset data;
@@ -87,12 +97,6 @@ inline std::string CompareImagesFromBytes(Backend* backend) {
 
     const int max_batch = 16;
     const int64_t sample = c.shape.size();
-    Buffer pixels = *backend->Allocate(max_batch * sample);
-    Buffer placements = *backend->Allocate(max_batch * sizeof(SamplePlacement));
-    Buffer factors = *backend->Allocate(scale_bias.size() * sizeof(float));
-    Buffer images = *backend->Allocate(max_batch * sample * sizeof(float));
-    backend->CopyToDevice(factors.f32(), scale_bias.data(),
-                          scale_bias.size() * sizeof(float));
     for (int epoch = 0; epoch < 4; ++epoch) {
       const std::vector<int64_t> order =
           EpochOrder("every-epoch", 3, epoch, count);
@@ -122,21 +126,11 @@ inline std::string CompareImagesFromBytes(Backend* backend) {
         if (got.placements.size() != (placed ? static_cast<size_t>(n) : 0)) {
           return absl::StrCat(where, got.placements.size(), " placements");
         }
-        backend->CopyToDevice(pixels.as<void>(), got.pixels.data(),
-                              got.pixels.size());
-        if (placed) {
-          backend->CopyToDevice(placements.as<void>(), got.placements.data(),
-                                n * sizeof(SamplePlacement));
-        }
-        backend->Fill(images.f32(), max_batch * sample, -7.0f);
-        backend->PrepareImages(
-            n, c.shape, pixels.as<uint8_t>(),
-            placed ? placements.as<SamplePlacement>() : nullptr, factors.f32(),
-            images.f32());
         // The whole buffer: the values past the batch must stay as they were.
-        std::vector<float> made(max_batch * sample);
-        backend->CopyToHost(made.data(), images.f32(),
-                            made.size() * sizeof(float));
+        std::vector<float> made(max_batch * sample, -7.0f);
+        prepare(n, c.shape, got.pixels.data(),
+                placed ? got.placements.data() : nullptr, scale_bias.data(),
+                made.data(), static_cast<int64_t>(made.size()));
         for (size_t k = n * sample; k < made.size(); ++k) {
           if (made[k] != -7.0f) {
             return absl::StrCat(where, "value ", k, " past the batch of ", n,
@@ -154,6 +148,33 @@ inline std::string CompareImagesFromBytes(Backend* backend) {
     }
   }
   return "";
+}
+
+// The same through `backend`'s PrepareImages, on its own memory.
+inline std::string CompareImagesFromBytes(Backend* backend) {
+  return CompareImagesFromBytes(
+      [backend](int n, const Shape& shape, const uint8_t* pixels,
+                const SamplePlacement* placements, const float* scale_bias,
+                float* out, int64_t out_count) {
+        const int64_t bytes = n * shape.size();
+        Buffer p = *backend->Allocate(bytes);
+        Buffer where = *backend->Allocate(n * sizeof(SamplePlacement));
+        Buffer factors = *backend->Allocate(2 * shape.c * sizeof(float));
+        Buffer images = *backend->Allocate(out_count * sizeof(float));
+        backend->CopyToDevice(p.as<void>(), pixels, bytes);
+        if (placements != nullptr) {
+          backend->CopyToDevice(where.as<void>(), placements,
+                                n * sizeof(SamplePlacement));
+        }
+        backend->CopyToDevice(factors.f32(), scale_bias,
+                              2 * shape.c * sizeof(float));
+        backend->CopyToDevice(images.f32(), out, out_count * sizeof(float));
+        backend->PrepareImages(
+            n, shape, p.as<uint8_t>(),
+            placements != nullptr ? where.as<SamplePlacement>() : nullptr,
+            factors.f32(), images.f32());
+        backend->CopyToHost(out, images.f32(), out_count * sizeof(float));
+      });
 }
 
 }  // namespace dlbatch::trainer::testing

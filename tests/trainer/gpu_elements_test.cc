@@ -1,0 +1,334 @@
+// The GPU layer kernels' per-element arithmetic (gpu_elements.h, what each
+// thread of gpu_layer_kernels.cu computes) run on the host, at int32 and
+// int64 indices, against the CPU backend: tiled and padded pooling forward
+// and backward, the zero-padded copy and crop that let a symmetric
+// convolution run an asymmetric one, and a batch's images from bytes. Needs
+// no GPU, so CI runs it; the launches themselves are gpu_backend_test's.
+#include "trainer/gpu_elements.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/trainer/images_from_bytes.h"
+#include "tests/trainer/test_util.h"
+#include "trainer/backend.h"
+#include "trainer/layers.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+using gpu::PadGeometry;
+using gpu::Pooled;
+using gpu::PoolGeometry;
+using testing::RandomVector;
+
+// ‖got − want‖ / ‖want‖.
+double Relative(const std::vector<float>& got, const std::vector<float>& want) {
+  std::vector<double> wide(want.begin(), want.end());
+  return testing::RelativeError(got, wide);
+}
+
+// Random 0s and 1s: many ties in a max pool's windows.
+std::vector<float> Ties(int64_t count, uint64_t seed) {
+  std::vector<float> v = RandomVector(count, seed, 0, 2);
+  for (float& x : v) x = std::floor(x);
+  return v;
+}
+
+PoolDesc SamePool(PoolKind kind, Shape in, int k, int stride) {
+  PoolDesc d;
+  d.kind = kind;
+  d.in = in;
+  d.kh = d.kw = k;
+  d.stride_h = d.stride_w = stride;
+  d.out.c = in.c;
+  SamePadding(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
+  SamePadding(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
+  return d;
+}
+
+ConvDesc SameConv(Shape in, int filters, int k, int stride) {
+  ConvDesc d;
+  d.in = in;
+  d.filters = filters;
+  d.kh = d.kw = k;
+  d.stride_h = d.stride_w = stride;
+  d.out.c = filters;
+  SamePadding(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
+  SamePadding(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
+  return d;
+}
+
+PoolGeometry Geometry(const PoolDesc& d) {
+  return PoolGeometry{d.in.h,     d.in.w,     d.in.c,     d.kh,
+                      d.kw,       d.stride_h, d.stride_w, d.pad.top,
+                      d.pad.left, d.out.h,    d.out.w};
+}
+
+std::string Describe(const PoolDesc& d) {
+  return std::string(d.kind == PoolKind::kMax ? "max " : "average ") +
+         d.in.ToString() + " -> " + d.out.ToString() + ", " +
+         std::to_string(d.kh) + "x" + std::to_string(d.kw) + " stride " +
+         std::to_string(d.stride_h) + " pad " + std::to_string(d.pad.top) +
+         "," + std::to_string(d.pad.left) + "," + std::to_string(d.pad.bottom) +
+         "," + std::to_string(d.pad.right);
+}
+
+// Host memory through the CPU backend (whose memory is the host's).
+class HostArray {
+ public:
+  HostArray(Backend* cpu, const std::vector<float>& values)
+      : count_(static_cast<int64_t>(values.size())) {
+    buffer_ =
+        *cpu->Allocate(std::max<size_t>(values.size(), 1) * sizeof(float));
+    cpu->CopyToDevice(buffer_.f32(), values.data(),
+                      values.size() * sizeof(float));
+  }
+  HostArray(Backend* cpu, int64_t count)
+      : HostArray(cpu, std::vector<float>(count, 0.0f)) {}
+  float* data() const { return buffer_.f32(); }
+  std::vector<float> values() const {
+    return std::vector<float>(buffer_.f32(), buffer_.f32() + count_);
+  }
+
+ private:
+  int64_t count_;
+  Buffer buffer_;
+};
+
+template <typename Index>
+class GpuElementsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cpu = MakeCpuBackend(1);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    cpu_ = *std::move(cpu);
+  }
+
+  // f(i) for every element i < count, as the kernel's threads compute them.
+  template <typename Value, typename F>
+  static std::vector<Value> Elements(int64_t count, F f) {
+    std::vector<Value> out(count);
+    for (int64_t i = 0; i < count; ++i) out[i] = f(static_cast<Index>(i));
+    return out;
+  }
+
+  // The CPU backend's pooling of n samples of x (gradient dy): y and dx.
+  void CpuPooling(const PoolDesc& d, int n, const std::vector<float>& x,
+                  const std::vector<float>& dy, std::vector<float>* y,
+                  std::vector<float>* dx) {
+    auto k = cpu_->MakePool(d, n);
+    ASSERT_TRUE(k.ok()) << k.status();
+    Buffer ws;
+    if (size_t bytes = (*k)->WorkspaceBytes(n)) ws = *cpu_->Allocate(bytes);
+    HostArray hx(cpu_.get(), x), hdy(cpu_.get(), dy);
+    HostArray hy(cpu_.get(), n * d.out.size()),
+        hdx(cpu_.get(), n * d.in.size());
+    (*k)->Forward(n, hx.data(), hy.data(), ws.as<void>());
+    (*k)->Backward(n, hx.data(), hy.data(), hdy.data(), ws.as<void>(),
+                   hdx.data());
+    *y = hy.values();
+    *dx = hdx.values();
+  }
+
+  std::unique_ptr<Backend> cpu_;
+};
+
+using IndexTypes = ::testing::Types<int32_t, int64_t>;
+TYPED_TEST_SUITE(GpuElementsTest, IndexTypes);
+
+// LeNet's 2x2/2, windows that leave the last row and column uncovered, and
+// 3x3/3; random values and ties. Max pooling picks the same element as the
+// CPU, so forward and backward agree exactly.
+TYPED_TEST(GpuElementsTest, TiledMaxPoolingIsTheCpusBitForBit) {
+  const PoolDesc descs[] = {
+      {PoolKind::kMax, {24, 24, 20}, 2, 2, 2, 2, {}, {12, 12, 20}},
+      {PoolKind::kMax, {7, 7, 3}, 2, 2, 2, 2, {}, {3, 3, 3}},
+      {PoolKind::kMax, {9, 9, 4}, 3, 3, 3, 3, {}, {3, 3, 4}},
+  };
+  uint64_t seed = 10;
+  for (const PoolDesc& d : descs) {
+    for (const bool ties : {false, true}) {
+      SCOPED_TRACE(Describe(d) + (ties ? ", ties" : ""));
+      const int n = 3;
+      const std::vector<float> x = ties ? Ties(n * d.in.size(), ++seed)
+                                        : RandomVector(n * d.in.size(), ++seed);
+      const std::vector<float> dy = RandomVector(n * d.out.size(), ++seed);
+      std::vector<float> want_y, want_dx;
+      this->CpuPooling(d, n, x, dy, &want_y, &want_dx);
+
+      const PoolGeometry g = Geometry(d);
+      const std::vector<Pooled> pooled = this->template Elements<Pooled>(
+          n * d.out.size(),
+          [&](auto i) { return gpu::MaxPoolTiledAt(i, g, x.data()); });
+      std::vector<float> y;
+      std::vector<uint8_t> argmax;
+      for (const Pooled& p : pooled) {
+        y.push_back(p.value);
+        ASSERT_GE(p.where, 0);
+        ASSERT_LT(p.where, d.kh * d.kw);
+        argmax.push_back(static_cast<uint8_t>(p.where));
+      }
+      const std::vector<float> dx =
+          this->template Elements<float>(n * d.in.size(), [&](auto i) {
+            return gpu::MaxPoolTiledGradAt(i, g, argmax.data(), dy.data());
+          });
+      EXPECT_EQ(y, want_y);
+      EXPECT_EQ(dx, want_dx);
+    }
+  }
+}
+
+// `same` pooling with asymmetric padding (the windows the GPU's own kernels
+// run because cuDNN pads symmetrically), and a symmetric one: max forward
+// exactly, average and the gradients (summed in another order) within
+// float tolerance; max with ties, the same elements.
+TYPED_TEST(GpuElementsTest, PaddedPoolingAgreesWithTheCpu) {
+  struct Case {
+    Shape in;
+    int k, stride;
+  };
+  const Case cases[] = {
+      {{7, 6, 5}, 2, 1},  // pads 0,0,1,1
+      {{8, 8, 4}, 3, 2},  // 0,0,1,1
+      {{8, 7, 3}, 3, 2},  // 0,1,1,1: asymmetric in h only
+      {{6, 6, 2}, 4, 1},  // 1,1,2,2
+      {{7, 7, 3}, 2, 2},  // 0,0,1,1: tiles but for the padding
+      {{7, 7, 6}, 3, 1},  // 1,1,1,1: symmetric
+  };
+  uint64_t seed = 100;
+  for (PoolKind kind : {PoolKind::kMax, PoolKind::kAverage}) {
+    for (const Case& c : cases) {
+      for (const bool ties : {false, true}) {
+        const PoolDesc d = SamePool(kind, c.in, c.k, c.stride);
+        SCOPED_TRACE(Describe(d) + (ties ? ", ties" : ""));
+        const bool is_max = kind == PoolKind::kMax;
+        const int n = 3;
+        const std::vector<float> x =
+            ties ? Ties(n * d.in.size(), ++seed)
+                 : RandomVector(n * d.in.size(), ++seed);
+        const std::vector<float> dy = RandomVector(n * d.out.size(), ++seed);
+        std::vector<float> want_y, want_dx;
+        this->CpuPooling(d, n, x, dy, &want_y, &want_dx);
+
+        const PoolGeometry g = Geometry(d);
+        const std::vector<Pooled> pooled = this->template Elements<Pooled>(
+            n * d.out.size(),
+            [&](auto i) { return gpu::PoolPaddedAt(i, is_max, g, x.data()); });
+        std::vector<float> y;
+        std::vector<int32_t> argmax;
+        for (const Pooled& p : pooled) {
+          y.push_back(p.value);
+          argmax.push_back(p.where);
+          if (is_max) {
+            ASSERT_GE(p.where, 0);  // `same` leaves no window empty
+            ASSERT_LT(p.where, d.kh * d.kw);
+          }
+        }
+        const std::vector<float> dx =
+            this->template Elements<float>(n * d.in.size(), [&](auto i) {
+              return gpu::PoolPaddedGradAt(i, is_max, g, argmax.data(),
+                                           dy.data());
+            });
+        if (is_max) {
+          EXPECT_EQ(y, want_y);
+        } else {
+          EXPECT_LT(Relative(y, want_y), 1e-6);
+        }
+        EXPECT_LT(Relative(dx, want_dx), 1e-6);
+      }
+    }
+  }
+}
+
+// The GPU runs a convolution whose `same` padding is asymmetric as a
+// symmetric one (cuDNN's) over a zero-padded copy of its input, and crops
+// the copy's gradient back. Here the CPU's convolution stands in for
+// cuDNN's: over the copy with no padding it must give the asymmetric
+// convolution's output, input gradient (cropped) and weight gradients.
+TYPED_TEST(GpuElementsTest, PaddedCopyAndCropRunAnAsymmetricConvolution) {
+  const ConvDesc descs[] = {
+      SameConv({8, 8, 3}, 6, 4, 1),  // even window: pads 1,1,2,2
+      SameConv({8, 8, 5}, 7, 3, 2),  // stride 2 on an even size: 0,0,1,1
+      SameConv({8, 7, 3}, 4, 3, 2),  // asymmetric in h only: 0,1,1,1
+  };
+  Backend* cpu = this->cpu_.get();
+  uint64_t seed = 200;
+  for (const ConvDesc& d : descs) {
+    SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString());
+    ASSERT_FALSE(d.pad.symmetric());
+    ConvDesc on_copy = d;
+    on_copy.in.h += d.pad.top + d.pad.bottom;
+    on_copy.in.w += d.pad.left + d.pad.right;
+    on_copy.pad = Padding{};
+    const PadGeometry g{d.in.h,     d.in.w,       d.in.c,      d.pad.top,
+                        d.pad.left, on_copy.in.h, on_copy.in.w};
+    const int n = 3;
+    const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
+    const std::vector<float> x = RandomVector(n * d.in.size(), ++seed);
+    HostArray w(cpu, RandomVector(weights, ++seed, -0.3, 0.3));
+    HostArray b(cpu, RandomVector(d.filters, ++seed));
+    HostArray dy(cpu, RandomVector(n * d.out.size(), ++seed));
+
+    const std::vector<float> padded = this->template Elements<float>(
+        n * on_copy.in.size(),
+        [&](auto i) { return gpu::PaddedAt(i, g, x.data()); });
+    // The copy holds x and zeros: cropping it gives x back exactly.
+    EXPECT_EQ(this->template Elements<float>(
+                  n * d.in.size(),
+                  [&](auto i) { return gpu::CroppedAt(i, g, padded.data()); }),
+              x);
+
+    auto asymmetric = cpu->MakeConv(d, n);
+    auto symmetric = cpu->MakeConv(on_copy, n);
+    ASSERT_TRUE(asymmetric.ok()) << asymmetric.status();
+    ASSERT_TRUE(symmetric.ok()) << symmetric.status();
+    HostArray hx(cpu, x), hpadded(cpu, padded);
+    HostArray want_y(cpu, n * d.out.size()), y(cpu, n * d.out.size());
+    HostArray want_dx(cpu, n * d.in.size());
+    HostArray dpadded(cpu, n * on_copy.in.size());
+    HostArray want_dw(cpu, weights), dw(cpu, weights);
+    HostArray want_db(cpu, d.filters), db(cpu, d.filters);
+    (*asymmetric)->Forward(n, hx.data(), w.data(), b.data(), want_y.data());
+    (*asymmetric)->BackwardData(n, dy.data(), w.data(), want_dx.data());
+    (*asymmetric)
+        ->BackwardWeights(n, hx.data(), dy.data(), want_dw.data(),
+                          want_db.data());
+    (*symmetric)->Forward(n, hpadded.data(), w.data(), b.data(), y.data());
+    (*symmetric)->BackwardData(n, dy.data(), w.data(), dpadded.data());
+    (*symmetric)
+        ->BackwardWeights(n, hpadded.data(), dy.data(), dw.data(), db.data());
+    const std::vector<float> dpadded_values = dpadded.values();
+    const std::vector<float> dx = this->template Elements<float>(
+        n * d.in.size(),
+        [&](auto i) { return gpu::CroppedAt(i, g, dpadded_values.data()); });
+    EXPECT_LT(Relative(y.values(), want_y.values()), 1e-5);
+    EXPECT_LT(Relative(dx, want_dx.values()), 1e-5);
+    EXPECT_LT(Relative(dw.values(), want_dw.values()), 1e-5);
+    EXPECT_LT(Relative(db.values(), want_db.values()), 1e-5);
+  }
+}
+
+// PrepareImagesKernel's arithmetic makes the loader's images from bytes and
+// placements, bit for bit (the cases data_test runs on the CPU backend).
+TYPED_TEST(GpuElementsTest, ImagesFromBytesAreTheLoadersBitForBit) {
+  EXPECT_EQ(testing::CompareImagesFromBytes(
+                [](int n, const Shape& shape, const uint8_t* pixels,
+                   const SamplePlacement* placements, const float* scale_bias,
+                   float* out, int64_t) {
+                  const std::vector<float> made =
+                      GpuElementsTest<TypeParam>::template Elements<float>(
+                          n * shape.size(), [&](auto i) {
+                            return gpu::ImageAt(i, shape.h, shape.w, shape.c,
+                                                pixels, placements, scale_bias);
+                          });
+                  std::copy(made.begin(), made.end(), out);
+                }),
+            "");
+}
+
+}  // namespace
+}  // namespace dlbatch::trainer

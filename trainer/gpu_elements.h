@@ -1,0 +1,233 @@
+// What one thread of the GPU backend's grid-stride layer kernels
+// (gpu_layer_kernels.cu) computes: element i of the kernel's output. Plain
+// C++ that nvcc compiles for the device and the host compiler for the host,
+// so that gpu_elements_test runs the kernels' own index arithmetic and
+// rounding (at int32 and int64 indices) against the CPU backend on machines
+// without a GPU. The launches themselves, streams and graphs, still need a
+// GPU (gpu_backend_test).
+//
+// Index: the type element indices are computed in (int32_t where every
+// index of the kernel's arrays fits, else int64_t; the launcher decides).
+// REQUIRES: 0 <= i < the output's elements; the pointers cover the arrays
+// the geometry describes.
+#ifndef DLBATCH_TRAINER_GPU_ELEMENTS_H_
+#define DLBATCH_TRAINER_GPU_ELEMENTS_H_
+
+#include <algorithm>
+#include <cstdint>
+
+#include "trainer/placement.h"  // DLBATCH_HOST_DEVICE, SamplePlacement
+
+namespace dlbatch::trainer::gpu {
+
+// Element j's coordinates in an NHWC array of h x w x c samples.
+template <typename Index>
+struct Nhwc {
+  Index sample;
+  int y, x, channel;
+};
+template <typename Index>
+DLBATCH_HOST_DEVICE Nhwc<Index> Coordinates(Index j, int h, int w, int c) {
+  Nhwc<Index> at;
+  at.channel = static_cast<int>(j % c);
+  Index rest = j / c;
+  at.x = static_cast<int>(rest % w);
+  rest /= w;
+  at.y = static_cast<int>(rest % h);
+  at.sample = rest / h;
+  return at;
+}
+
+// a * b and a + b, each rounded to nearest (never fused into one
+// multiply-add, on the device as on the host: the host's loader rounds
+// both, and files that call these on the host build with
+// -ffp-contract=off).
+DLBATCH_HOST_DEVICE inline float MulRounded(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+DLBATCH_HOST_DEVICE inline float AddRounded(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// A pooling window over NHWC samples of h x w x c: kh x kw, moved by
+// (sh, sw), the first one starting at (-top, -left); the output is
+// oh x ow x c. Tiled pooling: sh = kh, sw = kw, no padding.
+struct PoolGeometry {
+  int h, w, c, kh, kw, sh, sw, top, left, oh, ow;
+};
+
+// A window's result: its value and, for max pooling, the position of the
+// first maximum in window order (row-major, as the CPU backend picks).
+struct Pooled {
+  float value;
+  int where;
+};
+
+// Tiled max pooling, output element i.
+template <typename Index>
+DLBATCH_HOST_DEVICE Pooled MaxPoolTiledAt(Index i, const PoolGeometry& g,
+                                          const float* x) {
+  const auto [sample, oy, ox, channel] = Coordinates(i, g.oh, g.ow, g.c);
+  const float* base =
+      x + ((sample * g.h + Index{oy} * g.kh) * g.w + Index{ox} * g.kw) * g.c +
+      channel;
+  Pooled best{base[0], 0};
+  for (int dy = 0; dy < g.kh; ++dy) {
+    for (int dx = 0; dx < g.kw; ++dx) {
+      const float v = base[(Index{dy} * g.w + dx) * g.c];
+      if (v > best.value) best = Pooled{v, dy * g.kw + dx};
+    }
+  }
+  return best;
+}
+
+// Tiled max pooling's input gradient, element i: the output's gradient
+// where i was its window's argmax, else 0 (also in rows and columns no
+// window covers).
+template <typename Index>
+DLBATCH_HOST_DEVICE float MaxPoolTiledGradAt(Index i, const PoolGeometry& g,
+                                             const uint8_t* argmax,
+                                             const float* dy) {
+  const auto [sample, iy, ix, channel] = Coordinates(i, g.h, g.w, g.c);
+  const int oy = iy / g.kh, ox = ix / g.kw;
+  if (oy >= g.oh || ox >= g.ow) return 0;
+  const Index o = ((sample * g.oh + oy) * g.ow + ox) * g.c + channel;
+  return argmax[o] == (iy - oy * g.kh) * g.kw + (ix - ox * g.kw) ? dy[o] : 0;
+}
+
+// The input elements of a window along one dimension: [begin, end) of
+// [start, start + k) clipped to [0, size).
+struct Span {
+  int begin, end;
+};
+DLBATCH_HOST_DEVICE inline Span Clip(int start, int k, int size) {
+  return Span{std::max(start, 0), std::min(start + k, size)};
+}
+
+// Padded pooling (max or average over the window's elements inside the
+// input), output element i. A window with no element inside (which `same`
+// padding never makes) gives 0 and position -1.
+template <typename Index>
+DLBATCH_HOST_DEVICE Pooled PoolPaddedAt(Index i, bool is_max,
+                                        const PoolGeometry& g, const float* x) {
+  const auto [sample, oy, ox, channel] = Coordinates(i, g.oh, g.ow, g.c);
+  const int y0 = oy * g.sh - g.top, x0 = ox * g.sw - g.left;
+  const Span rows = Clip(y0, g.kh, g.h), cols = Clip(x0, g.kw, g.w);
+  const float* plane = x + sample * g.h * g.w * g.c + channel;
+  if (is_max) {
+    Pooled best{0, -1};
+    for (int iy = rows.begin; iy < rows.end; ++iy) {
+      for (int ix = cols.begin; ix < cols.end; ++ix) {
+        const float v = plane[(Index{iy} * g.w + ix) * g.c];
+        if (best.where < 0 || v > best.value) {
+          best = Pooled{v, (iy - y0) * g.kw + (ix - x0)};
+        }
+      }
+    }
+    return best;
+  }
+  float sum = 0;
+  for (int iy = rows.begin; iy < rows.end; ++iy) {
+    for (int ix = cols.begin; ix < cols.end; ++ix) {
+      sum += plane[(Index{iy} * g.w + ix) * g.c];
+    }
+  }
+  const int elements = (rows.end - rows.begin) * (cols.end - cols.begin);
+  return Pooled{elements > 0 ? sum / static_cast<float>(elements) : 0, -1};
+}
+
+// Padded pooling's input gradient, element i: the sum, over the windows
+// that contain it (in order of oy, then ox), of the window's gradient where
+// i is the window's recorded argmax (max) or of the gradient divided by the
+// window's elements inside the input (average).
+template <typename Index>
+DLBATCH_HOST_DEVICE float PoolPaddedGradAt(Index i, bool is_max,
+                                           const PoolGeometry& g,
+                                           const int32_t* argmax,
+                                           const float* dy) {
+  const auto [sample, iy, ix, channel] = Coordinates(i, g.h, g.w, g.c);
+  // In padded coordinates (>= 0), window oy covers [oy * sh, oy * sh + kh):
+  // it contains py where oy * sh <= py <= oy * sh + kh - 1.
+  const int py = iy + g.top, px = ix + g.left;
+  const int oy_begin = py >= g.kh ? (py - g.kh) / g.sh + 1 : 0;
+  const int ox_begin = px >= g.kw ? (px - g.kw) / g.sw + 1 : 0;
+  const int oy_last = std::min(py / g.sh, g.oh - 1);
+  const int ox_last = std::min(px / g.sw, g.ow - 1);
+  float sum = 0;
+  for (int oy = oy_begin; oy <= oy_last; ++oy) {
+    for (int ox = ox_begin; ox <= ox_last; ++ox) {
+      const Index o = ((sample * g.oh + oy) * g.ow + ox) * g.c + channel;
+      if (is_max) {
+        if (argmax[o] == (py - oy * g.sh) * g.kw + (px - ox * g.sw)) {
+          sum += dy[o];
+        }
+      } else {
+        const Span rows = Clip(oy * g.sh - g.top, g.kh, g.h);
+        const Span cols = Clip(ox * g.sw - g.left, g.kw, g.w);
+        const int elements = (rows.end - rows.begin) * (cols.end - cols.begin);
+        sum += dy[o] / static_cast<float>(elements);
+      }
+    }
+  }
+  return sum;
+}
+
+// A zero-padded copy of NHWC samples of h x w x c, ph x pw x c each, the
+// samples' (0, 0) at (top, left).
+struct PadGeometry {
+  int h, w, c, top, left, ph, pw;
+};
+
+// The padded copy's element i: x's element at (py - top, px - left) where
+// that lies inside x, else 0.
+template <typename Index>
+DLBATCH_HOST_DEVICE float PaddedAt(Index i, const PadGeometry& g,
+                                   const float* x) {
+  const auto [sample, py, px, channel] = Coordinates(i, g.ph, g.pw, g.c);
+  const int iy = py - g.top, ix = px - g.left;
+  if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) return 0;
+  return x[((sample * g.h + iy) * g.w + ix) * g.c + channel];
+}
+
+// The crop of a padded copy back to x's shape, element i.
+template <typename Index>
+DLBATCH_HOST_DEVICE float CroppedAt(Index i, const PadGeometry& g,
+                                    const float* padded) {
+  const auto [sample, iy, ix, channel] = Coordinates(i, g.h, g.w, g.c);
+  return padded[((sample * g.ph + iy + g.top) * g.pw + ix + g.left) * g.c +
+                channel];
+}
+
+// A batch's image element i (NHWC samples of h x w x c) from the data set's
+// bytes: the byte the sample's placement names (placed may be null: every
+// sample as it is), times the channel's scale plus its bias, or the bias
+// where the position is fill. scale_bias: c scales, then c biases
+// (ScaleAndBias in data.h).
+template <typename Index>
+DLBATCH_HOST_DEVICE float ImageAt(Index i, int h, int w, int c,
+                                  const uint8_t* pixels,
+                                  const SamplePlacement* placed,
+                                  const float* scale_bias) {
+  const auto [sample, y, x, channel] = Coordinates(i, h, w, c);
+  int sy = y, sx = x;
+  if (placed != nullptr) {
+    sy = SourceAt(placed[sample].y, y, h);
+    sx = SourceAt(placed[sample].x, x, w);
+    if (sy < 0 || sx < 0) return scale_bias[c + channel];
+  }
+  const float v = pixels[((sample * h + sy) * w + sx) * c + channel];
+  return AddRounded(MulRounded(v, scale_bias[channel]),
+                    scale_bias[c + channel]);
+}
+
+}  // namespace dlbatch::trainer::gpu
+
+#endif  // DLBATCH_TRAINER_GPU_ELEMENTS_H_
