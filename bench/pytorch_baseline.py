@@ -31,9 +31,12 @@ GPU, so batch gathering is one index_select on the device and no loader or
 host-to-device copy limits the baseline; dlbatch-train, by contrast, copies
 each batch from host memory. Arithmetic is float32: TF32 is switched off for
 cuDNN convolutions and cuBLAS matrix products. cudnn.benchmark is on (the
-fastest algorithm per shape, searched during the first step, which counts in
-the timing as dlbatch's own algorithm search does). The timed region starts
-and ends with torch.cuda.synchronize(). channels_last and the foreach SGD
+fastest algorithm per shape, searched during the first step; dlbatch-train
+searches while building its network, before its first step, and reports that
+as build_time_s). The first step is timed apart (first_step_s, after a
+torch.cuda.synchronize()), so that trainer_bench can compare the steps after
+it on both sides. The timed region starts and ends with
+torch.cuda.synchronize(). channels_last and the foreach SGD
 default to off and on there (PyTorch's own defaults on CUDA); the CPU path's
 defaults are unchanged. Where no CUDA device is usable it exits with status 2
 and a message on stderr.

@@ -11,7 +11,9 @@
 //                 [--vary-seed]
 //   trainer_bench --check-jobs     # parse and validate the job files only
 //
-// Images/s is the median over the repeats; test accuracy is the mean. With
+// Images/s is the median over the repeats (on a GPU over the steps after
+// the first, with each side's one-off costs in a second table:
+// SteadyImagesPerS); test accuracy is the mean. With
 // --vary-seed, repeat r trains with seed r + 1 on both sides (initial
 // weights and shuffle order), so the accuracy columns compare means over
 // seeds: one seed's accuracy after one epoch moves by about a point from seed
@@ -110,9 +112,37 @@ const std::vector<Case>& Cases() {
 
 // What one training run reports.
 struct RunResult {
-  double images_per_s = 0;
+  double images_per_s = 0;   // over every step, as the run reports it
   double test_accuracy = 0;  // percent
+  // Where the run reports them (both sides on a GPU):
+  int64_t iterations = 0;
+  double train_time_s = 0;             // every step, the first included
+  std::optional<double> first_step_s;  // the first alone, waited for
+  std::optional<double> build_time_s;  // dlbatch: backend and network,
+                                       // the algorithm search included
 };
+
+// Images/s over the steps after the first, where the run timed its first
+// step apart: what a longer run approaches. The GPU cases compare these:
+// each side's one-off costs fall on different sides of its clock (dlbatch
+// searches cuDNN's algorithms while building the network, before its first
+// step; PyTorch's cudnn.benchmark searches inside its first step), so
+// images/s over every step would count PyTorch's search and not dlbatch's.
+std::optional<double> SteadyImagesPerS(const RunResult& r, int batch) {
+  if (!r.first_step_s || r.iterations < 2) return std::nullopt;
+  const double time = r.train_time_s - *r.first_step_s;
+  if (!(time > 0)) return std::nullopt;
+  return static_cast<double>(r.iterations - 1) * batch / time;
+}
+
+// Images/s with the one-off costs in on both sides: the first step, and
+// dlbatch's build with its algorithm search (and its CUDA context, which
+// PyTorch makes outside its clock: this leans against dlbatch).
+std::optional<double> WholeRunImagesPerS(const RunResult& r, int batch) {
+  const double time = r.train_time_s + r.build_time_s.value_or(0);
+  if (r.iterations < 1 || !(time > 0)) return std::nullopt;
+  return static_cast<double>(r.iterations) * batch / time;
+}
 
 struct Options {
   int threads = 2;
@@ -265,6 +295,17 @@ absl::StatusOr<RunResult> ParseResult(const std::string& text,
   if (!acc.ok()) return acc.status();
   r.images_per_s = *ips;
   r.test_accuracy = *acc;
+  // The timing parts, where present (PyTorch times its first step apart on
+  // a GPU only; older dlbatch-train builds report neither).
+  auto optional = [&](const char* key) -> std::optional<double> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    absl::StatusOr<double> v = NumberField(j, key, source);
+    return v.ok() ? std::optional<double>(*v) : std::nullopt;
+  };
+  r.iterations = static_cast<int64_t>(optional("iterations").value_or(0));
+  r.train_time_s = optional("train_time_s").value_or(0);
+  r.first_step_s = optional("first_step_s");
+  r.build_time_s = optional("build_time_s");
   return r;
 }
 
@@ -362,7 +403,11 @@ absl::StatusOr<RunResult> RunDlbatch(const Options& o, const Case& c,
                                    "--execution-environment",
                                    c.gpu ? "gpu" : "cpu",
                                    *job};
-  std::vector<std::string> env = {absl::StrCat("OMP_NUM_THREADS=", o.threads)};
+  // A tuning cache of its own (empty): every run searches cuDNN's
+  // algorithms, as every PyTorch process does with cudnn.benchmark.
+  std::vector<std::string> env = {
+      absl::StrCat("OMP_NUM_THREADS=", o.threads),
+      absl::StrCat("XDG_CACHE_HOME=", dir, "/cache")};
   absl::Status s = RunProcess(argv, env, dir + "/dlbatch.out",
                               dir + "/dlbatch.log", o.timeout_s);
   if (!s.ok()) return s;
@@ -380,24 +425,42 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Over the repeats that succeeded: median images/s, mean accuracy (a mean
-// over seeds with --vary-seed); nullopt where none did.
+// Over the repeats that succeeded: median images/s (on a GPU over the
+// steps after the first, SteadyImagesPerS), mean accuracy (a mean over seeds
+// with --vary-seed); nullopt where none did.
 struct Summary {
   std::optional<double> images_per_s, accuracy;
+  // The one-off costs (medians), and images/s with them (WholeRunImagesPerS).
+  std::optional<double> build_time_s, first_step_s, whole_images_per_s;
 };
 
-Summary Summarize(const std::vector<RunResult>& runs) {
+std::optional<double> MedianOf(const std::vector<std::optional<double>>& v) {
+  std::vector<double> present;
+  for (const std::optional<double>& x : v) {
+    if (x) present.push_back(*x);
+  }
+  if (present.empty()) return std::nullopt;
+  return Median(present);
+}
+
+Summary Summarize(const Case& c, const std::vector<RunResult>& runs) {
   Summary s;
   if (runs.empty()) return s;
-  std::vector<double> ips, acc;
-  for (const RunResult& r : runs) {
-    ips.push_back(r.images_per_s);
-    acc.push_back(r.test_accuracy);
-  }
-  s.images_per_s = Median(ips);
+  std::vector<std::optional<double>> ips, build, first, whole;
   double sum = 0;
-  for (double a : acc) sum += a;
-  s.accuracy = sum / acc.size();
+  for (const RunResult& r : runs) {
+    ips.push_back(c.gpu ? SteadyImagesPerS(r, c.batch)
+                        : std::optional<double>(r.images_per_s));
+    build.push_back(r.build_time_s);
+    first.push_back(r.first_step_s);
+    whole.push_back(WholeRunImagesPerS(r, c.batch));
+    sum += r.test_accuracy;
+  }
+  s.images_per_s = MedianOf(ips);
+  s.build_time_s = MedianOf(build);
+  s.first_step_s = MedianOf(first);
+  s.whole_images_per_s = MedianOf(whole);
+  s.accuracy = sum / runs.size();
   return s;
 }
 
@@ -438,6 +501,19 @@ std::string Row(const Case& c, const Summary& dl, const Summary& pt) {
       Num(ratio, "%.2f×"), c.speed_goal, Verdict(speed_met),
       Num(dl.accuracy, "%.2f"), Num(pt.accuracy, "%.2f"), Num(delta, "%+.2f"),
       acc_goal, Verdict(acc_met));
+}
+
+// A GPU case's one-off costs and its images/s with them, from the medians.
+std::string OneOffRow(const Case& c, const Summary& dl, const Summary& pt) {
+  std::optional<double> ratio;
+  if (dl.whole_images_per_s && pt.whole_images_per_s) {
+    ratio = *dl.whole_images_per_s / *pt.whole_images_per_s;
+  }
+  return absl::StrFormat(
+      "| %s b%d %dep gpu | %s | %s | %s | %s | %s | %s |", c.model, c.batch,
+      c.epochs, Num(dl.build_time_s, "%.2f"), Num(dl.first_step_s, "%.3f"),
+      Num(pt.first_step_s, "%.3f"), Num(dl.whole_images_per_s, "%.0f"),
+      Num(pt.whole_images_per_s, "%.0f"), Num(ratio, "%.2f×"));
 }
 
 // Parses and validates every job file the cases use.
@@ -621,7 +697,7 @@ int main(int argc, char** argv) {
     std::cerr << "trainer_bench: " << device_line << "\n";
   }
   const std::string load_before = LoadAverage();
-  std::vector<std::string> rows;
+  std::vector<std::string> rows, one_off_rows;
   int failures = 0;
   for (const Case& c : Cases()) {
     if (!o.only.empty() && o.only != c.name) continue;
@@ -647,20 +723,29 @@ int main(int argc, char** argv) {
           ++failures;
           continue;
         }
-        std::cerr << absl::StrFormat("%.0f images/s, %.2f%% (load %s)\n",
-                                     res->images_per_s, res->test_accuracy,
-                                     LoadAverage());
+        const std::optional<double> steady = SteadyImagesPerS(*res, c.batch);
+        std::cerr << absl::StrFormat(
+            "%.0f images/s%s, %.2f%% (load %s)\n", res->images_per_s,
+            steady ? absl::StrFormat(" (%.0f after the first step)", *steady)
+                   : "",
+            res->test_accuracy, LoadAverage());
         (pytorch ? pt_runs : dl_runs).push_back(*res);
       }
     }
-    rows.push_back(Row(c, Summarize(dl_runs), Summarize(pt_runs)));
+    const Summary dl = Summarize(c, dl_runs), pt = Summarize(c, pt_runs);
+    rows.push_back(Row(c, dl, pt));
+    if (c.gpu) one_off_rows.push_back(OneOffRow(c, dl, pt));
   }
 
   if (o.gpu) std::cout << device_line << ", float32 (no TF32)\n\n";
   std::cout << absl::StrFormat(
-      "Fashion-MNIST, %d thread(s), %d repeat(s)%s: median images/s, mean "
+      "Fashion-MNIST, %d thread(s), %d repeat(s)%s: median images/s%s, mean "
       "accuracy; load average %s before, %s after\n\n",
       o.threads, o.repeats,
+      o.gpu ? " over the steps after the first (each side's first step and "
+              "dlbatch's network build, where the one-off costs fall, are "
+              "in the second table)"
+            : "",
       o.vary_seed ? absl::StrCat(" over seeds 1..", o.repeats) : "",
       load_before, LoadAverage());
   std::cout << "| case | dlbatch images/s | PyTorch images/s | ratio | goal |"
@@ -668,6 +753,18 @@ int main(int argc, char** argv) {
                " | |\n";
   std::cout << "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const std::string& row : rows) std::cout << row << "\n";
+  if (!one_off_rows.empty()) {
+    std::cout << "\nOne-off costs (medians): dlbatch's build (backend, "
+                 "network and cuDNN algorithm search, with an empty tuning "
+                 "cache), each side's first step (PyTorch's includes its "
+                 "cudnn.benchmark search), and images/s over the whole run "
+                 "with them\n\n";
+    std::cout << "| case | dlbatch build s | dlbatch first step s | PyTorch "
+                 "first step s | dlbatch whole-run images/s | PyTorch "
+                 "whole-run images/s | ratio |\n";
+    std::cout << "|---|---|---|---|---|---|---|\n";
+    for (const std::string& row : one_off_rows) std::cout << row << "\n";
+  }
   std::cerr << "logs: " << root << "\n";
   return failures == 0 ? 0 : 1;
 }

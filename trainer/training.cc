@@ -560,11 +560,13 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
       {"wall_time_s", result.wall_time_s},
       {"train_time_s", result.train_time_s},
       {"images_per_s", result.images_per_s},
+      {"build_time_s", result.build_time_s},
       {"train_loss", result.train_loss},
       {"train_accuracy", result.train_accuracy},
       {"stopped_early", result.stopped_early},
       {"resumed", result.resumed},
   };
+  if (result.first_step_s) j["first_step_s"] = *result.first_step_s;
   if (result.validation_loss) {
     j["validation_loss"] = *result.validation_loss;
     j["validation_accuracy"] = *result.validation_accuracy;
@@ -583,7 +585,9 @@ absl::StatusOr<TrainResult> Run::Execute() {
   if (req_.mini_batch_size) opt_.mini_batch_size = *req_.mini_batch_size;
   if (leader()) RETURN_IF_ERROR(MakeDirs(req_.output_dir));
   RETURN_IF_ERROR(LoadData());
+  const auto build_start = Clock::now();
   RETURN_IF_ERROR(Build());
+  const double build_time = SecondsSince(build_start);
   RETURN_IF_ERROR(ResumeIfAsked());
   if (bytes_) {
     // Final now (a resumed run's is its checkpoint's).
@@ -867,12 +871,17 @@ absl::StatusOr<TrainResult> Run::Execute() {
     // progress report current; on the CPU it costs nothing.
     const bool read = queued.size() >=
                       static_cast<size_t>(backend_->on_gpu() ? kReadEvery : 1);
-    if (!(last || validate || row || checkpoint || read)) {
+    // This process's first step is waited for, once, and its time kept:
+    // what it costs beyond a steady step (lazy set-up in the libraries) is
+    // then known apart from the steady steps' rate.
+    const bool first = steps_run == 1;
+    if (!(last || validate || row || checkpoint || read || first)) {
       train_time += SecondsSince(step_start);
       continue;
     }
     RETURN_IF_ERROR(retire());
     train_time += SecondsSince(step_start);
+    if (first) result.first_step_s = train_time;
 
     std::optional<Evaluation> validation;
     if (validate) {
@@ -933,6 +942,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   result.epochs = static_cast<double>(iteration_) / per_epoch_;
   result.train_time_s = train_time;
   result.images_per_s = train_time > 0 ? images / train_time : 0;
+  result.build_time_s = build_time;
   result.train_loss = last_loss_;
   result.train_accuracy = last_accuracy_;
   if (validation_) {

@@ -62,6 +62,12 @@ struct TrainResult {
   double wall_time_s = 0;   // this process, set-up included
   double train_time_s = 0;  // inside training steps, this process
   double images_per_s = 0;  // training images / train_time_s
+  // Making the backend and the network, before the first step (a GPU's
+  // convolution algorithm search included, where no tuning cache has it).
+  double build_time_s = 0;
+  // This process's first step, waited for on the device; part of
+  // train_time_s. None where the process ran no step.
+  std::optional<double> first_step_s;
   double train_loss = 0;    // last mini-batch
   double train_accuracy = 0;
   std::optional<double> validation_loss;  // final, whole validation set

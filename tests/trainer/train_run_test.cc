@@ -156,6 +156,13 @@ TEST_F(TrainRun, LenetReaches85PercentInTwoEpochsWithEveryOutput) {
   EXPECT_EQ(m["iterations"], 1874);
   EXPECT_GE(m["validation_accuracy"].get<double>(), 85.0) << m.dump(2);
   EXPECT_GT(m["images_per_s"].get<double>(), 0);
+  // The first step's time is part of the training time; building the
+  // network is not.
+  EXPECT_GT(m["build_time_s"].get<double>(), 0);
+  EXPECT_GT(m["first_step_s"].get<double>(), 0);
+  EXPECT_LT(m["first_step_s"].get<double>(), m["train_time_s"].get<double>());
+  EXPECT_LT(m["build_time_s"].get<double>() + m["train_time_s"].get<double>(),
+            m["wall_time_s"].get<double>());
 
   // History: one train row per iteration, validations at 400, 800, 1200,
   // 1600 and 1874.
@@ -379,6 +386,7 @@ TEST_F(TrainRun, KilledAndResumedRunEndsWithTheSameWeights) {
   nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
   EXPECT_EQ(m["resumed"], true);
   EXPECT_EQ(m["iterations"], 400);
+  EXPECT_TRUE(m.contains("first_step_s")) << m.dump(2);  // of this process
   // The history continues without a gap or a repeat.
   ExpectRowsOneTo(ReadAll(out + "/training_history.csv"), 400);
 }
