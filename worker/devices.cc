@@ -23,9 +23,14 @@ std::vector<v1::Device> DiscoverGpus(std::string* note) {
     if (note) *note = absl::StrCat("no GPU usable: ", cudaGetErrorString(err));
     return gpus;
   }
+  std::string skipped;  // GPUs the runtime counts but cannot describe
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    if (cudaError_t e = cudaGetDeviceProperties(&prop, i); e != cudaSuccess) {
+      absl::StrAppend(&skipped, skipped.empty() ? "" : "; ", "GPU ", i,
+                      " left out: ", cudaGetErrorString(e));
+      continue;
+    }
     v1::Device d;
     d.set_index(i);
     d.set_kind("gpu");
@@ -34,7 +39,13 @@ std::vector<v1::Device> DiscoverGpus(std::string* note) {
     d.set_compute_capability(absl::StrCat(prop.major, ".", prop.minor));
     gpus.push_back(std::move(d));
   }
-  if (gpus.empty() && note) *note = "the CUDA runtime found no GPU";
+  if (note) {
+    if (!skipped.empty()) {
+      *note = skipped;
+    } else if (gpus.empty()) {
+      *note = "the CUDA runtime found no GPU";
+    }
+  }
 #else
   if (note) *note = "built without CUDA";
 #endif

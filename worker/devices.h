@@ -14,7 +14,8 @@
 namespace dlbatch::worker {
 
 // GPUs through the CUDA runtime; empty in a CPU-only build, without a
-// driver, or without devices. `note` says why none were found.
+// driver, or without devices. `note` says why none were found, or which
+// GPUs the runtime counts but could not describe (left out).
 std::vector<v1::Device> DiscoverGpus(std::string* note);
 std::vector<v1::Device> CpuSlots(int count);
 // The CUDA_VISIBLE_DEVICES that shows a job exactly its GPUs, `indices` in

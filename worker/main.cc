@@ -133,7 +133,8 @@ int main(int argc, char** argv) {
     options.devices = dlbatch::worker::CpuSlots(slots);
     spdlog::info("offering {} CPU slots{}", slots, note.empty() ? "" : " (" + note + ")");
   } else {
-    spdlog::info("offering {} GPUs", options.devices.size());
+    spdlog::info("offering {} GPUs{}", options.devices.size(),
+                 note.empty() ? "" : " (" + note + ")");
   }
 
   dlbatch::worker::Worker worker(options, dlbatch::SystemClock::Get());
