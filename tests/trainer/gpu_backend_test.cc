@@ -27,7 +27,10 @@
 namespace dlbatch::trainer {
 namespace {
 
+using testing::PadString;
 using testing::RandomVector;
+using testing::SameConv;
+using testing::SamePool;
 
 // Tolerance of ‖gpu − cpu‖ / ‖cpu‖ for float results computed in another
 // order (cuDNN's and oneDNN's summation orders differ).
@@ -576,35 +579,6 @@ TEST_F(GpuBackendTest, LeNetLossCurveOf200StepsMatchesTheCpu) {
 // --- asymmetric padding: `same` with an even window or a stride over an
 // even size (cuDNN pads symmetrically; the GPU pads a copy or runs its own
 // pooling kernels) ---
-
-ConvDesc SameConv(Shape in, int filters, int k, int stride) {
-  ConvDesc d;
-  d.in = in;
-  d.filters = filters;
-  d.kh = d.kw = k;
-  d.stride_h = d.stride_w = stride;
-  d.out.c = filters;
-  SamePadding(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
-  SamePadding(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
-  return d;
-}
-
-PoolDesc SamePool(PoolKind kind, Shape in, int k, int stride) {
-  PoolDesc d;
-  d.kind = kind;
-  d.in = in;
-  d.kh = d.kw = k;
-  d.stride_h = d.stride_w = stride;
-  d.out.c = in.c;
-  SamePadding(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
-  SamePadding(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
-  return d;
-}
-
-std::string PadString(const Padding& p) {
-  return std::to_string(p.top) + "," + std::to_string(p.left) + "," +
-         std::to_string(p.bottom) + "," + std::to_string(p.right);
-}
 
 TEST_F(GpuBackendTest, ConvolutionWithAsymmetricPaddingMatchesTheCpu) {
   const ConvDesc descs[] = {

@@ -23,7 +23,10 @@ namespace {
 using gpu::PadGeometry;
 using gpu::Pooled;
 using gpu::PoolGeometry;
+using testing::PadString;
 using testing::RandomVector;
+using testing::SameConv;
+using testing::SamePool;
 
 // ‖got − want‖ / ‖want‖.
 double Relative(const std::vector<float>& got, const std::vector<float>& want) {
@@ -38,30 +41,6 @@ std::vector<float> Ties(int64_t count, uint64_t seed) {
   return v;
 }
 
-PoolDesc SamePool(PoolKind kind, Shape in, int k, int stride) {
-  PoolDesc d;
-  d.kind = kind;
-  d.in = in;
-  d.kh = d.kw = k;
-  d.stride_h = d.stride_w = stride;
-  d.out.c = in.c;
-  SamePadding(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
-  SamePadding(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
-  return d;
-}
-
-ConvDesc SameConv(Shape in, int filters, int k, int stride) {
-  ConvDesc d;
-  d.in = in;
-  d.filters = filters;
-  d.kh = d.kw = k;
-  d.stride_h = d.stride_w = stride;
-  d.out.c = filters;
-  SamePadding(in.h, k, stride, &d.pad.top, &d.pad.bottom, &d.out.h);
-  SamePadding(in.w, k, stride, &d.pad.left, &d.pad.right, &d.out.w);
-  return d;
-}
-
 PoolGeometry Geometry(const PoolDesc& d) {
   return PoolGeometry{d.in.h,     d.in.w,     d.in.c,     d.kh,
                       d.kw,       d.stride_h, d.stride_w, d.pad.top,
@@ -72,9 +51,7 @@ std::string Describe(const PoolDesc& d) {
   return std::string(d.kind == PoolKind::kMax ? "max " : "average ") +
          d.in.ToString() + " -> " + d.out.ToString() + ", " +
          std::to_string(d.kh) + "x" + std::to_string(d.kw) + " stride " +
-         std::to_string(d.stride_h) + " pad " + std::to_string(d.pad.top) +
-         "," + std::to_string(d.pad.left) + "," + std::to_string(d.pad.bottom) +
-         "," + std::to_string(d.pad.right);
+         std::to_string(d.stride_h) + " pad " + PadString(d.pad);
 }
 
 // Host memory through the CPU backend (whose memory is the host's).
@@ -134,6 +111,21 @@ class GpuElementsTest : public ::testing::Test {
     *dx = hdx.values();
   }
 
+  // Three samples of random inputs (0s and 1s with `ties`) and gradients
+  // for `d`, and the CPU backend's pooling of them.
+  struct PoolingCase {
+    int n = 3;
+    std::vector<float> x, dy, want_y, want_dx;
+  };
+  PoolingCase Pooling(const PoolDesc& d, bool ties, uint64_t* seed) {
+    PoolingCase p;
+    p.x = ties ? Ties(p.n * d.in.size(), ++*seed)
+               : RandomVector(p.n * d.in.size(), ++*seed);
+    p.dy = RandomVector(p.n * d.out.size(), ++*seed);
+    CpuPooling(d, p.n, p.x, p.dy, &p.want_y, &p.want_dx);
+    return p;
+  }
+
   std::unique_ptr<Backend> cpu_;
 };
 
@@ -153,12 +145,7 @@ TYPED_TEST(GpuElementsTest, TiledMaxPoolingIsTheCpusBitForBit) {
   for (const PoolDesc& d : descs) {
     for (const bool ties : {false, true}) {
       SCOPED_TRACE(Describe(d) + (ties ? ", ties" : ""));
-      const int n = 3;
-      const std::vector<float> x = ties ? Ties(n * d.in.size(), ++seed)
-                                        : RandomVector(n * d.in.size(), ++seed);
-      const std::vector<float> dy = RandomVector(n * d.out.size(), ++seed);
-      std::vector<float> want_y, want_dx;
-      this->CpuPooling(d, n, x, dy, &want_y, &want_dx);
+      const auto [n, x, dy, want_y, want_dx] = this->Pooling(d, ties, &seed);
 
       const PoolGeometry g = Geometry(d);
       const std::vector<Pooled> pooled = this->template Elements<Pooled>(
@@ -206,13 +193,7 @@ TYPED_TEST(GpuElementsTest, PaddedPoolingAgreesWithTheCpu) {
         const PoolDesc d = SamePool(kind, c.in, c.k, c.stride);
         SCOPED_TRACE(Describe(d) + (ties ? ", ties" : ""));
         const bool is_max = kind == PoolKind::kMax;
-        const int n = 3;
-        const std::vector<float> x =
-            ties ? Ties(n * d.in.size(), ++seed)
-                 : RandomVector(n * d.in.size(), ++seed);
-        const std::vector<float> dy = RandomVector(n * d.out.size(), ++seed);
-        std::vector<float> want_y, want_dx;
-        this->CpuPooling(d, n, x, dy, &want_y, &want_dx);
+        const auto [n, x, dy, want_y, want_dx] = this->Pooling(d, ties, &seed);
 
         const PoolGeometry g = Geometry(d);
         const std::vector<Pooled> pooled = this->template Elements<Pooled>(

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "trainer/backend.h"
+#include "trainer/layers.h"
 #include "trainer/rng.h"
 
 namespace dlbatch::trainer::testing {
@@ -105,6 +107,45 @@ class CpuBackendTest : public ::testing::Test {
   }
   std::unique_ptr<Backend> backend_;
 };
+
+// `same` padding of a k x k window moved by `stride` over `in`: the pads
+// (the extra row and column at the bottom and right, so often asymmetric)
+// and the output's height and width.
+inline void ResolveSame(const Shape& in, int k, int stride, Padding* pad,
+                        Shape* out) {
+  SamePadding(in.h, k, stride, &pad->top, &pad->bottom, &out->h);
+  SamePadding(in.w, k, stride, &pad->left, &pad->right, &out->w);
+}
+
+// A k x k convolution of `filters` with `same` padding.
+inline ConvDesc SameConv(Shape in, int filters, int k, int stride) {
+  ConvDesc d;
+  d.in = in;
+  d.filters = filters;
+  d.kh = d.kw = k;
+  d.stride_h = d.stride_w = stride;
+  d.out.c = filters;
+  ResolveSame(in, k, stride, &d.pad, &d.out);
+  return d;
+}
+
+// A k x k pooling with `same` padding.
+inline PoolDesc SamePool(PoolKind kind, Shape in, int k, int stride) {
+  PoolDesc d;
+  d.kind = kind;
+  d.in = in;
+  d.kh = d.kw = k;
+  d.stride_h = d.stride_w = stride;
+  d.out.c = in.c;
+  ResolveSame(in, k, stride, &d.pad, &d.out);
+  return d;
+}
+
+// "top,left,bottom,right".
+inline std::string PadString(const Padding& p) {
+  return std::to_string(p.top) + "," + std::to_string(p.left) + "," +
+         std::to_string(p.bottom) + "," + std::to_string(p.right);
+}
 
 }  // namespace dlbatch::trainer::testing
 
