@@ -14,7 +14,8 @@ bool GpuBackendBuilt() {
 #endif
 }
 
-absl::StatusOr<BackendChoice> ChooseBackend(const std::string& environment, int world,
+absl::StatusOr<BackendChoice> ChooseBackend(const std::string& environment,
+                                            int world, int local_ranks,
                                             int local_rank, int visible_gpus,
                                             bool gpu_backend_built) {
   BackendChoice c;
@@ -45,12 +46,13 @@ absl::StatusOr<BackendChoice> ChooseBackend(const std::string& environment, int 
         " ranks needs NCCL between the GPUs, which this dlbatch-train was built without; "
         "use a pool of 1 for one GPU, or cpu for data parallelism on CPUs"));
   }
-  if (!want_gpu && world > visible_gpus) {
-    // Every rank must choose alike, and each sees only the world and its
-    // machine's GPUs: more ranks than GPUs here train on CPUs.
-    c.note = absl::StrCat(world, " ranks and ", visible_gpus,
-                          " visible GPU(s): training on the CPU (one rank per GPU "
-                          "trains on the GPUs)");
+  if (!want_gpu && local_ranks > visible_gpus) {
+    // More ranks on this machine than GPUs: its ranks train on CPUs (and
+    // AgreeOnBackend takes the other machines' ranks along).
+    c.note =
+        absl::StrCat(local_ranks, " rank(s) on this machine and ", visible_gpus,
+                     " visible GPU(s): training on the CPU (one rank per GPU "
+                     "trains on the GPUs)");
     return c;
   }
   if (local_rank >= visible_gpus) {
@@ -63,6 +65,69 @@ absl::StatusOr<BackendChoice> ChooseBackend(const std::string& environment, int 
   c.gpu = true;
   c.device = local_rank;
   return c;
+}
+
+absl::StatusOr<BackendChoice> AgreeOnBackend(const std::string& environment,
+                                             Rendezvous* rendezvous, int rank,
+                                             int world, BackendChoice mine,
+                                             absl::Duration timeout) {
+  const bool automatic = environment.empty() || environment == "auto";
+  if (!automatic || world <= 1) return mine;
+  // "gpu"; or "cpu", with ":" and why where there is something to say.
+  auto vote = [](const BackendChoice& c) {
+    return c.gpu            ? std::string("gpu")
+           : c.note.empty() ? "cpu"
+                            : "cpu:" + c.note;
+  };
+  constexpr char kDecision[] = "backend-decision";
+  if (absl::Status s =
+          rendezvous->Set(absl::StrCat("backend-rank", rank), vote(mine));
+      !s.ok()) {
+    return s;
+  }
+  // Rank 0: "gpu" where every rank chose its GPU; else "cpu", with the
+  // first CPU rank's reason where it gave one or other ranks had GPUs
+  // (which the job then leaves idle).
+  std::string decision;
+  if (rank == 0) {
+    bool any_gpu = false;
+    int first_cpu = -1;
+    std::string why;
+    for (int r = 0; r < world; ++r) {
+      absl::StatusOr<std::string> v =
+          rendezvous->Get(absl::StrCat("backend-rank", r), timeout);
+      if (!v.ok()) return v.status();
+      if (*v == "gpu") {
+        any_gpu = true;
+      } else if (first_cpu < 0) {
+        first_cpu = r;
+        why = v->rfind("cpu:", 0) == 0 ? v->substr(4) : "";
+      }
+    }
+    if (first_cpu < 0) {
+      decision = "gpu";
+    } else if (why.empty() && !any_gpu) {
+      decision = "cpu";
+    } else {
+      decision = absl::StrCat("cpu:rank ", first_cpu, ": ",
+                              why.empty() ? "no GPU usable" : why);
+    }
+    if (absl::Status s = rendezvous->Set(kDecision, decision); !s.ok())
+      return s;
+  } else {
+    absl::StatusOr<std::string> d = rendezvous->Get(kDecision, timeout);
+    if (!d.ok()) return d.status();
+    decision = *d;
+  }
+  if (decision == "gpu") return mine;
+  BackendChoice cpu;
+  if (decision.rfind("cpu:", 0) == 0) {
+    cpu.note =
+        absl::StrCat(decision.substr(4),
+                     "; every rank trains on the CPU (ranks on GPUs need a GPU "
+                     "each on every machine)");
+  }
+  return cpu;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeChosenBackend(const BackendChoice& choice,

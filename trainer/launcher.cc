@@ -54,10 +54,16 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
     argv.push_back(nullptr);
     // As torchrun's LOCAL_RANK: which of this machine's devices is its.
     std::vector<std::string> env_s;
+    // DLBATCH_LOCAL_RANKS, as torchrun's LOCAL_WORLD_SIZE: how many there
+    // are on this machine (auto trains on GPUs where there is one each).
     for (char** e = environ; *e != nullptr; ++e) {
-      if (std::strncmp(*e, "DLBATCH_LOCAL_RANK=", 19) != 0) env_s.push_back(*e);
+      if (std::strncmp(*e, "DLBATCH_LOCAL_RANK=", 19) != 0 &&
+          std::strncmp(*e, "DLBATCH_LOCAL_RANKS=", 20) != 0) {
+        env_s.push_back(*e);
+      }
     }
     env_s.push_back("DLBATCH_LOCAL_RANK=" + std::to_string(i));
+    env_s.push_back("DLBATCH_LOCAL_RANKS=" + std::to_string(range.count));
     std::vector<char*> envp;
     for (std::string& s : env_s) envp.push_back(s.data());
     envp.push_back(nullptr);

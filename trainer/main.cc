@@ -213,6 +213,10 @@ int main(int argc, char** argv) {
   if (output_dir.empty()) output_dir = name + "-output";
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
 
+  // The ranks on this machine: the launcher's count (it tells each rank),
+  // 1 for a lone rank of a run over machines; unknown where --rank was
+  // given by hand, where all of them are taken to be here.
+  int local_ranks = 0;
   if (rank_opt->count() == 0) {
     if (ranks == 0) ranks = std::max(1, job->spec.pool());
     RankRange range;
@@ -230,6 +234,7 @@ int main(int argc, char** argv) {
       // One rank of a run spread over machines: be it.
       rank = range.first;
       world = range.world;
+      local_ranks = 1;
     } else if (range.count > 1) {
       // The launcher: start the ranks as processes of this same program.
       std::vector<std::string> args;
@@ -263,6 +268,7 @@ int main(int argc, char** argv) {
     } else {
       rank = 0;
       world = 1;
+      local_ranks = 1;
     }
   }
   if (world < 1 || rank < 0 || rank >= world) {
@@ -275,11 +281,19 @@ int main(int argc, char** argv) {
   if (const char* local = std::getenv("DLBATCH_LOCAL_RANK"); local != nullptr) {
     (void)absl::SimpleAtoi(local, &local_rank);
   }
+  if (const char* count = std::getenv("DLBATCH_LOCAL_RANKS");
+      local_ranks == 0 && count != nullptr) {
+    (void)absl::SimpleAtoi(count, &local_ranks);
+  }
+  if (local_ranks <= 0) local_ranks = world;
   // The device decides the collectives too (GPUs meet over NCCL, CPUs over
-  // Gloo), so it is chosen once, here, before the rendezvous.
+  // Gloo): chosen here from what this machine has, then agreed on by every
+  // rank through the rendezvous (AgreeOnBackend) before the communicator.
+  const std::string& environment =
+      job->spec.train().options().execution_environment();
   absl::StatusOr<BackendChoice> choice =
-      ChooseBackend(job->spec.train().options().execution_environment(), world,
-                    local_rank, CudaDeviceCount(), GpuBackendBuilt());
+      ChooseBackend(environment, world, local_ranks, local_rank,
+                    CudaDeviceCount(), GpuBackendBuilt());
   if (!choice.ok()) return Fail(rank, world, choice.status());
   if (world > 1 && choice->gpu) {
     // Ranks on several machines: NCCL's sockets on the interface of the
@@ -313,6 +327,9 @@ int main(int argc, char** argv) {
                                 : OpenFileRendezvous(rendezvous);
     if (!r.ok()) return Fail(rank, world, r.status());
     rdv = std::move(r).value();
+    choice = AgreeOnBackend(environment, rdv.get(), rank, world, *choice,
+                            absl::Minutes(5));
+    if (!choice.ok()) return Fail(rank, world, choice.status());
     auto c = choice->gpu
                  ? MakeNcclCommunicator(rdv.get(), rank, world, choice->device,
                                         absl::Minutes(5))

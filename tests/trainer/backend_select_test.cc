@@ -1,8 +1,14 @@
 // execution_environment -> the backend a rank trains on.
 #include "trainer/backend_select.h"
 
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "trainer/communicator.h"
 #include "trainer/communicator_nccl.h"
 
 namespace dlbatch::trainer {
@@ -12,22 +18,22 @@ using ::testing::HasSubstr;
 
 TEST(ChooseBackend, CpuIsTheCpuWhateverIsVisible) {
   for (int gpus : {0, 4}) {
-    auto c = ChooseBackend("cpu", 4, 1, gpus, true);
+    auto c = ChooseBackend("cpu", 4, 4, 1, gpus, true);
     ASSERT_TRUE(c.ok());
     EXPECT_FALSE(c->gpu);
   }
 }
 
 TEST(ChooseBackend, AutoTakesTheGpuOfASingleRankWhereOneIsVisible) {
-  auto c = ChooseBackend("auto", 1, 0, 2, true);
+  auto c = ChooseBackend("auto", 1, 1, 0, 2, true);
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE(c->gpu);
   EXPECT_EQ(c->device, 0);
-  c = ChooseBackend("", 1, 0, 2, true);  // unset is auto
+  c = ChooseBackend("", 1, 1, 0, 2, true);  // unset is auto
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE(c->gpu);
   for (auto [gpus, built] : {std::pair{0, true}, std::pair{2, false}}) {
-    c = ChooseBackend("auto", 1, 0, gpus, built);
+    c = ChooseBackend("auto", 1, 1, 0, gpus, built);
     ASSERT_TRUE(c.ok());
     EXPECT_FALSE(c->gpu);
     EXPECT_EQ(c->note, "");
@@ -35,7 +41,7 @@ TEST(ChooseBackend, AutoTakesTheGpuOfASingleRankWhereOneIsVisible) {
 }
 
 TEST(ChooseBackend, AutoWithSeveralRanksTakesTheirGpusWithNcclElseTheCpu) {
-  auto c = ChooseBackend("auto", 4, 2, 4, true);
+  auto c = ChooseBackend("auto", 4, 4, 2, 4, true);
   ASSERT_TRUE(c.ok());
   if (NcclBuilt()) {
     EXPECT_TRUE(c->gpu);
@@ -49,19 +55,19 @@ TEST(ChooseBackend, AutoWithSeveralRanksTakesTheirGpusWithNcclElseTheCpu) {
 
 TEST(ChooseBackend, SeveralGpuRanksNeedAGpuEachWithNccl) {
   if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL";
-  auto c = ChooseBackend("multi-gpu", 4, 3, 2, true);
+  auto c = ChooseBackend("multi-gpu", 4, 4, 3, 2, true);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(c.status().message(), HasSubstr("one rank per GPU"));
 }
 
 TEST(ChooseBackend, AskingForAGpuThatIsNotThereSaysWhatToChange) {
-  auto c = ChooseBackend("gpu", 1, 0, 0, true);
+  auto c = ChooseBackend("gpu", 1, 1, 0, 0, true);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(c.status().message(), HasSubstr("no CUDA device is visible"));
   EXPECT_THAT(c.status().message(), HasSubstr("use cpu or auto"));
-  c = ChooseBackend("multi-gpu", 1, 0, 4, false);
+  c = ChooseBackend("multi-gpu", 1, 1, 0, 4, false);
   EXPECT_THAT(c.status().message(), HasSubstr("built without the GPU backend"));
-  c = ChooseBackend("multi-gpu", 4, 0, 4, true);
+  c = ChooseBackend("multi-gpu", 4, 4, 0, 4, true);
   if (NcclBuilt()) {
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_TRUE(c->gpu);
@@ -69,16 +75,139 @@ TEST(ChooseBackend, AskingForAGpuThatIsNotThereSaysWhatToChange) {
   } else {
     EXPECT_THAT(c.status().message(), HasSubstr("NCCL"));
   }
-  c = ChooseBackend("tpu", 1, 0, 4, true);
+  c = ChooseBackend("tpu", 1, 1, 0, 4, true);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ChooseBackend, ARankGetsTheGpuOfItsLocalRank) {
-  auto c = ChooseBackend("gpu", 1, 0, 8, true);
+  auto c = ChooseBackend("gpu", 1, 1, 0, 8, true);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->device, 0);
-  c = ChooseBackend("gpu", 1, 3, 2, true);
+  c = ChooseBackend("gpu", 1, 1, 3, 2, true);
   EXPECT_FALSE(c.ok());
+}
+
+// A job over two machines of two GPUs each (pool 4): each machine has a
+// GPU per rank, so auto takes them; before, 4 ranks against 2 GPUs seen
+// sent the whole job to the CPUs.
+TEST(ChooseBackend, AutoOverMachinesTakesEachMachinesGpus) {
+  auto c = ChooseBackend("auto", 4, 2, 1, 2, true);
+  ASSERT_TRUE(c.ok()) << c.status();
+  if (NcclBuilt()) {
+    EXPECT_TRUE(c->gpu);
+    EXPECT_EQ(c->device, 1);
+  }
+  c = ChooseBackend("auto", 4, 3, 1, 2, true);  // 3 ranks here, 2 GPUs
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->gpu);
+  EXPECT_THAT(c->note,
+              HasSubstr("3 rank(s) on this machine and 2 visible GPU(s)"));
+}
+
+// Ranks as threads over a folder rendezvous: each returns what
+// AgreeOnBackend gives it from its own choice.
+std::vector<absl::StatusOr<BackendChoice>> Agree(
+    const std::string& environment, const std::vector<BackendChoice>& mine,
+    absl::Duration timeout) {
+  const std::string dir =
+      ::testing::TempDir() + "/agree-" +
+      ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
+      std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  const int world = static_cast<int>(mine.size());
+  std::vector<absl::StatusOr<BackendChoice>> got(world,
+                                                 absl::UnknownError("not run"));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      auto rdv = OpenFileRendezvous(dir);
+      if (!rdv.ok()) {
+        got[r] = rdv.status();
+        return;
+      }
+      got[r] =
+          AgreeOnBackend(environment, rdv->get(), r, world, mine[r], timeout);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  std::filesystem::remove_all(dir);
+  return got;
+}
+
+BackendChoice Gpu(int device) { return BackendChoice{true, device, ""}; }
+
+TEST(AgreeOnBackend, EveryRankOnItsGpuWhereEachHasOne) {
+  auto got = Agree("auto", {Gpu(0), Gpu(1), Gpu(0), Gpu(1)}, absl::Seconds(30));
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(got[r].ok()) << got[r].status();
+    EXPECT_TRUE(got[r]->gpu) << r;
+    EXPECT_EQ(got[r]->device, r % 2);
+  }
+}
+
+// One machine without GPUs for its ranks: all train on CPUs (NCCL and Gloo
+// do not meet), and the note says which rank had none.
+TEST(AgreeOnBackend, OneRankWithoutAGpuTakesEveryRankToTheCpu) {
+  BackendChoice cpu;
+  cpu.note =
+      "2 rank(s) on this machine and 0 visible GPU(s): training on the CPU";
+  auto got = Agree("", {Gpu(0), Gpu(1), cpu, cpu}, absl::Seconds(30));
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(got[r].ok()) << got[r].status();
+    EXPECT_FALSE(got[r]->gpu) << r;
+    EXPECT_THAT(got[r]->note,
+                HasSubstr("rank 2: 2 rank(s) on this machine and 0 visible"));
+    EXPECT_THAT(got[r]->note, HasSubstr("every rank trains on the CPU"));
+  }
+}
+
+// No GPU anywhere: the CPU, without a note (nothing was left idle).
+TEST(AgreeOnBackend, NoGpuAnywhereIsTheCpuWithoutAWord) {
+  auto got = Agree("auto", {BackendChoice{}, BackendChoice{}, BackendChoice{}},
+                   absl::Seconds(30));
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(got[r].ok()) << got[r].status();
+    EXPECT_FALSE(got[r]->gpu);
+    EXPECT_EQ(got[r]->note, "");
+  }
+  // GPUs on some machines only: those ranks say so, naming the first rank
+  // without.
+  got = Agree("auto", {Gpu(0), BackendChoice{}}, absl::Seconds(30));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(got[r].ok()) << got[r].status();
+    EXPECT_FALSE(got[r]->gpu);
+    EXPECT_THAT(got[r]->note, HasSubstr("rank 1: no GPU usable"));
+  }
+}
+
+// Only auto decides together; an environment that names the device, or a
+// single rank, keeps its own choice without a word exchanged (no
+// rendezvous given).
+TEST(AgreeOnBackend, OnlyAutoWithSeveralRanksExchangesChoices) {
+  for (const char* environment : {"gpu", "multi-gpu", "cpu"}) {
+    auto c =
+        AgreeOnBackend(environment, nullptr, 1, 4, Gpu(1), absl::Seconds(1));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(c->gpu);
+  }
+  auto c = AgreeOnBackend("auto", nullptr, 0, 1, Gpu(0), absl::Seconds(1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->gpu);
+}
+
+// A rank that never comes: rank 0 gives up after the timeout, naming it.
+TEST(AgreeOnBackend, ARankThatNeverComesIsAnErrorNamingIt) {
+  const std::string dir =
+      ::testing::TempDir() + "/agree-missing-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  auto rdv = OpenFileRendezvous(dir);
+  ASSERT_TRUE(rdv.ok()) << rdv.status();
+  auto c =
+      AgreeOnBackend("auto", rdv->get(), 0, 2, Gpu(0), absl::Milliseconds(300));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << c.status();
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("backend-rank1"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ChooseBackend, ThisMachineTrainsOnItsCpuUnderAuto) {
