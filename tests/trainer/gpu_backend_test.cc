@@ -201,6 +201,59 @@ TEST_F(GpuBackendTest, ConvolutionTuningRoundTrips) {
   EXPECT_EQ((*other)->SaveTuning(), tuning);
 }
 
+// `precision: tf32`: convolutions and matrix products may round their
+// inputs to TF32 (10-bit mantissa) on tensor cores, so the results stay
+// near float32's, within TF32's rounding (about 1e-3 of the norm here)
+// rather than float tolerance; the backend says which precision it runs.
+TEST_F(GpuBackendTest, Tf32ConvolutionsAndMatrixProductsStayNearFloat32) {
+  CudaBackendOptions options;
+  options.tf32 = true;
+  auto made = MakeCudaBackend(0, options);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<Backend> tf32 = *std::move(made);
+  EXPECT_NE(tf32->Describe().find("tf32"), std::string::npos)
+      << tf32->Describe();
+  EXPECT_NE(gpu_->Describe().find("fp32"), std::string::npos)
+      << gpu_->Describe();
+  constexpr double kTf32Tolerance = 1e-2;
+  Backend* cpu = cpu_.get();
+  const int n = 8;
+  const ConvDesc conv = Conv({12, 12, 20}, 50, 5, 1, 0);  // LeNet's second
+  auto ck = cpu->MakeConv(conv, n);
+  auto tk = tf32->MakeConv(conv, n);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_TRUE(tk.ok()) << tk.status();
+  const int64_t weights = int64_t{conv.filters} * conv.kh * conv.kw * conv.in.c;
+  Pair x(cpu, tf32.get(), RandomVector(n * conv.in.size(), 31));
+  Pair w(cpu, tf32.get(), RandomVector(weights, 32, -0.3, 0.3));
+  Pair b(cpu, tf32.get(), RandomVector(conv.filters, 33));
+  Pair dy(cpu, tf32.get(), RandomVector(n * conv.out.size(), 34));
+  Pair y(cpu, tf32.get(), n * conv.out.size()),
+      dx(cpu, tf32.get(), n * conv.in.size());
+  Pair dw(cpu, tf32.get(), weights), db(cpu, tf32.get(), conv.filters);
+  (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
+  (*tk)->Forward(n, x.g(), w.g(), b.g(), y.g());
+  (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
+  (*tk)->BackwardData(n, dy.g(), w.g(), dx.g());
+  (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
+  (*tk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
+  for (const Pair* p : {&y, &dx, &dw, &db})
+    EXPECT_LT(p->error(), kTf32Tolerance);
+
+  const FcDesc fc{800, 500};
+  auto cf = cpu->MakeFc(fc, n);
+  auto tf = tf32->MakeFc(fc, n);
+  ASSERT_TRUE(cf.ok()) << cf.status();
+  ASSERT_TRUE(tf.ok()) << tf.status();
+  Pair fx(cpu, tf32.get(), RandomVector(n * fc.in, 35));
+  Pair fw(cpu, tf32.get(), RandomVector(fc.units * fc.in, 36, -0.1, 0.1));
+  Pair fb(cpu, tf32.get(), RandomVector(fc.units, 37));
+  Pair fy(cpu, tf32.get(), n * fc.units);
+  (*cf)->Forward(n, fx.c(), fw.c(), fb.c(), fy.c());
+  (*tf)->Forward(n, fx.g(), fw.g(), fb.g(), fy.g());
+  EXPECT_LT(fy.error(), kTf32Tolerance);
+}
+
 TEST_F(GpuBackendTest, FullyConnectedForwardAndBackward) {
   const FcDesc d{800, 500};
   auto ck = cpu_->MakeFc(d, 8);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
 #include "trainer/backend_cuda.h"
@@ -79,6 +80,25 @@ class GpuCheckpoint : public ::testing::Test {
   std::string dir_, job_;
   static constexpr int kSteps = 10;
 };
+
+// `dlbatch-train --list-devices` names every GPU as the CUDA runtime
+// describes it: index, name, memory and compute capability (gpuDevice's).
+TEST_F(GpuCheckpoint, ListDevicesDescribesEveryGpu) {
+  Result r = Exec({BinDir() + "/dlbatch-train", "--list-devices"}, {}, 60000);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::vector<CudaDeviceInfo> devices = ListCudaDevices();
+  ASSERT_FALSE(devices.empty());
+  for (const CudaDeviceInfo& d : devices) {
+    const std::string line = absl::StrCat(
+        "GPU ", d.index, ": ", d.name, ", ",
+        absl::StrFormat("%.1f",
+                        static_cast<double>(d.memory_bytes) / (1 << 30)),
+        " GiB, compute capability ", d.compute_capability);
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " not in:\n"
+                                                   << r.out;
+  }
+  EXPECT_EQ(r.out.find("No CUDA device"), std::string::npos) << r.out;
+}
 
 // Ten steps, resumed after five: LeNet's training is chaotic, and over
 // more steps rounding alone moves the weights as far as a lost state would
