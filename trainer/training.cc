@@ -647,6 +647,11 @@ absl::StatusOr<TrainResult> Run::Execute() {
   // page-locked memory, once the slot's previous upload has read it. That
   // upload followed the compute stream, which with several ranks waits for
   // their allreduces: there the wait is bounded like a collective's.
+  // The wait is the host's only one between progress reads, and it does
+  // not idle the device: in iteration k, staging batch k+1 waits for the
+  // upload of batch k-1 (staged in iteration k-2, after the compute of step
+  // k-3 was queued), while steps k-2 and k-1 are still queued. It keeps the
+  // host two or three steps ahead of the device, no further.
   auto stage = [&](const Batch& b, Slot& slot) -> absl::Status {
     slot.n = b.n;
     slot.placed = !b.placements.empty();
