@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "trainer/layers.h"
 
 namespace dlbatch::trainer {
@@ -93,7 +94,7 @@ class SyncBatchNormLayer final : public Layer {
     }
     kernel_->ForwardSums(n, x, running_mean, sums_.f32());
     // A failure is kept by the network (LayerContext::communicator).
-    communicator_->AllreduceSum(sums_.f32(), SumsCount()).IgnoreError();
+    SumOverRanks().IgnoreError();
     kernel_->ForwardNormalize(n, x, gamma, beta, running_mean, sums_.f32(), y,
                               SavedMean(), SavedVar(), running_mean,
                               running_var, kMomentum);
@@ -106,12 +107,21 @@ class SyncBatchNormLayer final : public Layer {
     // Every rank skips dx alike (the same network), so the collectives
     // still match.
     if (dx == nullptr) return;
-    communicator_->AllreduceSum(sums_.f32(), SumsCount()).IgnoreError();
+    SumOverRanks().IgnoreError();
     kernel_->BackwardData(n, x, dy, buffers_.params[0], SavedMean(), SavedVar(),
                           sums_.f32(), dx);
   }
 
  private:
+  // The sums of every rank, in place, started and waited for as gradient
+  // buckets are: on GPUs the compute stream waits for them on the device
+  // (no host wait inside the step; NCCL runs them after any buckets already
+  // started, which the rest of the step then follows too); on CPUs the
+  // wait is the host's.
+  absl::Status SumOverRanks() {
+    RETURN_IF_ERROR(communicator_->StartAllreduceSum(sums_.f32(), SumsCount()));
+    return communicator_->WaitAll();
+  }
   int64_t SumsCount() const { return 2 * int64_t{channels_} + 1; }
   float* SavedMean() const { return saved_.f32(); }
   float* SavedVar() const { return saved_.f32() + channels_; }

@@ -35,6 +35,12 @@ class FailFastCommunicator final : public Communicator {
   absl::Status Barrier() override {
     return Keep([&] { return inner_->Barrier(); });
   }
+  absl::Status StartAllreduceSum(float* data, int64_t count) override {
+    return Keep([&] { return inner_->StartAllreduceSum(data, count); });
+  }
+  absl::Status WaitAll() override {
+    return Keep([&] { return inner_->WaitAll(); });
+  }
 
   const absl::Status& status() const { return status_; }
 
