@@ -3,11 +3,11 @@
 
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/thread_ranks.h"
 #include "trainer/communicator.h"
 #include "trainer/communicator_nccl.h"
 
@@ -109,28 +109,14 @@ TEST(ChooseBackend, AutoOverMachinesTakesEachMachinesGpus) {
 std::vector<absl::StatusOr<BackendChoice>> Agree(
     const std::string& environment, const std::vector<BackendChoice>& mine,
     absl::Duration timeout) {
-  const std::string dir =
-      ::testing::TempDir() + "/agree-" +
-      ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
-      std::to_string(getpid());
-  std::filesystem::remove_all(dir);
   const int world = static_cast<int>(mine.size());
   std::vector<absl::StatusOr<BackendChoice>> got(world,
                                                  absl::UnknownError("not run"));
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
-      auto rdv = OpenFileRendezvous(dir);
-      if (!rdv.ok()) {
-        got[r] = rdv.status();
-        return;
-      }
-      got[r] =
-          AgreeOnBackend(environment, rdv->get(), r, world, mine[r], timeout);
-    });
-  }
-  for (std::thread& t : ranks) t.join();
-  std::filesystem::remove_all(dir);
+  testing::RunRendezvousRanks(world, [&](int rank, Rendezvous* rdv) {
+    got[rank] =
+        AgreeOnBackend(environment, rdv, rank, world, mine[rank], timeout);
+    return got[rank].status();
+  });
   return got;
 }
 

@@ -19,16 +19,11 @@
 
 namespace dlbatch::trainer::testing {
 
-// Runs body(rank, communicator) on `size` threads, Gloo ranks over
-// loopback that meet in a fresh folder; returns each rank's Status: its
-// rendezvous's or connection's failure, else body's.
-//
-// oneDNN's primitive cache is turned off for the process: oneDNN 2.6
-// crashes now and then when two threads execute the one cached
-// convolution primitive both asked for, so each thread gets its own.
-inline std::vector<absl::Status> RunThreadRanks(
-    int size, const std::function<absl::Status(int, Communicator*)>& body) {
-  dnnl::set_primitive_cache_capacity(0);
+// Runs body(rank, rendezvous) on `size` threads that meet in a fresh
+// folder rendezvous; returns each rank's Status: its rendezvous's failure,
+// else body's.
+inline std::vector<absl::Status> RunRendezvousRanks(
+    int size, const std::function<absl::Status(int, Rendezvous*)>& body) {
   std::string dir = ::testing::TempDir() + "/thread_ranks_XXXXXX";
   if (mkdtemp(dir.data()) == nullptr) {
     return std::vector<absl::Status>(
@@ -39,22 +34,29 @@ inline std::vector<absl::Status> RunThreadRanks(
   for (int rank = 0; rank < size; ++rank) {
     threads.emplace_back([&, rank] {
       auto rdv = OpenFileRendezvous(dir);
-      if (!rdv.ok()) {
-        statuses[rank] = rdv.status();
-        return;
-      }
-      auto comm = MakeGlooCommunicator(rdv->get(), rank, size, "127.0.0.1",
-                                       absl::Seconds(30));
-      if (!comm.ok()) {
-        statuses[rank] = comm.status();
-        return;
-      }
-      statuses[rank] = body(rank, comm->get());
+      statuses[rank] = rdv.ok() ? body(rank, rdv->get()) : rdv.status();
     });
   }
   for (std::thread& t : threads) t.join();
   RemoveTree(dir).IgnoreError();
   return statuses;
+}
+
+// Runs body(rank, communicator) on `size` threads, Gloo ranks over
+// loopback that meet in a fresh folder; returns each rank's Status: its
+// rendezvous's or connection's failure, else body's.
+//
+// oneDNN's primitive cache is turned off for the process: oneDNN 2.6
+// crashes now and then when two threads execute the one cached
+// convolution primitive both asked for, so each thread gets its own.
+inline std::vector<absl::Status> RunThreadRanks(
+    int size, const std::function<absl::Status(int, Communicator*)>& body) {
+  dnnl::set_primitive_cache_capacity(0);
+  return RunRendezvousRanks(size, [&](int rank, Rendezvous* rdv) {
+    auto comm =
+        MakeGlooCommunicator(rdv, rank, size, "127.0.0.1", absl::Seconds(30));
+    return comm.ok() ? body(rank, comm->get()) : comm.status();
+  });
 }
 
 }  // namespace dlbatch::trainer::testing
