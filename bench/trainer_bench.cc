@@ -297,15 +297,15 @@ absl::StatusOr<RunResult> ParseResult(const std::string& text,
   r.test_accuracy = *acc;
   // The timing parts, where present (PyTorch times its first step apart on
   // a GPU only; older dlbatch-train builds report neither).
-  auto optional = [&](const char* key) -> std::optional<double> {
+  auto field = [&](const char* key) -> std::optional<double> {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
     absl::StatusOr<double> v = NumberField(j, key, source);
     return v.ok() ? std::optional<double>(*v) : std::nullopt;
   };
-  r.iterations = static_cast<int64_t>(optional("iterations").value_or(0));
-  r.train_time_s = optional("train_time_s").value_or(0);
-  r.first_step_s = optional("first_step_s");
-  r.build_time_s = optional("build_time_s");
+  r.iterations = static_cast<int64_t>(field("iterations").value_or(0));
+  r.train_time_s = field("train_time_s").value_or(0);
+  r.first_step_s = field("first_step_s");
+  r.build_time_s = field("build_time_s");
   return r;
 }
 

@@ -1,5 +1,6 @@
 #include "trainer/backend_select.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "trainer/backend_cuda.h"
 #include "trainer/communicator_nccl.h"
@@ -73,11 +74,17 @@ absl::StatusOr<BackendChoice> AgreeOnBackend(const std::string& environment,
                                              absl::Duration timeout) {
   const bool automatic = environment.empty() || environment == "auto";
   if (!automatic || world <= 1) return mine;
-  // "gpu"; or "cpu", with ":" and why where there is something to say.
-  auto vote = [](const BackendChoice& c) {
+  // Votes and the decision: "gpu"; or "cpu", with ":" and why where there
+  // is something to say.
+  constexpr char kCpuBecause[] = "cpu:";
+  auto vote = [&](const BackendChoice& c) {
     return c.gpu            ? std::string("gpu")
            : c.note.empty() ? "cpu"
-                            : "cpu:" + c.note;
+                            : absl::StrCat(kCpuBecause, c.note);
+  };
+  auto because = [&](const std::string& v) {
+    return absl::StartsWith(v, kCpuBecause) ? v.substr(sizeof(kCpuBecause) - 1)
+                                            : std::string();
   };
   constexpr char kDecision[] = "backend-decision";
   if (absl::Status s =
@@ -101,7 +108,7 @@ absl::StatusOr<BackendChoice> AgreeOnBackend(const std::string& environment,
         any_gpu = true;
       } else if (first_cpu < 0) {
         first_cpu = r;
-        why = v->rfind("cpu:", 0) == 0 ? v->substr(4) : "";
+        why = because(*v);
       }
     }
     if (first_cpu < 0) {
@@ -109,7 +116,7 @@ absl::StatusOr<BackendChoice> AgreeOnBackend(const std::string& environment,
     } else if (why.empty() && !any_gpu) {
       decision = "cpu";
     } else {
-      decision = absl::StrCat("cpu:rank ", first_cpu, ": ",
+      decision = absl::StrCat(kCpuBecause, "rank ", first_cpu, ": ",
                               why.empty() ? "no GPU usable" : why);
     }
     if (absl::Status s = rendezvous->Set(kDecision, decision); !s.ok())
@@ -121,9 +128,9 @@ absl::StatusOr<BackendChoice> AgreeOnBackend(const std::string& environment,
   }
   if (decision == "gpu") return mine;
   BackendChoice cpu;
-  if (decision.rfind("cpu:", 0) == 0) {
+  if (const std::string why = because(decision); !why.empty()) {
     cpu.note =
-        absl::StrCat(decision.substr(4),
+        absl::StrCat(why,
                      "; every rank trains on the CPU (ranks on GPUs need a GPU "
                      "each on every machine)");
   }
