@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -161,13 +162,29 @@ class CudaBackend final : public Backend {
   absl::Status Init(int device, const CudaBackendOptions& options) {
     ctx_.device = device;
     ctx_.tf32 = options.tf32;
+    ctx_.lowering = options.lowering;
+    if (const char* env = std::getenv("DLBATCH_CONV_LOWERED");
+        env != nullptr &&
+        options.lowering == CudaBackendOptions::Lowering::kTimed) {
+      if (std::strcmp(env, "1") == 0) {
+        ctx_.lowering = CudaBackendOptions::Lowering::kAlways;
+      } else if (std::strcmp(env, "0") == 0) {
+        ctx_.lowering = CudaBackendOptions::Lowering::kNever;
+      }
+    }
+    ctx_.lowered_bytes = options.lowered_bytes;
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     cudaDeviceProp prop{};
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
     description_ = absl::StrCat(
         "gpu ", device, ": ", prop.name, " (sm_", prop.major, prop.minor, ", ",
         prop.totalGlobalMem >> 30, " GiB), cuDNN ", cudnnGetVersion(),
-        options.tf32 ? ", tf32" : ", fp32");
+        options.tf32 ? ", tf32" : ", fp32",
+        ctx_.lowering == CudaBackendOptions::Lowering::kAlways
+            ? ", convolutions lowered"
+        : ctx_.lowering == CudaBackendOptions::Lowering::kNever
+            ? ", convolutions by cuDNN"
+            : "");
     DLBATCH_CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
     DLBATCH_CUDA_RETURN_IF_ERROR(

@@ -6,6 +6,7 @@
 #ifndef DLBATCH_TRAINER_BACKEND_CUDA_H_
 #define DLBATCH_TRAINER_BACKEND_CUDA_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,6 +22,18 @@ struct CudaBackendOptions {
   // cores on TF32 inputs. Off: plain float32 arithmetic, as MATLAB and
   // Caffe train (cuDNN's default math would otherwise allow TF32).
   bool tf32 = false;
+
+  // Convolutions may also run as matrix products over their unfolded
+  // patches (cuBLAS; trainer/conv_lowering.h). kTimed: per layer, direction
+  // and batch size, whichever of that and cuDNN's fastest algorithm runs
+  // faster when the kernel is made (the choice is tuning, kept as cuDNN's
+  // are). kAlways and kNever are for tests and comparisons; with kTimed,
+  // DLBATCH_CONV_LOWERED=1 or 0 in the environment means them.
+  enum class Lowering { kTimed, kAlways, kNever };
+  Lowering lowering = Lowering::kTimed;
+  // The most device memory a lowered convolution's patches take at once:
+  // larger batches go in chunks.
+  size_t lowered_bytes = size_t{256} << 20;
 };
 
 // A backend on CUDA device `device` (an index among the visible ones).

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "trainer/backend.h"
+#include "trainer/backend_cuda.h"
 #include "trainer/backend_cuda_launch.h"
 #include "trainer/cublas_library.h"
 
@@ -115,6 +116,9 @@ absl::Status CallError(absl::StatusCode code, const char* what,
 struct Context {
   int device = 0;
   bool tf32 = false;
+  // CudaBackendOptions' (the environment's word applied).
+  CudaBackendOptions::Lowering lowering = CudaBackendOptions::Lowering::kTimed;
+  size_t lowered_bytes = 0;
   cudaStream_t stream = nullptr;
   cudnnHandle_t cudnn = nullptr;
   cublasHandle_t cublas = nullptr;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "trainer/gpu_elements.h"  // ConvGeometry
 #include "trainer/placement.h"
 
 namespace dlbatch::trainer::gpu {
@@ -127,6 +128,14 @@ void LaunchPrepareImages(cudaStream_t stream, int n, int h, int w, int c,
                          const uint8_t* pixels,
                          const SamplePlacement* placements,
                          const float* scale_bias, float* out);
+// --- convolutions as matrix products (conv_lowering.h) ---
+// patches (samples * oh * ow rows of kh * kw * c) = the patches of x's
+// `samples` samples (PatchAt); dx (samples, h, w, c) = the fold of the
+// patches' gradient (FoldedAt), every element written.
+void LaunchUnfold(cudaStream_t stream, int samples, const ConvGeometry& g,
+                  const float* x, float* patches);
+void LaunchFold(cudaStream_t stream, int samples, const ConvGeometry& g,
+                const float* patches, float* dx);
 // --- batch normalisation (gpu_batchnorm_kernels.cu) ---
 // Activations are `rows` = n * h * w positions of `c` channels (NHWC);
 // `positions` = h * w. The passes are SyncBatchNormKernel's (backend.h);

@@ -13,6 +13,17 @@
 // the shapes, so a resumed run reuses them (LoadTuning) instead of timing
 // again.
 //
+// Each direction may instead run lowered: unfolded patches and one cuBLAS
+// product per chunk of samples (conv_lowering.h). cuDNN's pick for LeNet's
+// second convolution's backward data took 0.5 ms of a 1.8 ms step at batch
+// 1024 on an H100, about ten times its arithmetic at the FMA rate, where
+// the lowered form is a 65536 x 500 x 50 product and one pass over the
+// 131 MB of patches. Which is faster depends on the shape and the GPU, so
+// the two are timed on the kernel's first plan for a batch size (Race), the
+// faster kept, and the choice saved with cuDNN's (kLoweredChoice).
+// CudaBackendOptions::lowering (DLBATCH_CONV_LOWERED) forces either way.
+// The lowered form adds in a fixed order (no atomics).
+//
 // cuDNN pads symmetrically. A layer whose padding is not (`same` with an
 // even window, or a stride over an even input: the extra row and column at
 // the bottom and right) runs cuDNN without padding on a zero-padded copy
@@ -29,6 +40,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +50,7 @@
 #include "trainer/backend.h"
 #include "trainer/backend_cuda_internal.h"
 #include "trainer/backend_cuda_launch.h"
+#include "trainer/conv_lowering.h"
 
 namespace dlbatch::trainer::gpu {
 namespace {
@@ -68,25 +81,33 @@ int PickAlgorithm(const Perf* perf, int returned, bool tf32,
   return fallback;
 }
 
+// The tuning value of a direction that runs lowered (conv_lowering.h);
+// cuDNN's algorithm enums are small.
+constexpr int kLoweredChoice = 1000;
+
+// The three computations of a convolution, each chosen on its own.
+enum Direction { kFwd = 0, kData = 1, kFilter = 2 };
+constexpr const char* kDirectionNames[] = {"fwd", "bwd_data", "bwd_filter"};
+
 class GpuConv final : public ConvKernel {
  public:
   GpuConv(Context* ctx, const ConvDesc& desc, int max_batch)
       : ctx_(ctx),
         d_(desc),
-        name_(absl::StrCat("convolution ", desc.in.ToString(), " -> ",
-                           desc.out.ToString(), " (", desc.kh, "x", desc.kw,
-                           ", stride ", desc.stride_h, "x", desc.stride_w,
-                           ", pad ", desc.pad.top, ",", desc.pad.left,
-                           !desc.pad.symmetric()
-                               ? absl::StrCat(",", desc.pad.bottom, ",",
-                                              desc.pad.right)
-                               : "",
-                           ")")),
+        name_(absl::StrCat(
+            "convolution ", desc.in.ToString(), " -> ", desc.out.ToString(),
+            " (", desc.kh, "x", desc.kw, ", stride ", desc.stride_h, "x",
+            desc.stride_w, ", pad ", desc.pad.top, ",", desc.pad.left,
+            !desc.pad.symmetric()
+                ? absl::StrCat(",", desc.pad.bottom, ",", desc.pad.right)
+                : "",
+            ")")),
         padded_(!desc.pad.symmetric()),
         x_shape_(padded_ ? Shape{desc.in.h + desc.pad.top + desc.pad.bottom,
                                  desc.in.w + desc.pad.left + desc.pad.right,
                                  desc.in.c}
                          : desc.in),
+        lowered_(desc, ctx->lowered_bytes),
         plans_(max_batch + 1) {}
   ~GpuConv() override {
     // Best effort.
@@ -133,50 +154,124 @@ class GpuConv final : public ConvKernel {
   void Forward(int n, const float* x, const float* w, const float* b,
                float* y) override {
     Plan& p = PlanFor(n);
-    if (padded_) x = Pad(n, x);
-    const float one = 1, zero = 0;
-    DLBATCH_CUDNN_CHECK(cudnnConvolutionForward(
-        ctx_->cudnn, &one, p.x.get(), x, filter_.get(), w, conv_.get(), p.fwd,
-        ctx_->Workspace(p.workspace), p.workspace, &zero, p.y.get(), y));
+    RunForward(p, n, x, w, y);
     LaunchAddBiasRows(ctx_->stream, Rows(n), d_.filters, b, y);
   }
 
   void BackwardData(int n, const float* dy, const float* w,
                     float* dx) override {
-    Plan& p = PlanFor(n);
+    RunBackwardData(PlanFor(n), n, dy, w, dx);
+  }
+
+  void BackwardWeights(int n, const float* x, const float* dy, float* dw,
+                       float* db) override {
+    RunBackwardWeights(PlanFor(n), n, x, dy, dw);
+    LaunchBiasGradRows(ctx_->stream, Rows(n), d_.filters, dy, bias_partial_,
+                       db);
+  }
+
+ private:
+  // Descriptors and choices for one batch size: per direction, cuDNN's
+  // algorithm (`algo`) or the lowered form (`lowered`).
+  struct Plan {
+    TensorDescriptor x, y;
+    int algo[3] = {0, 0, 0};
+    bool lowered[3] = {false, false, false};
+    size_t workspace = 0;
+  };
+
+  // --- running a direction as its plan says (without the bias) ---
+  void RunForward(const Plan& p, int n, const float* x, const float* w,
+                  float* y) {
+    if (p.lowered[kFwd]) {
+      float* patches = Patches(n);
+      for (int s = 0; s < n; s += lowered_.chunk()) {
+        const int samples = std::min(lowered_.chunk(), n - s);
+        const float* xs = x + s * d_.in.size();
+        if (!lowered_.identity()) {
+          LaunchUnfold(ctx_->stream, samples, lowered_.geometry(), xs, patches);
+          xs = patches;
+        }
+        Multiply(lowered_.Forward(samples), w, xs, 0, y + s * d_.out.size());
+      }
+      return;
+    }
+    if (padded_) x = Pad(n, x);
+    const float one = 1, zero = 0;
+    DLBATCH_CUDNN_CHECK(cudnnConvolutionForward(
+        ctx_->cudnn, &one, p.x.get(), x, filter_.get(), w, conv_.get(),
+        static_cast<cudnnConvolutionFwdAlgo_t>(p.algo[kFwd]),
+        ctx_->Workspace(p.workspace), p.workspace, &zero, p.y.get(), y));
+  }
+
+  void RunBackwardData(const Plan& p, int n, const float* dy, const float* w,
+                       float* dx) {
+    if (p.lowered[kData]) {
+      float* patches = Patches(n);
+      for (int s = 0; s < n; s += lowered_.chunk()) {
+        const int samples = std::min(lowered_.chunk(), n - s);
+        float* dxs = dx + s * d_.in.size();
+        Multiply(lowered_.BackwardData(samples), w, dy + s * d_.out.size(), 0,
+                 lowered_.identity() ? dxs : patches);
+        if (!lowered_.identity()) {
+          LaunchFold(ctx_->stream, samples, lowered_.geometry(), patches, dxs);
+        }
+      }
+      return;
+    }
     const float one = 1, zero = 0;
     DLBATCH_CUDNN_CHECK(cudnnConvolutionBackwardData(
         ctx_->cudnn, &one, filter_.get(), w, p.y.get(), dy, conv_.get(),
-        p.bwd_data, ctx_->Workspace(p.workspace), p.workspace, &zero,
-        p.x.get(), padded_ ? scratch_ : dx));
+        static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo[kData]),
+        ctx_->Workspace(p.workspace), p.workspace, &zero, p.x.get(),
+        padded_ ? scratch_ : dx));
     if (padded_) {
       LaunchCropNhwc(ctx_->stream, n, d_.in.h, d_.in.w, d_.in.c, d_.pad.top,
                      d_.pad.left, x_shape_.h, x_shape_.w, scratch_, dx);
     }
   }
 
-  void BackwardWeights(int n, const float* x, const float* dy, float* dw,
-                       float* db) override {
-    Plan& p = PlanFor(n);
+  void RunBackwardWeights(const Plan& p, int n, const float* x, const float* dy,
+                          float* dw) {
+    if (p.lowered[kFilter]) {
+      float* patches = Patches(n);
+      for (int s = 0; s < n; s += lowered_.chunk()) {
+        const int samples = std::min(lowered_.chunk(), n - s);
+        const float* xs = x + s * d_.in.size();
+        if (!lowered_.identity()) {
+          LaunchUnfold(ctx_->stream, samples, lowered_.geometry(), xs, patches);
+          xs = patches;
+        }
+        // The first chunk sets dw, the others add to it.
+        Multiply(lowered_.BackwardWeights(samples), xs, dy + s * d_.out.size(),
+                 s == 0 ? 0 : 1, dw);
+      }
+      return;
+    }
     if (padded_) x = Pad(n, x);
     const float one = 1, zero = 0;
     DLBATCH_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
         ctx_->cudnn, &one, p.x.get(), x, p.y.get(), dy, conv_.get(),
-        p.bwd_filter, ctx_->Workspace(p.workspace), p.workspace, &zero,
-        filter_.get(), dw));
-    LaunchBiasGradRows(ctx_->stream, Rows(n), d_.filters, dy, bias_partial_,
-                       db);
+        static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo[kFilter]),
+        ctx_->Workspace(p.workspace), p.workspace, &zero, filter_.get(), dw));
   }
 
- private:
-  // Descriptors and algorithms for one batch size.
-  struct Plan {
-    TensorDescriptor x, y;
-    cudnnConvolutionFwdAlgo_t fwd{};
-    cudnnConvolutionBwdDataAlgo_t bwd_data{};
-    cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
-    size_t workspace = 0;
-  };
+  // c = a b (+ c where beta is 1), as `product` says.
+  void Multiply(const MatrixProduct& product, const float* a, const float* b,
+                float beta, float* c) {
+    const float one = 1;
+    DLBATCH_CUBLAS_CHECK(ctx_->blas->Sgemm(
+        ctx_->cublas, product.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        product.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, product.m, product.n,
+        product.k, &one, a, product.lda, b, product.ldb, &beta, c,
+        product.ldc));
+  }
+
+  // The workspace as the patches of a chunk (null where the patches are x).
+  float* Patches(int n) {
+    const size_t bytes = lowered_.WorkspaceBytes(n);
+    return bytes == 0 ? nullptr : static_cast<float*>(ctx_->Workspace(bytes));
+  }
 
   Plan& PlanFor(int n) {
     if (n < 1 || n >= static_cast<int>(plans_.size())) {
@@ -205,112 +300,235 @@ class GpuConv final : public ConvKernel {
     return scratch_;
   }
 
-  std::string Key(const char* what, int n) const {
-    return absl::StrCat("cuda ", what, " ", name_, " n=", n,
+  std::string Key(Direction dir, int n) const {
+    return absl::StrCat("cuda ", kDirectionNames[dir], " ", name_, " n=", n,
                         ctx_->tf32 ? " tf32" : "");
   }
 
-  // The algorithm tuned for `key` if LoadTuning gave one that cuDNN accepts
-  // here (its workspace size query succeeds), else the one `find` picks.
-  template <typename Algo, typename SizeQuery, typename Find>
-  absl::StatusOr<Algo> Choose(const std::string& key, const SizeQuery& size,
-                              const Find& find, size_t* bytes) {
-    if (auto it = ctx_->tuning.find(key); it != ctx_->tuning.end()) {
-      const Algo algo = static_cast<Algo>(it->second);
-      if (size(algo, bytes) == CUDNN_STATUS_SUCCESS) return algo;
+  // cuDNN's workspace for `algo` in direction `dir`.
+  cudnnStatus_t CudnnBytes(const Plan& p, Direction dir, int algo,
+                           size_t* bytes) const {
+    cudnnHandle_t h = ctx_->cudnn;
+    switch (dir) {
+      case kFwd:
+        return cudnnGetConvolutionForwardWorkspaceSize(
+            h, p.x.get(), filter_.get(), conv_.get(), p.y.get(),
+            static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+      case kData:
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+            h, filter_.get(), p.y.get(), conv_.get(), p.x.get(),
+            static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
+      case kFilter:
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            h, p.x.get(), p.y.get(), conv_.get(), filter_.get(),
+            static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
     }
-    absl::StatusOr<int> found = find();
-    if (!found.ok()) return found.status();
-    if (*found < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(key, ": cuDNN has no algorithm for this shape"));
-    }
-    const Algo algo = static_cast<Algo>(*found);
-    DLBATCH_CUDNN_RETURN_IF_ERROR(size(algo, bytes));
-    ctx_->tuning[key] = *found;
-    return algo;
+    return CUDNN_STATUS_BAD_PARAM;
   }
 
+  // cuDNN's pick by timing (cudnnFind*, PickAlgorithm); -1 if none runs.
+  absl::StatusOr<int> CudnnFind(const Plan& p, Direction dir) {
+    cudnnHandle_t h = ctx_->cudnn;
+    const bool tf32 = ctx_->tf32;
+    int returned = 0;
+    switch (dir) {
+      case kFwd: {
+        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionForwardAlgorithm(
+            h, p.x.get(), filter_.get(), conv_.get(), p.y.get(),
+            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
+        return PickAlgorithm(perf, returned, tf32, deterministic_);
+      }
+      case kData: {
+        cudnnConvolutionBwdDataAlgoPerf_t
+            perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionBackwardDataAlgorithm(
+            h, filter_.get(), p.y.get(), conv_.get(), p.x.get(),
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf));
+        return PickAlgorithm(perf, returned, tf32, deterministic_);
+      }
+      case kFilter: {
+        cudnnConvolutionBwdFilterAlgoPerf_t
+            perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        DLBATCH_CUDNN_RETURN_IF_ERROR(
+            cudnnFindConvolutionBackwardFilterAlgorithm(
+                h, p.x.get(), p.y.get(), conv_.get(), filter_.get(),
+                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf));
+        return PickAlgorithm(perf, returned, tf32, deterministic_);
+      }
+    }
+    return -1;
+  }
+
+  // Chooses each direction's computation for batches of n:
+  // - lowering kAlways: lowered; kNever: cuDNN's pick (tuned or found);
+  // - kTimed: a tuned choice where LoadTuning gave one that still holds,
+  //   else cuDNN's pick raced against the lowered form (Race), the faster
+  //   taken.
+  // The choices go to the tuning (the backend's description names a
+  // forced lowering, so a tuning cache holds one mode's).
   absl::StatusOr<Plan*> MakePlan(int n) {
+    using Lowering = CudaBackendOptions::Lowering;
     auto plan = std::make_unique<Plan>();
     Plan& p = *plan;
     if (absl::Status s = SetNhwc(p.x, n, x_shape_); !s.ok()) return s;
     if (absl::Status s = SetNhwc(p.y, n, d_.out); !s.ok()) return s;
-    cudnnHandle_t h = ctx_->cudnn;
-    const bool tf32 = ctx_->tf32;
-    size_t fwd_bytes = 0, data_bytes = 0, filter_bytes = 0;
-
-    absl::StatusOr<cudnnConvolutionFwdAlgo_t> fwd =
-        Choose<cudnnConvolutionFwdAlgo_t>(
-            Key("fwd", n),
-            [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
-              return cudnnGetConvolutionForwardWorkspaceSize(
-                  h, p.x.get(), filter_.get(), conv_.get(), p.y.get(), a,
-                  bytes);
-            },
-            [&]() -> absl::StatusOr<int> {
-              cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-              int returned = 0;
-              DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnFindConvolutionForwardAlgorithm(
-                  h, p.x.get(), filter_.get(), conv_.get(), p.y.get(),
-                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
-              return PickAlgorithm(perf, returned, tf32, deterministic_);
-            },
-            &fwd_bytes);
-    if (!fwd.ok()) return fwd.status();
-
-    absl::StatusOr<cudnnConvolutionBwdDataAlgo_t> data =
-        Choose<cudnnConvolutionBwdDataAlgo_t>(
-            Key("bwd_data", n),
-            [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
-              return cudnnGetConvolutionBackwardDataWorkspaceSize(
-                  h, filter_.get(), p.y.get(), conv_.get(), p.x.get(), a,
-                  bytes);
-            },
-            [&]() -> absl::StatusOr<int> {
-              cudnnConvolutionBwdDataAlgoPerf_t
-                  perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-              int returned = 0;
-              DLBATCH_CUDNN_RETURN_IF_ERROR(
-                  cudnnFindConvolutionBackwardDataAlgorithm(
-                      h, filter_.get(), p.y.get(), conv_.get(), p.x.get(),
-                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf));
-              return PickAlgorithm(perf, returned, tf32, deterministic_);
-            },
-            &data_bytes);
-    if (!data.ok()) return data.status();
-
-    absl::StatusOr<cudnnConvolutionBwdFilterAlgo_t> filter =
-        Choose<cudnnConvolutionBwdFilterAlgo_t>(
-            Key("bwd_filter", n),
-            [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
-              return cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                  h, p.x.get(), p.y.get(), conv_.get(), filter_.get(), a,
-                  bytes);
-            },
-            [&]() -> absl::StatusOr<int> {
-              cudnnConvolutionBwdFilterAlgoPerf_t
-                  perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-              int returned = 0;
-              DLBATCH_CUDNN_RETURN_IF_ERROR(
-                  cudnnFindConvolutionBackwardFilterAlgorithm(
-                      h, p.x.get(), p.y.get(), conv_.get(), filter_.get(),
-                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
-                      perf));
-              return PickAlgorithm(perf, returned, tf32, deterministic_);
-            },
-            &filter_bytes);
-    if (!filter.ok()) return filter.status();
-
-    p.fwd = *fwd;
-    p.bwd_data = *data;
-    p.bwd_filter = *filter;
-    p.workspace = std::max({fwd_bytes, data_bytes, filter_bytes});
+    const Lowering mode = ctx_->lowering;
+    size_t bytes[3] = {0, 0, 0};  // cuDNN's, per direction
+    bool race[3] = {false, false, false};
+    for (Direction dir : {kFwd, kData, kFilter}) {
+      if (mode == Lowering::kAlways) {
+        p.lowered[dir] = true;
+        continue;
+      }
+      const std::string key = Key(dir, n);
+      if (auto it = ctx_->tuning.find(key); it != ctx_->tuning.end()) {
+        if (it->second == kLoweredChoice) {
+          if (mode == Lowering::kTimed) {
+            p.lowered[dir] = true;
+            continue;
+          }
+        } else if (CudnnBytes(p, dir, it->second, &bytes[dir]) ==
+                   CUDNN_STATUS_SUCCESS) {
+          p.algo[dir] = it->second;
+          continue;
+        }
+      }
+      absl::StatusOr<int> found = CudnnFind(p, dir);
+      if (!found.ok()) return found.status();
+      if (*found < 0) {
+        if (mode == Lowering::kTimed) {
+          p.lowered[dir] = true;
+          continue;
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat(key, ": cuDNN has no algorithm for this shape"));
+      }
+      p.algo[dir] = *found;
+      DLBATCH_CUDNN_RETURN_IF_ERROR(CudnnBytes(p, dir, *found, &bytes[dir]));
+      race[dir] = mode == Lowering::kTimed;
+    }
+    // The workspace of the choices, or (`candidates`) of every candidate
+    // in the race, so that racing moves it no more.
+    auto workspace = [&](bool candidates) {
+      size_t most = 0;
+      for (Direction dir : {kFwd, kData, kFilter}) {
+        if (p.lowered[dir] || (candidates && race[dir])) {
+          most = std::max(most, lowered_.WorkspaceBytes(n));
+        }
+        if (!p.lowered[dir]) most = std::max(most, bytes[dir]);
+      }
+      return most;
+    };
+    if (race[kFwd] || race[kData] || race[kFilter]) {
+      if (ctx_->ReserveWorkspace(workspace(true)).ok()) {
+        p.workspace = workspace(true);
+        if (absl::Status s = Race(n, p, race); !s.ok()) return s;
+      } else {
+        // Not enough memory for the patches: cuDNN, which needs less.
+        for (bool& r : race) r = false;
+      }
+    }
+    for (Direction dir : {kFwd, kData, kFilter}) {
+      ctx_->tuning[Key(dir, n)] = p.lowered[dir] ? kLoweredChoice : p.algo[dir];
+    }
+    p.workspace = workspace(false);
     if (absl::Status s = ctx_->ReserveWorkspace(p.workspace); !s.ok()) {
       return s;
     }
     plans_[n] = std::move(plan);
     return plans_[n].get();
+  }
+
+  // Times, for each direction marked in `race`, cuDNN's algorithm in `p`
+  // against the lowered form on n samples of zeros, and sets p.lowered
+  // where that is faster. Where the samples do not fit in memory, keeps
+  // cuDNN's (race is cleared).
+  absl::Status Race(int n, Plan& p, bool race[3]) {
+    const int64_t in = n * std::max(d_.in.size(), x_shape_.size());
+    const int64_t out = n * d_.out.size();
+    const int64_t weights = int64_t{d_.filters} * d_.kh * d_.kw * d_.in.c;
+    float* buffers[5] = {};  // x, dx, y (and dy), w, dw
+    const int64_t counts[5] = {in, in, out, weights, weights};
+    auto free_all = [&] {
+      for (float* b : buffers) {
+        if (b != nullptr) cudaFree(b);
+      }
+    };
+    for (int i = 0; i < 5; ++i) {
+      if (cudaMalloc(&buffers[i], counts[i] * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();  // not sticky: clear it
+        free_all();
+        for (int d = 0; d < 3; ++d) race[d] = false;
+        return absl::OkStatus();
+      }
+      DLBATCH_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          buffers[i], 0, counts[i] * sizeof(float), ctx_->stream));
+    }
+    float *x = buffers[0], *dx = buffers[1], *y = buffers[2], *w = buffers[3],
+          *dw = buffers[4];
+    absl::Status status;
+    for (Direction dir : {kFwd, kData, kFilter}) {
+      if (!race[dir]) continue;
+      auto run = [&](bool lowered) {
+        p.lowered[dir] = lowered;
+        switch (dir) {
+          case kFwd:
+            RunForward(p, n, x, w, y);
+            break;
+          case kData:
+            RunBackwardData(p, n, y, w, dx);
+            break;
+          case kFilter:
+            RunBackwardWeights(p, n, x, y, dw);
+            break;
+        }
+      };
+      absl::StatusOr<float> cudnn_ms = TimeOnStream([&] { run(false); });
+      absl::StatusOr<float> lowered_ms = TimeOnStream([&] { run(true); });
+      if (!cudnn_ms.ok() || !lowered_ms.ok()) {
+        status = !cudnn_ms.ok() ? cudnn_ms.status() : lowered_ms.status();
+        break;
+      }
+      p.lowered[dir] = *lowered_ms < *cudnn_ms;
+    }
+    free_all();  // waits for the device
+    return status;
+  }
+
+  // The mean time of `run`'s work on the stream over a few runs after one
+  // more (which loads what a first call loads), in milliseconds.
+  absl::StatusOr<float> TimeOnStream(const std::function<void()>& run) {
+    constexpr int kRuns = 3;
+    cudaEvent_t events[2] = {nullptr, nullptr};
+    auto destroy = [&] {
+      for (cudaEvent_t e : events) {
+        if (e != nullptr) cudaEventDestroy(e);
+      }
+    };
+    for (cudaEvent_t& e : events) {
+      if (cudaError_t err = cudaEventCreate(&e); err != cudaSuccess) {
+        destroy();
+        return CallError(absl::StatusCode::kInternal, "cudaEventCreate",
+                         __FILE__, __LINE__, cudaGetErrorString(err));
+      }
+    }
+    run();
+    cudaError_t err = cudaEventRecord(events[0], ctx_->stream);
+    for (int i = 0; i < kRuns && err == cudaSuccess; ++i) run();
+    if (err == cudaSuccess) err = cudaEventRecord(events[1], ctx_->stream);
+    if (err == cudaSuccess) err = cudaEventSynchronize(events[1]);
+    float ms = 0;
+    if (err == cudaSuccess) {
+      err = cudaEventElapsedTime(&ms, events[0], events[1]);
+    }
+    destroy();
+    if (err != cudaSuccess) {
+      return CallError(absl::StatusCode::kInternal,
+                       "timing a convolution's algorithms", __FILE__, __LINE__,
+                       cudaGetErrorString(err));
+    }
+    return ms / kRuns;
   }
 
   Context* ctx_;
@@ -321,9 +539,11 @@ class GpuConv final : public ConvKernel {
   const bool deterministic_ = DeterministicOnly();
   // Asymmetric padding: cuDNN runs on a zero-padded copy of x (see the top)
   // of shape x_shape_ in scratch_ (device, max_batch samples); else
-  // x_shape_ is d_.in and scratch_ null.
+  // x_shape_ is d_.in and scratch_ null. The lowered form pads as it
+  // unfolds and needs neither.
   const bool padded_;
   const Shape x_shape_;
+  const ConvLowering lowered_;
   float* scratch_ = nullptr;
   double* bias_partial_ = nullptr;  // device: LaunchBiasGradRows' scratch
   std::vector<std::unique_ptr<Plan>> plans_;  // by batch size

@@ -206,6 +206,62 @@ DLBATCH_HOST_DEVICE float CroppedAt(Index i, const PadGeometry& g,
                 channel];
 }
 
+// A convolution lowered to matrix products (trainer/conv_lowering.h): NHWC
+// samples of h x w x c, kh x kw windows moved by (sh, sw), the first at
+// (-top, -left), an output of oh x ow. A sample's patches are a row-major
+// matrix of oh * ow rows (the output positions, row-major) by kh * kw * c
+// columns, column (ky * kw + kx) * c + channel: the filters' OHWI order.
+struct ConvGeometry {
+  int h, w, c, kh, kw, sh, sw, top, left, oh, ow;
+};
+
+// The patches of the samples of x, element i: x's element under window
+// position (ky, kx) of output position (oy, ox), or 0 in the padding.
+template <typename Index>
+DLBATCH_HOST_DEVICE float PatchAt(Index i, const ConvGeometry& g,
+                                  const float* x) {
+  const int columns = g.kh * g.kw * g.c;
+  const int column = static_cast<int>(i % columns);
+  const Index row = i / columns;
+  const int channel = column % g.c, tap = column / g.c;
+  const int ky = tap / g.kw, kx = tap % g.kw;
+  const int ox = static_cast<int>(row % g.ow);
+  const Index rest = row / g.ow;
+  const int oy = static_cast<int>(rest % g.oh);
+  const Index sample = rest / g.oh;
+  const int iy = oy * g.sh - g.top + ky, ix = ox * g.sw - g.left + kx;
+  if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) return 0;
+  return x[((sample * g.h + iy) * g.w + ix) * g.c + channel];
+}
+
+// The input gradient from the patches' gradient, element i (NHWC): the sum
+// of the patch elements that hold x's element i (PatchAt's inverse), in
+// order of ky, then kx.
+template <typename Index>
+DLBATCH_HOST_DEVICE float FoldedAt(Index i, const ConvGeometry& g,
+                                   const float* patches) {
+  const auto [sample, iy, ix, channel] = Coordinates(i, g.h, g.w, g.c);
+  const int columns = g.kh * g.kw * g.c;
+  float sum = 0;
+  for (int ky = 0; ky < g.kh; ++ky) {
+    const int ty = iy + g.top - ky;  // oy * sh where window row ky holds iy
+    if (ty < 0) break;               // and for every later ky
+    if (ty % g.sh != 0) continue;
+    const int oy = ty / g.sh;
+    if (oy >= g.oh) continue;
+    for (int kx = 0; kx < g.kw; ++kx) {
+      const int tx = ix + g.left - kx;
+      if (tx < 0) break;
+      if (tx % g.sw != 0) continue;
+      const int ox = tx / g.sw;
+      if (ox >= g.ow) continue;
+      sum += patches[((sample * g.oh + oy) * g.ow + ox) * columns +
+                     (ky * g.kw + kx) * g.c + channel];
+    }
+  }
+  return sum;
+}
+
 // A batch's image element i (NHWC samples of h x w x c) from the data set's
 // bytes: the byte the sample's placement names (placed may be null: every
 // sample as it is), times the channel's scale plus its bias, or the bias

@@ -158,6 +158,24 @@ __global__ void CropNhwcKernel(int64_t count, PadGeometry g,
 }
 
 template <typename Index>
+__global__ void UnfoldKernel(int64_t count, ConvGeometry g,
+                             const float* __restrict__ x,
+                             float* __restrict__ patches) {
+  DLBATCH_GRID_STRIDE(i, count) {
+    patches[i] = PatchAt(static_cast<Index>(i), g, x);
+  }
+}
+
+template <typename Index>
+__global__ void FoldKernel(int64_t count, ConvGeometry g,
+                           const float* __restrict__ patches,
+                           float* __restrict__ dx) {
+  DLBATCH_GRID_STRIDE(i, count) {
+    dx[i] = FoldedAt(static_cast<Index>(i), g, patches);
+  }
+}
+
+template <typename Index>
 __global__ void PoolPaddedForwardKernel(int64_t count, bool is_max,
                                         PoolGeometry g,
                                         const float* __restrict__ x,
@@ -268,6 +286,25 @@ void LaunchCropNhwc(cudaStream_t stream, int n, int h, int w, int c, int top,
   DLBATCH_LAUNCH_INDEXED(CropNhwcKernel, int64_t{n} * ph * pw * c, count,
                          stream, count, PadGeometry{h, w, c, top, left, ph, pw},
                          padded, x);
+}
+
+void LaunchUnfold(cudaStream_t stream, int samples, const ConvGeometry& g,
+                  const float* x, float* patches) {
+  const int64_t count = int64_t{samples} * g.oh * g.ow * g.kh * g.kw * g.c;
+  if (count <= 0) return;
+  DLBATCH_LAUNCH_INDEXED(UnfoldKernel,
+                         std::max(count, int64_t{samples} * g.h * g.w * g.c),
+                         count, stream, count, g, x, patches);
+}
+
+void LaunchFold(cudaStream_t stream, int samples, const ConvGeometry& g,
+                const float* patches, float* dx) {
+  const int64_t count = int64_t{samples} * g.h * g.w * g.c;
+  if (count <= 0) return;
+  DLBATCH_LAUNCH_INDEXED(
+      FoldKernel,
+      std::max(count, int64_t{samples} * g.oh * g.ow * g.kh * g.kw * g.c),
+      count, stream, count, g, patches, dx);
 }
 
 void LaunchPoolPaddedForward(cudaStream_t stream, bool is_max, int n, int h,

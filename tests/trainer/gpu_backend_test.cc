@@ -113,10 +113,12 @@ class GpuBackendTest : public ::testing::Test {
   // batch 4 and 3, compared. `garbage`: y and dx start as random values
   // they must overwrite, and at batch 3 the two backward calls run in the
   // other order (an asymmetric convolution's share its padded scratch).
-  void ExpectConvAgrees(const ConvDesc& d, uint64_t* seed, bool garbage) {
+  // On `gpu` where given, else gpu_.
+  void ExpectConvAgrees(const ConvDesc& d, uint64_t* seed, bool garbage,
+                        Backend* gpu = nullptr) {
     const int max_batch = 4;
     auto ck = cpu_->MakeConv(d, max_batch);
-    auto gk = gpu_->MakeConv(d, max_batch);
+    auto gk = (gpu != nullptr ? gpu : gpu_.get())->MakeConv(d, max_batch);
     ASSERT_TRUE(ck.ok()) << ck.status();
     ASSERT_TRUE(gk.ok()) << gk.status();
     for (int n : {max_batch, 3}) {
@@ -199,6 +201,72 @@ TEST_F(GpuBackendTest, ConvolutionTuningRoundTrips) {
   (*other)->LoadTuning(tuning);
   ASSERT_TRUE((*other)->MakeConv(d, 8).ok());
   EXPECT_EQ((*other)->SaveTuning(), tuning);
+}
+
+// Convolutions lowered to matrix products (unfolded patches and cuBLAS,
+// conv_lowering.h), forced: in one chunk, and with a workspace cap of one
+// sample's patches (batch 4 and 3 in as many chunks, backward weights
+// adding them up). gpu_elements_test checks the arithmetic on the host;
+// this, the launches and the products.
+TEST_F(GpuBackendTest, LoweredConvolutionsMatchTheCpu) {
+  ConvDesc oblong = Conv({9, 8, 3}, 4, 3, 2, 1);  // 3x2, stride 2x1
+  oblong.kw = 2;
+  oblong.stride_w = 1;
+  oblong.pad.left = oblong.pad.right = 0;
+  oblong.out = Shape{5, 7, 4};
+  const ConvDesc descs[] = {
+      Conv({28, 28, 1}, 20, 5, 1, 0),   // LeNet's first
+      Conv({12, 12, 20}, 50, 5, 1, 0),  // and second
+      Conv({9, 9, 3}, 8, 3, 2, 1),      // strided, padded
+      Conv({6, 6, 8}, 5, 1, 1, 0),      // 1x1: the patches are x
+      Conv({7, 7, 4}, 6, 1, 2, 0),      // 1x1, strided
+      SameConv({8, 8, 3}, 6, 4, 1),     // asymmetric: pads 1,1,2,2
+      SameConv({8, 7, 3}, 4, 3, 2),     // in h only: 0,1,1,1
+      oblong,
+  };
+  for (const size_t cap : {size_t{256} << 20, size_t{1}}) {
+    CudaBackendOptions options;
+    options.lowering = CudaBackendOptions::Lowering::kAlways;
+    options.lowered_bytes = cap;
+    auto lowered = MakeCudaBackend(0, options);
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    uint64_t seed = 400;
+    for (const ConvDesc& d : descs) {
+      SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString() + " " +
+                   std::to_string(d.kh) + "x" + std::to_string(d.kw) + " pad " +
+                   PadString(d.pad) + ", cap " + std::to_string(cap));
+      ExpectConvAgrees(d, &seed, /*garbage=*/true, lowered->get());
+    }
+  }
+}
+
+// The default: per direction, cuDNN's pick or the lowered form, whichever
+// ran faster when the kernel was made; either agrees with the CPU, and the
+// choices (printed: which won on this GPU) come back from the tuning.
+TEST_F(GpuBackendTest, TimedConvolutionChoicesAgreeAndRoundTrip) {
+  CudaBackendOptions options;
+  options.lowering = CudaBackendOptions::Lowering::kTimed;
+  auto timed = MakeCudaBackend(0, options);
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  uint64_t seed = 500;
+  const ConvDesc lenet2 = Conv({12, 12, 20}, 50, 5, 1, 0);
+  ExpectConvAgrees(lenet2, &seed, /*garbage=*/true, timed->get());
+  ASSERT_TRUE((*timed)->MakeConv(lenet2, 1024).ok());
+  const std::string tuning = (*timed)->SaveTuning();
+  std::printf("convolution choices (1000: lowered):\n%s", tuning.c_str());
+  for (const char* what : {"cuda fwd ", "cuda bwd_data ", "cuda bwd_filter "}) {
+    EXPECT_NE(tuning.find(std::string(what) + "convolution [12, 12, 20]"),
+              std::string::npos)
+        << what << " missing from\n"
+        << tuning;
+  }
+  auto other = MakeCudaBackend(0, options);
+  ASSERT_TRUE(other.ok()) << other.status();
+  (*other)->LoadTuning(tuning);
+  ASSERT_TRUE((*other)->MakeConv(lenet2, 1024).ok());
+  ASSERT_TRUE((*other)->MakeConv(lenet2, 4).ok());
+  EXPECT_EQ((*other)->SaveTuning(), tuning);
+  ExpectConvAgrees(lenet2, &seed, /*garbage=*/true, other->get());
 }
 
 // `precision: tf32`: convolutions and matrix products may round their

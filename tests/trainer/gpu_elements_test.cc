@@ -2,10 +2,13 @@
 // thread of gpu_layer_kernels.cu computes) run on the host, at int32 and
 // int64 indices, against the CPU backend: tiled and padded pooling forward
 // and backward, the zero-padded copy and crop that let a symmetric
-// convolution run an asymmetric one, and a batch's images from bytes. Needs
+// convolution run an asymmetric one, convolutions lowered to matrix
+// products (conv_lowering.h, with a reference of cuBLAS's product), and a
+// batch's images from bytes. Needs
 // no GPU, so CI runs it; the launches themselves are gpu_backend_test's.
 #include "trainer/gpu_elements.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +18,7 @@
 #include "tests/trainer/images_from_bytes.h"
 #include "tests/trainer/test_util.h"
 #include "trainer/backend.h"
+#include "trainer/conv_lowering.h"
 #include "trainer/layers.h"
 
 namespace dlbatch::trainer {
@@ -290,6 +294,137 @@ TYPED_TEST(GpuElementsTest, PaddedCopyAndCropRunAnAsymmetricConvolution) {
     EXPECT_LT(Relative(dx, want_dx.values()), 1e-5);
     EXPECT_LT(Relative(dw.values(), want_dw.values()), 1e-5);
     EXPECT_LT(Relative(db.values(), want_db.values()), 1e-5);
+  }
+}
+
+// C = op(A) op(B) (+ C where beta is 1), column-major, as cublasSgemm
+// computes it (alpha 1); fails the test where cuBLAS would refuse the
+// leading dimensions.
+void HostProduct(const gpu::MatrixProduct& p, const float* a, const float* b,
+                 float beta, float* c) {
+  ASSERT_GE(p.lda, std::max(1, p.trans_a ? p.k : p.m));
+  ASSERT_GE(p.ldb, std::max(1, p.trans_b ? p.n : p.k));
+  ASSERT_GE(p.ldc, std::max(1, p.m));
+  for (int j = 0; j < p.n; ++j) {
+    for (int i = 0; i < p.m; ++i) {
+      double sum = 0;
+      for (int l = 0; l < p.k; ++l) {
+        const float av =
+            p.trans_a ? a[l + int64_t{i} * p.lda] : a[i + int64_t{l} * p.lda];
+        const float bv =
+            p.trans_b ? b[j + int64_t{l} * p.ldb] : b[l + int64_t{j} * p.ldb];
+        sum += double{av} * bv;
+      }
+      float& out = c[i + int64_t{j} * p.ldc];
+      out = static_cast<float>(beta != 0 ? sum + double{beta} * out : sum);
+    }
+  }
+}
+
+ConvDesc Conv(Shape in, int filters, int k, int stride, int pad) {
+  ConvDesc d;
+  d.in = in;
+  d.filters = filters;
+  d.kh = d.kw = k;
+  d.stride_h = d.stride_w = stride;
+  d.pad = Padding{pad, pad, pad, pad};
+  d.out = Shape{(in.h + 2 * pad - k) / stride + 1,
+                (in.w + 2 * pad - k) / stride + 1, filters};
+  return d;
+}
+
+// gpu_conv.cc's lowered convolution step for step on the host: per chunk
+// of samples, the patches (PatchAt), cuBLAS's product as conv_lowering.h
+// describes it, and the fold of the patches' gradient (FoldedAt), against
+// the CPU backend's convolution; in one chunk and in several (a workspace
+// cap of two samples' patches, the last chunk short).
+TYPED_TEST(GpuElementsTest, LoweredConvolutionIsTheCpus) {
+  const ConvDesc descs[] = {
+      Conv({28, 28, 1}, 20, 5, 1, 0),   // LeNet's first
+      Conv({12, 12, 20}, 50, 5, 1, 0),  // and second
+      Conv({9, 9, 3}, 8, 3, 2, 1),      // strided, padded
+      Conv({6, 6, 8}, 5, 1, 1, 0),      // 1x1: the patches are x
+      Conv({7, 7, 4}, 6, 1, 2, 0),      // 1x1, strided: they are not
+      Conv({5, 5, 3}, 4, 5, 1, 2),      // windows mostly in the padding
+      SameConv({8, 8, 3}, 6, 4, 1),     // asymmetric: pads 1,1,2,2
+      SameConv({8, 7, 3}, 4, 3, 2),     // in h only: 0,1,1,1
+  };
+  // And a 3x2 window moved by 2 down and 1 across, padded in h only.
+  ConvDesc oblong = Conv({9, 8, 3}, 4, 3, 2, 1);
+  oblong.kw = 2;
+  oblong.stride_w = 1;
+  oblong.pad.left = oblong.pad.right = 0;
+  oblong.out = Shape{5, 7, 4};
+  std::vector<ConvDesc> all(std::begin(descs), std::end(descs));
+  all.push_back(oblong);
+  Backend* cpu = this->cpu_.get();
+  uint64_t seed = 300;
+  for (const ConvDesc& d : all) {
+    const int n = 5;
+    const int64_t in = d.in.size(), out = d.out.size();
+    const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
+    const std::vector<float> x = RandomVector(n * in, ++seed);
+    const std::vector<float> w = RandomVector(weights, ++seed, -0.3, 0.3);
+    const std::vector<float> b = RandomVector(d.filters, ++seed);
+    const std::vector<float> dy = RandomVector(n * out, ++seed);
+
+    auto k = cpu->MakeConv(d, n);
+    ASSERT_TRUE(k.ok()) << k.status();
+    HostArray hx(cpu, x), hw(cpu, w), hb(cpu, b), hdy(cpu, dy);
+    HostArray want_y(cpu, n * out), want_dx(cpu, n * in);
+    HostArray want_dw(cpu, weights), want_db(cpu, d.filters);
+    (*k)->Forward(n, hx.data(), hw.data(), hb.data(), want_y.data());
+    (*k)->BackwardData(n, hdy.data(), hw.data(), want_dx.data());
+    (*k)->BackwardWeights(n, hx.data(), hdy.data(), want_dw.data(),
+                          want_db.data());
+
+    const int64_t sample_bytes =
+        int64_t{d.out.h} * d.out.w * d.kh * d.kw * d.in.c * sizeof(float);
+    for (const size_t cap : {size_t{1} << 30, size_t(2 * sample_bytes)}) {
+      const gpu::ConvLowering lowered(d, cap);
+      SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString() + " " +
+                   std::to_string(d.kh) + "x" + std::to_string(d.kw) +
+                   " stride " + std::to_string(d.stride_h) + " pad " +
+                   PadString(d.pad) + ", chunks of " +
+                   std::to_string(lowered.chunk()));
+      EXPECT_EQ(lowered.identity(), d.kh == 1 && d.stride_h == 1);
+      if (!lowered.identity()) {
+        EXPECT_EQ(std::min(lowered.chunk(), n), cap == size_t{1} << 30 ? n : 2);
+      }
+      const gpu::ConvGeometry& g = lowered.geometry();
+      std::vector<float> y(n * out), dx(n * in), dw(weights, 7.0f);
+      for (int s = 0; s < n; s += lowered.chunk()) {
+        const int samples = std::min(lowered.chunk(), n - s);
+        const float* xs = x.data() + s * in;
+        std::vector<float> patches;
+        if (!lowered.identity()) {
+          patches = this->template Elements<float>(
+              lowered.PatchElements(samples),
+              [&](auto i) { return gpu::PatchAt(i, g, xs); });
+          xs = patches.data();
+        }
+        HostProduct(lowered.Forward(samples), w.data(), xs, 0,
+                    y.data() + s * out);
+        std::vector<float> dpatches(lowered.PatchElements(samples));
+        HostProduct(lowered.BackwardData(samples), w.data(),
+                    dy.data() + s * out, 0,
+                    lowered.identity() ? dx.data() + s * in : dpatches.data());
+        if (!lowered.identity()) {
+          const std::vector<float> folded = this->template Elements<float>(
+              samples * in,
+              [&](auto i) { return gpu::FoldedAt(i, g, dpatches.data()); });
+          std::copy(folded.begin(), folded.end(), dx.begin() + s * in);
+        }
+        HostProduct(lowered.BackwardWeights(samples), xs, dy.data() + s * out,
+                    s == 0 ? 0 : 1, dw.data());
+      }
+      for (int64_t r = 0; r < n * out / d.filters; ++r) {
+        for (int f = 0; f < d.filters; ++f) y[r * d.filters + f] += b[f];
+      }
+      EXPECT_LT(Relative(y, want_y.values()), 1e-5);
+      EXPECT_LT(Relative(dx, want_dx.values()), 1e-5);
+      EXPECT_LT(Relative(dw, want_dw.values()), 1e-5);
+    }
   }
 }
 
