@@ -180,7 +180,10 @@ int main(int argc, char** argv) {
       "records a training step once as a CUDA graph and replays it (one rank;\n"
       "experimental). Batches reach a GPU as the data set's bytes, made into\n"
       "images there; DLBATCH_BYTES_BATCHES=0 sends the host's floats instead\n"
-      "(=1 sends bytes on the CPU too). The images are the same either way.");
+      "(=1 sends bytes on the CPU too). The images are the same either way.\n"
+      "Each GPU convolution pass runs by cuDNN or as a matrix product over\n"
+      "unfolded patches, whichever times faster when the network is built;\n"
+      "DLBATCH_CONV_LOWERED=1 (the product) or 0 (cuDNN) forces one.");
   auto* world_opt = app.get_option("--world");
   CLI11_PARSE(app, argc, argv);
   if (list_devices) return ListDevices();

@@ -22,16 +22,19 @@
 #     the data), which stays outside both sides' timings. CASES overrides the
 #     case list; GRAPHS=0|1 sets DLBATCH_CUDA_GRAPHS for every case.
 #   - compare: COMPARE (default "lenet64gpu:DLBATCH_CUDA_GRAPHS=1
-#     lenet1024gpu:DLBATCH_BYTES_BATCHES=0"), each case run again with one
-#     variable of dlbatch-train's set, against the table's default run of
-#     the same case: recorded steps at batch 64, and batches sent as the
-#     host's floats instead of bytes at batch 1024; about 1.5 min each.
+#     lenet1024gpu:DLBATCH_CONV_LOWERED=0 blocks256gpu:DLBATCH_CONV_LOWERED=0"),
+#     each case run again with one variable of dlbatch-train's set, against
+#     the table's default run of the same case: recorded steps at batch 64,
+#     and convolutions by cuDNN only (no lowered ones raced against it) at
+#     batch 1024 and for the blocks; about 1.5 min each. Batches sent as the
+#     host's floats instead of bytes:
+#     COMPARE=lenet1024gpu:DLBATCH_BYTES_BATCHES=0.
 # Writes to $OUT (default /tmp/gpu-out): gpu-results.md (the tables),
 # on-device.log (everything printed), bench-logs.tar.xz (each run's logs and
 # JSON, without models or checkpoints). Ends with the tables.
 set -uo pipefail
 mode=${1:-all}
-case $mode in all|tests|bench|compare) ;; *) sed -n '2,31p' "$0"; exit 2 ;; esac
+case $mode in all|tests|bench|compare) ;; *) sed -n '2,34p' "$0"; exit 2 ;; esac
 here=bench/out/gpu
 OUT=${OUT:-/tmp/gpu-out}
 REPEATS=${REPEATS:-4}
@@ -103,7 +106,7 @@ main() {
       done
     fi
     if [[ $mode != bench ]]; then
-      cases+=" ${COMPARE-lenet64gpu:DLBATCH_CUDA_GRAPHS=1 lenet1024gpu:DLBATCH_BYTES_BATCHES=0}"
+      cases+=" ${COMPARE-lenet64gpu:DLBATCH_CUDA_GRAPHS=1 lenet1024gpu:DLBATCH_CONV_LOWERED=0 blocks256gpu:DLBATCH_CONV_LOWERED=0}"
     fi
     for entry in $cases; do
       local c=${entry%%:*} setting=
