@@ -76,18 +76,39 @@ absl::Status CallError(absl::StatusCode code, const char* what,
 
 absl::Status Context::ReserveWorkspace(size_t bytes) {
   if (bytes <= workspace_bytes) return absl::OkStatus();
-  // Freeing waits for the device, so work queued on the old one is done.
-  if (workspace != nullptr) DLBATCH_CUDA_RETURN_IF_ERROR(cudaFree(workspace));
-  workspace = nullptr;
-  workspace_bytes = 0;
-  ++workspace_moves;
-  if (cudaMalloc(&workspace, bytes) != cudaSuccess) {
+  // The new one first, so that a failure leaves the old one in place; if
+  // both do not fit at once, the old one goes first. Freeing waits for the
+  // device, so work queued on the old one is done.
+  void* grown = nullptr;
+  if (cudaMalloc(&grown, bytes) != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it
-    return absl::ResourceExhaustedError(
-        absl::StrCat("GPU ", device, ": cannot allocate a cuDNN workspace of ",
-                     bytes, " bytes; use a smaller mini_batch_size"));
+    grown = nullptr;
+    if (workspace != nullptr) {
+      DLBATCH_CUDA_RETURN_IF_ERROR(cudaFree(workspace));
+      workspace = nullptr;
+      ++workspace_moves;
+      if (cudaMalloc(&grown, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        grown = nullptr;
+        // Back to the size the kernels made so far reserved, if it fits.
+        if (cudaMalloc(&workspace, workspace_bytes) != cudaSuccess) {
+          cudaGetLastError();
+          workspace = nullptr;
+          workspace_bytes = 0;
+        }
+      }
+    }
+    if (grown == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "GPU ", device, ": cannot allocate a cuDNN workspace of ", bytes,
+          " bytes; use a smaller mini_batch_size"));
+    }
+  } else if (workspace != nullptr) {
+    DLBATCH_CUDA_RETURN_IF_ERROR(cudaFree(workspace));
   }
+  workspace = grown;
   workspace_bytes = bytes;
+  ++workspace_moves;
   return absl::OkStatus();
 }
 

@@ -154,18 +154,20 @@ class GpuConv final : public ConvKernel {
   void Forward(int n, const float* x, const float* w, const float* b,
                float* y) override {
     Plan& p = PlanFor(n);
-    RunForward(p, n, x, w, y);
+    RunForward(p, n, x, w, y, Patches(p, n));
     LaunchAddBiasRows(ctx_->stream, Rows(n), d_.filters, b, y);
   }
 
   void BackwardData(int n, const float* dy, const float* w,
                     float* dx) override {
-    RunBackwardData(PlanFor(n), n, dy, w, dx);
+    Plan& p = PlanFor(n);
+    RunBackwardData(p, n, dy, w, dx, Patches(p, n));
   }
 
   void BackwardWeights(int n, const float* x, const float* dy, float* dw,
                        float* db) override {
-    RunBackwardWeights(PlanFor(n), n, x, dy, dw);
+    Plan& p = PlanFor(n);
+    RunBackwardWeights(p, n, x, dy, dw, Patches(p, n));
     LaunchBiasGradRows(ctx_->stream, Rows(n), d_.filters, dy, bias_partial_,
                        db);
   }
@@ -181,10 +183,11 @@ class GpuConv final : public ConvKernel {
   };
 
   // --- running a direction as its plan says (without the bias) ---
+  // `patches`: the lowered form's (lowered_.WorkspaceBytes(n) bytes; null
+  // where the patches are x).
   void RunForward(const Plan& p, int n, const float* x, const float* w,
-                  float* y) {
+                  float* y, float* patches) {
     if (p.lowered[kFwd]) {
-      float* patches = Patches(n);
       for (int s = 0; s < n; s += lowered_.chunk()) {
         const int samples = std::min(lowered_.chunk(), n - s);
         const float* xs = x + s * d_.in.size();
@@ -205,9 +208,8 @@ class GpuConv final : public ConvKernel {
   }
 
   void RunBackwardData(const Plan& p, int n, const float* dy, const float* w,
-                       float* dx) {
+                       float* dx, float* patches) {
     if (p.lowered[kData]) {
-      float* patches = Patches(n);
       for (int s = 0; s < n; s += lowered_.chunk()) {
         const int samples = std::min(lowered_.chunk(), n - s);
         float* dxs = dx + s * d_.in.size();
@@ -232,9 +234,8 @@ class GpuConv final : public ConvKernel {
   }
 
   void RunBackwardWeights(const Plan& p, int n, const float* x, const float* dy,
-                          float* dw) {
+                          float* dw, float* patches) {
     if (p.lowered[kFilter]) {
-      float* patches = Patches(n);
       for (int s = 0; s < n; s += lowered_.chunk()) {
         const int samples = std::min(lowered_.chunk(), n - s);
         const float* xs = x + s * d_.in.size();
@@ -267,10 +268,15 @@ class GpuConv final : public ConvKernel {
         product.ldc));
   }
 
-  // The workspace as the patches of a chunk (null where the patches are x).
-  float* Patches(int n) {
+  // The workspace as the patches of a chunk, where p runs a direction
+  // lowered and needs them (else null).
+  float* Patches(const Plan& p, int n) {
     const size_t bytes = lowered_.WorkspaceBytes(n);
-    return bytes == 0 ? nullptr : static_cast<float*>(ctx_->Workspace(bytes));
+    if (bytes == 0 ||
+        !(p.lowered[kFwd] || p.lowered[kData] || p.lowered[kFilter])) {
+      return nullptr;
+    }
+    return static_cast<float*>(ctx_->Workspace(bytes));
   }
 
   Plan& PlanFor(int n) {
@@ -408,65 +414,85 @@ class GpuConv final : public ConvKernel {
       DLBATCH_CUDNN_RETURN_IF_ERROR(CudnnBytes(p, dir, *found, &bytes[dir]));
       race[dir] = mode == Lowering::kTimed;
     }
-    // The workspace of the choices, or (`candidates`) of every candidate
-    // in the race, so that racing moves it no more.
-    auto workspace = [&](bool candidates) {
+    // The workspace of the choices.
+    auto workspace = [&] {
       size_t most = 0;
       for (Direction dir : {kFwd, kData, kFilter}) {
-        if (p.lowered[dir] || (candidates && race[dir])) {
-          most = std::max(most, lowered_.WorkspaceBytes(n));
-        }
-        if (!p.lowered[dir]) most = std::max(most, bytes[dir]);
+        most = std::max(
+            most, p.lowered[dir] ? lowered_.WorkspaceBytes(n) : bytes[dir]);
       }
       return most;
     };
     if (race[kFwd] || race[kData] || race[kFilter]) {
-      if (ctx_->ReserveWorkspace(workspace(true)).ok()) {
-        p.workspace = workspace(true);
-        if (absl::Status s = Race(n, p, race); !s.ok()) return s;
-      } else {
-        // Not enough memory for the patches: cuDNN, which needs less.
-        for (bool& r : race) r = false;
+      // cuDNN's candidates run in the workspace, the lowered ones in
+      // patches of the race's own (freed after it: the workspace grows for
+      // them only where they win).
+      p.workspace = workspace();
+      if (absl::Status s = ctx_->ReserveWorkspace(p.workspace); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = Race(n, p, race); !s.ok()) return s;
+    }
+    p.workspace = workspace();
+    if (absl::Status s = ctx_->ReserveWorkspace(p.workspace); !s.ok()) {
+      // Where lowered forms won the race but their patches no longer fit
+      // beside the rest, cuDNN's picks (which fitted) run instead.
+      bool reverted = false;
+      for (Direction dir : {kFwd, kData, kFilter}) {
+        if (race[dir] && p.lowered[dir]) {
+          p.lowered[dir] = false;
+          reverted = true;
+        }
+      }
+      if (!reverted) return s;
+      p.workspace = workspace();
+      if (absl::Status again = ctx_->ReserveWorkspace(p.workspace);
+          !again.ok()) {
+        return again;
       }
     }
     for (Direction dir : {kFwd, kData, kFilter}) {
       ctx_->tuning[Key(dir, n)] = p.lowered[dir] ? kLoweredChoice : p.algo[dir];
-    }
-    p.workspace = workspace(false);
-    if (absl::Status s = ctx_->ReserveWorkspace(p.workspace); !s.ok()) {
-      return s;
     }
     plans_[n] = std::move(plan);
     return plans_[n].get();
   }
 
   // Times, for each direction marked in `race`, cuDNN's algorithm in `p`
-  // against the lowered form on n samples of zeros, and sets p.lowered
-  // where that is faster. Where the samples do not fit in memory, keeps
-  // cuDNN's (race is cleared).
-  absl::Status Race(int n, Plan& p, bool race[3]) {
+  // (in the workspace, reserved for it) against the lowered form on n
+  // samples of zeros, and sets p.lowered where that is faster. Where the
+  // samples and patches do not fit in memory, keeps cuDNN's.
+  absl::Status Race(int n, Plan& p, const bool race[3]) {
     const int64_t in = n * std::max(d_.in.size(), x_shape_.size());
     const int64_t out = n * d_.out.size();
     const int64_t weights = int64_t{d_.filters} * d_.kh * d_.kw * d_.in.c;
-    float* buffers[5] = {};  // x, dx, y (and dy), w, dw
-    const int64_t counts[5] = {in, in, out, weights, weights};
+    const int64_t patches =
+        static_cast<int64_t>(lowered_.WorkspaceBytes(n) / sizeof(float));
+    // x, dx, y (and dy), w, dw, patches
+    float* buffers[6] = {};
+    const int64_t counts[6] = {in, in, out, weights, weights, patches};
     auto free_all = [&] {
       for (float* b : buffers) {
-        if (b != nullptr) cudaFree(b);
+        if (b != nullptr) cudaFree(b);  // waits for the device
       }
     };
-    for (int i = 0; i < 5; ++i) {
+    for (int i = 0; i < 6; ++i) {
+      if (counts[i] == 0) continue;
       if (cudaMalloc(&buffers[i], counts[i] * sizeof(float)) != cudaSuccess) {
         cudaGetLastError();  // not sticky: clear it
         free_all();
-        for (int d = 0; d < 3; ++d) race[d] = false;
         return absl::OkStatus();
       }
-      DLBATCH_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-          buffers[i], 0, counts[i] * sizeof(float), ctx_->stream));
+      if (cudaError_t err = cudaMemsetAsync(
+              buffers[i], 0, counts[i] * sizeof(float), ctx_->stream);
+          err != cudaSuccess) {
+        free_all();
+        return CallError(absl::StatusCode::kInternal, "cudaMemsetAsync",
+                         __FILE__, __LINE__, cudaGetErrorString(err));
+      }
     }
     float *x = buffers[0], *dx = buffers[1], *y = buffers[2], *w = buffers[3],
-          *dw = buffers[4];
+          *dw = buffers[4], *scratch = buffers[5];
     absl::Status status;
     for (Direction dir : {kFwd, kData, kFilter}) {
       if (!race[dir]) continue;
@@ -474,25 +500,26 @@ class GpuConv final : public ConvKernel {
         p.lowered[dir] = lowered;
         switch (dir) {
           case kFwd:
-            RunForward(p, n, x, w, y);
+            RunForward(p, n, x, w, y, scratch);
             break;
           case kData:
-            RunBackwardData(p, n, y, w, dx);
+            RunBackwardData(p, n, y, w, dx, scratch);
             break;
           case kFilter:
-            RunBackwardWeights(p, n, x, y, dw);
+            RunBackwardWeights(p, n, x, y, dw, scratch);
             break;
         }
       };
       absl::StatusOr<float> cudnn_ms = TimeOnStream([&] { run(false); });
       absl::StatusOr<float> lowered_ms = TimeOnStream([&] { run(true); });
       if (!cudnn_ms.ok() || !lowered_ms.ok()) {
+        p.lowered[dir] = false;
         status = !cudnn_ms.ok() ? cudnn_ms.status() : lowered_ms.status();
         break;
       }
       p.lowered[dir] = *lowered_ms < *cudnn_ms;
     }
-    free_all();  // waits for the device
+    free_all();
     return status;
   }
 

@@ -117,8 +117,15 @@ class GpuBackendTest : public ::testing::Test {
   void ExpectConvAgrees(const ConvDesc& d, uint64_t* seed, bool garbage,
                         Backend* gpu = nullptr) {
     const int max_batch = 4;
+    Backend* g = gpu != nullptr ? gpu : gpu_.get();
+    // The arrays on the backend under test too: its stream orders them.
+    auto Random = [&](int64_t count, uint64_t seed, double lo = -1,
+                      double hi = 1) {
+      return Pair(cpu_.get(), g, RandomVector(count, seed, lo, hi));
+    };
+    auto Zeros = [&](int64_t count) { return Pair(cpu_.get(), g, count); };
     auto ck = cpu_->MakeConv(d, max_batch);
-    auto gk = (gpu != nullptr ? gpu : gpu_.get())->MakeConv(d, max_batch);
+    auto gk = g->MakeConv(d, max_batch);
     ASSERT_TRUE(ck.ok()) << ck.status();
     ASSERT_TRUE(gk.ok()) << gk.status();
     for (int n : {max_batch, 3}) {
@@ -267,6 +274,22 @@ TEST_F(GpuBackendTest, TimedConvolutionChoicesAgreeAndRoundTrip) {
   ASSERT_TRUE((*other)->MakeConv(lenet2, 4).ok());
   EXPECT_EQ((*other)->SaveTuning(), tuning);
   ExpectConvAgrees(lenet2, &seed, /*garbage=*/true, other->get());
+
+  // A tuning that says "lowered" (1000) for every choice is taken as it
+  // is, and the lowered runs agree too.
+  std::string all_lowered;
+  for (size_t at = 0; at < tuning.size();) {
+    const size_t end = tuning.find('\n', at);
+    const std::string line = tuning.substr(at, end - at);
+    all_lowered += "1000" + line.substr(line.find('\t')) + "\n";
+    at = end + 1;
+  }
+  auto third = MakeCudaBackend(0, options);
+  ASSERT_TRUE(third.ok()) << third.status();
+  (*third)->LoadTuning(all_lowered);
+  ExpectConvAgrees(lenet2, &seed, /*garbage=*/true, third->get());
+  ASSERT_TRUE((*third)->MakeConv(lenet2, 1024).ok());
+  EXPECT_EQ((*third)->SaveTuning(), all_lowered);
 }
 
 // `precision: tf32`: convolutions and matrix products may round their
