@@ -42,9 +42,9 @@ class ConvLowering {
   // `max_bytes`: the most the patches of one chunk may take (at least one
   // sample's, whatever it says).
   ConvLowering(const ConvDesc& d, size_t max_bytes)
-      : g_{d.in.h,      d.in.w,       d.in.c,     d.kh,     d.kw,
-           d.stride_h,  d.stride_w,   d.pad.top,  d.pad.left,
-           d.out.h,     d.out.w},
+      : g_(MakeConvGeometry(d.in.h, d.in.w, d.in.c, d.kh, d.kw, d.stride_h,
+                            d.stride_w, d.pad.top, d.pad.left, d.out.h,
+                            d.out.w)),
         filters_(d.filters),
         columns_(d.kh * d.kw * d.in.c),
         positions_(int64_t{d.out.h} * d.out.w),

@@ -206,14 +206,60 @@ DLBATCH_HOST_DEVICE float CroppedAt(Index i, const PadGeometry& g,
                 channel];
 }
 
+// Division of an index in [0, 2^31) by a fixed divisor in [1, 2^31) as one
+// wide multiply and a shift (Granlund and Montgomery, "Division by
+// invariant integers using multiplication", 1994, theorem 4.2 with N = 31:
+// m = ceil(2^(31+l) / d), l = ceil(log2 d), so m < 2^32). A GPU divides
+// an int32 in about twenty instructions; the lowered convolution's kernels
+// divide several times per element.
+struct Divisor {
+  int value = 1;
+  uint32_t magic = 0x80000000u;
+  int shift = 31;
+
+  Divisor() = default;
+  explicit Divisor(int d) : value(d) {
+    int l = 0;
+    while ((int64_t{1} << l) < d) ++l;
+    magic = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
+    shift = 31 + l;
+  }
+  // n / value, for 0 <= n < 2^31.
+  DLBATCH_HOST_DEVICE int Of(int n) const {
+    return static_cast<int>(
+        (static_cast<uint64_t>(magic) * static_cast<uint32_t>(n)) >> shift);
+  }
+};
+
+// n / d for a non-negative index: by the multiply where Index is 32-bit.
+template <typename Index>
+DLBATCH_HOST_DEVICE Index Quotient(Index n, const Divisor& d) {
+  if constexpr (sizeof(Index) == 4) {
+    return d.Of(n);
+  } else {
+    return n / d.value;
+  }
+}
+
 // A convolution lowered to matrix products (trainer/conv_lowering.h): NHWC
 // samples of h x w x c, kh x kw windows moved by (sh, sw), the first at
 // (-top, -left), an output of oh x ow. A sample's patches are a row-major
 // matrix of oh * ow rows (the output positions, row-major) by kh * kw * c
 // columns, column (ky * kw + kx) * c + channel: the filters' OHWI order.
+// MakeConvGeometry fills in the divisors.
 struct ConvGeometry {
   int h, w, c, kh, kw, sh, sw, top, left, oh, ow;
+  Divisor by_h, by_w, by_c, by_kw, by_sh, by_sw, by_oh, by_ow, by_columns;
 };
+inline ConvGeometry MakeConvGeometry(int h, int w, int c, int kh, int kw,
+                                     int sh, int sw, int top, int left, int oh,
+                                     int ow) {
+  return ConvGeometry{
+      h,           w,           c,           kh,          kw,
+      sh,          sw,          top,         left,        oh,
+      ow,          Divisor(h),  Divisor(w),  Divisor(c),  Divisor(kw),
+      Divisor(sh), Divisor(sw), Divisor(oh), Divisor(ow), Divisor(kh * kw * c)};
+}
 
 // The patches of the samples of x, element i: x's element under window
 // position (ky, kx) of output position (oy, ox), or 0 in the padding.
@@ -221,14 +267,16 @@ template <typename Index>
 DLBATCH_HOST_DEVICE float PatchAt(Index i, const ConvGeometry& g,
                                   const float* x) {
   const int columns = g.kh * g.kw * g.c;
-  const int column = static_cast<int>(i % columns);
-  const Index row = i / columns;
-  const int channel = column % g.c, tap = column / g.c;
-  const int ky = tap / g.kw, kx = tap % g.kw;
-  const int ox = static_cast<int>(row % g.ow);
-  const Index rest = row / g.ow;
-  const int oy = static_cast<int>(rest % g.oh);
-  const Index sample = rest / g.oh;
+  const Index row = Quotient(i, g.by_columns);
+  const int column = static_cast<int>(i - row * columns);
+  const int tap = Quotient(column, g.by_c);
+  const int channel = column - tap * g.c;
+  const int ky = Quotient(tap, g.by_kw);
+  const int kx = tap - ky * g.kw;
+  const Index rest = Quotient(row, g.by_ow);
+  const int ox = static_cast<int>(row - rest * g.ow);
+  const Index sample = Quotient(rest, g.by_oh);
+  const int oy = static_cast<int>(rest - sample * g.oh);
   const int iy = oy * g.sh - g.top + ky, ix = ox * g.sw - g.left + kx;
   if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) return 0;
   return x[((sample * g.h + iy) * g.w + ix) * g.c + channel];
@@ -236,25 +284,28 @@ DLBATCH_HOST_DEVICE float PatchAt(Index i, const ConvGeometry& g,
 
 // The input gradient from the patches' gradient, element i (NHWC): the sum
 // of the patch elements that hold x's element i (PatchAt's inverse), in
-// order of ky, then kx.
+// order of oy, then ox, over the windows that cover it.
 template <typename Index>
 DLBATCH_HOST_DEVICE float FoldedAt(Index i, const ConvGeometry& g,
                                    const float* patches) {
-  const auto [sample, iy, ix, channel] = Coordinates(i, g.h, g.w, g.c);
+  const Index pixel = Quotient(i, g.by_c);
+  const int channel = static_cast<int>(i - pixel * g.c);
+  const Index line = Quotient(pixel, g.by_w);
+  const int ix = static_cast<int>(pixel - line * g.w);
+  const Index sample = Quotient(line, g.by_h);
+  const int iy = static_cast<int>(line - sample * g.h);
+  // In padded coordinates window oy covers rows [oy * sh, oy * sh + kh).
+  const int py = iy + g.top, px = ix + g.left;
+  const int oy_begin = py >= g.kh ? Quotient(py - g.kh, g.by_sh) + 1 : 0;
+  const int ox_begin = px >= g.kw ? Quotient(px - g.kw, g.by_sw) + 1 : 0;
+  const int oy_last = std::min(Quotient(py, g.by_sh), g.oh - 1);
+  const int ox_last = std::min(Quotient(px, g.by_sw), g.ow - 1);
   const int columns = g.kh * g.kw * g.c;
   float sum = 0;
-  for (int ky = 0; ky < g.kh; ++ky) {
-    const int ty = iy + g.top - ky;  // oy * sh where window row ky holds iy
-    if (ty < 0) break;               // and for every later ky
-    if (ty % g.sh != 0) continue;
-    const int oy = ty / g.sh;
-    if (oy >= g.oh) continue;
-    for (int kx = 0; kx < g.kw; ++kx) {
-      const int tx = ix + g.left - kx;
-      if (tx < 0) break;
-      if (tx % g.sw != 0) continue;
-      const int ox = tx / g.sw;
-      if (ox >= g.ow) continue;
+  for (int oy = oy_begin; oy <= oy_last; ++oy) {
+    const int ky = py - oy * g.sh;
+    for (int ox = ox_begin; ox <= ox_last; ++ox) {
+      const int kx = px - ox * g.sw;
       sum += patches[((sample * g.oh + oy) * g.ow + ox) * columns +
                      (ky * g.kw + kx) * g.c + channel];
     }

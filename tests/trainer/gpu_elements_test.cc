@@ -9,6 +9,7 @@
 #include "trainer/gpu_elements.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -294,6 +295,45 @@ TYPED_TEST(GpuElementsTest, PaddedCopyAndCropRunAnAsymmetricConvolution) {
     EXPECT_LT(Relative(dx, want_dx.values()), 1e-5);
     EXPECT_LT(Relative(dw.values(), want_dw.values()), 1e-5);
     EXPECT_LT(Relative(db.values(), want_db.values()), 1e-5);
+  }
+}
+
+// The multiply-and-shift division the lowered convolution's kernels use
+// gives n / d exactly: every divisor to 3000 against the first 3000
+// dividends, multiples of it and their neighbours up to 2^31 - 1, and large
+// divisors, powers of two and their neighbours among them.
+TEST(DivisorTest, DividesExactlyBelowTwoToThe31) {
+  auto check = [](int d, int64_t n) {
+    if (n < 0 || n > INT32_MAX) return;
+    const int got = gpu::Divisor(d).Of(static_cast<int>(n));
+    ASSERT_EQ(got, n / d) << n << " / " << d;
+  };
+  std::vector<int> divisors;
+  for (int d = 1; d <= 3000; ++d) divisors.push_back(d);
+  for (int l = 12; l <= 31; ++l) {
+    const int64_t p = int64_t{1} << l;
+    for (int64_t d : {p - 1, p, p + 1, p / 3, p / 3 + 1}) {
+      if (d >= 1 && d <= INT32_MAX) divisors.push_back(static_cast<int>(d));
+    }
+  }
+  uint64_t state = 12345;
+  auto next = [&] {  // xorshift: any numbers will do
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (int d : divisors) {
+    SCOPED_TRACE(d);
+    if (d <= 3000) {
+      for (int n = 0; n < 3000; ++n) check(d, n);
+    }
+    for (int64_t q : {int64_t{1}, int64_t{7}, int64_t{INT32_MAX} / d,
+                      int64_t{INT32_MAX} / d - 1}) {
+      for (int64_t delta : {-1, 0, 1}) check(d, q * d + delta);
+    }
+    check(d, INT32_MAX);
+    for (int k = 0; k < 200; ++k) check(d, static_cast<int64_t>(next() >> 33));
   }
 }
 
