@@ -38,6 +38,57 @@ DLBATCH_HOST_DEVICE Nhwc<Index> Coordinates(Index j, int h, int w, int c) {
   return at;
 }
 
+// Division of an index in [0, 2^31) by a fixed divisor in [1, 2^31) as one
+// wide multiply and a shift (Granlund and Montgomery, "Division by
+// invariant integers using multiplication", 1994, theorem 4.2 with N = 31:
+// m = ceil(2^(31+l) / d), l = ceil(log2 d), so m < 2^32). A GPU divides
+// an int32 in about twenty instructions, and these kernels divide several
+// times per element.
+struct Divisor {
+  int value = 1;
+  uint32_t magic = 0x80000000u;
+  int shift = 31;
+
+  Divisor() = default;
+  explicit Divisor(int d) : value(d) {
+    int l = 0;
+    while ((int64_t{1} << l) < d) ++l;
+    magic = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
+    shift = 31 + l;
+  }
+  // n / value, for 0 <= n < 2^31.
+  DLBATCH_HOST_DEVICE int Of(int n) const {
+    return static_cast<int>(
+        (static_cast<uint64_t>(magic) * static_cast<uint32_t>(n)) >> shift);
+  }
+};
+
+// n / d for a non-negative index: by the multiply where Index is 32-bit.
+template <typename Index>
+DLBATCH_HOST_DEVICE Index Quotient(Index n, const Divisor& d) {
+  if constexpr (sizeof(Index) == 4) {
+    return d.Of(n);
+  } else {
+    return n / d.value;
+  }
+}
+
+// Coordinates by divisors: the same, dividing by multiplying where Index
+// is 32-bit.
+template <typename Index>
+DLBATCH_HOST_DEVICE Nhwc<Index> Coordinates(Index j, const Divisor& h,
+                                            const Divisor& w,
+                                            const Divisor& c) {
+  Nhwc<Index> at;
+  const Index pixel = Quotient(j, c);
+  at.channel = static_cast<int>(j - pixel * c.value);
+  const Index line = Quotient(pixel, w);
+  at.x = static_cast<int>(pixel - line * w.value);
+  at.sample = Quotient(line, h);
+  at.y = static_cast<int>(line - at.sample * h.value);
+  return at;
+}
+
 // a * b and a + b, each rounded to nearest (never fused into one
 // multiply-add, on the device as on the host: the host's loader rounds
 // both, and files that call these on the host build with
@@ -60,9 +111,20 @@ DLBATCH_HOST_DEVICE inline float AddRounded(float a, float b) {
 // A pooling window over NHWC samples of h x w x c: kh x kw, moved by
 // (sh, sw), the first one starting at (-top, -left); the output is
 // oh x ow x c. Tiled pooling: sh = kh, sw = kw, no padding.
+// MakePoolGeometry fills in the divisors.
 struct PoolGeometry {
   int h, w, c, kh, kw, sh, sw, top, left, oh, ow;
+  Divisor by_h, by_w, by_c, by_kh, by_kw, by_sh, by_sw, by_oh, by_ow;
 };
+inline PoolGeometry MakePoolGeometry(int h, int w, int c, int kh, int kw,
+                                     int sh, int sw, int top, int left, int oh,
+                                     int ow) {
+  return PoolGeometry{h,           w,           c,           kh,
+                      kw,          sh,          sw,          top,
+                      left,        oh,          ow,          Divisor(h),
+                      Divisor(w),  Divisor(c),  Divisor(kh), Divisor(kw),
+                      Divisor(sh), Divisor(sw), Divisor(oh), Divisor(ow)};
+}
 
 // A window's result: its value and, for max pooling, the position of the
 // first maximum in window order (row-major, as the CPU backend picks).
@@ -75,7 +137,8 @@ struct Pooled {
 template <typename Index>
 DLBATCH_HOST_DEVICE Pooled MaxPoolTiledAt(Index i, const PoolGeometry& g,
                                           const float* x) {
-  const auto [sample, oy, ox, channel] = Coordinates(i, g.oh, g.ow, g.c);
+  const auto [sample, oy, ox, channel] =
+      Coordinates(i, g.by_oh, g.by_ow, g.by_c);
   const float* base =
       x + ((sample * g.h + Index{oy} * g.kh) * g.w + Index{ox} * g.kw) * g.c +
       channel;
@@ -96,8 +159,8 @@ template <typename Index>
 DLBATCH_HOST_DEVICE float MaxPoolTiledGradAt(Index i, const PoolGeometry& g,
                                              const uint8_t* argmax,
                                              const float* dy) {
-  const auto [sample, iy, ix, channel] = Coordinates(i, g.h, g.w, g.c);
-  const int oy = iy / g.kh, ox = ix / g.kw;
+  const auto [sample, iy, ix, channel] = Coordinates(i, g.by_h, g.by_w, g.by_c);
+  const int oy = Quotient(iy, g.by_kh), ox = Quotient(ix, g.by_kw);
   if (oy >= g.oh || ox >= g.ow) return 0;
   const Index o = ((sample * g.oh + oy) * g.ow + ox) * g.c + channel;
   return argmax[o] == (iy - oy * g.kh) * g.kw + (ix - ox * g.kw) ? dy[o] : 0;
@@ -118,7 +181,8 @@ DLBATCH_HOST_DEVICE inline Span Clip(int start, int k, int size) {
 template <typename Index>
 DLBATCH_HOST_DEVICE Pooled PoolPaddedAt(Index i, bool is_max,
                                         const PoolGeometry& g, const float* x) {
-  const auto [sample, oy, ox, channel] = Coordinates(i, g.oh, g.ow, g.c);
+  const auto [sample, oy, ox, channel] =
+      Coordinates(i, g.by_oh, g.by_ow, g.by_c);
   const int y0 = oy * g.sh - g.top, x0 = ox * g.sw - g.left;
   const Span rows = Clip(y0, g.kh, g.h), cols = Clip(x0, g.kw, g.w);
   const float* plane = x + sample * g.h * g.w * g.c + channel;
@@ -153,14 +217,14 @@ DLBATCH_HOST_DEVICE float PoolPaddedGradAt(Index i, bool is_max,
                                            const PoolGeometry& g,
                                            const int32_t* argmax,
                                            const float* dy) {
-  const auto [sample, iy, ix, channel] = Coordinates(i, g.h, g.w, g.c);
+  const auto [sample, iy, ix, channel] = Coordinates(i, g.by_h, g.by_w, g.by_c);
   // In padded coordinates (>= 0), window oy covers [oy * sh, oy * sh + kh):
   // it contains py where oy * sh <= py <= oy * sh + kh - 1.
   const int py = iy + g.top, px = ix + g.left;
-  const int oy_begin = py >= g.kh ? (py - g.kh) / g.sh + 1 : 0;
-  const int ox_begin = px >= g.kw ? (px - g.kw) / g.sw + 1 : 0;
-  const int oy_last = std::min(py / g.sh, g.oh - 1);
-  const int ox_last = std::min(px / g.sw, g.ow - 1);
+  const int oy_begin = py >= g.kh ? Quotient(py - g.kh, g.by_sh) + 1 : 0;
+  const int ox_begin = px >= g.kw ? Quotient(px - g.kw, g.by_sw) + 1 : 0;
+  const int oy_last = std::min(Quotient(py, g.by_sh), g.oh - 1);
+  const int ox_last = std::min(Quotient(px, g.by_sw), g.ow - 1);
   float sum = 0;
   for (int oy = oy_begin; oy <= oy_last; ++oy) {
     for (int ox = ox_begin; ox <= ox_last; ++ox) {
@@ -204,41 +268,6 @@ DLBATCH_HOST_DEVICE float CroppedAt(Index i, const PadGeometry& g,
   const auto [sample, iy, ix, channel] = Coordinates(i, g.h, g.w, g.c);
   return padded[((sample * g.ph + iy + g.top) * g.pw + ix + g.left) * g.c +
                 channel];
-}
-
-// Division of an index in [0, 2^31) by a fixed divisor in [1, 2^31) as one
-// wide multiply and a shift (Granlund and Montgomery, "Division by
-// invariant integers using multiplication", 1994, theorem 4.2 with N = 31:
-// m = ceil(2^(31+l) / d), l = ceil(log2 d), so m < 2^32). A GPU divides
-// an int32 in about twenty instructions; the lowered convolution's kernels
-// divide several times per element.
-struct Divisor {
-  int value = 1;
-  uint32_t magic = 0x80000000u;
-  int shift = 31;
-
-  Divisor() = default;
-  explicit Divisor(int d) : value(d) {
-    int l = 0;
-    while ((int64_t{1} << l) < d) ++l;
-    magic = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
-    shift = 31 + l;
-  }
-  // n / value, for 0 <= n < 2^31.
-  DLBATCH_HOST_DEVICE int Of(int n) const {
-    return static_cast<int>(
-        (static_cast<uint64_t>(magic) * static_cast<uint32_t>(n)) >> shift);
-  }
-};
-
-// n / d for a non-negative index: by the multiply where Index is 32-bit.
-template <typename Index>
-DLBATCH_HOST_DEVICE Index Quotient(Index n, const Divisor& d) {
-  if constexpr (sizeof(Index) == 4) {
-    return d.Of(n);
-  } else {
-    return n / d.value;
-  }
 }
 
 // A convolution lowered to matrix products (trainer/conv_lowering.h): NHWC
@@ -288,12 +317,7 @@ DLBATCH_HOST_DEVICE float PatchAt(Index i, const ConvGeometry& g,
 template <typename Index>
 DLBATCH_HOST_DEVICE float FoldedAt(Index i, const ConvGeometry& g,
                                    const float* patches) {
-  const Index pixel = Quotient(i, g.by_c);
-  const int channel = static_cast<int>(i - pixel * g.c);
-  const Index line = Quotient(pixel, g.by_w);
-  const int ix = static_cast<int>(pixel - line * g.w);
-  const Index sample = Quotient(line, g.by_h);
-  const int iy = static_cast<int>(line - sample * g.h);
+  const auto [sample, iy, ix, channel] = Coordinates(i, g.by_h, g.by_w, g.by_c);
   // In padded coordinates window oy covers rows [oy * sh, oy * sh + kh).
   const int py = iy + g.top, px = ix + g.left;
   const int oy_begin = py >= g.kh ? Quotient(py - g.kh, g.by_sh) + 1 : 0;

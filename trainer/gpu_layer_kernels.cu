@@ -254,7 +254,7 @@ void LaunchMaxPoolTiledForward(cudaStream_t stream, int n, int h, int w, int c,
   // Its indices reach into x, which is at least as large as y.
   DLBATCH_LAUNCH_INDEXED(
       MaxPoolTiledForwardKernel, int64_t{n} * h * w * c, count, stream, count,
-      PoolGeometry{h, w, c, kh, kw, kh, kw, 0, 0, oh, ow}, x, y, argmax);
+      MakePoolGeometry(h, w, c, kh, kw, kh, kw, 0, 0, oh, ow), x, y, argmax);
 }
 
 void LaunchMaxPoolTiledBackward(cudaStream_t stream, int n, int h, int w, int c,
@@ -265,7 +265,7 @@ void LaunchMaxPoolTiledBackward(cudaStream_t stream, int n, int h, int w, int c,
   if (count <= 0) return;
   DLBATCH_LAUNCH_INDEXED(
       MaxPoolTiledBackwardKernel, count, count, stream, count,
-      PoolGeometry{h, w, c, kh, kw, kh, kw, 0, 0, oh, ow}, argmax, dy, dx);
+      MakePoolGeometry(h, w, c, kh, kw, kh, kw, 0, 0, oh, ow), argmax, dy, dx);
 }
 
 // --- asymmetric padding ---
@@ -316,7 +316,8 @@ void LaunchPoolPaddedForward(cudaStream_t stream, bool is_max, int n, int h,
   DLBATCH_LAUNCH_INDEXED(
       PoolPaddedForwardKernel, std::max(count, int64_t{n} * h * w * c), count,
       stream, count, is_max,
-      PoolGeometry{h, w, c, kh, kw, sh, sw, top, left, oh, ow}, x, y, argmax);
+      MakePoolGeometry(h, w, c, kh, kw, sh, sw, top, left, oh, ow), x, y,
+      argmax);
 }
 
 void LaunchPoolPaddedBackward(cudaStream_t stream, bool is_max, int n, int h,
@@ -329,7 +330,8 @@ void LaunchPoolPaddedBackward(cudaStream_t stream, bool is_max, int n, int h,
   DLBATCH_LAUNCH_INDEXED(
       PoolPaddedBackwardKernel, std::max(count, int64_t{n} * oh * ow * c),
       count, stream, count, is_max,
-      PoolGeometry{h, w, c, kh, kw, sh, sw, top, left, oh, ow}, argmax, dy, dx);
+      MakePoolGeometry(h, w, c, kh, kw, sh, sw, top, left, oh, ow), argmax, dy,
+      dx);
 }
 
 // --- a batch's images from bytes ---

@@ -47,9 +47,9 @@ std::vector<float> Ties(int64_t count, uint64_t seed) {
 }
 
 PoolGeometry Geometry(const PoolDesc& d) {
-  return PoolGeometry{d.in.h,     d.in.w,     d.in.c,     d.kh,
-                      d.kw,       d.stride_h, d.stride_w, d.pad.top,
-                      d.pad.left, d.out.h,    d.out.w};
+  return gpu::MakePoolGeometry(d.in.h, d.in.w, d.in.c, d.kh, d.kw, d.stride_h,
+                               d.stride_w, d.pad.top, d.pad.left, d.out.h,
+                               d.out.w);
 }
 
 std::string Describe(const PoolDesc& d) {
