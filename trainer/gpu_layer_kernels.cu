@@ -14,6 +14,8 @@
 // even window or a stride over an even size) and the zero-padded copy that
 // lets cuDNN's symmetric convolution run such a layer; and a batch's images
 // from the data set's bytes, scaled, normalised and augmented (placed).
+// And a convolution's unfolded patches and their fold, for running it as a
+// matrix product where that beats cuDNN (conv_lowering.h).
 //
 // Kernels whose index arithmetic is a template parameter run it in int32
 // where every index of their arrays fits (FitsInt32, decided by the
@@ -21,7 +23,10 @@
 // instructions: profiled on an H100 at int64, the bias add (57 us) and the
 // tiled max-pool backward (124 us) spent most of their time on them. The
 // grid-stride counter stays int64 (it may step past 2^31); only the index
-// of an element, below the count, is narrowed. Results do not change.
+// of an element, below the count, is narrowed. Results do not change. At
+// int32 the divisions by the geometry's sizes are a multiply and a shift
+// (Divisor, gpu_elements.h): an int32 division is still about twenty
+// instructions, and the kernels divide several times per element.
 //
 // Sums add in a fixed order (per-thread runs, then a fixed tree, then the
 // chunks in order), never with atomics: a step computes the same bits each
@@ -58,10 +63,13 @@ bool FitsInt32(int64_t count) { return count <= INT32_MAX; }
   } while (false)
 
 template <typename Index>
-__global__ void AddBiasRowsKernel(int64_t count, int c,
+__global__ void AddBiasRowsKernel(int64_t count, Divisor c,
                                   const float* __restrict__ bias,
                                   float* __restrict__ y) {
-  DLBATCH_GRID_STRIDE(i, count) { y[i] += bias[static_cast<Index>(i) % c]; }
+  DLBATCH_GRID_STRIDE(i, count) {
+    const Index j = static_cast<Index>(i);
+    y[i] += bias[j - Quotient(j, c) * c.value];
+  }
 }
 
 // Block (32, kBiasRowsPerBlock): x over 32 channels, y over rows; blockIdx.x
@@ -224,8 +232,8 @@ void LaunchAddBiasRows(cudaStream_t stream, int64_t rows, int c,
                        const float* bias, float* y) {
   if (rows <= 0 || c <= 0) return;
   const int64_t count = rows * c;
-  DLBATCH_LAUNCH_INDEXED(AddBiasRowsKernel, count, count, stream, count, c,
-                         bias, y);
+  DLBATCH_LAUNCH_INDEXED(AddBiasRowsKernel, count, count, stream, count,
+                         Divisor(c), bias, y);
 }
 
 void LaunchBiasGradRows(cudaStream_t stream, int64_t rows, int c,
