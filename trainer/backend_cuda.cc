@@ -194,6 +194,7 @@ class CudaBackend final : public Backend {
       }
     }
     ctx_.lowered_bytes = options.lowered_bytes;
+    ctx_.lowered_groups = options.lowered_groups;
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     cudaDeviceProp prop{};
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));

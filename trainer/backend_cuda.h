@@ -34,6 +34,9 @@ struct CudaBackendOptions {
   // The most device memory a lowered convolution's patches take at once:
   // larger batches go in chunks.
   size_t lowered_bytes = size_t{256} << 20;
+  // With kAlways: lowered backward weights in (at most) this many groups of
+  // samples (conv_lowering.h); kTimed times a few.
+  int lowered_groups = 1;
 };
 
 // A backend on CUDA device `device` (an index among the visible ones).

@@ -119,6 +119,7 @@ struct Context {
   // CudaBackendOptions' (the environment's word applied).
   CudaBackendOptions::Lowering lowering = CudaBackendOptions::Lowering::kTimed;
   size_t lowered_bytes = 0;
+  int lowered_groups = 1;
   cudaStream_t stream = nullptr;
   cudnnHandle_t cudnn = nullptr;
   cublasHandle_t cublas = nullptr;

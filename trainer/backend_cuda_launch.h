@@ -136,6 +136,10 @@ void LaunchUnfold(cudaStream_t stream, int samples, const ConvGeometry& g,
                   const float* x, float* patches);
 void LaunchFold(cudaStream_t stream, int samples, const ConvGeometry& g,
                 const float* patches, float* dx);
+// out[i] (+ out[i] where `add`) = the sum over g < parts of
+// partial[g * size + i] (SumOfPartsAt), i < size.
+void LaunchSumParts(cudaStream_t stream, int parts, int64_t size,
+                    const float* partial, bool add, float* out);
 // --- batch normalisation (gpu_batchnorm_kernels.cu) ---
 // Activations are `rows` = n * h * w positions of `c` channels (NHWC);
 // `positions` = h * w. The passes are SyncBatchNormKernel's (backend.h);

@@ -9,6 +9,12 @@
 //   dpatches (P x R)  = dy (P x K) w (K x R)              then fold (FoldedAt)
 //   dw (K x R)       += dy^T (K x P) patches (P x R)      over chunks
 //
+// Backward weights may also split a chunk's rows into groups of whole
+// samples, one product each, all at once (a strided batch), and sum the
+// groups' parts after (in a fixed order): a filter gradient is a small
+// matrix over many rows (LeNet's first convolution at batch 1024: 20 x 25
+// over 589,824), which one product computes with few blocks of threads.
+//
 // The patches of a batch can be large (LeNet's second convolution at batch
 // 1024: 131 MB), so samples go in chunks whose patches fit a workspace cap;
 // backward weights adds the chunks' products in order. A 1x1 window with
@@ -73,12 +79,31 @@ class ConvLowering {
   int64_t PatchElements(int samples) const {
     return samples * positions_ * columns_;
   }
-  // Workspace for batches of up to n samples.
+  // Workspace for the patches of batches of up to n samples (a multiple of
+  // 256 bytes: the groups' parts may follow).
   size_t WorkspaceBytes(int n) const {
     if (identity_) return 0;
-    return static_cast<size_t>(PatchElements(std::min(n, chunk_))) *
-           sizeof(float);
+    const size_t bytes =
+        static_cast<size_t>(PatchElements(std::min(n, chunk_))) * sizeof(float);
+    return (bytes + 255) / 256 * 256;
   }
+  // Elements of the filters' gradient (K x R).
+  int64_t FilterElements() const { return int64_t{filters_} * columns_; }
+  // Workspace for backward weights' parts in `groups` groups (none for 1).
+  size_t PartsBytes(int groups) const {
+    return groups > 1
+               ? static_cast<size_t>(groups * FilterElements()) * sizeof(float)
+               : 0;
+  }
+  // The groups a chunk of `samples` samples splits into for backward
+  // weights: the largest power of two at most `most` that divides samples.
+  static int Groups(int samples, int most) {
+    int groups = 1;
+    while (groups * 2 <= most && samples % (groups * 2) == 0) groups *= 2;
+    return groups;
+  }
+  // Rows of `samples` samples.
+  int64_t Rows64(int samples) const { return samples * positions_; }
 
   // The products of a chunk of `samples` samples (rows = samples * oh * ow),
   // with A, B, C as named above each.
@@ -92,7 +117,10 @@ class ConvLowering {
     return {false, false, columns_, Rows(samples), filters_,
             columns_, filters_, columns_};
   }
-  // dw (+)= dy^T patches: A = patches, B = dy, C = dw.
+  // dw (+)= dy^T patches: A = patches, B = dy, C = dw. In groups: each
+  // group's product, of `samples` samples per group; group g's A, B and C
+  // start g * Rows64(samples) * R, g * Rows64(samples) * K and
+  // g * FilterElements() elements in.
   MatrixProduct BackwardWeights(int samples) const {
     return {false, true, columns_, filters_, Rows(samples),
             columns_, filters_, columns_};

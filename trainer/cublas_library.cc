@@ -58,6 +58,7 @@ Loaded Load() {
   resolve("cublasSetMathMode", &l.SetMathMode);
   resolve("cublasSetWorkspace_v2", &l.SetWorkspace);
   resolve("cublasSgemm_v2", &l.Sgemm);
+  resolve("cublasSgemmStridedBatched", &l.SgemmStridedBatched);
   resolve("cublasSgemv_v2", &l.Sgemv);
   resolve("cublasGetStatusString", &l.GetStatusString);
   if (missing != nullptr) {

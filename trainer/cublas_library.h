@@ -21,6 +21,7 @@ struct CublasLibrary {
   decltype(&cublasSetMathMode) SetMathMode;
   decltype(&cublasSetWorkspace_v2) SetWorkspace;
   decltype(&cublasSgemm_v2) Sgemm;
+  decltype(&cublasSgemmStridedBatched) SgemmStridedBatched;
   decltype(&cublasSgemv_v2) Sgemv;
   decltype(&cublasGetStatusString) GetStatusString;
 };

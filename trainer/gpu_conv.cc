@@ -82,8 +82,12 @@ int PickAlgorithm(const Perf* perf, int returned, bool tf32,
 }
 
 // The tuning value of a direction that runs lowered (conv_lowering.h);
-// cuDNN's algorithm enums are small.
+// cuDNN's algorithm enums are small. Backward weights in g groups (at
+// most) is kLoweredChoice + g - 1.
 constexpr int kLoweredChoice = 1000;
+constexpr int kMostGroups = 1024;
+// The groups the race tries for lowered backward weights.
+constexpr int kGroupChoices[] = {1, 8, 64};
 
 // The three computations of a convolution, each chosen on its own.
 enum Direction { kFwd = 0, kData = 1, kFilter = 2 };
@@ -167,7 +171,8 @@ class GpuConv final : public ConvKernel {
   void BackwardWeights(int n, const float* x, const float* dy, float* dw,
                        float* db) override {
     Plan& p = PlanFor(n);
-    RunBackwardWeights(p, n, x, dy, dw, Patches(p, n));
+    float* patches = Patches(p, n);
+    RunBackwardWeights(p, n, x, dy, dw, patches, Parts(p, n, patches));
     LaunchBiasGradRows(ctx_->stream, Rows(n), d_.filters, dy, bias_partial_,
                        db);
   }
@@ -179,6 +184,7 @@ class GpuConv final : public ConvKernel {
     TensorDescriptor x, y;
     int algo[3] = {0, 0, 0};
     bool lowered[3] = {false, false, false};
+    int groups = 1;  // lowered backward weights': the most groups
     size_t workspace = 0;
   };
 
@@ -233,19 +239,37 @@ class GpuConv final : public ConvKernel {
     }
   }
 
+  // `parts`: PartsBytes(p.groups) bytes for the groups' parts
+  // (conv_lowering.h).
   void RunBackwardWeights(const Plan& p, int n, const float* x, const float* dy,
-                          float* dw, float* patches) {
+                          float* dw, float* patches, float* parts) {
     if (p.lowered[kFilter]) {
       for (int s = 0; s < n; s += lowered_.chunk()) {
         const int samples = std::min(lowered_.chunk(), n - s);
         const float* xs = x + s * d_.in.size();
+        const float* dys = dy + s * d_.out.size();
         if (!lowered_.identity()) {
           LaunchUnfold(ctx_->stream, samples, lowered_.geometry(), xs, patches);
           xs = patches;
         }
         // The first chunk sets dw, the others add to it.
-        Multiply(lowered_.BackwardWeights(samples), xs, dy + s * d_.out.size(),
-                 s == 0 ? 0 : 1, dw);
+        const int groups = ConvLowering::Groups(samples, p.groups);
+        if (groups == 1) {
+          Multiply(lowered_.BackwardWeights(samples), xs, dys, s == 0 ? 0 : 1,
+                   dw);
+          continue;
+        }
+        const int per = samples / groups;
+        const MatrixProduct product = lowered_.BackwardWeights(per);
+        const int64_t rows = lowered_.Rows64(per);
+        const float one = 1, zero = 0;
+        DLBATCH_CUBLAS_CHECK(ctx_->blas->SgemmStridedBatched(
+            ctx_->cublas, CUBLAS_OP_N, CUBLAS_OP_T, product.m, product.n,
+            product.k, &one, xs, product.lda, rows * product.lda, dys,
+            product.ldb, rows * product.ldb, &zero, parts, product.ldc,
+            lowered_.FilterElements(), groups));
+        LaunchSumParts(ctx_->stream, groups, lowered_.FilterElements(), parts,
+                       s > 0, dw);
       }
       return;
     }
@@ -268,15 +292,26 @@ class GpuConv final : public ConvKernel {
         product.ldc));
   }
 
-  // The workspace as the patches of a chunk, where p runs a direction
-  // lowered and needs them (else null).
-  float* Patches(const Plan& p, int n) {
-    const size_t bytes = lowered_.WorkspaceBytes(n);
-    if (bytes == 0 ||
-        !(p.lowered[kFwd] || p.lowered[kData] || p.lowered[kFilter])) {
-      return nullptr;
+  // The lowered form's workspace in p: the patches of a chunk (where the
+  // patches are not x), then backward weights' parts (in groups).
+  size_t LoweredBytes(const Plan& p, int n) const {
+    size_t bytes = 0;
+    if (p.lowered[kFwd] || p.lowered[kData] || p.lowered[kFilter]) {
+      bytes = lowered_.WorkspaceBytes(n);
     }
-    return static_cast<float*>(ctx_->Workspace(bytes));
+    if (p.lowered[kFilter]) bytes += lowered_.PartsBytes(p.groups);
+    return bytes;
+  }
+  // The workspace as the patches of a chunk, where p runs a direction
+  // lowered (else null).
+  float* Patches(const Plan& p, int n) {
+    const size_t bytes = LoweredBytes(p, n);
+    return bytes == 0 ? nullptr : static_cast<float*>(ctx_->Workspace(bytes));
+  }
+  // The parts after them.
+  float* Parts(const Plan& p, int n, float* patches) {
+    if (!p.lowered[kFilter] || p.groups == 1) return nullptr;
+    return patches + lowered_.WorkspaceBytes(n) / sizeof(float);
   }
 
   Plan& PlanFor(int n) {
@@ -385,13 +420,18 @@ class GpuConv final : public ConvKernel {
     for (Direction dir : {kFwd, kData, kFilter}) {
       if (mode == Lowering::kAlways) {
         p.lowered[dir] = true;
+        if (dir == kFilter) p.groups = std::max(1, ctx_->lowered_groups);
         continue;
       }
       const std::string key = Key(dir, n);
       if (auto it = ctx_->tuning.find(key); it != ctx_->tuning.end()) {
-        if (it->second == kLoweredChoice) {
+        if (it->second >= kLoweredChoice) {
           if (mode == Lowering::kTimed) {
             p.lowered[dir] = true;
+            if (dir == kFilter) {
+              p.groups =
+                  std::clamp(it->second - kLoweredChoice + 1, 1, kMostGroups);
+            }
             continue;
           }
         } else if (CudnnBytes(p, dir, it->second, &bytes[dir]) ==
@@ -418,8 +458,7 @@ class GpuConv final : public ConvKernel {
     auto workspace = [&] {
       size_t most = 0;
       for (Direction dir : {kFwd, kData, kFilter}) {
-        most = std::max(
-            most, p.lowered[dir] ? lowered_.WorkspaceBytes(n) : bytes[dir]);
+        most = std::max(most, p.lowered[dir] ? LoweredBytes(p, n) : bytes[dir]);
       }
       return most;
     };
@@ -452,31 +491,48 @@ class GpuConv final : public ConvKernel {
       }
     }
     for (Direction dir : {kFwd, kData, kFilter}) {
-      ctx_->tuning[Key(dir, n)] = p.lowered[dir] ? kLoweredChoice : p.algo[dir];
+      ctx_->tuning[Key(dir, n)] = !p.lowered[dir] ? p.algo[dir]
+                                  : dir == kFilter
+                                      ? kLoweredChoice + p.groups - 1
+                                      : kLoweredChoice;
     }
     plans_[n] = std::move(plan);
     return plans_[n].get();
   }
 
   // Times, for each direction marked in `race`, cuDNN's algorithm in `p`
-  // (in the workspace, reserved for it) against the lowered form on n
-  // samples of zeros, and sets p.lowered where that is faster. Where the
-  // samples and patches do not fit in memory, keeps cuDNN's.
+  // (in the workspace, reserved for it) against the lowered form (backward
+  // weights in each of kGroupChoices whose parts fit the lowered cap) on n
+  // samples of zeros, and sets p.lowered (and p.groups) where that is
+  // faster. Where the samples and patches do not fit in memory, keeps
+  // cuDNN's.
   absl::Status Race(int n, Plan& p, const bool race[3]) {
+    std::vector<int> group_choices;
+    size_t parts_bytes = 0;
+    for (int g : kGroupChoices) {
+      const int groups = ConvLowering::Groups(std::min(n, lowered_.chunk()), g);
+      if (lowered_.PartsBytes(groups) > ctx_->lowered_bytes) continue;
+      if (std::find(group_choices.begin(), group_choices.end(), groups) ==
+          group_choices.end()) {
+        group_choices.push_back(groups);
+        parts_bytes = std::max(parts_bytes, lowered_.PartsBytes(groups));
+      }
+    }
     const int64_t in = n * std::max(d_.in.size(), x_shape_.size());
     const int64_t out = n * d_.out.size();
     const int64_t weights = int64_t{d_.filters} * d_.kh * d_.kw * d_.in.c;
     const int64_t patches =
         static_cast<int64_t>(lowered_.WorkspaceBytes(n) / sizeof(float));
-    // x, dx, y (and dy), w, dw, patches
-    float* buffers[6] = {};
-    const int64_t counts[6] = {in, in, out, weights, weights, patches};
+    const int64_t parts = static_cast<int64_t>(parts_bytes / sizeof(float));
+    // x, dx, y (and dy), w, dw, patches, parts
+    float* buffers[7] = {};
+    const int64_t counts[7] = {in, in, out, weights, weights, patches, parts};
     auto free_all = [&] {
       for (float* b : buffers) {
         if (b != nullptr) cudaFree(b);  // waits for the device
       }
     };
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < 7; ++i) {
       if (counts[i] == 0) continue;
       if (cudaMalloc(&buffers[i], counts[i] * sizeof(float)) != cudaSuccess) {
         cudaGetLastError();  // not sticky: clear it
@@ -492,7 +548,7 @@ class GpuConv final : public ConvKernel {
       }
     }
     float *x = buffers[0], *dx = buffers[1], *y = buffers[2], *w = buffers[3],
-          *dw = buffers[4], *scratch = buffers[5];
+          *dw = buffers[4], *scratch = buffers[5], *partial = buffers[6];
     absl::Status status;
     for (Direction dir : {kFwd, kData, kFilter}) {
       if (!race[dir]) continue;
@@ -506,18 +562,34 @@ class GpuConv final : public ConvKernel {
             RunBackwardData(p, n, y, w, dx, scratch);
             break;
           case kFilter:
-            RunBackwardWeights(p, n, x, y, dw, scratch);
+            RunBackwardWeights(p, n, x, y, dw, scratch, partial);
             break;
         }
       };
-      absl::StatusOr<float> cudnn_ms = TimeOnStream([&] { run(false); });
-      absl::StatusOr<float> lowered_ms = TimeOnStream([&] { run(true); });
-      if (!cudnn_ms.ok() || !lowered_ms.ok()) {
+      absl::StatusOr<float> best = TimeOnStream([&] { run(false); });
+      bool lowered = false;
+      int groups = 1;
+      const int kept_groups = p.groups;
+      for (int g : dir == kFilter ? group_choices : std::vector<int>{1}) {
+        if (!best.ok()) break;
+        p.groups = dir == kFilter ? g : kept_groups;
+        absl::StatusOr<float> ms = TimeOnStream([&] { run(true); });
+        if (!ms.ok()) {
+          best = ms.status();
+        } else if (*ms < *best) {
+          best = *ms;
+          lowered = true;
+          groups = g;
+        }
+      }
+      if (!best.ok()) {
         p.lowered[dir] = false;
-        status = !cudnn_ms.ok() ? cudnn_ms.status() : lowered_ms.status();
+        p.groups = dir == kFilter ? 1 : kept_groups;
+        status = best.status();
         break;
       }
-      p.lowered[dir] = *lowered_ms < *cudnn_ms;
+      p.lowered[dir] = lowered;
+      p.groups = dir == kFilter ? (lowered ? groups : 1) : kept_groups;
     }
     free_all();
     return status;

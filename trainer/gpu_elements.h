@@ -337,6 +337,16 @@ DLBATCH_HOST_DEVICE float FoldedAt(Index i, const ConvGeometry& g,
   return sum;
 }
 
+// Element i of the sum of `parts` arrays of `size` elements laid one after
+// another in `partial`, added in the parts' order.
+template <typename Index>
+DLBATCH_HOST_DEVICE float SumOfPartsAt(Index i, int parts, Index size,
+                                       const float* partial) {
+  float sum = 0;
+  for (int g = 0; g < parts; ++g) sum += partial[g * size + i];
+  return sum;
+}
+
 // A batch's image element i (NHWC samples of h x w x c) from the data set's
 // bytes: the byte the sample's placement names (placed may be null: every
 // sample as it is), times the channel's scale plus its bias, or the bias

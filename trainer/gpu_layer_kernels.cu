@@ -184,6 +184,17 @@ __global__ void FoldKernel(int64_t count, ConvGeometry g,
 }
 
 template <typename Index>
+__global__ void SumPartsKernel(int64_t count, int parts,
+                               const float* __restrict__ partial, bool add,
+                               float* __restrict__ out) {
+  DLBATCH_GRID_STRIDE(i, count) {
+    const float sum = SumOfPartsAt(static_cast<Index>(i), parts,
+                                   static_cast<Index>(count), partial);
+    out[i] = add ? out[i] + sum : sum;
+  }
+}
+
+template <typename Index>
 __global__ void PoolPaddedForwardKernel(int64_t count, bool is_max,
                                         PoolGeometry g,
                                         const float* __restrict__ x,
@@ -313,6 +324,13 @@ void LaunchFold(cudaStream_t stream, int samples, const ConvGeometry& g,
       FoldKernel,
       std::max(count, int64_t{samples} * g.oh * g.ow * g.kh * g.kw * g.c),
       count, stream, count, g, patches, dx);
+}
+
+void LaunchSumParts(cudaStream_t stream, int parts, int64_t size,
+                    const float* partial, bool add, float* out) {
+  if (size <= 0) return;
+  DLBATCH_LAUNCH_INDEXED(SumPartsKernel, size * parts, size, stream, size,
+                         parts, partial, add, out);
 }
 
 void LaunchPoolPaddedForward(cudaStream_t stream, bool is_max, int n, int h,

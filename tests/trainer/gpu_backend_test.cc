@@ -211,10 +211,11 @@ TEST_F(GpuBackendTest, ConvolutionTuningRoundTrips) {
 }
 
 // Convolutions lowered to matrix products (unfolded patches and cuBLAS,
-// conv_lowering.h), forced: in one chunk, and with a workspace cap of one
+// conv_lowering.h), forced: in one chunk, with a workspace cap of one
 // sample's patches (batch 4 and 3 in as many chunks, backward weights
-// adding them up). gpu_elements_test checks the arithmetic on the host;
-// this, the launches and the products.
+// adding them up), and backward weights at batch 4 in 4 groups (a strided
+// batch of products, then their parts summed). gpu_elements_test checks the
+// arithmetic on the host; this, the launches and the products.
 TEST_F(GpuBackendTest, LoweredConvolutionsMatchTheCpu) {
   ConvDesc oblong = Conv({9, 8, 3}, 4, 3, 2, 1);  // 3x2, stride 2x1
   oblong.kw = 2;
@@ -231,17 +232,26 @@ TEST_F(GpuBackendTest, LoweredConvolutionsMatchTheCpu) {
       SameConv({8, 7, 3}, 4, 3, 2),     // in h only: 0,1,1,1
       oblong,
   };
-  for (const size_t cap : {size_t{256} << 20, size_t{1}}) {
+  struct Setting {
+    size_t cap;
+    int groups;
+  };
+  for (const Setting setting :
+       {Setting{size_t{256} << 20, 1}, Setting{size_t{1}, 1},
+        Setting{size_t{256} << 20, 4}}) {
+    const size_t cap = setting.cap;
     CudaBackendOptions options;
     options.lowering = CudaBackendOptions::Lowering::kAlways;
     options.lowered_bytes = cap;
+    options.lowered_groups = setting.groups;
     auto lowered = MakeCudaBackend(0, options);
     ASSERT_TRUE(lowered.ok()) << lowered.status();
     uint64_t seed = 400;
     for (const ConvDesc& d : descs) {
       SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString() + " " +
                    std::to_string(d.kh) + "x" + std::to_string(d.kw) + " pad " +
-                   PadString(d.pad) + ", cap " + std::to_string(cap));
+                   PadString(d.pad) + ", cap " + std::to_string(cap) +
+                   ", groups " + std::to_string(setting.groups));
       ExpectConvAgrees(d, &seed, /*garbage=*/true, lowered->get());
     }
   }

@@ -400,7 +400,7 @@ TYPED_TEST(GpuElementsTest, LoweredConvolutionIsTheCpus) {
   Backend* cpu = this->cpu_.get();
   uint64_t seed = 300;
   for (const ConvDesc& d : all) {
-    const int n = 5;
+    const int n = 6;
     const int64_t in = d.in.size(), out = d.out.size();
     const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
     const std::vector<float> x = RandomVector(n * in, ++seed);
@@ -420,16 +420,28 @@ TYPED_TEST(GpuElementsTest, LoweredConvolutionIsTheCpus) {
 
     const int64_t sample_bytes =
         int64_t{d.out.h} * d.out.w * d.kh * d.kw * d.in.c * sizeof(float);
-    for (const size_t cap : {size_t{1} << 30, size_t(2 * sample_bytes)}) {
+    // Chunks of all 6 samples, of 2, and of 4 then 2; backward weights in
+    // one group per chunk or in up to 4.
+    struct Split {
+      int samples;  // per chunk
+      int groups;   // at most
+    };
+    for (const Split split : {Split{n, 1}, Split{2, 1}, Split{4, 1},
+                              Split{n, 4}, Split{2, 4}, Split{4, 4}}) {
+      const size_t cap =
+          split.samples == n
+              ? size_t{1} << 30
+              : static_cast<size_t>(split.samples * sample_bytes);
       const gpu::ConvLowering lowered(d, cap);
       SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString() + " " +
                    std::to_string(d.kh) + "x" + std::to_string(d.kw) +
                    " stride " + std::to_string(d.stride_h) + " pad " +
                    PadString(d.pad) + ", chunks of " +
-                   std::to_string(lowered.chunk()));
+                   std::to_string(lowered.chunk()) + ", groups up to " +
+                   std::to_string(split.groups));
       EXPECT_EQ(lowered.identity(), d.kh == 1 && d.stride_h == 1);
       if (!lowered.identity()) {
-        EXPECT_EQ(std::min(lowered.chunk(), n), cap == size_t{1} << 30 ? n : 2);
+        EXPECT_EQ(std::min(lowered.chunk(), n), split.samples);
       }
       const gpu::ConvGeometry& g = lowered.geometry();
       std::vector<float> y(n * out), dx(n * in), dw(weights, 7.0f);
@@ -455,8 +467,31 @@ TYPED_TEST(GpuElementsTest, LoweredConvolutionIsTheCpus) {
               [&](auto i) { return gpu::FoldedAt(i, g, dpatches.data()); });
           std::copy(folded.begin(), folded.end(), dx.begin() + s * in);
         }
-        HostProduct(lowered.BackwardWeights(samples), xs, dy.data() + s * out,
-                    s == 0 ? 0 : 1, dw.data());
+        const int groups = gpu::ConvLowering::Groups(samples, split.groups);
+        if (groups == 1) {
+          HostProduct(lowered.BackwardWeights(samples), xs, dy.data() + s * out,
+                      s == 0 ? 0 : 1, dw.data());
+          continue;
+        }
+        // As cublasSgemmStridedBatched, then SumPartsKernel.
+        const int per = samples / groups;
+        const gpu::MatrixProduct product = lowered.BackwardWeights(per);
+        const int64_t rows = lowered.Rows64(per);
+        const int64_t size = lowered.FilterElements();
+        std::vector<float> parts(groups * size, 5.0f);
+        for (int k = 0; k < groups; ++k) {
+          HostProduct(product, xs + k * rows * product.lda,
+                      dy.data() + s * out + k * rows * product.ldb, 0,
+                      parts.data() + k * size);
+        }
+        const std::vector<float> summed =
+            this->template Elements<float>(size, [&](auto i) {
+              return gpu::SumOfPartsAt(
+                  i, groups, static_cast<decltype(i)>(size), parts.data());
+            });
+        for (int64_t i = 0; i < size; ++i) {
+          dw[i] = s > 0 ? dw[i] + summed[i] : summed[i];
+        }
       }
       for (int64_t r = 0; r < n * out / d.filters; ++r) {
         for (int f = 0; f < d.filters; ++f) y[r * d.filters + f] += b[f];
