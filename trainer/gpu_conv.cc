@@ -292,6 +292,14 @@ class GpuConv final : public ConvKernel {
         product.ldc));
   }
 
+  // Backward weights' groups for batches of n given at most `most`: what a
+  // full chunk splits into, 1 where the parts would pass the lowered cap.
+  int GroupsFor(int n, int most) const {
+    const int groups = ConvLowering::Groups(std::min(n, lowered_.chunk()),
+                                            std::clamp(most, 1, kMostGroups));
+    return lowered_.PartsBytes(groups) <= ctx_->lowered_bytes ? groups : 1;
+  }
+
   // The lowered form's workspace in p: the patches of a chunk (where the
   // patches are not x), then backward weights' parts (in groups).
   size_t LoweredBytes(const Plan& p, int n) const {
@@ -420,7 +428,7 @@ class GpuConv final : public ConvKernel {
     for (Direction dir : {kFwd, kData, kFilter}) {
       if (mode == Lowering::kAlways) {
         p.lowered[dir] = true;
-        if (dir == kFilter) p.groups = std::max(1, ctx_->lowered_groups);
+        if (dir == kFilter) p.groups = GroupsFor(n, ctx_->lowered_groups);
         continue;
       }
       const std::string key = Key(dir, n);
@@ -429,8 +437,7 @@ class GpuConv final : public ConvKernel {
           if (mode == Lowering::kTimed) {
             p.lowered[dir] = true;
             if (dir == kFilter) {
-              p.groups =
-                  std::clamp(it->second - kLoweredChoice + 1, 1, kMostGroups);
+              p.groups = GroupsFor(n, it->second - kLoweredChoice + 1);
             }
             continue;
           }
@@ -510,10 +517,9 @@ class GpuConv final : public ConvKernel {
     std::vector<int> group_choices;
     size_t parts_bytes = 0;
     for (int g : kGroupChoices) {
-      const int groups = ConvLowering::Groups(std::min(n, lowered_.chunk()), g);
-      if (lowered_.PartsBytes(groups) > ctx_->lowered_bytes) continue;
-      if (std::find(group_choices.begin(), group_choices.end(), groups) ==
-          group_choices.end()) {
+      const int groups = GroupsFor(n, g);
+      if (race[kFilter] && std::find(group_choices.begin(), group_choices.end(),
+                                     groups) == group_choices.end()) {
         group_choices.push_back(groups);
         parts_bytes = std::max(parts_bytes, lowered_.PartsBytes(groups));
       }

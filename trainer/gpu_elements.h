@@ -50,7 +50,10 @@ struct Divisor {
   int shift = 31;
 
   Divisor() = default;
+  // d < 1 (a geometry with an empty side, whose kernels launch nothing)
+  // keeps the multiply of 1.
   explicit Divisor(int d) : value(d) {
+    if (d < 1) return;
     int l = 0;
     while ((int64_t{1} << l) < d) ++l;
     magic = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
