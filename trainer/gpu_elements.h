@@ -178,6 +178,16 @@ DLBATCH_HOST_DEVICE inline Span Clip(int start, int k, int size) {
   return Span{std::max(start, 0), std::min(start + k, size)};
 }
 
+// The windows along one dimension that contain padded position p (>= 0),
+// of `count` windows k wide moved by `stride`: window o covers
+// [o * stride, o * stride + k), so those with p - k < o * stride <= p, as
+// the span [begin, end).
+DLBATCH_HOST_DEVICE inline Span Covering(int p, int k, const Divisor& stride,
+                                         int count) {
+  return Span{p >= k ? Quotient(p - k, stride) + 1 : 0,
+              std::min(Quotient(p, stride), count - 1) + 1};
+}
+
 // Padded pooling (max or average over the window's elements inside the
 // input), output element i. A window with no element inside (which `same`
 // padding never makes) gives 0 and position -1.
@@ -221,16 +231,12 @@ DLBATCH_HOST_DEVICE float PoolPaddedGradAt(Index i, bool is_max,
                                            const int32_t* argmax,
                                            const float* dy) {
   const auto [sample, iy, ix, channel] = Coordinates(i, g.by_h, g.by_w, g.by_c);
-  // In padded coordinates (>= 0), window oy covers [oy * sh, oy * sh + kh):
-  // it contains py where oy * sh <= py <= oy * sh + kh - 1.
-  const int py = iy + g.top, px = ix + g.left;
-  const int oy_begin = py >= g.kh ? Quotient(py - g.kh, g.by_sh) + 1 : 0;
-  const int ox_begin = px >= g.kw ? Quotient(px - g.kw, g.by_sw) + 1 : 0;
-  const int oy_last = std::min(Quotient(py, g.by_sh), g.oh - 1);
-  const int ox_last = std::min(Quotient(px, g.by_sw), g.ow - 1);
+  const int py = iy + g.top, px = ix + g.left;  // padded coordinates
+  const Span oys = Covering(py, g.kh, g.by_sh, g.oh);
+  const Span oxs = Covering(px, g.kw, g.by_sw, g.ow);
   float sum = 0;
-  for (int oy = oy_begin; oy <= oy_last; ++oy) {
-    for (int ox = ox_begin; ox <= ox_last; ++ox) {
+  for (int oy = oys.begin; oy < oys.end; ++oy) {
+    for (int ox = oxs.begin; ox < oxs.end; ++ox) {
       const Index o = ((sample * g.oh + oy) * g.ow + ox) * g.c + channel;
       if (is_max) {
         if (argmax[o] == (py - oy * g.sh) * g.kw + (px - ox * g.sw)) {
@@ -247,6 +253,16 @@ DLBATCH_HOST_DEVICE float PoolPaddedGradAt(Index i, bool is_max,
   return sum;
 }
 
+// Element (sample, iy, ix, channel) of NHWC samples of h x w x c, or 0
+// where (iy, ix) lies outside them.
+template <typename Index>
+DLBATCH_HOST_DEVICE float ElementOrZero(const float* x, Index sample, int iy,
+                                        int ix, int channel, int h, int w,
+                                        int c) {
+  if (iy < 0 || iy >= h || ix < 0 || ix >= w) return 0;
+  return x[((sample * h + iy) * w + ix) * c + channel];
+}
+
 // A zero-padded copy of NHWC samples of h x w x c, ph x pw x c each, the
 // samples' (0, 0) at (top, left).
 struct PadGeometry {
@@ -259,9 +275,8 @@ template <typename Index>
 DLBATCH_HOST_DEVICE float PaddedAt(Index i, const PadGeometry& g,
                                    const float* x) {
   const auto [sample, py, px, channel] = Coordinates(i, g.ph, g.pw, g.c);
-  const int iy = py - g.top, ix = px - g.left;
-  if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) return 0;
-  return x[((sample * g.h + iy) * g.w + ix) * g.c + channel];
+  return ElementOrZero(x, sample, py - g.top, px - g.left, channel, g.h, g.w,
+                       g.c);
 }
 
 // The crop of a padded copy back to x's shape, element i.
@@ -278,19 +293,16 @@ DLBATCH_HOST_DEVICE float CroppedAt(Index i, const PadGeometry& g,
 // (-top, -left), an output of oh x ow. A sample's patches are a row-major
 // matrix of oh * ow rows (the output positions, row-major) by kh * kw * c
 // columns, column (ky * kw + kx) * c + channel: the filters' OHWI order.
-// MakeConvGeometry fills in the divisors.
-struct ConvGeometry {
-  int h, w, c, kh, kw, sh, sw, top, left, oh, ow;
-  Divisor by_h, by_w, by_c, by_kw, by_sh, by_sw, by_oh, by_ow, by_columns;
+// The window's geometry is a pooling's (kh x kw over c channels).
+struct ConvGeometry : PoolGeometry {
+  Divisor by_columns;  // kh * kw * c
 };
 inline ConvGeometry MakeConvGeometry(int h, int w, int c, int kh, int kw,
                                      int sh, int sw, int top, int left, int oh,
                                      int ow) {
   return ConvGeometry{
-      h,           w,           c,           kh,          kw,
-      sh,          sw,          top,         left,        oh,
-      ow,          Divisor(h),  Divisor(w),  Divisor(c),  Divisor(kw),
-      Divisor(sh), Divisor(sw), Divisor(oh), Divisor(ow), Divisor(kh * kw * c)};
+      MakePoolGeometry(h, w, c, kh, kw, sh, sw, top, left, oh, ow),
+      Divisor(kh * kw * c)};
 }
 
 // The patches of the samples of x, element i: x's element under window
@@ -309,9 +321,8 @@ DLBATCH_HOST_DEVICE float PatchAt(Index i, const ConvGeometry& g,
   const int ox = static_cast<int>(row - rest * g.ow);
   const Index sample = Quotient(rest, g.by_oh);
   const int oy = static_cast<int>(rest - sample * g.oh);
-  const int iy = oy * g.sh - g.top + ky, ix = ox * g.sw - g.left + kx;
-  if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) return 0;
-  return x[((sample * g.h + iy) * g.w + ix) * g.c + channel];
+  return ElementOrZero(x, sample, oy * g.sh - g.top + ky,
+                       ox * g.sw - g.left + kx, channel, g.h, g.w, g.c);
 }
 
 // The input gradient from the patches' gradient, element i (NHWC): the sum
@@ -321,17 +332,14 @@ template <typename Index>
 DLBATCH_HOST_DEVICE float FoldedAt(Index i, const ConvGeometry& g,
                                    const float* patches) {
   const auto [sample, iy, ix, channel] = Coordinates(i, g.by_h, g.by_w, g.by_c);
-  // In padded coordinates window oy covers rows [oy * sh, oy * sh + kh).
-  const int py = iy + g.top, px = ix + g.left;
-  const int oy_begin = py >= g.kh ? Quotient(py - g.kh, g.by_sh) + 1 : 0;
-  const int ox_begin = px >= g.kw ? Quotient(px - g.kw, g.by_sw) + 1 : 0;
-  const int oy_last = std::min(Quotient(py, g.by_sh), g.oh - 1);
-  const int ox_last = std::min(Quotient(px, g.by_sw), g.ow - 1);
+  const int py = iy + g.top, px = ix + g.left;  // padded coordinates
+  const Span oys = Covering(py, g.kh, g.by_sh, g.oh);
+  const Span oxs = Covering(px, g.kw, g.by_sw, g.ow);
   const int columns = g.kh * g.kw * g.c;
   float sum = 0;
-  for (int oy = oy_begin; oy <= oy_last; ++oy) {
+  for (int oy = oys.begin; oy < oys.end; ++oy) {
     const int ky = py - oy * g.sh;
-    for (int ox = ox_begin; ox <= ox_last; ++ox) {
+    for (int ox = oxs.begin; ox < oxs.end; ++ox) {
       const int kx = px - ox * g.sw;
       sum += patches[((sample * g.oh + oy) * g.ow + ox) * columns +
                      (ky * g.kw + kx) * g.c + channel];

@@ -27,6 +27,7 @@
 namespace dlbatch::trainer {
 namespace {
 
+using testing::Conv;
 using testing::PadString;
 using testing::RandomVector;
 using testing::SameConv;
@@ -170,18 +171,6 @@ class GpuBackendTest : public ::testing::Test {
 TEST_F(GpuBackendTest, DescribesItself) {
   EXPECT_TRUE(gpu_->on_gpu());
   EXPECT_EQ(gpu_->Describe().rfind("gpu 0: ", 0), 0u) << gpu_->Describe();
-}
-
-ConvDesc Conv(Shape in, int filters, int k, int stride, int pad) {
-  ConvDesc d;
-  d.in = in;
-  d.filters = filters;
-  d.kh = d.kw = k;
-  d.stride_h = d.stride_w = stride;
-  d.pad = Padding{pad, pad, pad, pad};
-  d.out = Shape{(in.h + 2 * pad - k) / stride + 1,
-                (in.w + 2 * pad - k) / stride + 1, filters};
-  return d;
 }
 
 TEST_F(GpuBackendTest, ConvolutionForwardAndBackward) {

@@ -28,6 +28,7 @@ namespace {
 using gpu::PadGeometry;
 using gpu::Pooled;
 using gpu::PoolGeometry;
+using testing::Conv;
 using testing::PadString;
 using testing::RandomVector;
 using testing::SameConv;
@@ -359,18 +360,6 @@ void HostProduct(const gpu::MatrixProduct& p, const float* a, const float* b,
       out = static_cast<float>(beta != 0 ? sum + double{beta} * out : sum);
     }
   }
-}
-
-ConvDesc Conv(Shape in, int filters, int k, int stride, int pad) {
-  ConvDesc d;
-  d.in = in;
-  d.filters = filters;
-  d.kh = d.kw = k;
-  d.stride_h = d.stride_w = stride;
-  d.pad = Padding{pad, pad, pad, pad};
-  d.out = Shape{(in.h + 2 * pad - k) / stride + 1,
-                (in.w + 2 * pad - k) / stride + 1, filters};
-  return d;
 }
 
 // gpu_conv.cc's lowered convolution step for step on the host: per chunk

@@ -129,6 +129,20 @@ inline ConvDesc SameConv(Shape in, int filters, int k, int stride) {
   return d;
 }
 
+// A k x k convolution of `filters` moved by `stride` with `pad` on every
+// side.
+inline ConvDesc Conv(Shape in, int filters, int k, int stride, int pad) {
+  ConvDesc d;
+  d.in = in;
+  d.filters = filters;
+  d.kh = d.kw = k;
+  d.stride_h = d.stride_w = stride;
+  d.pad = Padding{pad, pad, pad, pad};
+  d.out = Shape{(in.h + 2 * pad - k) / stride + 1,
+                (in.w + 2 * pad - k) / stride + 1, filters};
+  return d;
+}
+
 // A k x k pooling with `same` padding.
 inline PoolDesc SamePool(PoolKind kind, Shape in, int k, int stride) {
   PoolDesc d;
