@@ -65,12 +65,6 @@ std::string BinDir() {
   return DLBATCH_BIN_DIR;
 }
 
-std::string FashionMnistDir() {
-  const char* env = std::getenv("DLBATCH_TEST_DATA_DIR");
-  return env != nullptr && *env != '\0' ? env
-                                        : "/usr/share/datasets/fashion-mnist";
-}
-
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

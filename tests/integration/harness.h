@@ -9,10 +9,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "tests/common/fashion_mnist.h"
 
 namespace dlbatch::testing {
 
@@ -28,9 +29,7 @@ Result Exec(const std::vector<std::string>& argv,
             int timeout_ms = 120000);
 
 std::string BinDir();
-// The folder of Fashion-MNIST's four IDX files: DLBATCH_TEST_DATA_DIR, else
-// Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist).
-std::string FashionMnistDir();
+// FashionMnistDir(): tests/common/fashion_mnist.h.
 
 // Caffe's LeNet for 28x28x1 images as a job file's `network:` block, indented
 // to sit under `train:`.

@@ -16,10 +16,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/common/fashion_mnist.h"
 #include "tests/trainer/images_from_bytes.h"
 #include "tests/trainer/test_util.h"
 #include "trainer/backend.h"
 #include "trainer/backend_cuda.h"
+#include "trainer/data.h"
 #include "trainer/layers.h"
 #include "trainer/network.h"
 #include "trainer/rng.h"
@@ -631,7 +633,10 @@ v1::NetworkSpec LeNet() {
   return spec;
 }
 
-std::vector<double> TrainLeNet(Backend* backend, int steps, int n) {
+// Trains LeNet for `steps` steps of n consecutive images of `data` (scaled
+// to [0, 1]) with SGDM; the loss of each step.
+std::vector<double> TrainLeNet(Backend* backend, const Dataset& data, int steps,
+                               int n) {
   auto net = Network::Build(LeNet(), backend, n);
   EXPECT_TRUE(net.ok()) << net.status();
   if (!net.ok()) return {};
@@ -643,13 +648,13 @@ std::vector<double> TrainLeNet(Backend* backend, int steps, int n) {
   Buffer stats = *backend->Allocate(2 * sizeof(float));
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
-    // A learnable batch: the label sets the brightness of a stripe.
-    std::vector<float> x = RandomVector(int64_t{n} * 784, 100 + step, 0, 1.0);
-    std::vector<int32_t> y(n);
-    for (int i = 0; i < n; ++i) {
-      y[i] = (i * 7 + step) % 10;
-      for (int c = 0; c < 28; ++c) x[i * 784 + (2 * y[i] + 4) * 28 + c] += 0.25f;
+    const int64_t first = int64_t{step} * n;
+    std::vector<float> x(int64_t{n} * 784);
+    for (int64_t j = 0; j < n * 784; ++j) {
+      x[j] = data.pixels[first * 784 + j] / 255.0f;
     }
+    const std::vector<int32_t> y(data.labels.begin() + first,
+                                 data.labels.begin() + first + n);
     backend->CopyToDevice(images.as<void>(), x.data(), x.size() * 4);
     backend->CopyToDevice(labels.as<void>(), y.data(), y.size() * 4);
     backend->Fill(stats.f32(), 2, 0);
@@ -666,29 +671,49 @@ std::vector<double> TrainLeNet(Backend* backend, int steps, int n) {
   return losses;
 }
 
-// 200 steps, as the issue asks. Training is chaotic: a difference in the
-// last bit of one sum grows over the steps until single steps' losses
-// differ by 10% or more, whichever device computes them. Measured on the
-// CPU alone (1 thread against 2, which sum some reductions in another
-// order): losses agree to 1e-7 for 30 steps, then drift apart by up to 14%
-// on a step and 4% on a 20-step mean. So the GPU is held to the CPU
-// tightly while rounding has not compounded, and after that to the spread
-// that rounding alone gives, measured in the same run.
+// 200 steps of Fashion-MNIST's first 6,400 training images, as the issue
+// asks. Training is chaotic: a difference in the last bit of one sum grows
+// over the steps until single steps' losses differ by 10% or more,
+// whichever device computes them. Measured on the CPU alone (1 thread
+// against 4, which sum some reductions in another order): losses agree to
+// 1e-7 for 15 steps, pass 1e-3 by step 21, then drift apart by a few
+// percent on a step (about 1.1% on average over the 200). So the GPU is
+// held to the CPU tightly while rounding has not compounded (the steps
+// before the 4-thread CPU moves 1e-5 away, at least 10), and after that to
+// the spread that rounding alone gives, measured in the same run.
 TEST_F(GpuBackendTest, LeNetLossCurveOf200StepsMatchesTheCpu) {
   const int steps = 200, n = 32, window = 20;
-  auto cpu2_backend = MakeCpuBackend(2);
-  ASSERT_TRUE(cpu2_backend.ok()) << cpu2_backend.status();
-  const std::vector<double> cpu = TrainLeNet(cpu_.get(), steps, n);
-  const std::vector<double> ref = TrainLeNet(cpu2_backend->get(), steps, n);
-  const std::vector<double> gpu = TrainLeNet(gpu_.get(), steps, n);
+  v1::DataSource source;
+  source.set_format("idx");
+  source.set_images("train-images-idx3-ubyte.gz");
+  source.set_labels("train-labels-idx1-ubyte.gz");
+  absl::StatusOr<Dataset> data =
+      LoadDataset(source, dlbatch::testing::FashionMnistDir());
+  ASSERT_TRUE(data.ok()) << data.status()
+                         << " (DLBATCH_TEST_DATA_DIR names the folder of "
+                            "Fashion-MNIST's IDX files)";
+  ASSERT_GE(data->count, int64_t{steps} * n);
+  auto cpu4_backend = MakeCpuBackend(4);
+  ASSERT_TRUE(cpu4_backend.ok()) << cpu4_backend.status();
+  const std::vector<double> cpu = TrainLeNet(cpu_.get(), *data, steps, n);
+  const std::vector<double> ref =
+      TrainLeNet(cpu4_backend->get(), *data, steps, n);
+  const std::vector<double> gpu = TrainLeNet(gpu_.get(), *data, steps, n);
   ASSERT_EQ(cpu.size(), static_cast<size_t>(steps));
   ASSERT_EQ(ref.size(), static_cast<size_t>(steps));
   ASSERT_EQ(gpu.size(), static_cast<size_t>(steps));
   for (int i = 0; i < steps; i += 10) {
-    std::printf("step %3d: cpu %.6f, cpu (2 threads) %.6f, gpu %.6f\n", i,
+    std::printf("step %3d: cpu %.6f, cpu (4 threads) %.6f, gpu %.6f\n", i,
                 cpu[i], ref[i], gpu[i]);
   }
-  for (int i = 0; i < 25; ++i) {
+  int tight = 0;
+  while (tight < steps &&
+         std::fabs(ref[tight] - cpu[tight]) <= 1e-5 * std::fabs(cpu[tight])) {
+    ++tight;
+  }
+  tight = std::max(tight, 10);
+  std::printf("held within 1e-3 of the CPU for the first %d steps\n", tight);
+  for (int i = 0; i < tight; ++i) {
     EXPECT_NEAR(gpu[i], cpu[i], 1e-3 * std::fabs(cpu[i])) << "step " << i;
   }
   // Each 20-step mean: within 3 times the rounding spread plus 5%.
@@ -710,7 +735,7 @@ TEST_F(GpuBackendTest, LeNetLossCurveOf200StepsMatchesTheCpu) {
     gpu_spread += std::fabs(gpu[i] - cpu[i]) / steps;
     ref_spread += std::fabs(ref[i] - cpu[i]) / steps;
   }
-  std::printf("mean |gpu - cpu| %.5f, mean |cpu (2 threads) - cpu| %.5f\n",
+  std::printf("mean |gpu - cpu| %.5f, mean |cpu (4 threads) - cpu| %.5f\n",
               gpu_spread, ref_spread);
   EXPECT_LT(gpu_spread, 3 * ref_spread + 1e-3);
   double cpu_tail = 0;
