@@ -169,6 +169,7 @@ TEST_F(GpuChecks, CublasLoadsOnDemandWithEveryFunctionTheBackendCalls) {
                          reinterpret_cast<const void*>(b.SetMathMode),
                          reinterpret_cast<const void*>(b.SetWorkspace),
                          reinterpret_cast<const void*>(b.Sgemm),
+                         reinterpret_cast<const void*>(b.SgemmStridedBatched),
                          reinterpret_cast<const void*>(b.Sgemv),
                          reinterpret_cast<const void*>(b.GetStatusString)}) {
     EXPECT_NE(fn, nullptr);
