@@ -127,9 +127,7 @@ class ConvLowering {
   }
 
  private:
-  int Rows(int samples) const {
-    return static_cast<int>(samples * positions_);
-  }
+  int Rows(int samples) const { return static_cast<int>(Rows64(samples)); }
 
   ConvGeometry g_;
   int filters_;

@@ -159,7 +159,7 @@ class GpuConv final : public ConvKernel {
                float* y) override {
     Plan& p = PlanFor(n);
     RunForward(p, n, x, w, y, Patches(p, n));
-    LaunchAddBiasRows(ctx_->stream, Rows(n), d_.filters, b, y);
+    LaunchAddBiasRows(ctx_->stream, lowered_.Rows64(n), d_.filters, b, y);
   }
 
   void BackwardData(int n, const float* dy, const float* w,
@@ -173,8 +173,8 @@ class GpuConv final : public ConvKernel {
     Plan& p = PlanFor(n);
     float* patches = Patches(p, n);
     RunBackwardWeights(p, n, x, dy, dw, patches, Parts(p, n, patches));
-    LaunchBiasGradRows(ctx_->stream, Rows(n), d_.filters, dy, bias_partial_,
-                       db);
+    LaunchBiasGradRows(ctx_->stream, lowered_.Rows64(n), d_.filters, dy,
+                       bias_partial_, db);
   }
 
  private:
@@ -339,8 +339,6 @@ class GpuConv final : public ConvKernel {
     }
     return *plans_[n];
   }
-
-  int64_t Rows(int n) const { return int64_t{n} * d_.out.h * d_.out.w; }
 
   // Queues the zero-padded copy of x's n samples into scratch_; returns it.
   const float* Pad(int n, const float* x) {
@@ -573,12 +571,12 @@ class GpuConv final : public ConvKernel {
         }
       };
       absl::StatusOr<float> best = TimeOnStream([&] { run(false); });
+      // Only backward weights has groups to try; the others run with p's.
       bool lowered = false;
-      int groups = 1;
-      const int kept_groups = p.groups;
-      for (int g : dir == kFilter ? group_choices : std::vector<int>{1}) {
+      int groups = p.groups;
+      for (int g : dir == kFilter ? group_choices : std::vector<int>{groups}) {
         if (!best.ok()) break;
-        p.groups = dir == kFilter ? g : kept_groups;
+        p.groups = g;
         absl::StatusOr<float> ms = TimeOnStream([&] { run(true); });
         if (!ms.ok()) {
           best = ms.status();
@@ -588,14 +586,12 @@ class GpuConv final : public ConvKernel {
           groups = g;
         }
       }
+      p.lowered[dir] = lowered && best.ok();
+      p.groups = dir == kFilter && !p.lowered[dir] ? 1 : groups;
       if (!best.ok()) {
-        p.lowered[dir] = false;
-        p.groups = dir == kFilter ? 1 : kept_groups;
         status = best.status();
         break;
       }
-      p.lowered[dir] = lowered;
-      p.groups = dir == kFilter ? (lowered ? groups : 1) : kept_groups;
     }
     free_all();
     return status;

@@ -117,18 +117,6 @@ inline void ResolveSame(const Shape& in, int k, int stride, Padding* pad,
   SamePadding(in.w, k, stride, &pad->left, &pad->right, &out->w);
 }
 
-// A k x k convolution of `filters` with `same` padding.
-inline ConvDesc SameConv(Shape in, int filters, int k, int stride) {
-  ConvDesc d;
-  d.in = in;
-  d.filters = filters;
-  d.kh = d.kw = k;
-  d.stride_h = d.stride_w = stride;
-  d.out.c = filters;
-  ResolveSame(in, k, stride, &d.pad, &d.out);
-  return d;
-}
-
 // A k x k convolution of `filters` moved by `stride` with `pad` on every
 // side.
 inline ConvDesc Conv(Shape in, int filters, int k, int stride, int pad) {
@@ -140,6 +128,13 @@ inline ConvDesc Conv(Shape in, int filters, int k, int stride, int pad) {
   d.pad = Padding{pad, pad, pad, pad};
   d.out = Shape{(in.h + 2 * pad - k) / stride + 1,
                 (in.w + 2 * pad - k) / stride + 1, filters};
+  return d;
+}
+
+// A k x k convolution of `filters` with `same` padding.
+inline ConvDesc SameConv(Shape in, int filters, int k, int stride) {
+  ConvDesc d = Conv(in, filters, k, stride, 0);
+  ResolveSame(in, k, stride, &d.pad, &d.out);
   return d;
 }
 
