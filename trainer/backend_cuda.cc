@@ -9,9 +9,11 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -124,6 +126,15 @@ void* Context::Workspace(size_t bytes) {
 }
 
 absl::Status SetNhwc(const TensorDescriptor& desc, int n, const Shape& shape) {
+  // cuDNN describes tensors of at most 2 Gi elements (it answers
+  // NOT_SUPPORTED beyond): say what that means for the job.
+  const int64_t elements = int64_t{n} * shape.c * shape.h * shape.w;
+  if (elements > std::numeric_limits<int32_t>::max()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a batch of ", n, " ", shape.ToString(), " activations is ", elements,
+        " floats, more than the 2147483647 cuDNN takes in one tensor; use a "
+        "smaller mini_batch_size"));
+  }
   DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(
       desc.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, shape.c, shape.h,
       shape.w));
@@ -191,6 +202,11 @@ class CudaBackend final : public Backend {
         ctx_.lowering = CudaBackendOptions::Lowering::kAlways;
       } else if (std::strcmp(env, "0") == 0) {
         ctx_.lowering = CudaBackendOptions::Lowering::kNever;
+      } else if (*env != '\0') {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DLBATCH_CONV_LOWERED is \"", env,
+            "\"; set it to 1 (every convolution as a matrix product) or 0 "
+            "(every convolution by cuDNN), or unset it"));
       }
     }
     ctx_.lowered_bytes = options.lowered_bytes;
@@ -562,9 +578,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
   if (device < 0 || device >= count) {
     return absl::UnavailableError(absl::StrCat(
         "GPU ", device, ": this machine has ", count, " visible CUDA device(s)",
-        count == 0 ? " (no driver or no GPU; CUDA_VISIBLE_DEVICES may hide "
-                     "them); use execution_environment: cpu"
-                   : ""));
+        count == 0
+            ? " (no driver or no GPU; CUDA_VISIBLE_DEVICES may hide them); use "
+              "execution_environment: cpu"
+            : absl::StrCat(" (numbered 0 to ", count - 1,
+                           "); use one of those, or execution_environment: "
+                           "cpu")));
   }
   auto backend = std::make_unique<gpu::CudaBackend>();
   if (absl::Status s = backend->Init(device, options); !s.ok()) return s;

@@ -85,6 +85,21 @@ int ListDevices() {
   return 0;
 }
 
+// A switch in the environment: unset (or empty) -> nullopt, "1" -> true,
+// "0" -> false; another value is refused saying what each means.
+absl::StatusOr<std::optional<bool>> EnvironmentSwitch(const char* name,
+                                                      const char* on,
+                                                      const char* off) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  const std::string_view v(value);
+  if (v == "1") return true;
+  if (v == "0") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, " is \"", value, "\"; set it to 1 (", on, ") or 0 (",
+                   off, "), or unset it"));
+}
+
 int Fail(int rank, int world, const absl::Status& status) {
   if (world > 1) {
     std::fprintf(stderr, "dlbatch-train: rank %d: %s\n", rank,
@@ -176,9 +191,10 @@ int main(int argc, char** argv) {
       "DLBATCH_ATTEMPT and DLBATCH_RENDEZVOUS_SECRET, through the scheduler's\n"
       "rendezvous (as a dlbatch worker starts them).\n"
       "On a GPU, DLBATCH_CUDNN_DETERMINISTIC=1 takes deterministic cuDNN\n"
-      "algorithms only (the same bits every run), and DLBATCH_CUDA_GRAPHS=1\n"
-      "records a training step once as a CUDA graph and replays it (one rank;\n"
-      "experimental). Batches reach a GPU as the data set's bytes, made into\n"
+      "algorithms only (the same bits every run). With one rank on a GPU a\n"
+      "training step is recorded once as a CUDA graph and replayed;\n"
+      "DLBATCH_CUDA_GRAPHS=0 launches every kernel of every step instead.\n"
+      "Batches reach a GPU as the data set's bytes, made into\n"
       "images there; DLBATCH_BYTES_BATCHES=0 sends the host's floats instead\n"
       "(=1 sends bytes on the CPU too). The images are the same either way.\n"
       "Each GPU convolution pass runs by cuDNN or as a matrix product over\n"
@@ -362,20 +378,24 @@ int main(int argc, char** argv) {
   if (max_epochs > 0) req.max_epochs = max_epochs;
   if (max_iterations > 0) req.max_iterations = max_iterations;
   if (mini_batch_size > 0) req.mini_batch_size = mini_batch_size;
-  if (const char* graphs = std::getenv("DLBATCH_CUDA_GRAPHS"); graphs) {
-    req.record_steps = std::string_view(graphs) == "1";
-  }
-  if (const char* bytes = std::getenv("DLBATCH_BYTES_BATCHES"); bytes) {
-    const std::string_view v(bytes);
-    if (v != "0" && v != "1") {
-      return Fail(rank, world,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "DLBATCH_BYTES_BATCHES is \"", std::string(v),
-                      "\"; set it to 1 (batches as bytes, made into images on "
-                      "the device) or 0 (the host's floats), or unset it")));
-    }
-    req.batches_as_bytes = v == "1";
-  }
+  // Recorded steps are the default on a GPU: one launch a step instead of
+  // forty-odd (bench/gpu/NOTES.md).
+  absl::StatusOr<std::optional<bool>> graphs = EnvironmentSwitch(
+      "DLBATCH_CUDA_GRAPHS", "record a GPU step and replay it, the default",
+      "launch each kernel of every step");
+  if (!graphs.ok()) return Fail(rank, world, graphs.status());
+  req.record_steps = graphs->value_or(true);
+  absl::StatusOr<std::optional<bool>> bytes = EnvironmentSwitch(
+      "DLBATCH_BYTES_BATCHES",
+      "batches as bytes, made into images on the device", "the host's floats");
+  if (!bytes.ok()) return Fail(rank, world, bytes.status());
+  req.batches_as_bytes = *bytes;
+  // The GPU backend reads it; checked here so that a CPU run refuses a
+  // typo too.
+  absl::StatusOr<std::optional<bool>> lowered = EnvironmentSwitch(
+      "DLBATCH_CONV_LOWERED", "every convolution as a matrix product",
+      "every convolution by cuDNN");
+  if (!lowered.ok()) return Fail(rank, world, lowered.status());
   req.communicator = comm.get();
   req.device = *choice;
   req.rendezvous = rdv.get();

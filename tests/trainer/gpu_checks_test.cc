@@ -116,6 +116,23 @@ TEST_F(GpuChecks, AFailedCallWhileMakingIsAStatusNamingItsFileAndLine) {
       << copy;
 }
 
+// cuDNN describes at most 2^31 - 1 elements in a tensor: a batch beyond
+// that is refused before the call, saying what to change (cuDNN's own
+// answer would be NOT_SUPPORTED). A batch within it is described.
+TEST_F(GpuChecks, ABatchBeyondWhatCudnnDescribesSaysUseASmallerMiniBatch) {
+  gpu::TensorDescriptor desc;
+  const absl::Status big = gpu::SetNhwc(desc, 60000, Shape{28, 28, 1024});
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted) << big;
+  EXPECT_EQ(big.message(),
+            "a batch of 60000 [28, 28, 1024] activations is 48168960000 "
+            "floats, more than the 2147483647 cuDNN takes in one tensor; use "
+            "a smaller mini_batch_size");
+  // 2^31 elements, one more than cuDNN takes.
+  EXPECT_EQ(gpu::SetNhwc(desc, 1 << 21, Shape{32, 32, 1}).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(gpu::SetNhwc(desc, 60000, Shape{28, 28, 1}).ok());
+}
+
 // While a step is recorded (gpu::CaptureErrors open on the thread), a
 // failed call is kept and the caller goes on: the recording fails with the
 // first such error, the trainer does not end. Once the scope closes, a
@@ -190,7 +207,7 @@ TEST_F(GpuChecks, ABackendOnAGpuThatIsNotThereSaysWhatToChange) {
   EXPECT_THAT(std::string(gpu.status().message()),
               ::testing::ContainsRegex("^GPU 999: this machine has [0-9]+ "
                                        "visible CUDA device.*; use "
-                                       "execution_environment: cpu"))
+                                       ".*execution_environment: cpu"))
       << gpu.status();
 }
 

@@ -278,6 +278,16 @@ TEST_F(TrainRun, BatchesAsBytesTrainToTheWeightsOfFloats) {
   EXPECT_NE(bad.err.find("DLBATCH_BYTES_BATCHES is \"yes\"; set it to 1"),
             std::string::npos)
       << bad.err;
+  // So are the other switches of dlbatch-train's environment, on the CPU
+  // too (the GPU backend reads DLBATCH_CONV_LOWERED, but a typo is refused
+  // wherever it runs).
+  for (const char* name : {"DLBATCH_CUDA_GRAPHS", "DLBATCH_CONV_LOWERED"}) {
+    Result refused = Train(job, dir_ + "/bad", args, {{name, "on"}});
+    EXPECT_EQ(refused.code, 1) << name;
+    EXPECT_NE(refused.err.find(absl::StrCat(name, " is \"on\"; set it to 1 (")),
+              std::string::npos)
+        << refused.err;
+  }
   // Augmentation was on: the weights differ from a run without it.
   const std::string plain =
       Job("plain", kSmall, kSmallOptions, true, "    normalize: true\n");
