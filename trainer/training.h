@@ -36,8 +36,8 @@ struct TrainRequest {
   std::optional<int> mini_batch_size;
   // On a GPU with one rank: record the training step once per batch slot
   // as a CUDA graph (Backend::StartRecording) and replay it, one launch a
-  // step instead of forty-odd. dlbatch-train sets it from
-  // DLBATCH_CUDA_GRAPHS=1. Where recording fails the run says so and goes
+  // step instead of forty-odd. dlbatch-train sets it unless
+  // DLBATCH_CUDA_GRAPHS=0. Where recording fails the run says so and goes
   // on without.
   bool record_steps = false;
   // Whether training and evaluation batches travel to the backend as the

@@ -6,15 +6,15 @@
 #   bash bench/gpu/on-device.sh [all|tests|bench|compare]   # default: all
 #
 # all: unpack, nvidia-smi, the GPU tests, the benchmark, then the
-# comparisons; about 9-10 minutes in all with REPEATS=2, at the device
-# tool's 10-minute limit per command: with more repeats run `tests`,
-# `bench` and `compare` as three calls.
+# comparisons; about 5-6 minutes in all with REPEATS=2, within the device
+# tool's 10-minute limit per command; with more repeats run `tests`, `bench`
+# and `compare` as three calls.
 #   - unpack and device information: about 10 s;
 #   - gpu_backend_test, gpu_checks_test, gpu_checkpoint_test, gpu_graph_test,
 #     nccl_communicator_test, backend_select_test, gpu_jobs_test (the real
 #     scheduler, worker and CLI: LeNet jobs on the GPU)
 #     (--gtest_brief=1, each stopped after 150 s; gpu_jobs_test 300 s):
-#     about 2-3 min;
+#     about 1 min (52 s on an H100);
 #   - trainer_bench --gpu, one case at a time (lenet64gpu, lenet1024gpu,
 #     blocks256gpu; 2 epochs; REPEATS seeds, default 4, both sides
 #     alternating; each case stopped after 200 s): about 1-1.5 min a case,
@@ -24,10 +24,10 @@
 #   - compare: COMPARE (default "lenet64gpu:DLBATCH_CUDA_GRAPHS=0
 #     lenet1024gpu:DLBATCH_CONV_LOWERED=0 blocks256gpu:DLBATCH_CONV_LOWERED=0"),
 #     each case run again with one variable of dlbatch-train's set, against
-#     the table's default run of the same case: every kernel launched (no recorded steps) at batch 64,
-#     and convolutions by cuDNN only (no lowered ones raced against it) at
-#     batch 1024 and for the blocks; about 1.5 min each. Batches sent as the
-#     host's floats instead of bytes:
+#     the table's default run of the same case: every kernel launched (no
+#     recorded steps) at batch 64, and convolutions by cuDNN only (no
+#     lowered ones raced against it) at batch 1024 and for the blocks;
+#     about 1 min each. Batches sent as the host's floats instead of bytes:
 #     COMPARE=lenet1024gpu:DLBATCH_BYTES_BATCHES=0.
 # Writes to $OUT (default /tmp/gpu-out): gpu-results.md (the tables),
 # on-device.log (everything printed), bench-logs.tar.xz (each run's logs and

@@ -78,12 +78,12 @@ On the device, three calls (each inside the 10-minute limit; $OUT brings back
 on-device.log, and from the second and third gpu-results.md and
 bench-logs.tar.xz):
   run(command="bash bench/gpu/on-device.sh tests", carry=["bench/out/gpu"], timeout_s=600)
-      (every GPU test, about 3 min)
+      (every GPU test, about 1 min)
   run(command="REPEATS=5 bash bench/gpu/on-device.sh bench", carry=["bench/out/gpu"], timeout_s=600)
-      (the benchmark table, about 5 min)
-  run(command="REPEATS=5 bash bench/gpu/on-device.sh compare", carry=["bench/out/gpu"], timeout_s=600)
-      (LeNet b64 with recorded steps, LeNet b1024 with batches sent as floats,
-      against the table's default runs; about 3-4 min)
+      (the benchmark table, about 4 min)
+  run(command="REPEATS=3 bash bench/gpu/on-device.sh compare", carry=["bench/out/gpu"], timeout_s=600)
+      (LeNet b64 with every kernel launched, LeNet b1024 and the blocks with
+      cuDNN's convolutions only, against the table's default runs; about 3 min)
 "bash bench/gpu/on-device.sh" (all) runs all three in one call where REPEATS
 is 2. GRAPHS=1 (or 0) sets DLBATCH_CUDA_GRAPHS for the benchmark,
 CASES="lenet64gpu ..." picks cases, COMPARE="case:VARIABLE=value ..." the
