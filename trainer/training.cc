@@ -167,6 +167,7 @@ class Run {
   int64_t per_epoch_ = 0;
   int64_t total_ = 0;  // iterations of the whole run
   std::string fingerprint_;
+  double backend_time_ = 0;  // TrainResult::backend_time_s
 
   // Position: iterations completed, and where the next one is.
   int64_t iteration_ = 0;
@@ -214,9 +215,11 @@ std::string Run::TuningCachePath() const {
 
 absl::Status Run::Build() {
   if (!req_.device.note.empty()) Say(req_.device.note + ".");
+  const auto backend_start = Clock::now();
   ASSIGN_OR_RETURN(
       backend_, MakeChosenBackend(req_.device, req_.threads,
                                   req_.spec.options().precision() == "tf32"));
+  backend_time_ = SecondsSince(backend_start);
   // Collectives wait for this stream's work with events, not device syncs.
   comm_.SetComputeStream(backend_->native_stream());
   const std::string cache = TuningCachePath();
@@ -561,6 +564,7 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
       {"train_time_s", result.train_time_s},
       {"images_per_s", result.images_per_s},
       {"build_time_s", result.build_time_s},
+      {"backend_time_s", result.backend_time_s},
       {"train_loss", result.train_loss},
       {"train_accuracy", result.train_accuracy},
       {"stopped_early", result.stopped_early},
@@ -948,6 +952,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   result.train_time_s = train_time;
   result.images_per_s = train_time > 0 ? images / train_time : 0;
   result.build_time_s = build_time;
+  result.backend_time_s = backend_time_;
   result.train_loss = last_loss_;
   result.train_accuracy = last_accuracy_;
   if (validation_) {

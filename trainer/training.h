@@ -65,6 +65,9 @@ struct TrainResult {
   // Making the backend and the network, before the first step (a GPU's
   // convolution algorithm search included, where no tuning cache has it).
   double build_time_s = 0;
+  // Of build_time_s, making the backend: on a GPU the CUDA context, the
+  // cuDNN and cuBLAS handles and the streams (the device's start-up).
+  double backend_time_s = 0;
   // This process's first step, waited for on the device; part of
   // train_time_s. None where the process ran no step.
   std::optional<double> first_step_s;

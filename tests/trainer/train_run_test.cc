@@ -159,6 +159,9 @@ TEST_F(TrainRun, LenetReaches85PercentInTwoEpochsWithEveryOutput) {
   // The first step's time is part of the training time; building the
   // network is not.
   EXPECT_GT(m["build_time_s"].get<double>(), 0);
+  // Making the backend is part of the build.
+  EXPECT_GT(m["backend_time_s"].get<double>(), 0);
+  EXPECT_LE(m["backend_time_s"].get<double>(), m["build_time_s"].get<double>());
   EXPECT_GT(m["first_step_s"].get<double>(), 0);
   EXPECT_LT(m["first_step_s"].get<double>(), m["train_time_s"].get<double>());
   EXPECT_LT(m["build_time_s"].get<double>() + m["train_time_s"].get<double>(),
