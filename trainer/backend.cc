@@ -1,6 +1,8 @@
 #include "trainer/backend.h"
 
+#include <cstdlib>
 #include <new>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -63,6 +65,25 @@ absl::Status Backend::StartRecording() {
 
 absl::StatusOr<std::unique_ptr<Recording>> Backend::FinishRecording() {
   return absl::FailedPreconditionError("FinishRecording without a recording");
+}
+
+absl::StatusOr<std::optional<bool>> EnvironmentSwitch(const char* name,
+                                                      const char* on,
+                                                      const char* off) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  const std::string_view v(value);
+  if (v == "1") return true;
+  if (v == "0") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, " is \"", value, "\"; set it to 1 (", on, ") or 0 (",
+                   off, "), or unset it"));
+}
+
+absl::StatusOr<std::optional<bool>> ConvLoweredSwitch() {
+  return EnvironmentSwitch("DLBATCH_CONV_LOWERED",
+                           "every convolution as a matrix product",
+                           "every convolution by cuDNN");
 }
 
 }  // namespace dlbatch::trainer

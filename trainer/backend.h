@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -408,6 +409,19 @@ class Backend {
 
 // The CPU backend: oneDNN kernels on `threads` OpenMP threads (0: all cores).
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(int threads);
+
+// A switch of the trainer's environment: unset (or empty) -> nullopt, "1"
+// -> true, "0" -> false; another value is InvalidArgument saying what each
+// means (`on`, `off`).
+absl::StatusOr<std::optional<bool>> EnvironmentSwitch(const char* name,
+                                                      const char* on,
+                                                      const char* off);
+
+// DLBATCH_CONV_LOWERED: every GPU convolution as a matrix product (true) or
+// by cuDNN (false); unset, whichever times faster. The GPU backend reads
+// it; dlbatch-train checks it on any device, so that a typo is refused on
+// the CPU too.
+absl::StatusOr<std::optional<bool>> ConvLoweredSwitch();
 
 }  // namespace dlbatch::trainer
 

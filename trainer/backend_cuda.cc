@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -195,18 +194,12 @@ class CudaBackend final : public Backend {
     ctx_.device = device;
     ctx_.tf32 = options.tf32;
     ctx_.lowering = options.lowering;
-    if (const char* env = std::getenv("DLBATCH_CONV_LOWERED");
-        env != nullptr &&
-        options.lowering == CudaBackendOptions::Lowering::kTimed) {
-      if (std::strcmp(env, "1") == 0) {
-        ctx_.lowering = CudaBackendOptions::Lowering::kAlways;
-      } else if (std::strcmp(env, "0") == 0) {
-        ctx_.lowering = CudaBackendOptions::Lowering::kNever;
-      } else if (*env != '\0') {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "DLBATCH_CONV_LOWERED is \"", env,
-            "\"; set it to 1 (every convolution as a matrix product) or 0 "
-            "(every convolution by cuDNN), or unset it"));
+    if (options.lowering == CudaBackendOptions::Lowering::kTimed) {
+      absl::StatusOr<std::optional<bool>> lowered = ConvLoweredSwitch();
+      if (!lowered.ok()) return lowered.status();
+      if (lowered->has_value()) {
+        ctx_.lowering = **lowered ? CudaBackendOptions::Lowering::kAlways
+                                  : CudaBackendOptions::Lowering::kNever;
       }
     }
     ctx_.lowered_bytes = options.lowered_bytes;

@@ -10,7 +10,6 @@
 #include <iostream>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -83,21 +82,6 @@ int ListDevices() {
                 d.compute_capability.c_str());
   }
   return 0;
-}
-
-// A switch in the environment: unset (or empty) -> nullopt, "1" -> true,
-// "0" -> false; another value is refused saying what each means.
-absl::StatusOr<std::optional<bool>> EnvironmentSwitch(const char* name,
-                                                      const char* on,
-                                                      const char* off) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return std::nullopt;
-  const std::string_view v(value);
-  if (v == "1") return true;
-  if (v == "0") return false;
-  return absl::InvalidArgumentError(
-      absl::StrCat(name, " is \"", value, "\"; set it to 1 (", on, ") or 0 (",
-                   off, "), or unset it"));
 }
 
 int Fail(int rank, int world, const absl::Status& status) {
@@ -392,9 +376,7 @@ int main(int argc, char** argv) {
   req.batches_as_bytes = *bytes;
   // The GPU backend reads it; checked here so that a CPU run refuses a
   // typo too.
-  absl::StatusOr<std::optional<bool>> lowered = EnvironmentSwitch(
-      "DLBATCH_CONV_LOWERED", "every convolution as a matrix product",
-      "every convolution by cuDNN");
+  absl::StatusOr<std::optional<bool>> lowered = ConvLoweredSwitch();
   if (!lowered.ok()) return Fail(rank, world, lowered.status());
   req.communicator = comm.get();
   req.device = *choice;
