@@ -121,9 +121,11 @@ bool ParseArgs(int argc, char** argv, Options* opt) {
     const std::string flag = argv[i];
     const std::string value = argv[i + 1];
     if (flag == "--count") {
-      if (!absl::SimpleAtoi(value, &opt->count) || opt->count <= 0) return false;
+      if (!absl::SimpleAtoi(value, &opt->count) || opt->count <= 0)
+        return false;
     } else if (flag == "--iters") {
-      if (!absl::SimpleAtoi(value, &opt->iters) || opt->iters <= 0) return false;
+      if (!absl::SimpleAtoi(value, &opt->iters) || opt->iters <= 0)
+        return false;
     } else if (flag == "--ranks") {
       opt->ranks.clear();
       for (absl::string_view part : absl::StrSplit(value, ',')) {

@@ -67,10 +67,12 @@ struct Scheduler {
     std::filesystem::create_directories(dir);
     address = "unix:" + dir + "/s.sock";
     std::string ready = dir + "/ready";
-    pid = Spawn({SelfDir() + "/dlbatch-scheduler", "--state-dir", dir + "/state", "--listen",
-                 address, "--ready-file", ready, "--heartbeat-timeout", "120s"},
+    pid = Spawn({SelfDir() + "/dlbatch-scheduler", "--state-dir",
+                 dir + "/state", "--listen", address, "--ready-file", ready,
+                 "--heartbeat-timeout", "120s"},
                 dir + "/scheduler.log");
-    for (int i = 0; i < 300 && !std::filesystem::exists(ready); ++i) usleep(50000);
+    for (int i = 0; i < 300 && !std::filesystem::exists(ready); ++i)
+      usleep(50000);
     dlbatch::ChannelConfig config;
     config.endpoint = *dlbatch::ParseEndpoint(address);
     channel = dlbatch::MakeChannel(config);
@@ -99,8 +101,8 @@ struct Scheduler {
 // A worker that registers over the real stream and holds whatever it is given.
 class SimWorker {
  public:
-  SimWorker(std::shared_ptr<grpc::Channel> channel, std::string name, std::string profile,
-            int slots)
+  SimWorker(std::shared_ptr<grpc::Channel> channel, std::string name,
+            std::string profile, int slots)
       : stub_(dlbatch::v1::WorkerLink::NewStub(channel)) {
     stream_ = stub_->Connect(&ctx_);
     dlbatch::v1::WorkerMessage hello;
@@ -171,7 +173,8 @@ class SimWorker {
 };
 
 dlbatch::v1::SubmitJobRequest Request(const std::string& profile, int64_t n,
-                                      std::vector<std::string> argv = {"true"}) {
+                                      std::vector<std::string> argv = {
+                                          "true"}) {
   dlbatch::v1::SubmitJobRequest req;
   req.set_request_id(absl::StrCat("bench-", getpid(), "-", n));
   req.set_user("bench");
@@ -184,8 +187,8 @@ dlbatch::v1::SubmitJobRequest Request(const std::string& profile, int64_t n,
 }
 
 // Submits `total` jobs from `clients` concurrent clients; returns jobs/s.
-double SubmitMany(const Scheduler& s, const std::string& profile, int64_t total, int clients,
-                  int64_t first) {
+double SubmitMany(const Scheduler& s, const std::string& profile, int64_t total,
+                  int clients, int64_t first) {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> errors{0};
   auto t0 = Clock::now();
@@ -198,7 +201,8 @@ double SubmitMany(const Scheduler& s, const std::string& profile, int64_t total,
         if (n >= total) return;
         grpc::ClientContext ctx;
         dlbatch::v1::SubmitJobReply reply;
-        if (!stub->SubmitJob(&ctx, Request(profile, first + n), &reply).ok()) ++errors;
+        if (!stub->SubmitJob(&ctx, Request(profile, first + n), &reply).ok())
+          ++errors;
       }
     });
   }
@@ -232,12 +236,17 @@ int main(int argc, char** argv) {
       continue;
     }
     int64_t v = std::stoll(argv[i + 1]);
-    if (flag == "--jobs") jobs = v;
-    else if (flag == "--queued") queued = v;
-    else if (flag == "--workers") workers = static_cast<int>(v);
-    else if (flag == "--chain") chain = v;
+    if (flag == "--jobs")
+      jobs = v;
+    else if (flag == "--queued")
+      queued = v;
+    else if (flag == "--workers")
+      workers = static_cast<int>(v);
+    else if (flag == "--chain")
+      chain = v;
     else {
-      std::cerr << "usage: scheduler_bench [--jobs N] [--queued N] [--workers N] [--chain N]"
+      std::cerr << "usage: scheduler_bench [--jobs N] [--queued N] [--workers "
+                   "N] [--chain N]"
                    " [--only submit|latency|scale]\n";
       return 2;
     }
@@ -256,7 +265,8 @@ int main(int argc, char** argv) {
     double one = SubmitMany(s, "local", jobs, 1, 0);
     double sixteen = SubmitMany(s, "local", jobs, 16, jobs);
     rows.push_back({absl::StrFormat("submit, 1 client, %d jobs", jobs),
-                    absl::StrFormat("%.0f jobs/s", one), ">= 5000 jobs/s", verdict(one >= 5000)});
+                    absl::StrFormat("%.0f jobs/s", one), ">= 5000 jobs/s",
+                    verdict(one >= 5000)});
     rows.push_back({absl::StrFormat("submit, 16 clients, %d jobs", jobs),
                     absl::StrFormat("%.0f jobs/s", sixteen), ">= 5000 jobs/s",
                     verdict(sixteen >= 5000)});
@@ -274,17 +284,18 @@ int main(int argc, char** argv) {
       stub->StatBlobs(&ctx, dlbatch::v1::StatBlobsRequest(), &reply);
     }
     double rate = n / Seconds(t0, Clock::now());
-    rows.push_back({"empty call (StatBlobs), 1 client", absl::StrFormat("%.0f calls/s", rate),
-                    "-", "-"});
+    rows.push_back({"empty call (StatBlobs), 1 client",
+                    absl::StrFormat("%.0f calls/s", rate), "-", "-"});
   }
 
   // 2. Start latency: a chain of jobs on one real worker's single slot.
   if (run("latency")) {
     Scheduler s(root, "latency");
     std::string stamps = s.dir + "/stamps";
-    pid_t worker = Spawn({SelfDir() + "/dlbatch-worker", "--scheduler", s.address, "--work-dir",
-                          s.dir + "/work", "--cpu-slots", "1", "--name", "w"},
-                         s.dir + "/worker.log");
+    pid_t worker = Spawn(
+        {SelfDir() + "/dlbatch-worker", "--scheduler", s.address, "--work-dir",
+         s.dir + "/work", "--cpu-slots", "1", "--name", "w"},
+        s.dir + "/worker.log");
     for (int i = 0; i < 200; ++i) {
       auto stub = s.Stub();
       grpc::ClientContext ctx;
@@ -298,7 +309,8 @@ int main(int argc, char** argv) {
     for (int64_t n = 0; n < chain; ++n) {
       grpc::ClientContext ctx;
       dlbatch::v1::SubmitJobReply reply;
-      stub->SubmitJob(&ctx, Request("local", n, {SelfDir() + "/bench_stamp", stamps}),
+      stub->SubmitJob(&ctx,
+                      Request("local", n, {SelfDir() + "/bench_stamp", stamps}),
                       &reply);
       ids.push_back(reply.job_id());
     }
@@ -314,13 +326,15 @@ int main(int argc, char** argv) {
     std::sort(seen.begin(), seen.end());
     std::vector<double> gaps;
     for (size_t i = 6; i < seen.size(); ++i) {
-      gaps.push_back(static_cast<double>(seen[i].second - seen[i - 1].second) / 1e6);
+      gaps.push_back(static_cast<double>(seen[i].second - seen[i - 1].second) /
+                     1e6);
     }
     double med = Percentile(gaps, 0.5), p99 = Percentile(gaps, 0.99);
-    rows.push_back({absl::StrFormat("start latency, median (%d jobs)", gaps.size()),
-                    absl::StrFormat("%.1f ms", med), "<= 20 ms", verdict(med <= 20)});
-    rows.push_back({"start latency, p99", absl::StrFormat("%.1f ms", p99), "<= 100 ms",
-                    verdict(p99 <= 100)});
+    rows.push_back(
+        {absl::StrFormat("start latency, median (%d jobs)", gaps.size()),
+         absl::StrFormat("%.1f ms", med), "<= 20 ms", verdict(med <= 20)});
+    rows.push_back({"start latency, p99", absl::StrFormat("%.1f ms", p99),
+                    "<= 100 ms", verdict(p99 <= 100)});
     kill(worker, SIGTERM);
     waitpid(worker, nullptr, 0);
   }
@@ -332,8 +346,8 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<SimWorker>> sims;
     auto t0 = Clock::now();
     for (int w = 0; w < workers; ++w) {
-      sims.push_back(std::make_unique<SimWorker>(s.channel, absl::StrCat("sim-", w), "local",
-                                                 slots));
+      sims.push_back(std::make_unique<SimWorker>(
+          s.channel, absl::StrCat("sim-", w), "local", slots));
     }
     double join_s = Seconds(t0, Clock::now());
     int64_t total = queued + static_cast<int64_t>(workers) * slots;
@@ -348,7 +362,8 @@ int main(int argc, char** argv) {
     dlbatch::v1::Stats before = s.Stats(/*reset=*/true);
     // Churn: jobs end one at a time; each end runs a pass that starts one.
     int ended = 0;
-    for (int i = 0; i < 200; ++i) ended += sims[static_cast<size_t>(i) % sims.size()]->EndOne();
+    for (int i = 0; i < 200; ++i)
+      ended += sims[static_cast<size_t>(i) % sims.size()]->EndOne();
     usleep(500000);
     dlbatch::v1::Stats after = s.Stats();
     auto l0 = Clock::now();
@@ -360,8 +375,8 @@ int main(int argc, char** argv) {
     }
     double list_s = Seconds(l0, Clock::now());
     auto c0 = Clock::now();
-    std::string cmd = absl::StrCat(SelfDir(), "/dlbatch --scheduler ", s.address,
-                                   " jobs > /dev/null");
+    std::string cmd = absl::StrCat(SelfDir(), "/dlbatch --scheduler ",
+                                   s.address, " jobs > /dev/null");
     int rc = system(cmd.c_str());
     double jobs_s = Seconds(c0, Clock::now());
     auto q0 = Clock::now();
@@ -376,27 +391,30 @@ int main(int argc, char** argv) {
     rows.push_back({absl::StrFormat("submit %d jobs, 16 clients", total),
                     absl::StrFormat("%.0f jobs/s", rate), "-", "-"});
     rows.push_back({absl::StrFormat("queued / running jobs"),
-                    absl::StrFormat("%d / %d", after.queued(), after.running()), "-", "-"});
-    rows.push_back({absl::StrFormat("placement pass, max over %d churn passes",
-                                    after.placement_passes() - before.placement_passes()),
-                    absl::StrFormat("%.2f ms", after.max_pass_ms()), "<= 10 ms",
-                    verdict(after.max_pass_ms() <= 10)});
-    rows.push_back({"ListJobs call alone (all jobs)", absl::StrFormat("%.2f s", list_s), "-",
-                    "-"});
-    rows.push_back({"`dlbatch jobs` (all jobs, table)", absl::StrFormat("%.2f s", jobs_s),
-                    "<= 1 s", verdict(jobs_s <= 1 && rc == 0)});
-    rows.push_back({"`dlbatch jobs --state running`", absl::StrFormat("%.2f s", running_s), "-",
-                    "-"});
+                    absl::StrFormat("%d / %d", after.queued(), after.running()),
+                    "-", "-"});
+    rows.push_back(
+        {absl::StrFormat("placement pass, max over %d churn passes",
+                         after.placement_passes() - before.placement_passes()),
+         absl::StrFormat("%.2f ms", after.max_pass_ms()), "<= 10 ms",
+         verdict(after.max_pass_ms() <= 10)});
+    rows.push_back({"ListJobs call alone (all jobs)",
+                    absl::StrFormat("%.2f s", list_s), "-", "-"});
+    rows.push_back({"`dlbatch jobs` (all jobs, table)",
+                    absl::StrFormat("%.2f s", jobs_s), "<= 1 s",
+                    verdict(jobs_s <= 1 && rc == 0)});
+    rows.push_back({"`dlbatch jobs --state running`",
+                    absl::StrFormat("%.2f s", running_s), "-", "-"});
     double rss_mb = static_cast<double>(after.rss_bytes()) / (1 << 20);
-    rows.push_back({"scheduler RSS", absl::StrFormat("%.0f MB", rss_mb), "<= 500 MB",
-                    verdict(rss_mb <= 500)});
+    rows.push_back({"scheduler RSS", absl::StrFormat("%.0f MB", rss_mb),
+                    "<= 500 MB", verdict(rss_mb <= 500)});
     (void)ended;
   }
 
   std::printf("| measure | value | goal | |\n|---|---|---|---|\n");
   for (const Row& r : rows) {
-    std::printf("| %s | %s | %s | %s |\n", r.what.c_str(), r.value.c_str(), r.goal.c_str(),
-                r.verdict.c_str());
+    std::printf("| %s | %s | %s | %s |\n", r.what.c_str(), r.value.c_str(),
+                r.goal.c_str(), r.verdict.c_str());
   }
   std::filesystem::remove_all(root);
   return 0;

@@ -64,7 +64,8 @@ struct Timed {
 
 // Runs argv to its end; lines matching `skip` do not count as first/last.
 // With merge_stderr, stderr goes into the same pipe (dlbatch's own lines).
-Timed RunTimed(const std::vector<std::string>& argv, const std::string& skip_prefix,
+Timed RunTimed(const std::vector<std::string>& argv,
+               const std::string& skip_prefix,
                const std::vector<std::pair<std::string, std::string>>& env = {},
                bool merge_stderr = false) {
   Timed t;
@@ -84,7 +85,8 @@ Timed RunTimed(const std::vector<std::string>& argv, const std::string& skip_pre
     close(fds[1]);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execv(args[0], args.data());
     _exit(127);
@@ -124,7 +126,8 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
     dup2(fd, 1);
     dup2(fd, 2);
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execv(args[0], args.data());
     _exit(127);
@@ -141,7 +144,8 @@ double ImagesPerS(const std::string& metrics_path) {
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  return v.size() % 2 ? v[v.size() / 2]
+                      : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 }  // namespace
@@ -152,12 +156,17 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--pool") pool = std::atoi(next().c_str());
-    else if (a == "--iterations") iterations = std::atoi(next().c_str());
-    else if (a == "--repeats") repeats = std::atoi(next().c_str());
-    else if (a == "--bin") bin = next();
+    if (a == "--pool")
+      pool = std::atoi(next().c_str());
+    else if (a == "--iterations")
+      iterations = std::atoi(next().c_str());
+    else if (a == "--repeats")
+      repeats = std::atoi(next().c_str());
+    else if (a == "--bin")
+      bin = next();
     else {
-      std::cerr << "usage: train_job_bench [--pool P] [--iterations N] [--repeats R] [--bin DIR]\n";
+      std::cerr << "usage: train_job_bench [--pool P] [--iterations N] "
+                   "[--repeats R] [--bin DIR]\n";
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -172,7 +181,8 @@ int main(int argc, char** argv) {
   // number of iterations.
   const std::string job = dir + "/lenet.yaml";
   {
-    std::ifstream in(std::string(DLBATCH_BENCH_SOURCE_DIR) + "/jobs/lenet.yaml");
+    std::ifstream in(std::string(DLBATCH_BENCH_SOURCE_DIR) +
+                     "/jobs/lenet.yaml");
     std::ostringstream text;
     text << in.rdbuf();
     std::string yaml = text.str();
@@ -184,7 +194,8 @@ int main(int argc, char** argv) {
     }
     yaml.replace(epochs, std::strlen("    max_epochs: 1"),
                  absl::StrCat("    max_iterations: ", iterations));
-    yaml.insert(yaml.find('\n', name + 1) + 1, absl::StrCat("pool: ", pool, "\n"));
+    yaml.insert(yaml.find('\n', name + 1) + 1,
+                absl::StrCat("pool: ", pool, "\n"));
     std::ofstream(job) << yaml;
   }
   // One kernel-choice cache for both kinds of run, so they compute alike.
@@ -193,29 +204,34 @@ int main(int argc, char** argv) {
   setenv("XDG_CACHE_HOME", (dir + "/cache").c_str(), 1);
 
   const std::string sock = "unix:" + dir + "/sched.sock";
-  pid_t scheduler = Spawn({bin + "/dlbatch-scheduler", "--state-dir", dir + "/state",
-                           "--listen", sock, "--ready-file", dir + "/ready"},
-                          dir + "/scheduler.log");
+  pid_t scheduler =
+      Spawn({bin + "/dlbatch-scheduler", "--state-dir", dir + "/state",
+             "--listen", sock, "--ready-file", dir + "/ready"},
+            dir + "/scheduler.log");
   for (int i = 0; i < 300 && !fs::exists(dir + "/ready"); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  pid_t worker = Spawn({bin + "/dlbatch-worker", "--scheduler", sock, "--work-dir",
-                        dir + "/worker", "--name", "bench", "--cpu-slots", std::to_string(pool)},
-                       dir + "/worker.log");
+  pid_t worker = Spawn(
+      {bin + "/dlbatch-worker", "--scheduler", sock, "--work-dir",
+       dir + "/worker", "--name", "bench", "--cpu-slots", std::to_string(pool)},
+      dir + "/worker.log");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
 
-  std::vector<double> start_direct, start_system, end_direct, end_system, ips_direct,
-      ips_system;
+  std::vector<double> start_direct, start_system, end_direct, end_system,
+      ips_direct, ips_system;
   for (int r = 0; r <= repeats; ++r) {
     const std::string out = absl::StrCat(dir, "/direct-", r);
-    Timed d = RunTimed({bin + "/dlbatch-train", job, "--ranks", std::to_string(pool),
-                        "--threads", "1", "--output-dir", out},
-                       "", env);
-    Timed s = RunTimed({bin + "/dlbatch", "--scheduler", sock, "submit", "--follow", job},
-                       "Submitted job", env, /*merge_stderr=*/true);
+    Timed d =
+        RunTimed({bin + "/dlbatch-train", job, "--ranks", std::to_string(pool),
+                  "--threads", "1", "--output-dir", out},
+                 "", env);
+    Timed s = RunTimed(
+        {bin + "/dlbatch", "--scheduler", sock, "submit", "--follow", job},
+        "Submitted job", env, /*merge_stderr=*/true);
     if (d.status != 0 || s.status != 0 || d.lines.empty() || s.lines.empty()) {
-      std::cerr << "run " << r << " failed (direct " << d.status << ", through the scheduler "
-                << s.status << "); logs in " << dir << "\n";
+      std::cerr << "run " << r << " failed (direct " << d.status
+                << ", through the scheduler " << s.status << "); logs in "
+                << dir << "\n";
       kill(worker, SIGTERM);
       kill(scheduler, SIGTERM);
       return 1;
@@ -233,8 +249,8 @@ int main(int argc, char** argv) {
                         std::to_string(id), "-o", fetched},
                        "");
     if (f.status != 0) {
-      std::cerr << "fetch-outputs " << id << " failed (" << f.status << "); logs in " << dir
-                << "\n";
+      std::cerr << "fetch-outputs " << id << " failed (" << f.status
+                << "); logs in " << dir << "\n";
       return 1;
     }
     if (r == 0) continue;  // warm-up
@@ -253,19 +269,29 @@ int main(int argc, char** argv) {
 
   const double start_overhead = Median(start_system) - Median(start_direct);
   const double end_overhead = Median(end_system) - Median(end_direct);
-  const double ips_ratio = Median(ips_system) / std::max(1e-9, Median(ips_direct));
-  std::printf("LeNet, batch 64, %d iterations, pool %d (%d ranks x 1 thread), %d repeats "
-              "(medians)\n\n",
-              iterations, pool, pool, repeats);
-  std::printf("| measure | dlbatch-train alone | through scheduler + worker | overhead | goal |\n");
+  const double ips_ratio =
+      Median(ips_system) / std::max(1e-9, Median(ips_direct));
+  std::printf(
+      "LeNet, batch 64, %d iterations, pool %d (%d ranks x 1 thread), %d "
+      "repeats "
+      "(medians)\n\n",
+      iterations, pool, pool, repeats);
+  std::printf(
+      "| measure | dlbatch-train alone | through scheduler + worker | overhead "
+      "| goal |\n");
   std::printf("|---|---|---|---|---|\n");
-  std::printf("| spawn -> first trainer line | %.0f ms | %.0f ms | %+.0f ms | < 150 ms %s |\n",
-              Median(start_direct), Median(start_system), start_overhead,
-              start_overhead < 150 ? "(met)" : "(missed)");
-  std::printf("| last trainer line -> outputs ready | %.0f ms | %.0f ms | %+.0f ms | < 150 ms %s |\n",
-              Median(end_direct), Median(end_system), end_overhead,
-              end_overhead < 150 ? "(met)" : "(missed)");
-  std::printf("| training images/s | %.0f | %.0f | %.3fx | >= 0.97x %s |\n", Median(ips_direct),
-              Median(ips_system), ips_ratio, ips_ratio >= 0.97 ? "(met)" : "(missed)");
+  std::printf(
+      "| spawn -> first trainer line | %.0f ms | %.0f ms | %+.0f ms | < 150 ms "
+      "%s |\n",
+      Median(start_direct), Median(start_system), start_overhead,
+      start_overhead < 150 ? "(met)" : "(missed)");
+  std::printf(
+      "| last trainer line -> outputs ready | %.0f ms | %.0f ms | %+.0f ms | < "
+      "150 ms %s |\n",
+      Median(end_direct), Median(end_system), end_overhead,
+      end_overhead < 150 ? "(met)" : "(missed)");
+  std::printf("| training images/s | %.0f | %.0f | %.3fx | >= 0.97x %s |\n",
+              Median(ips_direct), Median(ips_system), ips_ratio,
+              ips_ratio >= 0.97 ? "(met)" : "(missed)");
   return 0;
 }

@@ -116,10 +116,10 @@ struct RunResult {
   double test_accuracy = 0;  // percent
   // Where the run reports them (both sides on a GPU):
   int64_t iterations = 0;
-  double train_time_s = 0;             // every step, the first included
-  std::optional<double> first_step_s;  // the first alone, waited for
-  std::optional<double> build_time_s;  // dlbatch: backend and network,
-                                       // the algorithm search included
+  double train_time_s = 0;               // every step, the first included
+  std::optional<double> first_step_s;    // the first alone, waited for
+  std::optional<double> build_time_s;    // dlbatch: backend and network,
+                                         // the algorithm search included
   std::optional<double> backend_time_s;  // dlbatch: of build_time_s, the
                                          // backend (a GPU's start-up)
 };

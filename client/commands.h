@@ -23,7 +23,8 @@ struct SubmitOptions {
   bool follow = false;  // a sweep: wait for all its jobs, then compare them
   bool quiet = false;   // print only the id (a sweep: its job ids, one a line)
 };
-absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& options);
+absl::StatusOr<int> Submit(const GlobalFlags& flags,
+                           const SubmitOptions& options);
 
 struct JobsOptions {
   std::vector<std::string> states;
@@ -33,12 +34,14 @@ struct JobsOptions {
 };
 absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options);
 absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json);
-absl::StatusOr<int> Diary(Connection& conn, int64_t job_id, bool follow, bool timestamps);
-absl::StatusOr<int> Cancel(Connection& conn, const std::vector<int64_t>& job_ids);
+absl::StatusOr<int> Diary(Connection& conn, int64_t job_id, bool follow,
+                          bool timestamps);
+absl::StatusOr<int> Cancel(Connection& conn,
+                           const std::vector<int64_t>& job_ids);
 absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,
                          int64_t timeout_ms);
-absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id, const std::string& dir,
-                                 bool list_only);
+absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
+                                 const std::string& dir, bool list_only);
 absl::StatusOr<int> Workers(Connection& conn, bool json);
 absl::StatusOr<int> Profiles(Connection& conn, bool json);
 // The live job monitor (monitor.cc); a plain snapshot with `once` or when
@@ -53,7 +56,8 @@ absl::StatusOr<int> ShowSweep(Connection& conn, int64_t sweep_id, bool json);
 void PrintSubmittedSweep(const v1::SubmitJobReply& reply, bool quiet);
 // submit --follow of a sweep: waits for every job, then shows the
 // comparison; the exit code is wait's.
-absl::StatusOr<int> FollowSweep(Connection& conn, const v1::SubmitJobReply& reply);
+absl::StatusOr<int> FollowSweep(Connection& conn,
+                                const v1::SubmitJobReply& reply);
 
 // Exit code of `wait` and `submit --follow` for a job that ended in `state`.
 int ExitCodeFor(v1::JobState state);

@@ -13,12 +13,12 @@
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/format.h"
-#include "proto/job_state.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "proto/job_state.h"
 #include "proto/jobspec_yaml.h"
 
 namespace dlbatch::client {
@@ -38,10 +38,13 @@ std::string CurrentUser() {
 
 // One line a person can read and paste into a shell: arguments quoted
 // where needed, newlines shown as \n.
-std::string CommandLine(const google::protobuf::RepeatedPtrField<std::string>& argv) {
+std::string CommandLine(
+    const google::protobuf::RepeatedPtrField<std::string>& argv) {
   std::vector<std::string> parts;
   for (const std::string& arg : argv) {
-    bool plain = !arg.empty() && arg.find_first_of(" \t\n'\"$`\\;&|<>()*?!#~{}[]") == std::string::npos;
+    bool plain =
+        !arg.empty() &&
+        arg.find_first_of(" \t\n'\"$`\\;&|<>()*?!#~{}[]") == std::string::npos;
     std::string shown;
     for (char ch : arg) {
       if (ch == '\n') {
@@ -63,8 +66,8 @@ struct LocalFile {
 };
 
 // Expands `attach:` entries into files, relative to the job file's folder.
-absl::StatusOr<std::vector<LocalFile>> ResolveAttachments(const std::vector<std::string>& attach,
-                                                          const std::string& job_file) {
+absl::StatusOr<std::vector<LocalFile>> ResolveAttachments(
+    const std::vector<std::string>& attach, const std::string& job_file) {
   fs::path base = fs::absolute(job_file).parent_path();
   std::vector<LocalFile> files;
   for (const std::string& entry : attach) {
@@ -73,11 +76,13 @@ absl::StatusOr<std::vector<LocalFile>> ResolveAttachments(const std::vector<std:
     source = source.lexically_normal();
     std::error_code ec;
     if (!fs::exists(source, ec)) {
-      return absl::NotFoundError(absl::StrCat("attach: '", entry, "' not found (looked for ",
+      return absl::NotFoundError(absl::StrCat("attach: '", entry,
+                                              "' not found (looked for ",
                                               source.string(), ")"));
     }
     fs::path layout = written.lexically_normal();
-    std::string first = layout.begin() != layout.end() ? layout.begin()->string() : "";
+    std::string first =
+        layout.begin() != layout.end() ? layout.begin()->string() : "";
     if (written.is_absolute() || first == "..") layout = source.filename();
     if (layout.filename().empty()) layout = layout.parent_path();  // "data/"
     if (fs::is_directory(source, ec)) {
@@ -85,12 +90,13 @@ absl::StatusOr<std::vector<LocalFile>> ResolveAttachments(const std::vector<std:
       for (auto it = fs::recursive_directory_iterator(source, ec);
            !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
         if (!it->is_regular_file(ec)) continue;
-        files.push_back({it->path().string(),
-                         (layout / fs::relative(it->path(), source, ec)).string()});
+        files.push_back(
+            {it->path().string(),
+             (layout / fs::relative(it->path(), source, ec)).string()});
       }
       if (ec) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("attach: cannot read ", source.string(), ": ", ec.message()));
+        return absl::PermissionDeniedError(absl::StrCat(
+            "attach: cannot read ", source.string(), ": ", ec.message()));
       }
     } else {
       files.push_back({source.string(), layout.string()});
@@ -105,7 +111,8 @@ int ExitCodeFor(v1::JobState state) {
   return state == v1::JOB_STATE_FINISHED ? 0 : 1;
 }
 
-absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& options) {
+absl::StatusOr<int> Submit(const GlobalFlags& flags,
+                           const SubmitOptions& options) {
   // Everything that can be checked here is, before the scheduler is touched.
   ASSIGN_OR_RETURN(ParsedJobFile parsed, ReadJobFile(options.job_file));
   v1::JobSpec& spec = parsed.spec;
@@ -113,13 +120,16 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& option
   if (options.profile) spec.set_profile(*options.profile);
   if (options.priority) spec.set_priority(*options.priority);
   if (options.name) spec.set_name(*options.name);
-  if (spec.name().empty()) spec.set_name(fs::path(options.job_file).stem().string());
+  if (spec.name().empty())
+    spec.set_name(fs::path(options.job_file).stem().string());
   if (spec.pool() < 0 || (options.pool && *options.pool <= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pool ", spec.pool(), " is not a number of slots; use --pool 1 or more"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool ", spec.pool(),
+                     " is not a number of slots; use --pool 1 or more"));
   }
   RETURN_IF_ERROR(ValidateJobSpec(spec));
-  ASSIGN_OR_RETURN(auto files, ResolveAttachments(parsed.attach, options.job_file));
+  ASSIGN_OR_RETURN(auto files,
+                   ResolveAttachments(parsed.attach, options.job_file));
 
   ASSIGN_OR_RETURN(auto conn, Connection::Open(flags));
   int64_t total = 0;
@@ -131,8 +141,9 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& option
     ProgressBar bar(absl::StrCat("uploading ", files.size(), " file(s)"));
     int64_t before = 0;
     for (const auto& f : files) {
-      auto blob = UploadFile(conn->stub(), conn->token(), f.source,
-                             [&](int64_t done, int64_t) { bar.Update(before + done, total); });
+      auto blob = UploadFile(
+          conn->stub(), conn->token(), f.source,
+          [&](int64_t done, int64_t) { bar.Update(before + done, total); });
       if (!blob.ok()) {
         absl::Status s = blob.status();
         if (s.code() == absl::StatusCode::kUnavailable ||
@@ -147,7 +158,8 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& option
       a->set_sha256(blob->sha256);
       a->set_size(blob->size);
       std::error_code ec;
-      a->set_mode(static_cast<uint32_t>(fs::status(f.source, ec).permissions()) & 0777);
+      a->set_mode(
+          static_cast<uint32_t>(fs::status(f.source, ec).permissions()) & 0777);
     }
   }
   v1::SubmitJobRequest request;
@@ -175,7 +187,8 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags, const SubmitOptions& option
     std::cout << "Submitted job " << reply.job_id() << std::endl;
   }
   if (!options.follow) return 0;
-  ASSIGN_OR_RETURN(int rc, Diary(*conn, reply.job_id(), /*follow=*/true, false));
+  ASSIGN_OR_RETURN(int rc,
+                   Diary(*conn, reply.job_id(), /*follow=*/true, false));
   (void)rc;
   auto ctx = conn->Context();
   v1::GetJobRequest get;
@@ -202,22 +215,25 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
   request.set_sweep_id(options.sweep_id);
   v1::ListJobsReply reply;
   auto ctx = conn.Context();
-  RETURN_IF_ERROR(conn.Error(conn.stub()->ListJobs(ctx.get(), request, &reply)));
+  RETURN_IF_ERROR(
+      conn.Error(conn.stub()->ListJobs(ctx.get(), request, &reply)));
   if (options.json) {
     std::cout << ToJson(reply);
     return 0;
   }
-  Table table({"ID", "NAME", "USER", "STATE", "POOL", "PROFILE", "SUBMITTED", "ELAPSED",
-               "PROGRESS", "NOTE"});
+  Table table({"ID", "NAME", "USER", "STATE", "POOL", "PROFILE", "SUBMITTED",
+               "ELAPSED", "PROGRESS", "NOTE"});
   int64_t now = SystemClock::Get()->NowMs();
   std::string out;
   for (const v1::Job& job : reply.jobs()) {
     int64_t end = job.end_time_ms() > 0 ? job.end_time_ms() : now;
-    std::string elapsed = job.start_time_ms() > 0 ? FormatDurationMs(end - job.start_time_ms())
-                                                  : "-";
-    table.Add({absl::StrCat(job.id()), job.spec().name(), job.user(), JobStateName(job.state()),
-               absl::StrCat(job.spec().pool()), job.spec().profile(),
-               LocalTime(job.submit_time_ms()), elapsed, ProgressCell(job), job.reason()});
+    std::string elapsed = job.start_time_ms() > 0
+                              ? FormatDurationMs(end - job.start_time_ms())
+                              : "-";
+    table.Add({absl::StrCat(job.id()), job.spec().name(), job.user(),
+               JobStateName(job.state()), absl::StrCat(job.spec().pool()),
+               job.spec().profile(), LocalTime(job.submit_time_ms()), elapsed,
+               ProgressCell(job), job.reason()});
   }
   std::cout << table.Render();
   return 0;
@@ -235,68 +251,88 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
   }
   const v1::JobSpec& spec = job.spec();
   std::string out;
-  absl::StrAppend(&out, "Job ", job.id(), "  ", spec.name(), "  (user ", job.user(), ")\n");
-  absl::StrAppend(&out, "  State:      ", JobStateName(job.state()),
-                  job.attempt() > 0 ? absl::StrCat(" (attempt ", job.attempt(), ")") : "", "\n");
-  if (!job.wait_reason().empty()) absl::StrAppend(&out, "  Waiting:    ", job.wait_reason(), "\n");
-  if (!job.reason().empty()) absl::StrAppend(&out, "  Reason:     ", job.reason(), "\n");
-  absl::StrAppend(&out, "  Profile:    ", spec.profile(), "    Pool: ", spec.pool(),
-                  "    Priority: ", spec.priority(),
-                  spec.time_limit_s() > 0
-                      ? absl::StrCat("    Time limit: ", FormatDurationMs(spec.time_limit_s() * 1000))
-                      : "",
-                  "\n");
+  absl::StrAppend(&out, "Job ", job.id(), "  ", spec.name(), "  (user ",
+                  job.user(), ")\n");
+  absl::StrAppend(
+      &out, "  State:      ", JobStateName(job.state()),
+      job.attempt() > 0 ? absl::StrCat(" (attempt ", job.attempt(), ")") : "",
+      "\n");
+  if (!job.wait_reason().empty())
+    absl::StrAppend(&out, "  Waiting:    ", job.wait_reason(), "\n");
+  if (!job.reason().empty())
+    absl::StrAppend(&out, "  Reason:     ", job.reason(), "\n");
+  absl::StrAppend(
+      &out, "  Profile:    ", spec.profile(), "    Pool: ", spec.pool(),
+      "    Priority: ", spec.priority(),
+      spec.time_limit_s() > 0
+          ? absl::StrCat("    Time limit: ",
+                         FormatDurationMs(spec.time_limit_s() * 1000))
+          : "",
+      "\n");
   if (job.sweep_id() != 0) {
     std::vector<std::string> point;
     for (const auto& [option, value] : spec.sweep_point()) {
       point.push_back(absl::StrCat(option, "=", value));
     }
     std::sort(point.begin(), point.end());
-    absl::StrAppend(&out, "  Sweep:      ", job.sweep_id(), " (", absl::StrJoin(point, ", "),
-                    "; dlbatch show --sweep ", job.sweep_id(), ")\n");
+    absl::StrAppend(&out, "  Sweep:      ", job.sweep_id(), " (",
+                    absl::StrJoin(point, ", "), "; dlbatch show --sweep ",
+                    job.sweep_id(), ")\n");
   }
   if (spec.has_command()) {
-    absl::StrAppend(&out, "  Command:    ", CommandLine(spec.command().argv()), "\n");
+    absl::StrAppend(&out, "  Command:    ", CommandLine(spec.command().argv()),
+                    "\n");
   } else if (spec.has_train()) {
-    absl::StrAppend(&out, "  Train:      ", spec.train().network().layers_size(), " layers\n");
+    absl::StrAppend(&out,
+                    "  Train:      ", spec.train().network().layers_size(),
+                    " layers\n");
   }
   for (const auto& part : job.placement()) {
     absl::StrAppend(&out, "  Placement:  ",
-                    part.worker_name().empty() ? absl::StrCat("#", part.worker_id())
-                                               : part.worker_name(),
+                    part.worker_name().empty()
+                        ? absl::StrCat("#", part.worker_id())
+                        : part.worker_name(),
                     " devices [", absl::StrJoin(part.devices(), ","), "]\n");
   }
-  absl::StrAppend(&out, "  Submitted:  ", LocalTime(job.submit_time_ms()), "\n");
+  absl::StrAppend(&out, "  Submitted:  ", LocalTime(job.submit_time_ms()),
+                  "\n");
   if (job.start_time_ms() > 0) {
-    absl::StrAppend(&out, "  Started:    ", LocalTime(job.start_time_ms()), "\n");
+    absl::StrAppend(&out, "  Started:    ", LocalTime(job.start_time_ms()),
+                    "\n");
   }
   if (job.end_time_ms() > 0) {
-    absl::StrAppend(&out, "  Ended:      ", LocalTime(job.end_time_ms()), "  (ran ",
-                    FormatDurationMs(job.end_time_ms() - job.start_time_ms()), ")\n");
+    absl::StrAppend(
+        &out, "  Ended:      ", LocalTime(job.end_time_ms()), "  (ran ",
+        FormatDurationMs(job.end_time_ms() - job.start_time_ms()), ")\n");
   }
-  if (job.state() == v1::JOB_STATE_FINISHED || job.state() == v1::JOB_STATE_FAILED) {
+  if (job.state() == v1::JOB_STATE_FINISHED ||
+      job.state() == v1::JOB_STATE_FAILED) {
     absl::StrAppend(&out, "  Exit code:  ", job.exit_code(), "\n");
   }
-  if (job.progress().iterations() > 0) absl::StrAppend(&out, ProgressLines(job.progress()));
+  if (job.progress().iterations() > 0)
+    absl::StrAppend(&out, ProgressLines(job.progress()));
   if (job.checkpoint_size() > 0) {
-    absl::StrAppend(&out, "  Checkpoint: iteration ", job.progress().checkpoint_iteration(),
-                    " stored (", job.checkpoint_size(), " files)\n");
+    absl::StrAppend(&out, "  Checkpoint: iteration ",
+                    job.progress().checkpoint_iteration(), " stored (",
+                    job.checkpoint_size(), " files)\n");
   }
-  absl::StrAppend(&out, "  Diary:      ", job.diary_lines(), " lines (dlbatch diary ", job.id(),
-                  ")\n");
+  absl::StrAppend(&out, "  Diary:      ", job.diary_lines(),
+                  " lines (dlbatch diary ", job.id(), ")\n");
   absl::StrAppend(&out, "  History:\n");
   for (const auto& h : job.history()) {
-    absl::StrAppend(&out, "    ", LocalTime(h.time_ms()), "  ", JobStateName(h.state()),
-                    h.attempt() > 0 && h.state() == v1::JOB_STATE_RUNNING
-                        ? absl::StrCat(" (attempt ", h.attempt(), ")")
-                        : "",
-                    h.reason().empty() ? "" : absl::StrCat(": ", h.reason()), "\n");
+    absl::StrAppend(
+        &out, "    ", LocalTime(h.time_ms()), "  ", JobStateName(h.state()),
+        h.attempt() > 0 && h.state() == v1::JOB_STATE_RUNNING
+            ? absl::StrCat(" (attempt ", h.attempt(), ")")
+            : "",
+        h.reason().empty() ? "" : absl::StrCat(": ", h.reason()), "\n");
   }
   std::cout << out;
   return 0;
 }
 
-absl::StatusOr<int> Diary(Connection& conn, int64_t job_id, bool follow, bool timestamps) {
+absl::StatusOr<int> Diary(Connection& conn, int64_t job_id, bool follow,
+                          bool timestamps) {
   v1::ReadDiaryRequest request;
   request.set_job_id(job_id);
   request.set_follow(follow);
@@ -319,8 +355,9 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id, bool follow, bool ti
     }
     grpc::Status status = reader->Finish();
     if (status.ok() && (ended || !follow)) return 0;
-    if (status.ok() || (follow && status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-                        retries < 150)) {
+    if (status.ok() ||
+        (follow && status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         retries < 150)) {
       usleep(200000);
       continue;
     }
@@ -328,19 +365,22 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id, bool follow, bool ti
   }
 }
 
-absl::StatusOr<int> Cancel(Connection& conn, const std::vector<int64_t>& job_ids) {
+absl::StatusOr<int> Cancel(Connection& conn,
+                           const std::vector<int64_t>& job_ids) {
   v1::CancelJobsRequest request;
   for (int64_t id : job_ids) request.add_job_ids(id);
   v1::CancelJobsReply reply;
   auto ctx = conn.Context();
-  RETURN_IF_ERROR(conn.Error(conn.stub()->CancelJobs(ctx.get(), request, &reply)));
+  RETURN_IF_ERROR(
+      conn.Error(conn.stub()->CancelJobs(ctx.get(), request, &reply)));
   int rc = 0;
   for (const auto& r : reply.results()) {
     if (!r.error().empty()) {
       std::cerr << "dlbatch: " << r.error() << "\n";
       rc = 1;
     } else {
-      std::cout << "job " << r.job_id() << " " << JobStateName(r.state()) << "\n";
+      std::cout << "job " << r.job_id() << " " << JobStateName(r.state())
+                << "\n";
     }
   }
   return rc;
@@ -356,7 +396,8 @@ absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,
   for (int retries = 0;; ++retries) {
     auto ctx = conn.Context(/*deadline_ms=*/0);
     status = conn.stub()->WaitJobs(ctx.get(), request, &reply);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || retries >= 150) break;
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || retries >= 150)
+      break;
     usleep(200000);  // the scheduler restarts; wait on
   }
   RETURN_IF_ERROR(conn.Error(status));

@@ -21,7 +21,8 @@ class Connection {
  public:
   // Resolves the address and token. With no address configured it starts
   // the embedded local cluster if it is not running.
-  static absl::StatusOr<std::unique_ptr<Connection>> Open(const GlobalFlags& flags);
+  static absl::StatusOr<std::unique_ptr<Connection>> Open(
+      const GlobalFlags& flags);
 
   v1::Scheduler::Stub* stub() { return stub_.get(); }
   const std::string& token() const { return config_.token; }
@@ -29,7 +30,8 @@ class Connection {
   bool is_local() const { return local_; }
 
   // A context carrying the token, failing fast when the scheduler is down.
-  std::unique_ptr<grpc::ClientContext> Context(int64_t deadline_ms = 60000) const;
+  std::unique_ptr<grpc::ClientContext> Context(
+      int64_t deadline_ms = 60000) const;
   // Maps a failed call to a Status whose message says what to do; an
   // unreachable scheduler names the address tried.
   absl::Status Error(const grpc::Status& status) const;

@@ -6,11 +6,11 @@
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/util/json_util.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/duration.h"
 #include "common/files.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace dlbatch::client {
 
@@ -18,7 +18,8 @@ std::string Table::Render() const {
   std::vector<size_t> width;
   for (const auto& row : rows_) {
     if (width.size() < row.size()) width.resize(row.size(), 0);
-    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+    for (size_t i = 0; i < row.size(); ++i)
+      width[i] = std::max(width[i], row[i].size());
   }
   size_t line_width = 0;
   for (size_t w : width) line_width += w + 2;
@@ -57,32 +58,36 @@ std::string ProgressCell(const v1::Job& job) {
   const v1::TrainProgress& p = job.progress();
   if (p.iterations() <= 0) return "";
   const int percent = static_cast<int>(100 * p.iteration() / p.iterations());
-  std::string cell = absl::StrFormat("%d%% %d/%d", percent, p.iteration(), p.iterations());
+  std::string cell =
+      absl::StrFormat("%d%% %d/%d", percent, p.iteration(), p.iterations());
   if (p.iteration() > 0) absl::StrAppendFormat(&cell, " loss %.3f", p.loss());
-  if (p.has_validation()) absl::StrAppendFormat(&cell, " val %.1f%%", p.validation_accuracy());
+  if (p.has_validation())
+    absl::StrAppendFormat(&cell, " val %.1f%%", p.validation_accuracy());
   return cell;
 }
 
 std::string ProgressLines(const v1::TrainProgress& p) {
   std::string out = absl::StrFormat(
-      "  Progress:   iteration %d of %d (%d%%), epoch %d of %d%s\n", p.iteration(),
-      p.iterations(), p.iterations() > 0 ? 100 * p.iteration() / p.iterations() : 0, p.epoch(),
+      "  Progress:   iteration %d of %d (%d%%), epoch %d of %d%s\n",
+      p.iteration(), p.iterations(),
+      p.iterations() > 0 ? 100 * p.iteration() / p.iterations() : 0, p.epoch(),
       p.epochs(), p.done() ? ", done" : "");
   if (p.iteration() > 0) {
-    absl::StrAppendFormat(&out,
-                          "  Mini-batch: loss %.4f, accuracy %.2f%%, learn rate %g\n",
-                          p.loss(), p.accuracy(), p.learn_rate());
+    absl::StrAppendFormat(
+        &out, "  Mini-batch: loss %.4f, accuracy %.2f%%, learn rate %g\n",
+        p.loss(), p.accuracy(), p.learn_rate());
   }
   if (p.has_validation()) {
     absl::StrAppendFormat(&out, "  Validation: loss %.4f, accuracy %.2f%%\n",
                           p.validation_loss(), p.validation_accuracy());
   }
   if (p.images_per_s() > 0) {
-    absl::StrAppendFormat(&out, "  Speed:      %.0f images/s, elapsed %s%s\n", p.images_per_s(),
-                          FormatDurationMs(static_cast<int64_t>(p.elapsed_s() * 1000)),
-                          p.done() ? ""
-                                   : absl::StrCat(", ETA ", FormatDurationMs(static_cast<int64_t>(
-                                                                p.eta_s() * 1000))));
+    absl::StrAppendFormat(
+        &out, "  Speed:      %.0f images/s, elapsed %s%s\n", p.images_per_s(),
+        FormatDurationMs(static_cast<int64_t>(p.elapsed_s() * 1000)),
+        p.done() ? ""
+                 : absl::StrCat(", ETA ", FormatDurationMs(static_cast<int64_t>(
+                                              p.eta_s() * 1000))));
   }
   return out;
 }
@@ -112,15 +117,22 @@ void ProgressBar::Done() {
 void ProgressBar::Draw(bool final) {
   if (!tty_) return;
   constexpr int kWidth = 30;
-  double frac = total_ > 0 ? static_cast<double>(done_) / static_cast<double>(total_) : 1.0;
+  double frac = total_ > 0
+                    ? static_cast<double>(done_) / static_cast<double>(total_)
+                    : 1.0;
   frac = std::clamp(frac, 0.0, 1.0);
   int filled = static_cast<int>(frac * kWidth);
-  double secs = std::max<int64_t>(1, SystemClock::Get()->MonotonicMs() - start_ms_) / 1000.0;
-  std::string rate = HumanBytes(static_cast<int64_t>(static_cast<double>(done_) / secs)) + "/s";
-  std::fprintf(stderr, "\r%-28.28s [%s%s] %5.1f%%  %s / %s  %s%s", label_.c_str(),
-               std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
-               frac * 100, HumanBytes(done_).c_str(), HumanBytes(total_).c_str(), rate.c_str(),
-               final ? "\n" : "");
+  double secs =
+      std::max<int64_t>(1, SystemClock::Get()->MonotonicMs() - start_ms_) /
+      1000.0;
+  std::string rate =
+      HumanBytes(static_cast<int64_t>(static_cast<double>(done_) / secs)) +
+      "/s";
+  std::fprintf(stderr, "\r%-28.28s [%s%s] %5.1f%%  %s / %s  %s%s",
+               label_.c_str(), std::string(filled, '#').c_str(),
+               std::string(kWidth - filled, '.').c_str(), frac * 100,
+               HumanBytes(done_).c_str(), HumanBytes(total_).c_str(),
+               rate.c_str(), final ? "\n" : "");
   std::fflush(stderr);
 }
 

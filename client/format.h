@@ -15,7 +15,9 @@ namespace dlbatch::client {
 
 class Table {
  public:
-  explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+  explicit Table(std::vector<std::string> header) {
+    rows_.push_back(std::move(header));
+  }
   void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
   // Columns padded to their widest cell; the last column is not padded.
   std::string Render() const;

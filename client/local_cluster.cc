@@ -29,7 +29,8 @@ pid_t LivePid(const std::string& file) {
   auto text = ReadFile(file);
   if (!text.ok()) return 0;
   pid_t pid = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &pid) || pid <= 0) return 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &pid) || pid <= 0)
+    return 0;
   if (::kill(pid, 0) != 0) return 0;
   auto cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
   if (!cmdline.ok() || cmdline->find("dlbatch-") == std::string::npos) return 0;
@@ -37,7 +38,8 @@ pid_t LivePid(const std::string& file) {
   auto stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
   if (stat.ok()) {
     size_t close = stat->rfind(')');
-    if (close != std::string::npos && close + 2 < stat->size() && (*stat)[close + 2] == 'Z') {
+    if (close != std::string::npos && close + 2 < stat->size() &&
+        (*stat)[close + 2] == 'Z') {
       return 0;
     }
   }
@@ -51,7 +53,8 @@ std::string FindBinary(const std::string& name) {
 }
 
 bool WaitUntil(const std::function<bool()>& ready, int timeout_ms) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (std::chrono::steady_clock::now() < deadline) {
     if (ready()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -82,9 +85,10 @@ absl::StatusOr<LocalCluster> LocalCluster::Resolve() {
   ::chmod(dir.c_str(), 0700);
   // A Unix socket path is limited to 107 bytes.
   if (dir.size() + sizeof("/scheduler.sock") > 107) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the local state folder ", dir, " is too long for a Unix socket path; set "
-        "XDG_STATE_HOME to a shorter folder"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the local state folder ", dir,
+                     " is too long for a Unix socket path; set "
+                     "XDG_STATE_HOME to a shorter folder"));
   }
   return LocalCluster(dir);
 }
@@ -96,16 +100,19 @@ bool LocalCluster::SchedulerAnswers() const {
   config.endpoint = *ep;
   auto stub = v1::Scheduler::NewStub(MakeChannel(config));
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1000));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(1000));
   v1::Stats stats;
   return stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok();
 }
 
 absl::Status LocalCluster::StartProcess(const std::string& binary,
                                         const std::vector<std::string>& args,
-                                        const std::string& log, const std::string& pid_file) {
+                                        const std::string& log,
+                                        const std::string& pid_file) {
   std::string path = FindBinary(binary);
-  int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  int log_fd =
+      ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (log_fd < 0) return ErrnoStatus(errno, "open", log);
   int err_pipe[2];
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -157,22 +164,26 @@ absl::Status LocalCluster::EnsureRunning(bool verbose, int cpu_slots) {
     ~Unlock() { ::close(fd); }
   } unlock{lock_fd};
 
-  bool scheduler_up = LivePid(dir_ + "/scheduler.pid") != 0 && SchedulerAnswers();
+  bool scheduler_up =
+      LivePid(dir_ + "/scheduler.pid") != 0 && SchedulerAnswers();
   bool worker_up = LivePid(dir_ + "/worker.pid") != 0;
   if (scheduler_up && worker_up) return absl::OkStatus();
   if (!scheduler_up) {
-    if (verbose) std::cerr << "starting the local scheduler in " << dir_ << "\n";
-    RETURN_IF_ERROR(StartProcess("dlbatch-scheduler",
-                                 {"--state-dir", dir_ + "/scheduler", "--listen", address()},
-                                 dir_ + "/scheduler.log", dir_ + "/scheduler.pid"));
+    if (verbose)
+      std::cerr << "starting the local scheduler in " << dir_ << "\n";
+    RETURN_IF_ERROR(StartProcess(
+        "dlbatch-scheduler",
+        {"--state-dir", dir_ + "/scheduler", "--listen", address()},
+        dir_ + "/scheduler.log", dir_ + "/scheduler.pid"));
     if (!WaitUntil([this] { return SchedulerAnswers(); }, 15000)) {
       return absl::UnavailableError(absl::StrCat(
           "the local scheduler did not come up; see ", dir_, "/scheduler.log"));
     }
   }
   if (!worker_up) {
-    std::vector<std::string> args = {"--scheduler", address(), "--profile", "local",
-                                     "--work-dir", dir_ + "/worker", "--name", "local"};
+    std::vector<std::string> args = {
+        "--scheduler", address(),        "--profile", "local",
+        "--work-dir",  dir_ + "/worker", "--name",    "local"};
     if (cpu_slots > 0) {
       args.push_back("--cpu-slots");
       args.push_back(absl::StrCat(cpu_slots));
@@ -188,9 +199,11 @@ absl::Status LocalCluster::EnsureRunning(bool verbose, int cpu_slots) {
   bool joined = WaitUntil(
       [&] {
         grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1000));
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(1000));
         v1::ListWorkersReply reply;
-        if (!stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &reply).ok()) return false;
+        if (!stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &reply).ok())
+          return false;
         for (const auto& w : reply.workers()) {
           if (w.name() == "local" && w.online()) return true;
         }
@@ -198,8 +211,8 @@ absl::Status LocalCluster::EnsureRunning(bool verbose, int cpu_slots) {
       },
       15000);
   if (!joined) {
-    return absl::UnavailableError(absl::StrCat("the local worker did not join; see ", dir_,
-                                               "/worker.log"));
+    return absl::UnavailableError(absl::StrCat(
+        "the local worker did not join; see ", dir_, "/worker.log"));
   }
   return absl::OkStatus();
 }
@@ -229,10 +242,12 @@ std::string LocalCluster::Status() {
   pid_t s = LivePid(dir_ + "/scheduler.pid");
   pid_t w = LivePid(dir_ + "/worker.pid");
   absl::StrAppend(&out, "state folder: ", dir_, "\n");
-  absl::StrAppend(&out, "scheduler:    ",
-                  s ? absl::StrCat("running (pid ", s, ") on ", address()) : "not running",
-                  "\n");
-  absl::StrAppend(&out, "worker:       ", w ? absl::StrCat("running (pid ", w, ")") : "not running",
+  absl::StrAppend(
+      &out, "scheduler:    ",
+      s ? absl::StrCat("running (pid ", s, ") on ", address()) : "not running",
+      "\n");
+  absl::StrAppend(&out, "worker:       ",
+                  w ? absl::StrCat("running (pid ", w, ")") : "not running",
                   "\n");
   return out;
 }

@@ -30,8 +30,10 @@ class LocalCluster {
 
  private:
   explicit LocalCluster(std::string dir) : dir_(std::move(dir)) {}
-  absl::Status StartProcess(const std::string& binary, const std::vector<std::string>& args,
-                            const std::string& log, const std::string& pid_file);
+  absl::Status StartProcess(const std::string& binary,
+                            const std::vector<std::string>& args,
+                            const std::string& log,
+                            const std::string& pid_file);
   std::string dir_;
 };
 

@@ -22,8 +22,9 @@ int Report(const absl::StatusOr<int>& result) {
 }
 
 // Runs `command` with a connection to the configured scheduler.
-int WithConnection(const GlobalFlags& flags,
-                   const std::function<absl::StatusOr<int>(Connection&)>& command) {
+int WithConnection(
+    const GlobalFlags& flags,
+    const std::function<absl::StatusOr<int>(Connection&)>& command) {
   auto conn = Connection::Open(flags);
   if (!conn.ok()) return Report(conn.status());
   return Report(command(**conn));
@@ -38,33 +39,42 @@ int main(int argc, char** argv) {
   GlobalFlags flags;
   CLI::App app{
       "dlbatch: batch jobs for deep-learning training.\n"
-      "With no --scheduler (and no DLBATCH_SCHEDULER), commands use the embedded local\n"
+      "With no --scheduler (and no DLBATCH_SCHEDULER), commands use the "
+      "embedded local\n"
       "cluster, started in the background on first use."};
   app.require_subcommand(1);
-  app.add_option("--scheduler", flags.scheduler,
-                 "Scheduler address: unix:PATH or HOST:PORT (or DLBATCH_SCHEDULER)");
+  app.add_option(
+      "--scheduler", flags.scheduler,
+      "Scheduler address: unix:PATH or HOST:PORT (or DLBATCH_SCHEDULER)");
   app.add_option("--token-file", flags.token_file,
                  "File with the scheduler's token, for TCP (or DLBATCH_TOKEN)");
   int rc = 0;
 
   SubmitOptions submit;
-  auto* c_submit = app.add_subcommand("submit", "Queue a job described by a job.yaml");
+  auto* c_submit =
+      app.add_subcommand("submit", "Queue a job described by a job.yaml");
   c_submit->add_option("job_file", submit.job_file, "The job file")->required();
-  c_submit->add_option("--pool", submit.pool, "GPUs (or CPU slots) the job needs at once");
-  c_submit->add_option("--profile", submit.profile, "Cluster profile to queue on");
+  c_submit->add_option("--pool", submit.pool,
+                       "GPUs (or CPU slots) the job needs at once");
+  c_submit->add_option("--profile", submit.profile,
+                       "Cluster profile to queue on");
   c_submit->add_option("--priority", submit.priority, "Higher starts first");
   c_submit->add_option("--name", submit.name, "Job name");
-  c_submit->add_flag("-f,--follow", submit.follow,
-                     "Follow the diary until the job ends; exit code says how it ended "
-                     "(a sweep: wait for all its jobs, then compare them)");
-  c_submit->add_flag("-q,--quiet", submit.quiet,
-                     "Print only the job id (a sweep: its job ids, one a line)");
+  c_submit->add_flag(
+      "-f,--follow", submit.follow,
+      "Follow the diary until the job ends; exit code says how it ended "
+      "(a sweep: wait for all its jobs, then compare them)");
+  c_submit->add_flag(
+      "-q,--quiet", submit.quiet,
+      "Print only the job id (a sweep: its job ids, one a line)");
   c_submit->callback([&] { rc = Report(Submit(flags, submit)); });
 
   JobsOptions jobs;
   auto* c_jobs = app.add_subcommand("jobs", "List jobs");
-  c_jobs->add_option("--state", jobs.states,
-                     "Only these states: queued running cancelling finished failed cancelled")
+  c_jobs
+      ->add_option("--state", jobs.states,
+                   "Only these states: queued running cancelling finished "
+                   "failed cancelled")
       ->delimiter(',');
   c_jobs->add_option("--limit", jobs.limit, "At most this many (oldest first)");
   c_jobs->add_flag("--json", jobs.json, "JSON instead of a table");
@@ -75,14 +85,15 @@ int main(int argc, char** argv) {
 
   int64_t show_id = 0, show_sweep = 0;
   bool show_json = false;
-  auto* c_show = app.add_subcommand("show", "Show one job, and why it waits if it does");
+  auto* c_show =
+      app.add_subcommand("show", "Show one job, and why it waits if it does");
   auto* show_id_opt = c_show->add_option("id", show_id, "Job id");
-  auto* show_sweep_opt =
-      c_show
-          ->add_option("--sweep", show_sweep,
-                       "Instead: compare a sweep's jobs, their options and final metrics, "
-                       "best first")
-          ->excludes(show_id_opt);
+  auto* show_sweep_opt = c_show
+                             ->add_option("--sweep", show_sweep,
+                                          "Instead: compare a sweep's jobs, "
+                                          "their options and final metrics, "
+                                          "best first")
+                             ->excludes(show_id_opt);
   c_show->add_flag("--json", show_json, "JSON instead of text");
   c_show->callback([&] {
     if (show_sweep_opt->count() == 0 && show_id_opt->count() == 0) {
@@ -98,40 +109,51 @@ int main(int argc, char** argv) {
 
   int64_t diary_id = 0;
   bool diary_follow = false, diary_ts = false;
-  auto* c_diary = app.add_subcommand("diary", "Print a job's diary (its output)");
+  auto* c_diary =
+      app.add_subcommand("diary", "Print a job's diary (its output)");
   c_diary->add_option("id", diary_id, "Job id")->required();
-  c_diary->add_flag("-f,--follow", diary_follow, "Keep printing until the job ends");
-  c_diary->add_flag("-t,--timestamps", diary_ts, "Prefix each line with its time");
+  c_diary->add_flag("-f,--follow", diary_follow,
+                    "Keep printing until the job ends");
+  c_diary->add_flag("-t,--timestamps", diary_ts,
+                    "Prefix each line with its time");
   c_diary->callback([&] {
-    rc = WithConnection(flags,
-                        [&](Connection& c) { return Diary(c, diary_id, diary_follow, diary_ts); });
+    rc = WithConnection(flags, [&](Connection& c) {
+      return Diary(c, diary_id, diary_follow, diary_ts);
+    });
   });
 
   int64_t fetch_id = 0;
   std::string fetch_dir;
   bool fetch_list = false;
-  auto* c_fetch = app.add_subcommand("fetch-outputs", "Download a job's outputs");
+  auto* c_fetch =
+      app.add_subcommand("fetch-outputs", "Download a job's outputs");
   c_fetch->add_option("id", fetch_id, "Job id")->required();
-  c_fetch->add_option("-o,--output", fetch_dir, "Target folder (default dlbatch-ID-outputs)");
-  c_fetch->add_flag("--list", fetch_list, "Only list the outputs with their sizes");
+  c_fetch->add_option("-o,--output", fetch_dir,
+                      "Target folder (default dlbatch-ID-outputs)");
+  c_fetch->add_flag("--list", fetch_list,
+                    "Only list the outputs with their sizes");
   c_fetch->callback([&] {
-    rc = WithConnection(
-        flags, [&](Connection& c) { return FetchOutputs(c, fetch_id, fetch_dir, fetch_list); });
+    rc = WithConnection(flags, [&](Connection& c) {
+      return FetchOutputs(c, fetch_id, fetch_dir, fetch_list);
+    });
   });
 
   std::vector<int64_t> cancel_ids;
   auto* c_cancel = app.add_subcommand("cancel", "Cancel jobs");
   c_cancel->add_option("ids", cancel_ids, "Job ids")->required();
   c_cancel->callback([&] {
-    rc = WithConnection(flags, [&](Connection& c) { return Cancel(c, cancel_ids); });
+    rc = WithConnection(flags,
+                        [&](Connection& c) { return Cancel(c, cancel_ids); });
   });
 
   std::vector<int64_t> wait_ids;
   std::string wait_timeout;
   auto* c_wait = app.add_subcommand(
-      "wait", "Wait until jobs end; exit 0 if all finished, 1 if not, 2 on timeout");
+      "wait",
+      "Wait until jobs end; exit 0 if all finished, 1 if not, 2 on timeout");
   c_wait->add_option("ids", wait_ids, "Job ids")->required();
-  c_wait->add_option("--timeout", wait_timeout, "Give up after this long (e.g. 10m)");
+  c_wait->add_option("--timeout", wait_timeout,
+                     "Give up after this long (e.g. 10m)");
   c_wait->callback([&] {
     int64_t timeout_ms = 0;
     if (!wait_timeout.empty()) {
@@ -142,43 +164,59 @@ int main(int argc, char** argv) {
       }
       timeout_ms = *s * 1000;
     }
-    rc = WithConnection(flags, [&](Connection& c) { return Wait(c, wait_ids, timeout_ms); });
+    rc = WithConnection(
+        flags, [&](Connection& c) { return Wait(c, wait_ids, timeout_ms); });
   });
 
   bool workers_json = false;
-  auto* c_workers = app.add_subcommand("workers", "List workers and their devices");
+  auto* c_workers =
+      app.add_subcommand("workers", "List workers and their devices");
   c_workers->add_flag("--json", workers_json, "JSON instead of a table");
   c_workers->callback([&] {
-    rc = WithConnection(flags, [&](Connection& c) { return Workers(c, workers_json); });
+    rc = WithConnection(
+        flags, [&](Connection& c) { return Workers(c, workers_json); });
   });
 
   bool profiles_json = false;
-  auto* c_profiles = app.add_subcommand("profiles", "List cluster profiles: slots, free, queued");
+  auto* c_profiles = app.add_subcommand(
+      "profiles", "List cluster profiles: slots, free, queued");
   c_profiles->add_flag("--json", profiles_json, "JSON instead of a table");
   c_profiles->callback([&] {
-    rc = WithConnection(flags, [&](Connection& c) { return Profiles(c, profiles_json); });
+    rc = WithConnection(
+        flags, [&](Connection& c) { return Profiles(c, profiles_json); });
   });
 
   bool monitor_once = false;
-  auto* c_monitor = app.add_subcommand(
-      "monitor",
-      "Watch the cluster and its jobs live, full screen (like MATLAB's Job Monitor).\n"
-      "Top: each worker's slots, free ('.') or held by a job (the legend names it).\n"
-      "Below: the jobs with state, progress, loss, accuracy, elapsed/ETA, and why a\n"
-      "queued job waits. Keys: Up/Down or j/k select, d the selected job's diary live\n"
-      "(q or Esc returns), c cancel it (asks first), / filter by name, user or state,\n"
-      "q quit. Without a terminal (or with --once) it prints one plain snapshot.");
-  c_monitor->add_flag("--once", monitor_once, "Print one plain snapshot and exit");
+  auto* c_monitor =
+      app.add_subcommand("monitor",
+                         "Watch the cluster and its jobs live, full screen "
+                         "(like MATLAB's Job Monitor).\n"
+                         "Top: each worker's slots, free ('.') or held by a "
+                         "job (the legend names it).\n"
+                         "Below: the jobs with state, progress, loss, "
+                         "accuracy, elapsed/ETA, and why a\n"
+                         "queued job waits. Keys: Up/Down or j/k select, d the "
+                         "selected job's diary live\n"
+                         "(q or Esc returns), c cancel it (asks first), / "
+                         "filter by name, user or state,\n"
+                         "q quit. Without a terminal (or with --once) it "
+                         "prints one plain snapshot.");
+  c_monitor->add_flag("--once", monitor_once,
+                      "Print one plain snapshot and exit");
   c_monitor->callback([&] {
-    rc = WithConnection(flags, [&](Connection& c) { return Monitor(c, monitor_once); });
+    rc = WithConnection(
+        flags, [&](Connection& c) { return Monitor(c, monitor_once); });
   });
 
-  auto* c_local = app.add_subcommand("local", "Start, stop or inspect the embedded local cluster");
+  auto* c_local = app.add_subcommand(
+      "local", "Start, stop or inspect the embedded local cluster");
   c_local->require_subcommand(1);
   int local_slots = 0;
-  auto* c_local_start = c_local->add_subcommand("start", "Start the local scheduler and worker");
-  c_local_start->add_option("--cpu-slots", local_slots,
-                            "CPU slots of the local worker (default: the number of cores)");
+  auto* c_local_start =
+      c_local->add_subcommand("start", "Start the local scheduler and worker");
+  c_local_start->add_option(
+      "--cpu-slots", local_slots,
+      "CPU slots of the local worker (default: the number of cores)");
   c_local_start->callback([&] {
     auto local = LocalCluster::Resolve();
     if (!local.ok()) {
@@ -192,18 +230,21 @@ int main(int argc, char** argv) {
     }
     std::cout << local->Status();
   });
-  c_local->add_subcommand("stop", "Stop the local scheduler and worker")->callback([&] {
-    auto local = LocalCluster::Resolve();
-    rc = local.ok() ? Report(local->Stop().ok() ? 0 : 1) : Report(local.status());
-  });
-  c_local->add_subcommand("status", "Is the local cluster running?")->callback([&] {
-    auto local = LocalCluster::Resolve();
-    if (!local.ok()) {
-      rc = Report(local.status());
-      return;
-    }
-    std::cout << local->Status();
-  });
+  c_local->add_subcommand("stop", "Stop the local scheduler and worker")
+      ->callback([&] {
+        auto local = LocalCluster::Resolve();
+        rc = local.ok() ? Report(local->Stop().ok() ? 0 : 1)
+                        : Report(local.status());
+      });
+  c_local->add_subcommand("status", "Is the local cluster running?")
+      ->callback([&] {
+        auto local = LocalCluster::Resolve();
+        if (!local.ok()) {
+          rc = Report(local.status());
+          return;
+        }
+        std::cout << local->Status();
+      });
 
   CLI11_PARSE(app, argc, argv);
   return rc;

@@ -86,9 +86,9 @@ std::string ProgressColumns(const v1::Job& job, int64_t now_ms) {
                   kProgW));
     // Before the first step there is no loss yet.
     const bool stepped = p.iteration() > 0;
-    absl::StrAppend(&out, " ", Fit(stepped ? LossText(p) : "-", kLossW), " ",
-                    Fit(stepped ? absl::StrFormat("%.1f", p.accuracy()) : "-",
-                        kAccW));
+    absl::StrAppend(
+        &out, " ", Fit(stepped ? LossText(p) : "-", kLossW), " ",
+        Fit(stepped ? absl::StrFormat("%.1f", p.accuracy()) : "-", kAccW));
   } else {
     absl::StrAppend(&out, Fit("-", kProgW), " ", Fit("-", kLossW), " ",
                     Fit("-", kAccW));

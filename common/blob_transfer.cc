@@ -19,7 +19,8 @@ constexpr size_t kChunkBytes = 1 << 20;
 }  // namespace
 
 absl::StatusOr<LocalBlob> UploadFile(v1::Scheduler::StubInterface* stub,
-                                     const std::string& token, const std::string& path,
+                                     const std::string& token,
+                                     const std::string& path,
                                      const ProgressFn& progress) {
   LocalBlob blob;
   ASSIGN_OR_RETURN(blob.sha256, Sha256File(path, &blob.size));
@@ -76,9 +77,10 @@ absl::StatusOr<LocalBlob> UploadFile(v1::Scheduler::StubInterface* stub,
   return blob;
 }
 
-absl::Status DownloadFile(v1::Scheduler::StubInterface* stub, const std::string& token,
-                          const std::string& sha256, int64_t size, const std::string& path,
-                          uint32_t mode, const ProgressFn& progress) {
+absl::Status DownloadFile(v1::Scheduler::StubInterface* stub,
+                          const std::string& token, const std::string& sha256,
+                          int64_t size, const std::string& path, uint32_t mode,
+                          const ProgressFn& progress) {
   std::string part = path + ".part";
   int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus(errno, "create", part);
@@ -110,14 +112,16 @@ absl::Status DownloadFile(v1::Scheduler::StubInterface* stub, const std::string&
   if (!status.ok()) ctx.TryCancel();
   absl::Status rpc = FromGrpcStatus(reader->Finish());
   if (status.ok()) status = rpc;
-  if (status.ok() && ::fsync(fd) != 0) status = ErrnoStatus(errno, "fsync", part);
+  if (status.ok() && ::fsync(fd) != 0)
+    status = ErrnoStatus(errno, "fsync", part);
   ::close(fd);
   if (status.ok()) {
     std::string got = hash.HexDigest();
     if (got != sha256 || done != size) {
-      status = absl::DataLossError(absl::StrCat(
-          "download of ", path, " is corrupt: expected ", size, " bytes with sha256 ", sha256,
-          ", got ", done, " bytes with sha256 ", got));
+      status = absl::DataLossError(
+          absl::StrCat("download of ", path, " is corrupt: expected ", size,
+                       " bytes with sha256 ", sha256, ", got ", done,
+                       " bytes with sha256 ", got));
     }
   }
   if (status.ok()) ::chmod(part.c_str(), mode == 0 ? 0644 : (mode & 07777));

@@ -20,8 +20,9 @@ absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
     size_t start = i;
-    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) ||
-                               text[i] == '.')) {
+    while (
+        i < text.size() &&
+        (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
       ++i;
     }
     if (i == start) return bad();
@@ -32,11 +33,20 @@ absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text) {
     double unit = 1;
     if (i < text.size()) {
       switch (text[i]) {
-        case 's': unit = 1; break;
-        case 'm': unit = 60; break;
-        case 'h': unit = 3600; break;
-        case 'd': unit = 86400; break;
-        default: return bad();
+        case 's':
+          unit = 1;
+          break;
+        case 'm':
+          unit = 60;
+          break;
+        case 'h':
+          unit = 3600;
+          break;
+        case 'd':
+          unit = 86400;
+          break;
+        default:
+          return bad();
       }
       ++i;
     } else if (start != 0) {

@@ -43,8 +43,9 @@ absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view address) {
     absl::string_view path = address.substr(5);
     while (absl::StartsWith(path, "//")) path.remove_prefix(1);
     if (path.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "address '", address, "' names no socket path; use unix:/path/to/socket"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("address '", address,
+                       "' names no socket path; use unix:/path/to/socket"));
     }
     ep.is_unix = true;
     ep.path = std::string(path);
@@ -62,8 +63,9 @@ absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view address) {
   int port = 0;
   if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
       port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "address '", address, "' has no valid port (0-65535) after the last ':'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("address '", address,
+                     "' has no valid port (0-65535) after the last ':'"));
   }
   ep.host = host.empty() ? "127.0.0.1" : std::string(host);
   ep.port = port;
@@ -91,7 +93,8 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   }
   std::string token(absl::StripAsciiWhitespace(*contents));
   if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file ", path, " is empty"));
   }
   return token;
 }

@@ -10,8 +10,8 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace dlbatch {
 

@@ -47,7 +47,8 @@ absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
 
 }  // namespace
 
-absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path) {
+absl::Status ErrnoStatus(int err, absl::string_view what,
+                         absl::string_view path) {
   std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
   switch (err) {
     case ENOENT:
@@ -65,8 +66,8 @@ absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path
   }
 }
 
-absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
-                             uint32_t mode) {
+absl::Status WriteFileAtomic(const std::string& path,
+                             absl::string_view contents, uint32_t mode) {
   std::string tmp = path + ".tmp";
   // A stale temp file (or a symlink planted there) must not lend its mode
   // or its target to the new file.
@@ -75,7 +76,8 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents
   if (fd.get() < 0) return ErrnoStatus(errno, "create", tmp);
   absl::Status s = WriteAll(fd.get(), contents, tmp);
   if (s.ok() && ::fsync(fd.get()) != 0) s = ErrnoStatus(errno, "fsync", tmp);
-  if (s.ok() && ::close(fd.Release()) != 0) s = ErrnoStatus(errno, "close", tmp);
+  if (s.ok() && ::close(fd.Release()) != 0)
+    s = ErrnoStatus(errno, "close", tmp);
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     s = ErrnoStatus(errno, "rename", tmp);
   }
@@ -124,7 +126,8 @@ absl::Status MakeDirs(const std::string& path, uint32_t mode) {
 }
 
 absl::Status FsyncDir(const std::string& dir) {
-  Fd fd(::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  Fd fd(::open(dir.empty() ? "." : dir.c_str(),
+               O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoStatus(errno, "open", dir);
   if (::fsync(fd.get()) != 0) return ErrnoStatus(errno, "fsync", dir);
   return absl::OkStatus();
@@ -153,7 +156,8 @@ std::string Sha256::HexDigest() {
   EVP_DigestFinal_ex(ctx_, md, &len);
   std::string hex;
   hex.reserve(len * 2);
-  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", md[i]);
+  for (unsigned int i = 0; i < len; ++i)
+    absl::StrAppendFormat(&hex, "%02x", md[i]);
   return hex;
 }
 

@@ -9,19 +9,20 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace dlbatch {
 
 // Maps errno to a Status whose message names the file and the OS reason;
 // ENOSPC and EDQUOT become RESOURCE_EXHAUSTED.
-absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path);
+absl::Status ErrnoStatus(int err, absl::string_view what,
+                         absl::string_view path);
 
 // Writes `contents` to `path` so that a crash leaves either the old file or
 // the new one: write to PATH.tmp, fsync, rename, fsync the directory.
-absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
-                             uint32_t mode = 0644);
+absl::Status WriteFileAtomic(const std::string& path,
+                             absl::string_view contents, uint32_t mode = 0644);
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // mkdir -p with `mode` for the folders it creates.

@@ -6,16 +6,16 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 #define DLBATCH_CONCAT_INNER_(a, b) a##b
 #define DLBATCH_CONCAT_(a, b) DLBATCH_CONCAT_INNER_(a, b)
 
-#define RETURN_IF_ERROR(expr)                 \
-  do {                                        \
-    ::absl::Status _status = (expr);          \
-    if (!_status.ok()) return _status;        \
+#define RETURN_IF_ERROR(expr)          \
+  do {                                 \
+    ::absl::Status _status = (expr);   \
+    if (!_status.ok()) return _status; \
   } while (0)
 
 #define ASSIGN_OR_RETURN(lhs, expr) \

@@ -4,13 +4,20 @@ namespace dlbatch {
 
 const char* JobStateName(v1::JobState state) {
   switch (state) {
-    case v1::JOB_STATE_QUEUED: return "queued";
-    case v1::JOB_STATE_RUNNING: return "running";
-    case v1::JOB_STATE_CANCELLING: return "cancelling";
-    case v1::JOB_STATE_FINISHED: return "finished";
-    case v1::JOB_STATE_FAILED: return "failed";
-    case v1::JOB_STATE_CANCELLED: return "cancelled";
-    default: return "unknown";
+    case v1::JOB_STATE_QUEUED:
+      return "queued";
+    case v1::JOB_STATE_RUNNING:
+      return "running";
+    case v1::JOB_STATE_CANCELLING:
+      return "cancelling";
+    case v1::JOB_STATE_FINISHED:
+      return "finished";
+    case v1::JOB_STATE_FAILED:
+      return "failed";
+    case v1::JOB_STATE_CANCELLED:
+      return "cancelled";
+    default:
+      return "unknown";
   }
 }
 

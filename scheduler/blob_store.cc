@@ -21,8 +21,8 @@ bool IsSha256Hex(absl::string_view text) {
   return true;
 }
 
-absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& dir,
-                                                           int64_t min_free_bytes) {
+absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(
+    const std::string& dir, int64_t min_free_bytes) {
   RETURN_IF_ERROR(MakeDirs(dir + "/tmp", 0700));
   // Uploads interrupted by a crash leave temp files; none is in use now.
   RETURN_IF_ERROR(RemoveTree(dir + "/tmp"));
@@ -36,7 +36,8 @@ std::string BlobStore::PathFor(const std::string& sha256) const {
 
 absl::StatusOr<int64_t> BlobStore::Size(const std::string& sha256) const {
   if (!IsSha256Hex(sha256)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", sha256, "' is not a sha256"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", sha256, "' is not a sha256"));
   }
   struct stat st;
   if (::stat(PathFor(sha256).c_str(), &st) != 0) {
@@ -48,16 +49,19 @@ absl::StatusOr<int64_t> BlobStore::Size(const std::string& sha256) const {
 absl::StatusOr<std::unique_ptr<BlobStore::Writer>> BlobStore::NewWriter(
     const std::string& sha256, int64_t size) const {
   if (!IsSha256Hex(sha256)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", sha256, "' is not a sha256"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", sha256, "' is not a sha256"));
   }
   if (size < 0) return absl::InvalidArgumentError("negative blob size");
   struct statvfs vfs;
   if (::statvfs(dir_.c_str(), &vfs) == 0) {
-    int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+    int64_t free_bytes =
+        static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
     if (free_bytes - size < min_free_bytes_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the scheduler's store is full: ", HumanBytes(free_bytes), " free in ", dir_,
-          ", the file needs ", HumanBytes(size), " and ", HumanBytes(min_free_bytes_),
+          "the scheduler's store is full: ", HumanBytes(free_bytes),
+          " free in ", dir_, ", the file needs ", HumanBytes(size), " and ",
+          HumanBytes(min_free_bytes_),
           " are kept in reserve; free space there or move --state-dir"));
     }
   }
@@ -66,11 +70,12 @@ absl::StatusOr<std::unique_ptr<BlobStore::Writer>> BlobStore::NewWriter(
                                  counter.fetch_add(1));
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus(errno, "create", tmp);
-  return std::unique_ptr<Writer>(new Writer(this, sha256, size, fd, std::move(tmp)));
+  return std::unique_ptr<Writer>(
+      new Writer(this, sha256, size, fd, std::move(tmp)));
 }
 
-BlobStore::Writer::Writer(const BlobStore* store, std::string sha256, int64_t size,
-                          int fd, std::string tmp_path)
+BlobStore::Writer::Writer(const BlobStore* store, std::string sha256,
+                          int64_t size, int fd, std::string tmp_path)
     : store_(store),
       sha256_(std::move(sha256)),
       size_(size),
@@ -108,20 +113,21 @@ absl::Status BlobStore::Writer::Append(absl::string_view data) {
 
 absl::Status BlobStore::Writer::Commit() {
   if (written_ != size_) {
-    return absl::DataLossError(absl::StrCat("blob ", sha256_, ": received ", written_,
-                                            " of ", size_, " bytes"));
+    return absl::DataLossError(absl::StrCat("blob ", sha256_, ": received ",
+                                            written_, " of ", size_, " bytes"));
   }
   std::string digest = hash_.HexDigest();
   if (digest != sha256_) {
-    return absl::DataLossError(absl::StrCat("blob checksum mismatch: announced ", sha256_,
-                                            ", received bytes hash to ", digest));
+    return absl::DataLossError(
+        absl::StrCat("blob checksum mismatch: announced ", sha256_,
+                     ", received bytes hash to ", digest));
   }
   if (::fsync(fd_) != 0) {
     int err = errno;
     if (err == ENOSPC || err == EDQUOT) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the scheduler's store is full (", std::strerror(err), "); free space in ",
-          store_->dir_));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the scheduler's store is full (", std::strerror(err),
+                       "); free space in ", store_->dir_));
     }
     return ErrnoStatus(err, "fsync", tmp_path_);
   }

@@ -26,8 +26,8 @@ class BlobStore {
   // min_free_bytes: an upload that would leave less free space on the
   // store's filesystem is refused before it starts, so the database beside
   // it always has room to record the outcome.
-  static absl::StatusOr<std::unique_ptr<BlobStore>> Open(const std::string& dir,
-                                                         int64_t min_free_bytes);
+  static absl::StatusOr<std::unique_ptr<BlobStore>> Open(
+      const std::string& dir, int64_t min_free_bytes);
 
   // Size of a stored blob, or NotFound.
   absl::StatusOr<int64_t> Size(const std::string& sha256) const;

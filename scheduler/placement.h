@@ -47,8 +47,8 @@ struct QueuedJob {
   std::string profile;
   int pool = 1;
   int priority = 0;
-  int64_t seq = 0;         // submission order; unique, smaller is older
-  int max_nodes = 1;       // workers the pool may span (>= 1)
+  int64_t seq = 0;           // submission order; unique, smaller is older
+  int max_nodes = 1;         // workers the pool may span (>= 1)
   TimeMs time_limit_ms = 0;  // 0: none
 };
 
@@ -66,15 +66,15 @@ struct Decision {
 
 // Why a queued job waits, for `dlbatch show`.
 struct WaitInfo {
-  int needed = 0;           // the job's pool
-  int free_now = 0;         // free slots on the profile's online workers
-  int largest_free = 0;     // most free on one online worker
-  int online_slots = 0;     // all slots on online workers of the profile
-  int offline_slots = 0;    // slots on known workers that are offline
-  int jobs_ahead = 0;       // queued jobs of the profile ordered before it
-  JobId first_ahead = 0;    // the first of them (0 if none)
+  int needed = 0;         // the job's pool
+  int free_now = 0;       // free slots on the profile's online workers
+  int largest_free = 0;   // most free on one online worker
+  int online_slots = 0;   // all slots on online workers of the profile
+  int offline_slots = 0;  // slots on known workers that are offline
+  int jobs_ahead = 0;     // queued jobs of the profile ordered before it
+  JobId first_ahead = 0;  // the first of them (0 if none)
   int first_ahead_priority = 0;
-  bool reserved = false;    // it holds the backfill reservation
+  bool reserved = false;           // it holds the backfill reservation
   TimeMs reserved_start = kNever;  // estimated start when reserved
 };
 
@@ -85,8 +85,8 @@ struct ProfileSummary {
   int workers_online = 0;
   int online_slots = 0;
   int free_slots = 0;
-  int known_slots = 0;          // online and offline workers together
-  int largest_worker = 0;       // most slots on one known worker
+  int known_slots = 0;     // online and offline workers together
+  int largest_worker = 0;  // most slots on one known worker
   int queued = 0;
   int running = 0;
 };

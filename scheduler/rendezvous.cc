@@ -45,24 +45,28 @@ absl::Status RendezvousStore::Check(int64_t job_id, int attempt,
   }
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.attempt != attempt) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attempt ", attempt, " of job ", job_id, " is not running; its rendezvous is closed"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("attempt ", attempt, " of job ", job_id,
+                     " is not running; its rendezvous is closed"));
   }
   return absl::OkStatus();
 }
 
-absl::Status RendezvousStore::Set(int64_t job_id, int attempt, const std::string& secret,
+absl::Status RendezvousStore::Set(int64_t job_id, int attempt,
+                                  const std::string& secret,
                                   const std::string& key, std::string value) {
-  if (key.empty()) return absl::InvalidArgumentError("a rendezvous key must not be empty");
+  if (key.empty())
+    return absl::InvalidArgumentError("a rendezvous key must not be empty");
   if (static_cast<int64_t>(value.size()) > kMaxValueBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("rendezvous value of '", key, "' is ",
-                                                   value.size(), " bytes; at most ",
-                                                   kMaxValueBytes, " are kept"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous value of '", key, "' is ", value.size(),
+                     " bytes; at most ", kMaxValueBytes, " are kept"));
   }
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(Check(job_id, attempt, secret));
   Attempt& a = jobs_[job_id];
-  if (a.values.size() >= static_cast<size_t>(kMaxKeysPerJob) && !a.values.count(key)) {
+  if (a.values.size() >= static_cast<size_t>(kMaxKeysPerJob) &&
+      !a.values.count(key)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "job ", job_id, " has ", kMaxKeysPerJob, " rendezvous keys already"));
   }
@@ -70,12 +74,13 @@ absl::Status RendezvousStore::Set(int64_t job_id, int attempt, const std::string
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> RendezvousStore::Get(int64_t job_id, int attempt,
-                                                 const std::string& secret,
-                                                 const std::string& key, int64_t timeout_ms,
-                                                 const std::function<bool()>& gone) {
+absl::StatusOr<std::string> RendezvousStore::Get(
+    int64_t job_id, int attempt, const std::string& secret,
+    const std::string& key, int64_t timeout_ms,
+    const std::function<bool()>& gone) {
   const absl::Time deadline =
-      absl::Now() + absl::Milliseconds(std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs));
+      absl::Now() +
+      absl::Milliseconds(std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs));
   absl::MutexLock lock(&mu_);
   for (;;) {
     RETURN_IF_ERROR(Check(job_id, attempt, secret));
@@ -91,8 +96,8 @@ absl::StatusOr<std::string> RendezvousStore::Get(int64_t job_id, int attempt,
     mu_.AwaitWithDeadline(absl::Condition(&present),
                           std::min(deadline, now + absl::Milliseconds(200)));
   }
-  return absl::NotFoundError(absl::StrCat("rendezvous key '", key, "' of job ", job_id,
-                                          " is not there yet"));
+  return absl::NotFoundError(absl::StrCat("rendezvous key '", key, "' of job ",
+                                          job_id, " is not there yet"));
 }
 
 }  // namespace dlbatch::scheduler

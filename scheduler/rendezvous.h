@@ -40,7 +40,8 @@ class RendezvousStore {
                    const std::string& key, std::string value);
   // Waits up to min(timeout_ms, kMaxWaitMs) for `key`; NOT_FOUND if it is
   // still missing then. `gone` (polled) ends the wait early.
-  absl::StatusOr<std::string> Get(int64_t job_id, int attempt, const std::string& secret,
+  absl::StatusOr<std::string> Get(int64_t job_id, int attempt,
+                                  const std::string& secret,
                                   const std::string& key, int64_t timeout_ms,
                                   const std::function<bool()>& gone);
 
@@ -51,7 +52,8 @@ class RendezvousStore {
     int attempt = 0;
     std::map<std::string, std::string> values;
   };
-  absl::Status Check(int64_t job_id, int attempt, const std::string& secret) const
+  absl::Status Check(int64_t job_id, int attempt,
+                     const std::string& secret) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string key_;

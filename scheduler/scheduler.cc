@@ -109,8 +109,9 @@ void Scheduler::Deliver(Outbox& out) {
 static void MustCommit(Transaction& txn, const char* what) {
   absl::Status s = txn.Commit();
   if (!s.ok()) {
-    spdlog::critical("cannot commit {}: {}; stopping so that a restart recovers",
-                     what, s.ToString());
+    spdlog::critical(
+        "cannot commit {}: {}; stopping so that a restart recovers", what,
+        s.ToString());
     std::abort();
   }
 }
@@ -128,9 +129,10 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   for (const auto& a : spec.attach()) {
     auto size = blobs_->Size(a.sha256());
     if (!size.ok() || *size != a.size()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "attachment '", a.path(), "' was not uploaded to the scheduler; upload it "
-          "first (the dlbatch CLI does this for you)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("attachment '", a.path(),
+                       "' was not uploaded to the scheduler; upload it "
+                       "first (the dlbatch CLI does this for you)"));
     }
   }
   v1::SubmitJobReply reply;
@@ -139,7 +141,8 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
     absl::MutexLock lock(&mu_);
     if (!request.request_id().empty()) {
       // A sweep's request id is stored on its first job.
-      ASSIGN_OR_RETURN(auto existing, store_->JobForRequest(request.request_id()));
+      ASSIGN_OR_RETURN(auto existing,
+                       store_->JobForRequest(request.request_id()));
       if (existing) {
         reply.set_job_id(*existing);
         reply.set_duplicate(true);
@@ -148,7 +151,8 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
         if (sweep_id == 0) {
           reply.add_job_ids(*existing);
         } else {
-          ASSIGN_OR_RETURN(std::vector<int64_t> ids, store_->SweepJobIds(sweep_id));
+          ASSIGN_OR_RETURN(std::vector<int64_t> ids,
+                           store_->SweepJobIds(sweep_id));
           reply.mutable_job_ids()->Add(ids.begin(), ids.end());
         }
         return reply;
@@ -179,7 +183,8 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       for (JobRecord& rec : records) {
         rec.sweep_id = sweep_id;
         ASSIGN_OR_RETURN(rec.id, store_->InsertJob(rec));
-        RETURN_IF_ERROR(store_->AddEvent(rec.id, v1::JOB_STATE_QUEUED, 0, rec.submit_ms, ""));
+        RETURN_IF_ERROR(store_->AddEvent(rec.id, v1::JOB_STATE_QUEUED, 0,
+                                         rec.submit_ms, ""));
       }
       RETURN_IF_ERROR(txn.Commit());
       reply.set_sweep_id(sweep_id);
@@ -210,17 +215,21 @@ absl::Status Scheduler::CheckDevicesFit(const v1::JobSpec& spec) const {
   }
   if (with_gpus.count(spec.profile()) > 0) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "train.options.execution_environment: ", env, " asks for GPUs, but the workers of "
-      "profile '", spec.profile(), "' offer CPU slots only; use cpu or auto",
-      with_gpus.empty() ? ", or start a worker with GPUs (dlbatch-worker without --cpu-slots)"
-                        : absl::StrCat(", or a profile with GPUs (--profile ",
-                                       absl::StrJoin(with_gpus, " or --profile "), ")")));
+      "train.options.execution_environment: ", env,
+      " asks for GPUs, but the workers of "
+      "profile '",
+      spec.profile(), "' offer CPU slots only; use cpu or auto",
+      with_gpus.empty()
+          ? ", or start a worker with GPUs (dlbatch-worker without --cpu-slots)"
+          : absl::StrCat(", or a profile with GPUs (--profile ",
+                         absl::StrJoin(with_gpus, " or --profile "), ")")));
 }
 
 absl::Status Scheduler::PlaceJobs(Outbox* out) {
   auto t0 = std::chrono::steady_clock::now();
   std::vector<Decision> decisions = core_.Schedule(clock_->NowMs());
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+  double ms = std::chrono::duration<double, std::milli>(
+                  std::chrono::steady_clock::now() - t0)
                   .count();
   ++passes_;
   last_pass_ms_ = ms;
@@ -266,14 +275,16 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
       start->set_job_id(rec.id);
       start->set_attempt(rec.attempt);
       *start->mutable_spec() = rec.spec;
-      start->mutable_devices()->Add(d.parts[i].devices.begin(), d.parts[i].devices.end());
+      start->mutable_devices()->Add(d.parts[i].devices.begin(),
+                                    d.parts[i].devices.end());
       start->set_pool(rec.spec.pool());
       start->set_user(rec.user);
       start->set_part(static_cast<int>(i));
       start->set_parts(static_cast<int>(d.parts.size()));
       start->set_first_rank(part_first_rank);
       if (train) {
-        start->set_rendezvous_secret(rendezvous_.SecretFor(rec.id, rec.attempt));
+        start->set_rendezvous_secret(
+            rendezvous_.SecretFor(rec.id, rec.attempt));
         *start->mutable_checkpoint() = job.checkpoint.files();
         start->set_checkpoint_iteration(job.checkpoint.iteration());
       }
@@ -289,18 +300,20 @@ std::string Scheduler::WaitReason(const ActiveJob& job) const {
   auto info = core_.Explain(job.record.id);
   if (!info) return "";
   const std::string& profile = job.record.spec.profile();
-  std::string reason = absl::StrFormat("waiting for %d slot%s on '%s': %d free", info->needed,
-                                       info->needed == 1 ? "" : "s", profile, info->free_now);
+  std::string reason =
+      absl::StrFormat("waiting for %d slot%s on '%s': %d free", info->needed,
+                      info->needed == 1 ? "" : "s", profile, info->free_now);
   if (job.record.spec.max_nodes() <= 1 && info->free_now >= info->needed) {
-    absl::StrAppendFormat(&reason, " (at most %d on one worker)", info->largest_free);
+    absl::StrAppendFormat(&reason, " (at most %d on one worker)",
+                          info->largest_free);
   }
   if (info->offline_slots > 0) {
     absl::StrAppendFormat(&reason, ", %d offline", info->offline_slots);
   }
   if (info->jobs_ahead > 0) {
-    absl::StrAppendFormat(&reason, ", %d job%s ahead (#%d, priority %d)", info->jobs_ahead,
-                          info->jobs_ahead == 1 ? "" : "s", info->first_ahead,
-                          info->first_ahead_priority);
+    absl::StrAppendFormat(&reason, ", %d job%s ahead (#%d, priority %d)",
+                          info->jobs_ahead, info->jobs_ahead == 1 ? "" : "s",
+                          info->first_ahead, info->first_ahead_priority);
   }
   if (info->reserved && info->reserved_start != kNever) {
     absl::StrAppend(&reason, "; next to start, in about ",
@@ -340,7 +353,8 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
     job.set_state(it->second.cancel_requested && !IsTerminal(live.state)
                       ? v1::JOB_STATE_CANCELLING
                       : live.state);
-    if (live.state == v1::JOB_STATE_QUEUED) job.set_wait_reason(WaitReason(it->second));
+    if (live.state == v1::JOB_STATE_QUEUED)
+      job.set_wait_reason(WaitReason(it->second));
   }
   for (auto& part : *job.mutable_placement()) {
     auto w = workers_.find(part.worker_id());
@@ -349,28 +363,33 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
   return job;
 }
 
-absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(const v1::ListJobsRequest& request) {
+absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
+    const v1::ListJobsRequest& request) {
   std::vector<v1::JobState> states;
   for (int s : request.states()) states.push_back(static_cast<v1::JobState>(s));
   v1::ListJobsReply reply;
-  RETURN_IF_ERROR(reader_->ListJobSummaries(states, request.limit(), request.newest_first(),
-                                            &reply, request.sweep_id()));
+  RETURN_IF_ERROR(reader_->ListJobSummaries(states, request.limit(),
+                                            request.newest_first(), &reply,
+                                            request.sweep_id()));
   if (request.sweep_id() != 0 && reply.jobs().empty()) {
     // None in these states, or no such sweep at all?
     v1::ListJobsReply any;
-    RETURN_IF_ERROR(reader_->ListJobSummaries({}, 1, false, &any, request.sweep_id()));
+    RETURN_IF_ERROR(
+        reader_->ListJobSummaries({}, 1, false, &any, request.sweep_id()));
     if (any.jobs().empty()) {
-      return absl::NotFoundError(absl::StrCat(
-          "no sweep ", request.sweep_id(),
-          "; `dlbatch submit` of a job file with `sweep:` prints its sweep id, and "
-          "`dlbatch show <job id>` names a job's sweep"));
+      return absl::NotFoundError(
+          absl::StrCat("no sweep ", request.sweep_id(),
+                       "; `dlbatch submit` of a job file with `sweep:` prints "
+                       "its sweep id, and "
+                       "`dlbatch show <job id>` names a job's sweep"));
     }
   }
   // Progress comes with the summaries (committed with each report).
   return reply;
 }
 
-absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(const v1::CancelJobsRequest& request) {
+absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(
+    const v1::CancelJobsRequest& request) {
   v1::CancelJobsReply reply;
   Outbox out;
   {
@@ -387,7 +406,8 @@ absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(const v1::CancelJobsReques
           result->set_error(absl::StrCat("no job ", id));
         } else {
           result->set_state(rec->state);
-          result->set_error(absl::StrCat("job ", id, " has already ", JobStateName(rec->state)));
+          result->set_error(absl::StrCat("job ", id, " has already ",
+                                         JobStateName(rec->state)));
         }
         continue;
       }
@@ -415,20 +435,22 @@ absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(const v1::CancelJobsReques
   return reply;
 }
 
-absl::StatusOr<v1::WaitJobsReply> Scheduler::Wait(const v1::WaitJobsRequest& request,
-                                                  const std::function<bool()>& gone) {
+absl::StatusOr<v1::WaitJobsReply> Scheduler::Wait(
+    const v1::WaitJobsRequest& request, const std::function<bool()>& gone) {
   for (int64_t id : request.job_ids()) {
     ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
     if (!rec) return absl::NotFoundError(absl::StrCat("no job ", id));
   }
-  int64_t deadline = request.timeout_ms() > 0 ? clock_->MonotonicMs() + request.timeout_ms()
-                                              : INT64_MAX;
+  int64_t deadline = request.timeout_ms() > 0
+                         ? clock_->MonotonicMs() + request.timeout_ms()
+                         : INT64_MAX;
   v1::WaitJobsReply reply;
   {
     absl::MutexLock lock(&mu_);
     for (;;) {
-      bool all_ended = std::none_of(request.job_ids().begin(), request.job_ids().end(),
-                                    [&](int64_t id) { return jobs_.contains(id); });
+      bool all_ended =
+          std::none_of(request.job_ids().begin(), request.job_ids().end(),
+                       [&](int64_t id) { return jobs_.contains(id); });
       if (all_ended) break;
       if (gone()) return absl::CancelledError("client left");
       if (clock_->MonotonicMs() >= deadline) {
@@ -445,13 +467,15 @@ absl::StatusOr<v1::WaitJobsReply> Scheduler::Wait(const v1::WaitJobsRequest& req
   return reply;
 }
 
-absl::Status Scheduler::ReadDiary(const v1::ReadDiaryRequest& request,
-                                  const std::function<bool(const v1::DiaryChunk&)>& send,
-                                  const std::function<bool()>& gone) {
+absl::Status Scheduler::ReadDiary(
+    const v1::ReadDiaryRequest& request,
+    const std::function<bool(const v1::DiaryChunk&)>& send,
+    const std::function<bool()>& gone) {
   const int64_t id = request.job_id();
   ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
   if (!rec) {
-    return absl::NotFoundError(absl::StrCat("no job ", id, "; `dlbatch jobs` lists the jobs"));
+    return absl::NotFoundError(
+        absl::StrCat("no job ", id, "; `dlbatch jobs` lists the jobs"));
   }
   int64_t after = request.after();
   for (;;) {
@@ -463,7 +487,8 @@ absl::Status Scheduler::ReadDiary(const v1::ReadDiaryRequest& request,
       ended = !jobs_.contains(id);
     }
     // `ended` was read first, so once true every line is already committed.
-    ASSIGN_OR_RETURN(auto lines, reader_->ReadDiary(id, after, kDiaryChunkLines));
+    ASSIGN_OR_RETURN(auto lines,
+                     reader_->ReadDiary(id, after, kDiaryChunkLines));
     if (!lines.empty()) {
       v1::DiaryChunk chunk;
       after = lines.back().n();
@@ -495,7 +520,8 @@ v1::ListWorkersReply Scheduler::ListWorkers() {
   std::map<int64_t, std::vector<int64_t>> running;
   for (const auto& [id, job] : jobs_) {
     for (const Part& p : job.record.parts) {
-      if (job.record.state != v1::JOB_STATE_QUEUED) running[p.worker].push_back(id);
+      if (job.record.state != v1::JOB_STATE_QUEUED)
+        running[p.worker].push_back(id);
     }
   }
   for (const auto& [id, w] : workers_) {
@@ -506,7 +532,8 @@ v1::ListWorkersReply Scheduler::ListWorkers() {
     info->set_profile(w.record.profile);
     info->set_online(w.session != nullptr);
     for (const auto& d : w.record.devices) *info->add_devices() = d;
-    info->set_free_slots(w.session ? static_cast<int>(core_.FreeDevices(id).size()) : 0);
+    info->set_free_slots(
+        w.session ? static_cast<int>(core_.FreeDevices(id).size()) : 0);
     auto& jobs = running[id];
     std::sort(jobs.begin(), jobs.end());
     info->mutable_running_jobs()->Add(jobs.begin(), jobs.end());
@@ -520,7 +547,8 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
   v1::ListProfilesReply reply;
   std::map<std::string, std::set<std::string>> kinds;
   for (const auto& [id, w] : workers_) {
-    for (const auto& d : w.record.devices) kinds[w.record.profile].insert(d.kind());
+    for (const auto& d : w.record.devices)
+      kinds[w.record.profile].insert(d.kind());
   }
   for (const ProfileSummary& p : core_.Profiles()) {
     auto* info = reply.add_profiles();
@@ -530,10 +558,13 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
     info->set_total_slots(p.online_slots);
     info->set_free_slots(p.free_slots);
     int max_pool = p.known_slots;
-    if (p.max_pool_configured > 0) max_pool = std::min(max_pool, p.max_pool_configured);
+    if (p.max_pool_configured > 0)
+      max_pool = std::min(max_pool, p.max_pool_configured);
     info->set_max_pool(max_pool);
     const auto& k = kinds[p.name];
-    info->set_slot_kind(k.empty() ? "none" : k.size() > 1 ? "mixed" : *k.begin());
+    info->set_slot_kind(k.empty()      ? "none"
+                        : k.size() > 1 ? "mixed"
+                                       : *k.begin());
     info->set_queued_jobs(p.queued);
     info->set_running_jobs(p.running);
   }
@@ -543,7 +574,8 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
 absl::StatusOr<v1::ListOutputsReply> Scheduler::ListOutputs(int64_t job_id) {
   ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job_id));
   if (!rec) {
-    return absl::NotFoundError(absl::StrCat("no job ", job_id, "; `dlbatch jobs` lists the jobs"));
+    return absl::NotFoundError(
+        absl::StrCat("no job ", job_id, "; `dlbatch jobs` lists the jobs"));
   }
   v1::ListOutputsReply reply;
   reply.set_state(rec->state);

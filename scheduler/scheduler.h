@@ -15,11 +15,11 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <optional>
-#include <tuple>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -41,8 +41,8 @@ namespace dlbatch::scheduler {
 struct SchedulerOptions {
   int64_t heartbeat_interval_ms = 1000;
   int64_t heartbeat_timeout_ms = 10000;
-  int max_attempts = 3;              // starts of a job before it fails
-  int64_t cancel_grace_ms = 10000;   // SIGTERM to SIGKILL
+  int max_attempts = 3;             // starts of a job before it fails
+  int64_t cancel_grace_ms = 10000;  // SIGTERM to SIGKILL
   std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
 };
 
@@ -69,10 +69,13 @@ class Scheduler {
   void Stop();
 
   // ---- clients; any thread ----
-  absl::StatusOr<v1::SubmitJobReply> Submit(const v1::SubmitJobRequest& request);
+  absl::StatusOr<v1::SubmitJobReply> Submit(
+      const v1::SubmitJobRequest& request);
   absl::StatusOr<v1::Job> GetJob(int64_t job_id);
-  absl::StatusOr<v1::ListJobsReply> ListJobs(const v1::ListJobsRequest& request);
-  absl::StatusOr<v1::CancelJobsReply> Cancel(const v1::CancelJobsRequest& request);
+  absl::StatusOr<v1::ListJobsReply> ListJobs(
+      const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::CancelJobsReply> Cancel(
+      const v1::CancelJobsRequest& request);
   // Blocks until every job has ended, the timeout passes, or `gone` is true.
   absl::StatusOr<v1::WaitJobsReply> Wait(const v1::WaitJobsRequest& request,
                                          const std::function<bool()>& gone);
@@ -109,7 +112,7 @@ class Scheduler {
     JobRecord record;
     std::vector<bool> part_ended;
     std::vector<int> part_exit;
-    std::string failure;          // first failing part's reason
+    std::string failure;  // first failing part's reason
     bool cancel_requested = false;
     std::string cancel_reason;
     v1::TrainProgress progress;       // train jobs: the latest report
@@ -121,8 +124,8 @@ class Scheduler {
     bool lost = false;
     int64_t last_seen_mono = 0;
   };
-  using Outbox =
-      std::vector<std::pair<std::shared_ptr<WorkerSession>, v1::SchedulerMessage>>;
+  using Outbox = std::vector<
+      std::pair<std::shared_ptr<WorkerSession>, v1::SchedulerMessage>>;
   struct Event {
     std::shared_ptr<WorkerSession> session;
     std::optional<v1::WorkerMessage> message;  // empty: the stream is gone
@@ -154,11 +157,12 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job a worker's report is about if it is the attempt and part that
   // worker runs now; null for a stale report.
-  ActiveJob* ReportedJob(int64_t worker_id, int64_t job_id, int attempt, int part)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ActiveJob* ReportedJob(int64_t worker_id, int64_t job_id, int attempt,
+                         int part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleProgress(int64_t worker_id, const v1::JobProgress& progress)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleCheckpoint(int64_t worker_id, const v1::CheckpointStored& checkpoint)
+  void HandleCheckpoint(int64_t worker_id,
+                        const v1::CheckpointStored& checkpoint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills a job's progress and checkpoint from memory or the store.
   void AddTrainState(v1::Job* job) ABSL_LOCKS_EXCLUDED(mu_);
@@ -195,7 +199,8 @@ class Scheduler {
   void PublishWorker(int64_t worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job as WatchEvents shows it: the spec cut to its summary, the live
   // state and wait reason, worker names.
-  v1::Job JobView(const ActiveJob& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Job JobView(const ActiveJob& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::WorkerInfo WorkerView(const WorkerState& worker) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static v1::Job RecordToProto(const JobRecord& rec);
@@ -228,7 +233,6 @@ class Scheduler {
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   std::thread loop_;
 };
-
 
 }  // namespace dlbatch::scheduler
 

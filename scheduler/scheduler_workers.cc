@@ -30,7 +30,8 @@ absl::Status Scheduler::Start() {
     RETURN_IF_ERROR(txn.Commit());
   }
   ASSIGN_OR_RETURN(auto profiles, store_->Profiles());
-  for (const auto& [name, max_pool] : profiles) core_.AddProfile(name, max_pool);
+  for (const auto& [name, max_pool] : profiles)
+    core_.AddProfile(name, max_pool);
 
   int64_t mono = clock_->MonotonicMs();
   ASSIGN_OR_RETURN(auto workers, store_->Workers());
@@ -67,8 +68,8 @@ absl::Status Scheduler::Start() {
       ++running;
     }
   }
-  spdlog::info("recovered {} queued and {} running jobs, {} workers", queued, running,
-               workers_.size());
+  spdlog::info("recovered {} queued and {} running jobs, {} workers", queued,
+               running, workers_.size());
   loop_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
 }
@@ -87,7 +88,8 @@ void Scheduler::OnWorkerGone(std::shared_ptr<WorkerSession> session) {
 }
 
 void Scheduler::Loop() {
-  const int64_t tick_ms = std::max<int64_t>(50, options_.heartbeat_interval_ms / 2);
+  const int64_t tick_ms =
+      std::max<int64_t>(50, options_.heartbeat_interval_ms / 2);
   int64_t next_check = clock_->MonotonicMs() + tick_ms;
   for (;;) {
     std::deque<Event> batch;
@@ -116,7 +118,8 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
     absl::MutexLock lock(&mu_);
     Transaction txn(store_->db());
     if (!txn.status().ok()) {
-      spdlog::critical("cannot open a transaction: {}", txn.status().ToString());
+      spdlog::critical("cannot open a transaction: {}",
+                       txn.status().ToString());
       std::abort();
     }
     for (Event& e : batch) {
@@ -130,7 +133,8 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
         HandleRegister(e.session, m.register_(), &out);
         continue;
       }
-      if (it == session_worker_.end()) continue;  // not registered (or replaced)
+      if (it == session_worker_.end())
+        continue;  // not registered (or replaced)
       WorkerState& worker = workers_.at(it->second);
       worker.last_seen_mono = clock_->MonotonicMs();
       worker.record.last_seen_ms = clock_->NowMs();
@@ -138,10 +142,12 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
         const v1::DiaryBatch& d = m.diary();
         int64_t max_seq = -1;
         for (const auto& line : d.lines()) {
-          auto added = store_->AddDiary(d.job_id(), d.attempt(), d.part(), line.seq(),
-                                        line.time_ms(), line.stream(), line.text());
+          auto added =
+              store_->AddDiary(d.job_id(), d.attempt(), d.part(), line.seq(),
+                               line.time_ms(), line.stream(), line.text());
           if (!added.ok()) {
-            spdlog::critical("cannot store diary: {}", added.status().ToString());
+            spdlog::critical("cannot store diary: {}",
+                             added.status().ToString());
             std::abort();
           }
           max_seq = std::max(max_seq, line.seq());
@@ -168,7 +174,8 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
       // Heartbeat and JobStarted only refresh liveness.
     }
     MustCommitBatch(txn);
-    if (auto s = PlaceJobs(&out); !s.ok()) spdlog::error("placement: {}", s.ToString());
+    if (auto s = PlaceJobs(&out); !s.ok())
+      spdlog::error("placement: {}", s.ToString());
   }
   Deliver(acks);
   Deliver(out);
@@ -177,8 +184,9 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
 void Scheduler::MustCommitBatch(Transaction& txn) {
   absl::Status s = txn.Commit();
   if (!s.ok()) {
-    spdlog::critical("cannot commit worker reports: {}; stopping so that a restart recovers",
-                     s.ToString());
+    spdlog::critical(
+        "cannot commit worker reports: {}; stopping so that a restart recovers",
+        s.ToString());
     std::abort();
   }
 }
@@ -221,21 +229,25 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
 
   // Reconcile what the worker runs with what the store says it runs.
   std::set<std::tuple<int64_t, int, int>> reported;
-  for (const auto& r : reg.running()) reported.emplace(r.job_id(), r.attempt(), r.part());
+  for (const auto& r : reg.running())
+    reported.emplace(r.job_id(), r.attempt(), r.part());
   v1::SchedulerMessage registered;
   registered.mutable_registered()->set_worker_id(rec.id);
-  registered.mutable_registered()->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+  registered.mutable_registered()->set_heartbeat_interval_ms(
+      options_.heartbeat_interval_ms);
   // Parts cancelled while the worker was away (or just before a restart):
   // the CancelJob sent then may never have reached it, so it goes again.
   Outbox cancels;
   for (const auto& r : reg.running()) {
     auto it = jobs_.find(r.job_id());
     bool ours = it != jobs_.end() && it->second.record.attempt == r.attempt() &&
-                r.part() >= 0 && r.part() < static_cast<int>(it->second.record.parts.size()) &&
+                r.part() >= 0 &&
+                r.part() < static_cast<int>(it->second.record.parts.size()) &&
                 it->second.record.parts[r.part()].worker == rec.id;
     if (!ours) {
       *registered.mutable_registered()->add_cancel() = r;
-    } else if (it->second.cancel_requested && !it->second.part_ended[r.part()]) {
+    } else if (it->second.cancel_requested &&
+               !it->second.part_ended[r.part()]) {
       v1::SchedulerMessage msg;
       auto* cancel = msg.mutable_cancel();
       cancel->set_job_id(r.job_id());
@@ -251,7 +263,8 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
     if (job.record.state == v1::JOB_STATE_QUEUED) continue;
     for (size_t p = 0; p < job.record.parts.size(); ++p) {
       if (job.record.parts[p].worker != rec.id || job.part_ended[p]) continue;
-      if (!reported.contains({job_id, job.record.attempt, static_cast<int>(p)})) {
+      if (!reported.contains(
+              {job_id, job.record.attempt, static_cast<int>(p)})) {
         lost.push_back(job_id);
       }
     }
@@ -261,18 +274,22 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
   for (int64_t job_id : lost) {
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) continue;
-    std::string why = absl::StrCat("worker '", rec.name, "' restarted without the job");
+    std::string why =
+        absl::StrCat("worker '", rec.name, "' restarted without the job");
     core_.Finished(job_id);
     (void)RequeueLost(it->second, why, out);
   }
   PublishWorker(rec.id);
-  spdlog::info("worker '{}' (#{}) {} profile '{}' with {} slots", rec.name, rec.id,
-               was_lost ? "rejoined" : "joined", rec.profile, rec.devices.size());
+  spdlog::info("worker '{}' (#{}) {} profile '{}' with {} slots", rec.name,
+               rec.id, was_lost ? "rejoined" : "joined", rec.profile,
+               rec.devices.size());
 }
 
-void Scheduler::HandleEnded(int64_t worker_id, const v1::JobEnded& ended, Outbox* out) {
+void Scheduler::HandleEnded(int64_t worker_id, const v1::JobEnded& ended,
+                            Outbox* out) {
   // Unknown once ended (a resend of an acknowledged report), or stale.
-  ActiveJob* reported = ReportedJob(worker_id, ended.job_id(), ended.attempt(), ended.part());
+  ActiveJob* reported =
+      ReportedJob(worker_id, ended.job_id(), ended.attempt(), ended.part());
   const int part = ended.part();
   if (reported == nullptr || reported->part_ended[part]) return;
   ActiveJob& job = *reported;
@@ -293,7 +310,8 @@ void Scheduler::HandleEnded(int64_t worker_id, const v1::JobEnded& ended, Outbox
       auto size = blobs_->Size(f.sha256());
       if (!size.ok() || *size != f.size()) {
         if (job.failure.empty()) {
-          job.failure = absl::StrCat("output '", f.path(), "' is missing from the store");
+          job.failure =
+              absl::StrCat("output '", f.path(), "' is missing from the store");
         }
         continue;
       }
@@ -301,7 +319,8 @@ void Scheduler::HandleEnded(int64_t worker_id, const v1::JobEnded& ended, Outbox
     }
     (void)store_->PutOutputs(rec.id, files);
   }
-  if (std::find(job.part_ended.begin(), job.part_ended.end(), false) != job.part_ended.end()) {
+  if (std::find(job.part_ended.begin(), job.part_ended.end(), false) !=
+      job.part_ended.end()) {
     return;
   }
   v1::JobState final_state = v1::JOB_STATE_FINISHED;
@@ -327,8 +346,9 @@ void Scheduler::HandleGone(const std::shared_ptr<WorkerSession>& session) {
   if (worker.session == session) {
     worker.session = nullptr;
     core_.WorkerOffline(worker.record.id);
-    spdlog::warn("worker '{}' disconnected; lost unless it returns within {} ms",
-                 worker.record.name, options_.heartbeat_timeout_ms);
+    spdlog::warn(
+        "worker '{}' disconnected; lost unless it returns within {} ms",
+        worker.record.name, options_.heartbeat_timeout_ms);
     PublishWorker(worker.record.id);
   }
 }
@@ -349,17 +369,21 @@ void Scheduler::CheckLiveness() {
     if (!txn.status().ok()) return;  // try again at the next tick
     for (int64_t id : expired) {
       WorkerState& w = workers_.at(id);
-      LoseWorker(w, absl::StrCat("worker '", w.record.name, "' lost: silent for over ",
-                                 options_.heartbeat_timeout_ms, " ms"),
-                 &out);
+      LoseWorker(
+          w,
+          absl::StrCat("worker '", w.record.name, "' lost: silent for over ",
+                       options_.heartbeat_timeout_ms, " ms"),
+          &out);
     }
     MustCommitBatch(txn);
-    if (auto s = PlaceJobs(&out); !s.ok()) spdlog::error("placement: {}", s.ToString());
+    if (auto s = PlaceJobs(&out); !s.ok())
+      spdlog::error("placement: {}", s.ToString());
   }
   Deliver(out);
 }
 
-void Scheduler::LoseWorker(WorkerState& worker, const std::string& why, Outbox* out) {
+void Scheduler::LoseWorker(WorkerState& worker, const std::string& why,
+                           Outbox* out) {
   spdlog::warn("{}", why);
   worker.lost = true;
   if (worker.session) {
@@ -375,20 +399,23 @@ void Scheduler::LoseWorker(WorkerState& worker, const std::string& why, Outbox* 
   PublishWorker(worker.record.id);
 }
 
-Scheduler::ActiveJob* Scheduler::ReportedJob(int64_t worker_id, int64_t job_id, int attempt,
-                                             int part) {
+Scheduler::ActiveJob* Scheduler::ReportedJob(int64_t worker_id, int64_t job_id,
+                                             int attempt, int part) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return nullptr;
   const JobRecord& rec = it->second.record;
-  if (rec.attempt != attempt || part < 0 || part >= static_cast<int>(rec.parts.size()) ||
+  if (rec.attempt != attempt || part < 0 ||
+      part >= static_cast<int>(rec.parts.size()) ||
       rec.parts[part].worker != worker_id) {
     return nullptr;
   }
   return &it->second;
 }
 
-void Scheduler::HandleProgress(int64_t worker_id, const v1::JobProgress& report) {
-  ActiveJob* job = ReportedJob(worker_id, report.job_id(), report.attempt(), report.part());
+void Scheduler::HandleProgress(int64_t worker_id,
+                               const v1::JobProgress& report) {
+  ActiveJob* job =
+      ReportedJob(worker_id, report.job_id(), report.attempt(), report.part());
   if (job == nullptr || report.part() != 0) return;
   const int64_t checkpoint_iteration = job->progress.checkpoint_iteration();
   job->progress = report.progress();
@@ -397,8 +424,10 @@ void Scheduler::HandleProgress(int64_t worker_id, const v1::JobProgress& report)
   Changed(report.job_id());
 }
 
-void Scheduler::HandleCheckpoint(int64_t worker_id, const v1::CheckpointStored& report) {
-  ActiveJob* job = ReportedJob(worker_id, report.job_id(), report.attempt(), report.part());
+void Scheduler::HandleCheckpoint(int64_t worker_id,
+                                 const v1::CheckpointStored& report) {
+  ActiveJob* job =
+      ReportedJob(worker_id, report.job_id(), report.attempt(), report.part());
   if (job == nullptr || report.part() != 0) return;
   if (job->checkpoint.files_size() > 0 &&
       report.iteration() < job->checkpoint.iteration()) {
@@ -407,8 +436,8 @@ void Scheduler::HandleCheckpoint(int64_t worker_id, const v1::CheckpointStored& 
   for (const auto& f : report.files()) {
     auto size = blobs_->Size(f.sha256());
     if (!size.ok() || *size != f.size()) {
-      spdlog::warn("job {}: checkpoint file '{}' is not in the store; ignored", report.job_id(),
-                   f.path());
+      spdlog::warn("job {}: checkpoint file '{}' is not in the store; ignored",
+                   report.job_id(), f.path());
       return;
     }
   }
@@ -419,28 +448,31 @@ void Scheduler::HandleCheckpoint(int64_t worker_id, const v1::CheckpointStored& 
   Changed(report.job_id());
 }
 
-absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why, Outbox* out) {
+absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
+                                    Outbox* out) {
   JobRecord& rec = job.record;
   rendezvous_.Drop(rec.id);
   // Parts on other workers must stop too: the job restarts as a whole.
   CancelParts(job, why, -1, out);
   core_.Finished(rec.id);  // other parts' slots (no-op if already released)
   if (job.cancel_requested) {
-    RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_CANCELLED, -1, job.cancel_reason));
+    RETURN_IF_ERROR(
+        EndJob(job, v1::JOB_STATE_CANCELLED, -1, job.cancel_reason));
     jobs_.erase(rec.id);
     return absl::OkStatus();
   }
   if (rec.attempt >= options_.max_attempts) {
     std::string reason = absl::StrCat(why, " (attempt ", rec.attempt, " of ",
                                       options_.max_attempts, ")");
-    Diary(rec.id, rec.attempt, absl::StrCat("[dlbatch] ", reason, "; job failed"));
+    Diary(rec.id, rec.attempt,
+          absl::StrCat("[dlbatch] ", reason, "; job failed"));
     RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_FAILED, -1, reason));
     jobs_.erase(rec.id);
     return absl::OkStatus();
   }
   Diary(rec.id, rec.attempt,
-        absl::StrCat("[dlbatch] ", why, "; job requeued (attempt ", rec.attempt + 1, " of ",
-                     options_.max_attempts, " next)"));
+        absl::StrCat("[dlbatch] ", why, "; job requeued (attempt ",
+                     rec.attempt + 1, " of ", options_.max_attempts, " next)"));
   rec.parts.clear();
   job.part_ended.clear();
   job.part_exit.clear();
@@ -456,13 +488,14 @@ absl::Status Scheduler::SetState(ActiveJob& job, v1::JobState state,
   rec.state = state;
   if (state == v1::JOB_STATE_CANCELLING) rec.reason = reason;
   RETURN_IF_ERROR(store_->UpdateJob(rec));
-  RETURN_IF_ERROR(store_->AddEvent(rec.id, state, rec.attempt, clock_->NowMs(), reason));
+  RETURN_IF_ERROR(
+      store_->AddEvent(rec.id, state, rec.attempt, clock_->NowMs(), reason));
   Changed(rec.id);
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::EndJob(ActiveJob& job, v1::JobState state, int exit_code,
-                               const std::string& reason) {
+absl::Status Scheduler::EndJob(ActiveJob& job, v1::JobState state,
+                               int exit_code, const std::string& reason) {
   JobRecord& rec = job.record;
   rendezvous_.Drop(rec.id);
   rec.end_ms = clock_->NowMs();
@@ -471,11 +504,12 @@ absl::Status Scheduler::EndJob(ActiveJob& job, v1::JobState state, int exit_code
   return SetState(job, state, reason);
 }
 
-void Scheduler::CancelParts(const ActiveJob& job, const std::string& why, int skip_part,
-                            Outbox* out) {
+void Scheduler::CancelParts(const ActiveJob& job, const std::string& why,
+                            int skip_part, Outbox* out) {
   const JobRecord& rec = job.record;
   for (size_t p = 0; p < rec.parts.size(); ++p) {
-    if (static_cast<int>(p) == skip_part || (p < job.part_ended.size() && job.part_ended[p])) {
+    if (static_cast<int>(p) == skip_part ||
+        (p < job.part_ended.size() && job.part_ended[p])) {
       continue;
     }
     auto w = workers_.find(rec.parts[p].worker);

@@ -17,11 +17,11 @@ namespace {
 
 constexpr size_t kBlobChunkBytes = 1 << 20;
 
-#define CHECK_TOKEN(context)                                               \
-  do {                                                                     \
-    if (auto _auth = CheckToken(*(context), token_); !_auth.ok()) {        \
-      return ToGrpcStatus(_auth);                                          \
-    }                                                                      \
+#define CHECK_TOKEN(context)                                        \
+  do {                                                              \
+    if (auto _auth = CheckToken(*(context), token_); !_auth.ok()) { \
+      return ToGrpcStatus(_auth);                                   \
+    }                                                               \
   } while (0)
 
 template <typename T>
@@ -33,9 +33,9 @@ grpc::Status Reply(absl::StatusOr<T> result, T* reply) {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* SchedulerService::SubmitJob(grpc::CallbackServerContext* context,
-                                                      const v1::SubmitJobRequest* request,
-                                                      v1::SubmitJobReply* reply) {
+grpc::ServerUnaryReactor* SchedulerService::SubmitJob(
+    grpc::CallbackServerContext* context, const v1::SubmitJobRequest* request,
+    v1::SubmitJobReply* reply) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (auto auth = CheckToken(*context, token_); !auth.ok()) {
     reactor->Finish(ToGrpcStatus(auth));
@@ -53,17 +53,19 @@ grpc::Status SchedulerService::ListJobs(grpc::ServerContext* context,
 }
 
 grpc::Status SchedulerService::GetJob(grpc::ServerContext* context,
-                                      const v1::GetJobRequest* request, v1::Job* reply) {
+                                      const v1::GetJobRequest* request,
+                                      v1::Job* reply) {
   CHECK_TOKEN(context);
   return Reply(scheduler_->GetJob(request->job_id()), reply);
 }
 
-grpc::Status SchedulerService::ReadDiary(grpc::ServerContext* context,
-                                         const v1::ReadDiaryRequest* request,
-                                         grpc::ServerWriter<v1::DiaryChunk>* writer) {
+grpc::Status SchedulerService::ReadDiary(
+    grpc::ServerContext* context, const v1::ReadDiaryRequest* request,
+    grpc::ServerWriter<v1::DiaryChunk>* writer) {
   CHECK_TOKEN(context);
   return ToGrpcStatus(scheduler_->ReadDiary(
-      *request, [&](const v1::DiaryChunk& chunk) { return writer->Write(chunk); },
+      *request,
+      [&](const v1::DiaryChunk& chunk) { return writer->Write(chunk); },
       [&] { return context->IsCancelled(); }));
 }
 
@@ -78,22 +80,24 @@ grpc::Status SchedulerService::WaitJobs(grpc::ServerContext* context,
                                         const v1::WaitJobsRequest* request,
                                         v1::WaitJobsReply* reply) {
   CHECK_TOKEN(context);
-  return Reply(scheduler_->Wait(*request, [&] { return context->IsCancelled(); }), reply);
+  return Reply(
+      scheduler_->Wait(*request, [&] { return context->IsCancelled(); }),
+      reply);
 }
 
 // The rendezvous calls authenticate with the attempt's secret instead of the
 // token: they come from the job's own processes.
-grpc::Status SchedulerService::RendezvousSet(grpc::ServerContext*,
-                                             const v1::RendezvousSetRequest* request,
-                                             v1::RendezvousSetReply*) {
-  return ToGrpcStatus(scheduler_->rendezvous().Set(request->job_id(), request->attempt(),
-                                                   request->secret(), request->key(),
-                                                   request->value()));
+grpc::Status SchedulerService::RendezvousSet(
+    grpc::ServerContext*, const v1::RendezvousSetRequest* request,
+    v1::RendezvousSetReply*) {
+  return ToGrpcStatus(scheduler_->rendezvous().Set(
+      request->job_id(), request->attempt(), request->secret(), request->key(),
+      request->value()));
 }
 
-grpc::Status SchedulerService::RendezvousGet(grpc::ServerContext* context,
-                                             const v1::RendezvousGetRequest* request,
-                                             v1::RendezvousGetReply* reply) {
+grpc::Status SchedulerService::RendezvousGet(
+    grpc::ServerContext* context, const v1::RendezvousGetRequest* request,
+    v1::RendezvousGetReply* reply) {
   absl::StatusOr<std::string> value = scheduler_->rendezvous().Get(
       request->job_id(), request->attempt(), request->secret(), request->key(),
       request->timeout_ms(), [&] { return context->IsCancelled(); });
@@ -118,15 +122,16 @@ grpc::Status SchedulerService::ListProfiles(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerService::ListOutputs(grpc::ServerContext* context,
-                                           const v1::ListOutputsRequest* request,
-                                           v1::ListOutputsReply* reply) {
+grpc::Status SchedulerService::ListOutputs(
+    grpc::ServerContext* context, const v1::ListOutputsRequest* request,
+    v1::ListOutputsReply* reply) {
   CHECK_TOKEN(context);
   return Reply(scheduler_->ListOutputs(request->job_id()), reply);
 }
 
 grpc::Status SchedulerService::GetStats(grpc::ServerContext* context,
-                                        const v1::GetStatsRequest* request, v1::Stats* reply) {
+                                        const v1::GetStatsRequest* request,
+                                        v1::Stats* reply) {
   CHECK_TOKEN(context);
   *reply = scheduler_->GetStats(request->reset_max());
   return grpc::Status::OK;
@@ -136,13 +141,14 @@ grpc::Status SchedulerService::StatBlobs(grpc::ServerContext* context,
                                          const v1::StatBlobsRequest* request,
                                          v1::StatBlobsReply* reply) {
   CHECK_TOKEN(context);
-  for (const auto& sha : request->sha256()) reply->add_present(blobs_->Size(sha).ok());
+  for (const auto& sha : request->sha256())
+    reply->add_present(blobs_->Size(sha).ok());
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerService::UploadBlob(grpc::ServerContext* context,
-                                          grpc::ServerReader<v1::BlobChunk>* reader,
-                                          v1::BlobRef* reply) {
+grpc::Status SchedulerService::UploadBlob(
+    grpc::ServerContext* context, grpc::ServerReader<v1::BlobChunk>* reader,
+    v1::BlobRef* reply) {
   CHECK_TOKEN(context);
   v1::BlobChunk chunk;
   if (!reader->Read(&chunk)) {
@@ -150,7 +156,8 @@ grpc::Status SchedulerService::UploadBlob(grpc::ServerContext* context,
   }
   reply->set_sha256(chunk.sha256());
   reply->set_size(chunk.size());
-  if (auto size = blobs_->Size(chunk.sha256()); size.ok() && *size == chunk.size()) {
+  if (auto size = blobs_->Size(chunk.sha256());
+      size.ok() && *size == chunk.size()) {
     return grpc::Status::OK;  // stored already
   }
   auto writer = blobs_->NewWriter(chunk.sha256(), chunk.size());
@@ -168,9 +175,9 @@ grpc::Status SchedulerService::UploadBlob(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerService::DownloadBlob(grpc::ServerContext* context,
-                                            const v1::DownloadBlobRequest* request,
-                                            grpc::ServerWriter<v1::BlobChunk>* writer) {
+grpc::Status SchedulerService::DownloadBlob(
+    grpc::ServerContext* context, const v1::DownloadBlobRequest* request,
+    grpc::ServerWriter<v1::BlobChunk>* writer) {
   CHECK_TOKEN(context);
   auto size = blobs_->Size(request->sha256());
   if (!size.ok()) return ToGrpcStatus(size.status());
@@ -226,12 +233,12 @@ class StreamSession final : public WorkerSession {
   void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
 
   std::mutex mu_;
-  WorkerStream* stream_;                  // guarded by mu_; null once done
+  WorkerStream* stream_;                    // guarded by mu_; null once done
   std::deque<v1::SchedulerMessage> queue_;  // guarded by mu_; front in flight
-  bool writing_ = false;                  // guarded by mu_
-  bool finish_requested_ = false;         // guarded by mu_
-  bool finished_ = false;                 // guarded by mu_
-  grpc::Status finish_status_;            // guarded by mu_
+  bool writing_ = false;                    // guarded by mu_
+  bool finish_requested_ = false;           // guarded by mu_
+  bool finished_ = false;                   // guarded by mu_
+  grpc::Status finish_status_;              // guarded by mu_
 };
 
 class WorkerStream final
@@ -330,8 +337,8 @@ void StreamSession::Detach() {
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>* WorkerLinkService::Connect(
-    grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>*
+WorkerLinkService::Connect(grpc::CallbackServerContext* context) {
   return new WorkerStream(scheduler_, CheckToken(*context, token_));
 }
 

@@ -17,7 +17,8 @@ namespace dlbatch::scheduler {
 // the submit itself.
 class SchedulerService final
     : public v1::Scheduler::WithCallbackMethod_SubmitJob<
-          v1::Scheduler::WithCallbackMethod_WatchEvents<v1::Scheduler::Service>> {
+          v1::Scheduler::WithCallbackMethod_WatchEvents<
+              v1::Scheduler::Service>> {
  public:
   // An empty token admits every caller (Unix sockets only).
   SchedulerService(Scheduler* scheduler, BlobStore* blobs, std::string token)
@@ -26,15 +27,20 @@ class SchedulerService final
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
                                       v1::SubmitJobReply* reply) override;
-  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+  grpc::Status ListJobs(grpc::ServerContext* context,
+                        const v1::ListJobsRequest* request,
                         v1::ListJobsReply* reply) override;
-  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+  grpc::Status GetJob(grpc::ServerContext* context,
+                      const v1::GetJobRequest* request,
                       v1::Job* reply) override;
-  grpc::Status ReadDiary(grpc::ServerContext* context, const v1::ReadDiaryRequest* request,
+  grpc::Status ReadDiary(grpc::ServerContext* context,
+                         const v1::ReadDiaryRequest* request,
                          grpc::ServerWriter<v1::DiaryChunk>* writer) override;
-  grpc::Status CancelJobs(grpc::ServerContext* context, const v1::CancelJobsRequest* request,
+  grpc::Status CancelJobs(grpc::ServerContext* context,
+                          const v1::CancelJobsRequest* request,
                           v1::CancelJobsReply* reply) override;
-  grpc::Status WaitJobs(grpc::ServerContext* context, const v1::WaitJobsRequest* request,
+  grpc::Status WaitJobs(grpc::ServerContext* context,
+                        const v1::WaitJobsRequest* request,
                         v1::WaitJobsReply* reply) override;
   grpc::Status RendezvousSet(grpc::ServerContext* context,
                              const v1::RendezvousSetRequest* request,
@@ -42,20 +48,25 @@ class SchedulerService final
   grpc::Status RendezvousGet(grpc::ServerContext* context,
                              const v1::RendezvousGetRequest* request,
                              v1::RendezvousGetReply* reply) override;
-  grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
+  grpc::Status ListWorkers(grpc::ServerContext* context,
+                           const v1::ListWorkersRequest* request,
                            v1::ListWorkersReply* reply) override;
   grpc::Status ListProfiles(grpc::ServerContext* context,
                             const v1::ListProfilesRequest* request,
                             v1::ListProfilesReply* reply) override;
-  grpc::Status ListOutputs(grpc::ServerContext* context, const v1::ListOutputsRequest* request,
+  grpc::Status ListOutputs(grpc::ServerContext* context,
+                           const v1::ListOutputsRequest* request,
                            v1::ListOutputsReply* reply) override;
-  grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
+  grpc::Status GetStats(grpc::ServerContext* context,
+                        const v1::GetStatsRequest* request,
                         v1::Stats* reply) override;
   // Long-lived: a reactor fed by the scheduler's event hub
   // (service_events.cc).
   grpc::ServerWriteReactor<v1::ClusterEvent>* WatchEvents(
-      grpc::CallbackServerContext* context, const v1::WatchEventsRequest* request) override;
-  grpc::Status StatBlobs(grpc::ServerContext* context, const v1::StatBlobsRequest* request,
+      grpc::CallbackServerContext* context,
+      const v1::WatchEventsRequest* request) override;
+  grpc::Status StatBlobs(grpc::ServerContext* context,
+                         const v1::StatBlobsRequest* request,
                          v1::StatBlobsReply* reply) override;
   grpc::Status UploadBlob(grpc::ServerContext* context,
                           grpc::ServerReader<v1::BlobChunk>* reader,

@@ -10,9 +10,8 @@ struct Database::Cache {
   std::unordered_map<const char*, std::unique_ptr<Statement>> statements;
 };
 
-absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path,
-                                                         bool read_only,
-                                                         bool sync_full) {
+absl::StatusOr<std::unique_ptr<Database>> Database::Open(
+    const std::string& path, bool read_only, bool sync_full) {
   sqlite3* raw = nullptr;
   int flags = read_only ? SQLITE_OPEN_READONLY
                         : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
@@ -82,7 +81,9 @@ absl::StatusOr<Statement*> Database::Prepare(const char* sql) {
   return slot.get();
 }
 
-int64_t Database::LastInsertId() const { return sqlite3_last_insert_rowid(db_); }
+int64_t Database::LastInsertId() const {
+  return sqlite3_last_insert_rowid(db_);
+}
 int Database::Changes() const { return sqlite3_changes(db_); }
 
 Statement::~Statement() { sqlite3_finalize(stmt_); }
@@ -127,7 +128,9 @@ void Statement::Reset() {
   sqlite3_clear_bindings(stmt_);
 }
 
-int64_t Statement::Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+int64_t Statement::Int(int col) const {
+  return sqlite3_column_int64(stmt_, col);
+}
 
 std::string Statement::Text(int col) const {
   const unsigned char* text = sqlite3_column_text(stmt_, col);
@@ -139,8 +142,9 @@ std::string Statement::Text(int col) const {
 absl::string_view Statement::Blob(int col) const {
   const void* data = sqlite3_column_blob(stmt_, col);
   if (data == nullptr) return {};
-  return absl::string_view(static_cast<const char*>(data),
-                          static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+  return absl::string_view(
+      static_cast<const char*>(data),
+      static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
 }
 
 bool Statement::IsNull(int col) const {
@@ -157,7 +161,9 @@ Transaction::~Transaction() {
 }
 
 absl::Status Transaction::Commit() {
-  if (done_) return begin_.ok() ? absl::FailedPreconditionError("committed twice") : begin_;
+  if (done_)
+    return begin_.ok() ? absl::FailedPreconditionError("committed twice")
+                       : begin_;
   done_ = true;
   absl::Status s = db_->Exec("COMMIT");
   if (!s.ok()) (void)db_->Exec("ROLLBACK");

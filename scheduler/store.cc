@@ -86,7 +86,8 @@ absl::StatusOr<JobRecord> ReadJobRow(const Statement& row, bool with_spec) {
   if (with_spec) {
     absl::string_view blob = row.Blob(3);
     if (!job.spec.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
-      return absl::DataLossError(absl::StrCat("job ", job.id, ": stored spec is corrupt"));
+      return absl::DataLossError(
+          absl::StrCat("job ", job.id, ": stored spec is corrupt"));
     }
   } else {
     job.spec.set_name(row.Text(12));
@@ -115,8 +116,8 @@ absl::Status AddSweepColumn(Database* db) {
   ASSIGN_OR_RETURN(bool present, columns->Step());
   columns->Reset();
   if (!present) {
-    RETURN_IF_ERROR(
-        db->Exec("ALTER TABLE jobs ADD COLUMN sweep_id INTEGER NOT NULL DEFAULT 0"));
+    RETURN_IF_ERROR(db->Exec(
+        "ALTER TABLE jobs ADD COLUMN sweep_id INTEGER NOT NULL DEFAULT 0"));
   }
   return db->Exec("CREATE INDEX IF NOT EXISTS jobs_by_sweep ON jobs(sweep_id)");
 }
@@ -137,7 +138,8 @@ std::vector<Part> DecodeParts(absl::string_view text) {
         absl::StrSplit(piece, absl::MaxSplits(':', 1));
     Part part;
     if (!absl::SimpleAtoi(kv.first, &part.worker)) continue;
-    for (absl::string_view d : absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
+    for (absl::string_view d :
+         absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
       int index;
       if (absl::SimpleAtoi(d, &index)) part.devices.push_back(index);
     }
@@ -148,20 +150,23 @@ std::vector<Part> DecodeParts(absl::string_view text) {
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
                                                    bool sync_full) {
-  ASSIGN_OR_RETURN(auto db, Database::Open(path, /*read_only=*/false, sync_full));
+  ASSIGN_OR_RETURN(auto db,
+                   Database::Open(path, /*read_only=*/false, sync_full));
   // The version is checked before the schema is applied: a file of another
   // version may hold tables this one's statements fail on or would alter.
-  RETURN_IF_ERROR(db->Exec(
-      "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)"));
-  ASSIGN_OR_RETURN(Statement * get, db->Prepare("SELECT value FROM meta WHERE key='schema'"));
+  RETURN_IF_ERROR(
+      db->Exec("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value "
+               "TEXT NOT NULL)"));
+  ASSIGN_OR_RETURN(Statement * get,
+                   db->Prepare("SELECT value FROM meta WHERE key='schema'"));
   ASSIGN_OR_RETURN(bool found, get->Step());
   if (found) {
     int version = 0;
     if (!absl::SimpleAtoi(get->Text(0), &version) || version < 1 ||
         version > kSchemaVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, " has schema version ", get->Text(0), "; this scheduler reads version ",
-          kSchemaVersion));
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " has schema version ", get->Text(0),
+                       "; this scheduler reads version ", kSchemaVersion));
     }
   }
   get->Reset();
@@ -177,7 +182,8 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
     RETURN_IF_ERROR(txn.Commit());
   }
   auto store = std::unique_ptr<Store>(new Store(std::move(db)));
-  ASSIGN_OR_RETURN(Statement * last, store->db_->Prepare("SELECT MAX(ev) FROM job_events"));
+  ASSIGN_OR_RETURN(Statement * last,
+                   store->db_->Prepare("SELECT MAX(ev) FROM job_events"));
   ASSIGN_OR_RETURN(bool row, last->Step());
   store->last_event_ = row ? last->Int(0) : 0;
   last->Reset();
@@ -187,9 +193,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
 absl::StatusOr<int64_t> Store::InsertJob(const JobRecord& job) {
   ASSIGN_OR_RETURN(
       Statement * st,
-      db_->Prepare("INSERT INTO jobs(request_id, user, spec, name, profile, pool, "
-                   "priority, state, attempt, submit_ms, start_ms, end_ms, parts, "
-                   "exit_code, reason, sweep_id) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+      db_->Prepare(
+          "INSERT INTO jobs(request_id, user, spec, name, profile, pool, "
+          "priority, state, attempt, submit_ms, start_ms, end_ms, parts, "
+          "exit_code, reason, sweep_id) "
+          "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
   if (job.request_id.empty()) {
     st->BindNull(1);
   } else {
@@ -232,9 +240,10 @@ absl::Status Store::UpdateJob(const JobRecord& job) {
 
 absl::Status Store::AddEvent(int64_t job_id, v1::JobState state, int attempt,
                              int64_t time_ms, absl::string_view reason) {
-  ASSIGN_OR_RETURN(Statement * st,
-                   db_->Prepare("INSERT INTO job_events(job_id, ev, time_ms, state, "
-                                "attempt, reason) VALUES(?,?,?,?,?,?)"));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT INTO job_events(job_id, ev, time_ms, state, "
+                   "attempt, reason) VALUES(?,?,?,?,?,?)"));
   st->Bind(1, job_id)
       .Bind(2, ++last_event_)
       .Bind(3, time_ms)
@@ -247,9 +256,10 @@ absl::Status Store::AddEvent(int64_t job_id, v1::JobState state, int attempt,
 absl::StatusOr<bool> Store::AddDiary(int64_t job_id, int attempt, int part,
                                      int64_t seq, int64_t time_ms, int stream,
                                      absl::string_view text) {
-  ASSIGN_OR_RETURN(Statement * st,
-                   db_->Prepare("INSERT OR IGNORE INTO diary(job_id, attempt, part, "
-                                "seq, time_ms, stream, text) VALUES(?,?,?,?,?,?,?)"));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT OR IGNORE INTO diary(job_id, attempt, part, "
+                   "seq, time_ms, stream, text) VALUES(?,?,?,?,?,?,?)"));
   st->Bind(1, job_id).Bind(2, attempt).Bind(3, part);
   if (seq < 0) {
     st->BindNull(4);
@@ -263,46 +273,60 @@ absl::StatusOr<bool> Store::AddDiary(int64_t job_id, int attempt, int part,
 
 absl::Status Store::PutOutputs(int64_t job_id,
                                const std::vector<v1::OutputFile>& files) {
-  ASSIGN_OR_RETURN(Statement * del, db_->Prepare("DELETE FROM outputs WHERE job_id=?"));
+  ASSIGN_OR_RETURN(Statement * del,
+                   db_->Prepare("DELETE FROM outputs WHERE job_id=?"));
   RETURN_IF_ERROR(del->Bind(1, job_id).Run());
   for (const auto& f : files) {
-    ASSIGN_OR_RETURN(Statement * st,
-                     db_->Prepare("INSERT OR REPLACE INTO outputs(job_id, path, size, "
-                                  "sha256, mode) VALUES(?,?,?,?,?)"));
-    st->Bind(1, job_id).Bind(2, f.path()).Bind(3, f.size()).Bind(4, f.sha256()).Bind(
-        5, static_cast<int64_t>(f.mode()));
+    ASSIGN_OR_RETURN(
+        Statement * st,
+        db_->Prepare("INSERT OR REPLACE INTO outputs(job_id, path, size, "
+                     "sha256, mode) VALUES(?,?,?,?,?)"));
+    st->Bind(1, job_id)
+        .Bind(2, f.path())
+        .Bind(3, f.size())
+        .Bind(4, f.sha256())
+        .Bind(5, static_cast<int64_t>(f.mode()));
     RETURN_IF_ERROR(st->Run());
   }
   return absl::OkStatus();
 }
 
-absl::Status Store::PutProgress(int64_t job_id, const v1::TrainProgress& progress) {
-  ASSIGN_OR_RETURN(Statement * st,
-                   db_->Prepare("INSERT INTO train_state(job_id, progress) VALUES(?,?) "
-                                "ON CONFLICT(job_id) DO UPDATE SET progress=excluded.progress"));
+absl::Status Store::PutProgress(int64_t job_id,
+                                const v1::TrainProgress& progress) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare(
+          "INSERT INTO train_state(job_id, progress) VALUES(?,?) "
+          "ON CONFLICT(job_id) DO UPDATE SET progress=excluded.progress"));
   return st->Bind(1, job_id).BindBlob(2, progress.SerializeAsString()).Run();
 }
 
-absl::Status Store::PutCheckpoint(int64_t job_id, const v1::CheckpointStored& checkpoint) {
-  ASSIGN_OR_RETURN(Statement * st,
-                   db_->Prepare("INSERT INTO train_state(job_id, checkpoint) VALUES(?,?) "
-                                "ON CONFLICT(job_id) DO UPDATE SET "
-                                "checkpoint=excluded.checkpoint"));
+absl::Status Store::PutCheckpoint(int64_t job_id,
+                                  const v1::CheckpointStored& checkpoint) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT INTO train_state(job_id, checkpoint) VALUES(?,?) "
+                   "ON CONFLICT(job_id) DO UPDATE SET "
+                   "checkpoint=excluded.checkpoint"));
   return st->Bind(1, job_id).BindBlob(2, checkpoint.SerializeAsString()).Run();
 }
 
 static absl::StatusOr<TrainState> ReadTrainState(Database* db, int64_t job_id) {
-  ASSIGN_OR_RETURN(Statement * st,
-                   db->Prepare("SELECT progress, checkpoint FROM train_state WHERE job_id=?"));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db->Prepare(
+          "SELECT progress, checkpoint FROM train_state WHERE job_id=?"));
   st->Bind(1, job_id);
   TrainState state;
   absl::StatusOr<bool> row = st->Step();
   if (row.ok() && *row) {
     absl::string_view p = st->Blob(0), c = st->Blob(1);
     if (!state.progress.ParseFromArray(p.data(), static_cast<int>(p.size())) ||
-        !state.checkpoint.ParseFromArray(c.data(), static_cast<int>(c.size()))) {
+        !state.checkpoint.ParseFromArray(c.data(),
+                                         static_cast<int>(c.size()))) {
       st->Reset();
-      return absl::DataLossError(absl::StrCat("job ", job_id, ": stored progress is corrupt"));
+      return absl::DataLossError(
+          absl::StrCat("job ", job_id, ": stored progress is corrupt"));
     }
   }
   st->Reset();
@@ -319,17 +343,19 @@ absl::StatusOr<int64_t> Store::UpsertWorker(const WorkerRecord& worker) {
   for (const auto& d : worker.devices) *devices.add_devices() = d;
   ASSIGN_OR_RETURN(
       Statement * st,
-      db_->Prepare("INSERT INTO workers(name, host, profile, devices, last_seen_ms) "
-                   "VALUES(?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
-                   "host=excluded.host, profile=excluded.profile, "
-                   "devices=excluded.devices, last_seen_ms=excluded.last_seen_ms"));
+      db_->Prepare(
+          "INSERT INTO workers(name, host, profile, devices, last_seen_ms) "
+          "VALUES(?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
+          "host=excluded.host, profile=excluded.profile, "
+          "devices=excluded.devices, last_seen_ms=excluded.last_seen_ms"));
   st->Bind(1, worker.name)
       .Bind(2, worker.host)
       .Bind(3, worker.profile)
       .BindBlob(4, devices.SerializeAsString())
       .Bind(5, worker.last_seen_ms);
   RETURN_IF_ERROR(st->Run());
-  ASSIGN_OR_RETURN(Statement * get, db_->Prepare("SELECT id FROM workers WHERE name=?"));
+  ASSIGN_OR_RETURN(Statement * get,
+                   db_->Prepare("SELECT id FROM workers WHERE name=?"));
   ASSIGN_OR_RETURN(bool found, get->Bind(1, worker.name).Step());
   if (!found) return absl::InternalError("worker vanished after upsert");
   int64_t id = get->Int(0);
@@ -338,15 +364,18 @@ absl::StatusOr<int64_t> Store::UpsertWorker(const WorkerRecord& worker) {
 }
 
 absl::Status Store::UpsertProfile(const std::string& name, int max_pool) {
-  ASSIGN_OR_RETURN(Statement * st,
-                   db_->Prepare("INSERT INTO profiles(name, max_pool) VALUES(?,?) "
-                                "ON CONFLICT(name) DO UPDATE SET max_pool=excluded.max_pool"));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare(
+          "INSERT INTO profiles(name, max_pool) VALUES(?,?) "
+          "ON CONFLICT(name) DO UPDATE SET max_pool=excluded.max_pool"));
   return st->Bind(1, name).Bind(2, max_pool).Run();
 }
 
 absl::StatusOr<std::optional<int64_t>> Store::JobForRequest(
     const std::string& request_id) {
-  ASSIGN_OR_RETURN(Statement * st, db_->Prepare("SELECT id FROM jobs WHERE request_id=?"));
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT id FROM jobs WHERE request_id=?"));
   ASSIGN_OR_RETURN(bool found, st->Bind(1, request_id).Step());
   std::optional<int64_t> id;
   if (found) id = st->Int(0);
@@ -370,9 +399,10 @@ absl::StatusOr<std::vector<JobRecord>> Store::ActiveJobs() {
 }
 
 absl::StatusOr<std::vector<WorkerRecord>> Store::Workers() {
-  ASSIGN_OR_RETURN(Statement * st,
-                   db_->Prepare("SELECT id, name, host, profile, devices, last_seen_ms "
-                                "FROM workers ORDER BY id"));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("SELECT id, name, host, profile, devices, last_seen_ms "
+                   "FROM workers ORDER BY id"));
   std::vector<WorkerRecord> workers;
   for (;;) {
     ASSIGN_OR_RETURN(bool row, st->Step());
@@ -394,8 +424,9 @@ absl::StatusOr<std::vector<WorkerRecord>> Store::Workers() {
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, int>>> Store::Profiles() {
-  ASSIGN_OR_RETURN(Statement * st,
-                   db_->Prepare("SELECT name, max_pool FROM profiles ORDER BY name"));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("SELECT name, max_pool FROM profiles ORDER BY name"));
   std::vector<std::pair<std::string, int>> out;
   for (;;) {
     ASSIGN_OR_RETURN(bool row, st->Step());
@@ -415,7 +446,8 @@ absl::StatusOr<int64_t> Store::CountJobs() {
 }
 
 absl::StatusOr<int64_t> Store::NextSweepId() {
-  ASSIGN_OR_RETURN(Statement * st, db_->Prepare("SELECT MAX(sweep_id) FROM jobs"));
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT MAX(sweep_id) FROM jobs"));
   ASSIGN_OR_RETURN(bool row, st->Step());
   int64_t last = row && !st->IsNull(0) ? st->Int(0) : 0;
   st->Reset();
@@ -423,7 +455,8 @@ absl::StatusOr<int64_t> Store::NextSweepId() {
 }
 
 absl::StatusOr<int64_t> Store::SweepIdOf(int64_t job_id) {
-  ASSIGN_OR_RETURN(Statement * st, db_->Prepare("SELECT sweep_id FROM jobs WHERE id=?"));
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT sweep_id FROM jobs WHERE id=?"));
   ASSIGN_OR_RETURN(bool row, st->Bind(1, job_id).Step());
   int64_t sweep = row ? st->Int(0) : 0;
   st->Reset();
@@ -431,8 +464,9 @@ absl::StatusOr<int64_t> Store::SweepIdOf(int64_t job_id) {
 }
 
 absl::StatusOr<std::vector<int64_t>> Store::SweepJobIds(int64_t sweep_id) {
-  ASSIGN_OR_RETURN(Statement * st,
-                   db_->Prepare("SELECT id FROM jobs WHERE sweep_id=? ORDER BY id"));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("SELECT id FROM jobs WHERE sweep_id=? ORDER BY id"));
   st->Bind(1, sweep_id);
   std::vector<int64_t> ids;
   for (;;) {
@@ -496,9 +530,10 @@ absl::StatusOr<std::optional<JobRecord>> StoreReader::GetJob(int64_t id) {
 absl::StatusOr<std::vector<v1::StateChange>> StoreReader::History(int64_t id) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
-  ASSIGN_OR_RETURN(Statement * st,
-                   db->Prepare("SELECT state, time_ms, attempt, reason FROM job_events "
-                               "WHERE job_id=? ORDER BY ev"));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db->Prepare("SELECT state, time_ms, attempt, reason FROM job_events "
+                  "WHERE job_id=? ORDER BY ev"));
   st->Bind(1, id);
   std::vector<v1::StateChange> out;
   for (;;) {
@@ -515,40 +550,44 @@ absl::StatusOr<std::vector<v1::StateChange>> StoreReader::History(int64_t id) {
   return out;
 }
 
-absl::Status StoreReader::ListJobSummaries(const std::vector<v1::JobState>& states,
-                                           int limit, bool newest_first,
-                                           v1::ListJobsReply* out, int64_t sweep_id) {
+absl::Status StoreReader::ListJobSummaries(
+    const std::vector<v1::JobState>& states, int limit, bool newest_first,
+    v1::ListJobsReply* out, int64_t sweep_id) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
   // The spec (for sweep_point) only for one sweep's jobs: at most
   // kMaxSweepJobs rows, where a listing of every job stays lean.
   std::string sql = absl::StrCat(
-      "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, exit_code, reason, "
+      "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, "
+      "exit_code, reason, "
       "name, profile, pool, priority, train_state.progress, sweep_id, ",
       sweep_id != 0 ? "spec" : "NULL",
       " FROM jobs LEFT JOIN train_state ON train_state.job_id = jobs.id");
   std::vector<std::string> where;
   if (!states.empty()) {
-    where.push_back(absl::StrCat(
-        "state IN (",
-        absl::StrJoin(states, ",",
-                      [](std::string* o, v1::JobState s) {
-                        absl::StrAppend(o, static_cast<int>(s));
-                      }),
-        ")"));
+    where.push_back(
+        absl::StrCat("state IN (",
+                     absl::StrJoin(states, ",",
+                                   [](std::string* o, v1::JobState s) {
+                                     absl::StrAppend(o, static_cast<int>(s));
+                                   }),
+                     ")"));
   }
   if (sweep_id != 0) where.push_back(absl::StrCat("sweep_id = ", sweep_id));
-  if (!where.empty()) absl::StrAppend(&sql, " WHERE ", absl::StrJoin(where, " AND "));
+  if (!where.empty())
+    absl::StrAppend(&sql, " WHERE ", absl::StrJoin(where, " AND "));
   absl::StrAppend(&sql, newest_first ? " ORDER BY id DESC" : " ORDER BY id");
   if (limit > 0) absl::StrAppend(&sql, " LIMIT ", limit);
   sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db->raw(), sql.c_str(), -1, &st, nullptr) != SQLITE_OK) {
+  if (sqlite3_prepare_v2(db->raw(), sql.c_str(), -1, &st, nullptr) !=
+      SQLITE_OK) {
     return db->Error("listing jobs");
   }
   Statement owner(nullptr, st);
   auto text = [st](int col) {
-    return absl::string_view(reinterpret_cast<const char*>(sqlite3_column_text(st, col)),
-                             static_cast<size_t>(sqlite3_column_bytes(st, col)));
+    return absl::string_view(
+        reinterpret_cast<const char*>(sqlite3_column_text(st, col)),
+        static_cast<size_t>(sqlite3_column_bytes(st, col)));
   };
   for (;;) {
     int rc = sqlite3_step(st);
@@ -571,7 +610,8 @@ absl::Status StoreReader::ListJobSummaries(const std::vector<v1::JobState>& stat
     spec->set_priority(sqlite3_column_int(st, 12));
     if (int n = sqlite3_column_bytes(st, 13); n > 0) {
       // A damaged row loses only its progress column.
-      (void)job->mutable_progress()->ParseFromArray(sqlite3_column_blob(st, 13), n);
+      (void)job->mutable_progress()->ParseFromArray(sqlite3_column_blob(st, 13),
+                                                    n);
     }
     job->set_sweep_id(sqlite3_column_int64(st, 14));
     if (int n = sqlite3_column_bytes(st, 15); n > 0) {
@@ -584,14 +624,14 @@ absl::Status StoreReader::ListJobSummaries(const std::vector<v1::JobState>& stat
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(int64_t job_id,
-                                                                 int64_t after,
-                                                                 int limit) {
+absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(
+    int64_t job_id, int64_t after, int limit) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
-  ASSIGN_OR_RETURN(Statement * st,
-                   db->Prepare("SELECT n, time_ms, stream, text, attempt, seq FROM diary "
-                               "WHERE job_id=? AND n>? ORDER BY n LIMIT ?"));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db->Prepare("SELECT n, time_ms, stream, text, attempt, seq FROM diary "
+                  "WHERE job_id=? AND n>? ORDER BY n LIMIT ?"));
   st->Bind(1, job_id).Bind(2, after).Bind(3, limit);
   std::vector<v1::DiaryLine> out;
   for (;;) {
@@ -613,7 +653,8 @@ absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(int64_t job_id
 absl::StatusOr<int64_t> StoreReader::DiaryCount(int64_t job_id) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
-  ASSIGN_OR_RETURN(Statement * st, db->Prepare("SELECT COUNT(*) FROM diary WHERE job_id=?"));
+  ASSIGN_OR_RETURN(Statement * st,
+                   db->Prepare("SELECT COUNT(*) FROM diary WHERE job_id=?"));
   ASSIGN_OR_RETURN(bool row, st->Bind(1, job_id).Step());
   int64_t n = row ? st->Int(0) : 0;
   st->Reset();
@@ -626,7 +667,8 @@ absl::StatusOr<TrainState> StoreReader::GetTrainState(int64_t job_id) {
   return ReadTrainState(db.get(), job_id);
 }
 
-absl::StatusOr<std::vector<v1::OutputFile>> StoreReader::Outputs(int64_t job_id) {
+absl::StatusOr<std::vector<v1::OutputFile>> StoreReader::Outputs(
+    int64_t job_id) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
   ASSIGN_OR_RETURN(Statement * st,

@@ -77,7 +77,8 @@ class Store {
   absl::Status PutOutputs(int64_t job_id,
                           const std::vector<v1::OutputFile>& files);
   absl::Status PutProgress(int64_t job_id, const v1::TrainProgress& progress);
-  absl::Status PutCheckpoint(int64_t job_id, const v1::CheckpointStored& checkpoint);
+  absl::Status PutCheckpoint(int64_t job_id,
+                             const v1::CheckpointStored& checkpoint);
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
   absl::StatusOr<int64_t> UpsertWorker(const WorkerRecord& worker);
   absl::Status UpsertProfile(const std::string& name, int max_pool);
@@ -112,9 +113,9 @@ class StoreReader {
   // Summaries (no spec beyond name, profile, pool, priority) straight into
   // `out`, for listings of every job. sweep_id != 0: only that sweep's
   // jobs, with their spec's sweep_point too.
-  absl::Status ListJobSummaries(const std::vector<v1::JobState>& states, int limit,
-                                bool newest_first, v1::ListJobsReply* out,
-                                int64_t sweep_id = 0);
+  absl::Status ListJobSummaries(const std::vector<v1::JobState>& states,
+                                int limit, bool newest_first,
+                                v1::ListJobsReply* out, int64_t sweep_id = 0);
   absl::StatusOr<std::vector<v1::DiaryLine>> ReadDiary(int64_t job_id,
                                                        int64_t after,
                                                        int limit);

@@ -524,7 +524,7 @@ class CudaBackend final : public Backend {
   // Open from StartRecording to FinishRecording (on the recording thread):
   // non-null while recording.
   std::unique_ptr<CaptureErrors> capture_errors_;
-  uint64_t* dropout_key_ = nullptr;           // device: SetDropoutKey's
+  uint64_t* dropout_key_ = nullptr;  // device: SetDropoutKey's
   void* cublas_workspace_ = nullptr;
 };
 

@@ -26,23 +26,24 @@
 
 namespace dlbatch::trainer::gpu {
 
-#define DLBATCH_CUDNN_CHECK(expr)                                        \
-  do {                                                                   \
-    const cudnnStatus_t dlbatch_cudnn_status = (expr);                   \
-    if (dlbatch_cudnn_status != CUDNN_STATUS_SUCCESS) {                  \
-      ::dlbatch::trainer::gpu::Fault(#expr, __FILE__, __LINE__,          \
-                                     cudnnGetErrorString(dlbatch_cudnn_status)); \
-    }                                                                    \
+#define DLBATCH_CUDNN_CHECK(expr)                       \
+  do {                                                  \
+    const cudnnStatus_t dlbatch_cudnn_status = (expr);  \
+    if (dlbatch_cudnn_status != CUDNN_STATUS_SUCCESS) { \
+      ::dlbatch::trainer::gpu::Fault(                   \
+          #expr, __FILE__, __LINE__,                    \
+          cudnnGetErrorString(dlbatch_cudnn_status));   \
+    }                                                   \
   } while (false)
 
-#define DLBATCH_CUBLAS_CHECK(expr)                                       \
-  do {                                                                   \
-    const cublasStatus_t dlbatch_cublas_status = (expr);                 \
-    if (dlbatch_cublas_status != CUBLAS_STATUS_SUCCESS) {                \
-      ::dlbatch::trainer::gpu::Fault(                                    \
-          #expr, __FILE__, __LINE__,                                     \
-          ::dlbatch::trainer::gpu::CublasStatusString(dlbatch_cublas_status));                 \
-    }                                                                    \
+#define DLBATCH_CUBLAS_CHECK(expr)                                             \
+  do {                                                                         \
+    const cublasStatus_t dlbatch_cublas_status = (expr);                       \
+    if (dlbatch_cublas_status != CUBLAS_STATUS_SUCCESS) {                      \
+      ::dlbatch::trainer::gpu::Fault(                                          \
+          #expr, __FILE__, __LINE__,                                           \
+          ::dlbatch::trainer::gpu::CublasStatusString(dlbatch_cublas_status)); \
+    }                                                                          \
   } while (false)
 
 // While one is open on a thread, the return-code checks of that thread
@@ -75,40 +76,40 @@ absl::Status CallError(absl::StatusCode code, const char* what,
                        const char* file, int line, const char* detail);
 
 // While making a kernel or the backend: a failure returns its Status.
-#define DLBATCH_CUDA_RETURN_IF_ERROR(expr)                                   \
-  do {                                                                       \
-    const cudaError_t dlbatch_cuda_error = (expr);                           \
-    if (dlbatch_cuda_error != cudaSuccess) {                                 \
-      return ::dlbatch::trainer::gpu::CallError(                             \
-          absl::StatusCode::kInternal, #expr, __FILE__, __LINE__,            \
-          cudaGetErrorString(dlbatch_cuda_error));                           \
-    }                                                                        \
+#define DLBATCH_CUDA_RETURN_IF_ERROR(expr)                        \
+  do {                                                            \
+    const cudaError_t dlbatch_cuda_error = (expr);                \
+    if (dlbatch_cuda_error != cudaSuccess) {                      \
+      return ::dlbatch::trainer::gpu::CallError(                  \
+          absl::StatusCode::kInternal, #expr, __FILE__, __LINE__, \
+          cudaGetErrorString(dlbatch_cuda_error));                \
+    }                                                             \
   } while (false)
 
 // cuDNN's "not supported" and "bad parameter" say the shape cannot run
 // (InvalidArgument, backend.h); anything else is Internal.
-#define DLBATCH_CUDNN_RETURN_IF_ERROR(expr)                                  \
-  do {                                                                       \
-    const cudnnStatus_t dlbatch_cudnn_status = (expr);                       \
-    if (dlbatch_cudnn_status != CUDNN_STATUS_SUCCESS) {                      \
-      return ::dlbatch::trainer::gpu::CallError(                             \
-          dlbatch_cudnn_status == CUDNN_STATUS_NOT_SUPPORTED ||              \
-                  dlbatch_cudnn_status == CUDNN_STATUS_BAD_PARAM             \
-              ? absl::StatusCode::kInvalidArgument                           \
-              : absl::StatusCode::kInternal,                                 \
-          #expr, __FILE__, __LINE__,                                         \
-          cudnnGetErrorString(dlbatch_cudnn_status));                        \
-    }                                                                        \
+#define DLBATCH_CUDNN_RETURN_IF_ERROR(expr)                      \
+  do {                                                           \
+    const cudnnStatus_t dlbatch_cudnn_status = (expr);           \
+    if (dlbatch_cudnn_status != CUDNN_STATUS_SUCCESS) {          \
+      return ::dlbatch::trainer::gpu::CallError(                 \
+          dlbatch_cudnn_status == CUDNN_STATUS_NOT_SUPPORTED ||  \
+                  dlbatch_cudnn_status == CUDNN_STATUS_BAD_PARAM \
+              ? absl::StatusCode::kInvalidArgument               \
+              : absl::StatusCode::kInternal,                     \
+          #expr, __FILE__, __LINE__,                             \
+          cudnnGetErrorString(dlbatch_cudnn_status));            \
+    }                                                            \
   } while (false)
 
-#define DLBATCH_CUBLAS_RETURN_IF_ERROR(expr)                                 \
-  do {                                                                       \
-    const cublasStatus_t dlbatch_cublas_status = (expr);                     \
-    if (dlbatch_cublas_status != CUBLAS_STATUS_SUCCESS) {                    \
-      return ::dlbatch::trainer::gpu::CallError(                             \
-          absl::StatusCode::kInternal, #expr, __FILE__, __LINE__,            \
-          ::dlbatch::trainer::gpu::CublasStatusString(dlbatch_cublas_status));                     \
-    }                                                                        \
+#define DLBATCH_CUBLAS_RETURN_IF_ERROR(expr)                                   \
+  do {                                                                         \
+    const cublasStatus_t dlbatch_cublas_status = (expr);                       \
+    if (dlbatch_cublas_status != CUBLAS_STATUS_SUCCESS) {                      \
+      return ::dlbatch::trainer::gpu::CallError(                               \
+          absl::StatusCode::kInternal, #expr, __FILE__, __LINE__,              \
+          ::dlbatch::trainer::gpu::CublasStatusString(dlbatch_cublas_status)); \
+    }                                                                          \
   } while (false)
 
 // What every GPU kernel shares with its backend. Owned by the backend;
@@ -142,8 +143,7 @@ struct Context {
 };
 
 // Owner of one cuDNN descriptor.
-template <typename T, cudnnStatus_t (*Create)(T*),
-          cudnnStatus_t (*Destroy)(T)>
+template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
 class CudnnDescriptor {
  public:
   CudnnDescriptor() { DLBATCH_CUDNN_CHECK(Create(&desc_)); }
@@ -178,8 +178,7 @@ absl::Status SetNhwc(const TensorDescriptor& desc, int n, const Shape& shape);
 absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(Context* ctx,
                                                      const ConvDesc& desc,
                                                      int max_batch);
-absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(Context* ctx,
-                                                 Backend* backend,
+absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(Context* ctx, Backend* backend,
                                                  const FcDesc& desc,
                                                  int max_batch);
 absl::StatusOr<std::unique_ptr<PoolKernel>> MakePool(Context* ctx,

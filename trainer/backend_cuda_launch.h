@@ -28,26 +28,25 @@ namespace dlbatch::trainer::gpu {
 // caller goes on (nothing recorded runs, so nothing depends on the call).
 void Fault(const char* what, const char* file, int line, const char* detail);
 
-#define DLBATCH_CUDA_CHECK(expr)                                            \
-  do {                                                                      \
-    const cudaError_t dlbatch_cuda_error = (expr);                          \
-    if (dlbatch_cuda_error != cudaSuccess) {                                \
-      ::dlbatch::trainer::gpu::Fault(#expr, __FILE__, __LINE__,             \
+#define DLBATCH_CUDA_CHECK(expr)                                              \
+  do {                                                                        \
+    const cudaError_t dlbatch_cuda_error = (expr);                            \
+    if (dlbatch_cuda_error != cudaSuccess) {                                  \
+      ::dlbatch::trainer::gpu::Fault(#expr, __FILE__, __LINE__,               \
                                      cudaGetErrorString(dlbatch_cuda_error)); \
-    }                                                                       \
+    }                                                                         \
   } while (false)
 
 // After a kernel launch: a bad configuration shows up here, a fault in the
 // kernel at the next synchronising call.
 // `kernel` is a string literal naming it.
-#define DLBATCH_CUDA_CHECK_LAUNCH(kernel)                                   \
-  do {                                                                      \
-    const cudaError_t dlbatch_cuda_error = cudaGetLastError();              \
-    if (dlbatch_cuda_error != cudaSuccess) {                                \
-      ::dlbatch::trainer::gpu::Fault("launch of " kernel, __FILE__,         \
-                                     __LINE__,                              \
+#define DLBATCH_CUDA_CHECK_LAUNCH(kernel)                                     \
+  do {                                                                        \
+    const cudaError_t dlbatch_cuda_error = cudaGetLastError();                \
+    if (dlbatch_cuda_error != cudaSuccess) {                                  \
+      ::dlbatch::trainer::gpu::Fault("launch of " kernel, __FILE__, __LINE__, \
                                      cudaGetErrorString(dlbatch_cuda_error)); \
-    }                                                                       \
+    }                                                                         \
   } while (false)
 
 // --- element-wise (backend_cuda_kernels.cu) ---
@@ -171,7 +170,6 @@ void LaunchBnForwardInference(cudaStream_t stream, int64_t rows, int c,
                               float epsilon, const float* x, const float* gamma,
                               const float* beta, const float* running_mean,
                               const float* running_var, float* coef, float* y);
-
 
 // --- asymmetric padding (gpu_layer_kernels.cu) ---
 // cuDNN pads symmetrically; these run layers whose `same` padding is not.

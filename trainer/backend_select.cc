@@ -23,28 +23,33 @@ absl::StatusOr<BackendChoice> ChooseBackend(const std::string& environment,
   const std::string env = environment.empty() ? "auto" : environment;
   if (env == "cpu") return c;
   if (env != "auto" && env != "gpu" && env != "multi-gpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.options.execution_environment: '", env, "'; use auto, cpu, gpu or multi-gpu"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.options.execution_environment: '", env,
+                     "'; use auto, cpu, gpu or multi-gpu"));
   }
   const bool want_gpu = env != "auto";
   if (!gpu_backend_built || visible_gpus <= 0) {
     if (!want_gpu) return c;
     return absl::FailedPreconditionError(absl::StrCat(
         "train.options.execution_environment: ", env, " asks for a GPU, but ",
-        gpu_backend_built ? "no CUDA device is visible to this process"
-                          : "this dlbatch-train was built without the GPU backend (CUDA, "
-                            "cuDNN and cuBLAS were not found)",
+        gpu_backend_built
+            ? "no CUDA device is visible to this process"
+            : "this dlbatch-train was built without the GPU backend (CUDA, "
+              "cuDNN and cuBLAS were not found)",
         "; use cpu or auto, or run the job on a worker with GPUs"));
   }
   if (world > 1 && !NcclBuilt()) {
     if (!want_gpu) {
-      c.note = "GPUs are visible, but ranks on GPUs need NCCL, which this dlbatch-train was "
-               "built without: training on the CPU";
+      c.note =
+          "GPUs are visible, but ranks on GPUs need NCCL, which this "
+          "dlbatch-train was "
+          "built without: training on the CPU";
       return c;
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "train.options.execution_environment: ", env, " with ", world,
-        " ranks needs NCCL between the GPUs, which this dlbatch-train was built without; "
+        " ranks needs NCCL between the GPUs, which this dlbatch-train was "
+        "built without; "
         "use a pool of 1 for one GPU, or cpu for data parallelism on CPUs"));
   }
   if (!want_gpu && local_ranks > visible_gpus) {
@@ -58,7 +63,8 @@ absl::StatusOr<BackendChoice> ChooseBackend(const std::string& environment,
   }
   if (local_rank >= visible_gpus) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", local_rank, " of this machine has no GPU: ", visible_gpus, " visible",
+        "rank ", local_rank, " of this machine has no GPU: ", visible_gpus,
+        " visible",
         world > 1 ? "; run at most one rank per GPU on each machine, or use "
                     "execution_environment: cpu"
                   : ""));
@@ -137,8 +143,8 @@ absl::StatusOr<BackendChoice> AgreeOnBackend(const std::string& environment,
   return cpu;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeChosenBackend(const BackendChoice& choice,
-                                                           int threads, bool tf32) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeChosenBackend(
+    const BackendChoice& choice, int threads, bool tf32) {
   if (!choice.gpu) return MakeCpuBackend(threads);
   CudaBackendOptions options;
   options.tf32 = tf32;

@@ -49,8 +49,8 @@ absl::StatusOr<BackendChoice> AgreeOnBackend(const std::string& environment,
                                              absl::Duration timeout);
 
 // The backend of `choice`: oneDNN on `threads` threads, or CUDA.
-absl::StatusOr<std::unique_ptr<Backend>> MakeChosenBackend(const BackendChoice& choice,
-                                                           int threads, bool tf32);
+absl::StatusOr<std::unique_ptr<Backend>> MakeChosenBackend(
+    const BackendChoice& choice, int threads, bool tf32);
 
 // Whether this build has the CUDA backend.
 bool GpuBackendBuilt();

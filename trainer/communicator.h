@@ -26,7 +26,8 @@ namespace dlbatch::trainer {
 class Rendezvous {
  public:
   virtual ~Rendezvous() = default;
-  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  virtual absl::Status Set(const std::string& key,
+                           const std::string& value) = 0;
   // Waits until `key` is set; DeadlineExceeded after `timeout`, naming the
   // key (so a rank that never came is reported, not waited on forever).
   virtual absl::StatusOr<std::string> Get(const std::string& key,

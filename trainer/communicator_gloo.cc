@@ -75,7 +75,9 @@ class RendezvousStore : public gloo::rendezvous::Store {
  public:
   RendezvousStore(Rendezvous* rendezvous, std::string prefix,
                   absl::Duration timeout)
-      : rendezvous_(rendezvous), prefix_(std::move(prefix)), timeout_(timeout) {}
+      : rendezvous_(rendezvous),
+        prefix_(std::move(prefix)),
+        timeout_(timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     Check(rendezvous_->Set(Key(key), std::string(data.begin(), data.end())));
@@ -93,7 +95,8 @@ class RendezvousStore : public gloo::rendezvous::Store {
 
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
-    WaitUntil(keys, absl::Now() + std::min(timeout_, absl::FromChrono(timeout)));
+    WaitUntil(keys,
+              absl::Now() + std::min(timeout_, absl::FromChrono(timeout)));
   }
 
   // The first error the store met, OK if none.
@@ -102,16 +105,19 @@ class RendezvousStore : public gloo::rendezvous::Store {
  private:
   void WaitUntil(const std::vector<std::string>& keys, absl::Time deadline) {
     for (const std::string& key : keys) {
-      absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+      absl::Duration left =
+          std::max(deadline - absl::Now(), absl::ZeroDuration());
       Check(rendezvous_->Get(Key(key), left).status());
     }
   }
 
   std::string Key(const std::string& key) const {
-    const bool is_rank = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
-      return c >= '0' && c <= '9';
-    });
-    return is_rank ? absl::StrCat(prefix_, "addresses_rank_", key) : prefix_ + key;
+    const bool is_rank =
+        !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+          return c >= '0' && c <= '9';
+        });
+    return is_rank ? absl::StrCat(prefix_, "addresses_rank_", key)
+                   : prefix_ + key;
   }
 
   void Check(const absl::Status& status) {
@@ -229,8 +235,8 @@ class GlooCommunicator : public Communicator {
       return bad;
     }
     if (root < 0 || root >= size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "broadcast root ", root, " is not a rank of ", size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", root, " is not a rank of ", size()));
     }
     Drain();
     return Run(absl::StrCat("broadcast of ", count, " floats from rank ", root),
@@ -258,9 +264,9 @@ class GlooCommunicator : public Communicator {
   static absl::Status CheckBuffer(const char* what, const float* data,
                                   int64_t count) {
     if (count < 0 || (count > 0 && data == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " needs a buffer of count >= 0 floats; got count ", count,
-          data == nullptr ? " and no buffer" : ""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " needs a buffer of count >= 0 floats; got count ",
+                       count, data == nullptr ? " and no buffer" : ""));
     }
     return absl::OkStatus();
   }
@@ -324,10 +330,10 @@ class GlooCommunicator : public Communicator {
   template <typename Fn>
   absl::Status Run(const std::string& what, Fn&& fn) {
     if (!broken_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, " on rank ", rank(), " of ", size(),
-          ": the communicator failed earlier and cannot be used: ",
-          broken_.message()));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " on rank ", rank(), " of ", size(),
+                       ": the communicator failed earlier and cannot be used: ",
+                       broken_.message()));
     }
     try {
       fn();
@@ -465,8 +471,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooCommunicatorWith(
   absl::Status joined = rendezvous->Set(
       absl::StrCat("gloo/", *generation, "/member_", rank), host);
   if (!joined.ok()) {
-    return absl::Status(joined.code(), absl::StrCat(where, " joining the rendezvous: ",
-                                                    joined.message()));
+    return absl::Status(
+        joined.code(),
+        absl::StrCat(where, " joining the rendezvous: ", joined.message()));
   }
 
   IgnoreSigpipe();

@@ -274,8 +274,7 @@ class NcclCommunicator final : public Communicator {
         if (absl::Now() > deadline) {
           return absl::DeadlineExceededError(absl::StrCat(
               "NCCL: ", what, " did not finish within ",
-              absl::FormatDuration(timeout_), " on rank ", rank_, " of ",
-              size_,
+              absl::FormatDuration(timeout_), " on rank ", rank_, " of ", size_,
               ": the device waits for an allreduce that a peer never joined "
               "(it died or stopped calling collectives); see its errors"));
         }
@@ -442,7 +441,7 @@ class NcclCommunicator final : public Communicator {
   const absl::Duration timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;  // every collective runs here
-  float* scratch_ = nullptr;  // Barrier's one float, on the device
+  float* scratch_ = nullptr;       // Barrier's one float, on the device
   // The caller's stream (SetComputeStream); null: order by device syncs.
   cudaStream_t compute_stream_ = nullptr;
   cudaEvent_t computed_ = nullptr;  // on compute_stream_, before a collective

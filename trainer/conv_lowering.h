@@ -58,8 +58,8 @@ class ConvLowering {
                   d.stride_w == 1 && d.pad.top == 0 && d.pad.left == 0 &&
                   d.pad.bottom == 0 && d.pad.right == 0) {
     // Rows of a chunk are a product's n or k: an int.
-    int64_t chunk = std::max<int64_t>(1, INT_MAX / std::max<int64_t>(
-                                                       positions_, 1));
+    int64_t chunk =
+        std::max<int64_t>(1, INT_MAX / std::max<int64_t>(positions_, 1));
     if (!identity_) {
       const int64_t sample_bytes =
           positions_ * columns_ * static_cast<int64_t>(sizeof(float));
@@ -109,21 +109,21 @@ class ConvLowering {
   // with A, B, C as named above each.
   // y = patches w^T: A = w, B = patches, C = y.
   MatrixProduct Forward(int samples) const {
-    return {true, false, filters_, Rows(samples), columns_,
-            columns_, columns_, filters_};
+    return {true,     false,    filters_, Rows(samples),
+            columns_, columns_, columns_, filters_};
   }
   // dpatches = dy w: A = w, B = dy, C = dpatches.
   MatrixProduct BackwardData(int samples) const {
-    return {false, false, columns_, Rows(samples), filters_,
-            columns_, filters_, columns_};
+    return {false,    false,    columns_, Rows(samples),
+            filters_, columns_, filters_, columns_};
   }
   // dw (+)= dy^T patches: A = patches, B = dy, C = dw. In groups: each
   // group's product, of `samples` samples per group; group g's A, B and C
   // start g * Rows64(samples) * R, g * Rows64(samples) * K and
   // g * FilterElements() elements in.
   MatrixProduct BackwardWeights(int samples) const {
-    return {false, true, columns_, filters_, Rows(samples),
-            columns_, filters_, columns_};
+    return {false,         true,     columns_, filters_,
+            Rows(samples), columns_, filters_, columns_};
   }
 
  private:

@@ -22,7 +22,7 @@ struct Dataset {
   std::string source;  // the file(s) it came from, for messages
   Shape shape;
   int64_t count = 0;
-  int num_classes = 0;  // largest label + 1
+  int num_classes = 0;          // largest label + 1
   std::vector<uint8_t> pixels;  // count * shape.size()
   std::vector<int32_t> labels;  // count
 };

@@ -58,9 +58,9 @@ class GpuSyncBatchNorm final : public SyncBatchNormKernel {
                         const float* sums, float* y, float* saved_mean,
                         float* saved_var, float* running_mean,
                         float* running_var, float momentum) override {
-    LaunchBnForwardNormalize(ctx_->stream, Rows(n), c_, positions_, epsilon_,
-                             x, gamma, beta, shift, sums, y, saved_mean,
-                             saved_var, running_mean, running_var, momentum,
+    LaunchBnForwardNormalize(ctx_->stream, Rows(n), c_, positions_, epsilon_, x,
+                             gamma, beta, shift, sums, y, saved_mean, saved_var,
+                             running_mean, running_var, momentum,
                              s_.coef.f32());
   }
 
@@ -68,16 +68,15 @@ class GpuSyncBatchNorm final : public SyncBatchNormKernel {
                     const float* saved_mean, const float* saved_var,
                     float* dgamma, float* dbeta, float* sums) override {
     LaunchBnBackwardSums(ctx_->stream, Rows(n), c_, n, epsilon_, x, dy,
-                         saved_mean, saved_var, s_.partial.as<double>(),
-                         dgamma, dbeta, sums);
+                         saved_mean, saved_var, s_.partial.as<double>(), dgamma,
+                         dbeta, sums);
   }
 
   void BackwardData(int n, const float* x, const float* dy, const float* gamma,
                     const float* saved_mean, const float* saved_var,
                     const float* sums, float* dx) override {
-    LaunchBnBackwardData(ctx_->stream, Rows(n), c_, positions_, epsilon_, x,
-                         dy, gamma, saved_mean, saved_var, sums, s_.coef.f32(),
-                         dx);
+    LaunchBnBackwardData(ctx_->stream, Rows(n), c_, positions_, epsilon_, x, dy,
+                         gamma, saved_mean, saved_var, sums, s_.coef.f32(), dx);
   }
 
   // For the plain kernel.

@@ -103,14 +103,11 @@ __global__ void FinishSumsKernel(int c, int chunks, int n, float epsilon,
 
 // A thread per channel, from the totals: mean and biased variance, the
 // running statistics moved toward them, and coef[ch] = gamma / std.
-__global__ void ForwardStatsKernel(int c, int64_t positions, float epsilon,
-                                   const float* __restrict__ gamma,
-                                   const float* shift, const float* sums,
-                                   float* __restrict__ saved_mean,
-                                   float* __restrict__ saved_var,
-                                   float* running_mean,
-                                   float* __restrict__ running_var,
-                                   float momentum, float* __restrict__ coef) {
+__global__ void ForwardStatsKernel(
+    int c, int64_t positions, float epsilon, const float* __restrict__ gamma,
+    const float* shift, const float* sums, float* __restrict__ saved_mean,
+    float* __restrict__ saved_var, float* running_mean,
+    float* __restrict__ running_var, float momentum, float* __restrict__ coef) {
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= c) return;
   const double m = static_cast<double>(sums[2 * c]) * positions;
@@ -120,8 +117,8 @@ __global__ void ForwardStatsKernel(int c, int64_t positions, float epsilon,
   coef[ch] = static_cast<float>(gamma[ch] / sqrt(var + epsilon));
   saved_mean[ch] = static_cast<float>(mean);
   saved_var[ch] = static_cast<float>(var);
-  running_mean[ch] = (1 - momentum) * running_mean[ch] +
-                     momentum * static_cast<float>(mean);
+  running_mean[ch] =
+      (1 - momentum) * running_mean[ch] + momentum * static_cast<float>(mean);
   running_var[ch] =
       (1 - momentum) * running_var[ch] + momentum * static_cast<float>(var);
 }
@@ -163,7 +160,8 @@ __global__ void BackwardCoefficientsKernel(int c, int64_t positions,
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= c) return;
   const double m = static_cast<double>(sums[2 * c]) * positions;
-  const double inv_std = 1.0 / sqrt(static_cast<double>(saved_var[ch]) + epsilon);
+  const double inv_std =
+      1.0 / sqrt(static_cast<double>(saved_var[ch]) + epsilon);
   const double a = gamma[ch] * inv_std;
   coef[ch] = static_cast<float>(a);
   coef[c + ch] = static_cast<float>(-a * inv_std * sums[ch] / m);
@@ -179,14 +177,13 @@ __global__ void BackwardDataKernel(int64_t count, int c,
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int ch = static_cast<int>(i % c);
-    dx[i] = coef[ch] * dy[i] + coef[c + ch] * (x[i] - mean[ch]) +
-            coef[2 * c + ch];
+    dx[i] =
+        coef[ch] * dy[i] + coef[c + ch] * (x[i] - mean[ch]) + coef[2 * c + ch];
   }
 }
 
-void LaunchChannelSums(cudaStream_t stream, int64_t rows, int c,
-                       const float* x, const float* dy, const float* center,
-                       double* partial) {
+void LaunchChannelSums(cudaStream_t stream, int64_t rows, int c, const float* x,
+                       const float* dy, const float* center, double* partial) {
   const dim3 grid((c + kChannelTile - 1) / kChannelTile, Chunks(rows));
   const dim3 block(kChannelTile, kRowLanes);
   ChannelSumsKernel<<<grid, block, 0, stream>>>(rows, c, Chunks(rows), x, dy,
@@ -221,9 +218,8 @@ void LaunchBnForwardNormalize(cudaStream_t stream, int64_t rows, int c,
       running_mean, running_var, momentum, coef);
   DLBATCH_CUDA_CHECK_LAUNCH("ForwardStatsKernel");
   const int64_t count = rows * c;
-  NormalizeKernel<<<Blocks(count), kThreads, 0, stream>>>(count, c, x,
-                                                          saved_mean, coef,
-                                                          beta, y);
+  NormalizeKernel<<<Blocks(count), kThreads, 0, stream>>>(
+      count, c, x, saved_mean, coef, beta, y);
   DLBATCH_CUDA_CHECK_LAUNCH("NormalizeKernel");
 }
 
@@ -253,9 +249,8 @@ void LaunchBnBackwardData(cudaStream_t stream, int64_t rows, int c,
 }
 
 void LaunchBnForwardInference(cudaStream_t stream, int64_t rows, int c,
-                              float epsilon, const float* x,
-                              const float* gamma, const float* beta,
-                              const float* running_mean,
+                              float epsilon, const float* x, const float* gamma,
+                              const float* beta, const float* running_mean,
                               const float* running_var, float* coef, float* y) {
   InferenceStatsKernel<<<ChannelBlocks(c), kThreads, 0, stream>>>(
       c, epsilon, gamma, running_var, coef);

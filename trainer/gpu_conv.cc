@@ -125,8 +125,8 @@ class GpuConv final : public ConvKernel {
           absl::StrCat(name_, ": negative padding"));
     }
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(
-        filter_.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, d_.filters,
-        d_.in.c, d_.kh, d_.kw));
+        filter_.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, d_.filters, d_.in.c,
+        d_.kh, d_.kw));
     // Padded: cuDNN sees the padded copy (x_shape_) and pads nothing.
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
         conv_.get(), padded_ ? 0 : d_.pad.top, padded_ ? 0 : d_.pad.left,
@@ -138,8 +138,8 @@ class GpuConv final : public ConvKernel {
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(
         &bias_partial_, sizeof(double) * kBiasGradMaxChunks * d_.filters));
     if (padded_) {
-      DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(
-          &scratch_, sizeof(float) * max_batch * x_shape_.size()));
+      DLBATCH_CUDA_RETURN_IF_ERROR(
+          cudaMalloc(&scratch_, sizeof(float) * max_batch * x_shape_.size()));
     }
     int n = 0, c = 0, h = 0, w = 0;
     TensorDescriptor x;
@@ -147,9 +147,9 @@ class GpuConv final : public ConvKernel {
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnGetConvolution2dForwardOutputDim(
         conv_.get(), x.get(), filter_.get(), &n, &c, &h, &w));
     if (c != d_.filters || h != d_.out.h || w != d_.out.w) {
-      return absl::InternalError(absl::StrCat(
-          name_, ": cuDNN computes an output of [", h, ", ", w, ", ", c,
-          "], not ", d_.out.ToString()));
+      return absl::InternalError(
+          absl::StrCat(name_, ": cuDNN computes an output of [", h, ", ", w,
+                       ", ", c, "], not ", d_.out.ToString()));
     }
     absl::StatusOr<Plan*> plan = MakePlan(max_batch);
     return plan.status();

@@ -80,8 +80,7 @@ class GpuFc final : public FcKernel {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(Context* ctx,
-                                                 Backend* backend,
+absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(Context* ctx, Backend* backend,
                                                  const FcDesc& desc,
                                                  int max_batch) {
   if (desc.in < 1 || desc.in > INT_MAX || desc.units < 1 || max_batch < 1) {

@@ -52,7 +52,7 @@ bool FitsInt32(int64_t count) { return count <= INT32_MAX; }
 // Launches kernel<int32_t> where every index fits (FitsInt32(largest), the
 // element count of the kernel's largest array), else kernel<int64_t>, on
 // Blocks(count) x kThreads, and checks the launch.
-#define DLBATCH_LAUNCH_INDEXED(kernel, largest, count, stream, ...)          \
+#define DLBATCH_LAUNCH_INDEXED(kernel, largest, count, stream, ...)         \
   do {                                                                      \
     if (FitsInt32(largest)) {                                               \
       kernel<int32_t><<<Blocks(count), kThreads, 0, stream>>>(__VA_ARGS__); \

@@ -51,15 +51,15 @@ class GpuPool final : public PoolKernel {
         return absl::InvalidArgumentError(
             absl::StrCat(name_, ": a window, stride or padding out of range"));
       }
-      const int oh = (d_.in.h + d_.pad.top + d_.pad.bottom - d_.kh) /
-                         d_.stride_h + 1;
-      const int ow = (d_.in.w + d_.pad.left + d_.pad.right - d_.kw) /
-                         d_.stride_w + 1;
+      const int oh =
+          (d_.in.h + d_.pad.top + d_.pad.bottom - d_.kh) / d_.stride_h + 1;
+      const int ow =
+          (d_.in.w + d_.pad.left + d_.pad.right - d_.kw) / d_.stride_w + 1;
       if (d_.out.h != oh || d_.out.w != ow || d_.out.c != d_.in.c) {
         return absl::InvalidArgumentError(absl::StrCat(
             name_, ": padding ", d_.pad.top, ",", d_.pad.left, ",",
-            d_.pad.bottom, ",", d_.pad.right, " gives an output of [", oh,
-            ", ", ow, ", ", d_.in.c, "], not ", d_.out.ToString()));
+            d_.pad.bottom, ",", d_.pad.right, " gives an output of [", oh, ", ",
+            ow, ", ", d_.in.c, "], not ", d_.out.ToString()));
       }
       return absl::OkStatus();
     }
@@ -76,9 +76,9 @@ class GpuPool final : public PoolKernel {
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnGetPooling2dForwardOutputDim(
         pool_.get(), (*t)->x.get(), &n, &c, &h, &w));
     if (c != d_.out.c || h != d_.out.h || w != d_.out.w) {
-      return absl::InternalError(absl::StrCat(
-          name_, ": cuDNN computes an output of [", h, ", ", w, ", ", c,
-          "], not ", d_.out.ToString()));
+      return absl::InternalError(
+          absl::StrCat(name_, ": cuDNN computes an output of [", h, ", ", w,
+                       ", ", c, "], not ", d_.out.ToString()));
     }
     return absl::OkStatus();
   }
@@ -96,9 +96,9 @@ class GpuPool final : public PoolKernel {
     if (direct_) {
       CheckBatch(n);
       LaunchPoolPaddedForward(
-          ctx_->stream, d_.kind == PoolKind::kMax, n, d_.in.h, d_.in.w,
-          d_.in.c, d_.kh, d_.kw, d_.stride_h, d_.stride_w, d_.pad.top,
-          d_.pad.left, d_.out.h, d_.out.w, x, y,
+          ctx_->stream, d_.kind == PoolKind::kMax, n, d_.in.h, d_.in.w, d_.in.c,
+          d_.kh, d_.kw, d_.stride_h, d_.stride_w, d_.pad.top, d_.pad.left,
+          d_.out.h, d_.out.w, x, y,
           d_.kind == PoolKind::kMax ? static_cast<int32_t*>(workspace)
                                     : nullptr);
       return;
@@ -124,10 +124,9 @@ class GpuPool final : public PoolKernel {
             "backward without the argmax a training forward records");
       }
       LaunchPoolPaddedBackward(
-          ctx_->stream, d_.kind == PoolKind::kMax, n, d_.in.h, d_.in.w,
-          d_.in.c, d_.kh, d_.kw, d_.stride_h, d_.stride_w, d_.pad.top,
-          d_.pad.left, d_.out.h, d_.out.w,
-          static_cast<const int32_t*>(workspace), dy, dx);
+          ctx_->stream, d_.kind == PoolKind::kMax, n, d_.in.h, d_.in.w, d_.in.c,
+          d_.kh, d_.kw, d_.stride_h, d_.stride_w, d_.pad.top, d_.pad.left,
+          d_.out.h, d_.out.w, static_cast<const int32_t*>(workspace), dy, dx);
       return;
     }
     if (tiled_) {
@@ -135,10 +134,9 @@ class GpuPool final : public PoolKernel {
         Die(name_.c_str(), __FILE__, __LINE__,
             "backward without the argmax a training forward records");
       }
-      LaunchMaxPoolTiledBackward(ctx_->stream, n, d_.in.h, d_.in.w, d_.in.c,
-                                 d_.kh, d_.kw, d_.out.h, d_.out.w,
-                                 static_cast<const uint8_t*>(workspace), dy,
-                                 dx);
+      LaunchMaxPoolTiledBackward(
+          ctx_->stream, n, d_.in.h, d_.in.w, d_.in.c, d_.kh, d_.kw, d_.out.h,
+          d_.out.w, static_cast<const uint8_t*>(workspace), dy, dx);
       return;
     }
     Tensors& t = TensorsFor(n);

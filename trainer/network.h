@@ -86,7 +86,7 @@ class Network {
   virtual float* params() = 0;  // device, num_params() floats
   virtual float* grads() = 0;   // device, num_params() floats
   virtual int64_t state_size() const = 0;
-  virtual float* state() = 0;   // device, state_size() floats
+  virtual float* state() = 0;  // device, state_size() floats
 
   // Initialises parameters as the frameworks do, reproducibly from `seed`
   // and identically on every backend: weights of a conv/fc followed (after

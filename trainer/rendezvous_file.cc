@@ -49,7 +49,8 @@ std::string MissingRankHint(const std::string& key) {
     ++digits;
   }
   size_t end = digits;
-  while (end < key.size() && std::isdigit(static_cast<unsigned char>(key[end]))) {
+  while (end < key.size() &&
+         std::isdigit(static_cast<unsigned char>(key[end]))) {
     ++end;
   }
   if (end == digits || end != key.size()) return "";
@@ -82,14 +83,14 @@ class FileRendezvous : public Rendezvous {
       if (value.ok() || !absl::IsNotFound(value.status())) return value;
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) break;
-      std::this_thread::sleep_for(absl::ToChronoNanoseconds(std::min(pause, left)));
+      std::this_thread::sleep_for(
+          absl::ToChronoNanoseconds(std::min(pause, left)));
       pause = std::min(pause * 2, kLongestPoll);
     }
     return absl::DeadlineExceededError(absl::StrCat(
         "rendezvous key '", key, "' was not set within ",
         absl::FormatDuration(absl::Ceil(timeout, absl::Milliseconds(1))),
-        " in folder ", dir_,
-        MissingRankHint(key)));
+        " in folder ", dir_, MissingRankHint(key)));
   }
 
  private:

@@ -72,9 +72,9 @@ class SchedulerRendezvous final : public Rendezvous {
         continue;
       }
       if (s.code() != absl::StatusCode::kNotFound) {
-        return Annotate(s, absl::StrCat("reading rendezvous key '", key,
-                                        "' at the scheduler ",
-                                        config_.address));
+        return Annotate(s,
+                        absl::StrCat("reading rendezvous key '", key,
+                                     "' at the scheduler ", config_.address));
       }
     }
     return absl::DeadlineExceededError(absl::StrCat(

@@ -23,7 +23,9 @@ struct Shape {
   int64_t size() const { return int64_t{h} * w * c; }
   bool operator==(const Shape&) const = default;
   // "[28, 28, 1]", in the job file's order.
-  std::string ToString() const { return absl::StrCat("[", h, ", ", w, ", ", c, "]"); }
+  std::string ToString() const {
+    return absl::StrCat("[", h, ", ", w, ", ", c, "]");
+  }
 };
 
 }  // namespace dlbatch::trainer

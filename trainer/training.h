@@ -52,8 +52,8 @@ struct TrainRequest {
   // that every rank computes alike and a resume continues bit for bit.
   // Optional (one rank needs none); not owned.
   Rendezvous* rendezvous = nullptr;
-  ProgressChannel* progress = nullptr;   // optional; not owned
-  std::FILE* diary = stdout;             // the human output (rank 0 only)
+  ProgressChannel* progress = nullptr;  // optional; not owned
+  std::FILE* diary = stdout;            // the human output (rank 0 only)
 };
 
 struct TrainResult {
@@ -71,7 +71,7 @@ struct TrainResult {
   // This process's first step, waited for on the device; part of
   // train_time_s. None where the process ran no step.
   std::optional<double> first_step_s;
-  double train_loss = 0;    // last mini-batch
+  double train_loss = 0;  // last mini-batch
   double train_accuracy = 0;
   std::optional<double> validation_loss;  // final, whole validation set
   std::optional<double> validation_accuracy;

@@ -45,28 +45,40 @@ int main(int argc, char** argv) {
   bool no_gpus = false;
   bool keep = false;
   std::string trainer, host_address;
-  CLI::App app{"dlbatch-worker: runs the jobs a dlbatch scheduler places on this machine"};
-  app.add_option("--scheduler", scheduler,
-                 "Scheduler address, unix:PATH or HOST:PORT (or DLBATCH_SCHEDULER)");
-  app.add_option("--profile", profile, "Profile to join")->capture_default_str();
-  app.add_option("--work-dir", work_dir, "Folder for the jobs' working folders")->required();
-  app.add_option("--name", name,
-                 "Stable worker name (default: host name and a hash of the work folder)");
+  CLI::App app{
+      "dlbatch-worker: runs the jobs a dlbatch scheduler places on this "
+      "machine"};
+  app.add_option(
+      "--scheduler", scheduler,
+      "Scheduler address, unix:PATH or HOST:PORT (or DLBATCH_SCHEDULER)");
+  app.add_option("--profile", profile, "Profile to join")
+      ->capture_default_str();
+  app.add_option("--work-dir", work_dir, "Folder for the jobs' working folders")
+      ->required();
+  app.add_option(
+      "--name", name,
+      "Stable worker name (default: host name and a hash of the work folder)");
   app.add_option("--cpu-slots", cpu_slots,
-                 "CPU slots to offer when no GPU is used (default: the number of cores)")
+                 "CPU slots to offer when no GPU is used (default: the number "
+                 "of cores)")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--no-gpus", no_gpus,
-               "Offer CPU slots even where GPUs are found (to offer some of the GPUs, "
-               "start the worker under CUDA_VISIBLE_DEVICES naming them)");
-  app.add_option("--token-file", token_file,
-                 "File holding the scheduler's token (or DLBATCH_TOKEN); TCP only");
-  app.add_flag("--keep-job-dirs", keep, "Keep each job's working folder after it ends");
-  app.add_option("--trainer", trainer,
-                 "The dlbatch-train program for train: jobs (default: the one next to "
-                 "this program)");
-  app.add_option("--host", host_address,
-                 "Address the ranks of a job spread over workers reach this worker's "
-                 "ranks at (default: the host name)");
+  app.add_flag(
+      "--no-gpus", no_gpus,
+      "Offer CPU slots even where GPUs are found (to offer some of the GPUs, "
+      "start the worker under CUDA_VISIBLE_DEVICES naming them)");
+  app.add_option(
+      "--token-file", token_file,
+      "File holding the scheduler's token (or DLBATCH_TOKEN); TCP only");
+  app.add_flag("--keep-job-dirs", keep,
+               "Keep each job's working folder after it ends");
+  app.add_option(
+      "--trainer", trainer,
+      "The dlbatch-train program for train: jobs (default: the one next to "
+      "this program)");
+  app.add_option(
+      "--host", host_address,
+      "Address the ranks of a job spread over workers reach this worker's "
+      "ranks at (default: the host name)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
 
@@ -85,22 +97,26 @@ int main(int argc, char** argv) {
     options.channel.token = env;
   }
   if (!endpoint->is_unix && options.channel.token.empty()) {
-    return Fail(absl::StrCat("a TCP scheduler (", scheduler,
-                             ") needs its token: pass --token-file STATE_DIR/token or set "
-                             "DLBATCH_TOKEN"));
+    return Fail(absl::StrCat(
+        "a TCP scheduler (", scheduler,
+        ") needs its token: pass --token-file STATE_DIR/token or set "
+        "DLBATCH_TOKEN"));
   }
   if (auto s = dlbatch::MakeDirs(work_dir + "/jobs", 0700); !s.ok()) {
     return Fail(std::string(s.message()));
   }
   work_dir = std::filesystem::absolute(work_dir).lexically_normal().string();
-  int lock_fd = ::open((work_dir + "/worker.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  int lock_fd = ::open((work_dir + "/worker.lock").c_str(),
+                       O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    return Fail(absl::StrCat("another worker uses ", work_dir, "; give each its own --work-dir"));
+    return Fail(absl::StrCat("another worker uses ", work_dir,
+                             "; give each its own --work-dir"));
   }
   // Jobs a previous run of this worker left behind are stale now: their
   // attempts were requeued when it was lost.
   if (int n = dlbatch::worker::KillProcessesUnder(work_dir + "/jobs"); n > 0) {
-    spdlog::warn("killed {} process(es) of jobs a previous worker left behind", n);
+    spdlog::warn("killed {} process(es) of jobs a previous worker left behind",
+                 n);
   }
   (void)dlbatch::RemoveTree(work_dir + "/jobs");
   (void)dlbatch::MakeDirs(work_dir + "/jobs", 0700);
@@ -116,22 +132,27 @@ int main(int argc, char** argv) {
                   .string();
   }
   if (::access(trainer.c_str(), X_OK) != 0) {
-    spdlog::warn("{} is not an executable; train: jobs will fail until it is (--trainer)",
-                 trainer);
+    spdlog::warn(
+        "{} is not an executable; train: jobs will fail until it is "
+        "(--trainer)",
+        trainer);
   }
   options.trainer = trainer;
-  options.name = name.empty()
-                     ? absl::StrCat(host, "-", dlbatch::Sha256Hex(work_dir).substr(0, 8))
-                     : name;
+  options.name =
+      name.empty()
+          ? absl::StrCat(host, "-", dlbatch::Sha256Hex(work_dir).substr(0, 8))
+          : name;
   options.profile = profile;
   options.work_dir = work_dir;
   options.keep_job_dirs = keep;
   std::string note;
-  if (!no_gpus && cpu_slots == 0) options.devices = dlbatch::worker::DiscoverGpus(&note);
+  if (!no_gpus && cpu_slots == 0)
+    options.devices = dlbatch::worker::DiscoverGpus(&note);
   if (options.devices.empty()) {
     int slots = cpu_slots > 0 ? cpu_slots : dlbatch::worker::UsableCores();
     options.devices = dlbatch::worker::CpuSlots(slots);
-    spdlog::info("offering {} CPU slots{}", slots, note.empty() ? "" : " (" + note + ")");
+    spdlog::info("offering {} CPU slots{}", slots,
+                 note.empty() ? "" : " (" + note + ")");
   } else {
     spdlog::info("offering {} GPUs{}", options.devices.size(),
                  note.empty() ? "" : " (" + note + ")");

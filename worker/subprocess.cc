@@ -112,7 +112,8 @@ void CloseDescriptorsFromExcept(int first, int keep) {
   auto close_range_sys = [](unsigned lo, unsigned hi) {
     return lo > hi || syscall(SYS_close_range, lo, hi, 0u) == 0;
   };
-  if (close_range_sys(static_cast<unsigned>(first), static_cast<unsigned>(keep) - 1) &&
+  if (close_range_sys(static_cast<unsigned>(first),
+                      static_cast<unsigned>(keep) - 1) &&
       close_range_sys(static_cast<unsigned>(keep) + 1, ~0u)) {
     return;
   }
@@ -163,7 +164,8 @@ void CloseDescriptorsFromExcept(int first, int keep) {
   if (plan.parent != 0) {
     // Killed with the thread that started it; and if the parent died
     // before this line, go now.
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) ChildFail(fail_fd, kStageSetup, errno);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
+      ChildFail(fail_fd, kStageSetup, errno);
     if (getppid() != plan.parent) _exit(128 + SIGKILL);
   }
 
@@ -374,7 +376,8 @@ int KillProcessesUnder(const std::string& dir) {
   while (struct dirent* e = readdir(proc)) {
     char* end = nullptr;
     long pid = strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || pid <= 1 || pid == getpid()) continue;
+    if (end == e->d_name || *end != '\0' || pid <= 1 || pid == getpid())
+      continue;
     char link[64];
     snprintf(link, sizeof link, "/proc/%ld/cwd", pid);
     char cwd[4096];
@@ -392,12 +395,12 @@ int KillProcessesUnder(const std::string& dir) {
 
 struct SubprocessSet::Proc {
   Key key = 0;
-  pid_t pid = -1;         // the leader; also the process group id
-  int pidfd = -1;         // readable once the leader exits; -1 if unsupported
+  pid_t pid = -1;  // the leader; also the process group id
+  int pidfd = -1;  // readable once the leader exits; -1 if unsupported
   // stdout, stderr and channel read ends; -1 once at EOF (or never opened).
   int fds[kStreams] = {-1, -1, -1};
   bool would_block[kStreams] = {};  // last ReadPipe stopped at EAGAIN
-  std::string partial[kStreams];  // bytes after the last '\n', at most max+1
+  std::string partial[kStreams];    // bytes after the last '\n', at most max+1
   size_t max_line_bytes = 0;
   int64_t linger_ms = 0;
 
@@ -482,8 +485,9 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
         errno, absl::StrCat("cannot run '", program, "': opening /dev/null"));
   }
   int fds[2];
-  for (auto [r, w] : {std::pair{&out_r, &out_w}, std::pair{&err_r, &err_w},
-                      std::pair{&chan_r, &chan_w}, std::pair{&fail_r, &fail_w}}) {
+  for (auto [r, w] :
+       {std::pair{&out_r, &out_w}, std::pair{&err_r, &err_w},
+        std::pair{&chan_r, &chan_w}, std::pair{&fail_r, &fail_w}}) {
     if (r == &chan_r && !options.channel) continue;
     if (pipe2(fds, O_CLOEXEC) != 0) {
       return absl::ErrnoToStatus(

@@ -51,11 +51,11 @@ struct OutputLine {
 };
 
 struct ExitInfo {
-  bool exited = false;   // normal exit (exit_code valid)
+  bool exited = false;  // normal exit (exit_code valid)
   int exit_code = -1;
-  int term_signal = 0;   // signal that killed the leader, or 0
+  int term_signal = 0;              // signal that killed the leader, or 0
   bool killed_after_grace = false;  // SIGKILL was needed
-  int leftover_killed = 0;  // processes killed after the leader exited
+  int leftover_killed = 0;          // processes killed after the leader exited
   std::string Describe() const;  // "exit code 3", "killed by signal 9 (Killed)"
 };
 

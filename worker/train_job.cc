@@ -1,7 +1,6 @@
 #include "worker/train_job.h"
 
 #include <algorithm>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -10,36 +9,27 @@
 
 namespace dlbatch::worker {
 
-absl::Status PrepareTrainCommand(const v1::StartJob& start, const TrainLaunch& launch,
+absl::Status PrepareTrainCommand(const v1::StartJob& start,
+                                 const TrainLaunch& launch,
                                  SubprocessOptions* sp) {
-  const std::string spec_path = absl::StrCat(launch.job_dir, "/", kTrainSpecFile);
+  const std::string spec_path =
+      absl::StrCat(launch.job_dir, "/", kTrainSpecFile);
   RETURN_IF_ERROR(WriteFileAtomic(spec_path, start.spec().SerializeAsString()));
   const int ranks = std::max(1, start.devices_size());
   const int world = std::max(ranks, start.pool());
-  sp->argv = {launch.trainer,
-              spec_path,
-              "--spec-binary",
-              "--output-dir",
-              launch.output_dir,
-              "--progress",
-              "fd:3",
-              "--ranks",
-              absl::StrCat(ranks),
-              "--first-rank",
-              absl::StrCat(start.first_rank()),
-              "--world",
-              absl::StrCat(world),
+  sp->argv = {launch.trainer, spec_path, "--spec-binary", "--output-dir",
+              launch.output_dir, "--progress", "fd:3", "--ranks",
+              absl::StrCat(ranks), "--first-rank",
+              absl::StrCat(start.first_rank()), "--world", absl::StrCat(world),
               // A CPU slot is a core: one thread per rank.
-              "--threads",
-              "1",
-              "--host",
-              launch.host};
+              "--threads", "1", "--host", launch.host};
   if (launch.resume) sp->argv.push_back("--resume");
   sp->cwd = launch.job_dir;
   sp->channel = true;
   if (world > 1) {
     sp->env.emplace_back("DLBATCH_RENDEZVOUS", launch.rendezvous);
-    sp->env.emplace_back("DLBATCH_RENDEZVOUS_SECRET", start.rendezvous_secret());
+    sp->env.emplace_back("DLBATCH_RENDEZVOUS_SECRET",
+                         start.rendezvous_secret());
   }
   return absl::OkStatus();
 }
@@ -47,8 +37,10 @@ absl::Status PrepareTrainCommand(const v1::StartJob& start, const TrainLaunch& l
 ChannelEvent ApplyChannelLine(const std::string& line, int64_t now_ms,
                               v1::TrainProgress* p) {
   ChannelEvent event;
-  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("event") || !j["event"].is_string()) return event;
+  nlohmann::json j =
+      nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("event") || !j["event"].is_string())
+    return event;
   auto num = [&](const char* key, double fallback) {
     auto it = j.find(key);
     return it != j.end() && it->is_number() ? it->get<double>() : fallback;

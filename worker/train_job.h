@@ -22,17 +22,18 @@ inline constexpr const char* kCheckpointFiles[] = {"checkpoint.dlbc",
                                                    "training_history.csv"};
 
 struct TrainLaunch {
-  std::string trainer;      // the dlbatch-train executable
-  std::string job_dir;      // the job's working folder (attachments there)
-  std::string output_dir;   // job_dir/output
-  std::string rendezvous;   // the scheduler's address, absolute for unix:
-  std::string host;         // address this worker's ranks listen on
-  bool resume = false;      // a stored checkpoint was laid out in output_dir
+  std::string trainer;     // the dlbatch-train executable
+  std::string job_dir;     // the job's working folder (attachments there)
+  std::string output_dir;  // job_dir/output
+  std::string rendezvous;  // the scheduler's address, absolute for unix:
+  std::string host;        // address this worker's ranks listen on
+  bool resume = false;     // a stored checkpoint was laid out in output_dir
 };
 
 // Writes the spec where the trainer reads it and fills `sp` (argv, cwd,
 // env, the progress channel) to run the part's ranks: one per device.
-absl::Status PrepareTrainCommand(const v1::StartJob& start, const TrainLaunch& launch,
+absl::Status PrepareTrainCommand(const v1::StartJob& start,
+                                 const TrainLaunch& launch,
                                  SubprocessOptions* sp);
 
 // What one line of the trainer's progress channel says.

@@ -15,9 +15,9 @@
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "spdlog/spdlog.h"
 #include "worker/devices.h"
 #include "worker/train_job.h"
-#include "spdlog/spdlog.h"
 
 namespace dlbatch::worker {
 namespace {
@@ -38,11 +38,13 @@ Worker::Worker(WorkerOptions options, const Clock* clock)
   link_ = v1::WorkerLink::NewStub(channel_);
   blobs_ = v1::Scheduler::NewStub(channel_);
   subprocesses_ = std::make_unique<SubprocessSet>(
-      clock_, [this](int64_t key, const OutputLine& line) { OnLine(key, line); },
+      clock_,
+      [this](int64_t key, const OutputLine& line) { OnLine(key, line); },
       [this](int64_t key, const ExitInfo& info) { OnExit(key, info); });
   threads_.emplace_back([this] { SendLoop(); });
   threads_.emplace_back([this] { JobsLoop(); });
-  for (int i = 0; i < kTransferThreads; ++i) threads_.emplace_back([this] { TransferLoop(); });
+  for (int i = 0; i < kTransferThreads; ++i)
+    threads_.emplace_back([this] { TransferLoop(); });
 }
 
 Worker::~Worker() {
@@ -80,11 +82,14 @@ absl::Status Worker::Run() {
       std::unique_lock<std::mutex> lock(mu_);
       if (stopping_) return absl::OkStatus();
       spdlog::warn("scheduler at {}: {}; reconnecting in {} ms",
-                   options_.channel.endpoint.original, s.ToString(), backoff_ms);
-      cv_.wait_for(lock, std::chrono::milliseconds(backoff_ms), [this] { return stopping_; });
+                   options_.channel.endpoint.original, s.ToString(),
+                   backoff_ms);
+      cv_.wait_for(lock, std::chrono::milliseconds(backoff_ms),
+                   [this] { return stopping_; });
     }
     backoff_ms = std::min<int64_t>(backoff_ms * 2, 2000);
-    if (s.ok()) backoff_ms = 100;  // a session that registered resets the backoff
+    if (s.ok())
+      backoff_ms = 100;  // a session that registered resets the backoff
   }
 }
 
@@ -116,7 +121,8 @@ absl::Status Worker::Session() {
   v1::SchedulerMessage reply;
   if (!stream->Write(hello) || !stream->Read(&reply)) {
     result = FromGrpcStatus(stream->Finish());
-    if (result.ok()) result = absl::UnavailableError("the stream closed at once");
+    if (result.ok())
+      result = absl::UnavailableError("the stream closed at once");
     std::lock_guard<std::mutex> lock(mu_);
     context_ = nullptr;
     return result;
@@ -129,9 +135,10 @@ absl::Status Worker::Session() {
     return absl::FailedPreconditionError(
         absl::StrCat("the scheduler refused this worker: ", reply.refused()));
   }
-  spdlog::info("registered with {} as worker #{} '{}' in profile '{}' ({} slots)",
-               options_.channel.endpoint.original, reply.registered().worker_id(),
-               options_.name, options_.profile, options_.devices.size());
+  spdlog::info(
+      "registered with {} as worker #{} '{}' in profile '{}' ({} slots)",
+      options_.channel.endpoint.original, reply.registered().worker_id(),
+      options_.name, options_.profile, options_.devices.size());
   {
     std::lock_guard<std::mutex> wlock(write_mu_);
     stream_ = stream.get();
@@ -140,9 +147,11 @@ absl::Status Worker::Session() {
     std::lock_guard<std::mutex> lock(mu_);
     connected_ = true;
     dirty_ = true;
-    heartbeat_ms_ = std::max<int64_t>(50, reply.registered().heartbeat_interval_ms());
+    heartbeat_ms_ =
+        std::max<int64_t>(50, reply.registered().heartbeat_interval_ms());
     for (auto& [key, job] : jobs_) {
-      job.sent_seq = job.unacked.empty() ? job.next_seq : job.unacked.front().seq() - 1;
+      job.sent_seq =
+          job.unacked.empty() ? job.next_seq : job.unacked.front().seq() - 1;
       job.ended_sent = false;
       job.progress_unsent = job.progress.time_ms() > 0;
       job.checkpoint_unsent = job.checkpoint.has_value();
@@ -168,7 +177,8 @@ absl::Status Worker::Session() {
   result = FromGrpcStatus(stream->Finish());
   std::lock_guard<std::mutex> lock(mu_);
   context_ = nullptr;
-  if (result.ok()) return absl::UnavailableError("the scheduler closed the stream");
+  if (result.ok())
+    return absl::UnavailableError("the scheduler closed the stream");
   // A registered session that broke is a transient failure whatever its code.
   if (!Retryable(result)) result = absl::UnavailableError(result.message());
   return result;
@@ -216,61 +226,67 @@ void Worker::HandleStart(const v1::StartJob& start) {
   int64_t key;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (FindLocked(start.job_id(), start.attempt(), start.part()) != nullptr) return;
+    if (FindLocked(start.job_id(), start.attempt(), start.part()) != nullptr)
+      return;
     key = next_key_++;
     Job& job = jobs_[key];
     job.key = key;
     job.start = start;
-    job.dir = absl::StrCat(options_.work_dir, "/jobs/", start.job_id(), "-", start.attempt(),
-                           "-", start.part());
+    job.dir = absl::StrCat(options_.work_dir, "/jobs/", start.job_id(), "-",
+                           start.attempt(), "-", start.part());
   }
-  spdlog::info("job {} (attempt {}) assigned devices [{}]", start.job_id(), start.attempt(),
-               absl::StrJoin(start.devices(), ","));
+  spdlog::info("job {} (attempt {}) assigned devices [{}]", start.job_id(),
+               start.attempt(), absl::StrJoin(start.devices(), ","));
   PostTransfer([this, key] { Prepare(key); });
 }
 
-void Worker::HandleCancel(int64_t job_id, int attempt, int part, int64_t grace_ms,
-                          const std::string& reason) {
+void Worker::HandleCancel(int64_t job_id, int attempt, int part,
+                          int64_t grace_ms, const std::string& reason) {
   int64_t key;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Job* job = FindLocked(job_id, attempt, part);
-    if (job == nullptr || job->cancel_requested || job->phase >= Job::kFinishing) return;
+    if (job == nullptr || job->cancel_requested ||
+        job->phase >= Job::kFinishing)
+      return;
     job->cancel_requested = true;
     job->cancel_reason = reason;
-    AddDiaryLocked(*job, 0, absl::StrCat("[dlbatch] stopping the job: ", reason));
+    AddDiaryLocked(*job, 0,
+                   absl::StrCat("[dlbatch] stopping the job: ", reason));
     if (job->phase != Job::kRunning) return;  // Prepare sees the flag
     key = job->key;
   }
   cv_.notify_all();
-  RunOnJobsThread([this, key, grace_ms] { subprocesses_->Terminate(key, grace_ms); });
+  RunOnJobsThread(
+      [this, key, grace_ms] { subprocesses_->Terminate(key, grace_ms); });
 }
 
 void Worker::SendLoop() {
   int64_t last_beat = 0;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait_for(lock, std::chrono::milliseconds(heartbeat_ms_), [this] {
-      return stopping_ || (connected_ && dirty_);
-    });
+    cv_.wait_for(lock, std::chrono::milliseconds(heartbeat_ms_),
+                 [this] { return stopping_ || (connected_ && dirty_); });
     if (stopping_) return;
     if (!connected_) continue;
     dirty_ = false;
     std::vector<v1::WorkerMessage> out;
-    std::vector<std::pair<int64_t, int64_t>> sent;   // key, seq
+    std::vector<std::pair<int64_t, int64_t>> sent;  // key, seq
     std::vector<int64_t> ended;
     for (auto& [key, job] : jobs_) {
       // Lines first, then the report: the scheduler ends a job only after
       // every line before the report is committed.
-      auto it = std::find_if(job.unacked.begin(), job.unacked.end(),
-                             [&](const v1::DiaryLine& l) { return l.seq() > job.sent_seq; });
+      auto it = std::find_if(
+          job.unacked.begin(), job.unacked.end(),
+          [&](const v1::DiaryLine& l) { return l.seq() > job.sent_seq; });
       while (it != job.unacked.end()) {
         v1::WorkerMessage m;
         auto* d = m.mutable_diary();
         d->set_job_id(job.start.job_id());
         d->set_attempt(job.start.attempt());
         d->set_part(job.start.part());
-        for (int n = 0; n < kDiaryBatchLines && it != job.unacked.end(); ++n, ++it) {
+        for (int n = 0; n < kDiaryBatchLines && it != job.unacked.end();
+             ++n, ++it) {
           *d->add_lines() = *it;
         }
         sent.emplace_back(key, d->lines(d->lines_size() - 1).seq());
@@ -316,7 +332,8 @@ void Worker::SendLoop() {
     last_beat = now;
     for (auto [key, seq] : sent) {
       auto it = jobs_.find(key);
-      if (it != jobs_.end()) it->second.sent_seq = std::max(it->second.sent_seq, seq);
+      if (it != jobs_.end())
+        it->second.sent_seq = std::max(it->second.sent_seq, seq);
     }
     for (int64_t key : ended) {
       auto it = jobs_.find(key);
@@ -397,7 +414,8 @@ void Worker::OnLine(int64_t key, const OutputLine& line) {
     // The trainer's own error line says what went wrong better than its
     // exit code: it becomes the job's reason.
     if (line.stream == 2 && job.start.spec().has_train() &&
-        line.text.rfind("dlbatch-train: ", 0) == 0 && job.trainer_error.empty()) {
+        line.text.rfind("dlbatch-train: ", 0) == 0 &&
+        job.trainer_error.empty()) {
       job.trainer_error = line.text.substr(std::strlen("dlbatch-train: "));
     }
     v1::DiaryLine d;
@@ -449,12 +467,13 @@ void Worker::CheckDeadlines() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [key, job] : jobs_) {
-      if (job.phase == Job::kRunning && job.deadline_mono > 0 && now >= job.deadline_mono &&
-          !job.time_limit_hit) {
+      if (job.phase == Job::kRunning && job.deadline_mono > 0 &&
+          now >= job.deadline_mono && !job.time_limit_hit) {
         job.time_limit_hit = true;
         AddDiaryLocked(job, 0,
                        absl::StrCat("[dlbatch] time limit ",
-                                    FormatDurationMs(job.start.spec().time_limit_s() * 1000),
+                                    FormatDurationMs(
+                                        job.start.spec().time_limit_s() * 1000),
                                     " reached; stopping the job"));
         expired.push_back(key);
       }
@@ -492,13 +511,15 @@ void Worker::TransferLoop() {
   }
 }
 
-void Worker::EndWithoutRunning(int64_t key, v1::JobState state, const std::string& reason) {
+void Worker::EndWithoutRunning(int64_t key, v1::JobState state,
+                               const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(key);
     if (it == jobs_.end()) return;
     Job& job = it->second;
-    if (state == v1::JOB_STATE_FAILED) AddDiaryLocked(job, 0, "[dlbatch] " + reason);
+    if (state == v1::JOB_STATE_FAILED)
+      AddDiaryLocked(job, 0, "[dlbatch] " + reason);
     v1::JobEnded ended;
     ended.set_job_id(job.start.job_id());
     ended.set_attempt(job.start.attempt());
@@ -538,8 +559,9 @@ void Worker::Prepare(int64_t key) {
     // A requeued attempt continues from the checkpoint an earlier one stored.
     for (const auto& f : start.checkpoint()) {
       if (!s.ok()) break;
-      s = Annotate(Fetch(f.sha256(), f.size(), out_dir + "/" + f.path(), 0644),
-                   absl::StrCat("fetching the stored checkpoint's '", f.path(), "'"));
+      s = Annotate(
+          Fetch(f.sha256(), f.size(), out_dir + "/" + f.path(), 0644),
+          absl::StrCat("fetching the stored checkpoint's '", f.path(), "'"));
     }
     TrainLaunch launch;
     launch.trainer = options_.trainer;
@@ -554,9 +576,11 @@ void Worker::Prepare(int64_t key) {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = jobs_.find(key);
       if (it != jobs_.end()) {
-        AddDiaryLocked(it->second, 0,
-                       absl::StrCat("[dlbatch] resuming from the stored checkpoint at iteration ",
-                                    start.checkpoint_iteration()));
+        AddDiaryLocked(
+            it->second, 0,
+            absl::StrCat(
+                "[dlbatch] resuming from the stored checkpoint at iteration ",
+                start.checkpoint_iteration()));
       }
     }
   } else if (s.ok()) {
@@ -581,19 +605,22 @@ void Worker::Prepare(int64_t key) {
     }
     visible = *std::move(v);
   }
-  sp.env.insert(sp.env.begin(), {
-      {"DLBATCH_JOB_ID", absl::StrCat(start.job_id())},
-      {"DLBATCH_ATTEMPT", absl::StrCat(start.attempt())},
-      {"DLBATCH_POOL", absl::StrCat(start.pool())},
-      {"DLBATCH_PART", absl::StrCat(start.part())},
-      {"DLBATCH_PARTS", absl::StrCat(std::max(1, start.parts()))},
-      {"DLBATCH_DEVICES", devices},
-      {"DLBATCH_OUTPUT_DIR", out_dir},
-      // Exactly the job's GPUs (named as the worker's own
-      // CUDA_VISIBLE_DEVICES names them); none on a worker of CPU slots.
-      {"CUDA_VISIBLE_DEVICES", visible},
-  });
-  if (!gpus) sp.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(start.devices_size()));
+  sp.env.insert(
+      sp.env.begin(),
+      {
+          {"DLBATCH_JOB_ID", absl::StrCat(start.job_id())},
+          {"DLBATCH_ATTEMPT", absl::StrCat(start.attempt())},
+          {"DLBATCH_POOL", absl::StrCat(start.pool())},
+          {"DLBATCH_PART", absl::StrCat(start.part())},
+          {"DLBATCH_PARTS", absl::StrCat(std::max(1, start.parts()))},
+          {"DLBATCH_DEVICES", devices},
+          {"DLBATCH_OUTPUT_DIR", out_dir},
+          // Exactly the job's GPUs (named as the worker's own
+          // CUDA_VISIBLE_DEVICES names them); none on a worker of CPU slots.
+          {"CUDA_VISIBLE_DEVICES", visible},
+      });
+  if (!gpus)
+    sp.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(start.devices_size()));
   for (const auto& [k, v] : spec.env()) sp.env.emplace_back(k, v);
 
   RunOnJobsThread([this, key, sp = std::move(sp)] {
@@ -624,8 +651,9 @@ void Worker::Prepare(int64_t key) {
     }
     auto pid = subprocesses_->Start(key, sp);
     if (!pid.ok()) {
-      EndWithoutRunning(key, v1::JOB_STATE_FAILED,
-                        absl::StrCat("cannot start the job: ", pid.status().message()));
+      EndWithoutRunning(
+          key, v1::JOB_STATE_FAILED,
+          absl::StrCat("cannot start the job: ", pid.status().message()));
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -651,7 +679,8 @@ void Worker::Finish(int64_t key, ExitInfo info) {
   std::error_code ec;
   std::vector<std::filesystem::path> files;
   for (auto it = std::filesystem::recursive_directory_iterator(out_dir, ec);
-       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+       !ec && it != std::filesystem::recursive_directory_iterator();
+       it.increment(ec)) {
     if (it->is_regular_file(ec)) files.push_back(it->path());
   }
   std::sort(files.begin(), files.end());
@@ -660,7 +689,8 @@ void Worker::Finish(int64_t key, ExitInfo info) {
     absl::StatusOr<v1::OutputFile> f = Upload(path.string(), rel);
     if (!f.ok() && f.status().code() == absl::StatusCode::kCancelled) return;
     if (!f.ok()) {
-      upload = Annotate(f.status(), absl::StrCat("uploading output '", rel, "'"));
+      upload =
+          Annotate(f.status(), absl::StrCat("uploading output '", rel, "'"));
       break;
     }
     *ended.add_outputs() = *std::move(f);
@@ -683,16 +713,17 @@ void Worker::Finish(int64_t key, ExitInfo info) {
       AddDiaryLocked(job, 0, absl::StrCat("[dlbatch] ", upload.message()));
     } else if (job.time_limit_hit) {
       ended.set_state(v1::JOB_STATE_FAILED);
-      ended.set_reason(absl::StrCat("time limit ",
-                                    FormatDurationMs(start.spec().time_limit_s() * 1000),
-                                    " reached"));
+      ended.set_reason(absl::StrCat(
+          "time limit ", FormatDurationMs(start.spec().time_limit_s() * 1000),
+          " reached"));
     } else if (info.exited && info.exit_code == 0) {
       ended.set_state(v1::JOB_STATE_FINISHED);
     } else {
       ended.set_state(v1::JOB_STATE_FAILED);
-      ended.set_reason(job.trainer_error.empty()
-                           ? info.Describe()
-                           : absl::StrCat(info.Describe(), ": ", job.trainer_error));
+      ended.set_reason(
+          job.trainer_error.empty()
+              ? info.Describe()
+              : absl::StrCat(info.Describe(), ": ", job.trainer_error));
     }
     ended.set_last_seq(job.next_seq);
     job.ended = std::move(ended);
@@ -706,17 +737,20 @@ void Worker::Finish(int64_t key, ExitInfo info) {
 
 // ---- train jobs: checkpoints and transfers ----
 
-absl::Status Worker::Fetch(const std::string& sha256, int64_t size, const std::string& dest,
-                           uint32_t mode) {
-  RETURN_IF_ERROR(MakeDirs(std::filesystem::path(dest).parent_path().string(), 0755));
+absl::Status Worker::Fetch(const std::string& sha256, int64_t size,
+                           const std::string& dest, uint32_t mode) {
+  RETURN_IF_ERROR(
+      MakeDirs(std::filesystem::path(dest).parent_path().string(), 0755));
   for (int tries = 0;; ++tries) {
-    absl::Status d = DownloadFile(blobs_.get(), options_.channel.token, sha256, size, dest, mode);
+    absl::Status d = DownloadFile(blobs_.get(), options_.channel.token, sha256,
+                                  size, dest, mode);
     if (d.ok() || !Retryable(d) || tries >= 20) return d;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
 }
 
-absl::StatusOr<v1::OutputFile> Worker::Upload(const std::string& path, const std::string& rel) {
+absl::StatusOr<v1::OutputFile> Worker::Upload(const std::string& path,
+                                              const std::string& rel) {
   absl::StatusOr<LocalBlob> blob;
   for (int tries = 0;; ++tries) {
     blob = UploadFile(blobs_.get(), options_.channel.token, path);
@@ -796,9 +830,10 @@ void Worker::StoreCheckpoint(int64_t key) {
       cv_.notify_all();
     } else if (s.code() != absl::StatusCode::kCancelled) {
       // The job goes on; a requeue would resume from the previous one.
-      AddDiaryLocked(job, 0,
-                     absl::StrCat("[dlbatch] could not store the checkpoint of iteration ",
-                                  stored.iteration(), ": ", s.message()));
+      AddDiaryLocked(
+          job, 0,
+          absl::StrCat("[dlbatch] could not store the checkpoint of iteration ",
+                       stored.iteration(), ": ", s.message()));
       cv_.notify_all();
     }
   }

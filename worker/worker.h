@@ -32,7 +32,7 @@ namespace dlbatch::worker {
 
 struct WorkerOptions {
   ChannelConfig channel;
-  std::string name;     // stable identity across restarts
+  std::string name;  // stable identity across restarts
   std::string host;
   std::string profile;
   std::string work_dir;  // jobs run in WORK_DIR/jobs/<id>-<attempt>-<part>
@@ -61,26 +61,27 @@ class Worker {
     v1::StartJob start;
     std::string dir;
     enum Phase { kPreparing, kRunning, kFinishing, kEnded } phase = kPreparing;
-    int64_t next_seq = 0;                // last diary seq assigned
-    int64_t sent_seq = 0;                // last seq written on this stream
-    std::deque<v1::DiaryLine> unacked;   // seq order
-    std::optional<v1::JobEnded> ended;   // report, kept until acknowledged
+    int64_t next_seq = 0;               // last diary seq assigned
+    int64_t sent_seq = 0;               // last seq written on this stream
+    std::deque<v1::DiaryLine> unacked;  // seq order
+    std::optional<v1::JobEnded> ended;  // report, kept until acknowledged
     bool ended_sent = false;
     bool cancel_requested = false;
     std::string cancel_reason;
     bool time_limit_hit = false;
-    int64_t deadline_mono = 0;           // 0: no time limit
+    int64_t deadline_mono = 0;  // 0: no time limit
     // Train jobs: the latest progress and stored checkpoint, each sent when
     // it changes and again after a reconnect.
     v1::TrainProgress progress;
     bool progress_unsent = false;
     std::optional<v1::CheckpointStored> checkpoint;
     bool checkpoint_unsent = false;
-    bool checkpoint_busy = false;        // a transfer thread uploads one
-    int64_t checkpoint_wanted = -1;      // iteration of a newer one to upload
-    std::string trainer_error;           // the trainer's first error line
+    bool checkpoint_busy = false;    // a transfer thread uploads one
+    int64_t checkpoint_wanted = -1;  // iteration of a newer one to upload
+    std::string trainer_error;       // the trainer's first error line
   };
-  using Stream = grpc::ClientReaderWriter<v1::WorkerMessage, v1::SchedulerMessage>;
+  using Stream =
+      grpc::ClientReaderWriter<v1::WorkerMessage, v1::SchedulerMessage>;
 
   // Connection (Run's thread).
   absl::Status Session();
@@ -108,13 +109,15 @@ class Worker {
   // Uploads the checkpoint the trainer announced (newest first wins).
   void StoreCheckpoint(int64_t key);
   // Downloads a blob to `dest`, retrying while the scheduler is unreachable.
-  absl::Status Fetch(const std::string& sha256, int64_t size, const std::string& dest,
-                     uint32_t mode);
-  absl::StatusOr<v1::OutputFile> Upload(const std::string& path, const std::string& rel);
+  absl::Status Fetch(const std::string& sha256, int64_t size,
+                     const std::string& dest, uint32_t mode);
+  absl::StatusOr<v1::OutputFile> Upload(const std::string& path,
+                                        const std::string& rel);
   // The scheduler's address as a job's processes can use it.
   std::string RendezvousAddress() const;
   void Finish(int64_t key, ExitInfo info);
-  void EndWithoutRunning(int64_t key, v1::JobState state, const std::string& reason);
+  void EndWithoutRunning(int64_t key, v1::JobState state,
+                         const std::string& reason);
 
   // REQUIRES mu_.
   Job* FindLocked(int64_t job_id, int attempt, int part);
@@ -127,17 +130,17 @@ class Worker {
   std::unique_ptr<v1::Scheduler::Stub> blobs_;
 
   std::mutex mu_;
-  std::condition_variable cv_;       // sender and shutdown wake-ups
-  std::map<int64_t, Job> jobs_;      // guarded by mu_, by key
-  int64_t next_key_ = 1;             // guarded by mu_
-  bool stopping_ = false;            // guarded by mu_
-  bool connected_ = false;           // guarded by mu_
-  bool dirty_ = false;               // guarded by mu_: something to send
-  int64_t heartbeat_ms_ = 1000;      // guarded by mu_
+  std::condition_variable cv_;              // sender and shutdown wake-ups
+  std::map<int64_t, Job> jobs_;             // guarded by mu_, by key
+  int64_t next_key_ = 1;                    // guarded by mu_
+  bool stopping_ = false;                   // guarded by mu_
+  bool connected_ = false;                  // guarded by mu_
+  bool dirty_ = false;                      // guarded by mu_: something to send
+  int64_t heartbeat_ms_ = 1000;             // guarded by mu_
   grpc::ClientContext* context_ = nullptr;  // guarded by mu_
 
-  std::mutex write_mu_;              // serialises writes; held across Write
-  Stream* stream_ = nullptr;         // guarded by write_mu_
+  std::mutex write_mu_;       // serialises writes; held across Write
+  Stream* stream_ = nullptr;  // guarded by write_mu_
 
   std::mutex jobs_mu_;
   std::deque<std::function<void()>> jobs_commands_;  // guarded by jobs_mu_
@@ -145,7 +148,7 @@ class Worker {
 
   std::mutex transfer_mu_;
   std::condition_variable transfer_cv_;
-  std::deque<std::function<void()>> transfers_;      // guarded by transfer_mu_
+  std::deque<std::function<void()>> transfers_;  // guarded by transfer_mu_
 
   std::vector<std::thread> threads_;
 };

@@ -1,9 +1,8 @@
 // Bad input gets a clear error and loses nothing.
+#include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include "tests/integration/harness.h"
 
@@ -17,7 +16,8 @@ class BadInput : public ::testing::Test {
     c_.StartWorker("w1", 4);
     ASSERT_TRUE(c_.WaitWorkers(1));
   }
-  Result SubmitYaml(const std::string& yaml, std::vector<std::string> extra = {}) {
+  Result SubmitYaml(const std::string& yaml,
+                    std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {"submit", c_.JobFile("job.yaml", yaml)};
     args.insert(args.end(), extra.begin(), extra.end());
     return c_.Cli(args);
@@ -51,7 +51,8 @@ TEST_F(BadInput, PoolMustBePositive) {
 TEST_F(BadInput, PoolBeyondTheProfileSaysItsSize) {
   Result r = SubmitYaml("command: [true]\n", {"--pool", "9"});
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("pool 9 exceeds profile 'local'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("pool 9 exceeds profile 'local'"), std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("4 slots"), std::string::npos) << r.err;
   // Nothing was queued.
   EXPECT_EQ(c_.Cli({"jobs", "--json"}).out.find("\"id\""), std::string::npos);
@@ -60,9 +61,11 @@ TEST_F(BadInput, PoolBeyondTheProfileSaysItsSize) {
 // A job cannot pick its own GPUs (or other jobs') by setting what the
 // worker sets for it.
 TEST_F(BadInput, AJobCannotSetCudaVisibleDevices) {
-  Result r = SubmitYaml("env: {CUDA_VISIBLE_DEVICES: \"0,1\"}\ncommand: [true]\n");
+  Result r =
+      SubmitYaml("env: {CUDA_VISIBLE_DEVICES: \"0,1\"}\ncommand: [true]\n");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("env.CUDA_VISIBLE_DEVICES: the worker sets it"), std::string::npos)
+  EXPECT_NE(r.err.find("env.CUDA_VISIBLE_DEVICES: the worker sets it"),
+            std::string::npos)
       << r.err;
   EXPECT_EQ(c_.Cli({"jobs", "--json"}).out.find("\"id\""), std::string::npos);
 }
@@ -71,21 +74,22 @@ TEST_F(BadInput, AJobCannotSetCudaVisibleDevices) {
 // could only fail where it started. (With a profile that has GPUs the
 // message names it: scheduler_test.)
 TEST_F(BadInput, GpuTrainJobOnAProfileOfCpuSlotsIsRefused) {
-  const std::string job =
-      LenetJob("/data", "    execution_environment: gpu\n", "name: wants-gpu\n");
+  const std::string job = LenetJob("/data", "    execution_environment: gpu\n",
+                                   "name: wants-gpu\n");
   Result r = SubmitYaml(job);
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("execution_environment: gpu asks for GPUs, but the workers of "
-                       "profile 'local' offer CPU slots only; use cpu or auto"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("execution_environment: gpu asks for GPUs, but the workers of "
+                 "profile 'local' offer CPU slots only; use cpu or auto"),
+      std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("start a worker with GPUs"), std::string::npos) << r.err;
   EXPECT_EQ(c_.Cli({"jobs", "--json"}).out.find("\"id\""), std::string::npos);
 
   // cpu and auto are accepted and queued.
-  Result cpu = SubmitYaml(
-      LenetJob("/data", "    execution_environment: cpu\n    max_iterations: 1\n",
-               "name: cpu\n"));
+  Result cpu = SubmitYaml(LenetJob(
+      "/data", "    execution_environment: cpu\n    max_iterations: 1\n",
+      "name: cpu\n"));
   EXPECT_EQ(cpu.code, 0) << cpu.err;
   Result automatic =
       SubmitYaml(LenetJob("/data", "    max_iterations: 1\n", "name: auto\n"));
@@ -103,7 +107,8 @@ TEST_F(BadInput, UnknownJobId) {
   for (const char* cmd : {"show", "diary", "fetch-outputs", "wait"}) {
     Result r = c_.Cli({cmd, "4242"});
     EXPECT_NE(r.code, 0) << cmd;
-    EXPECT_NE(r.err.find("no job 4242"), std::string::npos) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("no job 4242"), std::string::npos)
+        << cmd << ": " << r.err;
   }
   Result cancel = c_.Cli({"cancel", "4242"});
   EXPECT_NE(cancel.code, 0);
@@ -124,23 +129,28 @@ TEST_F(BadInput, MissingJobFile) {
 }
 
 TEST_F(BadInput, ProgramThatCannotRunFailsTheJobWithTheReason) {
-  int64_t id = c_.Submit(c_.JobFile("bad.yaml", "command: [no-such-program-xyz]\n"));
+  int64_t id =
+      c_.Submit(c_.JobFile("bad.yaml", "command: [no-such-program-xyz]\n"));
   Result wait = c_.Cli({"wait", std::to_string(id)});
   EXPECT_EQ(wait.code, 1);
   auto job = c_.ShowJson(id);
   EXPECT_EQ(job["state"], "JOB_STATE_FAILED");
-  EXPECT_NE(job["reason"].get<std::string>().find("no-such-program-xyz"), std::string::npos)
+  EXPECT_NE(job["reason"].get<std::string>().find("no-such-program-xyz"),
+            std::string::npos)
       << job.dump();
 }
 
 TEST(BadInputStandalone, UnreachableSchedulerNamesTheAddress) {
-  Result r = Exec({BinDir() + "/dlbatch", "--scheduler", "unix:/tmp/dlbatch-nowhere.sock", "jobs"});
+  Result r = Exec({BinDir() + "/dlbatch", "--scheduler",
+                   "unix:/tmp/dlbatch-nowhere.sock", "jobs"});
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("cannot reach the scheduler at unix:/tmp/dlbatch-nowhere.sock"),
+  EXPECT_NE(r.err.find(
+                "cannot reach the scheduler at unix:/tmp/dlbatch-nowhere.sock"),
             std::string::npos)
       << r.err;
-  Result tcp = Exec({BinDir() + "/dlbatch", "--scheduler", "127.0.0.1:1", "jobs"},
-                    {{"DLBATCH_TOKEN", "x"}});
+  Result tcp =
+      Exec({BinDir() + "/dlbatch", "--scheduler", "127.0.0.1:1", "jobs"},
+           {{"DLBATCH_TOKEN", "x"}});
   EXPECT_NE(tcp.code, 0);
   EXPECT_NE(tcp.err.find("127.0.0.1:1"), std::string::npos) << tcp.err;
 }
@@ -153,20 +163,24 @@ TEST(BadInputStandalone, TcpNeedsTheRightToken) {
   struct stat st;
   ASSERT_EQ(stat((c.scheduler_state() + "/token").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
-  Result none = Exec({BinDir() + "/dlbatch", "--scheduler", c.address(), "jobs"});
+  Result none =
+      Exec({BinDir() + "/dlbatch", "--scheduler", c.address(), "jobs"});
   EXPECT_NE(none.code, 0);
   EXPECT_NE(none.err.find("token"), std::string::npos) << none.err;
-  Result wrong = Exec({BinDir() + "/dlbatch", "--scheduler", c.address(), "jobs"},
-                      {{"DLBATCH_TOKEN", "not-the-token"}});
+  Result wrong =
+      Exec({BinDir() + "/dlbatch", "--scheduler", c.address(), "jobs"},
+           {{"DLBATCH_TOKEN", "not-the-token"}});
   EXPECT_NE(wrong.code, 0);
   EXPECT_NE(wrong.err.find("wrong token"), std::string::npos) << wrong.err;
-  Result right = Exec({BinDir() + "/dlbatch", "--scheduler", c.address(), "--token-file",
-                       c.scheduler_state() + "/token", "profiles"});
+  Result right =
+      Exec({BinDir() + "/dlbatch", "--scheduler", c.address(), "--token-file",
+            c.scheduler_state() + "/token", "profiles"});
   EXPECT_EQ(right.code, 0) << right.err;
   // A worker with the wrong token is refused and says so.
-  Result worker = Exec({BinDir() + "/dlbatch-worker", "--scheduler", c.address(), "--work-dir",
-                        c.dir() + "/w", "--cpu-slots", "1"},
-                       {{"DLBATCH_TOKEN", "nope"}}, 20000);
+  Result worker =
+      Exec({BinDir() + "/dlbatch-worker", "--scheduler", c.address(),
+            "--work-dir", c.dir() + "/w", "--cpu-slots", "1"},
+           {{"DLBATCH_TOKEN", "nope"}}, 20000);
   EXPECT_NE(worker.code, 0);
   EXPECT_NE(worker.err.find("wrong token"), std::string::npos) << worker.err;
 }
@@ -186,23 +200,27 @@ TEST(BadInputStandalone, FullDiskFailsTheJobAndKeepsTheStoreConsistent) {
   c.StartScheduler({"--min-free-mb", "1"});
   c.StartWorker("w1", 1);
   ASSERT_TRUE(c.WaitWorkers(1));
-  int64_t big = c.Submit(c.JobFile(
-      "big.yaml", "command: [sh, -c, 'head -c 20000000 /dev/zero > $DLBATCH_OUTPUT_DIR/big.bin; "
-                  "echo wrote']\n"));
+  int64_t big = c.Submit(c.JobFile("big.yaml",
+                                   "command: [sh, -c, 'head -c 20000000 "
+                                   "/dev/zero > $DLBATCH_OUTPUT_DIR/big.bin; "
+                                   "echo wrote']\n"));
   Result wait = c.Cli({"wait", std::to_string(big)}, {}, 60000);
   EXPECT_EQ(wait.code, 1) << wait.out << wait.err;
   auto job = c.ShowJson(big);
   EXPECT_EQ(job["state"], "JOB_STATE_FAILED");
-  EXPECT_NE(job["reason"].get<std::string>().find("full"), std::string::npos) << job.dump();
+  EXPECT_NE(job["reason"].get<std::string>().find("full"), std::string::npos)
+      << job.dump();
   Result diary = c.Cli({"diary", std::to_string(big)});
   EXPECT_NE(diary.out.find("wrote"), std::string::npos);
   // No partial blob is left, and the store still takes a job with outputs.
   Result tmp = Exec({"sh", "-c", "ls " + blobs + "/tmp | wc -l"});
   EXPECT_EQ(tmp.out, "0\n");
   int64_t small = c.Submit(c.JobFile(
-      "small.yaml", "command: [sh, -c, 'echo fine > $DLBATCH_OUTPUT_DIR/ok.txt']\n"));
+      "small.yaml",
+      "command: [sh, -c, 'echo fine > $DLBATCH_OUTPUT_DIR/ok.txt']\n"));
   EXPECT_EQ(c.Cli({"wait", std::to_string(small)}).code, 0);
-  Result fetch = c.Cli({"fetch-outputs", std::to_string(small), "-o", c.dir() + "/got"});
+  Result fetch =
+      c.Cli({"fetch-outputs", std::to_string(small), "-o", c.dir() + "/got"});
   EXPECT_EQ(fetch.code, 0) << fetch.err;
   EXPECT_EQ(ReadAll(c.dir() + "/got/ok.txt"), "fine\n");
 }

@@ -1,6 +1,7 @@
 #include "tests/integration/harness.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,10 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include <gtest/gtest.h>
-
 #include "absl/strings/str_replace.h"
-
 #include "worker/subprocess.h"
 
 extern char** environ;
@@ -78,7 +76,8 @@ void WriteAll(const std::string& path, const std::string& text) {
 }
 
 bool WaitFor(const std::function<bool()>& ready, int timeout_ms) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (std::chrono::steady_clock::now() < deadline) {
     if (ready()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -86,7 +85,8 @@ bool WaitFor(const std::function<bool()>& ready, int timeout_ms) {
   return ready();
 }
 
-static std::vector<std::string> Environment(const std::map<std::string, std::string>& extra) {
+static std::vector<std::string> Environment(
+    const std::map<std::string, std::string>& extra) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string kv(*e);
@@ -99,10 +99,11 @@ static std::vector<std::string> Environment(const std::map<std::string, std::str
   return out;
 }
 
-Result Exec(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
-            int timeout_ms) {
+Result Exec(const std::vector<std::string>& argv,
+            const std::map<std::string, std::string>& env, int timeout_ms) {
   int out_pipe[2], err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) return {};
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)
+    return {};
   std::vector<std::string> env_store = Environment(env);
   std::vector<char*> envp, args;
   for (auto& e : env_store) envp.push_back(e.data());
@@ -124,19 +125,22 @@ Result Exec(const std::vector<std::string>& argv, const std::map<std::string, st
   Result r;
   pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
   int open_fds = 2;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   bool killed = false;
   while (open_fds > 0) {
-    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    deadline - std::chrono::steady_clock::now())
-                                    .count());
+    int left =
+        static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                             deadline - std::chrono::steady_clock::now())
+                             .count());
     if (left <= 0 && !killed) {
       kill(pid, SIGKILL);
       killed = true;
     }
     poll(fds, 2, std::max(left, 100));
     for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+        continue;
       char buf[65536];
       ssize_t n = read(fds[i].fd, buf, sizeof buf);
       if (n <= 0) {
@@ -180,7 +184,8 @@ Cluster::~Cluster() {
   }
 }
 
-pid_t Cluster::Spawn(const std::vector<std::string>& argv, const std::string& log) {
+pid_t Cluster::Spawn(const std::vector<std::string>& argv,
+                     const std::string& log) {
   std::vector<std::string> store = argv;
   std::vector<char*> args;
   for (auto& a : store) args.push_back(a.data());
@@ -199,15 +204,22 @@ pid_t Cluster::Spawn(const std::vector<std::string>& argv, const std::string& lo
   return pid;
 }
 
-void Cluster::StartScheduler(std::vector<std::string> extra, const std::string& listen) {
+void Cluster::StartScheduler(std::vector<std::string> extra,
+                             const std::string& listen) {
   if (!extra.empty() || scheduler_args_.empty()) scheduler_args_ = extra;
   std::string ready = dir_ + "/scheduler.ready";
   unlink(ready.c_str());
-  std::string where = listen.empty() ? (address_.empty() ? "unix:" + dir_ + "/sched.sock"
-                                                         : address_)
-                                     : listen;
-  std::vector<std::string> argv = {BinDir() + "/dlbatch-scheduler", "--state-dir",
-                                   scheduler_state(), "--listen", where, "--ready-file", ready};
+  std::string where =
+      listen.empty()
+          ? (address_.empty() ? "unix:" + dir_ + "/sched.sock" : address_)
+          : listen;
+  std::vector<std::string> argv = {BinDir() + "/dlbatch-scheduler",
+                                   "--state-dir",
+                                   scheduler_state(),
+                                   "--listen",
+                                   where,
+                                   "--ready-file",
+                                   ready};
   argv.insert(argv.end(), scheduler_args_.begin(), scheduler_args_.end());
   scheduler_.pid = Spawn(argv, dir_ + "/scheduler.log");
   ASSERT_TRUE(WaitFor([&] { return !ReadAll(ready).empty(); }, 15000))
@@ -223,11 +235,19 @@ void Cluster::KillScheduler(int sig) {
   scheduler_.pid = 0;
 }
 
-int Cluster::StartWorker(const std::string& name, int slots, const std::string& profile,
+int Cluster::StartWorker(const std::string& name, int slots,
+                         const std::string& profile,
                          std::vector<std::string> extra) {
   std::string work = dir_ + "/worker-" + name;
-  std::vector<std::string> argv = {BinDir() + "/dlbatch-worker", "--scheduler", address_,
-                                   "--profile",  profile, "--work-dir", work, "--name", name};
+  std::vector<std::string> argv = {BinDir() + "/dlbatch-worker",
+                                   "--scheduler",
+                                   address_,
+                                   "--profile",
+                                   profile,
+                                   "--work-dir",
+                                   work,
+                                   "--name",
+                                   name};
   if (slots > 0) {
     argv.push_back("--cpu-slots");
     argv.push_back(std::to_string(slots));
@@ -246,9 +266,10 @@ void Cluster::KillWorker(int index, int sig) {
   workers_[index].pid = 0;
 }
 
-Result Cluster::Cli(std::vector<std::string> args, std::map<std::string, std::string> env,
-                    int timeout_ms) {
-  std::vector<std::string> argv = {BinDir() + "/dlbatch", "--scheduler", address_};
+Result Cluster::Cli(std::vector<std::string> args,
+                    std::map<std::string, std::string> env, int timeout_ms) {
+  std::vector<std::string> argv = {BinDir() + "/dlbatch", "--scheduler",
+                                   address_};
   argv.insert(argv.end(), args.begin(), args.end());
   // Never fall back on a local cluster of the user running the tests.
   env.emplace("XDG_STATE_HOME", dir_ + "/xdg");
@@ -261,7 +282,8 @@ std::string Cluster::JobFile(const std::string& name, const std::string& yaml) {
   return path;
 }
 
-int64_t Cluster::Submit(const std::string& job_file, std::vector<std::string> extra) {
+int64_t Cluster::Submit(const std::string& job_file,
+                        std::vector<std::string> extra) {
   std::vector<std::string> args = {"submit", "-q", job_file};
   args.insert(args.end(), extra.begin(), extra.end());
   Result r = Cli(args);
@@ -289,7 +311,8 @@ std::string Cluster::Logs() const {
   std::string out;
   for (const auto& e : fs::directory_iterator(dir_)) {
     if (e.path().extension() == ".log") {
-      out += "--- " + e.path().filename().string() + "\n" + ReadAll(e.path().string());
+      out += "--- " + e.path().filename().string() + "\n" +
+             ReadAll(e.path().string());
     }
   }
   return out;
@@ -303,7 +326,8 @@ bool Cluster::WaitWorkers(int workers, int timeout_ms) {
         auto j = nlohmann::json::parse(r.out, nullptr, false);
         if (!j.is_object() || !j.contains("workers")) return false;
         int online = 0;
-        for (const auto& w : j["workers"]) online += w.value("online", false) ? 1 : 0;
+        for (const auto& w : j["workers"])
+          online += w.value("online", false) ? 1 : 0;
         return online >= workers;
       },
       timeout_ms);

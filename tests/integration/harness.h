@@ -56,23 +56,27 @@ class Cluster {
   std::string address() const { return address_; }
 
   // Starts the scheduler; `listen` empty: a Unix socket in dir().
-  void StartScheduler(std::vector<std::string> extra = {}, const std::string& listen = "");
+  void StartScheduler(std::vector<std::string> extra = {},
+                      const std::string& listen = "");
   void KillScheduler(int sig);
   // Starts a worker with `slots` CPU slots; returns its index. `slots` 0:
   // without --cpu-slots, so the worker offers the GPUs it finds (else one
   // slot per core).
-  int StartWorker(const std::string& name, int slots, const std::string& profile = "local",
+  int StartWorker(const std::string& name, int slots,
+                  const std::string& profile = "local",
                   std::vector<std::string> extra = {});
   void KillWorker(int index, int sig);
   pid_t worker_pid(int index) const { return workers_[index].pid; }
 
   // Runs the dlbatch CLI against this cluster.
-  Result Cli(std::vector<std::string> args, std::map<std::string, std::string> env = {},
+  Result Cli(std::vector<std::string> args,
+             std::map<std::string, std::string> env = {},
              int timeout_ms = 120000);
   // Writes a job file into dir() and returns its path.
   std::string JobFile(const std::string& name, const std::string& yaml);
   // Submits and returns the job id (fails the test on error).
-  int64_t Submit(const std::string& job_file, std::vector<std::string> extra = {});
+  int64_t Submit(const std::string& job_file,
+                 std::vector<std::string> extra = {});
   nlohmann::json ShowJson(int64_t id);
   std::string State(int64_t id);
   bool WaitState(int64_t id, const std::string& state, int timeout_ms = 30000);

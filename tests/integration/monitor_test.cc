@@ -194,11 +194,12 @@ TEST(Monitor, InTmuxATrainJobsRowShowsItsProgressBarLossAndAccuracy) {
   ASSERT_TRUE(c.WaitWorkers(1));
   // Long enough to be watched; cancelled once seen.
   const int64_t id = c.Submit(c.JobFile(
-      "lenet.yaml", std::string("name: lenet-mon\ntrain:") + kLenetNetworkYaml +
-                        "  data:\n    train: {format: idx, images: " + data +
-                        "/train-images-idx3-ubyte.gz, labels: " + data +
-                        "/train-labels-idx1-ubyte.gz}\n  options:\n"
-                        "    max_iterations: 100000\n    verbose_frequency: 1000\n"));
+      "lenet.yaml",
+      std::string("name: lenet-mon\ntrain:") + kLenetNetworkYaml +
+          "  data:\n    train: {format: idx, images: " + data +
+          "/train-images-idx3-ubyte.gz, labels: " + data +
+          "/train-labels-idx1-ubyte.gz}\n  options:\n"
+          "    max_iterations: 100000\n    verbose_frequency: 1000\n"));
 
   Tmux tmux(c.dir());
   std::string command = "env XDG_STATE_HOME=" + c.dir() + "/xdg " + BinDir() +
@@ -215,13 +216,16 @@ TEST(Monitor, InTmuxATrainJobsRowShowsItsProgressBarLossAndAccuracy) {
         size_t at = s.find(" lenet-mon");
         if (at == std::string::npos) return false;
         size_t begin = s.rfind('\n', at);
-        row = s.substr(begin == std::string::npos ? 0 : begin + 1,
-                       s.find('\n', at) - (begin == std::string::npos ? 0 : begin + 1));
-        return row.find("running") != std::string::npos && row.find('%') != std::string::npos &&
+        row = s.substr(
+            begin == std::string::npos ? 0 : begin + 1,
+            s.find('\n', at) - (begin == std::string::npos ? 0 : begin + 1));
+        return row.find("running") != std::string::npos &&
+               row.find('%') != std::string::npos &&
                row.find(" - ") == std::string::npos;
       },
       60000, &screen))
-      << screen << "\n" << c.Cli({"diary", std::to_string(id)}).out;
+      << screen << "\n"
+      << c.Cli({"diary", std::to_string(id)}).out;
   EXPECT_LE(row.size(), 80u) << row;
   // The same numbers the scheduler holds.
   nlohmann::json p = c.ShowJson(id)["progress"];

@@ -2,16 +2,15 @@
 // embedded trainer's ranks meet at the scheduler's rendezvous, progress and
 // checkpoints flow back, outputs are fetched, and a lost worker's job
 // resumes from its stored checkpoint elsewhere.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/harness.h"
@@ -24,23 +23,28 @@ namespace {
 constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
 
 bool HaveData() {
-  return std::filesystem::exists(std::string(kDataDir) + "/train-images-idx3-ubyte.gz");
+  return std::filesystem::exists(std::string(kDataDir) +
+                                 "/train-images-idx3-ubyte.gz");
 }
 
 class TrainJobs : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveData()) GTEST_SKIP() << "Fashion-MNIST is not in " << kDataDir
-                                  << " (Debian's dataset-fashion-mnist)";
+    if (!HaveData())
+      GTEST_SKIP() << "Fashion-MNIST is not in " << kDataDir
+                   << " (Debian's dataset-fashion-mnist)";
     // The workers' trainers inherit it: their kernel choices stay in this test.
     setenv("XDG_CACHE_HOME", (c_.dir() + "/cache").c_str(), 1);
   }
   void TearDown() override { unsetenv("XDG_CACHE_HOME"); }
 
-  nlohmann::json Progress(int64_t id) { return c_.ShowJson(id).value("progress", nlohmann::json()); }
+  nlohmann::json Progress(int64_t id) {
+    return c_.ShowJson(id).value("progress", nlohmann::json());
+  }
 
   std::vector<float> FetchWeights(int64_t id, const std::string& into) {
-    Result fetch = c_.Cli({"fetch-outputs", std::to_string(id), "--output", into});
+    Result fetch =
+        c_.Cli({"fetch-outputs", std::to_string(id), "--output", into});
     EXPECT_EQ(fetch.code, 0) << fetch.out << fetch.err;
     absl::StatusOr<trainer::Checkpoint> ckpt =
         trainer::ReadCheckpoint(into + "/checkpoint.dlbc");
@@ -58,9 +62,11 @@ TEST_F(TrainJobs, PoolTwoOnCpuSlotsReachesAccuracyAndDeliversItsOutputs) {
   c_.StartWorker("w1", 2);
   ASSERT_TRUE(c_.WaitWorkers(1));
   std::filesystem::create_directories(c_.dir() + "/data");
-  for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
-    std::filesystem::copy_file(std::string(kDataDir) + "/" + f, c_.dir() + "/data/" + f);
+  for (const char* f :
+       {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    std::filesystem::copy_file(std::string(kDataDir) + "/" + f,
+                               c_.dir() + "/data/" + f);
   }
   const int64_t id = c_.Submit(c_.JobFile(
       "lenet.yaml", LenetJob("data", R"(    mini_batch_size: 64
@@ -81,7 +87,8 @@ TEST_F(TrainJobs, PoolTwoOnCpuSlotsReachesAccuracyAndDeliversItsOutputs) {
       60000);
   EXPECT_TRUE(seen_running) << Logs();
   Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 180000);
-  ASSERT_EQ(wait.code, 0) << wait.out << wait.err << c_.Cli({"diary", std::to_string(id)}).out
+  ASSERT_EQ(wait.code, 0) << wait.out << wait.err
+                          << c_.Cli({"diary", std::to_string(id)}).out
                           << Logs();
 
   nlohmann::json show = c_.ShowJson(id);
@@ -96,25 +103,29 @@ TEST_F(TrainJobs, PoolTwoOnCpuSlotsReachesAccuracyAndDeliversItsOutputs) {
   EXPECT_EQ(show["checkpoint"].size(), 2u);
 
   Result human = c_.Cli({"show", std::to_string(id)});
-  EXPECT_NE(human.out.find("iteration 300 of 300"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("iteration 300 of 300"), std::string::npos)
+      << human.out;
   Result jobs = c_.Cli({"jobs"});
   EXPECT_NE(jobs.out.find("PROGRESS"), std::string::npos) << jobs.out;
   EXPECT_NE(jobs.out.find("100% 300/300"), std::string::npos) << jobs.out;
   Result diary = c_.Cli({"diary", std::to_string(id)});
   EXPECT_NE(diary.out.find("Mini-batch"), std::string::npos) << diary.out;
-  EXPECT_NE(diary.out.find("Training finished: 300 iterations"), std::string::npos)
+  EXPECT_NE(diary.out.find("Training finished: 300 iterations"),
+            std::string::npos)
       << diary.out;
 
   Result list = c_.Cli({"fetch-outputs", std::to_string(id), "--list"});
   ASSERT_EQ(list.code, 0) << list.err;
   for (const char* f : {"model.onnx", "checkpoint.dlbc", "training_history.csv",
                         "metrics.json", "training_progress.svg"}) {
-    EXPECT_NE(list.out.find(f), std::string::npos) << f << " missing:\n" << list.out;
+    EXPECT_NE(list.out.find(f), std::string::npos) << f << " missing:\n"
+                                                   << list.out;
   }
   const std::string out = c_.dir() + "/fetched";
   Result fetch = c_.Cli({"fetch-outputs", std::to_string(id), "--output", out});
   ASSERT_EQ(fetch.code, 0) << fetch.out << fetch.err;
-  nlohmann::json metrics = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
+  nlohmann::json metrics =
+      nlohmann::json::parse(ReadAll(out + "/metrics.json"));
   EXPECT_EQ(metrics.value("ranks", 0), 2);
   EXPECT_GE(metrics.value("validation_accuracy", 0.0), 75.0) << metrics.dump();
   EXPECT_GT(std::filesystem::file_size(out + "/model.onnx"), 100000u);
@@ -131,9 +142,11 @@ TEST_F(TrainJobs, AJobSpanningTwoWorkersTrainsAsOneWorkerDoes) {
 )";
   const std::string data = kDataDir;
   const int64_t spread = c_.Submit(c_.JobFile(
-      "spread.yaml", LenetJob(data, options, "name: spread\npool: 2\nmax_nodes: 2\n")));
+      "spread.yaml",
+      LenetJob(data, options, "name: spread\npool: 2\nmax_nodes: 2\n")));
   Result wait = c_.Cli({"wait", std::to_string(spread)}, {}, 180000);
-  ASSERT_EQ(wait.code, 0) << wait.out << c_.Cli({"diary", std::to_string(spread)}).out
+  ASSERT_EQ(wait.code, 0) << wait.out
+                          << c_.Cli({"diary", std::to_string(spread)}).out
                           << Logs();
   EXPECT_EQ(c_.ShowJson(spread)["placement"].size(), 2u);
   std::vector<float> two_workers = FetchWeights(spread, c_.dir() + "/spread");
@@ -142,12 +155,15 @@ TEST_F(TrainJobs, AJobSpanningTwoWorkersTrainsAsOneWorkerDoes) {
   c_.KillWorker(a, SIGTERM);
   c_.KillWorker(b, SIGTERM);
   c_.StartWorker("pair", 2, "pair");
-  ASSERT_TRUE(WaitFor([&] { return c_.Cli({"workers"}).out.find("pair") != std::string::npos; },
-                      15000));
+  ASSERT_TRUE(WaitFor(
+      [&] { return c_.Cli({"workers"}).out.find("pair") != std::string::npos; },
+      15000));
   const int64_t single = c_.Submit(c_.JobFile(
-      "single.yaml", LenetJob(data, options, "name: single\nprofile: pair\npool: 2\n")));
+      "single.yaml",
+      LenetJob(data, options, "name: single\nprofile: pair\npool: 2\n")));
   wait = c_.Cli({"wait", std::to_string(single)}, {}, 180000);
-  ASSERT_EQ(wait.code, 0) << wait.out << c_.Cli({"diary", std::to_string(single)}).out
+  ASSERT_EQ(wait.code, 0) << wait.out
+                          << c_.Cli({"diary", std::to_string(single)}).out
                           << Logs();
   EXPECT_EQ(c_.ShowJson(single)["placement"].size(), 1u);
   std::vector<float> one_worker = FetchWeights(single, c_.dir() + "/single");
@@ -163,19 +179,22 @@ TEST_F(TrainJobs, AJobSpanningTwoWorkersTrainsAsOneWorkerDoes) {
 }
 
 TEST_F(TrainJobs, AJobOfALostWorkerResumesFromItsCheckpointOnAnother) {
-  c_.StartScheduler({"--heartbeat-interval", "200ms", "--heartbeat-timeout", "1500ms"});
+  c_.StartScheduler(
+      {"--heartbeat-interval", "200ms", "--heartbeat-timeout", "1500ms"});
   const int a = c_.StartWorker("a", 1);
   const int b = c_.StartWorker("b", 1);
   ASSERT_TRUE(c_.WaitWorkers(2));
-  const int64_t id = c_.Submit(c_.JobFile(
-      "resume.yaml", LenetJob(kDataDir, R"(    mini_batch_size: 64
+  const int64_t id = c_.Submit(
+      c_.JobFile("resume.yaml", LenetJob(kDataDir, R"(    mini_batch_size: 64
     max_iterations: 500
     verbose_frequency: 100
     checkpoint_frequency: 100
     checkpoint_frequency_unit: iteration
 )",
-                              "name: resume\npool: 1\n")));
-  ASSERT_TRUE(WaitFor([&] { return JsonInt(Progress(id), "checkpoint_iteration") >= 100; }, 90000))
+                                         "name: resume\npool: 1\n")));
+  ASSERT_TRUE(WaitFor(
+      [&] { return JsonInt(Progress(id), "checkpoint_iteration") >= 100; },
+      90000))
       << c_.Cli({"diary", std::to_string(id)}).out << Logs();
   nlohmann::json show = c_.ShowJson(id);
   ASSERT_EQ(show["placement"].size(), 1u);
@@ -185,14 +204,17 @@ TEST_F(TrainJobs, AJobOfALostWorkerResumesFromItsCheckpointOnAnother) {
   c_.KillWorker(first == "a" ? a : b, SIGKILL);
 
   Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 180000);
-  ASSERT_EQ(wait.code, 0) << wait.out << c_.Cli({"diary", std::to_string(id)}).out << Logs();
+  ASSERT_EQ(wait.code, 0) << wait.out
+                          << c_.Cli({"diary", std::to_string(id)}).out
+                          << Logs();
   show = c_.ShowJson(id);
   EXPECT_EQ(show.value("attempt", 0), 2);
   EXPECT_NE(show["placement"][0].value("worker_name", ""), first);
   EXPECT_EQ(JsonInt(show["progress"], "iteration"), 500);
 
   const std::string diary = c_.Cli({"diary", std::to_string(id)}).out;
-  EXPECT_NE(diary.find("resumes from the checkpoint stored at iteration"), std::string::npos)
+  EXPECT_NE(diary.find("resumes from the checkpoint stored at iteration"),
+            std::string::npos)
       << diary;
   EXPECT_NE(diary.find("Resuming from"), std::string::npos) << diary;
 
@@ -207,7 +229,8 @@ TEST_F(TrainJobs, AJobOfALostWorkerResumesFromItsCheckpointOnAnother) {
   for (size_t i = 0; i < history->iterations.size(); ++i) {
     ASSERT_EQ(history->iterations[i].iteration, static_cast<int64_t>(i + 1));
   }
-  nlohmann::json metrics = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
+  nlohmann::json metrics =
+      nlohmann::json::parse(ReadAll(out + "/metrics.json"));
   EXPECT_TRUE(metrics.value("resumed", false));
 }
 
@@ -215,19 +238,22 @@ TEST_F(TrainJobs, AMissingDataFileFailsTheJobWithTheTrainersReason) {
   c_.StartScheduler();
   c_.StartWorker("w1", 2);
   ASSERT_TRUE(c_.WaitWorkers(1));
-  const int64_t id = c_.Submit(c_.JobFile(
-      "missing.yaml", LenetJob("/nonexistent/fashion", "    max_iterations: 5\n",
-                               "name: missing\npool: 2\n")));
+  const int64_t id = c_.Submit(
+      c_.JobFile("missing.yaml",
+                 LenetJob("/nonexistent/fashion", "    max_iterations: 5\n",
+                          "name: missing\npool: 2\n")));
   Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 60000);
   EXPECT_NE(wait.code, 0);
   nlohmann::json show = c_.ShowJson(id);
   EXPECT_EQ(show.value("state", ""), "JOB_STATE_FAILED");
   // The reason names the file, not just an exit code; the diary has it too.
   const std::string reason = show.value("reason", "");
-  EXPECT_NE(reason.find("/nonexistent/fashion/train-images-idx3-ubyte.gz"), std::string::npos)
+  EXPECT_NE(reason.find("/nonexistent/fashion/train-images-idx3-ubyte.gz"),
+            std::string::npos)
       << reason;
-  EXPECT_NE(c_.Cli({"diary", std::to_string(id)}).out.find("/nonexistent/fashion"),
-            std::string::npos);
+  EXPECT_NE(
+      c_.Cli({"diary", std::to_string(id)}).out.find("/nonexistent/fashion"),
+      std::string::npos);
   // A failed job is not retried as if its worker had been lost.
   EXPECT_EQ(show.value("attempt", 0), 1);
 }

@@ -52,7 +52,8 @@ TEST(RendezvousStore, AWaitEndsWhenTheCallerLeaves) {
     gone = true;
   });
   const auto start = std::chrono::steady_clock::now();
-  auto value = store.Get(7, 1, store.SecretFor(7, 1), "never", 10000, [&] { return gone.load(); });
+  auto value = store.Get(7, 1, store.SecretFor(7, 1), "never", 10000,
+                         [&] { return gone.load(); });
   leave.join();
   EXPECT_FALSE(value.ok());
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
@@ -61,12 +62,14 @@ TEST(RendezvousStore, AWaitEndsWhenTheCallerLeaves) {
 TEST(RendezvousStore, SecretsBelongToOneAttemptOfOneJob) {
   RendezvousStore store("key");
   store.Open(7, 2);
-  EXPECT_EQ(store.Set(7, 2, "wrong", "k", "v").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(store.Set(7, 2, "wrong", "k", "v").code(),
+            absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(store.Set(7, 2, store.SecretFor(7, 1), "k", "v").code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(store.Set(7, 2, store.SecretFor(8, 2), "k", "v").code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_NE(RendezvousStore("other key").SecretFor(7, 2), store.SecretFor(7, 2));
+  EXPECT_NE(RendezvousStore("other key").SecretFor(7, 2),
+            store.SecretFor(7, 2));
   EXPECT_TRUE(store.Set(7, 2, store.SecretFor(7, 2), "k", "v").ok());
 }
 
@@ -74,16 +77,19 @@ TEST(RendezvousStore, AnAttemptThatEndedOrWasReplacedIsClosed) {
   RendezvousStore store("key");
   store.Open(7, 1);
   ASSERT_TRUE(store.Set(7, 1, store.SecretFor(7, 1), "k", "old").ok());
-  // Requeued: attempt 2 starts with no keys, attempt 1's processes are shut out.
+  // Requeued: attempt 2 starts with no keys, attempt 1's processes are shut
+  // out.
   store.Open(7, 2);
   EXPECT_EQ(store.Set(7, 1, store.SecretFor(7, 1), "k", "v").code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(store.Get(7, 2, store.SecretFor(7, 2), "k", 0, nullptr).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      store.Get(7, 2, store.SecretFor(7, 2), "k", 0, nullptr).status().code(),
+      absl::StatusCode::kNotFound);
   store.Drop(7);
   EXPECT_EQ(store.open_jobs(), 0u);
-  EXPECT_EQ(store.Get(7, 2, store.SecretFor(7, 2), "k", 0, nullptr).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      store.Get(7, 2, store.SecretFor(7, 2), "k", 0, nullptr).status().code(),
+      absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(RendezvousStore, AWaitingGetLearnsThatTheAttemptEnded) {
@@ -102,12 +108,17 @@ TEST(RendezvousStore, OversizedValuesAndEmptyKeysAreRefused) {
   RendezvousStore store("key");
   store.Open(7, 1);
   const std::string secret = store.SecretFor(7, 1);
-  EXPECT_EQ(store.Set(7, 1, secret, "", "v").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store.Set(7, 1, secret, "big", std::string(RendezvousStore::kMaxValueBytes + 1, 'x'))
+  EXPECT_EQ(store.Set(7, 1, secret, "", "v").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store
+                .Set(7, 1, secret, "big",
+                     std::string(RendezvousStore::kMaxValueBytes + 1, 'x'))
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(
-      store.Set(7, 1, secret, "fits", std::string(RendezvousStore::kMaxValueBytes, 'x')).ok());
+  EXPECT_TRUE(store
+                  .Set(7, 1, secret, "fits",
+                       std::string(RendezvousStore::kMaxValueBytes, 'x'))
+                  .ok());
 }
 
 }  // namespace

@@ -438,8 +438,10 @@ TEST_F(SchedulerTest, SubmitRejectsJobsThatCannotRun) {
 
 // A train job of `profile` whose options say execution_environment: `env`
 // (empty: not said).
-v1::SubmitJobRequest TrainJob(const std::string& profile, const std::string& env) {
-  const std::string yaml = absl::StrCat(R"(name: net
+v1::SubmitJobRequest TrainJob(const std::string& profile,
+                              const std::string& env) {
+  const std::string yaml = absl::StrCat(
+      R"(name: net
 train:
   network:
     input: [28, 28, 1]
@@ -450,7 +452,9 @@ train:
     train: {format: idx, images: i.gz, labels: l.gz}
   options:
     max_iterations: 1
-)", env.empty() ? "" : absl::StrCat("    execution_environment: ", env, "\n"));
+)",
+      env.empty() ? ""
+                  : absl::StrCat("    execution_environment: ", env, "\n"));
   absl::StatusOr<ParsedJobFile> parsed = ParseJobYaml(yaml, "job.yaml");
   EXPECT_TRUE(parsed.ok()) << parsed.status();
   v1::SubmitJobRequest request;
@@ -470,10 +474,11 @@ TEST_F(SchedulerTest, SubmitRefusesGpuTrainJobsWhereTheWorkersOfferCpuSlots) {
     ASSERT_FALSE(refused.ok()) << env;
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(refused.status().message(),
-                HasSubstr(absl::StrCat("execution_environment: ", env,
-                                       " asks for GPUs, but the workers of profile 'local' "
-                                       "offer CPU slots only; use cpu or auto, or a profile "
-                                       "with GPUs (--profile gpu-box)")));
+                HasSubstr(absl::StrCat(
+                    "execution_environment: ", env,
+                    " asks for GPUs, but the workers of profile 'local' "
+                    "offer CPU slots only; use cpu or auto, or a profile "
+                    "with GPUs (--profile gpu-box)")));
   }
   auto jobs = scheduler_->ListJobs(v1::ListJobsRequest());
   ASSERT_TRUE(jobs.ok()) << jobs.status();

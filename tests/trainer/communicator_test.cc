@@ -202,7 +202,8 @@ TEST(SoloCommunicator, CollectivesLeaveDataAlone) {
 int RankCollectives(const std::string& dir, int rank, int size) {
   auto rdv = OpenFileRendezvous(dir + "/rdv");
   if (!rdv.ok()) return 10;
-  auto comm = MakeGlooCommunicator(rdv->get(), rank, size, kHost, absl::Seconds(10));
+  auto comm =
+      MakeGlooCommunicator(rdv->get(), rank, size, kHost, absl::Seconds(10));
   if (!comm.ok()) {
     fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
     return 11;
@@ -211,15 +212,18 @@ int RankCollectives(const std::string& dir, int rank, int size) {
 
   std::vector<float> data = RankData(rank, kCount);
   if (!(*comm)->AllreduceSum(data.data(), kCount).ok()) return 13;
-  if (!WriteFileAtomic(absl::StrCat(dir, "/sum_", rank), Bytes(data)).ok()) return 14;
+  if (!WriteFileAtomic(absl::StrCat(dir, "/sum_", rank), Bytes(data)).ok())
+    return 14;
 
   std::vector<float> b = RankData(rank, 1000, /*seed=*/99);
   if (!(*comm)->Broadcast(b.data(), 1000, size - 1).ok()) return 15;
-  if (!WriteFileAtomic(absl::StrCat(dir, "/bcast_", rank), Bytes(b)).ok()) return 16;
+  if (!WriteFileAtomic(absl::StrCat(dir, "/bcast_", rank), Bytes(b)).ok())
+    return 16;
 
   // Later ranks arrive later; nobody may pass the barrier before the last.
   absl::SleepFor(absl::Milliseconds(60 * rank));
-  if (!WriteFileAtomic(absl::StrCat(dir, "/arrived_", rank), "").ok()) return 17;
+  if (!WriteFileAtomic(absl::StrCat(dir, "/arrived_", rank), "").ok())
+    return 17;
   if (!(*comm)->Barrier().ok()) return 18;
   for (int r = 0; r < size; ++r) {
     if (!ReadFile(absl::StrCat(dir, "/arrived_", r)).ok()) return 19;
@@ -234,8 +238,8 @@ TEST_P(GlooProcesses, AllreduceBroadcastBarrier) {
   const std::string dir = MakeTempDir();
   std::vector<int> ranks;
   for (int r = 0; r < size; ++r) ranks.push_back(r);
-  std::vector<pid_t> pids =
-      ForkRanks(ranks, [&](int rank) { return RankCollectives(dir, rank, size); });
+  std::vector<pid_t> pids = ForkRanks(
+      ranks, [&](int rank) { return RankCollectives(dir, rank, size); });
   for (int r = 0; r < size; ++r) {
     EXPECT_EQ(WaitFor(pids[r], absl::Seconds(15)), 0) << "rank " << r;
   }
@@ -262,9 +266,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GlooProcesses, testing::Values(2, 4));
 
 // Runs `body(rank, communicator)` on one thread per rank, each with its own
 // Gloo device and context, then a barrier.
-void RunThreadRanks(
-    GlooAllreduce algorithm, int size, Rendezvous* rdv,
-    const std::function<void(int, Communicator*)>& body) {
+void RunThreadRanks(GlooAllreduce algorithm, int size, Rendezvous* rdv,
+                    const std::function<void(int, Communicator*)>& body) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < size; ++rank) {
     threads.emplace_back([&, rank] {
@@ -312,14 +315,16 @@ TEST_P(GlooAlgorithms, ThreadRanksSum) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, GlooAlgorithms,
-    testing::Combine(
-        testing::Values(GlooAllreduce::kRing, GlooAllreduce::kRingChunked,
-                        GlooAllreduce::kHalvingDoubling,
-                        GlooAllreduce::kUnifiedRing, GlooAllreduce::kUnifiedBcube),
-        testing::Values(3, 4)),
+    testing::Combine(testing::Values(GlooAllreduce::kRing,
+                                     GlooAllreduce::kRingChunked,
+                                     GlooAllreduce::kHalvingDoubling,
+                                     GlooAllreduce::kUnifiedRing,
+                                     GlooAllreduce::kUnifiedBcube),
+                     testing::Values(3, 4)),
     [](const auto& info) {
-      std::string name = absl::StrCat(GlooAllreduceName(std::get<0>(info.param)),
-                                      "_", std::get<1>(info.param), "ranks");
+      std::string name =
+          absl::StrCat(GlooAllreduceName(std::get<0>(info.param)), "_",
+                       std::get<1>(info.param), "ranks");
       for (char& c : name) {
         if (!isalnum(static_cast<unsigned char>(c))) c = '_';
       }
@@ -458,16 +463,18 @@ TEST(GlooCommunicator, SeveralPerJobAndOddSizes) {
   // Two communicators in a row over one store, and counts that do not split
   // evenly over the ranks (and none at all).
   for (int round = 0; round < 2; ++round) {
-    RunThreadRanks(kDefaultGlooAllreduce, 3, rdv->get(), [&](int rank, Communicator* c) {
-      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1001}}) {
-        std::vector<float> v(count, static_cast<float>(rank + 1));
-        ASSERT_TRUE(c->AllreduceSum(v.data(), count).ok());
-        for (float x : v) ASSERT_EQ(x, 6.0f);
-      }
-      EXPECT_FALSE(c->Broadcast(nullptr, 5, 0).ok());
-      EXPECT_FALSE(c->Broadcast(nullptr, 0, 3).ok());
-      ASSERT_TRUE(c->Barrier().ok());  // still usable after argument errors
-    });
+    RunThreadRanks(
+        kDefaultGlooAllreduce, 3, rdv->get(), [&](int rank, Communicator* c) {
+          for (int64_t count :
+               {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1001}}) {
+            std::vector<float> v(count, static_cast<float>(rank + 1));
+            ASSERT_TRUE(c->AllreduceSum(v.data(), count).ok());
+            for (float x : v) ASSERT_EQ(x, 6.0f);
+          }
+          EXPECT_FALSE(c->Broadcast(nullptr, 5, 0).ok());
+          EXPECT_FALSE(c->Broadcast(nullptr, 0, 3).ok());
+          ASSERT_TRUE(c->Barrier().ok());  // still usable after argument errors
+        });
   }
 }
 
@@ -510,7 +517,8 @@ TEST(GlooCommunicator, KilledPeerFailsTheNextCollective) {
   const absl::Duration took = absl::Now() - start;
   EXPECT_FALSE(failed.ok());
   EXPECT_LT(took, timeout + absl::Seconds(1));
-  EXPECT_THAT(failed.message(), HasSubstr("allreduce of 400000 floats on rank 0 of 3"));
+  EXPECT_THAT(failed.message(),
+              HasSubstr("allreduce of 400000 floats on rank 0 of 3"));
   EXPECT_EQ((*comm)->Barrier().code(), absl::StatusCode::kFailedPrecondition);
   // Rank 2 may be waiting on rank 0, not on the dead rank: it fails within
   // its timeout, or at once when rank 0 gives up and closes, as a failed
@@ -547,7 +555,8 @@ TEST(GlooCommunicator, SilentPeerTimesOut) {
   kill(pids[0], SIGKILL);
   WaitFor(pids[0], absl::Seconds(5));
   EXPECT_EQ(failed.code(), absl::StatusCode::kDeadlineExceeded) << failed;
-  EXPECT_THAT(std::string(failed.message()), HasSubstr("did not answer in time"));
+  EXPECT_THAT(std::string(failed.message()),
+              HasSubstr("did not answer in time"));
   EXPECT_GE(took, timeout - absl::Milliseconds(100));
   EXPECT_LT(took, timeout + absl::Seconds(2));
 }
@@ -562,13 +571,15 @@ TEST(GlooCommunicator, MissingRankIsDeadlineExceeded) {
   const absl::Time start = absl::Now();
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      got[rank] = MakeGlooCommunicator(rdv->get(), rank, 3, kHost, timeout).status();
+      got[rank] =
+          MakeGlooCommunicator(rdv->get(), rank, 3, kHost, timeout).status();
     });
   }
   for (auto& t : threads) t.join();
   const absl::Duration took = absl::Now() - start;
   for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(got[rank].code(), absl::StatusCode::kDeadlineExceeded) << got[rank];
+    EXPECT_EQ(got[rank].code(), absl::StatusCode::kDeadlineExceeded)
+        << got[rank];
     EXPECT_THAT(std::string(got[rank].message()),
                 HasSubstr("rank 2 likely never arrived"));
   }
@@ -578,10 +589,14 @@ TEST(GlooCommunicator, MissingRankIsDeadlineExceeded) {
 TEST(GlooCommunicator, RefusesBadArguments) {
   auto rdv = OpenFileRendezvous(MakeTempDir());
   ASSERT_TRUE(rdv.ok());
-  EXPECT_FALSE(MakeGlooCommunicator(nullptr, 0, 2, kHost, absl::Seconds(1)).ok());
-  EXPECT_FALSE(MakeGlooCommunicator(rdv->get(), 2, 2, kHost, absl::Seconds(1)).ok());
-  EXPECT_FALSE(MakeGlooCommunicator(rdv->get(), 0, 2, "", absl::Seconds(1)).ok());
-  EXPECT_FALSE(MakeGlooCommunicator(rdv->get(), 0, 2, kHost, absl::ZeroDuration()).ok());
+  EXPECT_FALSE(
+      MakeGlooCommunicator(nullptr, 0, 2, kHost, absl::Seconds(1)).ok());
+  EXPECT_FALSE(
+      MakeGlooCommunicator(rdv->get(), 2, 2, kHost, absl::Seconds(1)).ok());
+  EXPECT_FALSE(
+      MakeGlooCommunicator(rdv->get(), 0, 2, "", absl::Seconds(1)).ok());
+  EXPECT_FALSE(
+      MakeGlooCommunicator(rdv->get(), 0, 2, kHost, absl::ZeroDuration()).ok());
   auto one = MakeGlooCommunicator(rdv->get(), 0, 1, kHost, absl::Seconds(1));
   ASSERT_TRUE(one.ok());
   EXPECT_EQ((*one)->size(), 1);

@@ -177,9 +177,9 @@ TEST_F(GpuBackendTest, DescribesItself) {
 
 TEST_F(GpuBackendTest, ConvolutionForwardAndBackward) {
   const ConvDesc descs[] = {
-      Conv({28, 28, 1}, 20, 5, 1, 0),  // LeNet's first
+      Conv({28, 28, 1}, 20, 5, 1, 0),   // LeNet's first
       Conv({12, 12, 20}, 50, 5, 1, 0),  // and second
-      Conv({9, 9, 3}, 8, 3, 2, 1),     // strided, padded
+      Conv({9, 9, 3}, 8, 3, 2, 1),      // strided, padded
       Conv({14, 14, 16}, 40, 3, 1, 1),  // over 32 channels of bias
   };
   uint64_t seed = 1;
@@ -393,8 +393,8 @@ void ExpectPoolingAgrees(Backend* cpu, Backend* gpu, const PoolDesc& d, int n,
 
 TEST_F(GpuBackendTest, PoolingForwardAndBackward) {
   PoolDesc max2{PoolKind::kMax, {24, 24, 20}, 2, 2, 2, 2, {}, {12, 12, 20}};
-  PoolDesc avg3{PoolKind::kAverage, {7, 7, 6}, 3, 3, 1, 1, {1, 1, 1, 1},
-                {7, 7, 6}};
+  PoolDesc avg3{PoolKind::kAverage, {7, 7, 6}, 3, 3, 1, 1,
+                {1, 1, 1, 1},       {7, 7, 6}};
   PoolDesc max3{PoolKind::kMax, {9, 9, 4}, 3, 3, 2, 2, {}, {4, 4, 4}};
   PoolDesc global{PoolKind::kAverage, {5, 5, 16}, 5, 5, 1, 1, {}, {1, 1, 16}};
   // Tiled windows that leave the last row and column uncovered.
@@ -402,7 +402,8 @@ TEST_F(GpuBackendTest, PoolingForwardAndBackward) {
   uint64_t seed = 20;
   for (const PoolDesc& d : {max2, avg3, max3, global, max2odd}) {
     const int n = 3;
-    Pair x = Random(n * d.in.size(), ++seed), dy = Random(n * d.out.size(), ++seed);
+    Pair x = Random(n * d.in.size(), ++seed),
+         dy = Random(n * d.out.size(), ++seed);
     ExpectPoolingAgrees(cpu_.get(), gpu_.get(), d, n, x, dy);
   }
 }
@@ -482,10 +483,10 @@ TEST_F(GpuBackendTest, SyncBatchNormPassesOfOneRank) {
                       dbeta.c(), bsums.c());
   (*gk)->BackwardSums(n, x.g(), dy.g(), mean.g(), var.g(), dgamma.g(),
                       dbeta.g(), bsums.g());
-  (*ck)->BackwardData(n, x.c(), dy.c(), gamma.c(), mean.c(), var.c(),
-                      bsums.c(), dx.c());
-  (*gk)->BackwardData(n, x.g(), dy.g(), gamma.g(), mean.g(), var.g(),
-                      bsums.g(), dx.g());
+  (*ck)->BackwardData(n, x.c(), dy.c(), gamma.c(), mean.c(), var.c(), bsums.c(),
+                      dx.c());
+  (*gk)->BackwardData(n, x.g(), dy.g(), gamma.g(), mean.g(), var.g(), bsums.g(),
+                      dx.g());
   EXPECT_AGREE(y);
   EXPECT_AGREE(mean);
   EXPECT_AGREE(var);
@@ -558,8 +559,8 @@ TEST_F(GpuBackendTest, SoftmaxCrossEntropyForwardAndBackward) {
     Buffer cl = *cpu_->Allocate(n * 4), gl = *gpu_->Allocate(n * 4);
     cpu_->CopyToDevice(cl.as<void>(), labels.data(), n * 4);
     gpu_->CopyToDevice(gl.as<void>(), labels.data(), n * 4);
-    Pair probs = Zeros(int64_t{n} * classes), stats(cpu_.get(), gpu_.get(),
-                                                    std::vector<float>{1, 2});
+    Pair probs = Zeros(int64_t{n} * classes),
+         stats(cpu_.get(), gpu_.get(), std::vector<float>{1, 2});
     Pair dlogits = Zeros(int64_t{n} * classes);
     cpu_->SoftmaxCrossEntropy(n, classes, logits.c(), cl.as<int32_t>(),
                               probs.c(), stats.c());
@@ -742,7 +743,6 @@ TEST_F(GpuBackendTest, LeNetLossCurveOf200StepsMatchesTheCpu) {
   for (int i = steps - window; i < steps; ++i) cpu_tail += cpu[i] / window;
   EXPECT_LT(cpu_tail, 0.5 * cpu.front());  // it learned
 }
-
 
 // --- asymmetric padding: `same` with an even window or a stride over an
 // even size (cuDNN pads symmetrically; the GPU pads a copy or runs its own

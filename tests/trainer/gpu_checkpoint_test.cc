@@ -34,16 +34,20 @@ class GpuCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
     if (CudaDeviceCount() == 0) {
-      GTEST_SKIP() << "no CUDA device: this test resumes GPU checkpoints on the CPU and back";
+      GTEST_SKIP() << "no CUDA device: this test resumes GPU checkpoints on "
+                      "the CPU and back";
     }
-    if (access((FashionMnistDir() + "/train-images-idx3-ubyte.gz").c_str(), R_OK) != 0) {
-      GTEST_SKIP() << "Fashion-MNIST is not in " << FashionMnistDir() << " (DLBATCH_TEST_DATA_DIR)";
+    if (access((FashionMnistDir() + "/train-images-idx3-ubyte.gz").c_str(),
+               R_OK) != 0) {
+      GTEST_SKIP() << "Fashion-MNIST is not in " << FashionMnistDir()
+                   << " (DLBATCH_TEST_DATA_DIR)";
     }
     char tmpl[] = "/tmp/gpu-checkpoint-XXXXXX";
     dir_ = mkdtemp(tmpl);
     job_ = dir_ + "/lenet.yaml";
     const std::string d = FashionMnistDir();
-    WriteAll(job_, absl::StrCat("name: lenet\ntrain:", dlbatch::testing::kLenetNetworkYaml,
+    WriteAll(job_, absl::StrCat("name: lenet\ntrain:",
+                                dlbatch::testing::kLenetNetworkYaml,
                                 "  data:\n    train: {format: idx, images: ", d,
                                 "/train-images-idx3-ubyte.gz, labels: ", d,
                                 "/train-labels-idx1-ubyte.gz}\n  options:\n"
@@ -53,11 +57,13 @@ class GpuCheckpoint : public ::testing::Test {
   // Trains to `iterations` on `env` in `out`, resuming what is there.
   void Train(const std::string& env, int iterations, const std::string& out,
              const std::string& threads = "1") {
-    Result r = Exec({BinDir() + "/dlbatch-train", job_, "--output-dir", out,
-                     "--execution-environment", env, "--max-iterations",
-                     std::to_string(iterations), "--resume", "--threads", threads},
-                    {{"XDG_CACHE_HOME", dir_ + "/cache"}}, 300000);
-    ASSERT_EQ(r.code, 0) << env << " to " << iterations << ":\n" << r.out << r.err;
+    Result r =
+        Exec({BinDir() + "/dlbatch-train", job_, "--output-dir", out,
+              "--execution-environment", env, "--max-iterations",
+              std::to_string(iterations), "--resume", "--threads", threads},
+             {{"XDG_CACHE_HOME", dir_ + "/cache"}}, 300000);
+    ASSERT_EQ(r.code, 0) << env << " to " << iterations << ":\n"
+                         << r.out << r.err;
   }
 
   std::vector<float> Weights(const std::string& out) {
@@ -68,7 +74,8 @@ class GpuCheckpoint : public ::testing::Test {
     return c->params;
   }
 
-  static double RelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  static double RelativeDifference(const std::vector<float>& a,
+                                   const std::vector<float>& b) {
     double diff = 0, norm = 0;
     for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
       diff += std::pow(double{a[i]} - b[i], 2);
@@ -115,13 +122,17 @@ TEST_F(GpuCheckpoint, AGpuCheckpointResumesOnTheCpuAndACpuOneOnTheGpu) {
   Train("gpu", kSteps, dir_ + "/cpu-then-gpu");
   const std::vector<float> cpu = Weights(dir_ + "/cpu");
   const std::vector<float> gpu = Weights(dir_ + "/gpu");
-  const double rounding = RelativeDifference(Weights(dir_ + "/cpu-2-threads"), cpu);
+  const double rounding =
+      RelativeDifference(Weights(dir_ + "/cpu-2-threads"), cpu);
   const double devices = RelativeDifference(gpu, cpu);
-  const double gpu_then_cpu = RelativeDifference(Weights(dir_ + "/gpu-then-cpu"), cpu);
-  const double cpu_then_gpu = RelativeDifference(Weights(dir_ + "/cpu-then-gpu"), gpu);
-  std::printf("after %d steps: cpu 1 vs 2 threads %.3g, gpu vs cpu %.3g, "
-              "gpu-then-cpu vs cpu %.3g, cpu-then-gpu vs gpu %.3g\n",
-              kSteps, rounding, devices, gpu_then_cpu, cpu_then_gpu);
+  const double gpu_then_cpu =
+      RelativeDifference(Weights(dir_ + "/gpu-then-cpu"), cpu);
+  const double cpu_then_gpu =
+      RelativeDifference(Weights(dir_ + "/cpu-then-gpu"), gpu);
+  std::printf(
+      "after %d steps: cpu 1 vs 2 threads %.3g, gpu vs cpu %.3g, "
+      "gpu-then-cpu vs cpu %.3g, cpu-then-gpu vs gpu %.3g\n",
+      kSteps, rounding, devices, gpu_then_cpu, cpu_then_gpu);
   // Steps on two devices differ by rounding only.
   EXPECT_LT(devices, 1e-3);
   EXPECT_LT(gpu_then_cpu, 1e-3);
@@ -129,7 +140,8 @@ TEST_F(GpuCheckpoint, AGpuCheckpointResumesOnTheCpuAndACpuOneOnTheGpu) {
   // A resume that lost the state would be far off: the weights moved.
   const std::vector<float> start = [&] {
     Train("cpu", 1, dir_ + "/one");
-    absl::StatusOr<Checkpoint> c = ReadCheckpoint(dir_ + "/one/checkpoint.dlbc");
+    absl::StatusOr<Checkpoint> c =
+        ReadCheckpoint(dir_ + "/one/checkpoint.dlbc");
     return c.ok() ? c->params : std::vector<float>();
   }();
   const double moved = RelativeDifference(start, cpu);

@@ -605,8 +605,8 @@ TEST_F(LayersTest, TwoThreadsAgreeWithOne) {
     const int64_t count = 100000;
     DeviceArray p(backend, RandomVector(count, 4)),
         g(backend, RandomVector(count, 5)), v(backend, count);
-    backend->SgdmUpdate(count, count / 2, 0.1f, 0.9f, 0.01f, p.data(),
-                        g.data(), v.data());
+    backend->SgdmUpdate(count, count / 2, 0.1f, 0.9f, 0.01f, p.data(), g.data(),
+                        v.data());
     outputs.push_back(p.Get());
   }
   const std::vector<double> y1(outputs[0].begin(), outputs[0].end());

@@ -302,9 +302,10 @@ TEST(NcclCommunicatorGpu, WaitOnDeviceIsBoundedAndAbortsWhenItTimesOut) {
   ASSERT_NE(host, nullptr);
   std::fill_n(static_cast<float*>(host), kCount, 3.0f);
   const uint64_t token = b.Upload(device.f32(), host, kCount * sizeof(float));
-  EXPECT_TRUE((*comm)->WaitOnDevice([&] { return b.Uploaded(token); },
-                                    "the upload")
-                  .ok());
+  EXPECT_TRUE(
+      (*comm)
+          ->WaitOnDevice([&] { return b.Uploaded(token); }, "the upload")
+          .ok());
   EXPECT_TRUE(b.Uploaded(token));
   b.UseUploads();
   std::vector<float> back(kCount);
@@ -316,7 +317,8 @@ TEST(NcclCommunicatorGpu, WaitOnDeviceIsBoundedAndAbortsWhenItTimesOut) {
   const absl::Status never =
       (*comm)->WaitOnDevice([] { return false; }, "the step before last");
   EXPECT_EQ(never.code(), absl::StatusCode::kDeadlineExceeded) << never;
-  EXPECT_THAT(never.message(), HasSubstr("the step before last did not finish"));
+  EXPECT_THAT(never.message(),
+              HasSubstr("the step before last did not finish"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
   Buffer d = *b.Allocate(sizeof(float));
   const absl::Status after = (*comm)->AllreduceSum(d.f32(), 1);

@@ -182,7 +182,8 @@ TEST_F(NetworkTest, RefusesBadNetworksWithMessagesThatNameTheLayer) {
 
 // Parameters that cannot be allocated: the error says the network, not the
 // mini-batch, is too large (785 x 2e8 weights and biases are 628 GB).
-TEST_F(NetworkTest, ParametersBeyondMemoryAreAnErrorThatSaysToShrinkTheNetwork) {
+TEST_F(NetworkTest,
+       ParametersBeyondMemoryAreAnErrorThatSaysToShrinkTheNetwork) {
   // Where the kernel grants every allocation (vm.overcommit_memory 1) this
   // one would succeed, and zeroing it would exhaust the machine.
   std::ifstream overcommit("/proc/sys/vm/overcommit_memory");

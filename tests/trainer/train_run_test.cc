@@ -693,11 +693,11 @@ TEST_F(TrainRun, NoGpuSaysWhyAndAutoTrainsOnTheCpu) {
            listing);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("file=libgomp"), std::string::npos)
-      << "no LD_DEBUG listing:\n" << r.err.substr(0, 2000);
+      << "no LD_DEBUG listing:\n"
+      << r.err.substr(0, 2000);
   const size_t blas = r.err.find("libcublas");
-  EXPECT_EQ(blas, std::string::npos)
-      << r.err.substr(blas == std::string::npos || blas < 300 ? 0 : blas - 300,
-                      600);
+  EXPECT_EQ(blas, std::string::npos) << r.err.substr(
+      blas == std::string::npos || blas < 300 ? 0 : blas - 300, 600);
   EXPECT_NE((r.out + r.err).find("Training on cpu"), std::string::npos)
       << r.out << r.err;
   absl::StatusOr<Checkpoint> c = ReadCheckpoint(dir_ + "/auto/checkpoint.dlbc");

@@ -488,8 +488,8 @@ TEST_F(SubprocessTest, ChannelIsDescriptorThreeAndArrivesAsStreamThree) {
 }
 
 TEST_F(SubprocessTest, WithoutAChannelDescriptorThreeIsClosed) {
-  ExitInfo info =
-      Run(1, Shell("if { echo x >&3; } 2>/dev/null; then echo open; else echo closed; fi"));
+  ExitInfo info = Run(1, Shell("if { echo x >&3; } 2>/dev/null; then echo "
+                               "open; else echo closed; fi"));
   EXPECT_TRUE(info.exited);
   EXPECT_EQ(Texts(1, 1), std::vector<std::string>{"closed"});
 }

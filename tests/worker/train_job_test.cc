@@ -12,25 +12,30 @@ namespace {
 
 TEST(ApplyChannelLine, FoldsTheTrainersEventsIntoTheLatestProgress) {
   v1::TrainProgress p;
-  EXPECT_EQ(ApplyChannelLine(R"({"event":"start","iteration":0,"iterations":937})", 1, &p).kind,
+  EXPECT_EQ(ApplyChannelLine(
+                R"({"event":"start","iteration":0,"iterations":937})", 1, &p)
+                .kind,
             ChannelEvent::kProgress);
   EXPECT_EQ(p.iterations(), 937);
-  ApplyChannelLine(R"({"event":"progress","iteration":50,"iterations":937,"epoch":1,"epochs":1,)"
-                   R"("loss":0.69,"accuracy":71.9,"learn_rate":0.01,"images_per_s":2700,)"
-                   R"("elapsed_s":2.5,"eta_s":40})",
-                   2, &p);
+  ApplyChannelLine(
+      R"({"event":"progress","iteration":50,"iterations":937,"epoch":1,"epochs":1,)"
+      R"("loss":0.69,"accuracy":71.9,"learn_rate":0.01,"images_per_s":2700,)"
+      R"("elapsed_s":2.5,"eta_s":40})",
+      2, &p);
   EXPECT_EQ(p.iteration(), 50);
   EXPECT_DOUBLE_EQ(p.loss(), 0.69);
   EXPECT_DOUBLE_EQ(p.accuracy(), 71.9);
   EXPECT_DOUBLE_EQ(p.eta_s(), 40);
   EXPECT_EQ(p.time_ms(), 2);
   EXPECT_FALSE(p.has_validation());
-  ApplyChannelLine(R"({"event":"validation","iteration":100,"loss":0.55,"accuracy":80.3})", 3,
-                   &p);
+  ApplyChannelLine(
+      R"({"event":"validation","iteration":100,"loss":0.55,"accuracy":80.3})",
+      3, &p);
   EXPECT_TRUE(p.has_validation());
   EXPECT_DOUBLE_EQ(p.validation_accuracy(), 80.3);
   EXPECT_EQ(p.iteration(), 50);  // a validation reports no step
-  ApplyChannelLine(R"({"event":"done","iteration":937,"images_per_s":2800})", 4, &p);
+  ApplyChannelLine(R"({"event":"done","iteration":937,"images_per_s":2800})", 4,
+                   &p);
   EXPECT_TRUE(p.done());
   EXPECT_EQ(p.iteration(), 937);
   EXPECT_DOUBLE_EQ(p.eta_s(), 0);
@@ -38,8 +43,9 @@ TEST(ApplyChannelLine, FoldsTheTrainersEventsIntoTheLatestProgress) {
 
 TEST(ApplyChannelLine, ACheckpointIsAnnouncedWithItsIteration) {
   v1::TrainProgress p;
-  ChannelEvent e =
-      ApplyChannelLine(R"({"event":"checkpoint","iteration":400,"path":"checkpoint.dlbc"})", 1, &p);
+  ChannelEvent e = ApplyChannelLine(
+      R"({"event":"checkpoint","iteration":400,"path":"checkpoint.dlbc"})", 1,
+      &p);
   EXPECT_EQ(e.kind, ChannelEvent::kCheckpoint);
   EXPECT_EQ(e.iteration, 400);
 }
@@ -47,13 +53,16 @@ TEST(ApplyChannelLine, ACheckpointIsAnnouncedWithItsIteration) {
 TEST(ApplyChannelLine, AnythingElseOnTheChannelIsIgnored) {
   v1::TrainProgress p;
   p.set_iteration(5);
-  for (const char* line : {"", "not json", "[1,2]", "{\"event\": 3}", "{\"iteration\": 9}",
-                           "{\"event\":\"unknown\",\"iteration\":9}", "{\"event\":\"progress\""}) {
-    EXPECT_EQ(ApplyChannelLine(line, 1, &p).kind, ChannelEvent::kIgnored) << line;
+  for (const char* line :
+       {"", "not json", "[1,2]", "{\"event\": 3}", "{\"iteration\": 9}",
+        "{\"event\":\"unknown\",\"iteration\":9}", "{\"event\":\"progress\""}) {
+    EXPECT_EQ(ApplyChannelLine(line, 1, &p).kind, ChannelEvent::kIgnored)
+        << line;
   }
   EXPECT_EQ(p.iteration(), 5);
   // Wrongly typed fields keep their values.
-  ApplyChannelLine(R"({"event":"progress","iteration":"many","loss":null})", 2, &p);
+  ApplyChannelLine(R"({"event":"progress","iteration":"many","loss":null})", 2,
+                   &p);
   EXPECT_EQ(p.iteration(), 5);
 }
 
@@ -86,9 +95,11 @@ TEST(PrepareTrainCommand, RunsThePartsRanksWithTheRendezvousAndChannel) {
     return s;
   }();
   EXPECT_EQ(sp.argv[0], "/opt/dlbatch/dlbatch-train");
-  for (const char* want : {"--spec-binary", "--progress fd:3", "--ranks 2", "--first-rank 2",
-                           "--world 4", "--host 10.0.0.2", "--resume"}) {
-    EXPECT_NE(argv.find(want), std::string::npos) << want << " missing from " << argv;
+  for (const char* want :
+       {"--spec-binary", "--progress fd:3", "--ranks 2", "--first-rank 2",
+        "--world 4", "--host 10.0.0.2", "--resume"}) {
+    EXPECT_NE(argv.find(want), std::string::npos)
+        << want << " missing from " << argv;
   }
   EXPECT_TRUE(sp.channel);
   EXPECT_EQ(sp.cwd, dir);
