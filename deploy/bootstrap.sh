@@ -3,19 +3,24 @@
 # those), then configures and builds. Safe to run again: it installs nothing
 # twice and rebuilds only what changed.
 #
-#   deploy/bootstrap.sh [--build-dir DIR] [--no-build] [--jobs N]
+#   deploy/bootstrap.sh [--build-dir DIR] [--no-build] [--jobs N] [--test-tools]
+#
+# --test-tools also installs what only the test command uses (clang-format,
+# for the tree's format check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build_dir=build
 do_build=1
 jobs=$(nproc)
+test_tools=0
 while (($#)); do
   case $1 in
     --build-dir) build_dir=$2; shift 2 ;;
     --no-build) do_build=0; shift ;;
     --jobs) jobs=$2; shift 2 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    --test-tools) test_tools=1; shift ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "bootstrap: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -30,6 +35,7 @@ packages=(
   dataset-fashion-mnist python3-onnx python3-numpy
   tmux
 )
+((test_tools)) && packages+=(clang-format)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test: unit tests in
-# parallel, then the integration tests (real binaries on loopback) one by one.
+# Installs what is missing, checks the tree's format, builds, and runs every
+# test: unit tests in parallel, then the integration tests (real binaries on
+# loopback) one by one.
 # Where the build has the GPU backend (CUDA, cuDNN and cuBLAS were found), it
 # then builds the trainer as a machine without them gets it (CPU-only, in
 # build-cpu-only/) and runs the trainer tests whose outcome depends on that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+deploy/bootstrap.sh --test-tools --no-build
+deploy/check-format.sh
 deploy/bootstrap.sh
 cd build
 ctest --output-on-failure -LE integration -j "$(nproc)"
