@@ -22,6 +22,9 @@ struct SubmitOptions {
   std::optional<std::string> name;
   bool follow = false;  // a sweep: wait for all its jobs, then compare them
   bool quiet = false;   // print only the id (a sweep: its job ids, one a line)
+  // Empty: a random one. A submit repeating a request id the scheduler has
+  // seen makes no job and gets the first one's id.
+  std::string request_id;
 };
 absl::StatusOr<int> Submit(const GlobalFlags& flags,
                            const SubmitOptions& options);
@@ -34,8 +37,14 @@ struct JobsOptions {
 };
 absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options);
 absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json);
-absl::StatusOr<int> Diary(Connection& conn, int64_t job_id, bool follow,
-                          bool timestamps);
+struct DiaryOptions {
+  bool follow = false;      // until the job ends
+  bool timestamps = false;  // each line prefixed with its local time
+  bool raw = false;         // the exact bytes, unescaped (diary_text.h)
+  bool json = false;        // one DiaryLineJson object a line
+};
+absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
+                          const DiaryOptions& options);
 absl::StatusOr<int> Cancel(Connection& conn,
                            const std::vector<int64_t>& job_ids);
 absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,

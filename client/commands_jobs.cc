@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
+#include "client/diary_text.h"
 #include "client/format.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
@@ -29,6 +30,18 @@ std::string RandomRequestId() {
   std::random_device rd;
   std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd());
   return absl::StrFormat("%016x%016x", gen(), gen());
+}
+
+// A request id given with --request-id: what a script can keep and repeat.
+absl::Status CheckRequestId(const std::string& id) {
+  if (id.empty()) return absl::OkStatus();
+  bool printable = std::all_of(id.begin(), id.end(),
+                               [](char ch) { return ch > ' ' && ch < 127; });
+  if (id.size() <= 128 && printable) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--request-id '", id.substr(0, 40), id.size() > 40 ? "..." : "",
+      "': use 1 to 128 printable characters without spaces (a UUID, or your "
+      "script's own name for this submit)"));
 }
 
 std::string CurrentUser() {
@@ -114,6 +127,7 @@ int ExitCodeFor(v1::JobState state) {
 absl::StatusOr<int> Submit(const GlobalFlags& flags,
                            const SubmitOptions& options) {
   // Everything that can be checked here is, before the scheduler is touched.
+  RETURN_IF_ERROR(CheckRequestId(options.request_id));
   ASSIGN_OR_RETURN(ParsedJobFile parsed, ReadJobFile(options.job_file));
   v1::JobSpec& spec = parsed.spec;
   if (options.pool) spec.set_pool(*options.pool);
@@ -163,19 +177,24 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
     }
   }
   v1::SubmitJobRequest request;
-  request.set_request_id(RandomRequestId());
+  const bool given_id = !options.request_id.empty();
+  request.set_request_id(given_id ? options.request_id : RandomRequestId());
   *request.mutable_spec() = spec;
   request.set_user(CurrentUser());
   v1::SubmitJobReply reply;
-  grpc::Status status;
-  // The request id makes a retried submit safe: it never makes two jobs.
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    auto ctx = conn->Context();
-    status = conn->stub()->SubmitJob(ctx.get(), request, &reply);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    usleep(200000 << attempt);
+  // The request id makes retrying safe: a scheduler that committed an
+  // earlier try (and died before answering) answers with that try's job.
+  RETURN_IF_ERROR(conn->Error(
+      conn->Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->SubmitJob(ctx, request, &reply);
+      })));
+  // With our own random id a duplicate is our own earlier try; with a given
+  // one it may be an earlier submit, and the user asked to know.
+  const bool duplicate = given_id && reply.duplicate();
+  if (duplicate) {
+    std::cerr << "dlbatch: request id '" << request.request_id()
+              << "' was submitted before; no new job made\n";
   }
-  RETURN_IF_ERROR(conn->Error(status));
   if (reply.sweep_id() != 0) {
     PrintSubmittedSweep(reply, options.quiet);
     if (!options.follow) return 0;
@@ -183,18 +202,22 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
   }
   if (options.quiet) {
     std::cout << reply.job_id() << std::endl;
+  } else if (duplicate) {
+    std::cout << "Job " << reply.job_id() << " (already submitted)"
+              << std::endl;
   } else {
     std::cout << "Submitted job " << reply.job_id() << std::endl;
   }
   if (!options.follow) return 0;
-  ASSIGN_OR_RETURN(int rc,
-                   Diary(*conn, reply.job_id(), /*follow=*/true, false));
+  ASSIGN_OR_RETURN(int rc, Diary(*conn, reply.job_id(), {.follow = true}));
   (void)rc;
-  auto ctx = conn->Context();
   v1::GetJobRequest get;
   get.set_job_id(reply.job_id());
   v1::Job job;
-  RETURN_IF_ERROR(conn->Error(conn->stub()->GetJob(ctx.get(), get, &job)));
+  RETURN_IF_ERROR(conn->Error(
+      conn->Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->GetJob(ctx, get, &job);
+      })));
   std::cerr << "job " << job.id() << " " << JobStateName(job.state())
             << (job.reason().empty() ? "" : ": " + job.reason()) << "\n";
   return ExitCodeFor(job.state());
@@ -214,9 +237,10 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
   request.set_limit(options.limit);
   request.set_sweep_id(options.sweep_id);
   v1::ListJobsReply reply;
-  auto ctx = conn.Context();
-  RETURN_IF_ERROR(
-      conn.Error(conn.stub()->ListJobs(ctx.get(), request, &reply)));
+  RETURN_IF_ERROR(conn.Error(
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ListJobs(ctx, request, &reply);
+      })));
   if (options.json) {
     std::cout << ToJson(reply);
     return 0;
@@ -243,8 +267,10 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
   v1::GetJobRequest request;
   request.set_job_id(job_id);
   v1::Job job;
-  auto ctx = conn.Context();
-  RETURN_IF_ERROR(conn.Error(conn.stub()->GetJob(ctx.get(), request, &job)));
+  RETURN_IF_ERROR(conn.Error(
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->GetJob(ctx, request, &job);
+      })));
   if (json) {
     std::cout << ToJson(job);
     return 0;
@@ -331,37 +357,49 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
   return 0;
 }
 
-absl::StatusOr<int> Diary(Connection& conn, int64_t job_id, bool follow,
-                          bool timestamps) {
+absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
+                          const DiaryOptions& options) {
+  const bool follow = options.follow;
   v1::ReadDiaryRequest request;
   request.set_job_id(job_id);
   request.set_follow(follow);
+  std::string out;
   int64_t after = 0;
-  // A follow that loses the scheduler (restart) picks up where it was.
-  for (int retries = 0;; ++retries) {
+  // A call that loses the scheduler (a restart) picks up where it was,
+  // retrying while the scheduler is unreachable.
+  for (;;) {
+    const int64_t started = Connection::MonotonicMs();
     request.set_after(after);
     auto ctx = conn.Context(/*deadline_ms=*/0);
     auto reader = conn.stub()->ReadDiary(ctx.get(), request);
     v1::DiaryChunk chunk;
     bool ended = false;
     while (reader->Read(&chunk)) {
+      conn.Reached();
+      out.clear();
       for (const auto& line : chunk.lines()) {
-        if (timestamps) std::cout << LocalTime(line.time_ms()) << "  ";
-        std::cout << line.text() << "\n";
         after = line.n();
+        if (options.json) {
+          absl::StrAppend(&out, DiaryLineJson(line), "\n");
+          continue;
+        }
+        if (options.timestamps)
+          absl::StrAppend(&out, LocalTime(line.time_ms()), "  ");
+        absl::StrAppend(
+            &out, options.raw ? line.text() : EscapeDiaryText(line.text()),
+            "\n");
       }
+      std::cout.write(out.data(), static_cast<std::streamsize>(out.size()));
       std::cout.flush();
       if (chunk.end()) ended = true;
     }
     grpc::Status status = reader->Finish();
     if (status.ok() && (ended || !follow)) return 0;
-    if (status.ok() ||
-        (follow && status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-         retries < 150)) {
+    if (status.ok()) {  // the server ended a follow early: go on
       usleep(200000);
       continue;
     }
-    return conn.Error(status);
+    if (!conn.RetryAfter(status, started)) return conn.Error(status);
   }
 }
 
@@ -392,15 +430,19 @@ absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,
   for (int64_t id : job_ids) request.add_job_ids(id);
   request.set_timeout_ms(timeout_ms);
   v1::WaitJobsReply reply;
-  grpc::Status status;
-  for (int retries = 0;; ++retries) {
+  // A scheduler restart ends the call; the wait goes on against the same
+  // overall timeout, retrying while the scheduler is unreachable.
+  const int64_t deadline = Connection::MonotonicMs() + timeout_ms;
+  for (;;) {
+    const int64_t started = Connection::MonotonicMs();
+    if (timeout_ms > 0) {
+      request.set_timeout_ms(std::max<int64_t>(1, deadline - started));
+    }
     auto ctx = conn.Context(/*deadline_ms=*/0);
-    status = conn.stub()->WaitJobs(ctx.get(), request, &reply);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || retries >= 150)
-      break;
-    usleep(200000);  // the scheduler restarts; wait on
+    grpc::Status status = conn.stub()->WaitJobs(ctx.get(), request, &reply);
+    if (status.ok()) break;
+    if (!conn.RetryAfter(status, started)) return conn.Error(status);
   }
-  RETURN_IF_ERROR(conn.Error(status));
   int rc = 0;
   for (const v1::Job& job : reply.jobs()) {
     std::cout << "job " << job.id() << " " << JobStateName(job.state())

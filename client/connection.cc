@@ -1,13 +1,37 @@
 #include "client/connection.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "client/local_cluster.h"
+#include "common/duration.h"
 #include "common/status.h"
 
 namespace dlbatch::client {
+namespace {
+
+// A try that ran this long reached the scheduler before it lost it (a
+// try at an unreachable one fails at its connect).
+constexpr int64_t kLongTryMs = 5000;
+
+// UNAVAILABLE from gRPC's transport (no connection, or one that broke), as
+// opposed to a handler's own UNAVAILABLE, whose message says more.
+bool LostTransport(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  const std::string& m = status.error_message();
+  for (const char* word : {"onnect", "Socket closed", "reset", "Broken pipe",
+                           "closed", "GOAWAY", "unavailable"}) {
+    if (m.find(word) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(
     const GlobalFlags& flags) {
@@ -38,8 +62,64 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(
         " needs a token: pass --token-file FILE or set "
         "DLBATCH_TOKEN (the scheduler keeps it in STATE_DIR/token)"));
   }
+  conn->retry_for_ms_ = std::max<int64_t>(0, flags.retry_for_ms);
   conn->stub_ = v1::Scheduler::NewStub(MakeChannel(conn->config_));
   return conn;
+}
+
+void Connection::Reconnect() {
+  retired_.push_back(std::move(stub_));
+  stub_ = v1::Scheduler::NewStub(MakeChannel(config_));
+}
+
+int64_t Connection::MonotonicMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool Connection::Unreachable(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE;
+}
+
+bool Connection::RetryAfter(const grpc::Status& status,
+                            int64_t try_started_ms) {
+  if (!Unreachable(status)) {
+    retries_ = 0;
+    outage_start_ms_ = 0;
+    return false;
+  }
+  const int64_t now = MonotonicMs();
+  if (outage_start_ms_ == 0 || now - try_started_ms > kLongTryMs) {
+    outage_start_ms_ = now;
+    retries_ = 0;
+  }
+  const int64_t pause_ms =
+      std::min<int64_t>(500, int64_t{100} << std::min(retries_, 3));
+  if (now + pause_ms > outage_start_ms_ + retry_for_ms_) return false;
+  if (!told_retrying_) {
+    told_retrying_ = true;
+    std::cerr << "dlbatch: cannot reach the scheduler at "
+              << config_.endpoint.original << " (" << status.error_message()
+              << "); retrying for up to " << FormatDurationMs(retry_for_ms_)
+              << " (--retry-for)" << std::endl;
+  }
+  ++retries_;
+  usleep(static_cast<useconds_t>(pause_ms * 1000));
+  Reconnect();
+  return true;
+}
+
+grpc::Status Connection::Call(
+    const std::function<grpc::Status(v1::Scheduler::Stub*,
+                                     grpc::ClientContext*)>& call,
+    int64_t deadline_ms) {
+  for (;;) {
+    const int64_t started = MonotonicMs();
+    auto ctx = Context(deadline_ms);
+    grpc::Status status = call(stub_.get(), ctx.get());
+    if (!RetryAfter(status, started)) return status;
+  }
 }
 
 std::unique_ptr<grpc::ClientContext> Connection::Context(
@@ -55,13 +135,15 @@ std::unique_ptr<grpc::ClientContext> Connection::Context(
 
 absl::Status Connection::Error(const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-      status.error_message().find("connect") != std::string::npos) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot reach the scheduler at ",
-                     config_.endpoint.original, " (", status.error_message(),
-                     "); is it running? Check --scheduler / DLBATCH_SCHEDULER",
-                     local_ ? ", or run `dlbatch local status`" : ""));
+  if (LostTransport(status)) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach the scheduler at ", config_.endpoint.original, " (",
+        status.error_message(), ")",
+        told_retrying_ ? absl::StrCat(" for ", FormatDurationMs(retry_for_ms_),
+                                      " (--retry-for)")
+                       : "",
+        "; is it running? Check --scheduler / DLBATCH_SCHEDULER",
+        local_ ? ", or run `dlbatch local status`" : ""));
   }
   if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
     return absl::UnauthenticatedError(

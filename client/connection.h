@@ -1,10 +1,14 @@
 // Which scheduler the CLI talks to, and how: --scheduler, DLBATCH_SCHEDULER,
-// or the embedded local cluster (started on first use).
+// or the embedded local cluster (started on first use); and how long a call
+// keeps trying while the scheduler cannot be reached (--retry-for).
 #ifndef DLBATCH_CLIENT_CONNECTION_H_
 #define DLBATCH_CLIENT_CONNECTION_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/endpoint.h"
@@ -15,6 +19,9 @@ namespace dlbatch::client {
 struct GlobalFlags {
   std::string scheduler;   // empty: DLBATCH_SCHEDULER, else the local cluster
   std::string token_file;  // empty: DLBATCH_TOKEN, else the local state's token
+  // How long a retried call keeps trying while the scheduler is unreachable
+  // (a restart); 0: one try.
+  int64_t retry_for_ms = 30000;
 };
 
 class Connection {
@@ -24,6 +31,8 @@ class Connection {
   static absl::StatusOr<std::unique_ptr<Connection>> Open(
       const GlobalFlags& flags);
 
+  // The current channel's stub. Reconnect() replaces it (the old one stays
+  // valid until the Connection is destroyed).
   v1::Scheduler::Stub* stub() { return stub_.get(); }
   const std::string& token() const { return config_.token; }
   const std::string& address() const { return config_.endpoint.original; }
@@ -36,10 +45,43 @@ class Connection {
   // unreachable scheduler names the address tried.
   absl::Status Error(const grpc::Status& status) const;
 
+  // ---- retrying while the scheduler is unreachable ----
+  // Not thread-safe: only while no other thread uses stub().
+
+  // True for a call that did not reach the scheduler or lost it mid-call
+  // (UNAVAILABLE): the scheduler is down or restarting.
+  static bool Unreachable(const grpc::Status& status);
+  // After a try that began at `try_started_ms` (MonotonicMs) ended with
+  // `status`: if the scheduler was unreachable, waits a moment (100 ms,
+  // growing to 500 ms), opens a fresh channel (an old one may sit in its
+  // reconnect backoff) and returns true, until --retry-for has passed since
+  // the outage began; false for any other status (which ends the outage).
+  // An outage begins at the first unreachable try after a success, or at
+  // the end of a try that ran for seconds (a long wait or follow that
+  // reached the scheduler and then lost it). Says once on stderr that it
+  // retries.
+  bool RetryAfter(const grpc::Status& status, int64_t try_started_ms);
+  // A streaming call got data: the scheduler is reachable again.
+  void Reached() { outage_start_ms_ = 0; }
+  // Runs a unary call, each try with a fresh Context(deadline_ms), retrying
+  // it while the scheduler is unreachable (RetryAfter). Only for calls that
+  // are safe to repeat: reads, and submits carrying a request id.
+  grpc::Status Call(const std::function<grpc::Status(
+                        v1::Scheduler::Stub*, grpc::ClientContext*)>& call,
+                    int64_t deadline_ms = 60000);
+  // A fresh channel and stub.
+  void Reconnect();
+  static int64_t MonotonicMs();
+
  private:
   ChannelConfig config_;
   bool local_ = false;
+  int64_t retry_for_ms_ = 0;
+  int retries_ = 0;              // in this outage, for the pause
+  int64_t outage_start_ms_ = 0;  // 0: none
+  bool told_retrying_ = false;
   std::unique_ptr<v1::Scheduler::Stub> stub_;
+  std::vector<std::unique_ptr<v1::Scheduler::Stub>> retired_;
 };
 
 }  // namespace dlbatch::client

@@ -21,6 +21,17 @@ int Report(const absl::StatusOr<int>& result) {
   return *result;
 }
 
+// --retry-for's value in ms; "0" turns retrying off.
+int64_t ParseRetryFor(const std::string& text) {
+  if (text == "0") return 0;
+  auto seconds = dlbatch::ParseDurationSeconds(text);
+  if (!seconds.ok()) {
+    throw CLI::ValidationError("--retry-for",
+                               std::string(seconds.status().message()));
+  }
+  return *seconds * 1000;
+}
+
 // Runs `command` with a connection to the configured scheduler.
 int WithConnection(
     const GlobalFlags& flags,
@@ -48,6 +59,15 @@ int main(int argc, char** argv) {
       "Scheduler address: unix:PATH or HOST:PORT (or DLBATCH_SCHEDULER)");
   app.add_option("--token-file", flags.token_file,
                  "File with the scheduler's token, for TCP (or DLBATCH_TOKEN)");
+  app.add_option_function<std::string>(
+         "--retry-for",
+         [&](const std::string& text) {
+           flags.retry_for_ms = ParseRetryFor(text);
+         },
+         "While the scheduler is unreachable (a restart), submit, jobs, show, "
+         "wait and diary retry for this long (default 30s; 0: not at all)")
+      ->type_name("DURATION");
+  app.fallthrough();  // global options may follow the command too
   int rc = 0;
 
   SubmitOptions submit;
@@ -67,6 +87,11 @@ int main(int argc, char** argv) {
   c_submit->add_flag(
       "-q,--quiet", submit.quiet,
       "Print only the job id (a sweep: its job ids, one a line)");
+  c_submit->add_option(
+      "--request-id", submit.request_id,
+      "Makes a resubmit safe across processes: a submit with an id the "
+      "scheduler has seen makes no job and prints the first one's id "
+      "(default: a random id, kept across this submit's own retries)");
   c_submit->callback([&] { rc = Report(Submit(flags, submit)); });
 
   JobsOptions jobs;
@@ -108,18 +133,29 @@ int main(int argc, char** argv) {
   });
 
   int64_t diary_id = 0;
-  bool diary_follow = false, diary_ts = false;
+  DiaryOptions diary;
   auto* c_diary =
       app.add_subcommand("diary", "Print a job's diary (its output)");
   c_diary->add_option("id", diary_id, "Job id")->required();
-  c_diary->add_flag("-f,--follow", diary_follow,
+  c_diary->add_flag("-f,--follow", diary.follow,
                     "Keep printing until the job ends");
-  c_diary->add_flag("-t,--timestamps", diary_ts,
+  c_diary->add_flag("-t,--timestamps", diary.timestamps,
                     "Prefix each line with its time");
+  auto* diary_raw = c_diary->add_flag(
+      "--raw", diary.raw,
+      "The exact bytes the job printed. Without it, control characters "
+      "(but tab) and bytes that are not UTF-8 are shown as \\xHH, so that "
+      "a job cannot drive your terminal");
+  c_diary
+      ->add_flag("--json", diary.json,
+                 "One JSON object a line: n, time_ms, stream, attempt, seq; "
+                 "\"text\" the line as a string (exact if it is UTF-8, "
+                 "else each bad byte as U+FFFD) and \"text_base64\" its "
+                 "exact bytes")
+      ->excludes(diary_raw);
   c_diary->callback([&] {
-    rc = WithConnection(flags, [&](Connection& c) {
-      return Diary(c, diary_id, diary_follow, diary_ts);
-    });
+    rc = WithConnection(
+        flags, [&](Connection& c) { return Diary(c, diary_id, diary); });
   });
 
   int64_t fetch_id = 0;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "client/commands.h"
+#include "client/diary_text.h"
 #include "client/monitor_terminal.h"
 #include "client/monitor_view.h"
 #include "common/clock.h"
@@ -155,8 +156,10 @@ class DiaryFeed {
     while (reader->Read(&chunk)) {
       absl::MutexLock lock(&mu_);
       for (const auto& line : chunk.lines()) {
-        lines_.push_back(
-            absl::StrReplaceAll(line.text(), {{"\t", "    "}, {"\r", ""}}));
+        // Escaped as `dlbatch diary` shows it, less the \r of progress bars.
+        lines_.push_back(absl::StrReplaceAll(
+            EscapeDiaryText(absl::StrReplaceAll(line.text(), {{"\r", ""}})),
+            {{"\t", "    "}}));
         if (lines_.size() > kDiaryKeptLines) lines_.pop_front();
       }
       if (chunk.end())

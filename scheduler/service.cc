@@ -3,8 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/endpoint.h"
@@ -24,6 +26,18 @@ constexpr size_t kBlobChunkBytes = 1 << 20;
     }                                                               \
   } while (0)
 
+// Fault injection for tests, off unless DLBATCH_FAULT names the fault:
+//   exit-after-submit-commit  _exit(137) once a new job is committed,
+//                             before the submit is answered (a crash there).
+// tests/integration/client_faults_test.cc uses it.
+bool FaultInjected(const char* fault) {
+  static const std::string named = [] {
+    const char* env = std::getenv("DLBATCH_FAULT");
+    return std::string(env != nullptr ? env : "");
+  }();
+  return !named.empty() && named == fault;
+}
+
 template <typename T>
 grpc::Status Reply(absl::StatusOr<T> result, T* reply) {
   if (!result.ok()) return ToGrpcStatus(result.status());
@@ -41,7 +55,13 @@ grpc::ServerUnaryReactor* SchedulerService::SubmitJob(
     reactor->Finish(ToGrpcStatus(auth));
     return reactor;
   }
-  reactor->Finish(Reply(scheduler_->Submit(*request), reply));
+  absl::StatusOr<v1::SubmitJobReply> result = scheduler_->Submit(*request);
+  if (result.ok() && !result->duplicate() &&
+      FaultInjected("exit-after-submit-commit")) {
+    spdlog::warn("DLBATCH_FAULT=exit-after-submit-commit: exiting");
+    _exit(137);
+  }
+  reactor->Finish(Reply(std::move(result), reply));
   return reactor;
 }
 

@@ -141,16 +141,19 @@ TEST_F(BadInput, ProgramThatCannotRunFailsTheJobWithTheReason) {
 }
 
 TEST(BadInputStandalone, UnreachableSchedulerNamesTheAddress) {
-  Result r = Exec({BinDir() + "/dlbatch", "--scheduler",
-                   "unix:/tmp/dlbatch-nowhere.sock", "jobs"});
+  // --retry-for: a scheduler that may be restarting is retried (30s
+  // by default) before the CLI gives up.
+  Result r =
+      Exec({BinDir() + "/dlbatch", "--scheduler",
+            "unix:/tmp/dlbatch-nowhere.sock", "--retry-for", "1s", "jobs"});
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find(
                 "cannot reach the scheduler at unix:/tmp/dlbatch-nowhere.sock"),
             std::string::npos)
       << r.err;
-  Result tcp =
-      Exec({BinDir() + "/dlbatch", "--scheduler", "127.0.0.1:1", "jobs"},
-           {{"DLBATCH_TOKEN", "x"}});
+  Result tcp = Exec({BinDir() + "/dlbatch", "--scheduler", "127.0.0.1:1",
+                     "--retry-for", "1s", "jobs"},
+                    {{"DLBATCH_TOKEN", "x"}});
   EXPECT_NE(tcp.code, 0);
   EXPECT_NE(tcp.err.find("127.0.0.1:1"), std::string::npos) << tcp.err;
 }

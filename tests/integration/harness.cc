@@ -235,6 +235,31 @@ void Cluster::KillScheduler(int sig) {
   scheduler_.pid = 0;
 }
 
+bool Cluster::WaitSchedulerExit(int timeout_ms) {
+  return WaitFor(
+      [&] {
+        if (scheduler_.pid <= 0) return true;
+        if (waitpid(scheduler_.pid, nullptr, WNOHANG) != scheduler_.pid)
+          return false;
+        scheduler_.pid = 0;
+        return true;
+      },
+      timeout_ms);
+}
+
+std::vector<std::string> Cluster::CliArgv(
+    const std::vector<std::string>& args) const {
+  std::vector<std::string> argv = {BinDir() + "/dlbatch", "--scheduler",
+                                   address_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+std::map<std::string, std::string> Cluster::CliEnv() const {
+  // Never fall back on a local cluster of the user running the tests.
+  return {{"XDG_STATE_HOME", dir_ + "/xdg"}};
+}
+
 int Cluster::StartWorker(const std::string& name, int slots,
                          const std::string& profile,
                          std::vector<std::string> extra) {

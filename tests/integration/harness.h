@@ -59,6 +59,13 @@ class Cluster {
   void StartScheduler(std::vector<std::string> extra = {},
                       const std::string& listen = "");
   void KillScheduler(int sig);
+  // Waits for the scheduler to exit on its own (a fault it was told to
+  // inject); true once it has, and it is reaped.
+  bool WaitSchedulerExit(int timeout_ms);
+  // The CLI's argv and environment as Cli() runs them, for a test that
+  // runs the CLI on a thread of its own while it restarts the scheduler.
+  std::vector<std::string> CliArgv(const std::vector<std::string>& args) const;
+  std::map<std::string, std::string> CliEnv() const;
   // Starts a worker with `slots` CPU slots; returns its index. `slots` 0:
   // without --cpu-slots, so the worker offers the GPUs it finds (else one
   // slot per core).
