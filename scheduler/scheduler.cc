@@ -22,8 +22,6 @@
 namespace dlbatch::scheduler {
 namespace {
 
-constexpr int kDiaryChunkLines = 1000;
-
 v1::Job ToProto(const JobRecord& rec) {
   v1::Job job;
   job.set_id(rec.id);
@@ -63,7 +61,9 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
       blobs_(blobs),
       clock_(clock),
       options_(std::move(options)),
-      rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))) {}
+      rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))),
+      follow_(std::make_unique<DiaryFollowHub>(static_cast<FollowSource*>(this),
+                                               clock)) {}
 
 Scheduler::~Scheduler() { Stop(); }
 
@@ -89,8 +89,7 @@ QueuedJob Scheduler::ToQueued(const JobRecord& job) const {
 }
 
 void Scheduler::Changed(int64_t job_id) {
-  ++change_seq_;
-  changed_.SignalAll();
+  follow_->Notify(job_id);  // its reads take mu_: after this commit
   PublishJob(job_id);
 }
 
@@ -437,81 +436,46 @@ absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(
 
 absl::StatusOr<v1::WaitJobsReply> Scheduler::Wait(
     const v1::WaitJobsRequest& request, const std::function<bool()>& gone) {
-  for (int64_t id : request.job_ids()) {
-    ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
-    if (!rec) return absl::NotFoundError(absl::StrCat("no job ", id));
-  }
-  int64_t deadline = request.timeout_ms() > 0
-                         ? clock_->MonotonicMs() + request.timeout_ms()
-                         : INT64_MAX;
-  v1::WaitJobsReply reply;
-  {
-    absl::MutexLock lock(&mu_);
-    for (;;) {
-      bool all_ended =
-          std::none_of(request.job_ids().begin(), request.job_ids().end(),
-                       [&](int64_t id) { return jobs_.contains(id); });
-      if (all_ended) break;
-      if (gone()) return absl::CancelledError("client left");
-      if (clock_->MonotonicMs() >= deadline) {
-        reply.set_timed_out(true);
-        break;
-      }
-      changed_.WaitWithTimeout(&mu_, absl::Milliseconds(250));
-    }
-  }
-  for (int64_t id : request.job_ids()) {
-    ASSIGN_OR_RETURN(v1::Job job, GetJob(id));
-    *reply.add_jobs() = std::move(job);
-  }
-  return reply;
+  return WaitBlocking(*follow_, request, gone);
 }
 
 absl::Status Scheduler::ReadDiary(
     const v1::ReadDiaryRequest& request,
     const std::function<bool(const v1::DiaryChunk&)>& send,
     const std::function<bool()>& gone) {
-  const int64_t id = request.job_id();
-  ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
-  if (!rec) {
-    return absl::NotFoundError(
-        absl::StrCat("no job ", id, "; `dlbatch jobs` lists the jobs"));
-  }
-  int64_t after = request.after();
-  for (;;) {
-    uint64_t seen;
-    bool ended;
-    {
-      absl::MutexLock lock(&mu_);
-      seen = change_seq_;
-      ended = !jobs_.contains(id);
-    }
-    // `ended` was read first, so once true every line is already committed.
-    ASSIGN_OR_RETURN(auto lines,
-                     reader_->ReadDiary(id, after, kDiaryChunkLines));
-    if (!lines.empty()) {
-      v1::DiaryChunk chunk;
-      after = lines.back().n();
-      for (auto& l : lines) *chunk.add_lines() = std::move(l);
-      if (!send(chunk)) return absl::CancelledError("client left");
-      if (static_cast<int>(chunk.lines_size()) == kDiaryChunkLines) continue;
-    }
-    if (!request.follow() || ended) {
-      v1::DiaryChunk last;
-      last.set_end(ended);
-      if (ended) {
-        ASSIGN_OR_RETURN(auto final_rec, reader_->GetJob(id));
-        if (final_rec) last.set_state(final_rec->state);
-      }
-      send(last);
-      return absl::OkStatus();
-    }
+  return ReadDiaryBlocking(*follow_, request, send, gone);
+}
+
+absl::StatusOr<FollowSource::DiaryRead> Scheduler::ReadDiaryLines(int64_t job,
+                                                                  int64_t after,
+                                                                  int limit) {
+  DiaryRead read;
+  {
+    // Taking mu_ also waits out a commit whose Changed() notified us.
     absl::MutexLock lock(&mu_);
-    while (change_seq_ == seen && !gone()) {
-      changed_.WaitWithTimeout(&mu_, absl::Milliseconds(250));
-    }
-    if (gone()) return absl::CancelledError("client left");
+    read.ended = !jobs_.contains(job);
   }
+  // `ended` was read first, so once true every line is already committed.
+  ASSIGN_OR_RETURN(read.lines, reader_->ReadDiary(job, after, limit));
+  if (read.ended) {
+    ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job));
+    if (!rec) {
+      return absl::NotFoundError(
+          absl::StrCat("no job ", job, "; `dlbatch jobs` lists the jobs"));
+    }
+    read.state = rec->state;
+  }
+  return read;
+}
+
+absl::StatusOr<bool> Scheduler::JobEnded(int64_t job) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (jobs_.contains(job)) return false;
+  }
+  ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job));
+  if (!rec) return absl::NotFoundError(absl::StrCat("no job ", job));
+  return true;
 }
 
 v1::ListWorkersReply Scheduler::ListWorkers() {

@@ -31,6 +31,7 @@
 #include "dlbatch/v1/scheduler.pb.h"
 #include "proto/job_state.h"
 #include "scheduler/blob_store.h"
+#include "scheduler/diary_follow.h"
 #include "scheduler/event_hub.h"
 #include "scheduler/placement.h"
 #include "scheduler/rendezvous.h"
@@ -55,7 +56,7 @@ class WorkerSession {
   virtual void Close(const std::string& why) = 0;
 };
 
-class Scheduler {
+class Scheduler : private FollowSource {
  public:
   // Borrowed pointers must outlive the scheduler.
   Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
@@ -76,10 +77,15 @@ class Scheduler {
       const v1::ListJobsRequest& request);
   absl::StatusOr<v1::CancelJobsReply> Cancel(
       const v1::CancelJobsRequest& request);
-  // Blocks until every job has ended, the timeout passes, or `gone` is true.
+  // ReadDiary and WaitJobs calls: reactors fed per job, without a thread
+  // each (diary_follow.h).
+  DiaryFollowHub& followers() { return *follow_; }
+  // The blocking forms of the same, for in-process callers: Wait blocks
+  // until every job has ended, the timeout passes, or `gone` is true;
+  // ReadDiary sends the diary in chunks through `send` (false: the client
+  // left).
   absl::StatusOr<v1::WaitJobsReply> Wait(const v1::WaitJobsRequest& request,
                                          const std::function<bool()>& gone);
-  // Sends the diary in chunks through `send` (false: the client left).
   absl::Status ReadDiary(const v1::ReadDiaryRequest& request,
                          const std::function<bool(const v1::DiaryChunk&)>& send,
                          const std::function<bool()>& gone);
@@ -130,6 +136,15 @@ class Scheduler {
     std::shared_ptr<WorkerSession> session;
     std::optional<v1::WorkerMessage> message;  // empty: the stream is gone
   };
+
+  // FollowSource, for the followers' pool threads.
+  absl::StatusOr<DiaryRead> ReadDiaryLines(int64_t job, int64_t after,
+                                           int limit) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<bool> JobEnded(int64_t job) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::Job> JobForWait(int64_t job) override {
+    return GetJob(job);
+  }
 
   // Loop thread.
   void Loop();
@@ -214,13 +229,11 @@ class Scheduler {
   RendezvousStore rendezvous_;
 
   mutable absl::Mutex mu_;
-  absl::CondVar changed_;  // signalled on every committed job change
   PlacementCore core_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<int64_t, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<const WorkerSession*, int64_t> session_worker_
       ABSL_GUARDED_BY(mu_);
-  uint64_t change_seq_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by Changed()
   int64_t passes_ ABSL_GUARDED_BY(mu_) = 0;
   double last_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
   double max_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
@@ -232,6 +245,8 @@ class Scheduler {
   std::deque<Event> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   std::thread loop_;
+  // Last: its threads read through the members above, so it goes first.
+  std::unique_ptr<DiaryFollowHub> follow_;
 };
 
 }  // namespace dlbatch::scheduler

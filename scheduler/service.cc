@@ -79,30 +79,11 @@ grpc::Status SchedulerService::GetJob(grpc::ServerContext* context,
   return Reply(scheduler_->GetJob(request->job_id()), reply);
 }
 
-grpc::Status SchedulerService::ReadDiary(
-    grpc::ServerContext* context, const v1::ReadDiaryRequest* request,
-    grpc::ServerWriter<v1::DiaryChunk>* writer) {
-  CHECK_TOKEN(context);
-  return ToGrpcStatus(scheduler_->ReadDiary(
-      *request,
-      [&](const v1::DiaryChunk& chunk) { return writer->Write(chunk); },
-      [&] { return context->IsCancelled(); }));
-}
-
 grpc::Status SchedulerService::CancelJobs(grpc::ServerContext* context,
                                           const v1::CancelJobsRequest* request,
                                           v1::CancelJobsReply* reply) {
   CHECK_TOKEN(context);
   return Reply(scheduler_->Cancel(*request), reply);
-}
-
-grpc::Status SchedulerService::WaitJobs(grpc::ServerContext* context,
-                                        const v1::WaitJobsRequest* request,
-                                        v1::WaitJobsReply* reply) {
-  CHECK_TOKEN(context);
-  return Reply(
-      scheduler_->Wait(*request, [&] { return context->IsCancelled(); }),
-      reply);
 }
 
 // The rendezvous calls authenticate with the attempt's secret instead of the

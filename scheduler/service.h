@@ -18,7 +18,9 @@ namespace dlbatch::scheduler {
 class SchedulerService final
     : public v1::Scheduler::WithCallbackMethod_SubmitJob<
           v1::Scheduler::WithCallbackMethod_WatchEvents<
-              v1::Scheduler::Service>> {
+              v1::Scheduler::WithCallbackMethod_ReadDiary<
+                  v1::Scheduler::WithCallbackMethod_WaitJobs<
+                      v1::Scheduler::Service>>>> {
  public:
   // An empty token admits every caller (Unix sockets only).
   SchedulerService(Scheduler* scheduler, BlobStore* blobs, std::string token)
@@ -33,15 +35,17 @@ class SchedulerService final
   grpc::Status GetJob(grpc::ServerContext* context,
                       const v1::GetJobRequest* request,
                       v1::Job* reply) override;
-  grpc::Status ReadDiary(grpc::ServerContext* context,
-                         const v1::ReadDiaryRequest* request,
-                         grpc::ServerWriter<v1::DiaryChunk>* writer) override;
+  // Followers without a thread each: reactors fed by the scheduler's
+  // DiaryFollowHub (service_follow.cc).
+  grpc::ServerWriteReactor<v1::DiaryChunk>* ReadDiary(
+      grpc::CallbackServerContext* context,
+      const v1::ReadDiaryRequest* request) override;
   grpc::Status CancelJobs(grpc::ServerContext* context,
                           const v1::CancelJobsRequest* request,
                           v1::CancelJobsReply* reply) override;
-  grpc::Status WaitJobs(grpc::ServerContext* context,
-                        const v1::WaitJobsRequest* request,
-                        v1::WaitJobsReply* reply) override;
+  grpc::ServerUnaryReactor* WaitJobs(grpc::CallbackServerContext* context,
+                                     const v1::WaitJobsRequest* request,
+                                     v1::WaitJobsReply* reply) override;
   grpc::Status RendezvousSet(grpc::ServerContext* context,
                              const v1::RendezvousSetRequest* request,
                              v1::RendezvousSetReply* reply) override;

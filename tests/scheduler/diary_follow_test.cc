@@ -1,0 +1,236 @@
+// The followers' hub with a fake store: what each follower is sent, and
+// what a change of one job costs the followers of another.
+#include "scheduler/diary_follow.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/common/fake_clock.h"
+
+namespace dlbatch::scheduler {
+namespace {
+
+// Jobs and their diaries in memory; counts its reads.
+class FakeSource final : public FollowSource {
+ public:
+  void AddJob(int64_t job) {
+    absl::MutexLock lock(&mu_);
+    jobs_[job];
+  }
+  void AddLine(int64_t job, const std::string& text) {
+    absl::MutexLock lock(&mu_);
+    v1::DiaryLine line;
+    line.set_n(++next_n_);
+    line.set_text(text);
+    jobs_[job].lines.push_back(line);
+  }
+  void End(int64_t job) {
+    absl::MutexLock lock(&mu_);
+    jobs_[job].ended = true;
+  }
+  int reads(int64_t job) {
+    absl::MutexLock lock(&mu_);
+    return jobs_[job].reads;
+  }
+
+  absl::StatusOr<DiaryRead> ReadDiaryLines(int64_t job, int64_t after,
+                                           int limit) override {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) return absl::NotFoundError("no job");
+    ++it->second.reads;
+    DiaryRead read;
+    read.ended = it->second.ended;
+    if (read.ended) read.state = v1::JOB_STATE_FINISHED;
+    for (const auto& line : it->second.lines) {
+      if (line.n() > after && static_cast<int>(read.lines.size()) < limit)
+        read.lines.push_back(line);
+    }
+    return read;
+  }
+  absl::StatusOr<bool> JobEnded(int64_t job) override {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end())
+      return absl::NotFoundError(absl::StrCat("no job ", job));
+    return it->second.ended;
+  }
+  absl::StatusOr<v1::Job> JobForWait(int64_t job) override {
+    v1::Job j;
+    j.set_id(job);
+    return j;
+  }
+
+ private:
+  struct Job {
+    std::vector<v1::DiaryLine> lines;
+    bool ended = false;
+    int reads = 0;
+  };
+  absl::Mutex mu_;
+  std::map<int64_t, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  int64_t next_n_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A ReadDiary call's writer that completes each write at once.
+class Recorder final : public DiaryWriter {
+ public:
+  void Bind(DiaryFollowHub* hub, DiaryFollowHub::Handle call) {
+    hub_ = hub;
+    call_ = std::move(call);
+  }
+  void WriteChunk(v1::DiaryChunk chunk) override {
+    {
+      absl::MutexLock lock(&mu_);
+      chunks_.push_back(chunk);
+    }
+    hub_->Written(call_, true);
+  }
+  void FinishDiary(absl::Status status) override {
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+    status_ = status;
+  }
+  std::vector<std::string> Texts() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> texts;
+    for (const auto& c : chunks_) {
+      for (const auto& l : c.lines()) texts.push_back(l.text());
+    }
+    return texts;
+  }
+  bool finished() {
+    absl::MutexLock lock(&mu_);
+    return finished_;
+  }
+  v1::DiaryChunk last() {
+    absl::MutexLock lock(&mu_);
+    return chunks_.empty() ? v1::DiaryChunk() : chunks_.back();
+  }
+  absl::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  DiaryFollowHub* hub_ = nullptr;
+  DiaryFollowHub::Handle call_;
+  absl::Mutex mu_;
+  std::vector<v1::DiaryChunk> chunks_;
+  bool finished_ = false;
+  absl::Status status_;
+};
+
+bool WaitUntil(const std::function<bool()>& ready) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!ready()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+class DiaryFollowTest : public ::testing::Test {
+ protected:
+  // Starts a follower of `job` from the start.
+  std::unique_ptr<Recorder> Follow(int64_t job, bool follow = true) {
+    auto rec = std::make_unique<Recorder>();
+    v1::ReadDiaryRequest request;
+    request.set_job_id(job);
+    request.set_follow(follow);
+    auto call = hub_.ReadDiary(request, rec.get());
+    rec->Bind(&hub_, call);
+    calls_.push_back(call);
+    hub_.Start(call);
+    return rec;
+  }
+  bool Has(Recorder& rec, size_t lines) {
+    return WaitUntil([&] { return rec.Texts().size() >= lines; });
+  }
+  void TearDown() override {
+    for (auto& call : calls_) hub_.Detach(call);
+  }
+
+  FakeSource source_;
+  FakeClock clock_;
+  DiaryFollowHub hub_{&source_, &clock_};
+  std::vector<DiaryFollowHub::Handle> calls_;
+};
+
+TEST_F(DiaryFollowTest, FollowerGetsBacklogThenLiveLinesThenTheEnd) {
+  source_.AddJob(1);
+  source_.AddLine(1, "one");
+  auto rec = Follow(1);
+  ASSERT_TRUE(Has(*rec, 1));
+  source_.AddLine(1, "two");
+  source_.AddLine(1, "three");
+  hub_.Notify(1);
+  ASSERT_TRUE(Has(*rec, 3));
+  EXPECT_EQ(rec->Texts(), (std::vector<std::string>{"one", "two", "three"}));
+  source_.End(1);
+  hub_.Notify(1);
+  ASSERT_TRUE(WaitUntil([&] { return rec->finished(); }));
+  EXPECT_TRUE(rec->status().ok()) << rec->status();
+  EXPECT_TRUE(rec->last().end());
+  EXPECT_EQ(rec->last().state(), v1::JOB_STATE_FINISHED);
+  EXPECT_EQ(rec->last().lines_size(), 0);
+}
+
+TEST_F(DiaryFollowTest, WithoutFollowEndsAfterWhatIsThereSayingTheJobRuns) {
+  source_.AddJob(1);
+  source_.AddLine(1, "one");
+  auto rec = Follow(1, /*follow=*/false);
+  ASSERT_TRUE(WaitUntil([&] { return rec->finished(); }));
+  EXPECT_EQ(rec->Texts(), std::vector<std::string>{"one"});
+  EXPECT_FALSE(rec->last().end());
+}
+
+TEST_F(DiaryFollowTest, UnknownJobIsNotFound) {
+  auto rec = Follow(99);
+  ASSERT_TRUE(WaitUntil([&] { return rec->finished(); }));
+  EXPECT_EQ(rec->status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(DiaryFollowTest, ManyFollowersOfAJobShareOneReadPerChange) {
+  source_.AddJob(1);
+  std::vector<std::unique_ptr<Recorder>> recs;
+  for (int i = 0; i < 50; ++i) recs.push_back(Follow(1));
+  source_.AddLine(1, "first");
+  hub_.Notify(1);
+  for (auto& r : recs) ASSERT_TRUE(Has(*r, 1));
+  const int before = source_.reads(1);
+  for (int k = 0; k < 10; ++k) {
+    source_.AddLine(1, absl::StrCat("line ", k));
+    hub_.Notify(1);
+    for (auto& r : recs) ASSERT_TRUE(Has(*r, 2 + static_cast<size_t>(k)));
+  }
+  // One read of the job's feed per change (fewer when changes coalesce),
+  // not one per follower.
+  EXPECT_LE(source_.reads(1) - before, 10);
+}
+
+TEST_F(DiaryFollowTest, ChangesOfAnotherJobCostItsFollowersNothing) {
+  source_.AddJob(1);
+  source_.AddJob(2);
+  auto rec = Follow(1);
+  source_.AddLine(1, "caught up");
+  hub_.Notify(1);
+  ASSERT_TRUE(Has(*rec, 1));
+  const int before = source_.reads(1);
+  for (int k = 0; k < 100; ++k) {
+    source_.AddLine(2, "busy");
+    hub_.Notify(2);
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(source_.reads(1), before);
+  EXPECT_EQ(source_.reads(2), 0);
+  EXPECT_EQ(hub_.feeds(), 1u);
+}
+
+}  // namespace
+}  // namespace dlbatch::scheduler
