@@ -134,9 +134,9 @@ void DiaryFollowHub::Written(const Handle& call, bool ok) {
       FinishDiary(call, absl::OkStatus(), &actions);
     } else if (!ok) {
       FinishDiary(call, absl::CancelledError("client left"), &actions);
-    } else {
+    } else if (!call->live || HasMore(*call)) {
       SchedulePump(call);
-    }
+    }  // else a caught-up follower: the feed's next refresh pumps it
   }
   for (auto& a : actions) a();
 }
@@ -170,6 +170,13 @@ void DiaryFollowHub::Detach(const Handle& call) {
 }
 
 // ---- under mu_ ----
+
+bool DiaryFollowHub::HasMore(const Call& call) const {
+  auto it = feeds_.find(call.job);
+  if (it == feeds_.end()) return true;
+  const Feed& feed = *it->second;
+  return feed.cursor > call.after || feed.ended || call.after < feed.base;
+}
 
 void DiaryFollowHub::SchedulePump(const Handle& call) {
   if (call->finished || !call->started) return;

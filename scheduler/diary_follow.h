@@ -126,6 +126,8 @@ class DiaryFollowHub {
   // What to call on a writer or replier once mu_ is released.
   using Actions = std::vector<std::function<void()>>;
   void SchedulePump(const Handle& call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a live follower has lines (or the end) to take from its feed.
+  bool HasMore(const Call& call) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleRefresh(int64_t job, Feed& feed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Join(const Handle& call, int64_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
