@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/format.h"
+#include "client/outputs_dir.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
 #include "common/duration.h"
@@ -17,20 +18,6 @@
 
 namespace dlbatch::client {
 namespace fs = std::filesystem;
-namespace {
-
-// Output paths come from the job; never let one escape the target folder.
-bool SafeRelative(const std::string& path) {
-  fs::path p(path);
-  if (p.is_absolute() || path.empty()) return false;
-  for (const auto& piece : p) {
-    if (piece == "..") return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
                                  const std::string& dir, bool list_only) {
   v1::ListOutputsRequest request;
@@ -49,7 +36,11 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
   if (list_only) {
     Table table({"SIZE", "SHA256", "PATH"});
     for (const auto& f : reply.files()) {
-      table.Add({HumanBytes(f.size()), f.sha256().substr(0, 12), f.path()});
+      table.Add({f.symlink().empty() ? HumanBytes(f.size()) : "link",
+                 f.sha256().substr(0, 12),
+                 f.symlink().empty()
+                     ? f.path()
+                     : absl::StrCat(f.path(), " -> ", f.symlink())});
     }
     std::cout << table.Render();
     return 0;
@@ -61,39 +52,73 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
   }
   std::string target =
       dir.empty() ? absl::StrCat("dlbatch-", job_id, "-outputs") : dir;
-  RETURN_IF_ERROR(MakeDirs(target, 0755));
+  ASSIGN_OR_RETURN(OutputsDir out, OutputsDir::Open(target));
+  // One bad entry is reported and skipped; the others are still fetched.
+  std::vector<std::string> skipped;
+  auto skip = [&](const std::string& path, const absl::Status& why) {
+    skipped.push_back(absl::StrCat(path, ": ", why.message()));
+  };
+  std::vector<const v1::OutputFile*> files, links;
   int64_t total = 0;
-  for (const auto& f : reply.files()) total += f.size();
-  int64_t before = 0;
-  {
-    ProgressBar bar(
-        absl::StrCat("job ", job_id, ": ", reply.files_size(), " file(s)"));
-    for (const auto& f : reply.files()) {
-      if (!SafeRelative(f.path())) {
-        return absl::DataLossError(absl::StrCat("job ", job_id,
-                                                " lists an output outside its "
-                                                "folder: '",
-                                                f.path(), "'"));
-      }
-      fs::path dest = fs::path(target) / f.path();
-      RETURN_IF_ERROR(MakeDirs(dest.parent_path().string(), 0755));
-      absl::Status s = DownloadFile(
-          conn.stub(), conn.token(), f.sha256(), f.size(), dest.string(),
-          f.mode(),
-          [&](int64_t done, int64_t) { bar.Update(before + done, total); });
-      if (!s.ok()) {
-        if (s.code() == absl::StatusCode::kUnavailable)
-          s = conn.Error(ToGrpcStatus(s));
-        return Annotate(s, absl::StrCat("fetching ", f.path()));
-      }
-      before += f.size();
+  for (const auto& f : reply.files()) {
+    if (absl::Status s = CheckOutputPath(f.path()); !s.ok()) {
+      skip(f.path(), s);
+    } else if (!f.symlink().empty()) {
+      links.push_back(&f);
+    } else {
+      files.push_back(&f);
+      total += f.size();
     }
   }
-  std::cout << "fetched " << reply.files_size() << " file(s), "
-            << HumanBytes(total) << ", checksums verified, into " << target
-            << "/\n";
-  for (const auto& f : reply.files()) std::cout << "  " << f.path() << "\n";
-  return 0;
+  std::vector<std::string> fetched;
+  int64_t fetched_bytes = 0;
+  bool failed = false;  // a download failed (an unsafe entry is no failure)
+  {
+    ProgressBar bar(
+        absl::StrCat("job ", job_id, ": ", files.size(), " file(s)"));
+    for (const v1::OutputFile* f : files) {
+      auto parent = out.ParentOf(f->path());
+      absl::Status s = parent.status();
+      if (!s.ok()) {
+        skip(f->path(), s);  // a path through a symlink: refused, not lost
+        continue;
+      }
+      {
+        s = DownloadFileAt(conn.stub(), conn.token(), f->sha256(), f->size(),
+                           parent->first.get(), parent->second, f->mode(),
+                           f->path(), [&](int64_t done, int64_t) {
+                             bar.Update(fetched_bytes + done, total);
+                           });
+      }
+      if (s.code() == absl::StatusCode::kUnavailable) {
+        return Annotate(conn.Error(ToGrpcStatus(s)),
+                        absl::StrCat("fetching ", f->path()));
+      }
+      if (!s.ok()) {
+        skip(f->path(), s);
+        failed = true;
+        continue;
+      }
+      fetched_bytes += f->size();
+      fetched.push_back(f->path());
+    }
+  }
+  // Links last: a file is never written through one.
+  for (const v1::OutputFile* f : links) {
+    absl::Status s = CheckSymlinkTarget(f->path(), f->symlink());
+    if (s.ok()) s = out.MakeSymlink(f->path(), f->symlink());
+    if (!s.ok()) {
+      skip(absl::StrCat(f->path(), " -> ", f->symlink()), s);
+      continue;
+    }
+    fetched.push_back(absl::StrCat(f->path(), " -> ", f->symlink()));
+  }
+  std::cout << "fetched " << fetched.size() << " of " << reply.files_size()
+            << " output(s), " << HumanBytes(fetched_bytes)
+            << ", checksums verified, into " << target << "/\n";
+  for (const auto& path : fetched) std::cout << "  " << path << "\n";
+  for (const auto& line : skipped) std::cerr << "skipped " << line << "\n";
+  return failed ? 1 : 0;
 }
 
 absl::StatusOr<int> Workers(Connection& conn, bool json) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/attachments.h"
 #include "client/commands.h"
 #include "client/diary_text.h"
 #include "client/format.h"
@@ -71,51 +72,6 @@ std::string CommandLine(
     parts.push_back(plain ? shown : "'" + shown + "'");
   }
   return absl::StrJoin(parts, " ");
-}
-
-struct LocalFile {
-  std::string source;  // on this machine
-  std::string path;    // in the job's working folder
-};
-
-// Expands `attach:` entries into files, relative to the job file's folder.
-absl::StatusOr<std::vector<LocalFile>> ResolveAttachments(
-    const std::vector<std::string>& attach, const std::string& job_file) {
-  fs::path base = fs::absolute(job_file).parent_path();
-  std::vector<LocalFile> files;
-  for (const std::string& entry : attach) {
-    fs::path written(entry);
-    fs::path source = written.is_absolute() ? written : base / written;
-    source = source.lexically_normal();
-    std::error_code ec;
-    if (!fs::exists(source, ec)) {
-      return absl::NotFoundError(absl::StrCat("attach: '", entry,
-                                              "' not found (looked for ",
-                                              source.string(), ")"));
-    }
-    fs::path layout = written.lexically_normal();
-    std::string first =
-        layout.begin() != layout.end() ? layout.begin()->string() : "";
-    if (written.is_absolute() || first == "..") layout = source.filename();
-    if (layout.filename().empty()) layout = layout.parent_path();  // "data/"
-    if (fs::is_directory(source, ec)) {
-      if (source.filename().empty()) source = source.parent_path();
-      for (auto it = fs::recursive_directory_iterator(source, ec);
-           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-        if (!it->is_regular_file(ec)) continue;
-        files.push_back(
-            {it->path().string(),
-             (layout / fs::relative(it->path(), source, ec)).string()});
-      }
-      if (ec) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "attach: cannot read ", source.string(), ": ", ec.message()));
-      }
-    } else {
-      files.push_back({source.string(), layout.string()});
-    }
-  }
-  return files;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
@@ -14,76 +15,119 @@
 namespace dlbatch {
 namespace {
 
-constexpr size_t kChunkBytes = 1 << 20;
+constexpr int64_t kWritebackBytes = 16 << 20;
 
-}  // namespace
-
-absl::StatusOr<LocalBlob> UploadFile(v1::Scheduler::StubInterface* stub,
-                                     const std::string& token,
-                                     const std::string& path,
-                                     const ProgressFn& progress) {
-  LocalBlob blob;
-  ASSIGN_OR_RETURN(blob.sha256, Sha256File(path, &blob.size));
-  {
-    grpc::ClientContext ctx;
-    AddToken(&ctx, token);
-    v1::StatBlobsRequest req;
-    req.add_sha256(blob.sha256);
-    v1::StatBlobsReply reply;
-    RETURN_IF_ERROR(FromGrpcStatus(stub->StatBlobs(&ctx, req, &reply)));
-    if (reply.present_size() == 1 && reply.present(0)) {
-      if (progress) progress(blob.size, blob.size);
-      return blob;
+absl::StatusOr<std::string> HashFd(int fd, int64_t size,
+                                   const std::string& what) {
+  Sha256 hash;
+  std::string buf(std::min<int64_t>(size, kBlobChunkBytes), '\0');
+  for (int64_t done = 0; done < size;) {
+    size_t want =
+        static_cast<size_t>(std::min<int64_t>(size - done, buf.size()));
+    ASSIGN_OR_RETURN(size_t n, PreadFull(fd, buf.data(), want, done, what));
+    if (n < want) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " shrank while being read: ", size, " bytes expected"));
     }
+    hash.Update(buf.data(), n);
+    done += static_cast<int64_t>(n);
   }
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "open", path);
+  return hash.HexDigest();
+}
+
+// Streams `size` bytes of `fd`; `known_sha` (may be empty) goes in the
+// first chunk.
+absl::StatusOr<LocalBlob> Send(v1::Scheduler::StubInterface* stub,
+                               const std::string& token, int fd, int64_t size,
+                               const std::string& known_sha,
+                               const std::string& what,
+                               const ProgressFn& progress) {
   grpc::ClientContext ctx;
   AddToken(&ctx, token);
   v1::BlobRef ref;
   auto writer = stub->UploadBlob(&ctx, &ref);
-  std::string buf(kChunkBytes, '\0');
+  Sha256 hash;
+  v1::BlobChunk chunk;
+  chunk.set_sha256(known_sha);
+  chunk.set_size(size);
+  // The chunk's own buffer is read into, so the bytes are copied only by
+  // the serialisation.
+  std::string* data = chunk.mutable_data();
   int64_t done = 0;
-  bool first = true;
-  absl::Status local_error;
-  for (;;) {
-    ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      local_error = ErrnoStatus(errno, "read", path);
+  bool cut_short = false;  // the scheduler ended the call before the end
+  absl::Status local;
+  do {
+    size_t want =
+        static_cast<size_t>(std::min<int64_t>(size - done, kBlobChunkBytes));
+    data->resize(want);
+    absl::StatusOr<size_t> n = PreadFull(fd, data->data(), want, done, what);
+    if (!n.ok()) {
+      local = n.status();
       break;
     }
-    if (n == 0 && !first) break;
-    v1::BlobChunk chunk;
-    if (first) {
-      chunk.set_sha256(blob.sha256);
-      chunk.set_size(blob.size);
-      first = false;
+    if (*n < want) {
+      local = absl::FailedPreconditionError(
+          absl::StrCat(what, " shrank while being uploaded: ", size,
+                       " bytes announced, ", done + *n, " found"));
+      break;
     }
-    chunk.set_data(buf.data(), static_cast<size_t>(n));
-    if (!writer->Write(chunk)) break;  // the server ended the call; see Finish
-    done += n;
-    if (progress) progress(done, blob.size);
-    if (n == 0) break;
-  }
-  ::close(fd);
-  if (!local_error.ok()) {
+    hash.Update(*data);
+    if (!writer->Write(chunk)) {
+      cut_short = true;  // refused, or stored already: Finish says which
+      break;
+    }
+    done += static_cast<int64_t>(want);
+    if (progress) progress(done, size);
+    if (chunk.size() != 0) {
+      chunk.clear_sha256();
+      chunk.set_size(0);
+    }
+  } while (done < size);
+  if (!local.ok()) {
     ctx.TryCancel();
     (void)writer->Finish();
-    return local_error;
+    return local;
   }
-  writer->WritesDone();
+  if (!cut_short) writer->WritesDone();
   RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
-  return blob;
+  if (cut_short || done < size) {
+    // Only a blob the store held already ends an upload early with OK.
+    if (known_sha.empty() || ref.sha256() != known_sha) {
+      return absl::UnavailableError(
+          absl::StrCat("the scheduler ended the upload of ", what, " after ",
+                       done, " of ", size, " bytes"));
+    }
+    if (progress) progress(size, size);
+    return LocalBlob{known_sha, size};
+  }
+  std::string sent = hash.HexDigest();
+  if (ref.sha256() != sent || ref.size() != size ||
+      (!known_sha.empty() && sent != known_sha)) {
+    return absl::DataLossError(
+        absl::StrCat("upload of ", what, " is corrupt: sent ", size,
+                     " bytes with sha256 ", sent,
+                     known_sha.empty() || sent == known_sha
+                         ? ""
+                         : absl::StrCat(" (hashed before as ", known_sha, ")"),
+                     ", the scheduler stored ", ref.size(),
+                     " bytes with sha256 ", ref.sha256()));
+  }
+  return LocalBlob{sent, size};
 }
 
-absl::Status DownloadFile(v1::Scheduler::StubInterface* stub,
+absl::Status DownloadInto(v1::Scheduler::StubInterface* stub,
                           const std::string& token, const std::string& sha256,
-                          int64_t size, const std::string& path, uint32_t mode,
+                          int64_t size, int dir_fd, const std::string& name,
+                          uint32_t mode, const std::string& what,
                           const ProgressFn& progress) {
-  std::string part = path + ".part";
-  int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus(errno, "create", part);
+  const std::string part = name + ".part";
+  // A stale part file (or a symlink planted there) is replaced, never
+  // followed.
+  ::unlinkat(dir_fd, part.c_str(), 0);
+  UniqueFd fd(::openat(dir_fd, part.c_str(),
+                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                       0600));
+  if (!fd.valid()) return ErrnoStatus(errno, "create", what + ".part");
   grpc::ClientContext ctx;
   AddToken(&ctx, token);
   v1::DownloadBlobRequest req;
@@ -92,44 +136,122 @@ absl::Status DownloadFile(v1::Scheduler::StubInterface* stub,
   Sha256 hash;
   int64_t done = 0;
   absl::Status status;
+  int64_t flushed = 0;
   v1::BlobChunk chunk;
-  while (status.ok() && reader->Read(&chunk)) {
+  while (reader->Read(&chunk)) {
     const std::string& data = chunk.data();
     hash.Update(data);
-    size_t off = 0;
-    while (off < data.size()) {
-      ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        status = ErrnoStatus(errno, "write", part);
-        break;
-      }
-      off += static_cast<size_t>(n);
-    }
+    status = WriteFull(fd.get(), data, what + ".part");
+    if (!status.ok()) break;
     done += static_cast<int64_t>(data.size());
+    if (done - flushed >= kWritebackBytes) {
+      // Start writeback of the stretch now, so the fsync at the end waits
+      // for the last stretch only.
+      ::sync_file_range(fd.get(), flushed, done - flushed,
+                        SYNC_FILE_RANGE_WRITE);
+      flushed = done;
+    }
     if (progress) progress(done, size);
   }
   if (!status.ok()) ctx.TryCancel();
   absl::Status rpc = FromGrpcStatus(reader->Finish());
   if (status.ok()) status = rpc;
-  if (status.ok() && ::fsync(fd) != 0)
-    status = ErrnoStatus(errno, "fsync", part);
-  ::close(fd);
+  if (status.ok() && ::fsync(fd.get()) != 0)
+    status = ErrnoStatus(errno, "fsync", what + ".part");
   if (status.ok()) {
     std::string got = hash.HexDigest();
     if (got != sha256 || done != size) {
       status = absl::DataLossError(
-          absl::StrCat("download of ", path, " is corrupt: expected ", size,
+          absl::StrCat("download of ", what, " is corrupt: expected ", size,
                        " bytes with sha256 ", sha256, ", got ", done,
                        " bytes with sha256 ", got));
     }
   }
-  if (status.ok()) ::chmod(part.c_str(), mode == 0 ? 0644 : (mode & 07777));
-  if (status.ok() && ::rename(part.c_str(), path.c_str()) != 0) {
-    status = ErrnoStatus(errno, "rename", part);
+  if (status.ok() &&
+      ::fchmod(fd.get(), mode == 0 ? 0644 : (mode & 07777)) != 0) {
+    status = ErrnoStatus(errno, "chmod", what + ".part");
   }
-  if (!status.ok()) ::unlink(part.c_str());
+  fd.Reset();
+  if (status.ok() &&
+      ::renameat(dir_fd, part.c_str(), dir_fd, name.c_str()) != 0) {
+    status = ErrnoStatus(errno, "rename", what + ".part");
+  }
+  if (!status.ok()) ::unlinkat(dir_fd, part.c_str(), 0);
   return status;
+}
+
+}  // namespace
+
+absl::StatusOr<LocalBlob> UploadFd(v1::Scheduler::StubInterface* stub,
+                                   const std::string& token, int fd,
+                                   int64_t size, const std::string& what,
+                                   const ProgressFn& progress) {
+  return Send(stub, token, fd, size, "", what, progress);
+}
+
+absl::StatusOr<LocalBlob> UploadFdKnown(v1::Scheduler::StubInterface* stub,
+                                        const std::string& token, int fd,
+                                        int64_t size, const std::string& sha256,
+                                        const std::string& what,
+                                        const ProgressFn& progress) {
+  grpc::ClientContext ctx;
+  AddToken(&ctx, token);
+  v1::StatBlobsRequest req;
+  req.add_sha256(sha256);
+  v1::StatBlobsReply reply;
+  RETURN_IF_ERROR(FromGrpcStatus(stub->StatBlobs(&ctx, req, &reply)));
+  if (reply.present_size() == 1 && reply.present(0)) {
+    if (progress) progress(size, size);
+    return LocalBlob{sha256, size};
+  }
+  return Send(stub, token, fd, size, sha256, what, progress);
+}
+
+absl::StatusOr<LocalBlob> UploadFile(v1::Scheduler::StubInterface* stub,
+                                     const std::string& token,
+                                     const std::string& path,
+                                     const ProgressFn& progress,
+                                     UploadMode mode) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; the type is
+  // checked on what was opened, so a swap after a stat cannot fool it.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, "open", path);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is ", DescribeFileType(st.st_mode),
+                     ", not a regular file; only files and folders of "
+                     "files can be sent"));
+  }
+  const int64_t size = static_cast<int64_t>(st.st_size);
+  if (mode == UploadMode::kReadOnce) {
+    return UploadFd(stub, token, fd.get(), size, path, progress);
+  }
+  ASSIGN_OR_RETURN(std::string sha256, HashFd(fd.get(), size, path));
+  return UploadFdKnown(stub, token, fd.get(), size, sha256, path, progress);
+}
+
+absl::Status DownloadFile(v1::Scheduler::StubInterface* stub,
+                          const std::string& token, const std::string& sha256,
+                          int64_t size, const std::string& path, uint32_t mode,
+                          const ProgressFn& progress) {
+  return DownloadInto(stub, token, sha256, size, AT_FDCWD, path, mode, path,
+                      progress);
+}
+
+absl::Status DownloadFileAt(v1::Scheduler::StubInterface* stub,
+                            const std::string& token, const std::string& sha256,
+                            int64_t size, int dir_fd, const std::string& name,
+                            uint32_t mode, const std::string& what,
+                            const ProgressFn& progress) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." ||
+      name == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", name, "' is not a file name"));
+  }
+  return DownloadInto(stub, token, sha256, size, dir_fd, name, mode, what,
+                      progress);
 }
 
 }  // namespace dlbatch

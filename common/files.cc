@@ -199,4 +199,58 @@ std::string HumanBytes(int64_t bytes) {
   return absl::StrFormat("%.1f %s", v, kUnits[unit]);
 }
 
+void UniqueFd::Reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+absl::Status WriteFull(int fd, absl::string_view data, absl::string_view path) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "write", path);
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> PreadFull(int fd, char* buf, size_t size, int64_t offset,
+                                 absl::string_view path) {
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n =
+        ::pread(fd, buf + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "read", path);
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
+std::string DescribeFileType(uint32_t st_mode) {
+  switch (st_mode & S_IFMT) {
+    case S_IFREG:
+      return "a regular file";
+    case S_IFDIR:
+      return "a folder";
+    case S_IFLNK:
+      return "a symbolic link";
+    case S_IFIFO:
+      return "a FIFO";
+    case S_IFSOCK:
+      return "a socket";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    default:
+      return "a special file";
+  }
+}
+
 }  // namespace dlbatch

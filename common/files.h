@@ -54,6 +54,45 @@ absl::StatusOr<std::string> Sha256File(const std::string& path,
 // "12.3 MB", "512 B".
 std::string HumanBytes(int64_t bytes);
 
+// Owns a file descriptor: closes it on destruction. Movable, not copyable.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { Reset(); }
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.Release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = other.Release();
+    }
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void Reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// write(2) until all of `data` is written (EINTR retried).
+absl::Status WriteFull(int fd, absl::string_view data, absl::string_view path);
+// pread(2) until `size` bytes are read into `buf` or the file ends; returns
+// how many were read.
+absl::StatusOr<size_t> PreadFull(int fd, char* buf, size_t size, int64_t offset,
+                                 absl::string_view path);
+
+// What a file type is called in messages: "a FIFO", "a socket", ...
+std::string DescribeFileType(uint32_t st_mode);
+
 }  // namespace dlbatch
 
 #endif  // DLBATCH_COMMON_FILES_H_

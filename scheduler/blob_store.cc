@@ -1,5 +1,6 @@
 #include "scheduler/blob_store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -7,11 +8,35 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace dlbatch::scheduler {
+namespace {
+
+// Written bytes are handed to the disk every this many, so the fsync at
+// the end waits for the last stretch only, not the whole blob.
+constexpr int64_t kWritebackBytes = 16 << 20;
+
+absl::Status MakePrivateDir(const std::string& path) {
+  RETURN_IF_ERROR(MakeDirs(path, 0700));
+  // mkdir's mode is cut by the umask, and an older folder keeps its own.
+  if (::chmod(path.c_str(), 0700) != 0)
+    return ErrnoStatus(errno, "chmod", path);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> StatvfsFree(const std::string& dir) {
+  struct statvfs vfs;
+  if (::statvfs(dir.c_str(), &vfs) != 0)
+    return ErrnoStatus(errno, "statvfs", dir);
+  return static_cast<int64_t>(vfs.f_bavail) *
+         static_cast<int64_t>(vfs.f_frsize);
+}
+
+}  // namespace
 
 bool IsSha256Hex(absl::string_view text) {
   if (text.size() != 64) return false;
@@ -23,11 +48,27 @@ bool IsSha256Hex(absl::string_view text) {
 
 absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(
     const std::string& dir, int64_t min_free_bytes) {
-  RETURN_IF_ERROR(MakeDirs(dir + "/tmp", 0700));
+  return Open(dir, min_free_bytes, [dir] { return StatvfsFree(dir); });
+}
+
+absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(
+    const std::string& dir, int64_t min_free_bytes, FreeSpaceFn free_space) {
+  RETURN_IF_ERROR(MakePrivateDir(dir));
   // Uploads interrupted by a crash leave temp files; none is in use now.
   RETURN_IF_ERROR(RemoveTree(dir + "/tmp"));
-  RETURN_IF_ERROR(MakeDirs(dir + "/tmp", 0700));
-  return std::unique_ptr<BlobStore>(new BlobStore(dir, min_free_bytes));
+  RETURN_IF_ERROR(MakePrivateDir(dir + "/tmp"));
+  // Shards made by an older scheduler under a loose umask.
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (struct dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name.size() == 2 && IsSha256Hex(name + std::string(62, '0'))) {
+        ::fchmodat(::dirfd(d), e->d_name, 0700, AT_SYMLINK_NOFOLLOW);
+      }
+    }
+    ::closedir(d);
+  }
+  return std::unique_ptr<BlobStore>(
+      new BlobStore(dir, min_free_bytes, std::move(free_space)));
 }
 
 std::string BlobStore::PathFor(const std::string& sha256) const {
@@ -46,100 +87,124 @@ absl::StatusOr<int64_t> BlobStore::Size(const std::string& sha256) const {
   return static_cast<int64_t>(st.st_size);
 }
 
+int64_t BlobStore::reserved_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return reserved_;
+}
+
+void BlobStore::Release(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  reserved_ -= bytes;
+}
+
 absl::StatusOr<std::unique_ptr<BlobStore::Writer>> BlobStore::NewWriter(
-    const std::string& sha256, int64_t size) const {
-  if (!IsSha256Hex(sha256)) {
+    const std::string& sha256, int64_t size) {
+  if (!sha256.empty() && !IsSha256Hex(sha256)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", sha256, "' is not a sha256"));
   }
   if (size < 0) return absl::InvalidArgumentError("negative blob size");
-  struct statvfs vfs;
-  if (::statvfs(dir_.c_str(), &vfs) == 0) {
-    int64_t free_bytes =
-        static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
-    if (free_bytes - size < min_free_bytes_) {
+  // Read outside the lock: statvfs may be slow on a busy disk.
+  ASSIGN_OR_RETURN(int64_t free_bytes, free_space_());
+  {
+    absl::MutexLock lock(&mu_);
+    if (free_bytes - reserved_ - size < min_free_bytes_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the scheduler's store is full: ", HumanBytes(free_bytes),
-          " free in ", dir_, ", the file needs ", HumanBytes(size), " and ",
+          "the scheduler's store is too full for a file of ", HumanBytes(size),
+          ": ", HumanBytes(free_bytes), " free in ", dir_, ", ",
+          HumanBytes(reserved_), " of it promised to uploads in flight and ",
           HumanBytes(min_free_bytes_),
-          " are kept in reserve; free space there or move --state-dir"));
+          " kept in reserve; free space there or move --state-dir"));
     }
+    reserved_ += size;
   }
   static std::atomic<uint64_t> counter{0};
-  std::string tmp = absl::StrCat(dir_, "/tmp/", sha256, ".", ::getpid(), ".",
-                                 counter.fetch_add(1));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus(errno, "create", tmp);
-  return std::unique_ptr<Writer>(
-      new Writer(this, sha256, size, fd, std::move(tmp)));
+  std::string tmp = absl::StrCat(dir_, "/tmp/", sha256.empty() ? "new" : sha256,
+                                 ".", ::getpid(), ".", counter.fetch_add(1));
+  int fd = ::open(tmp.c_str(),
+                  O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  // The writer gives the reservation back, even when it never was.
+  auto writer =
+      std::unique_ptr<Writer>(new Writer(this, sha256, size, fd, tmp));
+  if (fd < 0) {
+    writer->done_ = true;  // nothing to remove
+    return ErrnoStatus(errno, "create", tmp);
+  }
+  if (::fchmod(fd, 0600) != 0) return ErrnoStatus(errno, "chmod", tmp);
+  return writer;
 }
 
-BlobStore::Writer::Writer(const BlobStore* store, std::string sha256,
-                          int64_t size, int fd, std::string tmp_path)
+BlobStore::Writer::Writer(BlobStore* store, std::string sha256, int64_t size,
+                          int fd, std::string tmp_path)
     : store_(store),
-      sha256_(std::move(sha256)),
+      announced_(std::move(sha256)),
       size_(size),
       fd_(fd),
       tmp_path_(std::move(tmp_path)) {}
 
 BlobStore::Writer::~Writer() {
-  if (fd_ >= 0) ::close(fd_);
+  store_->Release(size_ - written_);
+  fd_.Reset();
   if (!done_) ::unlink(tmp_path_.c_str());
+}
+
+absl::Status BlobStore::Writer::FullOrError(int err,
+                                            absl::string_view what) const {
+  if (err == ENOSPC || err == EDQUOT) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the scheduler's store is full (", std::strerror(err), " writing ",
+        store_->dir_, "); free space there or move --state-dir"));
+  }
+  return ErrnoStatus(err, what, tmp_path_);
 }
 
 absl::Status BlobStore::Writer::Append(absl::string_view data) {
   if (written_ + static_cast<int64_t>(data.size()) > size_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "blob ", sha256_, " is longer than the announced ", size_, " bytes"));
+        "the upload is longer than the announced ", size_, " bytes"));
   }
   hash_.Update(data);
   while (!data.empty()) {
-    ssize_t n = ::write(fd_, data.data(), data.size());
+    ssize_t n = ::write(fd_.get(), data.data(), data.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      int err = errno;
-      if (err == ENOSPC || err == EDQUOT) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the scheduler's store is full (", std::strerror(err), " writing ",
-            store_->dir_, "); free space there or move --state-dir"));
-      }
-      return ErrnoStatus(err, "write", tmp_path_);
+      return FullOrError(errno, "write");
     }
     written_ += n;
+    store_->Release(n);  // on disk now, seen by statvfs
     data.remove_prefix(static_cast<size_t>(n));
+  }
+  if (written_ - flushed_ >= kWritebackBytes) {
+    // Start writeback of the stretch; returns without waiting for it.
+    ::sync_file_range(fd_.get(), flushed_, written_ - flushed_,
+                      SYNC_FILE_RANGE_WRITE);
+    flushed_ = written_;
   }
   return absl::OkStatus();
 }
 
 absl::Status BlobStore::Writer::Commit() {
   if (written_ != size_) {
-    return absl::DataLossError(absl::StrCat("blob ", sha256_, ": received ",
+    return absl::DataLossError(absl::StrCat("the upload ended early: received ",
                                             written_, " of ", size_, " bytes"));
   }
   std::string digest = hash_.HexDigest();
-  if (digest != sha256_) {
+  if (!announced_.empty() && digest != announced_) {
     return absl::DataLossError(
-        absl::StrCat("blob checksum mismatch: announced ", sha256_,
+        absl::StrCat("blob checksum mismatch: announced ", announced_,
                      ", received bytes hash to ", digest));
   }
-  if (::fsync(fd_) != 0) {
-    int err = errno;
-    if (err == ENOSPC || err == EDQUOT) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the scheduler's store is full (", std::strerror(err),
-                       "); free space in ", store_->dir_));
-    }
-    return ErrnoStatus(err, "fsync", tmp_path_);
-  }
-  ::close(fd_);
-  fd_ = -1;
-  std::string final_path = store_->PathFor(sha256_);
+  if (::fsync(fd_.get()) != 0) return FullOrError(errno, "fsync");
+  fd_.Reset();
+  std::string final_path = store_->PathFor(digest);
   std::string shard = final_path.substr(0, final_path.rfind('/'));
-  RETURN_IF_ERROR(MakeDirs(shard, 0700));
+  RETURN_IF_ERROR(MakePrivateDir(shard));
+  // rename replaces a blob stored meanwhile by the same bytes: harmless.
   if (::rename(tmp_path_.c_str(), final_path.c_str()) != 0) {
     return ErrnoStatus(errno, "rename", tmp_path_);
   }
   done_ = true;
+  digest_ = std::move(digest);
   return FsyncDir(shard);
 }
 

@@ -2,24 +2,33 @@
 // outputs, stored once per sha256 however many jobs name them.
 //
 // A blob becomes visible only complete and verified: bytes go to a temp
-// file, are checked against the announced size and sha256, fsynced, and
-// renamed into place. A full disk fails the upload with RESOURCE_EXHAUSTED
-// and leaves nothing behind. Thread-safe.
+// file, are checked against the announced size (and sha256, where the
+// sender named one), fsynced, and renamed into place. An upload's size is
+// checked against free space before its first byte, counting the space
+// promised to uploads still in flight; a full disk fails the upload with
+// RESOURCE_EXHAUSTED and leaves nothing behind. The folder is 0700 and the
+// blobs 0600 whatever the umask or an older folder's mode. Thread-safe.
 #ifndef DLBATCH_SCHEDULER_BLOB_STORE_H_
 #define DLBATCH_SCHEDULER_BLOB_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/files.h"
 
 namespace dlbatch::scheduler {
 
 // True for 64 lowercase hex characters.
 bool IsSha256Hex(absl::string_view text);
+
+// Free bytes on the filesystem holding the store (statvfs's f_bavail).
+using FreeSpaceFn = std::function<absl::StatusOr<int64_t>()>;
 
 class BlobStore {
  public:
@@ -28,42 +37,68 @@ class BlobStore {
   // it always has room to record the outcome.
   static absl::StatusOr<std::unique_ptr<BlobStore>> Open(
       const std::string& dir, int64_t min_free_bytes);
+  // As above, free space read from `free_space` (tests).
+  static absl::StatusOr<std::unique_ptr<BlobStore>> Open(
+      const std::string& dir, int64_t min_free_bytes, FreeSpaceFn free_space);
 
   // Size of a stored blob, or NotFound.
   absl::StatusOr<int64_t> Size(const std::string& sha256) const;
   std::string PathFor(const std::string& sha256) const;
+  // Bytes promised to uploads in flight and not yet written.
+  int64_t reserved_bytes() const;
 
-  // One upload in progress; destroying it before Commit discards it.
+  // One upload in progress; destroying it before Commit discards it and
+  // gives back its reservation. Not thread-safe itself.
   class Writer {
    public:
     ~Writer();
+    Writer(const Writer&) = delete;
+    Writer& operator=(const Writer&) = delete;
     absl::Status Append(absl::string_view data);
-    // Verifies size and digest, then makes the blob visible.
+    // Verifies size (and the announced digest), then makes the blob
+    // visible; a blob stored already under that digest is kept as it is.
     absl::Status Commit();
     int64_t written() const { return written_; }
+    // The bytes' sha256; set by a successful Commit.
+    const std::string& sha256() const { return digest_; }
 
    private:
     friend class BlobStore;
-    Writer(const BlobStore* store, std::string sha256, int64_t size, int fd,
+    Writer(BlobStore* store, std::string sha256, int64_t size, int fd,
            std::string tmp_path);
-    const BlobStore* store_;
-    std::string sha256_;
+    absl::Status FullOrError(int err, absl::string_view what) const;
+    BlobStore* store_;
+    std::string announced_;  // may be empty: the digest is learnt
     int64_t size_;
-    int fd_;
+    UniqueFd fd_;
     std::string tmp_path_;
     int64_t written_ = 0;
+    int64_t flushed_ = 0;  // bytes handed to writeback so far
     Sha256 hash_;
+    std::string digest_;
     bool done_ = false;
   };
 
+  // Starts an upload of `size` bytes. `sha256` empty: the digest is
+  // computed from the bytes. Refused with RESOURCE_EXHAUSTED, naming the
+  // size and what is free, where the bytes would not fit beside those
+  // promised to other uploads and the reserve; else the size is reserved
+  // until the writer is done.
   absl::StatusOr<std::unique_ptr<Writer>> NewWriter(const std::string& sha256,
-                                                    int64_t size) const;
+                                                    int64_t size);
 
  private:
-  BlobStore(std::string dir, int64_t min_free_bytes)
-      : dir_(std::move(dir)), min_free_bytes_(min_free_bytes) {}
-  std::string dir_;
-  int64_t min_free_bytes_;
+  BlobStore(std::string dir, int64_t min_free_bytes, FreeSpaceFn free_space)
+      : dir_(std::move(dir)),
+        min_free_bytes_(min_free_bytes),
+        free_space_(std::move(free_space)) {}
+  void Release(int64_t bytes);
+
+  const std::string dir_;
+  const int64_t min_free_bytes_;
+  const FreeSpaceFn free_space_;
+  mutable absl::Mutex mu_;
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dlbatch::scheduler

@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/blob_transfer.h"
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/status.h"
@@ -16,8 +18,6 @@
 
 namespace dlbatch::scheduler {
 namespace {
-
-constexpr size_t kBlobChunkBytes = 1 << 20;
 
 #define CHECK_TOKEN(context)                                        \
   do {                                                              \
@@ -155,24 +155,28 @@ grpc::Status SchedulerService::UploadBlob(
   if (!reader->Read(&chunk)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty upload");
   }
-  reply->set_sha256(chunk.sha256());
+  const std::string announced = chunk.sha256();
+  reply->set_sha256(announced);
   reply->set_size(chunk.size());
-  if (auto size = blobs_->Size(chunk.sha256());
-      size.ok() && *size == chunk.size()) {
-    return grpc::Status::OK;  // stored already
-  }
-  auto writer = blobs_->NewWriter(chunk.sha256(), chunk.size());
-  if (!writer.ok()) return ToGrpcStatus(writer.status());
-  do {
-    if (auto s = (*writer)->Append(chunk.data()); !s.ok()) {
-      spdlog::warn("upload of {} failed: {}", chunk.sha256(), s.ToString());
-      return ToGrpcStatus(s);
+  if (!announced.empty()) {
+    if (auto size = blobs_->Size(announced);
+        size.ok() && *size == chunk.size()) {
+      return grpc::Status::OK;  // stored already; the sender stops sending
     }
-  } while (reader->Read(&chunk));
-  if (auto s = (*writer)->Commit(); !s.ok()) {
-    spdlog::warn("upload failed: {}", s.ToString());
+  }
+  // The size is checked against free space before any byte is taken.
+  auto writer = blobs_->NewWriter(announced, chunk.size());
+  if (!writer.ok()) return ToGrpcStatus(writer.status());
+  absl::Status s;
+  do {
+    s = (*writer)->Append(chunk.data());
+  } while (s.ok() && reader->Read(&chunk));
+  if (s.ok()) s = (*writer)->Commit();
+  if (!s.ok()) {
+    spdlog::warn("upload of {} bytes failed: {}", reply->size(), s.ToString());
     return ToGrpcStatus(s);
   }
+  reply->set_sha256((*writer)->sha256());
   return grpc::Status::OK;
 }
 
@@ -183,33 +187,33 @@ grpc::Status SchedulerService::DownloadBlob(
   auto size = blobs_->Size(request->sha256());
   if (!size.ok()) return ToGrpcStatus(size.status());
   std::string path = blobs_->PathFor(request->sha256());
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ToGrpcStatus(ErrnoStatus(errno, "open", path));
-  std::string buf(kBlobChunkBytes, '\0');
-  int64_t offset = std::max<int64_t>(0, request->offset());
-  bool first = true;
-  grpc::Status status = grpc::Status::OK;
-  for (;;) {
-    ssize_t n = ::pread(fd, buf.data(), buf.size(), offset);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      status = ToGrpcStatus(ErrnoStatus(errno, "read", path));
-      break;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ToGrpcStatus(ErrnoStatus(errno, "open", path));
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  int64_t offset = std::clamp<int64_t>(request->offset(), 0, *size);
+  v1::BlobChunk chunk;
+  chunk.set_sha256(request->sha256());
+  chunk.set_size(*size);
+  // Read straight into the message: the bytes are copied once more, by the
+  // serialisation.
+  std::string* data = chunk.mutable_data();
+  do {
+    size_t want =
+        static_cast<size_t>(std::min<int64_t>(*size - offset, kBlobChunkBytes));
+    data->resize(want);
+    auto n = PreadFull(fd.get(), data->data(), want, offset, path);
+    if (!n.ok()) return ToGrpcStatus(n.status());
+    if (*n < want) {
+      return ToGrpcStatus(absl::DataLossError(
+          absl::StrCat("blob ", request->sha256(), " is shorter than ", *size,
+                       " bytes on the scheduler's disk")));
     }
-    if (n == 0 && !first) break;
-    v1::BlobChunk chunk;
-    if (first) {
-      chunk.set_sha256(request->sha256());
-      chunk.set_size(*size);
-      first = false;
-    }
-    chunk.set_data(buf.data(), static_cast<size_t>(n));
-    offset += n;
-    if (!writer->Write(chunk)) break;
-    if (n == 0) break;
-  }
-  ::close(fd);
-  return status;
+    offset += static_cast<int64_t>(want);
+    if (!writer->Write(chunk)) break;  // the reader went away
+    chunk.clear_sha256();
+    chunk.set_size(0);
+  } while (offset < *size);
+  return grpc::Status::OK;
 }
 
 // ---- the worker stream ----

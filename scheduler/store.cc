@@ -122,6 +122,20 @@ absl::Status AddSweepColumn(Database* db) {
   return db->Exec("CREATE INDEX IF NOT EXISTS jobs_by_sweep ON jobs(sweep_id)");
 }
 
+// outputs.symlink: a symlink output's target, kept as text (sha256 empty).
+// Added in place to files of schema version 2, which read the same without
+// it. Idempotent; run on every open.
+absl::Status AddOutputSymlinkColumn(Database* db) {
+  ASSIGN_OR_RETURN(Statement * columns,
+                   db->Prepare("SELECT 1 FROM pragma_table_info('outputs') "
+                               "WHERE name='symlink'"));
+  ASSIGN_OR_RETURN(bool present, columns->Step());
+  columns->Reset();
+  if (present) return absl::OkStatus();
+  return db->Exec(
+      "ALTER TABLE outputs ADD COLUMN symlink TEXT NOT NULL DEFAULT ''");
+}
+
 }  // namespace
 
 std::string EncodeParts(const std::vector<Part>& parts) {
@@ -176,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
     RETURN_IF_ERROR(txn.status());
     RETURN_IF_ERROR(db->Exec(kSchema));
     RETURN_IF_ERROR(AddSweepColumn(db.get()));
+    RETURN_IF_ERROR(AddOutputSymlinkColumn(db.get()));
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion,
         "') ON CONFLICT(key) DO UPDATE SET value=excluded.value")));
@@ -280,12 +295,13 @@ absl::Status Store::PutOutputs(int64_t job_id,
     ASSIGN_OR_RETURN(
         Statement * st,
         db_->Prepare("INSERT OR REPLACE INTO outputs(job_id, path, size, "
-                     "sha256, mode) VALUES(?,?,?,?,?)"));
+                     "sha256, mode, symlink) VALUES(?,?,?,?,?,?)"));
     st->Bind(1, job_id)
         .Bind(2, f.path())
         .Bind(3, f.size())
         .Bind(4, f.sha256())
-        .Bind(5, static_cast<int64_t>(f.mode()));
+        .Bind(5, static_cast<int64_t>(f.mode()))
+        .Bind(6, f.symlink());
     RETURN_IF_ERROR(st->Run());
   }
   return absl::OkStatus();
@@ -672,8 +688,8 @@ absl::StatusOr<std::vector<v1::OutputFile>> StoreReader::Outputs(
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
   ASSIGN_OR_RETURN(Statement * st,
-                   db->Prepare("SELECT path, size, sha256, mode FROM outputs "
-                               "WHERE job_id=? ORDER BY path"));
+                   db->Prepare("SELECT path, size, sha256, mode, symlink "
+                               "FROM outputs WHERE job_id=? ORDER BY path"));
   st->Bind(1, job_id);
   std::vector<v1::OutputFile> out;
   for (;;) {
@@ -684,6 +700,7 @@ absl::StatusOr<std::vector<v1::OutputFile>> StoreReader::Outputs(
     f.set_size(st->Int(1));
     f.set_sha256(st->Text(2));
     f.set_mode(static_cast<uint32_t>(st->Int(3)));
+    f.set_symlink(st->Text(4));
     out.push_back(std::move(f));
   }
   st->Reset();

@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/devices.h"
+#include "worker/output_files.h"
 #include "worker/train_job.h"
 
 namespace dlbatch::worker {
@@ -675,31 +676,28 @@ void Worker::Finish(int64_t key, ExitInfo info) {
     out_dir = it->second.dir + "/output";
   }
   v1::JobEnded ended;
-  absl::Status upload;
-  std::error_code ec;
-  std::vector<std::filesystem::path> files;
-  for (auto it = std::filesystem::recursive_directory_iterator(out_dir, ec);
-       !ec && it != std::filesystem::recursive_directory_iterator();
-       it.increment(ec)) {
-    if (it->is_regular_file(ec)) files.push_back(it->path());
-  }
-  std::sort(files.begin(), files.end());
-  for (const auto& path : files) {
-    std::string rel = std::filesystem::relative(path, out_dir, ec).string();
-    absl::StatusOr<v1::OutputFile> f = Upload(path.string(), rel);
-    if (!f.ok() && f.status().code() == absl::StatusCode::kCancelled) return;
-    if (!f.ok()) {
-      upload =
-          Annotate(f.status(), absl::StrCat("uploading output '", rel, "'"));
-      break;
-    }
-    *ended.add_outputs() = *std::move(f);
-  }
+  // Read without following symlinks; the size is checked before any byte.
+  absl::StatusOr<OutputScan> scan =
+      ScanOutputs(out_dir, start.max_output_bytes());
+  absl::StatusOr<std::vector<v1::OutputFile>> stored =
+      scan.ok()
+          ? StoreOutputs(*scan,
+                         [this](int fd, int64_t size, const std::string& what) {
+                           return UploadOutput(fd, size, what);
+                         })
+          : scan.status();
+  if (stored.status().code() == absl::StatusCode::kCancelled) return;
+  absl::Status upload = stored.status();
+  for (auto& f : stored.ok() ? *stored : std::vector<v1::OutputFile>{})
+    *ended.add_outputs() = std::move(f);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(key);
     if (it == jobs_.end()) return;
     Job& job = it->second;
+    for (const std::string& line :
+         scan.ok() ? scan->skipped : std::vector<std::string>{})
+      AddDiaryLocked(job, 0, absl::StrCat("[dlbatch] ", line));
     ended.set_job_id(start.job_id());
     ended.set_attempt(start.attempt());
     ended.set_part(start.part());
@@ -769,6 +767,20 @@ absl::StatusOr<v1::OutputFile> Worker::Upload(const std::string& path,
   struct stat st;
   f.set_mode(::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644);
   return f;
+}
+
+absl::StatusOr<LocalBlob> Worker::UploadOutput(int fd, int64_t size,
+                                               const std::string& what) {
+  for (int tries = 0;; ++tries) {
+    absl::StatusOr<LocalBlob> blob =
+        UploadFd(blobs_.get(), options_.channel.token, fd, size, what);
+    if (blob.ok() || !Retryable(blob.status()) || tries >= 120) return blob;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return absl::CancelledError("the worker is stopping");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
 }
 
 std::string Worker::RendezvousAddress() const {

@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/blob_transfer.h"
 #include "common/clock.h"
 #include "common/endpoint.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
@@ -113,6 +115,10 @@ class Worker {
                      const std::string& dest, uint32_t mode);
   absl::StatusOr<v1::OutputFile> Upload(const std::string& path,
                                         const std::string& rel);
+  // Uploads an output open at `fd`, read once; retried while the
+  // scheduler is unreachable.
+  absl::StatusOr<LocalBlob> UploadOutput(int fd, int64_t size,
+                                         const std::string& what);
   // The scheduler's address as a job's processes can use it.
   std::string RendezvousAddress() const;
   void Finish(int64_t key, ExitInfo info);

@@ -1,0 +1,218 @@
+// Blob transfer throughput over the scheduler's Unix socket: a 1 GB file
+// uploaded to a real dlbatch-scheduler and fetched back, against a local
+// copy of the same file (read + write + fsync) measured in the same run.
+// Prints a markdown table; the figures are not asserted.
+//
+//   transfer_bench [--mb N] [--runs N] [--dir DIR]
+//
+// DIR (default /tmp) holds the file, the copies and the scheduler's state,
+// so every row writes to the same disk.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/blob_transfer.h"
+#include "common/endpoint.h"
+#include "common/files.h"
+#include "dlbatch/v1/scheduler.grpc.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string SelfDir() {
+  return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
+}
+
+void Die(const std::string& what) {
+  std::cerr << "transfer_bench: " << what << "\n";
+  std::exit(1);
+}
+
+void Check(const absl::Status& s, const std::string& what) {
+  if (!s.ok()) Die(what + ": " + s.ToString());
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<std::string> store = argv;
+  std::vector<char*> args;
+  for (auto& a : store) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Random bytes: nothing on the way may shortcut zeros.
+void MakeFile(const std::string& path, int64_t bytes) {
+  dlbatch::UniqueFd fd(open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  if (!fd.valid()) Die("create " + path);
+  std::mt19937_64 gen(7);
+  std::vector<uint64_t> buf(1 << 17);
+  for (int64_t done = 0; done < bytes;) {
+    for (auto& w : buf) w = gen();
+    size_t n = static_cast<size_t>(
+        std::min<int64_t>(bytes - done, buf.size() * sizeof(uint64_t)));
+    Check(dlbatch::WriteFull(fd.get(), {reinterpret_cast<char*>(buf.data()), n},
+                             path),
+          "write");
+    done += static_cast<int64_t>(n);
+  }
+  fsync(fd.get());
+}
+
+// What a user's `cp` and then `sync` would do: the baseline.
+void CopyFile(const std::string& from, const std::string& to) {
+  dlbatch::UniqueFd in(open(from.c_str(), O_RDONLY));
+  dlbatch::UniqueFd out(open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600));
+  if (!in.valid() || !out.valid()) Die("copy " + from);
+  std::string buf(dlbatch::kBlobChunkBytes, '\0');
+  for (;;) {
+    ssize_t n = read(in.get(), buf.data(), buf.size());
+    if (n < 0) Die("read " + from);
+    if (n == 0) break;
+    Check(
+        dlbatch::WriteFull(out.get(), {buf.data(), static_cast<size_t>(n)}, to),
+        "write");
+  }
+  if (fsync(out.get()) != 0) Die("fsync " + to);
+}
+
+void HashFile(const std::string& path) {
+  dlbatch::UniqueFd in(open(path.c_str(), O_RDONLY));
+  std::string buf(dlbatch::kBlobChunkBytes, '\0');
+  dlbatch::Sha256 hash;
+  for (;;) {
+    ssize_t n = read(in.get(), buf.data(), buf.size());
+    if (n <= 0) break;
+    hash.Update(buf.data(), static_cast<size_t>(n));
+  }
+  (void)hash.HexDigest();
+}
+
+// Median seconds of `runs` calls of `fn`; `reset` runs before each, untimed.
+double Time(int runs, const std::function<void()>& fn,
+            const std::function<void()>& reset = nullptr) {
+  std::vector<double> seconds;
+  for (int i = 0; i < runs; ++i) {
+    if (reset) reset();
+    auto t0 = Clock::now();
+    fn();
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t mb = 1024;
+  int runs = 3;
+  std::string base = "/tmp";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    if (flag == "--mb") {
+      mb = std::stoll(argv[i + 1]);
+    } else if (flag == "--runs") {
+      runs = std::max(1, std::stoi(argv[i + 1]));
+    } else if (flag == "--dir") {
+      base = argv[i + 1];
+    } else {
+      std::cerr << "usage: transfer_bench [--mb N] [--runs N] [--dir DIR]\n";
+      return 2;
+    }
+  }
+  signal(SIGPIPE, SIG_IGN);
+  std::string tmpl = base + "/dltb-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) Die("mkdtemp in " + base);
+  const std::string root = tmpl;
+  const int64_t bytes = mb << 20;
+  const std::string file = root + "/file";
+  MakeFile(file, bytes);
+
+  const std::string address = "unix:" + root + "/s.sock";
+  const std::string ready = root + "/ready";
+  pid_t scheduler =
+      Spawn({SelfDir() + "/dlbatch-scheduler", "--state-dir", root + "/state",
+             "--listen", address, "--ready-file", ready},
+            root + "/scheduler.log");
+  for (int i = 0; i < 300 && !std::filesystem::exists(ready); ++i)
+    usleep(50000);
+  if (!std::filesystem::exists(ready)) Die("the scheduler did not start");
+  dlbatch::ChannelConfig config;
+  config.endpoint = *dlbatch::ParseEndpoint(address);
+  auto stub = dlbatch::v1::Scheduler::NewStub(dlbatch::MakeChannel(config));
+
+  const std::string copy = root + "/copy";
+  const std::string fetched = root + "/fetched";
+  auto remove = [&] {
+    std::filesystem::remove(copy);
+    std::filesystem::remove(fetched);
+  };
+  double hash_s = Time(runs, [&] { HashFile(file); });
+  double copy_s = Time(
+      runs, [&] { CopyFile(file, copy); }, remove);
+  dlbatch::LocalBlob blob;
+  double upload_s = Time(runs, [&] {
+    auto b = dlbatch::UploadFile(stub.get(), "", file, nullptr,
+                                 dlbatch::UploadMode::kReadOnce);
+    Check(b.status(), "upload");
+    blob = *b;
+  });
+  double fetch_s = Time(
+      runs,
+      [&] {
+        Check(dlbatch::DownloadFile(stub.get(), "", blob.sha256, blob.size,
+                                    fetched, 0600),
+              "fetch");
+      },
+      remove);
+  // The store holds it now: hash here, ask, send nothing.
+  double dedupe_s = Time(runs, [&] {
+    Check(dlbatch::UploadFile(stub.get(), "", file).status(), "upload again");
+  });
+  kill(scheduler, SIGKILL);
+  waitpid(scheduler, nullptr, 0);
+  std::filesystem::remove_all(root);
+
+  const double mbytes = static_cast<double>(bytes) / 1e6;
+  const double copy_rate = mbytes / copy_s;
+  std::cout << absl::StrFormat(
+      "| measure (%d MiB file, median of %d) | MB/s | x local copy | goal | "
+      "|\n|---|---|---|---|---|\n",
+      mb, runs);
+  auto row = [&](const std::string& name, double s, bool goal) {
+    double rate = mbytes / s;
+    std::cout << absl::StrFormat("| %s | %.0f | %.2f | %s | %s |\n", name, rate,
+                                 rate / copy_rate, goal ? ">= 500 MB/s" : "-",
+                                 goal ? (rate >= 500 ? "met" : "MISSED") : "");
+  };
+  row("local copy: read + write + fsync — baseline", copy_s, false);
+  row("sha256 of the file alone (page cache)", hash_s, false);
+  row("upload, read once (outputs)", upload_s, true);
+  row("fetch (fetch-outputs, attachments to a worker)", fetch_s, true);
+  row("upload again, hashed first, stored already (attachments)", dedupe_s,
+      false);
+  return 0;
+}

@@ -1,0 +1,127 @@
+#include "scheduler/blob_store.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "common/files.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dlbatch::scheduler {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kMB = 1000 * 1000;
+
+class BlobSpaceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/dlbatch-blobs-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  std::unique_ptr<BlobStore> Open(int64_t min_free) {
+    auto store =
+        BlobStore::Open(root_ + "/blobs", min_free,
+                        [this]() -> absl::StatusOr<int64_t> { return free_; });
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? std::move(*store) : nullptr;
+  }
+
+  std::string root_;
+  int64_t free_ = 1000 * kMB;
+};
+
+// Two 600 MB uploads on a disk with 1 GB free each passed the check alone,
+// then both failed for want of space: the second is refused up front.
+TEST_F(BlobSpaceTest, SpaceForUploadsInFlightIsReserved) {
+  auto store = Open(64 * kMB);
+  auto first = store->NewWriter("", 600 * kMB);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(store->reserved_bytes(), 600 * kMB);
+
+  auto second = store->NewWriter("", 600 * kMB);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(second.status().message(), HasSubstr("600.0 MB"));
+  EXPECT_THAT(second.status().message(), HasSubstr("1.0 GB free"));
+  EXPECT_THAT(second.status().message(), HasSubstr("promised to uploads"));
+
+  // Bytes written leave the reservation (statvfs sees them instead).
+  ASSERT_TRUE((*first)->Append(std::string(1000, 'x')).ok());
+  EXPECT_EQ(store->reserved_bytes(), 600 * kMB - 1000);
+  // A writer dropped unfinished gives the rest back.
+  first->reset();
+  EXPECT_EQ(store->reserved_bytes(), 0);
+  EXPECT_TRUE(store->NewWriter("", 600 * kMB).ok());
+  EXPECT_EQ(store->reserved_bytes(), 0);  // that one was dropped at once
+}
+
+TEST_F(BlobSpaceTest, TheReserveIsKeptFree) {
+  auto store = Open(500 * kMB);
+  EXPECT_TRUE(store->NewWriter("", 499 * kMB).ok());
+  auto refused = store->NewWriter("", 501 * kMB);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(BlobSpaceTest, AnUnnamedUploadLearnsItsDigest) {
+  auto store = Open(0);
+  auto w = store->NewWriter("", 5);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Append("hel").ok());
+  ASSERT_TRUE((*w)->Append("lo").ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  const std::string sha = Sha256Hex("hello");
+  EXPECT_EQ((*w)->sha256(), sha);
+  EXPECT_EQ(*store->Size(sha), 5);
+  EXPECT_EQ(store->reserved_bytes(), 0);
+  struct stat st;
+  ASSERT_EQ(stat(store->PathFor(sha).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(BlobSpaceTest, ANamedUploadMustMatchItsName) {
+  auto store = Open(0);
+  auto w = store->NewWriter(Sha256Hex("hello"), 5);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Append("jello").ok());
+  absl::Status s = (*w)->Commit();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(store->Size(Sha256Hex("hello")).ok());
+  EXPECT_FALSE(store->Size(Sha256Hex("jello")).ok());
+  // Longer than announced is refused as it arrives.
+  auto longer = store->NewWriter("", 2);
+  ASSERT_TRUE(longer.ok());
+  EXPECT_FALSE((*longer)->Append("abc").ok());
+}
+
+TEST_F(BlobSpaceTest, ModesArePrivateWhateverTheUmaskAndTheOldFolder) {
+  std::filesystem::create_directories(root_ + "/blobs/ab");
+  chmod((root_ + "/blobs").c_str(), 0755);
+  chmod((root_ + "/blobs/ab").c_str(), 0777);
+  mode_t old = umask(0);
+  auto store = Open(0);
+  auto w = store->NewWriter("", 1);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Append("z").ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  umask(old);
+  struct stat st;
+  ASSERT_EQ(stat((root_ + "/blobs").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((root_ + "/blobs/ab").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  const std::string path = store->PathFor((*w)->sha256());
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat(std::filesystem::path(path).parent_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+}  // namespace
+}  // namespace dlbatch::scheduler
