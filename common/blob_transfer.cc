@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "common/background_sha256.h"
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/status.h"
@@ -46,17 +47,20 @@ absl::StatusOr<LocalBlob> Send(v1::Scheduler::StubInterface* stub,
   AddToken(&ctx, token);
   v1::BlobRef ref;
   auto writer = stub->UploadBlob(&ctx, &ref);
-  Sha256 hash;
-  v1::BlobChunk chunk;
-  chunk.set_sha256(known_sha);
-  chunk.set_size(size);
-  // The chunk's own buffer is read into, so the bytes are copied only by
-  // the serialisation.
-  std::string* data = chunk.mutable_data();
+  // Two chunks in turn: one is hashed (on a helper thread) while it is
+  // sent, the other read into. Each chunk's own buffer is read into, so the
+  // bytes are copied only by the serialisation.
+  BackgroundSha256 hash;
+  v1::BlobChunk chunks[2];
+  chunks[0].set_sha256(known_sha);
+  chunks[0].set_size(size);
   int64_t done = 0;
   bool cut_short = false;  // the scheduler ended the call before the end
   absl::Status local;
+  int turn = 0;
   do {
+    v1::BlobChunk& chunk = chunks[turn++ % 2];
+    std::string* data = chunk.mutable_data();
     size_t want =
         static_cast<size_t>(std::min<int64_t>(size - done, kBlobChunkBytes));
     data->resize(want);
@@ -71,7 +75,7 @@ absl::StatusOr<LocalBlob> Send(v1::Scheduler::StubInterface* stub,
                        " bytes announced, ", done + *n, " found"));
       break;
     }
-    hash.Update(*data);
+    hash.Update(*data);  // the buffer is left alone until two turns on
     if (!writer->Write(chunk)) {
       cut_short = true;  // refused, or stored already: Finish says which
       break;
@@ -83,6 +87,7 @@ absl::StatusOr<LocalBlob> Send(v1::Scheduler::StubInterface* stub,
       chunk.set_size(0);
     }
   } while (done < size);
+  hash.Wait();
   if (!local.ok()) {
     ctx.TryCancel();
     (void)writer->Finish();
@@ -133,13 +138,16 @@ absl::Status DownloadInto(v1::Scheduler::StubInterface* stub,
   v1::DownloadBlobRequest req;
   req.set_sha256(sha256);
   auto reader = stub->DownloadBlob(&ctx, req);
-  Sha256 hash;
+  // Two chunks in turn: one is hashed (on a helper thread) while it is
+  // written, the next read into the other.
+  BackgroundSha256 hash;
   int64_t done = 0;
   absl::Status status;
   int64_t flushed = 0;
-  v1::BlobChunk chunk;
-  while (reader->Read(&chunk)) {
-    const std::string& data = chunk.data();
+  v1::BlobChunk chunks[2];
+  int turn = 0;
+  while (reader->Read(&chunks[turn % 2])) {
+    const std::string& data = chunks[turn++ % 2].data();
     hash.Update(data);
     status = WriteFull(fd.get(), data, what + ".part");
     if (!status.ok()) break;
@@ -153,6 +161,7 @@ absl::Status DownloadInto(v1::Scheduler::StubInterface* stub,
     }
     if (progress) progress(done, size);
   }
+  hash.Wait();  // before the chunks it may still read go
   if (!status.ok()) ctx.TryCancel();
   absl::Status rpc = FromGrpcStatus(reader->Finish());
   if (status.ok()) status = rpc;

@@ -163,17 +163,20 @@ absl::Status BlobStore::Writer::Append(absl::string_view data) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the upload is longer than the announced ", size_, " bytes"));
   }
+  // Hashed on a helper thread while written; done before `data` goes.
   hash_.Update(data);
   while (!data.empty()) {
     ssize_t n = ::write(fd_.get(), data.data(), data.size());
     if (n < 0) {
       if (errno == EINTR) continue;
+      hash_.Wait();
       return FullOrError(errno, "write");
     }
     written_ += n;
     store_->Release(n);  // on disk now, seen by statvfs
     data.remove_prefix(static_cast<size_t>(n));
   }
+  hash_.Wait();
   if (written_ - flushed_ >= kWritebackBytes) {
     // Start writeback of the stretch; returns without waiting for it.
     ::sync_file_range(fd_.get(), flushed_, written_ - flushed_,

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/background_sha256.h"
 #include "common/files.h"
 
 namespace dlbatch::scheduler {
@@ -74,7 +75,7 @@ class BlobStore {
     std::string tmp_path_;
     int64_t written_ = 0;
     int64_t flushed_ = 0;  // bytes handed to writeback so far
-    Sha256 hash_;
+    BackgroundSha256 hash_;
     std::string digest_;
     bool done_ = false;
   };

@@ -212,6 +212,11 @@ absl::StatusOr<OutputScan> ScanOutputs(const std::string& dir,
                                            O_NONBLOCK | O_CLOEXEC));
   if (!scan.root_.valid()) {
     if (errno == ENOENT) return scan;
+    if (errno == ELOOP || errno == ENOTDIR) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the job replaced its output folder ", dir,
+                       " by a symlink or a file; nothing of it was stored"));
+    }
     return ErrnoStatus(errno, "open the output folder", dir);
   }
   Walker walker(max_output_bytes, &scan);

@@ -188,6 +188,14 @@ TEST_F(OutputFilesTest, NamesThatAreNotUtf8AreSkipped) {
   EXPECT_THAT(scan->skipped[0], HasSubstr("bad\\xff"));
 }
 
+TEST_F(OutputFilesTest, AnOutputFolderReplacedByASymlinkIsNotFollowed) {
+  ASSERT_EQ(symlink("/etc", (dir_ + "/out").c_str()), 0);
+  auto scan = ScanOutputs(dir_ + "/out", 0);
+  ASSERT_FALSE(scan.ok());
+  EXPECT_EQ(scan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(scan.status().message(), HasSubstr("replaced its output folder"));
+}
+
 TEST_F(OutputFilesTest, AMissingFolderHoldsNothing) {
   auto scan = ScanOutputs(dir_ + "/absent", 10);
   ASSERT_TRUE(scan.ok());
