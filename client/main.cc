@@ -147,11 +147,13 @@ int main(int argc, char** argv) {
       "(but tab) and bytes that are not UTF-8 are shown as \\xHH, so that "
       "a job cannot drive your terminal");
   c_diary
-      ->add_flag("--json", diary.json,
-                 "One JSON object a line: n, time_ms, stream, attempt, seq; "
-                 "\"text\" the line as a string (exact if it is UTF-8, "
-                 "else each bad byte as U+FFFD) and \"text_base64\" its "
-                 "exact bytes")
+      ->add_flag(
+          "--json", diary.json,
+          "One JSON object a line: n, time_ms, stream, attempt, seq (as in "
+          "every --json, 64-bit numbers are strings); "
+          "\"text\" the line as a string (exact if it is UTF-8, "
+          "else each bad byte as U+FFFD) and \"text_base64\" its "
+          "exact bytes")
       ->excludes(diary_raw);
   c_diary->callback([&] {
     rc = WithConnection(

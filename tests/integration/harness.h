@@ -74,6 +74,7 @@ class Cluster {
                   std::vector<std::string> extra = {});
   void KillWorker(int index, int sig);
   pid_t worker_pid(int index) const { return workers_[index].pid; }
+  pid_t scheduler_pid() const { return scheduler_.pid; }
 
   // Runs the dlbatch CLI against this cluster.
   Result Cli(std::vector<std::string> args,

@@ -88,8 +88,27 @@ class Recorder final : public DiaryWriter {
     {
       absl::MutexLock lock(&mu_);
       chunks_.push_back(chunk);
+      if (stalled_) {
+        held_ = true;  // completes on Release()
+        return;
+      }
     }
     hub_->Written(call_, true);
+  }
+  // Writes stay in flight until Release(), as on a slow connection.
+  void Stall() {
+    absl::MutexLock lock(&mu_);
+    stalled_ = true;
+  }
+  void Release() {
+    bool held;
+    {
+      absl::MutexLock lock(&mu_);
+      stalled_ = false;
+      held = held_;
+      held_ = false;
+    }
+    if (held) hub_->Written(call_, true);
   }
   void FinishDiary(absl::Status status) override {
     absl::MutexLock lock(&mu_);
@@ -124,6 +143,7 @@ class Recorder final : public DiaryWriter {
   std::vector<v1::DiaryChunk> chunks_;
   bool finished_ = false;
   absl::Status status_;
+  bool stalled_ = false, held_ = false;
 };
 
 bool WaitUntil(const std::function<bool()>& ready) {
@@ -212,6 +232,37 @@ TEST_F(DiaryFollowTest, ManyFollowersOfAJobShareOneReadPerChange) {
   // One read of the job's feed per change (fewer when changes coalesce),
   // not one per follower.
   EXPECT_LE(source_.reads(1) - before, 10);
+}
+
+TEST_F(DiaryFollowTest, AFollowerBehindTheFeedCatchesUpFromTheStoreInOrder) {
+  source_.AddJob(1);
+  auto slow = Follow(1);
+  auto fast = Follow(1);
+  source_.AddLine(1, "line 0");
+  hub_.Notify(1);
+  ASSERT_TRUE(Has(*slow, 1));
+  ASSERT_TRUE(Has(*fast, 1));
+  slow->Stall();
+  source_.AddLine(1, "line 1");
+  hub_.Notify(1);
+  ASSERT_TRUE(Has(*slow, 2));  // its write of line 1 is now in flight
+  // More lines than the feed keeps, in bursts the fast follower drains.
+  std::vector<std::string> expected = {"line 0", "line 1"};
+  for (int k = 2; k < 20000; ++k) {
+    source_.AddLine(1, absl::StrCat("line ", k));
+    expected.push_back(absl::StrCat("line ", k));
+    if (k % 500 == 0) hub_.Notify(1);
+  }
+  hub_.Notify(1);
+  ASSERT_TRUE(Has(*fast, expected.size()));
+  slow->Release();
+  ASSERT_TRUE(Has(*slow, expected.size()));
+  EXPECT_EQ(slow->Texts(), expected);
+  EXPECT_EQ(fast->Texts(), expected);
+  source_.End(1);
+  hub_.Notify(1);
+  ASSERT_TRUE(WaitUntil([&] { return slow->finished() && fast->finished(); }));
+  EXPECT_TRUE(slow->last().end());
 }
 
 TEST_F(DiaryFollowTest, ChangesOfAnotherJobCostItsFollowersNothing) {
