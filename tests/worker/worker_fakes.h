@@ -133,6 +133,16 @@ class FakeTransfers final : public BlobTransfers {
       uploads_.push_back(dir);
     }
     RETURN_IF_ERROR(Wait(&upload_open_));
+    {
+      // Uploads of a folder naming `held_` wait until it is released.
+      absl::MutexLock lock(&mu_);
+      auto released = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stopped_ || held_.empty() ||
+               dir.find(held_) == std::string::npos;
+      };
+      mu_.Await(absl::Condition(&released));
+      if (stopped_) return absl::CancelledError("stopping");
+    }
     v1::OutputFile f;
     f.set_path("result.txt");
     f.set_sha256("ab");
@@ -147,6 +157,11 @@ class FakeTransfers final : public BlobTransfers {
   void SetFetchOpen(bool open) {
     absl::MutexLock lock(&mu_);
     fetch_open_ = open;
+  }
+  // Holds the output uploads of folders containing `part` ("": none).
+  void HoldUploadsOf(const std::string& part) {
+    absl::MutexLock lock(&mu_);
+    held_ = part;
   }
   void SetUploadOpen(bool open) {
     absl::MutexLock lock(&mu_);
@@ -173,6 +188,7 @@ class FakeTransfers final : public BlobTransfers {
   bool upload_open_ ABSL_GUARDED_BY(mu_) = true;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::string> uploads_ ABSL_GUARDED_BY(mu_);
+  std::string held_ ABSL_GUARDED_BY(mu_);
 };
 
 // The scheduler's end of the worker's streams: answers a Register with

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -369,6 +370,56 @@ TEST_F(WorkerTest, RepeatedStartRunsOnce) {
   Send(Start(41));
   ASSERT_TRUE(runner_.WaitStart(41).has_value());
   EXPECT_EQ(runner_.starts(), 2u);
+}
+
+// A job whose outputs take long to upload delays no other job's end.
+TEST_F(WorkerTest, OneJobsSlowUploadDoesNotDelayAnothersEnd) {
+  transfers_.HoldUploadsOf("/jobs/50-");
+  Send(Start(50));
+  Send(Start(51));
+  std::optional<int64_t> slow = runner_.WaitStart(50);
+  std::optional<int64_t> quick = runner_.WaitStart(51);
+  ASSERT_TRUE(slow && quick);
+  runner_.Started(*slow);
+  runner_.Started(*quick);
+  runner_.Exit(*slow, 0);
+  ASSERT_TRUE(Eventually([&] { return transfers_.uploads() == 1; }));
+  runner_.Line(*quick, 1, "ok");
+  runner_.Exit(*quick, 0);
+  std::optional<v1::JobEnded> ended = Ended(51);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FINISHED);
+  EXPECT_EQ(Phase(50), JobPhase::kFinishing);
+  transfers_.HoldUploadsOf("");
+  ASSERT_TRUE(Ended(50).has_value());
+}
+
+// The trainer's channel: progress goes to the scheduler, a checkpoint is
+// stored (its files linked and uploaded) and announced.
+TEST_F(WorkerTest, ChannelProgressAndCheckpointReachTheScheduler) {
+  Send(Start(60));
+  std::optional<int64_t> key = runner_.WaitStart(60);
+  ASSERT_TRUE(key.has_value());
+  const std::string out = runner_.Options(*key).cwd + "/output/";
+  std::ofstream(out + "checkpoint.dlbc") << "weights";
+  std::ofstream(out + "training_history.csv") << "iteration,loss\n";
+  runner_.Started(*key);
+  runner_.Line(*key, JobTable::kChannelStream,
+               R"({"event":"checkpoint","iteration":100})");
+  auto stored = transport_.WaitFor(
+      [](const Written& w) { return w.message.has_checkpoint(); });
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->message.checkpoint().iteration(), 100);
+  ASSERT_EQ(stored->message.checkpoint().files_size(), 2);
+  EXPECT_EQ(stored->message.checkpoint().files(0).path(), "checkpoint.dlbc");
+  runner_.Line(*key, JobTable::kChannelStream,
+               R"({"event":"done","iteration":100})");
+  auto progress = transport_.WaitFor(
+      [](const Written& w) { return w.message.has_progress(); });
+  ASSERT_TRUE(progress.has_value());
+  EXPECT_TRUE(progress->message.progress().progress().done());
+  // Channel lines are not diary lines.
+  EXPECT_TRUE(Lines(60).empty());
 }
 
 TEST(OutboxTest, RewindSendsTheUnackedAgainInOrder) {
