@@ -1,8 +1,10 @@
-// Nothing of a job outlives it, with the real scheduler, worker and CLI:
+// Faults of a job's processes, of the link and of transfers, with the real
+// scheduler, worker and CLI. Nothing of a job outlives it:
 // processes that fork away, setsid, stop themselves or ignore SIGTERM die
 // with their job - at its end, at cancel, and when the worker is killed -
 // both where the worker keeps each job in a cgroup and where it cannot
-// (--no-cgroups). And a worker reconnects quickly after a scheduler restart.
+// (--no-cgroups). A worker reconnects quickly after a scheduler restart. One
+// job's large outputs delay no other job.
 #include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
@@ -243,6 +245,41 @@ TEST(SchedulerRestartTest, WorkerReconnectsWithinTwoSeconds) {
               static_cast<long long>(ms));
   EXPECT_LE(ms, 2000) << "the worker took " << ms << " ms to reconnect"
                       << c.Logs();
+}
+
+}  // namespace
+}  // namespace dlbatch::testing
+
+namespace dlbatch::testing {
+namespace {
+
+// Two jobs' large outputs upload while a third job runs: it starts and ends
+// at once instead of waiting for a transfer thread (the old worker had two,
+// both taken by the large outputs).
+TEST(TransfersTest, LargeOutputsOfTwoJobsDoNotDelayAThird) {
+  Cluster c;
+  c.StartScheduler();
+  c.StartWorker("w1", 3);
+  ASSERT_TRUE(c.WaitWorkers(1)) << c.Logs();
+  const std::string big = c.JobFile("big.yaml",
+                                    "command: [sh, -c, 'truncate -s 768M "
+                                    "\"$DLBATCH_OUTPUT_DIR/big.bin\"']\n");
+  int64_t a = c.Submit(big);
+  int64_t b = c.Submit(big);
+  // Both have exited and are uploading (they stay running until uploaded).
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return ReadAll(c.dir() + "/worker-w1.log").find("job 2 (attempt 1)") !=
+               std::string::npos;
+      },
+      10000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_EQ(c.State(a), "JOB_STATE_RUNNING") << "uploaded too fast to test";
+  ASSERT_EQ(c.State(b), "JOB_STATE_RUNNING") << "uploaded too fast to test";
+  int64_t ok = c.Submit(c.JobFile("ok.yaml", "command: [echo, ok]\n"));
+  EXPECT_TRUE(c.WaitState(ok, "JOB_STATE_FINISHED", 5000))
+      << "a small job waited behind other jobs' uploads: " << c.State(ok)
+      << c.Logs();
 }
 
 }  // namespace
