@@ -20,6 +20,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "worker/job_cgroups.h"
 
 namespace dlbatch::testing {
 namespace {
@@ -100,6 +101,12 @@ class WorkerFaultsTest : public ::testing::TestWithParam<bool> {
     if (GetParam()) {
       if (geteuid() != 0) GTEST_SKIP() << "cgroups need root to make here";
       if (!HaveCgroup2()) GTEST_SKIP() << "no cgroup2 hierarchy is mounted";
+      // Where the worker would make its cgroups, can this process?
+      auto probe = worker::MakeCgroupRoot("dlbatch-faults-probe-" +
+                                          std::to_string(getpid()));
+      if (!probe.ok())
+        GTEST_SKIP() << "cannot make a cgroup: " << probe.status();
+      rmdir(probe->c_str());
     }
     mark_ = UniqueMark();
   }
