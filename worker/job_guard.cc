@@ -71,7 +71,13 @@ int KillWorkerJobs(const GuardConfig& config, int timeout_ms) {
     if (!any || MonotonicMs() >= deadline) break;
     SleepMs(20);
   }
-  if (!config.cgroup_root.empty()) rmdir(config.cgroup_root.c_str());
+  if (!config.cgroup_root.empty()) {
+    // This run's folder, then the work folder's if no other run uses it.
+    rmdir(config.cgroup_root.c_str());
+    const size_t slash = config.cgroup_root.rfind('/');
+    if (slash != std::string::npos && slash > 0)
+      rmdir(config.cgroup_root.substr(0, slash).c_str());
+  }
   return static_cast<int>(killed.size());
 }
 
