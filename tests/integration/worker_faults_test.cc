@@ -189,6 +189,10 @@ TEST_P(WorkerFaultsTest, CancelKillsForkedSetsidStoppedAndTermIgnoring) {
   ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_CANCELLED", 15000)) << c_.Logs();
   // Cancelled means gone: nothing is left when the state says so.
   EXPECT_TRUE(Alive().empty()) << Alive().size() << " survived the cancel";
+  // The TERM-ignoring ones outlived the grace; the diary names them.
+  const std::string diary = Diary(id);
+  EXPECT_NE(diary.find("stopping the job"), std::string::npos) << diary;
+  EXPECT_NE(diary.find("left behind: "), std::string::npos) << diary;
 }
 
 TEST_P(WorkerFaultsTest, JobEndsOnlyWhenItsSetsidDaemonIsKilled) {
