@@ -2,10 +2,13 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -15,6 +18,8 @@
 #include "common/files.h"
 #include "spdlog/spdlog.h"
 #include "worker/devices.h"
+#include "worker/job_cgroups.h"
+#include "worker/job_guard.h"
 #include "worker/subprocess.h"
 #include "worker/worker.h"
 
@@ -44,6 +49,7 @@ int main(int argc, char** argv) {
   int cpu_slots = 0;
   bool no_gpus = false;
   bool keep = false;
+  bool no_cgroups = false;
   std::string trainer, host_address;
   CLI::App app{
       "dlbatch-worker: runs the jobs a dlbatch scheduler places on this "
@@ -69,6 +75,10 @@ int main(int argc, char** argv) {
   app.add_option(
       "--token-file", token_file,
       "File holding the scheduler's token (or DLBATCH_TOKEN); TCP only");
+  app.add_flag("--no-cgroups", no_cgroups,
+               "Do not keep each job in a cgroup of its own; find a job's "
+               "processes by their process group, descent and environment "
+               "instead (a job that scrubs its environment can then escape)");
   app.add_flag("--keep-job-dirs", keep,
                "Keep each job's working folder after it ends");
   app.add_option(
@@ -112,12 +122,47 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("another worker uses ", work_dir,
                              "; give each its own --work-dir"));
   }
+  // Every process of a job is found by a mark in its environment (this work
+  // folder's, then this run's) and, where the worker can make cgroups, by
+  // its job's cgroup.
+  const std::string folder_mark = dlbatch::Sha256Hex(work_dir).substr(0, 12);
+  dlbatch::worker::GuardConfig guard;
+  guard.mark_prefix = absl::StrCat(folder_mark, "-", ::getpid(), ":");
+  std::string cgroup_base;
+  if (!no_cgroups) {
+    auto base = dlbatch::worker::MakeCgroupRoot("dlbatch-" + folder_mark);
+    if (base.ok()) {
+      cgroup_base = *base;
+    } else {
+      spdlog::warn("{}; running jobs without cgroups",
+                   std::string(base.status().message()));
+    }
+  }
   // Jobs a previous run of this worker left behind are stale now: their
   // attempts were requeued when it was lost.
-  if (int n = dlbatch::worker::KillProcessesUnder(work_dir + "/jobs"); n > 0) {
+  int stale = dlbatch::worker::KillProcessesUnder(work_dir + "/jobs");
+  if (!cgroup_base.empty())
+    stale += dlbatch::worker::KillCgroupsUnder(cgroup_base);
+  stale += dlbatch::worker::KillWorkerJobs({"", folder_mark + "-"}, 2000);
+  if (stale > 0) {
     spdlog::warn("killed {} process(es) of jobs a previous worker left behind",
-                 n);
+                 stale);
   }
+  if (!cgroup_base.empty()) {
+    guard.cgroup_root = absl::StrCat(cgroup_base, "/w", ::getpid());
+    if (::mkdir(guard.cgroup_root.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Fail(absl::StrCat("cannot make cgroup ", guard.cgroup_root, ": ",
+                               std::strerror(errno)));
+    }
+    spdlog::info("keeping each job in a cgroup under {}", guard.cgroup_root);
+  } else {
+    spdlog::info(
+        "running jobs without cgroups: a job's processes are found by their "
+        "process group, descent and environment");
+  }
+  // Before any thread exists (the guard is a plain fork).
+  auto guard_fd = dlbatch::worker::StartJobGuard(guard);
+  if (!guard_fd.ok()) return Fail(std::string(guard_fd.status().message()));
   (void)dlbatch::RemoveTree(work_dir + "/jobs");
   (void)dlbatch::MakeDirs(work_dir + "/jobs", 0700);
 
@@ -158,7 +203,18 @@ int main(int argc, char** argv) {
                  note.empty() ? "" : " (" + note + ")");
   }
 
-  dlbatch::worker::Worker worker(options, dlbatch::SystemClock::Get());
+  const dlbatch::Clock* clock = dlbatch::SystemClock::Get();
+  std::shared_ptr<grpc::Channel> channel =
+      dlbatch::MakeChannel(options.channel);
+  std::unique_ptr<dlbatch::worker::LinkTransport> transport =
+      dlbatch::worker::MakeGrpcLinkTransport(channel, options.channel.token);
+  std::unique_ptr<dlbatch::worker::BlobTransfers> transfers =
+      dlbatch::worker::MakeGrpcBlobTransfers(channel, options.channel.token);
+  dlbatch::worker::SubprocessRunner runner(
+      clock,
+      dlbatch::worker::JobContainment{guard.cgroup_root, guard.mark_prefix});
+  dlbatch::worker::Worker worker(options, clock, &runner, transfers.get(),
+                                 transport.get());
   std::thread([&worker] {
     sigset_t s;
     sigemptyset(&s);

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "worker/job_cgroups.h"
 
 extern char** environ;
 
@@ -42,13 +43,15 @@ constexpr int kMaxDrainRounds = 8;
 // A group that still has live members this long after a SIGKILL is sent
 // SIGKILL again (a fork racing the first one).
 constexpr int64_t kRekillMs = 500;
-// A group whose only members are zombies that are not ours to reap (their
-// parent escaped the group) counts as empty after this long.
-constexpr int64_t kZombieOnlyMs = 1000;
 
 // What a child that failed before exec tells its parent through the error
 // pipe.
-enum ChildStage : int { kStageSetup = 1, kStageChdir = 2, kStageExec = 3 };
+enum ChildStage : int {
+  kStageSetup = 1,
+  kStageChdir = 2,
+  kStageExec = 3,
+  kStageCgroup = 4
+};
 struct ChildFailure {
   int stage;
   int err;
@@ -63,6 +66,7 @@ struct ChildPlan {
   int stderr_fd;
   int fail_fd;
   int channel_fd;   // -1: none; else becomes the child's descriptor 3
+  int cgroup_fd;    // -1: none; else the job cgroup's cgroup.procs
   const char* cwd;  // nullptr: stay
   char* const* argv;
   char* const* envp;
@@ -161,6 +165,10 @@ void CloseDescriptorsFromExcept(int first, int keep) {
   sigprocmask(SIG_SETMASK, &none, nullptr);
 
   if (setpgid(0, 0) != 0) ChildFail(fail_fd, kStageSetup, errno);
+  // Into the job's cgroup before anything of the job runs ("0": this
+  // process); every process it makes is born there.
+  if (plan.cgroup_fd >= 0 && write(plan.cgroup_fd, "0", 1) != 1)
+    ChildFail(fail_fd, kStageCgroup, errno);
   if (plan.parent != 0) {
     // Killed with the thread that started it; and if the parent died
     // before this line, go now.
@@ -283,6 +291,10 @@ absl::Status ChildFailureStatus(const ChildFailure& failure,
           failure.err,
           absl::StrCat("cannot run '", program,
                        "': cannot change to directory '", options.cwd, "'"));
+    case kStageCgroup:
+      return absl::ErrnoToStatus(
+          failure.err, absl::StrCat("cannot run '", program,
+                                    "': joining cgroup ", options.cgroup));
     case kStageExec:
       if (failure.err == ENOENT && program.find('/') == std::string::npos) {
         return absl::ErrnoToStatus(
@@ -315,7 +327,7 @@ void DeliverLine(const SubprocessSet::LineSink& sink, SubprocessSet::Key key,
 }
 
 // Reads /proc/<pid>/stat; false if the process is gone.
-bool ReadProcStat(const char* pid_name, char* state, long* pgrp) {
+bool ReadProcStat(const char* pid_name, char* state, long* ppid, long* pgrp) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%s/stat", pid_name);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -327,27 +339,8 @@ bool ReadProcStat(const char* pid_name, char* state, long* pgrp) {
   buf[n] = '\0';
   // "pid (comm) state ppid pgrp ..."; comm may hold spaces and parentheses.
   const char* paren = strrchr(buf, ')');
-  long ppid;
   return paren != nullptr &&
-         sscanf(paren + 1, " %c %ld %ld", state, &ppid, pgrp) == 3;
-}
-
-// Members of group `pgid` that are not zombies, counted from /proc.
-int CountLiveMembers(pid_t pgid) {
-  DIR* dir = opendir("/proc");
-  if (dir == nullptr) return ProcessGroupAlive(pgid) ? 1 : 0;
-  int count = 0;
-  while (const struct dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
-    char state;
-    long pgrp;
-    if (ReadProcStat(entry->d_name, &state, &pgrp) && pgrp == pgid &&
-        state != 'Z' && state != 'X') {
-      ++count;
-    }
-  }
-  closedir(dir);
-  return count;
+         sscanf(paren + 1, " %c %ld %ld", state, ppid, pgrp) == 3;
 }
 
 }  // namespace
@@ -409,7 +402,8 @@ struct SubprocessSet::Proc {
   bool linger_expired = false;  // leftovers were counted and killed
   int64_t kill_deadline = -1;   // monotonic SIGKILL-after-grace, or -1
   int64_t last_kill_ms = -1;    // when the group last got SIGKILL
-  int64_t zombie_only_since = -1;
+  std::string cgroup;           // "": none
+  std::string mark;
   bool done = false;
   ExitInfo info;
 };
@@ -429,7 +423,7 @@ SubprocessSet::SubprocessSet(const Clock* clock, LineSink on_line,
 
 SubprocessSet::~SubprocessSet() {
   for (auto& [key, proc] : procs_) {
-    kill(-proc->pid, SIGKILL);
+    KillMembers(*proc);
     for (int& fd : proc->fds) CloseFd(&fd);
     CloseFd(&proc->pidfd);
   }
@@ -440,11 +434,15 @@ SubprocessSet::~SubprocessSet() {
     ReapChildren();
     bool pending = false;
     for (auto& [key, proc] : procs_) {
-      pending |= !proc->leader_reaped || ProcessGroupAlive(proc->pid);
+      pending |= !proc->leader_reaped || !Members(*proc).empty();
     }
     if (!pending || clock_->MonotonicMs() >= deadline) break;
+    for (auto& [key, proc] : procs_) KillMembers(*proc);
     struct timespec ts = {0, 2 * 1000 * 1000};
     nanosleep(&ts, nullptr);
+  }
+  for (auto& [key, proc] : procs_) {
+    if (!proc->cgroup.empty()) rmdir(proc->cgroup.c_str());
   }
   procs_.clear();
   CloseFd(&wake_fds_[0]);
@@ -497,7 +495,18 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
     *w->out() = fds[1];
   }
 
+  ScopedFd cgroup_procs;
+  if (!options.cgroup.empty()) {
+    const std::string procs = options.cgroup + "/cgroup.procs";
+    *cgroup_procs.out() = open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+    if (cgroup_procs.get() < 0) {
+      return absl::ErrnoToStatus(
+          errno, absl::StrCat("cannot run '", program, "': opening ", procs));
+    }
+  }
+
   ChildPlan plan;
+  plan.cgroup_fd = cgroup_procs.get();
   plan.stdin_fd = devnull.get();
   plan.stdout_fd = out_w.get();
   plan.stderr_fd = err_w.get();
@@ -564,6 +573,8 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
   proc->fds[2] = chan_r.release();
   proc->max_line_bytes = options.max_line_bytes;
   proc->linger_ms = std::max<int64_t>(0, options.linger_ms);
+  proc->cgroup = options.cgroup;
+  proc->mark = options.mark;
   procs_.emplace(key, std::move(proc));
   return pid;
 }
@@ -572,8 +583,8 @@ void SubprocessSet::Terminate(Key key, int64_t grace_ms) {
   auto it = procs_.find(key);
   if (it == procs_.end()) return;
   Proc* proc = it->second.get();
-  kill(-proc->pid, SIGTERM);
-  kill(-proc->pid, SIGCONT);  // a stopped member must see its SIGTERM
+  SignalMembers(*proc, SIGTERM);
+  SignalMembers(*proc, SIGCONT);  // a stopped member must see its SIGTERM
   int64_t deadline = clock_->MonotonicMs() + std::max<int64_t>(0, grace_ms);
   if (proc->kill_deadline < 0 || deadline < proc->kill_deadline) {
     proc->kill_deadline = deadline;
@@ -652,6 +663,10 @@ void SubprocessSet::Wake() {
   char byte = 1;
   // A full pipe already guarantees a wake-up.
   [[maybe_unused]] ssize_t n = write(wake_fds_[1], &byte, 1);
+}
+
+void SubprocessSet::KillAll() {
+  for (auto& [key, proc] : procs_) KillMembers(*proc);
 }
 
 size_t SubprocessSet::running() const { return procs_.size(); }
@@ -744,43 +759,115 @@ void SubprocessSet::FlushPartial(Proc* proc, int stream_index) {
               proc->max_line_bytes);
 }
 
+std::vector<pid_t> SubprocessSet::Members(const Proc& proc) const {
+  std::vector<pid_t> out;
+  const pid_t self = getpid();
+  if (!proc.cgroup.empty()) {
+    for (pid_t pid : CgroupProcs(proc.cgroup)) {
+      char state;
+      long ppid, pgrp;
+      char name[24];
+      snprintf(name, sizeof name, "%d", pid);
+      if (pid != self && ReadProcStat(name, &state, &ppid, &pgrp) &&
+          state != 'Z' && state != 'X') {
+        out.push_back(pid);
+      }
+    }
+    return out;
+  }
+  // No cgroup: the group's members, the leader's descendants, the processes
+  // carrying the job's mark, and their descendants.
+  struct Entry {
+    pid_t pid;
+    pid_t ppid;
+    bool live;
+    bool in;
+  };
+  std::vector<Entry> all;
+  DIR* dir = opendir("/proc");
+  if (dir == nullptr) return out;
+  std::vector<pid_t> marked;
+  if (!proc.mark.empty()) marked = MarkedProcesses(proc.mark);
+  while (const struct dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
+    char state;
+    long ppid, pgrp;
+    if (!ReadProcStat(entry->d_name, &state, &ppid, &pgrp)) continue;
+    const pid_t pid = static_cast<pid_t>(atol(entry->d_name));
+    if (pid == self) continue;
+    bool in = pgrp == proc.pid || pid == proc.pid ||
+              std::find(marked.begin(), marked.end(), pid) != marked.end();
+    all.push_back(
+        {pid, static_cast<pid_t>(ppid), state != 'Z' && state != 'X', in});
+  }
+  closedir(dir);
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (Entry& e : all) {
+      if (e.in) continue;
+      for (const Entry& parent : all) {
+        if (parent.in && parent.pid == e.ppid) {
+          e.in = grew = true;
+          break;
+        }
+      }
+    }
+  }
+  for (const Entry& e : all) {
+    if (e.in && e.live) out.push_back(e.pid);
+  }
+  return out;
+}
+
+void SubprocessSet::SignalMembers(const Proc& proc, int sig) {
+  kill(-proc.pid, sig);
+  for (pid_t pid : Members(proc)) kill(pid, sig);
+}
+
+void SubprocessSet::KillMembers(const Proc& proc) {
+  kill(-proc.pid, SIGKILL);
+  if (!proc.cgroup.empty() && KillCgroup(proc.cgroup)) return;
+  for (pid_t pid : Members(proc)) kill(pid, SIGKILL);
+}
+
+void SubprocessSet::NoteLeftovers(Proc* proc, const std::vector<pid_t>& live) {
+  proc->info.leftover_killed += static_cast<int>(live.size());
+  if (proc->info.leftover_names.empty())
+    proc->info.leftover_names = DescribeProcesses(live);
+}
+
 void SubprocessSet::Advance(Proc* proc) {
   const int64_t now = clock_->MonotonicMs();
-  const pid_t pgid = proc->pid;
   if (proc->kill_deadline >= 0 && now >= proc->kill_deadline) {
     proc->kill_deadline = -1;
-    int live = CountLiveMembers(pgid);
-    if (live > 0) {
-      kill(-pgid, SIGKILL);
+    std::vector<pid_t> live = Members(*proc);
+    if (!live.empty()) {
+      if (proc->leader_reaped && !proc->linger_expired)
+        NoteLeftovers(proc, live);
+      KillMembers(*proc);
       proc->last_kill_ms = now;
       proc->info.killed_after_grace = true;
-      if (proc->leader_reaped) proc->info.leftover_killed += live;
+      if (proc->leader_reaped) proc->linger_expired = true;
     }
   }
   if (!proc->leader_reaped) return;
 
-  bool group_empty = !ProcessGroupAlive(pgid);
-  if (!group_empty && now >= proc->linger_deadline) {
-    int live = CountLiveMembers(pgid);
-    if (live == 0) {
-      // Zombies that we are not the parent of: they run nothing, and their
-      // parent may never reap them.
-      if (proc->zombie_only_since < 0) proc->zombie_only_since = now;
-      group_empty = now - proc->zombie_only_since >= kZombieOnlyMs;
-    } else {
-      proc->zombie_only_since = -1;
-      if (!proc->linger_expired) proc->info.leftover_killed += live;
-      if (!proc->linger_expired || now - proc->last_kill_ms >= kRekillMs) {
-        kill(-pgid, SIGKILL);
-        proc->last_kill_ms = now;
-      }
+  std::vector<pid_t> live = Members(*proc);
+  if (!live.empty()) {
+    if (now < proc->linger_deadline) return;
+    // The leader has gone and its time to wind down is over: whatever of
+    // the job is left is killed (and named in the diary).
+    if (!proc->linger_expired) NoteLeftovers(proc, live);
+    if (!proc->linger_expired || now - proc->last_kill_ms >= kRekillMs) {
+      KillMembers(*proc);
+      proc->last_kill_ms = now;
     }
     proc->linger_expired = true;
+    return;
   }
-  if (!group_empty) return;
 
-  // No member of the group is left to write; a pipe still open is held by a
-  // process that escaped the group (setsid). Take what it holds and let go.
+  // No process of the job is left to write; a pipe still open is held by
+  // one that escaped every way of finding it. Take what it holds and let go.
   for (int i = 0; i < kStreams; ++i) {
     for (int round = 0; round < kMaxDrainRounds && proc->fds[i] >= 0; ++round) {
       ReadPipe(proc, i);
@@ -791,6 +878,7 @@ void SubprocessSet::Advance(Proc* proc) {
       CloseFd(&proc->fds[i]);
     }
   }
+  if (!proc->cgroup.empty()) rmdir(proc->cgroup.c_str());
   proc->done = true;
 }
 

@@ -3,8 +3,9 @@
 // its stdout and stderr read line by line by one poll loop.
 //
 // A subprocess is *done* only when its leader has exited, every process of
-// its group has exited, and its pipes are drained, so the last lines of a job
-// that prints and exits at once are never lost and a job's slots are never
+// it has exited (its cgroup's, or its group's, its leader's descendants and
+// those carrying its mark), and its pipes are drained, so the last lines of a
+// job that prints and exits at once are never lost and a job's slots are never
 // freed while one of its processes lives. The set makes the calling process
 // a child subreaper so that orphaned grandchildren are reaped here too.
 #ifndef DLBATCH_WORKER_SUBPROCESS_H_
@@ -42,6 +43,14 @@ struct SubprocessOptions {
   // Opens a third pipe as the child's descriptor 3 (a structured channel,
   // e.g. the trainer's JSON-lines progress); its lines arrive as stream 3.
   bool channel = false;
+  // Non-empty: a cgroup v2 folder (made by the caller, empty) that the
+  // child joins before exec; the job's processes are then exactly the
+  // cgroup's, however they fork or setsid, and it is removed once empty.
+  std::string cgroup;
+  // Where there is no cgroup: the value of kJobMarkVar in the job's
+  // environment (the caller adds it), by which processes that left the
+  // process group (setsid, double forks) are still found.
+  std::string mark;
 };
 
 struct OutputLine {
@@ -56,6 +65,8 @@ struct ExitInfo {
   int term_signal = 0;              // signal that killed the leader, or 0
   bool killed_after_grace = false;  // SIGKILL was needed
   int leftover_killed = 0;          // processes killed after the leader exited
+  // What those were, "name (pid N), ..." (may be cut short).
+  std::string leftover_names;
   std::string Describe() const;  // "exit code 3", "killed by signal 9 (Killed)"
 };
 
@@ -78,8 +89,9 @@ class SubprocessSet {
   // here, not a child that exits 127.
   absl::StatusOr<pid_t> Start(Key key, const SubprocessOptions& options);
 
-  // SIGTERM to the whole group now, SIGKILL to the group after grace_ms if
-  // any of it is still alive. Unknown keys are ignored.
+  // SIGTERM (and SIGCONT, so stopped ones see it) to every process of the
+  // job now, SIGKILL to every one after grace_ms if any is still alive.
+  // Unknown keys are ignored.
   void Terminate(Key key, int64_t grace_ms);
 
   // Waits up to timeout_ms for output, exits or timers, delivering lines and
@@ -87,6 +99,10 @@ class SubprocessSet {
   void Poll(int64_t timeout_ms);
   // Makes a Poll in progress return. Thread-safe.
   void Wake();
+
+  // SIGKILLs every process of every subprocess now (reaped by Poll or the
+  // destructor).
+  void KillAll();
 
   size_t running() const;
   bool IsRunning(Key key) const;
@@ -97,6 +113,11 @@ class SubprocessSet {
   void ReadPipe(Proc* proc, int stream_index);
   void FlushPartial(Proc* proc, int stream_index);
   void Advance(Proc* proc);
+  // The job's live (not zombie) processes.
+  std::vector<pid_t> Members(const Proc& proc) const;
+  void SignalMembers(const Proc& proc, int sig);
+  void KillMembers(const Proc& proc);
+  void NoteLeftovers(Proc* proc, const std::vector<pid_t>& live);
 
   const Clock* clock_;
   LineSink on_line_;

@@ -280,6 +280,7 @@ int Cluster::StartWorker(const std::string& name, int slots,
   argv.insert(argv.end(), extra.begin(), extra.end());
   Proc p;
   p.name = name;
+  p.argv = argv;
   p.pid = Spawn(argv, dir_ + "/worker-" + name + ".log");
   workers_.push_back(p);
   return static_cast<int>(workers_.size()) - 1;
@@ -289,6 +290,11 @@ void Cluster::KillWorker(int index, int sig) {
   kill(workers_[index].pid, sig);
   waitpid(workers_[index].pid, nullptr, 0);
   workers_[index].pid = 0;
+}
+
+void Cluster::RestartWorker(int index) {
+  Proc& p = workers_[index];
+  p.pid = Spawn(p.argv, dir_ + "/worker-" + p.name + ".log");
 }
 
 Result Cluster::Cli(std::vector<std::string> args,

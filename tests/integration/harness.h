@@ -73,6 +73,9 @@ class Cluster {
                   const std::string& profile = "local",
                   std::vector<std::string> extra = {});
   void KillWorker(int index, int sig);
+  // Starts worker `index` again as it was first started (same name, work
+  // folder and flags), after KillWorker.
+  void RestartWorker(int index);
   pid_t worker_pid(int index) const { return workers_[index].pid; }
   pid_t scheduler_pid() const { return scheduler_.pid; }
 
@@ -99,6 +102,7 @@ class Cluster {
   struct Proc {
     pid_t pid = 0;
     std::string name;
+    std::vector<std::string> argv;  // how it was started
   };
   pid_t Spawn(const std::vector<std::string>& argv, const std::string& log);
 

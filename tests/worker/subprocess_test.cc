@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
+#include "worker/job_cgroups.h"
 
 namespace dlbatch::worker {
 namespace {
@@ -454,6 +455,51 @@ TEST_F(SubprocessTest, EscapedPipeHolderDoesNotKeepTheJobRunning) {
   ASSERT_GT(escaped, 0);
   EXPECT_EQ(kill(escaped, SIGKILL), 0) << "expected the escaped sleep alive";
   waitpid(escaped, nullptr, 0);  // reparented here (subreaper)
+}
+
+// With a mark in its environment, a process that setsid'd away from the
+// job is still the job's: the job ends only once it is killed, and says so.
+TEST_F(SubprocessTest, MarkedSetsidEscapeeIsKilledAfterLinger) {
+  const std::string mark = absl::StrCat("test-", getpid(), ":1/");
+  SubprocessOptions options =
+      Shell("setsid sleep 1000 >/dev/null 2>&1 & echo $! > pid");
+  options.env.emplace_back(kJobMarkVar, mark);
+  options.mark = mark;
+  options.linger_ms = 200;
+  ExitInfo info = Run(1, options);
+  EXPECT_EQ(info.leftover_killed, 1);
+  EXPECT_NE(info.leftover_names.find("sleep (pid"), std::string::npos)
+      << info.leftover_names;
+  pid_t escaped = 0;
+  std::ifstream(dir_ + "/pid") >> escaped;
+  ASSERT_GT(escaped, 0);
+  Set().Poll(50);  // reaps it (this process is the subreaper)
+  EXPECT_TRUE(kill(escaped, 0) == -1 || MarkedProcesses(mark).empty());
+}
+
+// In a cgroup, nothing escapes: a double fork with setsid and no mark is
+// killed at the end, and a stopped, TERM-ignoring one at a terminate.
+TEST_F(SubprocessTest, CgroupHoldsEveryProcessOfTheJob) {
+  auto root =
+      MakeCgroupRoot(absl::StrCat("dlbatch-subprocess-test-", getpid()));
+  if (!root.ok()) GTEST_SKIP() << "no cgroup to make: " << root.status();
+  const std::string cg = *root + "/job-1";
+  ASSERT_EQ(mkdir(cg.c_str(), 0755), 0) << strerror(errno);
+  SubprocessOptions options = Shell(
+      "(setsid sh -c 'trap \"\" TERM; kill -STOP $$; sleep 1000' "
+      ">/dev/null 2>&1 &); sleep 1000");
+  options.cgroup = cg;
+  auto pid = Set().Start(1, options);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  // sh, sleep 1000, and the setsid'd sh.
+  for (int i = 0; i < 100 && CgroupProcs(cg).size() < 3; ++i) Set().Poll(20);
+  EXPECT_GE(CgroupProcs(cg).size(), 3u);
+  Set().Terminate(1, 300);
+  ASSERT_TRUE(WaitExit(1));
+  EXPECT_TRUE(exits_[1].killed_after_grace);
+  EXPECT_TRUE(CgroupProcs(cg).empty());
+  EXPECT_NE(access(cg.c_str(), F_OK), 0) << "the job's cgroup is removed";
+  rmdir(root->c_str());
 }
 
 TEST_F(SubprocessTest, ParentDescriptorsAreNotInherited) {

@@ -1,0 +1,477 @@
+// The worker's core driven with fakes: a fake clock, a runner the test
+// drives by hand, transfers that succeed or wait, and a transport the test
+// answers as the scheduler.
+#include "worker/worker.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/common/fake_clock.h"
+#include "tests/worker/worker_fakes.h"
+#include "worker/outbox.h"
+#include "worker/transfer_pool.h"
+
+namespace dlbatch::worker {
+namespace {
+
+using Written = FakeTransport::Written;
+
+class WorkerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/dlbatch-worker-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    WorkerOptions o;
+    o.name = "w1";
+    o.host = "h";
+    o.profile = "local";
+    o.work_dir = dir_;
+    o.tick_ms = 0;  // the test calls Tick()
+    o.channel.endpoint.original = "unix:fake";
+    o.channel.endpoint.is_unix = true;
+    o.channel.endpoint.path = "fake";
+    v1::Device d;
+    d.set_kind("cpu");
+    o.devices.push_back(d);
+    worker_ = std::make_unique<Worker>(o, &clock_, &runner_, &transfers_,
+                                       &transport_);
+    run_ = std::thread([this] { run_status_ = worker_->Run(); });
+    ASSERT_TRUE(Eventually([&] { return worker_->connected(); }));
+  }
+  void TearDown() override {
+    worker_->Shutdown();
+    run_.join();
+    worker_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  static v1::StartJob Start(int64_t id, int64_t time_limit_s = 0) {
+    v1::StartJob s;
+    s.set_job_id(id);
+    s.set_attempt(1);
+    s.set_pool(1);
+    s.add_devices(0);
+    s.mutable_spec()->mutable_command()->add_argv("true");
+    s.mutable_spec()->set_time_limit_s(time_limit_s);
+    return s;
+  }
+  void Send(const v1::StartJob& s) {
+    v1::SchedulerMessage m;
+    *m.mutable_start() = s;
+    transport_.Send(m);
+  }
+  void Cancel(int64_t id, const std::string& reason = "asked") {
+    v1::SchedulerMessage m;
+    m.mutable_cancel()->set_job_id(id);
+    m.mutable_cancel()->set_attempt(1);
+    m.mutable_cancel()->set_grace_ms(3000);
+    m.mutable_cancel()->set_reason(reason);
+    transport_.Send(m);
+  }
+  void AckDiary(int64_t id, int64_t seq) {
+    v1::SchedulerMessage m;
+    m.mutable_diary_ack()->set_job_id(id);
+    m.mutable_diary_ack()->set_attempt(1);
+    m.mutable_diary_ack()->set_seq(seq);
+    transport_.Send(m);
+  }
+  void AckEnded(int64_t id) {
+    v1::SchedulerMessage m;
+    m.mutable_ended_ack()->set_job_id(id);
+    m.mutable_ended_ack()->set_attempt(1);
+    transport_.Send(m);
+  }
+  // The end report of job `id`, waiting for it.
+  std::optional<v1::JobEnded> Ended(int64_t id) {
+    auto w = transport_.WaitFor([&](const Written& w) {
+      return w.message.has_ended() && w.message.ended().job_id() == id;
+    });
+    if (!w) return std::nullopt;
+    return w->message.ended();
+  }
+  // Diary lines of `id` written so far, in order (with repeats).
+  std::vector<v1::DiaryLine> Lines(int64_t id, int connection = 0) {
+    std::vector<v1::DiaryLine> out;
+    for (const auto& w : transport_.written()) {
+      if (!w.message.has_diary() || w.message.diary().job_id() != id) continue;
+      if (connection != 0 && w.connection != connection) continue;
+      for (const auto& l : w.message.diary().lines()) out.push_back(l);
+    }
+    return out;
+  }
+  bool HasLine(int64_t id, const std::string& part) {
+    for (const auto& l : Lines(id)) {
+      if (l.text().find(part) != std::string::npos) return true;
+    }
+    return false;
+  }
+  std::optional<JobPhase> Phase(int64_t id) {
+    return worker_->Phase(JobRef{id, 1, 0});
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  FakeRunner runner_;
+  FakeTransfers transfers_;
+  FakeTransport transport_;
+  std::unique_ptr<Worker> worker_;
+  std::thread run_;
+  absl::Status run_status_;
+};
+
+TEST_F(WorkerTest, StartLinesExitUploadEndedAck) {
+  Send(Start(7));
+  std::optional<int64_t> key = runner_.WaitStart(7);
+  ASSERT_TRUE(key.has_value());
+  SubprocessOptions o = runner_.Options(*key);
+  EXPECT_EQ(o.argv, std::vector<std::string>{"true"});
+  EXPECT_EQ(o.cwd, dir_ + "/jobs/7-1-0");
+  EXPECT_TRUE(std::filesystem::is_directory(o.cwd + "/output"));
+  EXPECT_EQ(Phase(7), JobPhase::kPreparing);
+
+  runner_.Started(*key);
+  EXPECT_EQ(Phase(7), JobPhase::kRunning);
+  runner_.Line(*key, 1, "hello");
+  runner_.Line(*key, 2, "world");
+  runner_.Exit(*key, 0);
+
+  std::optional<v1::JobEnded> ended = Ended(7);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FINISHED);
+  EXPECT_EQ(ended->exit_code(), 0);
+  EXPECT_EQ(ended->last_seq(), 2);
+  ASSERT_EQ(ended->outputs_size(), 1);
+  EXPECT_EQ(ended->outputs(0).path(), "result.txt");
+  EXPECT_EQ(Phase(7), JobPhase::kEnded);
+
+  // The lines came before the report, in order, with their streams.
+  std::vector<Written> all = transport_.written();
+  size_t ended_at = 0, lines_at = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].message.has_ended()) ended_at = i;
+    if (all[i].message.has_diary()) lines_at = i;
+  }
+  EXPECT_LT(lines_at, ended_at);
+  std::vector<v1::DiaryLine> lines = Lines(7);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].seq(), 1);
+  EXPECT_EQ(lines[0].text(), "hello");
+  EXPECT_EQ(lines[1].stream(), 2);
+
+  AckDiary(7, 2);
+  AckEnded(7);
+  EXPECT_TRUE(Eventually([&] { return !Phase(7).has_value(); }));
+  EXPECT_TRUE(Eventually(
+      [&] { return !std::filesystem::exists(dir_ + "/jobs/7-1-0"); }));
+  EXPECT_EQ(worker_->Unacked(JobRef{7, 1, 0}), 0u);
+}
+
+TEST_F(WorkerTest, FailedExitSaysWhy) {
+  Send(Start(8));
+  std::optional<int64_t> key = runner_.WaitStart(8);
+  ASSERT_TRUE(key.has_value());
+  runner_.Started(*key);
+  runner_.Exit(*key, 3);
+  std::optional<v1::JobEnded> ended = Ended(8);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(ended->exit_code(), 3);
+  EXPECT_EQ(ended->reason(), "exit code 3");
+}
+
+TEST_F(WorkerTest, ProgramThatCannotStartFails) {
+  Send(Start(9));
+  std::optional<int64_t> key = runner_.WaitStart(9);
+  ASSERT_TRUE(key.has_value());
+  runner_.Started(*key, absl::NotFoundError("cannot run 'nope'"));
+  std::optional<v1::JobEnded> ended = Ended(9);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(ended->reason(), "cannot start the job: cannot run 'nope'");
+  EXPECT_TRUE(HasLine(9, "cannot run 'nope'"));
+  EXPECT_EQ(transfers_.uploads(), 0u);
+}
+
+TEST_F(WorkerTest, CancelWhilePreparingEndsWithoutAProcess) {
+  transfers_.SetFetchOpen(false);
+  v1::StartJob s = Start(10);
+  auto* a = s.mutable_spec()->add_attach();
+  a->set_path("data.bin");
+  a->set_sha256("ff");
+  Send(s);
+  ASSERT_TRUE(Eventually([&] { return Phase(10).has_value(); }));
+  Cancel(10, "user asked");
+  ASSERT_TRUE(Eventually([&] { return HasLine(10, "user asked"); }));
+  EXPECT_EQ(Phase(10), JobPhase::kPreparing);
+  transfers_.SetFetchOpen(true);
+  std::optional<v1::JobEnded> ended = Ended(10);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(ended->reason(), "user asked");
+  EXPECT_EQ(ended->exit_code(), -1);
+  EXPECT_EQ(runner_.starts(), 0u);
+}
+
+TEST_F(WorkerTest, CancelWhileStartingStopsTheProcessOnceStarted) {
+  Send(Start(11));
+  std::optional<int64_t> key = runner_.WaitStart(11);
+  ASSERT_TRUE(key.has_value());
+  Cancel(11);
+  ASSERT_TRUE(Eventually([&] { return HasLine(11, "stopping the job"); }));
+  EXPECT_TRUE(runner_.terminates().empty());
+  runner_.Started(*key);
+  ASSERT_EQ(runner_.terminates().size(), 1u);
+  EXPECT_EQ(runner_.terminates()[0].second, 3000);
+  runner_.Killed(*key, 15);
+  std::optional<v1::JobEnded> ended = Ended(11);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(WorkerTest, CancelWhileRunningTerminatesAndReportsCancelled) {
+  Send(Start(12));
+  std::optional<int64_t> key = runner_.WaitStart(12);
+  ASSERT_TRUE(key.has_value());
+  runner_.Started(*key);
+  Cancel(12, "enough");
+  ASSERT_TRUE(Eventually([&] { return !runner_.terminates().empty(); }));
+  EXPECT_EQ(runner_.terminates()[0], (std::pair<int64_t, int64_t>{*key, 3000}));
+  // A second cancel changes nothing.
+  Cancel(12, "again");
+  runner_.Killed(*key, 15);
+  std::optional<v1::JobEnded> ended = Ended(12);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(ended->reason(), "enough");
+  EXPECT_EQ(ended->exit_code(), 128 + 15);
+  EXPECT_EQ(runner_.terminates().size(), 1u);
+  EXPECT_FALSE(HasLine(12, "again"));
+}
+
+TEST_F(WorkerTest, CancelWhileFinishingKeepsHowTheJobEnded) {
+  transfers_.SetUploadOpen(false);
+  Send(Start(13));
+  std::optional<int64_t> key = runner_.WaitStart(13);
+  ASSERT_TRUE(key.has_value());
+  runner_.Started(*key);
+  runner_.Exit(*key, 0);
+  ASSERT_TRUE(Eventually([&] { return transfers_.uploads() == 1; }));
+  EXPECT_EQ(Phase(13), JobPhase::kFinishing);
+  Cancel(13);
+  transfers_.SetUploadOpen(true);
+  std::optional<v1::JobEnded> ended = Ended(13);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FINISHED);
+  EXPECT_TRUE(runner_.terminates().empty());
+  EXPECT_FALSE(HasLine(13, "stopping"));
+}
+
+TEST_F(WorkerTest, CancelAfterTheEndIsIgnored) {
+  Send(Start(14));
+  std::optional<int64_t> key = runner_.WaitStart(14);
+  ASSERT_TRUE(key.has_value());
+  runner_.Started(*key);
+  runner_.Exit(*key, 0);
+  ASSERT_TRUE(Ended(14).has_value());
+  Cancel(14);
+  // Something after the cancel, to know it was handled.
+  Send(Start(15));
+  ASSERT_TRUE(runner_.WaitStart(15).has_value());
+  EXPECT_FALSE(HasLine(14, "stopping"));
+  int reports = 0;
+  for (const auto& w : transport_.written())
+    reports += w.message.has_ended() && w.message.ended().job_id() == 14;
+  EXPECT_EQ(reports, 1);
+}
+
+TEST_F(WorkerTest, ReconnectReplaysUnackedLinesAndTheReport) {
+  Send(Start(20));
+  std::optional<int64_t> key = runner_.WaitStart(20);
+  ASSERT_TRUE(key.has_value());
+  runner_.Started(*key);
+  for (int i = 1; i <= 3; ++i)
+    runner_.Line(*key, 1, "line " + std::to_string(i));
+  ASSERT_TRUE(Eventually([&] { return Lines(20, 1).size() == 3; }));
+  AckDiary(20, 1);
+  ASSERT_TRUE(Eventually([&] {
+    return worker_->Unacked(JobRef{20, 1, 0}) == 2;
+  }));
+
+  // The scheduler goes away; lines and the end come meanwhile.
+  transport_.Break(/*reachable=*/false);
+  ASSERT_TRUE(Eventually([&] { return !worker_->connected(); }));
+  runner_.Line(*key, 1, "line 4");
+  runner_.Exit(*key, 0);
+  ASSERT_TRUE(Eventually([&] { return Phase(20) == JobPhase::kEnded; }));
+  transport_.SetReachable(true);
+
+  // The new registration names the job; lines 2-4 and the report follow.
+  auto reg = transport_.WaitFor([](const Written& w) {
+    return w.connection == 2 && w.message.has_register_();
+  });
+  ASSERT_TRUE(reg.has_value());
+  ASSERT_EQ(reg->message.register_().running_size(), 1);
+  EXPECT_EQ(reg->message.register_().running(0).job_id(), 20);
+  auto ended = transport_.WaitFor([](const Written& w) {
+    return w.connection == 2 && w.message.has_ended();
+  });
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->message.ended().last_seq(), 4);
+  std::vector<v1::DiaryLine> again = Lines(20, 2);
+  ASSERT_EQ(again.size(), 3u);
+  EXPECT_EQ(again[0].seq(), 2);
+  EXPECT_EQ(again[2].text(), "line 4");
+
+  // Acknowledged, the job is forgotten and not registered again.
+  AckDiary(20, 4);
+  AckEnded(20);
+  ASSERT_TRUE(Eventually([&] { return !Phase(20).has_value(); }));
+  transport_.Break(/*reachable=*/true);
+  auto reg3 = transport_.WaitFor([](const Written& w) {
+    return w.connection == 3 && w.message.has_register_();
+  });
+  ASSERT_TRUE(reg3.has_value());
+  EXPECT_EQ(reg3->message.register_().running_size(), 0);
+}
+
+TEST_F(WorkerTest, TimeLimitStopsTheJobAndFailsIt) {
+  Send(Start(30, /*time_limit_s=*/5));
+  std::optional<int64_t> key = runner_.WaitStart(30);
+  ASSERT_TRUE(key.has_value());
+  runner_.Started(*key);
+  clock_.Advance(4999);
+  worker_->Tick();
+  EXPECT_TRUE(runner_.terminates().empty());
+  clock_.Advance(1);
+  worker_->Tick();
+  ASSERT_EQ(runner_.terminates().size(), 1u);
+  EXPECT_EQ(runner_.terminates()[0].second, JobTable::kTimeLimitGraceMs);
+  worker_->Tick();  // once only
+  EXPECT_EQ(runner_.terminates().size(), 1u);
+  ASSERT_TRUE(Eventually([&] { return HasLine(30, "time limit 5s reached"); }));
+  runner_.Killed(*key, 15);
+  std::optional<v1::JobEnded> ended = Ended(30);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(ended->reason(), "time limit 5s reached");
+}
+
+TEST_F(WorkerTest, RepeatedStartRunsOnce) {
+  Send(Start(40));
+  Send(Start(40));
+  ASSERT_TRUE(runner_.WaitStart(40).has_value());
+  Send(Start(41));
+  ASSERT_TRUE(runner_.WaitStart(41).has_value());
+  EXPECT_EQ(runner_.starts(), 2u);
+}
+
+// A job whose outputs take long to upload delays no other job's end.
+TEST_F(WorkerTest, OneJobsSlowUploadDoesNotDelayAnothersEnd) {
+  transfers_.HoldUploadsOf("/jobs/50-");
+  Send(Start(50));
+  Send(Start(51));
+  std::optional<int64_t> slow = runner_.WaitStart(50);
+  std::optional<int64_t> quick = runner_.WaitStart(51);
+  ASSERT_TRUE(slow && quick);
+  runner_.Started(*slow);
+  runner_.Started(*quick);
+  runner_.Exit(*slow, 0);
+  ASSERT_TRUE(Eventually([&] { return transfers_.uploads() == 1; }));
+  runner_.Line(*quick, 1, "ok");
+  runner_.Exit(*quick, 0);
+  std::optional<v1::JobEnded> ended = Ended(51);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FINISHED);
+  EXPECT_EQ(Phase(50), JobPhase::kFinishing);
+  transfers_.HoldUploadsOf("");
+  ASSERT_TRUE(Ended(50).has_value());
+}
+
+// The trainer's channel: progress goes to the scheduler, a checkpoint is
+// stored (its files linked and uploaded) and announced.
+TEST_F(WorkerTest, ChannelProgressAndCheckpointReachTheScheduler) {
+  Send(Start(60));
+  std::optional<int64_t> key = runner_.WaitStart(60);
+  ASSERT_TRUE(key.has_value());
+  const std::string out = runner_.Options(*key).cwd + "/output/";
+  std::ofstream(out + "checkpoint.dlbc") << "weights";
+  std::ofstream(out + "training_history.csv") << "iteration,loss\n";
+  runner_.Started(*key);
+  runner_.Line(*key, JobTable::kChannelStream,
+               R"({"event":"checkpoint","iteration":100})");
+  auto stored = transport_.WaitFor(
+      [](const Written& w) { return w.message.has_checkpoint(); });
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->message.checkpoint().iteration(), 100);
+  ASSERT_EQ(stored->message.checkpoint().files_size(), 2);
+  EXPECT_EQ(stored->message.checkpoint().files(0).path(), "checkpoint.dlbc");
+  runner_.Line(*key, JobTable::kChannelStream,
+               R"({"event":"done","iteration":100})");
+  auto progress = transport_.WaitFor(
+      [](const Written& w) { return w.message.has_progress(); });
+  ASSERT_TRUE(progress.has_value());
+  EXPECT_TRUE(progress->message.progress().progress().done());
+  // Channel lines are not diary lines.
+  EXPECT_TRUE(Lines(60).empty());
+}
+
+TEST(OutboxTest, RewindSendsTheUnackedAgainInOrder) {
+  Outbox box;
+  JobRef ref{1, 1, 0};
+  box.Open(ref);
+  for (int seq : {1, 3, 2}) {  // out of order: put in place
+    v1::WorkerMessage m;
+    ref.To(m.mutable_diary());
+    m.mutable_diary()->add_lines()->set_seq(seq);
+    box.Add(m);
+  }
+  std::vector<v1::WorkerMessage> first = box.TakeDue();
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(first[0].diary().lines_size(), 3);
+  EXPECT_EQ(first[0].diary().lines(1).seq(), 2);
+  EXPECT_FALSE(box.HasDue());
+  box.AckDiary(ref, 2);
+  box.Rewind();
+  std::vector<v1::WorkerMessage> again = box.TakeDue();
+  ASSERT_EQ(again.size(), 1u);
+  ASSERT_EQ(again[0].diary().lines_size(), 1);
+  EXPECT_EQ(again[0].diary().lines(0).seq(), 3);
+  EXPECT_FALSE(box.AckEnded(ref));  // no report yet: still held
+  EXPECT_EQ(box.Held().size(), 1u);
+}
+
+TEST(TransferPoolTest, AJobsLongTransferDoesNotDelayAnother) {
+  TransferPool pool(4);
+  absl::Mutex mu;
+  bool release = false;
+  bool other_ran = false;
+  pool.Post(1, [&] {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&release));
+  });
+  pool.Post(1, [] {});  // behind job 1's first: waits for it
+  pool.Post(2, [&] {
+    absl::MutexLock lock(&mu);
+    other_ran = true;
+  });
+  EXPECT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&mu);
+    return other_ran;
+  }));
+  EXPECT_EQ(pool.pending(), 2u);  // job 1's two
+  {
+    absl::MutexLock lock(&mu);
+    release = true;
+  }
+  EXPECT_TRUE(Eventually([&] { return pool.pending() == 0; }));
+}
+
+}  // namespace
+}  // namespace dlbatch::worker

@@ -1,0 +1,363 @@
+#include "worker/job_table.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/duration.h"
+#include "worker/train_job.h"
+
+namespace dlbatch::worker {
+namespace {
+
+constexpr absl::string_view kTrainerErrorPrefix = "dlbatch-train: ";
+
+std::string TimeLimitText(const v1::StartJob& start) {
+  return absl::StrCat("time limit ",
+                      FormatDurationMs(start.spec().time_limit_s() * 1000),
+                      " reached");
+}
+
+}  // namespace
+
+JobTable::JobTable(std::string work_dir) : work_dir_(std::move(work_dir)) {}
+
+JobTable::Job* JobTable::Find(int64_t key) {
+  auto it = jobs_.find(key);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+void JobTable::AddDiary(Job& job, int stream, const std::string& text,
+                        int64_t time_ms, JobEffects* fx) {
+  v1::WorkerMessage m;
+  v1::DiaryBatch* batch = m.mutable_diary();
+  job.ref.To(batch);
+  v1::DiaryLine* line = batch->add_lines();
+  line->set_seq(++job.next_seq);
+  line->set_time_ms(time_ms);
+  line->set_stream(stream);
+  line->set_text(text);
+  fx->records.push_back(std::move(m));
+}
+
+void JobTable::End(Job& job, v1::JobState state, const std::string& reason,
+                   std::vector<v1::OutputFile> outputs, JobEffects* fx) {
+  v1::JobEnded ended;
+  job.ref.To(&ended);
+  ended.set_state(state);
+  if (!job.exit.has_value()) {
+    ended.set_exit_code(-1);
+  } else if (job.exit->exited) {
+    ended.set_exit_code(job.exit->exit_code);
+  } else {
+    ended.set_exit_code(128 + job.exit->term_signal);
+  }
+  ended.set_reason(reason);
+  for (auto& f : outputs) *ended.add_outputs() = std::move(f);
+  // Every line before the report: the scheduler ends the job only once it
+  // has committed them all.
+  ended.set_last_seq(job.next_seq);
+  job.phase = JobPhase::kEnded;
+  v1::WorkerMessage m;
+  *m.mutable_ended() = std::move(ended);
+  fx->records.push_back(std::move(m));
+}
+
+JobEffects JobTable::Assign(const v1::StartJob& start, int64_t now_ms) {
+  (void)now_ms;
+  JobEffects fx;
+  const JobRef ref = JobRef::Of(start);
+  if (keys_.count(ref) != 0) return fx;
+  const int64_t key = next_key_++;
+  Job& job = jobs_[key];
+  job.key = key;
+  job.ref = ref;
+  job.start = start;
+  job.dir = absl::StrCat(work_dir_, "/jobs/", ref.job_id, "-", ref.attempt, "-",
+                         ref.part);
+  keys_[ref] = key;
+  JobAction a;
+  a.kind = JobAction::kPrepare;
+  a.key = key;
+  a.ref = ref;
+  a.dir = job.dir;
+  a.start = start;
+  fx.actions.push_back(std::move(a));
+  return fx;
+}
+
+JobEffects JobTable::Cancel(const JobRef& ref, int64_t grace_ms,
+                            const std::string& reason, int64_t now_ms) {
+  JobEffects fx;
+  auto k = keys_.find(ref);
+  if (k == keys_.end()) return fx;
+  Job& job = jobs_.at(k->second);
+  // Once its processes are gone a job ends as they left it.
+  if (job.cancel_requested || job.phase >= JobPhase::kFinishing) return fx;
+  job.cancel_requested = true;
+  job.cancel_reason = reason;
+  job.cancel_grace_ms = grace_ms;
+  AddDiary(job, kWorkerStream,
+           absl::StrCat("[dlbatch] stopping the job: ", reason), now_ms, &fx);
+  if (job.phase == JobPhase::kRunning) {
+    JobAction a;
+    a.kind = JobAction::kTerminate;
+    a.key = job.key;
+    a.ref = ref;
+    a.grace_ms = grace_ms;
+    fx.actions.push_back(std::move(a));
+  }
+  // Preparing: Prepared() ends it without a process, or Started() stops the
+  // process asked for meanwhile.
+  return fx;
+}
+
+JobEffects JobTable::Prepared(int64_t key,
+                              absl::StatusOr<SubprocessOptions> process,
+                              const std::vector<std::string>& notes,
+                              int64_t now_ms) {
+  JobEffects fx;
+  Job* job = Find(key);
+  if (job == nullptr || job->phase != JobPhase::kPreparing || job->start_asked)
+    return fx;
+  for (const auto& note : notes)
+    AddDiary(*job, kWorkerStream, "[dlbatch] " + note, now_ms, &fx);
+  if (job->cancel_requested) {
+    End(*job, v1::JOB_STATE_CANCELLED, job->cancel_reason, {}, &fx);
+    return fx;
+  }
+  if (!process.ok()) {
+    const std::string reason(process.status().message());
+    AddDiary(*job, kWorkerStream, "[dlbatch] " + reason, now_ms, &fx);
+    End(*job, v1::JOB_STATE_FAILED, reason, {}, &fx);
+    return fx;
+  }
+  job->start_asked = true;
+  JobAction a;
+  a.kind = JobAction::kStart;
+  a.key = key;
+  a.ref = job->ref;
+  a.dir = job->dir;
+  a.process = *std::move(process);
+  fx.actions.push_back(std::move(a));
+  return fx;
+}
+
+JobEffects JobTable::Started(int64_t key, absl::Status status, int64_t now_ms,
+                             int64_t now_mono_ms) {
+  JobEffects fx;
+  Job* job = Find(key);
+  if (job == nullptr || job->phase != JobPhase::kPreparing) return fx;
+  if (!status.ok()) {
+    const std::string reason =
+        absl::StrCat("cannot start the job: ", status.message());
+    AddDiary(*job, kWorkerStream, "[dlbatch] " + reason, now_ms, &fx);
+    End(*job, v1::JOB_STATE_FAILED, reason, {}, &fx);
+    return fx;
+  }
+  job->phase = JobPhase::kRunning;
+  const int64_t limit_s = job->start.spec().time_limit_s();
+  if (limit_s > 0) job->deadline_mono_ms = now_mono_ms + limit_s * 1000;
+  if (job->cancel_requested) {
+    // The cancel came while the process was being started.
+    JobAction a;
+    a.kind = JobAction::kTerminate;
+    a.key = key;
+    a.ref = job->ref;
+    a.grace_ms = job->cancel_grace_ms;
+    fx.actions.push_back(std::move(a));
+  }
+  return fx;
+}
+
+JobEffects JobTable::Line(int64_t key, const OutputLine& line) {
+  JobEffects fx;
+  Job* job = Find(key);
+  if (job == nullptr || job->phase == JobPhase::kEnded) return fx;
+  if (line.stream == kChannelStream) {
+    ChannelEvent event =
+        ApplyChannelLine(line.text, line.time_ms, &job->progress);
+    if (job->ref.part != 0) return fx;  // part 0 speaks for the job
+    if (event.kind == ChannelEvent::kProgress) {
+      v1::WorkerMessage m;
+      v1::JobProgress* p = m.mutable_progress();
+      job->ref.To(p);
+      *p->mutable_progress() = job->progress;
+      fx.records.push_back(std::move(m));
+    } else if (event.kind == ChannelEvent::kCheckpoint) {
+      job->checkpoint_wanted = event.iteration;
+      if (!job->checkpoint_busy) {
+        job->checkpoint_busy = true;
+        job->checkpoint_wanted = -1;
+        JobAction a;
+        a.kind = JobAction::kUploadCheckpoint;
+        a.key = key;
+        a.ref = job->ref;
+        a.dir = job->dir;
+        a.iteration = event.iteration;
+        fx.actions.push_back(std::move(a));
+      }
+    }
+    return fx;
+  }
+  // The trainer's own error line says what went wrong better than its exit
+  // code: it becomes the job's reason.
+  if (line.stream == kStderr && job->start.spec().has_train() &&
+      job->trainer_error.empty() &&
+      absl::string_view(line.text).substr(0, kTrainerErrorPrefix.size()) ==
+          kTrainerErrorPrefix) {
+    job->trainer_error = line.text.substr(kTrainerErrorPrefix.size());
+  }
+  AddDiary(*job, line.stream, line.text, line.time_ms, &fx);
+  return fx;
+}
+
+JobEffects JobTable::Exited(int64_t key, const ExitInfo& info, int64_t now_ms) {
+  JobEffects fx;
+  Job* job = Find(key);
+  if (job == nullptr || job->phase != JobPhase::kRunning) return fx;
+  job->phase = JobPhase::kFinishing;
+  job->exit = info;
+  if (info.leftover_killed > 0) {
+    std::string what = absl::StrCat("[dlbatch] killed ", info.leftover_killed,
+                                    " process(es) the job left behind");
+    if (!info.leftover_names.empty())
+      absl::StrAppend(&what, ": ", info.leftover_names);
+    AddDiary(*job, kWorkerStream, what, now_ms, &fx);
+  }
+  JobAction a;
+  a.kind = JobAction::kUploadOutputs;
+  a.key = key;
+  a.ref = job->ref;
+  a.dir = job->dir;
+  a.max_output_bytes = job->start.max_output_bytes();
+  fx.actions.push_back(std::move(a));
+  return fx;
+}
+
+JobEffects JobTable::OutputsUploaded(
+    int64_t key, absl::StatusOr<std::vector<v1::OutputFile>> files,
+    const std::vector<std::string>& notes, int64_t now_ms) {
+  JobEffects fx;
+  Job* job = Find(key);
+  if (job == nullptr || job->phase != JobPhase::kFinishing) return fx;
+  // The worker is stopping: no report (the scheduler requeues the job).
+  if (!files.ok() && files.status().code() == absl::StatusCode::kCancelled)
+    return fx;
+  for (const auto& note : notes)
+    AddDiary(*job, kWorkerStream, "[dlbatch] " + note, now_ms, &fx);
+  const ExitInfo& info = *job->exit;
+  std::vector<v1::OutputFile> outputs;
+  if (files.ok()) outputs = *std::move(files);
+  if (job->cancel_requested) {
+    End(*job, v1::JOB_STATE_CANCELLED, job->cancel_reason, std::move(outputs),
+        &fx);
+  } else if (!files.ok()) {
+    const std::string reason(files.status().message());
+    AddDiary(*job, kWorkerStream, "[dlbatch] " + reason, now_ms, &fx);
+    End(*job, v1::JOB_STATE_FAILED, reason, {}, &fx);
+  } else if (job->time_limit_hit) {
+    End(*job, v1::JOB_STATE_FAILED, TimeLimitText(job->start),
+        std::move(outputs), &fx);
+  } else if (info.exited && info.exit_code == 0) {
+    End(*job, v1::JOB_STATE_FINISHED, "", std::move(outputs), &fx);
+  } else {
+    std::string reason = info.Describe();
+    if (!job->trainer_error.empty())
+      absl::StrAppend(&reason, ": ", job->trainer_error);
+    End(*job, v1::JOB_STATE_FAILED, reason, std::move(outputs), &fx);
+  }
+  return fx;
+}
+
+JobEffects JobTable::CheckpointStored(
+    int64_t key, int64_t iteration,
+    absl::StatusOr<std::vector<v1::OutputFile>> files, int64_t now_ms) {
+  JobEffects fx;
+  Job* job = Find(key);
+  if (job == nullptr) return fx;
+  job->checkpoint_busy = false;
+  if (job->phase == JobPhase::kEnded) return fx;  // too late to matter
+  if (files.ok()) {
+    v1::WorkerMessage m;
+    v1::CheckpointStored* c = m.mutable_checkpoint();
+    job->ref.To(c);
+    c->set_iteration(iteration);
+    for (auto& f : *files) *c->add_files() = std::move(f);
+    fx.records.push_back(std::move(m));
+  } else if (files.status().code() != absl::StatusCode::kCancelled) {
+    // The job goes on; a requeue would resume from the previous one.
+    AddDiary(*job, kWorkerStream,
+             absl::StrCat("[dlbatch] could not store the checkpoint of "
+                          "iteration ",
+                          iteration, ": ", files.status().message()),
+             now_ms, &fx);
+  }
+  if (job->checkpoint_wanted >= 0) {
+    job->checkpoint_busy = true;
+    JobAction a;
+    a.kind = JobAction::kUploadCheckpoint;
+    a.key = key;
+    a.ref = job->ref;
+    a.dir = job->dir;
+    a.iteration = job->checkpoint_wanted;
+    job->checkpoint_wanted = -1;
+    fx.actions.push_back(std::move(a));
+  }
+  return fx;
+}
+
+JobEffects JobTable::Tick(int64_t now_ms, int64_t now_mono_ms) {
+  JobEffects fx;
+  for (auto& [key, job] : jobs_) {
+    if (job.phase != JobPhase::kRunning || job.deadline_mono_ms == 0 ||
+        now_mono_ms < job.deadline_mono_ms || job.time_limit_hit ||
+        job.cancel_requested) {
+      continue;
+    }
+    job.time_limit_hit = true;
+    AddDiary(job, kWorkerStream,
+             absl::StrCat("[dlbatch] ", TimeLimitText(job.start),
+                          "; stopping the job"),
+             now_ms, &fx);
+    JobAction a;
+    a.kind = JobAction::kTerminate;
+    a.key = key;
+    a.ref = job.ref;
+    a.grace_ms = kTimeLimitGraceMs;
+    fx.actions.push_back(std::move(a));
+  }
+  return fx;
+}
+
+JobEffects JobTable::EndedAcked(const JobRef& ref) {
+  JobEffects fx;
+  auto k = keys_.find(ref);
+  if (k == keys_.end()) return fx;
+  Job& job = jobs_.at(k->second);
+  if (job.phase != JobPhase::kEnded) return fx;
+  JobAction a;
+  a.kind = JobAction::kRemove;
+  a.key = job.key;
+  a.ref = ref;
+  a.dir = job.dir;
+  fx.actions.push_back(std::move(a));
+  jobs_.erase(k->second);
+  keys_.erase(k);
+  return fx;
+}
+
+std::vector<JobRef> JobTable::Jobs() const {
+  std::vector<JobRef> out;
+  out.reserve(jobs_.size());
+  for (const auto& [ref, key] : keys_) out.push_back(ref);
+  return out;
+}
+
+std::optional<JobPhase> JobTable::Phase(const JobRef& ref) const {
+  auto k = keys_.find(ref);
+  if (k == keys_.end()) return std::nullopt;
+  return jobs_.at(k->second).phase;
+}
+
+}  // namespace dlbatch::worker

@@ -1,0 +1,148 @@
+// The worker's jobs as a pure state machine (the worker's counterpart of the
+// scheduler's PlacementCore): fed events, it returns what to do and what to
+// tell the scheduler. No threads, no I/O, no clock reads: time arrives as an
+// argument.
+//
+// A job moves preparing -> running -> finishing -> ended:
+//   preparing  its folder is made and its attachments fetched (a transfer),
+//              then its process is asked for;
+//   running    its process runs; lines become diary lines;
+//   finishing  every process of it is gone; its outputs are uploaded;
+//   ended      its end report (v1::JobEnded) is built - here, in one place -
+//              and kept by the link until the scheduler acknowledges it.
+// A job that cannot run (a fetch failed, a cancel came first, its program
+// does not exist) goes from preparing straight to ended.
+//
+// Not thread-safe: the worker calls it under its lock.
+#ifndef DLBATCH_WORKER_JOB_TABLE_H_
+#define DLBATCH_WORKER_JOB_TABLE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dlbatch/v1/scheduler.pb.h"
+#include "worker/job_ref.h"
+#include "worker/subprocess.h"
+
+namespace dlbatch::worker {
+
+// What the worker does for the table. Executing one never calls back into
+// the table synchronously; results come back as events.
+struct JobAction {
+  enum Kind {
+    kPrepare,           // make `dir`, fetch attachments -> Prepared()
+    kStart,             // start `process` under `key` -> Started()
+    kTerminate,         // TERM the job's processes, KILL after grace_ms
+    kUploadOutputs,     // upload dir/output -> OutputsUploaded()
+    kUploadCheckpoint,  // store `iteration`'s checkpoint -> CheckpointStored()
+    kRemove,            // the job is forgotten: remove `dir`
+  };
+  Kind kind = kPrepare;
+  int64_t key = 0;
+  JobRef ref;
+  std::string dir;
+  int64_t grace_ms = 0;
+  int64_t iteration = 0;
+  v1::StartJob start;         // kPrepare
+  SubprocessOptions process;  // kStart
+  int64_t max_output_bytes = 0;
+};
+
+// An event's consequences: actions in order, and records for the scheduler
+// (diary lines, progress, checkpoints, end reports) in the order they must
+// reach it.
+struct JobEffects {
+  std::vector<JobAction> actions;
+  std::vector<v1::WorkerMessage> records;
+};
+
+enum class JobPhase { kPreparing, kRunning, kFinishing, kEnded };
+
+class JobTable {
+ public:
+  // Stream numbers of v1::DiaryLine and OutputLine.
+  static constexpr int kWorkerStream = 0;  // lines dlbatch writes
+  static constexpr int kStderr = 2;
+  static constexpr int kChannelStream = 3;  // the trainer's progress channel
+  // Grace between TERM and KILL when a job reaches its time limit.
+  static constexpr int64_t kTimeLimitGraceMs = 10000;
+
+  // `work_dir`: jobs run in WORK_DIR/jobs/<id>-<attempt>-<part>.
+  explicit JobTable(std::string work_dir);
+
+  // The scheduler placed a job here. A job already known is ignored.
+  JobEffects Assign(const v1::StartJob& start, int64_t now_ms);
+  // The scheduler (or the worker itself) asks a job to stop.
+  JobEffects Cancel(const JobRef& ref, int64_t grace_ms,
+                    const std::string& reason, int64_t now_ms);
+  // kPrepare's result: the process to start, or why the job cannot run;
+  // `notes` become diary lines.
+  JobEffects Prepared(int64_t key, absl::StatusOr<SubprocessOptions> process,
+                      const std::vector<std::string>& notes, int64_t now_ms);
+  // kStart's result. `now_mono_ms` starts the job's time limit.
+  JobEffects Started(int64_t key, absl::Status status, int64_t now_ms,
+                     int64_t now_mono_ms);
+  JobEffects Line(int64_t key, const OutputLine& line);
+  // Every process of the job is gone.
+  JobEffects Exited(int64_t key, const ExitInfo& info, int64_t now_ms);
+  // kUploadOutputs' result; `notes` (files skipped, ...) become diary lines.
+  JobEffects OutputsUploaded(int64_t key,
+                             absl::StatusOr<std::vector<v1::OutputFile>> files,
+                             const std::vector<std::string>& notes,
+                             int64_t now_ms);
+  // kUploadCheckpoint's result.
+  JobEffects CheckpointStored(int64_t key, int64_t iteration,
+                              absl::StatusOr<std::vector<v1::OutputFile>> files,
+                              int64_t now_ms);
+  // Time passed: jobs past their time limit are stopped.
+  JobEffects Tick(int64_t now_ms, int64_t now_mono_ms);
+  // The scheduler has the end report: the job is forgotten (kRemove).
+  JobEffects EndedAcked(const JobRef& ref);
+
+  // Every job the table holds, for a registration: the scheduler keeps them.
+  std::vector<JobRef> Jobs() const;
+  std::optional<JobPhase> Phase(const JobRef& ref) const;
+  size_t size() const { return jobs_.size(); }
+
+ private:
+  struct Job {
+    int64_t key = 0;
+    JobRef ref;
+    v1::StartJob start;
+    std::string dir;
+    JobPhase phase = JobPhase::kPreparing;
+    bool start_asked = false;  // kStart was returned
+    int64_t next_seq = 0;      // last diary seq assigned
+    bool cancel_requested = false;
+    std::string cancel_reason;
+    int64_t cancel_grace_ms = 0;
+    bool time_limit_hit = false;
+    int64_t deadline_mono_ms = 0;  // 0: no time limit
+    std::optional<ExitInfo> exit;
+    std::string trainer_error;  // the trainer's first error line
+    v1::TrainProgress progress;
+    bool checkpoint_busy = false;    // a kUploadCheckpoint is out
+    int64_t checkpoint_wanted = -1;  // a newer one to store after it
+  };
+
+  Job* Find(int64_t key);
+  void AddDiary(Job& job, int stream, const std::string& text, int64_t time_ms,
+                JobEffects* fx);
+  // The one place an end report is built.
+  void End(Job& job, v1::JobState state, const std::string& reason,
+           std::vector<v1::OutputFile> outputs, JobEffects* fx);
+
+  const std::string work_dir_;
+  int64_t next_key_ = 1;
+  std::map<int64_t, Job> jobs_;     // by key
+  std::map<JobRef, int64_t> keys_;  // ref -> key
+};
+
+}  // namespace dlbatch::worker
+
+#endif  // DLBATCH_WORKER_JOB_TABLE_H_

@@ -1,0 +1,91 @@
+// Starting and stopping a job's processes, behind an interface so the
+// worker's core is tested with a fake (ninja's CommandRunner).
+#ifndef DLBATCH_WORKER_PROCESS_RUNNER_H_
+#define DLBATCH_WORKER_PROCESS_RUNNER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "worker/subprocess.h"
+
+namespace dlbatch::worker {
+
+// What a runner reports, each for a key it was given in Start(). Called on
+// the runner's own thread, one call at a time; for one key in the order
+// Started, Line..., Exited (Exited only after Started with OK).
+class ProcessEvents {
+ public:
+  virtual ~ProcessEvents() = default;
+  virtual void ProcessStarted(int64_t key, absl::Status status) = 0;
+  virtual void ProcessLine(int64_t key, const OutputLine& line) = 0;
+  // Every process of the job is gone (the slots may be freed).
+  virtual void ProcessExited(int64_t key, const ExitInfo& info) = 0;
+};
+
+class ProcessRunner {
+ public:
+  virtual ~ProcessRunner() = default;
+  // REQUIRES: called once, before Start(). `events` outlives the runner's
+  // use of it (until Shutdown()).
+  virtual void Attach(ProcessEvents* events) = 0;
+  // Starts a job's processes under `key` (unused). Thread-safe; the result
+  // arrives as ProcessStarted.
+  virtual void Start(int64_t key, SubprocessOptions options) = 0;
+  // TERM to every process of the job now, KILL after grace_ms. Unknown keys
+  // are ignored. Thread-safe.
+  virtual void Terminate(int64_t key, int64_t grace_ms) = 0;
+  // Kills every job and stops reporting: once it returns no event is being
+  // delivered nor will be. Thread-safe, idempotent; never called from an
+  // event.
+  virtual void Shutdown() = 0;
+};
+
+// How the real runner keeps track of every process of a job.
+struct JobContainment {
+  // Non-empty: each job gets the cgroup CGROUP_ROOT/job-<key>.
+  std::string cgroup_root;
+  // Each job's processes carry kJobMarkVar=<mark_prefix><key>/.
+  std::string mark_prefix;
+};
+
+// The real runner: a thread that owns a SubprocessSet and runs its poll
+// loop. Jobs' processes die with this thread (SubprocessOptions'
+// die_with_parent) and are killed when it is shut down.
+class SubprocessRunner final : public ProcessRunner {
+ public:
+  explicit SubprocessRunner(const Clock* clock,
+                            JobContainment containment = {});
+  ~SubprocessRunner() override;  // Shutdown()s and joins
+
+  void Attach(ProcessEvents* events) override;
+  void Start(int64_t key, SubprocessOptions options) override;
+  void Terminate(int64_t key, int64_t grace_ms) override;
+  void Shutdown() override;
+
+ private:
+  void Loop();
+  void Post(std::function<void()> command);
+
+  const Clock* const clock_;
+  const JobContainment containment_;
+  ProcessEvents* events_ = nullptr;
+  std::unique_ptr<SubprocessSet> set_;  // the loop thread's only
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace dlbatch::worker
+
+#endif  // DLBATCH_WORKER_PROCESS_RUNNER_H_

@@ -1,0 +1,283 @@
+#include "worker/scheduler_link.h"
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace dlbatch::worker {
+namespace {
+
+class GrpcLinkStream final : public LinkStream {
+ public:
+  GrpcLinkStream(v1::WorkerLink::Stub* stub, const std::string& token) {
+    AddToken(&context_, token);
+    stream_ = stub->Connect(&context_);
+  }
+  bool Write(const v1::WorkerMessage& message) override {
+    return stream_->Write(message);
+  }
+  bool Read(v1::SchedulerMessage* message) override {
+    return stream_->Read(message);
+  }
+  void Cancel() override { context_.TryCancel(); }
+  absl::Status Finish() override { return FromGrpcStatus(stream_->Finish()); }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::WorkerMessage, v1::SchedulerMessage>>
+      stream_;
+};
+
+class GrpcLinkTransport final : public LinkTransport {
+ public:
+  GrpcLinkTransport(std::shared_ptr<grpc::Channel> channel, std::string token)
+      : channel_(std::move(channel)),
+        stub_(v1::WorkerLink::NewStub(channel_)),
+        token_(std::move(token)) {}
+
+  absl::StatusOr<std::unique_ptr<LinkStream>> Connect(
+      int64_t timeout_ms) override {
+    // Waiting here (instead of in the stream's first write) bounds how long
+    // one attempt takes and lets the caller's backoff, not gRPC's, decide
+    // when the next one starts.
+    if (!channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                    std::chrono::milliseconds(timeout_ms))) {
+      return absl::UnavailableError(
+          absl::StrCat("not reachable within ", timeout_ms, " ms"));
+    }
+    return std::make_unique<GrpcLinkStream>(stub_.get(), token_);
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::WorkerLink::Stub> stub_;
+  const std::string token_;
+};
+
+}  // namespace
+
+std::unique_ptr<LinkTransport> MakeGrpcLinkTransport(
+    std::shared_ptr<grpc::Channel> channel, std::string token) {
+  return std::make_unique<GrpcLinkTransport>(std::move(channel),
+                                             std::move(token));
+}
+
+SchedulerLink::SchedulerLink(LinkOptions options, LinkTransport* transport,
+                             const Clock* clock)
+    : options_(std::move(options)), transport_(transport), clock_(clock) {
+  sender_ = std::thread([this] { SendLoop(); });
+}
+
+SchedulerLink::~SchedulerLink() {
+  Stop();
+  sender_.join();
+}
+
+void SchedulerLink::SetHandler(LinkHandler* handler) { handler_ = handler; }
+
+void SchedulerLink::Stop() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  if (stream_ != nullptr) stream_->Cancel();
+  if (connecting_ != nullptr) connecting_->Cancel();
+}
+
+void SchedulerLink::Open(const JobRef& ref) {
+  absl::MutexLock lock(&mu_);
+  outbox_.Open(ref);
+}
+
+void SchedulerLink::Post(const v1::WorkerMessage& record) {
+  absl::MutexLock lock(&mu_);
+  outbox_.Add(record);
+}
+
+std::vector<JobRef> SchedulerLink::Held() const {
+  absl::MutexLock lock(&mu_);
+  return outbox_.Held();
+}
+
+size_t SchedulerLink::Unacked(const JobRef& ref) const {
+  absl::MutexLock lock(&mu_);
+  return outbox_.Unacked(ref);
+}
+
+bool SchedulerLink::connected() const {
+  absl::MutexLock lock(&mu_);
+  return stream_ != nullptr;
+}
+
+absl::Status SchedulerLink::Run() {
+  int64_t backoff_ms = options_.min_backoff_ms;
+  for (;;) {
+    absl::Status s = Session();
+    if (s.code() == absl::StatusCode::kUnauthenticated ||
+        s.code() == absl::StatusCode::kPermissionDenied ||
+        s.code() == absl::StatusCode::kFailedPrecondition) {
+      Stop();
+      return s;
+    }
+    if (s.ok()) backoff_ms = options_.min_backoff_ms;  // it had registered
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+    spdlog::warn("scheduler at {}: {}; reconnecting in {} ms",
+                 options_.scheduler, s.ToString(), backoff_ms);
+    auto stopping = [this]()
+                        ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stopping),
+                         absl::Milliseconds(backoff_ms));
+    if (stopping_) return absl::OkStatus();
+    if (!s.ok()) backoff_ms = std::min(backoff_ms * 2, options_.max_backoff_ms);
+  }
+}
+
+// Returns OK after a registered session broke (reconnect at once), an error
+// otherwise.
+absl::Status SchedulerLink::Session() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<LinkStream>> opened =
+      transport_->Connect(options_.connect_timeout_ms);
+  if (!opened.ok()) return opened.status();
+  std::unique_ptr<LinkStream> stream = *std::move(opened);
+  v1::WorkerMessage hello;
+  v1::Register* reg = hello.mutable_register_();
+  reg->set_name(options_.name);
+  reg->set_host(options_.host);
+  reg->set_profile(options_.profile);
+  for (const auto& d : options_.devices) *reg->add_devices() = d;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+    connecting_ = stream.get();
+    for (const JobRef& ref : outbox_.Held()) ref.To(reg->add_running());
+  }
+  auto clear_connecting = [&] {
+    absl::MutexLock lock(&mu_);
+    connecting_ = nullptr;
+  };
+  v1::SchedulerMessage reply;
+  if (!stream->Write(hello) || !stream->Read(&reply)) {
+    clear_connecting();
+    absl::Status s = stream->Finish();
+    return s.ok() ? absl::UnavailableError("the stream closed at once") : s;
+  }
+  if (reply.has_refused()) {
+    clear_connecting();
+    stream->Cancel();
+    (void)stream->Finish();
+    return absl::FailedPreconditionError(
+        absl::StrCat("the scheduler refused this worker: ", reply.refused()));
+  }
+  spdlog::info(
+      "registered with {} as worker #{} '{}' in profile '{}' ({} slots)",
+      options_.scheduler, reply.registered().worker_id(), options_.name,
+      options_.profile, options_.devices.size());
+  {
+    absl::MutexLock lock(&mu_);
+    connecting_ = nullptr;
+    if (stopping_) {
+      stream->Cancel();
+      (void)stream->Finish();
+      return absl::OkStatus();
+    }
+    heartbeat_ms_ =
+        std::max<int64_t>(50, reply.registered().heartbeat_interval_ms());
+    outbox_.Rewind();
+    stream_ = stream.get();
+  }
+  for (const auto& c : reply.registered().cancel()) {
+    v1::SchedulerMessage m;
+    v1::CancelJob* cancel = m.mutable_cancel();
+    JobRef::Of(c).To(cancel);
+    cancel->set_grace_ms(5000);
+    cancel->set_reason("the scheduler no longer runs this job here");
+    handler_->OnSchedulerMessage(m);
+  }
+  v1::SchedulerMessage message;
+  while (stream->Read(&message)) {
+    switch (message.msg_case()) {
+      case v1::SchedulerMessage::kDiaryAck: {
+        absl::MutexLock lock(&mu_);
+        outbox_.AckDiary(JobRef::Of(message.diary_ack()),
+                         message.diary_ack().seq());
+        break;
+      }
+      case v1::SchedulerMessage::kEndedAck: {
+        bool held;
+        {
+          absl::MutexLock lock(&mu_);
+          held = outbox_.AckEnded(JobRef::Of(message.ended_ack()));
+        }
+        if (held) handler_->OnSchedulerMessage(message);
+        break;
+      }
+      default:
+        handler_->OnSchedulerMessage(message);
+    }
+  }
+  Detach(stream.get());
+  absl::Status result = stream->Finish();
+  // A registered session that broke is a transient failure whatever its
+  // code; reconnect at once.
+  spdlog::warn("the stream to {} broke: {}", options_.scheduler,
+               result.ok() ? "closed by the scheduler" : result.ToString());
+  return absl::OkStatus();
+}
+
+void SchedulerLink::Detach(LinkStream* stream) {
+  stream->Cancel();  // unblocks a write in progress
+  absl::MutexLock lock(&mu_);
+  stream_ = nullptr;
+  auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !writing_; };
+  mu_.Await(absl::Condition(&idle));
+}
+
+void SchedulerLink::SendLoop() {
+  int64_t last_write_ms = 0;
+  for (;;) {
+    std::vector<v1::WorkerMessage> out;
+    LinkStream* stream;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stopping_ || (stream_ != nullptr && outbox_.HasDue());
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready),
+                           absl::Milliseconds(heartbeat_ms_));
+      if (stopping_) return;
+      if (stream_ == nullptr) continue;
+      out = outbox_.TakeDue();
+      const int64_t now = clock_->MonotonicMs();
+      if (out.empty()) {
+        if (now - last_write_ms < heartbeat_ms_) continue;
+        v1::WorkerMessage beat;
+        beat.mutable_heartbeat()->set_time_ms(clock_->NowMs());
+        out.push_back(std::move(beat));
+      }
+      last_write_ms = now;
+      stream = stream_;
+      writing_ = true;
+    }
+    // Written without the lock; Detach() waits for this to finish. A failed
+    // write ends the session, and the next one sends everything again.
+    for (const auto& m : out) {
+      if (!stream->Write(m)) break;
+    }
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+  }
+}
+
+}  // namespace dlbatch::worker
