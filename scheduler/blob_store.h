@@ -64,6 +64,11 @@ class BlobStore {
       : dir_(std::move(dir)), min_free_bytes_(min_free_bytes) {}
   std::string dir_;
   int64_t min_free_bytes_;
+
+ public:
+  // Deletes a stored blob (a purge found no job holding it); returns the
+  // bytes freed, 0 if it was not stored.
+  absl::StatusOr<int64_t> Remove(const std::string& sha256) const;
 };
 
 }  // namespace dlbatch::scheduler

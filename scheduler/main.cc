@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -35,7 +38,13 @@ struct Flags {
   bool sync_full = false;
   int64_t min_free_mb = 64;
   std::string ready_file;
+  std::string max_diary_bytes = "64MiB";
+  std::string max_output_bytes = "0";
+  std::string keep_ended = "30d";
+  std::string restart_grace;
 };
+
+constexpr int64_t kDiskReserveBytes = int64_t{2} << 20;
 
 int Fail(const std::string& message) {
   std::cerr << "dlbatch-scheduler: " << message << "\n";
@@ -52,6 +61,48 @@ absl::StatusOr<int64_t> DurationMs(const std::string& text, const char* flag) {
   auto s = ParseDurationSeconds(text);
   if (!s.ok()) return Annotate(s.status(), flag);
   return *s * 1000;
+}
+
+// "1048576", "64MiB", "2G" (powers of 1024; a trailing B or iB is
+// optional).
+absl::StatusOr<int64_t> ParseBytes(const std::string& text, const char* flag) {
+  std::string digits = text;
+  int64_t unit = 1;
+  for (const char* suffix : {"iB", "B"}) {
+    if (absl::EndsWith(digits, suffix) && digits.size() > strlen(suffix)) {
+      digits.resize(digits.size() - strlen(suffix));
+      break;
+    }
+  }
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'K':
+      case 'k':
+        unit = int64_t{1} << 10;
+        break;
+      case 'M':
+      case 'm':
+        unit = int64_t{1} << 20;
+        break;
+      case 'G':
+      case 'g':
+        unit = int64_t{1} << 30;
+        break;
+      case 'T':
+      case 't':
+        unit = int64_t{1} << 40;
+        break;
+      default:
+        break;
+    }
+    if (unit > 1) digits.pop_back();
+  }
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(digits, &n) || n < 0 || n > INT64_MAX / unit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " ", text, ": write a size in bytes, e.g. 1048576, 64MiB or 2G"));
+  }
+  return n * unit;
 }
 
 int Run(const Flags& flags) {
@@ -83,6 +134,28 @@ int Run(const Flags& flags) {
   options.heartbeat_timeout_ms = *timeout;
   options.cancel_grace_ms = *grace;
   options.max_attempts = flags.max_attempts;
+  auto diary_cap = ParseBytes(flags.max_diary_bytes, "--max-diary-bytes");
+  auto output_cap = ParseBytes(flags.max_output_bytes, "--max-output-bytes");
+  for (const auto* b : {&diary_cap, &output_cap}) {
+    if (!b->ok()) return Fail(std::string(b->status().message()));
+  }
+  options.max_diary_bytes = *diary_cap;
+  options.max_output_bytes = *output_cap;
+  if (flags.keep_ended == "0" || flags.keep_ended == "never") {
+    options.keep_ended_ms = 0;
+  } else {
+    auto keep = DurationMs(flags.keep_ended, "--keep-ended");
+    if (!keep.ok()) return Fail(std::string(keep.status().message()));
+    options.keep_ended_ms = *keep;
+    // Looked at often enough that a job outlives its time by at most a
+    // tenth of it (and at most a minute).
+    options.retention_interval_ms = std::clamp<int64_t>(*keep / 10, 200, 60000);
+  }
+  if (!flags.restart_grace.empty()) {
+    auto grace = DurationMs(flags.restart_grace, "--restart-grace");
+    if (!grace.ok()) return Fail(std::string(grace.status().message()));
+    options.restart_grace_ms = *grace;
+  }
   for (const std::string& p : flags.profiles) {
     std::pair<std::string, std::string> kv =
         absl::StrSplit(p, absl::MaxSplits('=', 1));
@@ -109,8 +182,11 @@ int Run(const Flags& flags) {
       BlobStore::Open(flags.state_dir + "/blobs", flags.min_free_mb << 20);
   if (!blobs.ok()) return Fail(std::string(blobs.status().message()));
 
+  // The reserve: room for the scheduler's own state changes once the disk
+  // is full (see disk_guard.h).
+  DiskGuard disk(flags.state_dir, kDiskReserveBytes);
   Scheduler scheduler(store->get(), &reader, blobs->get(), SystemClock::Get(),
-                      options);
+                      options, &disk);
   if (auto s = scheduler.Start(); !s.ok())
     return Fail(std::string(s.message()));
 
@@ -213,6 +289,21 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ready-file", flags.ready_file,
                  "Write the listening address here once serving");
+  app.add_option("--max-diary-bytes", flags.max_diary_bytes,
+                 "A job's diary keeps at most this much (its first and last "
+                 "lines, and how much was dropped between); 0: no cap")
+      ->capture_default_str();
+  app.add_option("--max-output-bytes", flags.max_output_bytes,
+                 "A job's outputs may hold at most this much in all (e.g. "
+                 "10GiB); 0: no limit")
+      ->capture_default_str();
+  app.add_option("--keep-ended", flags.keep_ended,
+                 "Jobs ended longer ago than this are deleted with their "
+                 "diary and outputs (e.g. 30d, 12h); 0: kept forever")
+      ->capture_default_str();
+  app.add_option("--restart-grace", flags.restart_grace,
+                 "After a start, workers known from before are lost only "
+                 "after this long (default: twice --heartbeat-timeout)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
   return dlbatch::scheduler::Run(flags);
