@@ -59,6 +59,7 @@ class Cluster {
   void StartScheduler(std::vector<std::string> extra = {},
                       const std::string& listen = "");
   void KillScheduler(int sig);
+  pid_t scheduler_pid() const { return scheduler_.pid; }
   // Starts a worker with `slots` CPU slots; returns its index. `slots` 0:
   // without --cpu-slots, so the worker offers the GPUs it finds (else one
   // slot per core).
