@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,7 +22,9 @@
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "grpcpp/resource_quota.h"
 #include "scheduler/service.h"
+#include "scheduler/tcp_acceptor.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -105,12 +108,53 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text, const char* flag) {
   return n * unit;
 }
 
+// The state folder 0700, its database files 0600.
+absl::Status NarrowModes(const std::string& dir) {
+  if (::chmod(dir.c_str(), 0700) != 0) {
+    return ErrnoStatus(errno, "chmod 0700 (the state folder must be private)",
+                       dir);
+  }
+  for (const char* name : {"/dlbatch.db", "/dlbatch.db-wal", "/dlbatch.db-shm",
+                           "/token", "/scheduler.lock", "/scheduler.pid"}) {
+    std::string path = dir + name;
+    if (::chmod(path.c_str(), 0600) != 0 && errno != ENOENT) {
+      return ErrnoStatus(errno, "chmod 0600", path);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Each connection takes a descriptor: the soft limit (often 1024) would let
+// a burst of idle connections exhaust it, so it goes up to the hard limit.
+void RaiseOpenFileLimit() {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlim_t before = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      spdlog::info("open-file limit raised from {} to {}", before,
+                   limit.rlim_cur);
+    }
+  }
+}
+
 int Run(const Flags& flags) {
   auto endpoint = ParseEndpoint(flags.listen);
   if (!endpoint.ok()) return Fail(std::string(endpoint.status().message()));
+  // Everything the scheduler creates is its own alone (the database holds
+  // jobs' env: values), whatever umask it was started under; so the Unix
+  // socket too is never wider than its final mode, not even while bound.
+  ::umask(077);
   if (auto s = MakeDirs(flags.state_dir, 0700); !s.ok()) {
     return Fail(std::string(s.message()));
   }
+  // A folder made earlier (or by someone else) may be wider: narrowed, with
+  // the database files an older scheduler left readable.
+  if (auto s = NarrowModes(flags.state_dir); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  RaiseOpenFileLimit();
   // One scheduler per state folder.
   std::string lock_path = flags.state_dir + "/scheduler.lock";
   int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -195,15 +239,42 @@ int Run(const Flags& flags) {
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
+  // Connections cost a descriptor and memory before any token is checked:
+  // one that has not finished its HTTP/2 handshake within 10 s is closed,
+  // one without a call for 5 minutes is closed (the CLI reconnects; worker
+  // and watch streams always have a call), and silent peers are found by
+  // keepalive pings.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 5 * 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
+  // Memory for all connections together is bounded.
+  grpc::ResourceQuota quota("dlbatch-scheduler");
+  quota.Resize(int64_t{1} << 30);
+  builder.SetResourceQuota(quota);
   if (endpoint->is_unix) ::unlink(endpoint->path.c_str());
-  int bound_port = 0;
-  builder.AddListeningPort(endpoint->GrpcTarget(),
-                           grpc::InsecureServerCredentials(),
-                           endpoint->is_unix ? nullptr : &bound_port);
+  // TCP connections come through the scheduler's own acceptor (see
+  // tcp_acceptor.h); a Unix socket through gRPC's listener.
+  std::unique_ptr<TcpAcceptor> acceptor;
+  if (endpoint->is_unix) {
+    builder.AddListeningPort(endpoint->GrpcTarget(),
+                             grpc::InsecureServerCredentials());
+  } else {
+    auto listening = TcpAcceptor::Listen(endpoint->host, endpoint->port);
+    if (!listening.ok()) {
+      return Fail(absl::StrCat(
+          listening.status().message(),
+          " (in use, or not an address of this machine); choose another "
+          "with --listen"));
+    }
+    acceptor = std::move(*listening);
+  }
   builder.RegisterService(&service);
   builder.RegisterService(&link);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || (!endpoint->is_unix && bound_port == 0)) {
+  if (!server) {
     return Fail(absl::StrCat(
         "cannot listen on ", flags.listen,
         " (in use, or not an address of this machine); choose another "
@@ -213,7 +284,11 @@ int Run(const Flags& flags) {
   if (endpoint->is_unix) {
     ::chmod(endpoint->path.c_str(), 0600);
   } else {
-    address = absl::StrCat(endpoint->host, ":", bound_port);
+    acceptor->Start(server.get());
+    address = absl::StrCat(endpoint->host.find(':') != std::string::npos
+                               ? absl::StrCat("[", endpoint->host, "]")
+                               : endpoint->host,
+                           ":", acceptor->port());
   }
   spdlog::info("listening on {} (state in {})", address, flags.state_dir);
   if (!flags.ready_file.empty())
@@ -235,6 +310,7 @@ int Run(const Flags& flags) {
                      std::chrono::seconds(2));
   }).detach();
   server->Wait();
+  if (acceptor) acceptor->Stop();
   scheduler.Stop();
   return 0;
 }

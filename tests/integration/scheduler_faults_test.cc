@@ -2,13 +2,17 @@
 // bytes, a kill -9 and slow reconnect with running jobs, a full disk, the
 // diary cap, purges and retention under churn.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -299,6 +303,72 @@ TEST(SchedulerFaults, FullDiskKeepsTheSchedulerUpAndItRecovers) {
       15000));
   EXPECT_TRUE(c.WaitState(after, "JOB_STATE_FINISHED")) << c.State(after);
   EXPECT_TRUE(Alive(pid));
+}
+
+TEST(SchedulerFaults, ListenerKeepsAcceptingAfterAnIdleConnectionFlood) {
+  Cluster c;
+  c.StartScheduler({}, "127.0.0.1:0");
+  const pid_t pid = c.scheduler_pid();
+  // Fewer descriptors than the flood has connections: accept hits EMFILE.
+  struct rlimit low = {256, 256};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &low, nullptr), 0) << strerror(errno);
+  const int port = std::stoi(c.address().substr(c.address().rfind(':') + 1));
+  struct sockaddr_in addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> idle;
+  for (int i = 0; i < 1500; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    // Plain connects that never speak: no token, no HTTP/2.
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      continue;
+    }
+    idle.push_back(fd);
+  }
+  EXPECT_GT(idle.size(), 256u);
+  Sleep(1500);
+  for (int fd : idle) close(fd);
+  const auto start = std::chrono::steady_clock::now();
+  Result last;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        last = c.Cli({"--token-file", c.scheduler_state() + "/token", "jobs"},
+                     {}, 3000);
+        return last.code == 0;
+      },
+      10000))
+      << last.err << ReadAll(c.dir() + "/scheduler.log");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_TRUE(Alive(pid));
+}
+
+TEST(SchedulerFaults, StateFolderIsPrivateWhateverTheUmask) {
+  Cluster c;
+  const std::string state = c.scheduler_state();
+  ASSERT_EQ(mkdir(state.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(state.c_str(), 0755), 0);
+  const mode_t old = umask(0);  // inherited by the scheduler
+  c.StartScheduler();
+  umask(old);
+  c.StartWorker("w1", 1);
+  ASSERT_TRUE(c.WaitWorkers(1));
+  int64_t id = c.Submit(c.JobFile("env.yaml", "command: [echo, hi]\n"));
+  ASSERT_TRUE(c.WaitState(id, "JOB_STATE_FINISHED"));
+  auto mode = [](const std::string& path) -> int {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) return -1;
+    return st.st_mode & 07777;
+  };
+  EXPECT_EQ(mode(state), 0700);
+  EXPECT_EQ(mode(state + "/dlbatch.db"), 0600);
+  EXPECT_EQ(mode(state + "/dlbatch.db-wal"), 0600);
+  EXPECT_EQ(mode(state + "/dlbatch.db-shm"), 0600);
+  std::string socket = c.address().substr(c.address().find(':') + 1);
+  EXPECT_EQ(mode(socket) & 0077, 0) << socket;
 }
 
 }  // namespace
