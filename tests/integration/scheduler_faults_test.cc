@@ -289,6 +289,19 @@ TEST(SchedulerFaults, FullDiskKeepsTheSchedulerUpAndItRecovers) {
   EXPECT_NE(refused.err.find("disk is full"), std::string::npos) << refused.err;
   EXPECT_NE(refused.err.find(state), std::string::npos) << refused.err;
 
+  // A scheduler started on the full disk serves too (it used to abort in a
+  // loop).
+  c.KillScheduler(SIGKILL);
+  c.StartScheduler();
+  const pid_t restarted = c.scheduler_pid();
+  Sleep(1000);
+  EXPECT_TRUE(Alive(restarted)) << ReadAll(c.dir() + "/scheduler.log");
+  EXPECT_EQ(c.Cli({"jobs"}).code, 0);
+  EXPECT_EQ(c.State(big), "JOB_STATE_FAILED");
+  refused = c.Cli({"submit", c.JobFile("y.yaml", "command: [true]\n")});
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.err.find("disk is full"), std::string::npos) << refused.err;
+
   // Space returns: new work runs again, by itself.
   ASSERT_EQ(unlink((state + "/filler").c_str()), 0);
   int64_t after = -1;
@@ -302,7 +315,7 @@ TEST(SchedulerFaults, FullDiskKeepsTheSchedulerUpAndItRecovers) {
       },
       15000));
   EXPECT_TRUE(c.WaitState(after, "JOB_STATE_FINISHED")) << c.State(after);
-  EXPECT_TRUE(Alive(pid));
+  EXPECT_TRUE(Alive(restarted));
 }
 
 TEST(SchedulerFaults, ListenerKeepsAcceptingAfterAnIdleConnectionFlood) {
