@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "client/commands.h"
+#include "client/commands_admin.h"
 #include "client/connection.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
@@ -284,6 +285,7 @@ int main(int argc, char** argv) {
         std::cout << local->Status();
       });
 
+  AddAdminCommands(app, &flags, &rc);
   CLI11_PARSE(app, argc, argv);
   return rc;
 }

@@ -211,4 +211,19 @@ absl::Status BlobStore::Writer::Commit() {
   return FsyncDir(shard);
 }
 
+absl::StatusOr<int64_t> BlobStore::Remove(const std::string& sha256) const {
+  if (!IsSha256Hex(sha256)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", sha256, "' is not a sha256"));
+  }
+  const std::string path = PathFor(sha256);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  if (::unlink(path.c_str()) != 0) {
+    if (errno == ENOENT) return 0;
+    return ErrnoStatus(errno, "delete", path);
+  }
+  return static_cast<int64_t>(st.st_size);
+}
+
 }  // namespace dlbatch::scheduler

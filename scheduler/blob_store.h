@@ -100,6 +100,11 @@ class BlobStore {
   const FreeSpaceFn free_space_;
   mutable absl::Mutex mu_;
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+
+ public:
+  // Deletes a stored blob (a purge found no job holding it); returns the
+  // bytes freed, 0 if it was not stored.
+  absl::StatusOr<int64_t> Remove(const std::string& sha256) const;
 };
 
 }  // namespace dlbatch::scheduler

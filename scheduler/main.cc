@@ -2,14 +2,18 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -18,7 +22,9 @@
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "grpcpp/resource_quota.h"
 #include "scheduler/service.h"
+#include "scheduler/tcp_acceptor.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -35,7 +41,13 @@ struct Flags {
   bool sync_full = false;
   int64_t min_free_mb = 64;
   std::string ready_file;
+  std::string max_diary_bytes = "64MiB";
+  std::string max_output_bytes = "0";
+  std::string keep_ended = "30d";
+  std::string restart_grace;
 };
+
+constexpr int64_t kDiskReserveBytes = int64_t{2} << 20;
 
 int Fail(const std::string& message) {
   std::cerr << "dlbatch-scheduler: " << message << "\n";
@@ -54,12 +66,95 @@ absl::StatusOr<int64_t> DurationMs(const std::string& text, const char* flag) {
   return *s * 1000;
 }
 
+// "1048576", "64MiB", "2G" (powers of 1024; a trailing B or iB is
+// optional).
+absl::StatusOr<int64_t> ParseBytes(const std::string& text, const char* flag) {
+  std::string digits = text;
+  int64_t unit = 1;
+  for (const char* suffix : {"iB", "B"}) {
+    if (absl::EndsWith(digits, suffix) && digits.size() > strlen(suffix)) {
+      digits.resize(digits.size() - strlen(suffix));
+      break;
+    }
+  }
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'K':
+      case 'k':
+        unit = int64_t{1} << 10;
+        break;
+      case 'M':
+      case 'm':
+        unit = int64_t{1} << 20;
+        break;
+      case 'G':
+      case 'g':
+        unit = int64_t{1} << 30;
+        break;
+      case 'T':
+      case 't':
+        unit = int64_t{1} << 40;
+        break;
+      default:
+        break;
+    }
+    if (unit > 1) digits.pop_back();
+  }
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(digits, &n) || n < 0 || n > INT64_MAX / unit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " ", text, ": write a size in bytes, e.g. 1048576, 64MiB or 2G"));
+  }
+  return n * unit;
+}
+
+// The state folder 0700, its database files 0600.
+absl::Status NarrowModes(const std::string& dir) {
+  if (::chmod(dir.c_str(), 0700) != 0) {
+    return ErrnoStatus(errno, "chmod 0700 (the state folder must be private)",
+                       dir);
+  }
+  for (const char* name : {"/dlbatch.db", "/dlbatch.db-wal", "/dlbatch.db-shm",
+                           "/token", "/scheduler.lock", "/scheduler.pid"}) {
+    std::string path = dir + name;
+    if (::chmod(path.c_str(), 0600) != 0 && errno != ENOENT) {
+      return ErrnoStatus(errno, "chmod 0600", path);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Each connection takes a descriptor: the soft limit (often 1024) would let
+// a burst of idle connections exhaust it, so it goes up to the hard limit.
+void RaiseOpenFileLimit() {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlim_t before = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      spdlog::info("open-file limit raised from {} to {}", before,
+                   limit.rlim_cur);
+    }
+  }
+}
+
 int Run(const Flags& flags) {
   auto endpoint = ParseEndpoint(flags.listen);
   if (!endpoint.ok()) return Fail(std::string(endpoint.status().message()));
+  // Everything the scheduler creates is its own alone (the database holds
+  // jobs' env: values), whatever umask it was started under; so the Unix
+  // socket too is never wider than its final mode, not even while bound.
+  ::umask(077);
   if (auto s = MakeDirs(flags.state_dir, 0700); !s.ok()) {
     return Fail(std::string(s.message()));
   }
+  // A folder made earlier (or by someone else) may be wider: narrowed, with
+  // the database files an older scheduler left readable.
+  if (auto s = NarrowModes(flags.state_dir); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  RaiseOpenFileLimit();
   // One scheduler per state folder.
   std::string lock_path = flags.state_dir + "/scheduler.lock";
   int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -83,6 +178,28 @@ int Run(const Flags& flags) {
   options.heartbeat_timeout_ms = *timeout;
   options.cancel_grace_ms = *grace;
   options.max_attempts = flags.max_attempts;
+  auto diary_cap = ParseBytes(flags.max_diary_bytes, "--max-diary-bytes");
+  auto output_cap = ParseBytes(flags.max_output_bytes, "--max-output-bytes");
+  for (const auto* b : {&diary_cap, &output_cap}) {
+    if (!b->ok()) return Fail(std::string(b->status().message()));
+  }
+  options.max_diary_bytes = *diary_cap;
+  options.max_output_bytes = *output_cap;
+  if (flags.keep_ended == "0" || flags.keep_ended == "never") {
+    options.keep_ended_ms = 0;
+  } else {
+    auto keep = DurationMs(flags.keep_ended, "--keep-ended");
+    if (!keep.ok()) return Fail(std::string(keep.status().message()));
+    options.keep_ended_ms = *keep;
+    // Looked at often enough that a job outlives its time by at most a
+    // tenth of it (and at most a minute).
+    options.retention_interval_ms = std::clamp<int64_t>(*keep / 10, 200, 60000);
+  }
+  if (!flags.restart_grace.empty()) {
+    auto grace = DurationMs(flags.restart_grace, "--restart-grace");
+    if (!grace.ok()) return Fail(std::string(grace.status().message()));
+    options.restart_grace_ms = *grace;
+  }
   for (const std::string& p : flags.profiles) {
     std::pair<std::string, std::string> kv =
         absl::StrSplit(p, absl::MaxSplits('=', 1));
@@ -109,8 +226,11 @@ int Run(const Flags& flags) {
       BlobStore::Open(flags.state_dir + "/blobs", flags.min_free_mb << 20);
   if (!blobs.ok()) return Fail(std::string(blobs.status().message()));
 
+  // The reserve: room for the scheduler's own state changes once the disk
+  // is full (see disk_guard.h).
+  DiskGuard disk(flags.state_dir, kDiskReserveBytes);
   Scheduler scheduler(store->get(), &reader, blobs->get(), SystemClock::Get(),
-                      options);
+                      options, &disk);
   if (auto s = scheduler.Start(); !s.ok())
     return Fail(std::string(s.message()));
 
@@ -119,15 +239,42 @@ int Run(const Flags& flags) {
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
+  // Connections cost a descriptor and memory before any token is checked:
+  // one that has not finished its HTTP/2 handshake within 10 s is closed,
+  // one without a call for 5 minutes is closed (the CLI reconnects; worker
+  // and watch streams always have a call), and silent peers are found by
+  // keepalive pings.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 5 * 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
+  // Memory for all connections together is bounded.
+  grpc::ResourceQuota quota("dlbatch-scheduler");
+  quota.Resize(int64_t{1} << 30);
+  builder.SetResourceQuota(quota);
   if (endpoint->is_unix) ::unlink(endpoint->path.c_str());
-  int bound_port = 0;
-  builder.AddListeningPort(endpoint->GrpcTarget(),
-                           grpc::InsecureServerCredentials(),
-                           endpoint->is_unix ? nullptr : &bound_port);
+  // TCP connections come through the scheduler's own acceptor (see
+  // tcp_acceptor.h); a Unix socket through gRPC's listener.
+  std::unique_ptr<TcpAcceptor> acceptor;
+  if (endpoint->is_unix) {
+    builder.AddListeningPort(endpoint->GrpcTarget(),
+                             grpc::InsecureServerCredentials());
+  } else {
+    auto listening = TcpAcceptor::Listen(endpoint->host, endpoint->port);
+    if (!listening.ok()) {
+      return Fail(absl::StrCat(
+          listening.status().message(),
+          " (in use, or not an address of this machine); choose another "
+          "with --listen"));
+    }
+    acceptor = std::move(*listening);
+  }
   builder.RegisterService(&service);
   builder.RegisterService(&link);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || (!endpoint->is_unix && bound_port == 0)) {
+  if (!server) {
     return Fail(absl::StrCat(
         "cannot listen on ", flags.listen,
         " (in use, or not an address of this machine); choose another "
@@ -137,7 +284,11 @@ int Run(const Flags& flags) {
   if (endpoint->is_unix) {
     ::chmod(endpoint->path.c_str(), 0600);
   } else {
-    address = absl::StrCat(endpoint->host, ":", bound_port);
+    acceptor->Start(server.get());
+    address = absl::StrCat(endpoint->host.find(':') != std::string::npos
+                               ? absl::StrCat("[", endpoint->host, "]")
+                               : endpoint->host,
+                           ":", acceptor->port());
   }
   spdlog::info("listening on {} (state in {})", address, flags.state_dir);
   if (!flags.ready_file.empty())
@@ -159,6 +310,7 @@ int Run(const Flags& flags) {
                      std::chrono::seconds(2));
   }).detach();
   server->Wait();
+  if (acceptor) acceptor->Stop();
   scheduler.Stop();
   return 0;
 }
@@ -213,6 +365,21 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ready-file", flags.ready_file,
                  "Write the listening address here once serving");
+  app.add_option("--max-diary-bytes", flags.max_diary_bytes,
+                 "A job's diary keeps at most this much (its first and last "
+                 "lines, and how much was dropped between); 0: no cap")
+      ->capture_default_str();
+  app.add_option("--max-output-bytes", flags.max_output_bytes,
+                 "A job's outputs may hold at most this much in all (e.g. "
+                 "10GiB); 0: no limit")
+      ->capture_default_str();
+  app.add_option("--keep-ended", flags.keep_ended,
+                 "Jobs ended longer ago than this are deleted with their "
+                 "diary and outputs (e.g. 30d, 12h); 0: kept forever")
+      ->capture_default_str();
+  app.add_option("--restart-grace", flags.restart_grace,
+                 "After a start, workers known from before are lost only "
+                 "after this long (default: twice --heartbeat-timeout)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
   return dlbatch::scheduler::Run(flags);

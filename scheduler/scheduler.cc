@@ -55,13 +55,18 @@ int64_t ReadRssBytes() {
 }  // namespace
 
 Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
-                     const Clock* clock, SchedulerOptions options)
+                     const Clock* clock, SchedulerOptions options,
+                     DiskGuard* disk)
     : store_(store),
       reader_(reader),
       blobs_(blobs),
       clock_(clock),
       options_(std::move(options)),
+      own_disk_(disk ? nullptr
+                     : std::make_unique<DiskGuard>("", /*reserve_bytes=*/0)),
+      disk_(disk ? disk : own_disk_.get()),
       rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))),
+      core_(std::make_unique<PlacementCore>()),
       follow_(std::make_unique<DiaryFollowHub>(static_cast<FollowSource*>(this),
                                                clock)) {}
 
@@ -72,8 +77,10 @@ void Scheduler::Stop() {
     absl::MutexLock lock(&queue_mu_);
     stopping_ = true;
     queue_cv_.SignalAll();
+    stop_cv_.SignalAll();
   }
   if (loop_.joinable()) loop_.join();
+  if (retention_.joinable()) retention_.join();
 }
 
 QueuedJob Scheduler::ToQueued(const JobRecord& job) const {
@@ -102,17 +109,27 @@ void Scheduler::Deliver(Outbox& out) {
   out.clear();
 }
 
-// Fail-stop: memory already holds the change, so a store that cannot commit
-// it must not keep serving. The restart recovers from the last commit, and
-// workers resend whatever was not acknowledged.
-static void MustCommit(Transaction& txn, const char* what) {
-  absl::Status s = txn.Commit();
-  if (!s.ok()) {
-    spdlog::critical(
-        "cannot commit {}: {}; stopping so that a restart recovers", what,
-        s.ToString());
-    std::abort();
+absl::Status Scheduler::CheckWritable() const {
+  if (!broken_.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the scheduler cannot write its store (",
+                     broken_.message(), "); it retries by itself"));
   }
+  if (disk_->full()) return absl::ResourceExhaustedError(disk_->Reason());
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::InTransaction(
+    const std::function<absl::Status()>& body) {
+  absl::Status s;
+  {
+    Transaction txn(store_->db());
+    s = txn.status();
+    if (s.ok()) s = body();
+    if (s.ok()) s = txn.Commit();
+  }  // rolled back unless committed
+  if (!s.ok()) Recover(s);
+  return s;
 }
 
 absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
@@ -125,19 +142,20 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   // A sweep is one job per combination; a plain spec is one job.
   ASSIGN_OR_RETURN(std::vector<v1::JobSpec> specs, ExpandSweep(spec));
   const bool sweep = spec.sweep().axes_size() > 0;
-  for (const auto& a : spec.attach()) {
-    auto size = blobs_->Size(a.sha256());
-    if (!size.ok() || *size != a.size()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("attachment '", a.path(),
-                       "' was not uploaded to the scheduler; upload it "
-                       "first (the dlbatch CLI does this for you)"));
-    }
-  }
   v1::SubmitJobReply reply;
   Outbox out;
   {
     absl::MutexLock lock(&mu_);
+    // Under the lock: a purge deletes blobs under it too.
+    for (const auto& a : spec.attach()) {
+      auto size = blobs_->Size(a.sha256());
+      if (!size.ok() || *size != a.size()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("attachment '", a.path(),
+                         "' was not uploaded to the scheduler; upload it "
+                         "first (the dlbatch CLI does this for you)"));
+      }
+    }
     if (!request.request_id().empty()) {
       // A sweep's request id is stored on its first job.
       ASSIGN_OR_RETURN(auto existing,
@@ -157,6 +175,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
         return reply;
       }
     }
+    RETURN_IF_ERROR(CheckWritable());
     const int64_t now = clock_->NowMs();
     std::vector<JobRecord> records;
     records.reserve(specs.size());
@@ -167,36 +186,47 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       rec.spec = std::move(job_spec);
       rec.state = v1::JOB_STATE_QUEUED;
       rec.submit_ms = now;
-      RETURN_IF_ERROR(core_.CheckSatisfiable(ToQueued(rec)));
+      RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec)));
       RETURN_IF_ERROR(CheckDevicesFit(rec.spec));
       records.push_back(std::move(rec));
     }
     {
-      // Every job of a sweep, or none.
-      Transaction txn(store_->db());
-      RETURN_IF_ERROR(txn.status());
-      int64_t sweep_id = 0;
-      if (sweep) {
-        ASSIGN_OR_RETURN(sweep_id, store_->NextSweepId());
+      // Every job of a sweep, or none. Memory changes only after the
+      // commit, so a failure here needs no recovery.
+      absl::Status s = [&]() -> absl::Status {
+        Transaction txn(store_->db());
+        RETURN_IF_ERROR(txn.status());
+        int64_t sweep_id = 0;
+        if (sweep) {
+          ASSIGN_OR_RETURN(sweep_id, store_->NextSweepId());
+        }
+        for (JobRecord& rec : records) {
+          rec.sweep_id = sweep_id;
+          ASSIGN_OR_RETURN(rec.id, store_->InsertJob(rec));
+          RETURN_IF_ERROR(store_->AddEvent(rec.id, v1::JOB_STATE_QUEUED, 0,
+                                           rec.submit_ms, ""));
+        }
+        RETURN_IF_ERROR(txn.Commit());
+        reply.set_sweep_id(sweep_id);
+        return absl::OkStatus();
+      }();
+      if (s.code() == absl::StatusCode::kResourceExhausted) {
+        disk_->NoteFull(s);
+        return absl::ResourceExhaustedError(disk_->Reason());
       }
-      for (JobRecord& rec : records) {
-        rec.sweep_id = sweep_id;
-        ASSIGN_OR_RETURN(rec.id, store_->InsertJob(rec));
-        RETURN_IF_ERROR(store_->AddEvent(rec.id, v1::JOB_STATE_QUEUED, 0,
-                                         rec.submit_ms, ""));
-      }
-      RETURN_IF_ERROR(txn.Commit());
-      reply.set_sweep_id(sweep_id);
+      RETURN_IF_ERROR(s);
     }
     reply.set_job_id(records.front().id);
     for (JobRecord& rec : records) {
       const int64_t id = rec.id;
-      core_.Enqueue(ToQueued(rec));
+      core_->Enqueue(ToQueued(rec));
       reply.add_job_ids(id);
       jobs_[id].record = std::move(rec);
       Changed(id);
     }
-    RETURN_IF_ERROR(PlaceJobs(&out));
+    // The jobs are committed whatever placement does now; a placement that
+    // cannot be recorded recovers and is tried again.
+    (void)PlaceJobs(&out);
   }
   Deliver(out);
   return reply;
@@ -225,8 +255,9 @@ absl::Status Scheduler::CheckDevicesFit(const v1::JobSpec& spec) const {
 }
 
 absl::Status Scheduler::PlaceJobs(Outbox* out) {
+  if (!broken_.ok()) return broken_;
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<Decision> decisions = core_.Schedule(clock_->NowMs());
+  std::vector<Decision> decisions = core_->Schedule(clock_->NowMs());
   double ms = std::chrono::duration<double, std::milli>(
                   std::chrono::steady_clock::now() - t0)
                   .count();
@@ -234,69 +265,72 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
   last_pass_ms_ = ms;
   max_pass_ms_ = std::max(max_pass_ms_, ms);
   if (decisions.empty()) return absl::OkStatus();
-  Transaction txn(store_->db());
-  if (!txn.status().ok()) {
-    spdlog::critical("cannot record placement: {}", txn.status().ToString());
-    std::abort();
-  }
-  int64_t now = clock_->NowMs();
-  for (const Decision& d : decisions) {
-    ActiveJob& job = jobs_.at(d.job);
-    JobRecord& rec = job.record;
-    rec.state = v1::JOB_STATE_RUNNING;
-    rec.attempt += 1;
-    rec.start_ms = now;
-    rec.parts = d.parts;
-    job.part_ended.assign(d.parts.size(), false);
-    job.part_exit.assign(d.parts.size(), 0);
-    job.failure.clear();
-    (void)store_->UpdateJob(rec);
-    (void)store_->AddEvent(rec.id, rec.state, rec.attempt, now, "");
-    const bool train = rec.spec.has_train();
-    if (train) {
-      rendezvous_.Open(rec.id, rec.attempt);
-      if (job.checkpoint.files_size() > 0) {
-        Diary(rec.id, rec.attempt,
+  Outbox starts;
+  absl::Status s = InTransaction([&]() -> absl::Status {
+    int64_t now = clock_->NowMs();
+    for (const Decision& d : decisions) {
+      ActiveJob& job = jobs_.at(d.job);
+      JobRecord& rec = job.record;
+      rec.state = v1::JOB_STATE_RUNNING;
+      rec.attempt += 1;
+      rec.start_ms = now;
+      rec.parts = d.parts;
+      job.part_ended.assign(d.parts.size(), false);
+      job.part_exit.assign(d.parts.size(), 0);
+      job.failure.clear();
+      RETURN_IF_ERROR(store_->UpdateJob(rec));
+      RETURN_IF_ERROR(
+          store_->AddEvent(rec.id, rec.state, rec.attempt, now, ""));
+      const bool train = rec.spec.has_train();
+      if (train) {
+        rendezvous_.Open(rec.id, rec.attempt);
+        if (job.checkpoint.files_size() > 0) {
+          RETURN_IF_ERROR(Diary(
+              rec.id, rec.attempt,
               absl::StrCat("[dlbatch] attempt ", rec.attempt,
                            " resumes from the checkpoint stored at iteration ",
                            job.checkpoint.iteration(), " (by attempt ",
-                           job.checkpoint.attempt(), ")"));
+                           job.checkpoint.attempt(), ")")));
+        }
       }
-    }
-    int first_rank = 0;
-    for (size_t i = 0; i < d.parts.size(); ++i) {
-      const int part_first_rank = first_rank;
-      first_rank += static_cast<int>(d.parts[i].devices.size());
-      auto w = workers_.find(d.parts[i].worker);
-      if (w == workers_.end()) continue;
-      v1::SchedulerMessage msg;
-      auto* start = msg.mutable_start();
-      start->set_job_id(rec.id);
-      start->set_attempt(rec.attempt);
-      *start->mutable_spec() = rec.spec;
-      start->mutable_devices()->Add(d.parts[i].devices.begin(),
-                                    d.parts[i].devices.end());
-      start->set_pool(rec.spec.pool());
-      start->set_user(rec.user);
-      start->set_part(static_cast<int>(i));
-      start->set_parts(static_cast<int>(d.parts.size()));
-      start->set_first_rank(part_first_rank);
-      if (train) {
-        start->set_rendezvous_secret(
-            rendezvous_.SecretFor(rec.id, rec.attempt));
-        *start->mutable_checkpoint() = job.checkpoint.files();
-        start->set_checkpoint_iteration(job.checkpoint.iteration());
+      int first_rank = 0;
+      for (size_t i = 0; i < d.parts.size(); ++i) {
+        const int part_first_rank = first_rank;
+        first_rank += static_cast<int>(d.parts[i].devices.size());
+        auto w = workers_.find(d.parts[i].worker);
+        if (w == workers_.end()) continue;
+        v1::SchedulerMessage msg;
+        auto* start = msg.mutable_start();
+        start->set_job_id(rec.id);
+        start->set_attempt(rec.attempt);
+        *start->mutable_spec() = rec.spec;
+        start->mutable_devices()->Add(d.parts[i].devices.begin(),
+                                      d.parts[i].devices.end());
+        start->set_pool(rec.spec.pool());
+        start->set_user(rec.user);
+        start->set_part(static_cast<int>(i));
+        start->set_parts(static_cast<int>(d.parts.size()));
+        start->set_first_rank(part_first_rank);
+        start->set_max_output_bytes(options_.max_output_bytes);
+        if (train) {
+          start->set_rendezvous_secret(
+              rendezvous_.SecretFor(rec.id, rec.attempt));
+          *start->mutable_checkpoint() = job.checkpoint.files();
+          start->set_checkpoint_iteration(job.checkpoint.iteration());
+        }
+        starts.emplace_back(w->second.session, std::move(msg));
       }
-      out->emplace_back(w->second.session, std::move(msg));
+      Changed(rec.id);
     }
-    Changed(rec.id);
-  }
-  MustCommit(txn, "placement");
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;  // recovered; nothing of it is sent
+  for (auto& start : starts) out->push_back(std::move(start));
   return absl::OkStatus();
 }
 
 std::string Scheduler::WaitReason(const ActiveJob& job) const {
-  auto info = core_.Explain(job.record.id);
+  auto info = core_->Explain(job.record.id);
   if (!info) return "";
   const std::string& profile = job.record.spec.profile();
   std::string reason =
@@ -393,42 +427,44 @@ absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(
   Outbox out;
   {
     absl::MutexLock lock(&mu_);
-    Transaction txn(store_->db());
-    RETURN_IF_ERROR(txn.status());
-    for (int64_t id : request.job_ids()) {
-      auto* result = reply.add_results();
-      result->set_job_id(id);
-      auto it = jobs_.find(id);
-      if (it == jobs_.end()) {
-        ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
-        if (!rec) {
-          result->set_error(absl::StrCat("no job ", id));
-        } else {
-          result->set_state(rec->state);
-          result->set_error(absl::StrCat("job ", id, " has already ",
-                                         JobStateName(rec->state)));
+    if (!broken_.ok()) RETURN_IF_ERROR(CheckWritable());
+    // A cancel writes little and frees space later: taken on a full disk.
+    RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+      for (int64_t id : request.job_ids()) {
+        auto* result = reply.add_results();
+        result->set_job_id(id);
+        auto it = jobs_.find(id);
+        if (it == jobs_.end()) {
+          ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
+          if (!rec) {
+            result->set_error(absl::StrCat("no job ", id));
+          } else {
+            result->set_state(rec->state);
+            result->set_error(absl::StrCat("job ", id, " has already ",
+                                           JobStateName(rec->state)));
+          }
+          continue;
         }
-        continue;
+        ActiveJob& job = it->second;
+        std::string why = "cancelled by request";
+        if (job.record.state == v1::JOB_STATE_QUEUED) {
+          core_->Dequeue(id);
+          result->set_state(v1::JOB_STATE_CANCELLED);
+          RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_CANCELLED, 0, why));
+          jobs_.erase(it);
+          continue;
+        }
+        result->set_state(v1::JOB_STATE_CANCELLING);
+        if (!job.cancel_requested) {
+          job.cancel_requested = true;
+          job.cancel_reason = why;
+          RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_CANCELLING, why));
+          CancelParts(job, why, -1, &out);
+        }
       }
-      ActiveJob& job = it->second;
-      std::string why = "cancelled by request";
-      if (job.record.state == v1::JOB_STATE_QUEUED) {
-        core_.Dequeue(id);
-        result->set_state(v1::JOB_STATE_CANCELLED);
-        RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_CANCELLED, 0, why));
-        jobs_.erase(it);
-        continue;
-      }
-      result->set_state(v1::JOB_STATE_CANCELLING);
-      if (!job.cancel_requested) {
-        job.cancel_requested = true;
-        job.cancel_reason = why;
-        RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_CANCELLING, why));
-        CancelParts(job, why, -1, &out);
-      }
-    }
-    MustCommit(txn, "cancel");
-    RETURN_IF_ERROR(PlaceJobs(&out));
+      return absl::OkStatus();
+    }));
+    (void)PlaceJobs(&out);
   }
   Deliver(out);
   return reply;
@@ -497,7 +533,7 @@ v1::ListWorkersReply Scheduler::ListWorkers() {
     info->set_online(w.session != nullptr);
     for (const auto& d : w.record.devices) *info->add_devices() = d;
     info->set_free_slots(
-        w.session ? static_cast<int>(core_.FreeDevices(id).size()) : 0);
+        w.session ? static_cast<int>(core_->FreeDevices(id).size()) : 0);
     auto& jobs = running[id];
     std::sort(jobs.begin(), jobs.end());
     info->mutable_running_jobs()->Add(jobs.begin(), jobs.end());
@@ -514,7 +550,7 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
     for (const auto& d : w.record.devices)
       kinds[w.record.profile].insert(d.kind());
   }
-  for (const ProfileSummary& p : core_.Profiles()) {
+  for (const ProfileSummary& p : core_->Profiles()) {
     auto* info = reply.add_profiles();
     info->set_name(p.name);
     info->set_workers(p.workers);
@@ -553,8 +589,8 @@ v1::Stats Scheduler::GetStats(bool reset_max) {
   v1::Stats stats;
   auto count = store_->CountJobs();
   stats.set_jobs(count.ok() ? *count : 0);
-  stats.set_queued(static_cast<int64_t>(core_.queued_count()));
-  stats.set_running(static_cast<int64_t>(core_.running_count()));
+  stats.set_queued(static_cast<int64_t>(core_->queued_count()));
+  stats.set_running(static_cast<int64_t>(core_->running_count()));
   stats.set_placement_passes(passes_);
   stats.set_last_pass_ms(last_pass_ms_);
   stats.set_max_pass_ms(max_pass_ms_);

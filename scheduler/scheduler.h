@@ -32,6 +32,7 @@
 #include "proto/job_state.h"
 #include "scheduler/blob_store.h"
 #include "scheduler/diary_follow.h"
+#include "scheduler/disk_guard.h"
 #include "scheduler/event_hub.h"
 #include "scheduler/placement.h"
 #include "scheduler/rendezvous.h"
@@ -42,9 +43,32 @@ namespace dlbatch::scheduler {
 struct SchedulerOptions {
   int64_t heartbeat_interval_ms = 1000;
   int64_t heartbeat_timeout_ms = 10000;
+  // Workers known from before a start (or an in-process recovery) are lost
+  // only this long after it, even if silent: they need time to reconnect.
+  // 0: twice heartbeat_timeout_ms.
+  int64_t restart_grace_ms = 0;
+  // A job's diary holds at most this many bytes of lines: past it the
+  // first half and the last half are kept, with a line saying how much was
+  // dropped between them. 0: no cap.
+  int64_t max_diary_bytes = int64_t{64} << 20;
+  // A job's outputs may hold at most this many bytes in all (0: no limit).
+  int64_t max_output_bytes = 0;
+  // Ended jobs older than this are purged by a background task (0: never),
+  // looking every retention_interval_ms.
+  int64_t keep_ended_ms = int64_t{30} * 24 * 3600 * 1000;
+  int64_t retention_interval_ms = 60000;
   int max_attempts = 3;             // starts of a job before it fails
   int64_t cancel_grace_ms = 10000;  // SIGTERM to SIGKILL
   std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
+};
+
+// A running job's diary against its cap: the stored cut, and (once cut)
+// the newest line stored per (attempt, part), so that a resend of a line
+// already trimmed away is not stored again.
+struct DiaryBudget {
+  bool loaded = false;
+  DiaryCut cut;
+  std::map<std::pair<int, int>, int64_t> last_seq;
 };
 
 // The scheduler's end of one worker stream. Implemented by the gRPC
@@ -58,9 +82,11 @@ class WorkerSession {
 
 class Scheduler : private FollowSource {
  public:
-  // Borrowed pointers must outlive the scheduler.
+  // Borrowed pointers must outlive the scheduler. disk: the state folder's
+  // space (null: one that notes only failed writes).
   Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
-            const Clock* clock, SchedulerOptions options);
+            const Clock* clock, SchedulerOptions options,
+            DiskGuard* disk = nullptr);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -93,6 +119,11 @@ class Scheduler : private FollowSource {
   v1::ListProfilesReply ListProfiles();
   absl::StatusOr<v1::ListOutputsReply> ListOutputs(int64_t job_id);
   v1::Stats GetStats(bool reset_max);
+  // Deletes ended jobs (the named ones, or every one ended before
+  // before_ms) with their diary, history, progress and the blobs no other
+  // job holds, a few hundred per transaction so placement never waits
+  // long. (scheduler_purge.cc)
+  absl::StatusOr<v1::PurgeJobsReply> Purge(const v1::PurgeJobsRequest& request);
 
   // ---- WatchEvents streams; any thread ----
   // Adds a stream: its queue holds the snapshot (running jobs, up to
@@ -123,12 +154,16 @@ class Scheduler : private FollowSource {
     std::string cancel_reason;
     v1::TrainProgress progress;       // train jobs: the latest report
     v1::CheckpointStored checkpoint;  // train jobs: the newest stored
+    DiaryBudget diary;                // loaded with the first line
+    int64_t disk_dropped_lines = 0;   // lines refused while the disk was full
+    int64_t disk_dropped_bytes = 0;
   };
   struct WorkerState {
     WorkerRecord record;
     std::shared_ptr<WorkerSession> session;  // null while offline
     bool lost = false;
     int64_t last_seen_mono = 0;
+    int64_t grace_until_mono = 0;  // not lost before (after a start)
   };
   using Outbox = std::vector<
       std::pair<std::shared_ptr<WorkerSession>, v1::SchedulerMessage>>;
@@ -150,8 +185,43 @@ class Scheduler : private FollowSource {
   void Loop();
   void ProcessBatch(std::deque<Event>& batch);
   void CheckLiveness();
-  // Aborts the process if the commit fails (see MustCommit in scheduler.cc).
-  static void MustCommitBatch(Transaction& txn);
+  // Background purge of jobs ended more than keep_ended_ms ago.
+  void RetentionLoop();
+
+  // Fills memory (jobs, workers, profiles, the placement core) from the
+  // store. REQUIRES: mu_ held, memory empty.
+  absl::Status Load(bool open_rendezvous) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A write failed after memory took the change: memory is ahead of the
+  // store. Instead of dying (a full disk would make that a crash loop), the
+  // scheduler does in-process what a restart does: drops every worker
+  // stream (workers reconnect and resend what was not acknowledged) and
+  // reloads memory from the last commit. No transaction may be open.
+  void Recover(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `body` in a transaction and commits it; if either fails, the
+  // transaction is rolled back, memory reloaded (Recover) and the failure
+  // returned. REQUIRES: no transaction open.
+  absl::Status InTransaction(const std::function<absl::Status()>& body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK unless writes that grow the store are refused now.
+  absl::Status CheckWritable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A note in the diary of a job that ends about what it lost (lines
+  // refused while the disk was full).
+  absl::Status NoteLosses(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One worker message inside the batch's transaction. A failure tied to
+  // the message is refused once (undone, acknowledged, its reason in the
+  // job's diary); only a failure of the store as a whole is returned.
+  absl::Status HandleEvent(Event& event, Outbox* out, Outbox* acks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status HandleDiary(const v1::DiaryBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores lines within the job's diary cap (scheduler_diary.cc).
+  absl::Status StoreCappedDiary(ActiveJob& job, const v1::DiaryBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadDiaryBudget(ActiveJob& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Purges up to `limit` of `ids` in one transaction; adds to `reply`.
+  absl::Status PurgeChunk(const std::vector<int64_t>& ids,
+                          v1::PurgeJobsReply* reply) ABSL_LOCKS_EXCLUDED(mu_);
 
   // All below REQUIRE mu_ held and, where they write, a transaction open.
 
@@ -165,19 +235,20 @@ class Scheduler : private FollowSource {
   void HandleMessage(const std::shared_ptr<WorkerSession>& session,
                      const v1::WorkerMessage& message, Outbox* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleRegister(const std::shared_ptr<WorkerSession>& session,
-                      const v1::Register& reg, Outbox* out)
+  absl::Status HandleRegister(const std::shared_ptr<WorkerSession>& session,
+                              const v1::Register& reg, Outbox* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleEnded(int64_t worker_id, const v1::JobEnded& ended, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status HandleEnded(int64_t worker_id, const v1::JobEnded& ended,
+                           Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job a worker's report is about if it is the attempt and part that
   // worker runs now; null for a stale report.
   ActiveJob* ReportedJob(int64_t worker_id, int64_t job_id, int attempt,
                          int part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleProgress(int64_t worker_id, const v1::JobProgress& progress)
+  absl::Status HandleProgress(int64_t worker_id,
+                              const v1::JobProgress& progress)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleCheckpoint(int64_t worker_id,
-                        const v1::CheckpointStored& checkpoint)
+  absl::Status HandleCheckpoint(int64_t worker_id,
+                                const v1::CheckpointStored& checkpoint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills a job's progress and checkpoint from memory or the store.
   void AddTrainState(v1::Job* job) ABSL_LOCKS_EXCLUDED(mu_);
@@ -186,8 +257,8 @@ class Scheduler : private FollowSource {
   // Requeues (or fails, past max_attempts) a job whose worker was lost.
   absl::Status RequeueLost(ActiveJob& job, const std::string& why, Outbox* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LoseWorker(WorkerState& worker, const std::string& why, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoseWorker(WorkerState& worker, const std::string& why,
+                          Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EndJob(ActiveJob& job, v1::JobState state, int exit_code,
                       const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -196,10 +267,11 @@ class Scheduler : private FollowSource {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelParts(const ActiveJob& job, const std::string& why, int skip_part,
                    Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs a placement pass and records its decisions (without committing).
+  // Runs a placement pass and commits its decisions in a transaction of its
+  // own (recovering if that fails). REQUIRES: no transaction open.
   absl::Status PlaceJobs(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a line of dlbatch's own to a job's diary.
-  void Diary(int64_t job_id, int attempt, const std::string& text)
+  absl::Status Diary(int64_t job_id, int attempt, const std::string& text)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   QueuedJob ToQueued(const JobRecord& job) const;
   std::string WaitReason(const ActiveJob& job) const
@@ -226,10 +298,18 @@ class Scheduler : private FollowSource {
   BlobStore* const blobs_;
   const Clock* const clock_;
   const SchedulerOptions options_;
+  std::unique_ptr<DiskGuard> own_disk_;  // when none was passed in
+  DiskGuard* const disk_;
   RendezvousStore rendezvous_;
 
   mutable absl::Mutex mu_;
-  PlacementCore core_ ABSL_GUARDED_BY(mu_);
+  // Replaced whole by Recover.
+  std::unique_ptr<PlacementCore> core_ ABSL_GUARDED_BY(mu_);
+  // Set when Recover could not reload; the loop retries, and until then
+  // worker messages are dropped and writes refused.
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  // Serialises purges (the RPC and the background task).
+  absl::Mutex purge_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::unordered_map<int64_t, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<const WorkerSession*, int64_t> session_worker_
@@ -244,7 +324,9 @@ class Scheduler : private FollowSource {
   absl::CondVar queue_cv_;
   std::deque<Event> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  absl::CondVar stop_cv_;  // with queue_mu_: wakes the retention task
   std::thread loop_;
+  std::thread retention_;
   // Last: its threads read through the members above, so it goes first.
   std::unique_ptr<DiaryFollowHub> follow_;
 };

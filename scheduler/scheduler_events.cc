@@ -61,8 +61,8 @@ v1::WorkerInfo Scheduler::WorkerView(const WorkerState& w) const {
   info.set_profile(w.record.profile);
   info.set_online(w.session != nullptr);
   for (const auto& d : w.record.devices) *info.add_devices() = d;
-  info.set_free_slots(w.session ? static_cast<int>(core_.FreeDevices(id).size())
-                                : 0);
+  info.set_free_slots(
+      w.session ? static_cast<int>(core_->FreeDevices(id).size()) : 0);
   for (int64_t job : watched_slots_.Jobs(id)) info.add_running_jobs(job);
   info.set_last_seen_ms(w.record.last_seen_ms);
   return info;

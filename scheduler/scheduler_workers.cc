@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/files.h"
 #include "common/status.h"
 #include "scheduler/scheduler.h"
 #include "spdlog/spdlog.h"
@@ -20,29 +22,52 @@ int SlotCount(const std::vector<v1::Device>& devices) {
 
 absl::Status Scheduler::Start() {
   absl::MutexLock lock(&mu_);
-  {
+  disk_->Start();
+  absl::Status profiles = [&]() -> absl::Status {
     Transaction txn(store_->db());
     RETURN_IF_ERROR(txn.status());
     RETURN_IF_ERROR(store_->UpsertProfile("local", 0));
     for (const auto& [name, max_pool] : options_.profiles) {
       RETURN_IF_ERROR(store_->UpsertProfile(name, max_pool));
     }
-    RETURN_IF_ERROR(txn.Commit());
+    return txn.Commit();
+  }();
+  if (profiles.code() == absl::StatusCode::kResourceExhausted) {
+    // Start anyway: reads are served, and the profiles are in memory.
+    disk_->NoteFull(profiles);
+  } else if (!profiles.ok()) {
+    return profiles;
   }
+  RETURN_IF_ERROR(Load(/*open_rendezvous=*/true));
+  loop_ = std::thread([this] { Loop(); });
+  if (options_.keep_ended_ms > 0)
+    retention_ = std::thread([this] { RetentionLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Load(bool open_rendezvous) {
+  core_->AddProfile("local", 0);
+  for (const auto& [name, max_pool] : options_.profiles)
+    core_->AddProfile(name, max_pool);
   ASSIGN_OR_RETURN(auto profiles, store_->Profiles());
   for (const auto& [name, max_pool] : profiles)
-    core_.AddProfile(name, max_pool);
+    core_->AddProfile(name, max_pool);
 
-  int64_t mono = clock_->MonotonicMs();
+  const int64_t mono = clock_->MonotonicMs();
+  const int64_t grace = options_.restart_grace_ms > 0
+                            ? options_.restart_grace_ms
+                            : 2 * options_.heartbeat_timeout_ms;
   ASSIGN_OR_RETURN(auto workers, store_->Workers());
   for (auto& w : workers) {
     // Known but offline until it reconnects; its running jobs keep their
-    // slots until it reports them or is declared lost.
-    core_.WorkerOnline(w.id, w.profile, SlotCount(w.devices));
-    core_.WorkerOffline(w.id);
+    // slots until it reports them or is declared lost, which a worker
+    // connected before the restart is not before the grace has passed.
+    core_->WorkerOnline(w.id, w.profile, SlotCount(w.devices));
+    core_->WorkerOffline(w.id);
     WorkerState& state = workers_[w.id];
     state.record = std::move(w);
     state.last_seen_mono = mono;
+    state.grace_until_mono = mono + grace;
   }
   ASSIGN_OR_RETURN(auto jobs, store_->ActiveJobs());
   size_t queued = 0, running = 0;
@@ -54,24 +79,56 @@ absl::Status Scheduler::Start() {
       ASSIGN_OR_RETURN(TrainState train, store_->GetTrainState(r.id));
       job.progress = std::move(train.progress);
       job.checkpoint = std::move(train.checkpoint);
-      if (r.state != v1::JOB_STATE_QUEUED) rendezvous_.Open(r.id, r.attempt);
+      if (r.state != v1::JOB_STATE_QUEUED && open_rendezvous)
+        rendezvous_.Open(r.id, r.attempt);
     }
     if (r.state == v1::JOB_STATE_QUEUED) {
-      core_.Enqueue(ToQueued(r));
+      core_->Enqueue(ToQueued(r));
       ++queued;
     } else {
       job.part_ended.assign(r.parts.size(), false);
       job.part_exit.assign(r.parts.size(), 0);
       job.cancel_requested = r.state == v1::JOB_STATE_CANCELLING;
       if (job.cancel_requested) job.cancel_reason = r.reason;
-      core_.MarkRunning(ToQueued(r), r.parts, r.start_ms);
+      core_->MarkRunning(ToQueued(r), r.parts, r.start_ms);
       ++running;
     }
   }
   spdlog::info("recovered {} queued and {} running jobs, {} workers", queued,
                running, workers_.size());
-  loop_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
+}
+
+void Scheduler::Recover(const absl::Status& why) {
+  if (why.code() == absl::StatusCode::kResourceExhausted) disk_->NoteFull(why);
+  spdlog::error(
+      "a write failed ({}); reloading from the last commit, as a restart "
+      "would, and asking workers to reconnect",
+      why.ToString());
+  for (auto& [id, w] : workers_) {
+    if (w.session) {
+      w.session->Close(
+          "the scheduler reloads its state after a failed write; reconnect");
+    }
+  }
+  session_worker_.clear();
+  workers_.clear();
+  jobs_.clear();
+  core_ = std::make_unique<PlacementCore>();
+  broken_ = Load(/*open_rendezvous=*/false);
+  if (!broken_.ok()) {
+    spdlog::error("cannot reload the store: {}; retrying", broken_.ToString());
+    workers_.clear();
+    jobs_.clear();
+    core_ = std::make_unique<PlacementCore>();
+  }
+  // Watchers and waiters see the state as reloaded.
+  if (events_.has_watchers()) {
+    watched_slots_.Clear();
+    for (const auto& [id, job] : jobs_) PublishJob(id);
+    for (const auto& [id, w] : workers_) PublishWorker(id);
+  }
+  for (const auto& [id, job] : jobs_) follow_->Notify(id);
 }
 
 void Scheduler::OnWorkerMessage(std::shared_ptr<WorkerSession> session,
@@ -105,6 +162,7 @@ void Scheduler::Loop() {
     }
     if (!batch.empty()) ProcessBatch(batch);
     if (clock_->MonotonicMs() >= next_check) {
+      disk_->Check();
       CheckLiveness();
       next_check = clock_->MonotonicMs() + tick_ms;
     }
@@ -116,88 +174,162 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
   Outbox acks;  // sent only after the commit that makes them true
   {
     absl::MutexLock lock(&mu_);
-    Transaction txn(store_->db());
-    if (!txn.status().ok()) {
-      spdlog::critical("cannot open a transaction: {}",
-                       txn.status().ToString());
-      std::abort();
-    }
-    for (Event& e : batch) {
-      if (!e.message) {
-        HandleGone(e.session);
-        continue;
-      }
-      const v1::WorkerMessage& m = *e.message;
-      auto it = session_worker_.find(e.session.get());
-      if (m.has_register_()) {
-        HandleRegister(e.session, m.register_(), &out);
-        continue;
-      }
-      if (it == session_worker_.end())
-        continue;  // not registered (or replaced)
-      WorkerState& worker = workers_.at(it->second);
-      worker.last_seen_mono = clock_->MonotonicMs();
-      worker.record.last_seen_ms = clock_->NowMs();
-      if (m.has_diary()) {
-        const v1::DiaryBatch& d = m.diary();
-        int64_t max_seq = -1;
-        for (const auto& line : d.lines()) {
-          auto added =
-              store_->AddDiary(d.job_id(), d.attempt(), d.part(), line.seq(),
-                               line.time_ms(), line.stream(), line.text());
-          if (!added.ok()) {
-            spdlog::critical("cannot store diary: {}",
-                             added.status().ToString());
-            std::abort();
-          }
-          max_seq = std::max(max_seq, line.seq());
+    if (!broken_.ok()) {
+      Recover(broken_);
+      if (!broken_.ok()) {
+        // Nothing can be recorded: every stream is dropped, and workers
+        // resend once the store works again.
+        for (Event& e : batch) {
+          if (e.session)
+            e.session->Close("the scheduler cannot write its store");
         }
-        Changed(d.job_id());
-        v1::SchedulerMessage ack;
-        ack.mutable_diary_ack()->set_job_id(d.job_id());
-        ack.mutable_diary_ack()->set_attempt(d.attempt());
-        ack.mutable_diary_ack()->set_part(d.part());
-        ack.mutable_diary_ack()->set_seq(max_seq);
-        acks.emplace_back(e.session, std::move(ack));
-      } else if (m.has_progress()) {
-        HandleProgress(it->second, m.progress());
-      } else if (m.has_checkpoint()) {
-        HandleCheckpoint(it->second, m.checkpoint());
-      } else if (m.has_ended()) {
-        HandleEnded(it->second, m.ended(), &out);
-        v1::SchedulerMessage ack;
-        ack.mutable_ended_ack()->set_job_id(m.ended().job_id());
-        ack.mutable_ended_ack()->set_attempt(m.ended().attempt());
-        ack.mutable_ended_ack()->set_part(m.ended().part());
-        acks.emplace_back(e.session, std::move(ack));
+        return;
       }
-      // Heartbeat and JobStarted only refresh liveness.
     }
-    MustCommitBatch(txn);
-    if (auto s = PlaceJobs(&out); !s.ok())
-      spdlog::error("placement: {}", s.ToString());
+    absl::Status failed;
+    {
+      Transaction txn(store_->db());
+      failed = txn.status();
+      for (Event& e : batch) {
+        if (!failed.ok()) break;
+        failed = HandleEvent(e, &out, &acks);
+      }
+      if (failed.ok()) failed = txn.Commit();
+    }  // rolled back unless committed
+    if (!failed.ok()) {
+      // Memory may be ahead of the store: nothing of this batch is sent.
+      Recover(failed);
+      return;
+    }
+    (void)PlaceJobs(&out);
   }
   Deliver(acks);
   Deliver(out);
 }
 
-void Scheduler::MustCommitBatch(Transaction& txn) {
-  absl::Status s = txn.Commit();
-  if (!s.ok()) {
-    spdlog::critical(
-        "cannot commit worker reports: {}; stopping so that a restart recovers",
-        s.ToString());
-    std::abort();
+absl::Status Scheduler::HandleEvent(Event& e, Outbox* out, Outbox* acks) {
+  if (!e.message) {
+    HandleGone(e.session);
+    return absl::OkStatus();
   }
+  const v1::WorkerMessage& m = *e.message;
+  if (m.has_register_()) return HandleRegister(e.session, m.register_(), out);
+  auto it = session_worker_.find(e.session.get());
+  if (it == session_worker_.end()) {
+    return absl::OkStatus();  // not registered (or replaced)
+  }
+  const int64_t worker_id = it->second;
+  WorkerState& worker = workers_.at(worker_id);
+  worker.last_seen_mono = clock_->MonotonicMs();
+  worker.record.last_seen_ms = clock_->NowMs();
+  if (m.has_ended()) {
+    // Failures tied to the report become the job's failure (HandleEnded).
+    RETURN_IF_ERROR(HandleEnded(worker_id, m.ended(), out));
+    v1::SchedulerMessage ack;
+    ack.mutable_ended_ack()->set_job_id(m.ended().job_id());
+    ack.mutable_ended_ack()->set_attempt(m.ended().attempt());
+    ack.mutable_ended_ack()->set_part(m.ended().part());
+    acks->emplace_back(e.session, std::move(ack));
+    return absl::OkStatus();
+  }
+  if (!m.has_diary() && !m.has_progress() && !m.has_checkpoint()) {
+    return absl::OkStatus();  // heartbeat and JobStarted refresh liveness
+  }
+  Savepoint savepoint(store_->db());
+  RETURN_IF_ERROR(savepoint.status());
+  absl::Status s;
+  int64_t job_id = 0;
+  int attempt = 0;
+  std::string what;
+  if (m.has_diary()) {
+    s = HandleDiary(m.diary());
+    job_id = m.diary().job_id();
+    attempt = m.diary().attempt();
+    what = absl::StrCat(m.diary().lines_size(), " diary lines of part ",
+                        m.diary().part());
+  } else if (m.has_progress()) {
+    s = HandleProgress(worker_id, m.progress());
+    job_id = m.progress().job_id();
+    attempt = m.progress().attempt();
+    what = "a progress report";
+  } else {
+    s = HandleCheckpoint(worker_id, m.checkpoint());
+    job_id = m.checkpoint().job_id();
+    attempt = m.checkpoint().attempt();
+    what = "a checkpoint report";
+  }
+  if (IsStoreFailure(s)) return s;
+  if (s.ok()) {
+    RETURN_IF_ERROR(savepoint.Release());
+  } else {
+    // Refused once: undone, acknowledged below so the worker does not send
+    // it again, and said where the job's owner looks.
+    RETURN_IF_ERROR(savepoint.Undo());
+    std::string why =
+        absl::StrCat("[dlbatch] ", what, " from worker '", worker.record.name,
+                     "' could not be stored and were refused: ", s.message());
+    spdlog::warn("job {}: {}", job_id, why);
+    if (jobs_.contains(job_id)) RETURN_IF_ERROR(Diary(job_id, attempt, why));
+  }
+  if (m.has_diary()) {
+    const v1::DiaryBatch& d = m.diary();
+    int64_t max_seq = -1;
+    for (const auto& line : d.lines()) max_seq = std::max(max_seq, line.seq());
+    v1::SchedulerMessage ack;
+    ack.mutable_diary_ack()->set_job_id(d.job_id());
+    ack.mutable_diary_ack()->set_attempt(d.attempt());
+    ack.mutable_diary_ack()->set_part(d.part());
+    ack.mutable_diary_ack()->set_seq(max_seq);
+    acks->emplace_back(e.session, std::move(ack));
+  }
+  return absl::OkStatus();
 }
 
-void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
-                               const v1::Register& reg, Outbox* out) {
+absl::Status Scheduler::HandleDiary(const v1::DiaryBatch& d) {
+  if (d.lines().empty()) return absl::OkStatus();
+  auto it = jobs_.find(d.job_id());
+  if (it == jobs_.end()) {
+    if (disk_->full()) return absl::OkStatus();
+    // An ended job's late lines are stored (its diary is still whole);
+    // lines of a job that does not exist (or was purged) are not.
+    ASSIGN_OR_RETURN(std::optional<v1::JobState> state,
+                     store_->JobState(d.job_id()));
+    if (!state) {
+      return absl::NotFoundError(absl::StrCat("no job ", d.job_id()));
+    }
+    for (const auto& line : d.lines()) {
+      RETURN_IF_ERROR(store_
+                          ->AddDiary(d.job_id(), d.attempt(), d.part(),
+                                     line.seq(), line.time_ms(), line.stream(),
+                                     line.text())
+                          .status());
+    }
+    Changed(d.job_id());
+    return absl::OkStatus();
+  }
+  ActiveJob& job = it->second;
+  if (disk_->full()) {
+    // What grows without bound waits for space; counted, and said at the
+    // job's end.
+    for (const auto& line : d.lines()) {
+      ++job.disk_dropped_lines;
+      job.disk_dropped_bytes += static_cast<int64_t>(line.text().size());
+    }
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(StoreCappedDiary(job, d));
+  Changed(d.job_id());
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::HandleRegister(
+    const std::shared_ptr<WorkerSession>& session, const v1::Register& reg,
+    Outbox* out) {
   if (reg.name().empty() || reg.profile().empty()) {
     v1::SchedulerMessage refuse;
     refuse.set_refused("a worker must give a name and a profile");
     out->emplace_back(session, std::move(refuse));
-    return;
+    return absl::OkStatus();
   }
   WorkerRecord rec;
   rec.name = reg.name();
@@ -205,10 +337,21 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
   rec.profile = reg.profile();
   rec.devices.assign(reg.devices().begin(), reg.devices().end());
   rec.last_seen_ms = clock_->NowMs();
-  auto id = store_->UpsertWorker(rec);
-  if (!id.ok()) {
-    spdlog::critical("cannot record worker: {}", id.status().ToString());
-    std::abort();
+  absl::StatusOr<int64_t> id;
+  {
+    Savepoint savepoint(store_->db());
+    RETURN_IF_ERROR(savepoint.status());
+    id = store_->UpsertWorker(rec);
+    if (IsStoreFailure(id.status())) return id.status();
+    if (!id.ok()) {
+      RETURN_IF_ERROR(savepoint.Undo());
+      v1::SchedulerMessage refuse;
+      refuse.set_refused(
+          absl::StrCat("cannot record this worker: ", id.status().message()));
+      out->emplace_back(session, std::move(refuse));
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(savepoint.Release());
   }
   rec.id = *id;
   WorkerState& worker = workers_[rec.id];
@@ -222,10 +365,10 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
   worker.lost = false;
   worker.last_seen_mono = clock_->MonotonicMs();
   session_worker_[session.get()] = rec.id;
-  if (!core_.HasProfile(rec.profile)) {
-    (void)store_->UpsertProfile(rec.profile, 0);
+  if (!core_->HasProfile(rec.profile)) {
+    RETURN_IF_ERROR(store_->UpsertProfile(rec.profile, 0));
   }
-  core_.WorkerOnline(rec.id, rec.profile, SlotCount(rec.devices));
+  core_->WorkerOnline(rec.id, rec.profile, SlotCount(rec.devices));
 
   // Reconcile what the worker runs with what the store says it runs.
   std::set<std::tuple<int64_t, int, int>> reported;
@@ -276,22 +419,25 @@ void Scheduler::HandleRegister(const std::shared_ptr<WorkerSession>& session,
     if (it == jobs_.end()) continue;
     std::string why =
         absl::StrCat("worker '", rec.name, "' restarted without the job");
-    core_.Finished(job_id);
-    (void)RequeueLost(it->second, why, out);
+    core_->Finished(job_id);
+    RETURN_IF_ERROR(RequeueLost(it->second, why, out));
   }
   PublishWorker(rec.id);
   spdlog::info("worker '{}' (#{}) {} profile '{}' with {} slots", rec.name,
                rec.id, was_lost ? "rejoined" : "joined", rec.profile,
                rec.devices.size());
+  return absl::OkStatus();
 }
 
-void Scheduler::HandleEnded(int64_t worker_id, const v1::JobEnded& ended,
-                            Outbox* out) {
+absl::Status Scheduler::HandleEnded(int64_t worker_id,
+                                    const v1::JobEnded& ended, Outbox* out) {
   // Unknown once ended (a resend of an acknowledged report), or stale.
   ActiveJob* reported =
       ReportedJob(worker_id, ended.job_id(), ended.attempt(), ended.part());
   const int part = ended.part();
-  if (reported == nullptr || reported->part_ended[part]) return;
+  if (reported == nullptr || reported->part_ended[part]) {
+    return absl::OkStatus();
+  }
   ActiveJob& job = *reported;
   JobRecord& rec = job.record;
   job.part_ended[part] = true;
@@ -306,26 +452,57 @@ void Scheduler::HandleEnded(int64_t worker_id, const v1::JobEnded& ended,
   if (part == 0 || rec.parts.size() == 1) {
     // Outputs come from part 0 (the only part of most jobs).
     std::vector<v1::OutputFile> files;
+    // Each blob once: hard links of one file are listed under every path.
+    int64_t total = 0;
+    absl::flat_hash_set<std::string> counted;
     for (const auto& f : ended.outputs()) {
-      if (!f.symlink().empty() && f.sha256().empty() && f.size() == 0) {
-        files.push_back(f);  // a symlink's target, kept as text
-        continue;
-      }
-      auto size = blobs_->Size(f.sha256());
-      if (!size.ok() || *size != f.size()) {
-        if (job.failure.empty()) {
-          job.failure =
-              absl::StrCat("output '", f.path(), "' is missing from the store");
-        }
-        continue;
-      }
-      files.push_back(f);
+      if (counted.insert(f.sha256()).second) total += f.size();
     }
-    (void)store_->PutOutputs(rec.id, files);
+    const int64_t quota = options_.max_output_bytes;
+    if (quota > 0 && total > quota) {
+      if (job.failure.empty()) {
+        job.failure = absl::StrCat(
+            "the job's outputs hold ", HumanBytes(total), " (", total,
+            " bytes), more than the ", HumanBytes(quota), " (", quota,
+            " bytes) a job may keep (the scheduler's --max-output-bytes); "
+            "write less to $DLBATCH_OUTPUT_DIR");
+      }
+    } else {
+      for (const auto& f : ended.outputs()) {
+        if (!f.symlink().empty()) {
+          files.push_back(f);
+          continue;
+        }
+        auto size = blobs_->Size(f.sha256());
+        if (!size.ok() || *size != f.size()) {
+          if (job.failure.empty()) {
+            job.failure = absl::StrCat("output '", f.path(),
+                                       "' is missing from the store");
+          }
+          continue;
+        }
+        files.push_back(f);
+      }
+    }
+    Savepoint savepoint(store_->db());
+    RETURN_IF_ERROR(savepoint.status());
+    absl::Status put = store_->PutOutputs(rec.id, files);
+    if (IsStoreFailure(put)) return put;
+    if (!put.ok()) {
+      // Refused once: the job fails saying why, instead of the report
+      // coming back forever.
+      RETURN_IF_ERROR(savepoint.Undo());
+      if (job.failure.empty()) {
+        job.failure =
+            absl::StrCat("its outputs could not be recorded: ", put.message());
+      }
+    } else {
+      RETURN_IF_ERROR(savepoint.Release());
+    }
   }
   if (std::find(job.part_ended.begin(), job.part_ended.end(), false) !=
       job.part_ended.end()) {
-    return;
+    return absl::OkStatus();
   }
   v1::JobState final_state = v1::JOB_STATE_FINISHED;
   std::string reason;
@@ -337,9 +514,10 @@ void Scheduler::HandleEnded(int64_t worker_id, const v1::JobEnded& ended,
     reason = job.failure;
   }
   const int64_t id = rec.id;  // rec goes with the entry
-  core_.Finished(id);
-  (void)EndJob(job, final_state, job.part_exit[0], reason);
+  core_->Finished(id);
+  RETURN_IF_ERROR(EndJob(job, final_state, job.part_exit[0], reason));
   jobs_.erase(id);
+  return absl::OkStatus();
 }
 
 void Scheduler::HandleGone(const std::shared_ptr<WorkerSession>& session) {
@@ -349,7 +527,7 @@ void Scheduler::HandleGone(const std::shared_ptr<WorkerSession>& session) {
   session_worker_.erase(it);
   if (worker.session == session) {
     worker.session = nullptr;
-    core_.WorkerOffline(worker.record.id);
+    core_->WorkerOffline(worker.record.id);
     spdlog::warn(
         "worker '{}' disconnected; lost unless it returns within {} ms",
         worker.record.name, options_.heartbeat_timeout_ms);
@@ -361,33 +539,38 @@ void Scheduler::CheckLiveness() {
   Outbox out;
   {
     absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) {
+      Recover(broken_);
+      if (!broken_.ok()) return;
+    }
     int64_t now = clock_->MonotonicMs();
     std::vector<int64_t> expired;
     for (auto& [id, w] : workers_) {
-      if (!w.lost && now - w.last_seen_mono > options_.heartbeat_timeout_ms) {
+      if (!w.lost && now - w.last_seen_mono > options_.heartbeat_timeout_ms &&
+          now >= w.grace_until_mono) {
         expired.push_back(id);
       }
     }
     if (expired.empty()) return;
-    Transaction txn(store_->db());
-    if (!txn.status().ok()) return;  // try again at the next tick
-    for (int64_t id : expired) {
-      WorkerState& w = workers_.at(id);
-      LoseWorker(
-          w,
-          absl::StrCat("worker '", w.record.name, "' lost: silent for over ",
-                       options_.heartbeat_timeout_ms, " ms"),
-          &out);
-    }
-    MustCommitBatch(txn);
-    if (auto s = PlaceJobs(&out); !s.ok())
-      spdlog::error("placement: {}", s.ToString());
+    absl::Status s = InTransaction([&]() -> absl::Status {
+      for (int64_t id : expired) {
+        WorkerState& w = workers_.at(id);
+        RETURN_IF_ERROR(LoseWorker(
+            w,
+            absl::StrCat("worker '", w.record.name, "' lost: silent for over ",
+                         options_.heartbeat_timeout_ms, " ms"),
+            &out));
+      }
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return;  // recovered; tried again at the next tick
+    (void)PlaceJobs(&out);
   }
   Deliver(out);
 }
 
-void Scheduler::LoseWorker(WorkerState& worker, const std::string& why,
-                           Outbox* out) {
+absl::Status Scheduler::LoseWorker(WorkerState& worker, const std::string& why,
+                                   Outbox* out) {
   spdlog::warn("{}", why);
   worker.lost = true;
   if (worker.session) {
@@ -395,12 +578,13 @@ void Scheduler::LoseWorker(WorkerState& worker, const std::string& why,
     worker.session->Close(why);
     worker.session = nullptr;
   }
-  for (JobId job_id : core_.WorkerLost(worker.record.id)) {
+  for (JobId job_id : core_->WorkerLost(worker.record.id)) {
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) continue;
-    (void)RequeueLost(it->second, why, out);
+    RETURN_IF_ERROR(RequeueLost(it->second, why, out));
   }
   PublishWorker(worker.record.id);
+  return absl::OkStatus();
 }
 
 Scheduler::ActiveJob* Scheduler::ReportedJob(int64_t worker_id, int64_t job_id,
@@ -416,40 +600,46 @@ Scheduler::ActiveJob* Scheduler::ReportedJob(int64_t worker_id, int64_t job_id,
   return &it->second;
 }
 
-void Scheduler::HandleProgress(int64_t worker_id,
-                               const v1::JobProgress& report) {
+absl::Status Scheduler::HandleProgress(int64_t worker_id,
+                                       const v1::JobProgress& report) {
   ActiveJob* job =
       ReportedJob(worker_id, report.job_id(), report.attempt(), report.part());
-  if (job == nullptr || report.part() != 0) return;
+  if (job == nullptr || report.part() != 0) return absl::OkStatus();
   const int64_t checkpoint_iteration = job->progress.checkpoint_iteration();
   job->progress = report.progress();
   job->progress.set_checkpoint_iteration(checkpoint_iteration);
-  (void)store_->PutProgress(report.job_id(), job->progress);
   Changed(report.job_id());
+  // Latest wins: on a full disk it waits in memory for the next report.
+  if (disk_->full()) return absl::OkStatus();
+  return store_->PutProgress(report.job_id(), job->progress);
 }
 
-void Scheduler::HandleCheckpoint(int64_t worker_id,
-                                 const v1::CheckpointStored& report) {
+absl::Status Scheduler::HandleCheckpoint(int64_t worker_id,
+                                         const v1::CheckpointStored& report) {
   ActiveJob* job =
       ReportedJob(worker_id, report.job_id(), report.attempt(), report.part());
-  if (job == nullptr || report.part() != 0) return;
+  if (job == nullptr || report.part() != 0) return absl::OkStatus();
   if (job->checkpoint.files_size() > 0 &&
       report.iteration() < job->checkpoint.iteration()) {
-    return;  // a resend of an older one
+    return absl::OkStatus();  // a resend of an older one
   }
   for (const auto& f : report.files()) {
     auto size = blobs_->Size(f.sha256());
     if (!size.ok() || *size != f.size()) {
       spdlog::warn("job {}: checkpoint file '{}' is not in the store; ignored",
                    report.job_id(), f.path());
-      return;
+      return absl::OkStatus();
     }
   }
+  // Stored before memory takes it: a refused report leaves no trace.
+  v1::TrainProgress progress = job->progress;
+  progress.set_checkpoint_iteration(report.iteration());
+  RETURN_IF_ERROR(store_->PutCheckpoint(report.job_id(), report));
+  RETURN_IF_ERROR(store_->PutProgress(report.job_id(), progress));
   job->checkpoint = report;
-  job->progress.set_checkpoint_iteration(report.iteration());
-  (void)store_->PutCheckpoint(report.job_id(), report);
-  (void)store_->PutProgress(report.job_id(), job->progress);
+  job->progress = std::move(progress);
   Changed(report.job_id());
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
@@ -458,7 +648,7 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
   rendezvous_.Drop(rec.id);
   // Parts on other workers must stop too: the job restarts as a whole.
   CancelParts(job, why, -1, out);
-  core_.Finished(rec.id);  // other parts' slots (no-op if already released)
+  core_->Finished(rec.id);  // other parts' slots (no-op if already released)
   if (job.cancel_requested) {
     RETURN_IF_ERROR(
         EndJob(job, v1::JOB_STATE_CANCELLED, -1, job.cancel_reason));
@@ -468,21 +658,22 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
   if (rec.attempt >= options_.max_attempts) {
     std::string reason = absl::StrCat(why, " (attempt ", rec.attempt, " of ",
                                       options_.max_attempts, ")");
-    Diary(rec.id, rec.attempt,
-          absl::StrCat("[dlbatch] ", reason, "; job failed"));
+    RETURN_IF_ERROR(Diary(rec.id, rec.attempt,
+                          absl::StrCat("[dlbatch] ", reason, "; job failed")));
     RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_FAILED, -1, reason));
     jobs_.erase(rec.id);
     return absl::OkStatus();
   }
-  Diary(rec.id, rec.attempt,
-        absl::StrCat("[dlbatch] ", why, "; job requeued (attempt ",
-                     rec.attempt + 1, " of ", options_.max_attempts, " next)"));
+  RETURN_IF_ERROR(Diary(
+      rec.id, rec.attempt,
+      absl::StrCat("[dlbatch] ", why, "; job requeued (attempt ",
+                   rec.attempt + 1, " of ", options_.max_attempts, " next)")));
   rec.parts.clear();
   job.part_ended.clear();
   job.part_exit.clear();
   job.failure.clear();
   RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, why));
-  core_.Enqueue(ToQueued(rec));
+  core_->Enqueue(ToQueued(rec));
   return absl::OkStatus();
 }
 
@@ -501,6 +692,7 @@ absl::Status Scheduler::SetState(ActiveJob& job, v1::JobState state,
 absl::Status Scheduler::EndJob(ActiveJob& job, v1::JobState state,
                                int exit_code, const std::string& reason) {
   JobRecord& rec = job.record;
+  RETURN_IF_ERROR(NoteLosses(job));
   rendezvous_.Drop(rec.id);
   rec.end_ms = clock_->NowMs();
   rec.exit_code = exit_code;
@@ -529,9 +721,31 @@ void Scheduler::CancelParts(const ActiveJob& job, const std::string& why,
   }
 }
 
-void Scheduler::Diary(int64_t job_id, int attempt, const std::string& text) {
-  (void)store_->AddDiary(job_id, attempt, 0, -1, clock_->NowMs(), 0, text);
+absl::Status Scheduler::Diary(int64_t job_id, int attempt,
+                              const std::string& text) {
+  RETURN_IF_ERROR(
+      store_->AddDiary(job_id, attempt, 0, -1, clock_->NowMs(), 0, text)
+          .status());
+  auto it = jobs_.find(job_id);
+  if (it != jobs_.end() && it->second.diary.loaded) {
+    DiaryCut& cut = it->second.diary.cut;
+    (cut.marker_n == 0 ? cut.head_bytes : cut.tail_bytes) +=
+        static_cast<int64_t>(text.size());
+  }
   Changed(job_id);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::NoteLosses(ActiveJob& job) {
+  if (job.disk_dropped_lines == 0) return absl::OkStatus();
+  const int64_t lines = job.disk_dropped_lines;
+  const int64_t bytes = job.disk_dropped_bytes;
+  job.disk_dropped_lines = job.disk_dropped_bytes = 0;
+  return Diary(job.record.id, job.record.attempt,
+               absl::StrCat("[dlbatch] ", lines, " diary line",
+                            lines == 1 ? "" : "s", " (", HumanBytes(bytes),
+                            ") of this job were dropped: the scheduler's disk "
+                            "was full"));
 }
 
 }  // namespace dlbatch::scheduler

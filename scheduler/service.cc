@@ -138,6 +138,13 @@ grpc::Status SchedulerService::GetStats(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status SchedulerService::PurgeJobs(grpc::ServerContext* context,
+                                         const v1::PurgeJobsRequest* request,
+                                         v1::PurgeJobsReply* reply) {
+  CHECK_TOKEN(context);
+  return Reply(scheduler_->Purge(*request), reply);
+}
+
 grpc::Status SchedulerService::StatBlobs(grpc::ServerContext* context,
                                          const v1::StatBlobsRequest* request,
                                          v1::StatBlobsReply* reply) {

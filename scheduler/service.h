@@ -64,6 +64,9 @@ class SchedulerService final
   grpc::Status GetStats(grpc::ServerContext* context,
                         const v1::GetStatsRequest* request,
                         v1::Stats* reply) override;
+  grpc::Status PurgeJobs(grpc::ServerContext* context,
+                         const v1::PurgeJobsRequest* request,
+                         v1::PurgeJobsReply* reply) override;
   // Long-lived: a reactor fed by the scheduler's event hub
   // (service_events.cc).
   grpc::ServerWriteReactor<v1::ClusterEvent>* WatchEvents(

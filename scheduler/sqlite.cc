@@ -49,6 +49,10 @@ absl::Status Database::Error(absl::string_view what) const {
   std::string msg = absl::StrCat(what, ": ", sqlite3_errmsg(db_));
   if (code == SQLITE_FULL) return absl::ResourceExhaustedError(msg);
   if (code == SQLITE_CONSTRAINT) return absl::AlreadyExistsError(msg);
+  if (code == SQLITE_TOOBIG || code == SQLITE_MISMATCH ||
+      code == SQLITE_RANGE) {
+    return absl::InvalidArgumentError(msg);
+  }
   if (code == SQLITE_BUSY || code == SQLITE_LOCKED) {
     return absl::UnavailableError(msg);
   }
@@ -89,28 +93,42 @@ int Database::Changes() const { return sqlite3_changes(db_); }
 Statement::~Statement() { sqlite3_finalize(stmt_); }
 
 Statement& Statement::Bind(int index, int64_t value) {
-  sqlite3_bind_int64(stmt_, index, value);
+  NoteBind(sqlite3_bind_int64(stmt_, index, value));
   return *this;
 }
 
 Statement& Statement::Bind(int index, absl::string_view text) {
-  sqlite3_bind_text(stmt_, index, text.data(), static_cast<int>(text.size()),
-                    SQLITE_TRANSIENT);
+  NoteBind(sqlite3_bind_text64(stmt_, index, text.data(), text.size(),
+                               SQLITE_TRANSIENT, SQLITE_UTF8));
   return *this;
 }
 
 Statement& Statement::BindBlob(int index, absl::string_view bytes) {
-  sqlite3_bind_blob(stmt_, index, bytes.data(), static_cast<int>(bytes.size()),
-                    SQLITE_TRANSIENT);
+  if (bytes.empty()) {
+    // A null pointer would bind NULL; an empty value is a zero-length blob.
+    NoteBind(sqlite3_bind_zeroblob(stmt_, index, 0));
+    return *this;
+  }
+  NoteBind(sqlite3_bind_blob64(stmt_, index, bytes.data(), bytes.size(),
+                               SQLITE_TRANSIENT));
   return *this;
 }
 
 Statement& Statement::BindNull(int index) {
-  sqlite3_bind_null(stmt_, index);
+  NoteBind(sqlite3_bind_null(stmt_, index));
   return *this;
 }
 
 absl::StatusOr<bool> Statement::Step() {
+  if (bind_rc_ != SQLITE_OK) {
+    std::string msg =
+        absl::StrCat("sqlite: binding a value of ", sqlite3_sql(stmt_), ": ",
+                     sqlite3_errstr(bind_rc_));
+    if (bind_rc_ == SQLITE_TOOBIG || bind_rc_ == SQLITE_RANGE) {
+      return absl::InvalidArgumentError(msg);
+    }
+    return absl::InternalError(msg);
+  }
   int rc = sqlite3_step(stmt_);
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) return false;
@@ -124,6 +142,7 @@ absl::Status Statement::Run() {
 }
 
 void Statement::Reset() {
+  bind_rc_ = SQLITE_OK;
   sqlite3_reset(stmt_);
   sqlite3_clear_bindings(stmt_);
 }
@@ -168,6 +187,43 @@ absl::Status Transaction::Commit() {
   absl::Status s = db_->Exec("COMMIT");
   if (!s.ok()) (void)db_->Exec("ROLLBACK");
   return s;
+}
+
+bool IsStoreFailure(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return false;
+    default:
+      return true;
+  }
+}
+
+Savepoint::Savepoint(Database* db) : db_(db) {
+  begin_ = db_->Exec("SAVEPOINT message");
+  if (!begin_.ok()) done_ = true;
+}
+
+Savepoint::~Savepoint() {
+  if (!done_) (void)Undo();
+}
+
+absl::Status Savepoint::Release() {
+  if (done_) return begin_;
+  done_ = true;
+  return db_->Exec("RELEASE message");
+}
+
+absl::Status Savepoint::Undo() {
+  if (done_) return begin_;
+  done_ = true;
+  absl::Status s = db_->Exec("ROLLBACK TO message");
+  if (!s.ok()) return s;
+  return db_->Exec("RELEASE message");
 }
 
 }  // namespace dlbatch::scheduler

@@ -72,9 +72,22 @@ class Statement {
   bool IsNull(int col) const;
 
  private:
+  // A failed bind (a value over SQLite's length limit) fails the next Step
+  // instead of running the statement with the parameter left NULL.
+  void NoteBind(int rc) {
+    if (rc != SQLITE_OK && bind_rc_ == SQLITE_OK) bind_rc_ = rc;
+  }
+
   Database* db_;
   sqlite3_stmt* stmt_;
+  int bind_rc_ = SQLITE_OK;
 };
+
+// True for a failure of the store as a whole (disk full, I/O error, busy,
+// corrupt file), after which the open transaction may already be rolled
+// back; false for one tied to what was being written (too big, a broken
+// constraint), which a savepoint can undo alone.
+bool IsStoreFailure(const absl::Status& status);
 
 // BEGIN IMMEDIATE ... COMMIT; rolls back on destruction unless committed.
 class Transaction {
@@ -83,6 +96,23 @@ class Transaction {
   ~Transaction();
   absl::Status status() const { return begin_; }
   absl::Status Commit();
+
+ private:
+  Database* db_;
+  absl::Status begin_;
+  bool done_ = false;
+};
+
+// SAVEPOINT inside an open transaction: Release keeps its writes, Undo (or
+// destruction without Release) takes them back and leaves the transaction
+// open. A single fixed name: savepoints here never nest.
+class Savepoint {
+ public:
+  explicit Savepoint(Database* db);
+  ~Savepoint();
+  absl::Status status() const { return begin_; }
+  absl::Status Release();
+  absl::Status Undo();
 
  private:
   Database* db_;

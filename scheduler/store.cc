@@ -1,5 +1,7 @@
 #include "scheduler/store.h"
 
+#include <set>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -9,8 +11,9 @@
 namespace dlbatch::scheduler {
 namespace {
 
-// Version 2 added jobs.sweep_id; a version 1 file is migrated on open.
-constexpr int kSchemaVersion = 2;
+// Version 2 added jobs.sweep_id; version 3 diary_cuts, job_blobs and
+// jobs_by_end. Older files are migrated on open.
+constexpr int kSchemaVersion = 3;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -58,7 +61,7 @@ CREATE TABLE IF NOT EXISTS diary(
   seq INTEGER,
   time_ms INTEGER NOT NULL,
   stream INTEGER NOT NULL,
-  text TEXT NOT NULL);
+  text BLOB NOT NULL);
 CREATE UNIQUE INDEX IF NOT EXISTS diary_by_line ON diary(job_id, attempt, part, seq);
 CREATE INDEX IF NOT EXISTS diary_by_job ON diary(job_id, n);
 CREATE TABLE IF NOT EXISTS outputs(
@@ -72,6 +75,18 @@ CREATE TABLE IF NOT EXISTS train_state(
   job_id INTEGER PRIMARY KEY,
   progress BLOB,
   checkpoint BLOB);
+CREATE TABLE IF NOT EXISTS diary_cuts(
+  job_id INTEGER PRIMARY KEY,
+  marker_n INTEGER NOT NULL,
+  head_bytes INTEGER NOT NULL,
+  tail_bytes INTEGER NOT NULL,
+  dropped_lines INTEGER NOT NULL,
+  dropped_bytes INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS job_blobs(
+  sha256 TEXT NOT NULL,
+  job_id INTEGER NOT NULL,
+  PRIMARY KEY(sha256, job_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS job_blobs_by_job ON job_blobs(job_id);
 )sql";
 
 constexpr char kJobColumns[] =
@@ -134,7 +149,53 @@ absl::Status AddOutputSymlinkColumn(Database* db) {
   if (present) return absl::OkStatus();
   return db->Exec(
       "ALTER TABLE outputs ADD COLUMN symlink TEXT NOT NULL DEFAULT ''");
-}
+  // Version 2 -> 3: job_blobs from what the jobs hold already (attachments
+  // in specs, outputs, checkpoints). Idempotent.
+  absl::Status FillJobBlobs(Database * db) {
+    RETURN_IF_ERROR(
+        db->Exec("INSERT OR IGNORE INTO job_blobs(sha256, job_id) "
+                 "SELECT sha256, job_id FROM outputs WHERE sha256 != ''"));
+    RETURN_IF_ERROR(
+        db->Exec("CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs(end_ms)"));
+    ASSIGN_OR_RETURN(Statement * hold,
+                     db->Prepare("INSERT OR IGNORE INTO job_blobs(sha256, "
+                                 "job_id) VALUES(?,?)"));
+    std::vector<std::pair<std::string, int64_t>> held;
+    ASSIGN_OR_RETURN(Statement * specs,
+                     db->Prepare("SELECT id, spec FROM jobs"));
+    for (;;) {
+      ASSIGN_OR_RETURN(bool row, specs->Step());
+      if (!row) break;
+      v1::JobSpec spec;
+      absl::string_view blob = specs->Blob(1);
+      if (!spec.ParseFromArray(blob.data(), static_cast<int>(blob.size())))
+        continue;
+      for (const auto& a : spec.attach())
+        held.emplace_back(a.sha256(), specs->Int(0));
+    }
+    specs->Reset();
+    ASSIGN_OR_RETURN(Statement * checkpoints,
+                     db->Prepare("SELECT job_id, checkpoint FROM train_state "
+                                 "WHERE checkpoint IS NOT NULL"));
+    for (;;) {
+      ASSIGN_OR_RETURN(bool row, checkpoints->Step());
+      if (!row) break;
+      v1::CheckpointStored checkpoint;
+      absl::string_view blob = checkpoints->Blob(1);
+      if (!checkpoint.ParseFromArray(blob.data(),
+                                     static_cast<int>(blob.size())))
+        continue;
+      for (const auto& f : checkpoint.files())
+        held.emplace_back(f.sha256(), checkpoints->Int(0));
+    }
+    checkpoints->Reset();
+    for (const auto& [sha, job] : held) {
+      if (sha.empty()) continue;
+      hold->Reset();
+      RETURN_IF_ERROR(hold->Bind(1, sha).Bind(2, job).Run());
+    }
+    return absl::OkStatus();
+  }
 
 }  // namespace
 
@@ -183,14 +244,18 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
                        "; this scheduler reads version ", kSchemaVersion));
     }
   }
+  const bool current = found && get->Text(0) == std::to_string(kSchemaVersion);
   get->Reset();
-  {
+  // A current file is opened without writing, so a scheduler whose disk is
+  // full still starts (and serves reads).
+  if (!current) {
     // One transaction: a crash mid-migration leaves the old version whole.
     Transaction txn(db.get());
     RETURN_IF_ERROR(txn.status());
     RETURN_IF_ERROR(db->Exec(kSchema));
     RETURN_IF_ERROR(AddSweepColumn(db.get()));
     RETURN_IF_ERROR(AddOutputSymlinkColumn(db.get()));
+    RETURN_IF_ERROR(FillJobBlobs(db.get()));
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion,
         "') ON CONFLICT(key) DO UPDATE SET value=excluded.value")));
@@ -234,7 +299,18 @@ absl::StatusOr<int64_t> Store::InsertJob(const JobRecord& job) {
       .Bind(15, job.reason)
       .Bind(16, job.sweep_id);
   RETURN_IF_ERROR(st->Run());
-  return db_->LastInsertId();
+  const int64_t id = db_->LastInsertId();
+  for (const auto& a : job.spec.attach())
+    RETURN_IF_ERROR(HoldBlob(id, a.sha256()));
+  return id;
+}
+
+absl::Status Store::HoldBlob(int64_t job_id, const std::string& sha256) {
+  if (sha256.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("INSERT OR IGNORE INTO job_blobs(sha256, "
+                                "job_id) VALUES(?,?)"));
+  return st->Bind(1, sha256).Bind(2, job_id).Run();
 }
 
 absl::Status Store::UpdateJob(const JobRecord& job) {
@@ -281,7 +357,9 @@ absl::StatusOr<bool> Store::AddDiary(int64_t job_id, int attempt, int part,
   } else {
     st->Bind(4, seq);
   }
-  st->Bind(5, time_ms).Bind(6, stream).Bind(7, text);
+  // Bound as a BLOB: a job may print any bytes (NUL, invalid UTF-8), and
+  // they come back exactly. Rows of older files hold TEXT, read alike.
+  st->Bind(5, time_ms).Bind(6, stream).BindBlob(7, text);
   RETURN_IF_ERROR(st->Run());
   return db_->Changes() > 0;
 }
@@ -303,6 +381,7 @@ absl::Status Store::PutOutputs(int64_t job_id,
         .Bind(5, static_cast<int64_t>(f.mode()))
         .Bind(6, f.symlink());
     RETURN_IF_ERROR(st->Run());
+    RETURN_IF_ERROR(HoldBlob(job_id, f.sha256()));
   }
   return absl::OkStatus();
 }
@@ -324,7 +403,11 @@ absl::Status Store::PutCheckpoint(int64_t job_id,
       db_->Prepare("INSERT INTO train_state(job_id, checkpoint) VALUES(?,?) "
                    "ON CONFLICT(job_id) DO UPDATE SET "
                    "checkpoint=excluded.checkpoint"));
-  return st->Bind(1, job_id).BindBlob(2, checkpoint.SerializeAsString()).Run();
+  RETURN_IF_ERROR(
+      st->Bind(1, job_id).BindBlob(2, checkpoint.SerializeAsString()).Run());
+  for (const auto& f : checkpoint.files())
+    RETURN_IF_ERROR(HoldBlob(job_id, f.sha256()));
+  return absl::OkStatus();
 }
 
 static absl::StatusOr<TrainState> ReadTrainState(Database* db, int64_t job_id) {
@@ -397,6 +480,188 @@ absl::StatusOr<std::optional<int64_t>> Store::JobForRequest(
   if (found) id = st->Int(0);
   st->Reset();
   return id;
+}
+
+absl::StatusOr<std::optional<v1::JobState>> Store::JobState(int64_t job_id) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT state FROM jobs WHERE id=?"));
+  ASSIGN_OR_RETURN(bool found, st->Bind(1, job_id).Step());
+  std::optional<v1::JobState> state;
+  if (found) state = static_cast<v1::JobState>(st->Int(0));
+  st->Reset();
+  return state;
+}
+
+absl::StatusOr<std::optional<DiaryCut>> Store::GetDiaryCut(int64_t job_id) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("SELECT marker_n, head_bytes, tail_bytes, dropped_lines, "
+                   "dropped_bytes FROM diary_cuts WHERE job_id=?"));
+  ASSIGN_OR_RETURN(bool found, st->Bind(1, job_id).Step());
+  std::optional<DiaryCut> cut;
+  if (found) {
+    cut.emplace();
+    cut->marker_n = st->Int(0);
+    cut->head_bytes = st->Int(1);
+    cut->tail_bytes = st->Int(2);
+    cut->dropped_lines = st->Int(3);
+    cut->dropped_bytes = st->Int(4);
+  }
+  st->Reset();
+  return cut;
+}
+
+absl::Status Store::PutDiaryCut(int64_t job_id, const DiaryCut& cut) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT OR REPLACE INTO diary_cuts(job_id, marker_n, "
+                   "head_bytes, tail_bytes, dropped_lines, dropped_bytes) "
+                   "VALUES(?,?,?,?,?,?)"));
+  return st->Bind(1, job_id)
+      .Bind(2, cut.marker_n)
+      .Bind(3, cut.head_bytes)
+      .Bind(4, cut.tail_bytes)
+      .Bind(5, cut.dropped_lines)
+      .Bind(6, cut.dropped_bytes)
+      .Run();
+}
+
+absl::StatusOr<int64_t> Store::DiaryBytes(int64_t job_id) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT TOTAL(LENGTH(CAST(text AS BLOB))) "
+                                "FROM diary WHERE job_id=?"));
+  ASSIGN_OR_RETURN(bool row, st->Bind(1, job_id).Step());
+  int64_t bytes = row ? st->Int(0) : 0;
+  st->Reset();
+  return bytes;
+}
+
+absl::StatusOr<std::vector<std::tuple<int, int, int64_t>>> Store::DiaryLastSeqs(
+    int64_t job_id, int64_t after) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT attempt, part, MAX(seq) FROM diary "
+                                "WHERE job_id=? AND n>? AND seq IS NOT NULL "
+                                "GROUP BY attempt, part"));
+  st->Bind(1, job_id).Bind(2, after);
+  std::vector<std::tuple<int, int, int64_t>> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    out.emplace_back(static_cast<int>(st->Int(0)), static_cast<int>(st->Int(1)),
+                     st->Int(2));
+  }
+  st->Reset();
+  return out;
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> Store::TrimDiary(int64_t job_id,
+                                                             int64_t after,
+                                                             int64_t bytes) {
+  ASSIGN_OR_RETURN(
+      Statement * scan,
+      db_->Prepare("SELECT n, LENGTH(CAST(text AS BLOB)) FROM diary "
+                   "WHERE job_id=? AND n>? ORDER BY n"));
+  scan->Bind(1, job_id).Bind(2, after);
+  std::vector<std::pair<int64_t, int64_t>> doomed;  // n, bytes; oldest first
+  int64_t freed = 0;
+  bool newer_left = false;
+  for (;;) {
+    absl::StatusOr<bool> row = scan->Step();
+    if (!row.ok()) {
+      scan->Reset();
+      return row.status();
+    }
+    if (!*row) break;
+    if (freed >= bytes) {
+      newer_left = true;
+      break;
+    }
+    doomed.emplace_back(scan->Int(0), scan->Int(1));
+    freed += scan->Int(1);
+  }
+  scan->Reset();
+  if (!newer_left && !doomed.empty()) {
+    // The newest line stays, whatever its size.
+    freed -= doomed.back().second;
+    doomed.pop_back();
+  }
+  if (doomed.empty()) return std::make_pair(int64_t{0}, int64_t{0});
+  ASSIGN_OR_RETURN(
+      Statement * del,
+      db_->Prepare("DELETE FROM diary WHERE job_id=? AND n>? AND n<=?"));
+  RETURN_IF_ERROR(
+      del->Bind(1, job_id).Bind(2, after).Bind(3, doomed.back().first).Run());
+  return std::make_pair(static_cast<int64_t>(doomed.size()), freed);
+}
+
+absl::Status Store::SetDiaryText(int64_t n, absl::string_view text) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("UPDATE diary SET text=? WHERE n=?"));
+  return st->BindBlob(1, text).Bind(2, n).Run();
+}
+
+absl::StatusOr<std::vector<int64_t>> Store::EndedBefore(int64_t before_ms,
+                                                        int limit) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("SELECT id FROM jobs WHERE end_ms > 0 AND end_ms < ? AND "
+                   "state IN (4,5,6) ORDER BY end_ms LIMIT ?"));
+  st->Bind(1, before_ms).Bind(2, limit);
+  std::vector<int64_t> ids;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    ids.push_back(st->Int(0));
+  }
+  st->Reset();
+  return ids;
+}
+
+absl::StatusOr<PurgeCounts> Store::PurgeJobs(const std::vector<int64_t>& ids) {
+  static constexpr const char* kDeletes[] = {
+      "DELETE FROM job_blobs WHERE job_id=?",
+      "DELETE FROM diary WHERE job_id=?",
+      "DELETE FROM job_events WHERE job_id=?",
+      "DELETE FROM outputs WHERE job_id=?",
+      "DELETE FROM train_state WHERE job_id=?",
+      "DELETE FROM diary_cuts WHERE job_id=?",
+      "DELETE FROM jobs WHERE id=?",
+  };
+  PurgeCounts counts;
+  std::set<std::string> held;
+  for (int64_t id : ids) {
+    ASSIGN_OR_RETURN(std::optional<v1::JobState> state, JobState(id));
+    if (!state ||
+        (*state != v1::JOB_STATE_FINISHED && *state != v1::JOB_STATE_FAILED &&
+         *state != v1::JOB_STATE_CANCELLED)) {
+      continue;
+    }
+    ASSIGN_OR_RETURN(Statement * blobs,
+                     db_->Prepare("SELECT sha256 FROM job_blobs WHERE "
+                                  "job_id=?"));
+    blobs->Bind(1, id);
+    for (;;) {
+      ASSIGN_OR_RETURN(bool row, blobs->Step());
+      if (!row) break;
+      held.insert(blobs->Text(0));
+    }
+    blobs->Reset();
+    for (const char* sql : kDeletes) {
+      ASSIGN_OR_RETURN(Statement * del, db_->Prepare(sql));
+      RETURN_IF_ERROR(del->Bind(1, id).Run());
+    }
+    ++counts.jobs;
+  }
+  ASSIGN_OR_RETURN(
+      Statement * still,
+      db_->Prepare("SELECT 1 FROM job_blobs WHERE sha256=? LIMIT 1"));
+  for (const std::string& sha : held) {
+    still->Reset();
+    ASSIGN_OR_RETURN(bool row, still->Bind(1, sha).Step());
+    if (!row) counts.unreferenced_blobs.push_back(sha);
+  }
+  still->Reset();
+  return counts;
 }
 
 absl::StatusOr<std::vector<JobRecord>> Store::ActiveJobs() {
@@ -657,7 +922,7 @@ absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(
     line.set_n(st->Int(0));
     line.set_time_ms(st->Int(1));
     line.set_stream(static_cast<int>(st->Int(2)));
-    line.set_text(st->Text(3));
+    line.set_text(std::string(st->Blob(3)));
     line.set_attempt(static_cast<int>(st->Int(4)));
     line.set_seq(st->IsNull(5) ? -1 : st->Int(5));
     out.push_back(std::move(line));

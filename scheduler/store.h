@@ -13,6 +13,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,6 +56,23 @@ struct TrainState {
   v1::CheckpointStored checkpoint;
 };
 
+// Where a capped diary was cut: the first lines (head_bytes) come before
+// the marker line, the last ones (tail_bytes) after it; what fell between
+// is counted.
+struct DiaryCut {
+  int64_t marker_n = 0;  // the marker's diary.n; 0: not cut
+  int64_t head_bytes = 0;
+  int64_t tail_bytes = 0;
+  int64_t dropped_lines = 0;
+  int64_t dropped_bytes = 0;
+};
+
+// What deleting jobs removed.
+struct PurgeCounts {
+  int64_t jobs = 0;
+  std::vector<std::string> unreferenced_blobs;  // held by no job left
+};
+
 // "3:0,1;7:2" <-> parts.
 std::string EncodeParts(const std::vector<Part>& parts);
 std::vector<Part> DecodeParts(absl::string_view text);
@@ -81,11 +100,37 @@ class Store {
                              const v1::CheckpointStored& checkpoint);
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
   absl::StatusOr<int64_t> UpsertWorker(const WorkerRecord& worker);
+
+  // Diary cap bookkeeping (see DiaryCut).
+  absl::StatusOr<std::optional<DiaryCut>> GetDiaryCut(int64_t job_id);
+  absl::Status PutDiaryCut(int64_t job_id, const DiaryCut& cut);
+  // Bytes of every line of the job's diary.
+  absl::StatusOr<int64_t> DiaryBytes(int64_t job_id);
+  // The newest seq per (attempt, part) among lines after diary.n `after`.
+  absl::StatusOr<std::vector<std::tuple<int, int, int64_t>>> DiaryLastSeqs(
+      int64_t job_id, int64_t after);
+  // Deletes the oldest lines after diary.n `after` until at least `bytes`
+  // are gone (never the newest line); returns {lines, bytes} deleted.
+  absl::StatusOr<std::pair<int64_t, int64_t>> TrimDiary(int64_t job_id,
+                                                        int64_t after,
+                                                        int64_t bytes);
+  absl::Status SetDiaryText(int64_t n, absl::string_view text);
+  int64_t LastInsertId() { return db_->LastInsertId(); }
+
+  // Ended jobs (finished, failed, cancelled) with end_ms < before_ms,
+  // oldest first.
+  absl::StatusOr<std::vector<int64_t>> EndedBefore(int64_t before_ms,
+                                                   int limit);
+  // Deletes ended jobs and everything of theirs; a job not ended (or
+  // absent) is skipped. Blob files are the caller's to delete.
+  absl::StatusOr<PurgeCounts> PurgeJobs(const std::vector<int64_t>& ids);
   absl::Status UpsertProfile(const std::string& name, int max_pool);
 
   // Reads on the writer connection (recovery and submit de-duplication).
   absl::StatusOr<std::optional<int64_t>> JobForRequest(
       const std::string& request_id);
+  // The job's state, or nullopt if there is no such job.
+  absl::StatusOr<std::optional<v1::JobState>> JobState(int64_t job_id);
   absl::StatusOr<std::vector<JobRecord>> ActiveJobs();
   absl::StatusOr<std::vector<WorkerRecord>> Workers();
   absl::StatusOr<std::vector<std::pair<std::string, int>>> Profiles();
@@ -99,6 +144,9 @@ class Store {
 
  private:
   explicit Store(std::unique_ptr<Database> db) : db_(std::move(db)) {}
+  // Records that `job_id` holds blob `sha256` (attachments, outputs,
+  // checkpoints), so a purge knows which blobs are still held.
+  absl::Status HoldBlob(int64_t job_id, const std::string& sha256);
   std::unique_ptr<Database> db_;
   int64_t last_event_ = 0;  // job_events.ev, increasing across all jobs
 };

@@ -66,6 +66,7 @@ class Cluster {
   // runs the CLI on a thread of its own while it restarts the scheduler.
   std::vector<std::string> CliArgv(const std::vector<std::string>& args) const;
   std::map<std::string, std::string> CliEnv() const;
+  pid_t scheduler_pid() const { return scheduler_.pid; }
   // Starts a worker with `slots` CPU slots; returns its index. `slots` 0:
   // without --cpu-slots, so the worker offers the GPUs it finds (else one
   // slot per core).

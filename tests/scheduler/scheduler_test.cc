@@ -7,6 +7,7 @@
 // an acknowledgement, a message to a session, or a state read back.
 #include "scheduler/scheduler.h"
 
+#include <sqlite3.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -21,6 +22,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/files.h"
@@ -147,8 +150,12 @@ class SchedulerTest : public ::testing::Test {
     auto blobs = BlobStore::Open(dir_ + "/blobs", /*min_free_bytes=*/0);
     ASSERT_TRUE(blobs.ok()) << blobs.status();
     blobs_ = std::move(*blobs);
-    scheduler_ = std::make_unique<Scheduler>(store_.get(), reader_.get(),
-                                             blobs_.get(), &clock_, options);
+    disk_ = std::make_unique<DiskGuard>(
+        "", kDiskReserve,
+        [this]() -> absl::StatusOr<int64_t> { return free_bytes_.load(); });
+    scheduler_ =
+        std::make_unique<Scheduler>(store_.get(), reader_.get(), blobs_.get(),
+                                    &clock_, options, disk_.get());
     absl::Status started = scheduler_->Start();
     ASSERT_TRUE(started.ok()) << started;
   }
@@ -156,6 +163,7 @@ class SchedulerTest : public ::testing::Test {
   void StopScheduler() {
     if (scheduler_) scheduler_->Stop();
     scheduler_.reset();
+    disk_.reset();
     reader_.reset();
     blobs_.reset();
     store_.reset();
@@ -286,6 +294,10 @@ class SchedulerTest : public ::testing::Test {
     return std::nullopt;
   }
 
+  static constexpr int64_t kDiskReserve = 1000;
+  // What the disk guard sees free; tests lower it to fill the disk.
+  std::atomic<int64_t> free_bytes_{int64_t{1} << 40};
+  std::unique_ptr<DiskGuard> disk_;
   FakeClock clock_;
   std::string dir_;
   std::unique_ptr<Store> store_;
@@ -884,8 +896,9 @@ TEST_F(SchedulerTest, RestartLosesWorkersThatNeverReturn) {
     auto job = scheduler_->GetJob(id);
     return job.ok() && job->state() == v1::JOB_STATE_QUEUED;
   }));
-  EXPECT_GT(clock_.MonotonicMs() - FakeClock::kStartMonotonicMs,
-            kHeartbeatTimeoutMs);
+  // Not before the grace a restart gives: twice the heartbeat timeout.
+  EXPECT_GE(clock_.MonotonicMs() - FakeClock::kStartMonotonicMs,
+            2 * kHeartbeatTimeoutMs);
   EXPECT_TRUE(DiaryMentions(id, "lost"));
   auto other = Connect("w2", 1);
   EXPECT_TRUE(other->WaitFor(IsStart(id, 2)).has_value());
@@ -1033,6 +1046,215 @@ TEST_F(SchedulerTest, LargeJobHoldsTheSlotsUntilItEnds) {
   EXPECT_THAT(devices, UnorderedElementsAre(0, 1, 2, 3));
   EXPECT_EQ(GetJob(second).state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(GetJob(third).state(), v1::JOB_STATE_RUNNING);
+}
+
+}  // namespace
+}  // namespace dlbatch::scheduler
+
+// ---- faults: refused messages, restart grace, full disk, caps ----
+
+namespace dlbatch::scheduler {
+namespace {
+
+v1::WorkerMessage DiaryMessage(int64_t job_id, int attempt,
+                               const std::vector<std::string>& texts,
+                               int64_t first_seq = 1) {
+  v1::WorkerMessage m;
+  v1::DiaryBatch* batch = m.mutable_diary();
+  batch->set_job_id(job_id);
+  batch->set_attempt(attempt);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    v1::DiaryLine* line = batch->add_lines();
+    line->set_seq(first_seq + static_cast<int64_t>(i));
+    line->set_stream(1);
+    line->set_text(texts[i]);
+  }
+  return m;
+}
+
+TEST_F(SchedulerTest, DiaryOfAnyBytesIsStoredExactly) {
+  StartScheduler();
+  auto session = Connect("w1", 1);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
+  const std::string raw("\377\000x", 3);
+  scheduler_->OnWorkerMessage(session, DiaryMessage(id, 1, {raw, "ok"}));
+  ASSERT_TRUE(session->WaitFor(IsDiaryAck(id)).has_value());
+  EXPECT_THAT(DiaryTexts(id), ElementsAre(raw, "ok"));
+}
+
+TEST_F(SchedulerTest, MessageTheStoreCannotTakeIsRefusedOnceNotResent) {
+  StartScheduler();
+  auto session = Connect("w1", 2);
+  const int64_t bad = Submit(1);
+  const int64_t good = Submit(1);
+  ASSERT_TRUE(session->WaitFor(IsStart(bad, 1)).has_value());
+  ASSERT_TRUE(session->WaitFor(IsStart(good, 1)).has_value());
+  // Values longer than this are "too big" for the store: a failure tied to
+  // the one message, not to the store.
+  sqlite3_limit(store_->db()->raw(), SQLITE_LIMIT_LENGTH, 4096);
+  scheduler_->OnWorkerMessage(
+      session, DiaryMessage(bad, 1, {"kept?", std::string(10000, 'x')}));
+  scheduler_->OnWorkerMessage(session, DiaryMessage(good, 1, {"fine"}));
+  auto ack = session->WaitFor(IsDiaryAck(bad));
+  ASSERT_TRUE(ack.has_value()) << "a refused batch must still be acknowledged";
+  EXPECT_EQ(ack->diary_ack().seq(), 2);
+  ASSERT_TRUE(session->WaitFor(IsDiaryAck(good)).has_value());
+  // The refused batch is undone whole and said in the job's diary; the
+  // other job's batch in the same transaction is stored.
+  EXPECT_TRUE(DiaryMentions(bad, "could not be stored and were refused"));
+  EXPECT_FALSE(DiaryMentions(bad, "kept?"));
+  EXPECT_THAT(DiaryTexts(good), ElementsAre("fine"));
+  EXPECT_FALSE(session->closed());
+  // The link still works: the job ends normally.
+  ReportEnded(session, bad, 1, v1::JOB_STATE_FINISHED, 0);
+  EXPECT_EQ(GetJob(bad).state(), v1::JOB_STATE_FINISHED);
+}
+
+TEST_F(SchedulerTest, RestartGivesKnownWorkersTwiceTheTimeoutToReturn) {
+  StartScheduler();
+  auto before = Connect("w1", 1);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(before->WaitFor(IsStart(id, 1)).has_value());
+  StopScheduler();
+  StartScheduler();
+  // Silent for 1.5 timeouts after the restart: still not lost.
+  for (int i = 0; i < 30; ++i) {
+    clock_.Advance(kHeartbeatTimeoutMs / 20);
+    absl::SleepFor(absl::Milliseconds(3));
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_RUNNING);
+  auto after = Connect("w1", 1, {Running(id, 1)});
+  Barrier(after);
+  EXPECT_EQ(after->Matching(IsAnyStart(id)).size(), 0u);
+  ReportEnded(after, id, 1, v1::JOB_STATE_FINISHED, 0);
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FINISHED);
+  EXPECT_EQ(job.attempt(), 1);
+}
+
+TEST_F(SchedulerTest, DiaryPastTheCapKeepsFirstAndLastLinesAndSaysWhatWent) {
+  SchedulerOptions options = TestOptions();
+  options.max_diary_bytes = 100;  // 50 for the first lines, 50 for the last
+  StartScheduler(options);
+  auto session = Connect("w1", 1);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
+  std::vector<std::string> texts;
+  for (int i = 0; i < 40; ++i) texts.push_back(absl::StrFormat("line %03d", i));
+  // In three batches, with a resend of the first in between.
+  scheduler_->OnWorkerMessage(
+      session, DiaryMessage(id, 1, {texts.begin(), texts.begin() + 15}));
+  scheduler_->OnWorkerMessage(
+      session,
+      DiaryMessage(id, 1, {texts.begin() + 15, texts.begin() + 30}, 16));
+  scheduler_->OnWorkerMessage(
+      session, DiaryMessage(id, 1, {texts.begin(), texts.begin() + 15}));
+  scheduler_->OnWorkerMessage(
+      session, DiaryMessage(id, 1, {texts.begin() + 30, texts.end()}, 31));
+  ASSERT_TRUE(
+      WaitUntil([&] { return session->Matching(IsDiaryAck(id)).size() == 4; }));
+  ReportEnded(session, id, 1, v1::JOB_STATE_FINISHED, 0);
+  std::vector<std::string> read = DiaryTexts(id);
+  // 8-byte lines: six fit the first half, six the last.
+  ASSERT_EQ(read.size(), 13u) << absl::StrJoin(read, "\n");
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(read[i], texts[i]);
+  EXPECT_THAT(read[6], HasSubstr("28 lines (224 B, 224 bytes) of this diary "
+                                 "were dropped here"));
+  EXPECT_THAT(read[6], HasSubstr("--max-diary-bytes"));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(read[7 + i], texts[34 + i]);
+}
+
+TEST_F(SchedulerTest, FullDiskRefusesSubmitsDropsDiaryAndRecovers) {
+  StartScheduler();
+  auto session = Connect("w1", 1);
+  const int64_t id = Submit(1);
+  ASSERT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
+  free_bytes_ = 10;     // under half the reserve
+  clock_.Advance(100);  // past the loop's next check, within the timeout
+  ASSERT_TRUE(WaitUntil([&] {
+    auto reply = scheduler_->Submit(CommandJob(1));
+    return !reply.ok() &&
+           reply.status().code() == absl::StatusCode::kResourceExhausted;
+  }));
+  auto refused = scheduler_->Submit(CommandJob(1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("the scheduler's disk is full"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("resumes by itself"));
+  // Diary lines are acknowledged (the link never blocks) but not kept.
+  scheduler_->OnWorkerMessage(session, DiaryMessage(id, 1, {"a", "bb"}));
+  ASSERT_TRUE(session->WaitFor(IsDiaryAck(id)).has_value());
+  // Reads and the job's end still work.
+  ReportEnded(session, id, 1, v1::JOB_STATE_FINISHED, 0);
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_FINISHED);
+  EXPECT_TRUE(DiaryMentions(id,
+                            "2 diary lines (3 B) of this job were "
+                            "dropped: the scheduler's disk was full"));
+  EXPECT_FALSE(DiaryMentions(id, "bb"));
+
+  free_bytes_ = 1 << 20;
+  clock_.Advance(100);
+  ASSERT_TRUE(
+      WaitUntil([&] { return scheduler_->Submit(CommandJob(1)).ok(); }));
+}
+
+TEST_F(SchedulerTest, OutputsOverTheQuotaFailTheJobWithTheirSize) {
+  SchedulerOptions options = TestOptions();
+  options.max_output_bytes = 1000;
+  StartScheduler(options);
+  auto session = Connect("w1", 1);
+  const int64_t id = Submit(1);
+  auto start = session->WaitFor(IsStart(id, 1));
+  ASSERT_TRUE(start.has_value());
+  EXPECT_EQ(start->start().max_output_bytes(), 1000);
+  v1::WorkerMessage m;
+  v1::JobEnded* ended = m.mutable_ended();
+  ended->set_job_id(id);
+  ended->set_attempt(1);
+  ended->set_state(v1::JOB_STATE_FINISHED);
+  v1::OutputFile* f = ended->add_outputs();
+  f->set_path("model.bin");
+  f->set_size(4096);
+  f->set_sha256(std::string(64, 'b'));
+  scheduler_->OnWorkerMessage(session, std::move(m));
+  ASSERT_TRUE(session->WaitFor(IsEndedAck(id, 1)).has_value());
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("4096 bytes"));
+  EXPECT_THAT(job.reason(), HasSubstr("--max-output-bytes"));
+}
+
+TEST_F(SchedulerTest, PurgeDeletesEndedJobsOnlyAndRetentionByAge) {
+  SchedulerOptions options = TestOptions();
+  options.keep_ended_ms = 60'000;
+  options.retention_interval_ms = 50;
+  StartScheduler(options);
+  auto session = Connect("w1", 1);
+  const int64_t ended = Submit(1);
+  ASSERT_TRUE(session->WaitFor(IsStart(ended, 1)).has_value());
+  ReportEnded(session, ended, 1, v1::JOB_STATE_FINISHED, 0);
+  const int64_t running = Submit(1);
+  ASSERT_TRUE(session->WaitFor(IsStart(running, 1)).has_value());
+
+  v1::PurgeJobsRequest request;
+  request.add_job_ids(running);
+  request.add_job_ids(12345);
+  auto reply = scheduler_->Purge(request);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->purged(), 0);
+  ASSERT_EQ(reply->results_size(), 2);
+  EXPECT_THAT(reply->results(0).error(), HasSubstr("cancel it first"));
+  EXPECT_THAT(reply->results(1).error(), HasSubstr("no job 12345"));
+
+  // The background task purges the ended job once it is old enough.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_TRUE(scheduler_->GetJob(ended).ok());
+  clock_.SetNowMs(clock_.NowMs() + 61'000);
+  ASSERT_TRUE(WaitUntil([&] { return !scheduler_->GetJob(ended).ok(); }));
+  EXPECT_TRUE(scheduler_->GetJob(running).ok());
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
 
 // A fresh folder per test, removed afterwards.
 class TempDirTest : public ::testing::Test {
@@ -159,15 +160,15 @@ TEST_F(StoreTest, OpenCreatesTheSchemaAndReopensIt) {
 
 TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   ASSERT_TRUE(
-      store_->db()->Exec("UPDATE meta SET value='3' WHERE key='schema'").ok());
+      store_->db()->Exec("UPDATE meta SET value='4' WHERE key='schema'").ok());
   store_.reset();
   auto reopened = Store::Open(path_, false);
   ASSERT_FALSE(reopened.ok());
   EXPECT_EQ(reopened.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("schema version 3"));
+              HasSubstr("schema version 4"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 2"));
+              HasSubstr("reads version 3"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -183,7 +184,7 @@ TEST_F(StoreTest, RefusesANewerLayoutBeforeTouchingIt) {
         (*db)
             ->Exec(
                 "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-                "INSERT INTO meta VALUES('schema', '3');"
+                "INSERT INTO meta VALUES('schema', '4');"
                 "CREATE TABLE diary(n INTEGER PRIMARY KEY, body BLOB);")
             .ok());
   }
@@ -191,7 +192,7 @@ TEST_F(StoreTest, RefusesANewerLayoutBeforeTouchingIt) {
   ASSERT_FALSE(opened.ok());
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(opened.status().message()),
-              HasSubstr("schema version 3"));
+              HasSubstr("schema version 4"));
 
   auto db = Database::Open(newer, false, false);
   ASSERT_TRUE(db.ok());
@@ -215,7 +216,7 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "2");
+  EXPECT_EQ((*version)->Text(0), "3");
   (*version)->Reset();
   auto job = reader().GetJob(old);
   ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
@@ -428,6 +429,93 @@ TEST_F(StoreTest, ReadDiaryPages) {
   for (int i = 0; i < 10; ++i) EXPECT_EQ(seen[i], absl::StrCat("line ", i));
   // Nothing past the end.
   EXPECT_TRUE(reader().ReadDiary(job, after, 4).value().empty());
+}
+
+TEST_F(StoreTest, DiaryLinesAreBytesReadBackExactly) {
+  int64_t job = Insert(NewJob("a"));
+  const std::string raw("\377\000x\r\033[2J\xc3", 9);
+  ASSERT_TRUE(store_->AddDiary(job, 1, 0, 1, 10, 1, raw).value());
+  ASSERT_TRUE(store_->AddDiary(job, 1, 0, 2, 11, 1, "").value());
+  auto lines = reader().ReadDiary(job, 0, 10);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  ASSERT_EQ(lines->size(), 2u);
+  EXPECT_EQ((*lines)[0].text(), raw);
+  EXPECT_EQ((*lines)[0].text().size(), 9u);
+  EXPECT_EQ((*lines)[1].text(), "");
+  EXPECT_EQ(store_->DiaryBytes(job).value(), 9);
+}
+
+TEST_F(StoreTest, TrimDiaryDeletesTheOldestAndKeepsTheNewest) {
+  int64_t job = Insert(NewJob("a"));
+  for (int i = 1; i <= 5; ++i) {
+    ASSERT_TRUE(
+        store_->AddDiary(job, 1, 0, i, i, 1, std::string(10, 'a' + i)).ok());
+  }
+  const int64_t first_n = reader().ReadDiary(job, 0, 1).value()[0].n();
+  // 25 bytes: three lines of 10 go, counted after the first.
+  auto trimmed = store_->TrimDiary(job, first_n, 15);
+  ASSERT_TRUE(trimmed.ok()) << trimmed.status();
+  EXPECT_EQ(trimmed->first, 2);
+  EXPECT_EQ(trimmed->second, 20);
+  std::vector<int64_t> seqs;
+  for (const auto& l : reader().ReadDiary(job, 0, 10).value())
+    seqs.push_back(l.seq());
+  EXPECT_THAT(seqs, ElementsAre(1, 4, 5));
+  // Never the newest line, however much is asked.
+  trimmed = store_->TrimDiary(job, first_n, 1000);
+  ASSERT_TRUE(trimmed.ok());
+  EXPECT_EQ(trimmed->first, 1);
+  seqs.clear();
+  for (const auto& l : reader().ReadDiary(job, 0, 10).value())
+    seqs.push_back(l.seq());
+  EXPECT_THAT(seqs, ElementsAre(1, 5));
+  auto last = store_->DiaryLastSeqs(job, first_n);
+  ASSERT_TRUE(last.ok());
+  ASSERT_EQ(last->size(), 1u);
+  EXPECT_EQ(std::get<2>((*last)[0]), 5);
+}
+
+TEST_F(StoreTest, PurgeJobsDeletesEndedJobsAndNamesBlobsNoOneHolds) {
+  JobRecord ended = NewJob("old", "", v1::JOB_STATE_FINISHED);
+  ended.end_ms = 5'000;
+  const int64_t old = Insert(ended);  // attaches aaaa...
+  ended.end_ms = 9'000;
+  const int64_t newer = Insert(ended);  // attaches aaaa... too
+  const int64_t running = Insert(NewJob("running", "", v1::JOB_STATE_RUNNING));
+  ASSERT_TRUE(store_->PutOutputs(old, {Output("only-old", 3)}).ok());
+  ASSERT_TRUE(store_->PutOutputs(newer, {Output("shared", 3)}).ok());
+  ASSERT_TRUE(store_->PutOutputs(running, {Output("shared", 3)}).ok());
+  ASSERT_TRUE(store_->AddDiary(old, 1, 0, 1, 1, 1, "line").ok());
+  ASSERT_TRUE(store_->AddEvent(old, v1::JOB_STATE_FINISHED, 1, 1, "").ok());
+
+  EXPECT_THAT(store_->EndedBefore(6'000, 10).value(), ElementsAre(old));
+  EXPECT_THAT(store_->EndedBefore(10'000, 10).value(), ElementsAre(old, newer));
+
+  auto purged = store_->PurgeJobs({old, running, 999});
+  ASSERT_TRUE(purged.ok()) << purged.status();
+  EXPECT_EQ(purged->jobs, 1);  // the running job and a missing one stay
+  EXPECT_THAT(purged->unreferenced_blobs, ElementsAre(Sha256Hex("only-old")));
+  EXPECT_FALSE(reader().GetJob(old).value().has_value());
+  EXPECT_TRUE(reader().GetJob(running).value().has_value());
+  EXPECT_EQ(reader().DiaryCount(old).value(), 0);
+  EXPECT_TRUE(reader().History(old).value().empty());
+  EXPECT_TRUE(reader().Outputs(old).value().empty());
+
+  purged = store_->PurgeJobs({newer});
+  ASSERT_TRUE(purged.ok());
+  // The running job holds "shared" and the attachment too.
+  EXPECT_THAT(purged->unreferenced_blobs, IsEmpty());
+  ASSERT_TRUE(store_
+                  ->UpdateJob([&] {
+                    JobRecord r = NewJob("running", "", v1::JOB_STATE_FAILED);
+                    r.id = running;
+                    return r;
+                  }())
+                  .ok());
+  purged = store_->PurgeJobs({running});
+  ASSERT_TRUE(purged.ok());
+  EXPECT_THAT(purged->unreferenced_blobs,
+              UnorderedElementsAre(std::string(64, 'a'), Sha256Hex("shared")));
 }
 
 // ---- Outputs, workers, profiles ----

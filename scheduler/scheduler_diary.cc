@@ -1,0 +1,109 @@
+// A job's diary against its cap (SchedulerOptions::max_diary_bytes): the
+// first half of the cap keeps the diary's first lines, then a marker line,
+// then the last lines within the other half; the oldest of those are
+// deleted as new ones come, and the marker says how much went.
+#include "absl/strings/str_cat.h"
+#include "common/files.h"
+#include "common/status.h"
+#include "scheduler/scheduler.h"
+
+namespace dlbatch::scheduler {
+namespace {
+
+std::string MarkerText(const DiaryCut& cut, int64_t cap) {
+  return absl::StrCat(
+      "[dlbatch] ", cut.dropped_lines, " line",
+      cut.dropped_lines == 1 ? "" : "s", " (", HumanBytes(cut.dropped_bytes),
+      ", ", cut.dropped_bytes,
+      " bytes) of this diary were dropped here: a diary keeps at most ",
+      HumanBytes(cap),
+      " (the scheduler's --max-diary-bytes), its first and its last lines");
+}
+
+}  // namespace
+
+absl::Status Scheduler::LoadDiaryBudget(ActiveJob& job) {
+  if (job.diary.loaded) return absl::OkStatus();
+  const int64_t id = job.record.id;
+  DiaryBudget budget;
+  ASSIGN_OR_RETURN(std::optional<DiaryCut> cut, store_->GetDiaryCut(id));
+  if (cut) {
+    budget.cut = *cut;
+    ASSIGN_OR_RETURN(auto seqs, store_->DiaryLastSeqs(id, cut->marker_n));
+    for (const auto& [attempt, part, seq] : seqs)
+      budget.last_seq[{attempt, part}] = seq;
+  } else {
+    ASSIGN_OR_RETURN(budget.cut.head_bytes, store_->DiaryBytes(id));
+  }
+  budget.loaded = true;
+  job.diary = std::move(budget);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::StoreCappedDiary(ActiveJob& job,
+                                         const v1::DiaryBatch& d) {
+  const int64_t id = job.record.id;
+  const int64_t cap = options_.max_diary_bytes;
+  if (cap <= 0) {
+    for (const auto& line : d.lines()) {
+      RETURN_IF_ERROR(store_
+                          ->AddDiary(id, d.attempt(), d.part(), line.seq(),
+                                     line.time_ms(), line.stream(), line.text())
+                          .status());
+    }
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(LoadDiaryBudget(job));
+  // Worked on a copy: a batch refused (its savepoint undone) leaves the
+  // budget as it was.
+  DiaryBudget budget = job.diary;
+  DiaryCut& cut = budget.cut;
+  const int64_t half = cap / 2;
+  for (const auto& line : d.lines()) {
+    const int64_t size = static_cast<int64_t>(line.text().size());
+    if (cut.marker_n == 0) {
+      if (cut.head_bytes + size <= half) {
+        ASSIGN_OR_RETURN(
+            bool added,
+            store_->AddDiary(id, d.attempt(), d.part(), line.seq(),
+                             line.time_ms(), line.stream(), line.text()));
+        if (added) cut.head_bytes += size;
+        continue;
+      }
+      // The first half is full: the marker goes here, the rest is the
+      // tail.
+      RETURN_IF_ERROR(store_
+                          ->AddDiary(id, d.attempt(), 0, -1, clock_->NowMs(), 0,
+                                     MarkerText(cut, cap))
+                          .status());
+      cut.marker_n = store_->LastInsertId();
+    }
+    int64_t& last = budget.last_seq[{d.attempt(), d.part()}];
+    // A line at or before the newest stored one was stored already (and
+    // may have been trimmed since): never again.
+    if (last > 0 && line.seq() <= last) continue;
+    ASSIGN_OR_RETURN(bool added, store_->AddDiary(id, d.attempt(), d.part(),
+                                                  line.seq(), line.time_ms(),
+                                                  line.stream(), line.text()));
+    if (added) cut.tail_bytes += size;
+    last = std::max(last, line.seq());
+  }
+  if (cut.marker_n != 0) {
+    if (cut.tail_bytes > half) {
+      ASSIGN_OR_RETURN(auto trimmed, store_->TrimDiary(id, cut.marker_n,
+                                                       cut.tail_bytes - half));
+      cut.tail_bytes -= trimmed.second;
+      cut.dropped_lines += trimmed.first;
+      cut.dropped_bytes += trimmed.second;
+      if (trimmed.first > 0) {
+        RETURN_IF_ERROR(
+            store_->SetDiaryText(cut.marker_n, MarkerText(cut, cap)));
+      }
+    }
+    RETURN_IF_ERROR(store_->PutDiaryCut(id, cut));
+  }
+  job.diary = std::move(budget);
+  return absl::OkStatus();
+}
+
+}  // namespace dlbatch::scheduler

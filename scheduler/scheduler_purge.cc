@@ -1,0 +1,139 @@
+// Deleting ended jobs: `dlbatch admin purge` and the background retention
+// of SchedulerOptions::keep_ended_ms.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "proto/job_state.h"
+#include "scheduler/scheduler.h"
+#include "spdlog/spdlog.h"
+
+namespace dlbatch::scheduler {
+namespace {
+
+// Jobs per transaction: the lock is held for one chunk, never a whole
+// purge, so placement and worker reports run in between.
+constexpr int kPurgeChunk = 200;
+
+}  // namespace
+
+absl::Status Scheduler::PurgeChunk(const std::vector<int64_t>& ids,
+                                   v1::PurgeJobsReply* reply) {
+  absl::MutexLock lock(&mu_);
+  if (!broken_.ok()) return CheckWritable();
+  // Never a job the scheduler still runs (its row may not say so yet).
+  std::vector<int64_t> ended;
+  for (int64_t id : ids) {
+    if (!jobs_.contains(id)) ended.push_back(id);
+  }
+  PurgeCounts counts;
+  {
+    Transaction txn(store_->db());
+    RETURN_IF_ERROR(txn.status());
+    ASSIGN_OR_RETURN(counts, store_->PurgeJobs(ended));
+    absl::Status s = txn.Commit();
+    if (!s.ok()) {
+      // Nothing in memory changed: the purge just did not happen.
+      if (s.code() == absl::StatusCode::kResourceExhausted) disk_->NoteFull(s);
+      return s;
+    }
+  }
+  reply->set_purged(reply->purged() + counts.jobs);
+  // Under the lock: a submit checks its attachments under it too, so none
+  // can start to hold a blob deleted here.
+  for (const std::string& sha : counts.unreferenced_blobs) {
+    absl::StatusOr<int64_t> freed = blobs_->Remove(sha);
+    if (!freed.ok()) {
+      spdlog::warn("purge: {}", freed.status().ToString());
+      continue;
+    }
+    if (*freed > 0) {
+      reply->set_blobs_deleted(reply->blobs_deleted() + 1);
+      reply->set_bytes_freed(reply->bytes_freed() + *freed);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::PurgeJobsReply> Scheduler::Purge(
+    const v1::PurgeJobsRequest& request) {
+  absl::MutexLock purging(&purge_mu_);
+  v1::PurgeJobsReply reply;
+  if (!request.job_ids().empty()) {
+    std::vector<int64_t> ids;
+    for (int64_t id : request.job_ids()) {
+      auto* result = reply.add_results();
+      result->set_job_id(id);
+      ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
+      bool active;
+      {
+        absl::MutexLock lock(&mu_);
+        active = jobs_.contains(id);
+      }
+      if (!rec) {
+        result->set_error(absl::StrCat("no job ", id));
+      } else if (active || !IsTerminal(rec->state)) {
+        result->set_error(absl::StrCat(
+            "job ", id, " is ", JobStateName(rec->state),
+            "; cancel it first (dlbatch cancel ", id, "), then purge it"));
+      } else if (request.before_ms() > 0 &&
+                 rec->end_ms >= request.before_ms()) {
+        result->set_error(
+            absl::StrCat("job ", id, " ended after the --before date"));
+      } else {
+        ids.push_back(id);
+      }
+    }
+    for (size_t i = 0; i < ids.size(); i += kPurgeChunk) {
+      std::vector<int64_t> chunk(
+          ids.begin() + i, ids.begin() + std::min(ids.size(), i + kPurgeChunk));
+      RETURN_IF_ERROR(PurgeChunk(chunk, &reply));
+    }
+    return reply;
+  }
+  if (request.before_ms() <= 0) {
+    return absl::InvalidArgumentError(
+        "name the jobs to purge, or a date: every job ended before it is "
+        "purged");
+  }
+  for (;;) {
+    std::vector<int64_t> chunk;
+    {
+      absl::MutexLock lock(&mu_);
+      ASSIGN_OR_RETURN(chunk,
+                       store_->EndedBefore(request.before_ms(), kPurgeChunk));
+    }
+    if (chunk.empty()) break;
+    const int64_t before = reply.purged();
+    RETURN_IF_ERROR(PurgeChunk(chunk, &reply));
+    if (reply.purged() == before) break;  // nothing more can go
+  }
+  return reply;
+}
+
+void Scheduler::RetentionLoop() {
+  const int64_t interval =
+      std::max<int64_t>(50, options_.retention_interval_ms);
+  for (;;) {
+    {
+      absl::MutexLock lock(&queue_mu_);
+      const absl::Time until = absl::Now() + absl::Milliseconds(interval);
+      while (!stopping_) {
+        if (stop_cv_.WaitWithDeadline(&queue_mu_, until)) break;
+      }
+      if (stopping_) return;
+    }
+    v1::PurgeJobsRequest request;
+    request.set_before_ms(clock_->NowMs() - options_.keep_ended_ms);
+    absl::StatusOr<v1::PurgeJobsReply> purged = Purge(request);
+    if (!purged.ok()) {
+      spdlog::warn("retention: {}", purged.status().ToString());
+    } else if (purged->purged() > 0) {
+      spdlog::info("retention: purged {} jobs ended over {} s ago, {} blobs",
+                   purged->purged(), options_.keep_ended_ms / 1000,
+                   purged->blobs_deleted());
+    }
+  }
+}
+
+}  // namespace dlbatch::scheduler

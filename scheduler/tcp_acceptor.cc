@@ -1,0 +1,138 @@
+#include "scheduler/tcp_acceptor.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/server_posix.h"
+#include "spdlog/spdlog.h"
+
+namespace dlbatch::scheduler {
+
+absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(
+    const std::string& host, int port) {
+  struct addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  struct addrinfo* found = nullptr;
+  std::string service = std::to_string(port);
+  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(),
+                         &hints, &found);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot listen on ", host, ":", port, ": ", ::gai_strerror(rc)));
+  }
+  std::string last_error = "no address";
+  int fd = -1;
+  for (struct addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                  a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
+      last_error = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", host, ":", port, ": ", last_error));
+  }
+  struct sockaddr_storage bound;
+  socklen_t len = sizeof(bound);
+  ::getsockname(fd, reinterpret_cast<struct sockaddr*>(&bound), &len);
+  int bound_port =
+      bound.ss_family == AF_INET6
+          ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&bound)->sin6_port)
+          : ntohs(reinterpret_cast<struct sockaddr_in*>(&bound)->sin_port);
+  return std::unique_ptr<TcpAcceptor>(new TcpAcceptor(fd, bound_port));
+}
+
+TcpAcceptor::TcpAcceptor(int fd, int port)
+    : listen_fd_(fd),
+      port_(port),
+      spare_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
+
+TcpAcceptor::~TcpAcceptor() {
+  Stop();
+  ::close(listen_fd_);
+  if (spare_fd_ >= 0) ::close(spare_fd_);
+}
+
+void TcpAcceptor::Start(grpc::Server* server) {
+  server_ = server;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void TcpAcceptor::Stop() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void TcpAcceptor::Loop() {
+  int backoff_ms = 0;
+  auto last_warning = std::chrono::steady_clock::time_point();
+  while (!stopping_) {
+    struct pollfd p = {listen_fd_, POLLIN, 0};
+    int ready = ::poll(&p, 1, backoff_ms > 0 ? backoff_ms : 200);
+    if (ready <= 0) continue;
+    for (;;) {
+      int fd =
+          ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) {
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        grpc::AddInsecureChannelFromFd(server_, fd);
+        backoff_ms = 0;
+        continue;
+      }
+      const int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK) break;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        // Shed what waits, with the one descriptor the spare frees, so
+        // callers hear at once instead of waiting in the queue.
+        if (spare_fd_ >= 0) {
+          ::close(spare_fd_);
+          spare_fd_ = -1;
+        }
+        for (;;) {
+          int shed = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+          if (shed < 0) break;
+          ::close(shed);
+        }
+        spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        backoff_ms = std::clamp(backoff_ms * 2, 10, 1000);
+        auto now = std::chrono::steady_clock::now();
+        if (now - last_warning > std::chrono::seconds(10)) {
+          last_warning = now;
+          spdlog::warn(
+              "accepting connections: {}; shedding new ones until "
+              "descriptors are free",
+              std::strerror(err));
+        }
+        break;
+      }
+      spdlog::warn("accepting connections: {}; retrying", std::strerror(err));
+      backoff_ms = std::clamp(backoff_ms * 2, 10, 1000);
+      break;
+    }
+  }
+}
+
+}  // namespace dlbatch::scheduler
