@@ -138,8 +138,8 @@ absl::Status AddSweepColumn(Database* db) {
 }
 
 // outputs.symlink: a symlink output's target, kept as text (sha256 empty).
-// Added in place to files of schema version 2, which read the same without
-// it. Idempotent; run on every open.
+// Added by the migration to version 3 (a file made before has none).
+// Idempotent.
 absl::Status AddOutputSymlinkColumn(Database* db) {
   ASSIGN_OR_RETURN(Statement * columns,
                    db->Prepare("SELECT 1 FROM pragma_table_info('outputs') "
@@ -149,53 +149,53 @@ absl::Status AddOutputSymlinkColumn(Database* db) {
   if (present) return absl::OkStatus();
   return db->Exec(
       "ALTER TABLE outputs ADD COLUMN symlink TEXT NOT NULL DEFAULT ''");
-  // Version 2 -> 3: job_blobs from what the jobs hold already (attachments
-  // in specs, outputs, checkpoints). Idempotent.
-  absl::Status FillJobBlobs(Database * db) {
-    RETURN_IF_ERROR(
-        db->Exec("INSERT OR IGNORE INTO job_blobs(sha256, job_id) "
-                 "SELECT sha256, job_id FROM outputs WHERE sha256 != ''"));
-    RETURN_IF_ERROR(
-        db->Exec("CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs(end_ms)"));
-    ASSIGN_OR_RETURN(Statement * hold,
-                     db->Prepare("INSERT OR IGNORE INTO job_blobs(sha256, "
-                                 "job_id) VALUES(?,?)"));
-    std::vector<std::pair<std::string, int64_t>> held;
-    ASSIGN_OR_RETURN(Statement * specs,
-                     db->Prepare("SELECT id, spec FROM jobs"));
-    for (;;) {
-      ASSIGN_OR_RETURN(bool row, specs->Step());
-      if (!row) break;
-      v1::JobSpec spec;
-      absl::string_view blob = specs->Blob(1);
-      if (!spec.ParseFromArray(blob.data(), static_cast<int>(blob.size())))
-        continue;
-      for (const auto& a : spec.attach())
-        held.emplace_back(a.sha256(), specs->Int(0));
-    }
-    specs->Reset();
-    ASSIGN_OR_RETURN(Statement * checkpoints,
-                     db->Prepare("SELECT job_id, checkpoint FROM train_state "
-                                 "WHERE checkpoint IS NOT NULL"));
-    for (;;) {
-      ASSIGN_OR_RETURN(bool row, checkpoints->Step());
-      if (!row) break;
-      v1::CheckpointStored checkpoint;
-      absl::string_view blob = checkpoints->Blob(1);
-      if (!checkpoint.ParseFromArray(blob.data(),
-                                     static_cast<int>(blob.size())))
-        continue;
-      for (const auto& f : checkpoint.files())
-        held.emplace_back(f.sha256(), checkpoints->Int(0));
-    }
-    checkpoints->Reset();
-    for (const auto& [sha, job] : held) {
-      if (sha.empty()) continue;
-      hold->Reset();
-      RETURN_IF_ERROR(hold->Bind(1, sha).Bind(2, job).Run());
-    }
-    return absl::OkStatus();
+}
+
+// Version 2 -> 3: job_blobs from what the jobs hold already (attachments
+// in specs, outputs, checkpoints). Idempotent.
+absl::Status FillJobBlobs(Database* db) {
+  RETURN_IF_ERROR(
+      db->Exec("INSERT OR IGNORE INTO job_blobs(sha256, job_id) "
+               "SELECT sha256, job_id FROM outputs WHERE sha256 != ''"));
+  RETURN_IF_ERROR(
+      db->Exec("CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs(end_ms)"));
+  ASSIGN_OR_RETURN(Statement * hold,
+                   db->Prepare("INSERT OR IGNORE INTO job_blobs(sha256, "
+                               "job_id) VALUES(?,?)"));
+  std::vector<std::pair<std::string, int64_t>> held;
+  ASSIGN_OR_RETURN(Statement * specs, db->Prepare("SELECT id, spec FROM jobs"));
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, specs->Step());
+    if (!row) break;
+    v1::JobSpec spec;
+    absl::string_view blob = specs->Blob(1);
+    if (!spec.ParseFromArray(blob.data(), static_cast<int>(blob.size())))
+      continue;
+    for (const auto& a : spec.attach())
+      held.emplace_back(a.sha256(), specs->Int(0));
   }
+  specs->Reset();
+  ASSIGN_OR_RETURN(Statement * checkpoints,
+                   db->Prepare("SELECT job_id, checkpoint FROM train_state "
+                               "WHERE checkpoint IS NOT NULL"));
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, checkpoints->Step());
+    if (!row) break;
+    v1::CheckpointStored checkpoint;
+    absl::string_view blob = checkpoints->Blob(1);
+    if (!checkpoint.ParseFromArray(blob.data(), static_cast<int>(blob.size())))
+      continue;
+    for (const auto& f : checkpoint.files())
+      held.emplace_back(f.sha256(), checkpoints->Int(0));
+  }
+  checkpoints->Reset();
+  for (const auto& [sha, job] : held) {
+    if (sha.empty()) continue;
+    hold->Reset();
+    RETURN_IF_ERROR(hold->Bind(1, sha).Bind(2, job).Run());
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 

@@ -78,7 +78,6 @@ class Cluster {
   // folder and flags), after KillWorker.
   void RestartWorker(int index);
   pid_t worker_pid(int index) const { return workers_[index].pid; }
-  pid_t scheduler_pid() const { return scheduler_.pid; }
 
   // Runs the dlbatch CLI against this cluster.
   Result Cli(std::vector<std::string> args,
