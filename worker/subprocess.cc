@@ -434,7 +434,10 @@ SubprocessSet::~SubprocessSet() {
     ReapChildren();
     bool pending = false;
     for (auto& [key, proc] : procs_) {
-      pending |= !proc->leader_reaped || !Members(*proc).empty();
+      // ProcessGroupAlive counts zombies too: a member killed a moment ago
+      // may still wait to be reparented here and reaped.
+      pending |= !proc->leader_reaped || !Members(*proc).empty() ||
+                 ProcessGroupAlive(proc->pid);
     }
     if (!pending || clock_->MonotonicMs() >= deadline) break;
     for (auto& [key, proc] : procs_) KillMembers(*proc);
