@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
@@ -73,7 +74,13 @@ void DiskGuard::NoteFull(const absl::Status& why) {
   full_ = true;
   why_ = std::string(why.message());
   DropReserveLocked();
-  if (auto free = FreeBytes(); free.ok()) free_seen_ = *free;
+  if (auto free = FreeBytes(); free.ok()) {
+    free_seen_ = *free;
+    // A write failed with this much free (a large one may fail with
+    // megabytes left): leave full mode only once a reserve's worth more is
+    // free, or the same write comes back, fails again, and so on forever.
+    leave_at_ = *free + reserve_bytes_;
+  }
 }
 
 bool DiskGuard::Check() {
@@ -93,9 +100,10 @@ bool DiskGuard::Check() {
         HumanBytes(*free));
     return true;
   }
-  if (*free < 2 * reserve_bytes_) return false;
+  if (*free < std::max(2 * reserve_bytes_, leave_at_)) return false;
   if (!reserve_held_ && !MakeReserveLocked()) return false;
   full_ = false;
+  leave_at_ = 0;
   why_.clear();
   spdlog::info("the state folder has room again ({} free); accepting work",
                HumanBytes(*free));

@@ -7,7 +7,9 @@
 // scheduler's own small state changes (a job ending, a cancel) still fit
 // while it refuses what grows without bound (submits, diary lines). It
 // leaves full mode by itself once the folder has room for the reserve
-// twice over again. Thread-safe.
+// twice over again and, after a failed write, a reserve's worth more than
+// it had when that write failed (else a large write that failed with room
+// left would fail again at once, in a loop). Thread-safe.
 #ifndef DLBATCH_SCHEDULER_DISK_GUARD_H_
 #define DLBATCH_SCHEDULER_DISK_GUARD_H_
 
@@ -57,6 +59,8 @@ class DiskGuard {
   bool reserve_held_ ABSL_GUARDED_BY(mu_) = false;
   std::string why_ ABSL_GUARDED_BY(mu_);
   int64_t free_seen_ ABSL_GUARDED_BY(mu_) = -1;
+  // Free bytes needed to leave full mode besides twice the reserve (0: none).
+  int64_t leave_at_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dlbatch::scheduler
