@@ -33,18 +33,6 @@ class Fd {
   int fd_;
 };
 
-absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "write", path);
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status ErrnoStatus(int err, absl::string_view what,
@@ -74,7 +62,7 @@ absl::Status WriteFileAtomic(const std::string& path,
   ::unlink(tmp.c_str());
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
   if (fd.get() < 0) return ErrnoStatus(errno, "create", tmp);
-  absl::Status s = WriteAll(fd.get(), contents, tmp);
+  absl::Status s = WriteFull(fd.get(), contents, tmp);
   if (s.ok() && ::fsync(fd.get()) != 0) s = ErrnoStatus(errno, "fsync", tmp);
   if (s.ok() && ::close(fd.Release()) != 0)
     s = ErrnoStatus(errno, "close", tmp);
