@@ -17,13 +17,13 @@
 #include "absl/time/time.h"
 #include "common/files.h"
 #include "proto/jobspec_yaml.h"
-#include "trainer/backend_cuda.h"
 #include "trainer/backend_select.h"
-#include "trainer/communicator.h"
-#include "trainer/communicator_nccl.h"
+#include "trainer/comm/communicator.h"
+#include "trainer/comm/communicator_nccl.h"
+#include "trainer/comm/net_interface.h"
+#include "trainer/cuda/backend_cuda.h"
 #include "trainer/launcher.h"
-#include "trainer/net_interface.h"
-#include "trainer/progress.h"
+#include "trainer/output/progress.h"
 #include "trainer/training.h"
 
 namespace {

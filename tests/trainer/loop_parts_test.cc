@@ -6,9 +6,9 @@
 #include <string>
 
 #include "common/files.h"
-#include "trainer/checkpoint.h"
 #include "trainer/options.h"
-#include "trainer/progress.h"
+#include "trainer/output/checkpoint.h"
+#include "trainer/output/progress.h"
 #include "trainer/solver.h"
 
 namespace dlbatch::trainer {

@@ -24,8 +24,8 @@
 #include "common/files.h"
 #include "tests/integration/harness.h"
 #include "trainer/backend_select.h"
-#include "trainer/checkpoint.h"
-#include "trainer/history.h"
+#include "trainer/output/checkpoint.h"
+#include "trainer/output/history.h"
 
 namespace dlbatch::trainer {
 namespace {
