@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
       "--resume", resume,
       "Continue from the output folder's checkpoint.dlbc if there is one");
   app.add_option("--progress", progress,
-                 "Structured progress as JSON lines: fd:N or a file path");
+                 "Structured progress (v1.TrainProgress as JSON lines): fd:N "
+                 "or a file path");
   app.add_option("--max-epochs", max_epochs,
                  "Override train.options.max_epochs")
       ->check(CLI::PositiveNumber);

@@ -111,7 +111,13 @@ class Run {
   absl::Status AverageState();
   absl::Status SaveCheckpoint();
   absl::Status WriteOutputs(const TrainResult& result);
+  // Takes the step's figures into progress_ and reports it at most every
+  // 500 ms unless `force`.
   void EmitProgress(double images_per_s, bool force);
+  // Writes progress_ on the channel, stamped now (the leader's only).
+  void Report();
+  int64_t EpochOf(int64_t iteration) const;
+  int64_t Epochs() const;
   BatchRequest RequestFor(int64_t iteration);
 
   const TrainRequest& req_;
@@ -178,6 +184,8 @@ class Run {
   TrainingHistory history_;
   double last_loss_ = 0, last_accuracy_ = 0, last_lr_ = 0;
   Clock::time_point last_emit_{};
+  // What the progress channel says: the run's latest (progress.h).
+  v1::TrainProgress progress_;
   std::vector<int64_t> order_;
   int64_t order_epoch_ = -1;
 };
@@ -493,40 +501,40 @@ absl::Status Run::SaveCheckpoint() {
   // checkpoint ahead of its history, and the rows between would be lost.
   RETURN_IF_ERROR(WriteFileAtomic(OutPath(kHistoryFile), HistoryCsv(history_)));
   RETURN_IF_ERROR(WriteCheckpoint(OutPath(kCheckpointFile), c));
-  if (req_.progress != nullptr) {
-    req_.progress->Emit(nlohmann::json{
-        {"event", "checkpoint"},
-        {"time_ms", NowMs()},
-        {"iteration", iteration_},
-        {"path",
-         kCheckpointFile}}.dump());
-  }
+  progress_.set_checkpoint_iteration(iteration_);
+  Report();
   return absl::OkStatus();
+}
+
+int64_t Run::Epochs() const { return (total_ + per_epoch_ - 1) / per_epoch_; }
+
+int64_t Run::EpochOf(int64_t iteration) const {
+  return std::min<int64_t>((iteration - 1) / per_epoch_ + 1, Epochs());
+}
+
+void Run::Report() {
+  if (!leader() || req_.progress == nullptr) return;
+  progress_.set_time_ms(NowMs());
+  req_.progress->Emit(progress_);
 }
 
 void Run::EmitProgress(double images_per_s, bool force) {
   if (!leader() || req_.progress == nullptr || !req_.progress->enabled())
     return;
+  const double per_iteration =
+      images_per_s > 0 ? global_batch_ / images_per_s : 0;
+  progress_.set_iteration(iteration_);
+  progress_.set_epoch(static_cast<int32_t>(EpochOf(iteration_)));
+  progress_.set_loss(last_loss_);
+  progress_.set_accuracy(last_accuracy_);
+  progress_.set_learn_rate(last_lr_);
+  progress_.set_images_per_s(images_per_s);
+  progress_.set_elapsed_s(Elapsed());
+  progress_.set_eta_s(per_iteration * static_cast<double>(total_ - iteration_));
   const auto now = Clock::now();
   if (!force && now - last_emit_ < std::chrono::milliseconds(500)) return;
   last_emit_ = now;
-  const double per_iteration =
-      images_per_s > 0 ? global_batch_ / images_per_s : 0;
-  req_.progress->Emit(nlohmann::json{
-      {"event", "progress"},
-      {"time_ms", NowMs()},
-      {"iteration", iteration_},
-      {"iterations", total_},
-      {"epoch", std::min<int64_t>((iteration_ - 1) / per_epoch_ + 1,
-                                  (total_ + per_epoch_ - 1) / per_epoch_)},
-      {"epochs", (total_ + per_epoch_ - 1) / per_epoch_},
-      {"loss", last_loss_},
-      {"accuracy", last_accuracy_},
-      {"learn_rate", last_lr_},
-      {"images_per_s", images_per_s},
-      {"elapsed_s", Elapsed()},
-      {"eta_s", per_iteration * static_cast<double>(total_ - iteration_)}}
-                          .dump());
+  Report();
 }
 
 absl::Status Run::WriteOutputs(const TrainResult& result) {
@@ -628,15 +636,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
   ProgressTable table(req_.diary);
   const bool verbose = leader() && req_.diary != nullptr;
   if (verbose) table.Header();
-  if (leader() && req_.progress != nullptr) {
-    req_.progress->Emit(nlohmann::json{
-        {"event", "start"},
-        {"time_ms", NowMs()},
-        {"iteration", iteration_},
-        {"iterations", total_},
-        {"resumed",
-         resumed_}}.dump());
-  }
+  progress_.set_iteration(iteration_);
+  progress_.set_iterations(total_);
+  progress_.set_epoch(static_cast<int32_t>(EpochOf(iteration_)));
+  progress_.set_epochs(static_cast<int32_t>(Epochs()));
+  progress_.set_elapsed_s(Elapsed());
+  Report();
 
   TrainResult result;
   result.resumed = resumed_;
@@ -899,15 +904,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
       last_validation = v;
       history_.validations.push_back(
           {iteration_, epoch, Elapsed(), v.loss, v.accuracy});
-      if (leader() && req_.progress != nullptr) {
-        req_.progress->Emit(nlohmann::json{
-            {"event", "validation"},
-            {"time_ms", NowMs()},
-            {"iteration", iteration_},
-            {"loss", v.loss},
-            {"accuracy",
-             v.accuracy}}.dump());
-      }
+      progress_.set_iteration(iteration_);
+      progress_.set_epoch(static_cast<int32_t>(EpochOf(iteration_)));
+      progress_.set_has_validation(true);
+      progress_.set_validation_loss(v.loss);
+      progress_.set_validation_accuracy(v.accuracy);
+      Report();
       if (v.loss < best_validation_loss_) {
         best_validation_loss_ = v.loss;
         without_improvement_ = 0;
@@ -987,16 +989,17 @@ absl::StatusOr<TrainResult> Run::Execute() {
                                                 *result.test_accuracy));
     }
     Say(summary);
-    if (req_.progress != nullptr) {
-      nlohmann::json done = {{"event", "done"},
-                             {"time_ms", NowMs()},
-                             {"iteration", iteration_},
-                             {"images_per_s", result.images_per_s}};
-      if (result.validation_accuracy) {
-        done["validation_accuracy"] = *result.validation_accuracy;
-      }
-      req_.progress->Emit(done.dump());
+    progress_.set_done(true);
+    progress_.set_iteration(iteration_);
+    progress_.set_epoch(static_cast<int32_t>(EpochOf(iteration_)));
+    progress_.set_images_per_s(result.images_per_s);
+    progress_.set_eta_s(0);
+    if (result.validation_accuracy) {
+      progress_.set_has_validation(true);
+      progress_.set_validation_loss(*result.validation_loss);
+      progress_.set_validation_accuracy(*result.validation_accuracy);
     }
+    Report();
   }
   // Gloo closes its connections when the communicator goes: no rank may
   // leave while another is still in a collective.

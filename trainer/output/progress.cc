@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/files.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace dlbatch::trainer {
 namespace {
@@ -102,9 +103,21 @@ ProgressChannel::~ProgressChannel() {
   if (owned_ && fd_ >= 0) close(fd_);
 }
 
-void ProgressChannel::Emit(const std::string& json_object) {
-  if (fd_ < 0) return;
-  std::string line = json_object + "\n";
+std::string ProgressLine(const v1::TrainProgress& progress) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string line;
+  // Printing a message of scalars has nothing to fail on.
+  (void)google::protobuf::util::MessageToJsonString(progress, &line, options);
+  return line;
+}
+
+void ProgressChannel::Emit(const v1::TrainProgress& progress) {
+  if (fd_ >= 0) Write(ProgressLine(progress) + "\n");
+}
+
+void ProgressChannel::Write(const std::string& line) {
   const char* p = line.data();
   size_t left = line.size();
   while (left > 0) {

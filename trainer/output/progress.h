@@ -1,6 +1,7 @@
 // What a training run tells the people and programs watching it: the
 // verbose progress table in the diary (MATLAB's trainNetwork layout), and
-// structured progress as JSON lines on a channel the worker reads.
+// structured progress (v1.TrainProgress as JSON lines) on a channel the
+// worker reads.
 #ifndef DLBATCH_TRAINER_OUTPUT_PROGRESS_H_
 #define DLBATCH_TRAINER_OUTPUT_PROGRESS_H_
 
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "dlbatch/v1/job.pb.h"
 
 namespace dlbatch::trainer {
 
@@ -40,10 +42,19 @@ class ProgressTable {
 // "00:01:23".
 std::string FormatElapsed(double seconds);
 
-// JSON lines, one object each, flushed as written. Every line has "event"
-// ("start", "progress", "validation", "checkpoint", "done") and
-// "time_ms"; progress lines carry iteration, epoch, iterations, epochs,
-// loss, accuracy, learn_rate, images_per_s, elapsed_s and eta_s.
+// The channel's line for `progress`: protobuf's JSON form of
+// v1.TrainProgress (proto/dlbatch/v1/job.proto) on one line, field names as
+// in the proto, every field written (64-bit numbers as strings, as in every
+// JSON form of a proto). The worker reads it back into the same message.
+std::string ProgressLine(const v1::TrainProgress& progress);
+
+// Structured progress for the worker: one line per event, flushed as
+// written, each the run's whole v1.TrainProgress after the event (start, a
+// reported step, a validation, a checkpoint, the end), so a reader needs
+// only the last line. checkpoint_iteration is the iteration of the last
+// checkpoint this run wrote (0: none yet); a line that changes it
+// announces a new checkpoint. done is set on the last line, once the
+// outputs are written.
 class ProgressChannel {
  public:
   // `target`: "" (none), "fd:N" (an open descriptor, not closed here) or a
@@ -55,11 +66,13 @@ class ProgressChannel {
   ~ProgressChannel();
 
   bool enabled() const { return fd_ >= 0; }
-  // Writes one line; `json_object` is a serialized JSON object. Write
-  // errors (the reader went away) disable the channel, never the run.
-  void Emit(const std::string& json_object);
+  // Writes ProgressLine(progress) and a newline. Write errors (the reader
+  // went away) disable the channel, never the run.
+  void Emit(const v1::TrainProgress& progress);
 
  private:
+  void Write(const std::string& line);
+
   int fd_ = -1;
   bool owned_ = false;
 };
