@@ -24,8 +24,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/files.h"
-#include "trainer/communicator.h"
-#include "trainer/communicator_gloo.h"
+#include "trainer/comm/communicator.h"
+#include "trainer/comm/communicator_gloo.h"
 #include "trainer/rng.h"
 
 namespace dlbatch::trainer {

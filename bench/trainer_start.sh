@@ -2,7 +2,7 @@
 # trainer_start.sh — what starting dlbatch-train costs a run that trains on
 # the CPU, in a build with the GPU backend: wall time and peak memory of
 # `dlbatch-train --list-devices` as built (cuBLAS is loaded only when a GPU
-# backend is made, trainer/cublas_library.h) against the same binary with
+# backend is made, trainer/cuda/cublas_library.h) against the same binary with
 # cuBLAS preloaded (LD_PRELOAD), which is what linking it used to do: the
 # baseline, measured in the same run, alternating.
 #

@@ -2,8 +2,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "trainer/backend_cuda.h"
-#include "trainer/communicator_nccl.h"
+#include "trainer/comm/communicator_nccl.h"
+#include "trainer/cuda/backend_cuda.h"
 
 namespace dlbatch::trainer {
 

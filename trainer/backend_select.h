@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "trainer/backend.h"
-#include "trainer/communicator.h"
+#include "trainer/comm/communicator.h"
 
 namespace dlbatch::trainer {
 

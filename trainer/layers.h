@@ -18,7 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "dlbatch/v1/job.pb.h"
 #include "trainer/backend.h"
-#include "trainer/communicator.h"
+#include "trainer/comm/communicator.h"
 #include "trainer/network.h"
 #include "trainer/shape.h"
 

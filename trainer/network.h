@@ -28,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "dlbatch/v1/job.pb.h"
 #include "trainer/backend.h"
-#include "trainer/communicator.h"
+#include "trainer/comm/communicator.h"
 #include "trainer/shape.h"
 
 namespace dlbatch::trainer {

@@ -19,13 +19,13 @@
 #include "common/status.h"
 #include "trainer/backend.h"
 #include "trainer/backend_select.h"
-#include "trainer/checkpoint.h"
-#include "trainer/data.h"
-#include "trainer/grad_buckets.h"
-#include "trainer/history.h"
+#include "trainer/comm/grad_buckets.h"
+#include "trainer/data/data.h"
 #include "trainer/network.h"
-#include "trainer/onnx_export.h"
 #include "trainer/options.h"
+#include "trainer/output/checkpoint.h"
+#include "trainer/output/history.h"
+#include "trainer/output/onnx_export.h"
 #include "trainer/rng.h"
 #include "trainer/solver.h"
 
@@ -87,6 +87,9 @@ class Run {
   // The communicator outlives the backend's stream it was given.
   ~Run() { comm_.SetComputeStream(nullptr); }
 
+  // The run: builds it, then the loop (each iteration a Step of the step
+  // pipeline, and what the iteration asks besides: reading the steps'
+  // numbers back, validating, reporting, checkpointing), then the outputs.
   absl::StatusOr<TrainResult> Execute();
 
  private:
@@ -111,7 +114,13 @@ class Run {
   absl::Status AverageState();
   absl::Status SaveCheckpoint();
   absl::Status WriteOutputs(const TrainResult& result);
+  // Takes the step's figures into progress_ and reports it at most every
+  // 500 ms unless `force`.
   void EmitProgress(double images_per_s, bool force);
+  // Writes progress_ on the channel, stamped now (the leader's only).
+  void Report();
+  int64_t EpochOf(int64_t iteration) const;
+  int64_t Epochs() const;
   BatchRequest RequestFor(int64_t iteration);
 
   const TrainRequest& req_;
@@ -178,8 +187,58 @@ class Run {
   TrainingHistory history_;
   double last_loss_ = 0, last_accuracy_ = 0, last_lr_ = 0;
   Clock::time_point last_emit_{};
+  // What the progress channel says: the run's latest (progress.h).
+  v1::TrainProgress progress_;
   std::vector<int64_t> order_;
   int64_t order_epoch_ = -1;
+
+  // --- The step pipeline: batches from the loader into the slots, a step
+  // on the device with the solver's update, its numbers read back. ---
+  // Starts the loader, the gradients' buckets, and stages the first batch.
+  absl::Status StartPipeline();
+  // Keeps the loader `depth` batches ahead of the step.
+  void TopUp();
+  absl::StatusOr<Batch> NextBatch();
+  absl::Status Stage(const Batch& b, Slot& slot);
+  absl::Status Compute(const Slot& s);
+  absl::StatusOr<std::unique_ptr<Recording>> RecordStep(const Slot& s);
+  // Runs step iteration_ + 1 (its batch staged in slots_[current_]) and the
+  // solver's update, staging the next batch while it computes; queues the
+  // step for Retire.
+  absl::Status Step();
+  // Reads the queued steps' sums (waiting for the device), records them in
+  // the history and checks them.
+  absl::Status Retire();
+
+  // Steps queued whose loss the host has not read yet.
+  struct Queued {
+    int64_t iteration, epoch;
+    double lr, elapsed;
+  };
+  std::unique_ptr<GradientBuckets> buckets_;
+  float scale_ = 0;  // 1 / the global batch
+  std::vector<Queued> queued_;
+  std::vector<float> ring_;  // stats_ring_ read back
+  bool record_ = false;      // steps are recorded (CUDA graphs)
+  bool said_recorded_ = false;
+  bool has_dropout_ = false;
+  int64_t steps_run_ = 0;   // by this process
+  int current_ = 0;         // the slot of the next step's batch
+  int64_t step_epoch_ = 0;  // the last step's epoch and learn rate
+  double step_lr_ = 0;
+  int loader_depth_ = 0;
+  int64_t pushed_ = 0;  // batches asked of the loader
+  // Last: it reads train_, and goes first.
+  std::unique_ptr<BatchLoader> loader_;
+
+  // --- The reporter: the diary's table and the progress channel. ---
+  bool verbose() const { return leader() && req_.diary != nullptr; }
+  void ReportStart();
+  void ReportRow(int64_t epoch, double lr,
+                 const std::optional<Evaluation>& validation);
+  void ReportValidation(const Evaluation& v);
+  void ReportDone(const TrainResult& result);
+  ProgressTable table_{nullptr};
 };
 
 absl::Status Run::LoadData() {
@@ -493,40 +552,40 @@ absl::Status Run::SaveCheckpoint() {
   // checkpoint ahead of its history, and the rows between would be lost.
   RETURN_IF_ERROR(WriteFileAtomic(OutPath(kHistoryFile), HistoryCsv(history_)));
   RETURN_IF_ERROR(WriteCheckpoint(OutPath(kCheckpointFile), c));
-  if (req_.progress != nullptr) {
-    req_.progress->Emit(nlohmann::json{
-        {"event", "checkpoint"},
-        {"time_ms", NowMs()},
-        {"iteration", iteration_},
-        {"path",
-         kCheckpointFile}}.dump());
-  }
+  progress_.set_checkpoint_iteration(iteration_);
+  Report();
   return absl::OkStatus();
+}
+
+int64_t Run::Epochs() const { return (total_ + per_epoch_ - 1) / per_epoch_; }
+
+int64_t Run::EpochOf(int64_t iteration) const {
+  return std::min<int64_t>((iteration - 1) / per_epoch_ + 1, Epochs());
+}
+
+void Run::Report() {
+  if (!leader() || req_.progress == nullptr) return;
+  progress_.set_time_ms(NowMs());
+  req_.progress->Emit(progress_);
 }
 
 void Run::EmitProgress(double images_per_s, bool force) {
   if (!leader() || req_.progress == nullptr || !req_.progress->enabled())
     return;
+  const double per_iteration =
+      images_per_s > 0 ? global_batch_ / images_per_s : 0;
+  progress_.set_iteration(iteration_);
+  progress_.set_epoch(static_cast<int32_t>(EpochOf(iteration_)));
+  progress_.set_loss(last_loss_);
+  progress_.set_accuracy(last_accuracy_);
+  progress_.set_learn_rate(last_lr_);
+  progress_.set_images_per_s(images_per_s);
+  progress_.set_elapsed_s(Elapsed());
+  progress_.set_eta_s(per_iteration * static_cast<double>(total_ - iteration_));
   const auto now = Clock::now();
   if (!force && now - last_emit_ < std::chrono::milliseconds(500)) return;
   last_emit_ = now;
-  const double per_iteration =
-      images_per_s > 0 ? global_batch_ / images_per_s : 0;
-  req_.progress->Emit(nlohmann::json{
-      {"event", "progress"},
-      {"time_ms", NowMs()},
-      {"iteration", iteration_},
-      {"iterations", total_},
-      {"epoch", std::min<int64_t>((iteration_ - 1) / per_epoch_ + 1,
-                                  (total_ + per_epoch_ - 1) / per_epoch_)},
-      {"epochs", (total_ + per_epoch_ - 1) / per_epoch_},
-      {"loss", last_loss_},
-      {"accuracy", last_accuracy_},
-      {"learn_rate", last_lr_},
-      {"images_per_s", images_per_s},
-      {"elapsed_s", Elapsed()},
-      {"eta_s", per_iteration * static_cast<double>(total_ - iteration_)}}
-                          .dump());
+  Report();
 }
 
 absl::Status Run::WriteOutputs(const TrainResult& result) {
@@ -582,6 +641,278 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
   return WriteFileAtomic(OutPath(kMetricsFile), j.dump(2) + "\n");
 }
 
+absl::Status Run::StartPipeline() {
+  BatchLoader::Options lo;
+  lo.augmentation = req_.spec.data().augmentation();
+  lo.normalization = normalization_;
+  lo.seed = opt_.seed;
+  lo.bytes = bytes_;
+  loader_depth_ = lo.depth;
+  loader_ = BatchLoader::Start(&train_, lo);
+  pushed_ = iteration_;
+  TopUp();
+  scale_ = 1.0f / static_cast<float>(global_batch_);
+  buckets_ = std::make_unique<GradientBuckets>(
+      &comm_, net_->grads(), net_->num_params(),
+      DefaultBucketFloats(backend_->on_gpu()));
+  ring_.assign(2 * kStatsRing, 0.0f);
+  // One rank only: several would record collectives and their host waits.
+  record_ = req_.record_steps && backend_->can_record() && comm_.size() == 1;
+  const auto& layers = req_.spec.network().layers();
+  has_dropout_ =
+      std::any_of(layers.begin(), layers.end(),
+                  [](const v1::LayerSpec& l) { return l.type() == "dropout"; });
+  current_ = 0;
+  if (iteration_ < total_) {
+    ASSIGN_OR_RETURN(Batch first, NextBatch());
+    RETURN_IF_ERROR(Stage(first, slots_[current_]));
+  }
+  return absl::OkStatus();
+}
+
+void Run::TopUp() {
+  while (pushed_ < total_ && pushed_ < iteration_ + loader_depth_ + 1) {
+    loader_->Push(RequestFor(pushed_++));
+  }
+}
+
+absl::StatusOr<Batch> Run::NextBatch() {
+  std::optional<Batch> batch = loader_->Next();
+  if (!batch) return absl::InternalError("the batch loader ended early");
+  TopUp();
+  return *std::move(batch);
+}
+
+// Copies a prepared batch towards a slot: on a GPU through the slot's
+// page-locked memory, once the slot's previous upload has read it. That
+// upload followed the compute stream, which with several ranks waits for
+// their allreduces: there the wait is bounded like a collective's.
+// The wait is the host's only one between progress reads, and it does
+// not idle the device: in iteration k, staging batch k+1 waits for the
+// upload of batch k-1 (staged in iteration k-2, after the compute of step
+// k-3 was queued), while steps k-2 and k-1 are still queued. It keeps the
+// host two or three steps ahead of the device, no further.
+absl::Status Run::Stage(const Batch& b, Slot& slot) {
+  slot.n = b.n;
+  slot.placed = !b.placements.empty();
+  struct Part {
+    void* to;
+    const void* from;
+    size_t bytes;
+    void* host;  // page-locked, on a GPU
+  };
+  Part parts[3];
+  int count = 0;
+  if (bytes_) {
+    parts[count++] = {slot.pixels.as<void>(), b.pixels.data(), b.pixels.size(),
+                      slot.host_pixels.get()};
+    if (slot.placed) {
+      parts[count++] = {slot.placements.as<void>(), b.placements.data(),
+                        b.placements.size() * sizeof(SamplePlacement),
+                        slot.host_placements.get()};
+    }
+  } else {
+    parts[count++] = {slot.images.as<void>(), b.images.data(),
+                      b.images.size() * sizeof(float), slot.host_images.get()};
+  }
+  parts[count++] = {slot.labels.as<void>(), b.labels.data(),
+                    b.labels.size() * sizeof(int32_t), slot.host_labels.get()};
+  if (!backend_->on_gpu()) {
+    for (int i = 0; i < count; ++i) {
+      backend_->CopyToDevice(parts[i].to, parts[i].from, parts[i].bytes);
+    }
+    return absl::OkStatus();
+  }
+  if (comm_.size() > 1) {
+    const uint64_t token = slot.upload;
+    RETURN_IF_ERROR(comm_.WaitOnDevice(
+        [&] { return backend_->Uploaded(token); },
+        "the step before last (its batch slot's upload waits for it)"));
+  } else {
+    backend_->WaitUploaded(slot.upload);
+  }
+  // The slot's uploads run in order: the last one's token covers all.
+  for (int i = 0; i < count; ++i) {
+    std::memcpy(parts[i].host, parts[i].from, parts[i].bytes);
+    slot.upload = backend_->Upload(parts[i].to, parts[i].host, parts[i].bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run::Retire() {
+  if (queued_.empty()) return absl::OkStatus();
+  if (comm_.size() > 1 && backend_->on_gpu()) {
+    // The host's wait for the steps' collectives, bounded by the
+    // communicator's timeout (a Barrier queues after them): a dead peer
+    // is an error here, not a hang in the read of the device below. On
+    // the CPU, GradientBuckets::Finish has waited for them, bounded too.
+    RETURN_IF_ERROR(comm_.Barrier());
+  }
+  backend_->CopyToHost(ring_.data(), stats_ring_.f32(),
+                       ring_.size() * sizeof(float));
+  for (const Queued& q : queued_) {
+    const float* sums = &ring_[2 * ((q.iteration - 1) % kStatsRing)];
+    last_loss_ = sums[0] / global_batch_;
+    last_accuracy_ = 100.0 * sums[1] / global_batch_;
+    last_lr_ = q.lr;
+    if (!std::isfinite(last_loss_)) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "the training loss became ", last_loss_, " at iteration ",
+          q.iteration, " (epoch ", q.epoch,
+          "); lower initial_learn_rate or set gradient_threshold"));
+    }
+    history_.iterations.push_back(
+        {q.iteration, q.epoch, q.elapsed, last_loss_, last_accuracy_, q.lr});
+  }
+  queued_.clear();
+  return absl::OkStatus();
+}
+
+// A training step's work on the device, from the slot's batch to the
+// gradients (the solver's update follows outside: its learn rate changes
+// from step to step, and with a gradient threshold it reads norms back).
+// Several ranks: each layer's gradients start their allreduce (in
+// buckets) while the layers before it compute.
+// The step's loss sums start their allreduce as soon as they are known,
+// ahead of the gradients' buckets (every rank in the same order), and
+// are complete after the step's WaitAll (below, after the buckets').
+absl::Status Run::Compute(const Slot& s) {
+  net_->Forward(s.n, s.images.f32(), /*training=*/true);
+  backend_->Fill(step_stats_.f32(), 2, 0);
+  net_->Loss(s.n, s.labels.as<int32_t>(), step_stats_.f32());
+  if (comm_.size() > 1) {
+    RETURN_IF_ERROR(comm_.StartAllreduceSum(step_stats_.f32(), 2));
+  }
+  net_->Backward(s.n, s.labels.as<int32_t>(), scale_,
+                 comm_.size() > 1 ? buckets_->ReadyFn() : nullptr);
+  return net_->collective_status();
+}
+
+absl::StatusOr<std::unique_ptr<Recording>> Run::RecordStep(const Slot& s) {
+  RETURN_IF_ERROR(backend_->StartRecording());
+  const absl::Status computed = Compute(s);
+  absl::StatusOr<std::unique_ptr<Recording>> r = backend_->FinishRecording();
+  RETURN_IF_ERROR(computed);
+  return r;
+}
+
+absl::Status Run::Step() {
+  Slot& slot = slots_[current_];
+  const int n = slot.n;
+  backend_->UseUploads();  // this step's batch is on the device
+  // The next batch travels while this step computes.
+  if (iteration_ + 1 < total_) {
+    ASSIGN_OR_RETURN(Batch next, NextBatch());
+    RETURN_IF_ERROR(Stage(next, slots_[current_ ^ 1]));
+  }
+  if (queued_.size() == kStatsRing) RETURN_IF_ERROR(Retire());
+  // Outside any recording: the key is what changes between replays. Only
+  // dropout reads it; without dropout a GPU is spared a launch a step.
+  if (has_dropout_) {
+    backend_->SetDropoutKey(Key(opt_.seed, static_cast<uint64_t>(iteration_),
+                                static_cast<uint64_t>(comm_.rank())));
+  }
+  if (bytes_) {
+    // Outside any recording, like the key: the step reads the images.
+    backend_->PrepareImages(
+        n, train_.shape, slot.pixels.as<uint8_t>(),
+        slot.placed ? slot.placements.as<SamplePlacement>() : nullptr,
+        scale_bias_.f32(), slot.images.f32());
+  }
+  std::unique_ptr<Recording>& recorded = recorded_[current_];
+  // An evaluation's new batch size may have grown a workspace.
+  if (recorded != nullptr && recorded->stale()) recorded.reset();
+  if (record_ && recorded == nullptr && steps_run_ > 0) {
+    // Recorded once the kernels have run (and set themselves up) once.
+    absl::StatusOr<std::unique_ptr<Recording>> r = RecordStep(slot);
+    if (r.ok()) {
+      if (!said_recorded_) {
+        said_recorded_ = true;
+        Say("Training steps are recorded once as a CUDA graph and "
+            "replayed.");
+      }
+      recorded = *std::move(r);
+      recorded_n_[current_] = n;
+    } else {
+      record_ = false;
+      Say(absl::StrCat("Recording the training step as a CUDA graph failed (",
+                       r.status().message(),
+                       "); the steps run launch by launch instead."));
+    }
+  }
+  if (recorded != nullptr && recorded_n_[current_] == n) {
+    recorded->Replay();
+  } else {
+    RETURN_IF_ERROR(Compute(slot));
+  }
+  ++steps_run_;
+  // On GPUs no host wait: the compute stream waits for the allreduces.
+  // WaitAll after Finish: the loss sums' allreduce was started outside
+  // the buckets, and a network without parameters starts no bucket.
+  if (comm_.size() > 1) {
+    RETURN_IF_ERROR(buckets_->Finish());
+    RETURN_IF_ERROR(comm_.WaitAll());
+  }
+  backend_->CopyOnDevice(stats_ring_.f32() + 2 * (iteration_ % kStatsRing),
+                         step_stats_.f32(), 2 * sizeof(float));
+  step_epoch_ = iteration_ / per_epoch_ + 1;
+  step_lr_ = LearnRate(opt_, iteration_, step_epoch_, total_);
+  solver_->Step(step_lr_, iteration_ + 1);
+  ++iteration_;
+  current_ ^= 1;
+  queued_.push_back({iteration_, step_epoch_, step_lr_, Elapsed()});
+  return absl::OkStatus();
+}
+
+void Run::ReportStart() {
+  progress_.set_iteration(iteration_);
+  progress_.set_iterations(total_);
+  progress_.set_epoch(static_cast<int32_t>(EpochOf(iteration_)));
+  progress_.set_epochs(static_cast<int32_t>(Epochs()));
+  progress_.set_elapsed_s(Elapsed());
+  Report();
+}
+
+void Run::ReportRow(int64_t epoch, double lr,
+                    const std::optional<Evaluation>& validation) {
+  if (!verbose()) return;
+  ProgressRow r;
+  r.epoch = epoch;
+  r.iteration = iteration_;
+  r.elapsed_s = Elapsed();
+  r.loss = last_loss_;
+  r.accuracy = last_accuracy_;
+  if (validation) {
+    r.validation_loss = validation->loss;
+    r.validation_accuracy = validation->accuracy;
+  }
+  r.learn_rate = lr;
+  table_.Row(r);
+}
+
+void Run::ReportValidation(const Evaluation& v) {
+  progress_.set_iteration(iteration_);
+  progress_.set_epoch(static_cast<int32_t>(EpochOf(iteration_)));
+  progress_.set_has_validation(true);
+  progress_.set_validation_loss(v.loss);
+  progress_.set_validation_accuracy(v.accuracy);
+  Report();
+}
+
+void Run::ReportDone(const TrainResult& result) {
+  progress_.set_done(true);
+  progress_.set_iteration(iteration_);
+  progress_.set_epoch(static_cast<int32_t>(EpochOf(iteration_)));
+  progress_.set_images_per_s(result.images_per_s);
+  progress_.set_eta_s(0);
+  if (result.validation_accuracy) {
+    progress_.set_has_validation(true);
+    progress_.set_validation_loss(*result.validation_loss);
+    progress_.set_validation_accuracy(*result.validation_accuracy);
+  }
+  Report();
+}
+
 absl::StatusOr<TrainResult> Run::Execute() {
   opt_ = ResolveOptions(req_.spec.options());
   if (req_.max_epochs) opt_.max_epochs = *req_.max_epochs;
@@ -611,255 +942,22 @@ absl::StatusOr<TrainResult> Run::Execute() {
                   : "",
       per_epoch_, total_));
 
-  BatchLoader::Options lo;
-  lo.augmentation = req_.spec.data().augmentation();
-  lo.normalization = normalization_;
-  lo.seed = opt_.seed;
-  lo.bytes = bytes_;
-  std::unique_ptr<BatchLoader> loader = BatchLoader::Start(&train_, lo);
-  int64_t pushed = iteration_;
-  auto top_up = [&] {
-    while (pushed < total_ && pushed < iteration_ + lo.depth + 1) {
-      loader->Push(RequestFor(pushed++));
-    }
-  };
-  top_up();
-
-  ProgressTable table(req_.diary);
-  const bool verbose = leader() && req_.diary != nullptr;
-  if (verbose) table.Header();
-  if (leader() && req_.progress != nullptr) {
-    req_.progress->Emit(nlohmann::json{
-        {"event", "start"},
-        {"time_ms", NowMs()},
-        {"iteration", iteration_},
-        {"iterations", total_},
-        {"resumed",
-         resumed_}}.dump());
-  }
+  table_ = ProgressTable(req_.diary);
+  if (verbose()) table_.Header();
+  ReportStart();
+  RETURN_IF_ERROR(StartPipeline());
 
   TrainResult result;
   result.resumed = resumed_;
   double train_time = 0;
   int64_t images = 0;
-  const float scale = 1.0f / static_cast<float>(global_batch_);
-  GradientBuckets buckets(&comm_, net_->grads(), net_->num_params(),
-                          DefaultBucketFloats(backend_->on_gpu()));
   std::optional<Evaluation> last_validation;
-
-  // Copies a prepared batch towards a slot: on a GPU through the slot's
-  // page-locked memory, once the slot's previous upload has read it. That
-  // upload followed the compute stream, which with several ranks waits for
-  // their allreduces: there the wait is bounded like a collective's.
-  // The wait is the host's only one between progress reads, and it does
-  // not idle the device: in iteration k, staging batch k+1 waits for the
-  // upload of batch k-1 (staged in iteration k-2, after the compute of step
-  // k-3 was queued), while steps k-2 and k-1 are still queued. It keeps the
-  // host two or three steps ahead of the device, no further.
-  auto stage = [&](const Batch& b, Slot& slot) -> absl::Status {
-    slot.n = b.n;
-    slot.placed = !b.placements.empty();
-    struct Part {
-      void* to;
-      const void* from;
-      size_t bytes;
-      void* host;  // page-locked, on a GPU
-    };
-    Part parts[3];
-    int count = 0;
-    if (bytes_) {
-      parts[count++] = {slot.pixels.as<void>(), b.pixels.data(),
-                        b.pixels.size(), slot.host_pixels.get()};
-      if (slot.placed) {
-        parts[count++] = {slot.placements.as<void>(), b.placements.data(),
-                          b.placements.size() * sizeof(SamplePlacement),
-                          slot.host_placements.get()};
-      }
-    } else {
-      parts[count++] = {slot.images.as<void>(), b.images.data(),
-                        b.images.size() * sizeof(float),
-                        slot.host_images.get()};
-    }
-    parts[count++] = {slot.labels.as<void>(), b.labels.data(),
-                      b.labels.size() * sizeof(int32_t),
-                      slot.host_labels.get()};
-    if (!backend_->on_gpu()) {
-      for (int i = 0; i < count; ++i) {
-        backend_->CopyToDevice(parts[i].to, parts[i].from, parts[i].bytes);
-      }
-      return absl::OkStatus();
-    }
-    if (comm_.size() > 1) {
-      const uint64_t token = slot.upload;
-      RETURN_IF_ERROR(comm_.WaitOnDevice(
-          [&] { return backend_->Uploaded(token); },
-          "the step before last (its batch slot's upload waits for it)"));
-    } else {
-      backend_->WaitUploaded(slot.upload);
-    }
-    // The slot's uploads run in order: the last one's token covers all.
-    for (int i = 0; i < count; ++i) {
-      std::memcpy(parts[i].host, parts[i].from, parts[i].bytes);
-      slot.upload =
-          backend_->Upload(parts[i].to, parts[i].host, parts[i].bytes);
-    }
-    return absl::OkStatus();
-  };
-  auto next_batch = [&]() -> absl::StatusOr<Batch> {
-    std::optional<Batch> batch = loader->Next();
-    if (!batch) return absl::InternalError("the batch loader ended early");
-    top_up();
-    return *std::move(batch);
-  };
-
-  // Steps queued whose loss the host has not read yet.
-  struct Queued {
-    int64_t iteration, epoch;
-    double lr, elapsed;
-  };
-  std::vector<Queued> queued;
-  std::vector<float> ring(2 * kStatsRing);
-  // Reads the queued steps' sums (waiting for the device), records them in
-  // the history and checks them.
-  auto retire = [&]() -> absl::Status {
-    if (queued.empty()) return absl::OkStatus();
-    if (comm_.size() > 1 && backend_->on_gpu()) {
-      // The host's wait for the steps' collectives, bounded by the
-      // communicator's timeout (a Barrier queues after them): a dead peer
-      // is an error here, not a hang in the read of the device below. On
-      // the CPU, GradientBuckets::Finish has waited for them, bounded too.
-      RETURN_IF_ERROR(comm_.Barrier());
-    }
-    backend_->CopyToHost(ring.data(), stats_ring_.f32(),
-                         ring.size() * sizeof(float));
-    for (const Queued& q : queued) {
-      const float* sums = &ring[2 * ((q.iteration - 1) % kStatsRing)];
-      last_loss_ = sums[0] / global_batch_;
-      last_accuracy_ = 100.0 * sums[1] / global_batch_;
-      last_lr_ = q.lr;
-      if (!std::isfinite(last_loss_)) {
-        return absl::OutOfRangeError(absl::StrCat(
-            "the training loss became ", last_loss_, " at iteration ",
-            q.iteration, " (epoch ", q.epoch,
-            "); lower initial_learn_rate or set gradient_threshold"));
-      }
-      history_.iterations.push_back(
-          {q.iteration, q.epoch, q.elapsed, last_loss_, last_accuracy_, q.lr});
-    }
-    queued.clear();
-    return absl::OkStatus();
-  };
-
-  // A training step's work on the device, from the slot's batch to the
-  // gradients (the solver's update follows outside: its learn rate changes
-  // from step to step, and with a gradient threshold it reads norms back).
-  // Several ranks: each layer's gradients start their allreduce (in
-  // buckets) while the layers before it compute.
-  // The step's loss sums start their allreduce as soon as they are known,
-  // ahead of the gradients' buckets (every rank in the same order), and
-  // are complete after the step's WaitAll (below, after the buckets').
-  auto compute = [&](const Slot& s) -> absl::Status {
-    net_->Forward(s.n, s.images.f32(), /*training=*/true);
-    backend_->Fill(step_stats_.f32(), 2, 0);
-    net_->Loss(s.n, s.labels.as<int32_t>(), step_stats_.f32());
-    if (comm_.size() > 1) {
-      RETURN_IF_ERROR(comm_.StartAllreduceSum(step_stats_.f32(), 2));
-    }
-    net_->Backward(s.n, s.labels.as<int32_t>(), scale,
-                   comm_.size() > 1 ? buckets.ReadyFn() : nullptr);
-    return net_->collective_status();
-  };
-  // One rank only: several would record collectives and their host waits.
-  bool record =
-      req_.record_steps && backend_->can_record() && comm_.size() == 1;
-  int64_t steps_run = 0;  // by this process
-  bool said_recorded = false;
-  auto record_step =
-      [&](const Slot& s) -> absl::StatusOr<std::unique_ptr<Recording>> {
-    RETURN_IF_ERROR(backend_->StartRecording());
-    const absl::Status computed = compute(s);
-    absl::StatusOr<std::unique_ptr<Recording>> r = backend_->FinishRecording();
-    RETURN_IF_ERROR(computed);
-    return r;
-  };
-
-  const auto& layers = req_.spec.network().layers();
-  const bool has_dropout =
-      std::any_of(layers.begin(), layers.end(),
-                  [](const v1::LayerSpec& l) { return l.type() == "dropout"; });
-
-  int current = 0;  // the slot of the next step's batch
-  if (iteration_ < total_) {
-    ASSIGN_OR_RETURN(Batch first, next_batch());
-    RETURN_IF_ERROR(stage(first, slots_[current]));
-  }
   while (iteration_ < total_) {
     const auto step_start = Clock::now();
-    Slot& slot = slots_[current];
-    const int n = slot.n;
-    backend_->UseUploads();  // this step's batch is on the device
-    // The next batch travels while this step computes.
-    if (iteration_ + 1 < total_) {
-      ASSIGN_OR_RETURN(Batch next, next_batch());
-      RETURN_IF_ERROR(stage(next, slots_[current ^ 1]));
-    }
-    if (queued.size() == kStatsRing) RETURN_IF_ERROR(retire());
-    // Outside any recording: the key is what changes between replays. Only
-    // dropout reads it; without dropout a GPU is spared a launch a step.
-    if (has_dropout) {
-      backend_->SetDropoutKey(Key(opt_.seed, static_cast<uint64_t>(iteration_),
-                                  static_cast<uint64_t>(comm_.rank())));
-    }
-    if (bytes_) {
-      // Outside any recording, like the key: the step reads the images.
-      backend_->PrepareImages(
-          n, train_.shape, slot.pixels.as<uint8_t>(),
-          slot.placed ? slot.placements.as<SamplePlacement>() : nullptr,
-          scale_bias_.f32(), slot.images.f32());
-    }
-    std::unique_ptr<Recording>& recorded = recorded_[current];
-    // An evaluation's new batch size may have grown a workspace.
-    if (recorded != nullptr && recorded->stale()) recorded.reset();
-    if (record && recorded == nullptr && steps_run > 0) {
-      // Recorded once the kernels have run (and set themselves up) once.
-      absl::StatusOr<std::unique_ptr<Recording>> r = record_step(slot);
-      if (r.ok()) {
-        if (!said_recorded) {
-          said_recorded = true;
-          Say("Training steps are recorded once as a CUDA graph and "
-              "replayed.");
-        }
-        recorded = *std::move(r);
-        recorded_n_[current] = n;
-      } else {
-        record = false;
-        Say(absl::StrCat("Recording the training step as a CUDA graph failed (",
-                         r.status().message(),
-                         "); the steps run launch by launch instead."));
-      }
-    }
-    if (recorded != nullptr && recorded_n_[current] == n) {
-      recorded->Replay();
-    } else {
-      RETURN_IF_ERROR(compute(slot));
-    }
-    ++steps_run;
-    // On GPUs no host wait: the compute stream waits for the allreduces.
-    // WaitAll after Finish: the loss sums' allreduce was started outside
-    // the buckets, and a network without parameters starts no bucket.
-    if (comm_.size() > 1) {
-      RETURN_IF_ERROR(buckets.Finish());
-      RETURN_IF_ERROR(comm_.WaitAll());
-    }
-    backend_->CopyOnDevice(stats_ring_.f32() + 2 * (iteration_ % kStatsRing),
-                           step_stats_.f32(), 2 * sizeof(float));
-    const int64_t epoch = iteration_ / per_epoch_ + 1;
-    const double lr = LearnRate(opt_, iteration_, epoch, total_);
-    solver_->Step(lr, iteration_ + 1);
-    ++iteration_;
-    current ^= 1;
+    RETURN_IF_ERROR(Step());
     images += global_batch_;
-    queued.push_back({iteration_, epoch, lr, Elapsed()});
+    const int64_t epoch = step_epoch_;
+    const double lr = step_lr_;
 
     // What this iteration does besides the step, each of which needs the
     // step's numbers (and so waits for the device).
@@ -878,17 +976,17 @@ absl::StatusOr<TrainResult> Run::Execute() {
     // loss that is not finite at the same one and say so. On a GPU reading
     // waits for the device: every kReadEvery steps there, which keeps the
     // progress report current; on the CPU it costs nothing.
-    const bool read = queued.size() >=
+    const bool read = queued_.size() >=
                       static_cast<size_t>(backend_->on_gpu() ? kReadEvery : 1);
     // This process's first step is waited for, once, and its time kept:
     // what it costs beyond a steady step (lazy set-up in the libraries) is
     // then known apart from the steady steps' rate.
-    const bool first = steps_run == 1;
+    const bool first = steps_run_ == 1;
     if (!(last || validate || row || checkpoint || read || first)) {
       train_time += SecondsSince(step_start);
       continue;
     }
-    RETURN_IF_ERROR(retire());
+    RETURN_IF_ERROR(Retire());
     train_time += SecondsSince(step_start);
     if (first) result.first_step_s = train_time;
 
@@ -899,15 +997,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       last_validation = v;
       history_.validations.push_back(
           {iteration_, epoch, Elapsed(), v.loss, v.accuracy});
-      if (leader() && req_.progress != nullptr) {
-        req_.progress->Emit(nlohmann::json{
-            {"event", "validation"},
-            {"time_ms", NowMs()},
-            {"iteration", iteration_},
-            {"loss", v.loss},
-            {"accuracy",
-             v.accuracy}}.dump());
-      }
+      ReportValidation(v);
       if (v.loss < best_validation_loss_) {
         best_validation_loss_ = v.loss;
         without_improvement_ = 0;
@@ -918,19 +1008,8 @@ absl::StatusOr<TrainResult> Run::Execute() {
     const bool stop_early = opt_.validation_patience > 0 &&
                             without_improvement_ >= opt_.validation_patience;
     const double images_per_s = train_time > 0 ? images / train_time : 0;
-    if (verbose && (row || validation.has_value() || last || stop_early)) {
-      ProgressRow r;
-      r.epoch = epoch;
-      r.iteration = iteration_;
-      r.elapsed_s = Elapsed();
-      r.loss = last_loss_;
-      r.accuracy = last_accuracy_;
-      if (validation) {
-        r.validation_loss = validation->loss;
-        r.validation_accuracy = validation->accuracy;
-      }
-      r.learn_rate = lr;
-      table.Row(r);
+    if (row || validation.has_value() || last || stop_early) {
+      ReportRow(epoch, lr, validation);
     }
     EmitProgress(images_per_s, validation.has_value() || last);
 
@@ -944,8 +1023,8 @@ absl::StatusOr<TrainResult> Run::Execute() {
       break;
     }
   }
-  loader->Close();
-  if (verbose) table.Footer();
+  loader_->Close();
+  if (verbose()) table_.Footer();
 
   result.iterations = iteration_;
   result.epochs = static_cast<double>(iteration_) / per_epoch_;
@@ -987,16 +1066,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
                                                 *result.test_accuracy));
     }
     Say(summary);
-    if (req_.progress != nullptr) {
-      nlohmann::json done = {{"event", "done"},
-                             {"time_ms", NowMs()},
-                             {"iteration", iteration_},
-                             {"images_per_s", result.images_per_s}};
-      if (result.validation_accuracy) {
-        done["validation_accuracy"] = *result.validation_accuracy;
-      }
-      req_.progress->Emit(done.dump());
-    }
+    ReportDone(result);
   }
   // Gloo closes its connections when the communicator goes: no rank may
   // leave while another is still in a collective.

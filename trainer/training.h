@@ -12,8 +12,8 @@
 #include "absl/status/statusor.h"
 #include "dlbatch/v1/job.pb.h"
 #include "trainer/backend_select.h"
-#include "trainer/communicator.h"
-#include "trainer/progress.h"
+#include "trainer/comm/communicator.h"
+#include "trainer/output/progress.h"
 
 namespace dlbatch::trainer {
 

@@ -1,6 +1,6 @@
 // What a worker does for a `train:` job beyond what it does for any job:
 // the trainer's command line and environment, and reading the trainer's
-// structured progress (JSON lines on descriptor 3).
+// structured progress (v1.TrainProgress as JSON lines on descriptor 3).
 #ifndef DLBATCH_WORKER_TRAIN_JOB_H_
 #define DLBATCH_WORKER_TRAIN_JOB_H_
 
@@ -41,9 +41,13 @@ struct ChannelEvent {
   enum Kind { kIgnored, kProgress, kCheckpoint } kind = kIgnored;
   int64_t iteration = 0;  // kCheckpoint: the iteration it holds
 };
-// Folds a JSON line into `progress` (the job's latest). Lines that are not
-// JSON objects, or of unknown events, are ignored: the channel is the
-// trainer's and the worker must survive anything on it.
+// Reads a line of the channel, protobuf's JSON form of v1.TrainProgress
+// (trainer/output/progress.h: each line the run's whole progress), into
+// `progress` (the job's latest), stamped `now_ms`. A line whose
+// checkpoint_iteration differs from the one `progress` had announces a
+// checkpoint (kCheckpoint). Lines that are not a TrainProgress (not JSON,
+// unknown fields, wrong types) are ignored and change nothing: the channel
+// is the trainer's and the worker must survive anything on it.
 ChannelEvent ApplyChannelLine(const std::string& line, int64_t now_ms,
                               v1::TrainProgress* progress);
 

@@ -21,8 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "tests/integration/harness.h"
-#include "trainer/backend_cuda.h"
-#include "trainer/checkpoint.h"
+#include "trainer/cuda/backend_cuda.h"
+#include "trainer/output/checkpoint.h"
 
 namespace dlbatch::testing {
 namespace {

@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/harness.h"
-#include "trainer/checkpoint.h"
-#include "trainer/history.h"
+#include "trainer/output/checkpoint.h"
+#include "trainer/output/history.h"
 
 namespace dlbatch::testing {
 namespace {

@@ -8,8 +8,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/thread_ranks.h"
-#include "trainer/communicator.h"
-#include "trainer/communicator_nccl.h"
+#include "trainer/comm/communicator.h"
+#include "trainer/comm/communicator_nccl.h"
 
 namespace dlbatch::trainer {
 namespace {

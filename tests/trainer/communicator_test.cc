@@ -1,6 +1,6 @@
 // The folder rendezvous and the Gloo communicator: real files, real TCP on
 // 127.0.0.1, ranks as threads of this process or as forked processes.
-#include "trainer/communicator.h"
+#include "trainer/comm/communicator.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -24,7 +24,7 @@
 #include "common/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/communicator_gloo.h"
+#include "trainer/comm/communicator_gloo.h"
 #include "trainer/rng.h"
 
 namespace dlbatch::trainer {

@@ -1,7 +1,7 @@
 // Data loading: IDX and CIFAR-10 files (real Fashion-MNIST, and files
 // written here, broken on purpose), epoch order, normalisation,
 // augmentation and the batch loader.
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -18,8 +18,8 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
-#include "trainer/backend_cuda.h"
-#include "trainer/checkpoint.h"
+#include "trainer/cuda/backend_cuda.h"
+#include "trainer/output/checkpoint.h"
 
 namespace dlbatch::trainer {
 namespace {

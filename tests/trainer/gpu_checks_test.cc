@@ -17,10 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/backend_cuda.h"
-#include "trainer/backend_cuda_internal.h"
-#include "trainer/backend_cuda_launch.h"
-#include "trainer/cublas_library.h"
+#include "trainer/cuda/backend_cuda.h"
+#include "trainer/cuda/backend_cuda_internal.h"
+#include "trainer/cuda/backend_cuda_launch.h"
+#include "trainer/cuda/cublas_library.h"
 
 namespace dlbatch::trainer {
 namespace {

@@ -6,7 +6,7 @@
 // products (conv_lowering.h, with a reference of cuBLAS's product), and a
 // batch's images from bytes. Needs
 // no GPU, so CI runs it; the launches themselves are gpu_backend_test's.
-#include "trainer/gpu_elements.h"
+#include "trainer/cuda/gpu_elements.h"
 
 #include <algorithm>
 #include <climits>
@@ -19,7 +19,7 @@
 #include "tests/trainer/images_from_bytes.h"
 #include "tests/trainer/test_util.h"
 #include "trainer/backend.h"
-#include "trainer/conv_lowering.h"
+#include "trainer/cuda/conv_lowering.h"
 #include "trainer/layers.h"
 
 namespace dlbatch::trainer {

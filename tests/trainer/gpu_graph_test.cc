@@ -23,9 +23,9 @@
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
 #include "trainer/backend.h"
-#include "trainer/backend_cuda.h"
-#include "trainer/checkpoint.h"
-#include "trainer/history.h"
+#include "trainer/cuda/backend_cuda.h"
+#include "trainer/output/checkpoint.h"
+#include "trainer/output/history.h"
 #include "trainer/rng.h"
 
 namespace dlbatch::trainer {

@@ -1,7 +1,7 @@
 // Gradient buckets: where buckets begin and end, that every gradient is
 // summed exactly once, errors; the network's ready ranges; and two Gloo
 // ranks (threads) whose bucketed step equals the blocking one.
-#include "trainer/grad_buckets.h"
+#include "trainer/comm/grad_buckets.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -16,7 +16,7 @@
 #include "tests/trainer/test_util.h"
 #include "tests/trainer/thread_ranks.h"
 #include "trainer/backend.h"
-#include "trainer/communicator.h"
+#include "trainer/comm/communicator.h"
 #include "trainer/network.h"
 #include "trainer/rng.h"
 

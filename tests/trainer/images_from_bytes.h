@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "trainer/backend.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 #include "trainer/rng.h"
 
 namespace dlbatch::trainer::testing {

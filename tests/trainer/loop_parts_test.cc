@@ -6,9 +6,10 @@
 #include <string>
 
 #include "common/files.h"
-#include "trainer/checkpoint.h"
+#include "google/protobuf/util/json_util.h"
 #include "trainer/options.h"
-#include "trainer/progress.h"
+#include "trainer/output/checkpoint.h"
+#include "trainer/output/progress.h"
 #include "trainer/solver.h"
 
 namespace dlbatch::trainer {
@@ -163,15 +164,38 @@ TEST(Progress, ElapsedAndChannel) {
   char tmpl[] = "/tmp/dlbatch-progress-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string path = std::string(tmpl) + "/p.jsonl";
+  v1::TrainProgress start;
+  start.set_time_ms(1700000000123);
+  start.set_iterations(937);
+  v1::TrainProgress done = start;
+  done.set_iteration(937);
+  done.set_loss(0.25);
+  done.set_checkpoint_iteration(900);
+  done.set_done(true);
   {
     absl::StatusOr<ProgressChannel> c = ProgressChannel::Open(path);
     ASSERT_TRUE(c.ok());
-    c->Emit(R"({"event":"start"})");
-    c->Emit(R"({"event":"done"})");
+    c->Emit(start);
+    c->Emit(done);
   }
   absl::StatusOr<std::string> text = ReadFile(path);
   ASSERT_TRUE(text.ok());
-  EXPECT_EQ(*text, "{\"event\":\"start\"}\n{\"event\":\"done\"}\n");
+  EXPECT_EQ(*text, ProgressLine(start) + "\n" + ProgressLine(done) + "\n");
+  // One line each, proto names, every field (a zero too), 64-bit numbers
+  // as strings; read back it is the same message.
+  EXPECT_EQ(ProgressLine(done).find('\n'), std::string::npos);
+  for (const char* part :
+       {R"("time_ms":"1700000000123")", R"("iteration":"937")",
+        R"("checkpoint_iteration":"900")", R"("done":true)", R"("eta_s":0)",
+        R"("has_validation":false)"}) {
+    EXPECT_NE(ProgressLine(done).find(part), std::string::npos)
+        << part << " not in " << ProgressLine(done);
+  }
+  v1::TrainProgress read;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(ProgressLine(done), &read)
+          .ok());
+  EXPECT_EQ(read.SerializeAsString(), done.SerializeAsString());
   ASSERT_TRUE(RemoveTree(tmpl).ok());
 }
 

@@ -31,9 +31,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "trainer/backend.h"
-#include "trainer/backend_cuda.h"
-#include "trainer/communicator.h"
-#include "trainer/communicator_nccl.h"
+#include "trainer/comm/communicator.h"
+#include "trainer/comm/communicator_nccl.h"
+#include "trainer/cuda/backend_cuda.h"
 
 extern char** environ;
 

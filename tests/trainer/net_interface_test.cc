@@ -1,7 +1,7 @@
 // Which interface holds a rank's address, and what NCCL_SOCKET_IFNAME a
 // rank of a job spanning machines gets: against this machine's real
 // interfaces (getifaddrs), whatever they are.
-#include "trainer/net_interface.h"
+#include "trainer/comm/net_interface.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

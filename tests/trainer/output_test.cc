@@ -21,9 +21,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "trainer/history.h"
-#include "trainer/onnx_export.h"
-#include "trainer/onnx_subset.pb.h"
+#include "trainer/output/history.h"
+#include "trainer/output/onnx_export.h"
+#include "trainer/output/onnx_subset.pb.h"
 #include "trainer/rng.h"
 
 namespace dlbatch::trainer {

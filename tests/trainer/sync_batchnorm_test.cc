@@ -16,7 +16,7 @@
 #include "tests/trainer/test_util.h"
 #include "tests/trainer/thread_ranks.h"
 #include "trainer/backend.h"
-#include "trainer/communicator.h"
+#include "trainer/comm/communicator.h"
 #include "trainer/network.h"
 
 namespace dlbatch::trainer {

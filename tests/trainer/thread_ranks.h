@@ -15,7 +15,7 @@
 #include "absl/time/time.h"
 #include "common/files.h"
 #include "gtest/gtest.h"
-#include "trainer/communicator.h"
+#include "trainer/comm/communicator.h"
 
 namespace dlbatch::trainer::testing {
 

@@ -22,10 +22,12 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/files.h"
+#include "dlbatch/v1/job.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "tests/integration/harness.h"
 #include "trainer/backend_select.h"
-#include "trainer/checkpoint.h"
-#include "trainer/history.h"
+#include "trainer/output/checkpoint.h"
+#include "trainer/output/history.h"
 
 namespace dlbatch::trainer {
 namespace {
@@ -182,25 +184,51 @@ TEST_F(TrainRun, LenetReaches85PercentInTwoEpochsWithEveryOutput) {
             std::string::npos);
   EXPECT_EQ(FinalParams(out).size(), 431080u);
 
-  // Structured progress: start, progress lines with the fields the worker
-  // forwards, validations, done.
+  // Structured progress: each line the run's whole v1.TrainProgress in
+  // protobuf's JSON form (every field written), from the start to done.
   const std::string progress = ReadAll(dir_ + "/progress.jsonl");
-  std::vector<std::string> events =
+  std::vector<std::string> lines_read =
       absl::StrSplit(progress, '\n', absl::SkipEmpty());
-  ASSERT_GE(events.size(), 4u);
-  EXPECT_EQ(nlohmann::json::parse(events.front())["event"], "start");
-  EXPECT_EQ(nlohmann::json::parse(events.back())["event"], "done");
-  int progress_events = 0;
-  for (const std::string& e : events) {
-    nlohmann::json j = nlohmann::json::parse(e);
-    if (j["event"] != "progress") continue;
-    ++progress_events;
-    for (const char* key : {"iteration", "epoch", "loss", "accuracy",
-                            "learn_rate", "images_per_s", "eta_s"}) {
-      EXPECT_TRUE(j.contains(key)) << key << " missing in " << e;
+  ASSERT_GE(lines_read.size(), 4u);
+  std::vector<v1::TrainProgress> reports;
+  for (const std::string& l : lines_read) {
+    v1::TrainProgress p;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(l, &p).ok()) << l;
+    nlohmann::json j = nlohmann::json::parse(l);
+    for (const char* key :
+         {"time_ms", "iteration", "iterations", "epoch", "epochs", "loss",
+          "accuracy", "learn_rate", "images_per_s", "elapsed_s", "eta_s",
+          "has_validation", "checkpoint_iteration", "done"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " missing in " << l;
+    }
+    if (!reports.empty()) {
+      EXPECT_GE(p.iteration(), reports.back().iteration()) << l;
+    }
+    EXPECT_EQ(p.iterations(), 1874) << l;
+    EXPECT_EQ(p.epochs(), 2) << l;
+    EXPECT_GT(p.time_ms(), 0) << l;
+    reports.push_back(p);
+  }
+  EXPECT_EQ(reports.front().iteration(), 0);
+  EXPECT_EQ(reports.front().epoch(), 1);
+  EXPECT_FALSE(reports.front().done());
+  const v1::TrainProgress& done = reports.back();
+  EXPECT_TRUE(done.done());
+  EXPECT_EQ(done.iteration(), 1874);
+  EXPECT_EQ(done.epoch(), 2);
+  EXPECT_EQ(done.eta_s(), 0);
+  EXPECT_TRUE(done.has_validation());
+  EXPECT_DOUBLE_EQ(done.validation_accuracy(),
+                   m["validation_accuracy"].get<double>());
+  EXPECT_DOUBLE_EQ(done.images_per_s(), m["images_per_s"].get<double>());
+  int steps_reported = 0;
+  for (const v1::TrainProgress& p : reports) {
+    if (p.loss() > 0 && p.learn_rate() > 0 && p.images_per_s() > 0 &&
+        p.elapsed_s() > 0) {
+      ++steps_reported;
     }
   }
-  EXPECT_GE(progress_events, 1);
+  EXPECT_GE(steps_reported, 1);
 
   // The ONNX model passes the checker, where Debian's python3-onnx is.
   Result has_onnx = Exec({"/usr/bin/python3", "-c", "import onnx"});
@@ -319,7 +347,9 @@ std::string KillOptions() {
       kSmallOptions, {{"checkpoint_frequency: 10", "checkpoint_frequency: 3"}});
 }
 
-constexpr char kCheckpoint21[] = "\"event\":\"checkpoint\",\"iteration\":21,";
+// The first progress line that names the checkpoint of iteration 21 is the
+// one written with it.
+constexpr char kCheckpoint21[] = "\"checkpoint_iteration\":\"21\"";
 
 TEST_F(TrainRun, KilledAndResumedRunEndsWithTheSameWeights) {
   const std::string job = Job("small", kSmall, KillOptions(), false);

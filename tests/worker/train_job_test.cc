@@ -10,60 +10,80 @@
 namespace dlbatch::worker {
 namespace {
 
-TEST(ApplyChannelLine, FoldsTheTrainersEventsIntoTheLatestProgress) {
+TEST(ApplyChannelLine, ReadsTheTrainersLinesIntoTheLatestProgress) {
   v1::TrainProgress p;
+  // What the trainer writes (trainer/output/progress.h): the whole message,
+  // names as in the proto, 64-bit numbers as strings.
+  EXPECT_EQ(
+      ApplyChannelLine(R"({"time_ms":"99","iteration":"0","iterations":"937",)"
+                       R"("epoch":1,"epochs":1,"loss":0,"done":false})",
+                       1, &p)
+          .kind,
+      ChannelEvent::kProgress);
+  EXPECT_EQ(p.iterations(), 937);
+  EXPECT_EQ(p.time_ms(), 1);  // the worker's time of the line
   EXPECT_EQ(ApplyChannelLine(
-                R"({"event":"start","iteration":0,"iterations":937})", 1, &p)
+                R"({"iteration":50,"iterations":937,"epoch":1,"epochs":1,)"
+                R"("loss":0.69,"accuracy":71.9,"learn_rate":0.01,)"
+                R"("images_per_s":2700,"elapsed_s":2.5,"eta_s":40})",
+                2, &p)
                 .kind,
             ChannelEvent::kProgress);
-  EXPECT_EQ(p.iterations(), 937);
-  ApplyChannelLine(
-      R"({"event":"progress","iteration":50,"iterations":937,"epoch":1,"epochs":1,)"
-      R"("loss":0.69,"accuracy":71.9,"learn_rate":0.01,"images_per_s":2700,)"
-      R"("elapsed_s":2.5,"eta_s":40})",
-      2, &p);
   EXPECT_EQ(p.iteration(), 50);
   EXPECT_DOUBLE_EQ(p.loss(), 0.69);
   EXPECT_DOUBLE_EQ(p.accuracy(), 71.9);
   EXPECT_DOUBLE_EQ(p.eta_s(), 40);
   EXPECT_EQ(p.time_ms(), 2);
   EXPECT_FALSE(p.has_validation());
+  // Each line is the whole progress: what it leaves out is zero.
   ApplyChannelLine(
-      R"({"event":"validation","iteration":100,"loss":0.55,"accuracy":80.3})",
+      R"({"iteration":"100","iterations":"937","has_validation":true,)"
+      R"("validation_loss":0.55,"validation_accuracy":80.3})",
       3, &p);
   EXPECT_TRUE(p.has_validation());
   EXPECT_DOUBLE_EQ(p.validation_accuracy(), 80.3);
-  EXPECT_EQ(p.iteration(), 50);  // a validation reports no step
-  ApplyChannelLine(R"({"event":"done","iteration":937,"images_per_s":2800})", 4,
-                   &p);
+  EXPECT_EQ(p.iteration(), 100);
+  EXPECT_DOUBLE_EQ(p.loss(), 0);
+  ApplyChannelLine(
+      R"({"iteration":"937","iterations":"937","images_per_s":2800,)"
+      R"("done":true})",
+      4, &p);
   EXPECT_TRUE(p.done());
   EXPECT_EQ(p.iteration(), 937);
   EXPECT_DOUBLE_EQ(p.eta_s(), 0);
 }
 
-TEST(ApplyChannelLine, ACheckpointIsAnnouncedWithItsIteration) {
+TEST(ApplyChannelLine, ANewCheckpointIterationAnnouncesACheckpoint) {
   v1::TrainProgress p;
   ChannelEvent e = ApplyChannelLine(
-      R"({"event":"checkpoint","iteration":400,"path":"checkpoint.dlbc"})", 1,
-      &p);
+      R"({"iteration":"400","checkpoint_iteration":"400"})", 1, &p);
   EXPECT_EQ(e.kind, ChannelEvent::kCheckpoint);
   EXPECT_EQ(e.iteration, 400);
+  // Later lines that still name it are progress, not a second checkpoint.
+  e = ApplyChannelLine(R"({"iteration":"420","checkpoint_iteration":"400"})", 2,
+                       &p);
+  EXPECT_EQ(e.kind, ChannelEvent::kProgress);
+  EXPECT_EQ(p.iteration(), 420);
+  e = ApplyChannelLine(R"({"iteration":"800","checkpoint_iteration":"800"})", 3,
+                       &p);
+  EXPECT_EQ(e.kind, ChannelEvent::kCheckpoint);
+  EXPECT_EQ(e.iteration, 800);
 }
 
-TEST(ApplyChannelLine, AnythingElseOnTheChannelIsIgnored) {
+TEST(ApplyChannelLine, AnythingButATrainProgressIsIgnored) {
   v1::TrainProgress p;
   p.set_iteration(5);
+  p.set_time_ms(7);
   for (const char* line :
-       {"", "not json", "[1,2]", "{\"event\": 3}", "{\"iteration\": 9}",
-        "{\"event\":\"unknown\",\"iteration\":9}", "{\"event\":\"progress\""}) {
+       {"", "not json", "[1,2]", "3", R"({"event": 3})",
+        R"({"event":"progress","iteration":9})", R"({"iteration":9)",
+        R"({"iteration":"many"})", R"({"loss":"low"})",
+        R"({"iteration":9,"done":[true]})"}) {
     EXPECT_EQ(ApplyChannelLine(line, 1, &p).kind, ChannelEvent::kIgnored)
         << line;
   }
   EXPECT_EQ(p.iteration(), 5);
-  // Wrongly typed fields keep their values.
-  ApplyChannelLine(R"({"event":"progress","iteration":"many","loss":null})", 2,
-                   &p);
-  EXPECT_EQ(p.iteration(), 5);
+  EXPECT_EQ(p.time_ms(), 7);
 }
 
 TEST(PrepareTrainCommand, RunsThePartsRanksWithTheRendezvousAndChannel) {

@@ -1,0 +1,217 @@
+// Element-wise loops of the CPU backend: activations, dropout, softmax
+// cross-entropy and the solvers. Plain loops the compiler vectorises, split
+// across the OpenMP team where the count makes that pay.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "trainer/cpu/backend_cpu_internal.h"
+#include "trainer/rng.h"
+
+namespace dlbatch::trainer::cpu {
+namespace {
+
+// Below this many elements a loop runs on the calling thread alone: waking
+// the team costs more than it saves.
+constexpr int64_t kParallelMin = 1 << 15;
+
+}  // namespace
+
+void ActivationForward(float alpha, int64_t count, const float* x, float* y) {
+#pragma omp parallel for simd schedule(static) if (count > kParallelMin)
+  for (int64_t i = 0; i < count; ++i) {
+    y[i] = x[i] > 0 ? x[i] : alpha * x[i];
+  }
+}
+
+void ActivationBackward(float alpha, int64_t count, const float* x,
+                        const float* dy, float* dx) {
+#pragma omp parallel for simd schedule(static) if (count > kParallelMin)
+  for (int64_t i = 0; i < count; ++i) {
+    dx[i] = x[i] > 0 ? dy[i] : alpha * dy[i];
+  }
+}
+
+void DropoutForward(float p, uint64_t seed, int64_t count, const float* x,
+                    float* mask, float* y) {
+  const float keep = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) if (count > kParallelMin / 8)
+  for (int64_t i = 0; i < count; ++i) {
+    const float m = UniformAt(seed, static_cast<uint64_t>(i)) >= p ? keep : 0;
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+}
+
+void Multiply(int64_t count, const float* a, const float* b, float* out) {
+#pragma omp parallel for simd schedule(static) if (count > kParallelMin)
+  for (int64_t i = 0; i < count; ++i) out[i] = a[i] * b[i];
+}
+
+void Fill(float* x, int64_t count, float value) {
+#pragma omp parallel for simd schedule(static) if (count > kParallelMin)
+  for (int64_t i = 0; i < count; ++i) x[i] = value;
+}
+
+void Scale(int64_t count, float alpha, float* x) {
+#pragma omp parallel for simd schedule(static) if (count > kParallelMin)
+  for (int64_t i = 0; i < count; ++i) x[i] *= alpha;
+}
+
+void PrepareImages(int n, const Shape& shape, const uint8_t* pixels,
+                   const SamplePlacement* placements, const float* scale_bias,
+                   float* out) {
+  const int h = shape.h, w = shape.w, c = shape.c;
+  const float* scale = scale_bias;
+  const float* bias = scale_bias + c;
+#pragma omp parallel for schedule(static) if (int64_t{n} * shape.size() > \
+                                              kParallelMin)
+  for (int i = 0; i < n; ++i) {
+    const uint8_t* src = pixels + i * shape.size();
+    float* dst = out + i * shape.size();
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x, dst += c) {
+        const int sy = placements ? SourceAt(placements[i].y, y, h) : y;
+        const int sx = placements ? SourceAt(placements[i].x, x, w) : x;
+        if (sy < 0 || sx < 0) {
+          for (int k = 0; k < c; ++k) dst[k] = bias[k];
+          continue;
+        }
+        const uint8_t* v = src + (int64_t{sy} * w + sx) * c;
+        for (int k = 0; k < c; ++k) {
+          const float scaled = static_cast<float>(v[k]) * scale[k];
+          dst[k] = scaled + bias[k];
+        }
+      }
+    }
+  }
+}
+
+double SumSquares(int64_t count, const float* x) {
+  double sum = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : sum) \
+    if (count > kParallelMin)
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = x[i];
+    sum += v * v;
+  }
+  return sum;
+}
+
+void SoftmaxCrossEntropy(int n, int classes, const float* logits,
+                         const int32_t* labels, float* probs, float* stats) {
+  double loss = 0;
+  int64_t correct = 0;
+  for (int r = 0; r < n; ++r) {
+    const float* z = logits + int64_t{r} * classes;
+    float* p = probs + int64_t{r} * classes;
+    int argmax = 0;
+    for (int k = 1; k < classes; ++k) {
+      if (z[k] > z[argmax]) argmax = k;
+    }
+    const float max = z[argmax];
+    double sum = 0;
+    for (int k = 0; k < classes; ++k) {
+      p[k] = std::exp(z[k] - max);
+      sum += p[k];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int k = 0; k < classes; ++k) p[k] *= inv;
+    const int label = labels[r];
+    // -log(softmax) computed from the logits stays finite where the
+    // probability itself underflows.
+    loss += std::log(sum) - (static_cast<double>(z[label]) - max);
+    correct += argmax == label;
+  }
+  stats[0] += static_cast<float>(loss);
+  stats[1] += static_cast<float>(correct);
+}
+
+void SoftmaxCrossEntropyBackward(int n, int classes, const float* probs,
+                                 const int32_t* labels, float scale,
+                                 float* dlogits) {
+  for (int r = 0; r < n; ++r) {
+    const float* p = probs + int64_t{r} * classes;
+    float* d = dlogits + int64_t{r} * classes;
+    for (int k = 0; k < classes; ++k) d[k] = p[k] * scale;
+    d[labels[r]] -= scale;
+  }
+}
+
+// The solvers below run twice over the buffer: [0, decayed) with L2 added
+// to the gradient and [decayed, count) without.
+
+namespace {
+
+template <bool kDecay>
+void SgdmRange(int64_t begin, int64_t end, float lr, float momentum, float l2,
+               float* params, const float* grads, float* velocity) {
+#pragma omp parallel for simd schedule(static) if (end - begin > kParallelMin)
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = kDecay ? grads[i] + l2 * params[i] : grads[i];
+    const float v = momentum * velocity[i] - lr * g;
+    velocity[i] = v;
+    params[i] += v;
+  }
+}
+
+template <bool kDecay>
+void AdamRange(int64_t begin, int64_t end, float lr, float beta1, float beta2,
+               float epsilon, float correction1, float correction2, float l2,
+               float* params, const float* grads, float* m, float* v) {
+#pragma omp parallel for simd schedule(static) if (end - begin > kParallelMin)
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = kDecay ? grads[i] + l2 * params[i] : grads[i];
+    const float mi = beta1 * m[i] + (1 - beta1) * g;
+    const float vi = beta2 * v[i] + (1 - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    params[i] -=
+        lr * (mi * correction1) / (std::sqrt(vi * correction2) + epsilon);
+  }
+}
+
+template <bool kDecay>
+void RmspropRange(int64_t begin, int64_t end, float lr, float beta2,
+                  float epsilon, float l2, float* params, const float* grads,
+                  float* v) {
+#pragma omp parallel for simd schedule(static) if (end - begin > kParallelMin)
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = kDecay ? grads[i] + l2 * params[i] : grads[i];
+    const float vi = beta2 * v[i] + (1 - beta2) * g * g;
+    v[i] = vi;
+    params[i] -= lr * g / (std::sqrt(vi) + epsilon);
+  }
+}
+
+}  // namespace
+
+void SgdmUpdate(int64_t count, int64_t decayed, float lr, float momentum,
+                float l2, float* params, const float* grads, float* velocity) {
+  decayed = std::clamp<int64_t>(decayed, 0, count);
+  SgdmRange<true>(0, decayed, lr, momentum, l2, params, grads, velocity);
+  SgdmRange<false>(decayed, count, lr, momentum, l2, params, grads, velocity);
+}
+
+void AdamUpdate(int64_t count, int64_t decayed, float lr, float beta1,
+                float beta2, float epsilon, int64_t t, float l2, float* params,
+                const float* grads, float* m, float* v) {
+  decayed = std::clamp<int64_t>(decayed, 0, count);
+  const double tt = static_cast<double>(std::max<int64_t>(t, 1));
+  const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(beta1, tt)));
+  const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(beta2, tt)));
+  AdamRange<true>(0, decayed, lr, beta1, beta2, epsilon, c1, c2, l2, params,
+                  grads, m, v);
+  AdamRange<false>(decayed, count, lr, beta1, beta2, epsilon, c1, c2, l2,
+                   params, grads, m, v);
+}
+
+void RmspropUpdate(int64_t count, int64_t decayed, float lr, float beta2,
+                   float epsilon, float l2, float* params, const float* grads,
+                   float* v) {
+  decayed = std::clamp<int64_t>(decayed, 0, count);
+  RmspropRange<true>(0, decayed, lr, beta2, epsilon, l2, params, grads, v);
+  RmspropRange<false>(decayed, count, lr, beta2, epsilon, l2, params, grads, v);
+}
+
+}  // namespace dlbatch::trainer::cpu

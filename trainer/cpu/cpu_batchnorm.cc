@@ -1,0 +1,174 @@
+// Batch normalisation on the CPU: oneDNN's batch-normalization primitives
+// over NHWC activations with a separate scale and shift; the running
+// statistics are moved by a small loop over the channels.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "oneapi/dnnl/dnnl.hpp"
+#include "trainer/backend.h"
+#include "trainer/cpu/backend_cpu_internal.h"
+
+namespace dlbatch::trainer::cpu {
+namespace {
+
+using dnnl::memory;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+using flags = dnnl::normalization_flags;
+
+class CpuBatchNorm final : public BatchNormKernel {
+ public:
+  CpuBatchNorm(const Context* ctx, const BatchNormDesc& desc, int max_batch)
+      : ctx_(ctx),
+        d_(desc),
+        name_(absl::StrCat("batch normalization ", desc.in.ToString())),
+        cache_(max_batch) {}
+
+  absl::Status Prepare(int n) {
+    return TryCreate(name_, [&] {
+      Training(n);
+      Inference(n);
+      Bwd(n);
+    });
+  }
+
+  void ForwardTraining(int n, const float* x, const float* gamma,
+                       const float* beta, float* y, float* saved_mean,
+                       float* saved_var, float* running_mean,
+                       float* running_var, float momentum) override {
+    BoundPrimitive* p = nullptr;
+    DLBATCH_DNNL_RUN(p = &Training(n));
+    p->Run({x, gamma, beta, y, saved_mean, saved_var});
+    for (int c = 0; c < d_.in.c; ++c) {
+      running_mean[c] =
+          (1 - momentum) * running_mean[c] + momentum * saved_mean[c];
+      running_var[c] =
+          (1 - momentum) * running_var[c] + momentum * saved_var[c];
+    }
+  }
+
+  void ForwardInference(int n, const float* x, const float* gamma,
+                        const float* beta, const float* running_mean,
+                        const float* running_var, float* y) override {
+    BoundPrimitive* p = nullptr;
+    DLBATCH_DNNL_RUN(p = &Inference(n));
+    p->Run({x, gamma, beta, running_mean, running_var, y});
+  }
+
+  void Backward(int n, const float* x, const float* dy, const float* gamma,
+                const float* saved_mean, const float* saved_var, float* dx,
+                float* dgamma, float* dbeta) override {
+    BoundPrimitive* p = nullptr;
+    DLBATCH_DNNL_RUN(p = &Bwd(n));
+    // oneDNN 2.6 will not run backward without a shift argument, which it
+    // never reads: gamma stands in.
+    p->Run({x, dy, gamma, gamma, saved_mean, saved_var, dx, dgamma, dbeta});
+  }
+
+ private:
+  struct Prims {
+    std::optional<dnnl::batch_normalization_forward::primitive_desc> train_pd;
+    std::optional<BoundPrimitive> train, infer, bwd;
+  };
+
+  memory::desc Data(int n) const {
+    return memory::desc({n, d_.in.c, d_.in.h, d_.in.w}, dt::f32, tag::nhwc);
+  }
+  memory::desc Channels() const {
+    return memory::desc({d_.in.c}, dt::f32, tag::x);
+  }
+  dnnl::primitive_attr Attr() const {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    return attr;
+  }
+
+  const dnnl::batch_normalization_forward::primitive_desc& TrainPd(int n) {
+    Prims& p = cache_[n];
+    if (!p.train_pd) {
+      dnnl::batch_normalization_forward::desc desc(
+          dnnl::prop_kind::forward_training, Data(n), d_.epsilon,
+          flags::use_scale | flags::use_shift);
+      p.train_pd.emplace(desc, Attr(), ctx_->engine);
+    }
+    return *p.train_pd;
+  }
+
+  BoundPrimitive& Training(int n) {
+    Prims& p = cache_[n];
+    if (!p.train) {
+      const auto& pd = TrainPd(n);
+      p.train.emplace(ctx_, name_ + " forward training",
+                      dnnl::batch_normalization_forward(pd),
+                      pd.scratchpad_desc());
+      p.train->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
+      p.train->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
+      p.train->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
+      p.train->AddOutput(DNNL_ARG_DST, Data(n), pd.dst_desc());
+      p.train->AddOutput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
+      p.train->AddOutput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
+    }
+    return *p.train;
+  }
+
+  BoundPrimitive& Inference(int n) {
+    Prims& p = cache_[n];
+    if (!p.infer) {
+      dnnl::batch_normalization_forward::desc desc(
+          dnnl::prop_kind::forward_inference, Data(n), d_.epsilon,
+          flags::use_global_stats | flags::use_scale | flags::use_shift);
+      dnnl::batch_normalization_forward::primitive_desc pd(desc, Attr(),
+                                                           ctx_->engine);
+      p.infer.emplace(ctx_, name_ + " forward inference",
+                      dnnl::batch_normalization_forward(pd),
+                      pd.scratchpad_desc());
+      p.infer->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
+      p.infer->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
+      p.infer->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
+      p.infer->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
+      p.infer->AddInput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
+      p.infer->AddOutput(DNNL_ARG_DST, Data(n), pd.dst_desc());
+    }
+    return *p.infer;
+  }
+
+  BoundPrimitive& Bwd(int n) {
+    Prims& p = cache_[n];
+    if (!p.bwd) {
+      dnnl::batch_normalization_backward::desc desc(
+          dnnl::prop_kind::backward, Data(n), Data(n), d_.epsilon,
+          flags::use_scale | flags::use_shift);
+      dnnl::batch_normalization_backward::primitive_desc pd(
+          desc, Attr(), ctx_->engine, TrainPd(n));
+      p.bwd.emplace(ctx_, name_ + " backward",
+                    dnnl::batch_normalization_backward(pd),
+                    pd.scratchpad_desc());
+      p.bwd->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
+      p.bwd->AddInput(DNNL_ARG_DIFF_DST, Data(n), pd.diff_dst_desc());
+      p.bwd->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
+      p.bwd->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
+      p.bwd->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
+      p.bwd->AddInput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
+      p.bwd->AddOutput(DNNL_ARG_DIFF_SRC, Data(n), pd.diff_src_desc());
+      p.bwd->AddOutput(DNNL_ARG_DIFF_SCALE, Channels(), Channels());
+      p.bwd->AddOutput(DNNL_ARG_DIFF_SHIFT, Channels(), Channels());
+    }
+    return *p.bwd;
+  }
+
+  const Context* ctx_;
+  const BatchNormDesc d_;
+  const std::string name_;
+  PerBatch<Prims> cache_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BatchNormKernel>> MakeBatchNorm(
+    const Context* ctx, const BatchNormDesc& desc, int max_batch) {
+  return MakePrepared<CpuBatchNorm>(ctx, desc, max_batch);
+}
+
+}  // namespace dlbatch::trainer::cpu

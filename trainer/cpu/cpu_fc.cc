@@ -1,0 +1,122 @@
+// Fully connected layers on the CPU: oneDNN's inner-product primitives,
+// x (n, in) times weights [units, in] (row-major) plus bias.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "oneapi/dnnl/dnnl.hpp"
+#include "trainer/backend.h"
+#include "trainer/cpu/backend_cpu_internal.h"
+
+namespace dlbatch::trainer::cpu {
+namespace {
+
+using dnnl::memory;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+// Plain layouts throughout: oneDNN runs them as one GEMM each (x64:gemm:jit).
+class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
+ public:
+  CpuFc(const Context* ctx, const FcDesc& desc, int max_batch)
+      : ctx_(ctx),
+        d_(desc),
+        name_(absl::StrCat("inner product ", desc.in, " -> ", desc.units)),
+        cache_(max_batch) {}
+
+ private:
+  friend class WeightedKernel<CpuFc, FcKernel>;
+
+  struct Prims {
+    std::optional<dnnl::inner_product_forward::primitive_desc> fwd_pd;
+    std::optional<BoundPrimitive> fwd, bwd_data, bwd_weights;
+  };
+
+  memory::desc Src(int n) const {
+    return memory::desc({n, d_.in}, dt::f32, tag::nc);
+  }
+  memory::desc Dst(int n) const {
+    return memory::desc({n, d_.units}, dt::f32, tag::nc);
+  }
+  memory::desc Weights() const {
+    return memory::desc({d_.units, d_.in}, dt::f32, tag::oi);
+  }
+  memory::desc Bias() const {
+    return memory::desc({d_.units}, dt::f32, tag::x);
+  }
+
+  dnnl::primitive_attr Attr() const {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    return attr;
+  }
+
+  const dnnl::inner_product_forward::primitive_desc& FwdPd(int n) {
+    Prims& p = cache_[n];
+    if (!p.fwd_pd) {
+      dnnl::inner_product_forward::desc desc(dnnl::prop_kind::forward_training,
+                                             Src(n), Weights(), Bias(), Dst(n));
+      p.fwd_pd.emplace(desc, Attr(), ctx_->engine);
+    }
+    return *p.fwd_pd;
+  }
+
+  BoundPrimitive& Fwd(int n) {
+    Prims& p = cache_[n];
+    if (!p.fwd) {
+      const auto& pd = FwdPd(n);
+      p.fwd.emplace(ctx_, name_ + " forward", dnnl::inner_product_forward(pd),
+                    pd.scratchpad_desc());
+      p.fwd->AddInput(DNNL_ARG_SRC, Src(n), pd.src_desc());
+      p.fwd->AddInput(DNNL_ARG_WEIGHTS, Weights(), pd.weights_desc());
+      p.fwd->AddInput(DNNL_ARG_BIAS, Bias(), pd.bias_desc());
+      p.fwd->AddOutput(DNNL_ARG_DST, Dst(n), pd.dst_desc());
+    }
+    return *p.fwd;
+  }
+
+  BoundPrimitive& BwdData(int n) {
+    Prims& p = cache_[n];
+    if (!p.bwd_data) {
+      dnnl::inner_product_backward_data::desc desc(Src(n), Weights(), Dst(n));
+      dnnl::inner_product_backward_data::primitive_desc pd(
+          desc, Attr(), ctx_->engine, FwdPd(n));
+      p.bwd_data.emplace(ctx_, name_ + " backward data",
+                         dnnl::inner_product_backward_data(pd),
+                         pd.scratchpad_desc());
+      p.bwd_data->AddInput(DNNL_ARG_DIFF_DST, Dst(n), pd.diff_dst_desc());
+      p.bwd_data->AddInput(DNNL_ARG_WEIGHTS, Weights(), pd.weights_desc());
+      p.bwd_data->AddOutput(DNNL_ARG_DIFF_SRC, Src(n), pd.diff_src_desc());
+    }
+    return *p.bwd_data;
+  }
+
+  BoundPrimitive& BwdWeights(int n) {
+    Prims& p = cache_[n];
+    if (!p.bwd_weights) {
+      dnnl::inner_product_backward_weights::desc desc(Src(n), Weights(), Bias(),
+                                                      Dst(n));
+      dnnl::inner_product_backward_weights::primitive_desc pd(
+          desc, Attr(), ctx_->engine, FwdPd(n));
+      BindBackwardWeights<dnnl::inner_product_backward_weights>(
+          &p.bwd_weights, pd, Src(n), Dst(n), Weights(), Bias());
+    }
+    return *p.bwd_weights;
+  }
+
+  const Context* ctx_;
+  const FcDesc d_;
+  const std::string name_;
+  PerBatch<Prims> cache_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(const Context* ctx,
+                                                 const FcDesc& desc,
+                                                 int max_batch) {
+  return MakePrepared<CpuFc>(ctx, desc, max_batch);
+}
+
+}  // namespace dlbatch::trainer::cpu
