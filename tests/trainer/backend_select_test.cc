@@ -95,7 +95,9 @@ TEST(ChooseBackend, AutoOverMachinesTakesEachMachinesGpus) {
   ASSERT_TRUE(c.ok()) << c.status();
   // Without NCCL (a CPU-only build) several ranks never take GPUs.
   EXPECT_EQ(c->gpu, NcclBuilt());
-  if (NcclBuilt()) EXPECT_EQ(c->device, 1);
+  if (NcclBuilt()) {
+    EXPECT_EQ(c->device, 1);
+  }
   c = ChooseBackend("auto", 4, 3, 1, 2, true);  // 3 ranks here, 2 GPUs
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->gpu);
