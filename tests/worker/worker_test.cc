@@ -405,7 +405,7 @@ TEST_F(WorkerTest, ChannelProgressAndCheckpointReachTheScheduler) {
   std::ofstream(out + "training_history.csv") << "iteration,loss\n";
   runner_.Started(*key);
   runner_.Line(*key, JobTable::kChannelStream,
-               R"({"event":"checkpoint","iteration":100})");
+               R"({"iteration":"100","checkpoint_iteration":"100"})");
   auto stored = transport_.WaitFor(
       [](const Written& w) { return w.message.has_checkpoint(); });
   ASSERT_TRUE(stored.has_value());
@@ -413,7 +413,8 @@ TEST_F(WorkerTest, ChannelProgressAndCheckpointReachTheScheduler) {
   ASSERT_EQ(stored->message.checkpoint().files_size(), 2);
   EXPECT_EQ(stored->message.checkpoint().files(0).path(), "checkpoint.dlbc");
   runner_.Line(*key, JobTable::kChannelStream,
-               R"({"event":"done","iteration":100})");
+               R"({"iteration":"100","checkpoint_iteration":"100",)"
+               R"("done":true})");
   auto progress = transport_.WaitFor(
       [](const Written& w) { return w.message.has_progress(); });
   ASSERT_TRUE(progress.has_value());
