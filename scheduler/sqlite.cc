@@ -1,10 +1,20 @@
 #include "scheduler/sqlite.h"
 
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 
 namespace dlbatch::scheduler {
+namespace {
+
+// SQLite's default automatic checkpoint threshold.
+constexpr int kCheckpointFrames = 1000;
+
+}  // namespace
 
 struct Database::Cache {
   std::unordered_map<const char*, std::unique_ptr<Statement>> statements;
@@ -22,11 +32,13 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(
     sqlite3_close(raw);
     return absl::UnavailableError(absl::StrCat("opening ", path, ": ", msg));
   }
-  std::unique_ptr<Database> db(new Database(raw));
+  std::unique_ptr<Database> db(new Database(raw, path));
   db->cache_ = std::make_unique<Cache>();
   sqlite3_busy_timeout(raw, 10000);
   if (!read_only) {
     if (auto s = db->Exec("PRAGMA journal_mode=WAL"); !s.ok()) return s;
+    // Replaces SQLite's automatic checkpoint (see CheckpointIfRoom).
+    sqlite3_wal_hook(raw, &Database::NoteWalFrames, db.get());
   }
   if (auto s = db->Exec(sync_full ? "PRAGMA synchronous=FULL"
                                   : "PRAGMA synchronous=NORMAL");
@@ -37,7 +49,47 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(
   return db;
 }
 
-Database::Database(sqlite3* db) : db_(db) {}
+Database::Database(sqlite3* db, std::string path)
+    : db_(db), path_(std::move(path)) {}
+
+int Database::NoteWalFrames(void* self, sqlite3*, const char*, int frames) {
+  static_cast<Database*>(self)->wal_frames_ = frames;
+  return SQLITE_OK;
+}
+
+void Database::CheckpointIfRoom() {
+  if (wal_frames_ < kCheckpointFrames) return;
+  int64_t pages = 0, page_size = 0;
+  for (auto [sql, out] : {std::pair{"PRAGMA page_count", &pages},
+                          std::pair{"PRAGMA page_size", &page_size}}) {
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+      *out = sqlite3_column_int64(st, 0);
+    }
+    sqlite3_finalize(st);
+  }
+  // The checkpoint writes pages up to the size the last commit gave the
+  // database; what the file has no blocks for yet takes new space.
+  struct stat st;
+  struct statvfs vfs;
+  const std::string dir =
+      path_.find('/') == std::string::npos
+          ? "."
+          : path_.substr(0, std::max<size_t>(path_.rfind('/'), 1));
+  if (pages > 0 && ::stat(path_.c_str(), &st) == 0 &&
+      ::statvfs(dir.c_str(), &vfs) == 0) {
+    const int64_t target = pages * page_size;
+    const int64_t held =
+        std::min<int64_t>(static_cast<int64_t>(st.st_blocks) * 512, target);
+    const int64_t free =
+        static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+    if (target - held > free) return;  // tried again after the next commit
+  }
+  // Failures are ignored, as SQLite ignores its automatic checkpoint's.
+  (void)sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_PASSIVE,
+                                  nullptr, nullptr);
+}
 
 Database::~Database() {
   cache_.reset();  // finalize statements before closing
@@ -185,7 +237,11 @@ absl::Status Transaction::Commit() {
                        : begin_;
   done_ = true;
   absl::Status s = db_->Exec("COMMIT");
-  if (!s.ok()) (void)db_->Exec("ROLLBACK");
+  if (!s.ok()) {
+    (void)db_->Exec("ROLLBACK");
+    return s;
+  }
+  db_->CheckpointIfRoom();
   return s;
 }
 

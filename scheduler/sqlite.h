@@ -23,7 +23,9 @@ class Database {
  public:
   // Opens (creating) `path` in WAL mode. sync_full: fsync every commit
   // (survives power loss); otherwise synchronous=NORMAL (survives a crash of
-  // the process at any moment, which is what kill -9 needs).
+  // the process at any moment, which is what kill -9 needs). A writer
+  // connection checkpoints only through CheckpointIfRoom, not SQLite's own
+  // automatic checkpoint.
   static absl::StatusOr<std::unique_ptr<Database>> Open(const std::string& path,
                                                         bool read_only,
                                                         bool sync_full);
@@ -39,9 +41,24 @@ class Database {
   sqlite3* raw() { return db_; }
   absl::Status Error(absl::string_view what) const;
 
+  // Copies the WAL into the database file once it holds enough frames, as
+  // SQLite's automatic checkpoint does, but only when the filesystem has
+  // room for what the database file must grow by. A checkpoint that runs out
+  // of space fails having taken all the space left (the database file grows
+  // first), while the WAL, not yet reset, still needs new space for every
+  // commit: on a full disk nothing could be written again. Skipped, the WAL
+  // grows by the commit alone, which the disk guard's reserve is there for.
+  // Transaction::Commit calls it after each commit.
+  void CheckpointIfRoom();
+
  private:
-  explicit Database(sqlite3* db);
+  Database(sqlite3* db, std::string path);
+  static int NoteWalFrames(void* self, sqlite3* db, const char* name,
+                           int frames);
+
   sqlite3* db_;
+  const std::string path_;
+  int wal_frames_ = 0;  // frames in the WAL after the last commit
   struct Cache;
   std::unique_ptr<Cache> cache_;
 };
