@@ -111,9 +111,19 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
     ProgressBar bar(absl::StrCat("uploading ", files.size(), " file(s)"));
     int64_t before = 0;
     for (const auto& f : files) {
-      auto blob = UploadFile(
-          conn->stub(), conn->token(), f.source,
-          [&](int64_t done, int64_t) { bar.Update(before + done, total); });
+      // Blobs are named by their content: a retried upload stores nothing
+      // twice, so it retries while the scheduler is unreachable as the
+      // submit itself does.
+      absl::StatusOr<LocalBlob> blob;
+      for (;;) {
+        const int64_t started = Connection::MonotonicMs();
+        blob = UploadFile(
+            conn->stub(), conn->token(), f.source,
+            [&](int64_t done, int64_t) { bar.Update(before + done, total); });
+        if (blob.ok() ||
+            !conn->RetryAfter(ToGrpcStatus(blob.status()), started))
+          break;
+      }
       if (!blob.ok()) {
         absl::Status s = blob.status();
         if (s.code() == absl::StatusCode::kUnavailable ||

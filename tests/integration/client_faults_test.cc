@@ -67,6 +67,28 @@ TEST(ClientFaults, SubmitWhileSchedulerIsDownMakesOneJobWhenItIsBack) {
   EXPECT_EQ(wait.code, 0) << wait.out << wait.err << c.Logs();
 }
 
+// Its attachments' uploads retry too, not only the submit.
+TEST(ClientFaults, SubmitWithAttachmentsWhileSchedulerIsDownMakesOneJob) {
+  Cluster c;
+  c.StartScheduler();
+  c.StartWorker("w1", 1);
+  ASSERT_TRUE(c.WaitWorkers(1));
+  WriteAll(c.dir() + "/data.txt", "attached bytes\n");
+  std::string job =
+      c.JobFile("j.yaml", "attach: [data.txt]\ncommand: [cat, data.txt]\n");
+  c.KillScheduler(SIGKILL);
+  auto submit = CliAsync(c, {"submit", "-q", job});
+  std::this_thread::sleep_for(milliseconds(1500));
+  c.StartScheduler();
+  Result r = submit.get();
+  ASSERT_EQ(r.code, 0) << r.out << r.err << c.Logs();
+  int64_t id = std::stoll(r.out);
+  EXPECT_EQ(JobIds(c), std::vector<int64_t>{id});
+  Result wait = c.Cli({"wait", std::to_string(id)});
+  EXPECT_EQ(wait.code, 0) << wait.out << wait.err << c.Logs();
+  EXPECT_EQ(c.Cli({"diary", std::to_string(id)}).out, "attached bytes\n");
+}
+
 TEST(ClientFaults, SchedulerKilledBetweenCommitAndReplyMakesOneJob) {
   Cluster c;
   {
