@@ -43,6 +43,9 @@ constexpr int kMaxDrainRounds = 8;
 // A group that still has live members this long after a SIGKILL is sent
 // SIGKILL again (a fork racing the first one).
 constexpr int64_t kRekillMs = 500;
+// A group whose only members are zombies that are not ours to reap (their
+// parent escaped the group) counts as empty after this long.
+constexpr int64_t kZombieOnlyMs = 1000;
 
 // What a child that failed before exec tells its parent through the error
 // pipe.
@@ -402,7 +405,9 @@ struct SubprocessSet::Proc {
   bool linger_expired = false;  // leftovers were counted and killed
   int64_t kill_deadline = -1;   // monotonic SIGKILL-after-grace, or -1
   int64_t last_kill_ms = -1;    // when the group last got SIGKILL
-  std::string cgroup;           // "": none
+  // When only zombies were left of the group (-1: not so); see Advance.
+  int64_t zombies_only_since = -1;
+  std::string cgroup;  // "": none
   std::string mark;
   bool done = false;
   ExitInfo info;
@@ -867,6 +872,13 @@ void SubprocessSet::Advance(Proc* proc) {
     }
     proc->linger_expired = true;
     return;
+  }
+  // Killed members may still be zombies on their way to being reparented
+  // here and reaped: a job ends once they are gone, or after a while if
+  // they are not ours to reap (their parent escaped the group).
+  if (ProcessGroupAlive(proc->pid)) {
+    if (proc->zombies_only_since < 0) proc->zombies_only_since = now;
+    if (now - proc->zombies_only_since < kZombieOnlyMs) return;
   }
 
   // No process of the job is left to write; a pipe still open is held by
