@@ -151,6 +151,23 @@ absl::Status AddOutputSymlinkColumn(Database* db) {
       "ALTER TABLE outputs ADD COLUMN symlink TEXT NOT NULL DEFAULT ''");
 }
 
+// Calls fn(id, message) for each row of `sql`, which selects an id and a
+// serialized Message; rows that do not parse are skipped.
+template <typename Message, typename Fn>
+absl::Status ForEachStoredMessage(Database* db, const char* sql, Fn fn) {
+  ASSIGN_OR_RETURN(Statement * rows, db->Prepare(sql));
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, rows->Step());
+    if (!row) break;
+    Message message;
+    absl::string_view blob = rows->Blob(1);
+    if (message.ParseFromArray(blob.data(), static_cast<int>(blob.size())))
+      fn(rows->Int(0), message);
+  }
+  rows->Reset();
+  return absl::OkStatus();
+}
+
 // Version 2 -> 3: job_blobs from what the jobs hold already (attachments
 // in specs, outputs, checkpoints). Idempotent.
 absl::Status FillJobBlobs(Database* db) {
@@ -163,32 +180,18 @@ absl::Status FillJobBlobs(Database* db) {
                    db->Prepare("INSERT OR IGNORE INTO job_blobs(sha256, "
                                "job_id) VALUES(?,?)"));
   std::vector<std::pair<std::string, int64_t>> held;
-  ASSIGN_OR_RETURN(Statement * specs, db->Prepare("SELECT id, spec FROM jobs"));
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, specs->Step());
-    if (!row) break;
-    v1::JobSpec spec;
-    absl::string_view blob = specs->Blob(1);
-    if (!spec.ParseFromArray(blob.data(), static_cast<int>(blob.size())))
-      continue;
-    for (const auto& a : spec.attach())
-      held.emplace_back(a.sha256(), specs->Int(0));
-  }
-  specs->Reset();
-  ASSIGN_OR_RETURN(Statement * checkpoints,
-                   db->Prepare("SELECT job_id, checkpoint FROM train_state "
-                               "WHERE checkpoint IS NOT NULL"));
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, checkpoints->Step());
-    if (!row) break;
-    v1::CheckpointStored checkpoint;
-    absl::string_view blob = checkpoints->Blob(1);
-    if (!checkpoint.ParseFromArray(blob.data(), static_cast<int>(blob.size())))
-      continue;
-    for (const auto& f : checkpoint.files())
-      held.emplace_back(f.sha256(), checkpoints->Int(0));
-  }
-  checkpoints->Reset();
+  RETURN_IF_ERROR(ForEachStoredMessage<v1::JobSpec>(
+      db, "SELECT id, spec FROM jobs",
+      [&](int64_t job, const v1::JobSpec& spec) {
+        for (const auto& a : spec.attach()) held.emplace_back(a.sha256(), job);
+      }));
+  RETURN_IF_ERROR(ForEachStoredMessage<v1::CheckpointStored>(
+      db,
+      "SELECT job_id, checkpoint FROM train_state WHERE checkpoint IS NOT NULL",
+      [&](int64_t job, const v1::CheckpointStored& checkpoint) {
+        for (const auto& f : checkpoint.files())
+          held.emplace_back(f.sha256(), job);
+      }));
   for (const auto& [sha, job] : held) {
     if (sha.empty()) continue;
     hold->Reset();
