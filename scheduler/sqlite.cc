@@ -4,9 +4,12 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <thread>
 #include <unordered_map>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dlbatch::scheduler {
 namespace {
@@ -18,6 +21,14 @@ constexpr int kCheckpointFrames = 1000;
 
 struct Database::Cache {
   std::unordered_map<const char*, std::unique_ptr<Statement>> statements;
+};
+
+struct Database::Background {
+  sqlite3* conn = nullptr;  // used by `thread` alone
+  absl::Mutex mu;
+  bool wanted ABSL_GUARDED_BY(mu) = false;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  std::thread thread;
 };
 
 absl::StatusOr<std::unique_ptr<Database>> Database::Open(
@@ -59,11 +70,24 @@ int Database::NoteWalFrames(void* self, sqlite3*, const char*, int frames) {
 
 void Database::CheckpointIfRoom() {
   if (wal_frames_ < kCheckpointFrames) return;
+  if (background_ != nullptr && wal_frames_ < 2 * kCheckpointFrames) {
+    absl::MutexLock lock(&background_->mu);
+    background_->wanted = true;
+    return;
+  }
+  // Under steady commits a checkpoint beside them never reaches the end of
+  // the WAL, and SQLite restarts the WAL only after one has: the writer
+  // finishes the job itself, which costs little once the background
+  // checkpoints have copied most frames.
+  CheckpointWithRoom(db_);
+}
+
+void Database::CheckpointWithRoom(sqlite3* db) const {
   int64_t pages = 0, page_size = 0;
   for (auto [sql, out] : {std::pair{"PRAGMA page_count", &pages},
                           std::pair{"PRAGMA page_size", &page_size}}) {
     sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) == SQLITE_OK &&
+    if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) == SQLITE_OK &&
         sqlite3_step(st) == SQLITE_ROW) {
       *out = sqlite3_column_int64(st, 0);
     }
@@ -87,11 +111,53 @@ void Database::CheckpointIfRoom() {
     if (target - held > free) return;  // tried again after the next commit
   }
   // Failures are ignored, as SQLite ignores its automatic checkpoint's.
-  (void)sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_PASSIVE,
+  (void)sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_PASSIVE,
                                   nullptr, nullptr);
 }
 
+absl::Status Database::CheckpointInBackground() {
+  if (background_ != nullptr) return absl::OkStatus();
+  auto background = std::make_unique<Background>();
+  int rc =
+      sqlite3_open_v2(path_.c_str(), &background->conn,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = background->conn ? sqlite3_errmsg(background->conn)
+                                       : sqlite3_errstr(rc);
+    sqlite3_close(background->conn);
+    return absl::UnavailableError(
+        absl::StrCat("opening ", path_, " to checkpoint it: ", msg));
+  }
+  sqlite3_busy_timeout(background->conn, 10000);
+  Background* b = background.get();
+  b->thread = std::thread([this, b] {
+    for (;;) {
+      {
+        absl::MutexLock lock(&b->mu);
+        b->mu.Await(absl::Condition(
+            +[](Background* g) ABSL_SHARED_LOCKS_REQUIRED(g->mu) {
+              return g->wanted || g->stop;
+            },
+            b));
+        if (b->stop) return;
+        b->wanted = false;
+      }
+      CheckpointWithRoom(b->conn);
+    }
+  });
+  background_ = std::move(background);
+  return absl::OkStatus();
+}
+
 Database::~Database() {
+  if (background_ != nullptr) {
+    {
+      absl::MutexLock lock(&background_->mu);
+      background_->stop = true;
+    }
+    background_->thread.join();
+    sqlite3_close(background_->conn);
+  }
   cache_.reset();  // finalize statements before closing
   sqlite3_close(db_);
 }

@@ -48,19 +48,35 @@ class Database {
   // first), while the WAL, not yet reset, still needs new space for every
   // commit: on a full disk nothing could be written again. Skipped, the WAL
   // grows by the commit alone, which the disk guard's reserve is there for.
-  // Transaction::Commit calls it after each commit.
+  // Transaction::Commit calls it after each commit. With
+  // CheckpointInBackground, it only wakes the checkpointing thread.
   void CheckpointIfRoom();
+
+  // Runs checkpoints on a thread of its own, on a connection of its own, so
+  // that a commit never waits for one: a checkpoint of 1,000 frames takes
+  // tens of milliseconds, which a caller holding a lock across its commit
+  // (the scheduler) would make everyone else wait out. Writers go on
+  // appending to the WAL while it runs; SQLite restarts the WAL at the next
+  // commit after a checkpoint has copied all of it, so past twice the
+  // threshold the writer checkpoints inline what the background ones have
+  // not copied yet. Stopped by the destructor. Writer connections only.
+  absl::Status CheckpointInBackground();
 
  private:
   Database(sqlite3* db, std::string path);
   static int NoteWalFrames(void* self, sqlite3* db, const char* name,
                            int frames);
+  // Checkpoints `db` (a connection to this database) if its filesystem has
+  // room for what the database file must grow by.
+  void CheckpointWithRoom(sqlite3* db) const;
 
   sqlite3* db_;
   const std::string path_;
   int wal_frames_ = 0;  // frames in the WAL after the last commit
   struct Cache;
   std::unique_ptr<Cache> cache_;
+  struct Background;
+  std::unique_ptr<Background> background_;
 };
 
 // A cached prepared statement. Bind indexes are 1-based, columns 0-based.

@@ -270,6 +270,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   ASSIGN_OR_RETURN(bool row, last->Step());
   store->last_event_ = row ? last->Int(0) : 0;
   last->Reset();
+  // Commits are made under the scheduler's lock: checkpoints, which take
+  // tens of milliseconds, run beside them instead of inside them.
+  RETURN_IF_ERROR(store->db_->CheckpointInBackground());
   return store;
 }
 
