@@ -45,6 +45,8 @@ struct Flags {
   std::string max_output_bytes = "0";
   std::string keep_ended = "30d";
   std::string restart_grace;
+  int max_unauthenticated = 256;
+  std::string auth_deadline = "10s";
 };
 
 constexpr int64_t kDiskReserveBytes = int64_t{2} << 20;
@@ -258,11 +260,19 @@ int Run(const Flags& flags) {
   // TCP connections come through the scheduler's own acceptor (see
   // tcp_acceptor.h); a Unix socket through gRPC's listener.
   std::unique_ptr<TcpAcceptor> acceptor;
+  auto auth_deadline = DurationMs(flags.auth_deadline, "--auth-deadline");
+  if (!auth_deadline.ok())
+    return Fail(std::string(auth_deadline.status().message()));
+  if (flags.max_unauthenticated < 1) {
+    return Fail("--max-unauthenticated must be at least 1");
+  }
+  ConnectionGate gate(flags.max_unauthenticated, *auth_deadline,
+                      SystemClock::Get());
   if (endpoint->is_unix) {
     builder.AddListeningPort(endpoint->GrpcTarget(),
                              grpc::InsecureServerCredentials());
   } else {
-    auto listening = TcpAcceptor::Listen(endpoint->host, endpoint->port);
+    auto listening = TcpAcceptor::Listen(endpoint->host, endpoint->port, &gate);
     if (!listening.ok()) {
       return Fail(absl::StrCat(
           listening.status().message(),
@@ -270,6 +280,8 @@ int Run(const Flags& flags) {
           "with --listen"));
     }
     acceptor = std::move(*listening);
+    service.set_connection_gate(&gate);
+    link.set_connection_gate(&gate);
   }
   builder.RegisterService(&service);
   builder.RegisterService(&link);
@@ -380,6 +392,14 @@ int main(int argc, char** argv) {
   app.add_option("--restart-grace", flags.restart_grace,
                  "After a start, workers known from before are lost only "
                  "after this long (default: twice --heartbeat-timeout)");
+  app.add_option("--max-unauthenticated", flags.max_unauthenticated,
+                 "TCP connections that may wait at once for their first "
+                 "authenticated call; past it the oldest is closed")
+      ->capture_default_str();
+  app.add_option("--auth-deadline", flags.auth_deadline,
+                 "A TCP connection with no authenticated call this long "
+                 "after it opened is closed")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
   return dlbatch::scheduler::Run(flags);

@@ -19,11 +19,11 @@
 namespace dlbatch::scheduler {
 namespace {
 
-#define CHECK_TOKEN(context)                                        \
-  do {                                                              \
-    if (auto _auth = CheckToken(*(context), token_); !_auth.ok()) { \
-      return ToGrpcStatus(_auth);                                   \
-    }                                                               \
+#define CHECK_TOKEN(context)                               \
+  do {                                                     \
+    if (auto _auth = Authorize(*(context)); !_auth.ok()) { \
+      return ToGrpcStatus(_auth);                          \
+    }                                                      \
   } while (0)
 
 // Fault injection for tests, off unless DLBATCH_FAULT names the fault:
@@ -47,11 +47,20 @@ grpc::Status Reply(absl::StatusOr<T> result, T* reply) {
 
 }  // namespace
 
+absl::Status SchedulerService::Authorize(
+    const grpc::ServerContextBase& context) {
+  absl::Status auth = CheckToken(context, token_);
+  if (auth.ok() && gate_ != nullptr && !token_.empty()) {
+    gate_->Authenticated(context.peer());
+  }
+  return auth;
+}
+
 grpc::ServerUnaryReactor* SchedulerService::SubmitJob(
     grpc::CallbackServerContext* context, const v1::SubmitJobRequest* request,
     v1::SubmitJobReply* reply) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (auto auth = CheckToken(*context, token_); !auth.ok()) {
+  if (auto auth = Authorize(*context); !auth.ok()) {
     reactor->Finish(ToGrpcStatus(auth));
     return reactor;
   }
@@ -88,9 +97,23 @@ grpc::Status SchedulerService::CancelJobs(grpc::ServerContext* context,
 
 // The rendezvous calls authenticate with the attempt's secret instead of the
 // token: they come from the job's own processes.
+void SchedulerService::NoteRendezvousCaller(
+    const grpc::ServerContextBase& context, int64_t job_id, int attempt,
+    const std::string& secret) {
+  if (gate_ == nullptr) return;
+  const std::string want = scheduler_->rendezvous().SecretFor(job_id, attempt);
+  unsigned char diff = want.size() == secret.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size() && i < secret.size(); ++i) {
+    diff |= static_cast<unsigned char>(want[i] ^ secret[i]);
+  }
+  if (diff == 0) gate_->Authenticated(context.peer());
+}
+
 grpc::Status SchedulerService::RendezvousSet(
-    grpc::ServerContext*, const v1::RendezvousSetRequest* request,
+    grpc::ServerContext* context, const v1::RendezvousSetRequest* request,
     v1::RendezvousSetReply*) {
+  NoteRendezvousCaller(*context, request->job_id(), request->attempt(),
+                       request->secret());
   return ToGrpcStatus(scheduler_->rendezvous().Set(
       request->job_id(), request->attempt(), request->secret(), request->key(),
       request->value()));
@@ -99,6 +122,8 @@ grpc::Status SchedulerService::RendezvousSet(
 grpc::Status SchedulerService::RendezvousGet(
     grpc::ServerContext* context, const v1::RendezvousGetRequest* request,
     v1::RendezvousGetReply* reply) {
+  NoteRendezvousCaller(*context, request->job_id(), request->attempt(),
+                       request->secret());
   absl::StatusOr<std::string> value = scheduler_->rendezvous().Get(
       request->job_id(), request->attempt(), request->secret(), request->key(),
       request->timeout_ms(), [&] { return context->IsCancelled(); });
@@ -351,7 +376,11 @@ void StreamSession::Detach() {
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>*
 WorkerLinkService::Connect(grpc::CallbackServerContext* context) {
-  return new WorkerStream(scheduler_, CheckToken(*context, token_));
+  absl::Status auth = CheckToken(*context, token_);
+  if (auth.ok() && gate_ != nullptr && !token_.empty()) {
+    gate_->Authenticated(context->peer());
+  }
+  return new WorkerStream(scheduler_, std::move(auth));
 }
 
 }  // namespace dlbatch::scheduler

@@ -6,8 +6,10 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 #include "scheduler/blob_store.h"
+#include "scheduler/connection_gate.h"
 #include "scheduler/scheduler.h"
 
 namespace dlbatch::scheduler {
@@ -82,10 +84,23 @@ class SchedulerService final
                             const v1::DownloadBlobRequest* request,
                             grpc::ServerWriter<v1::BlobChunk>* writer) override;
 
+  // Calls that authenticate take their connection out of `gate`'s watch
+  // (TCP connections; none is watched where this is not called).
+  void set_connection_gate(ConnectionGate* gate) { gate_ = gate; }
+
  private:
+  // The token check; a call that passes it marks its connection as
+  // authenticated.
+  absl::Status Authorize(const grpc::ServerContextBase& context);
+  // A rendezvous call with its attempt's secret authenticates too.
+  void NoteRendezvousCaller(const grpc::ServerContextBase& context,
+                            int64_t job_id, int attempt,
+                            const std::string& secret);
+
   Scheduler* scheduler_;
   BlobStore* blobs_;
   std::string token_;
+  ConnectionGate* gate_ = nullptr;
 };
 
 class WorkerLinkService final : public v1::WorkerLink::CallbackService {
@@ -94,10 +109,12 @@ class WorkerLinkService final : public v1::WorkerLink::CallbackService {
       : scheduler_(scheduler), token_(std::move(token)) {}
   grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>* Connect(
       grpc::CallbackServerContext* context) override;
+  void set_connection_gate(ConnectionGate* gate) { gate_ = gate; }
 
  private:
   Scheduler* scheduler_;
   std::string token_;
+  ConnectionGate* gate_ = nullptr;
 };
 
 }  // namespace dlbatch::scheduler

@@ -59,7 +59,7 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::ClusterEvent>,
 grpc::ServerWriteReactor<v1::ClusterEvent>* SchedulerService::WatchEvents(
     grpc::CallbackServerContext* context,
     const v1::WatchEventsRequest* request) {
-  return new WatchStream(scheduler_, *request, CheckToken(*context, token_));
+  return new WatchStream(scheduler_, *request, Authorize(*context));
 }
 
 }  // namespace dlbatch::scheduler

@@ -89,14 +89,14 @@ class WaitCall final : public grpc::ServerUnaryReactor, public WaitReplier {
 grpc::ServerWriteReactor<v1::DiaryChunk>* SchedulerService::ReadDiary(
     grpc::CallbackServerContext* context, const v1::ReadDiaryRequest* request) {
   return new DiaryStream(&scheduler_->followers(), *request,
-                         CheckToken(*context, token_));
+                         Authorize(*context));
 }
 
 grpc::ServerUnaryReactor* SchedulerService::WaitJobs(
     grpc::CallbackServerContext* context, const v1::WaitJobsRequest* request,
     v1::WaitJobsReply* reply) {
   return new WaitCall(&scheduler_->followers(), *request, reply,
-                      CheckToken(*context, token_));
+                      Authorize(*context));
 }
 
 }  // namespace dlbatch::scheduler

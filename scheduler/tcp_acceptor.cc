@@ -20,7 +20,7 @@
 namespace dlbatch::scheduler {
 
 absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(
-    const std::string& host, int port) {
+    const std::string& host, int port, ConnectionGate* gate) {
   struct addrinfo hints;
   std::memset(&hints, 0, sizeof(hints));
   hints.ai_family = AF_UNSPEC;
@@ -60,11 +60,12 @@ absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(
       bound.ss_family == AF_INET6
           ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&bound)->sin6_port)
           : ntohs(reinterpret_cast<struct sockaddr_in*>(&bound)->sin_port);
-  return std::unique_ptr<TcpAcceptor>(new TcpAcceptor(fd, bound_port));
+  return std::unique_ptr<TcpAcceptor>(new TcpAcceptor(fd, bound_port, gate));
 }
 
-TcpAcceptor::TcpAcceptor(int fd, int port)
+TcpAcceptor::TcpAcceptor(int fd, int port, ConnectionGate* gate)
     : listen_fd_(fd),
+      gate_(gate),
       port_(port),
       spare_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
 
@@ -87,9 +88,22 @@ void TcpAcceptor::Stop() {
 void TcpAcceptor::Loop() {
   int backoff_ms = 0;
   auto last_warning = std::chrono::steady_clock::time_point();
+  auto last_shed_note = std::chrono::steady_clock::time_point();
+  int64_t shed_noted = 0;
   while (!stopping_) {
     struct pollfd p = {listen_fd_, POLLIN, 0};
     int ready = ::poll(&p, 1, backoff_ms > 0 ? backoff_ms : 200);
+    gate_->Sweep();
+    if (auto now = std::chrono::steady_clock::now();
+        gate_->shut_down() > shed_noted &&
+        now - last_shed_note > std::chrono::seconds(10)) {
+      spdlog::warn(
+          "closed {} TCP connections that did not authenticate in time or "
+          "were the oldest of more than the --max-unauthenticated waiting",
+          gate_->shut_down() - shed_noted);
+      shed_noted = gate_->shut_down();
+      last_shed_note = now;
+    }
     if (ready <= 0) continue;
     for (;;) {
       int fd =
@@ -97,6 +111,10 @@ void TcpAcceptor::Loop() {
       if (fd >= 0) {
         int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        if (!gate_->Admit(fd)) {
+          ::close(fd);  // out of descriptors: shed it
+          continue;
+        }
         grpc::AddInsecureChannelFromFd(server_, fd);
         backoff_ms = 0;
         continue;

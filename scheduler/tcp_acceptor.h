@@ -4,7 +4,8 @@
 // one accepts on a thread of its own and hands each connection to the
 // gRPC server; when descriptors run out it sheds the waiting connection
 // (accepted with a spare descriptor and closed) and backs off, so it keeps
-// accepting once descriptors are free again.
+// accepting once descriptors are free again. Each connection is admitted to
+// a ConnectionGate first, which closes those that do not authenticate.
 #ifndef DLBATCH_SCHEDULER_TCP_ACCEPTOR_H_
 #define DLBATCH_SCHEDULER_TCP_ACCEPTOR_H_
 
@@ -15,14 +16,16 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
+#include "scheduler/connection_gate.h"
 
 namespace dlbatch::scheduler {
 
 class TcpAcceptor {
  public:
-  // Binds and listens on host:port (port 0: any free port).
+  // Binds and listens on host:port (port 0: any free port). `gate` (not
+  // null) must outlive the acceptor.
   static absl::StatusOr<std::unique_ptr<TcpAcceptor>> Listen(
-      const std::string& host, int port);
+      const std::string& host, int port, ConnectionGate* gate);
   ~TcpAcceptor();
   TcpAcceptor(const TcpAcceptor&) = delete;
   TcpAcceptor& operator=(const TcpAcceptor&) = delete;
@@ -34,10 +37,11 @@ class TcpAcceptor {
   void Stop();
 
  private:
-  TcpAcceptor(int fd, int port);
+  TcpAcceptor(int fd, int port, ConnectionGate* gate);
   void Loop();
 
   const int listen_fd_;
+  ConnectionGate* const gate_;
   const int port_;
   int spare_fd_;  // given up to shed a connection when descriptors run out
   grpc::Server* server_ = nullptr;

@@ -3,6 +3,7 @@
 // diary cap, purges and retention under churn.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/mount.h>
@@ -357,6 +358,85 @@ TEST(SchedulerFaults, ListenerKeepsAcceptingAfterAnIdleConnectionFlood) {
       << last.err << ReadAll(c.dir() + "/scheduler.log");
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_TRUE(Alive(pid));
+}
+
+// Opening a TCP connection takes no token: connections that have not
+// authenticated are bounded in number (the oldest goes) and in time, while
+// the worker's stream and a follower, which authenticated, stay.
+TEST(SchedulerFaults,
+     SilentConnectionsAreBoundedAndClosedAuthenticatedOnesStay) {
+  Cluster c;
+  c.StartScheduler({"--max-unauthenticated", "20", "--auth-deadline", "2s"},
+                   "127.0.0.1:0");
+  const int port = std::stoi(c.address().substr(c.address().rfind(':') + 1));
+  struct sockaddr_in addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> silent;
+  for (int i = 0; i < 100; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
+        << strerror(errno);
+    silent.push_back(fd);
+    Sleep(2);  // accepted in this order
+  }
+  // The scheduler speaks first (HTTP/2 settings): what it sent is read
+  // and dropped until the end or nothing more.
+  auto closed = [](int fd) {
+    char buf[4096];
+    for (;;) {
+      ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n > 0) continue;
+      return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+    }
+  };
+  auto count_closed = [&] {
+    int n = 0;
+    for (int fd : silent) n += closed(fd);
+    return n;
+  };
+  EXPECT_TRUE(WaitFor([&] { return count_closed() >= 80; }, 1500))
+      << count_closed() << " of 100 closed";
+  EXPECT_FALSE(closed(silent.back())) << "the newest waits for its deadline";
+  EXPECT_TRUE(closed(silent.front())) << "the oldest makes room";
+
+  const std::string token = c.scheduler_state() + "/token";
+  c.StartWorker("w1", 1, "local", {"--token-file", token});
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return c.Cli({"--token-file", token, "workers"}).out.find("online") !=
+               std::string::npos;
+      },
+      15000))
+      << c.Logs();
+  const std::string job = c.JobFile(
+      "slow.yaml", "command: [sh, -c, 'echo one; sleep 4; echo two']\n");
+  Result submitted = c.Cli({"--token-file", token, "submit", "-q", job});
+  ASSERT_EQ(submitted.code, 0) << submitted.err << c.Logs();
+  const std::string id =
+      submitted.out.substr(0, submitted.out.find_first_not_of("0123456789"));
+  ASSERT_FALSE(id.empty()) << submitted.out;
+  // The follower's one call lasts past the deadline.
+  Result followed =
+      c.Cli({"--token-file", token, "diary", "-f", id}, {}, 30000);
+  EXPECT_EQ(followed.code, 0) << followed.err;
+  EXPECT_NE(followed.out.find("one"), std::string::npos) << followed.out;
+  EXPECT_NE(followed.out.find("two"), std::string::npos) << followed.out;
+  Result shown = c.Cli({"--token-file", token, "show", "--json", id});
+  EXPECT_NE(shown.out.find("JOB_STATE_FINISHED"), std::string::npos)
+      << shown.out << c.Logs();
+  EXPECT_NE(shown.out.find("\"attempt\": 1"), std::string::npos) << shown.out;
+  // The worker's stream, open all along, is still the same one.
+  EXPECT_EQ(ReadAll(c.dir() + "/worker-w1.log").find("reconnect"),
+            std::string::npos)
+      << ReadAll(c.dir() + "/worker-w1.log");
+  EXPECT_EQ(count_closed(), 100);
+  for (int fd : silent) close(fd);
+  EXPECT_NE(ReadAll(c.dir() + "/scheduler.log").find("did not authenticate"),
+            std::string::npos);
 }
 
 TEST(SchedulerFaults, StateFolderIsPrivateWhateverTheUmask) {
