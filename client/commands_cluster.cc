@@ -23,9 +23,10 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
   v1::ListOutputsRequest request;
   request.set_job_id(job_id);
   v1::ListOutputsReply reply;
-  auto ctx = conn.Context();
-  RETURN_IF_ERROR(
-      conn.Error(conn.stub()->ListOutputs(ctx.get(), request, &reply)));
+  RETURN_IF_ERROR(conn.Error(
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ListOutputs(ctx, request, &reply);
+      })));
   v1::JobState state = reply.state();
   if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_RUNNING ||
       state == v1::JOB_STATE_CANCELLING) {
@@ -83,12 +84,19 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
         skip(f->path(), s);  // a path through a symlink: refused, not lost
         continue;
       }
-      {
+      // A download that loses the scheduler (a restart) starts again,
+      // while it is unreachable for less than --retry-for.
+      for (;;) {
+        const int64_t started = Connection::MonotonicMs();
         s = DownloadFileAt(conn.stub(), conn.token(), f->sha256(), f->size(),
                            parent->first.get(), parent->second, f->mode(),
                            f->path(), [&](int64_t done, int64_t) {
                              bar.Update(fetched_bytes + done, total);
                            });
+        if (s.code() != absl::StatusCode::kUnavailable ||
+            !conn.RetryAfter(ToGrpcStatus(s), started)) {
+          break;
+        }
       }
       if (s.code() == absl::StatusCode::kUnavailable) {
         return Annotate(conn.Error(ToGrpcStatus(s)),
@@ -123,9 +131,10 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
 
 absl::StatusOr<int> Workers(Connection& conn, bool json) {
   v1::ListWorkersReply reply;
-  auto ctx = conn.Context();
   RETURN_IF_ERROR(conn.Error(
-      conn.stub()->ListWorkers(ctx.get(), v1::ListWorkersRequest(), &reply)));
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ListWorkers(ctx, v1::ListWorkersRequest(), &reply);
+      })));
   if (json) {
     std::cout << ToJson(reply);
     return 0;
@@ -158,9 +167,10 @@ absl::StatusOr<int> Workers(Connection& conn, bool json) {
 
 absl::StatusOr<int> Profiles(Connection& conn, bool json) {
   v1::ListProfilesReply reply;
-  auto ctx = conn.Context();
   RETURN_IF_ERROR(conn.Error(
-      conn.stub()->ListProfiles(ctx.get(), v1::ListProfilesRequest(), &reply)));
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ListProfiles(ctx, v1::ListProfilesRequest(), &reply);
+      })));
   if (json) {
     std::cout << ToJson(reply);
     return 0;

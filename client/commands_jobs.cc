@@ -374,12 +374,19 @@ absl::StatusOr<int> Cancel(Connection& conn,
   v1::CancelJobsRequest request;
   for (int64_t id : job_ids) request.add_job_ids(id);
   v1::CancelJobsReply reply;
-  auto ctx = conn.Context();
-  RETURN_IF_ERROR(
-      conn.Error(conn.stub()->CancelJobs(ctx.get(), request, &reply)));
+  // Retried while the scheduler is unreachable. A try whose reply was lost
+  // may have cancelled a queued job already: on a retry, a job found
+  // cancelled is what was asked for, not an error.
+  int tries = 0;
+  RETURN_IF_ERROR(conn.Error(
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        ++tries;
+        return stub->CancelJobs(ctx, request, &reply);
+      })));
   int rc = 0;
   for (const auto& r : reply.results()) {
-    if (!r.error().empty()) {
+    if (!r.error().empty() &&
+        !(tries > 1 && r.state() == v1::JOB_STATE_CANCELLED)) {
       std::cerr << "dlbatch: " << r.error() << "\n";
       rc = 1;
     } else {

@@ -19,9 +19,10 @@ absl::StatusOr<int> ShowSweep(Connection& conn, int64_t sweep_id, bool json) {
   v1::ListJobsRequest request;
   request.set_sweep_id(sweep_id);
   v1::ListJobsReply reply;
-  auto ctx = conn.Context();
-  RETURN_IF_ERROR(
-      conn.Error(conn.stub()->ListJobs(ctx.get(), request, &reply)));
+  RETURN_IF_ERROR(conn.Error(
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ListJobs(ctx, request, &reply);
+      })));
   std::vector<v1::Job> ranked =
       RankSweepJobs({reply.jobs().begin(), reply.jobs().end()});
   if (json) {

@@ -420,22 +420,29 @@ class MonitorUi {
 };
 
 absl::StatusOr<int> PrintSnapshot(Connection& conn) {
-  auto ctx = conn.Context(/*deadline_ms=*/30000);
-  v1::WatchEventsRequest request;
-  auto reader = conn.stub()->WatchEvents(ctx.get(), request);
   ClusterModel model;
-  v1::ClusterEvent event;
   bool complete = false;
-  while (reader->Read(&event)) {
-    if (event.snapshot_done()) {
-      if (event.time_ms() > 0) model.server_time_ms = event.time_ms();
-      complete = true;
-      break;
+  grpc::Status status;
+  // Retried while the scheduler is unreachable, from a fresh snapshot.
+  for (;;) {
+    const int64_t started = Connection::MonotonicMs();
+    auto ctx = conn.Context(/*deadline_ms=*/30000);
+    v1::WatchEventsRequest request;
+    auto reader = conn.stub()->WatchEvents(ctx.get(), request);
+    model = ClusterModel();
+    v1::ClusterEvent event;
+    while (reader->Read(&event)) {
+      if (event.snapshot_done()) {
+        if (event.time_ms() > 0) model.server_time_ms = event.time_ms();
+        complete = true;
+        break;
+      }
+      model.Apply(event);
     }
-    model.Apply(event);
+    ctx->TryCancel();
+    status = reader->Finish();
+    if (complete || !conn.RetryAfter(status, started)) break;
   }
-  ctx->TryCancel();
-  grpc::Status status = reader->Finish();
   if (!complete) {
     RETURN_IF_ERROR(conn.Error(status));
     return absl::UnavailableError(

@@ -140,6 +140,46 @@ TEST(ClientFaults, RequestIdMakesAResubmitIdempotentAcrossProcesses) {
   EXPECT_NE(bad.err.find("without spaces"), std::string::npos) << bad.err;
 }
 
+// Every command that only reads, and cancel and fetch-outputs, waits out a
+// scheduler restart as submit does, instead of failing at once.
+TEST(ClientFaults, EveryCommandWaitsOutASchedulerRestart) {
+  Cluster c;
+  c.StartScheduler();
+  c.StartWorker("w1", 2);
+  ASSERT_TRUE(c.WaitWorkers(1));
+  const int64_t done = c.Submit(c.JobFile(
+      "out.yaml",
+      "command: [sh, -c, 'echo kept > $DLBATCH_OUTPUT_DIR/result.txt']\n"));
+  ASSERT_TRUE(c.WaitState(done, "JOB_STATE_FINISHED")) << c.Logs();
+  const int64_t running =
+      c.Submit(c.JobFile("sleep.yaml", "command: [sleep, '300']\n"));
+  ASSERT_TRUE(c.WaitState(running, "JOB_STATE_RUNNING")) << c.Logs();
+  c.KillScheduler(SIGKILL);
+  const std::string fetched = c.dir() + "/fetched";
+  std::vector<std::vector<std::string>> commands = {
+      {"workers"},
+      {"profiles"},
+      {"jobs"},
+      {"show", std::to_string(done)},
+      {"monitor", "--once"},
+      {"fetch-outputs", std::to_string(done), "-o", fetched},
+      {"cancel", std::to_string(running)},
+  };
+  std::vector<std::future<Result>> results;
+  for (const auto& args : commands) results.push_back(CliAsync(c, args));
+  std::this_thread::sleep_for(milliseconds(1500));
+  c.StartScheduler();
+  for (size_t i = 0; i < commands.size(); ++i) {
+    Result r = results[i].get();
+    EXPECT_EQ(r.code, 0) << "dlbatch " << commands[i][0] << ": " << r.out
+                         << r.err;
+    EXPECT_NE(r.err.find("retrying"), std::string::npos)
+        << "dlbatch " << commands[i][0] << ": " << r.err;
+  }
+  EXPECT_EQ(ReadAll(fetched + "/result.txt"), "kept\n");
+  EXPECT_TRUE(c.WaitState(running, "JOB_STATE_CANCELLED")) << c.Logs();
+}
+
 TEST(ClientFaults, GivesUpAfterRetryForNamingTheScheduler) {
   Cluster c;
   c.StartScheduler();
