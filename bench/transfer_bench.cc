@@ -5,6 +5,8 @@
 //
 //   transfer_bench [--mb N] [--runs N] [--dir DIR]
 //
+// DLBATCH_SCHEDULER_BIN=PATH measures another dlbatch-scheduler build.
+//
 // DIR (default /tmp) holds the file, the copies and the scheduler's state,
 // so every row writes to the same disk.
 #include <fcntl.h>
@@ -16,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -37,6 +40,12 @@ using Clock = std::chrono::steady_clock;
 
 std::string SelfDir() {
   return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
+}
+
+// DLBATCH_SCHEDULER_BIN names another dlbatch-scheduler build to measure.
+std::string SchedulerBin() {
+  const char* env = std::getenv("DLBATCH_SCHEDULER_BIN");
+  return env != nullptr ? std::string(env) : SelfDir() + "/dlbatch-scheduler";
 }
 
 void Die(const std::string& what) {
@@ -185,10 +194,9 @@ int main(int argc, char** argv) {
 
   const std::string address = "unix:" + root + "/s.sock";
   const std::string ready = root + "/ready";
-  pid_t scheduler =
-      Spawn({SelfDir() + "/dlbatch-scheduler", "--state-dir", root + "/state",
-             "--listen", address, "--ready-file", ready},
-            root + "/scheduler.log");
+  pid_t scheduler = Spawn({SchedulerBin(), "--state-dir", root + "/state",
+                           "--listen", address, "--ready-file", ready},
+                          root + "/scheduler.log");
   for (int i = 0; i < 300 && !std::filesystem::exists(ready); ++i)
     usleep(50000);
   if (!std::filesystem::exists(ready)) Die("the scheduler did not start");
