@@ -449,7 +449,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     if (HasNul(value)) return Invalid(path, "the value contains a NUL byte");
     // What the worker sets for each job: a job's own value would win, and
     // CUDA_VISIBLE_DEVICES would reach GPUs other jobs were given.
-    if (name == "CUDA_VISIBLE_DEVICES") {
+    if (name == "CUDA_VISIBLE_DEVICES" || name == "NVIDIA_VISIBLE_DEVICES") {
       return Invalid(path,
                      "the worker sets it to the GPUs the job is given; remove "
                      "it (the pool says how many GPUs a job gets)");
@@ -457,7 +457,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     if (IsOneOf(name, {"DLBATCH_JOB_ID", "DLBATCH_ATTEMPT", "DLBATCH_POOL",
                        "DLBATCH_PART", "DLBATCH_PARTS", "DLBATCH_DEVICES",
                        "DLBATCH_OUTPUT_DIR", "DLBATCH_RENDEZVOUS",
-                       "DLBATCH_RENDEZVOUS_SECRET"})) {
+                       "DLBATCH_RENDEZVOUS_SECRET", "DLBATCH_JOB_MARK"})) {
       return Invalid(path, "the worker sets it for each job; use another name");
     }
   }

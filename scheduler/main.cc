@@ -23,8 +23,8 @@
 #include "common/files.h"
 #include "common/status.h"
 #include "grpcpp/resource_quota.h"
+#include "scheduler/acceptor.h"
 #include "scheduler/service.h"
-#include "scheduler/tcp_acceptor.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -46,6 +46,8 @@ struct Flags {
   std::string keep_ended = "30d";
   std::string restart_grace;
   int max_unauthenticated = 256;
+  std::string socket_mode = "0600";
+  bool shared_visibility = false;
   std::string auth_deadline = "10s";
 };
 
@@ -236,8 +238,11 @@ int Run(const Flags& flags) {
   if (auto s = scheduler.Start(); !s.ok())
     return Fail(std::string(s.message()));
 
-  SchedulerService service(&scheduler, blobs->get(), token);
-  WorkerLinkService link(&scheduler, token);
+  PeerTable peers;
+  Identities identities(&peers, token, ::geteuid());
+  SchedulerService service(&scheduler, blobs->get(), &identities,
+                           flags.shared_visibility);
+  WorkerLinkService link(&scheduler, &identities);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
@@ -256,10 +261,8 @@ int Run(const Flags& flags) {
   grpc::ResourceQuota quota("dlbatch-scheduler");
   quota.Resize(int64_t{1} << 30);
   builder.SetResourceQuota(quota);
-  if (endpoint->is_unix) ::unlink(endpoint->path.c_str());
-  // TCP connections come through the scheduler's own acceptor (see
-  // tcp_acceptor.h); a Unix socket through gRPC's listener.
-  std::unique_ptr<TcpAcceptor> acceptor;
+  // Connections come through the scheduler's own acceptor (acceptor.h).
+  std::unique_ptr<Acceptor> acceptor;
   auto auth_deadline = DurationMs(flags.auth_deadline, "--auth-deadline");
   if (!auth_deadline.ok())
     return Fail(std::string(auth_deadline.status().message()));
@@ -269,10 +272,21 @@ int Run(const Flags& flags) {
   ConnectionGate gate(flags.max_unauthenticated, *auth_deadline,
                       SystemClock::Get());
   if (endpoint->is_unix) {
-    builder.AddListeningPort(endpoint->GrpcTarget(),
-                             grpc::InsecureServerCredentials());
+    const std::string& m = flags.socket_mode;
+    if (m.empty() || m.size() > 4 ||
+        m.find_first_not_of("01234567") != std::string::npos) {
+      return Fail(absl::StrCat("--socket-mode ", m,
+                               ": write permissions in octal, e.g. 0600 or "
+                               "0666"));
+    }
+    const mode_t socket_mode =
+        static_cast<mode_t>(std::stoul(m, nullptr, 8)) & 0777;
+    auto listening = Acceptor::ListenUnix(endpoint->path, socket_mode, &peers);
+    if (!listening.ok()) return Fail(std::string(listening.status().message()));
+    acceptor = std::move(*listening);
   } else {
-    auto listening = TcpAcceptor::Listen(endpoint->host, endpoint->port, &gate);
+    auto listening =
+        Acceptor::ListenTcp(endpoint->host, endpoint->port, &gate, &peers);
     if (!listening.ok()) {
       return Fail(absl::StrCat(
           listening.status().message(),
@@ -293,10 +307,8 @@ int Run(const Flags& flags) {
         "with --listen"));
   }
   std::string address = flags.listen;
-  if (endpoint->is_unix) {
-    ::chmod(endpoint->path.c_str(), 0600);
-  } else {
-    acceptor->Start(server.get());
+  acceptor->Start(server.get());
+  if (!endpoint->is_unix) {
     address = absl::StrCat(endpoint->host.find(':') != std::string::npos
                                ? absl::StrCat("[", endpoint->host, "]")
                                : endpoint->host,
@@ -392,6 +404,14 @@ int main(int argc, char** argv) {
   app.add_option("--restart-grace", flags.restart_grace,
                  "After a start, workers known from before are lost only "
                  "after this long (default: twice --heartbeat-timeout)");
+  app.add_option("--socket-mode", flags.socket_mode,
+                 "Permissions of the Unix socket (octal). Callers on it are "
+                 "known by their uid, so a shared cluster's may be 0666: "
+                 "each user then reaches only their own jobs")
+      ->capture_default_str();
+  app.add_flag("--shared-visibility", flags.shared_visibility,
+               "Let every user read every job's diary, progress and outputs "
+               "(never another's env:, never cancel another's job)");
   app.add_option("--max-unauthenticated", flags.max_unauthenticated,
                  "TCP connections that may wait at once for their first "
                  "authenticated call; past it the oldest is closed")

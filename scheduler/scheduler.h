@@ -99,6 +99,14 @@ class Scheduler : private FollowSource {
   absl::StatusOr<v1::SubmitJobReply> Submit(
       const v1::SubmitJobRequest& request);
   absl::StatusOr<v1::Job> GetJob(int64_t job_id);
+  // Who submitted job `job_id`; NotFound for an unknown job.
+  absl::StatusOr<std::string> JobOwner(int64_t job_id) {
+    return reader_->JobUser(job_id);
+  }
+  absl::StatusOr<bool> UserHoldsBlob(const std::string& user,
+                                     const std::string& sha256) {
+    return reader_->UserHoldsBlob(user, sha256);
+  }
   absl::StatusOr<v1::ListJobsReply> ListJobs(
       const v1::ListJobsRequest& request);
   absl::StatusOr<v1::CancelJobsReply> Cancel(

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -47,24 +48,48 @@ grpc::Status Reply(absl::StatusOr<T> result, T* reply) {
 
 }  // namespace
 
-absl::Status SchedulerService::Authorize(
+absl::StatusOr<Caller> SchedulerService::Identify(
     const grpc::ServerContextBase& context) {
-  absl::Status auth = CheckToken(context, token_);
-  if (auth.ok() && gate_ != nullptr && !token_.empty()) {
-    gate_->Authenticated(context.peer());
+  absl::StatusOr<Caller> caller = identities_->Identify(context);
+  if (caller.ok() && gate_ != nullptr) gate_->Authenticated(context.peer());
+  return caller;
+}
+
+absl::Status SchedulerService::MayAccess(const Caller& caller, int64_t job_id,
+                                         bool control) {
+  if (caller.admin || (shared_visibility_ && !control)) {
+    return absl::OkStatus();
   }
-  return auth;
+  ASSIGN_OR_RETURN(std::string owner, scheduler_->JobOwner(job_id));
+  if (owner == caller.user) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("permission denied: job ", job_id, " belongs to ", owner));
+}
+
+void SchedulerService::Redact(const Caller& caller, v1::Job* job) const {
+  if (!caller.admin && job->user() != caller.user) {
+    job->mutable_spec()->clear_env();
+  }
 }
 
 grpc::ServerUnaryReactor* SchedulerService::SubmitJob(
     grpc::CallbackServerContext* context, const v1::SubmitJobRequest* request,
     v1::SubmitJobReply* reply) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (auto auth = Authorize(*context); !auth.ok()) {
-    reactor->Finish(ToGrpcStatus(auth));
+  absl::StatusOr<Caller> caller = Identify(*context);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  absl::StatusOr<v1::SubmitJobReply> result = scheduler_->Submit(*request);
+  // A caller the kernel named submits as itself, whatever it says.
+  v1::SubmitJobRequest own;
+  const v1::SubmitJobRequest* submit = request;
+  if (caller->from_kernel && request->user() != caller->user) {
+    own = *request;
+    own.set_user(caller->user);
+    submit = &own;
+  }
+  absl::StatusOr<v1::SubmitJobReply> result = scheduler_->Submit(*submit);
   if (result.ok() && !result->duplicate() &&
       FaultInjected("exit-after-submit-commit")) {
     spdlog::warn("DLBATCH_FAULT=exit-after-submit-commit: exiting");
@@ -77,22 +102,57 @@ grpc::ServerUnaryReactor* SchedulerService::SubmitJob(
 grpc::Status SchedulerService::ListJobs(grpc::ServerContext* context,
                                         const v1::ListJobsRequest* request,
                                         v1::ListJobsReply* reply) {
-  CHECK_TOKEN(context);
-  return Reply(scheduler_->ListJobs(*request), reply);
+  absl::StatusOr<Caller> caller = Identify(*context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  grpc::Status status = Reply(scheduler_->ListJobs(*request), reply);
+  for (v1::Job& job : *reply->mutable_jobs()) Redact(*caller, &job);
+  return status;
 }
 
 grpc::Status SchedulerService::GetJob(grpc::ServerContext* context,
                                       const v1::GetJobRequest* request,
                                       v1::Job* reply) {
-  CHECK_TOKEN(context);
-  return Reply(scheduler_->GetJob(request->job_id()), reply);
+  absl::StatusOr<Caller> caller = Identify(*context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status may = MayAccess(*caller, request->job_id(), false);
+      !may.ok()) {
+    return ToGrpcStatus(may);
+  }
+  grpc::Status status = Reply(scheduler_->GetJob(request->job_id()), reply);
+  Redact(*caller, reply);
+  return status;
 }
 
 grpc::Status SchedulerService::CancelJobs(grpc::ServerContext* context,
                                           const v1::CancelJobsRequest* request,
                                           v1::CancelJobsReply* reply) {
-  CHECK_TOKEN(context);
-  return Reply(scheduler_->Cancel(*request), reply);
+  absl::StatusOr<Caller> caller = Identify(*context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  // Each job the caller may not cancel gets its refusal; the others are
+  // cancelled; results keep the request's order.
+  v1::CancelJobsRequest allowed;
+  std::map<int64_t, std::string> refused;
+  for (int64_t id : request->job_ids()) {
+    absl::Status may = MayAccess(*caller, id, /*control=*/true);
+    if (may.ok() || absl::IsNotFound(may)) {
+      allowed.add_job_ids(id);  // an unknown job: the scheduler says so
+    } else {
+      refused[id] = std::string(may.message());
+    }
+  }
+  absl::StatusOr<v1::CancelJobsReply> done = scheduler_->Cancel(allowed);
+  if (!done.ok()) return ToGrpcStatus(done.status());
+  int next = 0;
+  for (int64_t id : request->job_ids()) {
+    if (auto it = refused.find(id); it != refused.end()) {
+      auto* r = reply->add_results();
+      r->set_job_id(id);
+      r->set_error(it->second);
+    } else if (next < done->results_size()) {
+      *reply->add_results() = done->results(next++);
+    }
+  }
+  return grpc::Status::OK;
 }
 
 // The rendezvous calls authenticate with the attempt's secret instead of the
@@ -151,7 +211,12 @@ grpc::Status SchedulerService::ListProfiles(grpc::ServerContext* context,
 grpc::Status SchedulerService::ListOutputs(
     grpc::ServerContext* context, const v1::ListOutputsRequest* request,
     v1::ListOutputsReply* reply) {
-  CHECK_TOKEN(context);
+  absl::StatusOr<Caller> caller = Identify(*context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status may = MayAccess(*caller, request->job_id(), false);
+      !may.ok()) {
+    return ToGrpcStatus(may);
+  }
   return Reply(scheduler_->ListOutputs(request->job_id()), reply);
 }
 
@@ -166,7 +231,14 @@ grpc::Status SchedulerService::GetStats(grpc::ServerContext* context,
 grpc::Status SchedulerService::PurgeJobs(grpc::ServerContext* context,
                                          const v1::PurgeJobsRequest* request,
                                          v1::PurgeJobsReply* reply) {
-  CHECK_TOKEN(context);
+  absl::StatusOr<Caller> caller = Identify(*context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (!caller->admin) {
+    return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+        "permission denied: purging jobs is for admins (root or the "
+        "scheduler's user); ",
+        caller->user, " is not one")));
+  }
   return Reply(scheduler_->Purge(*request), reply);
 }
 
@@ -215,7 +287,20 @@ grpc::Status SchedulerService::UploadBlob(
 grpc::Status SchedulerService::DownloadBlob(
     grpc::ServerContext* context, const v1::DownloadBlobRequest* request,
     grpc::ServerWriter<v1::BlobChunk>* writer) {
-  CHECK_TOKEN(context);
+  absl::StatusOr<Caller> caller = Identify(*context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  // Blobs are named by content: knowing a name must not be enough to read
+  // another user's outputs or attachments.
+  if (!caller->admin && !shared_visibility_) {
+    absl::StatusOr<bool> held =
+        scheduler_->UserHoldsBlob(caller->user, request->sha256());
+    if (!held.ok()) return ToGrpcStatus(held.status());
+    if (!*held) {
+      return ToGrpcStatus(absl::PermissionDeniedError(
+          absl::StrCat("permission denied: no job of ", caller->user,
+                       " holds blob ", request->sha256())));
+    }
+  }
   auto size = blobs_->Size(request->sha256());
   if (!size.ok()) return ToGrpcStatus(size.status());
   std::string path = blobs_->PathFor(request->sha256());
@@ -376,10 +461,15 @@ void StreamSession::Detach() {
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>*
 WorkerLinkService::Connect(grpc::CallbackServerContext* context) {
-  absl::Status auth = CheckToken(*context, token_);
-  if (auth.ok() && gate_ != nullptr && !token_.empty()) {
-    gate_->Authenticated(context->peer());
+  absl::StatusOr<Caller> caller = identities_->Identify(*context);
+  absl::Status auth = caller.status();
+  if (caller.ok() && !caller->admin) {
+    auth = absl::PermissionDeniedError(absl::StrCat(
+        "permission denied: ", caller->user,
+        " may not register a worker; workers run as root or as the "
+        "scheduler's user, or present its token over TCP"));
   }
+  if (auth.ok() && gate_ != nullptr) gate_->Authenticated(context->peer());
   return new WorkerStream(scheduler_, std::move(auth));
 }
 

@@ -10,6 +10,7 @@
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 #include "scheduler/blob_store.h"
 #include "scheduler/connection_gate.h"
+#include "scheduler/identity.h"
 #include "scheduler/scheduler.h"
 
 namespace dlbatch::scheduler {
@@ -24,9 +25,15 @@ class SchedulerService final
                   v1::Scheduler::WithCallbackMethod_WaitJobs<
                       v1::Scheduler::Service>>>> {
  public:
-  // An empty token admits every caller (Unix sockets only).
-  SchedulerService(Scheduler* scheduler, BlobStore* blobs, std::string token)
-      : scheduler_(scheduler), blobs_(blobs), token_(std::move(token)) {}
+  // `identities` is borrowed. shared_visibility: every caller may read
+  // every job's diary, progress and outputs (never another's env:, never
+  // cancel another's job).
+  SchedulerService(Scheduler* scheduler, BlobStore* blobs,
+                   const Identities* identities, bool shared_visibility)
+      : scheduler_(scheduler),
+        blobs_(blobs),
+        identities_(identities),
+        shared_visibility_(shared_visibility) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
@@ -89,9 +96,18 @@ class SchedulerService final
   void set_connection_gate(ConnectionGate* gate) { gate_ = gate; }
 
  private:
-  // The token check; a call that passes it marks its connection as
-  // authenticated.
-  absl::Status Authorize(const grpc::ServerContextBase& context);
+  // Who calls; a call identified marks its connection as authenticated.
+  absl::StatusOr<Caller> Identify(const grpc::ServerContextBase& context);
+  absl::Status Authorize(const grpc::ServerContextBase& context) {
+    return Identify(context).status();
+  }
+  // Whether `caller` may read (diary, progress, outputs) or, with
+  // `control`, cancel job `job_id`: its owner and admins may;
+  // --shared-visibility lets everyone read. PERMISSION_DENIED names the
+  // owner.
+  absl::Status MayAccess(const Caller& caller, int64_t job_id, bool control);
+  // What `caller` may see of `job`: another user's env: is never shown.
+  void Redact(const Caller& caller, v1::Job* job) const;
   // A rendezvous call with its attempt's secret authenticates too.
   void NoteRendezvousCaller(const grpc::ServerContextBase& context,
                             int64_t job_id, int attempt,
@@ -99,21 +115,24 @@ class SchedulerService final
 
   Scheduler* scheduler_;
   BlobStore* blobs_;
-  std::string token_;
+  const Identities* const identities_;
+  const bool shared_visibility_;
   ConnectionGate* gate_ = nullptr;
 };
 
 class WorkerLinkService final : public v1::WorkerLink::CallbackService {
  public:
-  WorkerLinkService(Scheduler* scheduler, std::string token)
-      : scheduler_(scheduler), token_(std::move(token)) {}
+  // Only admins (root or the scheduler's user on the socket, token holders
+  // over TCP) may register a worker.
+  WorkerLinkService(Scheduler* scheduler, const Identities* identities)
+      : scheduler_(scheduler), identities_(identities) {}
   grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>* Connect(
       grpc::CallbackServerContext* context) override;
   void set_connection_gate(ConnectionGate* gate) { gate_ = gate; }
 
  private:
   Scheduler* scheduler_;
-  std::string token_;
+  const Identities* const identities_;
   ConnectionGate* gate_ = nullptr;
 };
 

@@ -88,8 +88,10 @@ class WaitCall final : public grpc::ServerUnaryReactor, public WaitReplier {
 
 grpc::ServerWriteReactor<v1::DiaryChunk>* SchedulerService::ReadDiary(
     grpc::CallbackServerContext* context, const v1::ReadDiaryRequest* request) {
-  return new DiaryStream(&scheduler_->followers(), *request,
-                         Authorize(*context));
+  absl::StatusOr<Caller> caller = Identify(*context);
+  absl::Status may = caller.status();
+  if (may.ok()) may = MayAccess(*caller, request->job_id(), /*control=*/false);
+  return new DiaryStream(&scheduler_->followers(), *request, std::move(may));
 }
 
 grpc::ServerUnaryReactor* SchedulerService::WaitJobs(

@@ -954,6 +954,36 @@ absl::StatusOr<TrainState> StoreReader::GetTrainState(int64_t job_id) {
   return ReadTrainState(db.get(), job_id);
 }
 
+absl::StatusOr<std::string> StoreReader::JobUser(int64_t job_id) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  ASSIGN_OR_RETURN(Statement * st,
+                   db->Prepare("SELECT user FROM jobs WHERE id=?"));
+  st->Bind(1, job_id);
+  ASSIGN_OR_RETURN(bool row, st->Step());
+  std::string user = row ? st->Text(0) : "";
+  st->Reset();
+  if (!row) {
+    return absl::NotFoundError(
+        absl::StrCat("no job ", job_id, "; `dlbatch jobs` lists the jobs"));
+  }
+  return user;
+}
+
+absl::StatusOr<bool> StoreReader::UserHoldsBlob(const std::string& user,
+                                                const std::string& sha256) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db->Prepare("SELECT 1 FROM job_blobs b JOIN jobs j ON j.id=b.job_id "
+                  "WHERE b.sha256=? AND j.user=? LIMIT 1"));
+  st->Bind(1, sha256).Bind(2, user);
+  ASSIGN_OR_RETURN(bool row, st->Step());
+  st->Reset();
+  return row;
+}
+
 absl::StatusOr<std::vector<v1::OutputFile>> StoreReader::Outputs(
     int64_t job_id) {
   ASSIGN_OR_RETURN(auto raw, Acquire());

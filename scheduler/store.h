@@ -170,6 +170,12 @@ class StoreReader {
   absl::StatusOr<int64_t> DiaryCount(int64_t job_id);
   absl::StatusOr<std::vector<v1::OutputFile>> Outputs(int64_t job_id);
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
+  // The user a job was submitted by; NotFound for an unknown job.
+  absl::StatusOr<std::string> JobUser(int64_t job_id);
+  // Whether some job of `user` holds blob `sha256` (an attachment, an
+  // output, a checkpoint).
+  absl::StatusOr<bool> UserHoldsBlob(const std::string& user,
+                                     const std::string& sha256);
 
  private:
   class Lease;

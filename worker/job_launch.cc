@@ -1,7 +1,16 @@
 #include "worker/job_launch.h"
 
-#include <algorithm>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/files.h"
@@ -11,6 +20,65 @@
 
 namespace dlbatch::worker {
 
+namespace {
+
+struct Account {
+  SubprocessOptions::Identity id;
+  std::string home;
+};
+
+// The job owner's account on this machine: uid, group, supplementary
+// groups (as initgroups would set them) and home.
+absl::StatusOr<Account> LookUpOwner(const std::string& user,
+                                    const std::string& worker) {
+  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buf(size > 0 ? static_cast<size_t>(size) : 16384);
+  struct passwd pw;
+  struct passwd* found = nullptr;
+  if (user.empty() ||
+      ::getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) != 0 ||
+      found == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "user '", user, "' has no account on worker ", worker,
+        "; jobs run as their owner, so the owner must exist on the workers "
+        "of the profile"));
+  }
+  Account account;
+  account.id.uid = pw.pw_uid;
+  account.id.gid = pw.pw_gid;
+  account.home = pw.pw_dir != nullptr ? pw.pw_dir : "/";
+  int n = 64;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  while (::getgrouplist(user.c_str(), pw.pw_gid, groups.data(), &n) < 0) {
+    groups.resize(static_cast<size_t>(n) + 16);
+    n = static_cast<int>(groups.size());
+  }
+  groups.resize(static_cast<size_t>(n));
+  account.id.groups = std::move(groups);
+  return account;
+}
+
+// Gives `dir` and everything under it (not following links) to `id`.
+absl::Status GiveTree(const std::string& dir,
+                      const SubprocessOptions::Identity& id) {
+  std::error_code ec;
+  if (::lchown(dir.c_str(), id.uid, id.gid) != 0) {
+    return ErrnoStatus(errno, "chown", dir);
+  }
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator();
+       it.increment(ec)) {
+    const std::string path = it->path().string();
+    if (::lchown(path.c_str(), id.uid, id.gid) != 0) {
+      return ErrnoStatus(errno, "chown", path);
+    }
+  }
+  if (ec) return absl::InternalError(absl::StrCat(dir, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
                                              const std::string& dir,
                                              const LaunchContext& context,
@@ -18,6 +86,17 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
                                              std::vector<std::string>* notes) {
   const v1::JobSpec& spec = start.spec();
   const std::string out_dir = dir + "/output";
+  std::optional<Account> owner;
+  // A job with no owner named (the scheduler always names one) runs as the
+  // worker's user.
+  if (context.as_owner && !start.user().empty()) {
+    ASSIGN_OR_RETURN(owner, LookUpOwner(start.user(), context.worker_name));
+  } else if (!start.user().empty() && start.user() != context.worker_user) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", context.worker_name, " runs as ", context.worker_user,
+        " and so runs only ", context.worker_user, "'s jobs, not ",
+        start.user(), "'s; start it as root to run every user's jobs"));
+  }
   RETURN_IF_ERROR(RemoveTree(dir));
   RETURN_IF_ERROR(MakeDirs(out_dir, 0755));
   for (const auto& a : spec.attach()) {
@@ -75,7 +154,42 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
       });
   if (!context.gpus)
     sp.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(start.devices_size()));
-  for (const auto& [k, v] : spec.env()) sp.env.emplace_back(k, v);
+  if (owner) {
+    sp.env.emplace_back("HOME", owner->home);
+    sp.env.emplace_back("USER", start.user());
+    sp.env.emplace_back("LOGNAME", start.user());
+  }
+  const bool as_root = owner ? owner->id.uid == 0 : ::geteuid() == 0;
+  for (const auto& [k, v] : spec.env()) {
+    if (as_root &&
+        (absl::StartsWith(k, "LD_") || k == "BASH_ENV" || k == "ENV")) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "env: may not set ", k,
+          " for a job run as root: the loader or a shell would run code "
+          "of the job's choosing with root's powers; remove it"));
+    }
+    sp.env.emplace_back(k, v);
+  }
+  sp.clean_env = true;
+  sp.keep_env = context.keep_env;
+  if (owner && owner->id.uid != 0) {
+    // Its owner passes through the worker's folders (which list nothing to
+    // it) to the job's folder, which is its owner's alone, everything in it
+    // included.
+    const std::string jobs = dir.substr(0, dir.rfind('/'));
+    const std::string work = jobs.substr(0, jobs.rfind('/'));
+    struct stat st;
+    if (::stat(work.c_str(), &st) == 0 && (st.st_mode & 0011) != 0011) {
+      ::chmod(work.c_str(), (st.st_mode & 07777) | 0011);
+    }
+    if (::chmod(jobs.c_str(), 0711) != 0) {
+      return ErrnoStatus(errno, "chmod", jobs);
+    }
+    RETURN_IF_ERROR(GiveTree(dir, owner->id));
+    if (::chmod(dir.c_str(), 0700) != 0)
+      return ErrnoStatus(errno, "chmod", dir);
+    sp.run_as = owner->id;
+  }
   return sp;
 }
 

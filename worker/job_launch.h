@@ -21,7 +21,24 @@ struct LaunchContext {
   bool gpus = false;       // the worker's slots are GPUs
   // The worker's own CUDA_VISIBLE_DEVICES (null: unset).
   const char* visible_devices = nullptr;
+  // A job starts from a clean environment: of the worker's own variables
+  // only these (kJobBaseEnv and the operator's --job-env), then the ones the
+  // worker sets for the job, then the job's env:. The worker's token and
+  // secrets never reach a job.
+  std::vector<std::string> keep_env;
+  // The worker runs as root: each job runs as its owner (the StartJob's
+  // user, looked up on this machine), in a folder that user owns; a job of
+  // root's may not set the loader's or a shell's start-up variables
+  // (LD_*, BASH_ENV, ENV) in env:. Otherwise every job runs as the
+  // worker's user, and only that user's jobs are run.
+  bool as_owner = false;
+  std::string worker_user;  // the worker's own user name
+  std::string worker_name;  // for messages
 };
+
+// What every job inherits from the worker's environment.
+inline const char* const kJobBaseEnv[] = {"PATH", "HOME", "USER", "LOGNAME",
+                                          "LANG"};
 
 // Lays out `dir` (emptied first) for `start` and returns how to run it.
 // `notes` receives lines for the job's diary. Blocks on transfers.

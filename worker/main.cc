@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   bool keep = false;
   bool no_cgroups = false;
   std::string trainer, host_address;
+  std::vector<std::string> job_env;
   CLI::App app{
       "dlbatch-worker: runs the jobs a dlbatch scheduler places on this "
       "machine"};
@@ -89,6 +90,12 @@ int main(int argc, char** argv) {
       "--host", host_address,
       "Address the ranks of a job spread over workers reach this worker's "
       "ranks at (default: the host name)");
+  app.add_option(
+      "--job-env", job_env,
+      "A variable of this worker's environment that jobs inherit (repeatable; "
+      "e.g. LD_LIBRARY_PATH, NCCL_SOCKET_IFNAME). Jobs start from a clean "
+      "environment: PATH, HOME, USER, LOGNAME, LANG, these, the DLBATCH_ "
+      "variables the worker sets, then the job's env:");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
 
@@ -183,6 +190,7 @@ int main(int argc, char** argv) {
         trainer);
   }
   options.trainer = trainer;
+  options.job_env = job_env;
   options.name =
       name.empty()
           ? absl::StrCat(host, "-", dlbatch::Sha256Hex(work_dir).substr(0, 8))

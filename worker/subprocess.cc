@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -53,7 +54,8 @@ enum ChildStage : int {
   kStageSetup = 1,
   kStageChdir = 2,
   kStageExec = 3,
-  kStageCgroup = 4
+  kStageCgroup = 4,
+  kStageUser = 5
 };
 struct ChildFailure {
   int stage;
@@ -75,7 +77,12 @@ struct ChildPlan {
   char* const* envp;
   const char* const* candidates;  // paths to try, in order
   size_t num_candidates;
-  pid_t parent;  // 0: the child may outlive the parent
+  pid_t parent;       // 0: the child may outlive the parent
+  bool drop = false;  // take the identity below
+  uid_t uid = 0;
+  gid_t gid = 0;
+  const gid_t* groups = nullptr;
+  size_t num_groups = 0;
 };
 
 void CloseFd(int* fd) {
@@ -172,6 +179,12 @@ void CloseDescriptorsFromExcept(int first, int keep) {
   // process); every process it makes is born there.
   if (plan.cgroup_fd >= 0 && write(plan.cgroup_fd, "0", 1) != 1)
     ChildFail(fail_fd, kStageCgroup, errno);
+  // The job's user, before the parent-death signal: changing credentials
+  // clears that signal.
+  if (plan.drop && (setgroups(plan.num_groups, plan.groups) != 0 ||
+                    setgid(plan.gid) != 0 || setuid(plan.uid) != 0)) {
+    ChildFail(fail_fd, kStageUser, errno);
+  }
   if (plan.parent != 0) {
     // Killed with the thread that started it; and if the parent died
     // before this line, go now.
@@ -233,10 +246,12 @@ std::string_view EnvName(std::string_view entry) {
   return entry.substr(0, entry.find('='));
 }
 
-// The calling process's environment with `overrides` added or replacing
-// (the last of several overrides of one name wins).
+// The calling process's environment (with `clean`, only its variables
+// named in `keep`) with `overrides` added or replacing (the last of several
+// overrides of one name wins).
 absl::StatusOr<std::vector<std::string>> BuildEnvironment(
-    const std::vector<std::pair<std::string, std::string>>& overrides) {
+    const std::vector<std::pair<std::string, std::string>>& overrides,
+    bool clean, const std::vector<std::string>& keep) {
   for (const auto& [name, value] : overrides) {
     if (name.empty() || name.find('=') != std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -250,9 +265,18 @@ absl::StatusOr<std::vector<std::string>> BuildEnvironment(
     return false;
   };
   std::vector<std::string> env;
+  auto kept = [&](std::string_view name) {
+    if (!clean) return true;
+    for (const std::string& k : keep) {
+      if (k == name) return true;
+    }
+    return false;
+  };
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     std::string_view entry(*e);
-    if (!overridden(EnvName(entry))) env.emplace_back(entry);
+    if (kept(EnvName(entry)) && !overridden(EnvName(entry))) {
+      env.emplace_back(entry);
+    }
   }
   for (size_t i = 0; i < overrides.size(); ++i) {
     bool later = false;
@@ -298,6 +322,11 @@ absl::Status ChildFailureStatus(const ChildFailure& failure,
       return absl::ErrnoToStatus(
           failure.err, absl::StrCat("cannot run '", program,
                                     "': joining cgroup ", options.cgroup));
+    case kStageUser:
+      return absl::ErrnoToStatus(
+          failure.err, absl::StrCat("cannot run '", program, "' as uid ",
+                                    options.run_as ? options.run_as->uid : 0,
+                                    " (the job's owner)"));
     case kStageExec:
       if (failure.err == ENOENT && program.find('/') == std::string::npos) {
         return absl::ErrnoToStatus(
@@ -469,7 +498,8 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
   if (options.max_line_bytes == 0) {
     return absl::InvalidArgumentError("max_line_bytes must be positive");
   }
-  absl::StatusOr<std::vector<std::string>> env = BuildEnvironment(options.env);
+  absl::StatusOr<std::vector<std::string>> env =
+      BuildEnvironment(options.env, options.clean_env, options.keep_env);
   if (!env.ok()) return env.status();
   const std::string path = SearchPath(*env);
   std::vector<std::string> candidates = ExecCandidates(options.argv[0], path);
@@ -525,6 +555,13 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
   plan.argv = argv_ptrs.data();
   plan.envp = env_ptrs.data();
   plan.candidates = candidate_ptrs.data();
+  if (options.run_as) {
+    plan.drop = true;
+    plan.uid = options.run_as->uid;
+    plan.gid = options.run_as->gid;
+    plan.groups = options.run_as->groups.data();
+    plan.num_groups = options.run_as->groups.size();
+  }
   plan.num_candidates = candidate_ptrs.size();
 
   // Blocked across fork so that no handler of ours runs in the child before

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,8 +31,20 @@ namespace dlbatch::worker {
 struct SubprocessOptions {
   std::vector<std::string> argv;  // argv[0] is looked up on PATH
   std::string cwd;                // must exist
-  // Added to (or replacing in) the calling process's environment.
+  // Added to (or replacing in) the calling process's environment, or with
+  // `clean_env` to only its variables named in `keep_env`.
   std::vector<std::pair<std::string, std::string>> env;
+  bool clean_env = false;
+  std::vector<std::string> keep_env;
+  // Set: the child takes this user's identity (supplementary groups, group,
+  // then user) after joining its cgroup and before anything of the job
+  // runs. Needs the caller to be root.
+  struct Identity {
+    uid_t uid = 0;
+    gid_t gid = 0;
+    std::vector<gid_t> groups;
+  };
+  std::optional<Identity> run_as;
   // After the leader exits, how long remaining group members and pipe
   // writers may linger before the group is killed.
   int64_t linger_ms = 2000;

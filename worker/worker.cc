@@ -1,11 +1,14 @@
 #include "worker/worker.h"
 
+#include <pwd.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -59,6 +62,22 @@ absl::StatusOr<std::vector<v1::OutputFile>> StoreCheckpoint(
 
 }  // namespace
 
+namespace {
+
+std::string CurrentUserName() {
+  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buf(size > 0 ? static_cast<size_t>(size) : 16384);
+  struct passwd pw;
+  struct passwd* found = nullptr;
+  if (::getpwuid_r(::geteuid(), &pw, buf.data(), buf.size(), &found) == 0 &&
+      found != nullptr) {
+    return pw.pw_name;
+  }
+  return absl::StrCat("uid", ::geteuid());
+}
+
+}  // namespace
+
 Worker::Worker(WorkerOptions options, const Clock* clock, ProcessRunner* runner,
                BlobTransfers* transfers, LinkTransport* transport)
     : options_(std::move(options)),
@@ -73,6 +92,13 @@ Worker::Worker(WorkerOptions options, const Clock* clock, ProcessRunner* runner,
   launch_.rendezvous = RendezvousAddress(options_.channel.endpoint);
   for (const auto& d : options_.devices) launch_.gpus |= d.kind() == "gpu";
   launch_.visible_devices = std::getenv("CUDA_VISIBLE_DEVICES");
+  launch_.keep_env.assign(std::begin(kJobBaseEnv), std::end(kJobBaseEnv));
+  for (const std::string& name : options_.job_env) {
+    launch_.keep_env.push_back(name);
+  }
+  launch_.as_owner = ::geteuid() == 0;
+  launch_.worker_user = CurrentUserName();
+  launch_.worker_name = options_.name;
   link_.SetHandler(this);
   runner_->Attach(this);
   if (options_.tick_ms > 0) ticker_ = std::thread([this] { TickLoop(); });

@@ -46,6 +46,9 @@ struct WorkerOptions {
   int64_t tick_ms = 100;
   // Transfers running at once at most (one per job at a time).
   int max_transfer_threads = 64;
+  // The worker's environment variables jobs inherit besides kJobBaseEnv
+  // (--job-env).
+  std::vector<std::string> job_env;
 };
 
 class Worker final : public LinkHandler, public ProcessEvents {

@@ -277,6 +277,15 @@ int Cluster::StartWorker(const std::string& name, int slots,
     argv.push_back("--cpu-slots");
     argv.push_back(std::to_string(slots));
   }
+  // Jobs start from a clean environment; what a test sets for them (a cache
+  // folder) or needs to run them (a GPU bundle's libraries) is passed on as
+  // an operator would.
+  for (const char* name : {"XDG_CACHE_HOME", "LD_LIBRARY_PATH"}) {
+    if (std::getenv(name) != nullptr) {
+      argv.push_back("--job-env");
+      argv.push_back(name);
+    }
+  }
   argv.insert(argv.end(), extra.begin(), extra.end());
   Proc p;
   p.name = name;

@@ -441,6 +441,13 @@ TEST(JobYamlErrors, EnvCannotSetWhatTheWorkerSets) {
   EXPECT_THAT(ParseError("command: [ls]\nenv: {DLBATCH_OUTPUT_DIR: /tmp}\n"),
               HasSubstr("env.DLBATCH_OUTPUT_DIR: the worker sets it for each "
                         "job; use another name"));
+  // Where the worker finds a job's processes without a cgroup, and what a
+  // container runtime reads as the GPUs to expose.
+  EXPECT_THAT(ParseError("command: [ls]\nenv: {DLBATCH_JOB_MARK: x}\n"),
+              HasSubstr("env.DLBATCH_JOB_MARK: the worker sets it"));
+  EXPECT_THAT(ParseError("command: [ls]\nenv: {NVIDIA_VISIBLE_DEVICES: all}\n"),
+              HasSubstr("env.NVIDIA_VISIBLE_DEVICES: the worker sets it to the "
+                        "GPUs the job is given"));
   // The trainer's own switches may be set.
   EXPECT_TRUE(ParseJobYaml("command: [ls]\nenv: {DLBATCH_CUDA_GRAPHS: \"1\"}\n",
                            "job.yaml")

@@ -1,4 +1,4 @@
-#include "scheduler/tcp_acceptor.h"
+#include "scheduler/acceptor.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -6,6 +6,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,8 +21,8 @@
 
 namespace dlbatch::scheduler {
 
-absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(
-    const std::string& host, int port, ConnectionGate* gate) {
+absl::StatusOr<std::unique_ptr<Acceptor>> Acceptor::ListenTcp(
+    const std::string& host, int port, ConnectionGate* gate, PeerTable* peers) {
   struct addrinfo hints;
   std::memset(&hints, 0, sizeof(hints));
   hints.ai_family = AF_UNSPEC;
@@ -60,32 +62,64 @@ absl::StatusOr<std::unique_ptr<TcpAcceptor>> TcpAcceptor::Listen(
       bound.ss_family == AF_INET6
           ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&bound)->sin6_port)
           : ntohs(reinterpret_cast<struct sockaddr_in*>(&bound)->sin_port);
-  return std::unique_ptr<TcpAcceptor>(new TcpAcceptor(fd, bound_port, gate));
+  return std::unique_ptr<Acceptor>(new Acceptor(fd, bound_port, gate, peers));
 }
 
-TcpAcceptor::TcpAcceptor(int fd, int port, ConnectionGate* gate)
+absl::StatusOr<std::unique_ptr<Acceptor>> Acceptor::ListenUnix(
+    const std::string& path, mode_t mode, PeerTable* peers) {
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket path '", path, "' must be 1 to ", sizeof(addr.sun_path) - 1,
+        " bytes long; choose a shorter --listen unix:PATH"));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd =
+      ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("socket for ", path, ": ", std::strerror(errno)));
+  }
+  ::unlink(path.c_str());
+  // Created with no access for anyone (the process umask is 077), then
+  // given its mode: never wider than that, even for a moment.
+  if (::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) !=
+          0 ||
+      ::chmod(path.c_str(), mode) != 0 || ::listen(fd, 1024) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on unix:", path, ": ", std::strerror(err)));
+  }
+  return std::unique_ptr<Acceptor>(new Acceptor(fd, 0, nullptr, peers));
+}
+
+Acceptor::Acceptor(int fd, int port, ConnectionGate* gate, PeerTable* peers)
     : listen_fd_(fd),
       gate_(gate),
+      peers_(peers),
       port_(port),
       spare_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
 
-TcpAcceptor::~TcpAcceptor() {
+Acceptor::~Acceptor() {
   Stop();
   ::close(listen_fd_);
   if (spare_fd_ >= 0) ::close(spare_fd_);
 }
 
-void TcpAcceptor::Start(grpc::Server* server) {
+void Acceptor::Start(grpc::Server* server) {
   server_ = server;
   thread_ = std::thread([this] { Loop(); });
 }
 
-void TcpAcceptor::Stop() {
+void Acceptor::Stop() {
   stopping_ = true;
   if (thread_.joinable()) thread_.join();
 }
 
-void TcpAcceptor::Loop() {
+void Acceptor::Loop() {
   int backoff_ms = 0;
   auto last_warning = std::chrono::steady_clock::time_point();
   auto last_shed_note = std::chrono::steady_clock::time_point();
@@ -93,9 +127,9 @@ void TcpAcceptor::Loop() {
   while (!stopping_) {
     struct pollfd p = {listen_fd_, POLLIN, 0};
     int ready = ::poll(&p, 1, backoff_ms > 0 ? backoff_ms : 200);
-    gate_->Sweep();
+    if (gate_ != nullptr) gate_->Sweep();
     if (auto now = std::chrono::steady_clock::now();
-        gate_->shut_down() > shed_noted &&
+        gate_ != nullptr && gate_->shut_down() > shed_noted &&
         now - last_shed_note > std::chrono::seconds(10)) {
       spdlog::warn(
           "closed {} TCP connections that did not authenticate in time or "
@@ -109,13 +143,7 @@ void TcpAcceptor::Loop() {
       int fd =
           ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0) {
-        int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        if (!gate_->Admit(fd)) {
-          ::close(fd);  // out of descriptors: shed it
-          continue;
-        }
-        grpc::AddInsecureChannelFromFd(server_, fd);
+        Take(fd);
         backoff_ms = 0;
         continue;
       }
@@ -151,6 +179,27 @@ void TcpAcceptor::Loop() {
       break;
     }
   }
+}
+
+void Acceptor::Take(int fd) {
+  if (gate_ == nullptr) {
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      ::close(fd);  // who called is not known: nothing is served
+      return;
+    }
+    peers_->SetUnix(fd, PeerCred{cred.uid, cred.gid, cred.pid});
+  } else {
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    peers_->SetTcp(fd);
+    if (!gate_->Admit(fd)) {
+      ::close(fd);  // out of descriptors: shed it
+      return;
+    }
+  }
+  grpc::AddInsecureChannelFromFd(server_, fd);
 }
 
 }  // namespace dlbatch::scheduler

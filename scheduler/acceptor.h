@@ -1,0 +1,67 @@
+// The scheduler's listeners, TCP and Unix socket, kept by the scheduler
+// instead of gRPC: gRPC 1.51's own listener stops accepting for good once
+// accept() fails with EMFILE (a burst of idle connections), even after they
+// close, and it does not say who connected to a Unix socket. This one
+// accepts on a thread of its own and hands each connection to the gRPC
+// server; when descriptors run out it sheds the waiting connection
+// (accepted with a spare descriptor and closed) and backs off, so it keeps
+// accepting once descriptors are free again. A TCP connection is admitted
+// to a ConnectionGate first, which closes those that do not authenticate; a
+// Unix-socket connection's caller (SO_PEERCRED) goes into the PeerTable.
+#ifndef DLBATCH_SCHEDULER_ACCEPTOR_H_
+#define DLBATCH_SCHEDULER_ACCEPTOR_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/server.h"
+#include "scheduler/connection_gate.h"
+#include "scheduler/peer_table.h"
+
+namespace dlbatch::scheduler {
+
+class Acceptor {
+ public:
+  // Binds and listens on host:port (port 0: any free port). `gate` and
+  // `peers` (not null) must outlive the acceptor.
+  static absl::StatusOr<std::unique_ptr<Acceptor>> ListenTcp(
+      const std::string& host, int port, ConnectionGate* gate,
+      PeerTable* peers);
+  // Binds and listens on the Unix socket `path` (replacing a stale one),
+  // which gets `mode`; it is never wider than that, even for a moment.
+  static absl::StatusOr<std::unique_ptr<Acceptor>> ListenUnix(
+      const std::string& path, mode_t mode, PeerTable* peers);
+  ~Acceptor();
+  Acceptor(const Acceptor&) = delete;
+  Acceptor& operator=(const Acceptor&) = delete;
+
+  int port() const { return port_; }  // TCP
+  // Hands every accepted connection to `server` (which must outlive Stop)
+  // until Stop.
+  void Start(grpc::Server* server);
+  void Stop();
+
+ private:
+  Acceptor(int fd, int port, ConnectionGate* gate, PeerTable* peers);
+  void Loop();
+  // Hands an accepted connection to gRPC, or closes it.
+  void Take(int fd);
+
+  const int listen_fd_;
+  ConnectionGate* const gate_;  // null: a Unix socket
+  PeerTable* const peers_;
+  const int port_;
+  int spare_fd_;  // given up to shed a connection when descriptors run out
+  grpc::Server* server_ = nullptr;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace dlbatch::scheduler
+
+#endif  // DLBATCH_SCHEDULER_ACCEPTOR_H_
