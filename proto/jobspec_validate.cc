@@ -103,11 +103,14 @@ constexpr LayerRule kLayerRules[] = {
     {"batchnorm", kEpsilon | kSync},
     {"relu", 0},
     {"leakyrelu", kAlpha},
+    {"gelu", 0},
     {"maxpool", kSize | kStride | kPadding},
     {"avgpool", kSize | kStride | kPadding},
     {"globalavgpool", 0},
     {"fc", kUnits},
     {"dropout", kProbability},
+    {"add", 0},
+    {"concat", 0},
     {"softmax", 0},
 };
 
@@ -179,6 +182,22 @@ absl::Status ValidateLayer(const v1::LayerSpec& layer, int index) {
   }
   if (!std::isfinite(layer.alpha()))
     return Invalid(path, "alpha must be finite");
+  const bool joins = type == "add" || type == "concat";
+  if (joins && layer.inputs_size() < 2) {
+    return Invalid(path, absl::StrCat(type == "add" ? "an" : "a", " ", type,
+                                      " layer joins two or more outputs; "
+                                      "name them in inputs: [a, b]"));
+  }
+  if (!joins && layer.inputs_size() > 1) {
+    return Invalid(path,
+                   absl::StrCat("a ", type, " layer takes one input, not ",
+                                layer.inputs_size(),
+                                "; join them first with an add or "
+                                "concat layer"));
+  }
+  for (const std::string& input : layer.inputs()) {
+    if (input.empty()) return Invalid(path, "inputs has an empty name");
+  }
   if (!(layer.epsilon() >= 0) || !std::isfinite(layer.epsilon())) {
     return Invalid(path, "epsilon must be >= 0");
   }
@@ -322,6 +341,12 @@ absl::Status ValidateOptions(const v1::TrainingOptions& o) {
   }
   if (s.ok()) s = ValidateSchedule(o.learn_rate_schedule());
   if (!s.ok()) return s;
+  if (o.nesterov() && !o.solver().empty() && o.solver() != "sgdm") {
+    return Invalid("train.options.nesterov",
+                   absl::StrCat("Nesterov's momentum is sgdm's; remove "
+                                "nesterov or use solver: sgdm, not ",
+                                o.solver()));
+  }
 
   // Counts that must be positive where given.
   struct Count {
@@ -373,6 +398,8 @@ absl::Status ValidateOptions(const v1::TrainingOptions& o) {
       {"squared_gradient_decay_factor", o.has_squared_gradient_decay_factor(),
        o.squared_gradient_decay_factor(), 0, true, 1},
       {"epsilon", o.has_epsilon(), o.epsilon(), 0, false, kInf},
+      {"label_smoothing", o.has_label_smoothing(), o.label_smoothing(), 0, true,
+       1},
   };
   for (const Real& r : reals) {
     if (!r.has) continue;
