@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "proto/jobspec_yaml.h"
+#include "proto/network_wiring.h"
 
 namespace dlbatch {
 namespace {
@@ -230,6 +231,12 @@ absl::Status ValidateNetwork(const v1::TrainSpec& train) {
   for (int i = 0; i < net.layers_size(); ++i) {
     absl::Status s = ValidateLayer(net.layers(i), i);
     if (!s.ok()) return s;
+  }
+  // Names, inputs, cycles, unused outputs; shapes are the trainer's.
+  if (absl::StatusOr<NetworkWiring> w = WireNetwork(net); !w.ok()) {
+    // Its messages begin "layers[i] (...)": the field's path, continued.
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.network.", w.status().message()));
   }
   return absl::OkStatus();
 }

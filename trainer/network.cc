@@ -12,8 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "proto/network_wiring.h"
 #include "trainer/layers.h"
-#include "trainer/network_wiring.h"
 #include "trainer/rng.h"
 
 namespace dlbatch::trainer {

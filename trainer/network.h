@@ -4,7 +4,7 @@
 // llm.c keeps them.
 //
 // Layers form a graph: each takes the outputs its spec's `inputs` name
-// (network_wiring.h; by default the previous layer's), in the order they
+// (proto/network_wiring.h; by default the previous layer's), in the order they
 // are listed. An output that several layers take gets the sum of their
 // gradients.
 //

@@ -11,6 +11,7 @@
 namespace dlbatch {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -76,6 +77,35 @@ TEST(JobYamlGraph, RefusesWhatDoesNotFit) {
   EXPECT_THAT(
       error(Job("      - {type: fc, units: 3}\n", "    nesterov: maybe\n")),
       HasSubstr("nesterov"));
+}
+
+// The wiring is checked at parse (and submission), at the layer's line.
+TEST(JobYamlGraph, RefusesWiringFaultsAtTheLayersLine) {
+  auto error = [](const std::string& text) {
+    absl::StatusOr<ParsedJobFile> parsed = Parse(text);
+    EXPECT_FALSE(parsed.ok()) << text;
+    return parsed.ok() ? std::string() : std::string(parsed.status().message());
+  };
+  const std::string two =
+      "      - {name: a, type: conv, filters: 2, size: 3}\n"
+      "      - {name: b, type: conv, filters: 2, size: 3}\n";
+  // Line 7 is layers[2]: train, network, input, layers, a and b come first.
+  EXPECT_THAT(error(Job(two + "      - {name: s, type: add, inputs: [a, c]}\n"
+                              "      - softmax\n")),
+              AllOf(HasSubstr("job.yaml:7:"),
+                    HasSubstr("train.network.layers[2] (add 's'): input 'c' "
+                              "is the name of no layer")));
+  EXPECT_THAT(error(Job(two + "      - {name: a, type: fc, units: 3}\n")),
+              HasSubstr("the name 'a' is taken by layers[0]"));
+  EXPECT_THAT(error(Job(two + "      - {type: fc, units: 3, inputs: a}\n"
+                              "      - softmax\n")),
+              AllOf(HasSubstr("job.yaml:6:"),
+                    HasSubstr("layers[1] (conv 'b'): its output is used by "
+                              "no layer")));
+  EXPECT_THAT(error(Job("      - {name: a, type: conv, filters: 2, size: 3, "
+                        "inputs: [b]}\n"
+                        "      - {name: b, type: relu, inputs: [a]}\n")),
+              HasSubstr("cycle (a -> b -> a)"));
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The wiring of a network's layers: whose outputs each layer takes. A pure
-// function of the spec, checked before any layer is made.
-#ifndef DLBATCH_TRAINER_NETWORK_WIRING_H_
-#define DLBATCH_TRAINER_NETWORK_WIRING_H_
+// function of the spec: ValidateJobSpec checks it (so a job that cannot be
+// wired is refused at submission, at its line in job.yaml) and the
+// trainer's Network::Build follows it.
+#ifndef DLBATCH_PROTO_NETWORK_WIRING_H_
+#define DLBATCH_PROTO_NETWORK_WIRING_H_
 
 #include <string>
 #include <vector>
@@ -9,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "dlbatch/v1/job.pb.h"
 
-namespace dlbatch::trainer {
+namespace dlbatch {
 
 // What `inputs` call the network's own input.
 inline constexpr char kNetworkInputName[] = "input";
@@ -25,12 +27,13 @@ struct NetworkWiring {
   std::vector<std::vector<int>> consumers;
 };
 
-// Resolves `inputs` by name. InvalidArgument, naming the layers, for: two
+// Resolves `inputs` by name. InvalidArgument, naming the layers
+// ("layers[3] (add 'sum'): ..."), for: two
 // layers of one name (or one named "input"); an input that names no layer;
 // inputs that form a cycle; an input listed after the layer that takes it;
 // an output nobody takes (other than the last layer's).
 absl::StatusOr<NetworkWiring> WireNetwork(const v1::NetworkSpec& spec);
 
-}  // namespace dlbatch::trainer
+}  // namespace dlbatch
 
-#endif  // DLBATCH_TRAINER_NETWORK_WIRING_H_
+#endif  // DLBATCH_PROTO_NETWORK_WIRING_H_

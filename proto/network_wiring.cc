@@ -1,4 +1,4 @@
-#include "trainer/network_wiring.h"
+#include "proto/network_wiring.h"
 
 #include <algorithm>
 #include <string>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace dlbatch::trainer {
+namespace dlbatch {
 namespace {
 
 // "layers[3] (conv 'res_a')"
@@ -141,4 +141,4 @@ absl::StatusOr<NetworkWiring> WireNetwork(const v1::NetworkSpec& spec) {
   return w;
 }
 
-}  // namespace dlbatch::trainer
+}  // namespace dlbatch
