@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "proto/jobspec_yaml.h"
+#include "proto/network_wiring.h"
 
 namespace dlbatch {
 namespace {
@@ -103,11 +104,14 @@ constexpr LayerRule kLayerRules[] = {
     {"batchnorm", kEpsilon | kSync},
     {"relu", 0},
     {"leakyrelu", kAlpha},
+    {"gelu", 0},
     {"maxpool", kSize | kStride | kPadding},
     {"avgpool", kSize | kStride | kPadding},
     {"globalavgpool", 0},
     {"fc", kUnits},
     {"dropout", kProbability},
+    {"add", 0},
+    {"concat", 0},
     {"softmax", 0},
 };
 
@@ -179,6 +183,22 @@ absl::Status ValidateLayer(const v1::LayerSpec& layer, int index) {
   }
   if (!std::isfinite(layer.alpha()))
     return Invalid(path, "alpha must be finite");
+  const bool joins = type == "add" || type == "concat";
+  if (joins && layer.inputs_size() < 2) {
+    return Invalid(path, absl::StrCat(type == "add" ? "an" : "a", " ", type,
+                                      " layer joins two or more outputs; "
+                                      "name them in inputs: [a, b]"));
+  }
+  if (!joins && layer.inputs_size() > 1) {
+    return Invalid(path,
+                   absl::StrCat("a ", type, " layer takes one input, not ",
+                                layer.inputs_size(),
+                                "; join them first with an add or "
+                                "concat layer"));
+  }
+  for (const std::string& input : layer.inputs()) {
+    if (input.empty()) return Invalid(path, "inputs has an empty name");
+  }
   if (!(layer.epsilon() >= 0) || !std::isfinite(layer.epsilon())) {
     return Invalid(path, "epsilon must be >= 0");
   }
@@ -211,6 +231,12 @@ absl::Status ValidateNetwork(const v1::TrainSpec& train) {
   for (int i = 0; i < net.layers_size(); ++i) {
     absl::Status s = ValidateLayer(net.layers(i), i);
     if (!s.ok()) return s;
+  }
+  // Names, inputs, cycles, unused outputs; shapes are the trainer's.
+  if (absl::StatusOr<NetworkWiring> w = WireNetwork(net); !w.ok()) {
+    // Its messages begin "layers[i] (...)": the field's path, continued.
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.network.", w.status().message()));
   }
   return absl::OkStatus();
 }
@@ -322,6 +348,12 @@ absl::Status ValidateOptions(const v1::TrainingOptions& o) {
   }
   if (s.ok()) s = ValidateSchedule(o.learn_rate_schedule());
   if (!s.ok()) return s;
+  if (o.nesterov() && !o.solver().empty() && o.solver() != "sgdm") {
+    return Invalid("train.options.nesterov",
+                   absl::StrCat("Nesterov's momentum is sgdm's; remove "
+                                "nesterov or use solver: sgdm, not ",
+                                o.solver()));
+  }
 
   // Counts that must be positive where given.
   struct Count {
@@ -373,6 +405,8 @@ absl::Status ValidateOptions(const v1::TrainingOptions& o) {
       {"squared_gradient_decay_factor", o.has_squared_gradient_decay_factor(),
        o.squared_gradient_decay_factor(), 0, true, 1},
       {"epsilon", o.has_epsilon(), o.epsilon(), 0, false, kInf},
+      {"label_smoothing", o.has_label_smoothing(), o.label_smoothing(), 0, true,
+       1},
   };
   for (const Real& r : reals) {
     if (!r.has) continue;

@@ -600,6 +600,13 @@ absl::Status JobYamlParser::ParseLayer(const Value& v, v1::LayerSpec* layer) {
            Into<float>([&](float x) { layer->set_probability(x); })},
           {"epsilon", Into<float>([&](float x) { layer->set_epsilon(x); })},
           {"sync", Into<bool>([&](bool x) { layer->set_sync(x); })},
+          {"inputs",
+           [&](const Value& c) -> absl::Status {
+             std::vector<std::string> inputs;
+             absl::Status s = ParseStrings(c, &inputs);
+             for (std::string& i : inputs) layer->add_inputs(std::move(i));
+             return s;
+           }},
       });
 }
 
@@ -731,6 +738,9 @@ std::vector<KeyHandler> JobYamlParser::OptionHandlers(v1::TrainingOptions* o) {
       {"epsilon", Into<double>([o](double x) { o->set_epsilon(x); })},
       {"precision",
        Into<std::string>([o](std::string x) { o->set_precision(x); })},
+      {"nesterov", Into<bool>([o](bool x) { o->set_nesterov(x); })},
+      {"label_smoothing",
+       Into<double>([o](double x) { o->set_label_smoothing(x); })},
   };
 }
 

@@ -222,9 +222,14 @@ class SyncBatchNormKernel {
                             float* dx) = 0;
 };
 
-// y = x > 0 ? x : alpha * x (relu: alpha = 0).
+enum class ActivationKind {
+  kRectifier,  // y = x > 0 ? x : alpha * x (relu: alpha = 0)
+  kGelu,       // y = x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2))), exact
+};
+
 struct ActivationDesc {
   float alpha = 0;
+  ActivationKind kind = ActivationKind::kRectifier;
 };
 
 // Work recorded once and then issued again as a whole: a CUDA graph of a
@@ -365,18 +370,31 @@ class Backend {
   // dx = dy * mask.
   virtual void Multiply(int64_t count, const float* a, const float* b,
                         float* out) = 0;
+  // out = a + b; `out` may be `a` or `b` (an add layer's sum, a gradient
+  // accumulated over the layers that use one output).
+  virtual void Add(int64_t count, const float* a, const float* b,
+                   float* out) = 0;
+  // Copies `rows` rows of `cols` floats from src (rows `src_stride` floats
+  // apart) to dst (rows `dst_stride` apart): a concat layer's channels in
+  // and out of its NHWC output. The two must not overlap.
+  virtual void CopyStrided(int64_t rows, int64_t cols, const float* src,
+                           int64_t src_stride, float* dst,
+                           int64_t dst_stride) = 0;
 
   // Softmax over each row of logits (n, classes) into probs, then adds the
-  // rows' summed cross-entropy -log(probs[label]) to stats[0] and the number
-  // of rows whose argmax (first on ties) is the label to stats[1]. stats is
-  // device float[2]. Labels are in [0, classes).
+  // rows' summed cross-entropy -sum_k q_k log(probs[k]) to stats[0] and the
+  // number of rows whose argmax (first on ties) is the label to stats[1],
+  // where the target q = (1 - smoothing) * onehot(label) + smoothing /
+  // classes (label smoothing; 0: -log(probs[label])). stats is device
+  // float[2]. Labels are in [0, classes).
   virtual void SoftmaxCrossEntropy(int n, int classes, const float* logits,
-                                   const int32_t* labels, float* probs,
-                                   float* stats) = 0;
-  // dlogits = (probs - onehot(labels)) * scale.
+                                   const int32_t* labels, float smoothing,
+                                   float* probs, float* stats) = 0;
+  // dlogits = (probs - q) * scale, q as above.
   virtual void SoftmaxCrossEntropyBackward(int n, int classes,
                                            const float* probs,
-                                           const int32_t* labels, float scale,
+                                           const int32_t* labels,
+                                           float smoothing, float scale,
                                            float* dlogits) = 0;
 
   // --- solvers: one pass over the contiguous parameter buffer ---
@@ -387,6 +405,12 @@ class Backend {
   virtual void SgdmUpdate(int64_t count, int64_t decayed, float lr,
                           float momentum, float l2, float* params,
                           const float* grads, float* velocity) = 0;
+  // Nesterov's momentum in the same terms (Sutskever et al. 2013; PyTorch's
+  // nesterov=True with v = -lr * its buffer):
+  // v = momentum * v - lr * g;  p += momentum * v - lr * g.
+  virtual void SgdmNesterovUpdate(int64_t count, int64_t decayed, float lr,
+                                  float momentum, float l2, float* params,
+                                  const float* grads, float* velocity) = 0;
   // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
   // p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps); t >= 1.
   virtual void AdamUpdate(int64_t count, int64_t decayed, float lr, float beta1,

@@ -1,6 +1,7 @@
-// relu, leakyrelu (alpha, default 0.01), dropout (probability, default 0.5;
-// inverted, so inference is the identity) and softmax (the last layer; its
-// gradient together with the cross-entropy is the network's, in Backward).
+// relu, leakyrelu (alpha, default 0.01), gelu (exact), dropout (probability,
+// default 0.5; inverted, so inference is the identity) and softmax (the last
+// layer; its gradient together with the cross-entropy is the network's, in
+// Backward).
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -14,10 +15,10 @@ namespace {
 constexpr float kDefaultLeakyAlpha = 0.01f;
 constexpr float kDefaultDropout = 0.5f;
 
-class ActivationLayer final : public Layer {
+class ActivationLayer final : public OneInputLayer {
  public:
-  ActivationLayer(Backend* backend, float alpha, int64_t sample_size)
-      : backend_(backend), desc_{alpha}, sample_size_(sample_size) {}
+  ActivationLayer(Backend* backend, ActivationDesc desc, int64_t sample_size)
+      : backend_(backend), desc_(desc), sample_size_(sample_size) {}
 
   void Forward(int n, const float* x, float* y, bool /*training*/,
                uint64_t /*dropout_salt*/) override {
@@ -35,7 +36,7 @@ class ActivationLayer final : public Layer {
   int64_t sample_size_;
 };
 
-class DropoutLayer final : public Layer {
+class DropoutLayer final : public OneInputLayer {
  public:
   DropoutLayer(Backend* backend, float p, int64_t sample_size, Buffer mask)
       : backend_(backend),
@@ -65,7 +66,7 @@ class DropoutLayer final : public Layer {
   Buffer mask_;
 };
 
-class SoftmaxLayer final : public Layer {
+class SoftmaxLayer final : public OneInputLayer {
  public:
   SoftmaxLayer(Backend* backend, int classes, Buffer scratch)
       : backend_(backend), classes_(classes), scratch_(std::move(scratch)) {}
@@ -74,8 +75,8 @@ class SoftmaxLayer final : public Layer {
   // 0, whose statistics go to a scratch buffer nobody reads.
   void Forward(int n, const float* x, float* y, bool /*training*/,
                uint64_t /*dropout_salt*/) override {
-    backend_->SoftmaxCrossEntropy(n, classes_, x, scratch_.as<int32_t>() + 2, y,
-                                  scratch_.f32());
+    backend_->SoftmaxCrossEntropy(n, classes_, x, scratch_.as<int32_t>() + 2,
+                                  /*smoothing=*/0, y, scratch_.f32());
   }
   // The network computes softmax's and the loss's gradient in one.
   void Backward(int, const float*, const float*, const float*,
@@ -95,12 +96,13 @@ absl::StatusOr<LayerPlan> MakeElementwiseLayer(const LayerContext& ctx) {
   LayerPlan plan = ctx.Plan();
   plan.info.out = ctx.in;
   const int64_t sample = ctx.in.size();
-  if (type == "relu" || type == "leakyrelu") {
-    float alpha = 0;
+  if (type == "relu" || type == "leakyrelu" || type == "gelu") {
+    ActivationDesc desc;
     if (type == "leakyrelu") {
-      alpha = spec.alpha() != 0 ? spec.alpha() : kDefaultLeakyAlpha;
+      desc.alpha = spec.alpha() != 0 ? spec.alpha() : kDefaultLeakyAlpha;
     }
-    plan.layer = std::make_unique<ActivationLayer>(ctx.backend, alpha, sample);
+    if (type == "gelu") desc.kind = ActivationKind::kGelu;
+    plan.layer = std::make_unique<ActivationLayer>(ctx.backend, desc, sample);
   } else if (type == "dropout") {
     const float p =
         spec.probability() != 0 ? spec.probability() : kDefaultDropout;

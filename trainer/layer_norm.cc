@@ -17,7 +17,7 @@ namespace {
 constexpr float kMomentum = 0.1f;
 constexpr float kDefaultEpsilon = 1e-5f;
 
-class BatchNormLayer final : public Layer {
+class BatchNormLayer final : public OneInputLayer {
  public:
   BatchNormLayer(std::unique_ptr<BatchNormKernel> kernel, Buffer saved)
       : kernel_(std::move(kernel)), saved_(std::move(saved)) {}
@@ -68,7 +68,7 @@ class BatchNormLayer final : public Layer {
 // The forward sums are shifted by the running mean: the same on every rank
 // (it moves by the same global statistics everywhere, and the trainer's
 // averaging of state keeps it so), near the batch mean once training runs.
-class SyncBatchNormLayer final : public Layer {
+class SyncBatchNormLayer final : public OneInputLayer {
  public:
   SyncBatchNormLayer(std::unique_ptr<BatchNormKernel> inference,
                      std::unique_ptr<SyncBatchNormKernel> kernel,

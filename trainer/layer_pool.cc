@@ -9,7 +9,7 @@
 namespace dlbatch::trainer {
 namespace {
 
-class PoolLayer final : public Layer {
+class PoolLayer final : public OneInputLayer {
  public:
   PoolLayer(std::unique_ptr<PoolKernel> kernel, Buffer workspace)
       : kernel_(std::move(kernel)), workspace_(std::move(workspace)) {}

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace dlbatch::trainer {
 
@@ -20,6 +21,7 @@ LayerPlan LayerContext::Plan() const {
   plan.info.name = name;
   plan.info.spec = *spec;
   plan.info.in = in;
+  plan.info.ins = ins;
   return plan;
 }
 
@@ -75,20 +77,28 @@ absl::StatusOr<Window> ResolveWindow(const LayerContext& ctx,
 
 absl::StatusOr<LayerPlan> MakeLayer(const LayerContext& ctx) {
   const std::string& type = ctx.spec->type();
+  const bool joins = type == "add" || type == "concat";
+  if (!joins && ctx.ins.size() != 1) {
+    return ctx.Error(
+        absl::StrCat("takes one input, not ", ctx.ins.size(), " (",
+                     absl::StrJoin(ctx.in_names, ", "),
+                     "); join them first with an add or concat layer"));
+  }
+  if (joins) return MakeJoinLayer(ctx);
   if (type == "conv") return MakeConvLayer(ctx);
   if (type == "fc") return MakeFcLayer(ctx);
   if (type == "maxpool" || type == "avgpool" || type == "globalavgpool") {
     return MakePoolLayer(ctx);
   }
   if (type == "batchnorm") return MakeBatchNormLayer(ctx);
-  if (type == "relu" || type == "leakyrelu" || type == "dropout" ||
-      type == "softmax") {
+  if (type == "relu" || type == "leakyrelu" || type == "gelu" ||
+      type == "dropout" || type == "softmax") {
     return MakeElementwiseLayer(ctx);
   }
   return ctx.Error(absl::StrCat(
       "unknown layer type '", type,
-      "'; expected conv, batchnorm, relu, leakyrelu, maxpool, avgpool, "
-      "globalavgpool, fc, dropout or softmax"));
+      "'; expected conv, batchnorm, relu, leakyrelu, gelu, maxpool, avgpool, "
+      "globalavgpool, fc, dropout, add, concat or softmax"));
 }
 
 }  // namespace dlbatch::trainer

@@ -3,7 +3,7 @@
 // parameters and state it needs (the network places them in its buffers),
 // and runs forward and backward through its Backend's kernels. One file
 // per layer family: layer_conv.cc, layer_fc.cc, layer_pool.cc,
-// layer_norm.cc, layer_elementwise.cc.
+// layer_norm.cc, layer_elementwise.cc, layer_join.cc (add, concat).
 #ifndef DLBATCH_TRAINER_LAYERS_H_
 #define DLBATCH_TRAINER_LAYERS_H_
 
@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "dlbatch/v1/job.pb.h"
 #include "trainer/backend.h"
 #include "trainer/comm/communicator.h"
@@ -51,15 +52,17 @@ class Layer {
   // Called once, after the network has placed the buffers.
   virtual void Bind(const LayerBuffers& buffers) { buffers_ = buffers; }
 
-  // y = layer(x) for n samples. `dropout_salt` is this layer's own
+  // y = layer(x[0], x[1], ...) for n samples, one x per input
+  // (LayerInfo::inputs). `dropout_salt` is this layer's own
   // (Backend::DropoutForward).
-  virtual void Forward(int n, const float* x, float* y, bool training,
-                       uint64_t dropout_salt) = 0;
+  virtual void ForwardInputs(int n, absl::Span<const float* const> x, float* y,
+                             bool training, uint64_t dropout_salt) = 0;
   // From dy (the gradient of this layer's output) computes its parameter
-  // gradients and, unless dx is null, the gradient of its input. x and y are
-  // those of the last training Forward.
-  virtual void Backward(int n, const float* x, const float* y, const float* dy,
-                        float* dx) = 0;
+  // gradients and, for each dx[i] that is not null, the gradient of input i
+  // (overwritten). x and y are those of the last training Forward.
+  virtual void BackwardInputs(int n, absl::Span<const float* const> x,
+                              const float* y, const float* dy,
+                              absl::Span<float* const> dx) = 0;
   // False where Backward needs a dx even when nothing uses it (its kernel
   // always computes one).
   virtual bool can_skip_dx() const { return true; }
@@ -68,10 +71,29 @@ class Layer {
   LayerBuffers buffers_;
 };
 
+// A layer of one input: all but add and concat.
+class OneInputLayer : public Layer {
+ public:
+  void ForwardInputs(int n, absl::Span<const float* const> x, float* y,
+                     bool training, uint64_t dropout_salt) final {
+    Forward(n, x[0], y, training, dropout_salt);
+  }
+  void BackwardInputs(int n, absl::Span<const float* const> x, const float* y,
+                      const float* dy, absl::Span<float* const> dx) final {
+    Backward(n, x[0], y, dy, dx[0]);
+  }
+
+  // As above, of the one input; dx may be null.
+  virtual void Forward(int n, const float* x, float* y, bool training,
+                       uint64_t dropout_salt) = 0;
+  virtual void Backward(int n, const float* x, const float* y, const float* dy,
+                        float* dx) = 0;
+};
+
 // conv and fc: weights and a bias applied by one kernel (ConvKernel or
 // FcKernel, which share their calls' form).
 template <typename Kernel>
-class WeightedLayer final : public Layer {
+class WeightedLayer final : public OneInputLayer {
  public:
   explicit WeightedLayer(std::unique_ptr<Kernel> kernel)
       : kernel_(std::move(kernel)) {}
@@ -104,7 +126,11 @@ struct LayerContext {
   const v1::LayerSpec* spec = nullptr;
   int index = 0;
   std::string name;  // spec's name, else "<type>_<index+1>"
-  Shape in;
+  Shape in;          // ins[0]
+  // Each input's shape and name (a layer's, or "input"), in the order of
+  // the spec's inputs; one for every layer but add and concat.
+  std::vector<Shape> ins;
+  std::vector<std::string> in_names;
   Backend* backend = nullptr;
   int max_batch = 0;
   // The ranks a training pass may span (batchnorm with `sync`), or null for
@@ -141,8 +167,10 @@ absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx);
 absl::StatusOr<LayerPlan> MakeFcLayer(const LayerContext& ctx);
 absl::StatusOr<LayerPlan> MakePoolLayer(const LayerContext& ctx);
 absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx);
-// relu, leakyrelu, dropout, softmax.
+// relu, leakyrelu, gelu, dropout, softmax.
 absl::StatusOr<LayerPlan> MakeElementwiseLayer(const LayerContext& ctx);
+// add, concat: two or more inputs.
+absl::StatusOr<LayerPlan> MakeJoinLayer(const LayerContext& ctx);
 
 // Any layer, by its spec's type.
 absl::StatusOr<LayerPlan> MakeLayer(const LayerContext& ctx);

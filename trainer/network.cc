@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/files.h"
+#include "common/status.h"
+#include "proto/network_wiring.h"
 #include "trainer/layers.h"
 #include "trainer/rng.h"
 
@@ -75,6 +77,7 @@ class NetworkImpl final : public Network {
   float* state() override { return state_.f32(); }
 
   void Initialize(uint64_t seed) override;
+  void SetLabelSmoothing(float smoothing) override { smoothing_ = smoothing; }
   void Forward(int n, const float* images, bool training) override;
   const float* probabilities() const override {
     return activations_.back().f32();
@@ -90,8 +93,23 @@ class NetworkImpl final : public Network {
  private:
   friend class dlbatch::trainer::Network;
 
-  const float* LayerInput(size_t i) const {
-    return i == 0 ? images_ : activations_[i - 1].f32();
+  // What Backward does at one layer, fixed at build time.
+  struct BackwardStep {
+    bool run = false;  // the layer learns or an input's producer does
+    // Per input: where its gradient goes (null: nowhere), and which of
+    // those are a scratch to add into the producer's gradient after it.
+    std::vector<float*> dx;
+    std::vector<std::pair<float*, const float*>> accumulate;  // (into, from)
+    std::vector<int64_t> accumulate_size;  // floats per sample of each
+  };
+
+  // Places the gradient buffers and plans each layer's backward step.
+  absl::Status PlanBackward(
+      const std::function<absl::Status(int64_t, Buffer*)>& allocate);
+
+  // The output of layer `i` (-1: the input images of the last Forward).
+  const float* Output(int i) const {
+    return i < 0 ? images_ : activations_[i].f32();
   }
 
   Backend* backend_ = nullptr;
@@ -109,19 +127,32 @@ class NetworkImpl final : public Network {
   int64_t num_params_ = 0, num_decayed_ = 0, state_size_ = 0;
   // The first layer with parameters: backward stops there.
   int first_learning_ = -1;
+  float smoothing_ = 0;
   // Per layer, its parameters' ranges of grads() (first, count), adjacent
   // ones merged, highest first: what Backward reports after the layer.
   std::vector<std::vector<std::pair<int64_t, int64_t>>> grad_ranges_;
   Buffer params_, grads_, state_;
   std::vector<Buffer> activations_;  // each layer's output
-  Buffer gradient_[2];               // ping-pong for activation gradients
-  const float* images_ = nullptr;    // of the last Forward
+  // Gradients of layer outputs, each shared by layers whose gradients are
+  // never live at once (two for a list of layers, as a ping-pong).
+  std::vector<Buffer> gradient_;
+  std::vector<float*> output_grad_;  // per layer, into gradient_; or null
+  // Where inputs' gradients wait to be added to others (an output that
+  // several layers take) or go unused (a layer that always computes one).
+  std::vector<Buffer> scratch_;
+  std::vector<BackwardStep> backward_;
+  std::vector<std::vector<const float*>> x_;  // per layer, its inputs
+  const float* images_ = nullptr;             // of the last Forward
 };
 
-// The type of the first layer after `i` that is not a batchnorm.
-std::string NextActivation(const v1::NetworkSpec& spec, int i) {
-  for (int j = i + 1; j < spec.layers_size(); ++j) {
-    if (spec.layers(j).type() != "batchnorm") return spec.layers(j).type();
+// The type of the first layer that the output of `i` flows into that is
+// not a batchnorm, add or concat (following each layer's first consumer).
+std::string NextActivation(const v1::NetworkSpec& spec,
+                           const NetworkWiring& wiring, int i) {
+  while (!wiring.consumers[i].empty()) {
+    i = wiring.consumers[i].front();
+    const std::string& type = spec.layers(i).type();
+    if (type != "batchnorm" && type != "add" && type != "concat") return type;
   }
   return "";
 }
@@ -166,17 +197,21 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     net->communicator_ = std::make_unique<FailFastCommunicator>(communicator);
   }
 
+  ASSIGN_OR_RETURN(NetworkWiring wiring, WireNetwork(spec));
+
   // Make the layers, checking shapes as they chain.
   std::vector<LayerPlan> plans;
-  Shape in = net->input_;
   for (int i = 0; i < spec.layers_size(); ++i) {
     const v1::LayerSpec& layer = spec.layers(i);
     LayerContext ctx;
     ctx.spec = &layer;
     ctx.index = i;
-    ctx.name = layer.name().empty() ? absl::StrCat(layer.type(), "_", i + 1)
-                                    : layer.name();
-    ctx.in = in;
+    ctx.name = wiring.names[i];
+    for (int j : wiring.inputs[i]) {
+      ctx.ins.push_back(j < 0 ? net->input_ : plans[j].info.out);
+      ctx.in_names.push_back(j < 0 ? kNetworkInputName : wiring.names[j]);
+    }
+    ctx.in = ctx.ins[0];
     ctx.backend = backend;
     ctx.max_batch = max_batch;
     ctx.communicator = net->communicator_.get();
@@ -185,10 +220,10 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     }
     absl::StatusOr<LayerPlan> plan = MakeLayer(ctx);
     if (!plan.ok()) return plan.status();
-    in = plan->info.out;
+    plan->info.inputs = wiring.inputs[i];
     plans.push_back(*std::move(plan));
   }
-  net->classes_ = in.c;
+  net->classes_ = plans.back().info.out.c;
 
   // Place parameters: every weight first, then biases and batchnorm's.
   for (int pass = 0; pass < 2; ++pass) {
@@ -207,8 +242,8 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
         if (weights) net->num_decayed_ += p.count;
         ParamInit init = req.init;
         if (weights) {
-          const std::string next = NextActivation(spec, i);
-          init = next == "relu" || next == "leakyrelu"
+          const std::string next = NextActivation(spec, wiring, i);
+          init = next == "relu" || next == "leakyrelu" || next == "gelu"
                      ? ParamInit::kHeNormal
                      : ParamInit::kGlorotUniform;
         }
@@ -253,17 +288,13 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     return ParameterMemoryError(*backend, net->state_size_,
                                 "the normalisation layers' running statistics");
   }
-  int64_t largest = net->input_.size();
   for (const LayerPlan& plan : plans) {
-    largest = std::max(largest, plan.info.out.size());
     Buffer act;
     if (auto s = allocate(max_batch * plan.info.out.size(), &act); !s.ok()) {
       return s;
     }
     net->activations_.push_back(std::move(act));
-  }
-  for (Buffer& g : net->gradient_) {
-    if (auto s = allocate(max_batch * largest, &g); !s.ok()) return s;
+    net->x_.emplace_back(plan.info.inputs.size(), nullptr);
   }
 
   // Bind each layer to its arrays.
@@ -311,7 +342,112 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     net->infos_.push_back(std::move(plan.info));
     net->layers_.push_back(std::move(plan.layer));
   }
+  RETURN_IF_ERROR(net->PlanBackward(allocate));
   return std::unique_ptr<Network>(std::move(net));
+}
+
+absl::Status NetworkImpl::PlanBackward(
+    const std::function<absl::Status(int64_t, Buffer*)>& allocate) {
+  const int count = static_cast<int>(infos_.size());
+  const int last = count - 1;  // softmax: its gradient is the loss's
+  backward_.assign(count, BackwardStep{});
+  for (int i = 0; i < last; ++i) {
+    bool run = !infos_[i].params.empty();
+    for (int j : infos_[i].inputs) run = run || (j >= 0 && backward_[j].run);
+    backward_[i].run = run;
+  }
+  auto wants_grad = [&](int j) { return j >= 0 && backward_[j].run; };
+
+  // A layer's output gradient is live from the backward step of the last
+  // layer that takes it (its first write) to its own (its read). Layers
+  // whose spans do not meet share a buffer.
+  std::vector<int> written_at(count, -1);
+  for (int i = 0; i < count; ++i) {
+    for (int j : infos_[i].inputs) {
+      if (wants_grad(j)) written_at[j] = std::max(written_at[j], i);
+    }
+  }
+  std::vector<int> order;
+  for (int j = 0; j < count; ++j) {
+    if (written_at[j] >= 0) order.push_back(j);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return written_at[a] > written_at[b]; });
+  std::vector<int> buffer_of(count, -1);
+  std::vector<int> lowest;     // per buffer: the lowest layer placed in it
+  std::vector<int64_t> sizes;  // per buffer: floats per sample
+  for (int j : order) {
+    int b = 0;
+    while (b < static_cast<int>(lowest.size()) && lowest[b] <= written_at[j]) {
+      ++b;
+    }
+    if (b == static_cast<int>(lowest.size())) {
+      lowest.push_back(j);
+      sizes.push_back(0);
+    }
+    lowest[b] = j;
+    sizes[b] = std::max(sizes[b], infos_[j].out.size());
+    buffer_of[j] = b;
+  }
+  gradient_.resize(sizes.size());
+  for (size_t b = 0; b < sizes.size(); ++b) {
+    RETURN_IF_ERROR(allocate(max_batch_ * sizes[b], &gradient_[b]));
+  }
+  output_grad_.assign(count, nullptr);
+  for (int j = 0; j < count; ++j) {
+    if (buffer_of[j] >= 0) output_grad_[j] = gradient_[buffer_of[j]].f32();
+  }
+
+  // Each input's gradient: straight into its producer's buffer where it is
+  // the first written (layers go last first), else into a scratch added to
+  // it after the layer's step.
+  std::vector<bool> started(count, false);
+  std::vector<int64_t> scratch_sizes;
+  std::vector<std::vector<std::pair<int, int>>> scratch_use(count);
+  for (int i = last; i >= 0; --i) {
+    const std::vector<int>& inputs = infos_[i].inputs;
+    if (i == last) {
+      if (wants_grad(inputs[0])) started[inputs[0]] = true;
+      continue;
+    }
+    BackwardStep& step = backward_[i];
+    if (!step.run) continue;
+    step.dx.assign(inputs.size(), nullptr);
+    int used = 0;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const int j = inputs[k];
+      if (wants_grad(j) && !started[j]) {
+        step.dx[k] = output_grad_[j];
+        started[j] = true;
+        continue;
+      }
+      if (!wants_grad(j) && layers_[i]->can_skip_dx()) continue;
+      // Scratch `used` of this step: to accumulate, or to throw away.
+      const int64_t size = j < 0 ? input_.size() : infos_[j].out.size();
+      if (used == static_cast<int>(scratch_sizes.size())) {
+        scratch_sizes.push_back(0);
+      }
+      scratch_sizes[used] = std::max(scratch_sizes[used], size);
+      scratch_use[i].emplace_back(static_cast<int>(k), used);
+      ++used;
+    }
+  }
+  scratch_.resize(scratch_sizes.size());
+  for (size_t s = 0; s < scratch_sizes.size(); ++s) {
+    RETURN_IF_ERROR(allocate(max_batch_ * scratch_sizes[s], &scratch_[s]));
+  }
+  for (int i = 0; i < last; ++i) {
+    for (const auto& [k, s] : scratch_use[i]) {
+      BackwardStep& step = backward_[i];
+      step.dx[k] = scratch_[s].f32();
+      const int j = infos_[i].inputs[k];
+      if (wants_grad(j)) {
+        step.accumulate.emplace_back(output_grad_[j], scratch_[s].f32());
+        step.accumulate_size.push_back(infos_[j].out.size());
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 void NetworkImpl::Initialize(uint64_t seed) {
@@ -361,30 +497,39 @@ void NetworkImpl::Initialize(uint64_t seed) {
 void NetworkImpl::Forward(int n, const float* images, bool training) {
   images_ = images;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    layers_[i]->Forward(n, LayerInput(i), activations_[i].f32(), training, i);
+    std::vector<const float*>& x = x_[i];
+    for (size_t k = 0; k < x.size(); ++k) x[k] = Output(infos_[i].inputs[k]);
+    layers_[i]->ForwardInputs(n, x, activations_[i].f32(), training, i);
   }
 }
 
 void NetworkImpl::Loss(int n, const int32_t* labels, float* stats) {
   const size_t softmax = layers_.size() - 1;
-  backend_->SoftmaxCrossEntropy(n, classes_, LayerInput(softmax), labels,
-                                activations_[softmax].f32(), stats);
+  backend_->SoftmaxCrossEntropy(n, classes_, Output(infos_[softmax].inputs[0]),
+                                labels, smoothing_, activations_[softmax].f32(),
+                                stats);
 }
 
 void NetworkImpl::Backward(int n, const int32_t* labels, float scale,
                            const GradsReady& on_grads_ready) {
   if (first_learning_ < 0) return;  // nothing to learn
   const int softmax = static_cast<int>(layers_.size()) - 1;
-  int current = 0;
-  backend_->SoftmaxCrossEntropyBackward(n, classes_,
-                                        activations_[softmax].f32(), labels,
-                                        scale, gradient_[current].f32());
+  const int logits = infos_[softmax].inputs[0];
+  if (logits < 0 || output_grad_[logits] == nullptr) return;
+  backend_->SoftmaxCrossEntropyBackward(
+      n, classes_, activations_[softmax].f32(), labels, smoothing_, scale,
+      output_grad_[logits]);
   for (int i = softmax - 1; i >= first_learning_; --i) {
-    float* dx = gradient_[1 - current].f32();
-    if (i == first_learning_ && layers_[i]->can_skip_dx()) dx = nullptr;
-    layers_[i]->Backward(n, LayerInput(i), activations_[i].f32(),
-                         gradient_[current].f32(), dx);
-    current = 1 - current;
+    const BackwardStep& step = backward_[i];
+    if (!step.run) continue;
+    std::vector<const float*>& x = x_[i];
+    for (size_t k = 0; k < x.size(); ++k) x[k] = Output(infos_[i].inputs[k]);
+    layers_[i]->BackwardInputs(n, x, activations_[i].f32(), output_grad_[i],
+                               step.dx);
+    for (size_t a = 0; a < step.accumulate.size(); ++a) {
+      const auto [into, from] = step.accumulate[a];
+      backend_->Add(n * step.accumulate_size[a], into, from, into);
+    }
     // After a failed collective the gradients are garbage and the run
     // ends: starting their allreduces would only wait on dead peers.
     if (on_grads_ready && collective_status().ok()) {

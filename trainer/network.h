@@ -3,6 +3,11 @@
 // device buffer (one allreduce, one solver pass, one checkpoint write), as
 // llm.c keeps them.
 //
+// Layers form a graph: each takes the outputs its spec's `inputs` name
+// (proto/network_wiring.h; by default the previous layer's), in the order they
+// are listed. An output that several layers take gets the sum of their
+// gradients.
+//
 // Parameter layout: every layer's weights first (the elements that get L2
 // regularisation), then every bias and batchnorm scale/offset. Shapes, in
 // the job file's channels-last terms:
@@ -46,7 +51,11 @@ struct LayerInfo {
   int index = 0;
   std::string name;  // spec's name, else "<type>_<index+1>"
   v1::LayerSpec spec;
-  Shape in, out;
+  Shape in, out;  // in: the first input's shape
+  // The layers whose outputs this one takes, in order: indices into
+  // Network::layers(), all below `index`; -1 is the network's input.
+  std::vector<int> inputs;
+  std::vector<Shape> ins;  // their shapes
   // Resolved window of conv/maxpool/avgpool (stride defaults to 1 for conv
   // and to `size` for pooling; `padding_same` resolved); globalavgpool:
   // the whole input.
@@ -65,7 +74,10 @@ class Network {
   // mismatch is InvalidArgument naming the layer, its index and both shapes
   // ("layers[4] (fc 'fc_5'): input [4, 4, 50] ..."). Also refused: a
   // network that does not end with softmax after a layer of (1, 1, k)
-  // output, a window larger than its (padded) input.
+  // output, a window larger than its (padded) input, and the wiring's
+  // faults (WireNetwork): duplicate names, unknown inputs, cycles, unused
+  // outputs; add's inputs of different shapes, concat's of different
+  // height or width.
   // `communicator` (optional; must outlive the network) is this rank's tie
   // to the others: batchnorm layers with `sync` take their training
   // statistics over all its ranks' batches when it has more than one.
@@ -94,6 +106,10 @@ class Network {
   // Glorot-uniform; biases 0; batchnorm scale 1, offset 0, running mean 0
   // and variance 1.
   virtual void Initialize(uint64_t seed) = 0;
+
+  // The loss's label smoothing s in [0, 1) (0 until set): Loss and Backward
+  // take the cross-entropy against (1 - s) * onehot(label) + s / classes.
+  virtual void SetLabelSmoothing(float smoothing) = 0;
 
   // Runs the network on n samples (device, NHWC, input_shape() each).
   // training: batchnorm uses (and updates the running) batch statistics,

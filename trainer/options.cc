@@ -23,6 +23,8 @@ Options ResolveOptions(const v1::TrainingOptions& spec) {
     o.beta2 = spec.squared_gradient_decay_factor();
   }
   if (spec.has_epsilon()) o.epsilon = spec.epsilon();
+  o.nesterov = spec.nesterov();
+  if (spec.has_label_smoothing()) o.label_smoothing = spec.label_smoothing();
   o.schedule = spec.learn_rate_schedule();
   if (o.schedule.type().empty()) o.schedule.set_type("none");
   if (o.schedule.type() == "piecewise") {

@@ -21,6 +21,8 @@ struct Options {
   double beta1 = 0.9;             // gradient_decay_factor
   double beta2 = 0.999;           // squared_gradient_decay_factor; rmsprop 0.9
   double epsilon = 1e-8;
+  bool nesterov = false;           // sgdm: Nesterov's momentum
+  double label_smoothing = 0;      // the loss's target: (1 - s) onehot + s / k
   v1::LearnRateSchedule schedule;  // type resolved ("none" if empty)
   int mini_batch_size = 128;
   int64_t max_epochs = 30;

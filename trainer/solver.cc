@@ -37,9 +37,16 @@ void Solver::Step(double lr, int64_t step) {
   float* state = state_.f32();
   switch (options_.solver) {
     case SolverKind::kSgdm:
-      backend_->SgdmUpdate(p, net.num_decayed(), static_cast<float>(lr),
-                           static_cast<float>(options_.momentum), l2,
-                           net.params(), net.grads(), state);
+      if (options_.nesterov) {
+        backend_->SgdmNesterovUpdate(p, net.num_decayed(),
+                                     static_cast<float>(lr),
+                                     static_cast<float>(options_.momentum), l2,
+                                     net.params(), net.grads(), state);
+      } else {
+        backend_->SgdmUpdate(p, net.num_decayed(), static_cast<float>(lr),
+                             static_cast<float>(options_.momentum), l2,
+                             net.params(), net.grads(), state);
+      }
       break;
     case SolverKind::kAdam:
       backend_->AdamUpdate(p, net.num_decayed(), static_cast<float>(lr),

@@ -340,6 +340,7 @@ absl::Status Run::Build() {
                                    : opt_.max_epochs * per_epoch_;
 
   net_->Initialize(opt_.seed);
+  net_->SetLabelSmoothing(static_cast<float>(opt_.label_smoothing));
   ASSIGN_OR_RETURN(solver_, Solver::Create(opt_, backend_.get(), net_.get()));
   const size_t sample = static_cast<size_t>(net_->input_shape().size());
   ASSIGN_OR_RETURN(images_,

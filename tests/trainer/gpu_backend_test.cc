@@ -562,14 +562,16 @@ TEST_F(GpuBackendTest, SoftmaxCrossEntropyForwardAndBackward) {
     Pair probs = Zeros(int64_t{n} * classes),
          stats(cpu_.get(), gpu_.get(), std::vector<float>{1, 2});
     Pair dlogits = Zeros(int64_t{n} * classes);
+    // Label smoothing on every other size.
+    const float smoothing = classes % 2 == 0 ? 0.1f : 0.0f;
     cpu_->SoftmaxCrossEntropy(n, classes, logits.c(), cl.as<int32_t>(),
-                              probs.c(), stats.c());
+                              smoothing, probs.c(), stats.c());
     gpu_->SoftmaxCrossEntropy(n, classes, logits.g(), gl.as<int32_t>(),
-                              probs.g(), stats.g());
+                              smoothing, probs.g(), stats.g());
     cpu_->SoftmaxCrossEntropyBackward(n, classes, probs.c(), cl.as<int32_t>(),
-                                      0.25f, dlogits.c());
+                                      smoothing, 0.25f, dlogits.c());
     gpu_->SoftmaxCrossEntropyBackward(n, classes, probs.g(), gl.as<int32_t>(),
-                                      0.25f, dlogits.g());
+                                      smoothing, 0.25f, dlogits.g());
     EXPECT_AGREE(probs);
     EXPECT_AGREE(dlogits);
     EXPECT_NEAR(stats.gpu()[0], stats.cpu()[0], 1e-5 * stats.cpu()[0]);

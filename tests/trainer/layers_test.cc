@@ -451,7 +451,7 @@ TEST_F(LayersTest, SoftmaxCrossEntropyStatsAndGradient) {
   backend_->CopyToDevice(labels_buf->as<void>(), labels.data(),
                          n * sizeof(int32_t));
   const int32_t* labels_ = labels_buf->as<int32_t>();
-  backend_->SoftmaxCrossEntropy(n, k, logits_.data(), labels_, probs_.data(),
+  backend_->SoftmaxCrossEntropy(n, k, logits_.data(), labels_, 0, probs_.data(),
                                 stats_.data());
   double loss = 0;
   int correct = 0;
@@ -474,7 +474,7 @@ TEST_F(LayersTest, SoftmaxCrossEntropyStatsAndGradient) {
   EXPECT_EQ(stats[1], 2.0f + correct);
 
   DeviceArray dlogits(backend_.get(), n * k);
-  backend_->SoftmaxCrossEntropyBackward(n, k, probs_.data(), labels_, 0.25f,
+  backend_->SoftmaxCrossEntropyBackward(n, k, probs_.data(), labels_, 0, 0.25f,
                                         dlogits.data());
   const std::vector<float> g = dlogits.Get();
   for (int r = 0; r < n; ++r) {

@@ -11,6 +11,7 @@ implemented, from their definitions in the ONNX operator specification
 Exit status 0 on success; 2 if the checker rejects the model; 1 otherwise.
 """
 
+import math
 import sys
 
 import numpy as np
@@ -148,6 +149,10 @@ OPS = {
     "Identity": lambda node, x: x,
     "Sub": lambda node, x, y: x - y,
     "Div": lambda node, x, y: x / y,
+    "Add": lambda node, x, y: x + y,
+    "Mul": lambda node, x, y: x * y,
+    "Erf": lambda node, x: np.vectorize(math.erf)(x),
+    "Concat": lambda node, *xs: np.concatenate(xs, axis=attrs(node)["axis"]),
 }
 
 

@@ -21,6 +21,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "trainer/backend.h"
+#include "trainer/network.h"
 #include "trainer/output/history.h"
 #include "trainer/output/onnx_export.h"
 #include "trainer/output/onnx_subset.pb.h"
@@ -791,6 +793,126 @@ TEST(OnnxExportTest, GlobalPoolNetPassesCheckerAndMatchesTheNetwork) {
                                    .Softmax()
                                    .Finish(3, /*generic_names=*/true);
   ExpectOnnxMatchesReference(model, 3, 3);
+}
+
+// A network of graph layers built by Network::Build and run by the CPU
+// backend: the exported model (Add, Concat, gelu's erf form, a residual
+// taken from the input itself) computes what the trainer's forward pass
+// does, in inference mode.
+TEST(OnnxExportTest, GraphNetworkPassesCheckerAndMatchesTheCpuForward) {
+  if (!PythonHasOnnx()) {
+    GTEST_SKIP() << kPython << " lacks the onnx or numpy module";
+  }
+  auto layer = [](const std::string& type, const std::string& name,
+                  std::vector<std::string> inputs, int filters = 0) {
+    v1::LayerSpec l;
+    l.set_type(type);
+    l.set_name(name);
+    for (auto& i : inputs) l.add_inputs(i);
+    if (type == "conv") {
+      l.set_filters(filters);
+      l.set_size(3);
+      l.set_padding_same(true);
+    }
+    if (type == "fc") l.set_units(filters);
+    return l;
+  };
+  v1::NetworkSpec spec;
+  for (int d : {6, 5, 2}) spec.add_input(d);
+  for (const v1::LayerSpec& l : {
+           layer("conv", "stem", {}, 2),
+           layer("batchnorm", "bn", {}),
+           layer("gelu", "g", {}),
+           layer("add", "res", {"g", "input"}),  // [6, 5, 2] twice
+           layer("conv", "branch", {"res"}, 3),
+           layer("concat", "cat", {"res", "branch", "g"}),  // 7 channels
+           layer("fc", "fc1", {}, 4),
+           layer("gelu", "g2", {}),
+           layer("fc", "fc2", {"fc1"}, 4),
+           layer("add", "flat_sum", {"g2", "fc2"}),  // [N, 4] tensors
+           layer("fc", "logits", {}, 3),
+           layer("softmax", "", {}),
+       }) {
+    *spec.add_layers() = l;
+  }
+  auto backend = MakeCpuBackend(1);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const int n = 3;
+  auto net = Network::Build(spec, backend->get(), n);
+  ASSERT_TRUE(net.ok()) << net.status();
+  (*net)->Initialize(8);
+  // Batchnorm's running statistics away from 0 and 1, as after training.
+  std::vector<float> state = {0.1f, -0.2f, 1.5f, 0.7f};
+  ASSERT_EQ((*net)->state_size(), 4);
+  (*backend)->CopyToDevice((*net)->state(), state.data(), 16);
+
+  ModelForExport m;
+  m.input = (*net)->input_shape();
+  m.num_classes = (*net)->num_classes();
+  m.layers = (*net)->layers();
+  m.params_info = (*net)->params_info();
+  m.state_info = (*net)->state_info();
+  m.params.resize((*net)->num_params());
+  (*backend)->CopyToHost(m.params.data(), (*net)->params(),
+                         m.params.size() * 4);
+  m.state = state;
+  absl::StatusOr<std::string> bytes = ExportOnnx(m);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  onnx::ModelProto proto;
+  ASSERT_TRUE(proto.ParseFromString(*bytes));
+  std::vector<std::string> ops;
+  for (const onnx::NodeProto& node : proto.graph().node()) {
+    ops.push_back(node.op_type());
+  }
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "Add"), 4);  // 2 + 2 in gelus
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "Concat"), 1);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "Erf"), 2);
+
+  TempFiles files;
+  const std::string model_path = files.Path("graph.onnx");
+  const std::string input_path = files.Path("graph.in");
+  const std::string output_path = files.Path("graph.out");
+  WriteFile(model_path, *bytes);
+  const Shape s = m.input;
+  std::vector<float> nhwc(n * s.size()), nchw(n * s.size());
+  Rng rng(Key(21, 1));
+  for (float& v : nhwc) v = static_cast<float>(2 * rng.Uniform() - 1);
+  for (int i = 0; i < n; ++i) {
+    for (int h = 0; h < s.h; ++h) {
+      for (int w = 0; w < s.w; ++w) {
+        for (int c = 0; c < s.c; ++c) {
+          nchw[((int64_t{i} * s.c + c) * s.h + h) * s.w + w] =
+              nhwc[((int64_t{i} * s.h + h) * s.w + w) * s.c + c];
+        }
+      }
+    }
+  }
+  WriteFile(input_path, std::string(reinterpret_cast<const char*>(nchw.data()),
+                                    nchw.size() * sizeof(float)));
+  std::string output;
+  ASSERT_EQ(RunCommand(
+                absl::StrCat(kPython, " ", DLBATCH_TEST_SOURCE_DIR,
+                             "/onnx_eval.py ", model_path, " ", input_path, " ",
+                             n, " ", s.c, " ", s.h, " ", s.w, " ", output_path),
+                &output),
+            0)
+      << output;
+  const std::string result = ReadFile(output_path);
+  ASSERT_EQ(result.size(), n * 3 * sizeof(double)) << output;
+  std::vector<double> onnx(n * 3);
+  std::memcpy(onnx.data(), result.data(), result.size());
+
+  Buffer images = *(*backend)->Allocate(nhwc.size() * 4);
+  (*backend)->CopyToDevice(images.as<void>(), nhwc.data(), nhwc.size() * 4);
+  (*net)->Forward(n, images.f32(), /*training=*/false);
+  std::vector<float> probs(n * 3);
+  (*backend)->CopyToHost(probs.data(), (*net)->probabilities(), n * 3 * 4);
+  double max_p = 0;
+  for (int i = 0; i < n * 3; ++i) {
+    EXPECT_NEAR(onnx[i], probs[i], 1e-5) << i;
+    max_p = std::max<double>(max_p, probs[i]);
+  }
+  EXPECT_LT(max_p, 0.999);  // far from saturation: the check could fail
 }
 
 TEST(OnnxExportTest, RefusesWhatItCannotExport) {

@@ -223,12 +223,20 @@ class CpuBackend final : public Backend {
   void ActivationForward(const ActivationDesc& desc, int64_t count,
                          const float* x, float* y) override {
     ctx_.Enter();
-    cpu::ActivationForward(desc.alpha, count, x, y);
+    if (desc.kind == ActivationKind::kGelu) {
+      cpu::GeluForward(count, x, y);
+    } else {
+      cpu::ActivationForward(desc.alpha, count, x, y);
+    }
   }
   void ActivationBackward(const ActivationDesc& desc, int64_t count,
                           const float* x, const float* dy, float* dx) override {
     ctx_.Enter();
-    cpu::ActivationBackward(desc.alpha, count, x, dy, dx);
+    if (desc.kind == ActivationKind::kGelu) {
+      cpu::GeluBackward(count, x, dy, dx);
+    } else {
+      cpu::ActivationBackward(desc.alpha, count, x, dy, dx);
+    }
   }
   void SetDropoutKey(uint64_t key) override { dropout_key_ = key; }
   void DropoutForward(float p, uint64_t salt, int64_t count, const float* x,
@@ -241,21 +249,40 @@ class CpuBackend final : public Backend {
     ctx_.Enter();
     cpu::Multiply(count, a, b, out);
   }
+  void Add(int64_t count, const float* a, const float* b, float* out) override {
+    ctx_.Enter();
+    cpu::Add(count, a, b, out);
+  }
+  void CopyStrided(int64_t rows, int64_t cols, const float* src,
+                   int64_t src_stride, float* dst,
+                   int64_t dst_stride) override {
+    ctx_.Enter();
+    cpu::CopyStrided(rows, cols, src, src_stride, dst, dst_stride);
+  }
   void SoftmaxCrossEntropy(int n, int classes, const float* logits,
-                           const int32_t* labels, float* probs,
+                           const int32_t* labels, float smoothing, float* probs,
                            float* stats) override {
-    cpu::SoftmaxCrossEntropy(n, classes, logits, labels, probs, stats);
+    cpu::SoftmaxCrossEntropy(n, classes, logits, labels, smoothing, probs,
+                             stats);
   }
   void SoftmaxCrossEntropyBackward(int n, int classes, const float* probs,
-                                   const int32_t* labels, float scale,
-                                   float* dlogits) override {
-    cpu::SoftmaxCrossEntropyBackward(n, classes, probs, labels, scale, dlogits);
+                                   const int32_t* labels, float smoothing,
+                                   float scale, float* dlogits) override {
+    cpu::SoftmaxCrossEntropyBackward(n, classes, probs, labels, smoothing,
+                                     scale, dlogits);
   }
   void SgdmUpdate(int64_t count, int64_t decayed, float lr, float momentum,
                   float l2, float* params, const float* grads,
                   float* velocity) override {
     ctx_.Enter();
     cpu::SgdmUpdate(count, decayed, lr, momentum, l2, params, grads, velocity);
+  }
+  void SgdmNesterovUpdate(int64_t count, int64_t decayed, float lr,
+                          float momentum, float l2, float* params,
+                          const float* grads, float* velocity) override {
+    ctx_.Enter();
+    cpu::SgdmNesterovUpdate(count, decayed, lr, momentum, l2, params, grads,
+                            velocity);
   }
   void AdamUpdate(int64_t count, int64_t decayed, float lr, float beta1,
                   float beta2, float epsilon, int64_t t, float l2,

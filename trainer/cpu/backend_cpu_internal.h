@@ -262,6 +262,11 @@ absl::StatusOr<std::unique_ptr<SyncBatchNormKernel>> MakeSyncBatchNorm(
 void ActivationForward(float alpha, int64_t count, const float* x, float* y);
 void ActivationBackward(float alpha, int64_t count, const float* x,
                         const float* dy, float* dx);
+void GeluForward(int64_t count, const float* x, float* y);
+void GeluBackward(int64_t count, const float* x, const float* dy, float* dx);
+void Add(int64_t count, const float* a, const float* b, float* out);
+void CopyStrided(int64_t rows, int64_t cols, const float* src,
+                 int64_t src_stride, float* dst, int64_t dst_stride);
 void DropoutForward(float p, uint64_t seed, int64_t count, const float* x,
                     float* mask, float* y);
 void Multiply(int64_t count, const float* a, const float* b, float* out);
@@ -272,12 +277,16 @@ void PrepareImages(int n, const Shape& shape, const uint8_t* pixels,
                    float* out);
 double SumSquares(int64_t count, const float* x);
 void SoftmaxCrossEntropy(int n, int classes, const float* logits,
-                         const int32_t* labels, float* probs, float* stats);
+                         const int32_t* labels, float smoothing, float* probs,
+                         float* stats);
 void SoftmaxCrossEntropyBackward(int n, int classes, const float* probs,
-                                 const int32_t* labels, float scale,
-                                 float* dlogits);
+                                 const int32_t* labels, float smoothing,
+                                 float scale, float* dlogits);
 void SgdmUpdate(int64_t count, int64_t decayed, float lr, float momentum,
                 float l2, float* params, const float* grads, float* velocity);
+void SgdmNesterovUpdate(int64_t count, int64_t decayed, float lr,
+                        float momentum, float l2, float* params,
+                        const float* grads, float* velocity);
 void AdamUpdate(int64_t count, int64_t decayed, float lr, float beta1,
                 float beta2, float epsilon, int64_t t, float l2, float* params,
                 const float* grads, float* m, float* v);

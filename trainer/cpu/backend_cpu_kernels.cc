@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "trainer/cpu/backend_cpu_internal.h"
 #include "trainer/rng.h"
@@ -29,6 +30,42 @@ void ActivationBackward(float alpha, int64_t count, const float* x,
 #pragma omp parallel for simd schedule(static) if (count > kParallelMin)
   for (int64_t i = 0; i < count; ++i) {
     dx[i] = x[i] > 0 ? dy[i] : alpha * dy[i];
+  }
+}
+
+// Phi(x) and x * phi(x) in double, rounded once: the reference the GPU's
+// float kernels are held to.
+void GeluForward(int64_t count, const float* x, float* y) {
+#pragma omp parallel for schedule(static) if (count > kParallelMin / 8)
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = x[i];
+    y[i] = static_cast<float>(0.5 * v * (1.0 + std::erf(v * M_SQRT1_2)));
+  }
+}
+
+void GeluBackward(int64_t count, const float* x, const float* dy, float* dx) {
+  // d/dx x Phi(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+  constexpr double kInvSqrt2Pi = 0.3989422804014327;
+#pragma omp parallel for schedule(static) if (count > kParallelMin / 8)
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = x[i];
+    const double cdf = 0.5 * (1.0 + std::erf(v * M_SQRT1_2));
+    const double pdf = kInvSqrt2Pi * std::exp(-0.5 * v * v);
+    dx[i] = static_cast<float>(dy[i] * (cdf + v * pdf));
+  }
+}
+
+void Add(int64_t count, const float* a, const float* b, float* out) {
+#pragma omp parallel for simd schedule(static) if (count > kParallelMin)
+  for (int64_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+}
+
+void CopyStrided(int64_t rows, int64_t cols, const float* src,
+                 int64_t src_stride, float* dst, int64_t dst_stride) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * dst_stride, src + r * src_stride,
+                static_cast<size_t>(cols) * sizeof(float));
   }
 }
 
@@ -99,7 +136,8 @@ double SumSquares(int64_t count, const float* x) {
 }
 
 void SoftmaxCrossEntropy(int n, int classes, const float* logits,
-                         const int32_t* labels, float* probs, float* stats) {
+                         const int32_t* labels, float smoothing, float* probs,
+                         float* stats) {
   double loss = 0;
   int64_t correct = 0;
   for (int r = 0; r < n; ++r) {
@@ -110,17 +148,25 @@ void SoftmaxCrossEntropy(int n, int classes, const float* logits,
       if (z[k] > z[argmax]) argmax = k;
     }
     const float max = z[argmax];
-    double sum = 0;
+    double sum = 0, sum_z = 0;
     for (int k = 0; k < classes; ++k) {
       p[k] = std::exp(z[k] - max);
       sum += p[k];
+      sum_z += static_cast<double>(z[k]) - max;
     }
     const float inv = static_cast<float>(1.0 / sum);
     for (int k = 0; k < classes; ++k) p[k] *= inv;
     const int label = labels[r];
     // -log(softmax) computed from the logits stays finite where the
     // probability itself underflows.
-    loss += std::log(sum) - (static_cast<double>(z[label]) - max);
+    const double log_sum = std::log(sum);
+    const double nll = log_sum - (static_cast<double>(z[label]) - max);
+    if (smoothing == 0) {
+      loss += nll;
+    } else {
+      // The mean over classes of -log(p_k): log_sum - mean(z - max).
+      loss += (1.0 - smoothing) * nll + smoothing * (log_sum - sum_z / classes);
+    }
     correct += argmax == label;
   }
   stats[0] += static_cast<float>(loss);
@@ -128,13 +174,22 @@ void SoftmaxCrossEntropy(int n, int classes, const float* logits,
 }
 
 void SoftmaxCrossEntropyBackward(int n, int classes, const float* probs,
-                                 const int32_t* labels, float scale,
-                                 float* dlogits) {
+                                 const int32_t* labels, float smoothing,
+                                 float scale, float* dlogits) {
+  // q * scale for the label and for the other classes, each rounded once.
+  const float other = smoothing / static_cast<float>(classes) * scale;
+  const float label = (1 - smoothing) * scale + other;
   for (int r = 0; r < n; ++r) {
     const float* p = probs + int64_t{r} * classes;
     float* d = dlogits + int64_t{r} * classes;
-    for (int k = 0; k < classes; ++k) d[k] = p[k] * scale;
-    d[labels[r]] -= scale;
+    if (smoothing == 0) {
+      for (int k = 0; k < classes; ++k) d[k] = p[k] * scale;
+      d[labels[r]] -= scale;
+      continue;
+    }
+    for (int k = 0; k < classes; ++k) {
+      d[k] = p[k] * scale - (k == labels[r] ? label : other);
+    }
   }
 }
 
@@ -143,7 +198,7 @@ void SoftmaxCrossEntropyBackward(int n, int classes, const float* probs,
 
 namespace {
 
-template <bool kDecay>
+template <bool kDecay, bool kNesterov>
 void SgdmRange(int64_t begin, int64_t end, float lr, float momentum, float l2,
                float* params, const float* grads, float* velocity) {
 #pragma omp parallel for simd schedule(static) if (end - begin > kParallelMin)
@@ -151,7 +206,7 @@ void SgdmRange(int64_t begin, int64_t end, float lr, float momentum, float l2,
     const float g = kDecay ? grads[i] + l2 * params[i] : grads[i];
     const float v = momentum * velocity[i] - lr * g;
     velocity[i] = v;
-    params[i] += v;
+    params[i] += kNesterov ? momentum * v - lr * g : v;
   }
 }
 
@@ -189,8 +244,18 @@ void RmspropRange(int64_t begin, int64_t end, float lr, float beta2,
 void SgdmUpdate(int64_t count, int64_t decayed, float lr, float momentum,
                 float l2, float* params, const float* grads, float* velocity) {
   decayed = std::clamp<int64_t>(decayed, 0, count);
-  SgdmRange<true>(0, decayed, lr, momentum, l2, params, grads, velocity);
-  SgdmRange<false>(decayed, count, lr, momentum, l2, params, grads, velocity);
+  SgdmRange<true, false>(0, decayed, lr, momentum, l2, params, grads, velocity);
+  SgdmRange<false, false>(decayed, count, lr, momentum, l2, params, grads,
+                          velocity);
+}
+
+void SgdmNesterovUpdate(int64_t count, int64_t decayed, float lr,
+                        float momentum, float l2, float* params,
+                        const float* grads, float* velocity) {
+  decayed = std::clamp<int64_t>(decayed, 0, count);
+  SgdmRange<true, true>(0, decayed, lr, momentum, l2, params, grads, velocity);
+  SgdmRange<false, true>(decayed, count, lr, momentum, l2, params, grads,
+                         velocity);
 }
 
 void AdamUpdate(int64_t count, int64_t decayed, float lr, float beta1,

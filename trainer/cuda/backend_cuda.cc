@@ -437,11 +437,19 @@ class CudaBackend final : public Backend {
 
   void ActivationForward(const ActivationDesc& desc, int64_t count,
                          const float* x, float* y) override {
-    LaunchActivationForward(ctx_.stream, desc.alpha, count, x, y);
+    if (desc.kind == ActivationKind::kGelu) {
+      LaunchGeluForward(ctx_.stream, count, x, y);
+    } else {
+      LaunchActivationForward(ctx_.stream, desc.alpha, count, x, y);
+    }
   }
   void ActivationBackward(const ActivationDesc& desc, int64_t count,
                           const float* x, const float* dy, float* dx) override {
-    LaunchActivationBackward(ctx_.stream, desc.alpha, count, x, dy, dx);
+    if (desc.kind == ActivationKind::kGelu) {
+      LaunchGeluBackward(ctx_.stream, count, x, dy, dx);
+    } else {
+      LaunchActivationBackward(ctx_.stream, desc.alpha, count, x, dy, dx);
+    }
   }
   void SetDropoutKey(uint64_t key) override {
     LaunchStoreU64(ctx_.stream, dropout_key_, key);
@@ -454,23 +462,38 @@ class CudaBackend final : public Backend {
                 float* out) override {
     LaunchMultiply(ctx_.stream, count, a, b, out);
   }
+  void Add(int64_t count, const float* a, const float* b, float* out) override {
+    LaunchAdd(ctx_.stream, count, a, b, out);
+  }
+  void CopyStrided(int64_t rows, int64_t cols, const float* src,
+                   int64_t src_stride, float* dst,
+                   int64_t dst_stride) override {
+    LaunchCopyStrided(ctx_.stream, rows, cols, src, src_stride, dst,
+                      dst_stride);
+  }
   void SoftmaxCrossEntropy(int n, int classes, const float* logits,
-                           const int32_t* labels, float* probs,
+                           const int32_t* labels, float smoothing, float* probs,
                            float* stats) override {
-    LaunchSoftmaxCrossEntropy(ctx_.stream, n, classes, logits, labels, probs,
-                              stats);
+    LaunchSoftmaxCrossEntropy(ctx_.stream, n, classes, logits, labels,
+                              smoothing, probs, stats);
   }
   void SoftmaxCrossEntropyBackward(int n, int classes, const float* probs,
-                                   const int32_t* labels, float scale,
-                                   float* dlogits) override {
+                                   const int32_t* labels, float smoothing,
+                                   float scale, float* dlogits) override {
     LaunchSoftmaxCrossEntropyBackward(ctx_.stream, n, classes, probs, labels,
-                                      scale, dlogits);
+                                      smoothing, scale, dlogits);
   }
   void SgdmUpdate(int64_t count, int64_t decayed, float lr, float momentum,
                   float l2, float* params, const float* grads,
                   float* velocity) override {
     LaunchSgdmUpdate(ctx_.stream, count, decayed, lr, momentum, l2, params,
-                     grads, velocity);
+                     grads, velocity, /*nesterov=*/false);
+  }
+  void SgdmNesterovUpdate(int64_t count, int64_t decayed, float lr,
+                          float momentum, float l2, float* params,
+                          const float* grads, float* velocity) override {
+    LaunchSgdmUpdate(ctx_.stream, count, decayed, lr, momentum, l2, params,
+                     grads, velocity, /*nesterov=*/true);
   }
   void AdamUpdate(int64_t count, int64_t decayed, float lr, float beta1,
                   float beta2, float epsilon, int64_t t, float l2,

@@ -50,6 +50,43 @@ __global__ void ActivationBackwardKernel(float alpha, int64_t count,
   DLBATCH_GRID_STRIDE(i, count) dx[i] = x[i] > 0 ? dy[i] : alpha * dy[i];
 }
 
+// 0.5 x (1 + erf(x / sqrt 2)) and its derivative Phi(x) + x phi(x).
+__global__ void GeluForwardKernel(int64_t count, const float* __restrict__ x,
+                                  float* __restrict__ y) {
+  DLBATCH_GRID_STRIDE(i, count) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+  }
+}
+
+__global__ void GeluBackwardKernel(int64_t count, const float* __restrict__ x,
+                                   const float* __restrict__ dy,
+                                   float* __restrict__ dx) {
+  DLBATCH_GRID_STRIDE(i, count) {
+    const float v = x[i];
+    const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+    const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+    dx[i] = dy[i] * (cdf + v * pdf);
+  }
+}
+
+// out may alias a or b: each thread reads its element before writing it.
+__global__ void AddKernel(int64_t count, const float* a, const float* b,
+                          float* out) {
+  DLBATCH_GRID_STRIDE(i, count) out[i] = a[i] + b[i];
+}
+
+__global__ void CopyStridedKernel(int64_t rows, int64_t cols,
+                                  const float* __restrict__ src,
+                                  int64_t src_stride, float* __restrict__ dst,
+                                  int64_t dst_stride) {
+  DLBATCH_GRID_STRIDE(i, rows * cols) {
+    const int64_t r = i / cols;
+    const int64_t c = i - r * cols;
+    dst[r * dst_stride + c] = src[r * src_stride + c];
+  }
+}
+
 // The same counter-based draws as the CPU backend (rng.h's UniformAt),
 // from the key SetDropoutKey left in device memory.
 __global__ void DropoutForwardKernel(float p, float keep,
@@ -129,6 +166,7 @@ __global__ void SumPartialsKernel(int parts, const double* __restrict__ partial,
 __global__ void SoftmaxCrossEntropyKernel(int n, int classes,
                                           const float* __restrict__ logits,
                                           const int32_t* __restrict__ labels,
+                                          float smoothing,
                                           float* __restrict__ probs,
                                           float* __restrict__ stats) {
   __shared__ double shared[kThreads];
@@ -141,16 +179,21 @@ __global__ void SoftmaxCrossEntropyKernel(int n, int classes,
       if (z[k] > z[argmax]) argmax = k;
     }
     const float max = z[argmax];
-    double sum = 0;
+    double sum = 0, sum_z = 0;
     for (int k = 0; k < classes; ++k) {
       p[k] = expf(z[k] - max);
       sum += p[k];
+      sum_z += static_cast<double>(z[k]) - max;
     }
     const float inv = static_cast<float>(1.0 / sum);
     for (int k = 0; k < classes; ++k) p[k] *= inv;
     const int label = labels[r];
     // From the logits: finite where the probability underflows.
-    loss += log(sum) - (static_cast<double>(z[label]) - max);
+    const double log_sum = log(sum);
+    const double nll = log_sum - (static_cast<double>(z[label]) - max);
+    loss += smoothing == 0 ? nll
+                           : (1.0 - smoothing) * nll +
+                                 smoothing * (log_sum - sum_z / classes);
     correct += argmax == label ? 1 : 0;
   }
   loss = BlockSum(loss, shared);
@@ -164,15 +207,16 @@ __global__ void SoftmaxCrossEntropyKernel(int n, int classes,
 
 __global__ void SoftmaxCrossEntropyBackwardKernel(
     int n, int classes, const float* __restrict__ probs,
-    const int32_t* __restrict__ labels, float scale,
-    float* __restrict__ dlogits) {
+    const int32_t* __restrict__ labels, float label_q, float other_q,
+    float scale, float* __restrict__ dlogits) {
   DLBATCH_GRID_STRIDE(i, int64_t{n} * classes) {
     const int64_t r = i / classes;
     const int k = static_cast<int>(i - r * classes);
-    dlogits[i] = probs[i] * scale - (k == labels[r] ? scale : 0.0f);
+    dlogits[i] = probs[i] * scale - (k == labels[r] ? label_q : other_q);
   }
 }
 
+template <bool kNesterov>
 __global__ void SgdmKernel(int64_t count, int64_t decayed, float lr,
                            float momentum, float l2, float* __restrict__ params,
                            const float* __restrict__ grads,
@@ -182,7 +226,7 @@ __global__ void SgdmKernel(int64_t count, int64_t decayed, float lr,
     const float g = i < decayed ? grads[i] + l2 * p : grads[i];
     const float v = momentum * velocity[i] - lr * g;
     velocity[i] = v;
-    params[i] = p + v;
+    params[i] = kNesterov ? p + (momentum * v - lr * g) : p + v;
   }
 }
 
@@ -257,6 +301,36 @@ void LaunchActivationBackward(cudaStream_t stream, float alpha, int64_t count,
   DLBATCH_CUDA_CHECK_LAUNCH("ActivationBackwardKernel");
 }
 
+void LaunchGeluForward(cudaStream_t stream, int64_t count, const float* x,
+                       float* y) {
+  if (count <= 0) return;
+  GeluForwardKernel<<<Blocks(count), kThreads, 0, stream>>>(count, x, y);
+  DLBATCH_CUDA_CHECK_LAUNCH("GeluForwardKernel");
+}
+
+void LaunchGeluBackward(cudaStream_t stream, int64_t count, const float* x,
+                        const float* dy, float* dx) {
+  if (count <= 0) return;
+  GeluBackwardKernel<<<Blocks(count), kThreads, 0, stream>>>(count, x, dy, dx);
+  DLBATCH_CUDA_CHECK_LAUNCH("GeluBackwardKernel");
+}
+
+void LaunchAdd(cudaStream_t stream, int64_t count, const float* a,
+               const float* b, float* out) {
+  if (count <= 0) return;
+  AddKernel<<<Blocks(count), kThreads, 0, stream>>>(count, a, b, out);
+  DLBATCH_CUDA_CHECK_LAUNCH("AddKernel");
+}
+
+void LaunchCopyStrided(cudaStream_t stream, int64_t rows, int64_t cols,
+                       const float* src, int64_t src_stride, float* dst,
+                       int64_t dst_stride) {
+  if (rows <= 0 || cols <= 0) return;
+  CopyStridedKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(
+      rows, cols, src, src_stride, dst, dst_stride);
+  DLBATCH_CUDA_CHECK_LAUNCH("CopyStridedKernel");
+}
+
 void LaunchStoreU64(cudaStream_t stream, uint64_t* at, uint64_t value) {
   StoreU64Kernel<<<1, 1, 0, stream>>>(at, value);
   DLBATCH_CUDA_CHECK_LAUNCH("StoreU64Kernel");
@@ -299,30 +373,39 @@ void LaunchScaleToNorm(cudaStream_t stream, int64_t count, double threshold,
 
 void LaunchSoftmaxCrossEntropy(cudaStream_t stream, int n, int classes,
                                const float* logits, const int32_t* labels,
-                               float* probs, float* stats) {
+                               float smoothing, float* probs, float* stats) {
   if (n <= 0) return;
-  SoftmaxCrossEntropyKernel<<<1, kThreads, 0, stream>>>(n, classes, logits,
-                                                        labels, probs, stats);
+  SoftmaxCrossEntropyKernel<<<1, kThreads, 0, stream>>>(
+      n, classes, logits, labels, smoothing, probs, stats);
   DLBATCH_CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyKernel");
 }
 
 void LaunchSoftmaxCrossEntropyBackward(cudaStream_t stream, int n, int classes,
                                        const float* probs,
-                                       const int32_t* labels, float scale,
-                                       float* dlogits) {
+                                       const int32_t* labels, float smoothing,
+                                       float scale, float* dlogits) {
   if (n <= 0) return;
+  // q * scale as the CPU backend rounds it.
+  const float other = smoothing / static_cast<float>(classes) * scale;
+  const float label = smoothing == 0 ? scale : (1 - smoothing) * scale + other;
   SoftmaxCrossEntropyBackwardKernel<<<Blocks(int64_t{n} * classes), kThreads, 0,
-                                      stream>>>(n, classes, probs, labels,
-                                                scale, dlogits);
+                                      stream>>>(
+      n, classes, probs, labels, label, smoothing == 0 ? 0.0f : other, scale,
+      dlogits);
   DLBATCH_CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardKernel");
 }
 
 void LaunchSgdmUpdate(cudaStream_t stream, int64_t count, int64_t decayed,
                       float lr, float momentum, float l2, float* params,
-                      const float* grads, float* velocity) {
+                      const float* grads, float* velocity, bool nesterov) {
   if (count <= 0) return;
-  SgdmKernel<<<Blocks(count), kThreads, 0, stream>>>(
-      count, decayed, lr, momentum, l2, params, grads, velocity);
+  if (nesterov) {
+    SgdmKernel<true><<<Blocks(count), kThreads, 0, stream>>>(
+        count, decayed, lr, momentum, l2, params, grads, velocity);
+  } else {
+    SgdmKernel<false><<<Blocks(count), kThreads, 0, stream>>>(
+        count, decayed, lr, momentum, l2, params, grads, velocity);
+  }
   DLBATCH_CUDA_CHECK_LAUNCH("SgdmKernel");
 }
 

@@ -58,6 +58,19 @@ void LaunchActivationForward(cudaStream_t stream, float alpha, int64_t count,
                              const float* x, float* y);
 void LaunchActivationBackward(cudaStream_t stream, float alpha, int64_t count,
                               const float* x, const float* dy, float* dx);
+// Exact GELU (erff) and its derivative.
+void LaunchGeluForward(cudaStream_t stream, int64_t count, const float* x,
+                       float* y);
+void LaunchGeluBackward(cudaStream_t stream, int64_t count, const float* x,
+                        const float* dy, float* dx);
+// out = a + b; out may be a or b.
+void LaunchAdd(cudaStream_t stream, int64_t count, const float* a,
+               const float* b, float* out);
+// dst[r * dst_stride + c] = src[r * src_stride + c], r < rows, c < cols:
+// a concat layer's channels (Backend::CopyStrided).
+void LaunchCopyStrided(cudaStream_t stream, int64_t rows, int64_t cols,
+                       const float* src, int64_t src_stride, float* dst,
+                       int64_t dst_stride);
 // *at = value, in stream order (a kernel, so that it is recorded as one).
 void LaunchStoreU64(cudaStream_t stream, uint64_t* at, uint64_t value);
 // Draws with Key(*key, salt), *key read on the device (SetDropoutKey).
@@ -82,16 +95,16 @@ void LaunchScaleToNorm(cudaStream_t stream, int64_t count, double threshold,
 
 void LaunchSoftmaxCrossEntropy(cudaStream_t stream, int n, int classes,
                                const float* logits, const int32_t* labels,
-                               float* probs, float* stats);
+                               float smoothing, float* probs, float* stats);
 void LaunchSoftmaxCrossEntropyBackward(cudaStream_t stream, int n, int classes,
                                        const float* probs,
-                                       const int32_t* labels, float scale,
-                                       float* dlogits);
+                                       const int32_t* labels, float smoothing,
+                                       float scale, float* dlogits);
 
 // --- solvers: one pass each; [0, decayed) gets L2 ---
 void LaunchSgdmUpdate(cudaStream_t stream, int64_t count, int64_t decayed,
                       float lr, float momentum, float l2, float* params,
-                      const float* grads, float* velocity);
+                      const float* grads, float* velocity, bool nesterov);
 // correction1 = 1 / (1 - beta1^t), correction2 = 1 / (1 - beta2^t).
 void LaunchAdamUpdate(cudaStream_t stream, int64_t count, int64_t decayed,
                       float lr, float beta1, float beta2, float epsilon,

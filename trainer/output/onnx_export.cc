@@ -2,9 +2,13 @@
 // node per layer (plus a Flatten before an fc on a spatial input, and the
 // normalisation's Sub/Div up front), every parameter an initializer in
 // ONNX's layout. Tensors in the graph are NCHW, and [N, features] after an
-// fc; the batch is the symbolic dimension "N".
+// fc; the batch is the symbolic dimension "N". A layer takes the tensors of
+// its LayerInfo::inputs: add is a chain of Add nodes, concat one Concat
+// along the channels, gelu its erf form (opset 13 has no Gelu):
+// Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5).
 #include "trainer/output/onnx_export.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -221,8 +225,28 @@ class Exporter {
           "the network must end with a softmax layer to export class "
           "probabilities");
     }
-    for (const LayerInfo& layer : model_.layers) {
-      if (absl::Status s = AddLayer(layer); !s.ok()) return s;
+    const Flow input = flow_;
+    for (size_t i = 0; i < model_.layers.size(); ++i) {
+      const LayerInfo& layer = model_.layers[i];
+      // Without inputs (a model described by hand): the previous layer's.
+      std::vector<int> inputs = layer.inputs;
+      if (inputs.empty()) inputs.push_back(static_cast<int>(i) - 1);
+      std::vector<Flow> flows;
+      for (int j : inputs) {
+        if (j >= static_cast<int>(i)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(Where(layer), ": takes the output of layers[", j,
+                           "], which comes after it"));
+        }
+        flows.push_back(j < 0 ? input : outputs_[j]);
+      }
+      flow_ = flows[0];
+      const std::string& type = layer.spec.type();
+      absl::Status s = type == "add" || type == "concat"
+                           ? AddJoin(layer, std::move(flows))
+                           : AddLayer(layer);
+      if (!s.ok()) return s;
+      outputs_.push_back(flow_);
     }
     if (flow_.shape.size() != model_.num_classes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -334,6 +358,8 @@ class Exporter {
     } else if (type == "globalavgpool") {
       MakeSpatial(layer);
       Node("GlobalAveragePool", layer, {});
+    } else if (type == "gelu") {
+      AddGelu(layer);
     } else if (type == "dropout") {
       Node("Identity", layer, {});  // inference: dropout is the identity
     } else if (type == "softmax") {
@@ -343,6 +369,66 @@ class Exporter {
       return absl::UnimplementedError(
           absl::StrCat(Where(layer), ": no ONNX export for this layer type"));
     }
+    flow_.shape = layer.out;
+    return absl::OkStatus();
+  }
+
+  // x * (erf(x / sqrt 2) + 1) * 0.5, each constant a scalar initializer.
+  void AddGelu(const LayerInfo& layer) {
+    const std::string x = flow_.name;
+    const std::string root2 =
+        builder_.AddFloats(layer.name + ".sqrt2", {}, {1.41421356237f});
+    const std::string one = builder_.AddFloats(layer.name + ".one", {}, {1});
+    const std::string half =
+        builder_.AddFloats(layer.name + ".half", {}, {0.5f});
+    auto step = [&](const char* op, const std::string& suffix,
+                    std::vector<std::string> inputs) {
+      const std::string out = builder_.Unique(layer.name + "." + suffix);
+      builder_.AddNode(op, out, inputs, out);
+      return out;
+    };
+    const std::string scaled = step("Div", "scaled", {x, root2});
+    const std::string erf = step("Erf", "erf", {scaled});
+    const std::string shifted = step("Add", "shifted", {erf, one});
+    const std::string product = step("Mul", "product", {x, shifted});
+    flow_.name = product;
+    Node("Mul", layer, {half});
+  }
+
+  // add and concat over `flows`, spatial ones all NCHW (a flat [N, c] one
+  // is reshaped to [N, c, 1, 1] where another is spatial).
+  absl::Status AddJoin(const LayerInfo& layer, std::vector<Flow> flows) {
+    const bool spatial = std::any_of(flows.begin(), flows.end(),
+                                     [](const Flow& f) { return f.spatial; });
+    std::vector<std::string> names;
+    for (Flow& f : flows) {
+      flow_ = f;
+      if (spatial) MakeSpatial(layer);
+      names.push_back(flow_.name);
+      if (layer.spec.type() == "add" ? f.shape != flows[0].shape
+                                     : f.shape.h != flows[0].shape.h ||
+                                           f.shape.w != flows[0].shape.w) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Where(layer), ": inputs ", flows[0].shape.ToString(),
+                         " and ", f.shape.ToString(), " do not fit"));
+      }
+    }
+    if (layer.spec.type() == "concat") {
+      const std::string out = builder_.Unique(layer.name);
+      SetInt(builder_.AddNode("Concat", layer.name, names, out), "axis", 1);
+      flow_.name = out;
+    } else {
+      std::string sum = names[0];
+      for (size_t k = 1; k < names.size(); ++k) {
+        const std::string out = builder_.Unique(
+            k + 1 == names.size() ? layer.name
+                                  : absl::StrCat(layer.name, ".partial", k));
+        builder_.AddNode("Add", out, {sum, names[k]}, out);
+        sum = out;
+      }
+      flow_.name = sum;
+    }
+    flow_.spatial = spatial;
     flow_.shape = layer.out;
     return absl::OkStatus();
   }
@@ -448,6 +534,7 @@ class Exporter {
   GraphBuilder builder_;
   ParamReader params_, state_;
   Flow flow_;
+  std::vector<Flow> outputs_;  // per layer, its output's tensor
 };
 
 }  // namespace

@@ -1,0 +1,135 @@
+// add (element-wise sum of inputs of one shape: MATLAB's additionLayer,
+// Caffe's Eltwise SUM) and concat (along channels: depthConcatenationLayer,
+// Caffe's Concat). Both take two or more inputs and have no parameters;
+// the gradient of each input is the output's (add) or its channels of it
+// (concat).
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "trainer/layers.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+class AddLayer final : public Layer {
+ public:
+  AddLayer(Backend* backend, int64_t sample_size)
+      : backend_(backend), sample_size_(sample_size) {}
+
+  void ForwardInputs(int n, absl::Span<const float* const> x, float* y,
+                     bool /*training*/, uint64_t /*dropout_salt*/) override {
+    const int64_t count = n * sample_size_;
+    backend_->Add(count, x[0], x[1], y);
+    for (size_t i = 2; i < x.size(); ++i) backend_->Add(count, y, x[i], y);
+  }
+  void BackwardInputs(int n, absl::Span<const float* const> /*x*/,
+                      const float* /*y*/, const float* dy,
+                      absl::Span<float* const> dx) override {
+    const size_t bytes = n * sample_size_ * sizeof(float);
+    for (float* d : dx) {
+      if (d != nullptr) backend_->CopyOnDevice(d, dy, bytes);
+    }
+  }
+
+ private:
+  Backend* backend_;
+  int64_t sample_size_;
+};
+
+class ConcatLayer final : public Layer {
+ public:
+  // `channels`: each input's; positions: h * w of every input.
+  ConcatLayer(Backend* backend, std::vector<int> channels, int64_t positions)
+      : backend_(backend),
+        channels_(std::move(channels)),
+        positions_(positions) {
+    for (int c : channels_) total_ += c;
+  }
+
+  void ForwardInputs(int n, absl::Span<const float* const> x, float* y,
+                     bool /*training*/, uint64_t /*dropout_salt*/) override {
+    const int64_t rows = n * positions_;
+    int offset = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      backend_->CopyStrided(rows, channels_[i], x[i], channels_[i], y + offset,
+                            total_);
+      offset += channels_[i];
+    }
+  }
+  void BackwardInputs(int n, absl::Span<const float* const> /*x*/,
+                      const float* /*y*/, const float* dy,
+                      absl::Span<float* const> dx) override {
+    const int64_t rows = n * positions_;
+    int offset = 0;
+    for (size_t i = 0; i < dx.size(); ++i) {
+      if (dx[i] != nullptr) {
+        backend_->CopyStrided(rows, channels_[i], dy + offset, total_, dx[i],
+                              channels_[i]);
+      }
+      offset += channels_[i];
+    }
+  }
+
+ private:
+  Backend* backend_;
+  std::vector<int> channels_;
+  int64_t positions_;
+  int total_ = 0;
+};
+
+// "'a' [8, 8, 16], 'b' [8, 8, 32]"
+std::string DescribeInputs(const LayerContext& ctx) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ctx.ins.size(); ++i) {
+    parts.push_back(
+        absl::StrCat("'", ctx.in_names[i], "' ", ctx.ins[i].ToString()));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+}  // namespace
+
+absl::StatusOr<LayerPlan> MakeJoinLayer(const LayerContext& ctx) {
+  const std::string& type = ctx.spec->type();
+  if (ctx.ins.size() < 2) {
+    return ctx.Error(absl::StrCat("joins two or more outputs, got ",
+                                  ctx.ins.size(),
+                                  "; name them in inputs: [a, b]"));
+  }
+  LayerPlan plan = ctx.Plan();
+  if (type == "add") {
+    for (const Shape& s : ctx.ins) {
+      if (s != ctx.ins[0]) {
+        return ctx.Error(absl::StrCat(
+            "adds inputs of one shape, got ", DescribeInputs(ctx),
+            "; make them agree (a 1x1 conv with stride can match channels "
+            "and size)"));
+      }
+    }
+    plan.info.out = ctx.ins[0];
+    plan.layer = std::make_unique<AddLayer>(ctx.backend, ctx.ins[0].size());
+    return plan;
+  }
+  std::vector<int> channels;
+  Shape out = ctx.ins[0];
+  out.c = 0;
+  for (const Shape& s : ctx.ins) {
+    if (s.h != ctx.ins[0].h || s.w != ctx.ins[0].w) {
+      return ctx.Error(absl::StrCat(
+          "concatenates channels of inputs of one height and width, got ",
+          DescribeInputs(ctx)));
+    }
+    channels.push_back(s.c);
+    out.c += s.c;
+  }
+  plan.info.out = out;
+  plan.layer = std::make_unique<ConcatLayer>(ctx.backend, std::move(channels),
+                                             int64_t{out.h} * out.w);
+  return plan;
+}
+
+}  // namespace dlbatch::trainer
