@@ -237,6 +237,11 @@ TEST_F(ImageFolder, ListsClassesSortedAndSamplesByNameThenClass) {
                                  "dog/2.png", "dog/more/0.PNG"));
   EXPECT_THAT(labels, ElementsAre(0, 1, 0, 1, 1));
   EXPECT_EQ(l->ignored, 2);
+  // A folder named with a trailing '/' lists alike.
+  absl::StatusOr<FolderListing> slash = ListImageFolder(root_ + "/");
+  ASSERT_TRUE(slash.ok()) << slash.status();
+  EXPECT_EQ(slash->root, root_);
+  EXPECT_EQ(slash->files[4].path, "dog/more/0.PNG");
 
   // A validation set takes the training set's labels.
   absl::StatusOr<FolderListing> v =
@@ -317,6 +322,42 @@ TEST_F(ImageFolder, DecodesOnceThenReadsTheCacheUntilAFileChanges) {
   EXPECT_EQ(resized->shape, (Shape{8, 8, 3}));
   EXPECT_EQ(resized->pixels.size(), 40u * 8 * 8 * 3);
   EXPECT_EQ(CacheFiles(dir_ + "/cache").size(), 2u);
+}
+
+// Caches of other folders (a worker's finished jobs) go once no run has
+// read them for 14 days; a read counts as a use.
+TEST_F(ImageFolder, CachesUnusedForTwoWeeksAreRemoved) {
+  for (int i = 0; i < 4; ++i) Png(absl::StrCat(i % 2, "/", i, ".png"), i);
+  const std::string cache = dir_ + "/cache";
+  fs::create_directories(cache);
+  const auto now = fs::file_time_type::clock::now();
+  const std::string old_one = cache + "/images-0000000000000000-0.dlbimg";
+  const std::string recent = cache + "/images-1111111111111111-1.dlbimg";
+  const std::string other = cache + "/tuning-0123.txt";
+  for (const std::string& p : {old_one, recent, other}) {
+    WriteBytes(p, "x");
+    fs::last_write_time(p, now - std::chrono::hours(24 * 15));
+  }
+  fs::last_write_time(recent, now - std::chrono::hours(24));
+  ASSERT_TRUE(Load().ok());
+  EXPECT_FALSE(fs::exists(old_one));
+  EXPECT_TRUE(fs::exists(recent));
+  EXPECT_TRUE(fs::exists(other));  // not ours
+
+  // Reading our own cache marks it used.
+  std::string ours;
+  for (const std::string& name : CacheFiles(cache)) {
+    if (name != fs::path(recent).filename() &&
+        name != fs::path(other).filename()) {
+      ours = cache + "/" + name;
+    }
+  }
+  ASSERT_FALSE(ours.empty());
+  fs::last_write_time(ours, now - std::chrono::hours(24 * 20));
+  absl::StatusOr<Dataset> cached = Load();
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(cached->images_decoded, 0);
+  EXPECT_GT(fs::last_write_time(ours), now - std::chrono::hours(1));
 }
 
 TEST_F(ImageFolder, ADamagedCacheIsDecodedAgain) {

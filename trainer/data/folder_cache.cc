@@ -40,6 +40,9 @@ constexpr char kSuffix[] = ".dlbimg";
 // An abandoned temporary file (its writer killed) is one nobody has
 // written to for this long.
 constexpr int64_t kAbandonedS = 600;
+// A cache file nobody has read or written for this long is removed (a
+// worker's jobs come and go with their folders, and so would their caches).
+constexpr int64_t kUnusedS = 14 * 24 * 3600;
 // Counts past this are a damaged header, not a data set.
 constexpr int64_t kMaxBytes = int64_t{1} << 50;
 
@@ -88,8 +91,9 @@ std::string NamePrefix(const FolderListing& listing, const Shape& shape) {
       "-");
 }
 
-// Removes the other cache files of `prefix` in `dir`, and temporary files
-// of it that nobody writes any more.
+// Removes the other cache files of `prefix` in `dir` (earlier states of
+// the folder), temporary files that nobody writes any more, and cache
+// files of any folder unused for kUnusedS (reads mark them used).
 void RemoveStale(const std::string& dir, const std::string& prefix,
                  const std::string& keep) {
   DIR* d = ::opendir(dir.c_str());
@@ -97,15 +101,18 @@ void RemoveStale(const std::string& dir, const std::string& prefix,
   const int64_t now = ::time(nullptr);
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name == keep || !absl::StartsWith(name, prefix)) continue;
+    if (name == keep || !absl::StartsWith(name, "images-")) continue;
     const std::string path = absl::StrCat(dir, "/", name);
-    if (absl::EndsWith(name, kSuffix)) {
+    const bool cache = absl::EndsWith(name, kSuffix);
+    if (cache && absl::StartsWith(name, prefix)) {
       ::unlink(path.c_str());
       continue;
     }
     struct stat st;
-    if (absl::StrContains(name, ".tmp-") && ::stat(path.c_str(), &st) == 0 &&
-        now - st.st_mtime > kAbandonedS) {
+    if (::stat(path.c_str(), &st) != 0) continue;
+    const int64_t idle = now - st.st_mtime;
+    if ((cache && idle > kUnusedS) ||
+        (absl::StrContains(name, ".tmp-") && idle > kAbandonedS)) {
       ::unlink(path.c_str());
     }
   }
@@ -282,6 +289,9 @@ absl::StatusOr<DecodedFolder> ReadFolderCache(const std::string& path,
   for (int32_t label : data.labels) {
     if (label < 0 || label >= header.classes) return Damaged(path, "labels");
   }
+  // Used now: RemoveStale keeps it. (Best effort: a cache another user
+  // wrote may refuse.)
+  ::futimens(fd.get(), nullptr);
   return out;
 }
 

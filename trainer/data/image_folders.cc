@@ -35,6 +35,9 @@ namespace fs = std::filesystem;
 
 // Files each decoding thread claims at a time.
 constexpr int64_t kClaim = 32;
+// The largest image file read (a damaged or mistaken file must not take
+// the memory).
+constexpr int64_t kMaxFileBytes = int64_t{1} << 30;
 // Bad images a message lists by name.
 constexpr size_t kNamedBadImages = 3;
 
@@ -140,6 +143,11 @@ absl::Status ReadWholeFile(const std::string& path, std::string* bytes) {
   if (!fd.valid()) return ErrnoStatus(errno, "cannot open", path);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "stat", path);
+  if (st.st_size > kMaxFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the file has ", st.st_size, " bytes, more than the ",
+                     kMaxFileBytes, " an image file may have"));
+  }
   bytes->resize(static_cast<size_t>(st.st_size));
   absl::StatusOr<size_t> got =
       PreadFull(fd.get(), bytes->data(), bytes->size(), 0, path);
@@ -187,9 +195,13 @@ absl::Status BadImagesError(const std::string& root,
 }  // namespace
 
 absl::StatusOr<FolderListing> ListImageFolder(
-    const std::string& root, const std::vector<std::string>& classes) {
+    const std::string& given, const std::vector<std::string>& classes) {
   FolderListing listing;
-  listing.root = root;
+  listing.root = given;
+  while (listing.root.size() > 1 && listing.root.back() == '/') {
+    listing.root.pop_back();
+  }
+  const std::string& root = listing.root;
   struct stat st;
   if (::stat(root.c_str(), &st) != 0) {
     const int err = errno;

@@ -76,11 +76,13 @@ std::string FolderCacheName(const FolderListing& listing, const Shape& shape,
 
 // Writes `decoded` to `path` with its key, atomically (a temporary file,
 // fsync, rename): a run killed mid-write leaves no cache file, never a
-// partial one. Then removes the stale cache files of the same folder.
+// partial one. Then removes the stale cache files of the same folder and
+// shape, and those of any folder that no run has read for 14 days.
 absl::Status WriteFolderCache(const std::string& path, const std::string& key,
                               const DecodedFolder& decoded);
 
-// Reads a cache file written for `key`. NotFound where there is none;
+// Reads a cache file written for `key`, and marks it used (its mtime).
+// NotFound where there is none;
 // DataLoss where it is damaged or of another key (the caller decodes
 // again).
 absl::StatusOr<DecodedFolder> ReadFolderCache(const std::string& path,
