@@ -349,7 +349,8 @@ absl::StatusOr<Dataset> LoadImageFolder(const v1::DataSource& source,
     const int threads = std::max(1, options.threads);
     say(absl::StrCat("Decoding ", files, " images of ", root, " to ",
                      shape.ToString(), " on ", threads,
-                     " threads (once: later runs read them decoded)."));
+                     threads == 1 ? " thread" : " threads",
+                     " (once: later runs read them decoded)."));
     const auto start = std::chrono::steady_clock::now();
     decoded = DecodeFolder(*listing, shape, threads);
     const double seconds =
