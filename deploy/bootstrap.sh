@@ -31,7 +31,7 @@ packages=(
   libsqlite3-dev libspdlog-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libabsl-dev libssl-dev
   libgtest-dev libgmock-dev
-  libdnnl-dev libgloo-dev zlib1g-dev
+  libdnnl-dev libgloo-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev
   dataset-fashion-mnist python3-onnx python3-numpy
   tmux
 )

@@ -244,30 +244,56 @@ absl::Status ValidateNetwork(const v1::TrainSpec& train) {
 absl::Status ValidateSource(const v1::DataSource& source,
                             absl::string_view path) {
   if (source.format().empty()) {
-    return Invalid(path, "add a format: idx or cifar10");
+    return Invalid(path, "add a format: idx, cifar10 or folders");
   }
+  const bool has_files = source.files_size() > 0;
+  const bool has_idx = !source.images().empty() || !source.labels().empty();
   if (source.format() == "idx") {
     if (source.images().empty() || source.labels().empty()) {
       return Invalid(path, "an idx source needs both images: and labels:");
     }
-    if (source.files_size() > 0) {
+    if (has_files) {
       return Invalid(path,
                      "files: is for cifar10; an idx source takes "
                      "images: and labels:");
     }
   } else if (source.format() == "cifar10") {
-    if (source.files_size() == 0) {
+    if (!has_files) {
       return Invalid(path, "a cifar10 source needs files: (its batch files)");
     }
-    if (!source.images().empty() || !source.labels().empty()) {
+    if (has_idx) {
       return Invalid(path,
                      "images: and labels: are for idx; a cifar10 "
                      "source takes files:");
     }
+  } else if (source.format() == "folders") {
+    if (source.path().empty()) {
+      return Invalid(path,
+                     "a folders source needs path: (a folder with one "
+                     "subfolder of images per class)");
+    }
+    if (has_files || has_idx) {
+      return Invalid(path,
+                     "images:, labels: and files: are for idx and cifar10; "
+                     "a folders source takes path:");
+    }
   } else {
-    return Invalid(absl::StrCat(path, ".format"),
-                   absl::StrCat("'", source.format(),
-                                "' is not a data format; use idx or cifar10"));
+    return Invalid(
+        absl::StrCat(path, ".format"),
+        absl::StrCat("'", source.format(),
+                     "' is not a data format; use idx, cifar10 or folders"));
+  }
+  if (source.format() != "folders") {
+    if (!source.path().empty()) {
+      return Invalid(absl::StrCat(path, ".path"),
+                     absl::StrCat("path: is for format: folders; an ",
+                                  source.format(), " source names its files"));
+    }
+    if (source.skip_bad_images()) {
+      return Invalid(absl::StrCat(path, ".skip_bad_images"),
+                     "is for format: folders (images that may not decode); "
+                     "remove it");
+    }
   }
   for (const std::string& f : source.files()) {
     if (f.empty()) return Invalid(path, "files: has an empty entry");
@@ -290,6 +316,31 @@ absl::Status ValidateData(const v1::TrainSpec& train) {
     s = ValidateSource(data.test(), "train.data.test");
   }
   if (!s.ok()) return s;
+  for (const v1::DataSource* source :
+       {&data.train(), &data.validation(), &data.test()}) {
+    const auto& input = train.network().input();
+    if (source->format() == "folders" && input.size() == 3 && input[2] != 1 &&
+        input[2] != 3) {
+      return Invalid("train.network.input",
+                     absl::StrCat("images from folders have 1 channel (grey) "
+                                  "or 3 (colour), not ",
+                                  input[2],
+                                  "; set the input's last number "
+                                  "to 1 or 3"));
+    }
+  }
+  const double split = data.validation_split();
+  if (!(split >= 0 && split < 1)) {
+    return Invalid("train.data.validation_split",
+                   absl::StrCat(split,
+                                " is not a fraction of the training set; "
+                                "give one in [0, 1), e.g. 0.1"));
+  }
+  if (split > 0 && data.has_validation()) {
+    return Invalid("train.data.validation_split",
+                   "the job gives a validation source too; keep either "
+                   "validation: or validation_split:");
+  }
   const v1::Augmentation& aug = data.augmentation();
   if (aug.random_x_translation() < 0 || aug.random_y_translation() < 0 ||
       aug.random_crop_padding() < 0) {

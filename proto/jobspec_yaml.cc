@@ -649,6 +649,8 @@ absl::Status JobYamlParser::ParseData(const Value& v, v1::DataSpec* data) {
               [&](const Value& c) {
                 return ParseAugmentation(c, data->mutable_augmentation());
               }},
+             {"validation_split",
+              Into<double>([&](double x) { data->set_validation_split(x); })},
          });
 }
 
@@ -669,6 +671,10 @@ absl::Status JobYamlParser::ParseSource(const Value& v,
                 for (std::string& f : files) source->add_files(std::move(f));
                 return s;
               }},
+             {"path",
+              Into<std::string>([&](std::string x) { source->set_path(x); })},
+             {"skip_bad_images",
+              Into<bool>([&](bool x) { source->set_skip_bad_images(x); })},
          });
 }
 

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -243,13 +244,32 @@ class Run {
 
 absl::Status Run::LoadData() {
   const v1::DataSpec& d = req_.spec.data();
-  ASSIGN_OR_RETURN(train_, LoadDataset(d.train(), req_.base_dir));
+  LoadOptions lo;
+  const auto& input = req_.spec.network().input();
+  if (input.size() == 3) lo.input = Shape{input[0], input[1], input[2]};
+  lo.threads = req_.threads > 0
+                   ? req_.threads
+                   : static_cast<int>(std::thread::hardware_concurrency());
+  lo.cache_dir = req_.tuning_cache;
+  lo.say = [this](const std::string& line) { Say(line); };
+  ASSIGN_OR_RETURN(train_, LoadDataset(d.train(), req_.base_dir, lo));
+  // Folders of validation and test images label by the training classes.
+  lo.class_names = train_.class_names;
   if (d.has_validation()) {
-    ASSIGN_OR_RETURN(Dataset v, LoadDataset(d.validation(), req_.base_dir));
+    ASSIGN_OR_RETURN(Dataset v, LoadDataset(d.validation(), req_.base_dir, lo));
     validation_ = std::move(v);
+  } else if (d.validation_split() > 0) {
+    auto [kept, held_out] =
+        SplitEachLabel(train_, d.validation_split(), opt_.seed);
+    Say(absl::StrFormat(
+        "Validating on %d of the %d training images (validation_split %g, "
+        "per class, from the seed).",
+        held_out.count, train_.count, d.validation_split()));
+    train_ = std::move(kept);
+    validation_ = std::move(held_out);
   }
   if (d.has_test()) {
-    ASSIGN_OR_RETURN(Dataset t, LoadDataset(d.test(), req_.base_dir));
+    ASSIGN_OR_RETURN(Dataset t, LoadDataset(d.test(), req_.base_dir, lo));
     test_ = std::move(t);
   }
   if (d.normalize()) normalization_ = ComputeNormalization(train_);
@@ -606,6 +626,7 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
                          m.state.size() * sizeof(float));
   }
   m.normalization = normalization_;
+  m.class_names = train_.class_names;
   ASSIGN_OR_RETURN(std::string onnx, ExportOnnx(m));
   RETURN_IF_ERROR(WriteFileAtomic(OutPath(kOnnxFile), onnx));
   RETURN_IF_ERROR(
@@ -631,6 +652,8 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
       {"resumed", result.resumed},
   };
   if (result.first_step_s) j["first_step_s"] = *result.first_step_s;
+  // Format folders: label i's name.
+  if (!train_.class_names.empty()) j["class_names"] = train_.class_names;
   if (result.validation_loss) {
     j["validation_loss"] = *result.validation_loss;
     j["validation_accuracy"] = *result.validation_accuracy;
@@ -639,7 +662,11 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
     j["test_loss"] = *result.test_loss;
     j["test_accuracy"] = *result.test_accuracy;
   }
-  return WriteFileAtomic(OutPath(kMetricsFile), j.dump(2) + "\n");
+  // Names (the job's, the classes') need not be UTF-8: bytes that are not
+  // become U+FFFD.
+  return WriteFileAtomic(
+      OutPath(kMetricsFile),
+      j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 absl::Status Run::StartPipeline() {

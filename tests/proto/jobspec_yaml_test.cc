@@ -286,6 +286,23 @@ TEST(JobYamlParse, DataMaps) {
   EXPECT_EQ(d.augmentation().random_crop_padding(), 2);
 }
 
+TEST(JobYamlParse, FoldersSourceMaps) {
+  v1::JobSpec spec = ParseOk(
+      "train:\n"
+      "  network: {input: [32, 32, 3], layers: [{type: fc, units: 10}]}\n"
+      "  data:\n"
+      "    train: {format: folders, path: images/, skip_bad_images: true}\n"
+      "    test: {format: folders, path: /data/test}\n"
+      "    validation_split: 0.1\n");
+  const v1::DataSpec& d = spec.train().data();
+  EXPECT_EQ(d.train().format(), "folders");
+  EXPECT_EQ(d.train().path(), "images/");
+  EXPECT_TRUE(d.train().skip_bad_images());
+  EXPECT_EQ(d.test().path(), "/data/test");
+  EXPECT_FALSE(d.test().skip_bad_images());
+  EXPECT_DOUBLE_EQ(d.validation_split(), 0.1);
+}
+
 TEST(JobYamlParse, AttachStringOrList) {
   absl::StatusOr<ParsedJobFile> one =
       ParseJobYaml("attach: data/\ncommand: [ls]\n", "job.yaml");
@@ -551,11 +568,60 @@ TEST(JobYamlErrors, DataRules) {
                          "  network: {input: [2, 2, 1], layers: [relu]}\n"
                          "  data: {train: {format: csv, images: a}}\n"),
               StartsWith("job.yaml:3:26: train.data.train.format: 'csv' is "
-                         "not a data format; use idx or cifar10"));
+                         "not a data format; use idx, cifar10 or folders"));
   EXPECT_THAT(ParseError("train:\n"
                          "  network: {input: [2, 2, 1], layers: [relu]}\n"
                          "  data: {train: {format: idx, images: a}}\n"),
               HasSubstr("an idx source needs both images: and labels:"));
+}
+
+TEST(JobYamlErrors, FoldersRules) {
+  const std::string head =
+      "train:\n"
+      "  network: {input: [2, 2, 1], layers: [relu]}\n"
+      "  data:\n";
+  EXPECT_THAT(ParseError(head + "    train: {format: folders}\n"),
+              HasSubstr("train.data.train: a folders source needs path:"));
+  EXPECT_THAT(
+      ParseError(head + "    train: {format: folders, path: a, images: b}\n"),
+      HasSubstr("a folders source takes path:"));
+  EXPECT_THAT(
+      ParseError(head + "    train: {format: idx, images: a, labels: b, "
+                        "path: c}\n"),
+      StartsWith("job.yaml:4:54: train.data.train.path: path: is for "
+                 "format: folders"));
+  EXPECT_THAT(
+      ParseError(head + "    train: {format: idx, images: a, labels: b, "
+                        "skip_bad_images: true}\n"),
+      HasSubstr("train.data.train.skip_bad_images: is for format: "
+                "folders"));
+  EXPECT_THAT(ParseError(head + "    train: {format: folders, path: a, "
+                                "skip_bad_images: maybe}\n"),
+              HasSubstr("train.data.train.skip_bad_images"));
+  EXPECT_THAT(ParseError(head + "    train: {format: folders, path: a}\n"
+                                "    validation_split: 1.5\n"),
+              StartsWith("job.yaml:5:23: train.data.validation_split: 1.5 is "
+                         "not a fraction of the training set; give one in "
+                         "[0, 1)"));
+  EXPECT_THAT(ParseError(head + "    train: {format: folders, path: a}\n"
+                                "    validation_split: -0.1\n"),
+              HasSubstr("train.data.validation_split: -0.1 is not a fraction"));
+  EXPECT_THAT(ParseError(head + "    train: {format: folders, path: a}\n"
+                                "    validation_split: ten\n"),
+              HasSubstr("train.data.validation_split"));
+  EXPECT_THAT(ParseError(head + "    train: {format: folders, path: a}\n"
+                                "    validation: {format: folders, path: b}\n"
+                                "    validation_split: 0.1\n"),
+              HasSubstr("keep either validation: or validation_split:"));
+  EXPECT_THAT(ParseError("train:\n"
+                         "  network: {input: [2, 2, 4], layers: [relu]}\n"
+                         "  data:\n"
+                         "    train: {format: folders, path: a}\n"),
+              HasSubstr("train.network.input: images from folders have 1 "
+                        "channel (grey) or 3 (colour), not 4"));
+  EXPECT_THAT(ParseError(head + "    train: {format: folders, pth: a}\n"),
+              HasSubstr("unknown key 'pth' in train.data.train (did you mean "
+                        "'path'?)"));
 }
 
 TEST(JobYamlErrors, NetworkInputRules) {

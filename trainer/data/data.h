@@ -5,9 +5,11 @@
 #define DLBATCH_TRAINER_DATA_DATA_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,15 +27,46 @@ struct Dataset {
   int num_classes = 0;          // largest label + 1
   std::vector<uint8_t> pixels;  // count * shape.size()
   std::vector<int32_t> labels;  // count
+  // Format folders: label i's name (otherwise empty), and how the images
+  // were read: decoded now (0 where the decoded cache had them), and bad
+  // ones left out (skip_bad_images).
+  std::vector<std::string> class_names;
+  int64_t images_decoded = 0;
+  int64_t images_skipped = 0;
+};
+
+// What reading a folders source needs besides the source.
+struct LoadOptions {
+  Shape input;      // the network's input: what every image becomes
+  int threads = 1;  // decoding threads
+  // Where decoded folders are cached ($XDG_CACHE_HOME/dlbatch); where it
+  // is empty or cannot be written, base_dir/.dlbatch-cache; where neither
+  // can, the images are decoded on every run.
+  std::string cache_dir;
+  // The training set's classes, which a validation or test folder's labels
+  // refer to; empty for the training set itself.
+  std::vector<std::string> class_names;
+  // Where the diary's lines go (what was decoded, cached, skipped); may be
+  // empty.
+  std::function<void(const std::string&)> say;
 };
 
 // Reads `source` (format idx: gzipped or raw IDX image and label files, as
 // MNIST and Fashion-MNIST ship them; format cifar10: the binary batch
-// files). Relative paths are taken from `base_dir`. A missing, corrupt or
+// files; format folders: image files in class folders, image_folders.h).
+// Relative paths are taken from `base_dir`. A missing, corrupt or
 // truncated file, or images and labels of different counts, is an error
 // naming the file and what is wrong with it.
 absl::StatusOr<Dataset> LoadDataset(const v1::DataSource& source,
-                                    const std::string& base_dir);
+                                    const std::string& base_dir,
+                                    const LoadOptions& options = {});
+
+// MATLAB's splitEachLabel: of each class's samples, round(fraction * n)
+// (but at most n - 1) chosen from `seed` go to the second set, the rest to
+// the first; each keeps the data set's order. A pure function of its
+// arguments. REQUIRES: 0 <= fraction < 1.
+std::pair<Dataset, Dataset> SplitEachLabel(const Dataset& data, double fraction,
+                                           uint64_t seed);
 
 // Pixels are scaled to [0, 1]; with per-channel normalisation they are then
 // (x - mean[c]) / std[c]. Empty vectors: scaling only.

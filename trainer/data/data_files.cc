@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "trainer/data/data.h"
+#include "trainer/data/image_folders.h"
 
 namespace dlbatch::trainer {
 namespace {
@@ -429,11 +430,17 @@ absl::StatusOr<Dataset> LoadCifar10(const v1::DataSource& source,
 }  // namespace
 
 absl::StatusOr<Dataset> LoadDataset(const v1::DataSource& source,
-                                    const std::string& base_dir) {
+                                    const std::string& base_dir,
+                                    const LoadOptions& options) {
   if (source.format() == "idx") return LoadIdx(source, base_dir);
   if (source.format() == "cifar10") return LoadCifar10(source, base_dir);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "'", source.format(), "' is not a data format; use idx or cifar10"));
+  if (source.format() == "folders") {
+    return LoadImageFolder(source, Resolve(source.path(), base_dir), base_dir,
+                           options);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", source.format(),
+                   "' is not a data format; use idx, cifar10 or folders"));
 }
 
 }  // namespace dlbatch::trainer

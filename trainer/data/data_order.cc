@@ -69,4 +69,52 @@ std::vector<int64_t> EpochOrder(const std::string& shuffle, uint64_t seed,
   return order;
 }
 
+// Each class's samples in data set order, shuffled by Fisher-Yates from
+// Rng(Key(seed, class, kSplitStream)); the first round(fraction * n) of the
+// shuffle are the second set's.
+std::pair<Dataset, Dataset> SplitEachLabel(const Dataset& data, double fraction,
+                                           uint64_t seed) {
+  // Keeps the split's draws apart from the epoch orders' (Key(seed, epoch)).
+  constexpr uint64_t kSplitStream = 0x73706c6974;  // "split"
+  std::vector<std::vector<int64_t>> by_class;
+  for (int64_t i = 0; i < data.count; ++i) {
+    const int32_t label = data.labels[i];
+    if (label >= static_cast<int32_t>(by_class.size())) {
+      by_class.resize(label + 1);
+    }
+    by_class[label].push_back(i);
+  }
+  std::vector<bool> second(data.count, false);
+  for (size_t label = 0; label < by_class.size(); ++label) {
+    std::vector<int64_t>& members = by_class[label];
+    const int64_t n = static_cast<int64_t>(members.size());
+    const int64_t take =
+        std::min<int64_t>(static_cast<int64_t>(std::llround(fraction * n)),
+                          std::max<int64_t>(0, n - 1));
+    Rng rng(Key(seed, label, kSplitStream));
+    for (int64_t i = n - 1; i > 0; --i) {
+      const int64_t j =
+          static_cast<int64_t>(rng.Below(static_cast<uint64_t>(i) + 1));
+      std::swap(members[i], members[j]);
+    }
+    for (int64_t k = 0; k < take; ++k) second[members[k]] = true;
+  }
+  std::pair<Dataset, Dataset> out;
+  const int64_t size = data.shape.size();
+  for (Dataset* part : {&out.first, &out.second}) {
+    part->source = data.source;
+    part->shape = data.shape;
+    part->num_classes = data.num_classes;
+    part->class_names = data.class_names;
+  }
+  for (int64_t i = 0; i < data.count; ++i) {
+    Dataset& part = second[i] ? out.second : out.first;
+    part.labels.push_back(data.labels[i]);
+    part.pixels.insert(part.pixels.end(), data.pixels.begin() + i * size,
+                       data.pixels.begin() + (i + 1) * size);
+    ++part.count;
+  }
+  return out;
+}
+
 }  // namespace dlbatch::trainer

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -207,6 +208,14 @@ class Exporter {
     graph_->set_doc_string(
         "Input: images, NCHW, pixels scaled to [0, 1]. Output: class "
         "probabilities.");
+    if (!model_.class_names.empty()) {
+      onnx::StringStringEntryProto* entry = proto_.add_metadata_props();
+      entry->set_key("class_names");
+      // Folder names need not be UTF-8: bytes that are not become U+FFFD.
+      entry->set_value(
+          nlohmann::json(model_.class_names)
+              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    }
 
     const Shape& in = model_.input;
     if (in.h <= 0 || in.w <= 0 || in.c <= 0) {

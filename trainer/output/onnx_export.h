@@ -29,6 +29,9 @@ struct ModelForExport {
   std::vector<float> params;
   std::vector<float> state;
   Normalization normalization;  // empty: none
+  // Label i's name (format folders); empty: none. Written as the model's
+  // metadata "class_names", a JSON list.
+  std::vector<std::string> class_names;
 };
 
 // The serialized ModelProto. Dropout exports as identity; batchnorm with
