@@ -34,13 +34,22 @@ QueueKey KeyOf(const QueuedJob& job) {
   return {job.priority, job.seq, job.id, job.time_limit_ms};
 }
 
-// What bounds where a queued job can go. Within one (multi, limit_bucket)
-// group, pools ascend, so a pass skips a group's larger pools at once.
+// What bounds where a queued job can go. Pools ascend within `multi`, and
+// limits within a pool, so that a pass skips larger pools, or a pool's
+// longer limits, at once (see Verdict).
 struct Shape {
   bool multi = false;
-  int limit_bucket = 0;  // see LimitBucket
   int pool = 0;
+  int limit_bucket = 0;  // see LimitBucket
   auto operator<=>(const Shape&) const = default;
+};
+
+// Whether a walk takes the jobs of a shape, and what else it may skip.
+enum class Verdict {
+  kTake,
+  kSkip,       // not this shape
+  kNextPool,   // nor any longer limit of this pool
+  kNextMulti,  // nor any larger pool
 };
 
 // Time limits are bucketed so that a pass can rule out whole groups of jobs
@@ -70,7 +79,7 @@ TimeMs BucketMinLimit(int bucket) {
 }
 
 Shape ShapeOf(const QueuedJob& job) {
-  return {job.max_nodes > 1, LimitBucket(job.time_limit_ms), job.pool};
+  return {job.max_nodes > 1, job.pool, LimitBucket(job.time_limit_ms)};
 }
 
 // a + b, saturating at kNever. REQUIRES: b >= 0.
@@ -196,7 +205,10 @@ struct Account {
   int64_t running_slots = 0;
   std::set<QueueKey> queue;
   std::map<Shape, std::set<QueueKey>> shapes;  // the queue, by shape
-  double standing = 0;  // the user's usage, as of the current pass
+  std::map<int, int> pools;  // pool -> queued jobs of that pool
+  double standing = 0;       // the user's usage, as of the current pass
+
+  int SmallestPool() const { return pools.empty() ? 0 : pools.begin()->first; }
 
   // Slots the user may still take here while keeping `reserve` free.
   int64_t Room(int64_t reserve = 0) const {
@@ -272,6 +284,9 @@ struct Cursor {
   const std::set<QueueKey>* queue = nullptr;
   Shape shape;
   std::set<QueueKey>::iterator pos;
+  // A stand-in for the account's shapes, ordered at its first job (which
+  // no job of the account precedes): they are walked when it comes first.
+  bool expand = false;
 };
 
 bool Later(const Cursor& a, const Cursor& b) { return b.order < a.order; }
@@ -416,6 +431,7 @@ struct PlacementCore::State {
     Account& a = GetAccount(*p, job.user);
     a.queue.insert(KeyOf(job));
     a.shapes[ShapeOf(job)].insert(KeyOf(job));
+    ++a.pools[job.pool];
     ++p->queued;
   }
 
@@ -429,6 +445,8 @@ struct PlacementCore::State {
     auto shape = a.shapes.find(ShapeOf(it->second));
     shape->second.erase(key);
     if (shape->second.empty()) a.shapes.erase(shape);
+    auto pool = a.pools.find(it->second.pool);
+    if (--pool->second == 0) a.pools.erase(pool);
     --p->queued;
     queued.erase(it);
     return true;
@@ -586,47 +604,72 @@ void PlacementCore::State::Start(const QueuedJob& queued_job,
 }
 
 // Visits, in queue order, the queued jobs of `p` ordered after `after` (all
-// of them if none) whose shape passes eligible(shape, account); skips the
-// rest of a group's (multi, limit_bucket) run at the first pool that fails.
-// `eligible` must only turn false during a visit. visit(key, shape, account)
+// of them if none) whose shape eligible(shape, account) takes, skipping the
+// shapes its verdict rules out. What `eligible` takes may only shrink during
+// a visit, and its verdicts must hold for the shapes they skip.
+// visit(key, shape, account)
 // may start that job (and nothing else) and returns false to stop.
+// An account's shapes are looked at only when its first job after `after`
+// comes up in order, so that a walk that stops early skips most accounts;
+// accounts whose room(account) is below their smallest pool are skipped
+// whole (room must bound the pools that `eligible` lets through).
 // REQUIRES: the accounts' standings are those `after` was taken with.
-template <typename Eligible, typename Visit>
+template <typename Room, typename Eligible, typename Visit>
 void ForEachEligible(Profile& p, const std::optional<Order>& after,
-                     std::vector<Cursor>& heap, Eligible&& eligible,
-                     Visit&& visit) {
+                     std::vector<Cursor>& heap, Room&& room,
+                     Eligible&& eligible, Visit&& visit) {
+  // The account's jobs ordered after `after` follow this key in its order.
+  auto bound = [&](const Account& a) {
+    QueueKey b{after->priority, after->seq, after->id};
+    if (a.standing < after->standing) {
+      b.seq = b.id = std::numeric_limits<int64_t>::max();
+    } else if (a.standing > after->standing) {
+      b.seq = b.id = std::numeric_limits<int64_t>::min();
+    }
+    return b;
+  };
   heap.clear();
   for (auto& [user, a] : p.accounts) {
-    if (a.queue.empty()) continue;
-    // The account's jobs ordered after `after` follow `bound` in its order.
-    std::optional<QueueKey> bound;
-    if (after) {
-      bound = QueueKey{after->priority, after->seq, after->id};
-      if (a.standing < after->standing) {
-        bound->seq = bound->id = std::numeric_limits<int64_t>::max();
-      } else if (a.standing > after->standing) {
-        bound->seq = bound->id = std::numeric_limits<int64_t>::min();
-      }
-    }
-    for (auto s = a.shapes.begin(); s != a.shapes.end();) {
-      if (!eligible(s->first, a)) {
-        s = a.shapes.lower_bound({s->first.multi, s->first.limit_bucket + 1,
-                                  std::numeric_limits<int>::min()});
-        continue;
-      }
-      auto pos = bound ? s->second.upper_bound(*bound) : s->second.begin();
-      if (pos != s->second.end()) {
-        heap.push_back({OrderOf(a, *pos), *pos, &a, &s->second, s->first, pos});
-      }
-      ++s;
-    }
+    if (room(a) < a.SmallestPool()) continue;
+    auto pos = after ? a.queue.upper_bound(bound(a)) : a.queue.begin();
+    if (pos == a.queue.end()) continue;
+    heap.push_back({OrderOf(a, *pos), *pos, &a, &a.queue, Shape{}, pos, true});
   }
   std::make_heap(heap.begin(), heap.end(), Later);
   while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), Later);
     const Cursor c = heap.back();
     heap.pop_back();
-    if (!eligible(c.shape, *c.account)) continue;
+    if (c.expand) {
+      Account& a = *c.account;
+      if (room(a) < a.SmallestPool()) continue;
+      for (auto s = a.shapes.begin(); s != a.shapes.end();) {
+        constexpr int kMin = std::numeric_limits<int>::min();
+        switch (eligible(s->first, a)) {
+          case Verdict::kTake:
+            break;
+          case Verdict::kSkip:
+            ++s;
+            continue;
+          case Verdict::kNextPool:
+            s = a.shapes.lower_bound({s->first.multi, s->first.pool + 1, kMin});
+            continue;
+          case Verdict::kNextMulti:
+            s = s->first.multi ? a.shapes.end()
+                               : a.shapes.lower_bound({true, kMin, kMin});
+            continue;
+        }
+        auto pos = after ? s->second.upper_bound(bound(a)) : s->second.begin();
+        if (pos != s->second.end()) {
+          heap.push_back(
+              {OrderOf(a, *pos), *pos, &a, &s->second, s->first, pos});
+          std::push_heap(heap.begin(), heap.end(), Later);
+        }
+        ++s;
+      }
+      continue;
+    }
+    if (eligible(c.shape, *c.account) != Verdict::kTake) continue;
     auto next = std::next(c.pos);
     // Starting the job may erase its shape's queue, but only when empty.
     const bool last_of_shape = next == c.queue->end();
@@ -700,10 +743,12 @@ void PlacementCore::State::Pass(Profile& p, TimeMs now,
       p.online_caps.empty() ? 0 : p.online_caps.rbegin()->first;
   std::optional<Order> head;
   ForEachEligible(
-      p, resume, scratch_cursors,
+      p, resume, scratch_cursors, [](const Account& a) { return a.Room(); },
       [&](const Shape& s, const Account& a) {
         return s.pool <= (s.multi ? p.online_slots : largest_online) &&
-               s.pool <= a.Room();
+                       s.pool <= a.Room()
+                   ? Verdict::kTake
+                   : Verdict::kNextMulti;
       },
       [&](const QueueKey& key, const Shape&, const Account& a) {
         if (visit(key.id, a)) return true;
@@ -759,12 +804,18 @@ void PlacementCore::State::Backfill(Profile& p, Reservation& res,
   };
 
   ForEachEligible(
-      p, head, scratch_cursors,
+      p, head, scratch_cursors, room,
       [&](const Shape& s, const Account& a) {
+        // Full bounds are at least slack ones; limits ascend within a pool,
+        // and past bucket 0 those that may end first come first.
+        if (s.pool > room(a) || s.pool > bound(s.multi, true)) {
+          return Verdict::kNextMulti;
+        }
         const bool may_end_first =
             s.limit_bucket > 0 &&
             AddSat(now, BucketMinLimit(s.limit_bucket)) <= res.start;
-        return s.pool <= bound(s.multi, may_end_first) && s.pool <= room(a);
+        if (s.pool <= bound(s.multi, may_end_first)) return Verdict::kTake;
+        return s.limit_bucket == 0 ? Verdict::kSkip : Verdict::kNextPool;
       },
       [&](const QueueKey& key, const Shape& shape, const Account& a) {
         const bool ends_first =
