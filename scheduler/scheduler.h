@@ -60,6 +60,9 @@ struct SchedulerOptions {
   int max_attempts = 3;             // starts of a job before it fails
   int64_t cancel_grace_ms = 10000;  // SIGTERM to SIGKILL
   std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
+  // Fair share: a user's usage halves over this long (0: no decay). Usage
+  // is kept in memory only: a restart or a reload starts it from zero.
+  int64_t fair_share_half_life_ms = int64_t{7} * 24 * 3600 * 1000;
 };
 
 // A running job's diary against its cap: the stored cut, and (once cut)
