@@ -200,9 +200,9 @@ class PlacementCore {
   void MarkRunning(const QueuedJob& job, const std::vector<Part>& parts,
                    TimeMs start);
   // A running job ended and every process of it has exited: its slots are
-  // free, and its user is charged pool x (end - start) of usage. Returns
-  // false if it was not running. Without `end`, and for the jobs of a lost
-  // worker, the job is charged up to the last pass's time.
+  // free, and its user is charged its slot-time from start to `end`.
+  // Returns false if it was not running. Without `end`, and for the jobs of
+  // a lost worker, it is charged up to the last pass's time.
   bool Finished(JobId job);
   bool Finished(JobId job, TimeMs end);
 

@@ -66,10 +66,46 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
                      : std::make_unique<DiskGuard>("", /*reserve_bytes=*/0)),
       disk_(disk ? disk : own_disk_.get()),
       rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))),
-      core_(std::make_unique<PlacementCore>()),
       follow_(std::make_unique<DiaryFollowHub>(static_cast<FollowSource*>(this),
                                                clock)) {
-  core_->SetFairShareHalfLife(options_.fair_share_half_life_ms);
+  absl::MutexLock lock(&mu_);
+  core_ = NewCore();
+}
+
+std::unique_ptr<PlacementCore> Scheduler::NewCore() const {
+  auto core = std::make_unique<PlacementCore>();
+  core->SetFairShareHalfLife(options_.fair_share_half_life_ms);
+  for (const auto& [key, limit] : limits_) {
+    core->SetLimit(key.first, key.second, limit);
+  }
+  return core;
+}
+
+void Scheduler::SetUserLimit(const std::string& user,
+                             const std::string& profile,
+                             const UserLimit& limit) {
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (limit == UserLimit{}) {
+      limits_.erase({user, profile});
+    } else {
+      limits_[{user, profile}] = limit;
+    }
+    core_->SetLimit(user, profile, limit);
+    (void)PlaceJobs(&out);  // a raised limit may let jobs start
+  }
+  Deliver(out);
+}
+
+std::vector<LimitEntry> Scheduler::UserLimits() {
+  absl::MutexLock lock(&mu_);
+  return core_->Limits();
+}
+
+std::vector<UserUsage> Scheduler::Usage() {
+  absl::MutexLock lock(&mu_);
+  return core_->Usage(clock_->NowMs());
 }
 
 Scheduler::~Scheduler() { Stop(); }

@@ -114,15 +114,13 @@ void Scheduler::Recover(const absl::Status& why) {
   session_worker_.clear();
   workers_.clear();
   jobs_.clear();
-  core_ = std::make_unique<PlacementCore>();
-  core_->SetFairShareHalfLife(options_.fair_share_half_life_ms);
+  core_ = NewCore();
   broken_ = Load(/*open_rendezvous=*/false);
   if (!broken_.ok()) {
     spdlog::error("cannot reload the store: {}; retrying", broken_.ToString());
     workers_.clear();
     jobs_.clear();
-    core_ = std::make_unique<PlacementCore>();
-    core_->SetFairShareHalfLife(options_.fair_share_half_life_ms);
+    core_ = NewCore();
   }
   // Watchers and waiters see the state as reloaded.
   if (events_.has_watchers()) {

@@ -1280,5 +1280,37 @@ TEST_F(SchedulerTest, FairShareStartsTheLessUsedUsersJobFirst) {
   EXPECT_EQ(GetJob(alice_next).state(), v1::JOB_STATE_QUEUED);
 }
 
+// A user at their slot limit waits, saying so, while others start; a submit
+// past the queued limit is refused naming it; raising the limit starts the
+// job.
+TEST_F(SchedulerTest, UserLimitsHoldJobsBackAndSayWhy) {
+  StartScheduler();
+  auto session = Connect("w1", 4);
+  UserLimit limit;
+  limit.max_slots = 2;
+  limit.max_queued = 1;
+  scheduler_->SetUserLimit("alice", "local", limit);
+  const int64_t first = Submit(2);
+  ASSERT_TRUE(session->WaitFor(IsStart(first, 1)).has_value());
+  const int64_t second = Submit(1);
+  v1::Job waiting = GetJob(second);
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(waiting.wait_reason(),
+            "waiting: alice holds 2 of their 2 slots on 'local'");
+  auto refused = scheduler_->Submit(CommandJob(1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("alice has 1 of their 1 queued jobs on 'local'"));
+  v1::SubmitJobRequest bob = CommandJob(1);
+  bob.set_user("bob");
+  auto bob_reply = scheduler_->Submit(bob);
+  ASSERT_TRUE(bob_reply.ok()) << bob_reply.status();
+  ASSERT_TRUE(session->WaitFor(IsStart(bob_reply->job_id(), 1)).has_value());
+  ASSERT_EQ(scheduler_->UserLimits().size(), 1u);
+  limit.max_slots = 3;
+  scheduler_->SetUserLimit("alice", "local", limit);
+  ASSERT_TRUE(session->WaitFor(IsStart(second, 1)).has_value());
+}
+
 }  // namespace
 }  // namespace dlbatch::scheduler
