@@ -541,17 +541,24 @@ std::optional<Reservation> PlacementCore::State::ComputeReservation(
     return sum >= job.pool;
   };
   // Slack of each worker the reservation takes slots on; `all_free`: at
-  // kNever, when every running job has ended.
+  // kNever, when every running job with a limit has ended. Slots of jobs
+  // without one are no slack even then: a job backfilled there in an
+  // earlier pass would otherwise be counted free, and its slot given twice.
   auto reserve = [&](TimeMs start, const Counts& counts, bool all_free) {
     Reservation res;
     res.start = start;
     for (const auto& [worker, needed] : counts) {
       const Worker& w = *FindWorker(worker);
-      int cap = all_free ? w.slots : w.free;
-      if (auto o = free_at.find(worker); !all_free && o != free_at.end()) {
+      int cap = w.free;
+      if (all_free) {
+        cap = w.slots;
+        for (int d = 0; d < w.slots; ++d) {
+          cap -= w.owner[d] != kNoJob && running.at(w.owner[d]).end == kNever;
+        }
+      } else if (auto o = free_at.find(worker); o != free_at.end()) {
         cap = o->second;
       }
-      res.slack[worker] = cap - needed;
+      res.slack[worker] = std::max(0, cap - needed);
     }
     return res;
   };

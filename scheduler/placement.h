@@ -26,8 +26,11 @@
 //    end at start + time_limit (jobs without a limit never end, for this
 //    estimate), on the slots it would then take. A later job may start ahead
 //    of it only if it ends (by its own time_limit) before that time, or uses
-//    slots that the reservation does not need. So the first waiting job is
-//    never delayed by backfill, and every job becomes the first in turn.
+//    slots that the reservation does not need (when its pool frees only
+//    once every job has ended, slots held by jobs without a limit are never
+//    counted as unneeded: they would be given again each pass). So the
+//    first waiting job is never delayed by backfill, and every job becomes
+//    the first in turn.
 //    Under limits, the first job also keeps its user's room: a later job of
 //    the same user and profile starts ahead of it only if it leaves room for
 //    both under the user's max_slots.

@@ -304,7 +304,17 @@ class NaiveScheduler {
           counts = NaivePlace(all, job.pool, job.max_nodes);
           start = kNever;
         }
-        for (const auto& [w, n] : *counts) slack[w] = at[w] - n;
+        for (const auto& [w, n] : *counts) {
+          slack[w] = at[w] - n;
+          if (start != kNever) continue;
+          // Slots of jobs without a limit are never slack.
+          const Worker& worker = workers_.at(w);
+          for (int d = 0; d < worker.slots; ++d) {
+            const JobId owner = worker.owner[d];
+            slack[w] -= owner != kFree && running_.at(owner).end == kNever;
+          }
+          slack[w] = std::max(0, slack[w]);
+        }
         continue;
       }
       const bool ends_first =

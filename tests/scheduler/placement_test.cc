@@ -286,6 +286,23 @@ TEST(PlacementBackfill, UnestimatedReservationStillProtectsItsSlots) {
   EXPECT_THAT(JobsOf(core.Schedule(1)), ElementsAre(5));
 }
 
+// An unestimated reservation (kNever) counts the slots of jobs without a
+// limit as never free: else each pass would find the slot a job backfilled
+// in the pass before free again, and give it to another, and the head would
+// never get its slots.
+TEST(PlacementBackfill, UnestimatedReservationIsNotGivenAwayPassAfterPass) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 5);
+  StartNow(core, Job(1, 3));   // never ends
+  core.Enqueue(Job(2, 4, 1));  // the head: 4 of 5 once job 1 ends
+  core.Enqueue(Job(3, 1));     // no limit
+  core.Enqueue(Job(4, 1));     // no limit
+  EXPECT_THAT(core.Schedule(0), IsEmpty());
+  EXPECT_THAT(core.Schedule(1), IsEmpty());
+  ASSERT_TRUE(core.Finished(1, 2));
+  EXPECT_THAT(JobsOf(core.Schedule(2)), ElementsAre(2, 3));
+}
+
 TEST(PlacementBackfill, OverdueJobsPutTheReservationAtNow) {
   PlacementCore core;
   core.WorkerOnline(1, "p", 4);
