@@ -1,8 +1,9 @@
 // Benchmark of the scheduling core at cluster scale: 1,000 simulated
 // workers of 8 slots in one profile and 100,000 queued jobs of random pools
 // (1..8) and priorities, without and with time limits; then two worst cases
-// for the pass's pruning. Prints a markdown table. The goal: one Schedule()
-// pass takes at most 10 ms.
+// for the pass's pruning; then the same queue of 1,000 users in fair-share
+// order (each with past usage), without and with per-user slot limits.
+// Prints a markdown table. The goal: one Schedule() pass takes at most 10 ms.
 //
 // Usage: placement_bench [passes]   (default 200)
 #include <algorithm>
@@ -22,6 +23,8 @@ namespace {
 constexpr int kWorkers = 1000;
 constexpr int kSlots = 8;
 constexpr int kJobs = 100000;
+constexpr int kUsers = 1000;
+constexpr int kUserSlots = 16;  // the per-user limit, when limits are on
 constexpr double kPassGoalMs = 10.0;
 
 using Clock = std::chrono::steady_clock;
@@ -64,12 +67,25 @@ PassTimes Summarize(std::vector<double> ms, size_t started) {
 
 // One scenario: a full cluster and a deep queue; before each timed pass a
 // random running job finishes, so the pass has real work.
+// With `users`: jobs of that many users, each charged a random past usage
+// (up to a day of 8 slots), in fair-share order; `user_limits`: each user
+// may hold kUserSlots slots.
 class Scenario {
  public:
-  Scenario(unsigned seed, bool with_limits)
-      : rng_(seed), with_limits_(with_limits) {
+  Scenario(unsigned seed, bool with_limits, int users = 0,
+           bool user_limits = false)
+      : rng_(seed), with_limits_(with_limits), users_(users) {
     for (WorkerId w = 1; w <= kWorkers; ++w)
       core_.WorkerOnline(w, "gpu", kSlots);
+    for (int u = 0; u < users_; ++u) {
+      const std::string user = "user" + std::to_string(u);
+      core_.ChargeUsage(user, Uniform(0, 86400) * 8000.0, 0);
+      if (user_limits) {
+        UserLimit limit;
+        limit.max_slots = kUserSlots;
+        core_.SetLimit(user, "gpu", limit);
+      }
+    }
   }
 
   double EnqueueAll() {
@@ -84,6 +100,8 @@ class Scenario {
       job.priority = Uniform(0, 9);
       // Limits from 1 minute to 10 hours.
       job.time_limit_ms = with_limits_ ? Uniform(60, 36000) * 1000LL : 0;
+      if (users_ > 0)
+        job.user = "user" + std::to_string(Uniform(0, users_ - 1));
       jobs.push_back(std::move(job));
     }
     const Clock::time_point start = Clock::now();
@@ -165,6 +183,7 @@ class Scenario {
 
   std::mt19937 rng_;
   bool with_limits_;
+  int users_ = 0;
   PlacementCore core_;
   std::vector<JobId> running_;
   TimeMs now_ = 0;
@@ -254,6 +273,30 @@ int Main(int argc, char** argv) {
     rows.push_back({"enqueue 100k jobs" + tag, Ms(enqueue_ms), "-"});
     rows.push_back(
         {"enqueue+dequeue one job" + tag, Format("%.2f us", submit_us), "-"});
+    rows.push_back({"first pass, empty cluster: " +
+                        std::to_string(after_first) + " jobs start" + tag,
+                    Ms(first_ms), "-"});
+    rows.push_back(
+        {"pass after a job ends, median" + tag, Ms(work.median), goal});
+    rows.push_back({"pass after a job ends, p99" + tag, Ms(work.p99), goal});
+    rows.push_back({"pass after a job ends, max" + tag, Ms(work.max), goal});
+    rows.push_back(
+        {"jobs started over " + std::to_string(passes) + " passes" + tag,
+         std::to_string(work.started), "-"});
+    rows.push_back({"pass with all slots busy, max" + tag, Ms(busy.max), goal});
+  }
+  for (bool user_limits : {false, true}) {
+    const std::string tag = user_limits ? " (1,000 users, fair share, " +
+                                              std::to_string(kUserSlots) +
+                                              "-slot user limits)"
+                                        : " (1,000 users, fair share)";
+    Scenario& s = *scenarios.emplace_back(std::make_unique<Scenario>(
+        42, /*with_limits=*/true, kUsers, user_limits));
+    s.EnqueueAll();
+    const double first_ms = s.FirstPass();
+    const size_t after_first = s.running();
+    PassTimes work = s.Passes(passes);
+    PassTimes busy = s.BusyPasses(passes);
     rows.push_back({"first pass, empty cluster: " +
                         std::to_string(after_first) + " jobs start" + tag,
                     Ms(first_ms), "-"});

@@ -44,6 +44,7 @@ struct Flags {
   std::string max_diary_bytes = "64MiB";
   std::string max_output_bytes = "0";
   std::string keep_ended = "30d";
+  std::string fair_share_half_life = "7d";
   std::string restart_grace;
   int max_unauthenticated = 256;
   std::string socket_mode = "0600";
@@ -198,6 +199,14 @@ int Run(const Flags& flags) {
     // Looked at often enough that a job outlives its time by at most a
     // tenth of it (and at most a minute).
     options.retention_interval_ms = std::clamp<int64_t>(*keep / 10, 200, 60000);
+  }
+  if (flags.fair_share_half_life == "0") {
+    options.fair_share_half_life_ms = 0;
+  } else {
+    auto half_life =
+        DurationMs(flags.fair_share_half_life, "--fair-share-half-life");
+    if (!half_life.ok()) return Fail(std::string(half_life.status().message()));
+    options.fair_share_half_life_ms = *half_life;
   }
   if (!flags.restart_grace.empty()) {
     auto grace = DurationMs(flags.restart_grace, "--restart-grace");
@@ -400,6 +409,11 @@ int main(int argc, char** argv) {
   app.add_option("--keep-ended", flags.keep_ended,
                  "Jobs ended longer ago than this are deleted with their "
                  "diary and outputs (e.g. 30d, 12h); 0: kept forever")
+      ->capture_default_str();
+  app.add_option("--fair-share-half-life", flags.fair_share_half_life,
+                 "Among jobs of equal priority, the user with the least "
+                 "usage (slot-time, halving over this long) starts first "
+                 "(e.g. 7d, 12h); 0: usage never decays")
       ->capture_default_str();
   app.add_option("--restart-grace", flags.restart_grace,
                  "After a start, workers known from before are lost only "

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "scheduler/placement_usage.h"
 
 namespace dlbatch::scheduler {
 namespace {
@@ -33,13 +34,22 @@ QueueKey KeyOf(const QueuedJob& job) {
   return {job.priority, job.seq, job.id, job.time_limit_ms};
 }
 
-// What bounds where a queued job can go. Within one (multi, limit_bucket)
-// group, pools ascend, so a pass skips a group's larger pools at once.
+// What bounds where a queued job can go. Pools ascend within `multi`, and
+// limits within a pool, so that a pass skips larger pools, or a pool's
+// longer limits, at once (see Verdict).
 struct Shape {
   bool multi = false;
-  int limit_bucket = 0;  // see LimitBucket
   int pool = 0;
+  int limit_bucket = 0;  // see LimitBucket
   auto operator<=>(const Shape&) const = default;
+};
+
+// Whether a walk takes the jobs of a shape, and what else it may skip.
+enum class Verdict {
+  kTake,
+  kSkip,       // not this shape
+  kNextPool,   // nor any longer limit of this pool
+  kNextMulti,  // nor any larger pool
 };
 
 // Time limits are bucketed so that a pass can rule out whole groups of jobs
@@ -69,7 +79,7 @@ TimeMs BucketMinLimit(int bucket) {
 }
 
 Shape ShapeOf(const QueuedJob& job) {
-  return {job.max_nodes > 1, LimitBucket(job.time_limit_ms), job.pool};
+  return {job.max_nodes > 1, job.pool, LimitBucket(job.time_limit_ms)};
 }
 
 // a + b, saturating at kNever. REQUIRES: b >= 0.
@@ -187,6 +197,45 @@ std::optional<Counts> Place(const View& view, int pool, int max_nodes) {
   return counts;
 }
 
+// One user on one profile: limits, running slots and queued jobs. All of a
+// user's jobs share one usage, so QueueKey order is queue order within it.
+struct Account {
+  UsageLedger::User* user = nullptr;
+  UserLimit limit;
+  int64_t running_slots = 0;
+  std::set<QueueKey> queue;
+  std::map<Shape, std::set<QueueKey>> shapes;  // the queue, by shape
+  std::map<int, int> pools;  // pool -> queued jobs of that pool
+  double standing = 0;       // the user's usage, as of the current pass
+
+  int SmallestPool() const { return pools.empty() ? 0 : pools.begin()->first; }
+
+  // Slots the user may still take here while keeping `reserve` free.
+  int64_t Room(int64_t reserve = 0) const {
+    if (limit.max_slots < 0) return std::numeric_limits<int64_t>::max();
+    return limit.max_slots - running_slots - reserve;
+  }
+};
+
+// Queue order across accounts: higher priority, then less usage, then older.
+struct Order {
+  int priority = 0;
+  double standing = 0;
+  int64_t seq = 0;
+  JobId id = 0;
+
+  bool operator<(const Order& o) const {
+    if (priority != o.priority) return priority > o.priority;
+    if (standing != o.standing) return standing < o.standing;
+    if (seq != o.seq) return seq < o.seq;
+    return id < o.id;
+  }
+};
+
+Order OrderOf(const Account& a, const QueueKey& key) {
+  return {key.priority, a.standing, key.seq, key.id};
+}
+
 struct Profile {
   std::string name;
   int max_pool = 0;
@@ -198,8 +247,8 @@ struct Profile {
   std::multiset<int> known_sizes;
   CapSet online_caps;  // (slots, worker) of online workers
   CapSet free_caps;    // (free, worker) of online workers
-  std::set<QueueKey> queue;
-  std::map<Shape, std::set<QueueKey>> shapes;  // the queue, by shape
+  int64_t queued = 0;
+  std::unordered_map<std::string, Account> accounts;  // by user
   int running = 0;
   std::set<std::pair<TimeMs, JobId>> ends;  // running jobs with a limit
 };
@@ -220,16 +269,27 @@ struct Worker {
 struct RunningJob {
   QueuedJob job;
   std::vector<Part> parts;
+  TimeMs start = 0;
   TimeMs end = kNever;  // start + time limit
   Profile* profile = nullptr;
+  Account* account = nullptr;
 };
 
-// A position in one shape's queue, for walking several in queue order.
+// A position in one queue (an account's, or one shape's of an account), for
+// walking several in queue order.
 struct Cursor {
+  Order order;
   QueueKey key;
-  std::map<Shape, std::set<QueueKey>>::iterator shape;
+  Account* account = nullptr;
+  const std::set<QueueKey>* queue = nullptr;
+  Shape shape;
   std::set<QueueKey>::iterator pos;
+  // A stand-in for the account's shapes, ordered at its first job (which
+  // no job of the account precedes): they are walked when it comes first.
+  bool expand = false;
 };
+
+bool Later(const Cursor& a, const Cursor& b) { return b.order < a.order; }
 
 // The backfill reservation of a profile's first blocked job.
 struct Reservation {
@@ -248,8 +308,10 @@ struct PlacementCore::State {
   std::unordered_map<JobId, QueuedJob> queued;
   std::unordered_map<JobId, RunningJob> running;
   TimeMs last_now = 0;
+  UsageLedger ledger;
   // Scratch space of Schedule, kept so that passes do not allocate.
   std::vector<Cursor> scratch_cursors;
+  std::vector<Cursor> scratch_groups;
   Overrides scratch_free_at;
 
   Profile* FindProfile(const std::string& name) const {
@@ -350,22 +412,42 @@ struct PlacementCore::State {
     SetFree(w, w.free + freed);
   }
 
+  Account& GetAccount(Profile& p, const std::string& user) {
+    auto [it, added] = p.accounts.try_emplace(user);
+    if (added) it->second.user = &ledger.Get(user);
+    return it->second;
+  }
+
+  // The user's usage as of `now`, for every account of the profile.
+  void UpdateStandings(Profile& p, TimeMs now) {
+    for (auto& [user, a] : p.accounts) {
+      if (!a.queue.empty()) a.standing = ledger.Standing(*a.user, now);
+    }
+  }
+
   void AddQueued(const QueuedJob& job) {
     Profile* p = GetProfile(job.profile);
     queued[job.id] = job;
-    p->queue.insert(KeyOf(job));
-    p->shapes[ShapeOf(job)].insert(KeyOf(job));
+    Account& a = GetAccount(*p, job.user);
+    a.queue.insert(KeyOf(job));
+    a.shapes[ShapeOf(job)].insert(KeyOf(job));
+    ++a.pools[job.pool];
+    ++p->queued;
   }
 
   bool RemoveQueued(JobId id) {
     auto it = queued.find(id);
     if (it == queued.end()) return false;
     Profile* p = FindProfile(it->second.profile);
+    Account& a = p->accounts.at(it->second.user);
     const QueueKey key = KeyOf(it->second);
-    p->queue.erase(key);
-    auto shape = p->shapes.find(ShapeOf(it->second));
+    a.queue.erase(key);
+    auto shape = a.shapes.find(ShapeOf(it->second));
     shape->second.erase(key);
-    if (shape->second.empty()) p->shapes.erase(shape);
+    if (shape->second.empty()) a.shapes.erase(shape);
+    auto pool = a.pools.find(it->second.pool);
+    if (--pool->second == 0) a.pools.erase(pool);
+    --p->queued;
     queued.erase(it);
     return true;
   }
@@ -374,8 +456,12 @@ struct PlacementCore::State {
     RunningJob r;
     r.job = job;
     r.parts = std::move(parts);
+    r.start = start;
     r.end = job.time_limit_ms > 0 ? AddSat(start, job.time_limit_ms) : kNever;
     r.profile = GetProfile(job.profile);
+    r.account = &GetAccount(*r.profile, job.user);
+    r.account->running_slots += job.pool;
+    ledger.Started(*r.account->user, job.pool, start);
     ++r.profile->running;
     if (r.end != kNever) r.profile->ends.insert({r.end, job.id});
     for (const Part& part : r.parts) {
@@ -384,10 +470,13 @@ struct PlacementCore::State {
     running[job.id] = std::move(r);
   }
 
-  bool RemoveRunning(JobId id) {
+  // The job's user is charged its slots from its start to `end`.
+  bool RemoveRunning(JobId id, TimeMs end) {
     auto it = running.find(id);
     if (it == running.end()) return false;
     RunningJob& r = it->second;
+    r.account->running_slots -= r.job.pool;
+    ledger.Ended(*r.account->user, r.job.pool, r.start, end);
     for (const Part& part : r.parts) {
       Worker* w = FindWorker(part.worker);
       if (w == nullptr) continue;
@@ -416,7 +505,8 @@ struct PlacementCore::State {
   void Start(const QueuedJob& queued_job, const Counts& counts, TimeMs now,
              std::vector<Decision>& out);
   void Pass(Profile& p, TimeMs now, std::vector<Decision>& out);
-  void Backfill(Profile& p, Reservation& res, const QueueKey& head, TimeMs now,
+  void Backfill(Profile& p, Reservation& res, const Order& head,
+                const Account& head_account, int head_pool, TimeMs now,
                 std::vector<Decision>& out);
 };
 
@@ -451,17 +541,24 @@ std::optional<Reservation> PlacementCore::State::ComputeReservation(
     return sum >= job.pool;
   };
   // Slack of each worker the reservation takes slots on; `all_free`: at
-  // kNever, when every running job has ended.
+  // kNever, when every running job with a limit has ended. Slots of jobs
+  // without one are no slack even then: a job backfilled there in an
+  // earlier pass would otherwise be counted free, and its slot given twice.
   auto reserve = [&](TimeMs start, const Counts& counts, bool all_free) {
     Reservation res;
     res.start = start;
     for (const auto& [worker, needed] : counts) {
       const Worker& w = *FindWorker(worker);
-      int cap = all_free ? w.slots : w.free;
-      if (auto o = free_at.find(worker); !all_free && o != free_at.end()) {
+      int cap = w.free;
+      if (all_free) {
+        cap = w.slots;
+        for (int d = 0; d < w.slots; ++d) {
+          cap -= w.owner[d] != kNoJob && running.at(w.owner[d]).end == kNever;
+        }
+      } else if (auto o = free_at.find(worker); o != free_at.end()) {
         cap = o->second;
       }
-      res.slack[worker] = cap - needed;
+      res.slack[worker] = std::max(0, cap - needed);
     }
     return res;
   };
@@ -513,97 +610,168 @@ void PlacementCore::State::Start(const QueuedJob& queued_job,
   out.push_back(std::move(d));
 }
 
-// Visits, in queue order, the queued jobs of `p` ordered after `after` whose
-// shape passes `eligible`; skips the rest of a (multi, limit_bucket) group at
-// the first pool that fails. `eligible` must only turn false during a visit.
-// visit(key, shape) may start that job (and nothing else) and returns
-// false to stop.
-template <typename Eligible, typename Visit>
-void ForEachEligible(Profile& p, const QueueKey& after,
-                     std::vector<Cursor>& heap, Eligible&& eligible,
-                     Visit&& visit) {
-  auto later = [](const Cursor& a, const Cursor& b) { return b.key < a.key; };
-  heap.clear();
-  for (auto s = p.shapes.begin(); s != p.shapes.end();) {
-    if (!eligible(s->first)) {
-      s = p.shapes.lower_bound({s->first.multi, s->first.limit_bucket + 1,
-                                std::numeric_limits<int>::min()});
-      continue;
+// Visits, in queue order, the queued jobs of `p` ordered after `after` (all
+// of them if none) whose shape eligible(shape, account) takes, skipping the
+// shapes its verdict rules out. What `eligible` takes may only shrink during
+// a visit, and its verdicts must hold for the shapes they skip.
+// visit(key, shape, account)
+// may start that job (and nothing else) and returns false to stop.
+// An account's shapes are looked at only when its first job after `after`
+// comes up in order, so that a walk that stops early skips most accounts;
+// accounts whose room(account) is below their smallest pool are skipped
+// whole (room must bound the pools that `eligible` lets through).
+// REQUIRES: the accounts' standings are those `after` was taken with.
+template <typename Room, typename Eligible, typename Visit>
+void ForEachEligible(Profile& p, const std::optional<Order>& after,
+                     std::vector<Cursor>& heap, Room&& room,
+                     Eligible&& eligible, Visit&& visit) {
+  // The account's jobs ordered after `after` follow this key in its order.
+  auto bound = [&](const Account& a) {
+    QueueKey b{after->priority, after->seq, after->id};
+    if (a.standing < after->standing) {
+      b.seq = b.id = std::numeric_limits<int64_t>::max();
+    } else if (a.standing > after->standing) {
+      b.seq = b.id = std::numeric_limits<int64_t>::min();
     }
-    auto pos = s->second.upper_bound(after);
-    if (pos != s->second.end()) heap.push_back({*pos, s, pos});
-    ++s;
+    return b;
+  };
+  heap.clear();
+  for (auto& [user, a] : p.accounts) {
+    if (room(a) < a.SmallestPool()) continue;
+    auto pos = after ? a.queue.upper_bound(bound(a)) : a.queue.begin();
+    if (pos == a.queue.end()) continue;
+    heap.push_back({OrderOf(a, *pos), *pos, &a, &a.queue, Shape{}, pos, true});
   }
-  std::make_heap(heap.begin(), heap.end(), later);
+  std::make_heap(heap.begin(), heap.end(), Later);
   while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), later);
+    std::pop_heap(heap.begin(), heap.end(), Later);
     const Cursor c = heap.back();
     heap.pop_back();
-    if (!eligible(c.shape->first)) continue;
+    if (c.expand) {
+      Account& a = *c.account;
+      if (room(a) < a.SmallestPool()) continue;
+      for (auto s = a.shapes.begin(); s != a.shapes.end();) {
+        constexpr int kMin = std::numeric_limits<int>::min();
+        switch (eligible(s->first, a)) {
+          case Verdict::kTake:
+            break;
+          case Verdict::kSkip:
+            ++s;
+            continue;
+          case Verdict::kNextPool:
+            s = a.shapes.lower_bound({s->first.multi, s->first.pool + 1, kMin});
+            continue;
+          case Verdict::kNextMulti:
+            s = s->first.multi ? a.shapes.end()
+                               : a.shapes.lower_bound({true, kMin, kMin});
+            continue;
+        }
+        auto pos = after ? s->second.upper_bound(bound(a)) : s->second.begin();
+        if (pos != s->second.end()) {
+          heap.push_back(
+              {OrderOf(a, *pos), *pos, &a, &s->second, s->first, pos});
+          std::push_heap(heap.begin(), heap.end(), Later);
+        }
+        ++s;
+      }
+      continue;
+    }
+    if (eligible(c.shape, *c.account) != Verdict::kTake) continue;
     auto next = std::next(c.pos);
-    const bool last_of_shape = next == c.shape->second.end();
-    const Shape shape = c.shape->first;  // starting the job may erase it
-    if (!visit(c.key, shape)) return;
+    // Starting the job may erase its shape's queue, but only when empty.
+    const bool last_of_shape = next == c.queue->end();
+    if (!visit(c.key, c.shape, *c.account)) return;
     if (!last_of_shape) {
-      heap.push_back({*next, c.shape, next});
-      std::push_heap(heap.begin(), heap.end(), later);
+      heap.push_back({OrderOf(*c.account, *next), *next, c.account, c.queue,
+                      c.shape, next});
+      std::push_heap(heap.begin(), heap.end(), Later);
     }
   }
 }
 
 void PlacementCore::State::Pass(Profile& p, TimeMs now,
                                 std::vector<Decision>& out) {
+  UpdateStandings(p, now);
   const View full{&p.free_caps};
-  // Starts the job if it fits; else makes it the head if it ever can.
+  // Starts the job if it fits; else makes it the head if it ever can. A job
+  // over its user's limit waits and holds no one back.
   std::optional<Reservation> res;
-  auto visit = [&](JobId id) {
+  const Account* head_account = nullptr;
+  int head_pool = 0;
+  auto visit = [&](JobId id, const Account& a) {
     const QueuedJob& job = queued.at(id);
+    if (job.pool > a.Room()) return true;
     if (auto counts = Place(full, job.pool, job.max_nodes)) {
       Start(job, *counts, now, out);
       return p.free_slots > 0;
     }
     res = ComputeReservation(p, job, now, scratch_free_at);
+    head_account = &a;
+    head_pool = job.pool;
     return !res.has_value();
   };
-  // Jobs that can never run on the online workers hold no one back. Walk the
-  // queue in order; past a few of them, walk only the shapes that could run.
+  // Jobs that can never run on the online workers, or not under their
+  // user's limit, hold no one back. Walk the queue in order; past a few of
+  // them, walk only the shapes that could run.
   constexpr int kLinearSkips = 16;
   int skipped = 0;
-  std::optional<QueueKey> resume;
-  for (auto it = p.queue.begin(); it != p.queue.end() && !res;) {
-    const QueueKey key = *it++;  // visit may erase *it
-    if (!visit(key.id)) {
+  std::optional<Order> resume;
+  std::vector<Cursor>& heap = scratch_groups;
+  heap.clear();
+  for (auto& [user, a] : p.accounts) {
+    if (a.queue.empty()) continue;
+    heap.push_back({OrderOf(a, *a.queue.begin()), *a.queue.begin(), &a,
+                    &a.queue, Shape{}, a.queue.begin()});
+  }
+  std::make_heap(heap.begin(), heap.end(), Later);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), Later);
+    const Cursor c = heap.back();
+    heap.pop_back();
+    auto next = std::next(c.pos);  // visit may erase c.pos
+    const bool last_of_group = next == c.queue->end();
+    if (!visit(c.key.id, *c.account)) {
       if (!res) return;  // no free slot is left
-      Backfill(p, *res, key, now, out);
+      Backfill(p, *res, c.order, *head_account, head_pool, now, out);
       return;
     }
-    if (queued.count(key.id) != 0 && ++skipped == kLinearSkips) {
-      resume = key;
+    if (queued.count(c.key.id) != 0 && ++skipped == kLinearSkips) {
+      resume = c.order;
       break;
+    }
+    if (!last_of_group) {
+      heap.push_back({OrderOf(*c.account, *next), *next, c.account, c.queue,
+                      Shape{}, next});
+      std::push_heap(heap.begin(), heap.end(), Later);
     }
   }
   if (!resume) return;
   const int64_t largest_online =
       p.online_caps.empty() ? 0 : p.online_caps.rbegin()->first;
-  std::optional<QueueKey> head;
+  std::optional<Order> head;
   ForEachEligible(
-      p, *resume, scratch_cursors,
-      [&](const Shape& s) {
-        return s.pool <= (s.multi ? p.online_slots : largest_online);
+      p, resume, scratch_cursors, [](const Account& a) { return a.Room(); },
+      [&](const Shape& s, const Account& a) {
+        return s.pool <= (s.multi ? p.online_slots : largest_online) &&
+                       s.pool <= a.Room()
+                   ? Verdict::kTake
+                   : Verdict::kNextMulti;
       },
-      [&](const QueueKey& key, const Shape&) {
-        if (visit(key.id)) return true;
-        if (res) head = key;
+      [&](const QueueKey& key, const Shape&, const Account& a) {
+        if (visit(key.id, a)) return true;
+        if (res) head = OrderOf(a, key);
         return false;
       });
-  if (head) Backfill(p, *res, *head, now, out);
+  if (head) Backfill(p, *res, *head, *head_account, head_pool, now, out);
 }
 
 // Starts jobs ordered after `head` that cannot delay its reservation: those
-// whose limit ends by res.start anywhere, the others only on slack.
+// whose limit ends by res.start anywhere, the others only on slack. A job of
+// the head's account must leave the head room under its user's limit.
 void PlacementCore::State::Backfill(Profile& p, Reservation& res,
-                                    const QueueKey& head, TimeMs now,
-                                    std::vector<Decision>& out) {
+                                    const Order& head,
+                                    const Account& head_account, int head_pool,
+                                    TimeMs now, std::vector<Decision>& out) {
   if (p.free_slots == 0) return;
   Overrides usable;  // reserved workers: min(free now, slack)
   auto refresh = [&](WorkerId w) {
@@ -636,19 +804,31 @@ void PlacementCore::State::Backfill(Profile& p, Reservation& res,
     return may_end_first ? (multi ? full_multi : full_single)
                          : (multi ? slack_multi : slack_single);
   };
+  // Even a job that ends first must leave the head room now: else the head
+  // would be over its limit in the next pass, and lose its reservation.
+  auto room = [&](const Account& a) {
+    return a.Room(&a == &head_account ? head_pool : 0);
+  };
 
   ForEachEligible(
-      p, head, scratch_cursors,
-      [&](const Shape& s) {
+      p, head, scratch_cursors, room,
+      [&](const Shape& s, const Account& a) {
+        // Full bounds are at least slack ones; limits ascend within a pool,
+        // and past bucket 0 those that may end first come first.
+        if (s.pool > room(a) || s.pool > bound(s.multi, true)) {
+          return Verdict::kNextMulti;
+        }
         const bool may_end_first =
             s.limit_bucket > 0 &&
             AddSat(now, BucketMinLimit(s.limit_bucket)) <= res.start;
-        return s.pool <= bound(s.multi, may_end_first);
+        if (s.pool <= bound(s.multi, may_end_first)) return Verdict::kTake;
+        return s.limit_bucket == 0 ? Verdict::kSkip : Verdict::kNextPool;
       },
-      [&](const QueueKey& key, const Shape& shape) {
+      [&](const QueueKey& key, const Shape& shape, const Account& a) {
         const bool ends_first =
             key.limit > 0 && AddSat(now, key.limit) <= res.start;
         if (shape.pool > bound(shape.multi, ends_first)) return true;
+        if (shape.pool > room(a)) return true;
         const QueuedJob& job = queued.at(key.id);
         auto counts = Place(View{&p.free_caps, ends_first ? nullptr : &usable},
                             job.pool, job.max_nodes);
@@ -706,7 +886,7 @@ std::vector<JobId> PlacementCore::WorkerLost(WorkerId worker) {
   Worker* w = state_->FindWorker(worker);
   if (w == nullptr) return {};
   std::vector<JobId> lost(w->jobs.begin(), w->jobs.end());
-  for (JobId job : lost) state_->RemoveRunning(job);
+  for (JobId job : lost) state_->RemoveRunning(job, state_->last_now);
   state_->Detach(*w);
   w->online = false;
   state_->Attach(*w);
@@ -810,7 +990,7 @@ void PlacementCore::MarkRunning(const QueuedJob& job,
                                 const std::vector<Part>& parts, TimeMs start) {
   State& s = *state_;
   s.RemoveQueued(job.id);
-  s.RemoveRunning(job.id);
+  s.RemoveRunning(job.id, s.last_now);
   QueuedJob j = job;
   j.max_nodes = std::max(1, j.max_nodes);
   j.time_limit_ms = std::max<TimeMs>(0, j.time_limit_ms);
@@ -837,15 +1017,115 @@ void PlacementCore::MarkRunning(const QueuedJob& job,
   s.AddRunning(j, std::move(sorted), start);
 }
 
-bool PlacementCore::Finished(JobId job) { return state_->RemoveRunning(job); }
+bool PlacementCore::Finished(JobId job) {
+  return state_->RemoveRunning(job, state_->last_now);
+}
+
+bool PlacementCore::Finished(JobId job, TimeMs end) {
+  return state_->RemoveRunning(job, end);
+}
 
 std::vector<Decision> PlacementCore::Schedule(TimeMs now) {
   State& s = *state_;
   s.last_now = now;
+  s.ledger.Rebase(now);
   std::vector<Decision> out;
   for (Profile& p : s.profiles) {
-    if (!p.queue.empty() && p.free_slots > 0) s.Pass(p, now, out);
+    if (p.queued > 0 && p.free_slots > 0) s.Pass(p, now, out);
   }
+  return out;
+}
+
+absl::Status PlacementCore::CheckAdmission(const QueuedJob& job,
+                                           int count) const {
+  const Profile* p = state_->FindProfile(job.profile);
+  if (p == nullptr) return absl::OkStatus();
+  auto it = p->accounts.find(job.user);
+  if (it == p->accounts.end()) return absl::OkStatus();
+  const Account& a = it->second;
+  const std::string fix =
+      absl::StrCat("or ask an admin to raise it (dlbatch admin limit set ",
+                   job.user, " --profile ", p->name);
+  if (a.limit.max_slots >= 0 && job.pool > a.limit.max_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool ", job.pool, " exceeds the limit of ", job.user, " on '", p->name,
+        "' (", Plural(a.limit.max_slots, "slot", "slots"),
+        " at once); use --pool ", a.limit.max_slots, " or less, ", fix,
+        " --slots N)"));
+  }
+  const int64_t queued = static_cast<int64_t>(a.queue.size());
+  if (a.limit.max_queued >= 0 && queued + count > a.limit.max_queued) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        job.user, " has ", queued, " of their ", a.limit.max_queued,
+        " queued jobs on '", p->name, "'",
+        count > 1 ? absl::StrCat(" and submits ", count, " more") : "",
+        "; wait for some to start, cancel some, ", fix, " --queued N)"));
+  }
+  return absl::OkStatus();
+}
+
+void PlacementCore::SetLimit(const std::string& user,
+                             const std::string& profile,
+                             const UserLimit& limit) {
+  State& s = *state_;
+  UserLimit l = limit;
+  l.max_slots = std::max(kNoLimit, l.max_slots);
+  l.max_queued = std::max(kNoLimit, l.max_queued);
+  s.GetAccount(*s.GetProfile(profile), user).limit = l;
+}
+
+UserLimit PlacementCore::GetLimit(const std::string& user,
+                                  const std::string& profile) const {
+  const Profile* p = state_->FindProfile(profile);
+  if (p == nullptr) return {};
+  auto it = p->accounts.find(user);
+  return it == p->accounts.end() ? UserLimit{} : it->second.limit;
+}
+
+std::vector<LimitEntry> PlacementCore::Limits() const {
+  std::vector<LimitEntry> out;
+  for (const Profile& p : state_->profiles) {
+    const size_t first = out.size();
+    for (const auto& [user, a] : p.accounts) {
+      if (a.limit != UserLimit{}) out.push_back({user, p.name, a.limit});
+    }
+    std::sort(out.begin() + first, out.end(),
+              [](const LimitEntry& x, const LimitEntry& y) {
+                return x.user < y.user;
+              });
+  }
+  return out;
+}
+
+void PlacementCore::SetFairShareHalfLife(TimeMs half_life) {
+  state_->ledger.SetHalfLife(half_life);
+}
+
+void PlacementCore::ChargeUsage(const std::string& user, double slot_ms,
+                                TimeMs at) {
+  state_->ledger.Charge(state_->ledger.Get(user), slot_ms, at);
+}
+
+std::vector<UserUsage> PlacementCore::Usage(TimeMs now) const {
+  const UsageLedger& ledger = state_->ledger;
+  std::vector<UserUsage> out;
+  double total = 0;
+  for (const auto& [name, u] : ledger.users()) {
+    UserUsage uu;
+    uu.user = name;
+    uu.slot_seconds = ledger.Decayed(u, now) / 1000;
+    uu.running_slots = static_cast<int>(u.running);
+    total += uu.slot_seconds;
+    out.push_back(std::move(uu));
+  }
+  for (UserUsage& uu : out) {
+    uu.share = total > 0 ? uu.slot_seconds / total : 0;
+  }
+  std::sort(out.begin(), out.end(), [](const UserUsage& a, const UserUsage& b) {
+    if (a.slot_seconds != b.slot_seconds)
+      return a.slot_seconds < b.slot_seconds;
+    return a.user < b.user;
+  });
   return out;
 }
 
@@ -860,18 +1140,38 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
   info.largest_free = p.free_caps.empty() ? 0 : p.free_caps.rbegin()->first;
   info.online_slots = static_cast<int>(p.online_slots);
   info.offline_slots = static_cast<int>(p.known_slots - p.online_slots);
+  const Account& mine = p.accounts.at(q->second.user);
+  info.user = q->second.user;
+  info.user_slots = static_cast<int>(mine.running_slots);
+  info.user_slot_limit = mine.limit.max_slots;
+  info.over_limit = q->second.pool > mine.Room();
+  // The order of the last pass: usage as of its time.
+  auto order = [&](const Account& a, const QueueKey& key) {
+    return Order{key.priority, s.ledger.Standing(*a.user, s.last_now), key.seq,
+                 key.id};
+  };
+  const Order me = order(mine, KeyOf(q->second));
   // The reservation belongs to the first job in order that could run on the
-  // online workers at all.
+  // online workers at all, under its user's limit.
   bool head_ahead = false;
-  const QueueKey key = KeyOf(q->second);
-  for (auto it = p.queue.begin(); it != p.queue.end() && *it < key; ++it) {
-    if (info.jobs_ahead++ == 0) {
-      info.first_ahead = it->id;
-      info.first_ahead_priority = it->priority;
+  std::optional<Order> first;
+  for (const auto& [user, a] : p.accounts) {
+    for (const QueueKey& key : a.queue) {
+      const Order o = order(a, key);
+      if (!(o < me)) break;
+      ++info.jobs_ahead;
+      if (!first || o < *first) first = o;
+      if (!head_ahead) {
+        const QueuedJob& job = s.queued.at(key.id);
+        head_ahead = job.pool <= a.Room() && State::EverFits(p, job);
+      }
     }
-    if (!head_ahead) head_ahead = State::EverFits(p, s.queued.at(it->id));
   }
-  if (!head_ahead) {
+  if (first) {
+    info.first_ahead = first->id;
+    info.first_ahead_priority = first->priority;
+  }
+  if (!head_ahead && !info.over_limit) {
     Overrides free_at;
     if (auto res = s.ComputeReservation(p, q->second, s.last_now, free_at)) {
       info.reserved = true;
@@ -893,7 +1193,7 @@ std::vector<ProfileSummary> PlacementCore::Profiles() const {
     ps.free_slots = static_cast<int>(p.free_slots);
     ps.known_slots = static_cast<int>(p.known_slots);
     ps.largest_worker = p.known_sizes.empty() ? 0 : *p.known_sizes.rbegin();
-    ps.queued = static_cast<int>(p.queue.size());
+    ps.queued = static_cast<int>(p.queued);
     ps.running = p.running;
     out.push_back(std::move(ps));
   }

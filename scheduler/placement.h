@@ -6,7 +6,17 @@
 // decisions and carries them out; time comes in as arguments.
 //
 // Policy:
-//  - Order: higher priority first, then lower submission sequence.
+//  - Order: higher priority first; among equal priorities, the user with the
+//    least fair-share usage first (see below); then lower submission
+//    sequence. With one user this is priority, then submission order.
+//  - Limits: per (user, profile), at most `max_slots` slots of running jobs
+//    and at most `max_queued` queued jobs. A job that would take its user
+//    past max_slots waits (Explain says so) and holds no one back: it never
+//    holds the backfill reservation. max_queued is enforced at submit
+//    (CheckAdmission); the core itself never refuses a job.
+//  - Fair share (Slurm multifactor style): a user's usage is the slot-time of
+//    their jobs, ended and running, on every profile, each moment weighted by
+//    2^-(age / half-life); a half-life of 0 turns decay off.
 //  - Gang placement: a job starts only when its whole pool is free at once.
 //    Best fit on one worker first (the online worker with the fewest free
 //    slots that still holds the pool); across workers (fewest workers, most
@@ -16,8 +26,14 @@
 //    end at start + time_limit (jobs without a limit never end, for this
 //    estimate), on the slots it would then take. A later job may start ahead
 //    of it only if it ends (by its own time_limit) before that time, or uses
-//    slots that the reservation does not need. So the first waiting job is
-//    never delayed by backfill, and every job becomes the first in turn.
+//    slots that the reservation does not need (when its pool frees only
+//    once every job has ended, slots held by jobs without a limit are never
+//    counted as unneeded: they would be given again each pass). So the
+//    first waiting job is never delayed by backfill, and every job becomes
+//    the first in turn.
+//    Under limits, the first job also keeps its user's room: a later job of
+//    the same user and profile starts ahead of it only if it leaves room for
+//    both under the user's max_slots.
 //
 // Not thread-safe; the scheduler calls it under its own lock.
 #ifndef DLBATCH_SCHEDULER_PLACEMENT_H_
@@ -50,6 +66,30 @@ struct QueuedJob {
   int64_t seq = 0;           // submission order; unique, smaller is older
   int max_nodes = 1;         // workers the pool may span (>= 1)
   TimeMs time_limit_ms = 0;  // 0: none
+  std::string user;          // whose limits and usage it counts in
+};
+
+inline constexpr int kNoLimit = -1;
+
+// What one user may hold on one profile; kNoLimit: unlimited.
+struct UserLimit {
+  int max_slots = kNoLimit;   // slots of running jobs
+  int max_queued = kNoLimit;  // queued jobs, checked at submit
+  bool operator==(const UserLimit&) const = default;
+};
+
+struct LimitEntry {
+  std::string user;
+  std::string profile;
+  UserLimit limit;
+};
+
+// A user's fair-share standing at a given time.
+struct UserUsage {
+  std::string user;
+  double slot_seconds = 0;  // decayed usage, running jobs included
+  double share = 0;         // fraction of all users' decayed usage (0..1)
+  int running_slots = 0;    // on every profile
 };
 
 // The slots a job holds on one worker.
@@ -76,6 +116,12 @@ struct WaitInfo {
   int first_ahead_priority = 0;
   bool reserved = false;           // it holds the backfill reservation
   TimeMs reserved_start = kNever;  // estimated start when reserved
+  // Its user's running slots on the profile and their max_slots there: it
+  // waits for its user's own jobs when over_limit (held + needed > limit).
+  std::string user;
+  int user_slots = 0;
+  int user_slot_limit = kNoLimit;
+  bool over_limit = false;
 };
 
 struct ProfileSummary {
@@ -123,6 +169,28 @@ class PlacementCore {
   // The message says the profile's size and what to change.
   absl::Status CheckSatisfiable(const QueuedJob& job) const;
 
+  // OK if job's user may queue `count` more jobs like it on its profile:
+  // within max_queued, and its pool within max_slots (else it could never
+  // start). The message names the limit and what to do.
+  absl::Status CheckAdmission(const QueuedJob& job, int count = 1) const;
+
+  // Sets (replaces) the limits of `user` on `profile`; takes effect at the
+  // next pass. Jobs already queued or running stay.
+  void SetLimit(const std::string& user, const std::string& profile,
+                const UserLimit& limit);
+  UserLimit GetLimit(const std::string& user, const std::string& profile) const;
+  // Every limit that is not unlimited, by profile then user.
+  std::vector<LimitEntry> Limits() const;
+
+  // The fair-share half-life; 0: no decay. Default 7 days.
+  // REQUIRES: no job has run and no usage was charged yet.
+  void SetFairShareHalfLife(TimeMs half_life);
+  // Adds `slot_ms` of usage for `user` as of time `at` (it decays from
+  // then): usage restored after a restart, or charged from outside.
+  void ChargeUsage(const std::string& user, double slot_ms, TimeMs at);
+  // Every user the core knows, decayed to `now`, least usage first.
+  std::vector<UserUsage> Usage(TimeMs now) const;
+
   // REQUIRES: CheckSatisfiable(job) was OK when it was submitted; job.id is
   // neither queued nor running.
   void Enqueue(const QueuedJob& job);
@@ -135,8 +203,11 @@ class PlacementCore {
   void MarkRunning(const QueuedJob& job, const std::vector<Part>& parts,
                    TimeMs start);
   // A running job ended and every process of it has exited: its slots are
-  // free. Returns false if it was not running.
+  // free, and its user is charged its slot-time from start to `end`.
+  // Returns false if it was not running. Without `end`, and for the jobs of
+  // a lost worker, it is charged up to the last pass's time.
   bool Finished(JobId job);
+  bool Finished(JobId job, TimeMs end);
 
   // One placement pass at time `now`. Returns the jobs to start, each
   // already marked running in the core, in the order decided.

@@ -66,9 +66,47 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
                      : std::make_unique<DiskGuard>("", /*reserve_bytes=*/0)),
       disk_(disk ? disk : own_disk_.get()),
       rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))),
-      core_(std::make_unique<PlacementCore>()),
       follow_(std::make_unique<DiaryFollowHub>(static_cast<FollowSource*>(this),
-                                               clock)) {}
+                                               clock)) {
+  absl::MutexLock lock(&mu_);
+  core_ = NewCore();
+}
+
+std::unique_ptr<PlacementCore> Scheduler::NewCore() const {
+  auto core = std::make_unique<PlacementCore>();
+  core->SetFairShareHalfLife(options_.fair_share_half_life_ms);
+  for (const auto& [key, limit] : limits_) {
+    core->SetLimit(key.first, key.second, limit);
+  }
+  return core;
+}
+
+void Scheduler::SetUserLimit(const std::string& user,
+                             const std::string& profile,
+                             const UserLimit& limit) {
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (limit == UserLimit{}) {
+      limits_.erase({user, profile});
+    } else {
+      limits_[{user, profile}] = limit;
+    }
+    core_->SetLimit(user, profile, limit);
+    (void)PlaceJobs(&out);  // a raised limit may let jobs start
+  }
+  Deliver(out);
+}
+
+std::vector<LimitEntry> Scheduler::UserLimits() {
+  absl::MutexLock lock(&mu_);
+  return core_->Limits();
+}
+
+std::vector<UserUsage> Scheduler::Usage() {
+  absl::MutexLock lock(&mu_);
+  return core_->Usage(clock_->NowMs());
+}
 
 Scheduler::~Scheduler() { Stop(); }
 
@@ -92,6 +130,7 @@ QueuedJob Scheduler::ToQueued(const JobRecord& job) const {
   q.seq = job.id;
   q.max_nodes = std::max(1, job.spec.max_nodes());
   q.time_limit_ms = job.spec.time_limit_s() * 1000;
+  q.user = job.user;
   return q;
 }
 
@@ -187,6 +226,12 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       rec.state = v1::JOB_STATE_QUEUED;
       rec.submit_ms = now;
       RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec)));
+      // Within the user's queued limit with this submit's earlier jobs.
+      int count = 1;
+      for (const JobRecord& r : records) {
+        count += r.spec.profile() == rec.spec.profile();
+      }
+      RETURN_IF_ERROR(core_->CheckAdmission(ToQueued(rec), count));
       RETURN_IF_ERROR(CheckDevicesFit(rec.spec));
       records.push_back(std::move(rec));
     }
@@ -333,6 +378,11 @@ std::string Scheduler::WaitReason(const ActiveJob& job) const {
   auto info = core_->Explain(job.record.id);
   if (!info) return "";
   const std::string& profile = job.record.spec.profile();
+  if (info->over_limit) {
+    return absl::StrFormat("waiting: %s holds %d of their %d slot%s on '%s'",
+                           info->user, info->user_slots, info->user_slot_limit,
+                           info->user_slot_limit == 1 ? "" : "s", profile);
+  }
   std::string reason =
       absl::StrFormat("waiting for %d slot%s on '%s': %d free", info->needed,
                       info->needed == 1 ? "" : "s", profile, info->free_now);

@@ -60,6 +60,9 @@ struct SchedulerOptions {
   int max_attempts = 3;             // starts of a job before it fails
   int64_t cancel_grace_ms = 10000;  // SIGTERM to SIGKILL
   std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
+  // Fair share: a user's usage halves over this long (0: no decay). Usage
+  // is kept in memory only: a restart or a reload starts it from zero.
+  int64_t fair_share_half_life_ms = int64_t{7} * 24 * 3600 * 1000;
 };
 
 // A running job's diary against its cap: the stored cut, and (once cut)
@@ -132,6 +135,13 @@ class Scheduler : private FollowSource {
   // job holds, a few hundred per transaction so placement never waits
   // long. (scheduler_purge.cc)
   absl::StatusOr<v1::PurgeJobsReply> Purge(const v1::PurgeJobsRequest& request);
+  // Per-user limits and fair-share usage (placement.h). Held in memory
+  // only, until a store table and an admin call carry them; usage starts
+  // from zero after a restart or a reload.
+  void SetUserLimit(const std::string& user, const std::string& profile,
+                    const UserLimit& limit);
+  std::vector<LimitEntry> UserLimits();
+  std::vector<UserUsage> Usage();
 
   // ---- WatchEvents streams; any thread ----
   // Adds a stream: its queue holds the snapshot (running jobs, up to
@@ -282,6 +292,9 @@ class Scheduler : private FollowSource {
   absl::Status Diary(int64_t job_id, int attempt, const std::string& text)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   QueuedJob ToQueued(const JobRecord& job) const;
+  // An empty placement core with the options' half-life and the limits.
+  std::unique_ptr<PlacementCore> NewCore() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WaitReason(const ActiveJob& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -313,6 +326,8 @@ class Scheduler : private FollowSource {
   mutable absl::Mutex mu_;
   // Replaced whole by Recover.
   std::unique_ptr<PlacementCore> core_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, UserLimit> limits_
+      ABSL_GUARDED_BY(mu_);  // (user, profile): kept across reloads
   // Set when Recover could not reload; the loop retries, and until then
   // worker messages are dropped and writes refused.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);

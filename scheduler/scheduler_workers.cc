@@ -114,13 +114,13 @@ void Scheduler::Recover(const absl::Status& why) {
   session_worker_.clear();
   workers_.clear();
   jobs_.clear();
-  core_ = std::make_unique<PlacementCore>();
+  core_ = NewCore();
   broken_ = Load(/*open_rendezvous=*/false);
   if (!broken_.ok()) {
     spdlog::error("cannot reload the store: {}; retrying", broken_.ToString());
     workers_.clear();
     jobs_.clear();
-    core_ = std::make_unique<PlacementCore>();
+    core_ = NewCore();
   }
   // Watchers and waiters see the state as reloaded.
   if (events_.has_watchers()) {
@@ -419,7 +419,7 @@ absl::Status Scheduler::HandleRegister(
     if (it == jobs_.end()) continue;
     std::string why =
         absl::StrCat("worker '", rec.name, "' restarted without the job");
-    core_->Finished(job_id);
+    core_->Finished(job_id, clock_->NowMs());
     RETURN_IF_ERROR(RequeueLost(it->second, why, out));
   }
   PublishWorker(rec.id);
@@ -514,7 +514,7 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
     reason = job.failure;
   }
   const int64_t id = rec.id;  // rec goes with the entry
-  core_->Finished(id);
+  core_->Finished(id, clock_->NowMs());
   RETURN_IF_ERROR(EndJob(job, final_state, job.part_exit[0], reason));
   jobs_.erase(id);
   return absl::OkStatus();
@@ -648,7 +648,9 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
   rendezvous_.Drop(rec.id);
   // Parts on other workers must stop too: the job restarts as a whole.
   CancelParts(job, why, -1, out);
-  core_->Finished(rec.id);  // other parts' slots (no-op if already released)
+  core_->Finished(
+      rec.id,
+      clock_->NowMs());  // other parts' slots (no-op if already released)
   if (job.cancel_requested) {
     RETURN_IF_ERROR(
         EndJob(job, v1::JOB_STATE_CANCELLED, -1, job.cancel_reason));

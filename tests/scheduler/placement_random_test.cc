@@ -2,6 +2,7 @@
 // after each against invariants and against a naive reference that applies
 // the policy of placement.h by brute force.
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -19,12 +20,6 @@ constexpr JobId kFree = -1;
 
 using Caps = std::map<WorkerId, int>;
 using Counts = std::vector<std::pair<WorkerId, int>>;
-
-bool Before(const QueuedJob& a, const QueuedJob& b) {
-  if (a.priority != b.priority) return a.priority > b.priority;
-  if (a.seq != b.seq) return a.seq < b.seq;
-  return a.id < b.id;
-}
 
 // Best fit on one worker (least capacity, then lowest id); else the fewest
 // workers by capacity (highest, then highest id), the last by best fit.
@@ -75,6 +70,7 @@ class NaiveScheduler {
   struct Running {
     QueuedJob job;
     std::vector<Part> parts;
+    TimeMs start = 0;
     TimeMs end = kNever;
   };
 
@@ -104,9 +100,16 @@ class NaiveScheduler {
         }
       }
     }
-    for (JobId job : lost) Finished(job);
+    for (JobId job : lost) Finished(job, last_now_);
     workers_[id].online = false;
     return lost;
+  }
+  void SetLimit(const std::string& user, const std::string& profile,
+                const UserLimit& limit) {
+    limits_[{user, profile}] = limit;
+  }
+  void Charge(const std::string& user, double slot_ms) {
+    charged_[user] += slot_ms;
   }
   void Forget(WorkerId id) {
     WorkerLost(id);
@@ -129,9 +132,12 @@ class NaiveScheduler {
     }
     Add(job, parts, start);
   }
-  bool Finished(JobId id) {
+  bool Finished(JobId id, TimeMs end) {
     auto it = running_.find(id);
     if (it == running_.end()) return false;
+    const Running& r = it->second;
+    charged_[r.job.user] +=
+        static_cast<double>(r.job.pool) * (std::max(end, r.start) - r.start);
     for (const Part& p : it->second.parts) {
       auto w = workers_.find(p.worker);
       if (w == workers_.end()) continue;
@@ -146,7 +152,19 @@ class NaiveScheduler {
     return true;
   }
 
+  // Each profile's first waiting job in the last pass.
+  struct Head {
+    JobId job = 0;
+    std::string user;
+    std::string profile;
+    int pool = 0;
+    bool started_ahead = false;  // a job ordered before it started
+  };
+  std::vector<Head> heads_;
+
   std::vector<Decision> Schedule(TimeMs now) {
+    last_now_ = now;
+    heads_.clear();
     std::vector<Decision> out;
     for (const std::string& profile : profiles_) Pass(profile, now, out);
     return out;
@@ -158,14 +176,45 @@ class NaiveScheduler {
     return free;
   }
 
+  // Undecayed slot-ms of the user's ended and running jobs, and charges.
+  double Usage(const std::string& user, TimeMs now) const {
+    auto c = charged_.find(user);
+    double usage = c == charged_.end() ? 0 : c->second;
+    for (const auto& [id, r] : running_) {
+      if (r.job.user == user) {
+        usage += static_cast<double>(r.job.pool) * (now - r.start);
+      }
+    }
+    return usage;
+  }
+
+  int Held(const std::string& user, const std::string& profile) const {
+    int held = 0;
+    for (const auto& [id, r] : running_) {
+      if (r.job.user == user && r.job.profile == profile) held += r.job.pool;
+    }
+    return held;
+  }
+
+  // Slots the user may still take on the profile; INT_MAX if unlimited.
+  int Room(const std::string& user, const std::string& profile) const {
+    auto it = limits_.find({user, profile});
+    if (it == limits_.end() || it->second.max_slots < 0) {
+      return std::numeric_limits<int>::max();
+    }
+    return it->second.max_slots - Held(user, profile);
+  }
+
   std::map<WorkerId, Worker> workers_;
   std::map<JobId, QueuedJob> queued_;
   std::map<JobId, Running> running_;
+  std::map<std::pair<std::string, std::string>, UserLimit> limits_;
 
  private:
   void Add(const QueuedJob& job, const std::vector<Part>& parts, TimeMs t) {
     Running& r = running_[job.id];
     r.job = job;
+    r.start = t;
     r.parts = parts;
     r.end = job.time_limit_ms > 0 ? t + job.time_limit_ms : kNever;
   }
@@ -184,13 +233,28 @@ class NaiveScheduler {
     for (const auto& [id, job] : queued_) {
       if (job.profile == profile) queue.push_back(job);
     }
-    std::sort(queue.begin(), queue.end(), Before);
+    // Priority, then the user's usage, then submission order.
+    std::map<std::string, double> usage;
+    for (const QueuedJob& job : queue) usage[job.user] = Usage(job.user, now);
+    std::sort(queue.begin(), queue.end(),
+              [&](const QueuedJob& a, const QueuedJob& b) {
+                if (a.priority != b.priority) return a.priority > b.priority;
+                if (usage[a.user] != usage[b.user]) {
+                  return usage[a.user] < usage[b.user];
+                }
+                if (a.seq != b.seq) return a.seq < b.seq;
+                return a.id < b.id;
+              });
+    const size_t started_before = out.size();
     bool reserved = false;
     TimeMs start = kNever;
     Caps slack;
+    std::string head_user;
+    int head_pool = 0;
     for (const QueuedJob& job : queue) {
       Caps free = FreeCaps(profile);
       if (!reserved) {
+        if (job.pool > Room(job.user, profile)) continue;
         if (auto counts = NaivePlace(free, job.pool, job.max_nodes)) {
           Start(job, *counts, now, out);
           continue;
@@ -201,6 +265,10 @@ class NaiveScheduler {
         }
         if (!NaivePlace(all, job.pool, job.max_nodes)) continue;
         reserved = true;
+        head_user = job.user;
+        head_pool = job.pool;
+        heads_.push_back(
+            {job.id, job.user, profile, job.pool, out.size() > started_before});
         // The earliest end after which the job fits.
         std::vector<std::pair<TimeMs, JobId>> ends;
         for (const auto& [id, r] : running_) {
@@ -236,11 +304,24 @@ class NaiveScheduler {
           counts = NaivePlace(all, job.pool, job.max_nodes);
           start = kNever;
         }
-        for (const auto& [w, n] : *counts) slack[w] = at[w] - n;
+        for (const auto& [w, n] : *counts) {
+          slack[w] = at[w] - n;
+          if (start != kNever) continue;
+          // Slots of jobs without a limit are never slack.
+          const Worker& worker = workers_.at(w);
+          for (int d = 0; d < worker.slots; ++d) {
+            const JobId owner = worker.owner[d];
+            slack[w] -= owner != kFree && running_.at(owner).end == kNever;
+          }
+          slack[w] = std::max(0, slack[w]);
+        }
         continue;
       }
       const bool ends_first =
           job.time_limit_ms > 0 && now + job.time_limit_ms <= start;
+      // A job of the head's user leaves it room under the user's limit.
+      const int keep = job.user == head_user ? head_pool : 0;
+      if (job.pool + keep > Room(job.user, profile)) continue;
       Caps usable = free;
       if (!ends_first) {
         for (const auto& [w, s] : slack) {
@@ -279,6 +360,8 @@ class NaiveScheduler {
   }
 
   std::vector<std::string> profiles_;
+  std::map<std::string, double> charged_;
+  TimeMs last_now_ = 0;
 };
 
 std::string Describe(const std::vector<Decision>& decisions) {
@@ -297,11 +380,42 @@ std::string Describe(const std::vector<Decision>& decisions) {
 
 class RandomEvents {
  public:
-  explicit RandomEvents(int seed) : rng_(seed) {
+  // With `users`: jobs of four users, random limits and usage charges, no
+  // decay (so that usage is exact and the reference agrees to the bit).
+  explicit RandomEvents(int seed, bool users = false)
+      : rng_(seed), users_(users) {
     for (const char* p : {"a", "b"}) {
       core_.AddProfile(p, 0);
       naive_.AddProfile(p);
     }
+    if (users_) core_.SetFairShareHalfLife(0);
+  }
+
+  std::string User() {
+    return users_ ? "u" + std::to_string(Uniform(0, 3)) : "";
+  }
+
+  // Limits and charges; true if it did one.
+  bool UserStep() {
+    const int dice = Uniform(0, 99);
+    if (dice < 4) {
+      const std::string user = User();
+      const std::string profile = Uniform(0, 1) ? "a" : "b";
+      UserLimit limit;
+      if (Uniform(0, 2)) limit.max_slots = Uniform(0, 8);
+      core_.SetLimit(user, profile, limit);
+      naive_.SetLimit(user, profile, limit);
+      EXPECT_EQ(core_.GetLimit(user, profile), limit);
+      return true;
+    }
+    if (dice < 6) {
+      const std::string user = User();
+      const double slot_ms = Uniform(1, 500);
+      core_.ChargeUsage(user, slot_ms, now_);
+      naive_.Charge(user, slot_ms);
+      return true;
+    }
+    return false;
   }
 
   int Uniform(int lo, int hi) {
@@ -312,6 +426,10 @@ class RandomEvents {
   TimeMs Limit() { return Uniform(0, 3) ? Uniform(1, 120) : Uniform(1, 20000); }
 
   void Step() {
+    if (users_ && UserStep()) {
+      CheckInvariants();
+      return;
+    }
     const int dice = Uniform(0, 99);
     if (dice < 12) {
       const WorkerId w = Uniform(1, 8);
@@ -340,6 +458,7 @@ class RandomEvents {
       job.priority = Uniform(0, 3);
       job.max_nodes = Uniform(0, 1) ? 1 : Uniform(2, 3);
       job.time_limit_ms = Uniform(0, 2) ? Limit() : 0;
+      job.user = User();
       core_.Enqueue(job);
       naive_.Enqueue(job);
     } else if (dice < 55) {
@@ -354,8 +473,14 @@ class RandomEvents {
       auto it = naive_.running_.begin();
       std::advance(it, Uniform(0, naive_.running_.size() - 1));
       const JobId id = it->first;
-      EXPECT_TRUE(core_.Finished(id));
-      naive_.Finished(id);
+      if (users_ && Uniform(0, 1)) {
+        const TimeMs end = now_ - Uniform(0, 10);
+        EXPECT_TRUE(core_.Finished(id, end));
+        naive_.Finished(id, end);
+      } else {
+        EXPECT_TRUE(core_.Finished(id));
+        naive_.Finished(id, last_now_);
+      }
     } else if (dice < 83) {
       // A job reported by a worker: some of its free devices.
       const WorkerId w = Uniform(1, 8);
@@ -372,6 +497,7 @@ class RandomEvents {
       job.profile = it->second.profile;
       job.pool = static_cast<int>(devices.size());
       job.time_limit_ms = Uniform(0, 1) ? Limit() : 0;
+      job.user = User();
       const TimeMs start = now_ - Uniform(0, 50);
       core_.MarkRunning(job, {Part{w, devices}}, start);
       naive_.MarkRunning(job, {Part{w, devices}}, start);
@@ -383,6 +509,7 @@ class RandomEvents {
   }
 
   void Schedule() {
+    last_now_ = now_;
     // The job holding each profile's reservation, and when.
     std::map<JobId, TimeMs> heads = Heads();
     std::vector<Decision> got = core_.Schedule(now_);
@@ -390,12 +517,35 @@ class RandomEvents {
     ASSERT_EQ(Describe(got), Describe(want)) << "at t=" << now_;
     for (const Decision& d : got) CheckDecision(d);
     EXPECT_TRUE(core_.Schedule(now_).empty()) << "a pass is a fixed point";
-    // Backfill never moves a waiting head's reservation later.
+    // Backfill never moves a waiting head's reservation later. With users,
+    // fair share may reorder the queue between passes: the guarantee is for
+    // the job first in this pass's order, if no job moved ahead of it.
+    std::set<JobId> pass_heads;
+    for (const NaiveScheduler::Head& h : naive_.heads_) {
+      if (!h.started_ahead) pass_heads.insert(h.job);
+    }
     for (const auto& [job, promised] : Heads()) {
       auto before = heads.find(job);
+      if (users_ && !pass_heads.count(job)) continue;
       if (before != heads.end()) {
         EXPECT_LE(promised, std::max(before->second, now_)) << "job " << job;
       }
+    }
+    // Nor takes the room a waiting head needs under its user's limit (else
+    // it would lose its reservation to the next pass's limit check).
+    for (const NaiveScheduler::Head& h : naive_.heads_) {
+      if (!naive_.queued_.count(h.job)) continue;
+      const int room = naive_.Room(h.user, h.profile);
+      if (room == std::numeric_limits<int>::max()) continue;
+      EXPECT_LE(h.pool, room) << "head " << h.job << " of " << h.user;
+      std::optional<WaitInfo> info = core_.Explain(h.job);
+      ASSERT_TRUE(info.has_value());
+      EXPECT_EQ(info->user_slots, naive_.Held(h.user, h.profile));
+    }
+    // No pass takes a user past their limit.
+    for (const Decision& d : got) {
+      const QueuedJob& job = naive_.running_.at(d.job).job;
+      EXPECT_GE(naive_.Room(job.user, job.profile), 0) << "job " << d.job;
     }
   }
 
@@ -466,16 +616,35 @@ class RandomEvents {
 
  private:
   std::mt19937 rng_;
+  bool users_ = false;
   PlacementCore core_;
   NaiveScheduler naive_;
   JobId next_id_ = 1;
   TimeMs now_ = 1000;
+  TimeMs last_now_ = 0;
 };
 
 TEST(PlacementRandom, MatchesNaiveReferenceAndKeepsInvariants) {
   for (int seed = 1; seed <= 40; ++seed) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
     RandomEvents events(seed);
+    for (int step = 0; step < 600; ++step) {
+      events.Step();
+      if (::testing::Test::HasFatalFailure() ||
+          ::testing::Test::HasNonfatalFailure()) {
+        FAIL() << "at step " << step;
+      }
+    }
+  }
+}
+
+// The same with several users under random limits and fair share: the
+// order, the limits and the backfill guarantee (the head's slots and its
+// user's room) hold against the reference.
+TEST(PlacementRandom, UsersLimitsAndFairShareMatchReference) {
+  for (int seed = 1; seed <= 40; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    RandomEvents events(seed, /*users=*/true);
     for (int step = 0; step < 600; ++step) {
       events.Step();
       if (::testing::Test::HasFatalFailure() ||

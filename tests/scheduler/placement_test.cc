@@ -1,6 +1,7 @@
 #include "scheduler/placement.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -283,6 +284,23 @@ TEST(PlacementBackfill, UnestimatedReservationStillProtectsItsSlots) {
   // A job with any limit ends before "never".
   core.Enqueue(Job(5, 1, 0, /*limit=*/1000000));
   EXPECT_THAT(JobsOf(core.Schedule(1)), ElementsAre(5));
+}
+
+// An unestimated reservation (kNever) counts the slots of jobs without a
+// limit as never free: else each pass would find the slot a job backfilled
+// in the pass before free again, and give it to another, and the head would
+// never get its slots.
+TEST(PlacementBackfill, UnestimatedReservationIsNotGivenAwayPassAfterPass) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 5);
+  StartNow(core, Job(1, 3));   // never ends
+  core.Enqueue(Job(2, 4, 1));  // the head: 4 of 5 once job 1 ends
+  core.Enqueue(Job(3, 1));     // no limit
+  core.Enqueue(Job(4, 1));     // no limit
+  EXPECT_THAT(core.Schedule(0), IsEmpty());
+  EXPECT_THAT(core.Schedule(1), IsEmpty());
+  ASSERT_TRUE(core.Finished(1, 2));
+  EXPECT_THAT(JobsOf(core.Schedule(2)), ElementsAre(2, 3));
 }
 
 TEST(PlacementBackfill, OverdueJobsPutTheReservationAtNow) {
@@ -703,6 +721,212 @@ TEST(PlacementExplain, ProfilesAreScheduledIndependently) {
   EXPECT_THAT(d[0].parts, ElementsAre(Part{1, {0}}));
   EXPECT_THAT(d[1].parts, ElementsAre(Part{2, {0}}));
   EXPECT_THAT(JobsOf(d), ElementsAre(1, 3));
+}
+
+// --- Limits and fair share ---------------------------------------------------
+
+QueuedJob UserJob(JobId id, const std::string& user, int pool, int priority = 0,
+                  TimeMs limit = 0) {
+  QueuedJob job = Job(id, pool, priority, limit);
+  job.user = user;
+  return job;
+}
+
+UserLimit Slots(int n) {
+  UserLimit limit;
+  limit.max_slots = n;
+  return limit;
+}
+
+TEST(PlacementLimits, JobOverItsUsersSlotsWaitsAndSaysWhy) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 8);
+  core.SetLimit("alice", "p", Slots(2));
+  core.Enqueue(UserJob(1, "alice", 1));
+  core.Enqueue(UserJob(2, "alice", 1));
+  core.Enqueue(UserJob(3, "alice", 1));
+  core.Enqueue(UserJob(4, "bob", 1));
+  EXPECT_THAT(JobsOf(core.Schedule(0)), ElementsAre(1, 2, 4));
+  std::optional<WaitInfo> info = core.Explain(3);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(info->over_limit);
+  EXPECT_EQ(info->user, "alice");
+  EXPECT_EQ(info->user_slots, 2);
+  EXPECT_EQ(info->user_slot_limit, 2);
+  EXPECT_FALSE(info->reserved);
+  ASSERT_TRUE(core.Finished(1, 10));
+  EXPECT_THAT(JobsOf(core.Schedule(10)), ElementsAre(3));
+}
+
+TEST(PlacementLimits, JobOverItsLimitHoldsNoOneBack) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 4);
+  core.SetLimit("alice", "p", Slots(4));
+  StartNow(core, UserJob(1, "alice", 2));
+  // Alice's 4-slot job is first in order but over her limit: it takes no
+  // reservation, and bob's later job takes the free slots.
+  core.Enqueue(UserJob(2, "alice", 4, /*priority=*/5));
+  core.Enqueue(UserJob(3, "bob", 2));
+  EXPECT_THAT(JobsOf(core.Schedule(1)), ElementsAre(3));
+  EXPECT_FALSE(core.Explain(2)->reserved);
+}
+
+TEST(PlacementLimits, RaisingALimitLetsTheJobStart) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 4);
+  core.SetLimit("alice", "p", Slots(1));
+  StartNow(core, UserJob(1, "alice", 1));
+  core.Enqueue(UserJob(2, "alice", 1));
+  EXPECT_THAT(core.Schedule(1), IsEmpty());
+  core.SetLimit("alice", "p", UserLimit{});
+  EXPECT_THAT(JobsOf(core.Schedule(2)), ElementsAre(2));
+  EXPECT_THAT(core.Limits(), IsEmpty());
+}
+
+TEST(PlacementLimits, BackfillLeavesTheHeadItsUsersRoom) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 4);
+  core.WorkerOnline(2, "p", 4);
+  core.SetLimit("alice", "p", Slots(4));
+  StartNow(core, UserJob(1, "bob", 4, 0, /*limit=*/100));  // worker 1
+  StartNow(core, UserJob(2, "bob", 1));                    // worker 2
+  // Alice's head waits for worker 1 (t=100). Her 1-slot jobs fit on worker
+  // 2's spare slots, but the head needs all 4 of her slots: none may start,
+  // not even one that ends first. Bob's may.
+  core.Enqueue(UserJob(3, "alice", 4, /*priority=*/1));
+  core.Enqueue(UserJob(4, "alice", 1));
+  core.Enqueue(UserJob(5, "alice", 1, 0, /*limit=*/10));
+  core.Enqueue(UserJob(6, "bob", 1));
+  EXPECT_THAT(JobsOf(core.Schedule(0)), ElementsAre(6));
+  std::optional<WaitInfo> head = core.Explain(3);
+  ASSERT_TRUE(head.has_value());
+  EXPECT_TRUE(head->reserved);
+  EXPECT_EQ(head->reserved_start, 100);
+  EXPECT_FALSE(head->over_limit);
+  // With room for both, her small job backfills.
+  core.SetLimit("alice", "p", Slots(5));
+  EXPECT_THAT(JobsOf(core.Schedule(1)), ElementsAre(4));
+  ASSERT_TRUE(core.Finished(1, 100));
+  EXPECT_THAT(JobsOf(core.Schedule(100)), ElementsAre(3));
+}
+
+TEST(PlacementLimits, AdmissionNamesTheLimit) {
+  PlacementCore core;
+  core.WorkerOnline(1, "gpu", 8);
+  UserLimit limit;
+  limit.max_slots = 2;
+  limit.max_queued = 2;
+  core.SetLimit("alice", "gpu", limit);
+  EXPECT_EQ(core.GetLimit("alice", "gpu"), limit);
+  EXPECT_EQ(core.GetLimit("bob", "gpu"), UserLimit{});
+  QueuedJob job = UserJob(1, "alice", 1);
+  job.profile = "gpu";
+  EXPECT_TRUE(core.CheckAdmission(job).ok());
+  EXPECT_THAT(core.CheckAdmission(job, 3).message(),
+              HasSubstr("alice has 0 of their 2 queued jobs on 'gpu' and "
+                        "submits 3 more"));
+  core.Enqueue(job);
+  job.id = 2;
+  core.Enqueue(job);
+  absl::Status s = core.CheckAdmission(job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(),
+              HasSubstr("alice has 2 of their 2 queued jobs on 'gpu'"));
+  EXPECT_THAT(s.message(), HasSubstr("--queued N"));
+  job.pool = 3;
+  s = core.CheckAdmission(job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("pool 3 exceeds the limit of alice on 'gpu' (2 slots "
+                        "at once); use --pool 2 or less"));
+  job.user = "bob";
+  EXPECT_TRUE(core.CheckAdmission(job, 100).ok());
+  ASSERT_EQ(core.Limits().size(), 1u);
+  EXPECT_EQ(core.Limits()[0].user, "alice");
+  EXPECT_EQ(core.Limits()[0].profile, "gpu");
+}
+
+TEST(PlacementFairShare, LeastUsageStartsFirstAmongEqualPriorities) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 1);
+  core.ChargeUsage("alice", 3600e3, 0);  // an hour of one slot
+  core.Enqueue(UserJob(1, "alice", 1));
+  core.Enqueue(UserJob(2, "alice", 1));
+  core.Enqueue(UserJob(3, "bob", 1));
+  core.Enqueue(UserJob(4, "carol", 1, /*priority=*/1));
+  std::vector<JobId> order;
+  for (TimeMs t = 1; t <= 4; ++t) {
+    std::vector<Decision> d = core.Schedule(t);
+    ASSERT_EQ(d.size(), 1u);
+    order.push_back(d[0].job);
+    ASSERT_TRUE(core.Finished(d[0].job, t + 1));
+  }
+  // Priority first; then bob, who has used nothing, before alice.
+  EXPECT_THAT(order, ElementsAre(4, 3, 1, 2));
+}
+
+TEST(PlacementFairShare, RunningJobsCountAndUsersTakeTurns) {
+  PlacementCore core;
+  core.SetFairShareHalfLife(0);
+  core.WorkerOnline(1, "p", 2);
+  // Equal usage: submission order.
+  for (JobId id = 1; id <= 6; ++id) {
+    core.Enqueue(UserJob(id, id <= 3 ? "alice" : "bob", 1));
+  }
+  EXPECT_THAT(JobsOf(core.Schedule(0)), ElementsAre(1, 2));
+  // Alice has run 2 slots for 10 ms; bob nothing: bob's job goes first.
+  ASSERT_TRUE(core.Finished(1, 10));
+  EXPECT_THAT(JobsOf(core.Schedule(10)), ElementsAre(4));
+  // Now alice 20 (job 2 still running: 10 + 10), bob 0 + running 0.
+  ASSERT_TRUE(core.Finished(2, 20));
+  EXPECT_THAT(JobsOf(core.Schedule(20)), ElementsAre(5));
+  // At 40: alice 10 + 20; bob (40 - 10) + (40 - 20), both still running.
+  std::vector<UserUsage> usage = core.Usage(40);
+  ASSERT_EQ(usage.size(), 2u);
+  EXPECT_EQ(usage[0].user, "alice");
+  EXPECT_DOUBLE_EQ(usage[0].slot_seconds, 30 / 1000.0);
+  EXPECT_EQ(usage[0].running_slots, 0);
+  EXPECT_EQ(usage[1].user, "bob");
+  EXPECT_DOUBLE_EQ(usage[1].slot_seconds, 50 / 1000.0);
+  EXPECT_EQ(usage[1].running_slots, 2);
+  EXPECT_DOUBLE_EQ(usage[0].share + usage[1].share, 1.0);
+}
+
+TEST(PlacementFairShare, UsageDecaysWithTheHalfLife) {
+  PlacementCore core;
+  constexpr TimeMs kHour = 3600 * 1000;
+  core.SetFairShareHalfLife(kHour);
+  core.WorkerOnline(1, "p", 4);
+  core.ChargeUsage("alice", 1000e3, 0);
+  StartNow(core, UserJob(1, "bob", 2), 0);
+  ASSERT_TRUE(core.Finished(1, kHour));
+  std::vector<UserUsage> at_hour = core.Usage(kHour);
+  ASSERT_EQ(at_hour.size(), 2u);
+  EXPECT_EQ(at_hour[0].user, "alice");
+  EXPECT_NEAR(at_hour[0].slot_seconds, 500, 1e-6);
+  // Two slots for an hour, each moment decayed: 2 h / ln 2 * (1 - 1/2).
+  const double bob = 2 * 3600 / std::log(2.0) * 0.5;
+  EXPECT_NEAR(at_hour[1].slot_seconds, bob, 1e-6);
+  // Far ahead (the core moves its epoch on the way) both have halved often.
+  for (TimeMs t = 2 * kHour; t <= 40 * kHour; t += kHour) core.Schedule(t);
+  std::vector<UserUsage> later = core.Usage(41 * kHour);
+  EXPECT_NEAR(later[0].slot_seconds, 500 * std::exp2(-40.0), 1e-15);
+  EXPECT_NEAR(later[1].slot_seconds, bob * std::exp2(-40.0), 1e-15);
+  EXPECT_NEAR(later[0].share, 500 / (500 + bob), 1e-9);
+}
+
+TEST(PlacementFairShare, OneUserKeepsSubmissionOrder) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 1);
+  for (JobId id = 1; id <= 5; ++id) core.Enqueue(UserJob(id, "alice", 1));
+  std::vector<JobId> order;
+  for (TimeMs t = 0; t < 5; ++t) {
+    std::vector<Decision> d = core.Schedule(t * 1000);
+    ASSERT_EQ(d.size(), 1u);
+    order.push_back(d[0].job);
+    core.Finished(d[0].job, t * 1000 + 500);
+  }
+  EXPECT_THAT(order, ElementsAre(1, 2, 3, 4, 5));
 }
 
 }  // namespace

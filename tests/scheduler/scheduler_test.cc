@@ -1257,5 +1257,60 @@ TEST_F(SchedulerTest, PurgeDeletesEndedJobsOnlyAndRetentionByAge) {
   EXPECT_TRUE(scheduler_->GetJob(running).ok());
 }
 
+// ---- fair share ----
+
+// After alice has used the worker, bob's job submitted later starts before
+// her next one: among equal priorities the user with less usage goes first.
+TEST_F(SchedulerTest, FairShareStartsTheLessUsedUsersJobFirst) {
+  StartScheduler();
+  auto session = Connect("w1", 1);
+  const int64_t first = Submit(1);  // alice's
+  ASSERT_TRUE(session->WaitFor(IsStart(first, 1)).has_value());
+  const int64_t alice_next = Submit(1);
+  v1::SubmitJobRequest bob = CommandJob(1);
+  bob.set_user("bob");
+  auto bob_reply = scheduler_->Submit(bob);
+  ASSERT_TRUE(bob_reply.ok()) << bob_reply.status();
+  const int64_t bob_job = bob_reply->job_id();
+  ASSERT_GT(bob_job, alice_next);
+  clock_.Advance(60 * 1000);
+  ReportEnded(session, first, 1, v1::JOB_STATE_FINISHED, 0);
+  ASSERT_TRUE(session->WaitFor(IsStart(bob_job, 1)).has_value());
+  EXPECT_TRUE(session->Matching(IsAnyStart(alice_next)).empty());
+  EXPECT_EQ(GetJob(alice_next).state(), v1::JOB_STATE_QUEUED);
+}
+
+// A user at their slot limit waits, saying so, while others start; a submit
+// past the queued limit is refused naming it; raising the limit starts the
+// job.
+TEST_F(SchedulerTest, UserLimitsHoldJobsBackAndSayWhy) {
+  StartScheduler();
+  auto session = Connect("w1", 4);
+  UserLimit limit;
+  limit.max_slots = 2;
+  limit.max_queued = 1;
+  scheduler_->SetUserLimit("alice", "local", limit);
+  const int64_t first = Submit(2);
+  ASSERT_TRUE(session->WaitFor(IsStart(first, 1)).has_value());
+  const int64_t second = Submit(1);
+  v1::Job waiting = GetJob(second);
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(waiting.wait_reason(),
+            "waiting: alice holds 2 of their 2 slots on 'local'");
+  auto refused = scheduler_->Submit(CommandJob(1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("alice has 1 of their 1 queued jobs on 'local'"));
+  v1::SubmitJobRequest bob = CommandJob(1);
+  bob.set_user("bob");
+  auto bob_reply = scheduler_->Submit(bob);
+  ASSERT_TRUE(bob_reply.ok()) << bob_reply.status();
+  ASSERT_TRUE(session->WaitFor(IsStart(bob_reply->job_id(), 1)).has_value());
+  ASSERT_EQ(scheduler_->UserLimits().size(), 1u);
+  limit.max_slots = 3;
+  scheduler_->SetUserLimit("alice", "local", limit);
+  ASSERT_TRUE(session->WaitFor(IsStart(second, 1)).has_value());
+}
+
 }  // namespace
 }  // namespace dlbatch::scheduler
