@@ -319,6 +319,17 @@ TEST(SchedulerFaults, FullDiskKeepsTheSchedulerUpAndItRecovers) {
   EXPECT_TRUE(Alive(restarted));
 }
 
+// The loopback address of a scheduler listening on 127.0.0.1:PORT.
+struct sockaddr_in LoopbackAddress(const Cluster& c) {
+  const int port = std::stoi(c.address().substr(c.address().rfind(':') + 1));
+  struct sockaddr_in addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return addr;
+}
+
 TEST(SchedulerFaults, ListenerKeepsAcceptingAfterAnIdleConnectionFlood) {
   Cluster c;
   c.StartScheduler({}, "127.0.0.1:0");
@@ -326,18 +337,14 @@ TEST(SchedulerFaults, ListenerKeepsAcceptingAfterAnIdleConnectionFlood) {
   // Fewer descriptors than the flood has connections: accept hits EMFILE.
   struct rlimit low = {256, 256};
   ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &low, nullptr), 0) << strerror(errno);
-  const int port = std::stoi(c.address().substr(c.address().rfind(':') + 1));
-  struct sockaddr_in addr;
-  std::memset(&addr, 0, sizeof(addr));
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const struct sockaddr_in addr = LoopbackAddress(c);
   std::vector<int> idle;
   for (int i = 0; i < 1500; ++i) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ASSERT_GE(fd, 0);
     // Plain connects that never speak: no token, no HTTP/2.
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) !=
+        0) {
       close(fd);
       continue;
     }
@@ -368,17 +375,13 @@ TEST(SchedulerFaults,
   Cluster c;
   c.StartScheduler({"--max-unauthenticated", "20", "--auth-deadline", "2s"},
                    "127.0.0.1:0");
-  const int port = std::stoi(c.address().substr(c.address().rfind(':') + 1));
-  struct sockaddr_in addr;
-  std::memset(&addr, 0, sizeof(addr));
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const struct sockaddr_in addr = LoopbackAddress(c);
   std::vector<int> silent;
   for (int i = 0; i < 100; ++i) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ASSERT_GE(fd, 0);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
+    ASSERT_EQ(
+        connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0)
         << strerror(errno);
     silent.push_back(fd);
     Sleep(2);  // accepted in this order
