@@ -1,6 +1,7 @@
 #include "scheduler/diary_follow.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -35,8 +36,11 @@ struct DiaryFollowHub::Call {
   // WaitJobs.
   std::vector<int64_t> ids;
   std::set<int64_t> pending;  // not seen ended yet
-  bool checked = false;       // every id checked once
-  int64_t deadline_ms = 0;    // MonotonicMs; 0: none
+  // Each job as it was when seen ended: the reply uses it if the job has
+  // been purged since (a short --keep-ended), instead of "no job".
+  std::map<int64_t, v1::Job> ended;
+  bool checked = false;     // every id checked once
+  int64_t deadline_ms = 0;  // MonotonicMs; 0: none
 
   bool started = false;
   bool queued = false, running = false, again = false;
@@ -462,6 +466,7 @@ void DiaryFollowHub::PumpWait(const Handle& call) {
     due = call->deadline_ms > 0 && clock_->MonotonicMs() >= call->deadline_ms;
   }
   std::vector<int64_t> running;
+  std::map<int64_t, v1::Job> seen_ended;
   for (int64_t id : check) {
     auto ended = source_->JobEnded(id);
     if (!ended.ok()) {
@@ -469,7 +474,11 @@ void DiaryFollowHub::PumpWait(const Handle& call) {
       FinishWait(call, ended.status(), &actions);
       break;
     }
-    if (!*ended) running.push_back(id);
+    if (!*ended) {
+      running.push_back(id);
+    } else if (auto job = source_->JobForWait(id); job.ok()) {
+      seen_ended[id] = *std::move(job);
+    }
   }
   if (actions.empty()) {
     bool reply = false;
@@ -478,6 +487,7 @@ void DiaryFollowHub::PumpWait(const Handle& call) {
       if (call->finished) return;
       call->checked = true;
       call->pending = std::set<int64_t>(running.begin(), running.end());
+      call->ended.merge(seen_ended);
       if (call->cancelled) {
         FinishWait(call, absl::CancelledError("client left"), &actions);
       } else {
@@ -486,8 +496,7 @@ void DiaryFollowHub::PumpWait(const Handle& call) {
     }
     if (reply) {
       absl::Status error;
-      v1::WaitJobsReply jobs =
-          WaitReplyJobs(call->ids, !running.empty(), &error);
+      v1::WaitJobsReply jobs = WaitReplyJobs(call, !running.empty(), &error);
       absl::MutexLock lock(&mu_);
       if (error.ok()) {
         FinishWait(call, std::move(jobs), &actions);
@@ -499,13 +508,21 @@ void DiaryFollowHub::PumpWait(const Handle& call) {
   for (auto& a : actions) a();
 }
 
-v1::WaitJobsReply DiaryFollowHub::WaitReplyJobs(const std::vector<int64_t>& ids,
+v1::WaitJobsReply DiaryFollowHub::WaitReplyJobs(const Handle& call,
                                                 bool timed_out,
                                                 absl::Status* error) {
   v1::WaitJobsReply reply;
   reply.set_timed_out(timed_out);
-  for (int64_t id : ids) {
+  std::map<int64_t, v1::Job> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    ended = call->ended;
+  }
+  for (int64_t id : call->ids) {
     auto job = source_->JobForWait(id);
+    if (absl::IsNotFound(job.status())) {
+      if (auto it = ended.find(id); it != ended.end()) job = it->second;
+    }
     if (!job.ok()) {
       *error = job.status();
       return reply;

@@ -139,8 +139,8 @@ class DiaryFollowHub {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishWait(const Handle& call, absl::StatusOr<v1::WaitJobsReply> reply,
                   Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::WaitJobsReply WaitReplyJobs(const std::vector<int64_t>& ids,
-                                  bool timed_out, absl::Status* error);
+  v1::WaitJobsReply WaitReplyJobs(const Handle& call, bool timed_out,
+                                  absl::Status* error) ABSL_LOCKS_EXCLUDED(mu_);
 
   FollowSource* const source_;
   const Clock* const clock_;

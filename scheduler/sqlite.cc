@@ -111,6 +111,7 @@ void Database::CheckpointWithRoom(sqlite3* db) const {
     if (target - held > free) return;  // tried again after the next commit
   }
   // Failures are ignored, as SQLite ignores its automatic checkpoint's.
+  absl::MutexLock lock(&checkpoint_mu_);
   (void)sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_PASSIVE,
                                   nullptr, nullptr);
 }

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dlbatch::scheduler {
 
@@ -67,12 +68,17 @@ class Database {
   static int NoteWalFrames(void* self, sqlite3* db, const char* name,
                            int frames);
   // Checkpoints `db` (a connection to this database) if its filesystem has
-  // room for what the database file must grow by.
+  // room for what the database file must grow by. One checkpoint at a
+  // time: SQLite refuses a second one outright (SQLITE_BUSY, no busy
+  // handler), so the writer's inline checkpoint would do nothing while a
+  // background one is slow (a loaded machine) and the WAL would grow
+  // without bound; instead it waits for that one, then finishes the rest.
   void CheckpointWithRoom(sqlite3* db) const;
 
   sqlite3* db_;
   const std::string path_;
   int wal_frames_ = 0;  // frames in the WAL after the last commit
+  mutable absl::Mutex checkpoint_mu_;  // held while a checkpoint runs
   struct Cache;
   std::unique_ptr<Cache> cache_;
   struct Background;

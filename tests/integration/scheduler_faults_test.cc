@@ -202,17 +202,23 @@ TEST(SchedulerFaults, ChurnWithShortRetentionStaysBounded) {
   c.StartScheduler({"--keep-ended", "1s"});
   c.StartWorker("w1", 4);
   ASSERT_TRUE(c.WaitWorkers(1));
-  std::string file =
-      c.JobFile("churn.yaml",
-                "command: [sh, -c, 'head -c 200000 /dev/urandom > "
-                "$DLBATCH_OUTPUT_DIR/data.bin; for i in $(seq 1 200); do echo "
-                "diary line $i of $DLBATCH_JOB_ID; done']\n");
   const std::string db = c.scheduler_state() + "/dlbatch.db";
   int64_t peak_blobs = 0, after_first_wave = 0;
   std::vector<int64_t> last;
   for (int wave = 0; wave < 4; ++wave) {
+    // A wave's jobs end only once all 12 are submitted and `wait` is about
+    // to start: on a loaded machine the submits take over --keep-ended, and
+    // a job purged before `wait` asks for it is "no job".
+    const std::string go = c.dir() + "/go-" + std::to_string(wave);
+    std::string file = c.JobFile(
+        "churn.yaml", "command: [sh, -c, 'while [ ! -e " + go +
+                          " ]; do sleep 0.05; done; sleep 1; head -c 200000 "
+                          "/dev/urandom > $DLBATCH_OUTPUT_DIR/data.bin; for i "
+                          "in $(seq 1 200); do echo diary line $i of "
+                          "$DLBATCH_JOB_ID; done']\n");
     std::vector<int64_t> ids;
     for (int i = 0; i < 12; ++i) ids.push_back(c.Submit(file));
+    WriteAll(go, "");
     std::vector<std::string> args = {"wait"};
     for (int64_t id : ids) args.push_back(std::to_string(id));
     Result wait = c.Cli(args, {}, 60000);
