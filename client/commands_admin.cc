@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "client/commands_credentials.h"
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
@@ -68,8 +69,11 @@ absl::StatusOr<int> Purge(Connection& conn, const std::vector<int64_t>& ids,
 
 void AddAdminCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
   auto* admin = app.add_subcommand(
-      "admin", "Operate the scheduler: delete old jobs (purge)");
+      "admin",
+      "Operate the scheduler: delete old jobs (purge), users' tokens (user), "
+      "workers' credentials (worker-token)");
   admin->require_subcommand(1);
+  AddCredentialCommands(admin, flags, rc);
 
   struct PurgeArgs {
     std::vector<int64_t> ids;

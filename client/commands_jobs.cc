@@ -361,7 +361,9 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
     }
     grpc::Status status = reader->Finish();
     if (status.ok() && (ended || !follow)) return 0;
-    if (status.ok()) {  // the server ended a follow early: go on
+    // The server ended a follow early, or cancelled it (its token was
+    // revoked: the next call says so): go on.
+    if (status.ok() || status.error_code() == grpc::StatusCode::CANCELLED) {
       usleep(200000);
       continue;
     }

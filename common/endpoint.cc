@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/files.h"
 #include "common/status.h"
 
@@ -108,28 +109,21 @@ absl::StatusOr<std::string> LoadOrCreateToken(const std::string& state_dir) {
   return token;
 }
 
-absl::Status CheckToken(const grpc::ServerContextBase& context,
-                        const std::string& token) {
-  if (token.empty()) return absl::OkStatus();
+std::string PresentedToken(const grpc::ServerContextBase& context) {
   const auto& md = context.client_metadata();
   auto it = md.find(kAuthMetadataKey);
-  if (it == md.end()) {
-    return absl::UnauthenticatedError(
-        "no token presented; pass --token-file FILE or set DLBATCH_TOKEN "
-        "(the scheduler writes it to STATE_DIR/token)");
+  if (it == md.end()) return "";
+  absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::ConsumePrefix(&value, "Bearer ")) return "";
+  return std::string(value);
+}
+
+bool ConstantTimeEqual(absl::string_view a, absl::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   }
-  absl::string_view got(it->second.data(), it->second.size());
-  std::string want = absl::StrCat("Bearer ", token);
-  // Constant-time comparison: do not leak how much of the token matched.
-  unsigned char diff = got.size() == want.size() ? 0 : 1;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    diff |= static_cast<unsigned char>(got[i] ^ want[i]);
-  }
-  if (diff != 0) {
-    return absl::UnauthenticatedError(
-        "wrong token; use the token in the scheduler's STATE_DIR/token");
-  }
-  return absl::OkStatus();
+  return diff == 0;
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const ChannelConfig& config) {

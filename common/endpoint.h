@@ -1,5 +1,5 @@
-// Scheduler addresses (`unix:PATH` or `HOST:PORT`), the shared token that
-// guards TCP listeners, and channels that present it.
+// Scheduler addresses (`unix:PATH` or `HOST:PORT`), the tokens that guard
+// TCP listeners, and channels that present them.
 #ifndef DLBATCH_COMMON_ENDPOINT_H_
 #define DLBATCH_COMMON_ENDPOINT_H_
 
@@ -40,10 +40,12 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 // Reads STATE_DIR/token, creating it (mode 0600) on first use.
 absl::StatusOr<std::string> LoadOrCreateToken(const std::string& state_dir);
 
-// Returns OK when the call carries `token` (or when `token` is empty, which
-// the scheduler allows only on a Unix socket).
-absl::Status CheckToken(const grpc::ServerContextBase& context,
-                        const std::string& token);
+// The token a call presents (`authorization: Bearer TOKEN`); empty if none.
+std::string PresentedToken(const grpc::ServerContextBase& context);
+
+// Whether a and b are equal, in time that depends only on their lengths:
+// how much of a secret matched must not show in the time a refusal takes.
+bool ConstantTimeEqual(absl::string_view a, absl::string_view b);
 
 // Connection settings of a client or worker.
 struct ChannelConfig {

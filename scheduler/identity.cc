@@ -30,18 +30,28 @@ absl::StatusOr<Caller> Identities::Identify(
       caller.user = UserName(cred->uid);
       caller.admin = cred->uid == 0 || cred->uid == scheduler_uid_;
       caller.from_kernel = true;
+      caller.credential = absl::StrCat("unix:", cred->uid);
       return caller;
     }
   }
-  if (token_.empty()) {
+  std::string token = PresentedToken(context);
+  if (token.empty()) {
     return absl::UnauthenticatedError(
-        "the scheduler cannot tell who is calling: connect through its Unix "
-        "socket or its TCP listener");
+        "no token presented; pass --token-file FILE or set DLBATCH_TOKEN "
+        "(an admin makes one with `dlbatch admin user add NAME`; the "
+        "scheduler's first admin token is in its STATE_DIR/token)");
   }
-  absl::Status auth = CheckToken(context, token_);
-  if (!auth.ok()) return auth;
+  std::optional<CredentialRecord> found = credentials_->FindByToken(token);
+  if (!found) {
+    return absl::UnauthenticatedError(
+        "the token presented is not valid (revoked, or never issued); ask an "
+        "admin for one (`dlbatch admin user add NAME`)");
+  }
   Caller caller;
-  caller.admin = true;
+  caller.user = found->name;
+  caller.admin = found->admin && !found->worker;
+  caller.worker = found->worker;
+  caller.credential = found->Key();
   return caller;
 }
 

@@ -2,8 +2,9 @@
 // connection's SO_PEERCRED, kept by the acceptor in the PeerTable): the
 // caller is that uid's user, and root and the scheduler's own user are
 // admins; nothing the client sends changes that, so a shared cluster's
-// socket may be world-connectable. Over TCP the caller must present the
-// scheduler's token, and a holder of it is an admin.
+// socket may be world-connectable. Over TCP the caller presents a token
+// from the CredentialTable: a user's (acting as that user; an admin's may
+// name the user it submits for) or a worker credential's.
 #ifndef DLBATCH_SCHEDULER_IDENTITY_H_
 #define DLBATCH_SCHEDULER_IDENTITY_H_
 
@@ -13,16 +14,22 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/server_context.h"
+#include "scheduler/credentials.h"
 #include "scheduler/peer_table.h"
 
 namespace dlbatch::scheduler {
 
 struct Caller {
-  // The user whose jobs the caller owns; empty for a token holder, who
-  // names the user it submits for.
+  // The user whose jobs the caller owns (a worker credential's name for a
+  // worker).
   std::string user;
   bool admin = false;
   bool from_kernel = false;  // identified by the kernel, not by a token
+  // A worker credential: may register workers and move their blobs only.
+  bool worker = false;
+  // What the caller's calls are open under, for revocation and for a
+  // worker name's owner: "unix:UID", "user:NAME" or "worker:NAME".
+  std::string credential;
 };
 
 // The name of `uid` in the password database, or "uid<N>" when it has none.
@@ -30,11 +37,12 @@ std::string UserName(uid_t uid);
 
 class Identities {
  public:
-  // `peers` may be null (no Unix socket). `token` may be empty only where
-  // no TCP listener exists.
-  Identities(const PeerTable* peers, std::string token, uid_t scheduler_uid)
+  // `peers` may be null (no Unix socket). `credentials` (not null) may be
+  // empty only where no TCP listener exists.
+  Identities(const PeerTable* peers, const CredentialTable* credentials,
+             uid_t scheduler_uid)
       : peers_(peers),
-        token_(std::move(token)),
+        credentials_(credentials),
         scheduler_uid_(scheduler_uid) {}
 
   // UNAUTHENTICATED where a TCP caller has no valid token.
@@ -42,7 +50,7 @@ class Identities {
 
  private:
   const PeerTable* const peers_;
-  const std::string token_;
+  const CredentialTable* const credentials_;
   const uid_t scheduler_uid_;
 };
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/duration.h"
 #include "common/endpoint.h"
 #include "common/files.h"
@@ -129,6 +130,32 @@ absl::Status NarrowModes(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// Fills `table` from the store's credentials. With a TCP listener and
+// none stored yet, STATE_DIR/token (made now if missing) becomes the first
+// admin's token, named after the scheduler's user: set-ups from before
+// per-user tokens keep working, and that file stays the way in for a new
+// cluster's first `dlbatch admin user add`.
+absl::Status LoadCredentials(Scheduler* scheduler, const std::string& state_dir,
+                             bool tcp, CredentialTable* table) {
+  absl::StatusOr<std::vector<CredentialRecord>> stored =
+      scheduler->Credentials();
+  if (!stored.ok()) return stored.status();
+  if (stored->empty() && tcp) {
+    absl::StatusOr<std::string> token = LoadOrCreateToken(state_dir);
+    if (!token.ok()) return token.status();
+    CredentialRecord first;
+    first.name = UserName(::geteuid());
+    first.admin = true;
+    first.token_sha256 = TokenSha256(*token);
+    first.created_ms = absl::ToUnixMillis(absl::Now());
+    if (absl::Status s = scheduler->PutCredential(first); !s.ok()) return s;
+    spdlog::info("{}/token is the token of admin '{}'", state_dir, first.name);
+    stored->push_back(std::move(first));
+  }
+  table->Reset(*std::move(stored));
+  return absl::OkStatus();
+}
+
 // Each connection takes a descriptor: the soft limit (often 1024) would let
 // a burst of idle connections exhaust it, so it goes up to the hard limit.
 void RaiseOpenFileLimit() {
@@ -225,12 +252,6 @@ int Run(const Flags& flags) {
     options.profiles.emplace_back(kv.first, max_pool);
   }
 
-  std::string token;
-  if (!endpoint->is_unix) {
-    auto t = LoadOrCreateToken(flags.state_dir);
-    if (!t.ok()) return Fail(std::string(t.status().message()));
-    token = *t;
-  }
   std::string db_path = flags.state_dir + "/dlbatch.db";
   auto store = Store::Open(db_path, flags.sync_full);
   if (!store.ok()) return Fail(std::string(store.status().message()));
@@ -247,11 +268,18 @@ int Run(const Flags& flags) {
   if (auto s = scheduler.Start(); !s.ok())
     return Fail(std::string(s.message()));
 
+  CredentialTable credentials;
+  if (auto loaded = LoadCredentials(&scheduler, flags.state_dir,
+                                    !endpoint->is_unix, &credentials);
+      !loaded.ok()) {
+    return Fail(std::string(loaded.message()));
+  }
   PeerTable peers;
-  Identities identities(&peers, token, ::geteuid());
-  SchedulerService service(&scheduler, blobs->get(), &identities,
-                           flags.shared_visibility);
-  WorkerLinkService link(&scheduler, &identities);
+  OpenCalls open_calls;
+  Identities identities(&peers, &credentials, ::geteuid());
+  SchedulerService service(&scheduler, blobs->get(), &identities, &credentials,
+                           &open_calls, flags.shared_visibility);
+  WorkerLinkService link(&scheduler, &identities, &open_calls);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/endpoint.h"
 #include "common/files.h"
 #include "common/status.h"
 
@@ -33,13 +34,7 @@ size_t RendezvousStore::open_jobs() const {
 absl::Status RendezvousStore::Check(int64_t job_id, int attempt,
                                     const std::string& secret) const {
   // Compared in full whatever the prefix, so timing says nothing.
-  const std::string want = SecretFor(job_id, attempt);
-  unsigned diff = want.size() ^ secret.size();
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff |= static_cast<unsigned char>(want[i]) ^
-            static_cast<unsigned char>(i < secret.size() ? secret[i] : 0);
-  }
-  if (diff != 0) {
+  if (!ConstantTimeEqual(SecretFor(job_id, attempt), secret)) {
     return absl::PermissionDeniedError(absl::StrCat(
         "wrong rendezvous secret for job ", job_id, " attempt ", attempt));
   }

@@ -81,6 +81,15 @@ class WorkerSession {
   virtual ~WorkerSession() = default;
   virtual void Send(const v1::SchedulerMessage& message) = 0;
   virtual void Close(const std::string& why) = 0;
+
+  // The credential the stream was opened under (Caller::credential): a
+  // worker's name belongs to it while the stream is open. Set before the
+  // first message.
+  const std::string& owner() const { return owner_; }
+  void set_owner(std::string owner) { owner_ = std::move(owner); }
+
+ private:
+  std::string owner_;
 };
 
 class Scheduler : private FollowSource {
@@ -135,6 +144,19 @@ class Scheduler : private FollowSource {
   // job holds, a few hundred per transaction so placement never waits
   // long. (scheduler_purge.cc)
   absl::StatusOr<v1::PurgeJobsReply> Purge(const v1::PurgeJobsRequest& request);
+  // Tokens (credentials.h), kept in the store; scheduler_credentials.cc.
+  absl::StatusOr<std::vector<CredentialRecord>> Credentials()
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status PutCredential(const CredentialRecord& record)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<bool> DeleteCredential(const std::string& name, bool worker)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether blob `sha256` is an attachment or checkpoint file of a job now
+  // running on a worker connected under `credential`: what a worker
+  // credential may download.
+  bool WorkerNeedsBlob(const std::string& credential, const std::string& sha256)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Per-user limits and fair-share usage (placement.h). Held in memory
   // only, until a store table and an admin call carry them; usage starts
   // from zero after a restart or a reload.

@@ -331,6 +331,23 @@ absl::Status Scheduler::HandleRegister(
     out->emplace_back(session, std::move(refuse));
     return absl::OkStatus();
   }
+  // A connected worker's name is its credential's: another credential (a
+  // job that started its own worker, another node group's token) may not
+  // take it over and so be handed its jobs. The same credential may: a
+  // restarted worker replaces its old stream.
+  for (const auto& [id, other] : workers_) {
+    if (other.record.name == reg.name() && other.session &&
+        other.session != session &&
+        other.session->owner() != session->owner()) {
+      v1::SchedulerMessage refuse;
+      refuse.set_refused(absl::StrCat(
+          "the worker name '", reg.name(),
+          "' belongs to a worker connected under another credential; give "
+          "this worker another --name"));
+      out->emplace_back(session, std::move(refuse));
+      return absl::OkStatus();
+    }
+  }
   WorkerRecord rec;
   rec.name = reg.name();
   rec.host = reg.host();

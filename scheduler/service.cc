@@ -49,9 +49,29 @@ grpc::Status Reply(absl::StatusOr<T> result, T* reply) {
 }  // namespace
 
 absl::StatusOr<Caller> SchedulerService::Identify(
-    const grpc::ServerContextBase& context) {
+    const grpc::ServerContextBase& context, bool worker_ok) {
   absl::StatusOr<Caller> caller = identities_->Identify(context);
   if (caller.ok() && gate_ != nullptr) gate_->Authenticated(context.peer());
+  if (caller.ok() && caller->worker && !worker_ok) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "permission denied: '", caller->user,
+        "' is a worker credential; it registers workers and moves their "
+        "files, and may not submit, cancel or read jobs (use a user's "
+        "token)"));
+  }
+  return caller;
+}
+
+absl::StatusOr<Caller> SchedulerService::IdentifyAdmin(
+    const grpc::ServerContextBase& context, absl::string_view what) {
+  absl::StatusOr<Caller> caller = Identify(context);
+  if (caller.ok() && !caller->admin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "permission denied: ", what,
+        " is for admins (root or the scheduler's user on its socket, or a "
+        "token made with `dlbatch admin user add NAME --admin`); ",
+        caller->user, " is not one"));
+  }
   return caller;
 }
 
@@ -81,10 +101,13 @@ grpc::ServerUnaryReactor* SchedulerService::SubmitJob(
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  // A caller the kernel named submits as itself, whatever it says.
+  // A caller the kernel or a user's token named submits as itself,
+  // whatever it says; an admin's token may submit for the user it names.
   v1::SubmitJobRequest own;
   const v1::SubmitJobRequest* submit = request;
-  if (caller->from_kernel && request->user() != caller->user) {
+  const bool as_named =
+      !caller->from_kernel && caller->admin && !request->user().empty();
+  if (!as_named && request->user() != caller->user) {
     own = *request;
     own.set_user(caller->user);
     submit = &own;
@@ -162,11 +185,7 @@ void SchedulerService::NoteRendezvousCaller(
     const std::string& secret) {
   if (gate_ == nullptr) return;
   const std::string want = scheduler_->rendezvous().SecretFor(job_id, attempt);
-  unsigned char diff = want.size() == secret.size() ? 0 : 1;
-  for (size_t i = 0; i < want.size() && i < secret.size(); ++i) {
-    diff |= static_cast<unsigned char>(want[i] ^ secret[i]);
-  }
-  if (diff == 0) gate_->Authenticated(context.peer());
+  if (ConstantTimeEqual(want, secret)) gate_->Authenticated(context.peer());
 }
 
 grpc::Status SchedulerService::RendezvousSet(
@@ -231,21 +250,17 @@ grpc::Status SchedulerService::GetStats(grpc::ServerContext* context,
 grpc::Status SchedulerService::PurgeJobs(grpc::ServerContext* context,
                                          const v1::PurgeJobsRequest* request,
                                          v1::PurgeJobsReply* reply) {
-  absl::StatusOr<Caller> caller = Identify(*context);
+  absl::StatusOr<Caller> caller = IdentifyAdmin(*context, "purging jobs");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (!caller->admin) {
-    return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-        "permission denied: purging jobs is for admins (root or the "
-        "scheduler's user); ",
-        caller->user, " is not one")));
-  }
   return Reply(scheduler_->Purge(*request), reply);
 }
 
 grpc::Status SchedulerService::StatBlobs(grpc::ServerContext* context,
                                          const v1::StatBlobsRequest* request,
                                          v1::StatBlobsReply* reply) {
-  CHECK_TOKEN(context);
+  if (auto auth = Authorize(*context, /*worker_ok=*/true); !auth.ok()) {
+    return ToGrpcStatus(auth);
+  }
   for (const auto& sha : request->sha256())
     reply->add_present(blobs_->Size(sha).ok());
   return grpc::Status::OK;
@@ -254,7 +269,9 @@ grpc::Status SchedulerService::StatBlobs(grpc::ServerContext* context,
 grpc::Status SchedulerService::UploadBlob(
     grpc::ServerContext* context, grpc::ServerReader<v1::BlobChunk>* reader,
     v1::BlobRef* reply) {
-  CHECK_TOKEN(context);
+  if (auto auth = Authorize(*context, /*worker_ok=*/true); !auth.ok()) {
+    return ToGrpcStatus(auth);
+  }
   v1::BlobChunk chunk;
   if (!reader->Read(&chunk)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty upload");
@@ -287,11 +304,18 @@ grpc::Status SchedulerService::UploadBlob(
 grpc::Status SchedulerService::DownloadBlob(
     grpc::ServerContext* context, const v1::DownloadBlobRequest* request,
     grpc::ServerWriter<v1::BlobChunk>* writer) {
-  absl::StatusOr<Caller> caller = Identify(*context);
+  absl::StatusOr<Caller> caller = Identify(*context, /*worker_ok=*/true);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   // Blobs are named by content: knowing a name must not be enough to read
-  // another user's outputs or attachments.
-  if (!caller->admin && !shared_visibility_) {
+  // another user's outputs or attachments. A worker credential gets what
+  // the jobs running on its workers need.
+  if (caller->worker) {
+    if (!scheduler_->WorkerNeedsBlob(caller->credential, request->sha256())) {
+      return ToGrpcStatus(absl::PermissionDeniedError(
+          absl::StrCat("permission denied: no job running on a worker of '",
+                       caller->user, "' needs blob ", request->sha256())));
+    }
+  } else if (!caller->admin && !shared_visibility_) {
     absl::StatusOr<bool> held =
         scheduler_->UserHoldsBlob(caller->user, request->sha256());
     if (!held.ok()) return ToGrpcStatus(held.status());
@@ -366,12 +390,15 @@ class StreamSession final : public WorkerSession {
 class WorkerStream final
     : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage> {
  public:
-  WorkerStream(Scheduler* scheduler, const absl::Status& auth)
+  WorkerStream(Scheduler* scheduler, const absl::StatusOr<Caller>& caller,
+               OpenCalls* open_calls, grpc::CallbackServerContext* context)
       : scheduler_(scheduler), session_(std::make_shared<StreamSession>(this)) {
-    if (!auth.ok()) {
-      Finish(ToGrpcStatus(auth));
+    if (!caller.ok()) {
+      Finish(ToGrpcStatus(caller.status()));
       return;
     }
+    session_->set_owner(caller->credential);
+    revocable_.Open(open_calls, caller->credential, context);
     StartRead(&incoming_);
   }
 
@@ -388,6 +415,7 @@ class WorkerStream final
   void OnWriteDone(bool) override { session_->OnWriteDone(); }
   void OnCancel() override { session_->Close("the stream was cancelled"); }
   void OnDone() override {
+    revocable_.Close();
     Gone();
     session_->Detach();
     delete this;
@@ -404,6 +432,7 @@ class WorkerStream final
   std::shared_ptr<StreamSession> session_;
   v1::WorkerMessage incoming_;
   bool gone_reported_ = false;  // reactions on this stream are serialised
+  RevocableCall revocable_;
   friend class StreamSession;
 };
 
@@ -462,15 +491,15 @@ void StreamSession::Detach() {
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>*
 WorkerLinkService::Connect(grpc::CallbackServerContext* context) {
   absl::StatusOr<Caller> caller = identities_->Identify(*context);
-  absl::Status auth = caller.status();
-  if (caller.ok() && !caller->admin) {
-    auth = absl::PermissionDeniedError(absl::StrCat(
+  if (caller.ok() && gate_ != nullptr) gate_->Authenticated(context->peer());
+  if (caller.ok() && !caller->admin && !caller->worker) {
+    caller = absl::PermissionDeniedError(absl::StrCat(
         "permission denied: ", caller->user,
-        " may not register a worker; workers run as root or as the "
-        "scheduler's user, or present its token over TCP"));
+        " may not register a worker; a worker runs as root or as the "
+        "scheduler's user on its socket, or presents a worker credential "
+        "(`dlbatch admin worker-token NAME`) or an admin's token"));
   }
-  if (auth.ok() && gate_ != nullptr) gate_->Authenticated(context->peer());
-  return new WorkerStream(scheduler_, std::move(auth));
+  return new WorkerStream(scheduler_, caller, open_calls_, context);
 }
 
 }  // namespace dlbatch::scheduler

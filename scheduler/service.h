@@ -7,9 +7,11 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 #include "scheduler/blob_store.h"
 #include "scheduler/connection_gate.h"
+#include "scheduler/credentials.h"
 #include "scheduler/identity.h"
 #include "scheduler/scheduler.h"
 
@@ -28,11 +30,17 @@ class SchedulerService final
   // `identities` is borrowed. shared_visibility: every caller may read
   // every job's diary, progress and outputs (never another's env:, never
   // cancel another's job).
+  // `credentials` is the table `identities` reads: AddCredential and
+  // RevokeCredential change it after the store. `open_calls` holds the
+  // long-lived calls, so a revoke ends them.
   SchedulerService(Scheduler* scheduler, BlobStore* blobs,
-                   const Identities* identities, bool shared_visibility)
+                   const Identities* identities, CredentialTable* credentials,
+                   OpenCalls* open_calls, bool shared_visibility)
       : scheduler_(scheduler),
         blobs_(blobs),
         identities_(identities),
+        credentials_(credentials),
+        open_calls_(open_calls),
         shared_visibility_(shared_visibility) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
@@ -90,17 +98,34 @@ class SchedulerService final
   grpc::Status DownloadBlob(grpc::ServerContext* context,
                             const v1::DownloadBlobRequest* request,
                             grpc::ServerWriter<v1::BlobChunk>* writer) override;
+  // Admins only (service_credentials.cc).
+  grpc::Status AddCredential(grpc::ServerContext* context,
+                             const v1::AddCredentialRequest* request,
+                             v1::AddCredentialReply* reply) override;
+  grpc::Status ListCredentials(grpc::ServerContext* context,
+                               const v1::ListCredentialsRequest* request,
+                               v1::ListCredentialsReply* reply) override;
+  grpc::Status RevokeCredential(grpc::ServerContext* context,
+                                const v1::RevokeCredentialRequest* request,
+                                v1::RevokeCredentialReply* reply) override;
 
   // Calls that authenticate take their connection out of `gate`'s watch
   // (TCP connections; none is watched where this is not called).
   void set_connection_gate(ConnectionGate* gate) { gate_ = gate; }
 
  private:
-  // Who calls; a call identified marks its connection as authenticated.
-  absl::StatusOr<Caller> Identify(const grpc::ServerContextBase& context);
-  absl::Status Authorize(const grpc::ServerContextBase& context) {
-    return Identify(context).status();
+  // Who calls; a call identified marks its connection as authenticated. A
+  // worker credential is refused unless `worker_ok` (the blob calls its
+  // workers make).
+  absl::StatusOr<Caller> Identify(const grpc::ServerContextBase& context,
+                                  bool worker_ok = false);
+  absl::Status Authorize(const grpc::ServerContextBase& context,
+                         bool worker_ok = false) {
+    return Identify(context, worker_ok).status();
   }
+  // An admin, or PERMISSION_DENIED saying that `what` is for admins.
+  absl::StatusOr<Caller> IdentifyAdmin(const grpc::ServerContextBase& context,
+                                       absl::string_view what);
   // Whether `caller` may read (diary, progress, outputs) or, with
   // `control`, cancel job `job_id`: its owner and admins may;
   // --shared-visibility lets everyone read. PERMISSION_DENIED names the
@@ -116,16 +141,22 @@ class SchedulerService final
   Scheduler* scheduler_;
   BlobStore* blobs_;
   const Identities* const identities_;
+  CredentialTable* const credentials_;
+  OpenCalls* const open_calls_;
   const bool shared_visibility_;
   ConnectionGate* gate_ = nullptr;
+  absl::Mutex admin_mu_;  // one credential change at a time
 };
 
 class WorkerLinkService final : public v1::WorkerLink::CallbackService {
  public:
-  // Only admins (root or the scheduler's user on the socket, token holders
-  // over TCP) may register a worker.
-  WorkerLinkService(Scheduler* scheduler, const Identities* identities)
-      : scheduler_(scheduler), identities_(identities) {}
+  // Admins (root or the scheduler's user on the socket, admin tokens) and
+  // worker credentials may register a worker; user tokens may not.
+  WorkerLinkService(Scheduler* scheduler, const Identities* identities,
+                    OpenCalls* open_calls)
+      : scheduler_(scheduler),
+        identities_(identities),
+        open_calls_(open_calls) {}
   grpc::ServerBidiReactor<v1::WorkerMessage, v1::SchedulerMessage>* Connect(
       grpc::CallbackServerContext* context) override;
   void set_connection_gate(ConnectionGate* gate) { gate_ = gate; }
@@ -133,7 +164,28 @@ class WorkerLinkService final : public v1::WorkerLink::CallbackService {
  private:
   Scheduler* scheduler_;
   const Identities* const identities_;
+  OpenCalls* const open_calls_;
   ConnectionGate* gate_ = nullptr;
+};
+
+// A long-lived call's registration under its caller's credential, so that
+// revoking the credential ends the call (ServerContext::TryCancel). Open
+// once the call is admitted; Close first thing in the reactor's OnDone.
+class RevocableCall {
+ public:
+  void Open(OpenCalls* calls, const std::string& credential,
+            grpc::CallbackServerContext* context) {
+    calls_ = calls;
+    id_ = calls->Add(credential, [context] { context->TryCancel(); });
+  }
+  void Close() {
+    if (calls_ != nullptr && id_ != 0) calls_->Remove(id_);
+    id_ = 0;
+  }
+
+ private:
+  OpenCalls* calls_ = nullptr;
+  int64_t id_ = 0;
 };
 
 }  // namespace dlbatch::scheduler

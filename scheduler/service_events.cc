@@ -14,12 +14,14 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::ClusterEvent>,
                           public EventWriter {
  public:
   WatchStream(Scheduler* scheduler, const v1::WatchEventsRequest& request,
-              const absl::Status& auth)
+              const absl::StatusOr<Caller>& caller, OpenCalls* open_calls,
+              grpc::CallbackServerContext* context)
       : scheduler_(scheduler) {
-    if (!auth.ok()) {
-      Finish(ToGrpcStatus(auth));
+    if (!caller.ok()) {
+      Finish(ToGrpcStatus(caller.status()));
       return;
     }
+    revocable_.Open(open_calls, caller->credential, context);
     auto queue = scheduler_->Watch(request, this);
     if (!queue.ok()) {
       Finish(ToGrpcStatus(queue.status()));
@@ -41,6 +43,7 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::ClusterEvent>,
     if (queue_) queue_->Close();
   }
   void OnDone() override {
+    revocable_.Close();
     if (queue_) {
       scheduler_->Unwatch(queue_.get());
       queue_->Detach();
@@ -52,6 +55,7 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::ClusterEvent>,
   Scheduler* scheduler_;
   std::shared_ptr<WatchQueue> queue_;  // null if refused
   v1::ClusterEvent out_;               // the write in flight
+  RevocableCall revocable_;
 };
 
 }  // namespace
@@ -59,7 +63,8 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::ClusterEvent>,
 grpc::ServerWriteReactor<v1::ClusterEvent>* SchedulerService::WatchEvents(
     grpc::CallbackServerContext* context,
     const v1::WatchEventsRequest* request) {
-  return new WatchStream(scheduler_, *request, Authorize(*context));
+  return new WatchStream(scheduler_, *request, Identify(*context), open_calls_,
+                         context);
 }
 
 }  // namespace dlbatch::scheduler

@@ -14,12 +14,14 @@ class DiaryStream final : public grpc::ServerWriteReactor<v1::DiaryChunk>,
                           public DiaryWriter {
  public:
   DiaryStream(DiaryFollowHub* hub, const v1::ReadDiaryRequest& request,
-              const absl::Status& auth)
+              const absl::StatusOr<Caller>& caller, OpenCalls* open_calls,
+              grpc::CallbackServerContext* context)
       : hub_(hub) {
-    if (!auth.ok()) {
-      Finish(ToGrpcStatus(auth));
+    if (!caller.ok()) {
+      Finish(ToGrpcStatus(caller.status()));
       return;
     }
+    revocable_.Open(open_calls, caller->credential, context);
     call_ = hub_->ReadDiary(request, this);
     hub_->Start(call_);
   }
@@ -38,6 +40,7 @@ class DiaryStream final : public grpc::ServerWriteReactor<v1::DiaryChunk>,
     if (call_) hub_->Cancel(call_);
   }
   void OnDone() override {
+    revocable_.Close();
     if (call_) hub_->Detach(call_);
     delete this;
   }
@@ -46,17 +49,20 @@ class DiaryStream final : public grpc::ServerWriteReactor<v1::DiaryChunk>,
   DiaryFollowHub* const hub_;
   DiaryFollowHub::Handle call_;  // null if refused
   v1::DiaryChunk out_;           // the write in flight
+  RevocableCall revocable_;
 };
 
 class WaitCall final : public grpc::ServerUnaryReactor, public WaitReplier {
  public:
   WaitCall(DiaryFollowHub* hub, const v1::WaitJobsRequest& request,
-           v1::WaitJobsReply* reply, const absl::Status& auth)
+           v1::WaitJobsReply* reply, const absl::StatusOr<Caller>& caller,
+           OpenCalls* open_calls, grpc::CallbackServerContext* context)
       : hub_(hub), reply_(reply) {
-    if (!auth.ok()) {
-      Finish(ToGrpcStatus(auth));
+    if (!caller.ok()) {
+      Finish(ToGrpcStatus(caller.status()));
       return;
     }
+    revocable_.Open(open_calls, caller->credential, context);
     call_ = hub_->Wait(request, this);
     hub_->Start(call_);
   }
@@ -74,6 +80,7 @@ class WaitCall final : public grpc::ServerUnaryReactor, public WaitReplier {
     if (call_) hub_->Cancel(call_);
   }
   void OnDone() override {
+    revocable_.Close();
     if (call_) hub_->Detach(call_);
     delete this;
   }
@@ -82,6 +89,7 @@ class WaitCall final : public grpc::ServerUnaryReactor, public WaitReplier {
   DiaryFollowHub* const hub_;
   v1::WaitJobsReply* const reply_;
   DiaryFollowHub::Handle call_;  // null if refused
+  RevocableCall revocable_;
 };
 
 }  // namespace
@@ -89,16 +97,19 @@ class WaitCall final : public grpc::ServerUnaryReactor, public WaitReplier {
 grpc::ServerWriteReactor<v1::DiaryChunk>* SchedulerService::ReadDiary(
     grpc::CallbackServerContext* context, const v1::ReadDiaryRequest* request) {
   absl::StatusOr<Caller> caller = Identify(*context);
-  absl::Status may = caller.status();
-  if (may.ok()) may = MayAccess(*caller, request->job_id(), /*control=*/false);
-  return new DiaryStream(&scheduler_->followers(), *request, std::move(may));
+  if (caller.ok()) {
+    absl::Status may = MayAccess(*caller, request->job_id(), false);
+    if (!may.ok()) caller = may;
+  }
+  return new DiaryStream(&scheduler_->followers(), *request, caller,
+                         open_calls_, context);
 }
 
 grpc::ServerUnaryReactor* SchedulerService::WaitJobs(
     grpc::CallbackServerContext* context, const v1::WaitJobsRequest* request,
     v1::WaitJobsReply* reply) {
   return new WaitCall(&scheduler_->followers(), *request, reply,
-                      Authorize(*context));
+                      Identify(*context), open_calls_, context);
 }
 
 }  // namespace dlbatch::scheduler

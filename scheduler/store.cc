@@ -12,11 +12,18 @@ namespace dlbatch::scheduler {
 namespace {
 
 // Version 2 added jobs.sweep_id; version 3 diary_cuts, job_blobs and
-// jobs_by_end. Older files are migrated on open.
-constexpr int kSchemaVersion = 3;
+// jobs_by_end; version 4 credentials. Older files are migrated on open.
+constexpr int kSchemaVersion = 4;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS credentials(
+  name TEXT NOT NULL,
+  worker INTEGER NOT NULL,
+  admin INTEGER NOT NULL,
+  token_sha256 TEXT NOT NULL UNIQUE,
+  created_ms INTEGER NOT NULL,
+  PRIMARY KEY(name, worker));
 CREATE TABLE IF NOT EXISTS profiles(
   name TEXT PRIMARY KEY,
   max_pool INTEGER NOT NULL DEFAULT 0);
@@ -274,6 +281,52 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   // tens of milliseconds, run beside them instead of inside them.
   RETURN_IF_ERROR(store->db_->CheckpointInBackground());
   return store;
+}
+
+absl::Status Store::PutCredential(const CredentialRecord& record) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT INTO credentials(name, worker, admin, "
+                   "token_sha256, created_ms) VALUES(?,?,?,?,?) "
+                   "ON CONFLICT(name, worker) DO UPDATE SET "
+                   "admin=excluded.admin, token_sha256=excluded.token_sha256, "
+                   "created_ms=excluded.created_ms"));
+  return st->Bind(1, record.name)
+      .Bind(2, record.worker ? 1 : 0)
+      .Bind(3, record.admin ? 1 : 0)
+      .Bind(4, record.token_sha256)
+      .Bind(5, record.created_ms)
+      .Run();
+}
+
+absl::StatusOr<bool> Store::DeleteCredential(const std::string& name,
+                                             bool worker) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("DELETE FROM credentials WHERE name=? AND worker=?"));
+  RETURN_IF_ERROR(st->Bind(1, name).Bind(2, worker ? 1 : 0).Run());
+  return db_->Changes() > 0;
+}
+
+absl::StatusOr<std::vector<CredentialRecord>> Store::Credentials() {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT name, worker, admin, token_sha256, "
+                                "created_ms FROM credentials "
+                                "ORDER BY worker, name"));
+  std::vector<CredentialRecord> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    CredentialRecord r;
+    r.name = st->Text(0);
+    r.worker = st->Int(1) != 0;
+    r.admin = st->Int(2) != 0;
+    r.token_sha256 = st->Text(3);
+    r.created_ms = st->Int(4);
+    out.push_back(std::move(r));
+  }
+  st->Reset();
+  return out;
 }
 
 absl::StatusOr<int64_t> Store::InsertJob(const JobRecord& job) {

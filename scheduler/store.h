@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "dlbatch/v1/scheduler.pb.h"
+#include "scheduler/credentials.h"
 #include "scheduler/placement.h"
 #include "scheduler/sqlite.h"
 
@@ -100,6 +101,12 @@ class Store {
                              const v1::CheckpointStored& checkpoint);
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
   absl::StatusOr<int64_t> UpsertWorker(const WorkerRecord& worker);
+
+  // Tokens, by their hash (credentials.h). Put replaces the name's token;
+  // Delete returns whether there was one.
+  absl::Status PutCredential(const CredentialRecord& record);
+  absl::StatusOr<bool> DeleteCredential(const std::string& name, bool worker);
+  absl::StatusOr<std::vector<CredentialRecord>> Credentials();
 
   // Diary cap bookkeeping (see DiaryCut).
   absl::StatusOr<std::optional<DiaryCut>> GetDiaryCut(int64_t job_id);

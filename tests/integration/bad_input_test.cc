@@ -174,7 +174,8 @@ TEST(BadInputStandalone, TcpNeedsTheRightToken) {
       Exec({BinDir() + "/dlbatch", "--scheduler", c.address(), "jobs"},
            {{"DLBATCH_TOKEN", "not-the-token"}});
   EXPECT_NE(wrong.code, 0);
-  EXPECT_NE(wrong.err.find("wrong token"), std::string::npos) << wrong.err;
+  EXPECT_NE(wrong.err.find("token presented is not valid"), std::string::npos)
+      << wrong.err;
   Result right =
       Exec({BinDir() + "/dlbatch", "--scheduler", c.address(), "--token-file",
             c.scheduler_state() + "/token", "profiles"});
@@ -185,7 +186,8 @@ TEST(BadInputStandalone, TcpNeedsTheRightToken) {
             "--work-dir", c.dir() + "/w", "--cpu-slots", "1"},
            {{"DLBATCH_TOKEN", "nope"}}, 20000);
   EXPECT_NE(worker.code, 0);
-  EXPECT_NE(worker.err.find("wrong token"), std::string::npos) << worker.err;
+  EXPECT_NE(worker.err.find("token presented is not valid"), std::string::npos)
+      << worker.err;
 }
 
 TEST(BadInputStandalone, FullDiskFailsTheJobAndKeepsTheStoreConsistent) {

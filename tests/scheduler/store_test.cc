@@ -160,15 +160,15 @@ TEST_F(StoreTest, OpenCreatesTheSchemaAndReopensIt) {
 
 TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   ASSERT_TRUE(
-      store_->db()->Exec("UPDATE meta SET value='4' WHERE key='schema'").ok());
+      store_->db()->Exec("UPDATE meta SET value='99' WHERE key='schema'").ok());
   store_.reset();
   auto reopened = Store::Open(path_, false);
   ASSERT_FALSE(reopened.ok());
   EXPECT_EQ(reopened.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("schema version 4"));
+              HasSubstr("schema version 99"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 3"));
+              HasSubstr("reads version 4"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -184,7 +184,7 @@ TEST_F(StoreTest, RefusesANewerLayoutBeforeTouchingIt) {
         (*db)
             ->Exec(
                 "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-                "INSERT INTO meta VALUES('schema', '4');"
+                "INSERT INTO meta VALUES('schema', '99');"
                 "CREATE TABLE diary(n INTEGER PRIMARY KEY, body BLOB);")
             .ok());
   }
@@ -192,7 +192,7 @@ TEST_F(StoreTest, RefusesANewerLayoutBeforeTouchingIt) {
   ASSERT_FALSE(opened.ok());
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(opened.status().message()),
-              HasSubstr("schema version 4"));
+              HasSubstr("schema version 99"));
 
   auto db = Database::Open(newer, false, false);
   ASSERT_TRUE(db.ok());
@@ -216,7 +216,7 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "3");
+  EXPECT_EQ((*version)->Text(0), "4");
   (*version)->Reset();
   auto job = reader().GetJob(old);
   ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
@@ -229,6 +229,46 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
   EXPECT_EQ(store_->NextSweepId().value(), 2);
   Reopen();  // the migrated file reopens as version 2
   EXPECT_EQ(store_->CountJobs().value(), 2);
+}
+
+TEST_F(StoreTest, CredentialsAreKeptByHashReplacedByNameAndDeleted) {
+  CredentialRecord alice;
+  alice.name = "alice";
+  alice.admin = true;
+  alice.token_sha256 = TokenSha256("dlbu_a");
+  alice.created_ms = 5;
+  CredentialRecord nodes;
+  nodes.name = "alice";  // the same name as a worker credential: another row
+  nodes.worker = true;
+  nodes.token_sha256 = TokenSha256("dlbw_n");
+  ASSERT_TRUE(store_->PutCredential(alice).ok());
+  ASSERT_TRUE(store_->PutCredential(nodes).ok());
+  Reopen();
+  auto all = store_->Credentials();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].name, "alice");
+  EXPECT_FALSE((*all)[0].worker);
+  EXPECT_TRUE((*all)[0].admin);
+  EXPECT_EQ((*all)[0].token_sha256, TokenSha256("dlbu_a"));
+  EXPECT_EQ((*all)[0].created_ms, 5);
+  EXPECT_TRUE((*all)[1].worker);
+  // No token is stored, only its hash.
+  auto raw = store_->db()->Prepare(
+      "SELECT COUNT(*) FROM credentials WHERE token_sha256 LIKE 'dlb%'");
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE((*raw)->Step().value());
+  EXPECT_EQ((*raw)->Int(0), 0);
+  (*raw)->Reset();
+
+  alice.token_sha256 = TokenSha256("dlbu_b");
+  ASSERT_TRUE(store_->PutCredential(alice).ok());
+  EXPECT_EQ(store_->Credentials()->size(), 2u);
+  EXPECT_EQ(store_->Credentials()->at(0).token_sha256, TokenSha256("dlbu_b"));
+  EXPECT_TRUE(store_->DeleteCredential("alice", /*worker=*/false).value());
+  EXPECT_FALSE(store_->DeleteCredential("alice", /*worker=*/false).value());
+  ASSERT_EQ(store_->Credentials()->size(), 1u);
+  EXPECT_TRUE(store_->Credentials()->at(0).worker);
 }
 
 TEST_F(StoreTest, RefusesAFileThatIsNotADatabase) {

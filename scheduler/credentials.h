@@ -1,0 +1,90 @@
+// Tokens the scheduler accepts, and the calls open under each. A user token
+// acts as its user (an admin token as any user it names); a worker token
+// may register workers and move their blobs, and nothing else. Only the
+// sha256 of a token is kept, in the store and here: a token is looked up
+// by its hash, so nothing compares secrets byte by byte. The table is the
+// scheduler's working copy of the store's credentials; the service writes
+// the store first, then the table, so a revoke that returns is in force.
+#ifndef DLBATCH_SCHEDULER_CREDENTIALS_H_
+#define DLBATCH_SCHEDULER_CREDENTIALS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace dlbatch::scheduler {
+
+struct CredentialRecord {
+  std::string name;
+  bool worker = false;
+  bool admin = false;
+  std::string token_sha256;  // hex
+  int64_t created_ms = 0;
+
+  // What identifies the credential's calls: "user:NAME" or "worker:NAME".
+  std::string Key() const;
+};
+
+// Names: letters, digits and . _ - (a user's login name, a worker group),
+// at most 64 characters, not starting with '-'.
+absl::Status CheckCredentialName(absl::string_view name);
+
+// A new token: "dlbu_" (user) or "dlbw_" (worker) and 64 hex digits from
+// /dev/urandom.
+absl::StatusOr<std::string> NewToken(bool worker);
+std::string TokenSha256(absl::string_view token);
+
+class CredentialTable {
+ public:
+  void Reset(std::vector<CredentialRecord> records);
+  void Put(CredentialRecord record);
+  void Remove(const std::string& name, bool worker);
+  std::optional<CredentialRecord> FindByToken(absl::string_view token) const;
+  bool empty() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, CredentialRecord> by_hash_ ABSL_GUARDED_BY(mu_);
+};
+
+// The long-lived calls (diary -f, monitor, wait, a worker's stream) open
+// under each credential, so a revoke can end them at once.
+class OpenCalls {
+ public:
+  // `end` ends the call (e.g. the call's ServerContext::TryCancel); it is
+  // called at most once, never after Remove(id) has returned. It may run
+  // the call's own reactor callbacks inline, Remove included.
+  int64_t Add(const std::string& key, std::function<void()> end);
+  // The call is done: from here on `end` is not called. Waits for an `end`
+  // running on another thread.
+  void Remove(int64_t id);
+  // Ends every call open under `key`; returns how many.
+  int EndAll(const std::string& key);
+
+ private:
+  struct Entry {
+    std::string key;
+    std::function<void()> end;
+    // Held while `end` runs; recursive because `end` may reach Remove on
+    // the same thread.
+    std::recursive_mutex mu;
+    bool done = false;
+  };
+  absl::Mutex mu_;
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<int64_t, std::shared_ptr<Entry>> open_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dlbatch::scheduler
+
+#endif  // DLBATCH_SCHEDULER_CREDENTIALS_H_
