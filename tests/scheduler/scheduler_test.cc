@@ -1289,7 +1289,7 @@ TEST_F(SchedulerTest, UserLimitsHoldJobsBackAndSayWhy) {
   UserLimit limit;
   limit.max_slots = 2;
   limit.max_queued = 1;
-  scheduler_->SetUserLimit("alice", "local", limit);
+  ASSERT_TRUE(scheduler_->SetUserLimit("alice", "local", limit).ok());
   const int64_t first = Submit(2);
   ASSERT_TRUE(session->WaitFor(IsStart(first, 1)).has_value());
   const int64_t second = Submit(1);
@@ -1308,7 +1308,7 @@ TEST_F(SchedulerTest, UserLimitsHoldJobsBackAndSayWhy) {
   ASSERT_TRUE(session->WaitFor(IsStart(bob_reply->job_id(), 1)).has_value());
   ASSERT_EQ(scheduler_->UserLimits().size(), 1u);
   limit.max_slots = 3;
-  scheduler_->SetUserLimit("alice", "local", limit);
+  ASSERT_TRUE(scheduler_->SetUserLimit("alice", "local", limit).ok());
   ASSERT_TRUE(session->WaitFor(IsStart(second, 1)).has_value());
 }
 
