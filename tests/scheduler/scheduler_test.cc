@@ -19,6 +19,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -1310,6 +1311,91 @@ TEST_F(SchedulerTest, UserLimitsHoldJobsBackAndSayWhy) {
   limit.max_slots = 3;
   ASSERT_TRUE(scheduler_->SetUserLimit("alice", "local", limit).ok());
   ASSERT_TRUE(session->WaitFor(IsStart(second, 1)).has_value());
+}
+
+// A worker started as root: the scheduler asks it about each user.
+std::shared_ptr<FakeSession> ConnectRootWorker(Scheduler* scheduler,
+                                               const std::string& name) {
+  auto session = std::make_shared<FakeSession>();
+  v1::WorkerMessage m;
+  v1::Register* reg = m.mutable_register_();
+  reg->set_name(name);
+  reg->set_host("host-" + name);
+  reg->set_profile("local");
+  reg->add_devices()->set_kind("cpu");
+  reg->set_runs_as_any_user(true);
+  reg->set_user("root");
+  scheduler->OnWorkerMessage(session, std::move(m));
+  EXPECT_TRUE(session->WaitFor(IsRegistered()).has_value());
+  return session;
+}
+
+void Answer(Scheduler* scheduler, const std::shared_ptr<FakeSession>& session,
+            const std::string& user, bool known) {
+  v1::WorkerMessage m;
+  m.mutable_user_answer()->set_user(user);
+  m.mutable_user_answer()->set_known(known);
+  scheduler->OnWorkerMessage(session, std::move(m));
+}
+
+FakeSession::Predicate IsQuery(const std::string& user) {
+  return [=](const Message& m) {
+    return m.has_user_query() && m.user_query().user() == user;
+  };
+}
+
+// The worker's machine knows alice only: her job runs there, a job of a
+// user it does not know is refused at submit, naming the worker.
+TEST_F(SchedulerTest, ARootWorkerIsAskedAboutEachUser) {
+  StartScheduler();
+  auto session = ConnectRootWorker(scheduler_.get(), "w1");
+  std::atomic<bool> done{false};
+  std::thread answers([&] {
+    std::set<std::string> answered;
+    while (!done) {
+      for (const Message& m : session->Matching(
+               [](const Message& m) { return m.has_user_query(); })) {
+        const std::string& user = m.user_query().user();
+        if (answered.insert(user).second) {
+          Answer(scheduler_.get(), session, user, user == "alice");
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  const int64_t id = Submit(1);
+  EXPECT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
+  v1::SubmitJobRequest ghost = CommandJob(1);
+  ghost.set_user("ghost");
+  auto refused = scheduler_->Submit(ghost);
+  done = true;
+  answers.join();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("no worker of profile 'local' runs ghost's jobs: 'w1' "
+                        "has no user ghost"));
+  // Each user is asked once per session.
+  EXPECT_EQ(session->Matching(IsQuery("alice")).size(), 1u);
+}
+
+// A worker that does not answer holds a submit back briefly, never for
+// good: the job is queued, says what it waits for, and starts once the
+// answer comes.
+TEST_F(SchedulerTest, AWorkerThatDoesNotAnswerDelaysASubmitOnlyBriefly) {
+  StartScheduler();
+  auto session = ConnectRootWorker(scheduler_.get(), "w1");
+  const absl::Time before = absl::Now();
+  const int64_t id = Submit(1);
+  EXPECT_LT(absl::Now() - before, absl::Seconds(30));  // bounded, not hung
+  ASSERT_TRUE(session->WaitFor(IsQuery("alice")).has_value());
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(job.wait_reason(),
+              HasSubstr("no online worker runs alice's jobs ('w1' has not "
+                        "said yet whether it knows alice)"));
+  Answer(scheduler_.get(), session, "alice", true);
+  EXPECT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
 }
 
 }  // namespace
