@@ -125,6 +125,38 @@ TEST_F(LimitsTest, UsageSurvivesARestart) {
   EXPECT_NEAR(after, before, 0.01) << "before " << before;
 }
 
+// Fair share across a restart: root used the cluster before it, so
+// nobody's job, submitted after root's next one, starts first. (Without the
+// stored usage, root would count as having used nothing, and go first.)
+TEST_F(LimitsTest, FairShareRemembersUsageAcrossARestart) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to run the CLI as another user (setpriv)";
+  }
+  const int64_t used = c_.Submit(
+      c_.JobFile("used.yaml", "command: [sleep, '2']\n"), {"--pool", "4"});
+  ASSERT_TRUE(c_.WaitState(used, "JOB_STATE_FINISHED")) << c_.Logs();
+  Restart();
+  // nobody holds every slot for a second (less than root's two).
+  const std::string hold = c_.JobFile("hold.yaml", "command: [sleep, '1']\n");
+  ASSERT_EQ(chmod(hold.c_str(), 0644), 0);
+  Result r = Nobody({"submit", "-q", "--pool", "4", hold});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const int64_t held = std::stoll(r.out);
+  ASSERT_TRUE(c_.WaitState(held, "JOB_STATE_RUNNING")) << c_.Logs();
+  const std::string quick = c_.JobFile("quick.yaml", "command: [true]\n");
+  ASSERT_EQ(chmod(quick.c_str(), 0644), 0);
+  const int64_t roots = c_.Submit(quick, {"--pool", "4"});
+  r = Nobody({"submit", "-q", "--pool", "4", quick});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const int64_t theirs = std::stoll(r.out);
+  ASSERT_TRUE(c_.WaitState(roots, "JOB_STATE_FINISHED")) << c_.Logs();
+  ASSERT_TRUE(c_.WaitState(theirs, "JOB_STATE_FINISHED")) << c_.Logs();
+  const int64_t root_start = JsonInt(c_.ShowJson(roots), "start_time_ms");
+  const int64_t their_start = JsonInt(c_.ShowJson(theirs), "start_time_ms");
+  EXPECT_LT(their_start, root_start)
+      << "nobody's job " << theirs << " should start before root's " << roots;
+}
+
 TEST_F(LimitsTest, OnlyAnAdminSetsLimitsOrReadsUsage) {
   if (geteuid() != 0) {
     GTEST_SKIP() << "needs root to run the CLI as another user (setpriv)";
