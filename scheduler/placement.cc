@@ -1007,6 +1007,14 @@ void PlacementCore::SetWorkerUser(WorkerId worker, const std::string& user,
   if (w->profile != nullptr) ++w->profile->users_gen;
 }
 
+void PlacementCore::ForgetWorkerUser(WorkerId worker, const std::string& user) {
+  Worker* w = state_->FindWorker(worker);
+  if (w == nullptr || w->users.anyone) return;
+  w->users.can.erase(user);
+  w->users.cannot.erase(user);
+  if (w->profile != nullptr) ++w->profile->users_gen;
+}
+
 std::vector<std::pair<WorkerId, UserFit>> PlacementCore::UserFits(
     const std::string& profile, const std::string& user) const {
   std::vector<std::pair<WorkerId, UserFit>> out;

@@ -192,6 +192,8 @@ class PlacementCore {
   void SetWorkerUsers(WorkerId worker, WorkerUsers users);
   // The worker's answer about one user (kept until SetWorkerUsers).
   void SetWorkerUser(WorkerId worker, const std::string& user, bool can);
+  // Drops the worker's answer about `user`: undecided again (asked anew).
+  void ForgetWorkerUser(WorkerId worker, const std::string& user);
   // Whether each registered worker of `profile` (online or not) runs
   // `user`'s jobs, by worker id.
   std::vector<std::pair<WorkerId, UserFit>> UserFits(

@@ -64,6 +64,9 @@ struct SchedulerOptions {
   // Fair share: a user's usage halves over this long (0: no decay).
   int64_t fair_share_half_life_ms = int64_t{7} * 24 * 3600 * 1000;
   // (Limits and the usage of ended jobs are kept in the store.)
+  // A root worker's "no such user" is trusted this long; a submit after it
+  // asks the worker again (the account may have been added).
+  int64_t unknown_user_recheck_ms = int64_t{10} * 60 * 1000;
 };
 
 // A running job's diary against its cap: the stored cut, and (once cut)
@@ -192,6 +195,9 @@ class Scheduler : private FollowSource {
     bool runs_as_any = false;
     std::string run_user;
     std::set<std::string> asked;
+    // Users it said it does not know, and when (monotonic ms): asked again
+    // after options_.unknown_user_recheck_ms (an account added since).
+    std::map<std::string, int64_t> unknown_since;
   };
   using Outbox = std::vector<
       std::pair<std::shared_ptr<WorkerSession>, v1::SchedulerMessage>>;

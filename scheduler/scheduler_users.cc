@@ -11,8 +11,9 @@
 // matter. A user is asked about when their job is submitted (the submit
 // waits briefly for the answers, so that a user no worker knows is refused
 // at once), when a worker joins with jobs of that user queued, and when a
-// job of theirs is requeued. Answers hold for the worker's session: a
-// worker that reconnects is asked again.
+// job of theirs is requeued. Answers hold for the worker's session (a
+// worker that reconnects is asked again), and a "no" only for
+// unknown_user_recheck_ms: a submit after it asks again.
 #include <set>
 #include <string>
 #include <vector>
@@ -38,6 +39,7 @@ void Scheduler::RegisterWorkerUsers(WorkerState& worker,
   worker.runs_as_any = reg.runs_as_any_user();
   worker.run_user = reg.user();
   worker.asked.clear();
+  worker.unknown_since.clear();
   WorkerUsers users;
   if (!reg.user().empty()) {
     users.anyone = false;
@@ -63,10 +65,21 @@ void Scheduler::RegisterWorkerUsers(WorkerState& worker,
 void Scheduler::AskWorkers(const std::string& profile, const std::string& user,
                            Outbox* out) {
   if (user.empty()) return;
+  const int64_t now = clock_->MonotonicMs();
   for (auto& [id, w] : workers_) {
     if (!w.session || w.lost || w.record.profile != profile || !w.runs_as_any ||
-        w.run_user.empty() || !w.asked.insert(user).second) {
+        w.run_user.empty()) {
       continue;
+    }
+    if (!w.asked.insert(user).second) {
+      auto no = w.unknown_since.find(user);
+      if (no == w.unknown_since.end() ||
+          now - no->second < options_.unknown_user_recheck_ms) {
+        continue;
+      }
+      // An old "no": undecided until the worker answers again.
+      w.unknown_since.erase(no);
+      core_->ForgetWorkerUser(id, user);
     }
     v1::SchedulerMessage query;
     query.mutable_user_query()->set_user(user);

@@ -247,6 +247,11 @@ absl::Status Scheduler::HandleEvent(Event& e, Outbox* out, Outbox* acks) {
     // Memory only: answers hold for this session (scheduler_users.cc).
     core_->SetWorkerUser(worker_id, m.user_answer().user(),
                          m.user_answer().known());
+    if (m.user_answer().known()) {
+      worker.unknown_since.erase(m.user_answer().user());
+    } else {
+      worker.unknown_since[m.user_answer().user()] = clock_->MonotonicMs();
+    }
     return absl::OkStatus();
   }
   if (!m.has_diary() && !m.has_progress() && !m.has_checkpoint()) {

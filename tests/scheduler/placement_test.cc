@@ -1004,6 +1004,14 @@ TEST(PlacementUsers, AnUndecidedUserStartsOnceTheWorkerAnswers) {
   core.SetWorkerUser(1, "bob", false);
   core.Enqueue(UserJob(2, "bob", 1));
   EXPECT_THAT(core.Schedule(2), IsEmpty());
+  EXPECT_THAT(core.UserFits("p", "bob"),
+              ElementsAre(std::pair{WorkerId{1}, UserFit::kNo}));
+  // Forgotten (to be asked again): undecided, still not placed there.
+  core.ForgetWorkerUser(1, "bob");
+  EXPECT_THAT(core.UserFits("p", "bob"),
+              ElementsAre(std::pair{WorkerId{1}, UserFit::kUndecided}));
+  EXPECT_THAT(core.Schedule(2), IsEmpty());
+  core.SetWorkerUser(1, "bob", false);
   // Users stay across going offline and back online.
   core.WorkerOffline(1);
   core.WorkerOnline(1, "p", 2);

@@ -1398,5 +1398,40 @@ TEST_F(SchedulerTest, AWorkerThatDoesNotAnswerDelaysASubmitOnlyBriefly) {
   EXPECT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
 }
 
+// A "no such user" is trusted for unknown_user_recheck_ms: a submit after
+// it asks again, and finds an account added meanwhile.
+TEST_F(SchedulerTest, AnUnknownUserIsAskedAgainLater) {
+  SchedulerOptions options = TestOptions();
+  options.heartbeat_timeout_ms = 3'600'000;  // the clock moves a lot here
+  options.unknown_user_recheck_ms = 60'000;
+  StartScheduler(options);
+  auto session = ConnectRootWorker(scheduler_.get(), "w1");
+  std::atomic<bool> known{false};
+  std::atomic<bool> done{false};
+  std::thread answers([&] {
+    size_t handled = 0;
+    while (!done) {
+      auto queries = session->Matching(IsQuery("alice"));
+      for (; handled < queries.size(); ++handled) {
+        Answer(scheduler_.get(), session, "alice", known);
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  auto refused = scheduler_->Submit(CommandJob(1));
+  EXPECT_FALSE(refused.ok());
+  refused = scheduler_->Submit(CommandJob(1));  // the answer still holds
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(session->Matching(IsQuery("alice")).size(), 1u);
+  known = true;  // the account is added
+  clock_.Advance(61'000);
+  auto accepted = scheduler_->Submit(CommandJob(1));
+  done = true;
+  answers.join();
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(session->Matching(IsQuery("alice")).size(), 2u);
+  EXPECT_TRUE(session->WaitFor(IsStart(accepted->job_id(), 1)).has_value());
+}
+
 }  // namespace
 }  // namespace dlbatch::scheduler
