@@ -1,9 +1,13 @@
 #include "client/commands_admin.h"
 
+#include <functional>
 #include <iostream>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/commands_credentials.h"
+#include "client/format.h"
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
@@ -67,13 +71,157 @@ absl::StatusOr<int> Purge(Connection& conn, const std::vector<int64_t>& ids,
   return failed > 0 ? 1 : 0;
 }
 
+namespace {
+
+std::string LimitCell(int32_t n) { return n > 0 ? absl::StrCat(n) : "-"; }
+
+// Runs `command` on a connection and sets *rc from it.
+void RunAdmin(const GlobalFlags* flags, int* rc,
+              const std::function<absl::StatusOr<int>(Connection&)>& command) {
+  auto conn = Connection::Open(*flags);
+  absl::StatusOr<int> result =
+      conn.ok() ? command(**conn) : absl::StatusOr<int>(conn.status());
+  if (!result.ok()) {
+    std::cerr << "dlbatch: " << result.status().message() << "\n";
+    *rc = 1;
+    return;
+  }
+  *rc = *result;
+}
+
+void AddLimitCommands(CLI::App* admin, const GlobalFlags* flags, int* rc) {
+  auto args = std::make_shared<LimitArgs>();
+  auto* limit = admin->add_subcommand(
+      "limit", "Per-user limits: running slots and queued jobs per profile");
+  limit->require_subcommand(1);
+  auto* set = limit->add_subcommand(
+      "set",
+      "Set USER's limits on a profile (the ones not given stay; 0 removes "
+      "one)");
+  set->add_option("user", args->user, "The user")->required();
+  set->add_option("--profile", args->profile, "The profile")->required();
+  set->add_option("--slots", args->slots,
+                  "Most slots of running jobs at once (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  set->add_option("--queued", args->queued,
+                  "Most queued jobs; a submit past it is refused (0: no "
+                  "limit)")
+      ->check(CLI::NonNegativeNumber);
+  set->add_flag("--clear", args->clear, "Remove both limits");
+  set->add_flag("--json", args->json, "Print the limit as JSON");
+  set->callback([flags, rc, args] {
+    RunAdmin(flags, rc, [&](Connection& c) { return SetLimit(c, *args); });
+  });
+  auto* list = limit->add_subcommand("list", "Every user's limits");
+  list->add_flag("--json", args->json, "Print JSON");
+  list->callback([flags, rc, args] {
+    RunAdmin(flags, rc,
+             [&](Connection& c) { return ListLimits(c, args->json); });
+  });
+  auto* usage = admin->add_subcommand(
+      "usage",
+      "Each user's fair-share usage: slot-time decayed by the half-life, and "
+      "share of all");
+  usage->add_flag("--json", args->json, "Print JSON");
+  usage->callback([flags, rc, args] {
+    RunAdmin(flags, rc,
+             [&](Connection& c) { return ShowUsage(c, args->json); });
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<int> SetLimit(Connection& conn, const LimitArgs& args) {
+  if (!args.clear && args.slots < 0 && args.queued < 0) {
+    return absl::InvalidArgumentError(
+        "say which limit to set: --slots N, --queued M (0 removes one), or "
+        "--clear");
+  }
+  v1::SetUserLimitRequest request;
+  request.set_user(args.user);
+  request.set_profile(args.profile);
+  if (args.slots >= 0) request.set_max_slots(args.slots);
+  if (args.queued >= 0) request.set_max_queued(args.queued);
+  request.set_clear(args.clear);
+  v1::UserLimitEntry reply;
+  RETURN_IF_ERROR(conn.Error(
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->SetUserLimit(ctx, request, &reply);
+      })));
+  if (args.json) {
+    std::cout << ToJson(reply);
+    return 0;
+  }
+  if (reply.max_slots() == 0 && reply.max_queued() == 0) {
+    std::cout << reply.user() << " has no limits on '" << reply.profile()
+              << "'\n";
+  } else {
+    std::cout << reply.user() << " on '" << reply.profile() << "': slots "
+              << LimitCell(reply.max_slots()) << ", queued "
+              << LimitCell(reply.max_queued()) << "\n";
+  }
+  return 0;
+}
+
+absl::StatusOr<int> ListLimits(Connection& conn, bool json) {
+  v1::ListUserLimitsReply reply;
+  RETURN_IF_ERROR(conn.Error(
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ListUserLimits(ctx, v1::ListUserLimitsRequest(), &reply);
+      })));
+  if (json) {
+    std::cout << ToJson(reply);
+    return 0;
+  }
+  Table table({"USER", "PROFILE", "SLOTS", "QUEUED"});
+  for (const auto& l : reply.limits()) {
+    table.Add({l.user(), l.profile(), LimitCell(l.max_slots()),
+               LimitCell(l.max_queued())});
+  }
+  if (table.rows() == 0) {
+    std::cout << "no limits are set\n";
+    return 0;
+  }
+  std::cout << table.Render();
+  return 0;
+}
+
+absl::StatusOr<int> ShowUsage(Connection& conn, bool json) {
+  v1::GetUsageReply reply;
+  RETURN_IF_ERROR(conn.Error(
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->GetUsage(ctx, v1::GetUsageRequest(), &reply);
+      })));
+  if (json) {
+    std::cout << ToJson(reply);
+    return 0;
+  }
+  Table table({"USER", "USAGE", "SHARE", "RUNNING"});
+  for (const auto& u : reply.users()) {
+    table.Add({u.user(),
+               FormatDurationMs(static_cast<int64_t>(u.slot_seconds() * 1000)) +
+                   " slot-time",
+               absl::StrFormat("%.1f%%", u.share() * 100),
+               absl::StrCat(u.running_slots())});
+  }
+  std::cout << "usage decays with a half-life of "
+            << (reply.half_life_ms() > 0
+                    ? FormatDurationMs(reply.half_life_ms())
+                    : std::string("none (no decay)"))
+            << "\n";
+  if (table.rows() > 0) std::cout << table.Render();
+  return 0;
+}
+
 void AddAdminCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
   auto* admin = app.add_subcommand(
       "admin",
       "Operate the scheduler: delete old jobs (purge), users' tokens (user), "
-      "workers' credentials (worker-token)");
+      "workers' credentials (worker-token), per-user limits (limit), "
+      "fair-share usage (usage)");
   admin->require_subcommand(1);
   AddCredentialCommands(admin, flags, rc);
+  AddLimitCommands(admin, flags, rc);
 
   struct PurgeArgs {
     std::vector<int64_t> ids;

@@ -28,6 +28,21 @@ absl::StatusOr<absl::Time> ParsePurgeBefore(const std::string& text,
 absl::StatusOr<int> Purge(Connection& conn, const std::vector<int64_t>& ids,
                           const std::string& before);
 
+// `dlbatch admin limit set|list` and `dlbatch admin usage`: per-user limits
+// and fair-share usage. set: slots/queued < 0 leave that limit as it is, 0
+// removes it; clear removes both.
+struct LimitArgs {
+  std::string user;
+  std::string profile;
+  int slots = -1;
+  int queued = -1;
+  bool clear = false;
+  bool json = false;
+};
+absl::StatusOr<int> SetLimit(Connection& conn, const LimitArgs& args);
+absl::StatusOr<int> ListLimits(Connection& conn, bool json);
+absl::StatusOr<int> ShowUsage(Connection& conn, bool json);
+
 }  // namespace dlbatch::client
 
 #endif  // DLBATCH_CLIENT_COMMANDS_ADMIN_H_

@@ -101,18 +101,24 @@ using Counts = std::vector<std::pair<WorkerId, int>>;
 
 // The capacity of every worker: `base`, except where `overrides` says
 // otherwise. Workers in neither have capacity 0.
+// Workers in `barred` (sorted; null: none) are left out whatever their
+// capacity: they do not run the job's user.
+bool Excluded(const std::vector<WorkerId>& sorted_exclude, WorkerId w) {
+  return std::binary_search(sorted_exclude.begin(), sorted_exclude.end(), w);
+}
+
 struct View {
   const CapSet* base = nullptr;
   const Overrides* overrides = nullptr;
+  const std::vector<WorkerId>* barred = nullptr;
 
   bool Overridden(WorkerId w) const {
     return overrides != nullptr && overrides->count(w) != 0;
   }
+  bool Barred(WorkerId w) const {
+    return barred != nullptr && Excluded(*barred, w);
+  }
 };
-
-bool Excluded(const std::vector<WorkerId>& sorted_exclude, WorkerId w) {
-  return std::binary_search(sorted_exclude.begin(), sorted_exclude.end(), w);
-}
 
 // The worker with the least capacity >= need (ties: lower id), skipping
 // `sorted_exclude`.
@@ -122,7 +128,8 @@ std::optional<std::pair<int, WorkerId>> BestFit(
   for (auto it =
            view.base->lower_bound({need, std::numeric_limits<WorkerId>::min()});
        it != view.base->end(); ++it) {
-    if (view.Overridden(it->second) || Excluded(sorted_exclude, it->second)) {
+    if (view.Overridden(it->second) || view.Barred(it->second) ||
+        Excluded(sorted_exclude, it->second)) {
       continue;
     }
     best = *it;
@@ -132,7 +139,7 @@ std::optional<std::pair<int, WorkerId>> BestFit(
     for (const auto& [worker, cap] : *view.overrides) {
       std::pair<int, WorkerId> candidate{cap, worker};
       if (cap >= need && !Excluded(sorted_exclude, worker) &&
-          (!best || candidate < *best)) {
+          !view.Barred(worker) && (!best || candidate < *best)) {
         best = candidate;
       }
     }
@@ -147,14 +154,17 @@ void ForEachLargest(const View& view, F&& f) {
   std::vector<std::pair<int, WorkerId>> extra;
   if (view.overrides != nullptr) {
     for (const auto& [worker, cap] : *view.overrides) {
-      if (cap > 0) extra.emplace_back(cap, worker);
+      if (cap > 0 && !view.Barred(worker)) extra.emplace_back(cap, worker);
     }
     std::sort(extra.rbegin(), extra.rend());
   }
   auto it = view.base->rbegin();
   size_t i = 0;
   while (true) {
-    while (it != view.base->rend() && view.Overridden(it->second)) ++it;
+    while (it != view.base->rend() &&
+           (view.Overridden(it->second) || view.Barred(it->second))) {
+      ++it;
+    }
     const bool has_base = it != view.base->rend();
     const bool has_extra = i < extra.size();
     if (!has_base && !has_extra) return;
@@ -207,6 +217,10 @@ struct Account {
   std::map<Shape, std::set<QueueKey>> shapes;  // the queue, by shape
   std::map<int, int> pools;  // pool -> queued jobs of that pool
   double standing = 0;       // the user's usage, as of the current pass
+  // The profile's workers that do not run this user's jobs, sorted, as of
+  // the profile's users_gen barred_gen (see State::Barred).
+  mutable std::vector<WorkerId> barred;
+  mutable int64_t barred_gen = -1;
 
   int SmallestPool() const { return pools.empty() ? 0 : pools.begin()->first; }
 
@@ -251,6 +265,10 @@ struct Profile {
   std::unordered_map<std::string, Account> accounts;  // by user
   int running = 0;
   std::set<std::pair<TimeMs, JobId>> ends;  // running jobs with a limit
+  // Registered workers that do not run every user's jobs, and a count that
+  // changes whenever this set or their users do.
+  std::set<WorkerId> restricted;
+  int64_t users_gen = 0;
 };
 
 struct Worker {
@@ -264,6 +282,7 @@ struct Worker {
   std::vector<JobId> owner;  // device -> job holding it; may pass `slots`
   int free = 0;              // devices below `slots` held by no job
   std::set<JobId> jobs;      // running jobs with a part here
+  WorkerUsers users;
 };
 
 struct RunningJob {
@@ -341,6 +360,10 @@ struct PlacementCore::State {
   void Detach(Worker& w) {
     Profile* p = w.profile;
     if (p == nullptr || !w.registered) return;
+    if (!w.users.anyone) {
+      p->restricted.erase(w.id);
+      ++p->users_gen;
+    }
     --p->workers;
     p->known_slots -= w.slots;
     p->known_sizes.erase(p->known_sizes.find(w.slots));
@@ -355,6 +378,10 @@ struct PlacementCore::State {
   void Attach(Worker& w) {
     Profile* p = w.profile;
     if (p == nullptr || !w.registered) return;
+    if (!w.users.anyone) {
+      p->restricted.insert(w.id);
+      ++p->users_gen;
+    }
     ++p->workers;
     p->known_slots += w.slots;
     p->known_sizes.insert(w.slots);
@@ -489,17 +516,36 @@ struct PlacementCore::State {
     return true;
   }
 
-  // Whether the job fits once every running job of its profile has ended.
-  static bool EverFits(const Profile& p, const QueuedJob& job) {
-    if (job.pool > p.online_slots) return false;
-    return Place(View{&p.online_caps}, job.pool, job.max_nodes).has_value();
+  // The workers of `p` that do not run `a`'s user's jobs, sorted; null if
+  // none (every worker runs anyone's jobs: the common case costs nothing).
+  const std::vector<WorkerId>* Barred(const Profile& p,
+                                      const Account& a) const {
+    if (p.restricted.empty()) return nullptr;
+    if (a.barred_gen != p.users_gen) {
+      a.barred.clear();
+      for (WorkerId id : p.restricted) {
+        if (FitOf(workers.at(id).users, a.user->name) != UserFit::kYes) {
+          a.barred.push_back(id);
+        }
+      }
+      a.barred_gen = p.users_gen;
+    }
+    return a.barred.empty() ? nullptr : &a.barred;
   }
 
-  // `free_at` is scratch space.
-  std::optional<Reservation> ComputeReservation(const Profile& p,
-                                                const QueuedJob& job,
-                                                TimeMs now,
-                                                Overrides& free_at) const;
+  // Whether the job fits once every running job of its profile has ended,
+  // on the workers not `barred`.
+  static bool EverFits(const Profile& p, const QueuedJob& job,
+                       const std::vector<WorkerId>* barred) {
+    if (job.pool > p.online_slots) return false;
+    return Place(View{&p.online_caps, nullptr, barred}, job.pool, job.max_nodes)
+        .has_value();
+  }
+
+  // `free_at` is scratch space. Workers in `barred` are left out.
+  std::optional<Reservation> ComputeReservation(
+      const Profile& p, const QueuedJob& job, TimeMs now, Overrides& free_at,
+      const std::vector<WorkerId>* barred) const;
 
   // Marks the job running on `counts`, taking the lowest free devices.
   void Start(const QueuedJob& queued_job, const Counts& counts, TimeMs now,
@@ -513,19 +559,36 @@ struct PlacementCore::State {
 // Walks the profile's running jobs in order of estimated end until the job
 // fits in what they free (jobs without a limit end only at kNever).
 std::optional<Reservation> PlacementCore::State::ComputeReservation(
-    const Profile& p, const QueuedJob& job, TimeMs now,
-    Overrides& free_at) const {
-  if (!EverFits(p, job)) return std::nullopt;
+    const Profile& p, const QueuedJob& job, TimeMs now, Overrides& free_at,
+    const std::vector<WorkerId>* barred) const {
+  if (!EverFits(p, job, barred)) return std::nullopt;
   free_at.clear();  // workers that free slots by the current time
+  auto is_barred = [&](WorkerId w) {
+    return barred != nullptr && Excluded(*barred, w);
+  };
   int64_t total = p.free_slots;
-  int largest = p.free_caps.empty() ? 0 : p.free_caps.rbegin()->first;
-  const View view{&p.free_caps, &free_at};
+  int largest = 0;
+  for (auto it = p.free_caps.rbegin(); it != p.free_caps.rend(); ++it) {
+    if (!is_barred(it->second)) {
+      largest = it->first;
+      break;
+    }
+  }
+  if (barred != nullptr) {
+    for (WorkerId id : *barred) {
+      const Worker& w = workers.at(id);
+      if (w.online && w.profile == &p) total -= w.free;
+    }
+  }
+  const View view{&p.free_caps, &free_at, barred};
   // For a job that may span workers: workers per capacity, so that the test
   // "do the max_nodes largest hold the pool" costs O(largest worker).
   std::vector<int> by_cap;
   if (job.max_nodes > 1) {
     by_cap.assign(p.online_caps.rbegin()->first + 1, 0);
-    for (const auto& [cap, worker] : p.free_caps) ++by_cap[cap];
+    for (const auto& [cap, worker] : p.free_caps) {
+      if (!is_barred(worker)) ++by_cap[cap];
+    }
   }
   auto fits = [&] {
     if (largest >= job.pool) return true;
@@ -571,7 +634,10 @@ std::optional<Reservation> PlacementCore::State::ComputeReservation(
       const RunningJob& r = running.at(e->second);
       for (const Part& part : r.parts) {
         const Worker* w = FindWorker(part.worker);
-        if (w == nullptr || !w->online || w->profile != &p) continue;
+        if (w == nullptr || !w->online || w->profile != &p ||
+            is_barred(w->id)) {
+          continue;
+        }
         int released = 0;
         for (int d : part.devices) {
           released += d >= 0 && d < w->slots && w->owner[d] == r.job.id;
@@ -592,8 +658,10 @@ std::optional<Reservation> PlacementCore::State::ComputeReservation(
                      false);
     }
   }
-  return reserve(kNever, *Place(View{&p.online_caps}, job.pool, job.max_nodes),
-                 true);
+  return reserve(
+      kNever,
+      *Place(View{&p.online_caps, nullptr, barred}, job.pool, job.max_nodes),
+      true);
 }
 
 void PlacementCore::State::Start(const QueuedJob& queued_job,
@@ -701,11 +769,14 @@ void PlacementCore::State::Pass(Profile& p, TimeMs now,
   auto visit = [&](JobId id, const Account& a) {
     const QueuedJob& job = queued.at(id);
     if (job.pool > a.Room()) return true;
-    if (auto counts = Place(full, job.pool, job.max_nodes)) {
+    const std::vector<WorkerId>* barred = Barred(p, a);
+    View view = full;
+    view.barred = barred;
+    if (auto counts = Place(view, job.pool, job.max_nodes)) {
       Start(job, *counts, now, out);
       return p.free_slots > 0;
     }
-    res = ComputeReservation(p, job, now, scratch_free_at);
+    res = ComputeReservation(p, job, now, scratch_free_at, barred);
     head_account = &a;
     head_pool = job.pool;
     return !res.has_value();
@@ -830,8 +901,9 @@ void PlacementCore::State::Backfill(Profile& p, Reservation& res,
         if (shape.pool > bound(shape.multi, ends_first)) return true;
         if (shape.pool > room(a)) return true;
         const QueuedJob& job = queued.at(key.id);
-        auto counts = Place(View{&p.free_caps, ends_first ? nullptr : &usable},
-                            job.pool, job.max_nodes);
+        auto counts = Place(
+            View{&p.free_caps, ends_first ? nullptr : &usable, Barred(p, a)},
+            job.pool, job.max_nodes);
         if (!counts) return true;
         Start(job, *counts, now, out);
         for (const auto& [w, n] : *counts) {
@@ -844,6 +916,15 @@ void PlacementCore::State::Backfill(Profile& p, Reservation& res,
         bounds();
         return p.free_slots > 0;
       });
+}
+
+UserFit FitOf(const WorkerUsers& users, const std::string& user) {
+  // A job without a user runs as the worker's own user, anywhere.
+  if (users.anyone || user.empty() || users.can.count(user) != 0) {
+    return UserFit::kYes;
+  }
+  if (users.closed || users.cannot.count(user) != 0) return UserFit::kNo;
+  return UserFit::kUndecided;
 }
 
 PlacementCore::PlacementCore() : state_(std::make_unique<State>()) {}
@@ -900,6 +981,52 @@ void PlacementCore::ForgetWorker(WorkerId worker) {
   if (w == nullptr) return;
   state_->Detach(*w);
   state_->workers.erase(worker);
+}
+
+void PlacementCore::SetWorkerUsers(WorkerId worker, WorkerUsers users) {
+  State& s = *state_;
+  Worker& w = s.workers[worker];
+  w.id = worker;
+  s.Detach(w);
+  w.users = std::move(users);
+  s.Attach(w);
+  if (w.profile != nullptr) ++w.profile->users_gen;
+}
+
+void PlacementCore::SetWorkerUser(WorkerId worker, const std::string& user,
+                                  bool can) {
+  Worker* w = state_->FindWorker(worker);
+  if (w == nullptr || w->users.anyone) return;
+  if (can) {
+    w->users.cannot.erase(user);
+    w->users.can.insert(user);
+  } else {
+    w->users.can.erase(user);
+    w->users.cannot.insert(user);
+  }
+  if (w->profile != nullptr) ++w->profile->users_gen;
+}
+
+void PlacementCore::ForgetWorkerUser(WorkerId worker, const std::string& user) {
+  Worker* w = state_->FindWorker(worker);
+  if (w == nullptr || w->users.anyone) return;
+  w->users.can.erase(user);
+  w->users.cannot.erase(user);
+  if (w->profile != nullptr) ++w->profile->users_gen;
+}
+
+std::vector<std::pair<WorkerId, UserFit>> PlacementCore::UserFits(
+    const std::string& profile, const std::string& user) const {
+  std::vector<std::pair<WorkerId, UserFit>> out;
+  const Profile* p = state_->FindProfile(profile);
+  if (p == nullptr) return out;
+  for (const auto& [id, w] : state_->workers) {
+    if (w.profile == p && w.registered) {
+      out.emplace_back(id, FitOf(w.users, user));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 absl::Status PlacementCore::CheckSatisfiable(const QueuedJob& job) const {
@@ -1106,6 +1233,11 @@ void PlacementCore::ChargeUsage(const std::string& user, double slot_ms,
   state_->ledger.Charge(state_->ledger.Get(user), slot_ms, at);
 }
 
+double PlacementCore::EndedUsage(const std::string& user, TimeMs at) const {
+  const UsageLedger::User* u = state_->ledger.Find(user);
+  return u == nullptr ? 0 : state_->ledger.Ended(*u, at);
+}
+
 std::vector<UserUsage> PlacementCore::Usage(TimeMs now) const {
   const UsageLedger& ledger = state_->ledger;
   std::vector<UserUsage> out;
@@ -1145,6 +1277,20 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
   info.user_slots = static_cast<int>(mine.running_slots);
   info.user_slot_limit = mine.limit.max_slots;
   info.over_limit = q->second.pool > mine.Room();
+  for (const auto& [cap, id] : p.online_caps) {
+    switch (FitOf(s.workers.at(id).users, info.user)) {
+      case UserFit::kYes:
+        ++info.able_workers;
+        info.able_free += s.workers.at(id).free;
+        break;
+      case UserFit::kUndecided:
+        ++info.undecided_workers;
+        [[fallthrough]];
+      case UserFit::kNo:
+        ++info.unable_workers;
+        break;
+    }
+  }
   // The order of the last pass: usage as of its time.
   auto order = [&](const Account& a, const QueueKey& key) {
     return Order{key.priority, s.ledger.Standing(*a.user, s.last_now), key.seq,
@@ -1163,7 +1309,8 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
       if (!first || o < *first) first = o;
       if (!head_ahead) {
         const QueuedJob& job = s.queued.at(key.id);
-        head_ahead = job.pool <= a.Room() && State::EverFits(p, job);
+        head_ahead =
+            job.pool <= a.Room() && State::EverFits(p, job, s.Barred(p, a));
       }
     }
   }
@@ -1173,7 +1320,8 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
   }
   if (!head_ahead && !info.over_limit) {
     Overrides free_at;
-    if (auto res = s.ComputeReservation(p, q->second, s.last_now, free_at)) {
+    if (auto res = s.ComputeReservation(p, q->second, s.last_now, free_at,
+                                        s.Barred(p, mine))) {
       info.reserved = true;
       info.reserved_start = res->start;
     }

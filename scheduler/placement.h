@@ -34,6 +34,9 @@
 //    Under limits, the first job also keeps its user's room: a later job of
 //    the same user and profile starts ahead of it only if it leaves room for
 //    both under the user's max_slots.
+//  - Users: a job goes only to workers that run its user's jobs
+//    (WorkerUsers); the others count for it as if they were not there, in
+//    placement, in its reservation and in what Explain says.
 //
 // Not thread-safe; the scheduler calls it under its own lock.
 #ifndef DLBATCH_SCHEDULER_PLACEMENT_H_
@@ -70,6 +73,21 @@ struct QueuedJob {
 };
 
 inline constexpr int kNoLimit = -1;
+
+// Whose jobs a worker runs, as the scheduler has learnt it. A worker started
+// as root runs anyone its machine knows (anyone = false, asked user by user:
+// `can` and `cannot` hold the answers, a user in neither is undecided); a
+// worker not started as root runs only its own user's (can = {it},
+// closed). The default, anyone, is a worker that said nothing.
+struct WorkerUsers {
+  bool anyone = true;
+  bool closed = false;  // users outside `can` are all refused
+  std::set<std::string> can;
+  std::set<std::string> cannot;
+};
+
+enum class UserFit { kYes, kNo, kUndecided };
+UserFit FitOf(const WorkerUsers& users, const std::string& user);
 
 // What one user may hold on one profile; kNoLimit: unlimited.
 struct UserLimit {
@@ -122,6 +140,12 @@ struct WaitInfo {
   int user_slots = 0;
   int user_slot_limit = kNoLimit;
   bool over_limit = false;
+  // Online workers of the profile that cannot run its user's jobs (or have
+  // not said yet); the others are able, with able_free slots free.
+  int unable_workers = 0;
+  int undecided_workers = 0;  // of the unable: not answered yet
+  int able_workers = 0;
+  int able_free = 0;
 };
 
 struct ProfileSummary {
@@ -162,6 +186,18 @@ class PlacementCore {
   // pool. It stays known (offline, counted in known capacity) until Forget.
   std::vector<JobId> WorkerLost(WorkerId worker);
   void ForgetWorker(WorkerId worker);
+  // Whose jobs the worker runs (replaces what was known); a worker's users
+  // stay when it goes offline or comes back online. Jobs already running
+  // there stay.
+  void SetWorkerUsers(WorkerId worker, WorkerUsers users);
+  // The worker's answer about one user (kept until SetWorkerUsers).
+  void SetWorkerUser(WorkerId worker, const std::string& user, bool can);
+  // Drops the worker's answer about `user`: undecided again (asked anew).
+  void ForgetWorkerUser(WorkerId worker, const std::string& user);
+  // Whether each registered worker of `profile` (online or not) runs
+  // `user`'s jobs, by worker id.
+  std::vector<std::pair<WorkerId, UserFit>> UserFits(
+      const std::string& profile, const std::string& user) const;
 
   // OK if the profile could ever start the job: it exists, the pool is >= 1,
   // within max_pool, and within the largest placement its known workers
@@ -190,6 +226,9 @@ class PlacementCore {
   void ChargeUsage(const std::string& user, double slot_ms, TimeMs at);
   // Every user the core knows, decayed to `now`, least usage first.
   std::vector<UserUsage> Usage(TimeMs now) const;
+  // The user's usage of ended jobs (and charges) alone, as decayed slot-ms
+  // at `at`: what ChargeUsage(user, it, at) restores in a new core.
+  double EndedUsage(const std::string& user, TimeMs at) const;
 
   // REQUIRES: CheckSatisfiable(job) was OK when it was submitted; job.id is
   // neither queued nor running.

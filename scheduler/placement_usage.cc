@@ -68,6 +68,10 @@ double UsageLedger::Decayed(const User& u, int64_t now) const {
   return s == 0 ? 0 : s / W(now);
 }
 
+double UsageLedger::Ended(const User& u, int64_t at) const {
+  return u.charged == 0 ? 0 : u.charged / W(at);
+}
+
 void UsageLedger::Rebase(int64_t now) {
   Touch(now);
   if (half_life_ == 0 || now - epoch_ <= 8 * half_life_) return;

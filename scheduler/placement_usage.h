@@ -48,6 +48,9 @@ class UsageLedger {
   double Standing(const User& u, int64_t now) const;
   // Standing as decayed slot-ms at `now`.
   double Decayed(const User& u, int64_t now) const;
+  // The usage of ended jobs and charges alone (running jobs left out), as
+  // decayed slot-ms at `at`: what Charge(u, it, at) restores.
+  double Ended(const User& u, int64_t at) const;
 
   // Moves the epoch to `now` if weights have grown past 2^8 (decay only).
   void Rebase(int64_t now);

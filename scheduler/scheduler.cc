@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -81,12 +82,26 @@ std::unique_ptr<PlacementCore> Scheduler::NewCore() const {
   return core;
 }
 
-void Scheduler::SetUserLimit(const std::string& user,
-                             const std::string& profile,
-                             const UserLimit& limit) {
+absl::Status Scheduler::SetUserLimit(const std::string& user,
+                                     const std::string& profile,
+                                     const UserLimit& limit) {
+  if (user.empty()) {
+    return absl::InvalidArgumentError("a limit needs a user name");
+  }
   Outbox out;
   {
     absl::MutexLock lock(&mu_);
+    if (!core_->HasProfile(profile)) {
+      std::vector<std::string> names;
+      for (const ProfileSummary& p : core_->Profiles()) names.push_back(p.name);
+      return absl::NotFoundError(
+          absl::StrCat("unknown profile '", profile,
+                       "'; known profiles: ", absl::StrJoin(names, ", ")));
+    }
+    RETURN_IF_ERROR(CheckWritable());
+    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return store_->PutUserLimit({user, profile, limit});
+    }));
     if (limit == UserLimit{}) {
       limits_.erase({user, profile});
     } else {
@@ -96,6 +111,13 @@ void Scheduler::SetUserLimit(const std::string& user,
     (void)PlaceJobs(&out);  // a raised limit may let jobs start
   }
   Deliver(out);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::SaveUsage(const std::string& user) {
+  const int64_t now = clock_->NowMs();
+  return store_->PutUsage(
+      {user, std::llround(core_->EndedUsage(user, now)), now});
 }
 
 std::vector<LimitEntry> Scheduler::UserLimits() {
@@ -103,9 +125,11 @@ std::vector<LimitEntry> Scheduler::UserLimits() {
   return core_->Limits();
 }
 
-std::vector<UserUsage> Scheduler::Usage() {
+std::vector<UserUsage> Scheduler::Usage(int64_t* now) {
   absl::MutexLock lock(&mu_);
-  return core_->Usage(clock_->NowMs());
+  const int64_t t = clock_->NowMs();
+  if (now != nullptr) *now = t;
+  return core_->Usage(t);
 }
 
 Scheduler::~Scheduler() { Stop(); }
@@ -181,6 +205,11 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   // A sweep is one job per combination; a plain spec is one job.
   ASSIGN_OR_RETURN(std::vector<v1::JobSpec> specs, ExpandSweep(spec));
   const bool sweep = spec.sweep().axes_size() > 0;
+  {
+    std::set<std::string> profiles;
+    for (const v1::JobSpec& s : specs) profiles.insert(s.profile());
+    AskBeforeSubmit(profiles, request.user());
+  }
   v1::SubmitJobReply reply;
   Outbox out;
   {
@@ -226,6 +255,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       rec.state = v1::JOB_STATE_QUEUED;
       rec.submit_ms = now;
       RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec)));
+      RETURN_IF_ERROR(CheckUserRuns(rec));
       // Within the user's queued limit with this submit's earlier jobs.
       int count = 1;
       for (const JobRecord& r : records) {
@@ -383,10 +413,15 @@ std::string Scheduler::WaitReason(const ActiveJob& job) const {
                            info->user, info->user_slots, info->user_slot_limit,
                            info->user_slot_limit == 1 ? "" : "s", profile);
   }
-  std::string reason =
-      absl::StrFormat("waiting for %d slot%s on '%s': %d free", info->needed,
-                      info->needed == 1 ? "" : "s", profile, info->free_now);
-  if (job.record.spec.max_nodes() <= 1 && info->free_now >= info->needed) {
+  // Workers that do not run the user's jobs are left out of the counts.
+  std::string reason = UsersWaitReason(job, *info);
+  if (reason.empty()) {
+    reason =
+        absl::StrFormat("waiting for %d slot%s on '%s': %d free", info->needed,
+                        info->needed == 1 ? "" : "s", profile, info->free_now);
+  }
+  if (info->unable_workers == 0 && job.record.spec.max_nodes() <= 1 &&
+      info->free_now >= info->needed) {
     absl::StrAppendFormat(&reason, " (at most %d on one worker)",
                           info->largest_free);
   }

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -60,9 +61,12 @@ struct SchedulerOptions {
   int max_attempts = 3;             // starts of a job before it fails
   int64_t cancel_grace_ms = 10000;  // SIGTERM to SIGKILL
   std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
-  // Fair share: a user's usage halves over this long (0: no decay). Usage
-  // is kept in memory only: a restart or a reload starts it from zero.
+  // Fair share: a user's usage halves over this long (0: no decay).
   int64_t fair_share_half_life_ms = int64_t{7} * 24 * 3600 * 1000;
+  // (Limits and the usage of ended jobs are kept in the store.)
+  // A root worker's "no such user" is trusted this long; a submit after it
+  // asks the worker again (the account may have been added).
+  int64_t unknown_user_recheck_ms = int64_t{10} * 60 * 1000;
 };
 
 // A running job's diary against its cap: the stored cut, and (once cut)
@@ -157,13 +161,16 @@ class Scheduler : private FollowSource {
   bool WorkerNeedsBlob(const std::string& credential, const std::string& sha256)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Per-user limits and fair-share usage (placement.h). Held in memory
-  // only, until a store table and an admin call carry them; usage starts
-  // from zero after a restart or a reload.
-  void SetUserLimit(const std::string& user, const std::string& profile,
-                    const UserLimit& limit);
+  // Per-user limits and fair-share usage (placement.h), kept in the store:
+  // limits as set, usage of ended jobs as each ends (running jobs count
+  // again from their start after a restart). SetUserLimit replaces the
+  // user's limits on the profile (unlimited in both: removed); NotFound for
+  // an unknown profile.
+  absl::Status SetUserLimit(const std::string& user, const std::string& profile,
+                            const UserLimit& limit);
   std::vector<LimitEntry> UserLimits();
-  std::vector<UserUsage> Usage();
+  // `now`, if given, receives the time the usage was decayed to.
+  std::vector<UserUsage> Usage(int64_t* now = nullptr);
 
   // ---- WatchEvents streams; any thread ----
   // Adds a stream: its queue holds the snapshot (running jobs, up to
@@ -204,6 +211,15 @@ class Scheduler : private FollowSource {
     bool lost = false;
     int64_t last_seen_mono = 0;
     int64_t grace_until_mono = 0;  // not lost before (after a start)
+    // Whose jobs it runs (Register): any user its machine knows, asked
+    // about each (asked: the users asked this session), or only run_user's;
+    // run_user empty: anyone's (a worker that said nothing).
+    bool runs_as_any = false;
+    std::string run_user;
+    std::set<std::string> asked;
+    // Users it said it does not know, and when (monotonic ms): asked again
+    // after options_.unknown_user_recheck_ms (an account added since).
+    std::map<std::string, int64_t> unknown_since;
   };
   using Outbox = std::vector<
       std::pair<std::shared_ptr<WorkerSession>, v1::SchedulerMessage>>;
@@ -314,6 +330,39 @@ class Scheduler : private FollowSource {
   absl::Status Diary(int64_t job_id, int attempt, const std::string& text)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   QueuedJob ToQueued(const JobRecord& job) const;
+  // Stores the user's usage of ended jobs as the core has it now.
+  // REQUIRES: a transaction open.
+  absl::Status SaveUsage(const std::string& user)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- whose jobs workers run (scheduler_users.cc) ----
+  // The placement core's view of a worker that just registered; asks it
+  // about the users of its profile's queued jobs if it runs as any user.
+  void RegisterWorkerUsers(WorkerState& worker, const v1::Register& reg,
+                           Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the online workers of `profile` that run as any user and were not
+  // asked yet whether they know `user`.
+  void AskWorkers(const std::string& profile, const std::string& user,
+                  Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every online worker of the profile asked about `user` has
+  // answered.
+  bool AllAnswered(const std::string& profile, const std::string& user) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a submit: asks the profiles' workers about the user and waits
+  // (at most kUserAnswerWaitMs) for their answers, so that a user no
+  // worker knows is refused at once.
+  void AskBeforeSubmit(const std::set<std::string>& profiles,
+                       const std::string& user) ABSL_LOCKS_EXCLUDED(mu_);
+  // FailedPrecondition if no registered worker of the job's profile runs
+  // its user's jobs (each named with why); undecided ones count as able.
+  absl::Status CheckUserRuns(const JobRecord& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `worker` does not run `user`'s jobs: "'w2' runs only nobody's".
+  std::string UnableWhy(const WorkerState& worker, const std::string& user,
+                        UserFit fit) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The wait reason's part about workers that do not run the job's user
+  // (empty if every online worker does).
+  std::string UsersWaitReason(const ActiveJob& job, const WaitInfo& info) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An empty placement core with the options' half-life and the limits.
   std::unique_ptr<PlacementCore> NewCore() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

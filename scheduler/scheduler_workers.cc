@@ -57,6 +57,17 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
   const int64_t grace = options_.restart_grace_ms > 0
                             ? options_.restart_grace_ms
                             : 2 * options_.heartbeat_timeout_ms;
+  // Limits as set, and each user's usage of ended jobs.
+  ASSIGN_OR_RETURN(auto limits, store_->UserLimits());
+  limits_.clear();
+  for (const LimitEntry& e : limits) {
+    limits_[{e.user, e.profile}] = e.limit;
+    core_->SetLimit(e.user, e.profile, e.limit);
+  }
+  ASSIGN_OR_RETURN(auto usages, store_->Usages());
+  for (const StoredUsage& u : usages) {
+    core_->ChargeUsage(u.user, static_cast<double>(u.slot_ms), u.at_ms);
+  }
   ASSIGN_OR_RETURN(auto workers, store_->Workers());
   for (auto& w : workers) {
     // Known but offline until it reconnects; its running jobs keep their
@@ -230,6 +241,17 @@ absl::Status Scheduler::HandleEvent(Event& e, Outbox* out, Outbox* acks) {
     ack.mutable_ended_ack()->set_attempt(m.ended().attempt());
     ack.mutable_ended_ack()->set_part(m.ended().part());
     acks->emplace_back(e.session, std::move(ack));
+    return absl::OkStatus();
+  }
+  if (m.has_user_answer()) {
+    // Memory only: answers hold for this session (scheduler_users.cc).
+    core_->SetWorkerUser(worker_id, m.user_answer().user(),
+                         m.user_answer().known());
+    if (m.user_answer().known()) {
+      worker.unknown_since.erase(m.user_answer().user());
+    } else {
+      worker.unknown_since[m.user_answer().user()] = clock_->MonotonicMs();
+    }
     return absl::OkStatus();
   }
   if (!m.has_diary() && !m.has_progress() && !m.has_checkpoint()) {
@@ -439,6 +461,7 @@ absl::Status Scheduler::HandleRegister(
     core_->Finished(job_id, clock_->NowMs());
     RETURN_IF_ERROR(RequeueLost(it->second, why, out));
   }
+  RegisterWorkerUsers(worker, reg, out);
   PublishWorker(rec.id);
   spdlog::info("worker '{}' (#{}) {} profile '{}' with {} slots", rec.name,
                rec.id, was_lost ? "rejoined" : "joined", rec.profile,
@@ -532,6 +555,7 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
   }
   const int64_t id = rec.id;  // rec goes with the entry
   core_->Finished(id, clock_->NowMs());
+  RETURN_IF_ERROR(SaveUsage(rec.user));
   RETURN_IF_ERROR(EndJob(job, final_state, job.part_exit[0], reason));
   jobs_.erase(id);
   return absl::OkStatus();
@@ -668,6 +692,7 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
   core_->Finished(
       rec.id,
       clock_->NowMs());  // other parts' slots (no-op if already released)
+  RETURN_IF_ERROR(SaveUsage(rec.user));
   if (job.cancel_requested) {
     RETURN_IF_ERROR(
         EndJob(job, v1::JOB_STATE_CANCELLED, -1, job.cancel_reason));
@@ -693,6 +718,8 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
   job.failure.clear();
   RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, why));
   core_->Enqueue(ToQueued(rec));
+  // Workers that joined while it ran may not have been asked about its user.
+  AskWorkers(rec.spec.profile(), rec.user, out);
   return absl::OkStatus();
 }
 

@@ -109,6 +109,17 @@ class SchedulerService final
                                 const v1::RevokeCredentialRequest* request,
                                 v1::RevokeCredentialReply* reply) override;
 
+  // Per-user limits and usage, for admins only (service_limits.cc).
+  grpc::Status SetUserLimit(grpc::ServerContext* context,
+                            const v1::SetUserLimitRequest* request,
+                            v1::UserLimitEntry* reply) override;
+  grpc::Status ListUserLimits(grpc::ServerContext* context,
+                              const v1::ListUserLimitsRequest* request,
+                              v1::ListUserLimitsReply* reply) override;
+  grpc::Status GetUsage(grpc::ServerContext* context,
+                        const v1::GetUsageRequest* request,
+                        v1::GetUsageReply* reply) override;
+
   // Calls that authenticate take their connection out of `gate`'s watch
   // (TCP connections; none is watched where this is not called).
   void set_connection_gate(ConnectionGate* gate) { gate_ = gate; }

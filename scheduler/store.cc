@@ -12,8 +12,9 @@ namespace dlbatch::scheduler {
 namespace {
 
 // Version 2 added jobs.sweep_id; version 3 diary_cuts, job_blobs and
-// jobs_by_end; version 4 credentials. Older files are migrated on open.
-constexpr int kSchemaVersion = 4;
+// jobs_by_end; version 4 user_limits and user_usage; version 5
+// credentials. Older files are migrated on open.
+constexpr int kSchemaVersion = 5;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -207,6 +208,24 @@ absl::Status FillJobBlobs(Database* db) {
   return absl::OkStatus();
 }
 
+// Version 3 -> 4: per-user limits (kNoLimit: -1) and each user's usage of
+// ended jobs (slot-ms decayed as of at_ms). Idempotent; new files get the
+// tables here too.
+absl::Status AddUserLimitsAndUsage(Database* db) {
+  return db->Exec(R"sql(
+CREATE TABLE IF NOT EXISTS user_limits(
+  user TEXT NOT NULL,
+  profile TEXT NOT NULL,
+  max_slots INTEGER NOT NULL,
+  max_queued INTEGER NOT NULL,
+  PRIMARY KEY(user, profile));
+CREATE TABLE IF NOT EXISTS user_usage(
+  user TEXT PRIMARY KEY,
+  slot_ms INTEGER NOT NULL,
+  at_ms INTEGER NOT NULL);
+)sql");
+}
+
 }  // namespace
 
 std::string EncodeParts(const std::vector<Part>& parts) {
@@ -266,6 +285,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
     RETURN_IF_ERROR(AddSweepColumn(db.get()));
     RETURN_IF_ERROR(AddOutputSymlinkColumn(db.get()));
     RETURN_IF_ERROR(FillJobBlobs(db.get()));
+    RETURN_IF_ERROR(AddUserLimitsAndUsage(db.get()));
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion,
         "') ON CONFLICT(key) DO UPDATE SET value=excluded.value")));
@@ -772,6 +792,72 @@ absl::StatusOr<std::vector<std::pair<std::string, int>>> Store::Profiles() {
     ASSIGN_OR_RETURN(bool row, st->Step());
     if (!row) break;
     out.emplace_back(st->Text(0), static_cast<int>(st->Int(1)));
+  }
+  st->Reset();
+  return out;
+}
+
+absl::Status Store::PutUserLimit(const LimitEntry& entry) {
+  if (entry.limit == UserLimit{}) {
+    ASSIGN_OR_RETURN(
+        Statement * del,
+        db_->Prepare("DELETE FROM user_limits WHERE user=? AND profile=?"));
+    return del->Bind(1, entry.user).Bind(2, entry.profile).Run();
+  }
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT INTO user_limits(user, profile, max_slots, "
+                   "max_queued) VALUES(?,?,?,?) ON CONFLICT(user, profile) "
+                   "DO UPDATE SET max_slots=excluded.max_slots, "
+                   "max_queued=excluded.max_queued"));
+  return st->Bind(1, entry.user)
+      .Bind(2, entry.profile)
+      .Bind(3, entry.limit.max_slots)
+      .Bind(4, entry.limit.max_queued)
+      .Run();
+}
+
+absl::StatusOr<std::vector<LimitEntry>> Store::UserLimits() {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT user, profile, max_slots, max_queued "
+                                "FROM user_limits ORDER BY profile, user"));
+  std::vector<LimitEntry> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    LimitEntry e;
+    e.user = st->Text(0);
+    e.profile = st->Text(1);
+    e.limit.max_slots = static_cast<int>(st->Int(2));
+    e.limit.max_queued = static_cast<int>(st->Int(3));
+    out.push_back(std::move(e));
+  }
+  st->Reset();
+  return out;
+}
+
+absl::Status Store::PutUsage(const StoredUsage& usage) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT INTO user_usage(user, slot_ms, at_ms) VALUES(?,?,?) "
+                   "ON CONFLICT(user) DO UPDATE SET slot_ms=excluded.slot_ms, "
+                   "at_ms=excluded.at_ms"));
+  return st->Bind(1, usage.user)
+      .Bind(2, usage.slot_ms)
+      .Bind(3, usage.at_ms)
+      .Run();
+}
+
+absl::StatusOr<std::vector<StoredUsage>> Store::Usages() {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare(
+          "SELECT user, slot_ms, at_ms FROM user_usage ORDER BY user"));
+  std::vector<StoredUsage> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    out.push_back({st->Text(0), st->Int(1), st->Int(2)});
   }
   st->Reset();
   return out;

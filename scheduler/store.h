@@ -69,6 +69,13 @@ struct DiaryCut {
 };
 
 // What deleting jobs removed.
+// A user's fair-share usage of ended jobs: slot_ms, decayed as of at_ms.
+struct StoredUsage {
+  std::string user;
+  int64_t slot_ms = 0;
+  int64_t at_ms = 0;
+};
+
 struct PurgeCounts {
   int64_t jobs = 0;
   std::vector<std::string> unreferenced_blobs;  // held by no job left
@@ -148,6 +155,13 @@ class Store {
   // 0 for a job outside any sweep (or no such job).
   absl::StatusOr<int64_t> SweepIdOf(int64_t job_id);
   absl::StatusOr<std::vector<int64_t>> SweepJobIds(int64_t sweep_id);
+
+  // Per-user limits and fair-share usage (schema version 4). A limit that
+  // is unlimited in both is deleted.
+  absl::Status PutUserLimit(const LimitEntry& entry);
+  absl::StatusOr<std::vector<LimitEntry>> UserLimits();
+  absl::Status PutUsage(const StoredUsage& usage);
+  absl::StatusOr<std::vector<StoredUsage>> Usages();
 
  private:
   explicit Store(std::unique_ptr<Database> db) : db_(std::move(db)) {}

@@ -157,6 +157,8 @@ absl::Status SchedulerLink::Session() {
   reg->set_host(options_.host);
   reg->set_profile(options_.profile);
   for (const auto& d : options_.devices) *reg->add_devices() = d;
+  reg->set_runs_as_any_user(options_.runs_as_any_user);
+  reg->set_user(options_.user);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
@@ -195,6 +197,7 @@ absl::Status SchedulerLink::Session() {
     heartbeat_ms_ =
         std::max<int64_t>(50, reply.registered().heartbeat_interval_ms());
     outbox_.Rewind();
+    answers_.clear();
     stream_ = stream.get();
   }
   for (const auto& c : reply.registered().cancel()) {
@@ -221,6 +224,17 @@ absl::Status SchedulerLink::Session() {
           held = outbox_.AckEnded(JobRef::Of(message.ended_ack()));
         }
         if (held) handler_->OnSchedulerMessage(message);
+        break;
+      }
+      case v1::SchedulerMessage::kUserQuery: {
+        const std::string& user = message.user_query().user();
+        v1::WorkerMessage answer;
+        answer.mutable_user_answer()->set_user(user);
+        answer.mutable_user_answer()->set_known(options_.knows_user
+                                                    ? options_.knows_user(user)
+                                                    : user == options_.user);
+        absl::MutexLock lock(&mu_);
+        answers_.push_back(std::move(answer));
         break;
       }
       default:
@@ -252,13 +266,15 @@ void SchedulerLink::SendLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stopping_ || (stream_ != nullptr && outbox_.HasDue());
+        return stopping_ ||
+               (stream_ != nullptr && (outbox_.HasDue() || !answers_.empty()));
       };
       mu_.AwaitWithTimeout(absl::Condition(&ready),
                            absl::Milliseconds(heartbeat_ms_));
       if (stopping_) return;
       if (stream_ == nullptr) continue;
-      out = outbox_.TakeDue();
+      out.swap(answers_);
+      for (auto& m : outbox_.TakeDue()) out.push_back(std::move(m));
       const int64_t now = clock_->MonotonicMs();
       if (out.empty()) {
         if (now - last_write_ms < heartbeat_ms_) continue;

@@ -10,6 +10,7 @@
 #define DLBATCH_WORKER_SCHEDULER_LINK_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -70,6 +71,13 @@ struct LinkOptions {
   std::string profile;
   std::vector<v1::Device> devices;
   std::string scheduler;  // for log lines
+  // Whose jobs this worker runs, told at registration: any user its machine
+  // knows (started as root), or only `user`'s (its own user name). The
+  // scheduler asks about users (UserQuery); knows_user answers, on the
+  // reading thread (it may wait on a directory service such as LDAP).
+  bool runs_as_any_user = false;
+  std::string user;
+  std::function<bool(const std::string&)> knows_user;
   // Reconnecting: the first wait after a break, doubled up to the most.
   int64_t min_backoff_ms = 50;
   int64_t max_backoff_ms = 500;
@@ -122,6 +130,9 @@ class SchedulerLink {
   LinkStream* connecting_ ABSL_GUARDED_BY(mu_) = nullptr;  // to cancel
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // the sender is in Write()
   int64_t heartbeat_ms_ ABSL_GUARDED_BY(mu_) = 1000;
+  // Answers to the scheduler's questions, for this session only (a new
+  // session is asked again): sent by the sender before the Outbox's due.
+  std::vector<v1::WorkerMessage> answers_ ABSL_GUARDED_BY(mu_);
   std::thread sender_;
 };
 

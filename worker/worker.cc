@@ -28,16 +28,6 @@ std::string RendezvousAddress(const Endpoint& e) {
   return "unix:" + (ec ? e.path : p.string());
 }
 
-LinkOptions MakeLinkOptions(const WorkerOptions& o) {
-  LinkOptions l;
-  l.name = o.name;
-  l.host = o.host;
-  l.profile = o.profile;
-  l.devices = o.devices;
-  l.scheduler = o.channel.endpoint.original;
-  return l;
-}
-
 // Hard links hold a checkpoint's files while the trainer replaces them with
 // the next one (it writes a new file and renames it over), and those links
 // are uploaded.
@@ -74,6 +64,36 @@ std::string CurrentUserName() {
     return pw.pw_name;
   }
   return absl::StrCat("uid", ::geteuid());
+}
+
+// Whether this machine has an account named `user` (files, LDAP, ...).
+bool KnowsUser(const std::string& user) {
+  if (user.empty()) return false;
+  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buf(size > 0 ? static_cast<size_t>(size) : 16384);
+  struct passwd pw;
+  struct passwd* found = nullptr;
+  while (true) {
+    int rc = ::getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found);
+    if (rc != ERANGE || buf.size() > (1u << 20)) break;
+    buf.resize(buf.size() * 2);
+  }
+  return found != nullptr;
+}
+
+// A worker started as root runs any user's jobs (as their owner); any other
+// runs only its own user's (see job_launch.h), and says so at registration.
+LinkOptions MakeLinkOptions(const WorkerOptions& o) {
+  LinkOptions l;
+  l.name = o.name;
+  l.host = o.host;
+  l.profile = o.profile;
+  l.devices = o.devices;
+  l.scheduler = o.channel.endpoint.original;
+  l.runs_as_any_user = ::geteuid() == 0;
+  l.user = CurrentUserName();
+  l.knows_user = KnowsUser;
+  return l;
 }
 
 }  // namespace

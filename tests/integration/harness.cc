@@ -213,13 +213,13 @@ void Cluster::StartScheduler(std::vector<std::string> extra,
       listen.empty()
           ? (address_.empty() ? "unix:" + dir_ + "/sched.sock" : address_)
           : listen;
-  std::vector<std::string> argv = {BinDir() + "/dlbatch-scheduler",
-                                   "--state-dir",
-                                   scheduler_state(),
-                                   "--listen",
-                                   where,
-                                   "--ready-file",
-                                   ready};
+  std::vector<std::string> argv = scheduler_prefix_;
+  for (const std::string& a :
+       {BinDir() + "/dlbatch-scheduler", std::string("--state-dir"),
+        scheduler_state(), std::string("--listen"), where,
+        std::string("--ready-file"), ready}) {
+    argv.push_back(a);
+  }
   argv.insert(argv.end(), scheduler_args_.begin(), scheduler_args_.end());
   scheduler_.pid = Spawn(argv, dir_ + "/scheduler.log");
   ASSERT_TRUE(WaitFor([&] { return !ReadAll(ready).empty(); }, 15000))
@@ -262,17 +262,16 @@ std::map<std::string, std::string> Cluster::CliEnv() const {
 
 int Cluster::StartWorker(const std::string& name, int slots,
                          const std::string& profile,
-                         std::vector<std::string> extra) {
+                         std::vector<std::string> extra,
+                         std::vector<std::string> prefix) {
   std::string work = dir_ + "/worker-" + name;
-  std::vector<std::string> argv = {BinDir() + "/dlbatch-worker",
-                                   "--scheduler",
-                                   address_,
-                                   "--profile",
-                                   profile,
-                                   "--work-dir",
-                                   work,
-                                   "--name",
-                                   name};
+  std::vector<std::string> argv = std::move(prefix);
+  for (const std::string& a :
+       {BinDir() + "/dlbatch-worker", std::string("--scheduler"), address_,
+        std::string("--profile"), profile, std::string("--work-dir"), work,
+        std::string("--name"), name}) {
+    argv.push_back(a);
+  }
   if (slots > 0) {
     argv.push_back("--cpu-slots");
     argv.push_back(std::to_string(slots));

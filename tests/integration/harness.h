@@ -58,6 +58,11 @@ class Cluster {
   // Starts the scheduler; `listen` empty: a Unix socket in dir().
   void StartScheduler(std::vector<std::string> extra = {},
                       const std::string& listen = "");
+  // Runs the scheduler (from the next StartScheduler on) through `prefix`,
+  // such as setpriv as another user.
+  void set_scheduler_prefix(std::vector<std::string> prefix) {
+    scheduler_prefix_ = std::move(prefix);
+  }
   void KillScheduler(int sig);
   // Waits for the scheduler to exit on its own (a fault it was told to
   // inject); true once it has, and it is reaped.
@@ -70,9 +75,11 @@ class Cluster {
   // Starts a worker with `slots` CPU slots; returns its index. `slots` 0:
   // without --cpu-slots, so the worker offers the GPUs it finds (else one
   // slot per core).
+  // `prefix`: run it through this (setpriv as another user).
   int StartWorker(const std::string& name, int slots,
                   const std::string& profile = "local",
-                  std::vector<std::string> extra = {});
+                  std::vector<std::string> extra = {},
+                  std::vector<std::string> prefix = {});
   void KillWorker(int index, int sig);
   // Starts worker `index` again as it was first started (same name, work
   // folder and flags), after KillWorker.
@@ -109,6 +116,7 @@ class Cluster {
   std::string dir_;
   std::string address_;
   std::vector<std::string> scheduler_args_;
+  std::vector<std::string> scheduler_prefix_;
   Proc scheduler_;
   std::vector<Proc> workers_;
 };

@@ -114,6 +114,26 @@ class NaiveScheduler {
   void Forget(WorkerId id) {
     WorkerLost(id);
     workers_.erase(id);
+    only_.erase(id);
+  }
+  // The worker runs only these users' jobs; nullopt: anyone's.
+  void SetUsers(WorkerId id, std::optional<std::set<std::string>> users) {
+    if (users) {
+      only_[id] = *std::move(users);
+    } else {
+      only_.erase(id);
+    }
+  }
+  bool Runs(WorkerId id, const std::string& user) const {
+    auto it = only_.find(id);
+    return it == only_.end() || it->second.count(user) != 0;
+  }
+  // `caps` without the workers that do not run `user`'s jobs.
+  Caps Able(Caps caps, const std::string& user) const {
+    for (auto it = caps.begin(); it != caps.end();) {
+      it = Runs(it->first, user) ? std::next(it) : caps.erase(it);
+    }
+    return caps;
   }
   void Enqueue(const QueuedJob& job) {
     AddProfile(job.profile);
@@ -209,6 +229,7 @@ class NaiveScheduler {
   std::map<JobId, QueuedJob> queued_;
   std::map<JobId, Running> running_;
   std::map<std::pair<std::string, std::string>, UserLimit> limits_;
+  std::map<WorkerId, std::set<std::string>> only_;
 
  private:
   void Add(const QueuedJob& job, const std::vector<Part>& parts, TimeMs t) {
@@ -252,7 +273,7 @@ class NaiveScheduler {
     std::string head_user;
     int head_pool = 0;
     for (const QueuedJob& job : queue) {
-      Caps free = FreeCaps(profile);
+      Caps free = Able(FreeCaps(profile), job.user);
       if (!reserved) {
         if (job.pool > Room(job.user, profile)) continue;
         if (auto counts = NaivePlace(free, job.pool, job.max_nodes)) {
@@ -261,7 +282,9 @@ class NaiveScheduler {
         }
         Caps all;
         for (const auto& [id, w] : workers_) {
-          if (w.online && w.profile == profile) all[id] = w.slots;
+          if (w.online && w.profile == profile && Runs(id, job.user)) {
+            all[id] = w.slots;
+          }
         }
         if (!NaivePlace(all, job.pool, job.max_nodes)) continue;
         reserved = true;
@@ -286,7 +309,7 @@ class NaiveScheduler {
             for (const Part& p : r.parts) {
               auto w = workers_.find(p.worker);
               if (w == workers_.end() || !w->second.online ||
-                  w->second.profile != profile) {
+                  w->second.profile != profile || !Runs(p.worker, job.user)) {
                 continue;
               }
               for (int d : p.devices) {
@@ -382,8 +405,9 @@ class RandomEvents {
  public:
   // With `users`: jobs of four users, random limits and usage charges, no
   // decay (so that usage is exact and the reference agrees to the bit).
-  explicit RandomEvents(int seed, bool users = false)
-      : rng_(seed), users_(users) {
+  // worker_users: workers run only some users' jobs, at random.
+  explicit RandomEvents(int seed, bool users = false, bool worker_users = false)
+      : rng_(seed), users_(users), worker_users_(worker_users) {
     for (const char* p : {"a", "b"}) {
       core_.AddProfile(p, 0);
       naive_.AddProfile(p);
@@ -413,6 +437,33 @@ class RandomEvents {
       const double slot_ms = Uniform(1, 500);
       core_.ChargeUsage(user, slot_ms, now_);
       naive_.Charge(user, slot_ms);
+      return true;
+    }
+    if (worker_users_ && dice < 9) {
+      const WorkerId w = Uniform(1, 8);
+      const int kind = Uniform(0, 2);
+      if (kind == 0) {
+        core_.SetWorkerUsers(w, WorkerUsers{});
+        naive_.SetUsers(w, std::nullopt);
+        return true;
+      }
+      std::set<std::string> users = {User()};
+      if (kind == 2) users.insert(User());
+      WorkerUsers wu;
+      wu.anyone = false;
+      // Answers one at a time, or closed to the named users at once.
+      if (Uniform(0, 1)) {
+        wu.closed = true;
+        wu.can = users;
+        core_.SetWorkerUsers(w, wu);
+      } else {
+        core_.SetWorkerUsers(w, wu);
+        for (int u = 0; u < 4; ++u) {
+          const std::string name = "u" + std::to_string(u);
+          core_.SetWorkerUser(w, name, users.count(name) != 0);
+        }
+      }
+      naive_.SetUsers(w, users);
       return true;
     }
     return false;
@@ -617,6 +668,7 @@ class RandomEvents {
  private:
   std::mt19937 rng_;
   bool users_ = false;
+  bool worker_users_ = false;
   PlacementCore core_;
   NaiveScheduler naive_;
   JobId next_id_ = 1;
@@ -645,6 +697,24 @@ TEST(PlacementRandom, UsersLimitsAndFairShareMatchReference) {
   for (int seed = 1; seed <= 40; ++seed) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
     RandomEvents events(seed, /*users=*/true);
+    for (int step = 0; step < 600; ++step) {
+      events.Step();
+      if (::testing::Test::HasFatalFailure() ||
+          ::testing::Test::HasNonfatalFailure()) {
+        FAIL() << "at step " << step;
+      }
+    }
+  }
+}
+
+// The same with workers that run only some users' jobs (a worker not
+// started as root, or one whose machine lacks accounts): decisions, the
+// backfill guarantee and the limits hold against the reference, which
+// leaves such workers out for the other users.
+TEST(PlacementRandom, WorkersOfSomeUsersMatchReference) {
+  for (int seed = 1; seed <= 40; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    RandomEvents events(seed, /*users=*/true, /*worker_users=*/true);
     for (int step = 0; step < 600; ++step) {
       events.Step();
       if (::testing::Test::HasFatalFailure() ||

@@ -929,5 +929,124 @@ TEST(PlacementFairShare, OneUserKeepsSubmissionOrder) {
   EXPECT_THAT(order, ElementsAre(1, 2, 3, 4, 5));
 }
 
+// --- Whose jobs a worker runs ---------------------------------------------
+
+WorkerUsers Only(const std::string& user) {
+  WorkerUsers u;
+  u.anyone = false;
+  u.closed = true;
+  u.can = {user};
+  return u;
+}
+
+WorkerUsers Asked(std::set<std::string> can, std::set<std::string> cannot) {
+  WorkerUsers u;
+  u.anyone = false;
+  u.can = std::move(can);
+  u.cannot = std::move(cannot);
+  return u;
+}
+
+TEST(PlacementUsers, JobsGoOnlyToWorkersThatRunTheirUser) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 4);
+  core.SetWorkerUsers(1, Only("nobody"));
+  core.WorkerOnline(2, "p", 4);
+  core.SetWorkerUsers(2, Asked({"alice"}, {"carol"}));
+  // Best fit alone would put the 1-slot job on either; the users decide.
+  Decision alice = StartNow(core, UserJob(1, "alice", 1));
+  EXPECT_THAT(alice.parts, ElementsAre(Part{2, {0}}));
+  Decision nobody = StartNow(core, UserJob(2, "nobody", 3));
+  EXPECT_THAT(nobody.parts, ElementsAre(Part{1, {0, 1, 2}}));
+  core.Enqueue(UserJob(3, "carol", 1));
+  EXPECT_THAT(core.Schedule(1), IsEmpty());
+  std::optional<WaitInfo> info = core.Explain(3);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->able_workers, 0);
+  EXPECT_EQ(info->unable_workers, 2);
+  EXPECT_EQ(info->undecided_workers, 0);
+  EXPECT_FALSE(info->reserved);  // it can never start here: no head
+  EXPECT_THAT(core.UserFits("p", "carol"),
+              ElementsAre(std::pair{WorkerId{1}, UserFit::kNo},
+                          std::pair{WorkerId{2}, UserFit::kNo}));
+  EXPECT_THAT(core.UserFits("p", "alice"),
+              ElementsAre(std::pair{WorkerId{1}, UserFit::kNo},
+                          std::pair{WorkerId{2}, UserFit::kYes}));
+  // A job of nobody's that does not fit on its one worker waits there, and
+  // says that the other worker does not count for it.
+  core.Enqueue(UserJob(4, "nobody", 2));
+  EXPECT_THAT(core.Schedule(2), IsEmpty());
+  info = core.Explain(4);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->able_workers, 1);
+  EXPECT_EQ(info->able_free, 1);
+  EXPECT_EQ(info->unable_workers, 1);
+  EXPECT_EQ(info->free_now, 4);  // all workers: 1 + 3
+  EXPECT_TRUE(info->reserved);
+  ASSERT_TRUE(core.Finished(2, 3));
+  EXPECT_THAT(JobsOf(core.Schedule(3)), ElementsAre(4));
+}
+
+TEST(PlacementUsers, AnUndecidedUserStartsOnceTheWorkerAnswers) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 2);
+  core.SetWorkerUsers(1, Asked({}, {}));
+  core.Enqueue(UserJob(1, "alice", 1));
+  EXPECT_THAT(core.Schedule(0), IsEmpty());
+  std::optional<WaitInfo> info = core.Explain(1);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->undecided_workers, 1);
+  EXPECT_THAT(core.UserFits("p", "alice"),
+              ElementsAre(std::pair{WorkerId{1}, UserFit::kUndecided}));
+  core.SetWorkerUser(1, "alice", true);
+  EXPECT_THAT(JobsOf(core.Schedule(1)), ElementsAre(1));
+  // An answer of no keeps another user's job off it.
+  core.SetWorkerUser(1, "bob", false);
+  core.Enqueue(UserJob(2, "bob", 1));
+  EXPECT_THAT(core.Schedule(2), IsEmpty());
+  EXPECT_THAT(core.UserFits("p", "bob"),
+              ElementsAre(std::pair{WorkerId{1}, UserFit::kNo}));
+  // Forgotten (to be asked again): undecided, still not placed there.
+  core.ForgetWorkerUser(1, "bob");
+  EXPECT_THAT(core.UserFits("p", "bob"),
+              ElementsAre(std::pair{WorkerId{1}, UserFit::kUndecided}));
+  EXPECT_THAT(core.Schedule(2), IsEmpty());
+  core.SetWorkerUser(1, "bob", false);
+  // Users stay across going offline and back online.
+  core.WorkerOffline(1);
+  core.WorkerOnline(1, "p", 2);
+  EXPECT_THAT(core.Schedule(3), IsEmpty());
+  // A worker that says nothing runs anyone's.
+  core.SetWorkerUsers(1, WorkerUsers{});
+  EXPECT_THAT(JobsOf(core.Schedule(4)), ElementsAre(2));
+}
+
+TEST(PlacementUsers, BackfillKeepsTheHeadsReservationOnItsOwnWorkers) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 4);
+  core.SetWorkerUsers(1, Only("nobody"));
+  core.WorkerOnline(2, "p", 4);
+  core.SetWorkerUsers(2, Asked({"root"}, {"nobody"}));
+  StartNow(core, UserJob(1, "root", 2, 0, /*limit=*/100), 0);  // on worker 2
+  // The head: all of worker 2, the only one that runs root's jobs; it
+  // frees at 100.
+  core.Enqueue(UserJob(2, "root", 4));
+  // Root's 2-slot job without a limit would delay it: it may not take
+  // worker 2's two free slots, nor worker 1's (which does not run root's).
+  core.Enqueue(UserJob(3, "root", 2));
+  // Nobody's job takes half of worker 1, which the head cannot use.
+  core.Enqueue(UserJob(4, "nobody", 2));
+  // Root's job that ends by 100 may use worker 2's free slots.
+  core.Enqueue(UserJob(5, "root", 2, 0, /*limit=*/50));
+  EXPECT_THAT(JobsOf(core.Schedule(1)), UnorderedElementsAre(4, 5));
+  std::optional<WaitInfo> head = core.Explain(2);
+  ASSERT_TRUE(head.has_value());
+  EXPECT_TRUE(head->reserved);
+  EXPECT_EQ(head->reserved_start, 100);
+  ASSERT_TRUE(core.Finished(1, 40));
+  ASSERT_TRUE(core.Finished(5, 40));
+  EXPECT_THAT(JobsOf(core.Schedule(40)), ElementsAre(2));
+}
+
 }  // namespace
 }  // namespace dlbatch::scheduler

@@ -19,6 +19,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -1289,7 +1290,7 @@ TEST_F(SchedulerTest, UserLimitsHoldJobsBackAndSayWhy) {
   UserLimit limit;
   limit.max_slots = 2;
   limit.max_queued = 1;
-  scheduler_->SetUserLimit("alice", "local", limit);
+  ASSERT_TRUE(scheduler_->SetUserLimit("alice", "local", limit).ok());
   const int64_t first = Submit(2);
   ASSERT_TRUE(session->WaitFor(IsStart(first, 1)).has_value());
   const int64_t second = Submit(1);
@@ -1308,8 +1309,128 @@ TEST_F(SchedulerTest, UserLimitsHoldJobsBackAndSayWhy) {
   ASSERT_TRUE(session->WaitFor(IsStart(bob_reply->job_id(), 1)).has_value());
   ASSERT_EQ(scheduler_->UserLimits().size(), 1u);
   limit.max_slots = 3;
-  scheduler_->SetUserLimit("alice", "local", limit);
+  ASSERT_TRUE(scheduler_->SetUserLimit("alice", "local", limit).ok());
   ASSERT_TRUE(session->WaitFor(IsStart(second, 1)).has_value());
+}
+
+// A worker started as root: the scheduler asks it about each user.
+std::shared_ptr<FakeSession> ConnectRootWorker(Scheduler* scheduler,
+                                               const std::string& name) {
+  auto session = std::make_shared<FakeSession>();
+  v1::WorkerMessage m;
+  v1::Register* reg = m.mutable_register_();
+  reg->set_name(name);
+  reg->set_host("host-" + name);
+  reg->set_profile("local");
+  reg->add_devices()->set_kind("cpu");
+  reg->set_runs_as_any_user(true);
+  reg->set_user("root");
+  scheduler->OnWorkerMessage(session, std::move(m));
+  EXPECT_TRUE(session->WaitFor(IsRegistered()).has_value());
+  return session;
+}
+
+void Answer(Scheduler* scheduler, const std::shared_ptr<FakeSession>& session,
+            const std::string& user, bool known) {
+  v1::WorkerMessage m;
+  m.mutable_user_answer()->set_user(user);
+  m.mutable_user_answer()->set_known(known);
+  scheduler->OnWorkerMessage(session, std::move(m));
+}
+
+FakeSession::Predicate IsQuery(const std::string& user) {
+  return [=](const Message& m) {
+    return m.has_user_query() && m.user_query().user() == user;
+  };
+}
+
+// The worker's machine knows alice only: her job runs there, a job of a
+// user it does not know is refused at submit, naming the worker.
+TEST_F(SchedulerTest, ARootWorkerIsAskedAboutEachUser) {
+  StartScheduler();
+  auto session = ConnectRootWorker(scheduler_.get(), "w1");
+  std::atomic<bool> done{false};
+  std::thread answers([&] {
+    std::set<std::string> answered;
+    while (!done) {
+      for (const Message& m : session->Matching(
+               [](const Message& m) { return m.has_user_query(); })) {
+        const std::string& user = m.user_query().user();
+        if (answered.insert(user).second) {
+          Answer(scheduler_.get(), session, user, user == "alice");
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  const int64_t id = Submit(1);
+  EXPECT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
+  v1::SubmitJobRequest ghost = CommandJob(1);
+  ghost.set_user("ghost");
+  auto refused = scheduler_->Submit(ghost);
+  done = true;
+  answers.join();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("no worker of profile 'local' runs ghost's jobs: 'w1' "
+                        "has no user ghost"));
+  // Each user is asked once per session.
+  EXPECT_EQ(session->Matching(IsQuery("alice")).size(), 1u);
+}
+
+// A worker that does not answer holds a submit back briefly, never for
+// good: the job is queued, says what it waits for, and starts once the
+// answer comes.
+TEST_F(SchedulerTest, AWorkerThatDoesNotAnswerDelaysASubmitOnlyBriefly) {
+  StartScheduler();
+  auto session = ConnectRootWorker(scheduler_.get(), "w1");
+  const absl::Time before = absl::Now();
+  const int64_t id = Submit(1);
+  EXPECT_LT(absl::Now() - before, absl::Seconds(30));  // bounded, not hung
+  ASSERT_TRUE(session->WaitFor(IsQuery("alice")).has_value());
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(job.wait_reason(),
+              HasSubstr("no online worker runs alice's jobs ('w1' has not "
+                        "said yet whether it knows alice)"));
+  Answer(scheduler_.get(), session, "alice", true);
+  EXPECT_TRUE(session->WaitFor(IsStart(id, 1)).has_value());
+}
+
+// A "no such user" is trusted for unknown_user_recheck_ms: a submit after
+// it asks again, and finds an account added meanwhile.
+TEST_F(SchedulerTest, AnUnknownUserIsAskedAgainLater) {
+  SchedulerOptions options = TestOptions();
+  options.heartbeat_timeout_ms = 3'600'000;  // the clock moves a lot here
+  options.unknown_user_recheck_ms = 60'000;
+  StartScheduler(options);
+  auto session = ConnectRootWorker(scheduler_.get(), "w1");
+  std::atomic<bool> known{false};
+  std::atomic<bool> done{false};
+  std::thread answers([&] {
+    size_t handled = 0;
+    while (!done) {
+      auto queries = session->Matching(IsQuery("alice"));
+      for (; handled < queries.size(); ++handled) {
+        Answer(scheduler_.get(), session, "alice", known);
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  auto refused = scheduler_->Submit(CommandJob(1));
+  EXPECT_FALSE(refused.ok());
+  refused = scheduler_->Submit(CommandJob(1));  // the answer still holds
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(session->Matching(IsQuery("alice")).size(), 1u);
+  known = true;  // the account is added
+  clock_.Advance(61'000);
+  auto accepted = scheduler_->Submit(CommandJob(1));
+  done = true;
+  answers.join();
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(session->Matching(IsQuery("alice")).size(), 2u);
+  EXPECT_TRUE(session->WaitFor(IsStart(accepted->job_id(), 1)).has_value());
 }
 
 }  // namespace

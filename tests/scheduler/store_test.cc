@@ -168,7 +168,7 @@ TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   EXPECT_THAT(std::string(reopened.status().message()),
               HasSubstr("schema version 99"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 4"));
+              HasSubstr("reads version 5"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -216,7 +216,7 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "4");
+  EXPECT_EQ((*version)->Text(0), "5");
   (*version)->Reset();
   auto job = reader().GetJob(old);
   ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
@@ -269,6 +269,44 @@ TEST_F(StoreTest, CredentialsAreKeptByHashReplacedByNameAndDeleted) {
   EXPECT_FALSE(store_->DeleteCredential("alice", /*worker=*/false).value());
   ASSERT_EQ(store_->Credentials()->size(), 1u);
   EXPECT_TRUE(store_->Credentials()->at(0).worker);
+}
+
+TEST_F(StoreTest, UserLimitsAndUsageSurviveAReopen) {
+  ASSERT_TRUE(store_->PutUserLimit({"alice", "gpu", {2, 5}}).ok());
+  ASSERT_TRUE(store_->PutUserLimit({"bob", "gpu", {kNoLimit, 3}}).ok());
+  ASSERT_TRUE(store_->PutUsage({"alice", 7200000, 1000}).ok());
+  ASSERT_TRUE(store_->PutUsage({"alice", 3600000, 2000}).ok());  // replaces
+  Reopen();
+  auto limits = store_->UserLimits();
+  ASSERT_TRUE(limits.ok()) << limits.status();
+  ASSERT_EQ(limits->size(), 2u);
+  EXPECT_EQ((*limits)[0].user, "alice");
+  EXPECT_EQ((*limits)[0].limit, (UserLimit{2, 5}));
+  EXPECT_EQ((*limits)[1].limit, (UserLimit{kNoLimit, 3}));
+  // Unlimited in both: removed.
+  ASSERT_TRUE(store_->PutUserLimit({"bob", "gpu", {}}).ok());
+  EXPECT_EQ(store_->UserLimits()->size(), 1u);
+  auto usages = store_->Usages();
+  ASSERT_TRUE(usages.ok()) << usages.status();
+  ASSERT_EQ(usages->size(), 1u);
+  EXPECT_EQ((*usages)[0].user, "alice");
+  EXPECT_EQ((*usages)[0].slot_ms, 3600000);
+  EXPECT_EQ((*usages)[0].at_ms, 2000);
+}
+
+TEST_F(StoreTest, OpensAVersion3FileAndAddsTheLimitTables) {
+  const int64_t old = Insert(NewJob("from-v3"));
+  ASSERT_TRUE(store_->db()
+                  ->Exec("DROP TABLE user_limits; DROP TABLE user_usage;"
+                         "UPDATE meta SET value='3' WHERE key='schema'")
+                  .ok());
+  Reopen();
+  EXPECT_TRUE(store_->PutUserLimit({"alice", "local", {1, kNoLimit}}).ok());
+  EXPECT_TRUE(store_->PutUsage({"alice", 10, 20}).ok());
+  EXPECT_EQ(store_->UserLimits()->size(), 1u);
+  auto job = reader().GetJob(old);
+  ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
+  EXPECT_EQ((*job)->spec.name(), "from-v3");
 }
 
 TEST_F(StoreTest, RefusesAFileThatIsNotADatabase) {
