@@ -3,6 +3,7 @@
 // simulated workers. Prints a markdown table; the figures are not asserted.
 //
 //   scheduler_bench [--jobs N] [--queued N] [--workers N] [--chain N]
+//                   [--only submit|tls|rpc|latency|scale|purge]
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -26,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/endpoint.h"
+#include "common/tls_client.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 
 namespace {
@@ -56,17 +58,20 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
   return pid;
 }
 
-// A scheduler process in its own temp folder.
+// A scheduler process in its own temp folder, on a Unix socket or (tcp)
+// on TLS over loopback TCP, where calls carry its token.
 struct Scheduler {
   std::string dir;
   std::string address;
   pid_t pid = 0;
+  dlbatch::ChannelConfig config;
   std::shared_ptr<grpc::Channel> channel;
 
-  explicit Scheduler(const std::string& root, const std::string& name) {
+  explicit Scheduler(const std::string& root, const std::string& name,
+                     bool tcp = false) {
     dir = root + "/" + name;
     std::filesystem::create_directories(dir);
-    address = "unix:" + dir + "/s.sock";
+    address = tcp ? "127.0.0.1:0" : "unix:" + dir + "/s.sock";
     std::string ready = dir + "/ready";
     pid = Spawn({SelfDir() + "/dlbatch-scheduler", "--state-dir",
                  dir + "/state", "--listen", address, "--ready-file", ready,
@@ -74,23 +79,37 @@ struct Scheduler {
                 dir + "/scheduler.log");
     for (int i = 0; i < 300 && !std::filesystem::exists(ready); ++i)
       usleep(50000);
-    dlbatch::ChannelConfig config;
+    if (tcp) {
+      std::ifstream in(ready);
+      in >> address;
+    }
     config.endpoint = *dlbatch::ParseEndpoint(address);
+    if (tcp) {
+      const std::string token_file = dir + "/state/token";
+      config.token = *dlbatch::ReadTokenFile(token_file);
+      if (auto s = dlbatch::ResolveCa(&config, "", token_file); !s.ok()) {
+        std::cerr << s << "\n";
+        exit(1);
+      }
+    }
     channel = dlbatch::MakeChannel(config);
+  }
+  // Puts the token (TCP) on a call.
+  void Prepare(grpc::ClientContext* ctx) const {
+    dlbatch::AddToken(ctx, config.token);
   }
   ~Scheduler() {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
   }
   std::unique_ptr<dlbatch::v1::Scheduler::Stub> Stub() const {
-    dlbatch::ChannelConfig config;
-    config.endpoint = *dlbatch::ParseEndpoint(address);
     // A channel per client, as separate processes would have.
     return dlbatch::v1::Scheduler::NewStub(dlbatch::MakeChannel(config));
   }
   dlbatch::v1::Stats Stats(bool reset = false) const {
     auto stub = dlbatch::v1::Scheduler::NewStub(channel);
     grpc::ClientContext ctx;
+    Prepare(&ctx);
     dlbatch::v1::GetStatsRequest req;
     req.set_reset_max(reset);
     dlbatch::v1::Stats stats;
@@ -103,8 +122,9 @@ struct Scheduler {
 class SimWorker {
  public:
   SimWorker(std::shared_ptr<grpc::Channel> channel, std::string name,
-            std::string profile, int slots)
+            std::string profile, int slots, const std::string& token = "")
       : stub_(dlbatch::v1::WorkerLink::NewStub(channel)) {
+    dlbatch::AddToken(&ctx_, token);
     stream_ = stub_->Connect(&ctx_);
     dlbatch::v1::WorkerMessage hello;
     auto* reg = hello.mutable_register_();
@@ -223,6 +243,7 @@ double SubmitMany(const Scheduler& s, const std::string& profile, int64_t total,
         int64_t n = next.fetch_add(1);
         if (n >= total) return;
         grpc::ClientContext ctx;
+        s.Prepare(&ctx);
         dlbatch::v1::SubmitJobReply reply;
         if (!stub->SubmitJob(&ctx, Request(profile, first + n), &reply).ok())
           ++errors;
@@ -272,7 +293,7 @@ int main(int argc, char** argv) {
     else {
       std::cerr << "usage: scheduler_bench [--jobs N] [--queued N] [--workers "
                    "N] [--chain N]"
-                   " [--purge N] [--only submit|rpc|latency|scale|purge]\n";
+                   " [--purge N] [--only submit|tls|rpc|latency|scale|purge]\n";
       return 2;
     }
   }
@@ -295,6 +316,37 @@ int main(int argc, char** argv) {
     rows.push_back({absl::StrFormat("submit, 16 clients, %d jobs", jobs),
                     absl::StrFormat("%.0f jobs/s", sixteen), ">= 5000 jobs/s",
                     verdict(sixteen >= 5000)});
+  }
+
+  // 1b. Submit over TLS TCP with a token against the plaintext Unix socket,
+  // in the same run: each scheduler alone on the machine in turn, one
+  // queue-holding worker each.
+  if (run("tls")) {
+    double unix_rate[2], tls_rate[2];
+    const int clients[2] = {1, 16};
+    for (int tcp = 0; tcp < 2; ++tcp) {
+      Scheduler s(root, tcp ? "tls-tcp" : "tls-unix", tcp == 1);
+      SimWorker holder(s.channel, "holder", "local", 1, s.config.token);
+      // Warm: the connection (and its handshake) is made once per client.
+      SubmitMany(s, "local", 200, 1, 0);
+      for (int i = 0; i < 2; ++i) {
+        double rate = SubmitMany(s, "local", jobs, clients[i], 1000 + i * jobs);
+        (tcp ? tls_rate : unix_rate)[i] = rate;
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      rows.push_back(
+          {absl::StrFormat("submit, %d client%s, Unix socket (plaintext)",
+                           clients[i], clients[i] > 1 ? "s" : ""),
+           absl::StrFormat("%.0f jobs/s", unix_rate[i]), "-", "-"});
+      const double ratio = tls_rate[i] / unix_rate[i];
+      rows.push_back(
+          {absl::StrFormat("submit, %d client%s, TLS TCP with a token",
+                           clients[i], clients[i] > 1 ? "s" : ""),
+           absl::StrFormat("%.0f jobs/s (%.2fx the socket)", tls_rate[i],
+                           ratio),
+           ">= 0.7x the socket", verdict(ratio >= 0.7)});
+    }
   }
 
   // 0. The floor: a call that does nothing, from one client.

@@ -1,5 +1,7 @@
 // Scheduler addresses (`unix:PATH` or `HOST:PORT`), the shared token that
-// guards TCP listeners, and channels that present it.
+// guards TCP listeners, and channels that present it. TCP is always TLS:
+// a channel to a TCP address verifies the scheduler against a CA
+// (tls_client.h finds it); a Unix socket is plain.
 #ifndef DLBATCH_COMMON_ENDPOINT_H_
 #define DLBATCH_COMMON_ENDPOINT_H_
 
@@ -49,6 +51,10 @@ absl::Status CheckToken(const grpc::ServerContextBase& context,
 struct ChannelConfig {
   Endpoint endpoint;
   std::string token;  // empty: none presented
+  // TCP: the PEM certificates the scheduler's certificate must chain to,
+  // and the file they came from (named in errors).
+  std::string ca_pem;
+  std::string ca_file;
 };
 
 std::shared_ptr<grpc::Channel> MakeChannel(const ChannelConfig& config);
