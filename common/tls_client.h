@@ -14,6 +14,10 @@ namespace dlbatch {
 
 // The environment variable naming the CA file.
 inline constexpr char kCaEnv[] = "DLBATCH_CA";
+// The CA certificates themselves (PEM), as a worker hands them to a train
+// job's ranks for the scheduler rendezvous over TCP: a job may run as a user
+// who cannot read the worker's CA file.
+inline constexpr char kRendezvousCaEnv[] = "DLBATCH_RENDEZVOUS_CA";
 
 // For a TCP endpoint, fills config->ca_pem and ca_file from the first of:
 // `ca_flag` (--ca-file), DLBATCH_CA, ca.pem beside `token_file` (the

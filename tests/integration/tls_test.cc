@@ -4,8 +4,12 @@
 // the addresses asked for (--tls-name) and a restart keeps the CA, and an
 // operator's own certificate is used instead of the scheduler's CA.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -83,6 +87,90 @@ TEST(Tls, PlaintextToTheTcpPortGetsNothing) {
   EXPECT_NE(ReadAll(c.dir() + "/scheduler.log").find("TLS handshake"),
             std::string::npos)
       << ReadAll(c.dir() + "/scheduler.log");
+}
+
+// A TLS connection to 127.0.0.1:port that trusts `ca_file` and has done its
+// handshake, but sends nothing; null if the handshake failed.
+struct SilentTls {
+  int fd = -1;
+  SSL* ssl = nullptr;
+  ~SilentTls() {
+    SSL_free(ssl);
+    if (fd >= 0) close(fd);
+  }
+  // True once the scheduler has closed it (what it sent before is read).
+  bool Closed() {
+    char buf[4096];
+    for (;;) {
+      int n = SSL_read(ssl, buf, sizeof buf);
+      if (n > 0) continue;
+      int err = SSL_get_error(ssl, n);
+      ERR_clear_error();
+      return err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE;
+    }
+  }
+};
+
+std::unique_ptr<SilentTls> OpenSilentTls(SSL_CTX* ctx, int port) {
+  auto c = std::make_unique<SilentTls>();
+  c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(c->fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return nullptr;
+  }
+  c->ssl = SSL_new(ctx);
+  SSL_set_fd(c->ssl, c->fd);
+  X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), "127.0.0.1");
+  if (SSL_connect(c->ssl) != 1) {
+    ERR_clear_error();
+    return nullptr;
+  }
+  fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
+  return c;
+}
+
+// Past the handshake a connection is still one that has not
+// authenticated: the ConnectionGate bounds such connections in number (the
+// oldest goes) and in time, through the relay.
+TEST(Tls, SilentConnectionsPastTheHandshakeAreBoundedByTheGate) {
+  Cluster c;
+  c.StartScheduler({"--max-unauthenticated", "5", "--auth-deadline", "2s"},
+                   "127.0.0.1:0");
+  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(
+      SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
+  const std::string ca = ReadAll(c.ca_file());
+  BIO* bio = BIO_new_mem_buf(ca.data(), static_cast<int>(ca.size()));
+  X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+  BIO_free(bio);
+  ASSERT_NE(cert, nullptr);
+  X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx.get()), cert);
+  X509_free(cert);
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  static const unsigned char kH2[] = {2, 'h', '2'};
+  SSL_CTX_set_alpn_protos(ctx.get(), kH2, sizeof kH2);
+
+  std::vector<std::unique_ptr<SilentTls>> silent;
+  for (int i = 0; i < 12; ++i) {
+    auto conn = OpenSilentTls(ctx.get(), Port(c.address()));
+    ASSERT_NE(conn, nullptr) << "handshake " << i;
+    silent.push_back(std::move(conn));
+    usleep(20000);  // reach the gate in this order
+  }
+  auto closed = [&] {
+    int n = 0;
+    for (auto& s : silent) n += s->Closed();
+    return n;
+  };
+  EXPECT_TRUE(WaitFor([&] { return closed() >= 7; }, 1500)) << closed();
+  EXPECT_TRUE(silent.front()->Closed()) << "the oldest makes room";
+  EXPECT_FALSE(silent.back()->Closed()) << "the newest waits its deadline";
+  // One that authenticates is served meanwhile.
+  Result served = c.Cli({"--token-file", Token(c), "profiles"});
+  EXPECT_EQ(served.code, 0) << served.err;
+  EXPECT_TRUE(WaitFor([&] { return closed() == 12; }, 5000)) << closed();
 }
 
 TEST(Tls, AWrongCaFailsAtOnceNamingTheCaFile) {
