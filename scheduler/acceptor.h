@@ -10,7 +10,10 @@
 // Unix-socket connection's caller (SO_PEERCRED) goes into the PeerTable.
 // TCP is always TLS: a TCP connection goes to a TlsRelay (tls_relay.h)
 // first, and what gRPC and the gate get is the plaintext end of the relay's
-// socketpair once the handshake is done.
+// socketpair once the handshake is done. That end is an AF_UNIX socket
+// whose SO_PEERCRED names the scheduler itself: who called over TCP is
+// known from the token alone, never from the descriptor (the PeerTable
+// marks it TCP).
 #ifndef DLBATCH_SCHEDULER_ACCEPTOR_H_
 #define DLBATCH_SCHEDULER_ACCEPTOR_H_
 

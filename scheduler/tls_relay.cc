@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -381,8 +382,14 @@ class RelayLoop {
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0,
                      pair) != 0) {
       // Out of descriptors: shed this one, as the acceptor sheds.
-      spdlog::warn("TLS connection: socketpair: {}; closing it",
-                   std::strerror(errno));
+      const int64_t now = clock_->MonotonicMs();
+      if (now - last_warning_ms_ >= 10000) {
+        last_warning_ms_ = now;
+        spdlog::warn(
+            "TLS connections: socketpair: {}; closing them until descriptors "
+            "are free",
+            std::strerror(errno));
+      }
       failed_.fetch_add(1);
       Close(c);
       return true;
@@ -426,6 +433,7 @@ class RelayLoop {
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
   std::deque<uint64_t> order_;  // handshakes, oldest first (ids)
   uint64_t next_id_ = kWakeId + 1;
+  int64_t last_warning_ms_ = INT64_MIN / 2;
   std::atomic<int> handshaking_{0};
   std::atomic<int64_t> failed_{0};
   std::atomic<bool> stopping_{false};

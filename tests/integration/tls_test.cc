@@ -200,6 +200,11 @@ TEST(Tls, AWrongCaFailsAtOnceNamingTheCaFile) {
               {{"DLBATCH_TOKEN", token}, {"DLBATCH_CA", c.ca_file()}});
   EXPECT_EQ(right.code, 0) << right.err;
 
+  // With no --ca-file or DLBATCH_CA, the state folder's ca.pem beside the
+  // token file is the one.
+  Result beside = CliWith(c.address(), {"--token-file", Token(c), "jobs"}, {});
+  EXPECT_EQ(beside.code, 0) << beside.err;
+
   // No CA at all, and a file that is none: each says what to pass.
   Result none = CliWith(c.address(), {"jobs"}, {{"DLBATCH_TOKEN", token}});
   EXPECT_NE(none.code, 0);
