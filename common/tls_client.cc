@@ -183,6 +183,7 @@ absl::Status ProbeTls(const ChannelConfig& config, int timeout_ms) {
   }
   SSL_set_fd(ssl.get(), fd);
   const int rc = SSL_connect(ssl.get());
+  const int ssl_error = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(ssl.get(), rc);
   const long verify = SSL_get_verify_result(ssl.get());
   const std::string detail = SslErrors();
   if (rc == 1) SSL_shutdown(ssl.get());
@@ -205,10 +206,17 @@ absl::Status ProbeTls(const ChannelConfig& config, int timeout_ms) {
         "of its --tls-cert) with --ca-file or ",
         kCaEnv));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "no TLS handshake with ", ep.original, " (CA file ", CaLabel(config),
-      "): ", detail.empty() ? "the connection closed" : detail,
-      "; is it a dlbatch scheduler's TCP address?"));
+  if (ssl_error != SSL_ERROR_SSL) {
+    // Closed, reset or timed out mid-handshake: busy or restarting, not
+    // untrusted.
+    return absl::UnavailableError(
+        absl::StrCat("the TLS handshake with ", ep.original, " did not finish",
+                     detail.empty() ? "" : ": ", detail));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("no TLS handshake with ", ep.original, " (CA file ",
+                   CaLabel(config), "): ", detail.empty() ? "not TLS" : detail,
+                   "; is it a dlbatch scheduler's TCP address?"));
 }
 
 }  // namespace dlbatch
