@@ -3,6 +3,7 @@
 // simulated workers. Prints a markdown table; the figures are not asserted.
 //
 //   scheduler_bench [--jobs N] [--queued N] [--workers N] [--chain N]
+//                   [--only submit|tls|rpc|latency|scale|purge]
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -26,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/endpoint.h"
+#include "common/tls_client.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 
 namespace {
@@ -56,17 +58,20 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
   return pid;
 }
 
-// A scheduler process in its own temp folder.
+// A scheduler process in its own temp folder, on a Unix socket or (tcp)
+// on TLS over loopback TCP, where calls carry its token.
 struct Scheduler {
   std::string dir;
   std::string address;
   pid_t pid = 0;
+  dlbatch::ChannelConfig config;
   std::shared_ptr<grpc::Channel> channel;
 
-  explicit Scheduler(const std::string& root, const std::string& name) {
+  explicit Scheduler(const std::string& root, const std::string& name,
+                     bool tcp = false) {
     dir = root + "/" + name;
     std::filesystem::create_directories(dir);
-    address = "unix:" + dir + "/s.sock";
+    address = tcp ? "127.0.0.1:0" : "unix:" + dir + "/s.sock";
     std::string ready = dir + "/ready";
     pid = Spawn({SelfDir() + "/dlbatch-scheduler", "--state-dir",
                  dir + "/state", "--listen", address, "--ready-file", ready,
@@ -74,23 +79,37 @@ struct Scheduler {
                 dir + "/scheduler.log");
     for (int i = 0; i < 300 && !std::filesystem::exists(ready); ++i)
       usleep(50000);
-    dlbatch::ChannelConfig config;
+    if (tcp) {
+      std::ifstream in(ready);
+      in >> address;
+    }
     config.endpoint = *dlbatch::ParseEndpoint(address);
+    if (tcp) {
+      const std::string token_file = dir + "/state/token";
+      config.token = *dlbatch::ReadTokenFile(token_file);
+      if (auto s = dlbatch::ResolveCa(&config, "", token_file); !s.ok()) {
+        std::cerr << s << "\n";
+        exit(1);
+      }
+    }
     channel = dlbatch::MakeChannel(config);
+  }
+  // Puts the token (TCP) on a call.
+  void Prepare(grpc::ClientContext* ctx) const {
+    dlbatch::AddToken(ctx, config.token);
   }
   ~Scheduler() {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
   }
   std::unique_ptr<dlbatch::v1::Scheduler::Stub> Stub() const {
-    dlbatch::ChannelConfig config;
-    config.endpoint = *dlbatch::ParseEndpoint(address);
     // A channel per client, as separate processes would have.
     return dlbatch::v1::Scheduler::NewStub(dlbatch::MakeChannel(config));
   }
   dlbatch::v1::Stats Stats(bool reset = false) const {
     auto stub = dlbatch::v1::Scheduler::NewStub(channel);
     grpc::ClientContext ctx;
+    Prepare(&ctx);
     dlbatch::v1::GetStatsRequest req;
     req.set_reset_max(reset);
     dlbatch::v1::Stats stats;
@@ -103,8 +122,9 @@ struct Scheduler {
 class SimWorker {
  public:
   SimWorker(std::shared_ptr<grpc::Channel> channel, std::string name,
-            std::string profile, int slots)
+            std::string profile, int slots, const std::string& token = "")
       : stub_(dlbatch::v1::WorkerLink::NewStub(channel)) {
+    dlbatch::AddToken(&ctx_, token);
     stream_ = stub_->Connect(&ctx_);
     dlbatch::v1::WorkerMessage hello;
     auto* reg = hello.mutable_register_();
@@ -223,6 +243,7 @@ double SubmitMany(const Scheduler& s, const std::string& profile, int64_t total,
         int64_t n = next.fetch_add(1);
         if (n >= total) return;
         grpc::ClientContext ctx;
+        s.Prepare(&ctx);
         dlbatch::v1::SubmitJobReply reply;
         if (!stub->SubmitJob(&ctx, Request(profile, first + n), &reply).ok())
           ++errors;
@@ -233,6 +254,23 @@ double SubmitMany(const Scheduler& s, const std::string& profile, int64_t total,
   double secs = Seconds(t0, Clock::now());
   if (errors > 0) std::cerr << "submit errors: " << errors << "\n";
   return static_cast<double>(total) / secs;
+}
+
+// CPU seconds (user + system) used so far by process `pid` (0: this one).
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(pid == 0 ? std::string("/proc/self/stat")
+                            : absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  std::getline(in, line);
+  // Fields after the command's closing parenthesis; utime and stime are
+  // the 12th and 13th of them.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 1; i <= 13 && rest >> field; ++i) {
+    if (i >= 12) ticks += std::stod(field);
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -272,7 +310,7 @@ int main(int argc, char** argv) {
     else {
       std::cerr << "usage: scheduler_bench [--jobs N] [--queued N] [--workers "
                    "N] [--chain N]"
-                   " [--purge N] [--only submit|rpc|latency|scale|purge]\n";
+                   " [--purge N] [--only submit|tls|rpc|latency|scale|purge]\n";
       return 2;
     }
   }
@@ -295,6 +333,59 @@ int main(int argc, char** argv) {
     rows.push_back({absl::StrFormat("submit, 16 clients, %d jobs", jobs),
                     absl::StrFormat("%.0f jobs/s", sixteen), ">= 5000 jobs/s",
                     verdict(sixteen >= 5000)});
+  }
+
+  // 1b. Submit over TLS TCP with a token against the plaintext Unix socket,
+  // in the same run: two schedulers, one queue-holding worker each, measured
+  // in alternating rounds so that a load that comes and goes on the machine
+  // falls on both alike.
+  if (run("tls")) {
+    Scheduler plain(root, "tls-unix", /*tcp=*/false);
+    Scheduler tls(root, "tls-tcp", /*tcp=*/true);
+    SimWorker plain_holder(plain.channel, "holder", "local", 1);
+    SimWorker tls_holder(tls.channel, "holder", "local", 1, tls.config.token);
+    // Warm: each client's connection (and handshake) is made once.
+    SubmitMany(plain, "local", 200, 1, 0);
+    SubmitMany(tls, "local", 200, 1, 0);
+    const int rounds = 5;
+    const int64_t per_round = std::max<int64_t>(1, jobs / rounds);
+    int64_t first = 1000;
+    for (int clients : {1, 16}) {
+      double plain_s = 0, tls_s = 0;
+      // CPU of the scheduler, and of the clients, in all.
+      double plain_cpu[2] = {0, 0}, tls_cpu[2] = {0, 0};
+      for (int r = 0; r < rounds; ++r) {
+        for (Scheduler* s : {&plain, &tls}) {
+          const double sched0 = CpuSeconds(s->pid), self0 = CpuSeconds(0);
+          const double secs =
+              per_round / SubmitMany(*s, "local", per_round, clients, first);
+          double* cpu = s == &plain ? plain_cpu : tls_cpu;
+          cpu[0] += CpuSeconds(s->pid) - sched0;
+          cpu[1] += CpuSeconds(0) - self0;
+          (s == &plain ? plain_s : tls_s) += secs;
+        }
+        first += per_round;
+      }
+      const double total = static_cast<double>(per_round * rounds);
+      const double ratio = plain_s / tls_s;
+      const std::string who =
+          absl::StrFormat("%d client%s, %d jobs", clients,
+                          clients > 1 ? "s" : "", per_round * rounds);
+      auto cpu_text = [&](const double* cpu) {
+        return absl::StrFormat("; CPU a job: scheduler %.0f us, client %.0f us",
+                               cpu[0] / total * 1e6, cpu[1] / total * 1e6);
+      };
+      rows.push_back(
+          {absl::StrCat("submit, ", who, ", Unix socket (plaintext)"),
+           absl::StrFormat("%.0f jobs/s", total / plain_s) +
+               cpu_text(plain_cpu),
+           "-", "-"});
+      rows.push_back({absl::StrCat("submit, ", who, ", TLS TCP with a token"),
+                      absl::StrFormat("%.0f jobs/s (%.2fx the socket)",
+                                      total / tls_s, ratio) +
+                          cpu_text(tls_cpu),
+                      ">= 0.7x the socket", verdict(ratio >= 0.7)});
+    }
   }
 
   // 0. The floor: a call that does nothing, from one client.

@@ -11,6 +11,7 @@
 #include "client/local_cluster.h"
 #include "common/duration.h"
 #include "common/status.h"
+#include "common/tls_client.h"
 
 namespace dlbatch::client {
 namespace {
@@ -62,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(
         " needs a token: pass --token-file FILE or set "
         "DLBATCH_TOKEN (the scheduler keeps it in STATE_DIR/token)"));
   }
+  RETURN_IF_ERROR(ResolveCa(&conn->config_, flags.ca_file, flags.token_file));
   conn->retry_for_ms_ = std::max<int64_t>(0, flags.retry_for_ms);
   conn->stub_ = v1::Scheduler::NewStub(MakeChannel(conn->config_));
   return conn;
@@ -84,7 +86,7 @@ bool Connection::Unreachable(const grpc::Status& status) {
 
 bool Connection::RetryAfter(const grpc::Status& status,
                             int64_t try_started_ms) {
-  if (!Unreachable(status)) {
+  if (!Unreachable(status) || !TlsTrouble(status).ok()) {
     retries_ = 0;
     outage_start_ms_ = 0;
     return false;
@@ -133,8 +135,18 @@ std::unique_ptr<grpc::ClientContext> Connection::Context(
   return ctx;
 }
 
+absl::Status Connection::TlsTrouble(const grpc::Status& status) const {
+  if (config_.endpoint.is_unix || !Unreachable(status)) {
+    return absl::OkStatus();
+  }
+  absl::Status probe = ProbeTls(config_, 3000);
+  // Unreachable is the outage RetryAfter waits out.
+  return absl::IsFailedPrecondition(probe) ? probe : absl::OkStatus();
+}
+
 absl::Status Connection::Error(const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
+  if (absl::Status tls = TlsTrouble(status); !tls.ok()) return tls;
   if (LostTransport(status)) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach the scheduler at ", config_.endpoint.original, " (",

@@ -19,6 +19,9 @@ namespace dlbatch::client {
 struct GlobalFlags {
   std::string scheduler;   // empty: DLBATCH_SCHEDULER, else the local cluster
   std::string token_file;  // empty: DLBATCH_TOKEN, else the local state's token
+  // TCP: the CA the scheduler's certificate must chain to; empty:
+  // DLBATCH_CA, else ca.pem beside token_file.
+  std::string ca_file;
   // How long a retried call keeps trying while the scheduler is unreachable
   // (a restart); 0: one try.
   int64_t retry_for_ms = 30000;
@@ -42,7 +45,8 @@ class Connection {
   std::unique_ptr<grpc::ClientContext> Context(
       int64_t deadline_ms = 60000) const;
   // Maps a failed call to a Status whose message says what to do; an
-  // unreachable scheduler names the address tried.
+  // unreachable scheduler names the address tried, and a TCP scheduler
+  // that is reached but not trusted names the CA file used.
   absl::Status Error(const grpc::Status& status) const;
 
   // ---- retrying while the scheduler is unreachable ----
@@ -59,7 +63,8 @@ class Connection {
   // An outage begins at the first unreachable try after a success, or at
   // the end of a try that ran for seconds (a long wait or follow that
   // reached the scheduler and then lost it). Says once on stderr that it
-  // retries.
+  // retries. A TCP scheduler whose certificate is not trusted is not
+  // retried.
   bool RetryAfter(const grpc::Status& status, int64_t try_started_ms);
   // A streaming call got data: the scheduler is reachable again.
   void Reached() { outage_start_ms_ = 0; }
@@ -74,6 +79,11 @@ class Connection {
   static int64_t MonotonicMs();
 
  private:
+  // For an UNAVAILABLE call over TCP: why the scheduler's TLS was not
+  // accepted (a wrong CA, a certificate not naming the address), or OK
+  // when it is not that.
+  absl::Status TlsTrouble(const grpc::Status& status) const;
+
   ChannelConfig config_;
   bool local_ = false;
   int64_t retry_for_ms_ = 0;

@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
       "Scheduler address: unix:PATH or HOST:PORT (or DLBATCH_SCHEDULER)");
   app.add_option("--token-file", flags.token_file,
                  "File with the scheduler's token, for TCP (or DLBATCH_TOKEN)");
+  app.add_option("--ca-file", flags.ca_file,
+                 "CA a TCP scheduler's certificate must chain to (or "
+                 "DLBATCH_CA; default: ca.pem beside --token-file)");
   app.add_option_function<std::string>(
          "--retry-for",
          [&](const std::string& text) {

@@ -139,8 +139,14 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ChannelConfig& config) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  if (config.endpoint.is_unix) {
+    return grpc::CreateCustomChannel(config.endpoint.GrpcTarget(),
+                                     grpc::InsecureChannelCredentials(), args);
+  }
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = config.ca_pem;
   return grpc::CreateCustomChannel(config.endpoint.GrpcTarget(),
-                                   grpc::InsecureChannelCredentials(), args);
+                                   grpc::SslCredentials(tls), args);
 }
 
 void AddToken(grpc::ClientContext* context, const std::string& token) {

@@ -1,5 +1,7 @@
 // Scheduler addresses (`unix:PATH` or `HOST:PORT`), the tokens that guard
-// TCP listeners, and channels that present them.
+// TCP listeners, and channels that present them. TCP is always TLS: a
+// channel to a TCP address verifies the scheduler against a CA
+// (tls_client.h finds it); a Unix socket is plain.
 #ifndef DLBATCH_COMMON_ENDPOINT_H_
 #define DLBATCH_COMMON_ENDPOINT_H_
 
@@ -51,6 +53,10 @@ bool ConstantTimeEqual(absl::string_view a, absl::string_view b);
 struct ChannelConfig {
   Endpoint endpoint;
   std::string token;  // empty: none presented
+  // TCP: the PEM certificates the scheduler's certificate must chain to,
+  // and the file they came from (named in errors).
+  std::string ca_pem;
+  std::string ca_file;
 };
 
 std::shared_ptr<grpc::Channel> MakeChannel(const ChannelConfig& config);

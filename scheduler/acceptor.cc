@@ -22,7 +22,9 @@
 namespace dlbatch::scheduler {
 
 absl::StatusOr<std::unique_ptr<Acceptor>> Acceptor::ListenTcp(
-    const std::string& host, int port, ConnectionGate* gate, PeerTable* peers) {
+    const std::string& host, int port, ConnectionGate* gate, PeerTable* peers,
+    const TlsFiles& tls, const TlsRelay::Options& relay_options,
+    const Clock* clock) {
   struct addrinfo hints;
   std::memset(&hints, 0, sizeof(hints));
   hints.ai_family = AF_UNSPEC;
@@ -62,7 +64,14 @@ absl::StatusOr<std::unique_ptr<Acceptor>> Acceptor::ListenTcp(
       bound.ss_family == AF_INET6
           ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&bound)->sin6_port)
           : ntohs(reinterpret_cast<struct sockaddr_in*>(&bound)->sin_port);
-  return std::unique_ptr<Acceptor>(new Acceptor(fd, bound_port, gate, peers));
+  auto acceptor =
+      std::unique_ptr<Acceptor>(new Acceptor(fd, bound_port, gate, peers));
+  Acceptor* raw = acceptor.get();
+  auto relay = TlsRelay::Start(tls, relay_options, clock,
+                               [raw](int plain) { raw->HandOver(plain); });
+  if (!relay.ok()) return relay.status();
+  acceptor->relay_ = std::move(*relay);
+  return acceptor;
 }
 
 absl::StatusOr<std::unique_ptr<Acceptor>> Acceptor::ListenUnix(
@@ -117,6 +126,7 @@ void Acceptor::Start(grpc::Server* server) {
 void Acceptor::Stop() {
   stopping_ = true;
   if (thread_.joinable()) thread_.join();
+  if (relay_) relay_->Stop();
 }
 
 void Acceptor::Loop() {
@@ -124,6 +134,8 @@ void Acceptor::Loop() {
   auto last_warning = std::chrono::steady_clock::time_point();
   auto last_shed_note = std::chrono::steady_clock::time_point();
   int64_t shed_noted = 0;
+  int64_t failed_noted = 0;
+  auto last_tls_note = std::chrono::steady_clock::time_point();
   while (!stopping_) {
     struct pollfd p = {listen_fd_, POLLIN, 0};
     int ready = ::poll(&p, 1, backoff_ms > 0 ? backoff_ms : 200);
@@ -137,6 +149,18 @@ void Acceptor::Loop() {
           gate_->shut_down() - shed_noted);
       shed_noted = gate_->shut_down();
       last_shed_note = now;
+    }
+    if (auto now = std::chrono::steady_clock::now();
+        relay_ && relay_->failed_handshakes() > failed_noted &&
+        now - last_tls_note > std::chrono::seconds(10)) {
+      spdlog::warn(
+          "closed {} TCP connections that did not finish a TLS handshake "
+          "(plaintext, a client that does not trust this scheduler's "
+          "certificate, silent past the --auth-deadline, or the oldest of "
+          "more than --max-unauthenticated)",
+          relay_->failed_handshakes() - failed_noted);
+      failed_noted = relay_->failed_handshakes();
+      last_tls_note = now;
     }
     if (ready <= 0) continue;
     for (;;) {
@@ -190,14 +214,19 @@ void Acceptor::Take(int fd) {
       return;
     }
     peers_->SetUnix(fd, PeerCred{cred.uid, cred.gid, cred.pid});
-  } else {
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    peers_->SetTcp(fd);
-    if (!gate_->Admit(fd)) {
-      ::close(fd);  // out of descriptors: shed it
-      return;
-    }
+    grpc::AddInsecureChannelFromFd(server_, fd);
+    return;
+  }
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  relay_->Add(fd);
+}
+
+void Acceptor::HandOver(int fd) {
+  peers_->SetTcp(fd);
+  if (!gate_->Admit(fd)) {
+    ::close(fd);  // out of descriptors: shed it
+    return;
   }
   grpc::AddInsecureChannelFromFd(server_, fd);
 }

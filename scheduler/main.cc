@@ -26,6 +26,7 @@
 #include "grpcpp/resource_quota.h"
 #include "scheduler/acceptor.h"
 #include "scheduler/service.h"
+#include "scheduler/tls_certs.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -51,6 +52,9 @@ struct Flags {
   std::string socket_mode = "0600";
   bool shared_visibility = false;
   std::string auth_deadline = "10s";
+  std::vector<std::string> tls_names;
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 constexpr int64_t kDiskReserveBytes = int64_t{2} << 20;
@@ -120,8 +124,9 @@ absl::Status NarrowModes(const std::string& dir) {
     return ErrnoStatus(errno, "chmod 0700 (the state folder must be private)",
                        dir);
   }
-  for (const char* name : {"/dlbatch.db", "/dlbatch.db-wal", "/dlbatch.db-shm",
-                           "/token", "/scheduler.lock", "/scheduler.pid"}) {
+  for (const char* name :
+       {"/dlbatch.db", "/dlbatch.db-wal", "/dlbatch.db-shm", "/token",
+        "/scheduler.lock", "/scheduler.pid", "/ca.key", "/server.key"}) {
     std::string path = dir + name;
     if (::chmod(path.c_str(), 0600) != 0 && errno != ENOENT) {
       return ErrnoStatus(errno, "chmod 0600", path);
@@ -322,8 +327,42 @@ int Run(const Flags& flags) {
     if (!listening.ok()) return Fail(std::string(listening.status().message()));
     acceptor = std::move(*listening);
   } else {
+    // TCP is always TLS: the operator's certificate, or one of the
+    // scheduler's own CA (made on first start).
+    if (flags.tls_cert.empty() != flags.tls_key.empty()) {
+      return Fail("--tls-cert and --tls-key go together; pass both");
+    }
+    absl::StatusOr<TlsFiles> tls;
+    if (!flags.tls_cert.empty()) {
+      tls = LoadOperatorTls(flags.tls_cert, flags.tls_key);
+    } else {
+      for (const std::string& name : flags.tls_names) {
+        if (auto s = CheckTlsName(name); !s.ok()) {
+          return Fail(std::string(s.message()));
+        }
+      }
+      tls = LoadOrCreateTls(flags.state_dir,
+                            ServerNames(endpoint->host, flags.tls_names));
+    }
+    if (!tls.ok()) return Fail(std::string(tls.status().message()));
+    if (tls->ca_file.empty()) {
+      spdlog::info(
+          "TLS with certificate {}: clients and workers pass the CA that "
+          "signed it as --ca-file (or DLBATCH_CA)",
+          tls->cert_file);
+    } else {
+      spdlog::info(
+          "TLS with certificate {}{}: clients and workers pass --ca-file {} "
+          "(or set DLBATCH_CA){}",
+          tls->cert_file, tls->made_server ? " (made now)" : "", tls->ca_file,
+          tls->made_ca ? "; this CA was made now" : "");
+    }
+    TlsRelay::Options relay;
+    relay.max_handshakes = flags.max_unauthenticated;
+    relay.handshake_deadline_ms = *auth_deadline;
     auto listening =
-        Acceptor::ListenTcp(endpoint->host, endpoint->port, &gate, &peers);
+        Acceptor::ListenTcp(endpoint->host, endpoint->port, &gate, &peers, *tls,
+                            relay, SystemClock::Get());
     if (!listening.ok()) {
       return Fail(absl::StrCat(
           listening.status().message(),
@@ -462,6 +501,15 @@ int main(int argc, char** argv) {
                  "A TCP connection with no authenticated call this long "
                  "after it opened is closed")
       ->capture_default_str();
+  app.add_option("--tls-name", flags.tls_names,
+                 "A DNS name or IP address clients reach a TCP scheduler by, "
+                 "for its certificate (repeatable; the --listen address, "
+                 "localhost, 127.0.0.1, ::1 and the host name are always "
+                 "in it)");
+  app.add_option("--tls-cert", flags.tls_cert,
+                 "PEM certificate (and chain) for TCP instead of one of the "
+                 "scheduler's own CA (STATE_DIR/ca.pem); with --tls-key");
+  app.add_option("--tls-key", flags.tls_key, "PEM private key of --tls-cert");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
   return dlbatch::scheduler::Run(flags);

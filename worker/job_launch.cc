@@ -118,6 +118,7 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
     launch.job_dir = dir;
     launch.output_dir = out_dir;
     launch.rendezvous = context.rendezvous;
+    launch.rendezvous_ca = context.rendezvous_ca;
     // Ranks of a one-worker job talk over loopback.
     launch.host = start.parts() > 1 ? context.host : "127.0.0.1";
     launch.resume = start.checkpoint_size() > 0;

@@ -34,6 +34,9 @@ struct LaunchContext {
   bool as_owner = false;
   std::string worker_user;  // the worker's own user name
   std::string worker_name;  // for messages
+  // TCP: the CA (PEM) the scheduler's certificate chains to, for train
+  // jobs' rendezvous.
+  std::string rendezvous_ca;
 };
 
 // What every job inherits from the worker's environment.

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/endpoint.h"
 #include "common/files.h"
+#include "common/tls_client.h"
 #include "spdlog/spdlog.h"
 #include "worker/devices.h"
 #include "worker/job_cgroups.h"
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   std::string work_dir;
   std::string name;
   std::string token_file;
+  std::string ca_file;
   int cpu_slots = 0;
   bool no_gpus = false;
   bool keep = false;
@@ -76,6 +78,9 @@ int main(int argc, char** argv) {
   app.add_option(
       "--token-file", token_file,
       "File holding the scheduler's token (or DLBATCH_TOKEN); TCP only");
+  app.add_option("--ca-file", ca_file,
+                 "CA a TCP scheduler's certificate must chain to (or "
+                 "DLBATCH_CA; default: ca.pem beside --token-file)");
   app.add_flag("--no-cgroups", no_cgroups,
                "Do not keep each job in a cgroup of its own; find a job's "
                "processes by their process group, descent and environment "
@@ -118,6 +123,16 @@ int main(int argc, char** argv) {
         "a TCP scheduler (", scheduler,
         ") needs its token: pass --token-file STATE_DIR/token or set "
         "DLBATCH_TOKEN"));
+  }
+  // TCP is always TLS. A scheduler that is reached but not trusted is
+  // reported now; one not reachable yet is waited for as always.
+  if (auto s = dlbatch::ResolveCa(&options.channel, ca_file, token_file);
+      !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  if (auto s = dlbatch::ProbeTls(options.channel, 5000);
+      absl::IsFailedPrecondition(s)) {
+    return Fail(std::string(s.message()));
   }
   if (auto s = dlbatch::MakeDirs(work_dir + "/jobs", 0700); !s.ok()) {
     return Fail(std::string(s.message()));

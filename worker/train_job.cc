@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "common/tls_client.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace dlbatch::worker {
@@ -31,6 +32,9 @@ absl::Status PrepareTrainCommand(const v1::StartJob& start,
     sp->env.emplace_back("DLBATCH_RENDEZVOUS", launch.rendezvous);
     sp->env.emplace_back("DLBATCH_RENDEZVOUS_SECRET",
                          start.rendezvous_secret());
+    if (!launch.rendezvous_ca.empty()) {
+      sp->env.emplace_back(kRendezvousCaEnv, launch.rendezvous_ca);
+    }
   }
   return absl::OkStatus();
 }

@@ -28,6 +28,8 @@ struct TrainLaunch {
   std::string rendezvous;  // the scheduler's address, absolute for unix:
   std::string host;        // address this worker's ranks listen on
   bool resume = false;     // a stored checkpoint was laid out in output_dir
+  // TCP: the CA (PEM) of the scheduler's TLS, for the ranks' rendezvous.
+  std::string rendezvous_ca;
 };
 
 // Writes the spec where the trainer reads it and fills `sp` (argv, cwd,

@@ -172,7 +172,7 @@ TEST(BadInputStandalone, TcpNeedsTheRightToken) {
   EXPECT_NE(none.err.find("token"), std::string::npos) << none.err;
   Result wrong =
       Exec({BinDir() + "/dlbatch", "--scheduler", c.address(), "jobs"},
-           {{"DLBATCH_TOKEN", "not-the-token"}});
+           {{"DLBATCH_TOKEN", "not-the-token"}, {"DLBATCH_CA", c.ca_file()}});
   EXPECT_NE(wrong.code, 0);
   EXPECT_NE(wrong.err.find("token presented is not valid"), std::string::npos)
       << wrong.err;
@@ -184,7 +184,7 @@ TEST(BadInputStandalone, TcpNeedsTheRightToken) {
   Result worker =
       Exec({BinDir() + "/dlbatch-worker", "--scheduler", c.address(),
             "--work-dir", c.dir() + "/w", "--cpu-slots", "1"},
-           {{"DLBATCH_TOKEN", "nope"}}, 20000);
+           {{"DLBATCH_TOKEN", "nope"}, {"DLBATCH_CA", c.ca_file()}}, 20000);
   EXPECT_NE(worker.code, 0);
   EXPECT_NE(worker.err.find("token presented is not valid"), std::string::npos)
       << worker.err;

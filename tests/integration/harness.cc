@@ -257,7 +257,9 @@ std::vector<std::string> Cluster::CliArgv(
 
 std::map<std::string, std::string> Cluster::CliEnv() const {
   // Never fall back on a local cluster of the user running the tests.
-  return {{"XDG_STATE_HOME", dir_ + "/xdg"}};
+  std::map<std::string, std::string> env = {{"XDG_STATE_HOME", dir_ + "/xdg"}};
+  if (is_tcp()) env.emplace("DLBATCH_CA", ca_file());
+  return env;
 }
 
 int Cluster::StartWorker(const std::string& name, int slots,
@@ -284,6 +286,10 @@ int Cluster::StartWorker(const std::string& name, int slots,
       argv.push_back("--job-env");
       argv.push_back(name);
     }
+  }
+  if (is_tcp()) {
+    argv.push_back("--ca-file");
+    argv.push_back(ca_file());
   }
   argv.insert(argv.end(), extra.begin(), extra.end());
   Proc p;
@@ -312,6 +318,7 @@ Result Cluster::Cli(std::vector<std::string> args,
   argv.insert(argv.end(), args.begin(), args.end());
   // Never fall back on a local cluster of the user running the tests.
   env.emplace("XDG_STATE_HOME", dir_ + "/xdg");
+  if (is_tcp()) env.emplace("DLBATCH_CA", ca_file());
   return Exec(argv, env, timeout_ms);
 }
 

@@ -102,6 +102,12 @@ class Cluster {
   bool WaitWorkers(int workers, int timeout_ms = 15000);
 
   std::string scheduler_state() const { return dir_ + "/state"; }
+  // A TCP scheduler's CA (its state folder's ca.pem), which Cli() passes as
+  // DLBATCH_CA (unless a test sets it) and StartWorker as --ca-file.
+  std::string ca_file() const { return scheduler_state() + "/ca.pem"; }
+  bool is_tcp() const {
+    return !address_.empty() && address_.rfind("unix:", 0) != 0;
+  }
   // Every process log in dir(), each under its file name: for failures.
   std::string Logs() const;
 

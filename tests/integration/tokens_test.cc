@@ -160,11 +160,11 @@ TEST_F(TokensTest, ATokenActsAsItsUserAndOnlyAdminsAdminister) {
     }
   }
   // ... and a user's token registers no worker.
-  Result rogue =
-      Exec({BinDir() + "/dlbatch-worker", "--scheduler", c_.address(), "--name",
-            "rogue", "--work-dir", c_.dir() + "/rogue", "--cpu-slots", "1",
-            "--token-file", TokenFile("nobody", nobody)},
-           {}, 20000);
+  Result rogue = Exec(
+      {BinDir() + "/dlbatch-worker", "--scheduler", c_.address(), "--name",
+       "rogue", "--work-dir", c_.dir() + "/rogue", "--cpu-slots", "1",
+       "--token-file", TokenFile("nobody", nobody), "--ca-file", c_.ca_file()},
+      {}, 20000);
   EXPECT_NE(rogue.code, 0);
   EXPECT_NE((rogue.out + rogue.err).find("may not register a worker"),
             std::string::npos)
@@ -255,11 +255,11 @@ TEST_F(TokensTest, AWorkersNameIsNotTakenByAnotherCredential) {
   const int64_t job = SubmitAs(admin_, admin_yaml);
   ASSERT_TRUE(WaitStateOf(job, "JOB_STATE_RUNNING")) << c_.Logs();
 
-  Result taker =
-      Exec({BinDir() + "/dlbatch-worker", "--scheduler", c_.address(), "--name",
-            "w1", "--work-dir", c_.dir() + "/taker", "--cpu-slots", "1",
-            "--token-file", TokenFile("other", other)},
-           {}, 20000);
+  Result taker = Exec(
+      {BinDir() + "/dlbatch-worker", "--scheduler", c_.address(), "--name",
+       "w1", "--work-dir", c_.dir() + "/taker", "--cpu-slots", "1",
+       "--token-file", TokenFile("other", other), "--ca-file", c_.ca_file()},
+      {}, 20000);
   EXPECT_NE(taker.code, 0);
   EXPECT_NE((taker.out + taker.err)
                 .find("belongs to a worker connected under "

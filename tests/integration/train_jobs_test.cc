@@ -178,6 +178,33 @@ TEST_F(TrainJobs, AJobSpanningTwoWorkersTrainsAsOneWorkerDoes) {
   EXPECT_LT(std::sqrt(diff / norm), 1e-5);
 }
 
+// TCP is always TLS: the ranks of a job spread over workers meet at the
+// scheduler over TLS too, trusting the CA their worker does (handed to them
+// as PEM: a job may not be able to read the worker's CA file).
+TEST_F(TrainJobs, AJobSpanningTwoWorkersMeetsAtATlsScheduler) {
+  c_.StartScheduler({}, "127.0.0.1:0");
+  // The CLI and the workers take the token from the environment.
+  struct TokenEnv {
+    explicit TokenEnv(const std::string& token) {
+      setenv("DLBATCH_TOKEN", token.c_str(), 1);
+    }
+    ~TokenEnv() { unsetenv("DLBATCH_TOKEN"); }
+  } token(ReadAll(c_.scheduler_state() + "/token").substr(0, 64));
+  c_.StartWorker("a", 1, "local", {"--host", "127.0.0.1"});
+  c_.StartWorker("b", 1, "local", {"--host", "127.0.0.1"});
+  ASSERT_TRUE(c_.WaitWorkers(2)) << Logs();
+  const int64_t spread = c_.Submit(c_.JobFile(
+      "spread.yaml", LenetJob(kDataDir,
+                              "    mini_batch_size: 32\n"
+                              "    max_iterations: 4\n",
+                              "name: spread\npool: 2\nmax_nodes: 2\n")));
+  Result wait = c_.Cli({"wait", std::to_string(spread)}, {}, 180000);
+  ASSERT_EQ(wait.code, 0) << wait.out
+                          << c_.Cli({"diary", std::to_string(spread)}).out
+                          << Logs();
+  EXPECT_EQ(c_.ShowJson(spread)["placement"].size(), 2u);
+}
+
 TEST_F(TrainJobs, AJobOfALostWorkerResumesFromItsCheckpointOnAnother) {
   c_.StartScheduler(
       {"--heartbeat-interval", "200ms", "--heartbeat-timeout", "1500ms"});

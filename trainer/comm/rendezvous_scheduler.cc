@@ -2,6 +2,7 @@
 // scheduler in slices (it holds a call at most 10 s) until the caller's
 // timeout, so a rank that never arrives is reported by key.
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/endpoint.h"
 #include "common/status.h"
+#include "common/tls_client.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 #include "trainer/comm/communicator.h"
 
@@ -94,6 +96,11 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> OpenSchedulerRendezvous(
     const SchedulerRendezvousConfig& config) {
   ChannelConfig channel;
   ASSIGN_OR_RETURN(channel.endpoint, ParseEndpoint(config.address));
+  // Over TCP (always TLS) the worker hands over the CA it trusts.
+  if (const char* ca = std::getenv(kRendezvousCaEnv); ca != nullptr) {
+    channel.ca_pem = ca;
+    channel.ca_file = kRendezvousCaEnv;
+  }
   std::unique_ptr<v1::Scheduler::Stub> stub =
       v1::Scheduler::NewStub(MakeChannel(channel));
   return std::unique_ptr<Rendezvous>(
