@@ -1,7 +1,15 @@
 #!/usr/bin/python3
 """PyTorch baseline for trainer_bench: the same networks, solver and data as
-bench/jobs/{lenet,blocks}.yaml, trained with PyTorch on the CPU or, with
---device cuda, on one GPU.
+bench/jobs/{lenet,blocks,resnet,resnet9}.yaml, trained with PyTorch on the
+CPU or, with --device cuda, on one GPU.
+
+--model resnet is examples/resnet-fashion-mnist.yaml's small ResNet;
+--model resnet9 is David Page's ResNet-9 on 32x32x3 images, read with
+--cifar-dir from CIFAR-10's binary batches (trainer_bench writes a synthetic
+set in that format). --nesterov and --label-smoothing match the job files'
+nesterov and label_smoothing. --precision bf16 runs the forward pass under
+torch.autocast("cpu", torch.bfloat16) (float32 master weights, the loss in
+float32), what dlbatch's `precision: bf16` is compared with.
 
 Run with Debian's /usr/bin/python3 (python3-torch). Give it its best BLAS:
 libopenblas0-openmp selected for libblas.so.3, and OPENBLAS_CORETYPE=SkylakeX
@@ -36,7 +44,8 @@ searches while building its network, before its first step, and reports that
 as build_time_s). The first step is timed apart (first_step_s, after a
 torch.cuda.synchronize()), so that trainer_bench can compare the steps after
 it on both sides. The timed region starts and ends with
-torch.cuda.synchronize(). channels_last and the foreach SGD
+torch.cuda.synchronize(). On the CPU the first step is timed apart too
+(first_step_s), for the cases of a few steps. channels_last and the foreach SGD
 default to off and on there (PyTorch's own defaults on CUDA); the CPU path's
 defaults are unchanged. Where no CUDA device is usable it exits with status 2
 and a message on stderr.
@@ -47,6 +56,7 @@ biases 0 (--init torch keeps PyTorch's defaults instead).
 """
 
 import argparse
+import contextlib
 import ctypes
 import gzip
 import json
@@ -132,6 +142,81 @@ class Blocks(nn.Module):
         return self.fc(x)
 
 
+def conv_bn(cin, cout):
+    """conv 3x3 'same' then batchnorm (the relu is the caller's)."""
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1),
+                         nn.BatchNorm2d(cout))
+
+
+class ResNetSmall(nn.Module):
+    """examples/resnet-fashion-mnist.yaml: the blocks network with a residual
+    block (conv-bn-relu-conv-bn added to the block's input, then relu) at
+    each of its first two widths."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = conv_bn(1, 16)
+        self.a1, self.b1 = conv_bn(16, 16), conv_bn(16, 16)
+        self.wide = conv_bn(16, 32)
+        self.a2, self.b2 = conv_bn(32, 32), conv_bn(32, 32)
+        self.top = conv_bn(32, 64)
+        self.fc = nn.Linear(64, 10)
+        # Every conv feeds a relu (through batchnorm and add).
+        self.init_plan = [(m[0], True) for m in (
+            self.stem, self.a1, self.b1, self.wide, self.a2, self.b2,
+            self.top)] + [(self.fc, False)]
+
+    def forward(self, x):
+        x = F.relu(self.stem(x))
+        x = F.max_pool2d(F.relu(x + self.b1(F.relu(self.a1(x)))), 2, 2)
+        x = F.relu(self.wide(x))
+        x = F.max_pool2d(F.relu(x + self.b2(F.relu(self.a2(x)))), 2, 2)
+        x = F.relu(self.top(x))
+        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+        return self.fc(x)
+
+
+class ResNet9(nn.Module):
+    """David Page's ResNet-9 (examples/resnet9-cifar10.yaml): prep conv 64;
+    conv 128 + pool + residual of two conv-bn-relu; conv 256 + pool; conv
+    512 + pool + residual; max pool 4; fc 10. Every conv 3x3 'same', then
+    batchnorm and relu."""
+
+    def __init__(self):
+        super().__init__()
+        self.prep = conv_bn(3, 64)
+        self.l1 = conv_bn(64, 128)
+        self.r1a, self.r1b = conv_bn(128, 128), conv_bn(128, 128)
+        self.l2 = conv_bn(128, 256)
+        self.l3 = conv_bn(256, 512)
+        self.r3a, self.r3b = conv_bn(512, 512), conv_bn(512, 512)
+        self.fc = nn.Linear(512, 10)
+        self.init_plan = [(m[0], True) for m in (
+            self.prep, self.l1, self.r1a, self.r1b, self.l2, self.l3,
+            self.r3a, self.r3b)] + [(self.fc, False)]
+
+    def forward(self, x):
+        x = F.relu(self.prep(x))
+        x = F.max_pool2d(F.relu(self.l1(x)), 2)
+        x = x + F.relu(self.r1b(F.relu(self.r1a(x))))
+        x = F.max_pool2d(F.relu(self.l2(x)), 2)
+        x = F.max_pool2d(F.relu(self.l3(x)), 2)
+        x = x + F.relu(self.r3b(F.relu(self.r3a(x))))
+        x = torch.flatten(F.max_pool2d(x, 4), 1)
+        return self.fc(x)
+
+
+def read_cifar10(paths):
+    """CIFAR-10's binary batches: records of a label byte and 3072 bytes of
+    pixels (red, green, blue planes of 32x32)."""
+    raw = b"".join(open(p, "rb").read() for p in paths)
+    records = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3073)
+    x = torch.from_numpy(records[:, 1:].reshape(-1, 3, 32, 32)
+                         .astype(np.float32) / 255.0)
+    y = torch.from_numpy(records[:, 0].astype(np.int64))
+    return x.contiguous(), y
+
+
 def init_like_dlbatch(model):
     for module, feeds_relu in model.init_plan:
         if feeds_relu:
@@ -195,7 +280,8 @@ def blas_info():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=["lenet", "blocks"],
+    parser.add_argument("--model",
+                        choices=["lenet", "blocks", "resnet", "resnet9"],
                         default="lenet")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -210,7 +296,18 @@ def main():
                         help="inv (Caffe's, with --gamma/--power) or cosine "
                         "over the whole run after --warmup linear steps")
     parser.add_argument("--warmup", type=int, default=0)
+    parser.add_argument("--nesterov", action="store_true",
+                        help="SGD with Nesterov's momentum")
+    parser.add_argument("--label-smoothing", type=float, default=0.0)
     parser.add_argument("--data-dir", default=DATA_DIR)
+    parser.add_argument("--cifar-dir", default="",
+                        help="train on CIFAR-10 binary batches from this "
+                        "folder (data_batch_*.bin, test_batch.bin) instead "
+                        "of Fashion-MNIST")
+    parser.add_argument("--precision", choices=["fp32", "bf16"],
+                        default="fp32",
+                        help="bf16: forward and loss under torch.autocast("
+                        "'cpu', torch.bfloat16) (float32 master weights)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the model, data and steps live")
     parser.add_argument("--mkldnn", choices=["on", "off"], default="on",
@@ -257,8 +354,16 @@ def main():
     memory_format = (torch.channels_last if args.channels_last
                      else torch.contiguous_format)
 
-    x_train, y_train = load_split(args.data_dir, "train")
-    x_test, y_test = load_split(args.data_dir, "t10k")
+    if args.cifar_dir:
+        names = sorted(f for f in os.listdir(args.cifar_dir)
+                       if f.startswith("data_batch_"))
+        x_train, y_train = read_cifar10(
+            [os.path.join(args.cifar_dir, f) for f in names])
+        x_test, y_test = read_cifar10(
+            [os.path.join(args.cifar_dir, "test_batch.bin")])
+    else:
+        x_train, y_train = load_split(args.data_dir, "train")
+        x_test, y_test = load_split(args.data_dir, "t10k")
     if args.channels_last:
         x_train = x_train.contiguous(memory_format=memory_format)
         x_test = x_test.contiguous(memory_format=memory_format)
@@ -266,17 +371,23 @@ def main():
         x_train, y_train = x_train.to(device), y_train.to(device)
         x_test, y_test = x_test.to(device), y_test.to(device)
 
-    model = LeNet() if args.model == "lenet" else Blocks()
+    model = {"lenet": LeNet, "blocks": Blocks, "resnet": ResNetSmall,
+             "resnet9": ResNet9}[args.model]()
     if args.init == "dlbatch":
         init_like_dlbatch(model)
     model = model.to(device=device, memory_format=memory_format)
     optimizer = torch.optim.SGD(param_groups(model, args.l2), lr=args.lr,
                                 momentum=args.momentum,
+                                nesterov=args.nesterov,
                                 foreach=args.foreach)
+    autocast = (torch.autocast("cpu", torch.bfloat16)
+                if args.precision == "bf16" else contextlib.nullcontext())
 
     n = x_train.shape[0]
     steps_per_epoch = n // args.batch  # the last partial batch is dropped
     total_iterations = steps_per_epoch * args.epochs
+    if args.max_iterations:
+        total_iterations = min(total_iterations, args.max_iterations)
     generator = torch.Generator().manual_seed(args.seed)
     iteration = 0
     train_time = 0.0
@@ -309,13 +420,17 @@ def main():
                 lr *= (iteration + 1) / args.warmup
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss = F.cross_entropy(model(xb), yb)
+            with autocast:
+                logits = model(xb)
+            loss = F.cross_entropy(logits.float(), yb,
+                                   label_smoothing=args.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             iteration += 1
-            if cuda and first_step_s is None:
-                torch.cuda.synchronize()
+            if first_step_s is None:
+                if cuda:
+                    torch.cuda.synchronize()
                 first_step_s = time.perf_counter() - start
             if args.max_iterations and iteration >= args.max_iterations:
                 done = True
@@ -328,7 +443,8 @@ def main():
         if done:
             break
 
-    accuracy, test_loss = evaluate(model, x_test, y_test, memory_format)
+    with autocast:
+        accuracy, test_loss = evaluate(model, x_test, y_test, memory_format)
     result = {
         "model": args.model,
         "batch": args.batch,
@@ -347,11 +463,12 @@ def main():
         "init": args.init,
         "torch": torch.__version__,
         "device": args.device,
+        "precision": args.precision,
+        "first_step_s": first_step_s,
     }
     if cuda:
         result["device_name"] = torch.cuda.get_device_name(device)
         result["cudnn"] = torch.backends.cudnn.version()
-        result["first_step_s"] = first_step_s
         result["tf32"] = False
     if args.info:
         result["config"] = blas_info()

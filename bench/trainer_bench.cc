@@ -19,7 +19,11 @@
 // seeds: one seed's accuracy after one epoch moves by about a point from seed
 // to seed, more than the 0.5-point goal.
 //
-// CASE: lenet64 | lenet256 | blocks | lenet2ep | lenet2ep-cosine; with --gpu
+// CASE: lenet64 | lenet256 | blocks | lenet2ep | lenet2ep-cosine | resnet9 |
+// resnet | resnet9-bf16 | resnet-bf16 (resnet9: 4 steps at batch 512 on a
+// synthetic CIFAR-10-format set the benchmark writes, images/s after the
+// first step; resnet: the small ResNet on Fashion-MNIST, one epoch; -bf16:
+// precision bf16 against torch.autocast); with --gpu
 // lenet64gpu | lenet1024gpu | blocks256gpu (2 epochs each; dlbatch-train
 // --execution-environment gpu against pytorch_baseline.py --device cuda,
 // float32 on both sides). --gpu stops at once unless `dlbatch-train
@@ -29,6 +33,7 @@
 // looked up in PATH. --data-dir DIR reads the four Fashion-MNIST .gz files
 // from DIR instead of /usr/share/datasets/fashion-mnist (on both sides).
 // Where dlbatch-train is missing its columns read "-" (not with --gpu).
+#include <cpuid.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -81,7 +86,24 @@ struct Case {
   // Extra pytorch_baseline.py arguments that match the job file's solver.
   std::vector<std::string> baseline_args = {};
   bool gpu = false;  // a --gpu case
+  // Steps to run on both sides (0: whole epochs). Such a case compares
+  // images/s over the steps after the first (SteadyImagesPerS), as a GPU
+  // case does: a few steps are too few to hide the first's set-up.
+  int64_t max_iterations = 0;
+  // Trains on the synthetic CIFAR-10 binary data set the benchmark writes
+  // (WriteSyntheticCifar10); its accuracy means nothing.
+  bool synthetic = false;
+  // fp32, or bf16: `precision: bf16` on dlbatch's side, torch.autocast("cpu",
+  // torch.bfloat16) on PyTorch's.
+  std::string precision = "fp32";
 };
+
+// pytorch_baseline.py's arguments for the ResNet job files' solvers.
+const std::vector<std::string> kResNet9Args = {
+    "--lr", "0.4",        "--schedule",        "cosine", "--warmup",
+    "2",    "--nesterov", "--label-smoothing", "0.2"};
+const std::vector<std::string> kResNetArgs = {
+    "--lr", "0.05", "--schedule", "cosine", "--warmup", "100"};
 
 const std::vector<Case>& Cases() {
   static const std::vector<Case> cases = {
@@ -106,6 +128,16 @@ const std::vector<Case>& Cases() {
       {"lenet64gpu", "lenet", "lenet.yaml", 64, 2, 2.0, 0.5, 0, {}, true},
       {"lenet1024gpu", "lenet", "lenet.yaml", 1024, 2, 1.2, 0.5, 0, {}, true},
       {"blocks256gpu", "blocks", "blocks.yaml", 256, 2, 1.2, 0.5, 0, {}, true},
+      // Issue 22: ResNet-9 (Page's) at batch 512 on 32x32x3, a few steps on
+      // the synthetic CIFAR-10 set, and the small ResNet on Fashion-MNIST
+      // for one epoch; float32, then bf16 against PyTorch's autocast.
+      {"resnet9", "resnet9", "resnet9.yaml", 512, 1, 1.2, 100, 0, kResNet9Args,
+       false, 4, true},
+      {"resnet", "resnet", "resnet.yaml", 128, 1, 1.2, 0.5, 0, kResNetArgs},
+      {"resnet9-bf16", "resnet9", "resnet9.yaml", 512, 1, 1.5, 100, 0,
+       kResNet9Args, false, 4, true, "bf16"},
+      {"resnet-bf16", "resnet", "resnet.yaml", 128, 1, 1.5, 0.5, 0, kResNetArgs,
+       false, 0, false, "bf16"},
   };
   return cases;
 }
@@ -155,7 +187,8 @@ struct Options {
   std::string jobs_dir = DLBATCH_BENCH_SOURCE_DIR "/jobs";
   std::string baseline = DLBATCH_BENCH_SOURCE_DIR "/pytorch_baseline.py";
   int timeout_s = 3600;
-  std::string data_dir;  // "": the job files' own data paths
+  std::string data_dir;   // "": the job files' own data paths
+  std::string cifar_dir;  // the synthetic CIFAR-10 set, once written
   bool check_jobs = false;
   bool vary_seed = false;
   bool gpu = false;
@@ -312,6 +345,22 @@ absl::StatusOr<RunResult> ParseResult(const std::string& text,
   return r;
 }
 
+// Whether this CPU has AVX-512 BF16 or AMX-BF16 (CPUID leaf 7), which
+// dlbatch's precision: bf16 needs on the CPU. Without them dlbatch refuses
+// bf16, and PyTorch's autocast crawls (reference kernels): the bf16 cases
+// are skipped with a line saying why.
+bool CpuHasBf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+  const bool amx_bf16 = (d >> 22) & 1;
+  const unsigned max_subleaf = a;
+  bool avx512_bf16 = false;
+  if (max_subleaf >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0) {
+    avx512_bf16 = (a >> 5) & 1;
+  }
+  return amx_bf16 || avx512_bf16;
+}
+
 std::vector<std::string> OpenBlasEnv() {
   std::vector<std::string> env;
   __builtin_cpu_init();
@@ -330,6 +379,18 @@ absl::StatusOr<RunResult> RunPyTorch(const Options& o, const Case& c,
                                    "--epochs",  absl::StrCat(c.epochs),
                                    "--seed",    absl::StrCat(seed)};
   argv.insert(argv.end(), c.baseline_args.begin(), c.baseline_args.end());
+  if (c.max_iterations > 0) {
+    argv.push_back("--max-iterations");
+    argv.push_back(absl::StrCat(c.max_iterations));
+  }
+  if (c.synthetic) {
+    argv.push_back("--cifar-dir");
+    argv.push_back(o.cifar_dir);
+  }
+  if (c.precision != "fp32") {
+    argv.push_back("--precision");
+    argv.push_back(c.precision);
+  }
   if (c.gpu) {
     argv.push_back("--device");
     argv.push_back("cuda");
@@ -354,8 +415,29 @@ absl::StatusOr<RunResult> RunPyTorch(const Options& o, const Case& c,
 absl::StatusOr<std::string> JobFileFor(const Options& o, const Case& c,
                                        uint64_t seed, const std::string& dir) {
   const std::string source = o.jobs_dir + "/" + c.job_file;
-  if (seed == 1 && o.data_dir.empty()) return source;
+  if (seed == 1 && o.data_dir.empty() && !c.synthetic &&
+      c.precision == "fp32") {
+    return source;
+  }
   std::string text = ReadFile(source);
+  if (c.synthetic) {
+    const std::string from = "CIFAR_DIR";
+    for (size_t at = text.find(from); at != std::string::npos;
+         at = text.find(from, at + o.cifar_dir.size())) {
+      text.replace(at, from.size(), o.cifar_dir);
+    }
+  }
+  if (c.precision != "fp32") {
+    const std::string from = "\n    execution_environment: cpu\n";
+    const size_t at = text.find(from);
+    if (at == std::string::npos) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          source, ": no `    execution_environment: cpu` line to add `",
+          "precision: ", c.precision, "` after"));
+    }
+    text.insert(at + from.size(),
+                absl::StrCat("    precision: ", c.precision, "\n"));
+  }
   if (seed != 1) {
     const std::string from = "\n    seed: 1\n";
     const size_t at = text.find(from);
@@ -382,6 +464,10 @@ absl::StatusOr<std::string> JobFileFor(const Options& o, const Case& c,
   std::ofstream(path) << text;
   absl::StatusOr<dlbatch::ParsedJobFile> job = dlbatch::ReadJobFile(path);
   if (!job.ok()) return job.status();
+  if (job->spec.train().options().precision() !=
+      (c.precision == "fp32" ? "" : c.precision)) {
+    return absl::InternalError(absl::StrCat(path, ": precision not set"));
+  }
   if (job->spec.train().options().seed() != seed) {
     return absl::InternalError(absl::StrCat(path, ": seed did not change"));
   }
@@ -406,6 +492,10 @@ absl::StatusOr<RunResult> RunDlbatch(const Options& o, const Case& c,
                                    "--execution-environment",
                                    c.gpu ? "gpu" : "cpu",
                                    *job};
+  if (c.max_iterations > 0) {
+    argv.insert(argv.end() - 1,
+                {"--max-iterations", absl::StrCat(c.max_iterations)});
+  }
   // A tuning cache of its own (empty): every run searches cuDNN's
   // algorithms, as every PyTorch process does with cudnn.benchmark.
   std::vector<std::string> env = {
@@ -453,8 +543,9 @@ Summary Summarize(const Case& c, const std::vector<RunResult>& runs) {
   std::vector<std::optional<double>> ips, build, backend, first, whole;
   double sum = 0;
   for (const RunResult& r : runs) {
-    ips.push_back(c.gpu ? SteadyImagesPerS(r, c.batch)
-                        : std::optional<double>(r.images_per_s));
+    ips.push_back(c.gpu || c.max_iterations > 0
+                      ? SteadyImagesPerS(r, c.batch)
+                      : std::optional<double>(r.images_per_s));
     build.push_back(r.build_time_s);
     backend.push_back(r.backend_time_s);
     first.push_back(r.first_step_s);
@@ -498,8 +589,13 @@ std::string Row(const Case& c, const Summary& dl, const Summary& pt) {
     }
   }
   std::string label =
-      absl::StrFormat("%s b%d %dep", c.model, c.batch, c.epochs);
-  if (!c.baseline_args.empty()) label += " cosine";
+      c.max_iterations > 0
+          ? absl::StrFormat("%s b%d %d steps", c.model, c.batch,
+                            c.max_iterations)
+          : absl::StrFormat("%s b%d %dep", c.model, c.batch, c.epochs);
+  if (c.synthetic) label += " synthetic";
+  if (c.precision != "fp32") label += " " + c.precision;
+  if (c.model == "lenet" && !c.baseline_args.empty()) label += " cosine";
   if (c.gpu) label += " gpu";
   return absl::StrFormat(
       "| %s | %s | %s | %s | ≥ %.1f× | %s | %s | %s | %s | %s | %s |", label,
@@ -523,6 +619,46 @@ std::string OneOffRow(const Case& c, const Summary& dl, const Summary& pt) {
       Num(pt.whole_images_per_s, "%.0f"), Num(ratio, "%.2f×"));
 }
 
+// Writes a synthetic data set in CIFAR-10's binary format into `dir`:
+// data_batch_1.bin (`train` records) and test_batch.bin (`test`), each
+// record a label byte (i % 10) and 3072 pixel bytes (red, green, blue
+// planes of 32x32): noise around a level that depends on the class and the
+// channel, so that there is something to learn. The same bytes every time.
+absl::Status WriteSyntheticCifar10(const std::string& dir, int train,
+                                   int test) {
+  fs::create_directories(dir);
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&state] {  // xorshift64*
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    return static_cast<uint32_t>((state * 0x2545F4914F6CDD1Dull) >> 32);
+  };
+  for (const auto& [name, count] :
+       {std::pair<std::string, int>{"data_batch_1.bin", train},
+        std::pair<std::string, int>{"test_batch.bin", test}}) {
+    std::string bytes;
+    bytes.reserve(static_cast<size_t>(count) * 3073);
+    for (int i = 0; i < count; ++i) {
+      const int label = i % 10;
+      bytes.push_back(static_cast<char>(label));
+      for (int ch = 0; ch < 3; ++ch) {
+        const int level = 40 + 60 * ((label + ch) % 4);
+        for (int p = 0; p < 1024; ++p) {
+          const int v = level + static_cast<int>(next() % 96);
+          bytes.push_back(static_cast<char>(std::min(v, 255)));
+        }
+      }
+    }
+    std::ofstream out(dir + "/" + name, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) {
+      return absl::InternalError(absl::StrCat("cannot write ", dir, "/", name));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Parses and validates every job file the cases use.
 absl::Status CheckJobs(const Options& o) {
   std::vector<std::string> seen;
@@ -538,6 +674,14 @@ absl::Status CheckJobs(const Options& o) {
     const bool cosine =
         std::find(c.baseline_args.begin(), c.baseline_args.end(), "cosine") !=
         c.baseline_args.end();
+    if (c.synthetic) {
+      // The data paths name CIFAR_DIR until the benchmark writes the set.
+      std::cerr << path << ": " << job->spec.train().network().layers_size()
+                << " layers, batch "
+                << job->spec.train().options().mini_batch_size()
+                << ", ok (data written by the benchmark)\n";
+      continue;
+    }
     const std::string schedule = cosine ? "cosine" : "inv";
     if (options.learn_rate_schedule().type() != schedule ||
         (options.max_epochs() != 1 && options.max_epochs() != c.epochs)) {
@@ -655,6 +799,7 @@ int main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, &o)) {
     std::cerr << "usage: trainer_bench [--gpu] [--threads T] [--repeats R]"
                  " [--only lenet64|lenet256|blocks|lenet2ep|lenet2ep-cosine|"
+                 "resnet9|resnet|resnet9-bf16|resnet-bf16|"
                  "lenet64gpu|lenet1024gpu|blocks256gpu]"
                  " [--dlbatch-train PATH] [--python PATH] [--data-dir DIR]"
                  " [--jobs-dir DIR] [--baseline PATH] [--timeout SECONDS]"
@@ -703,6 +848,17 @@ int main(int argc, char** argv) {
     device_line = *gpu;
     std::cerr << "trainer_bench: " << device_line << "\n";
   }
+  for (const Case& c : Cases()) {
+    const bool selected = o.only.empty() ? c.gpu == o.gpu : o.only == c.name;
+    if (!selected || !c.synthetic || !o.cifar_dir.empty()) continue;
+    // 10 batches of 512 to train on, 1,000 images to validate.
+    o.cifar_dir = root + "/cifar10";
+    if (absl::Status s = WriteSyntheticCifar10(o.cifar_dir, 5120, 1000);
+        !s.ok()) {
+      std::cerr << "trainer_bench: " << s.message() << "\n";
+      return 1;
+    }
+  }
   const std::string load_before = LoadAverage();
   std::vector<std::string> rows, one_off_rows;
   int failures = 0;
@@ -710,6 +866,14 @@ int main(int argc, char** argv) {
     if (!o.only.empty() && o.only != c.name) continue;
     if (c.gpu != o.gpu) continue;
     std::vector<RunResult> dl_runs, pt_runs;
+    if (c.precision == "bf16" && !CpuHasBf16()) {
+      std::cerr << "[" << c.name
+                << "] skipped: this CPU has neither AVX-512 BF16 nor AMX "
+                   "(dlbatch-train refuses precision: bf16 here, and "
+                   "PyTorch's autocast runs reference kernels)\n";
+      rows.push_back(Row(c, {}, {}) + " skipped: no AVX-512 BF16 or AMX");
+      continue;
+    }
     for (int r = 0; r < o.repeats; ++r) {
       // Alternate which goes first, so neither always follows the other.
       for (int k = 0; k < 2; ++k) {
@@ -746,8 +910,12 @@ int main(int argc, char** argv) {
 
   if (o.gpu) std::cout << device_line << ", float32 (no TF32)\n\n";
   std::cout << absl::StrFormat(
-      "Fashion-MNIST, %d thread(s), %d repeat(s)%s: median images/s%s, mean "
+      "%s, %d thread(s), %d repeat(s)%s: median images/s%s, mean "
       "accuracy; load average %s before, %s after\n\n",
+      o.cifar_dir.empty()
+          ? "Fashion-MNIST"
+          : "Fashion-MNIST (resnet9: a synthetic set in CIFAR-10's format; "
+            "images/s over the steps after the first)",
       o.threads, o.repeats,
       o.gpu ? " over the steps after the first (each side's first step and "
               "dlbatch's network build, where the one-off costs fall, are "

@@ -395,7 +395,7 @@ absl::Status ValidateOptions(const v1::TrainingOptions& o) {
   }
   if (s.ok()) {
     s = CheckChoice("train.options.precision", "a precision", o.precision(),
-                    {"fp32", "tf32"});
+                    {"fp32", "tf32", "bf16", "fp16"});
   }
   if (s.ok()) s = ValidateSchedule(o.learn_rate_schedule());
   if (!s.ok()) return s;

@@ -432,7 +432,20 @@ class Backend {
 };
 
 // The CPU backend: oneDNN kernels on `threads` OpenMP threads (0: all cores).
-absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(int threads);
+// With `bf16` (train.options.precision: bf16), convolutions and fully
+// connected layers compute in bfloat16 (oneDNN's bf16 primitives: inputs,
+// weights and output gradients rounded to bf16, products summed in float32
+// into float32 outputs and weight gradients); every buffer of this
+// interface stays float32, and so do batch normalisation, pooling, the
+// element-wise layers, the loss and the solvers (the weights are float32
+// masters, rounded for each call). FailedPrecondition, saying why, where
+// this CPU cannot (CpuBf16Support).
+absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(int threads,
+                                                        bool bf16 = false);
+
+// OK where oneDNN runs bf16 primitives natively on this CPU (AVX-512 BF16
+// or AMX); else FailedPrecondition naming what the CPU has and what to do.
+absl::Status CpuBf16Support();
 
 // A switch of the trainer's environment: unset (or empty) -> nullopt, "1"
 // -> true, "0" -> false; another value is InvalidArgument saying what each

@@ -144,10 +144,24 @@ absl::StatusOr<BackendChoice> AgreeOnBackend(const std::string& environment,
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeChosenBackend(
-    const BackendChoice& choice, int threads, bool tf32) {
-  if (!choice.gpu) return MakeCpuBackend(threads);
+    const BackendChoice& choice, int threads, const std::string& precision) {
+  if (!choice.gpu) {
+    if (precision == "fp16") {
+      return absl::FailedPreconditionError(
+          "precision: fp16 runs on GPUs only (with dynamic loss scaling); "
+          "on the CPU use bf16 (a CPU with AVX-512 BF16 or AMX) or fp32");
+    }
+    return MakeCpuBackend(threads, precision == "bf16");
+  }
+  if (precision == "bf16" || precision == "fp16") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "precision: ", precision,
+        " is not implemented on the GPU backend yet; use fp32 or tf32 there "
+        "(bf16 runs on CPUs with AVX-512 BF16 or AMX: "
+        "execution_environment: cpu)"));
+  }
   CudaBackendOptions options;
-  options.tf32 = tf32;
+  options.tf32 = precision == "tf32";
   return MakeCudaBackend(choice.device, options);
 }
 

@@ -48,9 +48,13 @@ absl::StatusOr<BackendChoice> AgreeOnBackend(const std::string& environment,
                                              int world, BackendChoice mine,
                                              absl::Duration timeout);
 
-// The backend of `choice`: oneDNN on `threads` threads, or CUDA.
+// The backend of `choice`: oneDNN on `threads` threads, or CUDA, computing
+// in `precision` (train.options.precision: "" or fp32, tf32, bf16, fp16).
+// tf32 is the GPU's (the CPU computes fp32); bf16 on the CPU needs AVX-512
+// BF16 or AMX (CpuBf16Support); fp16 is the GPU's alone. A precision this
+// device cannot run is FailedPrecondition saying what to use instead.
 absl::StatusOr<std::unique_ptr<Backend>> MakeChosenBackend(
-    const BackendChoice& choice, int threads, bool tf32);
+    const BackendChoice& choice, int threads, const std::string& precision);
 
 // Whether this build has the CUDA backend.
 bool GpuBackendBuilt();

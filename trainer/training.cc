@@ -295,9 +295,9 @@ std::string Run::TuningCachePath() const {
 absl::Status Run::Build() {
   if (!req_.device.note.empty()) Say(req_.device.note + ".");
   const auto backend_start = Clock::now();
-  ASSIGN_OR_RETURN(
-      backend_, MakeChosenBackend(req_.device, req_.threads,
-                                  req_.spec.options().precision() == "tf32"));
+  ASSIGN_OR_RETURN(backend_,
+                   MakeChosenBackend(req_.device, req_.threads,
+                                     req_.spec.options().precision()));
   backend_time_ = SecondsSince(backend_start);
   // Collectives wait for this stream's work with events, not device syncs.
   comm_.SetComputeStream(backend_->native_stream());

@@ -201,7 +201,7 @@ TEST(AgreeOnBackend, ARankThatNeverComesIsAnErrorNamingIt) {
 
 TEST(ChooseBackend, ThisMachineTrainsOnItsCpuUnderAuto) {
   // Holds wherever the tests run without a GPU; on a GPU machine auto takes it.
-  auto c = MakeChosenBackend(BackendChoice{}, 1, false);
+  auto c = MakeChosenBackend(BackendChoice{}, 1, "fp32");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_THAT((*c)->Describe(), HasSubstr("cpu"));
 }

@@ -30,6 +30,10 @@ struct Context {
   dnnl::engine engine;
   mutable dnnl::stream stream;  // waiting on it changes nothing observable
   int threads = 1;
+  // The data type convolutions and inner products compute in: f32, or bf16
+  // (MakeCpuBackend's `bf16`). Their user tensors are f32 either way.
+  dnnl::memory::data_type compute = dnnl::memory::data_type::f32;
+  bool bf16() const { return compute == dnnl::memory::data_type::bf16; }
   // Autotuning's choices: a kernel's key -> the index of the implementation
   // chosen among those oneDNN offers (see PickFastest).
   mutable std::map<std::string, int> tuning;

@@ -24,16 +24,21 @@ using Args = std::vector<std::pair<int, memory::desc>>;
 // shapes even before counting the reorders they need between layers. Of
 // the implementations oneDNN offers, the fastest on this machine is timed
 // and kept (PickFastest).
+//
+// In bf16 (Context::compute), each primitive takes its inputs in bf16
+// (reordered, rounding, from the float32 user tensors: x, w and dy) and
+// writes float32 (y, dx, and the weight and bias gradients), which oneDNN's
+// bf16 convolutions offer: nothing else sees bf16.
 
 class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
  public:
   CpuConv(const Context* ctx, const ConvDesc& desc, int max_batch)
       : ctx_(ctx),
         d_(desc),
-        name_(absl::StrCat("convolution ", desc.in.ToString(), " -> ",
-                           desc.out.ToString(), " (", desc.kh, "x", desc.kw,
-                           ", stride ", desc.stride_h, "x", desc.stride_w,
-                           ")")),
+        name_(absl::StrCat(ctx->bf16() ? "bf16 " : "", "convolution ",
+                           desc.in.ToString(), " -> ", desc.out.ToString(),
+                           " (", desc.kh, "x", desc.kw, ", stride ",
+                           desc.stride_h, "x", desc.stride_w, ")")),
         cache_(max_batch) {}
 
  private:
@@ -44,20 +49,21 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
     std::optional<BoundPrimitive> fwd, bwd_data, bwd_weights;
   };
 
-  memory::desc Src(int n) const {
-    return memory::desc({n, d_.in.c, d_.in.h, d_.in.w}, dt::f32, tag::nhwc);
+  // The user tensors are float32; a primitive's inputs are in `In()`.
+  dt In() const { return ctx_->compute; }
+  memory::desc Src(int n, dt t = dt::f32) const {
+    return memory::desc({n, d_.in.c, d_.in.h, d_.in.w}, t, tag::nhwc);
   }
-  memory::desc Dst(int n) const {
-    return memory::desc({n, d_.filters, d_.out.h, d_.out.w}, dt::f32,
-                        tag::nhwc);
+  memory::desc Dst(int n, dt t = dt::f32) const {
+    return memory::desc({n, d_.filters, d_.out.h, d_.out.w}, t, tag::nhwc);
   }
-  memory::desc Weights(tag t = tag::ohwi) const {
-    return memory::desc({d_.filters, d_.in.c, d_.kh, d_.kw}, dt::f32, t);
+  memory::desc Weights(tag t = tag::ohwi, dt type = dt::f32) const {
+    return memory::desc({d_.filters, d_.in.c, d_.kh, d_.kw}, type, t);
   }
   memory::desc Bias() const {
     return memory::desc({d_.filters}, dt::f32, tag::x);
   }
-  memory::desc WeightsAny() const { return Weights(tag::any); }
+  memory::desc WeightsAny(dt t = dt::f32) const { return Weights(tag::any, t); }
   memory::dims Strides() const { return {d_.stride_h, d_.stride_w}; }
   memory::dims PadL() const { return {d_.pad.top, d_.pad.left}; }
   memory::dims PadR() const { return {d_.pad.bottom, d_.pad.right}; }
@@ -76,8 +82,8 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
       // the search.
       const dnnl::convolution_forward::desc desc(
           dnnl::prop_kind::forward_training,
-          dnnl::algorithm::convolution_direct, Src(n), WeightsAny(), Bias(),
-          Dst(n), Strides(), PadL(), PadR());
+          dnnl::algorithm::convolution_direct, Src(n, In()), WeightsAny(In()),
+          Bias(), Dst(n), Strides(), PadL(), PadR());
       p.fwd_pd.emplace(PickFastest<Pd, dnnl::convolution_forward>(
           ctx_, absl::StrCat(name_, " forward, n ", n),
           [&] { return Pd(desc, Attr(), ctx_->engine); },
@@ -111,8 +117,8 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
       using Pd = dnnl::convolution_backward_data::primitive_desc;
       const auto& hint = FwdPd(n);
       const dnnl::convolution_backward_data::desc desc(
-          dnnl::algorithm::convolution_direct, Src(n), WeightsAny(), Dst(n),
-          Strides(), PadL(), PadR());
+          dnnl::algorithm::convolution_direct, Src(n), WeightsAny(In()),
+          Dst(n, In()), Strides(), PadL(), PadR());
       const Pd pd = PickFastest<Pd, dnnl::convolution_backward_data>(
           ctx_, absl::StrCat(name_, " backward data, n ", n),
           [&] { return Pd(desc, Attr(), ctx_->engine, hint); },
@@ -137,8 +143,8 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
       using Pd = dnnl::convolution_backward_weights::primitive_desc;
       const auto& hint = FwdPd(n);
       const dnnl::convolution_backward_weights::desc desc(
-          dnnl::algorithm::convolution_direct, Src(n), WeightsAny(), Bias(),
-          Dst(n), Strides(), PadL(), PadR());
+          dnnl::algorithm::convolution_direct, Src(n, In()), WeightsAny(),
+          Bias(), Dst(n, In()), Strides(), PadL(), PadR());
       const Pd pd = PickFastest<Pd, dnnl::convolution_backward_weights>(
           ctx_, absl::StrCat(name_, " backward weights, n ", n),
           [&] { return Pd(desc, Attr(), ctx_->engine, hint); },

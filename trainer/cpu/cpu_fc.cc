@@ -22,7 +22,8 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
   CpuFc(const Context* ctx, const FcDesc& desc, int max_batch)
       : ctx_(ctx),
         d_(desc),
-        name_(absl::StrCat("inner product ", desc.in, " -> ", desc.units)),
+        name_(absl::StrCat(ctx->bf16() ? "bf16 " : "", "inner product ",
+                           desc.in, " -> ", desc.units)),
         cache_(max_batch) {}
 
  private:
@@ -33,14 +34,18 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
     std::optional<BoundPrimitive> fwd, bwd_data, bwd_weights;
   };
 
-  memory::desc Src(int n) const {
-    return memory::desc({n, d_.in}, dt::f32, tag::nc);
+  // The user tensors are float32; a primitive's inputs are in `In()`, and
+  // in bf16 its weights in the layout oneDNN prefers for them.
+  dt In() const { return ctx_->compute; }
+  memory::desc Src(int n, dt t = dt::f32) const {
+    return memory::desc({n, d_.in}, t, tag::nc);
   }
-  memory::desc Dst(int n) const {
-    return memory::desc({n, d_.units}, dt::f32, tag::nc);
+  memory::desc Dst(int n, dt t = dt::f32) const {
+    return memory::desc({n, d_.units}, t, tag::nc);
   }
-  memory::desc Weights() const {
-    return memory::desc({d_.units, d_.in}, dt::f32, tag::oi);
+  memory::desc Weights(dt t = dt::f32) const {
+    return memory::desc({d_.units, d_.in}, t,
+                        t == dt::f32 ? tag::oi : tag::any);
   }
   memory::desc Bias() const {
     return memory::desc({d_.units}, dt::f32, tag::x);
@@ -56,7 +61,8 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
     Prims& p = cache_[n];
     if (!p.fwd_pd) {
       dnnl::inner_product_forward::desc desc(dnnl::prop_kind::forward_training,
-                                             Src(n), Weights(), Bias(), Dst(n));
+                                             Src(n, In()), Weights(In()),
+                                             Bias(), Dst(n));
       p.fwd_pd.emplace(desc, Attr(), ctx_->engine);
     }
     return *p.fwd_pd;
@@ -79,7 +85,8 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
   BoundPrimitive& BwdData(int n) {
     Prims& p = cache_[n];
     if (!p.bwd_data) {
-      dnnl::inner_product_backward_data::desc desc(Src(n), Weights(), Dst(n));
+      dnnl::inner_product_backward_data::desc desc(Src(n), Weights(In()),
+                                                   Dst(n, In()));
       dnnl::inner_product_backward_data::primitive_desc pd(
           desc, Attr(), ctx_->engine, FwdPd(n));
       p.bwd_data.emplace(ctx_, name_ + " backward data",
@@ -95,8 +102,8 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
   BoundPrimitive& BwdWeights(int n) {
     Prims& p = cache_[n];
     if (!p.bwd_weights) {
-      dnnl::inner_product_backward_weights::desc desc(Src(n), Weights(), Bias(),
-                                                      Dst(n));
+      dnnl::inner_product_backward_weights::desc desc(Src(n, In()), Weights(),
+                                                      Bias(), Dst(n, In()));
       dnnl::inner_product_backward_weights::primitive_desc pd(
           desc, Attr(), ctx_->engine, FwdPd(n));
       BindBackwardWeights<dnnl::inner_product_backward_weights>(
