@@ -172,9 +172,20 @@ int main(int argc, char** argv) {
   }
   if (!cgroup_base.empty()) {
     guard.cgroup_root = absl::StrCat(cgroup_base, "/w", ::getpid());
-    if (::mkdir(guard.cgroup_root.c_str(), 0755) != 0 && errno != EEXIST) {
+    // A previous run killed just now leaves a guard that removes the work
+    // folder's cgroup once empty: it may do so between MakeCgroupRoot and
+    // this mkdir, so a missing parent is made again.
+    for (int tries = 0;; ++tries) {
+      if (::mkdir(guard.cgroup_root.c_str(), 0755) == 0 || errno == EEXIST) {
+        break;
+      }
+      const int err = errno;
+      if (err == ENOENT && tries < 5 &&
+          dlbatch::worker::MakeCgroupRoot("dlbatch-" + folder_mark).ok()) {
+        continue;
+      }
       return Fail(absl::StrCat("cannot make cgroup ", guard.cgroup_root, ": ",
-                               std::strerror(errno)));
+                               std::strerror(err)));
     }
     spdlog::info("keeping each job in a cgroup under {}", guard.cgroup_root);
   } else {
