@@ -20,9 +20,8 @@
 #include "common/files.h"
 
 namespace dlbatch {
-namespace {
 
-std::string SslErrors() {
+std::string OpenSslErrors() {
   std::string out;
   unsigned long e;
   while ((e = ERR_get_error()) != 0) {
@@ -33,6 +32,7 @@ std::string SslErrors() {
   }
   return out;
 }
+namespace {
 
 // How the CA was chosen, for messages.
 std::string CaLabel(const ChannelConfig& config) {
@@ -169,7 +169,7 @@ absl::Status ProbeTls(const ChannelConfig& config, int timeout_ms) {
   }
   if (!ssl) {
     ::close(fd);
-    return absl::InternalError("TLS: " + SslErrors());
+    return absl::InternalError("TLS: " + OpenSslErrors());
   }
   unsigned char ip[16];
   const bool is_ip = ::inet_pton(AF_INET, ep.host.c_str(), ip) == 1 ||
@@ -185,7 +185,7 @@ absl::Status ProbeTls(const ChannelConfig& config, int timeout_ms) {
   const int rc = SSL_connect(ssl.get());
   const int ssl_error = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(ssl.get(), rc);
   const long verify = SSL_get_verify_result(ssl.get());
-  const std::string detail = SslErrors();
+  const std::string detail = OpenSslErrors();
   if (rc == 1) SSL_shutdown(ssl.get());
   ::close(fd);
   if (rc == 1 && verify == X509_V_OK) return absl::OkStatus();

@@ -34,6 +34,10 @@ absl::Status ResolveCa(ChannelConfig* config, const std::string& ca_flag,
 // to change, when it is reached but not trusted or does not speak TLS.
 absl::Status ProbeTls(const ChannelConfig& config, int timeout_ms);
 
+// OpenSSL's error queue as text ("; " between entries), emptied; empty if
+// it held nothing.
+std::string OpenSslErrors();
+
 }  // namespace dlbatch
 
 #endif  // DLBATCH_COMMON_TLS_CLIENT_H_

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "common/tls_client.h"
 
 namespace dlbatch::scheduler {
 namespace {
@@ -44,21 +45,10 @@ using X509Ptr = std::unique_ptr<X509, FreeX509>;
 using KeyPtr = std::unique_ptr<EVP_PKEY, FreeKey>;
 using BioPtr = std::unique_ptr<BIO, FreeBio>;
 
-// OpenSSL's error queue as text, emptied.
-std::string SslErrors() {
-  std::string out;
-  unsigned long e;
-  while ((e = ERR_get_error()) != 0) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof buf);
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "unknown OpenSSL error" : out;
-}
-
 absl::Status SslError(absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", SslErrors()));
+  const std::string errors = OpenSslErrors();
+  return absl::InternalError(absl::StrCat(
+      what, ": ", errors.empty() ? "unknown OpenSSL error" : errors));
 }
 
 // A normalised IP address, or empty when `text` is none.

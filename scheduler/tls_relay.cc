@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/tls_client.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -29,18 +30,6 @@ struct FreeCtx {
   void operator()(SSL_CTX* c) const { SSL_CTX_free(c); }
 };
 using CtxPtr = std::shared_ptr<SSL_CTX>;
-
-std::string SslErrors() {
-  std::string out;
-  unsigned long e;
-  while ((e = ERR_get_error()) != 0) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof buf);
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out;
-}
 
 // gRPC clients insist on HTTP/2 by ALPN.
 int SelectAlpn(SSL*, const unsigned char** out, unsigned char* outlen,
@@ -57,7 +46,7 @@ int SelectAlpn(SSL*, const unsigned char** out, unsigned char* outlen,
 
 absl::StatusOr<CtxPtr> MakeContext(const TlsFiles& files) {
   CtxPtr ctx(SSL_CTX_new(TLS_server_method()), FreeCtx());
-  if (!ctx) return absl::InternalError("SSL_CTX_new: " + SslErrors());
+  if (!ctx) return absl::InternalError("SSL_CTX_new: " + OpenSslErrors());
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
   // Buffers stay with their connection (about 34 KiB each): releasing them
   // when idle would allocate them again for every call.
@@ -74,7 +63,7 @@ absl::StatusOr<CtxPtr> MakeContext(const TlsFiles& files) {
       SSL_CTX_check_private_key(ctx.get()) != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot use TLS certificate ", files.cert_file,
-                     " with key ", files.key_file, ": ", SslErrors()));
+                     " with key ", files.key_file, ": ", OpenSslErrors()));
   }
   SSL_CTX_set_alpn_select_cb(ctx.get(), SelectAlpn, nullptr);
   return ctx;
