@@ -260,6 +260,22 @@ int Main(int argc, char** argv) {
   // Every core lives to the end: freeing 100k jobs between cases would leave
   // the allocator's free lists full and make the next case pay for it.
   std::vector<std::unique_ptr<Scenario>> scenarios;
+  // The rows every scenario reports about its passes.
+  auto add_pass_rows = [&](const std::string& tag, double first_ms,
+                           size_t after_first, const PassTimes& work,
+                           const PassTimes& busy) {
+    rows.push_back({"first pass, empty cluster: " +
+                        std::to_string(after_first) + " jobs start" + tag,
+                    Ms(first_ms), "-"});
+    rows.push_back(
+        {"pass after a job ends, median" + tag, Ms(work.median), goal});
+    rows.push_back({"pass after a job ends, p99" + tag, Ms(work.p99), goal});
+    rows.push_back({"pass after a job ends, max" + tag, Ms(work.max), goal});
+    rows.push_back(
+        {"jobs started over " + std::to_string(passes) + " passes" + tag,
+         std::to_string(work.started), "-"});
+    rows.push_back({"pass with all slots busy, max" + tag, Ms(busy.max), goal});
+  };
   for (bool with_limits : {false, true}) {
     const std::string tag = with_limits ? " (time limits)" : " (no limits)";
     Scenario& s =
@@ -273,17 +289,7 @@ int Main(int argc, char** argv) {
     rows.push_back({"enqueue 100k jobs" + tag, Ms(enqueue_ms), "-"});
     rows.push_back(
         {"enqueue+dequeue one job" + tag, Format("%.2f us", submit_us), "-"});
-    rows.push_back({"first pass, empty cluster: " +
-                        std::to_string(after_first) + " jobs start" + tag,
-                    Ms(first_ms), "-"});
-    rows.push_back(
-        {"pass after a job ends, median" + tag, Ms(work.median), goal});
-    rows.push_back({"pass after a job ends, p99" + tag, Ms(work.p99), goal});
-    rows.push_back({"pass after a job ends, max" + tag, Ms(work.max), goal});
-    rows.push_back(
-        {"jobs started over " + std::to_string(passes) + " passes" + tag,
-         std::to_string(work.started), "-"});
-    rows.push_back({"pass with all slots busy, max" + tag, Ms(busy.max), goal});
+    add_pass_rows(tag, first_ms, after_first, work, busy);
   }
   for (bool user_limits : {false, true}) {
     const std::string tag = user_limits ? " (1,000 users, fair share, " +
@@ -297,17 +303,7 @@ int Main(int argc, char** argv) {
     const size_t after_first = s.running();
     PassTimes work = s.Passes(passes);
     PassTimes busy = s.BusyPasses(passes);
-    rows.push_back({"first pass, empty cluster: " +
-                        std::to_string(after_first) + " jobs start" + tag,
-                    Ms(first_ms), "-"});
-    rows.push_back(
-        {"pass after a job ends, median" + tag, Ms(work.median), goal});
-    rows.push_back({"pass after a job ends, p99" + tag, Ms(work.p99), goal});
-    rows.push_back({"pass after a job ends, max" + tag, Ms(work.max), goal});
-    rows.push_back(
-        {"jobs started over " + std::to_string(passes) + " passes" + tag,
-         std::to_string(work.started), "-"});
-    rows.push_back({"pass with all slots busy, max" + tag, Ms(busy.max), goal});
+    add_pass_rows(tag, first_ms, after_first, work, busy);
   }
   PlacementCore near_miss, never_fit;
   rows.push_back({"worst case: 100k backfill candidates just miss, max",
