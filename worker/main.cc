@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -30,6 +31,9 @@ int Fail(const std::string& message) {
   std::cerr << "dlbatch-worker: " << message << "\n";
   return 1;
 }
+
+// How long a signalled worker may take to stop before it just exits.
+constexpr int kStopDeadlineS = 60;
 
 }  // namespace
 
@@ -257,6 +261,16 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&s, &sig);
     spdlog::info("signal {}: stopping the jobs and leaving", sig);
+    // Stopping kills the jobs and cancels calls, none of which may take
+    // long; should anything wedge, the worker still leaves (its jobs die
+    // with it: parent-death signal and cgroup).
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(kStopDeadlineS));
+      spdlog::error("not stopped {} s after the signal: leaving now",
+                    kStopDeadlineS);
+      spdlog::shutdown();
+      _exit(1);
+    }).detach();
     worker.Shutdown();
   }).detach();
   absl::Status s = worker.Run();

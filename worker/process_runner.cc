@@ -38,10 +38,13 @@ void SubprocessRunner::Attach(ProcessEvents* events) {
       [this](int64_t key, const ExitInfo& info) {
         events_->ProcessExited(key, info);
       });
-  absl::MutexLock lock(&mu_);
-  started_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    started_ = true;
+  }
   // The thread that starts the jobs must live as long as they may: their
   // parent-death signal follows it.
+  absl::MutexLock join(&join_mu_);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -88,6 +91,7 @@ void SubprocessRunner::Shutdown() {
   }
   if (set_ != nullptr) set_->Wake();
   // Once it returns no event is delivered any more.
+  absl::MutexLock join(&join_mu_);
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id())
     thread_.join();
 }

@@ -83,7 +83,11 @@ class SubprocessRunner final : public ProcessRunner {
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  // Two threads may shut the runner down at once; the loop thread must be
+  // joined exactly once (a second pthread_join of a joined thread waits
+  // forever on glibc).
+  absl::Mutex join_mu_;
+  std::thread thread_ ABSL_GUARDED_BY(join_mu_);
 };
 
 }  // namespace dlbatch::worker

@@ -137,15 +137,17 @@ absl::Status Worker::Run() {
 }
 
 void Worker::Shutdown() {
+  absl::MutexLock done(&shutdown_mu_);
+  if (shut_down_) return;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return;
     stopping_ = true;
   }
   link_.Stop();
   transfers_->Stop();
   pool_.Stop();
   runner_->Shutdown();
+  shut_down_ = true;
 }
 
 std::optional<JobPhase> Worker::Phase(const JobRef& ref) const {

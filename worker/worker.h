@@ -99,6 +99,11 @@ class Worker final : public LinkHandler, public ProcessEvents {
   mutable absl::Mutex mu_;
   JobTable table_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Held for the whole of Shutdown(), so that a second caller (the signal
+  // thread and Run() both stop the worker) returns only once the first has
+  // stopped everything: the runner's thread is then joined exactly once.
+  absl::Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 
   SchedulerLink link_;
   TransferPool pool_;

@@ -229,9 +229,26 @@ void Cluster::StartScheduler(std::vector<std::string> extra,
   address_ = bound;
 }
 
+namespace {
+
+// Sends `sig` and reaps the process. One that has not exited 60 s later
+// is a test failure (a daemon that wedges on SIGTERM), and is killed so
+// the test ends instead of hanging the run.
+void SignalAndReap(pid_t pid, int sig, const std::string& what) {
+  kill(pid, sig);
+  const bool gone =
+      WaitFor([&] { return waitpid(pid, nullptr, WNOHANG) == pid; }, 60000);
+  if (gone) return;
+  ADD_FAILURE() << what << " (pid " << pid << ") did not exit within 60 s "
+                << "of signal " << sig << "; killed";
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+
 void Cluster::KillScheduler(int sig) {
-  kill(scheduler_.pid, sig);
-  waitpid(scheduler_.pid, nullptr, 0);
+  SignalAndReap(scheduler_.pid, sig, "the scheduler");
   scheduler_.pid = 0;
 }
 
@@ -301,8 +318,7 @@ int Cluster::StartWorker(const std::string& name, int slots,
 }
 
 void Cluster::KillWorker(int index, int sig) {
-  kill(workers_[index].pid, sig);
-  waitpid(workers_[index].pid, nullptr, 0);
+  SignalAndReap(workers_[index].pid, sig, "worker " + workers_[index].name);
   workers_[index].pid = 0;
 }
 

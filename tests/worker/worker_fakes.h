@@ -48,7 +48,20 @@ class FakeRunner final : public ProcessRunner {
     absl::MutexLock lock(&mu_);
     terminates_.emplace_back(key, grace_ms);
   }
-  void Shutdown() override {}
+  // Counts the call, then waits while the shutdown gate is closed.
+  void Shutdown() override {
+    absl::MutexLock lock(&mu_);
+    ++shutdowns_;
+    mu_.Await(absl::Condition(&shutdown_open_));
+  }
+  void SetShutdownOpen(bool open) {
+    absl::MutexLock lock(&mu_);
+    shutdown_open_ = open;
+  }
+  int shutdowns() {
+    absl::MutexLock lock(&mu_);
+    return shutdowns_;
+  }
 
   // The key of the start whose environment names `job_id`, once asked for.
   std::optional<int64_t> WaitStart(int64_t job_id) {
@@ -109,6 +122,8 @@ class FakeRunner final : public ProcessRunner {
   std::vector<std::pair<int64_t, SubprocessOptions>> starts_
       ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, int64_t>> terminates_ ABSL_GUARDED_BY(mu_);
+  int shutdowns_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_open_ ABSL_GUARDED_BY(mu_) = true;
 };
 
 // Transfers that succeed at once; a closed gate holds fetches or output

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -42,7 +43,10 @@ class WorkerTest : public ::testing::Test {
     o.devices.push_back(d);
     worker_ = std::make_unique<Worker>(o, &clock_, &runner_, &transfers_,
                                        &transport_);
-    run_ = std::thread([this] { run_status_ = worker_->Run(); });
+    run_ = std::thread([this] {
+      run_status_ = worker_->Run();
+      run_returned_ = true;
+    });
     ASSERT_TRUE(Eventually([&] { return worker_->connected(); }));
   }
   void TearDown() override {
@@ -124,6 +128,7 @@ class WorkerTest : public ::testing::Test {
   std::unique_ptr<Worker> worker_;
   std::thread run_;
   absl::Status run_status_;
+  std::atomic<bool> run_returned_{false};
 };
 
 TEST_F(WorkerTest, StartLinesExitUploadEndedAck) {
@@ -421,6 +426,22 @@ TEST_F(WorkerTest, ChannelProgressAndCheckpointReachTheScheduler) {
   EXPECT_TRUE(progress->message.progress().progress().done());
   // Channel lines are not diary lines.
   EXPECT_TRUE(Lines(60).empty());
+}
+
+// The signal thread and Run() both stop the worker. Whichever comes second
+// must not return while the first is still stopping the runner: main()
+// destroys the runner next (once, a second join of its thread hung a
+// worker on SIGTERM for good).
+TEST_F(WorkerTest, RunReturnsOnlyOnceAShutdownUnderWayHasStoppedTheRunner) {
+  runner_.SetShutdownOpen(false);
+  std::thread stopper([&] { worker_->Shutdown(); });
+  ASSERT_TRUE(Eventually([&] { return runner_.shutdowns() == 1; }));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(run_returned_.load());
+  runner_.SetShutdownOpen(true);
+  stopper.join();
+  ASSERT_TRUE(Eventually([&] { return run_returned_.load(); }));
+  EXPECT_EQ(runner_.shutdowns(), 1);
 }
 
 TEST(OutboxTest, RewindSendsTheUnackedAgainInOrder) {
