@@ -6,7 +6,7 @@
 #   deploy/bootstrap.sh [--build-dir DIR] [--no-build] [--jobs N] [--test-tools]
 #
 # --test-tools also installs what only the test command uses (clang-format,
-# for the tree's format check).
+# for the tree's format check; Slurm and munge, for tests/slurm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +36,8 @@ packages=(
   tmux
 )
 ((test_tools)) && packages+=(clang-format)
+# A real Slurm (and munge) for the Slurm profile tests, tests/slurm/.
+((test_tools)) && packages+=(slurmctld slurmd slurm-client munge)
 
 missing=()
 for p in "${packages[@]}"; do

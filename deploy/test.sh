@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, checks the tree's format, builds, and runs every
 # test: unit tests in parallel, then the integration tests (real binaries on
-# loopback) one by one.
+# loopback) one by one, then the tests that run a real Slurm.
 # Where the build has the GPU backend (CUDA, cuDNN and cuBLAS were found), it
 # then builds the trainer as a machine without them gets it (CPU-only, in
 # build-cpu-only/) and runs the trainer tests whose outcome depends on that.
@@ -11,8 +11,11 @@ deploy/bootstrap.sh --test-tools --no-build
 deploy/check-format.sh
 deploy/bootstrap.sh
 cd build
-ctest --output-on-failure -LE integration -j "$(nproc)"
+ctest --output-on-failure -LE 'integration|slurm' -j "$(nproc)"
 ctest --output-on-failure -L integration
+# A real Slurm on this machine (tests/slurm/slurm-cluster.sh): its tests
+# skip, saying why, where Slurm cannot start.
+ctest --output-on-failure -L slurm
 cd ..
 
 if grep -q '^DLBATCH_GPU_BACKEND_BUILT:INTERNAL=ON$' build/CMakeCache.txt; then
