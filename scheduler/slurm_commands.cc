@@ -122,8 +122,9 @@ std::string BatchScript(const SlurmProfile& profile,
     absl::StrAppend(&s, "export DLBATCH_CA_PEM=", ShellQuote(launch.ca_pem),
                     "\n");
   }
-  absl::StrAppend(&s, "mkdir -p ", ShellQuote(profile.node_dir),
-                  " 2>/dev/null\n", "exec srun --nodes=", request.nodes,
+  // sbatch's --export=NONE reaches srun as SLURM_EXPORT_ENV: the script's
+  // own variables go to the workers only with --export=ALL.
+  absl::StrAppend(&s, "exec srun --export=ALL --nodes=", request.nodes,
                   " --ntasks=", request.nodes, " --ntasks-per-node=1 \\\n  ",
                   ShellQuote(absl::StrCat(profile.bin_dir, "/dlbatch-worker")),
                   " --slurm-job ", request.job_id, " --attempt ",

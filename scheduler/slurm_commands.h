@@ -30,9 +30,10 @@ struct SlurmProfile {
   std::vector<std::string> sbatch_args;
   // Where dlbatch-worker is on the cluster's nodes.
   std::string bin_dir = "/usr/bin";
-  // A folder on the nodes for Slurm's output files and the ephemeral
-  // workers' job folders (each job's own subfolder; made by the job).
-  std::string node_dir = "/tmp/dlbatch-slurm";
+  // A folder that exists on every node, writable by the jobs' owners:
+  // Slurm's output file of each job goes there, and the ephemeral workers
+  // make their job folders in it.
+  std::string node_dir = "/tmp";
 };
 
 // Slurm job names dlbatch gives its jobs: "dlbatch-<id>". Any other name is

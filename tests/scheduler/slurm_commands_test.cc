@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "scheduler/slurm_tool.h"
 
 namespace dlbatch::scheduler::slurm {
 namespace {
@@ -92,8 +93,10 @@ TEST(SlurmCommands, TheScriptStartsOneWorkerPerNodeAndQuotesEverything) {
   EXPECT_THAT(
       s,
       HasSubstr("export DLBATCH_CA_PEM='-----BEGIN CERTIFICATE-----\nAA\n'"));
-  EXPECT_THAT(s,
-              HasSubstr("exec srun --nodes=2 --ntasks=2 --ntasks-per-node=1"));
+  EXPECT_THAT(
+      s,
+      HasSubstr(
+          "exec srun --export=ALL --nodes=2 --ntasks=2 --ntasks-per-node=1"));
   EXPECT_THAT(
       s,
       HasSubstr("'/opt/dlbatch/bin/dlbatch-worker' --slurm-job 9 --attempt 3"));
@@ -238,6 +241,30 @@ TEST(SlurmCommands, ScancelOfAGoneOrEndingJobIsDone) {
       "controller (connect failure)\n");
   EXPECT_FALSE(down.ok());
   EXPECT_THAT(down.message(), HasSubstr("Unable to contact slurm controller"));
+}
+
+// The real tool runner, on ordinary programs.
+TEST(ProcessSlurmTool, PassesInputAndEnvironmentAndKeepsTheExitCode) {
+  ProcessSlurmTool tool(
+      std::map<std::string, std::string>{{"SLURM_CONF", "/etc/x.conf"}});
+  auto cat = tool.Run({"sh", "-c", "cat; echo \"$SLURM_CONF\" >&2; exit 3"},
+                      std::string(100000, 'a'));
+  ASSERT_TRUE(cat.ok()) << cat.status();
+  EXPECT_EQ(cat->out, std::string(100000, 'a'));
+  EXPECT_EQ(cat->err, "/etc/x.conf\n");
+  EXPECT_EQ(cat->exit_code, 3);
+}
+
+TEST(ProcessSlurmTool, AMissingProgramAndAHungOneAreErrorsThatSaySo) {
+  ProcessSlurmTool tool({}, 300);
+  auto missing = tool.Run({"dlbatch-no-such-sbatch"}, "");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("cannot run dlbatch-no-such-sbatch"));
+  auto hung = tool.Run({"sleep", "30"}, "");
+  ASSERT_FALSE(hung.ok());
+  EXPECT_EQ(hung.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(hung.status().message(), HasSubstr("did not answer within"));
 }
 
 }  // namespace
