@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,7 @@
 #include "worker/devices.h"
 #include "worker/job_cgroups.h"
 #include "worker/job_guard.h"
+#include "worker/slurm_job.h"
 #include "worker/subprocess.h"
 #include "worker/worker.h"
 
@@ -105,8 +107,26 @@ int main(int argc, char** argv) {
       "e.g. LD_LIBRARY_PATH, NCCL_SOCKET_IFNAME). Jobs start from a clean "
       "environment: PATH, HOME, USER, LOGNAME, LANG, these, the DLBATCH_ "
       "variables the worker sets, then the job's env:");
+  int64_t slurm_job = 0;
+  int attempt = 0;
+  app.add_option("--slurm-job", slurm_job,
+                 "Set by dlbatch's Slurm batch scripts: serve only this job "
+                 "(with --attempt) as the node srun started this worker on, "
+                 "with the GPUs Slurm gave it, then leave")
+      ->group("Slurm profiles");
+  app.add_option("--attempt", attempt, "The attempt of --slurm-job")
+      ->group("Slurm profiles");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+
+  std::optional<dlbatch::worker::SlurmJobContext> slurm;
+  if (slurm_job != 0 || attempt != 0) {
+    auto context = dlbatch::worker::ReadSlurmJob(
+        slurm_job, attempt, [](const char* n) { return std::getenv(n); });
+    if (!context.ok()) return Fail(std::string(context.status().message()));
+    slurm = *context;
+    work_dir = dlbatch::worker::SlurmWorkDir(*slurm, work_dir);
+  }
 
   if (scheduler.empty()) {
     return Fail("no scheduler given; pass --scheduler unix:PATH or HOST:PORT");
@@ -130,8 +150,10 @@ int main(int argc, char** argv) {
   }
   // TCP is always TLS. A scheduler that is reached but not trusted is
   // reported now; one not reachable yet is waited for as always.
-  if (auto s = dlbatch::ResolveCa(&options.channel, ca_file, token_file);
-      !s.ok()) {
+  if (slurm && !slurm->ca_pem.empty()) {
+    options.channel.ca_pem = slurm->ca_pem;  // from the batch script
+  } else if (auto s = dlbatch::ResolveCa(&options.channel, ca_file, token_file);
+             !s.ok()) {
     return Fail(std::string(s.message()));
   }
   if (auto s = dlbatch::ProbeTls(options.channel, 5000);
@@ -239,6 +261,16 @@ int main(int argc, char** argv) {
   } else {
     spdlog::info("offering {} GPUs{}", options.devices.size(),
                  note.empty() ? "" : " (" + note + ")");
+  }
+  if (slurm) {
+    dlbatch::worker::ApplySlurmJob(*slurm, options.devices, cpu_slots,
+                                   &options);
+    spdlog::info(
+        "Slurm job {}, node {} of {}: serving dlbatch job {} attempt {} only "
+        "as '{}' with {} slots",
+        slurm->job.slurm_job_id(), slurm->job.node_index() + 1,
+        slurm->job.nodes(), slurm->job.job_id(), slurm->job.attempt(),
+        options.name, options.devices.size());
   }
 
   const dlbatch::Clock* clock = dlbatch::SystemClock::Get();

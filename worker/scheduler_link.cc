@@ -159,6 +159,7 @@ absl::Status SchedulerLink::Session() {
   for (const auto& d : options_.devices) *reg->add_devices() = d;
   reg->set_runs_as_any_user(options_.runs_as_any_user);
   reg->set_user(options_.user);
+  if (options_.slurm_job) *reg->mutable_slurm() = *options_.slurm_job;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();

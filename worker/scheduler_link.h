@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +79,8 @@ struct LinkOptions {
   bool runs_as_any_user = false;
   std::string user;
   std::function<bool(const std::string&)> knows_user;
+  // A Slurm profile's ephemeral worker says which job attempt it serves.
+  std::optional<v1::SlurmJob> slurm_job;
   // Reconnecting: the first wait after a break, doubled up to the most.
   int64_t min_backoff_ms = 50;
   int64_t max_backoff_ms = 500;

@@ -93,6 +93,7 @@ LinkOptions MakeLinkOptions(const WorkerOptions& o) {
   l.runs_as_any_user = ::geteuid() == 0;
   l.user = CurrentUserName();
   l.knows_user = KnowsUser;
+  l.slurm_job = o.slurm_job;
   return l;
 }
 
@@ -128,6 +129,12 @@ Worker::Worker(WorkerOptions options, const Clock* clock, ProcessRunner* runner,
 Worker::~Worker() {
   Shutdown();
   if (ticker_.joinable()) ticker_.join();
+  std::thread finisher;
+  {
+    absl::MutexLock lock(&mu_);
+    finisher.swap(finisher_);
+  }
+  if (finisher.joinable()) finisher.join();
 }
 
 absl::Status Worker::Run() {
@@ -184,11 +191,24 @@ void Worker::Apply(JobEffects effects) {
         pool_.Post(a.key, [this, a] { CheckpointTask(a); });
         break;
       case JobAction::kRemove:
-        if (!options_.keep_job_dirs)
+        if (options_.slurm_job && served_ && table_.size() == 0) {
+          FinishSlurmJob(a.dir);
+        } else if (!options_.keep_job_dirs) {
           pool_.Post(a.key, [dir = a.dir] { (void)RemoveTree(dir); });
+        }
         break;
     }
   }
+}
+
+void Worker::FinishSlurmJob(const std::string& dir) {
+  if (finisher_.joinable()) return;
+  spdlog::info("job {} attempt {} has ended: this Slurm job's worker leaves",
+               options_.slurm_job->job_id(), options_.slurm_job->attempt());
+  finisher_ = std::thread([this, dir] {
+    if (!options_.keep_job_dirs) (void)RemoveTree(dir);
+    Shutdown();
+  });
 }
 
 void Worker::OnSchedulerMessage(const v1::SchedulerMessage& message) {
@@ -196,6 +216,7 @@ void Worker::OnSchedulerMessage(const v1::SchedulerMessage& message) {
   switch (message.msg_case()) {
     case v1::SchedulerMessage::kStart: {
       const v1::StartJob& start = message.start();
+      served_ = true;
       spdlog::info("job {} (attempt {}) assigned devices [{}]", start.job_id(),
                    start.attempt(), absl::StrJoin(start.devices(), ","));
       link_.Open(JobRef::Of(start));

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,6 +50,10 @@ struct WorkerOptions {
   // The worker's environment variables jobs inherit besides kJobBaseEnv
   // (--job-env).
   std::vector<std::string> job_env;
+  // A Slurm profile's ephemeral worker (slurm_job.h): says so at
+  // registration, serves that job attempt only, and Run() returns once
+  // every part of it it was given has ended and been acknowledged.
+  std::optional<v1::SlurmJob> slurm_job;
 };
 
 class Worker final : public LinkHandler, public ProcessEvents {
@@ -85,6 +90,11 @@ class Worker final : public LinkHandler, public ProcessEvents {
   // Carries out what the table decided: records to the link, actions to
   // the runner and the pool (neither calls back before this returns).
   void Apply(JobEffects effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An ephemeral worker's job has ended and been acknowledged: removes its
+  // folder and stops the worker (on a thread of its own: Shutdown() may
+  // not be called under mu_ or from the link's or runner's threads).
+  void FinishSlurmJob(const std::string& dir)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PrepareTask(const JobAction& action);
   void UploadOutputsTask(const JobAction& action);
   void CheckpointTask(const JobAction& action);
@@ -108,6 +118,10 @@ class Worker final : public LinkHandler, public ProcessEvents {
   SchedulerLink link_;
   TransferPool pool_;
   std::thread ticker_;
+  // An ephemeral worker's job: whether a part of it arrived, and the
+  // thread that stops the worker once none is left.
+  bool served_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread finisher_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dlbatch::worker

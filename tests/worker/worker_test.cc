@@ -41,6 +41,7 @@ class WorkerTest : public ::testing::Test {
     v1::Device d;
     d.set_kind("cpu");
     o.devices.push_back(d);
+    Customize(&o);
     worker_ = std::make_unique<Worker>(o, &clock_, &runner_, &transfers_,
                                        &transport_);
     run_ = std::thread([this] {
@@ -49,6 +50,8 @@ class WorkerTest : public ::testing::Test {
     });
     ASSERT_TRUE(Eventually([&] { return worker_->connected(); }));
   }
+  // A fixture's own changes to the worker's options.
+  virtual void Customize(WorkerOptions*) {}
   void TearDown() override {
     worker_->Shutdown();
     run_.join();
@@ -442,6 +445,46 @@ TEST_F(WorkerTest, RunReturnsOnlyOnceAShutdownUnderWayHasStoppedTheRunner) {
   stopper.join();
   ASSERT_TRUE(Eventually([&] { return run_returned_.load(); }));
   EXPECT_EQ(runner_.shutdowns(), 1);
+}
+
+// A Slurm profile's ephemeral worker, serving job 5 attempt 1.
+class SlurmWorkerTest : public WorkerTest {
+ protected:
+  void Customize(WorkerOptions* o) override {
+    v1::SlurmJob job;
+    job.set_job_id(5);
+    job.set_attempt(1);
+    job.set_slurm_job_id(900);
+    job.set_node_index(1);
+    job.set_nodes(2);
+    o->slurm_job = job;
+  }
+};
+
+TEST_F(SlurmWorkerTest, SaysWhichJobItServesAndLeavesOnceItsEndIsAcked) {
+  auto reg = transport_.WaitFor(
+      [](const Written& w) { return w.message.has_register_(); });
+  ASSERT_TRUE(reg.has_value());
+  EXPECT_EQ(reg->message.register_().slurm().job_id(), 5);
+  EXPECT_EQ(reg->message.register_().slurm().slurm_job_id(), 900);
+  EXPECT_EQ(reg->message.register_().slurm().node_index(), 1);
+
+  Send(Start(5));
+  std::optional<int64_t> key = runner_.WaitStart(5);
+  ASSERT_TRUE(key.has_value());
+  runner_.Started(*key);
+  runner_.Line(*key, 1, "on node 2");
+  runner_.Exit(*key, 0);
+  ASSERT_TRUE(Ended(5).has_value());
+  // Still there until the scheduler has the end for sure.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(run_returned_.load());
+  AckDiary(5, 1);
+  AckEnded(5);
+  EXPECT_TRUE(Eventually([&] { return run_returned_.load(); }));
+  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_GE(runner_.shutdowns(), 1);
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/jobs/5-1-0"));
 }
 
 TEST(OutboxTest, RewindSendsTheUnackedAgainInOrder) {
