@@ -36,6 +36,8 @@ packages=(
   tmux
 )
 ((test_tools)) && packages+=(clang-format)
+# The package's and units' tests: lintian, systemd-analyze, groff (man pages).
+((test_tools)) && packages+=(lintian systemd groff-base)
 
 missing=()
 for p in "${packages[@]}"; do
