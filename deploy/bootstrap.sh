@@ -36,8 +36,9 @@ packages=(
   tmux
 )
 ((test_tools)) && packages+=(clang-format)
-# The package's and units' tests: lintian, systemd-analyze, groff (man pages).
-((test_tools)) && packages+=(lintian systemd groff-base)
+# The package's and units' tests: lintian, systemd-analyze, groff (man pages),
+# zsh (its completion).
+((test_tools)) && packages+=(lintian systemd groff-base zsh)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -270,9 +270,11 @@ def zsh_completion(cmds):
                             for n in o.names)
             valued = " ".join(n for o in c.options if o.value
                               for n in o.names)
-            lines.append(f"  subs[{bash_quote(key)}]={bash_quote(subs)}")
-            lines.append(f"  opts[{bash_quote(key)}]={bash_quote(opts)}")
-            lines.append(f"  valued[{bash_quote(key)}]={bash_quote(valued)}")
+            # zsh takes quotes in a subscript literally: pairs instead.
+            k = bash_quote(key)
+            lines.append(f"  subs+=({k} {bash_quote(subs)})")
+            lines.append(f"  opts+=({k} {bash_quote(opts)})")
+            lines.append(f"  valued+=({k} {bash_quote(valued)})")
     lines += [
         "  local node=${words[1]:t} w skip=0 i",
         "  for ((i = 2; i < CURRENT; i++)); do",
