@@ -39,6 +39,8 @@ packages=(
 # The package's and units' tests: lintian, systemd-analyze, groff (man pages),
 # zsh (its completion).
 ((test_tools)) && packages+=(lintian systemd groff-base zsh)
+# The Kubernetes manifests' check runs on node (npm installs its schemas).
+((test_tools)) && ! command -v npm >/dev/null && packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do
