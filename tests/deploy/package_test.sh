@@ -114,10 +114,16 @@ command: [sh, -c, 'echo "hello from the package"; echo done > "$DLBATCH_OUTPUT_D
 JOB
 cli=("$bin/dlbatch" --scheduler "unix:$sock")
 export XDG_STATE_HOME=$tmp/xdg
-id=$("${cli[@]}" submit -q "$tmp/job.yaml") || fail "submit: $id"
+for _ in $(seq 150); do
+  "${cli[@]}" workers 2>/dev/null | grep -q "packaged.*online" && break
+  sleep 0.1
+done
+"${cli[@]}" workers | grep -q "packaged.*online" || fail "the worker did not join: $(cat "$tmp/worker.log")"
+id=$("${cli[@]}" submit -q "$tmp/job.yaml" 2>&1) || fail "submit: $id"
 "${cli[@]}" wait --timeout 60s "$id" || fail "job $id did not finish: $("${cli[@]}" show "$id"; cat "$tmp/worker.log")"
 "${cli[@]}" diary "$id" | grep -q "hello from the package" || fail "diary of job $id: $("${cli[@]}" diary "$id")"
-"${cli[@]}" fetch-outputs "$id" --help >/dev/null
+"${cli[@]}" fetch-outputs "$id" -o "$tmp/outputs" >/dev/null || fail "fetch-outputs $id"
+[[ $(cat "$tmp/outputs/out.txt") == done ]] || fail "job $id's outputs: $(ls -R "$tmp/outputs")"
 echo "job $id finished through the packaged programs"
 
 echo "== lintian"
