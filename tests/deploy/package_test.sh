@@ -123,7 +123,7 @@ id=$("${cli[@]}" submit -q "$tmp/job.yaml" 2>&1) || fail "submit: $id"
 "${cli[@]}" wait --timeout 60s "$id" || fail "job $id did not finish: $("${cli[@]}" show "$id"; cat "$tmp/worker.log")"
 "${cli[@]}" diary "$id" | grep -q "hello from the package" || fail "diary of job $id: $("${cli[@]}" diary "$id")"
 "${cli[@]}" fetch-outputs "$id" -o "$tmp/outputs" >/dev/null || fail "fetch-outputs $id"
-[[ $(cat "$tmp/outputs/out.txt") == done ]] || fail "job $id's outputs: $(ls -R "$tmp/outputs")"
+[[ $(cat "$tmp/outputs/out.txt") == "done" ]] || fail "job $id's outputs: $(ls -R "$tmp/outputs")"
 echo "job $id finished through the packaged programs"
 
 echo "== lintian"
