@@ -38,6 +38,11 @@ packages=(
 ((test_tools)) && packages+=(clang-format)
 # A real Slurm (and munge) for the Slurm profile tests, tests/slurm/.
 ((test_tools)) && packages+=(slurmctld slurmd slurm-client munge)
+# The package's and units' tests: lintian, systemd-analyze, groff (man pages),
+# zsh (its completion).
+((test_tools)) && packages+=(lintian systemd groff-base zsh)
+# The Kubernetes manifests' check runs on node (npm installs its schemas).
+((test_tools)) && ! command -v npm >/dev/null && packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -22,6 +22,7 @@
 #include "common/duration.h"
 #include "common/endpoint.h"
 #include "common/files.h"
+#include "common/sd_notify.h"
 #include "common/status.h"
 #include "grpcpp/resource_quota.h"
 #include "scheduler/acceptor.h"
@@ -393,6 +394,9 @@ int Run(const Flags& flags) {
   spdlog::info("listening on {} (state in {})", address, flags.state_dir);
   if (!flags.ready_file.empty())
     (void)WriteFileAtomic(flags.ready_file, address + "\n");
+  // systemd's Type=notify: ready once serving (and STOPPING=1 below).
+  if (auto s = Notify(ReadyState("listening on " + address)); !s.ok())
+    spdlog::warn("{}", std::string(s.message()));
 
   // Signals are taken by one thread with sigwait; every other thread has
   // them blocked (the mask is inherited from here).
@@ -406,6 +410,7 @@ int Run(const Flags& flags) {
     spdlog::info(
         "signal {}: shutting down; running jobs keep running on their workers",
         sig);
+    (void)Notify("STOPPING=1");
     server->Shutdown(std::chrono::system_clock::now() +
                      std::chrono::seconds(2));
   }).detach();
