@@ -35,7 +35,9 @@ packages=(
   dataset-fashion-mnist python3-onnx python3-numpy
   tmux
 )
+packages+=(prometheus-cpp-dev)  # metrics (--metrics-listen): prometheus-cpp core + pull
 ((test_tools)) && packages+=(clang-format)
+((test_tools)) && packages+=(prometheus)  # promtool and the server for the metrics tests
 
 missing=()
 for p in "${packages[@]}"; do
