@@ -145,6 +145,23 @@ TEST(MetricsTest, ScrapesOfSchedulerAndWorkerPassPromtool) {
             2)
       << w.body;
 
+  // A purged job leaves the gauge; a restarted scheduler counts from the
+  // store again.
+  Result purge = c.Cli({"admin", "purge", std::to_string(id)});
+  ASSERT_EQ(purge.code, 0) << purge.out << purge.err;
+  EXPECT_EQ(Sample(Get(sp, "/metrics").body,
+                   "dlbatch_jobs{profile=\"local\",state=\"finished\"}"),
+            0);
+  int64_t second = c.Submit(c.JobFile("hi2.yaml", kJob));
+  ASSERT_TRUE(WaitFinished(c, second)) << c.Logs();
+  c.KillScheduler(SIGTERM);
+  c.StartScheduler({"--metrics-listen", "127.0.0.1:" + std::to_string(sp)});
+  ASSERT_TRUE(WaitFor([&] { return Get(sp, "/readyz").status == 200; }, 10000));
+  EXPECT_EQ(Sample(Get(sp, "/metrics").body,
+                   "dlbatch_jobs{profile=\"local\",state=\"finished\"}"),
+            1)
+      << c.Logs();
+
   if (!Installed("promtool")) {
     GTEST_SKIP() << "promtool is not installed (deploy/bootstrap.sh "
                     "--test-tools installs Debian's prometheus): the scrapes "
