@@ -108,8 +108,14 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
   spdlog::info("recovered {} queued and {} running jobs, {} workers", queued,
                running, workers_.size());
   if (metrics_ != nullptr) {
-    ASSIGN_OR_RETURN(auto counts, store_->CountJobsByState());
-    metrics_->SetJobCounts(counts);
+    // The metrics never keep the scheduler from loading.
+    auto counts = store_->CountJobsByState();
+    if (counts.ok()) {
+      metrics_->SetJobCounts(*counts);
+    } else {
+      spdlog::warn("metrics: cannot count the jobs: {}",
+                   counts.status().ToString());
+    }
     metrics_->Profiles(core_->Profiles());
   }
   return absl::OkStatus();
