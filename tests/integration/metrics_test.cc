@@ -144,6 +144,10 @@ TEST(MetricsTest, ScrapesOfSchedulerAndWorkerPassPromtool) {
                    "state=\"free\",worker=\"w1\"}"),
             2)
       << w.body;
+  // No NVML on this machine (or none found): no GPU series, and no error.
+  if (Exec({"sh", "-c", "ldconfig -p | grep -q libnvidia-ml.so.1"}).code != 0) {
+    EXPECT_EQ(w.body.find("dlbatch_gpu_"), std::string::npos) << w.body;
+  }
 
   // A purged job leaves the gauge; a restarted scheduler counts from the
   // store again.
@@ -173,6 +177,45 @@ TEST(MetricsTest, ScrapesOfSchedulerAndWorkerPassPromtool) {
     WriteAll(file, scrape);
     Result lint = Exec({"sh", "-c", "promtool check metrics < " + file});
     EXPECT_EQ(lint.code, 0) << name << ": " << lint.out << lint.err;
+  }
+}
+
+// The worker loads NVML at run time: here the stand-in (fake_nvml.c), as a
+// machine without a driver has no real one.
+TEST(MetricsTest, WorkerExportsEachGpuThroughNvml) {
+  const char* before = std::getenv("LD_LIBRARY_PATH");
+  const std::string saved = before == nullptr ? "" : before;
+  ::setenv(
+      "LD_LIBRARY_PATH",
+      (std::string(DLBATCH_FAKE_NVML_DIR) + (saved.empty() ? "" : ":" + saved))
+          .c_str(),
+      1);
+  Cluster c;
+  c.StartScheduler();
+  const int wp = FreePort();
+  c.StartWorker("w1", 2, "local",
+                {"--metrics-listen", "127.0.0.1:" + std::to_string(wp)});
+  if (saved.empty()) {
+    ::unsetenv("LD_LIBRARY_PATH");
+  } else {
+    ::setenv("LD_LIBRARY_PATH", saved.c_str(), 1);
+  }
+  ASSERT_TRUE(c.WaitWorkers(1));
+  Http w = Get(wp, "/metrics");
+  ASSERT_EQ(w.status, 200) << c.Logs();
+  const std::string gpu1 = "{gpu=\"1\",uuid=\"GPU-fake-1\",worker=\"w1\"}";
+  EXPECT_DOUBLE_EQ(Sample(w.body, "dlbatch_gpu_utilization_ratio" + gpu1), 0.38)
+      << w.body;
+  EXPECT_EQ(Sample(w.body, "dlbatch_gpu_memory_total_bytes" + gpu1),
+            80.0 * (1 << 30));
+  EXPECT_EQ(Sample(w.body, "dlbatch_gpu_memory_used_bytes" + gpu1),
+            1.0 * (1 << 30));
+  EXPECT_EQ(Sample(w.body, "dlbatch_gpu_temperature_celsius" + gpu1), 42);
+  if (Installed("promtool")) {
+    WriteAll(c.dir() + "/gpu.prom", w.body);
+    Result lint =
+        Exec({"sh", "-c", "promtool check metrics < " + c.dir() + "/gpu.prom"});
+    EXPECT_EQ(lint.code, 0) << lint.out << lint.err;
   }
 }
 
