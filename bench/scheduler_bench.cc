@@ -3,9 +3,12 @@
 // simulated workers. Prints a markdown table; the figures are not asserted.
 //
 //   scheduler_bench [--jobs N] [--queued N] [--workers N] [--chain N]
-//                   [--only submit|tls|rpc|latency|scale|purge]
+//                   [--only submit|tls|rpc|latency|scale|purge|metrics]
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -68,15 +71,22 @@ struct Scheduler {
   std::shared_ptr<grpc::Channel> channel;
 
   explicit Scheduler(const std::string& root, const std::string& name,
-                     bool tcp = false) {
+                     bool tcp = false, std::vector<std::string> extra = {}) {
     dir = root + "/" + name;
     std::filesystem::create_directories(dir);
     address = tcp ? "127.0.0.1:0" : "unix:" + dir + "/s.sock";
     std::string ready = dir + "/ready";
-    pid = Spawn({SelfDir() + "/dlbatch-scheduler", "--state-dir",
-                 dir + "/state", "--listen", address, "--ready-file", ready,
-                 "--heartbeat-timeout", "120s"},
-                dir + "/scheduler.log");
+    std::vector<std::string> argv = {SelfDir() + "/dlbatch-scheduler",
+                                     "--state-dir",
+                                     dir + "/state",
+                                     "--listen",
+                                     address,
+                                     "--ready-file",
+                                     ready,
+                                     "--heartbeat-timeout",
+                                     "120s"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    pid = Spawn(argv, dir + "/scheduler.log");
     for (int i = 0; i < 300 && !std::filesystem::exists(ready); ++i)
       usleep(50000);
     if (tcp) {
@@ -230,6 +240,48 @@ dlbatch::v1::SubmitJobRequest Request(const std::string& profile, int64_t n,
 }
 
 // Submits `total` jobs from `clients` concurrent clients; returns jobs/s.
+// A loopback port free now (bound to port 0, then released).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The body of GET http://127.0.0.1:PORT/PATH ("" on failure).
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  std::string all;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[65536];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof buf)) > 0) all.append(buf, n);
+    }
+  }
+  close(fd);
+  size_t body = all.find("\r\n\r\n");
+  return body == std::string::npos ? "" : all.substr(body + 4);
+}
+
+// A sample's value in a scrape (0 if absent).
+double ScrapeValue(const std::string& scrape, const std::string& series) {
+  size_t at = scrape.find("\n" + series + " ");
+  return at == std::string::npos
+             ? 0
+             : std::strtod(scrape.c_str() + at + series.size() + 2, nullptr);
+}
+
 double SubmitMany(const Scheduler& s, const std::string& profile, int64_t total,
                   int clients, int64_t first) {
   std::atomic<int64_t> next{0};
@@ -310,7 +362,8 @@ int main(int argc, char** argv) {
     else {
       std::cerr << "usage: scheduler_bench [--jobs N] [--queued N] [--workers "
                    "N] [--chain N]"
-                   " [--purge N] [--only submit|tls|rpc|latency|scale|purge]\n";
+                   " [--purge N] [--only "
+                   "submit|tls|rpc|latency|scale|purge|metrics]\n";
       return 2;
     }
   }
@@ -613,6 +666,97 @@ int main(int argc, char** argv) {
                          after.placement_passes() - before.placement_passes()),
          absl::StrFormat("%.2f ms", after.max_pass_ms()), "<= 10 ms",
          verdict(after.max_pass_ms() <= 10)});
+  }
+
+  // 5. Metrics (--metrics-listen): one scrape with `queued` jobs in the
+  // store, against a /healthz round trip on the same listener; placement
+  // passes (their mean from the scheduler's own histogram, their max from
+  // GetStats) while jobs end one by one, without and then with a client
+  // scraping back to back.
+  if (run("metrics")) {
+    const int port = FreePort();
+    Scheduler s(root, "metrics", false,
+                {"--metrics-listen", absl::StrCat("127.0.0.1:", port)});
+    SimWorker churn(s.channel, "churn", "local", 4);
+    SubmitMany(s, "local", queued, 16, 0);
+    auto timed = [&](const std::string& path, int n) {
+      std::vector<double> ms;
+      for (int i = 0; i < n; ++i) {
+        auto t0 = Clock::now();
+        std::string body = HttpGet(port, path);
+        ms.push_back(Seconds(t0, Clock::now()) * 1000);
+        if (body.empty()) std::cerr << "empty answer to " << path << "\n";
+      }
+      return ms;
+    };
+    std::vector<double> health = timed("/healthz", 50);
+    std::vector<double> scrape = timed("/metrics", 50);
+    std::string last = HttpGet(port, "/metrics");
+    const double jobs_seen =
+        ScrapeValue(last, "dlbatch_jobs{profile=\"local\",state=\"queued\"}") +
+        ScrapeValue(last, "dlbatch_jobs{profile=\"local\",state=\"running\"}");
+    // Mean and max pass over `ends` job ends, each waiting for the start
+    // its pass makes; `cycle_ms`: the median of those end-to-start cycles.
+    auto passes = [&](int ends, double* mean_ms, double* max_ms,
+                      double* cycle_ms) {
+      std::string a = HttpGet(port, "/metrics");
+      s.Stats(/*reset=*/true);
+      std::vector<double> cycles;
+      for (int i = 0; i < ends; ++i) {
+        cycles.push_back(churn.EndOneAndWaitStart() * 1000);
+      }
+      *cycle_ms = Percentile(cycles, 0.5);
+      usleep(300000);
+      std::string b = HttpGet(port, "/metrics");
+      const double n = ScrapeValue(b, "dlbatch_placement_pass_seconds_count") -
+                       ScrapeValue(a, "dlbatch_placement_pass_seconds_count");
+      const double sum = ScrapeValue(b, "dlbatch_placement_pass_seconds_sum") -
+                         ScrapeValue(a, "dlbatch_placement_pass_seconds_sum");
+      *mean_ms = n > 0 ? sum / n * 1000 : 0;
+      *max_ms = s.Stats().max_pass_ms();
+      return static_cast<int>(n);
+    };
+    double quiet_mean, quiet_max, busy_mean, busy_max, quiet_cycle, busy_cycle;
+    const int quiet_n = passes(400, &quiet_mean, &quiet_max, &quiet_cycle);
+    std::atomic<bool> stop{false};
+    std::atomic<int> scrapes{0};
+    std::thread scraper([&] {
+      while (!stop) {
+        HttpGet(port, "/metrics");
+        ++scrapes;
+      }
+    });
+    const int busy_n = passes(400, &busy_mean, &busy_max, &busy_cycle);
+    stop = true;
+    scraper.join();
+    rows.push_back({"GET /healthz on the metrics listener, median — baseline",
+                    absl::StrFormat("%.2f ms", Percentile(health, 0.5)), "-",
+                    "-"});
+    rows.push_back(
+        {absl::StrFormat("one scrape with %.0f jobs in the store, median / "
+                         "max of 50 (%zu bytes)",
+                         jobs_seen, last.size()),
+         absl::StrFormat("%.2f / %.2f ms (%.1fx the baseline)",
+                         Percentile(scrape, 0.5), Percentile(scrape, 1.0),
+                         Percentile(scrape, 0.5) / Percentile(health, 0.5)),
+         "<= 50 ms", verdict(Percentile(scrape, 1.0) <= 50)});
+    rows.push_back(
+        {absl::StrFormat("placement pass, no scrapes, mean / max of %d",
+                         quiet_n),
+         absl::StrFormat("%.3f / %.2f ms", quiet_mean, quiet_max), "-", "-"});
+    rows.push_back({"job end to next start, no scrapes, median",
+                    absl::StrFormat("%.2f ms", quiet_cycle), "-", "-"});
+    rows.push_back(
+        {absl::StrFormat("placement pass, scraped back to back (%d scrapes), "
+                         "mean / max of %d",
+                         scrapes.load(), busy_n),
+         absl::StrFormat("%.3f / %.2f ms (mean %.2fx)", busy_mean, busy_max,
+                         quiet_mean > 0 ? busy_mean / quiet_mean : 0),
+         "no effect", "-"});
+    rows.push_back({"job end to next start, scraped back to back, median",
+                    absl::StrFormat("%.2f ms (%.2fx)", busy_cycle,
+                                    busy_cycle / quiet_cycle),
+                    "-", "-"});
   }
 
   std::printf("| measure | value | goal | |\n|---|---|---|---|\n");

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +24,81 @@
 
 namespace dlbatch::client {
 namespace {
+
+// A daemon's log (its stderr) is kept by a relay process that rotates it
+// at this size to LOG.1, so the state folder holds at most twice this per
+// daemon however long it runs. DLBATCH_LOCAL_LOG_BYTES sets another size
+// (tests).
+constexpr off_t kLogRotateBytes = off_t{8} << 20;
+
+off_t LogRotateBytes() {
+  int64_t bytes = 0;
+  const char* env = std::getenv("DLBATCH_LOCAL_LOG_BYTES");
+  if (env != nullptr && absl::SimpleAtoi(env, &bytes) && bytes > 0) {
+    return static_cast<off_t>(bytes);
+  }
+  return kLogRotateBytes;
+}
+
+// The relay's body: copies `in` to `path`, rotating; returns when every
+// writer has closed `in` (the daemon exited). Runs in a child forked from a
+// process that may have threads, so it calls nothing but system calls.
+[[noreturn]] void RelayLog(int in, int out, const char* path,
+                           const char* rotated, off_t rotate_bytes) {
+  struct stat st;
+  off_t size = ::fstat(out, &st) == 0 ? st.st_size : 0;
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(in, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) ::_exit(0);
+    if (size > 0 && size + n > rotate_bytes) {
+      ::rename(path, rotated);
+      int fresh = ::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600);
+      if (fresh >= 0) {
+        ::dup2(fresh, out);
+        ::close(fresh);
+        size = 0;
+      }
+    }
+    for (ssize_t done = 0; done < n;) {
+      ssize_t w = ::write(out, buf + done, static_cast<size_t>(n - done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;  // a full disk: the line is lost, not the daemon
+      done += w;
+    }
+    size += n;
+  }
+}
+
+// Starts the relay of `log`; returns the pipe end the daemon writes to (its
+// stdout and stderr), or -1.
+int StartLogRelay(const std::string& log, int log_fd) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
+  const std::string rotated = log + ".1";
+  const off_t rotate_bytes = LogRotateBytes();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    ::setsid();
+    ::prctl(PR_SET_NAME, "dlbatch-log");
+    ::signal(SIGINT, SIG_IGN);
+    ::signal(SIGTERM, SIG_IGN);
+    ::signal(SIGHUP, SIG_IGN);
+    // Nothing of the CLI (its connections) stays open in the relay.
+    ::dup2(fds[0], 0);
+    ::dup2(log_fd, 1);
+    ::close_range(2, ~0U, 0);
+    RelayLog(0, 1, log.c_str(), rotated.c_str(), rotate_bytes);
+  }
+  ::close(fds[0]);
+  return fds[1];
+}
 
 // The pid in `file` if that process is alive and is one of ours.
 pid_t LivePid(const std::string& file) {
@@ -111,9 +187,12 @@ absl::Status LocalCluster::StartProcess(const std::string& binary,
                                         const std::string& log,
                                         const std::string& pid_file) {
   std::string path = FindBinary(binary);
-  int log_fd =
+  int file_fd =
       ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (log_fd < 0) return ErrnoStatus(errno, "open", log);
+  if (file_fd < 0) return ErrnoStatus(errno, "open", log);
+  int log_fd = StartLogRelay(log, file_fd);
+  ::close(file_fd);
+  if (log_fd < 0) return ErrnoStatus(errno, "start the log relay for", log);
   int err_pipe[2];
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
     ::close(log_fd);

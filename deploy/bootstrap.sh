@@ -35,6 +35,7 @@ packages=(
   dataset-fashion-mnist python3-onnx python3-numpy
   tmux
 )
+packages+=(prometheus-cpp-dev)  # metrics (--metrics-listen): prometheus-cpp core + pull
 ((test_tools)) && packages+=(clang-format)
 # A real Slurm (and munge) for the Slurm profile tests, tests/slurm/.
 ((test_tools)) && packages+=(slurmctld slurmd slurm-client munge)
@@ -43,6 +44,7 @@ packages=(
 ((test_tools)) && packages+=(lintian systemd groff-base zsh)
 # The Kubernetes manifests' check runs on node (npm installs its schemas).
 ((test_tools)) && ! command -v npm >/dev/null && packages+=(nodejs npm)
+((test_tools)) && packages+=(prometheus)  # promtool and the server for the metrics tests
 
 missing=()
 for p in "${packages[@]}"; do

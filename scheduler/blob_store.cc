@@ -38,6 +38,27 @@ absl::StatusOr<int64_t> StatvfsFree(const std::string& dir) {
 
 }  // namespace
 
+namespace {
+
+// Bytes of the blob files in one shard folder.
+int64_t ShardBytes(const std::string& shard) {
+  int64_t total = 0;
+  DIR* d = ::opendir(shard.c_str());
+  if (d == nullptr) return 0;
+  while (struct dirent* e = ::readdir(d)) {
+    struct stat st;
+    if (e->d_name[0] != '.' &&
+        ::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISREG(st.st_mode)) {
+      total += static_cast<int64_t>(st.st_size);
+    }
+  }
+  ::closedir(d);
+  return total;
+}
+
+}  // namespace
+
 bool IsSha256Hex(absl::string_view text) {
   if (text.size() != 64) return false;
   for (char c : text) {
@@ -57,18 +78,23 @@ absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(
   // Uploads interrupted by a crash leave temp files; none is in use now.
   RETURN_IF_ERROR(RemoveTree(dir + "/tmp"));
   RETURN_IF_ERROR(MakePrivateDir(dir + "/tmp"));
-  // Shards made by an older scheduler under a loose umask.
+  // Shards made by an older scheduler under a loose umask; the bytes they
+  // hold are counted.
+  int64_t stored = 0;
   if (DIR* d = ::opendir(dir.c_str())) {
     while (struct dirent* e = ::readdir(d)) {
       std::string name = e->d_name;
       if (name.size() == 2 && IsSha256Hex(name + std::string(62, '0'))) {
         ::fchmodat(::dirfd(d), e->d_name, 0700, AT_SYMLINK_NOFOLLOW);
+        stored += ShardBytes(dir + "/" + name);
       }
     }
     ::closedir(d);
   }
-  return std::unique_ptr<BlobStore>(
+  std::unique_ptr<BlobStore> store(
       new BlobStore(dir, min_free_bytes, std::move(free_space)));
+  store->stored_bytes_ = stored;
+  return store;
 }
 
 std::string BlobStore::PathFor(const std::string& sha256) const {
@@ -203,10 +229,13 @@ absl::Status BlobStore::Writer::Commit() {
   std::string shard = final_path.substr(0, final_path.rfind('/'));
   RETURN_IF_ERROR(MakePrivateDir(shard));
   // rename replaces a blob stored meanwhile by the same bytes: harmless.
+  struct stat before;
+  const bool had = ::stat(final_path.c_str(), &before) == 0;
   if (::rename(tmp_path_.c_str(), final_path.c_str()) != 0) {
     return ErrnoStatus(errno, "rename", tmp_path_);
   }
   done_ = true;
+  if (!had) store_->stored_bytes_ += size_;
   digest_ = std::move(digest);
   return FsyncDir(shard);
 }
@@ -223,6 +252,7 @@ absl::StatusOr<int64_t> BlobStore::Remove(const std::string& sha256) const {
     if (errno == ENOENT) return 0;
     return ErrnoStatus(errno, "delete", path);
   }
+  stored_bytes_ -= static_cast<int64_t>(st.st_size);
   return static_cast<int64_t>(st.st_size);
 }
 

@@ -11,6 +11,7 @@
 #ifndef DLBATCH_SCHEDULER_BLOB_STORE_H_
 #define DLBATCH_SCHEDULER_BLOB_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -47,6 +48,8 @@ class BlobStore {
   std::string PathFor(const std::string& sha256) const;
   // Bytes promised to uploads in flight and not yet written.
   int64_t reserved_bytes() const;
+  // Bytes of the blobs stored (counted at Open, kept since); lock-free.
+  int64_t stored_bytes() const { return stored_bytes_.load(); }
 
   // One upload in progress; destroying it before Commit discards it and
   // gives back its reservation. Not thread-safe itself.
@@ -100,6 +103,7 @@ class BlobStore {
   const FreeSpaceFn free_space_;
   mutable absl::Mutex mu_;
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::atomic<int64_t> stored_bytes_{0};
 
  public:
   // Deletes a stored blob (a purge found no job holding it); returns the

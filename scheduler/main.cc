@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -22,6 +23,8 @@
 #include "common/duration.h"
 #include "common/endpoint.h"
 #include "common/files.h"
+#include "common/log_format.h"
+#include "common/metrics_server.h"
 #include "common/sd_notify.h"
 #include "common/status.h"
 #include "grpcpp/resource_quota.h"
@@ -56,6 +59,8 @@ struct Flags {
   std::vector<std::string> tls_names;
   std::string tls_cert;
   std::string tls_key;
+  std::string metrics_listen;  // issue 21 "Watch it"
+  std::string log_format = "text";
 };
 
 constexpr int64_t kDiskReserveBytes = int64_t{2} << 20;
@@ -271,6 +276,21 @@ int Run(const Flags& flags) {
   DiskGuard disk(flags.state_dir, kDiskReserveBytes);
   Scheduler scheduler(store->get(), &reader, blobs->get(), SystemClock::Get(),
                       options, &disk);
+  // Metrics (--metrics-listen): up before the store loads, ready once
+  // serving.
+  std::atomic<bool> serving{false};
+  Metrics metrics(db_path, blobs->get());
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (!flags.metrics_listen.empty()) {
+    scheduler.set_metrics(&metrics);
+    auto started = MetricsServer::Start(
+        flags.metrics_listen, metrics.Collectables(), [&serving] {
+          return serving ? "" : "not serving yet (loading the store)";
+        });
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    metrics_server = *std::move(started);
+    spdlog::info("metrics on http://{}/metrics", metrics_server->address());
+  }
   if (auto s = scheduler.Start(); !s.ok())
     return Fail(std::string(s.message()));
 
@@ -392,6 +412,7 @@ int Run(const Flags& flags) {
                            ":", acceptor->port());
   }
   spdlog::info("listening on {} (state in {})", address, flags.state_dir);
+  serving = true;
   if (!flags.ready_file.empty())
     (void)WriteFileAtomic(flags.ready_file, address + "\n");
   // systemd's Type=notify: ready once serving (and STOPPING=1 below).
@@ -415,6 +436,7 @@ int Run(const Flags& flags) {
                      std::chrono::seconds(2));
   }).detach();
   server->Wait();
+  serving = false;
   if (acceptor) acceptor->Stop();
   scheduler.Stop();
   return 0;
@@ -515,7 +537,18 @@ int main(int argc, char** argv) {
                  "PEM certificate (and chain) for TCP instead of one of the "
                  "scheduler's own CA (STATE_DIR/ca.pem); with --tls-key");
   app.add_option("--tls-key", flags.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--metrics-listen", flags.metrics_listen,
+                 "Serve Prometheus metrics, /healthz and /readyz on HOST:PORT "
+                 "(e.g. 127.0.0.1:9464; keep it on loopback or a private "
+                 "network); off unless set");
+  app.add_option("--log-format", flags.log_format,
+                 "Log lines to stderr as text or json (one object per line)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  if (auto s = dlbatch::SetUpLogging(flags.log_format, "dlbatch-scheduler");
+      !s.ok()) {
+    std::cerr << "dlbatch-scheduler: " << s.message() << "\n";
+    return 2;
+  }
   return dlbatch::scheduler::Run(flags);
 }

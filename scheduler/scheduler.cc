@@ -189,9 +189,19 @@ absl::Status Scheduler::InTransaction(
     Transaction txn(store_->db());
     s = txn.status();
     if (s.ok()) s = body();
-    if (s.ok()) s = txn.Commit();
+    if (s.ok()) s = TimedCommit(txn);
   }  // rolled back unless committed
   if (!s.ok()) Recover(s);
+  return s;
+}
+
+absl::Status Scheduler::TimedCommit(Transaction& txn) {
+  if (metrics_ == nullptr) return txn.Commit();
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s = txn.Commit();
+  metrics_->StoreCommit(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count());
   return s;
 }
 
@@ -281,7 +291,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
           RETURN_IF_ERROR(store_->AddEvent(rec.id, v1::JOB_STATE_QUEUED, 0,
                                            rec.submit_ms, ""));
         }
-        RETURN_IF_ERROR(txn.Commit());
+        RETURN_IF_ERROR(TimedCommit(txn));
         reply.set_sweep_id(sweep_id);
         return absl::OkStatus();
       }();
@@ -295,6 +305,11 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
     for (JobRecord& rec : records) {
       const int64_t id = rec.id;
       core_->Enqueue(ToQueued(rec));
+      if (metrics_ != nullptr) {
+        metrics_->JobSubmitted(rec.spec.profile());
+        metrics_->JobMoved(rec.spec.profile(), v1::JOB_STATE_UNSPECIFIED,
+                           v1::JOB_STATE_QUEUED);
+      }
       reply.add_job_ids(id);
       jobs_[id].record = std::move(rec);
       Changed(id);
@@ -339,6 +354,10 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
   ++passes_;
   last_pass_ms_ = ms;
   max_pass_ms_ = std::max(max_pass_ms_, ms);
+  if (metrics_ != nullptr) {
+    metrics_->PlacementPass(ms / 1000);
+    metrics_->Profiles(core_->Profiles());
+  }
   if (decisions.empty()) return absl::OkStatus();
   Outbox starts;
   absl::Status s = InTransaction([&]() -> absl::Status {
@@ -400,6 +419,19 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
     return absl::OkStatus();
   });
   if (!s.ok()) return s;  // recovered; nothing of it is sent
+  if (metrics_ != nullptr) {
+    for (const Decision& d : decisions) {
+      const JobRecord& rec = jobs_.at(d.job).record;
+      metrics_->JobMoved(rec.spec.profile(), v1::JOB_STATE_QUEUED,
+                         v1::JOB_STATE_RUNNING);
+      metrics_->JobPlaced(rec.id, rec.attempt);
+      if (rec.attempt == 1) {
+        metrics_->QueueWait(static_cast<double>(std::max<int64_t>(
+                                0, rec.start_ms - rec.submit_ms)) /
+                            1000);
+      }
+    }
+  }
   for (auto& start : starts) out->push_back(std::move(start));
   return absl::OkStatus();
 }

@@ -35,6 +35,7 @@
 #include "scheduler/diary_follow.h"
 #include "scheduler/disk_guard.h"
 #include "scheduler/event_hub.h"
+#include "scheduler/metrics.h"
 #include "scheduler/placement.h"
 #include "scheduler/rendezvous.h"
 #include "scheduler/store.h"
@@ -190,6 +191,9 @@ class Scheduler : private FollowSource {
   RendezvousStore& rendezvous() { return rendezvous_; }
 
   const SchedulerOptions& options() const { return options_; }
+  // Where the scheduler reports what it does (metrics.h); null: nowhere.
+  // Set before Start; borrowed.
+  void set_metrics(Metrics* metrics) { metrics_ = metrics; }
 
  private:
   struct ActiveJob {
@@ -258,6 +262,8 @@ class Scheduler : private FollowSource {
   // returned. REQUIRES: no transaction open.
   absl::Status InTransaction(const std::function<absl::Status()>& body)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits `txn`, timing it for the metrics.
+  absl::Status TimedCommit(Transaction& txn);
   // OK unless writes that grow the store are refused now.
   absl::Status CheckWritable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A note in the diary of a job that ends about what it lost (lines
@@ -269,6 +275,9 @@ class Scheduler : private FollowSource {
   absl::Status HandleEvent(Event& event, Outbox* out, Outbox* acks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleDiary(const v1::DiaryBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Start latency for the metrics: a worker said something about a job.
+  void NoteReport(const v1::WorkerMessage& m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stores lines within the job's diary cap (scheduler_diary.cc).
   absl::Status StoreCappedDiary(ActiveJob& job, const v1::DiaryBatch& batch)
@@ -393,6 +402,7 @@ class Scheduler : private FollowSource {
   std::unique_ptr<DiskGuard> own_disk_;  // when none was passed in
   DiskGuard* const disk_;
   RendezvousStore rendezvous_;
+  Metrics* metrics_ = nullptr;
 
   mutable absl::Mutex mu_;
   // Replaced whole by Recover.

@@ -37,17 +37,29 @@ absl::Status Scheduler::PurgeChunk(const std::vector<int64_t>& ids,
   for (int64_t id : ids) {
     if (!jobs_.contains(id)) ended.push_back(id);
   }
+  // What the metrics count them as (ended jobs: their rows stay as read).
+  std::vector<std::pair<std::string, v1::JobState>> leaving;
+  if (metrics_ != nullptr) {
+    for (int64_t id : ended) {
+      absl::StatusOr<std::optional<JobRecord>> rec = reader_->GetJob(id);
+      if (rec.ok() && *rec)
+        leaving.emplace_back((*rec)->spec.profile(), (*rec)->state);
+    }
+  }
   PurgeCounts counts;
   {
     Transaction txn(store_->db());
     RETURN_IF_ERROR(txn.status());
     ASSIGN_OR_RETURN(counts, store_->PurgeJobs(ended));
-    absl::Status s = txn.Commit();
+    absl::Status s = TimedCommit(txn);
     if (!s.ok()) {
       // Nothing in memory changed: the purge just did not happen.
       if (s.code() == absl::StatusCode::kResourceExhausted) disk_->NoteFull(s);
       return s;
     }
+  }
+  for (const auto& [profile, state] : leaving) {
+    metrics_->JobMoved(profile, state, v1::JOB_STATE_UNSPECIFIED);
   }
   reply->set_purged(reply->purged() + counts.jobs);
   // Under the lock: a submit checks its attachments under it too, so none

@@ -107,6 +107,17 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
   }
   spdlog::info("recovered {} queued and {} running jobs, {} workers", queued,
                running, workers_.size());
+  if (metrics_ != nullptr) {
+    // The metrics never keep the scheduler from loading.
+    auto counts = store_->CountJobsByState();
+    if (counts.ok()) {
+      metrics_->SetJobCounts(*counts);
+    } else {
+      spdlog::warn("metrics: cannot count the jobs: {}",
+                   counts.status().ToString());
+    }
+    metrics_->Profiles(core_->Profiles());
+  }
   return absl::OkStatus();
 }
 
@@ -205,7 +216,7 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
         if (!failed.ok()) break;
         failed = HandleEvent(e, &out, &acks);
       }
-      if (failed.ok()) failed = txn.Commit();
+      if (failed.ok()) failed = TimedCommit(txn);
     }  // rolled back unless committed
     if (!failed.ok()) {
       // Memory may be ahead of the store: nothing of this batch is sent.
@@ -233,6 +244,7 @@ absl::Status Scheduler::HandleEvent(Event& e, Outbox* out, Outbox* acks) {
   WorkerState& worker = workers_.at(worker_id);
   worker.last_seen_mono = clock_->MonotonicMs();
   worker.record.last_seen_ms = clock_->NowMs();
+  if (metrics_ != nullptr) NoteReport(m);
   if (m.has_ended()) {
     // Failures tied to the report become the job's failure (HandleEnded).
     RETURN_IF_ERROR(HandleEnded(worker_id, m.ended(), out));
@@ -283,6 +295,11 @@ absl::Status Scheduler::HandleEvent(Event& e, Outbox* out, Outbox* acks) {
   if (IsStoreFailure(s)) return s;
   if (s.ok()) {
     RETURN_IF_ERROR(savepoint.Release());
+    if (m.has_diary() && metrics_ != nullptr) {
+      int64_t bytes = 0;
+      for (const auto& line : m.diary().lines()) bytes += line.text().size();
+      metrics_->DiaryStored(m.diary().lines_size(), bytes);
+    }
   } else {
     // Refused once: undone, acknowledged below so the worker does not send
     // it again, and said where the job's owner looks.
@@ -726,11 +743,15 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
 absl::Status Scheduler::SetState(ActiveJob& job, v1::JobState state,
                                  const std::string& reason) {
   JobRecord& rec = job.record;
+  const v1::JobState before = rec.state;
   rec.state = state;
   if (state == v1::JOB_STATE_CANCELLING) rec.reason = reason;
   RETURN_IF_ERROR(store_->UpdateJob(rec));
   RETURN_IF_ERROR(
       store_->AddEvent(rec.id, state, rec.attempt, clock_->NowMs(), reason));
+  // A transaction rolled back reloads the counts with the store (Load).
+  if (metrics_ != nullptr)
+    metrics_->JobMoved(rec.spec.profile(), before, state);
   Changed(rec.id);
   return absl::OkStatus();
 }
@@ -792,6 +813,16 @@ absl::Status Scheduler::NoteLosses(ActiveJob& job) {
                             lines == 1 ? "" : "s", " (", HumanBytes(bytes),
                             ") of this job were dropped: the scheduler's disk "
                             "was full"));
+}
+
+void Scheduler::NoteReport(const v1::WorkerMessage& m) {
+  if (m.has_diary()) {
+    metrics_->JobReported(m.diary().job_id(), m.diary().attempt());
+  } else if (m.has_progress()) {
+    metrics_->JobReported(m.progress().job_id(), m.progress().attempt());
+  } else if (m.has_ended()) {
+    metrics_->JobReported(m.ended().job_id(), m.ended().attempt());
+  }
 }
 
 }  // namespace dlbatch::scheduler

@@ -863,6 +863,25 @@ absl::StatusOr<std::vector<StoredUsage>> Store::Usages() {
   return out;
 }
 
+absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>
+Store::CountJobsByState() {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("SELECT profile, state, COUNT(*) FROM jobs GROUP BY 1, 2"));
+  std::map<std::pair<std::string, v1::JobState>, int64_t> counts;
+  while (true) {
+    auto row = st->Step();
+    if (!row.ok()) {
+      st->Reset();
+      return row.status();
+    }
+    if (!*row) break;
+    counts[{st->Text(0), static_cast<v1::JobState>(st->Int(1))}] = st->Int(2);
+  }
+  st->Reset();
+  return counts;
+}
+
 absl::StatusOr<int64_t> Store::CountJobs() {
   ASSIGN_OR_RETURN(Statement * st, db_->Prepare("SELECT COUNT(*) FROM jobs"));
   ASSIGN_OR_RETURN(bool row, st->Step());

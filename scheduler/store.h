@@ -9,6 +9,7 @@
 #define DLBATCH_SCHEDULER_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -146,6 +147,9 @@ class Store {
   // The job's state, or nullopt if there is no such job.
   absl::StatusOr<std::optional<v1::JobState>> JobState(int64_t job_id);
   absl::StatusOr<std::vector<JobRecord>> ActiveJobs();
+  // How many jobs each (profile, state) has: the metrics' starting counts.
+  absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>
+  CountJobsByState();
   absl::StatusOr<std::vector<WorkerRecord>> Workers();
   absl::StatusOr<std::vector<std::pair<std::string, int>>> Profiles();
   absl::StatusOr<int64_t> CountJobs();

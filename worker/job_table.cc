@@ -354,6 +354,14 @@ std::vector<JobRef> JobTable::Jobs() const {
   return out;
 }
 
+int JobTable::BusySlots() const {
+  int busy = 0;
+  for (const auto& [key, job] : jobs_) {
+    if (job.phase != JobPhase::kEnded) busy += job.start.devices_size();
+  }
+  return busy;
+}
+
 std::optional<JobPhase> JobTable::Phase(const JobRef& ref) const {
   auto k = keys_.find(ref);
   if (k == keys_.end()) return std::nullopt;

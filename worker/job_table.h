@@ -108,6 +108,8 @@ class JobTable {
   std::vector<JobRef> Jobs() const;
   std::optional<JobPhase> Phase(const JobRef& ref) const;
   size_t size() const { return jobs_.size(); }
+  // Slots (devices) held by jobs that have not ended yet.
+  int BusySlots() const;
 
  private:
   struct Job {

@@ -18,11 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/endpoint.h"
 #include "common/files.h"
+#include "common/log_format.h"
+#include "common/metrics_server.h"
 #include "common/tls_client.h"
 #include "spdlog/spdlog.h"
 #include "worker/devices.h"
 #include "worker/job_cgroups.h"
 #include "worker/job_guard.h"
+#include "worker/metrics.h"
 #include "worker/slurm_job.h"
 #include "worker/subprocess.h"
 #include "worker/worker.h"
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
   bool no_cgroups = false;
   std::string trainer, host_address;
   std::vector<std::string> job_env;
+  std::string metrics_listen, log_format = "text";  // issue 21 "Watch it"
   CLI::App app{
       "dlbatch-worker: runs the jobs a dlbatch scheduler places on this "
       "machine"};
@@ -116,8 +120,17 @@ int main(int argc, char** argv) {
       ->group("Slurm profiles");
   app.add_option("--attempt", attempt, "The attempt of --slurm-job")
       ->group("Slurm profiles");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Serve Prometheus metrics (slots; GPUs through NVML), "
+                 "/healthz and /readyz on HOST:PORT (e.g. 127.0.0.1:9465); "
+                 "off unless set");
+  app.add_option("--log-format", log_format,
+                 "Log lines to stderr as text or json (one object per line)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  if (auto s = dlbatch::SetUpLogging(log_format, "dlbatch-worker"); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
 
   std::optional<dlbatch::worker::SlurmJobContext> slurm;
   if (slurm_job != 0 || attempt != 0) {
@@ -285,6 +298,21 @@ int main(int argc, char** argv) {
       dlbatch::worker::JobContainment{guard.cgroup_root, guard.mark_prefix});
   dlbatch::worker::Worker worker(options, clock, &runner, transfers.get(),
                                  transport.get());
+  std::unique_ptr<dlbatch::MetricsServer> metrics;
+  if (!metrics_listen.empty()) {
+    auto started = dlbatch::MetricsServer::Start(
+        metrics_listen,
+        {dlbatch::worker::MakeWorkerMetrics(
+            options.name, options.profile, options.devices.front().kind(),
+            static_cast<int>(options.devices.size()),
+            [&worker] { return worker.busy_slots(); })},
+        [&worker] {
+          return worker.connected() ? "" : "not connected to the scheduler";
+        });
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    metrics = *std::move(started);
+    spdlog::info("metrics on http://{}/metrics", metrics->address());
+  }
   std::thread([&worker] {
     sigset_t s;
     sigemptyset(&s);

@@ -172,6 +172,7 @@ void Worker::Apply(JobEffects effects) {
     }
     link_.Post(record);
   }
+  busy_slots_.store(table_.BusySlots());
   if (stopping_) return;
   for (auto& a : effects.actions) {
     switch (a.kind) {

@@ -11,6 +11,7 @@
 #ifndef DLBATCH_WORKER_WORKER_H_
 #define DLBATCH_WORKER_WORKER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -78,6 +79,8 @@ class Worker final : public LinkHandler, public ProcessEvents {
   std::optional<JobPhase> Phase(const JobRef& ref) const;
   bool connected() const { return link_.connected(); }
   size_t Unacked(const JobRef& ref) const { return link_.Unacked(ref); }
+  // Slots its jobs hold now (the metrics read it without the lock).
+  int busy_slots() const { return busy_slots_.load(); }
 
   // LinkHandler.
   void OnSchedulerMessage(const v1::SchedulerMessage& message) override;
@@ -109,6 +112,7 @@ class Worker final : public LinkHandler, public ProcessEvents {
   mutable absl::Mutex mu_;
   JobTable table_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> busy_slots_{0};  // table_.BusySlots() after each Apply
   // Held for the whole of Shutdown(), so that a second caller (the signal
   // thread and Run() both stop the worker) returns only once the first has
   // stopped everything: the runner's thread is then joined exactly once.
