@@ -49,8 +49,10 @@ absl::StatusOr<int> Cancel(Connection& conn,
                            const std::vector<int64_t>& job_ids);
 absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,
                          int64_t timeout_ms);
+// `json`: list only, as {"job_id", "state", "files"} (json_out.h).
 absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
-                                 const std::string& dir, bool list_only);
+                                 const std::string& dir, bool list_only,
+                                 bool json = false);
 absl::StatusOr<int> Workers(Connection& conn, bool json);
 absl::StatusOr<int> Profiles(Connection& conn, bool json);
 // The live job monitor (monitor.cc); a plain snapshot with `once` or when

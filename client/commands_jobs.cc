@@ -1,5 +1,4 @@
 // submit, jobs, show, diary, cancel, wait.
-#include <google/protobuf/util/json_util.h>
 #include <pwd.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "client/commands.h"
 #include "client/diary_text.h"
 #include "client/format.h"
+#include "client/json_out.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
 #include "common/duration.h"
@@ -208,7 +208,9 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
         return stub->ListJobs(ctx, request, &reply);
       })));
   if (options.json) {
-    std::cout << ToJson(reply);
+    Json jobs = Json::array();
+    for (const v1::Job& job : reply.jobs()) jobs.push_back(JobJson(job));
+    PrintJson(Json{{"jobs", std::move(jobs)}});
     return 0;
   }
   Table table({"ID", "NAME", "USER", "STATE", "POOL", "PROFILE", "SUBMITTED",
@@ -238,7 +240,7 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
         return stub->GetJob(ctx, request, &job);
       })));
   if (json) {
-    std::cout << ToJson(job);
+    PrintJson(JobJson(job));
     return 0;
   }
   const v1::JobSpec& spec = job.spec();
@@ -346,7 +348,8 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
       for (const auto& line : chunk.lines()) {
         after = line.n();
         if (options.json) {
-          absl::StrAppend(&out, DiaryLineJson(line), "\n");
+          absl::StrAppend(&out, JsonText(DiaryLineJson(line), /*compact=*/true),
+                          "\n");
           continue;
         }
         if (options.timestamps)

@@ -151,13 +151,11 @@ int main(int argc, char** argv) {
       "(but tab) and bytes that are not UTF-8 are shown as \\xHH, so that "
       "a job cannot drive your terminal");
   c_diary
-      ->add_flag(
-          "--json", diary.json,
-          "One JSON object a line: n, time_ms, stream, attempt, seq (as in "
-          "every --json, 64-bit numbers are strings); "
-          "\"text\" the line as a string (exact if it is UTF-8, "
-          "else each bad byte as U+FFFD) and \"text_base64\" its "
-          "exact bytes")
+      ->add_flag("--json", diary.json,
+                 "One JSON object a line: n, time, stream, attempt, seq; "
+                 "\"text\" the line as a string (exact if it is UTF-8, "
+                 "else each bad byte as U+FFFD) and \"text_base64\" its "
+                 "exact bytes")
       ->excludes(diary_raw);
   c_diary->callback([&] {
     rc = WithConnection(
@@ -166,7 +164,7 @@ int main(int argc, char** argv) {
 
   int64_t fetch_id = 0;
   std::string fetch_dir;
-  bool fetch_list = false;
+  bool fetch_list = false, fetch_json = false;
   auto* c_fetch =
       app.add_subcommand("fetch-outputs", "Download a job's outputs");
   c_fetch->add_option("id", fetch_id, "Job id")->required();
@@ -174,9 +172,11 @@ int main(int argc, char** argv) {
                       "Target folder (default dlbatch-ID-outputs)");
   c_fetch->add_flag("--list", fetch_list,
                     "Only list the outputs with their sizes");
+  c_fetch->add_flag("--json", fetch_json,
+                    "Only list the outputs, as JSON (any state)");
   c_fetch->callback([&] {
     rc = WithConnection(flags, [&](Connection& c) {
-      return FetchOutputs(c, fetch_id, fetch_dir, fetch_list);
+      return FetchOutputs(c, fetch_id, fetch_dir, fetch_list, fetch_json);
     });
   });
 
