@@ -359,12 +359,14 @@ void AddDailyCommands(CLI::App& app, const GlobalFlags* flags, int* rc,
       ->add_option("--env", submit->env,
                    "Set a variable for the job (repeatable; over the job "
                    "file's env:)")
-      ->type_name("NAME=VALUE");
+      ->type_name("NAME=VALUE")
+      ->allow_extra_args(false);  // one value each: never the job file
   c_submit
       ->add_option("--attach", submit->attach,
                    "Upload this file or folder into the job's working folder "
                    "(repeatable; relative to here)")
-      ->type_name("PATH");
+      ->type_name("PATH")
+      ->allow_extra_args(false);
   c_submit->add_option("--max-nodes", submit->max_nodes,
                        "Workers the pool may span (1: one worker)");
   c_submit

@@ -69,7 +69,8 @@ TEST_F(CliTest, SubmitsACommandWithoutAJobFileAndFlagsOverrideAFile) {
       c_.JobFile("file.yaml",
                  "name: from-file\npool: 1\nenv: {A: file, B: kept}\n"
                  "command: [echo, from-file]\n");
-  const int64_t over = SubmitQ({file, "--name", "flagged", "--env", "A=flag",
+  // --env takes one value each time: the file after it is not one.
+  const int64_t over = SubmitQ({"--name", "flagged", "--env", "A=flag", file,
                                 "--", "sh", "-c", "echo $A $B"});
   ASSERT_TRUE(c_.WaitState(over, "JOB_STATE_FINISHED")) << c_.Logs();
   EXPECT_EQ(c_.Cli({"diary", std::to_string(over)}).out, "flag kept\n");
