@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "client/commands_credentials.h"
 #include "client/format.h"
+#include "client/json_out.h"
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
@@ -149,7 +150,7 @@ absl::StatusOr<int> SetLimit(Connection& conn, const LimitArgs& args) {
         return stub->SetUserLimit(ctx, request, &reply);
       })));
   if (args.json) {
-    std::cout << ToJson(reply);
+    PrintJson(UserLimitJson(reply));
     return 0;
   }
   if (reply.max_slots() == 0 && reply.max_queued() == 0) {
@@ -170,7 +171,9 @@ absl::StatusOr<int> ListLimits(Connection& conn, bool json) {
         return stub->ListUserLimits(ctx, v1::ListUserLimitsRequest(), &reply);
       })));
   if (json) {
-    std::cout << ToJson(reply);
+    Json limits = Json::array();
+    for (const auto& l : reply.limits()) limits.push_back(UserLimitJson(l));
+    PrintJson(Json{{"limits", std::move(limits)}});
     return 0;
   }
   Table table({"USER", "PROFILE", "SLOTS", "QUEUED"});
@@ -193,7 +196,7 @@ absl::StatusOr<int> ShowUsage(Connection& conn, bool json) {
         return stub->GetUsage(ctx, v1::GetUsageRequest(), &reply);
       })));
   if (json) {
-    std::cout << ToJson(reply);
+    PrintJson(UsageJson(reply));
     return 0;
   }
   Table table({"USER", "USAGE", "SHARE", "RUNNING"});

@@ -1,6 +1,4 @@
 // fetch-outputs, workers, profiles.
-#include <google/protobuf/util/json_util.h>
-
 #include <filesystem>
 #include <iostream>
 
@@ -8,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/format.h"
+#include "client/json_out.h"
 #include "client/outputs_dir.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
@@ -19,7 +18,8 @@
 namespace dlbatch::client {
 namespace fs = std::filesystem;
 absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
-                                 const std::string& dir, bool list_only) {
+                                 const std::string& dir, bool list_only,
+                                 bool json) {
   v1::ListOutputsRequest request;
   request.set_job_id(job_id);
   v1::ListOutputsReply reply;
@@ -28,6 +28,14 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
         return stub->ListOutputs(ctx, request, &reply);
       })));
   v1::JobState state = reply.state();
+  if (json) {
+    Json files = Json::array();
+    for (const auto& f : reply.files()) files.push_back(OutputFileJson(f));
+    PrintJson(Json{{"job_id", job_id},
+                   {"state", JsonState(state)},
+                   {"files", std::move(files)}});
+    return 0;
+  }
   if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_RUNNING ||
       state == v1::JOB_STATE_CANCELLING) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -136,7 +144,9 @@ absl::StatusOr<int> Workers(Connection& conn, bool json) {
         return stub->ListWorkers(ctx, v1::ListWorkersRequest(), &reply);
       })));
   if (json) {
-    std::cout << ToJson(reply);
+    Json workers = Json::array();
+    for (const auto& w : reply.workers()) workers.push_back(WorkerJson(w));
+    PrintJson(Json{{"workers", std::move(workers)}});
     return 0;
   }
   Table table({"ID", "NAME", "HOST", "PROFILE", "STATE", "SLOTS", "FREE",
@@ -172,7 +182,9 @@ absl::StatusOr<int> Profiles(Connection& conn, bool json) {
         return stub->ListProfiles(ctx, v1::ListProfilesRequest(), &reply);
       })));
   if (json) {
-    std::cout << ToJson(reply);
+    Json profiles = Json::array();
+    for (const auto& p : reply.profiles()) profiles.push_back(ProfileJson(p));
+    PrintJson(Json{{"profiles", std::move(profiles)}});
     return 0;
   }
   Table table({"PROFILE", "WORKERS", "ONLINE", "KIND", "SLOTS", "FREE",

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/format.h"
+#include "client/json_out.h"
 #include "common/status.h"
 
 namespace dlbatch::client {
@@ -46,7 +47,9 @@ absl::StatusOr<int> List(Connection& conn, bool json) {
         return stub->ListCredentials(ctx, v1::ListCredentialsRequest(), &reply);
       })));
   if (json) {
-    std::cout << ToJson(reply);
+    Json list = Json::array();
+    for (const auto& c : reply.credentials()) list.push_back(CredentialJson(c));
+    PrintJson(Json{{"credentials", std::move(list)}});
     return 0;
   }
   Table table({"NAME", "KIND", "CREATED"});

@@ -1,10 +1,11 @@
 // submit, jobs, show, diary, cancel, wait.
-#include <google/protobuf/util/json_util.h>
 #include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <random>
 
@@ -13,8 +14,10 @@
 #include "absl/strings/str_join.h"
 #include "client/attachments.h"
 #include "client/commands.h"
+#include "client/commands_daily.h"
 #include "client/diary_text.h"
 #include "client/format.h"
+#include "client/json_out.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
 #include "common/duration.h"
@@ -74,6 +77,50 @@ std::string CommandLine(
   return absl::StrJoin(parts, " ");
 }
 
+// The flags of `submit` over the job file's fields (or an empty spec).
+absl::Status ApplySubmitFlags(const SubmitOptions& options, v1::JobSpec* spec) {
+  if (!options.command.empty()) {
+    if (spec->has_train()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.job_file,
+          " is a train: job; a command after -- makes a command job, so "
+          "give one or the other"));
+    }
+    spec->mutable_command()->mutable_argv()->Assign(options.command.begin(),
+                                                    options.command.end());
+  }
+  if (options.pool) spec->set_pool(*options.pool);
+  if (options.profile) spec->set_profile(*options.profile);
+  if (options.priority) spec->set_priority(*options.priority);
+  if (options.name) spec->set_name(*options.name);
+  if (options.max_nodes) {
+    if (*options.max_nodes < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--max-nodes ", *options.max_nodes,
+          ": give 1 for one worker, or more to let the pool span workers"));
+    }
+    spec->set_max_nodes(*options.max_nodes);
+  }
+  if (options.time_limit) {
+    auto seconds = ParseDurationSeconds(*options.time_limit);
+    if (!seconds.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--time-limit ", *options.time_limit, ": ",
+                       seconds.status().message(), " (e.g. 90s, 30m, 2h)"));
+    }
+    spec->set_time_limit_s(*seconds);
+  }
+  for (const std::string& pair : options.env) {
+    const size_t eq = pair.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--env ", pair, ": write NAME=VALUE (e.g. --env OMP_NUM_THREADS=4)"));
+    }
+    (*spec->mutable_env())[pair.substr(0, eq)] = pair.substr(eq + 1);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int ExitCodeFor(v1::JobState state) {
@@ -84,22 +131,31 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
                            const SubmitOptions& options) {
   // Everything that can be checked here is, before the scheduler is touched.
   RETURN_IF_ERROR(CheckRequestId(options.request_id));
-  ASSIGN_OR_RETURN(ParsedJobFile parsed, ReadJobFile(options.job_file));
+  ParsedJobFile parsed;
+  if (!options.job_file.empty()) {
+    ASSIGN_OR_RETURN(parsed, ReadJobFile(options.job_file));
+  }
   v1::JobSpec& spec = parsed.spec;
-  if (options.pool) spec.set_pool(*options.pool);
-  if (options.profile) spec.set_profile(*options.profile);
-  if (options.priority) spec.set_priority(*options.priority);
-  if (options.name) spec.set_name(*options.name);
-  if (spec.name().empty())
+  RETURN_IF_ERROR(ApplySubmitFlags(options, &spec));
+  if (spec.name().empty() && !options.job_file.empty())
     spec.set_name(fs::path(options.job_file).stem().string());
+  if (spec.name().empty() && spec.command().argv_size() > 0)
+    spec.set_name(fs::path(spec.command().argv(0)).filename().string());
   if (spec.pool() < 0 || (options.pool && *options.pool <= 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool ", spec.pool(),
                      " is not a number of slots; use --pool 1 or more"));
   }
   RETURN_IF_ERROR(ValidateJobSpec(spec));
-  ASSIGN_OR_RETURN(auto files,
-                   ResolveAttachments(parsed.attach, options.job_file));
+  // The file's attach: is relative to its folder; --attach to where submit
+  // runs.
+  const std::string here = "./submit";
+  ASSIGN_OR_RETURN(
+      auto files,
+      ResolveAttachments(parsed.attach,
+                         options.job_file.empty() ? here : options.job_file));
+  ASSIGN_OR_RETURN(auto more, ResolveAttachments(options.attach, here));
+  files.insert(files.end(), more.begin(), more.end());
 
   ASSIGN_OR_RETURN(auto conn, Connection::Open(flags));
   int64_t total = 0;
@@ -174,8 +230,9 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
   } else {
     std::cout << "Submitted job " << reply.job_id() << std::endl;
   }
-  if (!options.follow) return 0;
-  ASSIGN_OR_RETURN(int rc, Diary(*conn, reply.job_id(), {.follow = true}));
+  if (!options.follow && options.output_dir.empty()) return 0;
+  ASSIGN_OR_RETURN(int rc, Diary(*conn, reply.job_id(),
+                                 {.follow = true, .quiet = !options.follow}));
   (void)rc;
   v1::GetJobRequest get;
   get.set_job_id(reply.job_id());
@@ -186,7 +243,12 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
       })));
   std::cerr << "job " << job.id() << " " << JobStateName(job.state())
             << (job.reason().empty() ? "" : ": " + job.reason()) << "\n";
-  return ExitCodeFor(job.state());
+  if (!options.output_dir.empty()) {
+    ASSIGN_OR_RETURN(int fetched,
+                     FetchOutputs(*conn, job.id(), options.output_dir, false));
+    if (fetched != 0 && job.state() == v1::JOB_STATE_FINISHED) return fetched;
+  }
+  return FollowExitCode(job);
 }
 
 absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
@@ -200,32 +262,35 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
     }
     request.add_states(state);
   }
+  std::vector<JobColumn> columns = DefaultJobColumns();
+  if (!options.format.empty()) {
+    ASSIGN_OR_RETURN(columns, ParseJobColumns(options.format));
+  }
+  if (options.limit < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--limit ", options.limit,
+                     ": give 1 or more (the newest "
+                     "this many), or leave it out for every job"));
+  }
   request.set_limit(options.limit);
+  request.set_newest_first(options.limit > 0);
   request.set_sweep_id(options.sweep_id);
+  request.set_user(options.user);
+  request.set_mine(options.mine);
+  request.set_name_glob(options.name_glob);
   v1::ListJobsReply reply;
   RETURN_IF_ERROR(conn.Error(
       conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
         return stub->ListJobs(ctx, request, &reply);
       })));
   if (options.json) {
-    std::cout << ToJson(reply);
+    Json jobs = Json::array();
+    for (const v1::Job& job : reply.jobs()) jobs.push_back(JobJson(job));
+    PrintJson(Json{{"jobs", std::move(jobs)}});
     return 0;
   }
-  Table table({"ID", "NAME", "USER", "STATE", "POOL", "PROFILE", "SUBMITTED",
-               "ELAPSED", "PROGRESS", "NOTE"});
-  int64_t now = SystemClock::Get()->NowMs();
-  std::string out;
-  for (const v1::Job& job : reply.jobs()) {
-    int64_t end = job.end_time_ms() > 0 ? job.end_time_ms() : now;
-    std::string elapsed = job.start_time_ms() > 0
-                              ? FormatDurationMs(end - job.start_time_ms())
-                              : "-";
-    table.Add({absl::StrCat(job.id()), job.spec().name(), job.user(),
-               JobStateName(job.state()), absl::StrCat(job.spec().pool()),
-               job.spec().profile(), LocalTime(job.submit_time_ms()), elapsed,
-               ProgressCell(job), job.reason()});
-  }
-  std::cout << table.Render();
+  std::cout << RenderJobsTable({reply.jobs().begin(), reply.jobs().end()},
+                               columns, SystemClock::Get()->NowMs());
   return 0;
 }
 
@@ -238,7 +303,7 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
         return stub->GetJob(ctx, request, &job);
       })));
   if (json) {
-    std::cout << ToJson(job);
+    PrintJson(JobJson(job));
     return 0;
   }
   const v1::JobSpec& spec = job.spec();
@@ -325,12 +390,47 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
 
 absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
                           const DiaryOptions& options) {
+  if (options.tail < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tail ", options.tail, ": give the number of last lines to show"));
+  }
+  int64_t after = 0;
+  if (options.tail > 0) {
+    // The whole diary is read to find its last lines (line numbers are the
+    // store's, not the job's); only those are printed.
+    std::deque<v1::DiaryLine> last;
+    DiaryOptions read = options;
+    read.tail = 0;
+    read.follow = false;
+    ASSIGN_OR_RETURN(
+        int rc, ReadDiaryLines(
+                    conn, job_id, read, &after, [&](const v1::DiaryLine& line) {
+                      last.push_back(line);
+                      if (last.size() > static_cast<size_t>(options.tail))
+                        last.pop_front();
+                    }));
+    std::string out;
+    for (const v1::DiaryLine& line : last) AppendDiaryLine(options, line, &out);
+    std::cout.write(out.data(), static_cast<std::streamsize>(out.size()));
+    std::cout.flush();
+    if (!options.follow) return rc;
+  }
+  std::string out;
+  return ReadDiaryLines(
+      conn, job_id, options, &after,
+      [&](const v1::DiaryLine& line) { AppendDiaryLine(options, line, &out); },
+      &out);
+}
+
+absl::StatusOr<int> ReadDiaryLines(
+    Connection& conn, int64_t job_id, const DiaryOptions& options,
+    int64_t* after_n, const std::function<void(const v1::DiaryLine&)>& take,
+    std::string* pending) {
   const bool follow = options.follow;
   v1::ReadDiaryRequest request;
   request.set_job_id(job_id);
   request.set_follow(follow);
-  std::string out;
-  int64_t after = 0;
+  int64_t& after = *after_n;
   // A call that loses the scheduler (a restart) picks up where it was,
   // retrying while the scheduler is unreachable.
   for (;;) {
@@ -342,21 +442,16 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
     bool ended = false;
     while (reader->Read(&chunk)) {
       conn.Reached();
-      out.clear();
       for (const auto& line : chunk.lines()) {
         after = line.n();
-        if (options.json) {
-          absl::StrAppend(&out, DiaryLineJson(line), "\n");
-          continue;
-        }
-        if (options.timestamps)
-          absl::StrAppend(&out, LocalTime(line.time_ms()), "  ");
-        absl::StrAppend(
-            &out, options.raw ? line.text() : EscapeDiaryText(line.text()),
-            "\n");
+        take(line);
       }
-      std::cout.write(out.data(), static_cast<std::streamsize>(out.size()));
-      std::cout.flush();
+      if (pending != nullptr && !options.quiet) {
+        std::cout.write(pending->data(),
+                        static_cast<std::streamsize>(pending->size()));
+        std::cout.flush();
+      }
+      if (pending != nullptr) pending->clear();
       if (chunk.end()) ended = true;
     }
     grpc::Status status = reader->Finish();
@@ -369,6 +464,17 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
     }
     if (!conn.RetryAfter(status, started)) return conn.Error(status);
   }
+}
+
+void AppendDiaryLine(const DiaryOptions& options, const v1::DiaryLine& line,
+                     std::string* out) {
+  if (options.json) {
+    absl::StrAppend(out, JsonText(DiaryLineJson(line), /*compact=*/true), "\n");
+    return;
+  }
+  if (options.timestamps) absl::StrAppend(out, LocalTime(line.time_ms()), "  ");
+  absl::StrAppend(out, options.raw ? line.text() : EscapeDiaryText(line.text()),
+                  "\n");
 }
 
 absl::StatusOr<int> Cancel(Connection& conn,

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
 #include "client/format.h"
+#include "client/json_out.h"
 #include "client/sweep_table.h"
 #include "common/clock.h"
 #include "common/status.h"
@@ -26,9 +27,9 @@ absl::StatusOr<int> ShowSweep(Connection& conn, int64_t sweep_id, bool json) {
   std::vector<v1::Job> ranked =
       RankSweepJobs({reply.jobs().begin(), reply.jobs().end()});
   if (json) {
-    v1::ListJobsReply out;  // the same jobs, best first
-    for (v1::Job& job : ranked) *out.add_jobs() = std::move(job);
-    std::cout << ToJson(out);
+    Json jobs = Json::array();  // `jobs --json`'s shape, best first
+    for (const v1::Job& job : ranked) jobs.push_back(JobJson(job));
+    PrintJson(Json{{"jobs", std::move(jobs)}});
     return 0;
   }
   int finished = 0;

@@ -1,7 +1,5 @@
 #include "client/diary_text.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <cstdint>
 
 #include "absl/strings/escaping.h"
@@ -37,39 +35,6 @@ size_t Utf8SequenceLength(std::string_view s) {
 void AppendHex(std::string* out, std::string_view bytes) {
   for (char ch : bytes)
     absl::StrAppendFormat(out, "\\x%02x", static_cast<uint8_t>(ch));
-}
-
-// `text` (valid UTF-8) as a JSON string literal, quotes included.
-std::string JsonString(std::string_view text) {
-  std::string out = "\"";
-  for (char ch : text) {
-    const auto b = static_cast<uint8_t>(ch);
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (b < 0x20 || b == 0x7F) {
-          absl::StrAppendFormat(&out, "\\u%04x", b);
-        } else {
-          out += ch;
-        }
-    }
-  }
-  out += "\"";
-  return out;
 }
 
 }  // namespace
@@ -112,20 +77,6 @@ std::string ValidUtf8(std::string_view bytes) {
     }
   }
   return out;
-}
-
-std::string DiaryLineJson(const v1::DiaryLine& line) {
-  v1::DiaryLine rest = line;
-  rest.clear_text();
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(rest, &json, options);
-  if (!json.empty() && json.back() == '}') json.pop_back();
-  if (json.size() > 1) json += ",";
-  json += "\"text\":" + JsonString(ValidUtf8(line.text())) +
-          ",\"text_base64\":\"" + absl::Base64Escape(line.text()) + "\"}";
-  return json;
 }
 
 }  // namespace dlbatch::client

@@ -14,18 +14,13 @@ namespace dlbatch::client {
 // other control character (C0, DEL, and C1 as its two UTF-8 bytes) and every
 // byte that is not part of valid UTF-8 is written as \xHH (ESC as \x1b, a
 // NUL as \x00, a stray 0xff as \xff). A backslash is kept as it is: the
-// result is for reading, and `diary --raw` / `--json` carry the exact bytes.
+// result is for reading, and `diary --raw` / `--json` carry the exact bytes
+// (json_out.h: DiaryLineJson).
 std::string EscapeDiaryText(std::string_view bytes);
 
 // The line as valid UTF-8, each byte that is not part of valid UTF-8
 // replaced by U+FFFD; exactly `bytes` when they are valid UTF-8.
 std::string ValidUtf8(std::string_view bytes);
-
-// `diary --json`: one line of JSON (no newline) per diary line: the
-// DiaryLine in protobuf's JSON mapping, except that "text" is the line as a
-// JSON string (ValidUtf8: exact unless the line is not UTF-8) and
-// "text_base64" holds its exact bytes.
-std::string DiaryLineJson(const v1::DiaryLine& line);
 
 }  // namespace dlbatch::client
 

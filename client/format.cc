@@ -10,7 +10,6 @@
 #include "common/clock.h"
 #include "common/duration.h"
 #include "common/files.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace dlbatch::client {
 
@@ -43,15 +42,6 @@ std::string LocalTime(int64_t ms) {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
   return buf;
-}
-
-std::string ToJson(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
-  return out;
 }
 
 std::string ProgressCell(const v1::Job& job) {

@@ -30,9 +30,6 @@ class Table {
 // "2026-11-22 14:03:07" in local time; "-" for 0.
 std::string LocalTime(int64_t ms);
 
-// `--json` output: the message with proto field names, indented.
-std::string ToJson(const google::protobuf::Message& message);
-
 // A train job's progress in the jobs table: "45% 420/937 loss 0.521";
 // "" for jobs that report none.
 std::string ProgressCell(const v1::Job& job);

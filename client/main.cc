@@ -7,6 +7,7 @@
 
 #include "client/commands.h"
 #include "client/commands_admin.h"
+#include "client/commands_daily.h"
 #include "client/connection.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
@@ -74,43 +75,7 @@ int main(int argc, char** argv) {
   app.fallthrough();  // global options may follow the command too
   int rc = 0;
 
-  SubmitOptions submit;
-  auto* c_submit =
-      app.add_subcommand("submit", "Queue a job described by a job.yaml");
-  c_submit->add_option("job_file", submit.job_file, "The job file")->required();
-  c_submit->add_option("--pool", submit.pool,
-                       "GPUs (or CPU slots) the job needs at once");
-  c_submit->add_option("--profile", submit.profile,
-                       "Cluster profile to queue on");
-  c_submit->add_option("--priority", submit.priority, "Higher starts first");
-  c_submit->add_option("--name", submit.name, "Job name");
-  c_submit->add_flag(
-      "-f,--follow", submit.follow,
-      "Follow the diary until the job ends; exit code says how it ended "
-      "(a sweep: wait for all its jobs, then compare them)");
-  c_submit->add_flag(
-      "-q,--quiet", submit.quiet,
-      "Print only the job id (a sweep: its job ids, one a line)");
-  c_submit->add_option(
-      "--request-id", submit.request_id,
-      "Makes a resubmit safe across processes: a submit with an id the "
-      "scheduler has seen makes no job and prints the first one's id "
-      "(default: a random id, kept across this submit's own retries)");
-  c_submit->callback([&] { rc = Report(Submit(flags, submit)); });
-
-  JobsOptions jobs;
-  auto* c_jobs = app.add_subcommand("jobs", "List jobs");
-  c_jobs
-      ->add_option("--state", jobs.states,
-                   "Only these states: queued running cancelling finished "
-                   "failed cancelled")
-      ->delimiter(',');
-  c_jobs->add_option("--limit", jobs.limit, "At most this many (oldest first)");
-  c_jobs->add_flag("--json", jobs.json, "JSON instead of a table");
-  c_jobs->add_option("--sweep", jobs.sweep_id, "Only the jobs of this sweep");
-  c_jobs->callback([&] {
-    rc = WithConnection(flags, [&](Connection& c) { return Jobs(c, jobs); });
-  });
+  AddDailyCommands(app, &flags, &rc, &argc, argv);  // submit, jobs
 
   int64_t show_id = 0, show_sweep = 0;
   bool show_json = false;
@@ -143,6 +108,8 @@ int main(int argc, char** argv) {
   c_diary->add_option("id", diary_id, "Job id")->required();
   c_diary->add_flag("-f,--follow", diary.follow,
                     "Keep printing until the job ends");
+  c_diary->add_option("-n,--tail", diary.tail,
+                      "Only the last N lines (with -f: then follow)");
   c_diary->add_flag("-t,--timestamps", diary.timestamps,
                     "Prefix each line with its time");
   auto* diary_raw = c_diary->add_flag(
@@ -151,13 +118,11 @@ int main(int argc, char** argv) {
       "(but tab) and bytes that are not UTF-8 are shown as \\xHH, so that "
       "a job cannot drive your terminal");
   c_diary
-      ->add_flag(
-          "--json", diary.json,
-          "One JSON object a line: n, time_ms, stream, attempt, seq (as in "
-          "every --json, 64-bit numbers are strings); "
-          "\"text\" the line as a string (exact if it is UTF-8, "
-          "else each bad byte as U+FFFD) and \"text_base64\" its "
-          "exact bytes")
+      ->add_flag("--json", diary.json,
+                 "One JSON object a line: n, time, stream, attempt, seq; "
+                 "\"text\" the line as a string (exact if it is UTF-8, "
+                 "else each bad byte as U+FFFD) and \"text_base64\" its "
+                 "exact bytes")
       ->excludes(diary_raw);
   c_diary->callback([&] {
     rc = WithConnection(
@@ -166,7 +131,7 @@ int main(int argc, char** argv) {
 
   int64_t fetch_id = 0;
   std::string fetch_dir;
-  bool fetch_list = false;
+  bool fetch_list = false, fetch_json = false;
   auto* c_fetch =
       app.add_subcommand("fetch-outputs", "Download a job's outputs");
   c_fetch->add_option("id", fetch_id, "Job id")->required();
@@ -174,9 +139,11 @@ int main(int argc, char** argv) {
                       "Target folder (default dlbatch-ID-outputs)");
   c_fetch->add_flag("--list", fetch_list,
                     "Only list the outputs with their sizes");
+  c_fetch->add_flag("--json", fetch_json,
+                    "Only list the outputs, as JSON (any state)");
   c_fetch->callback([&] {
     rc = WithConnection(flags, [&](Connection& c) {
-      return FetchOutputs(c, fetch_id, fetch_dir, fetch_list);
+      return FetchOutputs(c, fetch_id, fetch_dir, fetch_list, fetch_json);
     });
   });
 
@@ -272,23 +239,19 @@ int main(int argc, char** argv) {
     }
     std::cout << local->Status();
   });
-  c_local->add_subcommand("stop", "Stop the local scheduler and worker")
-      ->callback([&] {
-        auto local = LocalCluster::Resolve();
-        rc = local.ok() ? Report(local->Stop().ok() ? 0 : 1)
-                        : Report(local.status());
-      });
-  c_local->add_subcommand("status", "Is the local cluster running?")
-      ->callback([&] {
-        auto local = LocalCluster::Resolve();
-        if (!local.ok()) {
-          rc = Report(local.status());
-          return;
-        }
-        std::cout << local->Status();
-      });
+  bool local_force = false;
+  auto* c_local_stop = c_local->add_subcommand(
+      "stop", "Stop the local scheduler and worker (not while jobs run)");
+  c_local_stop->add_flag("--force", local_force,
+                         "Stop even while jobs run (they end with it)");
+  c_local_stop->callback([&] { rc = Report(StopLocal(local_force)); });
+  c_local
+      ->add_subcommand("status",
+                       "Is the local cluster running? (exit 0 if it is, "
+                       "3 if not)")
+      ->callback([&] { rc = Report(LocalStatus()); });
 
   AddAdminCommands(app, &flags, &rc);
-  CLI11_PARSE(app, argc, argv);
+  if (auto failed = ParseCommandLine(app, argc, argv)) return *failed;
   return rc;
 }

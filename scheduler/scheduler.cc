@@ -518,9 +518,9 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
   std::vector<v1::JobState> states;
   for (int s : request.states()) states.push_back(static_cast<v1::JobState>(s));
   v1::ListJobsReply reply;
-  RETURN_IF_ERROR(reader_->ListJobSummaries(states, request.limit(),
-                                            request.newest_first(), &reply,
-                                            request.sweep_id()));
+  RETURN_IF_ERROR(reader_->ListJobSummaries(
+      states, request.limit(), request.newest_first(), &reply,
+      request.sweep_id(), request.user(), request.name_glob()));
   if (request.sweep_id() != 0 && reply.jobs().empty()) {
     // None in these states, or no such sweep at all?
     v1::ListJobsReply any;
@@ -534,7 +534,20 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
                        "`dlbatch show <job id>` names a job's sweep"));
     }
   }
-  // Progress comes with the summaries (committed with each report).
+  // Progress comes with the summaries (committed with each report); why a
+  // queued job waits comes from memory, as GetJob's does. Each reason walks
+  // the jobs ahead, so only the first kListedWaitReasons queued jobs of a
+  // listing get one: mu_ is never held long for a listing of every job.
+  constexpr int kListedWaitReasons = 200;
+  int explained = 0;
+  absl::MutexLock lock(&mu_);
+  for (v1::Job& job : *reply.mutable_jobs()) {
+    if (job.state() != v1::JOB_STATE_QUEUED) continue;
+    if (++explained > kListedWaitReasons) break;
+    auto it = jobs_.find(job.id());
+    if (it != jobs_.end() && it->second.record.state == v1::JOB_STATE_QUEUED)
+      job.set_wait_reason(WaitReason(it->second));
+  }
   return reply;
 }
 

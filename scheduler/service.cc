@@ -127,7 +127,14 @@ grpc::Status SchedulerService::ListJobs(grpc::ServerContext* context,
                                         v1::ListJobsReply* reply) {
   absl::StatusOr<Caller> caller = Identify(*context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  grpc::Status status = Reply(scheduler_->ListJobs(*request), reply);
+  v1::ListJobsRequest own;
+  const v1::ListJobsRequest* list = request;
+  if (request->mine()) {  // the caller as the scheduler knows it
+    own = *request;
+    own.set_user(caller->user);
+    list = &own;
+  }
+  grpc::Status status = Reply(scheduler_->ListJobs(*list), reply);
   for (v1::Job& job : *reply->mutable_jobs()) Redact(*caller, &job);
   return status;
 }

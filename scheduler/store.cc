@@ -997,7 +997,8 @@ absl::StatusOr<std::vector<v1::StateChange>> StoreReader::History(int64_t id) {
 
 absl::Status StoreReader::ListJobSummaries(
     const std::vector<v1::JobState>& states, int limit, bool newest_first,
-    v1::ListJobsReply* out, int64_t sweep_id) {
+    v1::ListJobsReply* out, int64_t sweep_id, const std::string& user,
+    const std::string& name_glob) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
   // The spec (for sweep_point) only for one sweep's jobs: at most
@@ -1019,6 +1020,9 @@ absl::Status StoreReader::ListJobSummaries(
                      ")"));
   }
   if (sweep_id != 0) where.push_back(absl::StrCat("sweep_id = ", sweep_id));
+  // Bound below, in this order: text from the caller never enters the SQL.
+  if (!user.empty()) where.push_back("user = ?1");
+  if (!name_glob.empty()) where.push_back("name GLOB ?2");
   if (!where.empty())
     absl::StrAppend(&sql, " WHERE ", absl::StrJoin(where, " AND "));
   absl::StrAppend(&sql, newest_first ? " ORDER BY id DESC" : " ORDER BY id");
@@ -1029,6 +1033,14 @@ absl::Status StoreReader::ListJobSummaries(
     return db->Error("listing jobs");
   }
   Statement owner(nullptr, st);
+  if (!user.empty()) {
+    sqlite3_bind_text(st, 1, user.data(), static_cast<int>(user.size()),
+                      SQLITE_TRANSIENT);
+  }
+  if (!name_glob.empty()) {
+    sqlite3_bind_text(st, 2, name_glob.data(),
+                      static_cast<int>(name_glob.size()), SQLITE_TRANSIENT);
+  }
   auto text = [st](int col) {
     return absl::string_view(
         reinterpret_cast<const char*>(sqlite3_column_text(st, col)),

@@ -185,10 +185,13 @@ class StoreReader {
   absl::StatusOr<std::vector<v1::StateChange>> History(int64_t id);
   // Summaries (no spec beyond name, profile, pool, priority) straight into
   // `out`, for listings of every job. sweep_id != 0: only that sweep's
-  // jobs, with their spec's sweep_point too.
+  // jobs, with their spec's sweep_point too. `user` non-empty: only that
+  // user's; `name_glob` non-empty: only names it matches (SQLite's GLOB).
   absl::Status ListJobSummaries(const std::vector<v1::JobState>& states,
                                 int limit, bool newest_first,
-                                v1::ListJobsReply* out, int64_t sweep_id = 0);
+                                v1::ListJobsReply* out, int64_t sweep_id = 0,
+                                const std::string& user = "",
+                                const std::string& name_glob = "");
   absl::StatusOr<std::vector<v1::DiaryLine>> ReadDiary(int64_t job_id,
                                                        int64_t after,
                                                        int limit);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/escaping.h"
+#include "client/json_out.h"
 
 namespace dlbatch::client {
 namespace {
@@ -74,14 +75,37 @@ TEST(DiaryLineJson, CarriesTheTextAsAStringAndItsExactBytes) {
   line.set_text(
       "a\xff"
       "b\x1b[2Jc\0d\"\\"s);
-  std::string json = DiaryLineJson(line);
+  std::string json = JsonText(DiaryLineJson(line), /*compact=*/true);
   EXPECT_EQ(json,
-            R"({"n":"12","time_ms":"1700000000000","stream":1,"attempt":1,)"
-            "\"text\":\"a\xEF\xBF\xBD"
-            R"(b\u001b[2Jc\u0000d\"\\",)"
-            R"("text_base64":"Yf9iG1sySmMAZCJc"})");
+            R"({"n":12,"time":"2023-11-14T22:13:20.000Z","stream":1,)"
+            R"("attempt":1,"seq":0,"text":"a)"
+            "\xEF\xBF\xBD"
+            R"(b\u001b[2Jc\u0000d\"\\","text_base64":"Yf9iG1sySmMAZCJc"})");
   v1::DiaryLine empty;
-  EXPECT_EQ(DiaryLineJson(empty), R"({"text":"","text_base64":""})");
+  EXPECT_EQ(JsonText(DiaryLineJson(empty), /*compact=*/true),
+            R"({"n":0,"time":null,"stream":0,"attempt":0,"seq":0,"text":"",)"
+            R"("text_base64":""})");
+}
+
+TEST(JsonTime, IsRfc3339InUtcOrNullForZero) {
+  EXPECT_EQ(JsonTime(1700000000123).get<std::string>(),
+            "2023-11-14T22:13:20.123Z");
+  EXPECT_TRUE(JsonTime(0).is_null());
+}
+
+TEST(JobJson, HasPlainValuesAndEveryKey) {
+  v1::Job job;
+  job.set_id(9000000000);
+  job.set_state(v1::JOB_STATE_FINISHED);
+  job.mutable_spec()->mutable_command()->add_argv("true");
+  Json j = JobJson(job);
+  EXPECT_EQ(j["id"].get<int64_t>(), 9000000000);
+  EXPECT_EQ(j["state"], "finished");
+  EXPECT_TRUE(j["start_time"].is_null());
+  EXPECT_EQ(j["exit_code"], 0);
+  EXPECT_EQ(j["wait_reason"], "");
+  EXPECT_EQ(j["spec"]["command"], Json::array({"true"}));
+  EXPECT_TRUE(j["spec"]["train"].is_null());
 }
 
 }  // namespace

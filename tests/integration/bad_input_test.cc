@@ -134,7 +134,7 @@ TEST_F(BadInput, ProgramThatCannotRunFailsTheJobWithTheReason) {
   Result wait = c_.Cli({"wait", std::to_string(id)});
   EXPECT_EQ(wait.code, 1);
   auto job = c_.ShowJson(id);
-  EXPECT_EQ(job["state"], "JOB_STATE_FAILED");
+  EXPECT_EQ(job["state"], "failed");
   EXPECT_NE(job["reason"].get<std::string>().find("no-such-program-xyz"),
             std::string::npos)
       << job.dump();
@@ -212,7 +212,7 @@ TEST(BadInputStandalone, FullDiskFailsTheJobAndKeepsTheStoreConsistent) {
   Result wait = c.Cli({"wait", std::to_string(big)}, {}, 60000);
   EXPECT_EQ(wait.code, 1) << wait.out << wait.err;
   auto job = c.ShowJson(big);
-  EXPECT_EQ(job["state"], "JOB_STATE_FAILED");
+  EXPECT_EQ(job["state"], "failed");
   EXPECT_NE(job["reason"].get<std::string>().find("full"), std::string::npos)
       << job.dump();
   Result diary = c.Cli({"diary", std::to_string(big)});

@@ -322,7 +322,7 @@ train:
   Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 180000);
   EXPECT_NE(wait.code, 0) << wait.out;
   nlohmann::json show = c_.ShowJson(id);
-  EXPECT_EQ(show.value("state", ""), "JOB_STATE_FAILED") << show.dump();
+  EXPECT_EQ(show.value("state", ""), "failed") << show.dump();
   const std::string reason = show.value("reason", "");
   EXPECT_NE(reason.find("use a smaller mini_batch_size"), std::string::npos)
       << reason << "\n"

@@ -362,7 +362,10 @@ nlohmann::json Cluster::ShowJson(int64_t id) {
 std::string Cluster::State(int64_t id) {
   nlohmann::json j = ShowJson(id);
   if (!j.is_object() || !j.contains("state")) return "";
-  return j["state"].get<std::string>();
+  // `show --json` says "running"; tests name states as the proto does.
+  std::string state = j["state"].get<std::string>();
+  for (char& ch : state) ch = static_cast<char>(toupper(ch));
+  return "JOB_STATE_" + state;
 }
 
 bool Cluster::WaitState(int64_t id, const std::string& state, int timeout_ms) {

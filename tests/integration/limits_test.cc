@@ -151,8 +151,9 @@ TEST_F(LimitsTest, FairShareRemembersUsageAcrossARestart) {
   const int64_t theirs = std::stoll(r.out);
   ASSERT_TRUE(c_.WaitState(roots, "JOB_STATE_FINISHED")) << c_.Logs();
   ASSERT_TRUE(c_.WaitState(theirs, "JOB_STATE_FINISHED")) << c_.Logs();
-  const int64_t root_start = JsonInt(c_.ShowJson(roots), "start_time_ms");
-  const int64_t their_start = JsonInt(c_.ShowJson(theirs), "start_time_ms");
+  // RFC 3339 in UTC with milliseconds: ordered as text.
+  const std::string root_start = c_.ShowJson(roots).value("start_time", "");
+  const std::string their_start = c_.ShowJson(theirs).value("start_time", "");
   EXPECT_LT(their_start, root_start)
       << "nobody's job " << theirs << " should start before root's " << roots;
 }

@@ -435,7 +435,7 @@ TEST(SchedulerFaults,
   EXPECT_NE(followed.out.find("one"), std::string::npos) << followed.out;
   EXPECT_NE(followed.out.find("two"), std::string::npos) << followed.out;
   Result shown = c.Cli({"--token-file", token, "show", "--json", id});
-  EXPECT_NE(shown.out.find("JOB_STATE_FINISHED"), std::string::npos)
+  EXPECT_NE(shown.out.find("\"state\": \"finished\""), std::string::npos)
       << shown.out << c.Logs();
   EXPECT_NE(shown.out.find("\"attempt\": 1"), std::string::npos) << shown.out;
   // The worker's stream, open all along, is still the same one.

@@ -73,8 +73,8 @@ TEST(Sweep, ThreeJobsCompleteAndTheComparisonListsAllBestFirst) {
   auto jobs = nlohmann::json::parse(listed.out)["jobs"];
   ASSERT_EQ(jobs.size(), 3u) << listed.out;
   for (const auto& job : jobs) {
-    EXPECT_EQ(job["state"], "JOB_STATE_FINISHED") << job.dump();
-    EXPECT_EQ(job["sweep_id"], "1") << job.dump();  // int64 as a JSON string
+    EXPECT_EQ(job["state"], "finished") << job.dump();
+    EXPECT_EQ(job["sweep_id"], 1) << job.dump();
   }
 
   Result shown = c.Cli({"show", "--sweep", "1"});

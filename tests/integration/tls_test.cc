@@ -250,7 +250,7 @@ TEST(Tls, AWorkerOverTlsRunsAJob) {
   EXPECT_NE(followed.out.find("over-tls 42"), std::string::npos)
       << followed.out;
   Result shown = c.Cli({"--token-file", Token(c), "show", "--json", id});
-  EXPECT_NE(shown.out.find("JOB_STATE_FINISHED"), std::string::npos)
+  EXPECT_NE(shown.out.find("\"state\": \"finished\""), std::string::npos)
       << shown.out;
 }
 

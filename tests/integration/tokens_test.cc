@@ -63,7 +63,10 @@ class TokensTest : public ::testing::Test {
     auto at = r.out.find("\"state\": \"");
     if (at == std::string::npos) return "";
     at += 10;
-    return r.out.substr(at, r.out.find('"', at) - at);
+    // "running" as the proto names it, as the tests compare it.
+    std::string state = r.out.substr(at, r.out.find('"', at) - at);
+    for (char& ch : state) ch = static_cast<char>(toupper(ch));
+    return "JOB_STATE_" + state;
   }
   bool WaitStateOf(int64_t id, const std::string& state) {
     return WaitFor([&] { return StateOf(id) == state; }, 30000);

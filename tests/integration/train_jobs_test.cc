@@ -272,7 +272,7 @@ TEST_F(TrainJobs, AMissingDataFileFailsTheJobWithTheTrainersReason) {
   Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 60000);
   EXPECT_NE(wait.code, 0);
   nlohmann::json show = c_.ShowJson(id);
-  EXPECT_EQ(show.value("state", ""), "JOB_STATE_FAILED");
+  EXPECT_EQ(show.value("state", ""), "failed");
   // The reason names the file, not just an exit code; the diary has it too.
   const std::string reason = show.value("reason", "");
   EXPECT_NE(reason.find("/nonexistent/fashion/train-images-idx3-ubyte.gz"),
