@@ -88,6 +88,7 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
   v1::JobSpec& spec = parsed.spec;
   if (options.pool) spec.set_pool(*options.pool);
   if (options.profile) spec.set_profile(*options.profile);
+  if (spec.profile().empty()) spec.set_profile(flags.default_profile);
   if (options.priority) spec.set_priority(*options.priority);
   if (options.name) spec.set_name(*options.name);
   if (spec.name().empty())

@@ -7,6 +7,7 @@
 
 #include "client/commands.h"
 #include "client/commands_admin.h"
+#include "client/commands_config.h"
 #include "client/connection.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
@@ -289,6 +290,9 @@ int main(int argc, char** argv) {
       });
 
   AddAdminCommands(app, &flags, &rc);
+  std::unique_ptr<dlbatch::ConfigBinding> config =
+      AddConfigCommands(app, &flags, &rc);
+  if (absl::Status s = config->Load(argc, argv); !s.ok()) return Report(s);
   CLI11_PARSE(app, argc, argv);
   return rc;
 }

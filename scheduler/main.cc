@@ -19,10 +19,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/config_cli.h"
 #include "common/duration.h"
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "common/version.h"
 #include "grpcpp/resource_quota.h"
 #include "scheduler/acceptor.h"
 #include "scheduler/service.h"
@@ -510,7 +512,16 @@ int main(int argc, char** argv) {
                  "PEM certificate (and chain) for TCP instead of one of the "
                  "scheduler's own CA (STATE_DIR/ca.pem); with --tls-key");
   app.add_option("--tls-key", flags.tls_key, "PEM private key of --tls-cert");
+  // Versions and the configuration file (keys: the flags above, '_' for '-').
+  app.set_version_flag("--version", dlbatch::VersionText("dlbatch-scheduler"));
+  dlbatch::ConfigBinding config(&app, "/etc/dlbatch/scheduler.yaml");
+  if (absl::Status s = config.Load(argc, argv); !s.ok()) {
+    std::cerr << "dlbatch-scheduler: " << s.message() << "\n";
+    return 1;
+  }
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  spdlog::info("dlbatch-scheduler {}{}", dlbatch::Version(),
+               config.path().empty() ? "" : "; configuration " + config.path());
   return dlbatch::scheduler::Run(flags);
 }

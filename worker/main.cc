@@ -15,9 +15,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/config_cli.h"
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/tls_client.h"
+#include "common/version.h"
 #include "spdlog/spdlog.h"
 #include "worker/devices.h"
 #include "worker/job_cgroups.h"
@@ -45,8 +47,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::string scheduler;
-  if (const char* env = std::getenv("DLBATCH_SCHEDULER")) scheduler = env;
+  std::string scheduler;  // else DLBATCH_SCHEDULER (ConfigBinding)
   std::string profile = "local";
   std::string work_dir;
   std::string name;
@@ -105,11 +106,30 @@ int main(int argc, char** argv) {
       "e.g. LD_LIBRARY_PATH, NCCL_SOCKET_IFNAME). Jobs start from a clean "
       "environment: PATH, HOME, USER, LOGNAME, LANG, these, the DLBATCH_ "
       "variables the worker sets, then the job's env:");
+  // For tests only: the version this worker claims at registration, to
+  // show how a scheduler refuses a worker older than it accepts. Hidden
+  // from --help, never read from a configuration file.
+  std::string report_version;
+  app.add_option("--report-version", report_version)->group("");
+  app.set_version_flag("--version", dlbatch::VersionText("dlbatch-worker"));
+  dlbatch::ConfigBinding config(&app, "/etc/dlbatch/worker.yaml");
+  config.SetEnv("--scheduler", "DLBATCH_SCHEDULER");
+  config.SetEnv("--token-file", "DLBATCH_TOKEN", /*env_is_value=*/false);
+  config.SetEnv("--ca-file", "DLBATCH_CA");
+  config.Exclude("--report-version");
+  if (absl::Status s = config.Load(argc, argv); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  spdlog::info("dlbatch-worker {}{}", dlbatch::Version(),
+               config.path().empty() ? "" : "; configuration " + config.path());
 
   if (scheduler.empty()) {
-    return Fail("no scheduler given; pass --scheduler unix:PATH or HOST:PORT");
+    return Fail(
+        "no scheduler given; pass --scheduler unix:PATH or HOST:PORT, set "
+        "DLBATCH_SCHEDULER, or write scheduler: in /etc/dlbatch/worker.yaml "
+        "(or the file of --config)");
   }
   auto endpoint = dlbatch::ParseEndpoint(scheduler);
   if (!endpoint.ok()) return Fail(std::string(endpoint.status().message()));
@@ -228,6 +248,8 @@ int main(int argc, char** argv) {
   options.profile = profile;
   options.work_dir = work_dir;
   options.keep_job_dirs = keep;
+  options.version =
+      report_version.empty() ? std::string(dlbatch::Version()) : report_version;
   std::string note;
   if (!no_gpus && cpu_slots == 0)
     options.devices = dlbatch::worker::DiscoverGpus(&note);

@@ -159,6 +159,7 @@ absl::Status SchedulerLink::Session() {
   for (const auto& d : options_.devices) *reg->add_devices() = d;
   reg->set_runs_as_any_user(options_.runs_as_any_user);
   reg->set_user(options_.user);
+  reg->set_version(options_.version);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
@@ -183,9 +184,13 @@ absl::Status SchedulerLink::Session() {
         absl::StrCat("the scheduler refused this worker: ", reply.refused()));
   }
   spdlog::info(
-      "registered with {} as worker #{} '{}' in profile '{}' ({} slots)",
+      "registered with {} as worker #{} '{}' in profile '{}' ({} slots; "
+      "scheduler version {})",
       options_.scheduler, reply.registered().worker_id(), options_.name,
-      options_.profile, options_.devices.size());
+      options_.profile, options_.devices.size(),
+      reply.registered().scheduler_version().empty()
+          ? "unknown"
+          : reply.registered().scheduler_version());
   {
     absl::MutexLock lock(&mu_);
     connecting_ = nullptr;

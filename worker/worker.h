@@ -49,6 +49,8 @@ struct WorkerOptions {
   // The worker's environment variables jobs inherit besides kJobBaseEnv
   // (--job-env).
   std::vector<std::string> job_env;
+  // Told to the scheduler at registration (version.h's Version()).
+  std::string version;
 };
 
 class Worker final : public LinkHandler, public ProcessEvents {
