@@ -213,4 +213,14 @@ std::string FormatSettings(const std::vector<ConfigSetting>& settings,
   return out;
 }
 
+std::string NonDefaultSettings(const std::vector<ConfigSetting>& settings) {
+  std::vector<std::string> parts;
+  for (const ConfigSetting& s : settings) {
+    if (s.source == ConfigSource::kDefault) continue;
+    parts.push_back(
+        absl::StrCat(s.key, "=", ShownValue(s), " (", s.origin, ")"));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
 }  // namespace dlbatch

@@ -70,6 +70,11 @@ class ConfigBinding {
 std::string FormatSettings(const std::vector<ConfigSetting>& settings,
                            const std::string& config_file, bool json);
 
+// One line for a daemon's log at start: each setting not at its default,
+// "listen=unix:/run/s.sock (file /etc/dlbatch/scheduler.yaml:2), ..."; "" if
+// none is.
+std::string NonDefaultSettings(const std::vector<ConfigSetting>& settings);
+
 }  // namespace dlbatch
 
 #endif  // DLBATCH_COMMON_CONFIG_CLI_H_

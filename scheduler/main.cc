@@ -521,7 +521,8 @@ int main(int argc, char** argv) {
   }
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
-  spdlog::info("dlbatch-scheduler {}{}", dlbatch::Version(),
-               config.path().empty() ? "" : "; configuration " + config.path());
+  spdlog::info("dlbatch-scheduler {}{}; settings: {}", dlbatch::Version(),
+               config.path().empty() ? "" : "; configuration " + config.path(),
+               dlbatch::NonDefaultSettings(config.Settings()));
   return dlbatch::scheduler::Run(flags);
 }

@@ -122,8 +122,9 @@ int main(int argc, char** argv) {
   }
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
-  spdlog::info("dlbatch-worker {}{}", dlbatch::Version(),
-               config.path().empty() ? "" : "; configuration " + config.path());
+  spdlog::info("dlbatch-worker {}{}; settings: {}", dlbatch::Version(),
+               config.path().empty() ? "" : "; configuration " + config.path(),
+               dlbatch::NonDefaultSettings(config.Settings()));
 
   if (scheduler.empty()) {
     return Fail(

@@ -243,6 +243,11 @@ TEST(ConfigBindingTest, FlagBeatsEnvBeatsFileBeatsDefault) {
   EXPECT_EQ(p.Setting("cpu_slots").origin, "flag --cpu-slots");
   EXPECT_THAT(p.Setting("cpu_slots").values, ElementsAre("5"));
   EXPECT_EQ(p.binding.path(), file.path());
+  const std::string line = NonDefaultSettings(p.binding.Settings());
+  EXPECT_THAT(line, HasSubstr("cpu_slots=5 (flag --cpu-slots)"));
+  EXPECT_THAT(line, HasSubstr("ca_file=/env/ca.pem (env DLBATCH_TEST_CA)"));
+  EXPECT_THAT(line, HasSubstr("tls_name=c (flag --tls-name)"));
+  EXPECT_THAT(line, ::testing::Not(HasSubstr("listen=127")));
 }
 
 TEST(ConfigBindingTest, DefaultsWhenNothingSetsThem) {

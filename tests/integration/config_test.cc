@@ -92,6 +92,8 @@ TEST(ConfigFiles, SchedulerWorkerAndCliConfiguredByTheirFilesAlone) {
   EXPECT_EQ(ReadAll(dir + "/ready"), sock + "\n");
   EXPECT_THAT(ReadAll(dir + "/scheduler.log"),
               HasSubstr("configuration " + scheduler_yaml));
+  EXPECT_THAT(ReadAll(dir + "/scheduler.log"),
+              HasSubstr("listen=" + sock + " (file " + scheduler_yaml + ":3)"));
 
   const std::string worker_yaml = dir + "/worker.yaml";
   WriteAll(worker_yaml, "scheduler: " + sock + "\nwork_dir: " + dir +
