@@ -129,7 +129,9 @@ absl::Status ConfigBinding::Load(int argc, const char* const* argv) {
     b.preset = PresetFor(b.key, file, [](const char* name) {
       return static_cast<const char*>(std::getenv(name));
     });
-    if (!b.preset || b.preset->values.empty()) continue;
+    // The program reads its environment variables itself (its messages
+    // name them); one that is set only keeps the file's value out.
+    if (!b.preset || b.preset->source != ConfigSource::kFile) continue;
     try {
       b.option->add_result(b.preset->values);
       b.option->run_callback();
@@ -137,12 +139,10 @@ absl::Status ConfigBinding::Load(int argc, const char* const* argv) {
       b.option->clear();
       absl::string_view where = b.preset->origin;
       absl::ConsumePrefix(&where, "file ");
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": key '", b.key.name, "': ", e.what(),
-          b.preset->source == ConfigSource::kEnv
-              ? ""
-              : absl::StrCat("; fix it in ", file.path, " or pass --",
-                             b.option->get_lnames().front())));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": key '", b.key.name, "': ", e.what(),
+                       absl::StrCat("; fix it in ", file.path, " or pass --",
+                                    b.option->get_lnames().front())));
     }
     b.option->clear();  // the command line may still set it
     if (b.option->get_required()) b.option->required(false);

@@ -3,8 +3,10 @@
 //
 // Every long option of the app itself (not of its subcommands) is a key:
 // --state-dir is `state_dir`. Before the command line is parsed, Load()
-// sets each option from its environment variable, else from the file, as
-// if that were its default; the command line then overrides it. So the
+// sets each option from the file, as if that were its default; the command
+// line then overrides it. An option's environment variable (SetEnv) is read
+// by the program itself where the option is empty, as before there were
+// files; when it is set, Load() leaves the file's value out. So the
 // precedence is flag > environment > file > default.
 #ifndef DLBATCH_COMMON_CONFIG_CLI_H_
 #define DLBATCH_COMMON_CONFIG_CLI_H_
@@ -35,8 +37,8 @@ class ConfigBinding {
   void Exclude(const std::string& flag);
 
   // Before app->parse(argc, argv): finds --config in argv, reads the file
-  // and sets the options from the environment and the file. An error names
-  // the file, line and key (or the variable) and says what was expected.
+  // and sets the options from it (but those whose variable is set). An error
+  // names the file, line and key (or the variable) and says what was expected.
   // REQUIRES: every option is declared.
   absl::Status Load(int argc, const char* const* argv);
 

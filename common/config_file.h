@@ -28,9 +28,10 @@ struct ConfigKey {
   bool list = false;
   // The environment variable that overrides the file, or "".
   std::string env;
-  // True when `env` holds this setting's value (DLBATCH_CA for ca_file);
-  // false when it stands in for the setting in another form (DLBATCH_TOKEN,
-  // the token itself, for token_file): the file's value is then not used.
+  // True when `env` holds this setting's value (DLBATCH_CA for ca_file),
+  // shown as such; false when it stands in for the setting in another form
+  // (DLBATCH_TOKEN, the token itself, for token_file), never shown. Either
+  // way the file's value is then not used.
   bool env_is_value = true;
 };
 
@@ -78,8 +79,8 @@ struct ConfigSetting {
 // What a setting is before the command line is read: from the environment
 // (where `key.env` is set and not empty), else from `file`, else nullopt
 // (the program's default). An env that is not the value (env_is_value
-// false) gives a setting with no values: the program reads the variable
-// itself. `getenv` is std::getenv in programs, a fake in tests.
+// false) gives a setting with no values. `getenv` is std::getenv in
+// programs, a fake in tests.
 std::optional<ConfigSetting> PresetFor(
     const ConfigKey& key, const ConfigFile& file,
     const std::function<const char*(const char*)>& getenv);

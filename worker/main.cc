@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::string scheduler;  // else DLBATCH_SCHEDULER (ConfigBinding)
+  std::string scheduler;
+  if (const char* env = std::getenv("DLBATCH_SCHEDULER")) scheduler = env;
   std::string profile = "local";
   std::string work_dir;
   std::string name;

@@ -234,7 +234,9 @@ TEST(ConfigBindingTest, FlagBeatsEnvBeatsFileBeatsDefault) {
   ::unsetenv("DLBATCH_TEST_CA");
   EXPECT_EQ(p.state_dir, "/from/file");  // required, given by the file
   EXPECT_EQ(p.listen, "0.0.0.0:9000");
-  EXPECT_EQ(p.ca_file, "/env/ca.pem");
+  // The program reads DLBATCH_TEST_CA itself; the file's value stays out.
+  EXPECT_EQ(p.ca_file, "");
+  EXPECT_THAT(p.Setting("ca_file").values, ElementsAre("/env/ca.pem"));
   EXPECT_EQ(p.cpu_slots, 5);
   EXPECT_TRUE(p.sync_full);
   EXPECT_THAT(p.tls_names, ElementsAre("c"));  // the flag replaces the list
