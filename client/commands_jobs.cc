@@ -137,6 +137,7 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
   }
   v1::JobSpec& spec = parsed.spec;
   RETURN_IF_ERROR(ApplySubmitFlags(options, &spec));
+  if (spec.profile().empty()) spec.set_profile(flags.default_profile);
   if (spec.name().empty() && !options.job_file.empty())
     spec.set_name(fs::path(options.job_file).stem().string());
   if (spec.name().empty() && spec.command().argv_size() > 0)

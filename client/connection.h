@@ -25,6 +25,10 @@ struct GlobalFlags {
   // How long a retried call keeps trying while the scheduler is unreachable
   // (a restart); 0: one try.
   int64_t retry_for_ms = 30000;
+  // The profile of a submitted job whose file and flags name none
+  // (--default-profile, or default_profile: in config.yaml); empty: the
+  // scheduler's default.
+  std::string default_profile;
 };
 
 class Connection {

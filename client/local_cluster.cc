@@ -250,10 +250,13 @@ absl::Status LocalCluster::EnsureRunning(bool verbose, int cpu_slots) {
   if (!scheduler_up) {
     if (verbose)
       std::cerr << "starting the local scheduler in " << dir_ << "\n";
-    RETURN_IF_ERROR(StartProcess(
-        "dlbatch-scheduler",
-        {"--state-dir", dir_ + "/scheduler", "--listen", address()},
-        dir_ + "/scheduler.log", dir_ + "/scheduler.pid"));
+    RETURN_IF_ERROR(
+        StartProcess("dlbatch-scheduler",
+                     // --config '': the machine's /etc/dlbatch files are for
+                     // its service, not for a user's own cluster.
+                     {"--config", "", "--state-dir", dir_ + "/scheduler",
+                      "--listen", address()},
+                     dir_ + "/scheduler.log", dir_ + "/scheduler.pid"));
     if (!WaitUntil([this] { return SchedulerAnswers(); }, 15000)) {
       return absl::UnavailableError(absl::StrCat(
           "the local scheduler did not come up; see ", dir_, "/scheduler.log"));
@@ -261,8 +264,8 @@ absl::Status LocalCluster::EnsureRunning(bool verbose, int cpu_slots) {
   }
   if (!worker_up) {
     std::vector<std::string> args = {
-        "--scheduler", address(),        "--profile", "local",
-        "--work-dir",  dir_ + "/worker", "--name",    "local"};
+        "--config", "",           "--scheduler",    address(), "--profile",
+        "local",    "--work-dir", dir_ + "/worker", "--name",  "local"};
     if (cpu_slots > 0) {
       args.push_back("--cpu-slots");
       args.push_back(absl::StrCat(cpu_slots));

@@ -7,6 +7,7 @@
 
 #include "client/commands.h"
 #include "client/commands_admin.h"
+#include "client/commands_config.h"
 #include "client/commands_daily.h"
 #include "client/connection.h"
 #include "client/local_cluster.h"
@@ -252,6 +253,9 @@ int main(int argc, char** argv) {
       ->callback([&] { rc = Report(LocalStatus()); });
 
   AddAdminCommands(app, &flags, &rc);
+  std::unique_ptr<dlbatch::ConfigBinding> config =
+      AddConfigCommands(app, &flags, &rc);
+  if (absl::Status s = config->Load(argc, argv); !s.ok()) return Report(s);
   if (auto failed = ParseCommandLine(app, argc, argv)) return *failed;
   return rc;
 }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/config_cli.h"
 #include "common/duration.h"
 #include "common/endpoint.h"
 #include "common/files.h"
@@ -27,6 +28,7 @@
 #include "common/metrics_server.h"
 #include "common/sd_notify.h"
 #include "common/status.h"
+#include "common/version.h"
 #include "grpcpp/resource_quota.h"
 #include "scheduler/acceptor.h"
 #include "scheduler/service.h"
@@ -544,11 +546,21 @@ int main(int argc, char** argv) {
   app.add_option("--log-format", flags.log_format,
                  "Log lines to stderr as text or json (one object per line)")
       ->capture_default_str();
+  // Versions and the configuration file (keys: the flags above, '_' for '-').
+  app.set_version_flag("--version", dlbatch::VersionText("dlbatch-scheduler"));
+  dlbatch::ConfigBinding config(&app, "/etc/dlbatch/scheduler.yaml");
+  if (absl::Status s = config.Load(argc, argv); !s.ok()) {
+    std::cerr << "dlbatch-scheduler: " << s.message() << "\n";
+    return 1;
+  }
   CLI11_PARSE(app, argc, argv);
   if (auto s = dlbatch::SetUpLogging(flags.log_format, "dlbatch-scheduler");
       !s.ok()) {
     std::cerr << "dlbatch-scheduler: " << s.message() << "\n";
     return 2;
   }
+  spdlog::info("dlbatch-scheduler {}{}; settings: {}", dlbatch::Version(),
+               config.path().empty() ? "" : "; configuration " + config.path(),
+               dlbatch::NonDefaultSettings(config.Settings()));
   return dlbatch::scheduler::Run(flags);
 }

@@ -668,6 +668,7 @@ v1::ListWorkersReply Scheduler::ListWorkers() {
     std::sort(jobs.begin(), jobs.end());
     info->mutable_running_jobs()->Add(jobs.begin(), jobs.end());
     info->set_last_seen_ms(w.record.last_seen_ms);
+    info->set_version(w.version);
   }
   return reply;
 }

@@ -224,6 +224,7 @@ class Scheduler : private FollowSource {
     // Users it said it does not know, and when (monotonic ms): asked again
     // after options_.unknown_user_recheck_ms (an account added since).
     std::map<std::string, int64_t> unknown_since;
+    std::string version;  // as it registered (Register.version)
   };
   using Outbox = std::vector<
       std::pair<std::shared_ptr<WorkerSession>, v1::SchedulerMessage>>;

@@ -65,6 +65,7 @@ v1::WorkerInfo Scheduler::WorkerView(const WorkerState& w) const {
       w.session ? static_cast<int>(core_->FreeDevices(id).size()) : 0);
   for (int64_t job : watched_slots_.Jobs(id)) info.add_running_jobs(job);
   info.set_last_seen_ms(w.record.last_seen_ms);
+  info.set_version(w.version);
   return info;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "common/version.h"
 #include "scheduler/scheduler.h"
 #include "spdlog/spdlog.h"
 
@@ -370,6 +371,18 @@ absl::Status Scheduler::HandleRegister(
     out->emplace_back(session, std::move(refuse));
     return absl::OkStatus();
   }
+  // A worker older than this scheduler accepts is refused, naming both
+  // versions; it stops instead of retrying (a refusal is final to it).
+  if (absl::Status too_old =
+          CheckWorkerVersion(reg.version(), kMinWorkerVersion, Version());
+      !too_old.ok()) {
+    spdlog::warn("refused worker '{}' on {}: {}", reg.name(), reg.host(),
+                 std::string(too_old.message()));
+    v1::SchedulerMessage refuse;
+    refuse.set_refused(std::string(too_old.message()));
+    out->emplace_back(session, std::move(refuse));
+    return absl::OkStatus();
+  }
   // A connected worker's name is its credential's: another credential (a
   // job that started its own worker, another node group's token) may not
   // take it over and so be handed its jobs. The same credential may: a
@@ -419,6 +432,7 @@ absl::Status Scheduler::HandleRegister(
   worker.record = rec;
   worker.session = session;
   worker.lost = false;
+  worker.version = reg.version();
   worker.last_seen_mono = clock_->MonotonicMs();
   session_worker_[session.get()] = rec.id;
   if (!core_->HasProfile(rec.profile)) {
@@ -434,6 +448,9 @@ absl::Status Scheduler::HandleRegister(
   registered.mutable_registered()->set_worker_id(rec.id);
   registered.mutable_registered()->set_heartbeat_interval_ms(
       options_.heartbeat_interval_ms);
+  registered.mutable_registered()->set_scheduler_version(
+      std::string(Version()));
+  registered.mutable_registered()->set_min_worker_version(kMinWorkerVersion);
   // Parts cancelled while the worker was away (or just before a restart):
   // the CancelJob sent then may never have reached it, so it goes again.
   Outbox cancels;

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "common/version.h"
 #include "proto/jobspec_yaml.h"
 #include "trainer/backend_select.h"
 #include "trainer/comm/communicator_nccl.h"
@@ -155,6 +156,7 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
       "Each GPU convolution pass runs by cuDNN or as a matrix product over\n"
       "unfolded patches, whichever times faster when the network is built;\n"
       "DLBATCH_CONV_LOWERED=1 (the product) or 0 (cuDNN) forces one.");
+  app.set_version_flag("--version", VersionText("dlbatch-train"));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

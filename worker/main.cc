@@ -16,11 +16,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/config_cli.h"
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/log_format.h"
 #include "common/metrics_server.h"
 #include "common/tls_client.h"
+#include "common/version.h"
 #include "spdlog/spdlog.h"
 #include "worker/devices.h"
 #include "worker/job_cgroups.h"
@@ -127,10 +129,30 @@ int main(int argc, char** argv) {
   app.add_option("--log-format", log_format,
                  "Log lines to stderr as text or json (one object per line)")
       ->capture_default_str();
+  // For tests only: the version this worker claims at registration, to
+  // show how a scheduler refuses a worker older than it accepts. Hidden
+  // from --help, never read from a configuration file.
+  std::string report_version;
+  app.add_option("--report-version", report_version)->group("");
+  app.set_version_flag("--version", dlbatch::VersionText("dlbatch-worker"));
+  dlbatch::ConfigBinding config(&app, "/etc/dlbatch/worker.yaml");
+  config.SetEnv("--scheduler", "DLBATCH_SCHEDULER");
+  config.SetEnv("--token-file", "DLBATCH_TOKEN", /*env_is_value=*/false);
+  config.SetEnv("--ca-file", "DLBATCH_CA");
+  config.Exclude("--report-version");
+  config.Exclude("--slurm-job");  // set by the batch script only
+  config.Exclude("--attempt");
+  if (absl::Status s = config.Load(argc, argv); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   CLI11_PARSE(app, argc, argv);
   if (auto s = dlbatch::SetUpLogging(log_format, "dlbatch-worker"); !s.ok()) {
     return Fail(std::string(s.message()));
   }
+
+  spdlog::info("dlbatch-worker {}{}; settings: {}", dlbatch::Version(),
+               config.path().empty() ? "" : "; configuration " + config.path(),
+               dlbatch::NonDefaultSettings(config.Settings()));
 
   std::optional<dlbatch::worker::SlurmJobContext> slurm;
   if (slurm_job != 0 || attempt != 0) {
@@ -142,7 +164,10 @@ int main(int argc, char** argv) {
   }
 
   if (scheduler.empty()) {
-    return Fail("no scheduler given; pass --scheduler unix:PATH or HOST:PORT");
+    return Fail(
+        "no scheduler given; pass --scheduler unix:PATH or HOST:PORT, set "
+        "DLBATCH_SCHEDULER, or write scheduler: in /etc/dlbatch/worker.yaml "
+        "(or the file of --config)");
   }
   auto endpoint = dlbatch::ParseEndpoint(scheduler);
   if (!endpoint.ok()) return Fail(std::string(endpoint.status().message()));
@@ -263,6 +288,8 @@ int main(int argc, char** argv) {
   options.profile = profile;
   options.work_dir = work_dir;
   options.keep_job_dirs = keep;
+  options.version =
+      report_version.empty() ? std::string(dlbatch::Version()) : report_version;
   std::string note;
   if (!no_gpus && cpu_slots == 0)
     options.devices = dlbatch::worker::DiscoverGpus(&note);

@@ -160,6 +160,7 @@ absl::Status SchedulerLink::Session() {
   reg->set_runs_as_any_user(options_.runs_as_any_user);
   reg->set_user(options_.user);
   if (options_.slurm_job) *reg->mutable_slurm() = *options_.slurm_job;
+  reg->set_version(options_.version);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
@@ -184,9 +185,13 @@ absl::Status SchedulerLink::Session() {
         absl::StrCat("the scheduler refused this worker: ", reply.refused()));
   }
   spdlog::info(
-      "registered with {} as worker #{} '{}' in profile '{}' ({} slots)",
+      "registered with {} as worker #{} '{}' in profile '{}' ({} slots; "
+      "scheduler version {})",
       options_.scheduler, reply.registered().worker_id(), options_.name,
-      options_.profile, options_.devices.size());
+      options_.profile, options_.devices.size(),
+      reply.registered().scheduler_version().empty()
+          ? "unknown"
+          : reply.registered().scheduler_version());
   {
     absl::MutexLock lock(&mu_);
     connecting_ = nullptr;

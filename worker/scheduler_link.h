@@ -72,6 +72,7 @@ struct LinkOptions {
   std::string profile;
   std::vector<v1::Device> devices;
   std::string scheduler;  // for log lines
+  std::string version;    // this worker's, told at registration
   // Whose jobs this worker runs, told at registration: any user its machine
   // knows (started as root), or only `user`'s (its own user name). The
   // scheduler asks about users (UserQuery); knows_user answers, on the

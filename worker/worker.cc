@@ -90,6 +90,7 @@ LinkOptions MakeLinkOptions(const WorkerOptions& o) {
   l.profile = o.profile;
   l.devices = o.devices;
   l.scheduler = o.channel.endpoint.original;
+  l.version = o.version;
   l.runs_as_any_user = ::geteuid() == 0;
   l.user = CurrentUserName();
   l.knows_user = KnowsUser;

@@ -55,6 +55,8 @@ struct WorkerOptions {
   // registration, serves that job attempt only, and Run() returns once
   // every part of it it was given has ended and been acknowledged.
   std::optional<v1::SlurmJob> slurm_job;
+  // Told to the scheduler at registration (version.h's Version()).
+  std::string version;
 };
 
 class Worker final : public LinkHandler, public ProcessEvents {

@@ -215,9 +215,10 @@ void Cluster::StartScheduler(std::vector<std::string> extra,
           : listen;
   std::vector<std::string> argv = scheduler_prefix_;
   for (const std::string& a :
-       {BinDir() + "/dlbatch-scheduler", std::string("--state-dir"),
-        scheduler_state(), std::string("--listen"), where,
-        std::string("--ready-file"), ready}) {
+       {BinDir() + "/dlbatch-scheduler", std::string("--config"),
+        std::string(""),  // no /etc/dlbatch file; a test's --config wins
+        std::string("--state-dir"), scheduler_state(), std::string("--listen"),
+        where, std::string("--ready-file"), ready}) {
     argv.push_back(a);
   }
   argv.insert(argv.end(), scheduler_args_.begin(), scheduler_args_.end());
@@ -274,7 +275,10 @@ std::vector<std::string> Cluster::CliArgv(
 
 std::map<std::string, std::string> Cluster::CliEnv() const {
   // Never fall back on a local cluster of the user running the tests.
-  std::map<std::string, std::string> env = {{"XDG_STATE_HOME", dir_ + "/xdg"}};
+  // Nor on the configuration file of the user running the tests.
+  std::map<std::string, std::string> env = {
+      {"XDG_STATE_HOME", dir_ + "/xdg"},
+      {"XDG_CONFIG_HOME", dir_ + "/xdg-config"}};
   if (is_tcp()) env.emplace("DLBATCH_CA", ca_file());
   return env;
 }
@@ -286,9 +290,9 @@ int Cluster::StartWorker(const std::string& name, int slots,
   std::string work = dir_ + "/worker-" + name;
   std::vector<std::string> argv = std::move(prefix);
   for (const std::string& a :
-       {BinDir() + "/dlbatch-worker", std::string("--scheduler"), address_,
-        std::string("--profile"), profile, std::string("--work-dir"), work,
-        std::string("--name"), name}) {
+       {BinDir() + "/dlbatch-worker", std::string("--config"), std::string(""),
+        std::string("--scheduler"), address_, std::string("--profile"), profile,
+        std::string("--work-dir"), work, std::string("--name"), name}) {
     argv.push_back(a);
   }
   if (slots > 0) {
@@ -334,6 +338,7 @@ Result Cluster::Cli(std::vector<std::string> args,
   argv.insert(argv.end(), args.begin(), args.end());
   // Never fall back on a local cluster of the user running the tests.
   env.emplace("XDG_STATE_HOME", dir_ + "/xdg");
+  env.emplace("XDG_CONFIG_HOME", dir_ + "/xdg-config");
   if (is_tcp()) env.emplace("DLBATCH_CA", ca_file());
   return Exec(argv, env, timeout_ms);
 }

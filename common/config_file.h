@@ -1,0 +1,96 @@
+// Configuration files of the daemons and the CLI (/etc/dlbatch/scheduler.yaml,
+// /etc/dlbatch/worker.yaml, ~/.config/dlbatch/config.yaml): a YAML mapping
+// whose keys are a program's long flag names with '-' turned into '_'.
+//
+// The pure core: reading a file's text against the keys a program accepts,
+// and choosing each setting's value by precedence (flag > environment >
+// file > default). config_cli.h feeds the result into CLI11's options.
+#ifndef DLBATCH_COMMON_CONFIG_FILE_H_
+#define DLBATCH_COMMON_CONFIG_FILE_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dlbatch {
+
+enum class ConfigType { kString, kInteger, kNumber, kBool };
+
+// A key a program accepts in its file.
+struct ConfigKey {
+  std::string name;  // "state_dir"
+  ConfigType type = ConfigType::kString;
+  // A list key (a repeatable flag) takes a list or a single value.
+  bool list = false;
+  // The environment variable that overrides the file, or "".
+  std::string env;
+  // True when `env` holds this setting's value (DLBATCH_CA for ca_file),
+  // shown as such; false when it stands in for the setting in another form
+  // (DLBATCH_TOKEN, the token itself, for token_file), never shown. Either
+  // way the file's value is then not used.
+  bool env_is_value = true;
+};
+
+// One key as written in a file.
+struct ConfigEntry {
+  std::string key;
+  std::vector<std::string> values;  // one for a scalar; a list's items
+  int line = 0;                     // 1-based
+};
+
+struct ConfigFile {
+  std::string path;  // "" when no file was read
+  std::vector<ConfigEntry> entries;
+
+  // The entry for `key`, or nullptr.
+  const ConfigEntry* Find(std::string_view key) const;
+};
+
+// Parses `text` (named `path` in messages) against `keys`. Errors name
+// PATH:LINE and the key: an unknown key (with the nearest known one and the
+// list of keys), a key given twice, a value of the wrong type (what was
+// expected), a file that is not a mapping. A key with no value (`listen:`)
+// is left unset. An empty file is an empty configuration.
+absl::StatusOr<ConfigFile> ParseConfigFile(std::string_view text,
+                                           const std::string& path,
+                                           const std::vector<ConfigKey>& keys);
+
+// Reads and parses `path`. A missing file is an empty configuration when
+// `must_exist` is false (the default path), an error when true (--config).
+absl::StatusOr<ConfigFile> LoadConfigFile(const std::string& path,
+                                          bool must_exist,
+                                          const std::vector<ConfigKey>& keys);
+
+// Where a setting's value came from.
+enum class ConfigSource { kDefault, kFile, kEnv, kFlag };
+
+struct ConfigSetting {
+  std::string key;
+  ConfigSource source = ConfigSource::kDefault;
+  std::vector<std::string> values;  // what the program uses (see below)
+  // "flag --listen", "env DLBATCH_CA", "file /etc/x.yaml:3", "default"
+  std::string origin;
+};
+
+// What a setting is before the command line is read: from the environment
+// (where `key.env` is set and not empty), else from `file`, else nullopt
+// (the program's default). An env that is not the value (env_is_value
+// false) gives a setting with no values. `getenv` is std::getenv in
+// programs, a fake in tests.
+std::optional<ConfigSetting> PresetFor(
+    const ConfigKey& key, const ConfigFile& file,
+    const std::function<const char*(const char*)>& getenv);
+
+// "flag", "env", "file" or "default".
+std::string SourceName(ConfigSource source);
+
+// Levenshtein distance, for "did you mean" on unknown keys.
+size_t EditDistance(std::string_view a, std::string_view b);
+
+}  // namespace dlbatch
+
+#endif  // DLBATCH_COMMON_CONFIG_FILE_H_
