@@ -7,6 +7,7 @@
 
 #include "client/commands.h"
 #include "client/commands_admin.h"
+#include "client/commands_control.h"
 #include "client/connection.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
@@ -96,6 +97,11 @@ int main(int argc, char** argv) {
       "Makes a resubmit safe across processes: a submit with an id the "
       "scheduler has seen makes no job and prints the first one's id "
       "(default: a random id, kept across this submit's own retries)");
+  c_submit
+      ->add_option("--after", submit.after,
+                   "Start only after these jobs finished well (ID,ID); "
+                   "fail if one does not")
+      ->delimiter(',');
   c_submit->callback([&] { rc = Report(Submit(flags, submit)); });
 
   JobsOptions jobs;
@@ -289,6 +295,7 @@ int main(int argc, char** argv) {
       });
 
   AddAdminCommands(app, &flags, &rc);
+  AddControlCommands(app, &flags, &rc);  // hold, release, requeue
   CLI11_PARSE(app, argc, argv);
   return rc;
 }
