@@ -173,17 +173,22 @@ TEST(Control, HoldReleaseAndRequeueSurviveARestart) {
   ASSERT_EQ(hold.code, 0) << hold.err;
   EXPECT_EQ(hold.out, "job " + id + " held\n");
   // Another user may not touch it.
-  Result other = Exec(
-      [&] {
-        std::vector<std::string> argv = {"setpriv", "--reuid=65534",
-                                         "--regid=65534", "--clear-groups"};
-        for (const std::string& a : c.CliArgv({"release", id}))
-          argv.push_back(a);
-        return argv;
-      }(),
-      {{"HOME", "/tmp"}, {"XDG_STATE_HOME", "/tmp"}}, 60000);
+  auto nobody = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"setpriv", "--reuid=65534",
+                                     "--regid=65534", "--clear-groups"};
+    for (const std::string& a : c.CliArgv(args)) argv.push_back(a);
+    return Exec(argv, {{"HOME", "/tmp"}, {"XDG_STATE_HOME", "/tmp"}}, 60000);
+  };
+  Result other = nobody({"release", id});
   EXPECT_NE(other.code, 0);
   EXPECT_NE(other.err.find("permission denied: job " + id), npos) << other.err;
+  // Workers are the admins' to drain.
+  Result drain = nobody({"admin", "drain", "w1"});
+  EXPECT_NE(drain.code, 0);
+  EXPECT_NE(drain.err.find("permission denied: draining workers is for "
+                           "admins"),
+            npos)
+      << drain.err;
 
   Result cancel = c.Cli({"cancel", std::to_string(blocker)});
   ASSERT_EQ(cancel.code, 0) << cancel.err;
