@@ -35,6 +35,7 @@ struct SubmitOptions {
   // Empty: a random one. A submit repeating a request id the scheduler has
   // seen makes no job and gets the first one's id.
   std::string request_id;
+  std::vector<int64_t> after;  // --after: start after these finished well
 };
 absl::StatusOr<int> Submit(const GlobalFlags& flags,
                            const SubmitOptions& options);

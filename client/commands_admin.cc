@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/commands_control.h"
 #include "client/commands_credentials.h"
 #include "client/format.h"
 #include "client/json_out.h"
@@ -225,6 +226,7 @@ void AddAdminCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
   admin->require_subcommand(1);
   AddCredentialCommands(admin, flags, rc);
   AddLimitCommands(admin, flags, rc);
+  AddWorkerAdminCommands(admin, flags, rc);  // issue 21 (slice control)
 
   struct PurgeArgs {
     std::vector<int64_t> ids;

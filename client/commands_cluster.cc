@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
+#include "client/commands_control.h"
 #include "client/format.h"
 #include "client/json_out.h"
 #include "client/outputs_dir.h"
@@ -166,8 +167,9 @@ absl::StatusOr<int> Workers(Connection& conn, bool json) {
     }
     table.Add(
         {absl::StrCat(w.id()), w.name(), w.host(), w.profile(),
-         w.online() ? "online" : "offline", absl::StrCat(w.devices_size()),
-         absl::StrCat(w.free_slots()), devices,
+         WorkerStateText(w) +
+             (w.drain_reason().empty() ? "" : " (" + w.drain_reason() + ")"),
+         absl::StrCat(w.devices_size()), absl::StrCat(w.free_slots()), devices,
          w.running_jobs().empty() ? "-"
                                   : absl::StrJoin(w.running_jobs(), ",")});
   }

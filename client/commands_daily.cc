@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/commands.h"
+#include "client/commands_control.h"
 #include "client/format.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
@@ -102,7 +103,7 @@ std::string Cell(const v1::Job& job, JobColumn column, int64_t now_ms) {
     case JobColumn::kUser:
       return job.user();
     case JobColumn::kState:
-      return JobStateName(job.state());
+      return JobStateText(job);  // "held" for a held queued job
     case JobColumn::kPool:
       return absl::StrCat(job.spec().pool());
     case JobColumn::kProfile:
@@ -388,6 +389,11 @@ void AddDailyCommands(CLI::App& app, const GlobalFlags* flags, int* rc,
       "Makes a resubmit safe across processes: a submit with an id the "
       "scheduler has seen makes no job and prints the first one's id "
       "(default: a random id, kept across this submit's own retries)");
+  c_submit
+      ->add_option("--after", submit->after,
+                   "Start only after these jobs finished well (ID,ID); "
+                   "fail if one does not")
+      ->delimiter(',');
   c_submit->callback([flags, rc, submit] {
     absl::Status ok = CheckSubmitFlags(*submit);
     *rc = Report(ok.ok() ? Submit(*flags, *submit) : absl::StatusOr<int>(ok));

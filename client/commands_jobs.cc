@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "client/attachments.h"
 #include "client/commands.h"
+#include "client/commands_control.h"
 #include "client/commands_daily.h"
 #include "client/diary_text.h"
 #include "client/format.h"
@@ -204,6 +205,7 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
   request.set_request_id(given_id ? options.request_id : RandomRequestId());
   *request.mutable_spec() = spec;
   request.set_user(CurrentUser());
+  request.mutable_after()->Add(options.after.begin(), options.after.end());
   v1::SubmitJobReply reply;
   // The request id makes retrying safe: a scheduler that committed an
   // earlier try (and died before answering) answers with that try's job.
@@ -312,7 +314,7 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
   absl::StrAppend(&out, "Job ", job.id(), "  ", spec.name(), "  (user ",
                   job.user(), ")\n");
   absl::StrAppend(
-      &out, "  State:      ", JobStateName(job.state()),
+      &out, "  State:      ", JobStateText(job),
       job.attempt() > 0 ? absl::StrCat(" (attempt ", job.attempt(), ")") : "",
       "\n");
   if (!job.wait_reason().empty())

@@ -143,11 +143,15 @@ Json JobJson(const v1::Job& job) {
   for (const v1::OutputFile& f : job.checkpoint()) {
     checkpoint.push_back(OutputFileJson(f));
   }
+  Json after = Json::array();
+  for (int64_t id : job.after()) after.push_back(id);
   const v1::JobSpec& spec = job.spec();
   return Json{{"id", job.id()},
               {"name", spec.name()},
               {"user", job.user()},
               {"state", JsonState(job.state())},
+              {"held", job.held()},
+              {"after", after},
               {"attempt", job.attempt()},
               {"profile", spec.profile()},
               {"pool", spec.pool()},
@@ -193,6 +197,9 @@ Json WorkerJson(const v1::WorkerInfo& w) {
               {"host", w.host()},
               {"profile", w.profile()},
               {"online", w.online()},
+              {"draining", w.draining()},
+              {"drain_reason", w.drain_reason()},
+              {"version", w.version()},
               {"slots", w.devices_size()},
               {"free_slots", w.free_slots()},
               {"devices", std::move(devices)},

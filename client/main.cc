@@ -8,6 +8,7 @@
 #include "client/commands.h"
 #include "client/commands_admin.h"
 #include "client/commands_config.h"
+#include "client/commands_control.h"
 #include "client/commands_daily.h"
 #include "client/connection.h"
 #include "client/local_cluster.h"
@@ -253,6 +254,7 @@ int main(int argc, char** argv) {
       ->callback([&] { rc = Report(LocalStatus()); });
 
   AddAdminCommands(app, &flags, &rc);
+  AddControlCommands(app, &flags, &rc);  // hold, release, requeue
   std::unique_ptr<dlbatch::ConfigBinding> config =
       AddConfigCommands(app, &flags, &rc);
   if (absl::Status s = config->Load(argc, argv); !s.ok()) return Report(s);

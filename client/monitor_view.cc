@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/commands_control.h"
 #include "client/format.h"
 #include "proto/job_state.h"
 
@@ -253,10 +254,10 @@ std::vector<std::string> WorkerLines(const ClusterModel& model, int cols) {
     std::string marks = SlotMarks(model, w, &legend);
     int busy = 0;
     for (char c : marks) busy += (c != '.' && c != '-') ? 1 : 0;
-    std::string line = absl::StrCat(
-        " ", Fit(w.name(), 12), " ", Fit(w.online() ? "online" : "offline", 7),
-        " ", Fit(absl::StrCat(kind, " ", busy, "/", slots), 9), " [", marks,
-        "] ", absl::StrJoin(legend, " "));
+    std::string line =
+        absl::StrCat(" ", Fit(w.name(), 12), " ", Fit(WorkerStateText(w), 8),
+                     " ", Fit(absl::StrCat(kind, " ", busy, "/", slots), 9),
+                     " [", marks, "] ", absl::StrJoin(legend, " "));
     while (!line.empty() && line.back() == ' ') line.pop_back();
     lines.push_back(Clip(line, cols));
   }
@@ -356,13 +357,15 @@ std::string PlainSnapshot(const ClusterModel& model, int64_t now_ms) {
     std::vector<std::string> legend;
     std::string marks = SlotMarks(model, w, &legend);
     int busy = w.online() ? w.devices_size() - w.free_slots() : 0;
-    workers.Add({Clip(w.name(), 1 << 20), Clip(w.profile(), 1 << 20),
-                 w.online() ? "online" : "offline",
-                 absl::StrCat(w.devices_size() > 0 ? w.devices(0).kind() : "-",
-                              " ", w.devices_size()),
-                 absl::StrCat(busy, "/", w.devices_size()),
-                 absl::StrCat("[", marks, "]"),
-                 legend.empty() ? "-" : absl::StrJoin(legend, " ")});
+    workers.Add(
+        {Clip(w.name(), 1 << 20), Clip(w.profile(), 1 << 20),
+         WorkerStateText(w) +
+             (w.drain_reason().empty() ? "" : " (" + w.drain_reason() + ")"),
+         absl::StrCat(w.devices_size() > 0 ? w.devices(0).kind() : "-", " ",
+                      w.devices_size()),
+         absl::StrCat(busy, "/", w.devices_size()),
+         absl::StrCat("[", marks, "]"),
+         legend.empty() ? "-" : absl::StrJoin(legend, " ")});
   }
   Table jobs({"ID", "NAME", "USER", "STATE", "POOL", "PROGRESS", "LOSS", "ACC%",
               "ELAPSED", "ETA", "NOTE"});

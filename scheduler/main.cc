@@ -54,6 +54,7 @@ struct Flags {
   std::string keep_ended = "30d";
   std::string fair_share_half_life = "7d";
   std::string restart_grace;
+  std::string forget_offline_after = "1h";  // issue 21 (slice control)
   int max_unauthenticated = 256;
   std::string socket_mode = "0600";
   bool shared_visibility = false;
@@ -239,6 +240,15 @@ int Run(const Flags& flags) {
     // Looked at often enough that a job outlives its time by at most a
     // tenth of it (and at most a minute).
     options.retention_interval_ms = std::clamp<int64_t>(*keep / 10, 200, 60000);
+  }
+  if (flags.forget_offline_after == "0" ||
+      flags.forget_offline_after == "never") {
+    options.forget_offline_ms = 0;
+  } else {
+    auto forget =
+        DurationMs(flags.forget_offline_after, "--forget-offline-after");
+    if (!forget.ok()) return Fail(std::string(forget.status().message()));
+    options.forget_offline_ms = *forget;
   }
   if (flags.fair_share_half_life == "0") {
     options.fair_share_half_life_ms = 0;
@@ -510,6 +520,11 @@ int main(int argc, char** argv) {
                  "Among jobs of equal priority, the user with the least "
                  "usage (slot-time, halving over this long) starts first "
                  "(e.g. 7d, 12h); 0: usage never decays")
+      ->capture_default_str();
+  app.add_option("--forget-offline-after", flags.forget_offline_after,
+                 "A lost worker is removed (its slots leave its profile, "
+                 "and queued jobs that can then never run fail) this long "
+                 "after it was last seen (e.g. 1h, 30m); 0: never")
       ->capture_default_str();
   app.add_option("--restart-grace", flags.restart_grace,
                  "After a start, workers known from before are lost only "

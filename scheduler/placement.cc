@@ -275,7 +275,10 @@ struct Worker {
   WorkerId id = 0;
   Profile* profile = nullptr;
   int slots = 0;
-  bool online = false;
+  bool online = false;  // takes jobs: reachable and not draining
+  bool reachable = false;
+  bool draining = false;
+  bool lost = false;  // since WorkerLost, until it comes online again
   // False for a worker only named by MarkRunning: it counts in no profile
   // until it comes online.
   bool registered = false;
@@ -950,7 +953,9 @@ void PlacementCore::WorkerOnline(WorkerId worker, const std::string& profile,
     w.owner.resize(w.slots, kNoJob);
   }
   w.free = State::CountFree(w);
-  w.online = true;
+  w.reachable = true;
+  w.lost = false;
+  w.online = !w.draining;
   w.registered = true;
   s.Attach(w);
 }
@@ -960,7 +965,18 @@ void PlacementCore::WorkerOffline(WorkerId worker) {
   if (w == nullptr) return;
   state_->Detach(*w);
   w->online = false;
+  w->reachable = false;
   state_->Attach(*w);
+}
+
+void PlacementCore::SetDraining(WorkerId worker, bool draining) {
+  State& s = *state_;
+  Worker& w = s.workers[worker];
+  w.id = worker;
+  s.Detach(w);
+  w.draining = draining;
+  w.online = w.reachable && !draining;
+  s.Attach(w);
 }
 
 std::vector<JobId> PlacementCore::WorkerLost(WorkerId worker) {
@@ -970,6 +986,8 @@ std::vector<JobId> PlacementCore::WorkerLost(WorkerId worker) {
   for (JobId job : lost) state_->RemoveRunning(job, state_->last_now);
   state_->Detach(*w);
   w->online = false;
+  w->reachable = false;
+  w->lost = true;
   state_->Attach(*w);
   return lost;
 }
@@ -1029,6 +1047,64 @@ std::vector<std::pair<WorkerId, UserFit>> PlacementCore::UserFits(
   return out;
 }
 
+namespace {
+
+// Whether `job` fits the workers of `p` whose slot counts are `sizes`
+// (largest first). `besides` is said after the profile's size: the
+// workers that were left out.
+absl::Status FitsSizes(const Profile& p, const QueuedJob& job,
+                       const std::vector<int>& sizes,
+                       const std::string& besides) {
+  int64_t total = 0;
+  for (int n : sizes) total += n;
+  const std::string size = absl::StrCat(
+      Plural(total, "slot", "slots"), " on ",
+      Plural(static_cast<int64_t>(sizes.size()), "worker", "workers"), besides);
+  if (sizes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool ", job.pool, " exceeds profile '", p.name, "' (", size, "); ",
+        besides.empty() ? "no worker has joined it"
+                        : "no worker of it can take jobs now",
+        "; start a worker with this profile or use another profile"));
+  }
+  const int nodes = std::max(1, job.max_nodes);
+  int64_t top = 0;  // most slots on `nodes` workers
+  for (int i = 0; i < nodes && i < static_cast<int>(sizes.size()); ++i) {
+    top += sizes[i];
+  }
+  int64_t best = top;
+  if (p.max_pool > 0) best = std::min<int64_t>(best, p.max_pool);
+  if (job.pool > total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool ", job.pool, " exceeds profile '", p.name, "' (",
+                     size, "); use --pool ", best, " or another profile"));
+  }
+  if (job.pool > top) {
+    if (nodes == 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool ", job.pool, " does not fit on one worker of profile '", p.name,
+          "' (", size, "): the largest worker has ",
+          Plural(sizes.front(), "slot", "slots"),
+          "; allow the job to span workers with max_nodes, or use --pool ",
+          best));
+    }
+    int needed = 0;
+    int64_t sum = 0;
+    for (auto it = sizes.begin(); sum < job.pool; ++it) {
+      sum += *it;
+      ++needed;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool ", job.pool, " does not fit on ", nodes, " workers of profile '",
+        p.name, "' (", size, "): the ", nodes, " largest hold ",
+        Plural(top, "slot", "slots"), "; raise max_nodes to ", needed,
+        ", or use --pool ", best));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status PlacementCore::CheckSatisfiable(const QueuedJob& job) const {
   const Profile* p = state_->FindProfile(job.profile);
   if (p == nullptr) {
@@ -1054,52 +1130,43 @@ absl::Status PlacementCore::CheckSatisfiable(const QueuedJob& job) const {
         "pool ", job.pool, " exceeds the max_pool of profile '", p->name, "' (",
         p->max_pool, "); use --pool ", p->max_pool, " or less"));
   }
-  const std::string size =
-      absl::StrCat(Plural(p->known_slots, "slot", "slots"), " on ",
-                   Plural(p->workers, "worker", "workers"));
-  if (p->workers == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pool ", job.pool, " exceeds profile '", p->name, "' (", size,
-        "); no worker has joined it; start a worker with this profile or "
-        "use another profile"));
-  }
-  const int nodes = std::max(1, job.max_nodes);
-  int64_t top = 0;  // most slots on `nodes` known workers
-  int taken = 0;
-  for (auto it = p->known_sizes.rbegin();
-       it != p->known_sizes.rend() && taken < nodes; ++it, ++taken) {
-    top += *it;
-  }
-  int64_t best = top;
-  if (p->max_pool > 0) best = std::min<int64_t>(best, p->max_pool);
-  if (job.pool > p->known_slots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pool ", job.pool, " exceeds profile '", p->name, "' (",
-                     size, "); use --pool ", best, " or another profile"));
-  }
-  if (job.pool > top) {
-    const int largest = *p->known_sizes.rbegin();
-    if (nodes == 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pool ", job.pool, " does not fit on one worker of profile '",
-          p->name, "' (", size, "): the largest worker has ",
-          Plural(largest, "slot", "slots"),
-          "; allow the job to span workers with max_nodes, or use --pool ",
-          best));
+  // Only workers that can take jobs (or may, once reconnected) count: not
+  // the lost ones, nor the draining ones.
+  std::vector<int> sizes;
+  int lost = 0, draining = 0;
+  for (const auto& [id, w] : state_->workers) {
+    if (!w.registered || w.profile != p) continue;
+    if (w.draining) {
+      ++draining;
+    } else if (w.lost) {
+      ++lost;
+    } else {
+      sizes.push_back(w.slots);
     }
-    int needed = 0;
-    int64_t sum = 0;
-    for (auto it = p->known_sizes.rbegin(); sum < job.pool; ++it) {
-      sum += *it;
-      ++needed;
-    }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pool ", job.pool, " does not fit on ", nodes, " workers of profile '",
-        p->name, "' (", size, "): the ", nodes, " largest hold ",
-        Plural(top, "slot", "slots"), "; raise max_nodes to ", needed,
-        ", or use --pool ", best));
   }
-  return absl::OkStatus();
+  std::sort(sizes.rbegin(), sizes.rend());
+  std::string besides;
+  if (lost > 0 || draining > 0) {
+    std::vector<std::string> left;
+    if (lost > 0) left.push_back(absl::StrCat(lost, " lost"));
+    if (draining > 0) left.push_back(absl::StrCat(draining, " draining"));
+    absl::StrAppend(&besides, "; not counting ", absl::StrJoin(left, " and "),
+                    " (dlbatch workers)");
+  }
+  return FitsSizes(*p, job, sizes, besides);
+}
+
+std::vector<std::pair<JobId, std::string>> PlacementCore::Unrunnable() const {
+  std::vector<std::pair<JobId, std::string>> out;
+  for (const auto& [id, job] : state_->queued) {
+    const Profile* p = state_->FindProfile(job.profile);
+    if (p == nullptr) continue;
+    std::vector<int> sizes(p->known_sizes.rbegin(), p->known_sizes.rend());
+    absl::Status fits = FitsSizes(*p, job, sizes, "");
+    if (!fits.ok()) out.emplace_back(id, std::string(fits.message()));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 void PlacementCore::Enqueue(const QueuedJob& job) {

@@ -186,6 +186,10 @@ class PlacementCore {
   // pool. It stays known (offline, counted in known capacity) until Forget.
   std::vector<JobId> WorkerLost(WorkerId worker);
   void ForgetWorker(WorkerId worker);
+  // A draining worker takes no new jobs (as if offline) while its running
+  // jobs keep their slots; CheckSatisfiable does not count it. Kept across
+  // WorkerOnline/WorkerOffline until set false.
+  void SetDraining(WorkerId worker, bool draining);
   // Whose jobs the worker runs (replaces what was known); a worker's users
   // stay when it goes offline or comes back online. Jobs already running
   // there stay.
@@ -199,11 +203,17 @@ class PlacementCore {
   std::vector<std::pair<WorkerId, UserFit>> UserFits(
       const std::string& profile, const std::string& user) const;
 
-  // OK if the profile could ever start the job: it exists, the pool is >= 1,
-  // within max_pool, and within the largest placement its known workers
-  // allow (one worker's slots, or the sum of the max_nodes largest).
-  // The message says the profile's size and what to change.
+  // OK if the profile could start the job: it exists, the pool is >= 1,
+  // within max_pool, and within the largest placement its workers allow
+  // (one worker's slots, or the sum of the max_nodes largest), counting
+  // only workers that are neither lost nor draining (the ones offline but
+  // not yet lost, as after a restart, count). The message says the
+  // profile's size, the workers left out, and what to change.
   absl::Status CheckSatisfiable(const QueuedJob& job) const;
+  // Queued jobs that no placement on every registered worker of their
+  // profile (lost and draining ones included) could ever start, with the
+  // reason: after a profile shrank (ForgetWorker). By job id.
+  std::vector<std::pair<JobId, std::string>> Unrunnable() const;
 
   // OK if job's user may queue `count` more jobs like it on its profile:
   // within max_queued, and its pool within max_slots (else it could never

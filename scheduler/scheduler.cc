@@ -254,6 +254,26 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       }
     }
     RETURN_IF_ERROR(CheckWritable());
+    // --after: every job named exists and has not ended badly.
+    std::vector<int64_t> after(request.after().begin(), request.after().end());
+    std::sort(after.begin(), after.end());
+    after.erase(std::unique(after.begin(), after.end()), after.end());
+    for (int64_t dep : after) {
+      ASSIGN_OR_RETURN(std::optional<v1::JobState> state,
+                       store_->JobState(dep));
+      if (!state) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--after ", dep, ": no job ", dep,
+                         "; `dlbatch jobs` lists the jobs"));
+      }
+      if (IsTerminal(*state) && *state != v1::JOB_STATE_FINISHED) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--after ", dep, ": job ", dep, " has ", JobStateName(*state),
+            "; --after waits for jobs that finish well (requeue it with "
+            "dlbatch requeue ",
+            dep, ", or leave it out)"));
+      }
+    }
     const int64_t now = clock_->NowMs();
     std::vector<JobRecord> records;
     records.reserve(specs.size());
@@ -290,6 +310,12 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
           ASSIGN_OR_RETURN(rec.id, store_->InsertJob(rec));
           RETURN_IF_ERROR(store_->AddEvent(rec.id, v1::JOB_STATE_QUEUED, 0,
                                            rec.submit_ms, ""));
+          if (!after.empty()) {
+            JobControlRecord control;
+            control.job_id = rec.id;
+            control.after = after;
+            RETURN_IF_ERROR(store_->PutJobControl(control));
+          }
         }
         RETURN_IF_ERROR(TimedCommit(txn));
         reply.set_sweep_id(sweep_id);
@@ -304,13 +330,19 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
     reply.set_job_id(records.front().id);
     for (JobRecord& rec : records) {
       const int64_t id = rec.id;
-      core_->Enqueue(ToQueued(rec));
       if (metrics_ != nullptr) {
         metrics_->JobSubmitted(rec.spec.profile());
         metrics_->JobMoved(rec.spec.profile(), v1::JOB_STATE_UNSPECIFIED,
                            v1::JOB_STATE_QUEUED);
       }
       reply.add_job_ids(id);
+      if (after.empty()) {
+        core_->Enqueue(ToQueued(rec));
+      } else {
+        jobs_[id].after = after;
+        waiting_after_.insert(id);
+        after_dirty_ = true;  // some may have finished already
+      }
       jobs_[id].record = std::move(rec);
       Changed(id);
     }
@@ -346,6 +378,7 @@ absl::Status Scheduler::CheckDevicesFit(const v1::JobSpec& spec) const {
 
 absl::Status Scheduler::PlaceJobs(Outbox* out) {
   if (!broken_.ok()) return broken_;
+  RETURN_IF_ERROR(ResolveAfter());  // jobs waiting for others (--after)
   auto t0 = std::chrono::steady_clock::now();
   std::vector<Decision> decisions = core_->Schedule(clock_->NowMs());
   double ms = std::chrono::duration<double, std::milli>(
@@ -437,6 +470,9 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
 }
 
 std::string Scheduler::WaitReason(const ActiveJob& job) const {
+  if (std::string control = ControlWaitReason(job); !control.empty()) {
+    return control;
+  }
   auto info = core_->Explain(job.record.id);
   if (!info) return "";
   const std::string& profile = job.record.spec.profile();
@@ -505,6 +541,8 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
                       : live.state);
     if (live.state == v1::JOB_STATE_QUEUED)
       job.set_wait_reason(WaitReason(it->second));
+    job.set_held(it->second.held);
+    job.mutable_after()->Add(it->second.after.begin(), it->second.after.end());
   }
   for (auto& part : *job.mutable_placement()) {
     auto w = workers_.find(part.worker_id());
@@ -543,9 +581,11 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
   absl::MutexLock lock(&mu_);
   for (v1::Job& job : *reply.mutable_jobs()) {
     if (job.state() != v1::JOB_STATE_QUEUED) continue;
-    if (++explained > kListedWaitReasons) break;
     auto it = jobs_.find(job.id());
-    if (it != jobs_.end() && it->second.record.state == v1::JOB_STATE_QUEUED)
+    if (it == jobs_.end()) continue;
+    if (it->second.held) job.set_held(true);
+    if (it->second.record.state == v1::JOB_STATE_QUEUED &&
+        ++explained <= kListedWaitReasons)
       job.set_wait_reason(WaitReason(it->second));
   }
   return reply;

@@ -68,6 +68,9 @@ struct SchedulerOptions {
   // A root worker's "no such user" is trusted this long; a submit after it
   // asks the worker again (the account may have been added).
   int64_t unknown_user_recheck_ms = int64_t{10} * 60 * 1000;
+  // A lost worker is removed by itself this long after it was last seen
+  // (--forget-offline-after); 0: never.
+  int64_t forget_offline_ms = int64_t{3600} * 1000;
 };
 
 // A running job's diary against its cap: the stored cut, and (once cut)
@@ -173,6 +176,21 @@ class Scheduler : private FollowSource {
   // `now`, if given, receives the time the usage was decayed to.
   std::vector<UserUsage> Usage(int64_t* now = nullptr);
 
+  // ---- workers and job control (issue 21; scheduler_control.cc) ----
+  // Drains (drain true) or resumes the worker named `name` (or numbered):
+  // a drained one takes no new jobs; kept in the store by name.
+  absl::StatusOr<v1::WorkerInfo> DrainWorker(const std::string& name,
+                                             bool drain,
+                                             const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets a worker that is offline, or drained and idle; its slots leave
+  // its profile, and queued jobs that can no longer ever run fail.
+  absl::StatusOr<v1::RemoveWorkerReply> RemoveWorker(const std::string& name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Hold, release or requeue each job (the caller checked who may).
+  absl::StatusOr<v1::ControlJobsReply> ControlJobs(
+      const v1::ControlJobsRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- WatchEvents streams; any thread ----
   // Adds a stream: its queue holds the snapshot (running jobs, up to
   // kWatchQueuedJobs queued ones, the most recently ended, every worker)
@@ -208,6 +226,12 @@ class Scheduler : private FollowSource {
     DiaryBudget diary;                // loaded with the first line
     int64_t disk_dropped_lines = 0;   // lines refused while the disk was full
     int64_t disk_dropped_bytes = 0;
+    // Job control (scheduler_control.cc): a held job, or one waiting for
+    // the jobs in `after`, is queued but not in the placement core; a
+    // requeue asked while it runs stops it and queues it again.
+    bool held = false;
+    std::vector<int64_t> after;
+    bool requeue_requested = false;
   };
   struct WorkerState {
     WorkerRecord record;
@@ -225,6 +249,9 @@ class Scheduler : private FollowSource {
     // after options_.unknown_user_recheck_ms (an account added since).
     std::map<std::string, int64_t> unknown_since;
     std::string version;  // as it registered (Register.version)
+    // Drained by an admin (kept in the store by name): takes no new jobs.
+    bool draining = false;
+    std::string drain_reason;
   };
   using Outbox = std::vector<
       std::pair<std::shared_ptr<WorkerSession>, v1::SchedulerMessage>>;
@@ -241,6 +268,35 @@ class Scheduler : private FollowSource {
   absl::StatusOr<v1::Job> JobForWait(int64_t job) override {
     return GetJob(job);
   }
+
+  // ---- job control and worker administration (scheduler_control.cc) ----
+  // After Load's workers and jobs: drains and job control from the store.
+  absl::Status LoadControl() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WorkerState* FindWorkerNamed(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a worker from memory, the core and the store, then fails the
+  // queued jobs that can no longer ever run (their ids in *failed).
+  // REQUIRES: a transaction open.
+  absl::Status ForgetWorker(int64_t worker_id, const std::string& why,
+                            std::vector<int64_t>* failed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets workers lost longer than options_.forget_offline_ms.
+  void ForgetOffline(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SaveControl(const ActiveJob& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a job that ended (failed, cancelled) again.
+  absl::Status RequeueEnded(int64_t job_id, v1::ControlResult* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A running job whose requeue was asked has ended: queued again.
+  absl::Status RequeueAsked(ActiveJob& job, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Jobs waiting for others (--after) whose answer may have changed:
+  // enqueued when all finished, failed when one did not. In a transaction
+  // of its own. REQUIRES: no transaction open.
+  absl::Status ResolveAfter() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The wait reason of a held or --after job; empty otherwise.
+  std::string ControlWaitReason(const ActiveJob& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Loop thread.
   void Loop();
@@ -423,6 +479,13 @@ class Scheduler : private FollowSource {
   double last_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
   double max_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
   EventHub events_;
+  // Jobs with a non-empty `after`, and whether one ended since they were
+  // last looked at (ResolveAfter).
+  std::set<int64_t> waiting_after_ ABSL_GUARDED_BY(mu_);
+  bool after_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // Names of connected workers just removed: their next registration is
+  // refused, once.
+  std::set<std::string> refuse_once_ ABSL_GUARDED_BY(mu_);
   WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 
   absl::Mutex queue_mu_;

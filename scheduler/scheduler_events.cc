@@ -44,6 +44,7 @@ v1::Job Scheduler::JobView(const ActiveJob& job) const {
     view.set_state(v1::JOB_STATE_CANCELLING);
   }
   if (rec.state == v1::JOB_STATE_QUEUED) view.set_wait_reason(WaitReason(job));
+  view.set_held(job.held);
   if (job.progress.iterations() > 0) *view.mutable_progress() = job.progress;
   for (auto& part : *view.mutable_placement()) {
     auto w = workers_.find(part.worker_id());
@@ -66,6 +67,8 @@ v1::WorkerInfo Scheduler::WorkerView(const WorkerState& w) const {
   for (int64_t job : watched_slots_.Jobs(id)) info.add_running_jobs(job);
   info.set_last_seen_ms(w.record.last_seen_ms);
   info.set_version(w.version);
+  info.set_draining(w.draining);
+  info.set_drain_reason(w.drain_reason);
   return info;
 }
 

@@ -106,6 +106,7 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
       ++running;
     }
   }
+  RETURN_IF_ERROR(LoadControl());
   spdlog::info("recovered {} queued and {} running jobs, {} workers", queued,
                running, workers_.size());
   if (metrics_ != nullptr) {
@@ -383,6 +384,14 @@ absl::Status Scheduler::HandleRegister(
     out->emplace_back(session, std::move(refuse));
     return absl::OkStatus();
   }
+  if (refuse_once_.erase(reg.name()) > 0) {
+    v1::SchedulerMessage refuse;
+    refuse.set_refused(
+        absl::StrCat("worker '", reg.name(),
+                     "' was removed by an admin; start it again to rejoin"));
+    out->emplace_back(session, std::move(refuse));
+    return absl::OkStatus();
+  }
   // A connected worker's name is its credential's: another credential (a
   // job that started its own worker, another node group's token) may not
   // take it over and so be handed its jobs. The same credential may: a
@@ -462,7 +471,7 @@ absl::Status Scheduler::HandleRegister(
                 it->second.record.parts[r.part()].worker == rec.id;
     if (!ours) {
       *registered.mutable_registered()->add_cancel() = r;
-    } else if (it->second.cancel_requested &&
+    } else if ((it->second.cancel_requested || it->second.requeue_requested) &&
                !it->second.part_ended[r.part()]) {
       v1::SchedulerMessage msg;
       auto* cancel = msg.mutable_cancel();
@@ -578,6 +587,11 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
       job.part_ended.end()) {
     return absl::OkStatus();
   }
+  if (job.requeue_requested && !job.cancel_requested) {
+    core_->Finished(rec.id, clock_->NowMs());
+    RETURN_IF_ERROR(SaveUsage(rec.user));
+    return RequeueAsked(job, out);
+  }
   v1::JobState final_state = v1::JOB_STATE_FINISHED;
   std::string reason;
   if (job.cancel_requested) {
@@ -626,20 +640,24 @@ void Scheduler::CheckLiveness() {
         expired.push_back(id);
       }
     }
-    if (expired.empty()) return;
-    absl::Status s = InTransaction([&]() -> absl::Status {
-      for (int64_t id : expired) {
-        WorkerState& w = workers_.at(id);
-        RETURN_IF_ERROR(LoseWorker(
-            w,
-            absl::StrCat("worker '", w.record.name, "' lost: silent for over ",
-                         options_.heartbeat_timeout_ms, " ms"),
-            &out));
-      }
-      return absl::OkStatus();
-    });
-    if (!s.ok()) return;  // recovered; tried again at the next tick
-    (void)PlaceJobs(&out);
+    if (!expired.empty()) {
+      absl::Status s = InTransaction([&]() -> absl::Status {
+        for (int64_t id : expired) {
+          WorkerState& w = workers_.at(id);
+          RETURN_IF_ERROR(
+              LoseWorker(w,
+                         absl::StrCat("worker '", w.record.name,
+                                      "' lost: silent for over ",
+                                      options_.heartbeat_timeout_ms, " ms"),
+                         &out));
+        }
+        return absl::OkStatus();
+      });
+      if (!s.ok()) return;  // recovered; tried again at the next tick
+      (void)PlaceJobs(&out);
+    }
+    // Lost long enough ago: removed (issue 21, scheduler_control.cc).
+    ForgetOffline(&out);
   }
   Deliver(out);
 }
@@ -721,6 +739,10 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
                                     Outbox* out) {
   JobRecord& rec = job.record;
   rendezvous_.Drop(rec.id);
+  if (job.requeue_requested) {
+    job.requeue_requested = false;
+    RETURN_IF_ERROR(SaveControl(job));
+  }
   // Parts on other workers must stop too: the job restarts as a whole.
   CancelParts(job, why, -1, out);
   core_->Finished(
@@ -776,6 +798,7 @@ absl::Status Scheduler::SetState(ActiveJob& job, v1::JobState state,
 absl::Status Scheduler::EndJob(ActiveJob& job, v1::JobState state,
                                int exit_code, const std::string& reason) {
   JobRecord& rec = job.record;
+  after_dirty_ = after_dirty_ || !waiting_after_.empty();
   RETURN_IF_ERROR(NoteLosses(job));
   rendezvous_.Drop(rec.id);
   rec.end_ms = clock_->NowMs();

@@ -120,6 +120,21 @@ class SchedulerService final
                         const v1::GetUsageRequest* request,
                         v1::GetUsageReply* reply) override;
 
+  // Worker administration (admins only) and job control (the owner or an
+  // admin, as CancelJobs): issue 21, service_control.cc.
+  grpc::Status DrainWorker(grpc::ServerContext* context,
+                           const v1::DrainWorkerRequest* request,
+                           v1::WorkerInfo* reply) override;
+  grpc::Status ResumeWorker(grpc::ServerContext* context,
+                            const v1::ResumeWorkerRequest* request,
+                            v1::WorkerInfo* reply) override;
+  grpc::Status RemoveWorker(grpc::ServerContext* context,
+                            const v1::RemoveWorkerRequest* request,
+                            v1::RemoveWorkerReply* reply) override;
+  grpc::Status ControlJobs(grpc::ServerContext* context,
+                           const v1::ControlJobsRequest* request,
+                           v1::ControlJobsReply* reply) override;
+
   // Calls that authenticate take their connection out of `gate`'s watch
   // (TCP connections; none is watched where this is not called).
   void set_connection_gate(ConnectionGate* gate) { gate_ = gate; }

@@ -82,6 +82,25 @@ struct PurgeCounts {
   std::vector<std::string> unreferenced_blobs;  // held by no job left
 };
 
+// A drained worker, by name (issue 21; schema version 6).
+struct WorkerDrain {
+  std::string name;
+  std::string reason;
+  int64_t since_ms = 0;
+};
+
+// A queued or running job's control state (schema version 6): held, the
+// jobs it starts after, a requeue asked for while it runs.
+struct JobControlRecord {
+  int64_t job_id = 0;
+  bool held = false;
+  std::vector<int64_t> after;
+  bool requeue = false;
+};
+
+// Version 5 -> 6: worker_drains and job_control. Idempotent.
+absl::Status AddControlTables(Database* db);
+
 // "3:0,1;7:2" <-> parts.
 std::string EncodeParts(const std::vector<Part>& parts);
 std::vector<Part> DecodeParts(absl::string_view text);
@@ -166,6 +185,15 @@ class Store {
   absl::StatusOr<std::vector<LimitEntry>> UserLimits();
   absl::Status PutUsage(const StoredUsage& usage);
   absl::StatusOr<std::vector<StoredUsage>> Usages();
+
+  // Drains and job control (store_control.cc). PutJobControl of a record
+  // with nothing set deletes it.
+  absl::Status PutDrain(const WorkerDrain& drain);
+  absl::Status DeleteDrain(const std::string& name);
+  absl::StatusOr<std::vector<WorkerDrain>> Drains();
+  absl::Status DeleteWorker(int64_t id);
+  absl::Status PutJobControl(const JobControlRecord& control);
+  absl::StatusOr<std::vector<JobControlRecord>> JobControls();
 
  private:
   explicit Store(std::unique_ptr<Database> db) : db_(std::move(db)) {}

@@ -490,10 +490,15 @@ TEST(PlacementWorkers, LostWorkerReturnsItsJobsAndLeavesThePool) {
   EXPECT_EQ(p.running, 1);
   core.Enqueue(Job(4, 3));
   EXPECT_THAT(core.Schedule(0), IsEmpty());
-  EXPECT_TRUE(core.CheckSatisfiable(Job(5, 4)).ok());  // still known
+  // Still known, but a submit counts only workers not lost (issue 21);
+  // the queued job is not given up until the worker is forgotten.
+  EXPECT_FALSE(core.CheckSatisfiable(Job(5, 4)).ok());
+  EXPECT_THAT(core.Unrunnable(), IsEmpty());
   core.ForgetWorker(1);
   EXPECT_EQ(core.Profiles()[0].known_slots, 2);
   EXPECT_FALSE(core.CheckSatisfiable(Job(5, 4)).ok());
+  ASSERT_EQ(core.Unrunnable().size(), 1u);
+  EXPECT_EQ(core.Unrunnable()[0].first, 4);
   EXPECT_THAT(core.WorkerLost(99), IsEmpty());
 }
 

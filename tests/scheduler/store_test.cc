@@ -168,7 +168,7 @@ TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   EXPECT_THAT(std::string(reopened.status().message()),
               HasSubstr("schema version 99"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 5"));
+              HasSubstr("reads version 6"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -216,7 +216,7 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "5");
+  EXPECT_EQ((*version)->Text(0), "6");
   (*version)->Reset();
   auto job = reader().GetJob(old);
   ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
@@ -229,6 +229,38 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
   EXPECT_EQ(store_->NextSweepId().value(), 2);
   Reopen();  // the migrated file reopens as version 2
   EXPECT_EQ(store_->CountJobs().value(), 2);
+}
+
+TEST_F(StoreTest, OpensAVersion5FileAndAddsDrainsAndJobControl) {
+  const int64_t old = Insert(NewJob("from-v5"));
+  ASSERT_TRUE(store_->db()
+                  ->Exec("DROP TABLE worker_drains; DROP TABLE job_control;"
+                         "UPDATE meta SET value='5' WHERE key='schema'")
+                  .ok());
+  Reopen();
+  ASSERT_TRUE(store_->PutDrain({"w1", "fans", 7}).ok());
+  JobControlRecord control;
+  control.job_id = old;
+  control.held = true;
+  control.after = {3, 4};
+  ASSERT_TRUE(store_->PutJobControl(control).ok());
+  Reopen();
+  auto drains = store_->Drains();
+  ASSERT_TRUE(drains.ok()) << drains.status();
+  ASSERT_EQ(drains->size(), 1u);
+  EXPECT_EQ((*drains)[0].reason, "fans");
+  auto controls = store_->JobControls();
+  ASSERT_TRUE(controls.ok()) << controls.status();
+  ASSERT_EQ(controls->size(), 1u);
+  EXPECT_TRUE((*controls)[0].held);
+  EXPECT_THAT((*controls)[0].after, ElementsAre(3, 4));
+  // Nothing left set: the row goes.
+  control.held = false;
+  control.after.clear();
+  ASSERT_TRUE(store_->PutJobControl(control).ok());
+  EXPECT_THAT(store_->JobControls().value(), IsEmpty());
+  ASSERT_TRUE(store_->DeleteDrain("w1").ok());
+  EXPECT_THAT(store_->Drains().value(), IsEmpty());
 }
 
 TEST_F(StoreTest, CredentialsAreKeptByHashReplacedByNameAndDeleted) {

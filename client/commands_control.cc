@@ -1,0 +1,185 @@
+#include "client/commands_control.h"
+
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/format.h"
+#include "common/status.h"
+#include "proto/job_state.h"
+
+namespace dlbatch::client {
+namespace {
+
+// Runs `command` on a connection and sets *rc from it.
+void Run(const GlobalFlags* flags, int* rc,
+         const std::function<absl::StatusOr<int>(Connection&)>& command) {
+  auto conn = Connection::Open(*flags);
+  absl::StatusOr<int> result =
+      conn.ok() ? command(**conn) : absl::StatusOr<int>(conn.status());
+  if (!result.ok()) {
+    std::cerr << "dlbatch: " << result.status().message() << "\n";
+    *rc = 1;
+    return;
+  }
+  *rc = *result;
+}
+
+absl::StatusOr<int> Control(Connection& conn, v1::JobControl action,
+                            const std::vector<int64_t>& ids) {
+  v1::ControlJobsRequest request;
+  request.set_action(action);
+  request.mutable_job_ids()->Add(ids.begin(), ids.end());
+  v1::ControlJobsReply reply;
+  RETURN_IF_ERROR(conn.Error(
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ControlJobs(ctx, request, &reply);
+      })));
+  const char* done = action == v1::JOB_CONTROL_HOLD      ? "held"
+                     : action == v1::JOB_CONTROL_RELEASE ? "released"
+                                                         : "requeued";
+  int rc = 0;
+  for (const auto& r : reply.results()) {
+    if (!r.error().empty()) {
+      std::cerr << "dlbatch: " << r.error() << "\n";
+      rc = 1;
+      continue;
+    }
+    std::cout << "job " << r.job_id() << " " << done;
+    if (action == v1::JOB_CONTROL_REQUEUE &&
+        r.state() != v1::JOB_STATE_QUEUED) {
+      std::cout << " (attempt stopping; queued again once it has stopped)";
+    }
+    std::cout << "\n";
+  }
+  return rc;
+}
+
+void PrintWorker(const v1::WorkerInfo& w) {
+  std::cout << "worker '" << w.name() << "' " << WorkerStateText(w);
+  if (!w.drain_reason().empty()) std::cout << ": " << w.drain_reason();
+  if (w.draining() && !w.running_jobs().empty()) {
+    std::cout << "; still running job"
+              << (w.running_jobs_size() == 1 ? " " : "s ")
+              << absl::StrJoin(w.running_jobs(), ", ");
+  }
+  std::cout << "\n";
+}
+
+}  // namespace
+
+std::string JobStateText(const v1::Job& job) {
+  if (job.held() && job.state() == v1::JOB_STATE_QUEUED) return "held";
+  return JobStateName(job.state());
+}
+
+std::string WorkerStateText(const v1::WorkerInfo& worker) {
+  if (worker.draining()) return worker.online() ? "draining" : "drained";
+  return worker.online() ? "online" : "offline";
+}
+
+void AddControlCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
+  struct Spec {
+    const char* name;
+    const char* help;
+    v1::JobControl action;
+  };
+  for (const Spec& spec :
+       {Spec{"hold",
+             "Keep queued jobs from starting (they stay queued) until "
+             "released",
+             v1::JOB_CONTROL_HOLD},
+        Spec{"release", "Let held jobs start again", v1::JOB_CONTROL_RELEASE},
+        Spec{"requeue",
+             "Stop running jobs and queue them again as a new attempt "
+             "(train jobs resume from their last checkpoint); queue failed "
+             "or cancelled jobs again",
+             v1::JOB_CONTROL_REQUEUE}}) {
+    auto ids = std::make_shared<std::vector<int64_t>>();
+    auto* command = app.add_subcommand(spec.name, spec.help);
+    command->add_option("ids", *ids, "Job ids")->required();
+    const v1::JobControl action = spec.action;
+    command->callback([flags, rc, ids, action] {
+      Run(flags, rc, [&](Connection& c) { return Control(c, action, *ids); });
+    });
+  }
+}
+
+void AddWorkerAdminCommands(CLI::App* admin, const GlobalFlags* flags,
+                            int* rc) {
+  struct Args {
+    std::string name;
+    std::string reason;
+  };
+  auto args = std::make_shared<Args>();
+  auto* drain = admin->add_subcommand(
+      "drain",
+      "Place no new jobs on a worker (its running jobs finish), e.g. for "
+      "maintenance; kept across scheduler restarts until resumed");
+  drain->add_option("worker", args->name, "The worker's name (or id)")
+      ->required();
+  drain->add_option("--reason", args->reason,
+                    "Why, shown in `dlbatch workers` and the monitor");
+  drain->callback([flags, rc, args] {
+    Run(flags, rc, [&](Connection& c) -> absl::StatusOr<int> {
+      v1::DrainWorkerRequest request;
+      request.set_name(args->name);
+      request.set_reason(args->reason);
+      v1::WorkerInfo reply;
+      RETURN_IF_ERROR(c.Error(
+          c.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+            return stub->DrainWorker(ctx, request, &reply);
+          })));
+      PrintWorker(reply);
+      return 0;
+    });
+  });
+  auto* resume = admin->add_subcommand(
+      "resume", "Let a drained worker take new jobs again");
+  resume->add_option("worker", args->name, "The worker's name (or id)")
+      ->required();
+  resume->callback([flags, rc, args] {
+    Run(flags, rc, [&](Connection& c) -> absl::StatusOr<int> {
+      v1::ResumeWorkerRequest request;
+      request.set_name(args->name);
+      v1::WorkerInfo reply;
+      RETURN_IF_ERROR(c.Error(
+          c.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+            return stub->ResumeWorker(ctx, request, &reply);
+          })));
+      PrintWorker(reply);
+      return 0;
+    });
+  });
+  auto* remove = admin->add_subcommand(
+      "remove",
+      "Forget an offline worker (or a drained, idle one): its slots leave "
+      "its profile, and queued jobs that can then never run fail");
+  remove->add_option("worker", args->name, "The worker's name (or id)")
+      ->required();
+  remove->callback([flags, rc, args] {
+    Run(flags, rc, [&](Connection& c) -> absl::StatusOr<int> {
+      v1::RemoveWorkerRequest request;
+      request.set_name(args->name);
+      v1::RemoveWorkerReply reply;
+      RETURN_IF_ERROR(c.Error(
+          c.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+            return stub->RemoveWorker(ctx, request, &reply);
+          })));
+      std::cout << "removed worker '" << reply.worker().name() << "' ("
+                << reply.worker().devices_size() << " slots of profile '"
+                << reply.worker().profile() << "')\n";
+      if (!reply.failed_jobs().empty()) {
+        std::cout << "failed " << reply.failed_jobs_size()
+                  << " queued job(s) that can no longer run: "
+                  << absl::StrJoin(reply.failed_jobs(), ", ") << "\n";
+      }
+      return 0;
+    });
+  });
+}
+
+}  // namespace dlbatch::client

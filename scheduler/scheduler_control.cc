@@ -1,0 +1,476 @@
+// Worker administration (drain, resume, remove, forgetting lost workers)
+// and job control (hold, release, requeue, --after): issue 21.
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/duration.h"
+#include "common/status.h"
+#include "proto/job_state.h"
+#include "scheduler/job_control.h"
+#include "scheduler/scheduler.h"
+#include "spdlog/spdlog.h"
+
+namespace dlbatch::scheduler {
+
+absl::Status Scheduler::LoadControl() {
+  ASSIGN_OR_RETURN(std::vector<WorkerDrain> drains, store_->Drains());
+  for (const WorkerDrain& d : drains) {
+    if (WorkerState* w = FindWorkerNamed(d.name)) {
+      w->draining = true;
+      w->drain_reason = d.reason;
+      core_->SetDraining(w->record.id, true);
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<JobControlRecord> controls,
+                   store_->JobControls());
+  waiting_after_.clear();
+  for (JobControlRecord& c : controls) {
+    auto it = jobs_.find(c.job_id);
+    if (it == jobs_.end()) continue;
+    ActiveJob& job = it->second;
+    job.held = c.held;
+    job.after = std::move(c.after);
+    job.requeue_requested =
+        c.requeue && job.record.state != v1::JOB_STATE_QUEUED;
+    if (job.record.state == v1::JOB_STATE_QUEUED &&
+        (job.held || !job.after.empty())) {
+      core_->Dequeue(c.job_id);
+    }
+    if (!job.after.empty()) waiting_after_.insert(c.job_id);
+  }
+  after_dirty_ = !waiting_after_.empty();
+  return absl::OkStatus();
+}
+
+Scheduler::WorkerState* Scheduler::FindWorkerNamed(const std::string& name) {
+  for (auto& [id, w] : workers_) {
+    if (w.record.name == name) return &w;
+  }
+  int64_t id;
+  if (absl::SimpleAtoi(name, &id)) {
+    auto it = workers_.find(id);
+    if (it != workers_.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+namespace {
+
+absl::Status NoWorker(const std::string& name) {
+  return absl::NotFoundError(absl::StrCat(
+      "no worker '", name, "'; `dlbatch workers` lists them by name"));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::WorkerInfo> Scheduler::DrainWorker(
+    const std::string& name, bool drain, const std::string& reason) {
+  Outbox out;
+  v1::WorkerInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    WorkerState* w = FindWorkerNamed(name);
+    if (w == nullptr) return NoWorker(name);
+    if (!broken_.ok()) RETURN_IF_ERROR(CheckWritable());
+    const std::string worker_name = w->record.name;
+    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (drain) {
+        return store_->PutDrain({worker_name, reason, clock_->NowMs()});
+      }
+      return store_->DeleteDrain(worker_name);
+    }));
+    w = FindWorkerNamed(worker_name);  // a failed write reloads memory
+    if (w == nullptr) return NoWorker(name);
+    w->draining = drain;
+    w->drain_reason = drain ? reason : "";
+    core_->SetDraining(w->record.id, drain);
+    spdlog::info("worker '{}' {}{}", worker_name, drain ? "drained" : "resumed",
+                 reason.empty() ? "" : absl::StrCat(": ", reason));
+    PublishWorker(w->record.id);
+    // Jobs waiting on the profile show the change in their wait reason.
+    for (const auto& [id, job] : jobs_) {
+      if (job.record.state == v1::JOB_STATE_QUEUED &&
+          job.record.spec.profile() == w->record.profile) {
+        PublishJob(id);
+      }
+    }
+    info = WorkerView(*w);
+    info.clear_running_jobs();
+    for (const auto& [id, job] : jobs_) {
+      if (job.record.state == v1::JOB_STATE_QUEUED) continue;
+      for (const Part& p : job.record.parts) {
+        if (p.worker == w->record.id) {
+          info.add_running_jobs(id);
+          break;
+        }
+      }
+    }
+    if (!drain) (void)PlaceJobs(&out);
+  }
+  Deliver(out);
+  return info;
+}
+
+absl::StatusOr<v1::RemoveWorkerReply> Scheduler::RemoveWorker(
+    const std::string& name) {
+  v1::RemoveWorkerReply reply;
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    WorkerState* w = FindWorkerNamed(name);
+    if (w == nullptr) return NoWorker(name);
+    const std::string& n = w->record.name;
+    if (w->session) {
+      if (!w->draining) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker '", n,
+            "' is connected; drain it first (dlbatch admin drain ", n,
+            "), let its jobs end, then remove it, or stop its dlbatch-worker"));
+      }
+      ActiveJob* busy = nullptr;
+      for (auto& [id, job] : jobs_) {
+        for (const Part& p : job.record.parts) {
+          if (job.record.state != v1::JOB_STATE_QUEUED &&
+              p.worker == w->record.id) {
+            busy = &job;
+          }
+        }
+      }
+      if (busy != nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker '", n, "' is drained but still runs job ", busy->record.id,
+            "; wait for it to end (dlbatch wait ", busy->record.id,
+            ") or cancel it, then remove the worker"));
+      }
+    }
+    if (!broken_.ok()) RETURN_IF_ERROR(CheckWritable());
+    *reply.mutable_worker() = WorkerView(*w);
+    const int64_t id = w->record.id;
+    std::vector<int64_t> failed;
+    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return ForgetWorker(id, "removed by an admin", &failed);
+    }));
+    reply.mutable_failed_jobs()->Add(failed.begin(), failed.end());
+    (void)PlaceJobs(&out);
+  }
+  Deliver(out);
+  return reply;
+}
+
+absl::Status Scheduler::ForgetWorker(int64_t worker_id, const std::string& why,
+                                     std::vector<int64_t>* failed) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return absl::OkStatus();
+  WorkerState& w = it->second;
+  const std::string name = w.record.name;
+  Outbox ignored;  // a removed worker is sent nothing more
+  if (w.session) {
+    // It reconnects at once: that registration is refused (its daemon
+    // stops); a later start of it joins afresh.
+    refuse_once_.insert(name);
+    session_worker_.erase(w.session.get());
+    w.session->Close(absl::StrCat("this worker was ", why));
+    w.session = nullptr;
+  }
+  // Its running jobs (a lost worker has none left) are requeued first.
+  for (JobId job_id : core_->WorkerLost(worker_id)) {
+    auto j = jobs_.find(job_id);
+    if (j != jobs_.end()) {
+      RETURN_IF_ERROR(RequeueLost(j->second, why, &ignored));
+    }
+  }
+  core_->ForgetWorker(worker_id);
+  RETURN_IF_ERROR(store_->DeleteWorker(worker_id));
+  RETURN_IF_ERROR(store_->DeleteDrain(name));
+  w.draining = false;
+  PublishWorker(worker_id);  // seen offline by monitors until they restart
+  workers_.erase(it);
+  spdlog::warn("worker '{}' (#{}) {}; its slots leave its profile", name,
+               worker_id, why);
+  // The profile shrank: queued jobs it can never start fail now.
+  for (const auto& [job_id, reason] : core_->Unrunnable()) {
+    auto j = jobs_.find(job_id);
+    if (j == jobs_.end()) continue;
+    const std::string text = absl::StrCat(
+        "can never start: ", reason, " (worker '", name, "' was ", why, ")");
+    core_->Dequeue(job_id);
+    RETURN_IF_ERROR(Diary(job_id, j->second.record.attempt,
+                          absl::StrCat("[dlbatch] ", text)));
+    RETURN_IF_ERROR(EndJob(j->second, v1::JOB_STATE_FAILED, -1, text));
+    waiting_after_.erase(job_id);
+    jobs_.erase(j);
+    failed->push_back(job_id);
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::ForgetOffline(Outbox* out) {
+  if (options_.forget_offline_ms <= 0) return;
+  const int64_t now = clock_->MonotonicMs();
+  std::vector<int64_t> old;
+  for (const auto& [id, w] : workers_) {
+    if (w.lost && !w.session &&
+        now - w.last_seen_mono > options_.forget_offline_ms) {
+      old.push_back(id);
+    }
+  }
+  if (old.empty()) return;
+  std::vector<int64_t> failed;
+  absl::Status s = InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (int64_t id : old) {
+      RETURN_IF_ERROR(ForgetWorker(
+          id,
+          absl::StrCat("removed after being offline for over ",
+                       FormatDurationMs(options_.forget_offline_ms),
+                       " (--forget-offline-after)"),
+          &failed));
+    }
+    return absl::OkStatus();
+  });
+  if (s.ok()) (void)PlaceJobs(out);
+}
+
+absl::Status Scheduler::SaveControl(const ActiveJob& job) {
+  JobControlRecord c;
+  c.job_id = job.record.id;
+  c.held = job.held;
+  c.after = job.after;
+  c.requeue = job.requeue_requested;
+  return store_->PutJobControl(c);
+}
+
+std::string Scheduler::ControlWaitReason(const ActiveJob& job) const {
+  if (job.held) {
+    return absl::StrCat("held; `dlbatch release ", job.record.id,
+                        "` lets it start");
+  }
+  if (job.after.empty()) return "";
+  std::vector<AfterJob> after;
+  for (int64_t id : job.after) {
+    auto it = jobs_.find(id);
+    // Ended ones are resolved by ResolveAfter; until then they count as
+    // ended well, which only shortens the message.
+    after.push_back({id,
+                     it == jobs_.end() ? std::optional(v1::JOB_STATE_FINISHED)
+                                       : std::optional(it->second.record.state),
+                     ""});
+  }
+  return DecideAfter(after).reason;
+}
+
+absl::Status Scheduler::ResolveAfter() {
+  if (!after_dirty_) return absl::OkStatus();
+  after_dirty_ = false;
+  return InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // A failed job fails those that wait for it, in turn.
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (int64_t id :
+           std::vector<int64_t>(waiting_after_.begin(), waiting_after_.end())) {
+        auto found = jobs_.find(id);
+        if (found == jobs_.end()) {  // cancelled while it waited
+          waiting_after_.erase(id);
+          continue;
+        }
+        ActiveJob& job = found->second;
+        std::vector<AfterJob> after;
+        for (int64_t dep : job.after) {
+          auto it = jobs_.find(dep);
+          if (it != jobs_.end()) {
+            after.push_back({dep, it->second.record.state, ""});
+            continue;
+          }
+          // The writer's view: a job ended in this transaction counts.
+          ASSIGN_OR_RETURN(std::optional<v1::JobState> state,
+                           store_->JobState(dep));
+          std::string reason;
+          if (state && *state != v1::JOB_STATE_FINISHED) {
+            auto rec = reader_->GetJob(dep);
+            if (rec.ok() && *rec) reason = (*rec)->reason;
+          }
+          after.push_back({dep, state, reason});
+        }
+        AfterVerdict verdict = DecideAfter(after);
+        if (verdict.kind == AfterVerdict::kWait) continue;
+        changed = true;
+        waiting_after_.erase(id);
+        job.after.clear();
+        if (verdict.kind == AfterVerdict::kReady) {
+          RETURN_IF_ERROR(SaveControl(job));
+          if (!job.held) core_->Enqueue(ToQueued(job.record));
+          Changed(id);
+          continue;
+        }
+        RETURN_IF_ERROR(SaveControl(job));
+        RETURN_IF_ERROR(
+            Diary(id, job.record.attempt,
+                  absl::StrCat("[dlbatch] ", verdict.reason, "; job failed")));
+        RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_FAILED, -1, verdict.reason));
+        jobs_.erase(id);
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::ControlJobsReply> Scheduler::ControlJobs(
+    const v1::ControlJobsRequest& request) {
+  const v1::JobControl action = request.action();
+  if (action != v1::JOB_CONTROL_HOLD && action != v1::JOB_CONTROL_RELEASE &&
+      action != v1::JOB_CONTROL_REQUEUE) {
+    return absl::InvalidArgumentError(
+        "say what to do: hold, release or requeue");
+  }
+  v1::ControlJobsReply reply;
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckWritable());
+    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (int64_t id : request.job_ids()) {
+        v1::ControlResult* result = reply.add_results();
+        result->set_job_id(id);
+        auto it = jobs_.find(id);
+        if (it == jobs_.end()) {
+          if (action == v1::JOB_CONTROL_REQUEUE) {
+            RETURN_IF_ERROR(RequeueEnded(id, result));
+            continue;
+          }
+          ASSIGN_OR_RETURN(auto state, store_->JobState(id));
+          if (!state) {
+            result->set_error(absl::StrCat("no job ", id));
+          } else {
+            result->set_state(*state);
+            result->set_error(absl::StrCat("job ", id, " has already ",
+                                           JobStateName(*state)));
+          }
+          continue;
+        }
+        ActiveJob& job = it->second;
+        const bool queued = job.record.state == v1::JOB_STATE_QUEUED;
+        result->set_state(job.record.state);
+        if (action == v1::JOB_CONTROL_HOLD) {
+          if (!queued) {
+            result->set_error(absl::StrCat(
+                "job ", id, " is ", JobStateName(job.record.state),
+                "; hold keeps a queued job from starting (dlbatch requeue ", id,
+                " stops it and queues it again)"));
+            continue;
+          }
+          if (job.held) continue;
+          job.held = true;
+          core_->Dequeue(id);
+          RETURN_IF_ERROR(SaveControl(job));
+          RETURN_IF_ERROR(
+              Diary(id, job.record.attempt, "[dlbatch] held by request"));
+        } else if (action == v1::JOB_CONTROL_RELEASE) {
+          if (!job.held) {
+            result->set_error(absl::StrCat("job ", id, " is not held"));
+            continue;
+          }
+          job.held = false;
+          if (job.after.empty()) core_->Enqueue(ToQueued(job.record));
+          RETURN_IF_ERROR(SaveControl(job));
+          RETURN_IF_ERROR(
+              Diary(id, job.record.attempt, "[dlbatch] released by request"));
+        } else {
+          if (queued) {
+            result->set_error(absl::StrCat("job ", id, " is queued already"));
+            continue;
+          }
+          if (job.cancel_requested) {
+            result->set_error(absl::StrCat("job ", id, " is being cancelled"));
+            continue;
+          }
+          if (job.requeue_requested) continue;
+          job.requeue_requested = true;
+          RETURN_IF_ERROR(SaveControl(job));
+          RETURN_IF_ERROR(Diary(
+              id, job.record.attempt,
+              absl::StrCat("[dlbatch] requeue requested: stopping attempt ",
+                           job.record.attempt,
+                           "; it is queued again once it has stopped")));
+          CancelParts(job, "requeued by request", -1, &out);
+        }
+        Changed(id);
+      }
+      return absl::OkStatus();
+    }));
+    (void)PlaceJobs(&out);
+  }
+  Deliver(out);
+  return reply;
+}
+
+absl::Status Scheduler::RequeueEnded(int64_t id, v1::ControlResult* result) {
+  ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
+  if (!rec) {
+    result->set_error(absl::StrCat("no job ", id));
+    return absl::OkStatus();
+  }
+  result->set_state(rec->state);
+  if (rec->state == v1::JOB_STATE_FINISHED) {
+    result->set_error(absl::StrCat(
+        "job ", id,
+        " finished well; requeue takes failed or cancelled jobs (submit it "
+        "again to run it anew)"));
+    return absl::OkStatus();
+  }
+  if (!IsTerminal(rec->state)) {
+    result->set_error(absl::StrCat("job ", id, " is ending; try again"));
+    return absl::OkStatus();
+  }
+  if (absl::Status fits = core_->CheckSatisfiable(ToQueued(*rec)); !fits.ok()) {
+    result->set_error(
+        absl::StrCat("job ", id, " cannot be queued again: ", fits.message()));
+    return absl::OkStatus();
+  }
+  ActiveJob& job = jobs_[id];
+  job.record = std::move(*rec);
+  JobRecord& r = job.record;
+  r.parts.clear();
+  r.end_ms = 0;
+  r.exit_code = 0;
+  r.reason.clear();
+  if (r.spec.has_train()) {
+    ASSIGN_OR_RETURN(TrainState train, store_->GetTrainState(id));
+    job.progress = std::move(train.progress);
+    job.checkpoint = std::move(train.checkpoint);
+  }
+  RETURN_IF_ERROR(SaveControl(job));  // nothing left of before
+  RETURN_IF_ERROR(Diary(id, r.attempt,
+                        absl::StrCat("[dlbatch] requeued by request after it ",
+                                     JobStateName(r.state))));
+  RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, "requeued by request"));
+  core_->Enqueue(ToQueued(r));
+  result->set_state(v1::JOB_STATE_QUEUED);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::RequeueAsked(ActiveJob& job, Outbox* out) {
+  JobRecord& rec = job.record;
+  rendezvous_.Drop(rec.id);
+  job.requeue_requested = false;
+  RETURN_IF_ERROR(SaveControl(job));
+  RETURN_IF_ERROR(
+      Diary(rec.id, rec.attempt,
+            absl::StrCat("[dlbatch] attempt ", rec.attempt,
+                         " stopped; job requeued by request",
+                         job.checkpoint.files_size() > 0
+                             ? absl::StrCat(" (resumes from the checkpoint at "
+                                            "iteration ",
+                                            job.checkpoint.iteration(), ")")
+                             : std::string())));
+  rec.parts.clear();
+  job.part_ended.clear();
+  job.part_exit.clear();
+  job.failure.clear();
+  RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, "requeued by request"));
+  core_->Enqueue(ToQueued(rec));
+  AskWorkers(rec.spec.profile(), rec.user, out);
+  return absl::OkStatus();
+}
+
+}  // namespace dlbatch::scheduler
