@@ -393,7 +393,8 @@ void AddDailyCommands(CLI::App& app, const GlobalFlags* flags, int* rc,
       ->add_option("--after", submit->after,
                    "Start only after these jobs finished well (ID,ID); "
                    "fail if one does not")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);  // one value each: never the job file
   c_submit->callback([flags, rc, submit] {
     absl::Status ok = CheckSubmitFlags(*submit);
     *rc = Report(ok.ok() ? Submit(*flags, *submit) : absl::StatusOr<int>(ok));

@@ -134,6 +134,9 @@ def load(binary, path, depth=0):
 
 def roff(text):
     text = text.replace("\\", "\\e").replace("-", "\\-")
+    # A comma-separated list with no spaces (a.b,c,d) may break after each
+    # comma (\: is a break point of no width), or troff cannot fill it.
+    text = re.sub(r",(?=\S)", ",\\:", text)
     if text[:1] in (".", "'"):
         text = "\\&" + text
     return text
@@ -169,6 +172,8 @@ def man_page(cmd, section, what, files, version, date):
     name = cmd.path[0]
     out = [f'.TH "{name.upper()}" "{section}" "{date}" "dlbatch {version}" '
            f'"dlbatch manual"',
+           # Ragged right: option lists and paths cannot be justified.
+           ".ad l",
            ".SH NAME", f"{roff(name)} \\- {roff(what)}",
            ".SH SYNOPSIS", ".B " + roff(name)]
     rest = cmd.usage.split()[1:]

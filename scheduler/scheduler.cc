@@ -709,6 +709,8 @@ v1::ListWorkersReply Scheduler::ListWorkers() {
     info->mutable_running_jobs()->Add(jobs.begin(), jobs.end());
     info->set_last_seen_ms(w.record.last_seen_ms);
     info->set_version(w.version);
+    info->set_draining(w.draining);
+    info->set_drain_reason(w.drain_reason);
   }
   return reply;
 }

@@ -217,8 +217,7 @@ TEST(Control, HoldReleaseAndRequeueSurviveARestart) {
   ASSERT_TRUE(WaitFor(
       [&] {
         const nlohmann::json j = c.ShowJson(run);
-        return j.value("attempt", 0) == 2 &&
-               j.value("state", "") == "JOB_STATE_RUNNING";
+        return j.value("attempt", 0) == 2 && j.value("state", "") == "running";
       },
       30000))
       << c.ShowJson(run).dump() << c.Logs();
@@ -234,8 +233,7 @@ TEST(Control, HoldReleaseAndRequeueSurviveARestart) {
   ASSERT_TRUE(WaitFor(
       [&] {
         const nlohmann::json j = c.ShowJson(fails);
-        return j.value("attempt", 0) == 2 &&
-               j.value("state", "") == "JOB_STATE_FAILED";
+        return j.value("attempt", 0) == 2 && j.value("state", "") == "failed";
       },
       30000))
       << c.ShowJson(fails).dump();
