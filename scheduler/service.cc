@@ -158,31 +158,10 @@ grpc::Status SchedulerService::CancelJobs(grpc::ServerContext* context,
                                           v1::CancelJobsReply* reply) {
   absl::StatusOr<Caller> caller = Identify(*context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  // Each job the caller may not cancel gets its refusal; the others are
-  // cancelled; results keep the request's order.
-  v1::CancelJobsRequest allowed;
-  std::map<int64_t, std::string> refused;
-  for (int64_t id : request->job_ids()) {
-    absl::Status may = MayAccess(*caller, id, /*control=*/true);
-    if (may.ok() || absl::IsNotFound(may)) {
-      allowed.add_job_ids(id);  // an unknown job: the scheduler says so
-    } else {
-      refused[id] = std::string(may.message());
-    }
-  }
-  absl::StatusOr<v1::CancelJobsReply> done = scheduler_->Cancel(allowed);
-  if (!done.ok()) return ToGrpcStatus(done.status());
-  int next = 0;
-  for (int64_t id : request->job_ids()) {
-    if (auto it = refused.find(id); it != refused.end()) {
-      auto* r = reply->add_results();
-      r->set_job_id(id);
-      r->set_error(it->second);
-    } else if (next < done->results_size()) {
-      *reply->add_results() = done->results(next++);
-    }
-  }
-  return grpc::Status::OK;
+  return ForControllableJobs(*caller, *request, reply,
+                             [&](const v1::CancelJobsRequest& allowed) {
+                               return scheduler_->Cancel(allowed);
+                             });
 }
 
 // The rendezvous calls authenticate with the attempt's secret instead of the

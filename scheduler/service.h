@@ -4,10 +4,14 @@
 #ifndef DLBATCH_SCHEDULER_SERVICE_H_
 #define DLBATCH_SCHEDULER_SERVICE_H_
 
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 #include "scheduler/blob_store.h"
 #include "scheduler/connection_gate.h"
@@ -157,6 +161,38 @@ class SchedulerService final
   // --shared-visibility lets everyone read. PERMISSION_DENIED names the
   // owner.
   absl::Status MayAccess(const Caller& caller, int64_t job_id, bool control);
+  // For a request naming jobs to act on (cancel, hold, ...): `act` gets
+  // the request with only the jobs the caller may control (unknown ones
+  // kept: the scheduler says so), and the reply answers every job of the
+  // request in its order, a refusal for each of the others.
+  template <typename Request, typename Reply, typename Act>
+  grpc::Status ForControllableJobs(const Caller& caller, const Request& request,
+                                   Reply* reply, Act act) {
+    Request allowed = request;
+    allowed.clear_job_ids();
+    std::map<int64_t, std::string> refused;
+    for (int64_t id : request.job_ids()) {
+      absl::Status may = MayAccess(caller, id, /*control=*/true);
+      if (may.ok() || absl::IsNotFound(may)) {
+        allowed.add_job_ids(id);
+      } else {
+        refused[id] = std::string(may.message());
+      }
+    }
+    absl::StatusOr<Reply> done = act(allowed);
+    if (!done.ok()) return ToGrpcStatus(done.status());
+    int next = 0;
+    for (int64_t id : request.job_ids()) {
+      if (auto it = refused.find(id); it != refused.end()) {
+        auto* r = reply->add_results();
+        r->set_job_id(id);
+        r->set_error(it->second);
+      } else if (next < done->results_size()) {
+        *reply->add_results() = done->results(next++);
+      }
+    }
+    return grpc::Status::OK;
+  }
   // What `caller` may see of `job`: another user's env: is never shown.
   void Redact(const Caller& caller, v1::Job* job) const;
   // A rendezvous call with its attempt's secret authenticates too.

@@ -48,32 +48,10 @@ grpc::Status SchedulerService::ControlJobs(
     v1::ControlJobsReply* reply) {
   absl::StatusOr<Caller> caller = Identify(*context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  // As CancelJobs: each job the caller may not touch gets its refusal; the
-  // others are done; results keep the request's order.
-  v1::ControlJobsRequest allowed;
-  allowed.set_action(request->action());
-  std::map<int64_t, std::string> refused;
-  for (int64_t id : request->job_ids()) {
-    absl::Status may = MayAccess(*caller, id, /*control=*/true);
-    if (may.ok() || absl::IsNotFound(may)) {
-      allowed.add_job_ids(id);
-    } else {
-      refused[id] = std::string(may.message());
-    }
-  }
-  absl::StatusOr<v1::ControlJobsReply> done = scheduler_->ControlJobs(allowed);
-  if (!done.ok()) return ToGrpcStatus(done.status());
-  int next = 0;
-  for (int64_t id : request->job_ids()) {
-    if (auto it = refused.find(id); it != refused.end()) {
-      auto* r = reply->add_results();
-      r->set_job_id(id);
-      r->set_error(it->second);
-    } else if (next < done->results_size()) {
-      *reply->add_results() = done->results(next++);
-    }
-  }
-  return grpc::Status::OK;
+  return ForControllableJobs(*caller, *request, reply,
+                             [&](const v1::ControlJobsRequest& allowed) {
+                               return scheduler_->ControlJobs(allowed);
+                             });
 }
 
 }  // namespace dlbatch::scheduler
