@@ -77,20 +77,6 @@ namespace {
 
 std::string LimitCell(int32_t n) { return n > 0 ? absl::StrCat(n) : "-"; }
 
-// Runs `command` on a connection and sets *rc from it.
-void RunAdmin(const GlobalFlags* flags, int* rc,
-              const std::function<absl::StatusOr<int>(Connection&)>& command) {
-  auto conn = Connection::Open(*flags);
-  absl::StatusOr<int> result =
-      conn.ok() ? command(**conn) : absl::StatusOr<int>(conn.status());
-  if (!result.ok()) {
-    std::cerr << "dlbatch: " << result.status().message() << "\n";
-    *rc = 1;
-    return;
-  }
-  *rc = *result;
-}
-
 void AddLimitCommands(CLI::App* admin, const GlobalFlags* flags, int* rc) {
   auto args = std::make_shared<LimitArgs>();
   auto* limit = admin->add_subcommand(
@@ -112,13 +98,14 @@ void AddLimitCommands(CLI::App* admin, const GlobalFlags* flags, int* rc) {
   set->add_flag("--clear", args->clear, "Remove both limits");
   set->add_flag("--json", args->json, "Print the limit as JSON");
   set->callback([flags, rc, args] {
-    RunAdmin(flags, rc, [&](Connection& c) { return SetLimit(c, *args); });
+    *rc = WithConnection(*flags,
+                         [&](Connection& c) { return SetLimit(c, *args); });
   });
   auto* list = limit->add_subcommand("list", "Every user's limits");
   list->add_flag("--json", args->json, "Print JSON");
   list->callback([flags, rc, args] {
-    RunAdmin(flags, rc,
-             [&](Connection& c) { return ListLimits(c, args->json); });
+    *rc = WithConnection(
+        *flags, [&](Connection& c) { return ListLimits(c, args->json); });
   });
   auto* usage = admin->add_subcommand(
       "usage",
@@ -126,8 +113,8 @@ void AddLimitCommands(CLI::App* admin, const GlobalFlags* flags, int* rc) {
       "share of all");
   usage->add_flag("--json", args->json, "Print JSON");
   usage->callback([flags, rc, args] {
-    RunAdmin(flags, rc,
-             [&](Connection& c) { return ShowUsage(c, args->json); });
+    *rc = WithConnection(
+        *flags, [&](Connection& c) { return ShowUsage(c, args->json); });
   });
 }
 

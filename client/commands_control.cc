@@ -14,20 +14,6 @@
 namespace dlbatch::client {
 namespace {
 
-// Runs `command` on a connection and sets *rc from it.
-void Run(const GlobalFlags* flags, int* rc,
-         const std::function<absl::StatusOr<int>(Connection&)>& command) {
-  auto conn = Connection::Open(*flags);
-  absl::StatusOr<int> result =
-      conn.ok() ? command(**conn) : absl::StatusOr<int>(conn.status());
-  if (!result.ok()) {
-    std::cerr << "dlbatch: " << result.status().message() << "\n";
-    *rc = 1;
-    return;
-  }
-  *rc = *result;
-}
-
 absl::StatusOr<int> Control(Connection& conn, v1::JobControl action,
                             const std::vector<int64_t>& ids) {
   v1::ControlJobsRequest request;
@@ -103,7 +89,8 @@ void AddControlCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
     command->add_option("ids", *ids, "Job ids")->required();
     const v1::JobControl action = spec.action;
     command->callback([flags, rc, ids, action] {
-      Run(flags, rc, [&](Connection& c) { return Control(c, action, *ids); });
+      *rc = WithConnection(
+          *flags, [&](Connection& c) { return Control(c, action, *ids); });
     });
   }
 }
@@ -124,7 +111,7 @@ void AddWorkerAdminCommands(CLI::App* admin, const GlobalFlags* flags,
   drain->add_option("--reason", args->reason,
                     "Why, shown in `dlbatch workers` and the monitor");
   drain->callback([flags, rc, args] {
-    Run(flags, rc, [&](Connection& c) -> absl::StatusOr<int> {
+    *rc = WithConnection(*flags, [&](Connection& c) -> absl::StatusOr<int> {
       v1::DrainWorkerRequest request;
       request.set_name(args->name);
       request.set_reason(args->reason);
@@ -142,7 +129,7 @@ void AddWorkerAdminCommands(CLI::App* admin, const GlobalFlags* flags,
   resume->add_option("worker", args->name, "The worker's name (or id)")
       ->required();
   resume->callback([flags, rc, args] {
-    Run(flags, rc, [&](Connection& c) -> absl::StatusOr<int> {
+    *rc = WithConnection(*flags, [&](Connection& c) -> absl::StatusOr<int> {
       v1::ResumeWorkerRequest request;
       request.set_name(args->name);
       v1::WorkerInfo reply;
@@ -161,7 +148,7 @@ void AddWorkerAdminCommands(CLI::App* admin, const GlobalFlags* flags,
   remove->add_option("worker", args->name, "The worker's name (or id)")
       ->required();
   remove->callback([flags, rc, args] {
-    Run(flags, rc, [&](Connection& c) -> absl::StatusOr<int> {
+    *rc = WithConnection(*flags, [&](Connection& c) -> absl::StatusOr<int> {
       v1::RemoveWorkerRequest request;
       request.set_name(args->name);
       v1::RemoveWorkerReply reply;

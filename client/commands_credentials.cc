@@ -78,20 +78,6 @@ absl::StatusOr<int> Revoke(Connection& conn, const std::string& name,
   return 0;
 }
 
-// Opens a connection and runs `body`, putting its exit code in *rc.
-void RunWith(const GlobalFlags* flags, int* rc,
-             const std::function<absl::StatusOr<int>(Connection&)>& body) {
-  auto conn = Connection::Open(*flags);
-  absl::StatusOr<int> result =
-      conn.ok() ? body(**conn) : absl::StatusOr<int>(conn.status());
-  if (!result.ok()) {
-    std::cerr << "dlbatch: " << result.status().message() << "\n";
-    *rc = 1;
-    return;
-  }
-  *rc = *result;
-}
-
 }  // namespace
 
 void AddCredentialCommands(CLI::App* admin, const GlobalFlags* flags, int* rc) {
@@ -117,7 +103,7 @@ void AddCredentialCommands(CLI::App* admin, const GlobalFlags* flags, int* rc) {
   add->add_flag("--admin", args->admin,
                 "The token may act on every job and administer the cluster");
   add->callback([flags, rc, args] {
-    RunWith(flags, rc, [&](Connection& conn) {
+    *rc = WithConnection(*flags, [&](Connection& conn) {
       return Add(conn, args->name, /*worker=*/false, args->admin);
     });
   });
@@ -125,8 +111,8 @@ void AddCredentialCommands(CLI::App* admin, const GlobalFlags* flags, int* rc) {
       "list", "Users and worker credentials that hold a token");
   list->add_flag("--json", args->json, "Print JSON");
   list->callback([flags, rc, args] {
-    RunWith(flags, rc,
-            [&](Connection& conn) { return List(conn, args->json); });
+    *rc = WithConnection(
+        *flags, [&](Connection& conn) { return List(conn, args->json); });
   });
   auto* revoke = user->add_subcommand(
       "revoke",
@@ -134,7 +120,7 @@ void AddCredentialCommands(CLI::App* admin, const GlobalFlags* flags, int* rc) {
       "streams (diary -f, monitor, wait) end");
   revoke->add_option("name", args->name, "The user")->required();
   revoke->callback([flags, rc, args] {
-    RunWith(flags, rc, [&](Connection& conn) {
+    *rc = WithConnection(*flags, [&](Connection& conn) {
       return Revoke(conn, args->name, /*worker=*/false);
     });
   });
@@ -150,7 +136,7 @@ void AddCredentialCommands(CLI::App* admin, const GlobalFlags* flags, int* rc) {
   worker->add_flag("--revoke", args->revoke,
                    "Revoke it instead: its workers are disconnected at once");
   worker->callback([flags, rc, args] {
-    RunWith(flags, rc, [&](Connection& conn) {
+    *rc = WithConnection(*flags, [&](Connection& conn) {
       return args->revoke ? Revoke(conn, args->name, /*worker=*/true)
                           : Add(conn, args->name, /*worker=*/true, false);
     });

@@ -21,14 +21,6 @@
 namespace dlbatch::client {
 namespace {
 
-int Report(const absl::StatusOr<int>& result) {
-  if (!result.ok()) {
-    std::cerr << "dlbatch: " << result.status().message() << "\n";
-    return 1;
-  }
-  return *result;
-}
-
 // Everything after the first "--" that follows a "submit" word: the job's
 // command. Cut from argv so that CLI11 never reads it as its options.
 std::vector<std::string> CutSubmitCommand(int* argc, char** argv) {

@@ -165,4 +165,20 @@ absl::Status Connection::Error(const grpc::Status& status) const {
   return FromGrpcStatus(status);
 }
 
+int Report(const absl::StatusOr<int>& result) {
+  if (!result.ok()) {
+    std::cerr << "dlbatch: " << result.status().message() << "\n";
+    return 1;
+  }
+  return *result;
+}
+
+int WithConnection(
+    const GlobalFlags& flags,
+    const std::function<absl::StatusOr<int>(Connection&)>& command) {
+  auto conn = Connection::Open(flags);
+  if (!conn.ok()) return Report(conn.status());
+  return Report(command(**conn));
+}
+
 }  // namespace dlbatch::client

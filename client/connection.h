@@ -98,6 +98,15 @@ class Connection {
   std::vector<std::unique_ptr<v1::Scheduler::Stub>> retired_;
 };
 
+// A command's exit code, or 1 after printing why it failed ("dlbatch: ...").
+int Report(const absl::StatusOr<int>& result);
+
+// Runs `command` on a connection to the configured scheduler; its exit code
+// as Report() gives it.
+int WithConnection(
+    const GlobalFlags& flags,
+    const std::function<absl::StatusOr<int>(Connection&)>& command);
+
 }  // namespace dlbatch::client
 
 #endif  // DLBATCH_CLIENT_CONNECTION_H_

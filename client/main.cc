@@ -17,14 +17,6 @@
 namespace dlbatch::client {
 namespace {
 
-int Report(const absl::StatusOr<int>& result) {
-  if (!result.ok()) {
-    std::cerr << "dlbatch: " << result.status().message() << "\n";
-    return 1;
-  }
-  return *result;
-}
-
 // --retry-for's value in ms; "0" turns retrying off.
 int64_t ParseRetryFor(const std::string& text) {
   if (text == "0") return 0;
@@ -34,15 +26,6 @@ int64_t ParseRetryFor(const std::string& text) {
                                std::string(seconds.status().message()));
   }
   return *seconds * 1000;
-}
-
-// Runs `command` with a connection to the configured scheduler.
-int WithConnection(
-    const GlobalFlags& flags,
-    const std::function<absl::StatusOr<int>(Connection&)>& command) {
-  auto conn = Connection::Open(flags);
-  if (!conn.ok()) return Report(conn.status());
-  return Report(command(**conn));
 }
 
 }  // namespace
