@@ -15,6 +15,7 @@
 #include "client/format.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
+#include "common/edit_distance.h"
 #include "common/status.h"
 #include "proto/job_state.h"
 
@@ -34,25 +35,6 @@ std::vector<std::string> CutSubmitCommand(int* argc, char** argv) {
     }
   }
   return {};
-}
-
-// Edits between two words (insert, delete, replace, or swap two neighbours:
-// "jbos" is one from "jobs"), for "did you mean".
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1,
-                                     std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] =
-          std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  }
-  return d[a.size()][b.size()];
 }
 
 struct ColumnInfo {
@@ -226,7 +208,7 @@ std::string NearestCommand(std::string_view typed,
   std::string best;
   size_t best_distance = 0;
   for (const std::string& name : known) {
-    const size_t d = EditDistance(typed, name);
+    const size_t d = EditDistance(typed, name, /*swap_is_one_edit=*/true);
     if (best.empty() || d < best_distance) {
       best = name;
       best_distance = d;

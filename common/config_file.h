@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/edit_distance.h"  // EditDistance, for "did you mean"
 
 namespace dlbatch {
 
@@ -87,9 +88,6 @@ std::optional<ConfigSetting> PresetFor(
 
 // "flag", "env", "file" or "default".
 std::string SourceName(ConfigSource source);
-
-// Levenshtein distance, for "did you mean" on unknown keys.
-size_t EditDistance(std::string_view a, std::string_view b);
 
 }  // namespace dlbatch
 

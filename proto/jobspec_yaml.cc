@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/duration.h"
+#include "common/edit_distance.h"
 #include "common/files.h"
 #include "proto/jobspec_sweep.h"
 
@@ -68,30 +69,13 @@ std::string Child(absl::string_view path, absl::string_view key) {
   return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
 }
 
-// Levenshtein distance, for "did you mean" on unknown keys.
-size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 // " (did you mean 'x'?)" for the key within two edits of `name`, or "".
 std::string DidYouMean(absl::string_view name,
                        const std::vector<absl::string_view>& keys) {
   absl::string_view closest;
   size_t best = 3;  // suggest only within two edits
   for (absl::string_view k : keys) {
-    size_t d = EditDistance(name, k);
+    size_t d = EditDistance({name.data(), name.size()}, {k.data(), k.size()});
     if (d < best) best = d, closest = k;
   }
   return closest.empty() ? ""
