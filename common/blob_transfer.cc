@@ -11,12 +11,11 @@
 #include "common/background_sha256.h"
 #include "common/endpoint.h"
 #include "common/files.h"
+#include "common/hashing_file_writer.h"
 #include "common/status.h"
 
 namespace dlbatch {
 namespace {
-
-constexpr int64_t kWritebackBytes = 16 << 20;
 
 absl::StatusOr<std::string> HashFd(int fd, int64_t size,
                                    const std::string& what) {
@@ -129,52 +128,50 @@ absl::Status DownloadInto(v1::Scheduler::StubInterface* stub,
   // A stale part file (or a symlink planted there) is replaced, never
   // followed.
   ::unlinkat(dir_fd, part.c_str(), 0);
-  UniqueFd fd(::openat(dir_fd, part.c_str(),
-                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                       0600));
+  UniqueFd fd(OpenForSequentialWrite(
+      dir_fd, part, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600,
+      size));
   if (!fd.valid()) return ErrnoStatus(errno, "create", what + ".part");
   grpc::ClientContext ctx;
   AddToken(&ctx, token);
   v1::DownloadBlobRequest req;
   req.set_sha256(sha256);
   auto reader = stub->DownloadBlob(&ctx, req);
-  // Two chunks in turn: one is hashed (on a helper thread) while it is
-  // written, the next read into the other.
-  BackgroundSha256 hash;
-  int64_t done = 0;
+  // A large file is written past the page cache, hashed beside the write
+  // (HashingFileWriter); the chunk read next goes into a message of its own.
   absl::Status status;
-  int64_t flushed = 0;
-  v1::BlobChunk chunks[2];
-  int turn = 0;
-  while (reader->Read(&chunks[turn % 2])) {
-    const std::string& data = chunks[turn++ % 2].data();
-    hash.Update(data);
-    status = WriteFull(fd.get(), data, what + ".part");
-    if (!status.ok()) break;
-    done += static_cast<int64_t>(data.size());
-    if (done - flushed >= kWritebackBytes) {
-      // Start writeback of the stretch now, so the fsync at the end waits
-      // for the last stretch only.
-      ::sync_file_range(fd.get(), flushed, done - flushed,
-                        SYNC_FILE_RANGE_WRITE);
-      flushed = done;
+  int64_t done = 0;
+  std::string got;
+  {
+    HashingFileWriter file(fd.get(), [&what](int err) {
+      return ErrnoStatus(err, "write", what + ".part");
+    });
+    v1::BlobChunk chunk;
+    while (reader->Read(&chunk)) {
+      if (file.appended() + static_cast<int64_t>(chunk.data().size()) > size) {
+        status = absl::DataLossError(absl::StrCat(
+            "download of ", what, " is corrupt: more than the expected ", size,
+            " bytes came"));
+        break;
+      }
+      status = file.Append(chunk.data());
+      if (!status.ok()) break;
+      if (progress) progress(file.appended(), size);
     }
-    if (progress) progress(done, size);
+    if (status.ok()) status = file.Finish();
+    done = file.appended();
+    got = file.HexDigest();
   }
-  hash.Wait();  // before the chunks it may still read go
   if (!status.ok()) ctx.TryCancel();
   absl::Status rpc = FromGrpcStatus(reader->Finish());
   if (status.ok()) status = rpc;
   if (status.ok() && ::fsync(fd.get()) != 0)
     status = ErrnoStatus(errno, "fsync", what + ".part");
-  if (status.ok()) {
-    std::string got = hash.HexDigest();
-    if (got != sha256 || done != size) {
-      status = absl::DataLossError(
-          absl::StrCat("download of ", what, " is corrupt: expected ", size,
-                       " bytes with sha256 ", sha256, ", got ", done,
-                       " bytes with sha256 ", got));
-    }
+  if (status.ok() && (got != sha256 || done != size)) {
+    status = absl::DataLossError(
+        absl::StrCat("download of ", what, " is corrupt: expected ", size,
+                     " bytes with sha256 ", sha256, ", got ", done,
+                     " bytes with sha256 ", got));
   }
   if (status.ok() &&
       ::fchmod(fd.get(), mode == 0 ? 0644 : (mode & 07777)) != 0) {

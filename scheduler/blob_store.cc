@@ -17,15 +17,6 @@
 namespace dlbatch::scheduler {
 namespace {
 
-// Written bytes are handed to the disk every this many, so the fsync at
-// the end waits for the last stretch only, not the whole blob.
-constexpr int64_t kWritebackBytes = 16 << 20;
-
-// The direct path's staging buffers: their size (a multiple of any block
-// size), and the alignment of addresses, offsets and lengths O_DIRECT asks.
-constexpr size_t kStageBytes = 4 << 20;
-constexpr size_t kDirectAlign = 4096;
-
 absl::Status MakePrivateDir(const std::string& path) {
   RETURN_IF_ERROR(MakeDirs(path, 0700));
   // mkdir's mode is cut by the umask, and an older folder keeps its own.
@@ -153,49 +144,32 @@ absl::StatusOr<std::unique_ptr<BlobStore::Writer>> BlobStore::NewWriter(
   static std::atomic<uint64_t> counter{0};
   std::string tmp = absl::StrCat(dir_, "/tmp/", sha256.empty() ? "new" : sha256,
                                  ".", ::getpid(), ".", counter.fetch_add(1));
-  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
-  bool direct = size >= kDirectMinBytes;
-  int fd = direct ? ::open(tmp.c_str(), flags | O_DIRECT, 0600) : -1;
-  if (fd < 0) {
-    // A filesystem without O_DIRECT (EINVAL) takes the buffered path.
-    direct = false;
-    fd = ::open(tmp.c_str(), flags, 0600);
-  }
+  int fd = OpenForSequentialWrite(
+      AT_FDCWD, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600,
+      size);
+  const int open_errno = errno;
   // The writer gives the reservation back, even when it never was.
   auto writer =
-      std::unique_ptr<Writer>(new Writer(this, sha256, size, fd, tmp, direct));
+      std::unique_ptr<Writer>(new Writer(this, sha256, size, fd, tmp));
   if (fd < 0) {
     writer->done_ = true;  // nothing to remove
-    return ErrnoStatus(errno, "create", tmp);
+    return ErrnoStatus(open_errno, "create", tmp);
   }
   if (::fchmod(fd, 0600) != 0) return ErrnoStatus(errno, "chmod", tmp);
   return writer;
 }
 
 BlobStore::Writer::Writer(BlobStore* store, std::string sha256, int64_t size,
-                          int fd, std::string tmp_path, bool direct)
+                          int fd, std::string tmp_path)
     : store_(store),
       announced_(std::move(sha256)),
       size_(size),
       fd_(fd),
       tmp_path_(std::move(tmp_path)),
-      direct_(direct) {
-  for (auto& stage : stage_) {
-    void* p = nullptr;
-    if (!direct_) break;
-    if (::posix_memalign(&p, kDirectAlign, kStageBytes) != 0) {
-      direct_ = false;  // no memory for staging: write as it comes
-      ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) & ~O_DIRECT);
-      break;
-    }
-    stage.reset(static_cast<char*>(p));
-  }
-}
+      file_(fd_.get(), [this](int err) { return FullOrError(err, "write"); }) {}
 
 BlobStore::Writer::~Writer() {
-  (void)WaitFlush();  // the helper thread reads the buffers and the fd
-  store_->Release(size_ - written_);
-  fd_.Reset();
+  store_->Release(size_ - written());
   if (!done_) ::unlink(tmp_path_.c_str());
 }
 
@@ -210,117 +184,22 @@ absl::Status BlobStore::Writer::FullOrError(int err,
 }
 
 absl::Status BlobStore::Writer::Append(absl::string_view data) {
-  if (written_ + static_cast<int64_t>(data.size()) > size_) {
+  if (written() + static_cast<int64_t>(data.size()) > size_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the upload is longer than the announced ", size_, " bytes"));
   }
-  return direct_ ? AppendStaged(data) : AppendBuffered(data);
-}
-
-absl::Status BlobStore::Writer::AppendStaged(absl::string_view data) {
-  written_ += static_cast<int64_t>(data.size());
   store_->Release(static_cast<int64_t>(data.size()));
-  while (!data.empty()) {
-    const size_t n = std::min(kStageBytes - fill_, data.size());
-    std::memcpy(stage_[current_].get() + fill_, data.data(), n);
-    fill_ += n;
-    data.remove_prefix(n);
-    if (fill_ == kStageBytes) RETURN_IF_ERROR(FlushStage());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status BlobStore::Writer::FlushStage() {
-  RETURN_IF_ERROR(WaitFlush());
-  const char* buffer = stage_[current_].get();
-  const size_t len = fill_;
-  const int64_t offset = file_offset_;
-  flushing_ = std::async(std::launch::async, [this, buffer, len, offset] {
-    return WriteAt(buffer, len, offset);
-  });
-  file_offset_ += static_cast<int64_t>(len);
-  current_ ^= 1;
-  fill_ = 0;
-  return absl::OkStatus();
-}
-
-absl::Status BlobStore::Writer::WaitFlush() {
-  if (!flushing_.valid()) return absl::OkStatus();
-  return flushing_.get();
-}
-
-absl::Status BlobStore::Writer::WriteAt(const char* data, size_t len,
-                                        int64_t offset) {
-  hash_.Update(absl::string_view(data, len));  // beside the write
-  absl::Status status;
-  while (len > 0) {
-    ssize_t n = ::pwrite(fd_.get(), data, len, offset);
-    if (n < 0 && errno == EINVAL &&
-        (::fcntl(fd_.get(), F_GETFL) & O_DIRECT) != 0) {
-      // The filesystem took O_DIRECT at open but not for writes.
-      ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) & ~O_DIRECT);
-      continue;
-    }
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      status = FullOrError(errno, "write");
-      break;
-    }
-    data += n;
-    len -= static_cast<size_t>(n);
-    offset += n;
-  }
-  hash_.Wait();
-  return status;
-}
-
-absl::Status BlobStore::Writer::FinishStaged() {
-  RETURN_IF_ERROR(WaitFlush());
-  const char* buffer = stage_[current_].get();
-  const size_t aligned = fill_ / kDirectAlign * kDirectAlign;
-  RETURN_IF_ERROR(WriteAt(buffer, aligned, file_offset_));
-  file_offset_ += static_cast<int64_t>(aligned);
-  if (fill_ > aligned) {
-    // O_DIRECT takes whole blocks only; the tail goes through the cache.
-    ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) & ~O_DIRECT);
-    RETURN_IF_ERROR(WriteAt(buffer + aligned, fill_ - aligned, file_offset_));
-    file_offset_ += static_cast<int64_t>(fill_ - aligned);
-  }
-  fill_ = 0;
-  return absl::OkStatus();
-}
-
-absl::Status BlobStore::Writer::AppendBuffered(absl::string_view data) {
-  // Hashed on a helper thread while written; done before `data` goes.
-  hash_.Update(data);
-  while (!data.empty()) {
-    ssize_t n = ::write(fd_.get(), data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      hash_.Wait();
-      return FullOrError(errno, "write");
-    }
-    written_ += n;
-    store_->Release(n);  // on disk now, seen by statvfs
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  hash_.Wait();
-  if (written_ - flushed_ >= kWritebackBytes) {
-    // Start writeback of the stretch; returns without waiting for it.
-    ::sync_file_range(fd_.get(), flushed_, written_ - flushed_,
-                      SYNC_FILE_RANGE_WRITE);
-    flushed_ = written_;
-  }
-  return absl::OkStatus();
+  return file_.Append(data);
 }
 
 absl::Status BlobStore::Writer::Commit() {
-  if (written_ != size_) {
+  if (written() != size_) {
     return absl::DataLossError(absl::StrCat("the upload ended early: received ",
-                                            written_, " of ", size_, " bytes"));
+                                            written(), " of ", size_,
+                                            " bytes"));
   }
-  if (direct_) RETURN_IF_ERROR(FinishStaged());
-  std::string digest = hash_.HexDigest();
+  RETURN_IF_ERROR(file_.Finish());
+  std::string digest = file_.HexDigest();
   if (!announced_.empty() && digest != announced_) {
     return absl::DataLossError(
         absl::StrCat("blob checksum mismatch: announced ", announced_,

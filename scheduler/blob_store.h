@@ -13,9 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
-#include <future>
 #include <memory>
 #include <string>
 
@@ -23,8 +21,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/background_sha256.h"
 #include "common/files.h"
+#include "common/hashing_file_writer.h"
 
 namespace dlbatch::scheduler {
 
@@ -39,9 +37,6 @@ class BlobStore {
   // min_free_bytes: an upload that would leave less free space on the
   // store's filesystem is refused before it starts, so the database beside
   // it always has room to record the outcome.
-  // Blobs from this size up are written past the page cache (Writer).
-  static constexpr int64_t kDirectMinBytes = 8 << 20;
-
   static absl::StatusOr<std::unique_ptr<BlobStore>> Open(
       const std::string& dir, int64_t min_free_bytes);
   // As above, free space read from `free_space` (tests).
@@ -57,15 +52,9 @@ class BlobStore {
   int64_t stored_bytes() const { return stored_bytes_.load(); }
 
   // One upload in progress; destroying it before Commit discards it and
-  // gives back its reservation. Not thread-safe itself.
-  //
-  // A large blob (kDirectMinBytes or more) is written with O_DIRECT where
-  // the filesystem allows it: the bytes are copied into one of two aligned
-  // staging buffers, and a full buffer is written (and hashed) on a helper
-  // thread while the caller fills the other. The page-cache copy of a
-  // buffered write was half the scheduler's CPU in an upload, and a blob is
-  // rarely read back soon. Bytes staged count as written for the free-space
-  // reservation (at most two buffers early).
+  // gives back its reservation. Not thread-safe itself. A large blob is
+  // written past the page cache (HashingFileWriter); bytes staged for it
+  // count as written for the free-space reservation (at most 8 MiB early).
   class Writer {
    public:
     ~Writer();
@@ -75,40 +64,24 @@ class BlobStore {
     // Verifies size (and the announced digest), then makes the blob
     // visible; a blob stored already under that digest is kept as it is.
     absl::Status Commit();
-    int64_t written() const { return written_; }
+    int64_t written() const { return file_.appended(); }
     // The bytes' sha256; set by a successful Commit.
     const std::string& sha256() const { return digest_; }
+    // Whether the bytes bypass the page cache (tests).
+    bool direct() const { return file_.direct(); }
 
    private:
     friend class BlobStore;
-    struct FreeBuffer {
-      void operator()(char* p) const { std::free(p); }
-    };
     Writer(BlobStore* store, std::string sha256, int64_t size, int fd,
-           std::string tmp_path, bool direct);
+           std::string tmp_path);
     absl::Status FullOrError(int err, absl::string_view what) const;
-    absl::Status AppendBuffered(absl::string_view data);
-    // The direct path: staging, and writing a buffer at an offset.
-    absl::Status AppendStaged(absl::string_view data);
-    absl::Status FlushStage();
-    absl::Status WaitFlush();
-    absl::Status FinishStaged();
-    absl::Status WriteAt(const char* data, size_t len, int64_t offset);
+
     BlobStore* store_;
     std::string announced_;  // may be empty: the digest is learnt
     int64_t size_;
     UniqueFd fd_;
     std::string tmp_path_;
-    int64_t written_ = 0;
-    int64_t flushed_ = 0;  // bytes handed to writeback so far
-    // The direct path (unused otherwise).
-    bool direct_ = false;
-    std::unique_ptr<char, FreeBuffer> stage_[2];
-    int current_ = 0;                     // the buffer being filled
-    size_t fill_ = 0;                     // bytes in it
-    int64_t file_offset_ = 0;             // bytes handed to the file so far
-    std::future<absl::Status> flushing_;  // the other buffer's write
-    BackgroundSha256 hash_;
+    HashingFileWriter file_;  // declared after fd_: gone before it closes
     std::string digest_;
     bool done_ = false;
   };

@@ -104,7 +104,7 @@ TEST_F(BlobSpaceTest, ANamedUploadMustMatchItsName) {
 // it: pieces of odd sizes, across the staging buffers' edges, must come out
 // byte for byte, on a disk and on tmpfs.
 TEST_F(BlobSpaceTest, ALargeBlobKeepsEveryByteWhateverThePieces) {
-  std::string data(BlobStore::kDirectMinBytes * 2 + 12345, '\0');
+  std::string data(kDirectWriteMinBytes * 2 + 12345, '\0');
   uint64_t x = 88172645463325252ull;
   for (char& c : data) {
     x ^= x << 13;
