@@ -52,21 +52,32 @@ std::string Level(spdlog::level::level_enum level) {
   return std::string(name.data(), name.size());
 }
 
+// "2026-11-25 14:02:03.004" in local time, or "2026-11-25T14:02:03.004"
+// in UTC (the caller adds the zone).
+std::string Stamp(std::chrono::system_clock::time_point time, bool utc) {
+  const auto t = std::chrono::system_clock::to_time_t(time);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      time.time_since_epoch())
+                      .count() %
+                  1000;
+  std::tm tm;
+  if (utc) {
+    ::gmtime_r(&t, &tm);
+  } else {
+    ::localtime_r(&t, &tm);
+  }
+  char when[32];
+  std::strftime(when, sizeof(when),
+                utc ? "%Y-%m-%dT%H:%M:%S" : "%Y-%m-%d %H:%M:%S", &tm);
+  return absl::StrFormat("%s.%03d", when, static_cast<int>(ms));
+}
+
 class TextFormatter : public spdlog::formatter {
  public:
   void format(const spdlog::details::log_msg& msg,
               spdlog::memory_buf_t& dest) override {
-    const auto t = std::chrono::system_clock::to_time_t(msg.time);
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        msg.time.time_since_epoch())
-                        .count() %
-                    1000;
-    std::tm tm;
-    ::localtime_r(&t, &tm);
-    char when[32];
-    std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
     std::string line = absl::StrFormat(
-        "%s.%03d %s %s\n", when, ms, Level(msg.level),
+        "%s %s %s\n", Stamp(msg.time, /*utc=*/false), Level(msg.level),
         TextEscape(std::string_view(msg.payload.data(), msg.payload.size())));
     dest.append(line.data(), line.data() + line.size());
   }
@@ -81,19 +92,10 @@ class JsonFormatter : public spdlog::formatter {
       : process_(std::move(process)), pid_(::getpid()) {}
   void format(const spdlog::details::log_msg& msg,
               spdlog::memory_buf_t& dest) override {
-    const auto t = std::chrono::system_clock::to_time_t(msg.time);
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        msg.time.time_since_epoch())
-                        .count() %
-                    1000;
-    std::tm tm;
-    ::gmtime_r(&t, &tm);
-    char when[32];
-    std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
     std::string line = absl::StrFormat(
-        "{\"time\":\"%s.%03dZ\",\"level\":\"%s\",\"msg\":\"%s\","
+        "{\"time\":\"%sZ\",\"level\":\"%s\",\"msg\":\"%s\","
         "\"process\":\"%s\",\"pid\":%d,\"tid\":%d}\n",
-        when, ms, Level(msg.level),
+        Stamp(msg.time, /*utc=*/true), Level(msg.level),
         JsonEscape(std::string(msg.payload.data(), msg.payload.size())),
         JsonEscape(process_), pid_, static_cast<int>(msg.thread_id));
     dest.append(line.data(), line.data() + line.size());

@@ -28,23 +28,8 @@ using ::testing::HasSubstr;
 // output in `log`; killed and reaped at the end of the test.
 class Daemon {
  public:
-  Daemon(const std::vector<std::string>& argv, const std::string& log) {
-    std::vector<std::string> store = argv;
-    std::vector<char*> args;
-    for (auto& a : store) args.push_back(a.data());
-    args.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      int devnull = open("/dev/null", O_RDONLY);
-      dup2(devnull, 0);
-      setpgid(0, 0);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-  }
+  Daemon(const std::vector<std::string>& argv, const std::string& log)
+      : pid_(SpawnLogged(argv, log)) {}
   ~Daemon() {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);

@@ -186,6 +186,11 @@ Cluster::~Cluster() {
 
 pid_t Cluster::Spawn(const std::vector<std::string>& argv,
                      const std::string& log) {
+  return SpawnLogged(argv, log);
+}
+
+pid_t SpawnLogged(const std::vector<std::string>& argv,
+                  const std::string& log) {
   std::vector<std::string> store = argv;
   std::vector<char*> args;
   for (auto& a : store) args.push_back(a.data());

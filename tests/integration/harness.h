@@ -23,6 +23,10 @@ struct Result {
   std::string err;
 };
 
+// Starts a program in a process group of its own, stdin from /dev/null,
+// stdout and stderr appended to `log`; returns its pid.
+pid_t SpawnLogged(const std::vector<std::string>& argv, const std::string& log);
+
 // Runs a program to completion, capturing stdout and stderr.
 Result Exec(const std::vector<std::string>& argv,
             const std::map<std::string, std::string>& env = {},
