@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/commands_backup.h"
 #include "client/commands_control.h"
 #include "client/commands_credentials.h"
 #include "client/format.h"
@@ -209,8 +210,10 @@ void AddAdminCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
       "admin",
       "Operate the scheduler: delete old jobs (purge), users' tokens (user), "
       "workers' credentials (worker-token), per-user limits (limit), "
-      "fair-share usage (usage)");
+      "fair-share usage (usage), workers (drain, resume, remove), a copy of "
+      "the state (backup), the scheduler at a glance (status)");
   admin->require_subcommand(1);
+  AddBackupCommands(admin, flags, rc);
   AddCredentialCommands(admin, flags, rc);
   AddLimitCommands(admin, flags, rc);
   AddWorkerAdminCommands(admin, flags, rc);  // issue 21 (slice control)

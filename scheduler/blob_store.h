@@ -46,6 +46,11 @@ class BlobStore {
   // Size of a stored blob, or NotFound.
   absl::StatusOr<int64_t> Size(const std::string& sha256) const;
   std::string PathFor(const std::string& sha256) const;
+  // A folder on the store's filesystem for files in the making; emptied
+  // when the store opens.
+  std::string temp_dir() const { return dir_ + "/tmp"; }
+  // The free space kept beside uploads (Open's min_free_bytes).
+  int64_t min_free_bytes() const { return min_free_bytes_; }
   // Bytes promised to uploads in flight and not yet written.
   int64_t reserved_bytes() const;
   // Bytes of the blobs stored (counted at Open, kept since); lock-free.

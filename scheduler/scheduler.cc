@@ -69,6 +69,7 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
       rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))),
       follow_(std::make_unique<DiaryFollowHub>(static_cast<FollowSource*>(this),
                                                clock)) {
+  start_ms_ = clock_->NowMs();
   absl::MutexLock lock(&mu_);
   core_ = NewCore();
 }

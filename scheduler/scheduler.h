@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "dlbatch/v1/scheduler.pb.h"
 #include "proto/job_state.h"
+#include "scheduler/backup.h"
 #include "scheduler/blob_store.h"
 #include "scheduler/diary_follow.h"
 #include "scheduler/disk_guard.h"
@@ -152,6 +153,12 @@ class Scheduler : private FollowSource {
   // job holds, a few hundred per transaction so placement never waits
   // long. (scheduler_purge.cc)
   absl::StatusOr<v1::PurgeJobsReply> Purge(const v1::PurgeJobsRequest& request);
+  // `dlbatch admin backup` and `admin status` (scheduler_backup.cc). The
+  // backup's staged copy (backup.h), made while no purge runs; it removes
+  // itself when dropped.
+  absl::StatusOr<std::unique_ptr<StagedBackup>> StageBackup()
+      ABSL_LOCKS_EXCLUDED(mu_, purge_mu_);
+  absl::StatusOr<v1::SchedulerStatus> StatusReport() ABSL_LOCKS_EXCLUDED(mu_);
   // Tokens (credentials.h), kept in the store; scheduler_credentials.cc.
   absl::StatusOr<std::vector<CredentialRecord>> Credentials()
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -460,6 +467,7 @@ class Scheduler : private FollowSource {
   DiskGuard* const disk_;
   RendezvousStore rendezvous_;
   Metrics* metrics_ = nullptr;
+  int64_t start_ms_ = 0;  // the clock at construction, for Status
 
   mutable absl::Mutex mu_;
   // Replaced whole by Recover.

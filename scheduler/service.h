@@ -139,6 +139,15 @@ class SchedulerService final
                            const v1::ControlJobsRequest* request,
                            v1::ControlJobsReply* reply) override;
 
+  // `dlbatch admin backup` (admins only) and `admin status` (users and
+  // admins): service_backup.cc.
+  grpc::Status BackupStore(
+      grpc::ServerContext* context, const v1::BackupStoreRequest* request,
+      grpc::ServerWriter<v1::BackupChunk>* writer) override;
+  grpc::Status GetStatus(grpc::ServerContext* context,
+                         const v1::GetStatusRequest* request,
+                         v1::SchedulerStatus* reply) override;
+
   // Calls that authenticate take their connection out of `gate`'s watch
   // (TCP connections; none is watched where this is not called).
   void set_connection_gate(ConnectionGate* gate) { gate_ = gate; }

@@ -40,6 +40,7 @@ class Database {
   int64_t LastInsertId() const;
   int Changes() const;
   sqlite3* raw() { return db_; }
+  const std::string& path() const { return path_; }
   absl::Status Error(absl::string_view what) const;
 
   // Copies the WAL into the database file once it holds enough frames, as

@@ -866,11 +866,14 @@ absl::StatusOr<std::vector<StoredUsage>> Store::Usages() {
   return out;
 }
 
+namespace {
+
+// Jobs by (profile, state), on any connection to the store.
 absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>
-Store::CountJobsByState() {
+CountJobsOn(Database* db) {
   ASSIGN_OR_RETURN(
       Statement * st,
-      db_->Prepare("SELECT profile, state, COUNT(*) FROM jobs GROUP BY 1, 2"));
+      db->Prepare("SELECT profile, state, COUNT(*) FROM jobs GROUP BY 1, 2"));
   std::map<std::pair<std::string, v1::JobState>, int64_t> counts;
   while (true) {
     auto row = st->Step();
@@ -883,6 +886,13 @@ Store::CountJobsByState() {
   }
   st->Reset();
   return counts;
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>
+Store::CountJobsByState() {
+  return CountJobsOn(db_.get());
 }
 
 absl::StatusOr<int64_t> Store::CountJobs() {
@@ -1125,6 +1135,13 @@ absl::StatusOr<TrainState> StoreReader::GetTrainState(int64_t job_id) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
   return ReadTrainState(db.get(), job_id);
+}
+
+absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>
+StoreReader::CountJobsByState() {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  return CountJobsOn(db.get());
 }
 
 absl::StatusOr<std::string> StoreReader::JobUser(int64_t job_id) {

@@ -228,6 +228,9 @@ class StoreReader {
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
   // The user a job was submitted by; NotFound for an unknown job.
   absl::StatusOr<std::string> JobUser(int64_t job_id);
+  // Jobs by (profile, state), as Store::CountJobsByState.
+  absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>
+  CountJobsByState();
   // Whether some job of `user` holds blob `sha256` (an attachment, an
   // output, a checkpoint).
   absl::StatusOr<bool> UserHoldsBlob(const std::string& user,
