@@ -127,7 +127,11 @@ std::string SlotMarks(const ClusterModel& model, const v1::WorkerInfo& w,
 void ClusterModel::Apply(const v1::ClusterEvent& event, size_t keep_ended) {
   if (event.time_ms() > 0) server_time_ms = event.time_ms();
   if (event.has_worker()) {
-    workers[event.worker().id()] = event.worker();
+    if (event.worker().removed()) {
+      workers.erase(event.worker().id());
+    } else {
+      workers[event.worker().id()] = event.worker();
+    }
     return;
   }
   if (!event.has_job()) return;

@@ -185,7 +185,12 @@ absl::Status Scheduler::ForgetWorker(int64_t worker_id, const std::string& why,
   RETURN_IF_ERROR(store_->DeleteWorker(worker_id));
   RETURN_IF_ERROR(store_->DeleteDrain(name));
   w.draining = false;
-  PublishWorker(worker_id);  // seen offline by monitors until they restart
+  if (events_.has_watchers()) {
+    // Monitors drop it; a plain update would leave it there as offline.
+    v1::WorkerInfo gone = WorkerView(w);
+    gone.set_removed(true);
+    events_.PublishWorker(std::move(gone), clock_->NowMs());
+  }
   workers_.erase(it);
   spdlog::warn("worker '{}' (#{}) {}; its slots leave its profile", name,
                worker_id, why);

@@ -190,6 +190,20 @@ TEST(MonitorView, PlainSnapshotListsWorkersAndJobs) {
   EXPECT_THAT(text, HasSubstr("waiting for 8 slots"));
 }
 
+// An open monitor drops a worker an admin removed (or the scheduler forgot)
+// instead of showing it offline until restarted.
+TEST(MonitorView, ARemovedWorkerLeavesTheModel) {
+  ClusterModel model = Model();
+  ASSERT_THAT(PlainSnapshot(model, kNow), HasSubstr("gpu-node-2"));
+  v1::ClusterEvent e;
+  *e.mutable_worker() = Worker(2, "gpu-node-2", 2, false);
+  e.mutable_worker()->set_removed(true);
+  model.Apply(e);
+  EXPECT_EQ(model.workers.count(2), 0u);
+  EXPECT_THAT(PlainSnapshot(model, kNow), Not(HasSubstr("gpu-node-2")));
+  EXPECT_THAT(PlainSnapshot(model, kNow), HasSubstr("gpu-node-1"));
+}
+
 TEST(MonitorView, ShortDurations) {
   EXPECT_EQ(ShortDuration(42'000), "42s");
   EXPECT_EQ(ShortDuration(725'000), "12:05");

@@ -299,6 +299,28 @@ TEST_F(SchedulerWatchTest, SnapshotThenEveryChangeOfJobsAndWorkers) {
   EXPECT_EQ(writer.finished(), 1);
 }
 
+TEST_F(SchedulerWatchTest, ARemovedWorkerReachesWatchersMarkedRemoved) {
+  auto session = Connect("w1", 1);
+  FakeWriter writer(/*auto_complete=*/true);
+  auto queue = scheduler_->Watch(v1::WatchEventsRequest(), &writer);
+  ASSERT_TRUE(queue.ok());
+  writer.set_queue(queue->get());
+  (*queue)->Pump();
+  scheduler_->OnWorkerGone(session);
+  EXPECT_TRUE(writer.WaitFor([](const v1::ClusterEvent& e) {
+    return e.has_worker() && !e.worker().online() && !e.worker().removed();
+  }));
+  auto removed = scheduler_->RemoveWorker("w1");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_TRUE(writer.WaitFor([](const v1::ClusterEvent& e) {
+    return e.has_worker() && e.worker().name() == "w1" &&
+           e.worker().removed();
+  }));
+  (*queue)->Close();
+  scheduler_->Unwatch(queue->get());
+  (*queue)->Detach();
+}
+
 TEST_F(SchedulerWatchTest, SlotsFreedByAnEndedJobReachTheWorkerEntry) {
   auto session = Connect("w1", 1);
   FakeWriter writer(/*auto_complete=*/true);
