@@ -1,7 +1,9 @@
 // dlbatch: the command line of the batch system.
+#include <grpc/support/log.h>
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 
@@ -28,12 +30,20 @@ int64_t ParseRetryFor(const std::string& text) {
   return *seconds * 1000;
 }
 
+// gRPC's own log lines ("Handshake failed with fatal error ...") would come
+// before the CLI's message, which says the same with what to change (the CA
+// file used, the address tried). GRPC_VERBOSITY set brings them back.
+void QuietGrpcLog(gpr_log_func_args* /*args*/) {}
+
 }  // namespace
 }  // namespace dlbatch::client
 
 int main(int argc, char** argv) {
   using namespace dlbatch::client;
   signal(SIGPIPE, SIG_IGN);
+  if (std::getenv("GRPC_VERBOSITY") == nullptr) {
+    gpr_set_log_function(QuietGrpcLog);
+  }
   GlobalFlags flags;
   CLI::App app{
       "dlbatch: batch jobs for deep-learning training.\n"

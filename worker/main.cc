@@ -317,7 +317,7 @@ int main(int argc, char** argv) {
   std::shared_ptr<grpc::Channel> channel =
       dlbatch::MakeChannel(options.channel);
   std::unique_ptr<dlbatch::worker::LinkTransport> transport =
-      dlbatch::worker::MakeGrpcLinkTransport(channel, options.channel.token);
+      dlbatch::worker::MakeGrpcLinkTransport(channel, options.channel);
   std::unique_ptr<dlbatch::worker::BlobTransfers> transfers =
       dlbatch::worker::MakeGrpcBlobTransfers(channel, options.channel.token);
   dlbatch::worker::SubprocessRunner runner(

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/status.h"
+#include "common/tls_client.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::worker {
@@ -39,10 +40,11 @@ class GrpcLinkStream final : public LinkStream {
 
 class GrpcLinkTransport final : public LinkTransport {
  public:
-  GrpcLinkTransport(std::shared_ptr<grpc::Channel> channel, std::string token)
+  GrpcLinkTransport(std::shared_ptr<grpc::Channel> channel,
+                    ChannelConfig config)
       : channel_(std::move(channel)),
         stub_(v1::WorkerLink::NewStub(channel_)),
-        token_(std::move(token)) {}
+        config_(std::move(config)) {}
 
   absl::StatusOr<std::unique_ptr<LinkStream>> Connect(
       int64_t timeout_ms) override {
@@ -51,24 +53,33 @@ class GrpcLinkTransport final : public LinkTransport {
     // when the next one starts.
     if (!channel_->WaitForConnected(std::chrono::system_clock::now() +
                                     std::chrono::milliseconds(timeout_ms))) {
+      if (!config_.endpoint.is_unix) {
+        // Reached but not trusted (a scheduler restored without its keys,
+        // a CA replaced): say so. Still retried: running jobs go on, and
+        // the operator may put the right CA back.
+        absl::Status why =
+            ProbeTls(config_, std::min<int64_t>(timeout_ms, 2000));
+        if (absl::IsFailedPrecondition(why)) {
+          return absl::UnavailableError(why.message());
+        }
+      }
       return absl::UnavailableError(
           absl::StrCat("not reachable within ", timeout_ms, " ms"));
     }
-    return std::make_unique<GrpcLinkStream>(stub_.get(), token_);
+    return std::make_unique<GrpcLinkStream>(stub_.get(), config_.token);
   }
 
  private:
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerLink::Stub> stub_;
-  const std::string token_;
+  const ChannelConfig config_;
 };
 
 }  // namespace
 
 std::unique_ptr<LinkTransport> MakeGrpcLinkTransport(
-    std::shared_ptr<grpc::Channel> channel, std::string token) {
-  return std::make_unique<GrpcLinkTransport>(std::move(channel),
-                                             std::move(token));
+    std::shared_ptr<grpc::Channel> channel, const ChannelConfig& config) {
+  return std::make_unique<GrpcLinkTransport>(std::move(channel), config);
 }
 
 SchedulerLink::SchedulerLink(LinkOptions options, LinkTransport* transport,

@@ -52,9 +52,12 @@ class LinkTransport {
 };
 
 // The real transport over gRPC's WorkerLink.Connect. `channel` is shared
-// with the blob transfers.
+// with the blob transfers; `config` is what it was made from. Over TCP, an
+// attempt that does not connect asks a TLS handshake of its own why, so a
+// scheduler that came back with a certificate the CA file does not vouch
+// for is named as such in the log at each retry, not as "not reachable".
 std::unique_ptr<LinkTransport> MakeGrpcLinkTransport(
-    std::shared_ptr<grpc::Channel> channel, std::string token);
+    std::shared_ptr<grpc::Channel> channel, const ChannelConfig& config);
 
 // Receives the scheduler's messages, on Run()'s thread, with no lock of the
 // link held: StartJob, CancelJob, and EndedAck (after the Outbox let go of

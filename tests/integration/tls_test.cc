@@ -187,6 +187,8 @@ TEST(Tls, AWrongCaFailsAtOnceNamingTheCaFile) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("CA file " + wrong), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--ca-file"), std::string::npos) << r.err;
+  // The CLI's message alone, without gRPC's own log line before it.
+  EXPECT_EQ(r.err.find("Handshake failed"), std::string::npos) << r.err;
   // Not taken for an outage and retried for --retry-for (30 s).
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   // --ca-file wins over DLBATCH_CA.
@@ -252,6 +254,37 @@ TEST(Tls, AWorkerOverTlsRunsAJob) {
   Result shown = c.Cli({"--token-file", Token(c), "show", "--json", id});
   EXPECT_NE(shown.out.find("\"state\": \"finished\""), std::string::npos)
       << shown.out;
+}
+
+// A worker checks the CA at start and at every failed reconnect: a
+// scheduler that comes back with another CA (its keys lost, say) is named
+// in the worker's log as untrusted, not as unreachable, while the worker
+// keeps trying.
+TEST(Tls, AWorkerNamesTheCaWhenARestartedSchedulerIsNoLongerTrusted) {
+  Cluster c;
+  c.StartScheduler({}, "127.0.0.1:0");
+  c.StartWorker("w1", 1, "local", {"--token-file", Token(c)});
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return c.Cli({"--token-file", Token(c), "workers"})
+                   .out.find("online") != std::string::npos;
+      },
+      15000))
+      << c.Logs();
+  c.KillScheduler(SIGKILL);
+  for (const char* f : {"ca.pem", "ca.key", "server.pem", "server.key"}) {
+    ASSERT_EQ(unlink((c.scheduler_state() + "/" + f).c_str()), 0) << f;
+  }
+  c.StartScheduler();  // same address; a new CA
+  const std::string log = c.dir() + "/worker-w1.log";
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return ReadAll(log).find("does not vouch for") != std::string::npos;
+      },
+      20000))
+      << ReadAll(log);
+  EXPECT_NE(ReadAll(log).find("CA file " + c.ca_file()), std::string::npos)
+      << ReadAll(log);
 }
 
 TEST(Tls, TheCertificateNamesTheTlsNamesAndARestartKeepsTheCa) {
