@@ -1,12 +1,15 @@
 // precision: bf16 and fp16 through the real dlbatch-train on the CPU: the
 // refusals a user meets (bf16 on a CPU without AVX-512 BF16 or AMX, fp16 on
 // any CPU, a precision that does not exist), and where the CPU has bf16,
-// LeNet on Fashion-MNIST reaching float32's accuracy and checkpoints that
-// resume in the other precision.
+// LeNet, the convolutional-block network and the small ResNet on
+// Fashion-MNIST reaching float32's accuracy, and checkpoints that resume in
+// the other precision.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -29,6 +32,93 @@ using dlbatch::testing::WriteAll;
 
 constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
 
+// A network and its solver: job-file text under `train:` (`network:`, two
+// spaces in) and under `options:` (four spaces in, without max_epochs).
+struct Net {
+  const char* network;
+  const char* options;
+};
+
+// LeNet with Caffe's lenet_solver at batch 64.
+const Net kLenet = {dlbatch::testing::kLenetNetworkYaml, R"(    solver: sgdm
+    initial_learn_rate: 0.01
+    momentum: 0.9
+    l2_regularization: 0.0005
+    learn_rate_schedule: {type: inv, gamma: 0.0001, power: 0.75}
+    mini_batch_size: 64
+)"};
+
+// examples/blocks-fashion-mnist.yaml's and examples/resnet-fashion-mnist.yaml's
+// solver.
+constexpr char kExampleSolver[] = R"(    solver: sgdm
+    initial_learn_rate: 0.05
+    momentum: 0.9
+    l2_regularization: 0.0005
+    learn_rate_schedule: {type: cosine, warmup_iterations: 100}
+    mini_batch_size: 128
+)";
+
+// examples/blocks-fashion-mnist.yaml's network: batch normalisation between
+// every convolution and its relu.
+const Net kBlocks = {R"(
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: conv, filters: 16, size: 3, padding: same}
+      - {type: batchnorm}
+      - {type: relu}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: conv, filters: 32, size: 3, padding: same}
+      - {type: batchnorm}
+      - {type: relu}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: conv, filters: 64, size: 3, padding: same}
+      - {type: batchnorm}
+      - {type: relu}
+      - {type: globalavgpool}
+      - {type: fc, units: 10}
+      - {type: softmax}
+)",
+                     kExampleSolver};
+
+// examples/resnet-fashion-mnist.yaml's network: the blocks with a residual
+// block at each of the first two widths (their sums' gradients reach two
+// layers each).
+const Net kResNet = {R"(
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: conv, filters: 16, size: 3, padding: same}
+      - {type: batchnorm}
+      - {name: stem, type: relu}
+      - {type: conv, filters: 16, size: 3, padding: same}
+      - {type: batchnorm}
+      - {type: relu}
+      - {type: conv, filters: 16, size: 3, padding: same}
+      - {name: bn1, type: batchnorm}
+      - {name: sum1, type: add, inputs: [stem, bn1]}
+      - {type: relu}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: conv, filters: 32, size: 3, padding: same}
+      - {type: batchnorm}
+      - {name: wide, type: relu}
+      - {type: conv, filters: 32, size: 3, padding: same}
+      - {type: batchnorm}
+      - {type: relu}
+      - {type: conv, filters: 32, size: 3, padding: same}
+      - {name: bn2, type: batchnorm}
+      - {name: sum2, type: add, inputs: [wide, bn2]}
+      - {type: relu}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: conv, filters: 64, size: 3, padding: same}
+      - {type: batchnorm}
+      - {type: relu}
+      - {type: globalavgpool}
+      - {type: fc, units: 10}
+      - {type: softmax}
+)",
+                     kExampleSolver};
+
 class Bf16Run : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -47,24 +137,29 @@ class Bf16Run : public ::testing::Test {
   }
 
   // LeNet (Caffe's solver) for `iterations` steps at batch 64 (0: one
-  // epoch), validated on t10k at the end, in `precision`.
+  // epoch, no checkpoints), validated on t10k at the end, in `precision`.
   std::string Job(const std::string& name, const std::string& precision,
                   int seed, int iterations = 0) {
+    return NetJob(kLenet, name, precision, seed, iterations);
+  }
+
+  // `net` for `iterations` steps (0: one epoch, no checkpoints), validated
+  // on t10k at the end, in `precision` ("": the default, fp32).
+  std::string NetJob(const Net& net, const std::string& name,
+                     const std::string& precision, int seed,
+                     int iterations = 0) {
     const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
     WriteAll(
         path,
         absl::StrCat(
-            "name: ", name, "\ntrain:\n", dlbatch::testing::kLenetNetworkYaml,
+            "name: ", name, "\ntrain:\n", net.network,
             "  data:\n    train: {format: idx, images: ", kData,
             "/train-images-idx3-ubyte.gz, labels: ", kData,
             "/train-labels-idx1-ubyte.gz}\n    validation: {format: idx, "
             "images: ",
             kData, "/t10k-images-idx3-ubyte.gz, labels: ", kData,
-            "/t10k-labels-idx1-ubyte.gz}\n  options:\n    solver: sgdm\n"
-            "    initial_learn_rate: 0.01\n    momentum: 0.9\n"
-            "    l2_regularization: 0.0005\n"
-            "    learn_rate_schedule: {type: inv, gamma: 0.0001, power: "
-            "0.75}\n    mini_batch_size: 64\n    max_epochs: 1\n",
+            "/t10k-labels-idx1-ubyte.gz}\n  options:\n", net.options,
+            "    max_epochs: 1\n",
             iterations > 0 ? absl::StrCat("    max_iterations: ", iterations,
                                           "\n    checkpoint_frequency: 1\n"
                                           "    checkpoint_frequency_unit: "
@@ -88,6 +183,10 @@ class Bf16Run : public ::testing::Test {
     argv.insert(argv.end(), extra.begin(), extra.end());
     return Exec(argv, {{"XDG_CACHE_HOME", dir_ + "/cache"}}, 600000);
   }
+
+  std::array<double, 2> MeanAccuracies(const Net& net, const std::string& tag,
+                                       const std::vector<int>& seeds,
+                                       int iterations = 0);
 
   double Accuracy(const std::string& out) {
     nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
@@ -123,20 +222,23 @@ TEST_F(Bf16Run, Bf16IsRefusedWithTheReasonWhereTheCpuCannot) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/bf16/checkpoint.dlbc"));
 }
 
-// LeNet for one epoch, seeds 1 and 2, in both precisions: bf16's mean test
-// accuracy within 0.3 points of float32's (the issue's goal), about 40 s on
-// two cores.
-TEST_F(Bf16Run, LenetReachesFloat32AccuracyInBf16) {
-  if (absl::Status s = CpuBf16Support(); !s.ok()) {
-    GTEST_SKIP() << "this CPU cannot run bf16: " << s.message();
-  }
-  double sum[2] = {0, 0};
-  for (int seed : {1, 2}) {
+// Mean test accuracy over `seeds` of `net` trained for `iterations` steps
+// (0: one epoch) in fp32 ([0]) and bf16 ([1]); each run's metrics must name
+// the precision it computed in.
+std::array<double, 2> Bf16Run::MeanAccuracies(const Net& net,
+                                              const std::string& tag,
+                                              const std::vector<int>& seeds,
+                                              int iterations) {
+  std::array<double, 2> sum = {0, 0};
+  for (int seed : seeds) {
     for (int bf16 = 0; bf16 < 2; ++bf16) {
-      const std::string name = absl::StrCat(bf16 ? "bf16-" : "fp32-", seed);
+      const std::string name =
+          absl::StrCat(tag, bf16 ? "-bf16-" : "-fp32-", seed);
       const std::string out = dir_ + "/" + name;
-      Result r = Train(Job(name, bf16 ? "bf16" : "fp32", seed), out);
-      ASSERT_EQ(r.code, 0) << r.out << r.err;
+      Result r = Train(
+          NetJob(net, name, bf16 ? "bf16" : "fp32", seed, iterations), out);
+      EXPECT_EQ(r.code, 0) << r.out << r.err;
+      if (r.code != 0) return {0, 0};
       nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
       EXPECT_EQ(
           m["backend"].get<std::string>().find("bf16") != std::string::npos,
@@ -145,9 +247,57 @@ TEST_F(Bf16Run, LenetReachesFloat32AccuracyInBf16) {
       sum[bf16] += Accuracy(out);
     }
   }
-  const double fp32 = sum[0] / 2, bf16 = sum[1] / 2;
+  const std::array<double, 2> mean = {sum[0] / seeds.size(),
+                                      sum[1] / seeds.size()};
+  std::cout << tag << ": fp32 " << mean[0] << "%, bf16 " << mean[1]
+            << "% (mean over " << seeds.size() << " seeds)\n";
+  return mean;
+}
+
+// The issue's goal for each network: bf16's mean test accuracy over seeds
+// within 0.3 points of float32's, with the same seeds (initial weights and
+// shuffle order) on both sides.
+// LeNet for one epoch, seeds 1 and 2: about 40 s on two quiet cores.
+TEST_F(Bf16Run, LenetReachesFloat32AccuracyInBf16) {
+  if (absl::Status s = CpuBf16Support(); !s.ok()) {
+    GTEST_SKIP() << "this CPU cannot run bf16: " << s.message();
+  }
+  const auto [fp32, bf16] = MeanAccuracies(kLenet, "lenet", {1, 2});
   EXPECT_GT(fp32, 80.0);
   EXPECT_GE(bf16, fp32 - 0.3) << "fp32 " << fp32 << "%, bf16 " << bf16 << "%";
+}
+
+// The block net and the ResNet train 200 steps only (CI's time), where
+// float32 alone moves by half a point between two invocations of this test
+// (the ResNet: 80.55% and 81.04%; autotuning times the implementations
+// afresh each time and may keep others, which round differently), so the
+// issue's 0.3 points cannot be told from noise there: they are held to 1
+// point, which a bf16 path that lost precision misses by far. The 0.3 points
+// are judged on LeNet's whole epoch above and on trainer_bench's epochs.
+constexpr double kShortRunTolerance = 1.0;
+
+// The block network (batch normalisation in float32 between bf16
+// convolutions) for 200 steps at batch 128, seeds 1 and 2.
+TEST_F(Bf16Run, BlockNetReachesFloat32AccuracyInBf16) {
+  if (absl::Status s = CpuBf16Support(); !s.ok()) {
+    GTEST_SKIP() << "this CPU cannot run bf16: " << s.message();
+  }
+  const auto [fp32, bf16] = MeanAccuracies(kBlocks, "blocks", {1, 2}, 200);
+  EXPECT_GT(fp32, 70.0);  // 74.7% here, after under half an epoch
+  EXPECT_GE(bf16, fp32 - kShortRunTolerance)
+      << "fp32 " << fp32 << "%, bf16 " << bf16 << "%";
+}
+
+// The small ResNet (residual sums of bf16 convolutions' float32 outputs)
+// for 200 steps at batch 128, seeds 1 and 2.
+TEST_F(Bf16Run, ResNetReachesFloat32AccuracyInBf16) {
+  if (absl::Status s = CpuBf16Support(); !s.ok()) {
+    GTEST_SKIP() << "this CPU cannot run bf16: " << s.message();
+  }
+  const auto [fp32, bf16] = MeanAccuracies(kResNet, "resnet", {1, 2}, 200);
+  EXPECT_GT(fp32, 75.0);  // 80.5% here, after under half an epoch
+  EXPECT_GE(bf16, fp32 - kShortRunTolerance)
+      << "fp32 " << fp32 << "%, bf16 " << bf16 << "%";
 }
 
 // Checkpoints hold float32 masters whatever the run computed in: a bf16
