@@ -726,6 +726,10 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
   for (const ProfileSummary& p : core_->Profiles()) {
     auto* info = reply.add_profiles();
     info->set_name(p.name);
+    const bool slurm = std::any_of(
+        options_.slurm_profiles.begin(), options_.slurm_profiles.end(),
+        [&](const slurm::SlurmProfile& s) { return s.name == p.name; });
+    info->set_type(slurm ? "slurm" : "workers");
     info->set_workers(p.workers);
     info->set_workers_online(p.workers_online);
     info->set_total_slots(p.online_slots);

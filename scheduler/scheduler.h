@@ -38,6 +38,7 @@
 #include "scheduler/metrics.h"
 #include "scheduler/placement.h"
 #include "scheduler/rendezvous.h"
+#include "scheduler/slurm_commands.h"
 #include "scheduler/store.h"
 
 namespace dlbatch::scheduler {
@@ -62,6 +63,8 @@ struct SchedulerOptions {
   int max_attempts = 3;             // starts of a job before it fails
   int64_t cancel_grace_ms = 10000;  // SIGTERM to SIGKILL
   std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
+  // The profiles of `profiles` whose machines belong to Slurm.
+  std::vector<slurm::SlurmProfile> slurm_profiles;
   // Fair share: a user's usage halves over this long (0: no decay).
   int64_t fair_share_half_life_ms = int64_t{7} * 24 * 3600 * 1000;
   // (Limits and the usage of ended jobs are kept in the store.)
