@@ -384,6 +384,25 @@ absl::Status Scheduler::HandleRegister(
     out->emplace_back(session, std::move(refuse));
     return absl::OkStatus();
   }
+  // An ephemeral worker of a Slurm batch job would be handed that job's
+  // parts. Until the scheduler submits such jobs itself, with a credential
+  // good for that one job alone, no worker may claim one: any credential
+  // could otherwise name any job.
+  if (reg.has_slurm()) {
+    spdlog::warn(
+        "refused worker '{}' on {}: it serves Slurm job {} (dlbatch "
+        "job {}), which this scheduler did not submit",
+        reg.name(), reg.host(), reg.slurm().slurm_job_id(),
+        reg.slurm().job_id());
+    v1::SchedulerMessage refuse;
+    refuse.set_refused(absl::StrCat(
+        "this worker serves Slurm job ", reg.slurm().slurm_job_id(),
+        " for dlbatch job ", reg.slurm().job_id(),
+        ", which this scheduler did not submit; a Slurm profile's workers "
+        "are started by the scheduler's own sbatch, never by hand"));
+    out->emplace_back(session, std::move(refuse));
+    return absl::OkStatus();
+  }
   if (refuse_once_.erase(reg.name()) > 0) {
     v1::SchedulerMessage refuse;
     refuse.set_refused(

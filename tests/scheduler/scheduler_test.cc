@@ -358,6 +358,27 @@ TEST_F(SchedulerTest, RegisterWithoutNameIsRefused) {
   EXPECT_EQ(scheduler_->ListWorkers().workers().size(), 0);
 }
 
+TEST_F(SchedulerTest, RegisterAsASlurmJobsWorkerIsRefused) {
+  // No credential is good for one Slurm job yet: a worker claiming one,
+  // under whatever credential, is never handed that job.
+  StartScheduler();
+  auto session = std::make_shared<FakeSession>();
+  v1::WorkerMessage m;
+  m.mutable_register_()->set_name("slurm-77-0");
+  m.mutable_register_()->set_profile("local");
+  m.mutable_register_()->mutable_slurm()->set_job_id(3);
+  m.mutable_register_()->mutable_slurm()->set_attempt(1);
+  m.mutable_register_()->mutable_slurm()->set_slurm_job_id(77);
+  scheduler_->OnWorkerMessage(session, std::move(m));
+  auto refused = session->WaitFor(
+      [](const Message& message) { return message.has_refused(); });
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(refused->refused(),
+              HasSubstr("serves Slurm job 77 for dlbatch job 3, which this "
+                        "scheduler did not submit"));
+  EXPECT_EQ(scheduler_->ListWorkers().workers().size(), 0);
+}
+
 // ---- 2: submit ----
 
 TEST_F(SchedulerTest, SubmitStartsJobAndDeduplicatesRequest) {
