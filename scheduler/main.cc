@@ -166,6 +166,12 @@ absl::Status LoadCredentials(Scheduler* scheduler, const std::string& state_dir,
     spdlog::info("{}/token is the token of admin '{}'", state_dir, first.name);
     stored->push_back(std::move(first));
   }
+  // The one-job credentials of jobs submitted to Slurm: their workers
+  // reconnect under them after a restart.
+  absl::StatusOr<std::vector<CredentialRecord>> jobs =
+      scheduler->JobCredentials();
+  if (!jobs.ok()) return jobs.status();
+  stored->insert(stored->end(), jobs->begin(), jobs->end());
   table->Reset(*std::move(stored));
   return absl::OkStatus();
 }

@@ -160,6 +160,10 @@ class Scheduler : private FollowSource {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status PutCredential(const CredentialRecord& record)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The one-job credentials of the jobs' Slurm jobs (kept with them in the
+  // store, never listed with the others).
+  absl::StatusOr<std::vector<CredentialRecord>> JobCredentials()
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> DeleteCredential(const std::string& name, bool worker)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether blob `sha256` is an attachment or checkpoint file of a job now
@@ -489,6 +493,8 @@ class Scheduler : private FollowSource {
   // Names of connected workers just removed: their next registration is
   // refused, once.
   std::set<std::string> refuse_once_ ABSL_GUARDED_BY(mu_);
+  // Each job's Slurm job (profiles of Slurm), as the store keeps it.
+  std::map<int64_t, slurm::SlurmJobRecord> slurm_jobs_ ABSL_GUARDED_BY(mu_);
   WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 
   absl::Mutex queue_mu_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/status.h"
 
 namespace dlbatch::scheduler::slurm {
@@ -58,6 +59,7 @@ absl::StatusOr<SlurmJobRecord> SlurmLauncher::Launch(
   record.attempt = request.attempt;
   record.profile = profile.name;
   record.submitted_ms = clock_->NowMs();
+  record.token_sha256 = Sha256Hex(launch.token);
   if (absl::Status s = ledger_->Put(record); !s.ok()) {
     return Annotate(s, absl::StrCat("job ", request.job_id,
                                     ": not submitted to Slurm, as its "

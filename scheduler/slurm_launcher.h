@@ -45,6 +45,9 @@ struct SlurmJobRecord {
   int64_t slurm_id = 0;  // 0: being submitted (sbatch has not answered)
   std::string profile;
   int64_t submitted_ms = 0;
+  // The sha256 of the one-job credential in the batch script (the token
+  // of WorkerLaunch): its workers register under it, also after a restart.
+  std::string token_sha256;
 };
 
 // Where launches are written down durably: the scheduler's store, behind

@@ -12,7 +12,8 @@ CREATE TABLE IF NOT EXISTS slurm_jobs(
   attempt INTEGER NOT NULL,
   slurm_id INTEGER NOT NULL,
   profile TEXT NOT NULL,
-  submitted_ms INTEGER NOT NULL);
+  submitted_ms INTEGER NOT NULL,
+  token_sha256 TEXT NOT NULL);
 )sql");
 }
 
@@ -20,16 +21,18 @@ absl::Status Store::PutSlurmJob(const slurm::SlurmJobRecord& record) {
   ASSIGN_OR_RETURN(
       Statement * st,
       db_->Prepare("INSERT INTO slurm_jobs(job_id, attempt, slurm_id, "
-                   "profile, submitted_ms) VALUES(?,?,?,?,?) "
+                   "profile, submitted_ms, token_sha256) VALUES(?,?,?,?,?,?) "
                    "ON CONFLICT(job_id) DO UPDATE SET "
                    "attempt=excluded.attempt, slurm_id=excluded.slurm_id, "
                    "profile=excluded.profile, "
-                   "submitted_ms=excluded.submitted_ms"));
+                   "submitted_ms=excluded.submitted_ms, "
+                   "token_sha256=excluded.token_sha256"));
   return st->Bind(1, record.job_id)
       .Bind(2, record.attempt)
       .Bind(3, record.slurm_id)
       .Bind(4, record.profile)
       .Bind(5, record.submitted_ms)
+      .Bind(6, record.token_sha256)
       .Run();
 }
 
@@ -42,8 +45,8 @@ absl::Status Store::DeleteSlurmJob(int64_t job_id) {
 absl::StatusOr<std::vector<slurm::SlurmJobRecord>> Store::SlurmJobs() {
   ASSIGN_OR_RETURN(Statement * st,
                    db_->Prepare("SELECT job_id, attempt, slurm_id, profile, "
-                                "submitted_ms FROM slurm_jobs ORDER BY "
-                                "job_id"));
+                                "submitted_ms, token_sha256 FROM slurm_jobs "
+                                "ORDER BY job_id"));
   std::vector<slurm::SlurmJobRecord> out;
   for (;;) {
     ASSIGN_OR_RETURN(bool row, st->Step());
@@ -54,6 +57,7 @@ absl::StatusOr<std::vector<slurm::SlurmJobRecord>> Store::SlurmJobs() {
     r.slurm_id = st->Int(2);
     r.profile = st->Text(3);
     r.submitted_ms = st->Int(4);
+    r.token_sha256 = st->Text(5);
     out.push_back(std::move(r));
   }
   st->Reset();

@@ -379,6 +379,25 @@ TEST_F(SchedulerTest, RegisterAsASlurmJobsWorkerIsRefused) {
   EXPECT_EQ(scheduler_->ListWorkers().workers().size(), 0);
 }
 
+TEST_F(SchedulerTest, AOneJobCredentialRegistersNoOrdinaryWorker) {
+  // The token in a Slurm batch script is readable by the job: it must not
+  // register a worker that would be handed other jobs.
+  StartScheduler();
+  auto session = std::make_shared<FakeSession>();
+  session->set_owner("job:5");
+  v1::WorkerMessage m;
+  m.mutable_register_()->set_name("w-from-a-job");
+  m.mutable_register_()->set_profile("local");
+  scheduler_->OnWorkerMessage(session, std::move(m));
+  auto refused = session->WaitFor(
+      [](const Message& message) { return message.has_refused(); });
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(refused->refused(),
+              HasSubstr("the credential of dlbatch job 5 registers only that "
+                        "job's own workers"));
+  EXPECT_EQ(scheduler_->ListWorkers().workers().size(), 0);
+}
+
 // ---- 2: submit ----
 
 TEST_F(SchedulerTest, SubmitStartsJobAndDeduplicatesRequest) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
@@ -140,6 +141,9 @@ TEST(SlurmLauncherTest, CommitsTheIntentThenSubmitsThenCommitsTheId) {
   EXPECT_EQ(record->slurm_id, 4242);
   EXPECT_EQ(record->profile, "cluster");
   EXPECT_EQ(record->submitted_ms, 1'000);
+  // The one-job credential is kept by its hash only, from the first commit.
+  EXPECT_EQ(record->token_sha256, Sha256Hex("dlbj_secret"));
+  EXPECT_EQ(ledger.puts[0].token_sha256, Sha256Hex("dlbj_secret"));
   EXPECT_THAT(log,
               ElementsAre("put 12 slurm=0", "sbatch", "put 12 slurm=4242"));
   // sbatch got the job's arguments, and the credential only on stdin.

@@ -276,6 +276,7 @@ TEST_F(StoreTest, OpensAVersion6FileAndKeepsEachJobsSlurmJob) {
   record.attempt = 1;
   record.profile = "cluster";
   record.submitted_ms = 5;
+  record.token_sha256 = "ab12";
   ASSERT_TRUE(store_->PutSlurmJob(record).ok());
   record.slurm_id = 4242;
   ASSERT_TRUE(store_->PutSlurmJob(record).ok());
@@ -288,6 +289,7 @@ TEST_F(StoreTest, OpensAVersion6FileAndKeepsEachJobsSlurmJob) {
   EXPECT_EQ((*jobs)[0].slurm_id, 4242);
   EXPECT_EQ((*jobs)[0].profile, "cluster");
   EXPECT_EQ((*jobs)[0].submitted_ms, 5);
+  EXPECT_EQ((*jobs)[0].token_sha256, "ab12");
   ASSERT_TRUE(store_->DeleteSlurmJob(old).ok());
   EXPECT_THAT(store_->SlurmJobs().value(), IsEmpty());
 }
