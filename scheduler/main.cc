@@ -166,13 +166,14 @@ absl::Status LoadCredentials(Scheduler* scheduler, const std::string& state_dir,
     spdlog::info("{}/token is the token of admin '{}'", state_dir, first.name);
     stored->push_back(std::move(first));
   }
+  table->Reset(*std::move(stored));
   // The one-job credentials of jobs submitted to Slurm: their workers
-  // reconnect under them after a restart.
+  // reconnect under them after a restart. (Added after the reset, so one
+  // the scheduler adds meanwhile is never dropped.)
   absl::StatusOr<std::vector<CredentialRecord>> jobs =
       scheduler->JobCredentials();
   if (!jobs.ok()) return jobs.status();
-  stored->insert(stored->end(), jobs->begin(), jobs->end());
-  table->Reset(*std::move(stored));
+  for (CredentialRecord& job : *jobs) table->Put(std::move(job));
   return absl::OkStatus();
 }
 
@@ -311,6 +312,10 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
   DiskGuard disk(flags.state_dir, kDiskReserveBytes);
   Scheduler scheduler(store->get(), &reader, blobs->get(), SystemClock::Get(),
                       options, &disk);
+  // Filled once the store is loaded (LoadCredentials); the scheduler adds
+  // and removes the one-job credentials of its Slurm jobs.
+  CredentialTable credentials;
+  scheduler.set_credential_table(&credentials);
   // Metrics (--metrics-listen): up before the store loads, ready once
   // serving.
   std::atomic<bool> serving{false};
@@ -329,7 +334,6 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
   if (auto s = scheduler.Start(); !s.ok())
     return Fail(std::string(s.message()));
 
-  CredentialTable credentials;
   if (auto loaded = LoadCredentials(&scheduler, flags.state_dir,
                                     !endpoint->is_unix, &credentials);
       !loaded.ok()) {

@@ -164,6 +164,19 @@ class Scheduler : private FollowSource {
   // store, never listed with the others).
   absl::StatusOr<std::vector<CredentialRecord>> JobCredentials()
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- profiles of Slurm (scheduler_slurm.cc); any thread ----
+  // Where a job's one-job credential goes when its Slurm record is written,
+  // and leaves when it is forgotten (null: nowhere). Set before the first
+  // PutSlurmJob; the table must outlive the scheduler.
+  void set_credential_table(CredentialTable* table) { job_tokens_ = table; }
+  // The job's Slurm record (SlurmLedger, for the launcher): committed in a
+  // transaction of its own before returning, then kept in memory for the
+  // registrations of its workers, with its credential in the table.
+  absl::Status PutSlurmJob(const slurm::SlurmJobRecord& record)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The job no longer has a Slurm job: its record and credential go.
+  absl::Status ForgetSlurmJob(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> DeleteCredential(const std::string& name, bool worker)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether blob `sha256` is an attachment or checkpoint file of a job now
@@ -495,6 +508,7 @@ class Scheduler : private FollowSource {
   std::set<std::string> refuse_once_ ABSL_GUARDED_BY(mu_);
   // Each job's Slurm job (profiles of Slurm), as the store keeps it.
   std::map<int64_t, slurm::SlurmJobRecord> slurm_jobs_ ABSL_GUARDED_BY(mu_);
+  CredentialTable* job_tokens_ = nullptr;               // set before Start
   WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 
   absl::Mutex queue_mu_;
@@ -506,6 +520,21 @@ class Scheduler : private FollowSource {
   std::thread retention_;
   // Last: its threads read through the members above, so it goes first.
   std::unique_ptr<DiaryFollowHub> follow_;
+};
+
+// The scheduler's store as the Slurm launcher's ledger.
+class SlurmLedger final : public slurm::SlurmJobLedger {
+ public:
+  explicit SlurmLedger(Scheduler* scheduler) : scheduler_(scheduler) {}
+  absl::Status Put(const slurm::SlurmJobRecord& record) override {
+    return scheduler_->PutSlurmJob(record);
+  }
+  absl::Status Forget(int64_t job_id) override {
+    return scheduler_->ForgetSlurmJob(job_id);
+  }
+
+ private:
+  Scheduler* const scheduler_;
 };
 
 }  // namespace dlbatch::scheduler
