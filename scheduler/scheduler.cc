@@ -284,6 +284,19 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       rec.spec = std::move(job_spec);
       rec.state = v1::JOB_STATE_QUEUED;
       rec.submit_ms = now;
+      // A profile of Slurm takes no job until the scheduler submits its
+      // jobs to Slurm; no worker may join it by hand, so the placement
+      // core's "start a worker" would mislead.
+      for (const slurm::SlurmProfile& p : options_.slurm_profiles) {
+        if (p.name == rec.spec.profile()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "profile '", p.name, "' is of type slurm (partition ",
+              p.partition,
+              "), and this scheduler does not submit jobs to Slurm yet; use "
+              "a profile of workers (`dlbatch profiles` shows each one's "
+              "type)"));
+        }
+      }
       RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec)));
       RETURN_IF_ERROR(CheckUserRuns(rec));
       // Within the user's queued limit with this submit's earlier jobs.

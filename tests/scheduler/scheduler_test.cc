@@ -456,6 +456,28 @@ TEST_F(SchedulerTest, SlurmRecordsAreKeptWithTheirOneJobCredentials) {
 
 // ---- 2: submit ----
 
+TEST_F(SchedulerTest, SubmitToASlurmProfileIsRefusedUntilItLaunches) {
+  SchedulerOptions options = TestOptions();
+  options.profiles.emplace_back("cluster", 0);
+  slurm::SlurmProfile cluster;
+  cluster.name = "cluster";
+  cluster.partition = "gpu";
+  options.slurm_profiles.push_back(cluster);
+  StartScheduler(options);
+  v1::ListProfilesReply profiles = scheduler_->ListProfiles();
+  ASSERT_EQ(profiles.profiles_size(), 2);
+  EXPECT_EQ(profiles.profiles(0).type(), "workers");
+  EXPECT_EQ(profiles.profiles(1).name(), "cluster");
+  EXPECT_EQ(profiles.profiles(1).type(), "slurm");
+  auto refused = scheduler_->Submit(CommandJob(1, "", "cluster"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      refused.status().message(),
+      HasSubstr("profile 'cluster' is of type slurm (partition gpu), "
+                "and this scheduler does not submit jobs to Slurm yet"));
+}
+
 TEST_F(SchedulerTest, SubmitStartsJobAndDeduplicatesRequest) {
   StartScheduler();
   auto session = Connect("w1", 2);
