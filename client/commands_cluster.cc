@@ -189,14 +189,14 @@ absl::StatusOr<int> Profiles(Connection& conn, bool json) {
     PrintJson(Json{{"profiles", std::move(profiles)}});
     return 0;
   }
-  Table table({"PROFILE", "WORKERS", "ONLINE", "KIND", "SLOTS", "FREE",
+  Table table({"PROFILE", "TYPE", "WORKERS", "ONLINE", "KIND", "SLOTS", "FREE",
                "MAX POOL", "QUEUED", "RUNNING"});
   for (const auto& p : reply.profiles()) {
-    table.Add({p.name(), absl::StrCat(p.workers()),
-               absl::StrCat(p.workers_online()), p.slot_kind(),
-               absl::StrCat(p.total_slots()), absl::StrCat(p.free_slots()),
-               absl::StrCat(p.max_pool()), absl::StrCat(p.queued_jobs()),
-               absl::StrCat(p.running_jobs())});
+    table.Add({p.name(), p.type().empty() ? "workers" : p.type(),
+               absl::StrCat(p.workers()), absl::StrCat(p.workers_online()),
+               p.slot_kind(), absl::StrCat(p.total_slots()),
+               absl::StrCat(p.free_slots()), absl::StrCat(p.max_pool()),
+               absl::StrCat(p.queued_jobs()), absl::StrCat(p.running_jobs())});
   }
   std::cout << table.Render();
   return 0;

@@ -209,6 +209,7 @@ Json WorkerJson(const v1::WorkerInfo& w) {
 
 Json ProfileJson(const v1::ProfileInfo& p) {
   return Json{{"name", p.name()},
+              {"type", p.type().empty() ? "workers" : p.type()},
               {"workers", p.workers()},
               {"workers_online", p.workers_online()},
               {"total_slots", p.total_slots()},

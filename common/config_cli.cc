@@ -58,6 +58,10 @@ void ConfigBinding::SetEnv(const std::string& flag, std::string env,
 
 void ConfigBinding::Exclude(const std::string& flag) { excluded_.insert(flag); }
 
+void ConfigBinding::AddSection(ConfigSection section) {
+  sections_.push_back(std::move(section));
+}
+
 std::vector<ConfigKey> ConfigBinding::Keys() {
   bound_.clear();
   std::vector<ConfigKey> keys;
@@ -111,7 +115,8 @@ absl::Status ConfigBinding::Load(int argc, const char* const* argv) {
   std::vector<ConfigKey> keys = Keys();
   ConfigFile file;
   if (!path.empty()) {
-    absl::StatusOr<ConfigFile> loaded = LoadConfigFile(path, named, keys);
+    absl::StatusOr<ConfigFile> loaded =
+        LoadConfigFile(path, named, keys, sections_);
     if (!loaded.ok()) {
       // --help and --version still answer with a broken file.
       for (int i = 1; i < argc; ++i) {
@@ -125,6 +130,7 @@ absl::Status ConfigBinding::Load(int argc, const char* const* argv) {
     file = *std::move(loaded);
   }
   path_ = file.path;
+  file_ = file;
   for (Bound& b : bound_) {
     b.preset = PresetFor(b.key, file, [](const char* name) {
       return static_cast<const char*>(std::getenv(name));

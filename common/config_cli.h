@@ -35,6 +35,9 @@ class ConfigBinding {
               bool env_is_value = true);
   // The option `flag` may not be set in the file (--ready-file).
   void Exclude(const std::string& flag);
+  // The file may hold `section` too (config_file.h's ConfigSection): read
+  // by Load, its items then returned by Section().
+  void AddSection(ConfigSection section);
 
   // Before app->parse(argc, argv): finds --config in argv, reads the file
   // and sets the options from it (but those whose variable is set). An error
@@ -46,6 +49,10 @@ class ConfigBinding {
   std::vector<ConfigSetting> Settings() const;
   // The file read ("" when none was).
   const std::string& path() const { return path_; }
+  // After Load: the items of section `name` the file holds.
+  const std::vector<ConfigItem>& Section(const std::string& name) const {
+    return file_.Section(name);
+  }
 
  private:
   struct Bound {
@@ -62,6 +69,8 @@ class ConfigBinding {
   std::string path_;
   std::vector<std::pair<std::string, ConfigKey>> env_;  // flag, env part
   std::set<std::string> excluded_;
+  std::vector<ConfigSection> sections_;
+  ConfigFile file_;
   std::vector<Bound> bound_;
 };
 

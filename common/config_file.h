@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,28 +44,57 @@ struct ConfigEntry {
   int line = 0;                     // 1-based
 };
 
-struct ConfigFile {
-  std::string path;  // "" when no file was read
+// A key that is no flag: a mapping of named items, each a mapping of its own
+// keys (scheduler.yaml's `profiles:`):
+//   profiles:
+//     gpu: {type: slurm, partition: gpu}
+// What the items mean is the program's to check; the file only checks their
+// keys and types, as for the settings.
+struct ConfigSection {
+  std::string name;             // "profiles"
+  std::string item;             // "profile", for messages
+  std::vector<ConfigKey> keys;  // the keys an item may hold (env unused)
+};
+
+// One item of a section as written.
+struct ConfigItem {
+  std::string name;  // "gpu"
+  int line = 0;      // of its name
   std::vector<ConfigEntry> entries;
 
-  // The entry for `key`, or nullptr.
   const ConfigEntry* Find(std::string_view key) const;
 };
 
-// Parses `text` (named `path` in messages) against `keys`. Errors name
-// PATH:LINE and the key: an unknown key (with the nearest known one and the
-// list of keys), a key given twice, a value of the wrong type (what was
-// expected), a file that is not a mapping. A key with no value (`listen:`)
-// is left unset. An empty file is an empty configuration.
-absl::StatusOr<ConfigFile> ParseConfigFile(std::string_view text,
-                                           const std::string& path,
-                                           const std::vector<ConfigKey>& keys);
+struct ConfigFile {
+  std::string path;  // "" when no file was read
+  std::vector<ConfigEntry> entries;
+  // Each section's items in the file's order; a section the file does not
+  // have is absent.
+  std::vector<std::pair<std::string, std::vector<ConfigItem>>> sections;
+
+  // The entry for `key`, or nullptr.
+  const ConfigEntry* Find(std::string_view key) const;
+  // The items of section `name` (none when the file has none).
+  const std::vector<ConfigItem>& Section(std::string_view name) const;
+};
+
+// Parses `text` (named `path` in messages) against `keys` and `sections`.
+// Errors name PATH:LINE and the key: an unknown key (with the nearest known
+// one and the list of keys), a key given twice, a value of the wrong type
+// (what was expected), a file that is not a mapping; in a section's item
+// also the item ("profile 'gpu': unknown key 'partiton'"). A key with no
+// value (`listen:`) is left unset. An empty file is an empty configuration.
+absl::StatusOr<ConfigFile> ParseConfigFile(
+    std::string_view text, const std::string& path,
+    const std::vector<ConfigKey>& keys,
+    const std::vector<ConfigSection>& sections = {});
 
 // Reads and parses `path`. A missing file is an empty configuration when
 // `must_exist` is false (the default path), an error when true (--config).
-absl::StatusOr<ConfigFile> LoadConfigFile(const std::string& path,
-                                          bool must_exist,
-                                          const std::vector<ConfigKey>& keys);
+absl::StatusOr<ConfigFile> LoadConfigFile(
+    const std::string& path, bool must_exist,
+    const std::vector<ConfigKey>& keys,
+    const std::vector<ConfigSection>& sections = {});
 
 // Where a setting's value came from.
 enum class ConfigSource { kDefault, kFile, kEnv, kFlag };

@@ -8,6 +8,7 @@
 namespace dlbatch::scheduler {
 
 std::string CredentialRecord::Key() const {
+  if (job_id != 0) return absl::StrCat("job:", job_id);
   return absl::StrCat(worker ? "worker:" : "user:", name);
 }
 
@@ -32,6 +33,21 @@ absl::StatusOr<std::string> NewToken(bool worker) {
   return absl::StrCat(worker ? "dlbw_" : "dlbu_", *random);
 }
 
+absl::StatusOr<std::string> NewJobToken() {
+  absl::StatusOr<std::string> random = GenerateToken();
+  if (!random.ok()) return random.status();
+  return absl::StrCat("dlbj_", *random);
+}
+
+CredentialRecord JobCredential(int64_t job_id, std::string token_sha256) {
+  CredentialRecord r;
+  r.name = absl::StrCat("job-", job_id);
+  r.worker = true;
+  r.job_id = job_id;
+  r.token_sha256 = std::move(token_sha256);
+  return r;
+}
+
 std::string TokenSha256(absl::string_view token) { return Sha256Hex(token); }
 
 void CredentialTable::Reset(std::vector<CredentialRecord> records) {
@@ -47,7 +63,8 @@ void CredentialTable::Put(CredentialRecord record) {
   absl::MutexLock lock(&mu_);
   // A name holds one token at a time.
   for (auto it = by_hash_.begin(); it != by_hash_.end();) {
-    if (it->second.name == record.name && it->second.worker == record.worker) {
+    if (it->second.name == record.name && it->second.worker == record.worker &&
+        it->second.job_id == record.job_id) {
       it = by_hash_.erase(it);
     } else {
       ++it;
@@ -60,7 +77,19 @@ void CredentialTable::Put(CredentialRecord record) {
 void CredentialTable::Remove(const std::string& name, bool worker) {
   absl::MutexLock lock(&mu_);
   for (auto it = by_hash_.begin(); it != by_hash_.end();) {
-    if (it->second.name == name && it->second.worker == worker) {
+    if (it->second.name == name && it->second.worker == worker &&
+        it->second.job_id == 0) {
+      it = by_hash_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CredentialTable::RemoveJob(int64_t job_id) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = by_hash_.begin(); it != by_hash_.end();) {
+    if (it->second.job_id == job_id) {
       it = by_hash_.erase(it);
     } else {
       ++it;

@@ -30,8 +30,15 @@ struct CredentialRecord {
   bool admin = false;
   std::string token_sha256;  // hex
   int64_t created_ms = 0;
+  // A one-job credential (profiles of Slurm; `worker` true): the token in
+  // one Slurm batch job's script. It registers that job's own workers and
+  // nothing else (slurm_registration.h), and fetches only the blobs its
+  // job needs. Kept with the job's Slurm job, not among the credentials
+  // admins make. 0: not one.
+  int64_t job_id = 0;
 
-  // What identifies the credential's calls: "user:NAME" or "worker:NAME".
+  // What identifies the credential's calls: "user:NAME", "worker:NAME" or,
+  // for a one-job credential, "job:ID".
   std::string Key() const;
 };
 
@@ -42,13 +49,22 @@ absl::Status CheckCredentialName(absl::string_view name);
 // A new token: "dlbu_" (user) or "dlbw_" (worker) and 64 hex digits from
 // /dev/urandom.
 absl::StatusOr<std::string> NewToken(bool worker);
+// A new one-job token: "dlbj_" and 64 hex digits.
+absl::StatusOr<std::string> NewJobToken();
+// The one-job credential of job `job_id` whose token has `token_sha256`.
+CredentialRecord JobCredential(int64_t job_id, std::string token_sha256);
 std::string TokenSha256(absl::string_view token);
 
 class CredentialTable {
  public:
   void Reset(std::vector<CredentialRecord> records);
+  // Replaces the token of the same name and kind (of the same job, for a
+  // one-job credential).
   void Put(CredentialRecord record);
+  // Removes the user's or worker credential `name` (never a one-job one).
   void Remove(const std::string& name, bool worker);
+  // Removes job `job_id`'s one-job credential.
+  void RemoveJob(int64_t job_id);
   std::optional<CredentialRecord> FindByToken(absl::string_view token) const;
   bool empty() const;
 

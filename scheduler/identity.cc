@@ -50,7 +50,8 @@ absl::StatusOr<Caller> Identities::Identify(
   Caller caller;
   caller.user = found->name;
   caller.admin = found->admin && !found->worker;
-  caller.worker = found->worker;
+  // A one-job credential is a worker's, and less (slurm_registration.h).
+  caller.worker = found->worker || found->job_id != 0;
   caller.credential = found->Key();
   return caller;
 }

@@ -17,7 +17,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/config_cli.h"
@@ -31,6 +30,7 @@
 #include "common/version.h"
 #include "grpcpp/resource_quota.h"
 #include "scheduler/acceptor.h"
+#include "scheduler/profile_config.h"
 #include "scheduler/service.h"
 #include "scheduler/tls_certs.h"
 #include "spdlog/spdlog.h"
@@ -167,6 +167,13 @@ absl::Status LoadCredentials(Scheduler* scheduler, const std::string& state_dir,
     stored->push_back(std::move(first));
   }
   table->Reset(*std::move(stored));
+  // The one-job credentials of jobs submitted to Slurm: their workers
+  // reconnect under them after a restart. (Added after the reset, so one
+  // the scheduler adds meanwhile is never dropped.)
+  absl::StatusOr<std::vector<CredentialRecord>> jobs =
+      scheduler->JobCredentials();
+  if (!jobs.ok()) return jobs.status();
+  for (CredentialRecord& job : *jobs) table->Put(std::move(job));
   return absl::OkStatus();
 }
 
@@ -185,7 +192,30 @@ void RaiseOpenFileLimit() {
   }
 }
 
-int Run(const Flags& flags) {
+// The profiles of --profile and of the file's `profiles:` section.
+absl::StatusOr<std::vector<ProfileDeclaration>> DeclaredProfiles(
+    const Flags& flags, const ConfigBinding& config) {
+  std::vector<ProfileDeclaration> all;
+  for (const std::string& p : flags.profiles) {
+    ASSIGN_OR_RETURN(ProfileDeclaration d, ProfileFromFlag(p));
+    all.push_back(std::move(d));
+  }
+  ASSIGN_OR_RETURN(
+      std::vector<ProfileDeclaration> from_file,
+      ProfilesFromConfig(config.Section("profiles"), config.path()));
+  for (ProfileDeclaration& d : from_file) {
+    spdlog::info("profile '{}' of type {} ({}){}", d.name,
+                 ProfileTypeName(d.type), d.origin,
+                 d.type == ProfileType::kSlurm
+                     ? absl::StrCat(": partition ", d.slurm.partition)
+                     : "");
+    all.push_back(std::move(d));
+  }
+  RETURN_IF_ERROR(CheckDeclarations(all));
+  return all;
+}
+
+int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
   auto endpoint = ParseEndpoint(flags.listen);
   if (!endpoint.ok()) return Fail(std::string(endpoint.status().message()));
   // Everything the scheduler creates is its own alone (the database holds
@@ -263,16 +293,10 @@ int Run(const Flags& flags) {
     if (!grace.ok()) return Fail(std::string(grace.status().message()));
     options.restart_grace_ms = *grace;
   }
-  for (const std::string& p : flags.profiles) {
-    std::pair<std::string, std::string> kv =
-        absl::StrSplit(p, absl::MaxSplits('=', 1));
-    int max_pool = 0;
-    if (!kv.second.empty() &&
-        (!absl::SimpleAtoi(kv.second, &max_pool) || max_pool < 0)) {
-      return Fail(
-          absl::StrCat("--profile ", p, ": write NAME or NAME=MAX_POOL"));
-    }
-    options.profiles.emplace_back(kv.first, max_pool);
+  for (const ProfileDeclaration& p : profiles) {
+    options.profiles.emplace_back(p.name, p.max_pool);
+    if (p.type == ProfileType::kSlurm)
+      options.slurm_profiles.push_back(p.slurm);
   }
 
   std::string db_path = flags.state_dir + "/dlbatch.db";
@@ -288,6 +312,10 @@ int Run(const Flags& flags) {
   DiskGuard disk(flags.state_dir, kDiskReserveBytes);
   Scheduler scheduler(store->get(), &reader, blobs->get(), SystemClock::Get(),
                       options, &disk);
+  // Filled once the store is loaded (LoadCredentials); the scheduler adds
+  // and removes the one-job credentials of its Slurm jobs.
+  CredentialTable credentials;
+  scheduler.set_credential_table(&credentials);
   // Metrics (--metrics-listen): up before the store loads, ready once
   // serving.
   std::atomic<bool> serving{false};
@@ -306,7 +334,6 @@ int Run(const Flags& flags) {
   if (auto s = scheduler.Start(); !s.ok())
     return Fail(std::string(s.message()));
 
-  CredentialTable credentials;
   if (auto loaded = LoadCredentials(&scheduler, flags.state_dir,
                                     !endpoint->is_unix, &credentials);
       !loaded.ok()) {
@@ -479,8 +506,9 @@ int main(int argc, char** argv) {
                  "unix:PATH or HOST:PORT (port 0: any free port)")
       ->capture_default_str();
   app.add_option("--profile", flags.profiles,
-                 "Declare a profile: NAME or NAME=MAX_POOL (repeatable; "
-                 "'local' always exists)");
+                 "Declare a profile of workers: NAME or NAME=MAX_POOL "
+                 "(repeatable; 'local' always exists). Profiles of Slurm: "
+                 "the configuration file's profiles:");
   app.add_option("--heartbeat-interval", flags.heartbeat_interval,
                  "How often workers report in")
       ->capture_default_str();
@@ -564,6 +592,8 @@ int main(int argc, char** argv) {
   // Versions and the configuration file (keys: the flags above, '_' for '-').
   app.set_version_flag("--version", dlbatch::VersionText("dlbatch-scheduler"));
   dlbatch::ConfigBinding config(&app, "/etc/dlbatch/scheduler.yaml");
+  // Beside the flags' keys: `profiles:`, which may declare Slurm profiles.
+  config.AddSection(dlbatch::scheduler::ProfilesSection());
   if (absl::Status s = config.Load(argc, argv); !s.ok()) {
     std::cerr << "dlbatch-scheduler: " << s.message() << "\n";
     return 1;
@@ -577,5 +607,10 @@ int main(int argc, char** argv) {
   spdlog::info("dlbatch-scheduler {}{}; settings: {}", dlbatch::Version(),
                config.path().empty() ? "" : "; configuration " + config.path(),
                dlbatch::NonDefaultSettings(config.Settings()));
-  return dlbatch::scheduler::Run(flags);
+  auto profiles = dlbatch::scheduler::DeclaredProfiles(flags, config);
+  if (!profiles.ok()) {
+    std::cerr << "dlbatch-scheduler: " << profiles.status().message() << "\n";
+    return 1;
+  }
+  return dlbatch::scheduler::Run(flags, *profiles);
 }

@@ -285,6 +285,19 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       rec.spec = std::move(job_spec);
       rec.state = v1::JOB_STATE_QUEUED;
       rec.submit_ms = now;
+      // A profile of Slurm takes no job until the scheduler submits its
+      // jobs to Slurm; no worker may join it by hand, so the placement
+      // core's "start a worker" would mislead.
+      for (const slurm::SlurmProfile& p : options_.slurm_profiles) {
+        if (p.name == rec.spec.profile()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "profile '", p.name, "' is of type slurm (partition ",
+              p.partition,
+              "), and this scheduler does not submit jobs to Slurm yet; use "
+              "a profile of workers (`dlbatch profiles` shows each one's "
+              "type)"));
+        }
+      }
       RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec)));
       RETURN_IF_ERROR(CheckUserRuns(rec));
       // Within the user's queued limit with this submit's earlier jobs.
@@ -727,6 +740,10 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
   for (const ProfileSummary& p : core_->Profiles()) {
     auto* info = reply.add_profiles();
     info->set_name(p.name);
+    const bool slurm = std::any_of(
+        options_.slurm_profiles.begin(), options_.slurm_profiles.end(),
+        [&](const slurm::SlurmProfile& s) { return s.name == p.name; });
+    info->set_type(slurm ? "slurm" : "workers");
     info->set_workers(p.workers);
     info->set_workers_online(p.workers_online);
     info->set_total_slots(p.online_slots);

@@ -39,6 +39,7 @@
 #include "scheduler/metrics.h"
 #include "scheduler/placement.h"
 #include "scheduler/rendezvous.h"
+#include "scheduler/slurm_commands.h"
 #include "scheduler/store.h"
 
 namespace dlbatch::scheduler {
@@ -63,6 +64,8 @@ struct SchedulerOptions {
   int max_attempts = 3;             // starts of a job before it fails
   int64_t cancel_grace_ms = 10000;  // SIGTERM to SIGKILL
   std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
+  // The profiles of `profiles` whose machines belong to Slurm.
+  std::vector<slurm::SlurmProfile> slurm_profiles;
   // Fair share: a user's usage halves over this long (0: no decay).
   int64_t fair_share_half_life_ms = int64_t{7} * 24 * 3600 * 1000;
   // (Limits and the usage of ended jobs are kept in the store.)
@@ -164,6 +167,23 @@ class Scheduler : private FollowSource {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status PutCredential(const CredentialRecord& record)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The one-job credentials of the jobs' Slurm jobs (kept with them in the
+  // store, never listed with the others).
+  absl::StatusOr<std::vector<CredentialRecord>> JobCredentials()
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- profiles of Slurm (scheduler_slurm.cc); any thread ----
+  // Where a job's one-job credential goes when its Slurm record is written,
+  // and leaves when it is forgotten (null: nowhere). Set before the first
+  // PutSlurmJob; the table must outlive the scheduler.
+  void set_credential_table(CredentialTable* table) { job_tokens_ = table; }
+  // The job's Slurm record (SlurmLedger, for the launcher): committed in a
+  // transaction of its own before returning, then kept in memory for the
+  // registrations of its workers, with its credential in the table.
+  absl::Status PutSlurmJob(const slurm::SlurmJobRecord& record)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The job no longer has a Slurm job: its record and credential go.
+  absl::Status ForgetSlurmJob(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> DeleteCredential(const std::string& name, bool worker)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether blob `sha256` is an attachment or checkpoint file of a job now
@@ -494,6 +514,9 @@ class Scheduler : private FollowSource {
   // Names of connected workers just removed: their next registration is
   // refused, once.
   std::set<std::string> refuse_once_ ABSL_GUARDED_BY(mu_);
+  // Each job's Slurm job (profiles of Slurm), as the store keeps it.
+  std::map<int64_t, slurm::SlurmJobRecord> slurm_jobs_ ABSL_GUARDED_BY(mu_);
+  CredentialTable* job_tokens_ = nullptr;               // set before Start
   WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 
   absl::Mutex queue_mu_;
@@ -505,6 +528,21 @@ class Scheduler : private FollowSource {
   std::thread retention_;
   // Last: its threads read through the members above, so it goes first.
   std::unique_ptr<DiaryFollowHub> follow_;
+};
+
+// The scheduler's store as the Slurm launcher's ledger.
+class SlurmLedger final : public slurm::SlurmJobLedger {
+ public:
+  explicit SlurmLedger(Scheduler* scheduler) : scheduler_(scheduler) {}
+  absl::Status Put(const slurm::SlurmJobRecord& record) override {
+    return scheduler_->PutSlurmJob(record);
+  }
+  absl::Status Forget(int64_t job_id) override {
+    return scheduler_->ForgetSlurmJob(job_id);
+  }
+
+ private:
+  Scheduler* const scheduler_;
 };
 
 }  // namespace dlbatch::scheduler

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "common/version.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/slurm_registration.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -53,6 +54,13 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
   ASSIGN_OR_RETURN(auto profiles, store_->Profiles());
   for (const auto& [name, max_pool] : profiles)
     core_->AddProfile(name, max_pool);
+  ASSIGN_OR_RETURN(std::vector<slurm::SlurmJobRecord> slurm_jobs,
+                   store_->SlurmJobs());
+  slurm_jobs_.clear();
+  for (slurm::SlurmJobRecord& r : slurm_jobs) {
+    const int64_t id = r.job_id;
+    slurm_jobs_[id] = std::move(r);
+  }
 
   const int64_t mono = clock_->MonotonicMs();
   const int64_t grace = options_.restart_grace_ms > 0
@@ -381,6 +389,31 @@ absl::Status Scheduler::HandleRegister(
                  std::string(too_old.message()));
     v1::SchedulerMessage refuse;
     refuse.set_refused(std::string(too_old.message()));
+    out->emplace_back(session, std::move(refuse));
+    return absl::OkStatus();
+  }
+  // A Slurm batch job's worker registers under its job's one-job
+  // credential, for that job alone; and that credential registers nothing
+  // else (slurm_registration.h).
+  std::optional<slurm::SlurmJobRecord> slurm_job;
+  if (reg.has_slurm()) {
+    auto it = slurm_jobs_.find(reg.slurm().job_id());
+    if (it != slurm_jobs_.end()) slurm_job = it->second;
+  }
+  absl::Status allowed =
+      CheckSlurmRegistration(session->owner(), reg, slurm_job);
+  // Handing a Slurm job's parts to its own workers comes with their
+  // assignment by node; until then such a worker is told so and leaves.
+  if (allowed.ok() && reg.has_slurm()) {
+    allowed = absl::UnimplementedError(absl::StrCat(
+        "this scheduler does not yet run dlbatch job ", reg.slurm().job_id(),
+        "'s parts on its Slurm job's workers"));
+  }
+  if (!allowed.ok()) {
+    spdlog::warn("refused worker '{}' on {} ({}): {}", reg.name(), reg.host(),
+                 session->owner(), std::string(allowed.message()));
+    v1::SchedulerMessage refuse;
+    refuse.set_refused(std::string(allowed.message()));
     out->emplace_back(session, std::move(refuse));
     return absl::OkStatus();
   }

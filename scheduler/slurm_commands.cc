@@ -38,13 +38,30 @@ absl::StatusOr<int64_t> Number(absl::string_view text, absl::string_view what) {
   return n;
 }
 
-// The count of GRES `name` in one sinfo %G field: "gpu:2",
-// "gpu:a100:4(S:0-1)", "gpu:2,nic:1", "(null)".
+// `s` without its parenthesized parts: "gpu:(null):1(IDX:0,2)" is
+// "gpu::1".
+std::string WithoutParens(absl::string_view s) {
+  std::string out;
+  int depth = 0;
+  for (char c : s) {
+    if (c == '(') {
+      ++depth;
+    } else if (c == ')') {
+      depth = std::max(0, depth - 1);
+    } else if (depth == 0) {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// The count of GRES `name` in one sinfo GRES field (%G, Gres, GresUsed):
+// "gpu:2", "gpu:a100:4(S:0-1)", "gpu:2,nic:1", "gpu:1(IDX:0)",
+// "gpu:(null):1(IDX:0)", "(null)".
 int GresCount(absl::string_view field, absl::string_view name) {
   int best = 0;
-  for (absl::string_view item : absl::StrSplit(field, ',')) {
-    // Drop a socket binding "(S:0-1)".
-    item = item.substr(0, item.find('('));
+  const std::string plain = WithoutParens(field);
+  for (absl::string_view item : absl::StrSplit(plain, ',')) {
     std::vector<absl::string_view> parts = absl::StrSplit(item, ':');
     if (parts.size() < 2 || parts[0] != name) continue;
     int n = 0;
@@ -279,6 +296,61 @@ absl::StatusOr<PartitionLimits> ParseSinfo(absl::string_view out,
         "that `sinfo` shows"));
   }
   return limits;
+}
+
+std::vector<std::string> SinfoNodesArgv(const std::string& partition) {
+  return {"sinfo", "-h",
+          "-N",    absl::StrCat("--partition=", partition),
+          "-O",    kSinfoNodesFormat};
+}
+
+absl::StatusOr<PartitionView> ParseSinfoNodes(absl::string_view out,
+                                              const std::string& partition,
+                                              const std::string& gres_name) {
+  PartitionView view;
+  view.partition = partition;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    std::vector<absl::string_view> f = absl::StrSplit(line, '|');
+    // Each field ends with '|', so a last empty one follows.
+    if (f.size() == 5 && absl::StripAsciiWhitespace(f[4]).empty()) f.pop_back();
+    if (f.size() != 4) {
+      return absl::InternalError(absl::StrCat(
+          "sinfo printed a line dlbatch cannot read: '", line, "'"));
+    }
+    for (absl::string_view& field : f)
+      field = absl::StripAsciiWhitespace(field);
+    ++view.nodes;
+    // "idle", "mixed", "drained*" (not responding), "idle~" (powered down).
+    absl::string_view state = f[1];
+    const bool flagged =
+        !state.empty() &&
+        !absl::ascii_isalpha(static_cast<unsigned char>(state.back()));
+    while (!state.empty() &&
+           !absl::ascii_isalpha(static_cast<unsigned char>(state.back()))) {
+      state.remove_suffix(1);
+    }
+    if (flagged) {
+      ++view.unavailable;
+    } else if (state == "idle") {
+      ++view.idle;
+    } else if (state == "allocated" || state == "mixed" ||
+               state == "completing") {
+      ++view.busy;
+    } else {
+      ++view.unavailable;
+    }
+    view.gpus += GresCount(f[2], gres_name);
+    view.gpus_used += GresCount(f[3], gres_name);
+  }
+  if (view.nodes == 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "Slurm has no partition '", partition,
+        "' (sinfo lists no nodes in it): set the profile's partition to one "
+        "that `sinfo` shows"));
+  }
+  return view;
 }
 
 absl::Status CheckFits(const PartitionLimits& limits,

@@ -134,6 +134,24 @@ std::vector<std::string> SinfoArgv(const std::string& partition);
 absl::StatusOr<PartitionLimits> ParseSinfo(absl::string_view out,
                                            const std::string& partition,
                                            const std::string& gres_name);
+// Slurm's view of a partition's nodes for `dlbatch profiles`: one line per
+// node (sinfo -N -O), padded fields each ended by '|'.
+struct PartitionView {
+  std::string partition;
+  int nodes = 0;
+  int idle = 0;         // idle
+  int busy = 0;         // allocated, mixed or completing
+  int unavailable = 0;  // down, drained, draining, not responding, ...
+  int gpus = 0;         // of the GRES named in the profile, on all nodes
+  int gpus_used = 0;    // of them, allocated to jobs
+};
+inline constexpr char kSinfoNodesFormat[] =
+    "NodeList:256|,StateLong:64|,Gres:256|,GresUsed:256|";
+std::vector<std::string> SinfoNodesArgv(const std::string& partition);
+absl::StatusOr<PartitionView> ParseSinfoNodes(absl::string_view out,
+                                              const std::string& partition,
+                                              const std::string& gres_name);
+
 // OK, or why the request can never run in the partition.
 absl::Status CheckFits(const PartitionLimits& limits,
                        const BatchRequest& request);

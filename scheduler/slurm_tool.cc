@@ -204,6 +204,17 @@ absl::StatusOr<PartitionLimits> ReadPartition(SlurmTool& tool,
   return ParseSinfo(r->out, profile.partition, profile.gres_name);
 }
 
+absl::StatusOr<PartitionView> ReadPartitionView(SlurmTool& tool,
+                                                const SlurmProfile& profile) {
+  absl::StatusOr<ToolResult> r =
+      tool.Run(SinfoNodesArgv(profile.partition), "");
+  if (!r.ok()) return r.status();
+  if (r->exit_code != 0) {
+    return absl::UnavailableError(absl::StrCat("sinfo failed: ", Said(*r)));
+  }
+  return ParseSinfoNodes(r->out, profile.partition, profile.gres_name);
+}
+
 absl::Status CancelBatch(SlurmTool& tool, int64_t slurm_id) {
   absl::StatusOr<ToolResult> r =
       tool.Run({"scancel", absl::StrCat(slurm_id)}, "");

@@ -56,6 +56,9 @@ absl::StatusOr<std::vector<SqueueRow>> ReadQueue(
 // sinfo: the partition's limits.
 absl::StatusOr<PartitionLimits> ReadPartition(SlurmTool& tool,
                                               const SlurmProfile& profile);
+// sinfo -N: the partition's nodes, idle, busy or unavailable, and GPUs.
+absl::StatusOr<PartitionView> ReadPartitionView(SlurmTool& tool,
+                                                const SlurmProfile& profile);
 // scancel: OK once the job is gone or going.
 absl::Status CancelBatch(SlurmTool& tool, int64_t slurm_id);
 

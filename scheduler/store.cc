@@ -13,9 +13,10 @@ namespace {
 
 // Version 2 added jobs.sweep_id; version 3 diary_cuts, job_blobs and
 // jobs_by_end; version 4 user_limits and user_usage; version 5
-// credentials; version 6 worker_drains and job_control (store_control.cc).
+// credentials; version 6 worker_drains and job_control (store_control.cc);
+// version 7 slurm_jobs (store_slurm.cc).
 // Older files are migrated on open.
-constexpr int kSchemaVersion = 6;
+constexpr int kSchemaVersion = 7;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -288,6 +289,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
     RETURN_IF_ERROR(FillJobBlobs(db.get()));
     RETURN_IF_ERROR(AddUserLimitsAndUsage(db.get()));
     RETURN_IF_ERROR(AddControlTables(db.get()));
+    RETURN_IF_ERROR(AddSlurmTable(db.get()));
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion,
         "') ON CONFLICT(key) DO UPDATE SET value=excluded.value")));
@@ -707,6 +709,7 @@ absl::StatusOr<PurgeCounts> Store::PurgeJobs(const std::vector<int64_t>& ids) {
       "DELETE FROM train_state WHERE job_id=?",
       "DELETE FROM diary_cuts WHERE job_id=?",
       "DELETE FROM job_control WHERE job_id=?",
+      "DELETE FROM slurm_jobs WHERE job_id=?",
       "DELETE FROM jobs WHERE id=?",
   };
   PurgeCounts counts;

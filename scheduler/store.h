@@ -22,6 +22,7 @@
 #include "dlbatch/v1/scheduler.pb.h"
 #include "scheduler/credentials.h"
 #include "scheduler/placement.h"
+#include "scheduler/slurm_launcher.h"
 #include "scheduler/sqlite.h"
 
 namespace dlbatch::scheduler {
@@ -100,6 +101,8 @@ struct JobControlRecord {
 
 // Version 5 -> 6: worker_drains and job_control. Idempotent.
 absl::Status AddControlTables(Database* db);
+// Version 6 -> 7: slurm_jobs (store_slurm.cc). Idempotent.
+absl::Status AddSlurmTable(Database* db);
 
 // "3:0,1;7:2" <-> parts.
 std::string EncodeParts(const std::vector<Part>& parts);
@@ -194,6 +197,12 @@ class Store {
   absl::Status DeleteWorker(int64_t id);
   absl::Status PutJobControl(const JobControlRecord& control);
   absl::StatusOr<std::vector<JobControlRecord>> JobControls();
+
+  // Each job's Slurm job (store_slurm.cc; schema version 7): one record a
+  // job, replaced by each Put; slurm_id 0 while sbatch has not answered.
+  absl::Status PutSlurmJob(const slurm::SlurmJobRecord& record);
+  absl::Status DeleteSlurmJob(int64_t job_id);
+  absl::StatusOr<std::vector<slurm::SlurmJobRecord>> SlurmJobs();
 
  private:
   explicit Store(std::unique_ptr<Database> db) : db_(std::move(db)) {}

@@ -177,6 +177,71 @@ class TempFile {
   std::string path_;
 };
 
+ConfigSection Profiles() {
+  return {"profiles",
+          "profile",
+          {Key("type"), Key("gpus_per_node", ConfigType::kInteger),
+           Key("sbatch_args", ConfigType::kString, /*list=*/true)}};
+}
+
+TEST(ConfigSectionTest, ReadsItemsTheirKeysAndLines) {
+  auto file = ParseConfigFile(
+      "listen: a\n"
+      "profiles:\n"
+      "  cluster:\n"
+      "    type: slurm\n"
+      "    gpus_per_node: 4\n"
+      "    sbatch_args: [--constraint=a100, --exclusive]\n"
+      "  plain:\n"
+      "  inline: {type: workers}\n",
+      "/etc/s.yaml", SchedulerKeys(), {Profiles()});
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_THAT(file->Find("listen")->values, ElementsAre("a"));
+  const std::vector<ConfigItem>& items = file->Section("profiles");
+  ASSERT_EQ(items.size(), 3u);
+  EXPECT_EQ(items[0].name, "cluster");
+  EXPECT_EQ(items[0].line, 3);
+  EXPECT_EQ(items[0].Find("gpus_per_node")->line, 5);
+  EXPECT_THAT(items[0].Find("sbatch_args")->values,
+              ElementsAre("--constraint=a100", "--exclusive"));
+  EXPECT_EQ(items[1].name, "plain");
+  EXPECT_TRUE(items[1].entries.empty());
+  EXPECT_THAT(items[2].Find("type")->values, ElementsAre("workers"));
+  EXPECT_TRUE(file->Section("other").empty());
+}
+
+TEST(ConfigSectionTest, ErrorsNameFileLineItemAndKey) {
+  auto error = [](const std::string& text) {
+    auto file =
+        ParseConfigFile(text, "/etc/s.yaml", SchedulerKeys(), {Profiles()});
+    return file.ok() ? std::string() : std::string(file.status().message());
+  };
+  EXPECT_THAT(error("profiles:\n  c:\n    type: slurm\n    tpye: x\n"),
+              HasSubstr("/etc/s.yaml:4: profile 'c': unknown key 'tpye' (did "
+                        "you mean 'type'?); known keys: type, gpus_per_node"));
+  EXPECT_THAT(error("profiles:\n  c:\n    gpus_per_node: many\n"),
+              HasSubstr("/etc/s.yaml:3: profile 'c': key 'gpus_per_node': "
+                        "expected an integer, got 'many'"));
+  EXPECT_THAT(error("profiles:\n  c: {}\n  c: {}\n"),
+              HasSubstr("/etc/s.yaml:3: profile 'c' given twice (first on "
+                        "line 2)"));
+  EXPECT_THAT(error("profiles: [a, b]\n"),
+              HasSubstr("/etc/s.yaml:1: key 'profiles': expected a mapping of "
+                        "profile names to their keys, got a list"));
+  EXPECT_THAT(error("profiles:\n  c: slurm\n"),
+              HasSubstr("/etc/s.yaml:2: profile 'c': expected a mapping of "
+                        "its keys (type: ...), got 'slurm'"));
+  EXPECT_THAT(error("profiles: {}\nprofiles: {}\n"),
+              HasSubstr("/etc/s.yaml:2: key 'profiles' given twice"));
+  // The section is a known key at the top, and suggested.
+  EXPECT_THAT(error("profile: {}\n"),
+              HasSubstr("unknown key 'profile' (did you mean 'profiles'?)"));
+  // Without the section, `profiles:` is an unknown key like any other.
+  auto file = ParseConfigFile("profiles: {}\n", "w.yaml", SchedulerKeys());
+  EXPECT_THAT(file.status().message(),
+              HasSubstr("w.yaml:1: unknown key 'profiles'"));
+}
+
 struct Program {
   CLI::App app{"test"};
   std::string listen = "127.0.0.1:7070";
@@ -294,6 +359,20 @@ TEST(ConfigBindingTest, UnknownKeyAndMissingNamedFileAreErrors) {
               HasSubstr("cannot read configuration file /nonexistent/x.yaml"));
   Program r;  // --config '' reads no file
   EXPECT_EQ(r.Run({"--config", "", "--state-dir", "/s"}), "");
+}
+
+TEST(ConfigBindingTest, SectionsAreReadBesideTheFlags) {
+  TempFile file(
+      "state_dir: /s\nprofiles:\n  c:\n    type: slurm\n    "
+      "gpus_per_node: 2\n");
+  Program p;
+  p.binding.AddSection(Profiles());
+  EXPECT_EQ(p.Run({"--config", file.path()}), "");
+  EXPECT_EQ(p.state_dir, "/s");
+  ASSERT_EQ(p.binding.Section("profiles").size(), 1u);
+  EXPECT_EQ(p.binding.Section("profiles")[0].name, "c");
+  EXPECT_THAT(p.binding.Section("profiles")[0].Find("gpus_per_node")->values,
+              ElementsAre("2"));
 }
 
 TEST(VersionTest, ComparesLeadingNumbers) {

@@ -60,6 +60,35 @@ TEST(CredentialTable, FindsByTokenAndForgetsRemovedOrReplacedOnes) {
   EXPECT_FALSE(table.FindByToken("tw").has_value());
 }
 
+TEST(CredentialTable, OneJobCredentialsAreTheirJobsAlone) {
+  auto token = NewJobToken();
+  ASSERT_TRUE(token.ok());
+  EXPECT_EQ(token->substr(0, 5), "dlbj_");
+  EXPECT_EQ(token->size(), 5u + 64u);
+  CredentialTable table;
+  // A worker credential that happens to be named like a job's.
+  CredentialRecord named;
+  named.name = "job-7";
+  named.worker = true;
+  named.token_sha256 = TokenSha256("dlbw_named");
+  table.Put(named);
+  table.Put(JobCredential(7, TokenSha256(*token)));
+  auto found = table.FindByToken(*token);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->job_id, 7);
+  EXPECT_TRUE(found->worker);
+  EXPECT_FALSE(found->admin);
+  EXPECT_EQ(found->Key(), "job:7");
+  // Neither replaces nor removes the other.
+  ASSERT_TRUE(table.FindByToken("dlbw_named").has_value());
+  EXPECT_EQ(table.FindByToken("dlbw_named")->Key(), "worker:job-7");
+  table.Remove("job-7", /*worker=*/true);
+  EXPECT_FALSE(table.FindByToken("dlbw_named").has_value());
+  EXPECT_TRUE(table.FindByToken(*token).has_value());
+  table.RemoveJob(7);
+  EXPECT_FALSE(table.FindByToken(*token).has_value());
+}
+
 TEST(OpenCalls, EndAllEndsOnlyThatCredentialsCallsOnce) {
   OpenCalls calls;
   int a = 0, b = 0;

@@ -358,7 +358,125 @@ TEST_F(SchedulerTest, RegisterWithoutNameIsRefused) {
   EXPECT_EQ(scheduler_->ListWorkers().workers().size(), 0);
 }
 
+TEST_F(SchedulerTest, RegisterAsASlurmJobsWorkerIsRefused) {
+  // No credential is good for one Slurm job yet: a worker claiming one,
+  // under whatever credential, is never handed that job.
+  StartScheduler();
+  auto session = std::make_shared<FakeSession>();
+  v1::WorkerMessage m;
+  m.mutable_register_()->set_name("slurm-77-0");
+  m.mutable_register_()->set_profile("local");
+  m.mutable_register_()->mutable_slurm()->set_job_id(3);
+  m.mutable_register_()->mutable_slurm()->set_attempt(1);
+  m.mutable_register_()->mutable_slurm()->set_slurm_job_id(77);
+  scheduler_->OnWorkerMessage(session, std::move(m));
+  auto refused = session->WaitFor(
+      [](const Message& message) { return message.has_refused(); });
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(refused->refused(),
+              HasSubstr("serves Slurm job 77 for dlbatch job 3, which this "
+                        "scheduler did not submit"));
+  EXPECT_EQ(scheduler_->ListWorkers().workers().size(), 0);
+}
+
+TEST_F(SchedulerTest, AOneJobCredentialRegistersNoOrdinaryWorker) {
+  // The token in a Slurm batch script is readable by the job: it must not
+  // register a worker that would be handed other jobs.
+  StartScheduler();
+  auto session = std::make_shared<FakeSession>();
+  session->set_owner("job:5");
+  v1::WorkerMessage m;
+  m.mutable_register_()->set_name("w-from-a-job");
+  m.mutable_register_()->set_profile("local");
+  scheduler_->OnWorkerMessage(session, std::move(m));
+  auto refused = session->WaitFor(
+      [](const Message& message) { return message.has_refused(); });
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(refused->refused(),
+              HasSubstr("the credential of dlbatch job 5 registers only that "
+                        "job's own workers"));
+  EXPECT_EQ(scheduler_->ListWorkers().workers().size(), 0);
+}
+
+TEST_F(SchedulerTest, SlurmRecordsAreKeptWithTheirOneJobCredentials) {
+  CredentialTable tokens;
+  StartScheduler();
+  scheduler_->set_credential_table(&tokens);
+  SlurmLedger ledger(scheduler_.get());
+  slurm::SlurmJobRecord record;
+  record.job_id = 3;
+  record.attempt = 1;
+  record.profile = "cluster";
+  record.token_sha256 = TokenSha256("dlbj_three");
+  ASSERT_TRUE(ledger.Put(record).ok());  // the intent
+  record.slurm_id = 77;
+  ASSERT_TRUE(ledger.Put(record).ok());  // the id
+  ASSERT_TRUE(tokens.FindByToken("dlbj_three").has_value());
+  EXPECT_EQ(tokens.FindByToken("dlbj_three")->Key(), "job:3");
+
+  // Its worker passes the credential check now (and is told the scheduler
+  // cannot yet run the job's parts on it).
+  auto register_node = [&]() {
+    auto session = std::make_shared<FakeSession>();
+    session->set_owner("job:3");
+    v1::WorkerMessage m;
+    m.mutable_register_()->set_name("slurm-77-0");
+    m.mutable_register_()->set_profile("cluster");
+    auto* s = m.mutable_register_()->mutable_slurm();
+    s->set_job_id(3);
+    s->set_attempt(1);
+    s->set_slurm_job_id(77);
+    s->set_nodes(1);
+    scheduler_->OnWorkerMessage(session, std::move(m));
+    auto refused = session->WaitFor(
+        [](const Message& message) { return message.has_refused(); });
+    return refused ? refused->refused() : std::string("(no answer)");
+  };
+  EXPECT_THAT(register_node(), HasSubstr("does not yet run dlbatch job 3"));
+
+  // After a restart the record and its credential are there again.
+  StopScheduler();
+  StartScheduler();
+  auto loaded = scheduler_->JobCredentials();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_EQ((*loaded)[0].token_sha256, TokenSha256("dlbj_three"));
+  EXPECT_EQ((*loaded)[0].job_id, 3);
+  EXPECT_THAT(register_node(), HasSubstr("does not yet run dlbatch job 3"));
+
+  // Forgotten: the credential goes, and the worker has nothing to run.
+  scheduler_->set_credential_table(&tokens);
+  SlurmLedger again(scheduler_.get());
+  ASSERT_TRUE(again.Forget(3).ok());
+  EXPECT_FALSE(tokens.FindByToken("dlbj_three").has_value());
+  EXPECT_TRUE(scheduler_->JobCredentials()->empty());
+  EXPECT_THAT(register_node(),
+              HasSubstr("dlbatch job 3 has no Slurm job any more"));
+}
+
 // ---- 2: submit ----
+
+TEST_F(SchedulerTest, SubmitToASlurmProfileIsRefusedUntilItLaunches) {
+  SchedulerOptions options = TestOptions();
+  options.profiles.emplace_back("cluster", 0);
+  slurm::SlurmProfile cluster;
+  cluster.name = "cluster";
+  cluster.partition = "gpu";
+  options.slurm_profiles.push_back(cluster);
+  StartScheduler(options);
+  v1::ListProfilesReply profiles = scheduler_->ListProfiles();
+  ASSERT_EQ(profiles.profiles_size(), 2);
+  EXPECT_EQ(profiles.profiles(0).type(), "workers");
+  EXPECT_EQ(profiles.profiles(1).name(), "cluster");
+  EXPECT_EQ(profiles.profiles(1).type(), "slurm");
+  auto refused = scheduler_->Submit(CommandJob(1, "", "cluster"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      refused.status().message(),
+      HasSubstr("profile 'cluster' is of type slurm (partition gpu), "
+                "and this scheduler does not submit jobs to Slurm yet"));
+}
 
 TEST_F(SchedulerTest, SubmitStartsJobAndDeduplicatesRequest) {
   StartScheduler();

@@ -15,6 +15,7 @@ namespace dlbatch::scheduler::slurm {
 namespace {
 
 using ::testing::Contains;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -244,6 +245,33 @@ TEST(SlurmCommands, ScancelOfAGoneOrEndingJobIsDone) {
 }
 
 // The real tool runner, on ordinary programs.
+TEST(SlurmCommands, SinfoNodesGiveTheViewOfProfiles) {
+  EXPECT_THAT(SinfoNodesArgv("gpu"),
+              ElementsAre("sinfo", "-h", "-N", "--partition=gpu", "-O",
+                          kSinfoNodesFormat));
+  // Slurm 22.05's own padded lines, and the GRES forms it prints.
+  auto view = ParseSinfoNodes(
+      "n1      |mixed     |gpu:2      |gpu:1      |\n"
+      "n2      |idle      |gpu:2      |gpu:0      |\n"
+      "n3      |allocated |gpu:a100:4(S:0-1)|gpu:(null):4(IDX:0-3)|\n"
+      "n4      |drained   |gpu:2,nic:1|gpu:0      |\n"
+      "n5      |idle*     |gpu:2      |gpu:0      |\n"
+      "n6      |down~     |(null)     |(null)     |\n",
+      "gpu", "gpu");
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->partition, "gpu");
+  EXPECT_EQ(view->nodes, 6);
+  EXPECT_EQ(view->idle, 1);
+  EXPECT_EQ(view->busy, 2);
+  EXPECT_EQ(view->unavailable, 3);  // drained, not responding, down
+  EXPECT_EQ(view->gpus, 12);
+  EXPECT_EQ(view->gpus_used, 5);
+  EXPECT_THAT(ParseSinfoNodes("", "gpu", "gpu").status().message(),
+              HasSubstr("Slurm has no partition 'gpu'"));
+  EXPECT_THAT(ParseSinfoNodes("n1|idle\n", "gpu", "gpu").status().message(),
+              HasSubstr("sinfo printed a line dlbatch cannot read"));
+}
+
 TEST(ProcessSlurmTool, PassesInputAndEnvironmentAndKeepsTheExitCode) {
   ProcessSlurmTool tool(
       std::map<std::string, std::string>{{"SLURM_CONF", "/etc/x.conf"}});

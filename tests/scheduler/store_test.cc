@@ -168,7 +168,7 @@ TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   EXPECT_THAT(std::string(reopened.status().message()),
               HasSubstr("schema version 99"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 6"));
+              HasSubstr("reads version 7"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -216,7 +216,7 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "6");
+  EXPECT_EQ((*version)->Text(0), "7");
   (*version)->Reset();
   auto job = reader().GetJob(old);
   ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
@@ -261,6 +261,37 @@ TEST_F(StoreTest, OpensAVersion5FileAndAddsDrainsAndJobControl) {
   EXPECT_THAT(store_->JobControls().value(), IsEmpty());
   ASSERT_TRUE(store_->DeleteDrain("w1").ok());
   EXPECT_THAT(store_->Drains().value(), IsEmpty());
+}
+
+TEST_F(StoreTest, OpensAVersion6FileAndKeepsEachJobsSlurmJob) {
+  const int64_t old = Insert(NewJob("from-v6"));
+  ASSERT_TRUE(store_->db()
+                  ->Exec("DROP TABLE slurm_jobs;"
+                         "UPDATE meta SET value='6' WHERE key='schema'")
+                  .ok());
+  Reopen();
+  // Before sbatch: the intent; after it: the id, replacing it.
+  slurm::SlurmJobRecord record;
+  record.job_id = old;
+  record.attempt = 1;
+  record.profile = "cluster";
+  record.submitted_ms = 5;
+  record.token_sha256 = "ab12";
+  ASSERT_TRUE(store_->PutSlurmJob(record).ok());
+  record.slurm_id = 4242;
+  ASSERT_TRUE(store_->PutSlurmJob(record).ok());
+  Reopen();
+  auto jobs = store_->SlurmJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].job_id, old);
+  EXPECT_EQ((*jobs)[0].attempt, 1);
+  EXPECT_EQ((*jobs)[0].slurm_id, 4242);
+  EXPECT_EQ((*jobs)[0].profile, "cluster");
+  EXPECT_EQ((*jobs)[0].submitted_ms, 5);
+  EXPECT_EQ((*jobs)[0].token_sha256, "ab12");
+  ASSERT_TRUE(store_->DeleteSlurmJob(old).ok());
+  EXPECT_THAT(store_->SlurmJobs().value(), IsEmpty());
 }
 
 TEST_F(StoreTest, CredentialsAreKeptByHashReplacedByNameAndDeleted) {

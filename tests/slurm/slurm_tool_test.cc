@@ -156,12 +156,32 @@ TEST_F(SlurmToolTest, CancelOfPendingRunningAndUnknownJobsIsDone) {
   // The last --export wins over the profile's --export=NONE.
   r.job_id = 44;
   r.nodes = 1;
+  r.gpus_per_node = 1;
   profile_.sbatch_args = {"--export=DLBATCH_TEST_SLEEP=60"};
   auto running = SubmitBatch(*tool_, profile_, r, {"unix:/x.sock", "", "t"});
   ASSERT_TRUE(running.ok()) << running.status();
   ASSERT_TRUE(WaitState(*running, [](const std::string& s) {
                 return s == "RUNNING";
               }).has_value());
+
+  // Slurm's view for `dlbatch profiles`: one node busy with one GPU of
+  // four; then a node drained by hand is unavailable.
+  auto view = ReadPartitionView(*tool_, profile_);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->nodes, 2);
+  EXPECT_EQ(view->busy, 1);
+  EXPECT_EQ(view->idle, 1);
+  EXPECT_EQ(view->unavailable, 0);
+  EXPECT_EQ(view->gpus, 4);
+  EXPECT_EQ(view->gpus_used, 1);
+  auto drained = tool_->Run(
+      {"scontrol", "update", "nodename=n2", "state=drain", "reason=test"}, "");
+  ASSERT_TRUE(drained.ok() && drained->exit_code == 0)
+      << (drained.ok() ? drained->err : drained.status().ToString());
+  view = ReadPartitionView(*tool_, profile_);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->nodes, 2);
+  EXPECT_EQ(view->unavailable, 1);
 
   EXPECT_TRUE(CancelBatch(*tool_, *pending).ok());
   EXPECT_TRUE(CancelBatch(*tool_, *running).ok());

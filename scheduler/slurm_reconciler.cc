@@ -1,0 +1,125 @@
+#include "scheduler/slurm_reconciler.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace dlbatch::scheduler::slurm {
+namespace {
+
+JobPhase PhaseOf(const ReconcileInput& in, int64_t job_id) {
+  auto it = in.jobs.find(job_id);
+  return it == in.jobs.end() ? JobPhase::kEnded : it->second;
+}
+
+std::string PartitionOf(const ReconcileInput& in, const std::string& profile) {
+  auto it = in.partitions.find(profile);
+  return it == in.partitions.end() ? profile : it->second;
+}
+
+// Whether the Slurm job still waits or runs (or may: a state unknown).
+bool Alive(const SqueueRow& row, const std::string& partition) {
+  return MapSlurmState(row, partition).phase != SlurmPhase::kEnded;
+}
+
+}  // namespace
+
+ReconcileDecisions Reconcile(const ReconcileInput& in) {
+  ReconcileDecisions out;
+  std::map<int64_t, const SqueueRow*> by_id;
+  for (const SqueueRow& row : in.rows) by_id[row.slurm_id] = &row;
+  std::set<int64_t> known;
+  for (const SlurmJobRecord& r : in.records) {
+    if (r.slurm_id != 0) known.insert(r.slurm_id);
+  }
+
+  for (const SlurmJobRecord& record : in.records) {
+    SlurmJobRecord r = record;
+    const JobPhase phase = PhaseOf(in, r.job_id);
+    const std::string partition = PartitionOf(in, r.profile);
+    const bool settled = in.now_ms - r.submitted_ms >= in.settle_ms;
+    if (r.slurm_id == 0) {
+      // An intent: sbatch ran, or was about to, when the id went unsaid.
+      // The newest live Slurm job of the job's name that no record holds
+      // is the one it made.
+      const SqueueRow* made = nullptr;
+      for (const SqueueRow& row : in.rows) {
+        if (JobIdOfSlurmName(row.name) == r.job_id &&
+            known.count(row.slurm_id) == 0 && Alive(row, partition) &&
+            (made == nullptr || row.slurm_id > made->slurm_id)) {
+          made = &row;
+        }
+      }
+      if (made == nullptr) {
+        if (!settled) continue;
+        if (phase == JobPhase::kEnded) {
+          out.forget.push_back(r.job_id);
+        } else {
+          out.relaunch.push_back(r.job_id);
+        }
+        continue;
+      }
+      known.insert(made->slurm_id);
+      if (phase == JobPhase::kEnded) {
+        out.cancel.push_back(
+            {made->slurm_id,
+             absl::StrCat("dlbatch job ", r.job_id, " has ended")});
+        out.forget.push_back(r.job_id);
+        continue;
+      }
+      out.adopt.push_back({r.job_id, made->slurm_id});
+      r.slurm_id = made->slurm_id;
+    }
+    auto row = by_id.find(r.slurm_id);
+    if (row == by_id.end()) {
+      if (!settled) continue;  // squeue may not show it yet
+      if (phase != JobPhase::kEnded) {
+        out.lost.push_back(
+            {r.job_id,
+             absl::StrCat("Slurm job ", r.slurm_id,
+                          " vanished from Slurm before its workers reported "
+                          "the job's end"),
+             /*machine_fault=*/true});
+      }
+      out.forget.push_back(r.job_id);
+      continue;
+    }
+    const SlurmVerdict verdict = MapSlurmState(*row->second, partition);
+    switch (verdict.phase) {
+      case SlurmPhase::kPending:
+      case SlurmPhase::kRunning:
+        if (phase == JobPhase::kEnded) {
+          out.cancel.push_back(
+              {r.slurm_id,
+               absl::StrCat("dlbatch job ", r.job_id, " has ended")});
+        } else if (verdict.phase == SlurmPhase::kPending) {
+          out.waiting[r.job_id] = verdict.reason;
+        }
+        break;
+      case SlurmPhase::kEnded:
+        if (phase != JobPhase::kEnded) {
+          out.lost.push_back({r.job_id, verdict.reason, verdict.retryable});
+        }
+        out.forget.push_back(r.job_id);
+        break;
+      case SlurmPhase::kUnknown:
+        break;  // a state this version does not know: leave the job be
+    }
+  }
+
+  // dlbatch's names that no record holds: nothing may run in Slurm that
+  // dlbatch does not know about.
+  for (const SqueueRow& row : in.rows) {
+    const std::optional<int64_t> job = JobIdOfSlurmName(row.name);
+    if (!job || known.count(row.slurm_id) > 0 ||
+        MapSlurmState(row, "").phase == SlurmPhase::kEnded) {
+      continue;
+    }
+    out.cancel.push_back(
+        {row.slurm_id, absl::StrCat("dlbatch does not know Slurm job ",
+                                    row.slurm_id, " (", row.name, ")")});
+  }
+  return out;
+}
+
+}  // namespace dlbatch::scheduler::slurm

@@ -1,0 +1,165 @@
+// Unit tests of the Slurm reconciler's pure core
+// (scheduler/slurm_reconciler.h): one squeue read against the store's
+// records and dlbatch's view of its jobs, in Slurm 22.05's own states.
+#include "scheduler/slurm_reconciler.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dlbatch::scheduler::slurm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+
+constexpr int64_t kNow = 1'000'000;
+
+SlurmJobRecord Record(int64_t job_id, int64_t slurm_id,
+                      int64_t submitted_ms = kNow - 60'000) {
+  SlurmJobRecord r;
+  r.job_id = job_id;
+  r.attempt = 1;
+  r.slurm_id = slurm_id;
+  r.profile = "cluster";
+  r.submitted_ms = submitted_ms;
+  return r;
+}
+
+SqueueRow Row(int64_t slurm_id, int64_t job_id, std::string state,
+              std::string reason = "None") {
+  SqueueRow row;
+  row.slurm_id = slurm_id;
+  row.name = SlurmJobName(job_id);
+  row.state = std::move(state);
+  row.user = "alice";
+  row.nodes = "n1";
+  row.reason = std::move(reason);
+  return row;
+}
+
+ReconcileInput Input() {
+  ReconcileInput in;
+  in.partitions = {{"cluster", "gpu"}};
+  in.now_ms = kNow;
+  return in;
+}
+
+TEST(SlurmReconcilerTest, PendingGivesSlurmsReasonRunningNeedsNothing) {
+  ReconcileInput in = Input();
+  in.records = {Record(1, 101), Record(2, 102)};
+  in.jobs = {{1, JobPhase::kWaiting}, {2, JobPhase::kRunning}};
+  in.rows = {Row(101, 1, "PENDING", "Resources"), Row(102, 2, "RUNNING")};
+  ReconcileDecisions d = Reconcile(in);
+  EXPECT_THAT(d.waiting,
+              ElementsAre(Pair(1,
+                               "waiting in Slurm: Resources (partition "
+                               "gpu)")));
+  EXPECT_THAT(d.lost, IsEmpty());
+  EXPECT_THAT(d.cancel, IsEmpty());
+  EXPECT_THAT(d.forget, IsEmpty());
+}
+
+TEST(SlurmReconcilerTest, AnEndNoWorkerReportedIsNeverASuccess) {
+  ReconcileInput in = Input();
+  in.records = {Record(1, 101), Record(2, 102), Record(3, 103), Record(4, 104)};
+  in.jobs = {{1, JobPhase::kRunning},
+             {2, JobPhase::kRunning},
+             {3, JobPhase::kWaiting},
+             {4, JobPhase::kRunning}};
+  in.rows = {Row(101, 1, "COMPLETED"), Row(102, 2, "CANCELLED by 1000"),
+             Row(103, 3, "NODE_FAIL")};
+  // 104 vanished from squeue altogether.
+  ReconcileDecisions d = Reconcile(in);
+  ASSERT_EQ(d.lost.size(), 4u);
+  EXPECT_EQ(d.lost[0].job_id, 1);
+  EXPECT_THAT(d.lost[0].reason, HasSubstr("Slurm job 101 completed"));
+  EXPECT_FALSE(d.lost[0].machine_fault);
+  EXPECT_THAT(d.lost[1].reason,
+              HasSubstr("Slurm job 102 was cancelled in Slurm (by 1000)"));
+  EXPECT_FALSE(d.lost[1].machine_fault);
+  EXPECT_THAT(d.lost[2].reason, HasSubstr("lost a node"));
+  EXPECT_TRUE(d.lost[2].machine_fault);
+  EXPECT_THAT(d.lost[3].reason,
+              HasSubstr("Slurm job 104 vanished from Slurm before its "
+                        "workers reported the job's end"));
+  EXPECT_TRUE(d.lost[3].machine_fault);
+  EXPECT_THAT(d.forget, ElementsAre(1, 2, 3, 4));
+  EXPECT_THAT(d.cancel, IsEmpty());
+}
+
+TEST(SlurmReconcilerTest,
+     AnEndedJobsSlurmJobIsForgottenOnceGoneCancelledIfNot) {
+  ReconcileInput in = Input();
+  in.records = {Record(1, 101), Record(2, 102), Record(3, 103)};
+  in.jobs = {{1, JobPhase::kEnded}, {2, JobPhase::kEnded}};  // 3 purged
+  in.rows = {Row(101, 1, "COMPLETED"), Row(102, 2, "RUNNING")};
+  ReconcileDecisions d = Reconcile(in);
+  EXPECT_THAT(d.lost, IsEmpty());
+  EXPECT_THAT(d.forget, ElementsAre(1, 3));
+  ASSERT_EQ(d.cancel.size(), 1u);
+  EXPECT_EQ(d.cancel[0].slurm_id, 102);
+  EXPECT_THAT(d.cancel[0].why, HasSubstr("dlbatch job 2 has ended"));
+}
+
+TEST(SlurmReconcilerTest, AFreshSubmissionSqueueDoesNotShowYetIsLeftAlone) {
+  ReconcileInput in = Input();
+  in.records = {Record(1, 101, kNow - 2'000), Record(2, 0, kNow - 2'000)};
+  in.jobs = {{1, JobPhase::kWaiting}, {2, JobPhase::kWaiting}};
+  ReconcileDecisions d = Reconcile(in);
+  EXPECT_THAT(d.lost, IsEmpty());
+  EXPECT_THAT(d.forget, IsEmpty());
+  EXPECT_THAT(d.relaunch, IsEmpty());
+}
+
+TEST(SlurmReconcilerTest, AnIntentAdoptsTheSlurmJobOfItsNameOrIsRelaunched) {
+  ReconcileInput in = Input();
+  in.records = {Record(1, 0), Record(2, 0), Record(3, 0)};
+  in.jobs = {
+      {1, JobPhase::kWaiting}, {2, JobPhase::kWaiting}, {3, JobPhase::kEnded}};
+  // Job 1's: an old ended attempt and the live one sbatch made; job 2's
+  // sbatch made nothing; job 3 ended (cancelled) meanwhile.
+  in.rows = {Row(90, 1, "FAILED"), Row(101, 1, "PENDING", "Priority"),
+             Row(103, 3, "PENDING")};
+  ReconcileDecisions d = Reconcile(in);
+  ASSERT_EQ(d.adopt.size(), 1u);
+  EXPECT_EQ(d.adopt[0].job_id, 1);
+  EXPECT_EQ(d.adopt[0].slurm_id, 101);
+  EXPECT_THAT(d.waiting, ElementsAre(Pair(1, HasSubstr("Priority"))));
+  EXPECT_THAT(d.relaunch, ElementsAre(2));
+  ASSERT_EQ(d.cancel.size(), 1u);
+  EXPECT_EQ(d.cancel[0].slurm_id, 103);
+  EXPECT_THAT(d.forget, ElementsAre(3));
+}
+
+TEST(SlurmReconcilerTest, DlbatchsSlurmJobsItDoesNotKnowAreCancelled) {
+  ReconcileInput in = Input();
+  in.records = {Record(1, 101)};
+  in.jobs = {{1, JobPhase::kRunning}};
+  SqueueRow foreign = Row(300, 0, "RUNNING");
+  foreign.name = "train-resnet";  // not dlbatch's
+  in.rows = {Row(101, 1, "RUNNING"), Row(200, 7, "RUNNING"),
+             Row(201, 8, "PENDING"), Row(202, 9, "COMPLETED"), foreign};
+  ReconcileDecisions d = Reconcile(in);
+  ASSERT_EQ(d.cancel.size(), 2u);
+  EXPECT_EQ(d.cancel[0].slurm_id, 200);
+  EXPECT_THAT(d.cancel[0].why,
+              HasSubstr("dlbatch does not know Slurm job 200 (dlbatch-7)"));
+  EXPECT_EQ(d.cancel[1].slurm_id, 201);
+  EXPECT_THAT(d.lost, IsEmpty());
+}
+
+TEST(SlurmReconcilerTest, AStateThisVersionDoesNotKnowLeavesTheJobBe) {
+  ReconcileInput in = Input();
+  in.records = {Record(1, 101)};
+  in.jobs = {{1, JobPhase::kRunning}};
+  in.rows = {Row(101, 1, "SPECIAL_EXIT")};
+  ReconcileDecisions d = Reconcile(in);
+  EXPECT_THAT(d.lost, IsEmpty());
+  EXPECT_THAT(d.forget, IsEmpty());
+  EXPECT_THAT(d.cancel, IsEmpty());
+}
+
+}  // namespace
+}  // namespace dlbatch::scheduler::slurm
