@@ -225,6 +225,21 @@ class SimWorker {
   std::condition_variable started_;
 };
 
+// Ends a job of `worker` and waits for the next start, again and again,
+// until `stop` is set and at least `at_least` cycles ran (or a start does
+// not come); each cycle's ms.
+std::vector<double> EndStartCycles(SimWorker& worker,
+                                   const std::atomic<bool>& stop,
+                                   int at_least) {
+  std::vector<double> ms;
+  while (!stop || static_cast<int>(ms.size()) < at_least) {
+    double sec = worker.EndOneAndWaitStart();
+    if (sec < 0) break;
+    ms.push_back(sec * 1e3);
+  }
+  return ms;
+}
+
 dlbatch::v1::SubmitJobRequest Request(const std::string& profile, int64_t n,
                                       std::vector<std::string> argv = {
                                           "true"}) {
@@ -613,13 +628,7 @@ int main(int argc, char** argv) {
     SubmitMany(s, "local", 20000, 4, purge + 1);
     for (int i = 0; i < 200 && churn.held() < 4; ++i) usleep(10000);
     auto cycles = [&](const std::atomic<bool>& stop, int at_least) {
-      std::vector<double> ms;
-      while (!stop || static_cast<int>(ms.size()) < at_least) {
-        double sec = churn.EndOneAndWaitStart();
-        if (sec < 0) break;
-        ms.push_back(sec * 1e3);
-      }
-      return ms;
+      return EndStartCycles(churn, stop, at_least);
     };
     std::atomic<bool> stop{true};
     std::vector<double> alone = cycles(stop, 300);
@@ -776,13 +785,7 @@ int main(int argc, char** argv) {
     const int64_t db_bytes = std::filesystem::file_size(copy);
     std::filesystem::remove(copy);
     auto cycles = [&](const std::atomic<bool>& stop, int at_least) {
-      std::vector<double> ms;
-      while (!stop || static_cast<int>(ms.size()) < at_least) {
-        double sec = churn.EndOneAndWaitStart();
-        if (sec < 0) break;
-        ms.push_back(sec * 1e3);
-      }
-      return ms;
+      return EndStartCycles(churn, stop, at_least);
     };
     std::atomic<bool> stop{true};
     std::vector<double> alone = cycles(stop, 300);

@@ -313,8 +313,7 @@ TEST_F(SchedulerWatchTest, ARemovedWorkerReachesWatchersMarkedRemoved) {
   auto removed = scheduler_->RemoveWorker("w1");
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_TRUE(writer.WaitFor([](const v1::ClusterEvent& e) {
-    return e.has_worker() && e.worker().name() == "w1" &&
-           e.worker().removed();
+    return e.has_worker() && e.worker().name() == "w1" && e.worker().removed();
   }));
   (*queue)->Close();
   scheduler_->Unwatch(queue->get());
