@@ -261,6 +261,53 @@ TEST_F(TrainJobs, AJobOfALostWorkerResumesFromItsCheckpointOnAnother) {
   EXPECT_TRUE(metrics.value("resumed", false));
 }
 
+// `dlbatch requeue` of a running train job: stopped, queued again as
+// attempt 2, and resumed from its last stored checkpoint (issue 21).
+TEST_F(TrainJobs, ARequeuedTrainJobResumesFromItsCheckpoint) {
+  c_.StartScheduler();
+  c_.StartWorker("a", 1);
+  ASSERT_TRUE(c_.WaitWorkers(1));
+  const int64_t id = c_.Submit(
+      c_.JobFile("requeue.yaml", LenetJob(kDataDir, R"(    mini_batch_size: 64
+    max_iterations: 400
+    verbose_frequency: 100
+    checkpoint_frequency: 100
+    checkpoint_frequency_unit: iteration
+)",
+                                          "name: requeue\npool: 1\n")));
+  ASSERT_TRUE(WaitFor(
+      [&] { return JsonInt(Progress(id), "checkpoint_iteration") >= 100; },
+      90000))
+      << c_.Cli({"diary", std::to_string(id)}).out << Logs();
+  const int64_t stored = JsonInt(Progress(id), "checkpoint_iteration");
+  ASSERT_LT(stored, 400) << "the job ended before it could be requeued";
+  Result requeue = c_.Cli({"requeue", std::to_string(id)});
+  ASSERT_EQ(requeue.code, 0) << requeue.err;
+
+  Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 180000);
+  ASSERT_EQ(wait.code, 0) << wait.out
+                          << c_.Cli({"diary", std::to_string(id)}).out
+                          << Logs();
+  nlohmann::json show = c_.ShowJson(id);
+  EXPECT_EQ(show.value("attempt", 0), 2);
+  EXPECT_EQ(JsonInt(show["progress"], "iteration"), 400);
+  const std::string diary = c_.Cli({"diary", std::to_string(id)}).out;
+  EXPECT_NE(diary.find("resumes from the checkpoint stored at iteration"),
+            std::string::npos)
+      << diary;
+  // No iteration twice, none missing.
+  const std::string out = c_.dir() + "/fetched";
+  Result fetch = c_.Cli({"fetch-outputs", std::to_string(id), "--output", out});
+  ASSERT_EQ(fetch.code, 0) << fetch.err;
+  absl::StatusOr<trainer::TrainingHistory> history =
+      trainer::ParseHistoryCsv(ReadAll(out + "/training_history.csv"));
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->iterations.size(), 400u);
+  for (size_t i = 0; i < history->iterations.size(); ++i) {
+    ASSERT_EQ(history->iterations[i].iteration, static_cast<int64_t>(i + 1));
+  }
+}
+
 TEST_F(TrainJobs, AMissingDataFileFailsTheJobWithTheTrainersReason) {
   c_.StartScheduler();
   c_.StartWorker("w1", 2);
