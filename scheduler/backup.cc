@@ -4,7 +4,6 @@
 #include <grp.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include "common/status.h"
 #include "scheduler/identity.h"
 #include "scheduler/sqlite.h"
+#include "scheduler/store.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -124,17 +124,8 @@ absl::StatusOr<std::unique_ptr<StagedBackup>> StagedBackup::Stage(
     const BlobStore& blobs, const std::string& staging_dir,
     int64_t reserve_bytes) {
   // The database's copy is the one thing written here: it needs room.
-  int64_t db_bytes = 0;
-  for (const char* suffix : {"", "-wal"}) {
-    struct stat st;
-    if (::stat((db_path + suffix).c_str(), &st) == 0) db_bytes += st.st_size;
-  }
-  struct statvfs vfs;
-  if (::statvfs(state_dir.c_str(), &vfs) != 0) {
-    return ErrnoStatus(errno, "statvfs", state_dir);
-  }
-  const int64_t free_bytes =
-      static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+  const int64_t db_bytes = StoreFileBytes(db_path);
+  ASSIGN_OR_RETURN(const int64_t free_bytes, FreeBytesIn(state_dir));
   if (free_bytes - db_bytes < reserve_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "no room for the backup's copy of the database: it needs up to ",

@@ -25,15 +25,15 @@ absl::Status MakePrivateDir(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> StatvfsFree(const std::string& dir) {
+}  // namespace
+
+absl::StatusOr<int64_t> FreeBytesIn(const std::string& dir) {
   struct statvfs vfs;
   if (::statvfs(dir.c_str(), &vfs) != 0)
     return ErrnoStatus(errno, "statvfs", dir);
   return static_cast<int64_t>(vfs.f_bavail) *
          static_cast<int64_t>(vfs.f_frsize);
 }
-
-}  // namespace
 
 namespace {
 
@@ -66,7 +66,7 @@ bool IsSha256Hex(absl::string_view text) {
 
 absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(
     const std::string& dir, int64_t min_free_bytes) {
-  return Open(dir, min_free_bytes, [dir] { return StatvfsFree(dir); });
+  return Open(dir, min_free_bytes, [dir] { return FreeBytesIn(dir); });
 }
 
 absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(

@@ -29,6 +29,10 @@ namespace dlbatch::scheduler {
 // True for 64 lowercase hex characters.
 bool IsSha256Hex(absl::string_view text);
 
+// Free bytes for unprivileged writers on the filesystem holding `dir`
+// (statvfs's f_bavail).
+absl::StatusOr<int64_t> FreeBytesIn(const std::string& dir);
+
 // Free bytes on the filesystem holding the store (statvfs's f_bavail).
 using FreeSpaceFn = std::function<absl::StatusOr<int64_t>()>;
 

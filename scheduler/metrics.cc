@@ -15,6 +15,7 @@
 #include "prometheus/registry.h"
 #include "proto/job_state.h"
 #include "scheduler/blob_store.h"
+#include "scheduler/store.h"
 
 namespace dlbatch::scheduler {
 namespace {
@@ -26,11 +27,6 @@ using prometheus::Counter;
 using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
-
-int64_t FileBytes(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
-}
 
 prometheus::MetricFamily OneGauge(const char* name, const char* help,
                                   double value) {
@@ -54,8 +50,7 @@ class StoreSizes : public prometheus::Collectable {
     out.push_back(OneGauge(
         "dlbatch_store_bytes",
         "Size of the scheduler's SQLite store on disk (database and WAL)",
-        static_cast<double>(FileBytes(db_path_) +
-                            FileBytes(db_path_ + "-wal"))));
+        static_cast<double>(StoreFileBytes(db_path_))));
     if (blobs_ != nullptr) {
       out.push_back(OneGauge(
           "dlbatch_blob_bytes",

@@ -1,6 +1,4 @@
 // `dlbatch admin backup` and `dlbatch admin status`: the scheduler's side.
-#include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,11 +11,6 @@
 
 namespace dlbatch::scheduler {
 namespace {
-
-int64_t FileBytes(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
-}
 
 std::string Folder(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -45,12 +38,11 @@ absl::StatusOr<v1::SchedulerStatus> Scheduler::StatusReport() {
   status.set_now_ms(clock_->NowMs());
   const std::string& db_path = store_->db()->path();
   status.set_state_dir(Folder(db_path));
-  status.set_store_bytes(FileBytes(db_path) + FileBytes(db_path + "-wal"));
+  status.set_store_bytes(StoreFileBytes(db_path));
   status.set_blob_bytes(blobs_->stored_bytes());
-  struct statvfs vfs;
-  if (::statvfs(status.state_dir().c_str(), &vfs) == 0) {
-    status.set_free_bytes(static_cast<int64_t>(vfs.f_bavail) *
-                          static_cast<int64_t>(vfs.f_frsize));
+  if (absl::StatusOr<int64_t> free = FreeBytesIn(status.state_dir());
+      free.ok()) {
+    status.set_free_bytes(*free);
   }
   status.set_store_full(disk_->full());
   auto& jobs = *status.mutable_jobs_by_state();

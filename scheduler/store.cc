@@ -1,5 +1,7 @@
 #include "scheduler/store.h"
 
+#include <sys/stat.h>
+
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -892,6 +894,15 @@ CountJobsOn(Database* db) {
 }
 
 }  // namespace
+
+int64_t StoreFileBytes(const std::string& db_path) {
+  int64_t total = 0;
+  for (const char* suffix : {"", "-wal"}) {
+    struct stat st;
+    if (::stat((db_path + suffix).c_str(), &st) == 0) total += st.st_size;
+  }
+  return total;
+}
 
 absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>
 Store::CountJobsByState() {

@@ -99,6 +99,9 @@ struct JobControlRecord {
   bool requeue = false;
 };
 
+// Bytes of the store at `db_path` on disk: the database and its WAL.
+int64_t StoreFileBytes(const std::string& db_path);
+
 // Version 5 -> 6: worker_drains and job_control. Idempotent.
 absl::Status AddControlTables(Database* db);
 // Version 6 -> 7: slurm_jobs (store_slurm.cc). Idempotent.
