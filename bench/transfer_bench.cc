@@ -32,6 +32,7 @@
 #include "common/blob_transfer.h"
 #include "common/endpoint.h"
 #include "common/files.h"
+#include "common/malloc_tuning.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 
 namespace {
@@ -168,6 +169,8 @@ Timing Time(int runs, pid_t other, const std::function<void()>& fn,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As the CLI and the worker, whose sides of a transfer this one times.
+  dlbatch::KeepChunkBuffersInProcess();
   int64_t mb = 1024;
   int runs = 3;
   std::string base = "/tmp";

@@ -15,6 +15,7 @@
 #include "client/connection.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
+#include "common/malloc_tuning.h"
 
 namespace dlbatch::client {
 namespace {
@@ -39,6 +40,7 @@ void QuietGrpcLog(gpr_log_func_args* /*args*/) {}
 }  // namespace dlbatch::client
 
 int main(int argc, char** argv) {
+  dlbatch::KeepChunkBuffersInProcess();
   using namespace dlbatch::client;
   signal(SIGPIPE, SIG_IGN);
   if (std::getenv("GRPC_VERBOSITY") == nullptr) {

@@ -3,11 +3,11 @@
 #ifndef DLBATCH_COMMON_BACKGROUND_SHA256_H_
 #define DLBATCH_COMMON_BACKGROUND_SHA256_H_
 
-#include <future>
 #include <string>
 
 #include "absl/strings/string_view.h"
 #include "common/files.h"
+#include "common/helper_thread.h"
 
 namespace dlbatch {
 
@@ -15,7 +15,7 @@ namespace dlbatch {
 class BackgroundSha256 {
  public:
   BackgroundSha256() = default;
-  ~BackgroundSha256() { Wait(); }
+  ~BackgroundSha256() = default;  // the helper waits for its task
   BackgroundSha256(const BackgroundSha256&) = delete;
   BackgroundSha256& operator=(const BackgroundSha256&) = delete;
 
@@ -23,14 +23,10 @@ class BackgroundSha256 {
   // REQUIRES: `data` stays alive and unchanged until the next Update, Wait
   // or HexDigest returns.
   void Update(absl::string_view data) {
-    Wait();
-    pending_ =
-        std::async(std::launch::async, [this, data] { hash_.Update(data); });
+    helper_.Run([this, data] { hash_.Update(data); });
   }
   // Waits for the update in flight.
-  void Wait() {
-    if (pending_.valid()) pending_.get();
-  }
+  void Wait() { helper_.Wait(); }
   // Lowercase hex of everything updated; the object is spent afterwards.
   std::string HexDigest() {
     Wait();
@@ -39,7 +35,7 @@ class BackgroundSha256 {
 
  private:
   Sha256 hash_;
-  std::future<void> pending_;
+  HelperThread helper_;  // last: its task uses hash_
 };
 
 }  // namespace dlbatch

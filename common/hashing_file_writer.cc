@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "common/status.h"
 
@@ -85,8 +86,8 @@ absl::Status HashingFileWriter::FlushStage() {
   const char* buffer = stage_[current_].get();
   const size_t len = fill_;
   const int64_t offset = file_offset_;
-  flushing_ = std::async(std::launch::async, [this, buffer, len, offset] {
-    return WriteAt(buffer, len, offset);
+  flusher_.Run([this, buffer, len, offset] {
+    flush_status_ = WriteAt(buffer, len, offset);
   });
   file_offset_ += static_cast<int64_t>(len);
   current_ ^= 1;
@@ -95,8 +96,8 @@ absl::Status HashingFileWriter::FlushStage() {
 }
 
 absl::Status HashingFileWriter::WaitFlush() {
-  if (!flushing_.valid()) return absl::OkStatus();
-  return flushing_.get();
+  flusher_.Wait();
+  return std::exchange(flush_status_, absl::OkStatus());
 }
 
 absl::Status HashingFileWriter::WriteAt(const char* data, size_t len,

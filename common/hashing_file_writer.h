@@ -16,13 +16,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
-#include <future>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "common/background_sha256.h"
+#include "common/helper_thread.h"
 
 namespace dlbatch {
 
@@ -77,11 +77,12 @@ class HashingFileWriter {
   int64_t flushed_ = 0;  // buffered: bytes handed to writeback so far
   bool direct_ = false;
   std::unique_ptr<char, FreeBuffer> stage_[2];
-  int current_ = 0;                     // the staging buffer being filled
-  size_t fill_ = 0;                     // bytes in it
-  int64_t file_offset_ = 0;             // bytes handed to the file so far
-  std::future<absl::Status> flushing_;  // the other buffer's write
+  int current_ = 0;          // the staging buffer being filled
+  size_t fill_ = 0;          // bytes in it
+  int64_t file_offset_ = 0;  // bytes handed to the file so far
   BackgroundSha256 hash_;
+  absl::Status flush_status_;  // the other buffer's write; set by flusher_
+  HelperThread flusher_;       // last: its task uses the members above
 };
 
 }  // namespace dlbatch

@@ -24,6 +24,7 @@
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/log_format.h"
+#include "common/malloc_tuning.h"
 #include "common/metrics_server.h"
 #include "common/sd_notify.h"
 #include "common/status.h"
@@ -485,6 +486,7 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
 }  // namespace dlbatch::scheduler
 
 int main(int argc, char** argv) {
+  dlbatch::KeepChunkBuffersInProcess();
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);

@@ -20,6 +20,7 @@
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/log_format.h"
+#include "common/malloc_tuning.h"
 #include "common/metrics_server.h"
 #include "common/tls_client.h"
 #include "common/version.h"
@@ -45,6 +46,7 @@ constexpr int kStopDeadlineS = 60;
 }  // namespace
 
 int main(int argc, char** argv) {
+  dlbatch::KeepChunkBuffersInProcess();
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);

@@ -3,19 +3,25 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/background_sha256.h"
 #include "common/duration.h"
 #include "common/endpoint.h"
 #include "common/files.h"
+#include "common/helper_thread.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -370,6 +376,49 @@ TEST(Sha256Test, IncrementalEqualsOneShot) {
   h.Update("");
   h.Update("bc");
   EXPECT_EQ(h.HexDigest(), Sha256Hex("abc"));
+}
+
+TEST(HelperThreadTest, RunsTasksOneAfterAnotherInOrderOffTheCallersThread) {
+  HelperThread helper;
+  std::vector<int> order;  // written by the helper only, one task at a time
+  std::vector<bool> off_caller;
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int i = 0; i < 100; ++i) {
+    helper.Run([&, i] {
+      order.push_back(i);
+      off_caller.push_back(std::this_thread::get_id() != caller);
+    });
+  }
+  helper.Wait();
+  ASSERT_EQ(order.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_THAT(off_caller, ::testing::Each(true));
+}
+
+TEST(HelperThreadTest, WaitWithoutATaskAndTheDestructorFinishTheLastTask) {
+  bool ran = false;
+  {
+    HelperThread helper;
+    helper.Wait();  // nothing was run: returns at once
+    helper.Run([&ran] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      ran = true;
+    });
+  }
+  EXPECT_TRUE(ran);
+}
+
+TEST(BackgroundSha256Test, ChunksHashedBehindTheCallerEqualOneShot) {
+  std::string data(3 * 1000 * 1000 + 17, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 31);
+  BackgroundSha256 hash;
+  absl::string_view rest(data);
+  while (!rest.empty()) {
+    const size_t n = std::min<size_t>(rest.size(), 1 << 20);
+    hash.Update(rest.substr(0, n));
+    rest.remove_prefix(n);
+  }
+  EXPECT_EQ(hash.HexDigest(), Sha256Hex(data));
 }
 
 TEST_F(FilesTest, Sha256FileMatchesAndReportsSize) {
