@@ -399,11 +399,11 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
   }
   int64_t after = 0;
   if (options.tail > 0) {
-    // The whole diary is read to find its last lines (line numbers are the
-    // store's, not the job's); only those are printed.
+    // The scheduler starts at the last lines (line numbers are the store's,
+    // not the job's); the CLI still keeps only the last `tail` it gets, so
+    // an older scheduler, which sends the whole diary, shows the same.
     std::deque<v1::DiaryLine> last;
     DiaryOptions read = options;
-    read.tail = 0;
     read.follow = false;
     ASSIGN_OR_RETURN(
         int rc, ReadDiaryLines(
@@ -418,9 +418,12 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
     std::cout.flush();
     if (!options.follow) return rc;
   }
+  // Following goes on after the last line shown, whatever came since.
+  DiaryOptions rest = options;
+  rest.tail = 0;
   std::string out;
   return ReadDiaryLines(
-      conn, job_id, options, &after,
+      conn, job_id, rest, &after,
       [&](const v1::DiaryLine& line) { AppendDiaryLine(options, line, &out); },
       &out);
 }
@@ -433,12 +436,14 @@ absl::StatusOr<int> ReadDiaryLines(
   v1::ReadDiaryRequest request;
   request.set_job_id(job_id);
   request.set_follow(follow);
+  request.set_tail(options.tail);
   int64_t& after = *after_n;
   // A call that loses the scheduler (a restart) picks up where it was,
   // retrying while the scheduler is unreachable.
   for (;;) {
     const int64_t started = Connection::MonotonicMs();
     request.set_after(after);
+    if (after > 0) request.set_tail(0);  // a retry goes on from `after`
     auto ctx = conn.Context(/*deadline_ms=*/0);
     auto reader = conn.stub()->ReadDiary(ctx.get(), request);
     v1::DiaryChunk chunk;

@@ -27,6 +27,7 @@ struct DiaryFollowHub::Call {
   int64_t job = 0;
   bool follow = false;
   int64_t after = 0;        // the last line sent
+  int64_t tail = 0;         // > 0: start at the last `tail` lines (once)
   bool live = false;        // takes its lines from the job's feed
   bool writing = false;     // a WriteChunk is in flight
   bool final_sent = false;  // the last chunk is in flight
@@ -92,6 +93,7 @@ DiaryFollowHub::Handle DiaryFollowHub::ReadDiary(
   call->job = request.job_id();
   call->follow = request.follow();
   call->after = request.after();
+  call->tail = request.tail();
   return call;
 }
 
@@ -384,6 +386,7 @@ void DiaryFollowHub::Pump(const Handle& call) {
 void DiaryFollowHub::PumpDiary(const Handle& call) {
   Actions actions;
   int64_t after = 0;
+  int64_t tail = 0;
   bool read_store = false;
   {
     absl::MutexLock lock(&mu_);
@@ -414,12 +417,28 @@ void DiaryFollowHub::PumpDiary(const Handle& call) {
     } else {
       read_store = true;
       after = call->after;
+      tail = std::exchange(call->tail, 0);
     }
   }
   if (read_store) {
-    auto read = source_->ReadDiaryLines(call->job, after, kDiaryChunkLines);
+    absl::Status tail_status;
+    if (tail > 0) {
+      // The lines before the last `tail` are skipped on this side, so that
+      // `diary --tail` of a long diary sends only what it shows.
+      absl::StatusOr<int64_t> start = source_->DiaryTailStart(call->job, tail);
+      if (start.ok()) {
+        after = std::max(after, *start);
+      } else {
+        tail_status = start.status();
+      }
+    }
+    auto read =
+        tail_status.ok()
+            ? source_->ReadDiaryLines(call->job, after, kDiaryChunkLines)
+            : absl::StatusOr<FollowSource::DiaryRead>(tail_status);
     absl::MutexLock lock(&mu_);
     if (call->finished || call->writing) return;
+    call->after = std::max(call->after, after);
     if (!read.ok()) {
       FinishDiary(call, read.status(), &actions);
     } else if (!read->lines.empty()) {

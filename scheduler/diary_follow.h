@@ -56,6 +56,9 @@ class FollowSource {
   // NotFound for an unknown job.
   virtual absl::StatusOr<DiaryRead> ReadDiaryLines(int64_t job, int64_t after,
                                                    int limit) = 0;
+  // The `n` after which the job's last `tail` lines begin (0 where it has
+  // no more than `tail`); NotFound for an unknown job.
+  virtual absl::StatusOr<int64_t> DiaryTailStart(int64_t job, int64_t tail) = 0;
   // Whether the job has ended; NotFound for an unknown job.
   virtual absl::StatusOr<bool> JobEnded(int64_t job) = 0;
   virtual absl::StatusOr<v1::Job> JobForWait(int64_t job) = 0;

@@ -688,6 +688,16 @@ absl::StatusOr<FollowSource::DiaryRead> Scheduler::ReadDiaryLines(int64_t job,
   return read;
 }
 
+absl::StatusOr<int64_t> Scheduler::DiaryTailStart(int64_t job, int64_t tail) {
+  // Every job, running or ended, is in the store; read outside mu_.
+  ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job));
+  if (!rec) {
+    return absl::NotFoundError(
+        absl::StrCat("no job ", job, "; `dlbatch jobs` lists the jobs"));
+  }
+  return reader_->DiaryTailStart(job, tail);
+}
+
 absl::StatusOr<bool> Scheduler::JobEnded(int64_t job) {
   {
     absl::MutexLock lock(&mu_);

@@ -288,6 +288,7 @@ class Scheduler : private FollowSource {
   };
 
   // FollowSource, for the followers' pool threads.
+  absl::StatusOr<int64_t> DiaryTailStart(int64_t job, int64_t tail) override;
   absl::StatusOr<DiaryRead> ReadDiaryLines(int64_t job, int64_t after,
                                            int limit) override
       ABSL_LOCKS_EXCLUDED(mu_);

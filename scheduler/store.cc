@@ -1145,6 +1145,20 @@ absl::StatusOr<int64_t> StoreReader::DiaryCount(int64_t job_id) {
   return n;
 }
 
+absl::StatusOr<int64_t> StoreReader::DiaryTailStart(int64_t job_id,
+                                                    int64_t tail) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  // Walks the (job_id, n) index backwards past `tail` lines.
+  ASSIGN_OR_RETURN(Statement * st,
+                   db->Prepare("SELECT n FROM diary WHERE job_id=? "
+                               "ORDER BY n DESC LIMIT 1 OFFSET ?"));
+  ASSIGN_OR_RETURN(bool row, st->Bind(1, job_id).Bind(2, tail).Step());
+  int64_t n = row ? st->Int(0) : 0;
+  st->Reset();
+  return n;
+}
+
 absl::StatusOr<TrainState> StoreReader::GetTrainState(int64_t job_id) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));

@@ -236,6 +236,9 @@ class StoreReader {
                                                        int64_t after,
                                                        int limit);
   absl::StatusOr<int64_t> DiaryCount(int64_t job_id);
+  // The `n` after which a job's last `tail` lines begin; 0 where it has
+  // no more than `tail` lines.
+  absl::StatusOr<int64_t> DiaryTailStart(int64_t job_id, int64_t tail);
   absl::StatusOr<std::vector<v1::OutputFile>> Outputs(int64_t job_id);
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
   // The user a job was submitted by; NotFound for an unknown job.

@@ -53,6 +53,14 @@ class FakeSource final : public FollowSource {
     }
     return read;
   }
+  absl::StatusOr<int64_t> DiaryTailStart(int64_t job, int64_t tail) override {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) return absl::NotFoundError("no job");
+    const auto& lines = it->second.lines;
+    if (static_cast<int64_t>(lines.size()) <= tail) return 0;
+    return lines[lines.size() - tail - 1].n();
+  }
   absl::StatusOr<bool> JobEnded(int64_t job) override {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job);
@@ -158,11 +166,13 @@ bool WaitUntil(const std::function<bool()>& ready) {
 class DiaryFollowTest : public ::testing::Test {
  protected:
   // Starts a follower of `job` from the start.
-  std::unique_ptr<Recorder> Follow(int64_t job, bool follow = true) {
+  std::unique_ptr<Recorder> Follow(int64_t job, bool follow = true,
+                                   int64_t tail = 0) {
     auto rec = std::make_unique<Recorder>();
     v1::ReadDiaryRequest request;
     request.set_job_id(job);
     request.set_follow(follow);
+    request.set_tail(tail);
     auto call = hub_.ReadDiary(request, rec.get());
     rec->Bind(&hub_, call);
     calls_.push_back(call);
@@ -208,6 +218,30 @@ TEST_F(DiaryFollowTest, WithoutFollowEndsAfterWhatIsThereSayingTheJobRuns) {
   ASSERT_TRUE(WaitUntil([&] { return rec->finished(); }));
   EXPECT_EQ(rec->Texts(), std::vector<std::string>{"one"});
   EXPECT_FALSE(rec->last().end());
+}
+
+TEST_F(DiaryFollowTest, TailSendsOnlyTheLastLinesThenFollows) {
+  source_.AddJob(1);
+  for (int i = 1; i <= 2500; ++i) source_.AddLine(1, absl::StrCat("l", i));
+  auto rec = Follow(1, /*follow=*/true, /*tail=*/3);
+  ASSERT_TRUE(Has(*rec, 3));
+  source_.AddLine(1, "l2501");
+  hub_.Notify(1);
+  ASSERT_TRUE(Has(*rec, 4));
+  // Nothing before the last three was sent, in one read of the store.
+  EXPECT_EQ(rec->Texts(),
+            (std::vector<std::string>{"l2498", "l2499", "l2500", "l2501"}));
+
+  auto all = Follow(1, /*follow=*/false, /*tail=*/10000);  // more than there
+  ASSERT_TRUE(WaitUntil([&] { return all->finished(); }));
+  EXPECT_EQ(all->Texts().size(), 2501u);
+  EXPECT_EQ(all->Texts().front(), "l1");
+}
+
+TEST_F(DiaryFollowTest, TailOfAnUnknownJobIsNotFound) {
+  auto rec = Follow(99, /*follow=*/false, /*tail=*/5);
+  ASSERT_TRUE(WaitUntil([&] { return rec->finished(); }));
+  EXPECT_EQ(rec->status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(DiaryFollowTest, UnknownJobIsNotFound) {

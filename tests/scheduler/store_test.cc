@@ -512,6 +512,21 @@ TEST_F(StoreTest, EventsContinueInOrderAfterReopen) {
 
 // ---- Diary ----
 
+TEST_F(StoreTest, DiaryTailStartSkipsAllButTheLastLinesOfOneJob) {
+  int64_t job = Insert(NewJob("a"));
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(store_->AddDiary(job, 1, 0, i, 10 + i, 1, "line").ok());
+    ASSERT_TRUE(store_->AddDiary(job + 1, 1, 0, i, 10 + i, 1, "other").ok());
+  }
+  auto lines = reader().ReadDiary(job, 0, 100);
+  ASSERT_TRUE(lines.ok() && lines->size() == 5u);
+  // Reading after the start gives exactly the last two lines.
+  EXPECT_EQ(reader().DiaryTailStart(job, 2).value(), (*lines)[2].n());
+  EXPECT_EQ(reader().DiaryTailStart(job, 5).value(), 0);
+  EXPECT_EQ(reader().DiaryTailStart(job, 50).value(), 0);
+  EXPECT_EQ(reader().DiaryTailStart(job + 2, 3).value(), 0);  // no lines
+}
+
 TEST_F(StoreTest, AddDiaryDeduplicatesWorkerLines) {
   int64_t job = Insert(NewJob("a"));
   EXPECT_TRUE(store_->AddDiary(job, 1, 0, 0, 10, 1, "epoch 1").value());
