@@ -1134,29 +1134,29 @@ absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(
   return out;
 }
 
-absl::StatusOr<int64_t> StoreReader::DiaryCount(int64_t job_id) {
+absl::StatusOr<int64_t> StoreReader::FirstInt(
+    const char* sql, std::initializer_list<int64_t> binds) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
-  ASSIGN_OR_RETURN(Statement * st,
-                   db->Prepare("SELECT COUNT(*) FROM diary WHERE job_id=?"));
-  ASSIGN_OR_RETURN(bool row, st->Bind(1, job_id).Step());
+  ASSIGN_OR_RETURN(Statement * st, db->Prepare(sql));
+  int index = 1;
+  for (int64_t value : binds) st->Bind(index++, value);
+  ASSIGN_OR_RETURN(bool row, st->Step());
   int64_t n = row ? st->Int(0) : 0;
   st->Reset();
   return n;
 }
 
+absl::StatusOr<int64_t> StoreReader::DiaryCount(int64_t job_id) {
+  return FirstInt("SELECT COUNT(*) FROM diary WHERE job_id=?", {job_id});
+}
+
 absl::StatusOr<int64_t> StoreReader::DiaryTailStart(int64_t job_id,
                                                     int64_t tail) {
-  ASSIGN_OR_RETURN(auto raw, Acquire());
-  Lease db(this, std::move(raw));
   // Walks the (job_id, n) index backwards past `tail` lines.
-  ASSIGN_OR_RETURN(Statement * st,
-                   db->Prepare("SELECT n FROM diary WHERE job_id=? "
-                               "ORDER BY n DESC LIMIT 1 OFFSET ?"));
-  ASSIGN_OR_RETURN(bool row, st->Bind(1, job_id).Bind(2, tail).Step());
-  int64_t n = row ? st->Int(0) : 0;
-  st->Reset();
-  return n;
+  return FirstInt(
+      "SELECT n FROM diary WHERE job_id=? ORDER BY n DESC LIMIT 1 OFFSET ?",
+      {job_id, tail});
 }
 
 absl::StatusOr<TrainState> StoreReader::GetTrainState(int64_t job_id) {

@@ -9,6 +9,7 @@
 #define DLBATCH_SCHEDULER_STORE_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -253,6 +254,10 @@ class StoreReader {
 
  private:
   class Lease;
+  // The first column of the first row of `sql` with `binds` bound in
+  // order, or 0 where it returns no row.
+  absl::StatusOr<int64_t> FirstInt(const char* sql,
+                                   std::initializer_list<int64_t> binds);
   absl::StatusOr<std::unique_ptr<Database>> Acquire();
   void Release(std::unique_ptr<Database> db);
 
