@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -493,8 +494,21 @@ TEST_F(SubprocessTest, CgroupHoldsEveryProcessOfTheJob) {
   options.cgroup = cg;
   auto pid = Set().Start(1, options);
   ASSERT_TRUE(pid.ok()) << pid.status();
-  // sh, sleep 1000, and the setsid'd sh.
-  for (int i = 0; i < 100 && CgroupProcs(cg).size() < 3; ++i) Set().Poll(20);
+  // sh, sleep 1000, and the setsid'd sh, which has stopped itself (so its
+  // trap is set: counting processes alone raced it on a quiet machine).
+  auto stopped = [&cg] {
+    for (pid_t pid : CgroupProcs(cg)) {
+      std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+      std::string text((std::istreambuf_iterator<char>(stat)), {});
+      const size_t close = text.rfind(')');
+      if (close != std::string::npos && close + 2 < text.size() &&
+          text[close + 2] == 'T')
+        return true;
+    }
+    return false;
+  };
+  for (int i = 0; i < 100 && !stopped(); ++i) Set().Poll(20);
+  ASSERT_TRUE(stopped()) << "the setsid'd shell never stopped itself";
   EXPECT_GE(CgroupProcs(cg).size(), 3u);
   Set().Terminate(1, 300);
   ASSERT_TRUE(WaitExit(1));
