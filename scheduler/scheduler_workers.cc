@@ -103,7 +103,7 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
         rendezvous_.Open(r.id, r.attempt);
     }
     if (r.state == v1::JOB_STATE_QUEUED) {
-      core_->Enqueue(ToQueued(r));
+      EnqueueJob(r);
       ++queued;
     } else {
       job.part_ended.assign(r.parts.size(), false);
@@ -146,6 +146,8 @@ void Scheduler::Recover(const absl::Status& why) {
   session_worker_.clear();
   workers_.clear();
   jobs_.clear();
+  slurm_gangs_.clear();  // their workers reconnect and join again
+  slurm_workers_.clear();
   core_ = NewCore();
   broken_ = Load(/*open_rendezvous=*/false);
   if (!broken_.ok()) {
@@ -402,13 +404,6 @@ absl::Status Scheduler::HandleRegister(
   }
   absl::Status allowed =
       CheckSlurmRegistration(session->owner(), reg, slurm_job);
-  // Handing a Slurm job's parts to its own workers comes with their
-  // assignment by node; until then such a worker is told so and leaves.
-  if (allowed.ok() && reg.has_slurm()) {
-    allowed = absl::UnimplementedError(absl::StrCat(
-        "this scheduler does not yet run dlbatch job ", reg.slurm().job_id(),
-        "'s parts on its Slurm job's workers"));
-  }
   if (!allowed.ok()) {
     spdlog::warn("refused worker '{}' on {} ({}): {}", reg.name(), reg.host(),
                  session->owner(), std::string(allowed.message()));
@@ -539,6 +534,7 @@ absl::Status Scheduler::HandleRegister(
   }
   RegisterWorkerUsers(worker, reg, out);
   PublishWorker(rec.id);
+  if (reg.has_slurm()) RETURN_IF_ERROR(JoinSlurmGang(worker, reg, out));
   spdlog::info("worker '{}' (#{}) {} profile '{}' with {} slots", rec.name,
                rec.id, was_lost ? "rejoined" : "joined", rec.profile,
                rec.devices.size());
@@ -649,6 +645,10 @@ void Scheduler::HandleGone(const std::shared_ptr<WorkerSession>& session) {
   session_worker_.erase(it);
   if (worker.session == session) {
     worker.session = nullptr;
+    for (auto& [job_id, gang] : slurm_gangs_) gang.Leave(worker.record.id);
+    // A Slurm job's worker leaves as its job ends, or as Slurm ends it:
+    // squeue says which now, not at the next poll.
+    if (slurm_workers_.erase(worker.record.id) > 0) PokeSlurm();
     core_->WorkerOffline(worker.record.id);
     spdlog::warn(
         "worker '{}' disconnected; lost unless it returns within {} ms",
@@ -806,7 +806,7 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
   job.part_exit.clear();
   job.failure.clear();
   RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, why));
-  core_->Enqueue(ToQueued(rec));
+  EnqueueJob(rec);
   // Workers that joined while it ran may not have been asked about its user.
   AskWorkers(rec.spec.profile(), rec.user, out);
   return absl::OkStatus();
