@@ -612,6 +612,9 @@ class Scheduler : private FollowSource {
   // Each partition's limits as sinfo last said, and when (monotonic ms).
   std::map<std::string, std::pair<int64_t, slurm::PartitionLimits>>
       slurm_limits_ ABSL_GUARDED_BY(slurm_mu_);
+  // The Slurm thread's own: Slurm jobs of ended jobs still running, and
+  // since when (NowMs).
+  std::map<int64_t, int64_t> slurm_lingering_;
   std::thread slurm_thread_;
   WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 

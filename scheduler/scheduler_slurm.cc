@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -24,6 +25,9 @@ namespace {
 
 // sinfo's limits are read again after this long.
 constexpr int64_t kLimitsTtlMs = 30000;
+// How long the Slurm job of an ended job may run on before it is
+// scancelled: its workers upload, report and leave within this.
+constexpr int64_t kLingerMs = 15000;
 
 struct Account {
   uint32_t uid = 0;
@@ -458,13 +462,32 @@ void Scheduler::ReconcileSlurm() {
   in.now_ms = clock_->NowMs();
   const slurm::ReconcileDecisions d = slurm::Reconcile(in);
 
+  // A Slurm job still running for a job that has ended is left a while to
+  // end by itself (its workers leave as the job ends, and Slurm then says
+  // COMPLETED rather than CANCELLED); waiting ones and strays go at once.
+  std::set<int64_t> lingering;
   for (const auto& c : d.cancel) {
+    auto row = std::find_if(
+        in.rows.begin(), in.rows.end(),
+        [&](const slurm::SqueueRow& r) { return r.slurm_id == c.slurm_id; });
+    const bool known = std::any_of(in.records.begin(), in.records.end(),
+                                   [&](const slurm::SlurmJobRecord& r) {
+                                     return r.slurm_id == c.slurm_id;
+                                   });
+    if (known && row != in.rows.end() &&
+        slurm::MapSlurmState(*row, "").phase == slurm::SlurmPhase::kRunning) {
+      auto [since, added] = slurm_lingering_.try_emplace(c.slurm_id, in.now_ms);
+      lingering.insert(c.slurm_id);
+      if (in.now_ms - since->second < kLingerMs) continue;
+    }
     spdlog::info("scancel Slurm job {}: {}", c.slurm_id, c.why);
     if (absl::Status s = slurm::CancelBatch(*slurm_tool_, c.slurm_id);
         !s.ok()) {
       spdlog::warn("scancel {}: {}", c.slurm_id, s.ToString());
     }
   }
+  std::erase_if(slurm_lingering_,
+                [&](const auto& e) { return lingering.count(e.first) == 0; });
   for (const auto& a : d.adopt) {
     slurm::SlurmJobRecord record;
     {
