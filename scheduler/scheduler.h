@@ -471,7 +471,9 @@ class Scheduler : private FollowSource {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills a job's progress and checkpoint from memory or the store.
   void AddTrainState(v1::Job* job) ABSL_LOCKS_EXCLUDED(mu_);
-  void HandleGone(const std::shared_ptr<WorkerSession>& session)
+  // A worker's stream ended. A Slurm job's worker that runs nothing more
+  // is forgotten (it serves one job and never returns).
+  absl::Status HandleGone(const std::shared_ptr<WorkerSession>& session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Requeues (or fails, past max_attempts) a job whose worker was lost.
   absl::Status RequeueLost(ActiveJob& job, const std::string& why, Outbox* out)
@@ -598,6 +600,9 @@ class Scheduler : private FollowSource {
   // Workers of Slurm jobs now connected (their leaving wakes the Slurm
   // thread).
   std::set<int64_t> slurm_workers_ ABSL_GUARDED_BY(mu_);
+  // Slurm jobs' workers that left once their own part ended while their
+  // job's other parts still run: never lost for it; forgotten at its end.
+  std::set<int64_t> slurm_departed_ ABSL_GUARDED_BY(mu_);
   // Submissions of a job whose Slurm job failed before it started.
   std::map<int64_t, int> slurm_resubmits_ ABSL_GUARDED_BY(mu_);
   // Set by StartSlurm, before its thread starts; read-only after.

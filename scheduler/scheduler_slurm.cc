@@ -431,15 +431,23 @@ void Scheduler::ReconcileSlurm() {
     return;
   }
   in.rows = *std::move(rows);
+  std::vector<slurm::SlurmJobRecord> given_back;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [job_id, record] : slurm_jobs_) {
       // One being submitted is the launcher's until sbatch answers.
       if (slurm_launching_.count(job_id) > 0) continue;
+      auto it = jobs_.find(job_id);
+      // A held job gives its Slurm job back at once (scancel, record
+      // forgotten): it is submitted again when released.
+      if (it != jobs_.end() && it->second.held &&
+          it->second.record.state == v1::JOB_STATE_QUEUED) {
+        given_back.push_back(record);
+        continue;
+      }
       in.records.push_back(record);
       // A record of an attempt that is over (the job was requeued) is an
       // ended job's: its Slurm job goes, whatever the job does now.
-      auto it = jobs_.find(job_id);
       if (it == jobs_.end()) continue;
       const JobRecord& rec = it->second.record;
       if (rec.state == v1::JOB_STATE_QUEUED) {
@@ -460,6 +468,20 @@ void Scheduler::ReconcileSlurm() {
     }
   }
   in.now_ms = clock_->NowMs();
+  for (const slurm::SlurmJobRecord& r : given_back) {
+    if (r.slurm_id != 0) {
+      spdlog::info("scancel Slurm job {}: dlbatch job {} is held", r.slurm_id,
+                   r.job_id);
+      if (absl::Status s = slurm::CancelBatch(*slurm_tool_, r.slurm_id);
+          !s.ok()) {
+        spdlog::warn("scancel {}: {}", r.slurm_id, s.ToString());
+        continue;  // its record stays: tried again at the next poll
+      }
+    }
+    if (absl::Status s = ForgetSlurmJob(r.job_id); !s.ok()) {
+      spdlog::warn("job {}: {}", r.job_id, s.ToString());
+    }
+  }
   const slurm::ReconcileDecisions d = slurm::Reconcile(in);
 
   // A Slurm job still running for a job that has ended is left a while to
@@ -513,6 +535,29 @@ void Scheduler::ReconcileSlurm() {
         held = reason;
         Changed(job_id);
       }
+    }
+    // Workers that left before their job ended go once it has.
+    std::vector<int64_t> done;
+    for (int64_t worker : slurm_departed_) {
+      const bool held =
+          std::any_of(jobs_.begin(), jobs_.end(), [&](const auto& entry) {
+            for (const Part& part : entry.second.record.parts) {
+              if (part.worker == worker) return true;
+            }
+            return false;
+          });
+      if (!held) done.push_back(worker);
+    }
+    if (!done.empty()) {
+      (void)InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        for (int64_t worker : done) {
+          slurm_departed_.erase(worker);
+          std::vector<int64_t> failed;
+          RETURN_IF_ERROR(
+              ForgetWorker(worker, "gone with its Slurm job", &failed));
+        }
+        return absl::OkStatus();
+      });
     }
     if (!d.lost.empty()) {
       (void)InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -148,6 +148,7 @@ void Scheduler::Recover(const absl::Status& why) {
   jobs_.clear();
   slurm_gangs_.clear();  // their workers reconnect and join again
   slurm_workers_.clear();
+  slurm_departed_.clear();
   core_ = NewCore();
   broken_ = Load(/*open_rendezvous=*/false);
   if (!broken_.ok()) {
@@ -242,10 +243,7 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
 }
 
 absl::Status Scheduler::HandleEvent(Event& e, Outbox* out, Outbox* acks) {
-  if (!e.message) {
-    HandleGone(e.session);
-    return absl::OkStatus();
-  }
+  if (!e.message) return HandleGone(e.session);
   const v1::WorkerMessage& m = *e.message;
   if (m.has_register_()) return HandleRegister(e.session, m.register_(), out);
   auto it = session_worker_.find(e.session.get());
@@ -638,9 +636,10 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
   return absl::OkStatus();
 }
 
-void Scheduler::HandleGone(const std::shared_ptr<WorkerSession>& session) {
+absl::Status Scheduler::HandleGone(
+    const std::shared_ptr<WorkerSession>& session) {
   auto it = session_worker_.find(session.get());
-  if (it == session_worker_.end()) return;
+  if (it == session_worker_.end()) return absl::OkStatus();
   WorkerState& worker = workers_.at(it->second);
   session_worker_.erase(it);
   if (worker.session == session) {
@@ -648,13 +647,44 @@ void Scheduler::HandleGone(const std::shared_ptr<WorkerSession>& session) {
     for (auto& [job_id, gang] : slurm_gangs_) gang.Leave(worker.record.id);
     // A Slurm job's worker leaves as its job ends, or as Slurm ends it:
     // squeue says which now, not at the next poll.
-    if (slurm_workers_.erase(worker.record.id) > 0) PokeSlurm();
+    if (slurm_workers_.erase(worker.record.id) > 0) {
+      PokeSlurm();
+      // Done with its one job, it never comes back: forgotten now rather
+      // than listed offline until --forget-offline-after. (While its job
+      // has not ended, other nodes' parts may still run: it stays, as the
+      // core holds the job on it until the end.)
+      const int64_t id = worker.record.id;
+      const bool holds_part =
+          std::any_of(jobs_.begin(), jobs_.end(), [&](const auto& entry) {
+            for (const Part& part : entry.second.record.parts) {
+              if (part.worker == id) return true;
+            }
+            return false;
+          });
+      if (!holds_part) {
+        std::vector<int64_t> failed;
+        return ForgetWorker(id, "gone with its Slurm job", &failed);
+      }
+      // Its own part ended and it left while other nodes' parts run: it is
+      // never lost for that, and is forgotten once its job ends.
+      bool all_ended = true;
+      for (const auto& [job_id, job] : jobs_) {
+        for (size_t p = 0; p < job.record.parts.size(); ++p) {
+          if (job.record.parts[p].worker == id &&
+              (p >= job.part_ended.size() || !job.part_ended[p])) {
+            all_ended = false;
+          }
+        }
+      }
+      if (all_ended) slurm_departed_.insert(id);
+    }
     core_->WorkerOffline(worker.record.id);
     spdlog::warn(
         "worker '{}' disconnected; lost unless it returns within {} ms",
         worker.record.name, options_.heartbeat_timeout_ms);
     PublishWorker(worker.record.id);
   }
+  return absl::OkStatus();
 }
 
 void Scheduler::CheckLiveness() {
@@ -669,7 +699,7 @@ void Scheduler::CheckLiveness() {
     std::vector<int64_t> expired;
     for (auto& [id, w] : workers_) {
       if (!w.lost && now - w.last_seen_mono > options_.heartbeat_timeout_ms &&
-          now >= w.grace_until_mono) {
+          now >= w.grace_until_mono && slurm_departed_.count(id) == 0) {
         expired.push_back(id);
       }
     }

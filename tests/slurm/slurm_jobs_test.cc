@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "tests/integration/harness.h"
+#include "trainer/output/checkpoint.h"
 
 namespace dlbatch::testing {
 namespace {
@@ -201,6 +203,14 @@ TEST_F(SlurmJobs, OneGpuCommandJobDiaryLiveOutputsAfterSlurmJobIsGone) {
   Result fetched = c_.Cli({"fetch-outputs", std::to_string(id), "-o", out});
   ASSERT_EQ(fetched.code, 0) << fetched.out << fetched.err;
   EXPECT_EQ(ReadAll(out + "/result.txt"), "made-in-slurm\n");
+  // Its worker served one job: it is forgotten, not listed offline.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        Result workers = c_.Cli({"workers", "--json"});
+        return workers.code == 0 && !absl::StrContains(workers.out, "\"slurm-");
+      },
+      10000))
+      << c_.Cli({"workers"}).out;
 }
 
 TEST_F(SlurmJobs, JobOverTwoNodesRunsOnePartOnEach) {
@@ -258,6 +268,19 @@ TEST_F(SlurmJobs, DrainedNodeShowsSlurmsReasonAndCancelOfPendingAndRunning) {
   EXPECT_TRUE(absl::StrContains(reason, "(partition gpu)")) << reason;
   Result show = c_.Cli({"show", std::to_string(pending)});
   EXPECT_TRUE(absl::StrContains(show.out, "waiting in Slurm")) << show.out;
+  // Held, it gives its Slurm job back; released, it is submitted again.
+  const int64_t first_slurm = SlurmJobOf(pending)->id;
+  ASSERT_EQ(c_.Cli({"hold", std::to_string(pending)}).code, 0);
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 20000))
+      << Squeue();
+  ASSERT_EQ(c_.Cli({"release", std::to_string(pending)}).code, 0);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::optional<SlurmRow> again = SlurmJobOf(pending);
+        return again && again->id != first_slurm && again->state == "PENDING";
+      },
+      20000))
+      << Squeue();
 
   const int64_t running = SubmitCommand("running", "echo started\nsleep 300");
   ASSERT_TRUE(c_.WaitState(running, "JOB_STATE_RUNNING", 60000))
@@ -324,6 +347,102 @@ TEST_F(SlurmJobs, ScancelByHandIsReportedWithSlurmsReason) {
       << c_.ShowJson(id).dump(2);
   EXPECT_TRUE(absl::StrContains(Field(id, "reason"), "cancelled in Slurm"))
       << Field(id, "reason");
+}
+
+// Train jobs need dlbatch-train beside the worker and Fashion-MNIST (read
+// in place: the test's nodes share this machine's files).
+class SlurmTrainJobs : public SlurmJobs {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(BinDir() + "/dlbatch-train")) {
+      GTEST_SKIP() << BinDir()
+                   << "/dlbatch-train is not built (cmake --build build "
+                      "--target dlbatch-train)";
+    }
+    if (!fs::exists(FashionMnistDir() + "/train-images-idx3-ubyte.gz")) {
+      GTEST_SKIP() << "Fashion-MNIST is not in " << FashionMnistDir();
+    }
+    SlurmJobs::SetUp();
+  }
+  std::vector<float> FetchWeights(int64_t id, const std::string& into) {
+    Result fetch =
+        c_.Cli({"fetch-outputs", std::to_string(id), "--output", into});
+    EXPECT_EQ(fetch.code, 0) << fetch.out << fetch.err;
+    absl::StatusOr<trainer::Checkpoint> ckpt =
+        trainer::ReadCheckpoint(into + "/checkpoint.dlbc");
+    EXPECT_TRUE(ckpt.ok()) << ckpt.status();
+    return ckpt.ok() ? ckpt->params : std::vector<float>();
+  }
+};
+
+TEST_F(SlurmTrainJobs, RanksOverBothNodesReachTheOneNodeWeights) {
+  const std::string options = R"(    mini_batch_size: 32
+    max_iterations: 12
+    verbose_frequency: 4
+    execution_environment: cpu
+)";
+  // Both GPUs of one node first, then the same pool's ranks over both.
+  const int64_t single = c_.Submit(c_.JobFile(
+      "single.yaml", LenetJob(FashionMnistDir(), options,
+                              "name: single\nprofile: hpc\npool: 2\n")));
+  Result wait = c_.Cli({"wait", std::to_string(single)}, {}, 300000);
+  ASSERT_EQ(wait.code, 0) << wait.out << Diary(single);
+  std::vector<float> one_node = FetchWeights(single, c_.dir() + "/single");
+
+  const int64_t spread = c_.Submit(c_.JobFile(
+      "spread.yaml",
+      LenetJob(FashionMnistDir(), options,
+               "name: spread\nprofile: hpc\npool: 4\nmax_nodes: 2\n")));
+  ASSERT_TRUE(c_.WaitState(spread, "JOB_STATE_RUNNING", 60000))
+      << c_.ShowJson(spread).dump(2);
+  std::optional<SlurmRow> slurm = SlurmJobOf(spread);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  EXPECT_EQ(slurm->nodes, "n[1-2]");
+  wait = c_.Cli({"wait", std::to_string(spread)}, {}, 300000);
+  ASSERT_EQ(wait.code, 0) << wait.out << Diary(spread);
+  EXPECT_EQ(c_.ShowJson(spread)["placement"].size(), 2u);
+  std::vector<float> two_nodes = FetchWeights(spread, c_.dir() + "/spread");
+
+  ASSERT_EQ(two_nodes.size(), one_node.size());
+  ASSERT_FALSE(one_node.empty());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < one_node.size(); ++i) {
+    diff += std::pow(double{two_nodes[i]} - one_node[i], 2);
+    norm += std::pow(double{one_node[i]}, 2);
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-4);
+}
+
+TEST_F(SlurmTrainJobs, ScancelByHandRequeuesFromTheCheckpointAndResumes) {
+  const int64_t id = c_.Submit(c_.JobFile(
+      "resume.yaml", LenetJob(FashionMnistDir(), R"(    mini_batch_size: 64
+    max_iterations: 400
+    verbose_frequency: 100
+    checkpoint_frequency: 100
+    checkpoint_frequency_unit: iteration
+    execution_environment: cpu
+)",
+                              "name: resume\nprofile: hpc\npool: 1\n")));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        nlohmann::json p = c_.ShowJson(id).value("progress", nlohmann::json());
+        return JsonInt(p, "checkpoint_iteration") >= 100;
+      },
+      180000))
+      << Diary(id);
+  std::optional<SlurmRow> slurm = SlurmJobOf(id);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  ASSERT_EQ(Exec({"scancel", std::to_string(slurm->id)}).code, 0);
+  Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 300000);
+  ASSERT_EQ(wait.code, 0) << wait.out << Diary(id);
+  nlohmann::json show = c_.ShowJson(id);
+  EXPECT_EQ(show.value("attempt", 0), 2) << show.dump(2);
+  const std::string diary = Diary(id);
+  EXPECT_TRUE(absl::StrContains(diary, "was cancelled in Slurm")) << diary;
+  EXPECT_TRUE(absl::StrContains(
+      diary, "resumes from the checkpoint stored at iteration"))
+      << diary;
+  EXPECT_EQ(JsonInt(show["progress"], "iteration"), 400);
 }
 
 TEST_F(SlurmJobs, ProfilesShowsSlurmsView) {
