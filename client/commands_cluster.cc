@@ -199,6 +199,22 @@ absl::StatusOr<int> Profiles(Connection& conn, bool json) {
                absl::StrCat(p.queued_jobs()), absl::StrCat(p.running_jobs())});
   }
   std::cout << table.Render();
+  // Slurm's own view of each Slurm profile's partition.
+  for (const auto& p : reply.profiles()) {
+    if (!p.has_slurm()) continue;
+    const v1::SlurmPartition& s = p.slurm();
+    if (!s.error().empty()) {
+      std::cout << p.name() << ": Slurm partition " << s.partition()
+                << ": cannot read it (" << s.error() << ")\n";
+      continue;
+    }
+    std::cout << p.name() << ": Slurm partition " << s.partition() << ": "
+              << s.nodes() << " node" << (s.nodes() == 1 ? "" : "s") << " ("
+              << s.idle() << " idle, " << s.busy() << " allocated, "
+              << s.unavailable() << " unavailable), " << s.gpus() << " GPU"
+              << (s.gpus() == 1 ? "" : "s") << " (" << s.gpus_used()
+              << " allocated)\n";
+  }
   return 0;
 }
 

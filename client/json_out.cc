@@ -208,16 +208,28 @@ Json WorkerJson(const v1::WorkerInfo& w) {
 }
 
 Json ProfileJson(const v1::ProfileInfo& p) {
-  return Json{{"name", p.name()},
-              {"type", p.type().empty() ? "workers" : p.type()},
-              {"workers", p.workers()},
-              {"workers_online", p.workers_online()},
-              {"total_slots", p.total_slots()},
-              {"free_slots", p.free_slots()},
-              {"max_pool", p.max_pool()},
-              {"slot_kind", p.slot_kind()},
-              {"queued_jobs", p.queued_jobs()},
-              {"running_jobs", p.running_jobs()}};
+  Json j{{"name", p.name()},
+         {"type", p.type().empty() ? "workers" : p.type()},
+         {"workers", p.workers()},
+         {"workers_online", p.workers_online()},
+         {"total_slots", p.total_slots()},
+         {"free_slots", p.free_slots()},
+         {"max_pool", p.max_pool()},
+         {"slot_kind", p.slot_kind()},
+         {"queued_jobs", p.queued_jobs()},
+         {"running_jobs", p.running_jobs()}};
+  if (p.has_slurm()) {
+    const v1::SlurmPartition& s = p.slurm();
+    j["slurm"] = Json{{"partition", s.partition()},
+                      {"nodes", s.nodes()},
+                      {"idle", s.idle()},
+                      {"allocated", s.busy()},
+                      {"unavailable", s.unavailable()},
+                      {"gpus", s.gpus()},
+                      {"gpus_allocated", s.gpus_used()},
+                      {"error", s.error()}};
+  }
+  return j;
 }
 
 Json OutputFileJson(const v1::OutputFile& f) {

@@ -232,6 +232,16 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
     return Fail(std::string(s.message()));
   }
   RaiseOpenFileLimit();
+  // A Slurm job's workers present its one-job token, which only TCP (TLS)
+  // carries: on a Unix socket the kernel's uid would name them instead.
+  for (const ProfileDeclaration& p : profiles) {
+    if (p.type == ProfileType::kSlurm && endpoint->is_unix) {
+      return Fail(absl::StrCat(
+          "profile '", p.name, "' (", p.origin,
+          ") is of type slurm: its jobs' workers reach the scheduler over TCP "
+          "with a token of their own; listen on TCP (--listen HOST:PORT)"));
+    }
+  }
   // One scheduler per state folder.
   std::string lock_path = flags.state_dir + "/scheduler.lock";
   int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -366,6 +376,7 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
   builder.SetResourceQuota(quota);
   // Connections come through the scheduler's own acceptor (acceptor.h).
   std::unique_ptr<Acceptor> acceptor;
+  std::string slurm_ca_pem;  // the CA a Slurm job's workers trust
   auto auth_deadline = DurationMs(flags.auth_deadline, "--auth-deadline");
   if (!auth_deadline.ok())
     return Fail(std::string(auth_deadline.status().message()));
@@ -406,6 +417,11 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
                             ServerNames(endpoint->host, flags.tls_names));
     }
     if (!tls.ok()) return Fail(std::string(tls.status().message()));
+    if (!tls->ca_file.empty()) {
+      auto pem = ReadFile(tls->ca_file);
+      if (!pem.ok()) return Fail(std::string(pem.status().message()));
+      slurm_ca_pem = *pem;
+    }
     if (tls->ca_file.empty()) {
       spdlog::info(
           "TLS with certificate {}: clients and workers pass the CA that "
@@ -452,6 +468,21 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
                            ":", acceptor->port());
   }
   spdlog::info("listening on {} (state in {})", address, flags.state_dir);
+  // Profiles of Slurm: sbatch, squeue, sinfo and scancel from PATH, with
+  // the scheduler's environment (SLURM_CONF and the like).
+  slurm::ProcessSlurmTool slurm_tool;
+  {
+    std::map<std::string, slurm::WorkerLaunch> launch;
+    for (const ProfileDeclaration& p : profiles) {
+      if (p.type != ProfileType::kSlurm) continue;
+      slurm::WorkerLaunch& l = launch[p.name];
+      l.scheduler = p.scheduler_address.empty() ? address : p.scheduler_address;
+      l.ca_pem = slurm_ca_pem;
+      spdlog::info("profile '{}': Slurm partition {}, its workers dial {}",
+                   p.name, p.slurm.partition, l.scheduler);
+    }
+    scheduler.StartSlurm(&slurm_tool, std::move(launch));
+  }
   serving = true;
   if (!flags.ready_file.empty())
     (void)WriteFileAtomic(flags.ready_file, address + "\n");

@@ -142,8 +142,14 @@ void Scheduler::Stop() {
     queue_cv_.SignalAll();
     stop_cv_.SignalAll();
   }
+  {
+    absl::MutexLock lock(&slurm_mu_);
+    slurm_stopping_ = true;
+    slurm_cv_.SignalAll();
+  }
   if (loop_.joinable()) loop_.join();
   if (retention_.joinable()) retention_.join();
+  if (slurm_thread_.joinable()) slurm_thread_.join();
 }
 
 QueuedJob Scheduler::ToQueued(const JobRecord& job) const {
@@ -221,6 +227,13 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
     for (const v1::JobSpec& s : specs) profiles.insert(s.profile());
     AskBeforeSubmit(profiles, request.user());
   }
+  // Jobs for Slurm: refused now where they could never run (sinfo is read
+  // without the lock).
+  for (const v1::JobSpec& s : specs) {
+    if (SlurmProfileOf(s.profile()) != nullptr) {
+      RETURN_IF_ERROR(CheckSlurmSubmit(s, request.user()));
+    }
+  }
   v1::SubmitJobReply reply;
   Outbox out;
   {
@@ -285,18 +298,11 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       rec.spec = std::move(job_spec);
       rec.state = v1::JOB_STATE_QUEUED;
       rec.submit_ms = now;
-      // A profile of Slurm takes no job until the scheduler submits its
-      // jobs to Slurm; no worker may join it by hand, so the placement
-      // core's "start a worker" would mislead.
-      for (const slurm::SlurmProfile& p : options_.slurm_profiles) {
-        if (p.name == rec.spec.profile()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "profile '", p.name, "' is of type slurm (partition ",
-              p.partition,
-              "), and this scheduler does not submit jobs to Slurm yet; use "
-              "a profile of workers (`dlbatch profiles` shows each one's "
-              "type)"));
-        }
+      // A job of a Slurm profile waits in Slurm, not in the placement
+      // core: what it may ask was checked against the partition above.
+      if (SlurmProfileOf(rec.spec.profile()) != nullptr) {
+        records.push_back(std::move(rec));
+        continue;
       }
       RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec)));
       RETURN_IF_ERROR(CheckUserRuns(rec));
@@ -351,7 +357,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       }
       reply.add_job_ids(id);
       if (after.empty()) {
-        core_->Enqueue(ToQueued(rec));
+        EnqueueJob(rec);
       } else {
         jobs_[id].after = after;
         waiting_after_.insert(id);
@@ -390,6 +396,61 @@ absl::Status Scheduler::CheckDevicesFit(const v1::JobSpec& spec) const {
                          absl::StrJoin(with_gpus, " or --profile "), ")")));
 }
 
+absl::Status Scheduler::BeginAttempt(ActiveJob& job,
+                                     const std::vector<Part>& parts,
+                                     int64_t now, Outbox* starts) {
+  JobRecord& rec = job.record;
+  rec.state = v1::JOB_STATE_RUNNING;
+  rec.attempt += 1;
+  rec.start_ms = now;
+  rec.parts = parts;
+  job.part_ended.assign(parts.size(), false);
+  job.part_exit.assign(parts.size(), 0);
+  job.failure.clear();
+  RETURN_IF_ERROR(store_->UpdateJob(rec));
+  RETURN_IF_ERROR(store_->AddEvent(rec.id, rec.state, rec.attempt, now, ""));
+  const bool train = rec.spec.has_train();
+  if (train) {
+    rendezvous_.Open(rec.id, rec.attempt);
+    if (job.checkpoint.files_size() > 0) {
+      RETURN_IF_ERROR(Diary(
+          rec.id, rec.attempt,
+          absl::StrCat("[dlbatch] attempt ", rec.attempt,
+                       " resumes from the checkpoint stored at iteration ",
+                       job.checkpoint.iteration(), " (by attempt ",
+                       job.checkpoint.attempt(), ")")));
+    }
+  }
+  int first_rank = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int part_first_rank = first_rank;
+    first_rank += static_cast<int>(parts[i].devices.size());
+    auto w = workers_.find(parts[i].worker);
+    if (w == workers_.end()) continue;
+    v1::SchedulerMessage msg;
+    auto* start = msg.mutable_start();
+    start->set_job_id(rec.id);
+    start->set_attempt(rec.attempt);
+    *start->mutable_spec() = rec.spec;
+    start->mutable_devices()->Add(parts[i].devices.begin(),
+                                  parts[i].devices.end());
+    start->set_pool(rec.spec.pool());
+    start->set_user(rec.user);
+    start->set_part(static_cast<int>(i));
+    start->set_parts(static_cast<int>(parts.size()));
+    start->set_first_rank(part_first_rank);
+    start->set_max_output_bytes(options_.max_output_bytes);
+    if (train) {
+      start->set_rendezvous_secret(rendezvous_.SecretFor(rec.id, rec.attempt));
+      *start->mutable_checkpoint() = job.checkpoint.files();
+      start->set_checkpoint_iteration(job.checkpoint.iteration());
+    }
+    starts->emplace_back(w->second.session, std::move(msg));
+  }
+  Changed(rec.id);
+  return absl::OkStatus();
+}
+
 absl::Status Scheduler::PlaceJobs(Outbox* out) {
   if (!broken_.ok()) return broken_;
   RETURN_IF_ERROR(ResolveAfter());  // jobs waiting for others (--after)
@@ -410,58 +471,7 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
   absl::Status s = InTransaction([&]() -> absl::Status {
     int64_t now = clock_->NowMs();
     for (const Decision& d : decisions) {
-      ActiveJob& job = jobs_.at(d.job);
-      JobRecord& rec = job.record;
-      rec.state = v1::JOB_STATE_RUNNING;
-      rec.attempt += 1;
-      rec.start_ms = now;
-      rec.parts = d.parts;
-      job.part_ended.assign(d.parts.size(), false);
-      job.part_exit.assign(d.parts.size(), 0);
-      job.failure.clear();
-      RETURN_IF_ERROR(store_->UpdateJob(rec));
-      RETURN_IF_ERROR(
-          store_->AddEvent(rec.id, rec.state, rec.attempt, now, ""));
-      const bool train = rec.spec.has_train();
-      if (train) {
-        rendezvous_.Open(rec.id, rec.attempt);
-        if (job.checkpoint.files_size() > 0) {
-          RETURN_IF_ERROR(Diary(
-              rec.id, rec.attempt,
-              absl::StrCat("[dlbatch] attempt ", rec.attempt,
-                           " resumes from the checkpoint stored at iteration ",
-                           job.checkpoint.iteration(), " (by attempt ",
-                           job.checkpoint.attempt(), ")")));
-        }
-      }
-      int first_rank = 0;
-      for (size_t i = 0; i < d.parts.size(); ++i) {
-        const int part_first_rank = first_rank;
-        first_rank += static_cast<int>(d.parts[i].devices.size());
-        auto w = workers_.find(d.parts[i].worker);
-        if (w == workers_.end()) continue;
-        v1::SchedulerMessage msg;
-        auto* start = msg.mutable_start();
-        start->set_job_id(rec.id);
-        start->set_attempt(rec.attempt);
-        *start->mutable_spec() = rec.spec;
-        start->mutable_devices()->Add(d.parts[i].devices.begin(),
-                                      d.parts[i].devices.end());
-        start->set_pool(rec.spec.pool());
-        start->set_user(rec.user);
-        start->set_part(static_cast<int>(i));
-        start->set_parts(static_cast<int>(d.parts.size()));
-        start->set_first_rank(part_first_rank);
-        start->set_max_output_bytes(options_.max_output_bytes);
-        if (train) {
-          start->set_rendezvous_secret(
-              rendezvous_.SecretFor(rec.id, rec.attempt));
-          *start->mutable_checkpoint() = job.checkpoint.files();
-          start->set_checkpoint_iteration(job.checkpoint.iteration());
-        }
-        starts.emplace_back(w->second.session, std::move(msg));
-      }
-      Changed(rec.id);
+      RETURN_IF_ERROR(BeginAttempt(jobs_.at(d.job), d.parts, now, &starts));
     }
     return absl::OkStatus();
   });
@@ -486,6 +496,9 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
 std::string Scheduler::WaitReason(const ActiveJob& job) const {
   if (std::string control = ControlWaitReason(job); !control.empty()) {
     return control;
+  }
+  if (SlurmProfileOf(job.record.spec.profile()) != nullptr) {
+    return SlurmWaitReason(job);
   }
   auto info = core_->Explain(job.record.id);
   if (!info) return "";
@@ -651,6 +664,7 @@ absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(
     (void)PlaceJobs(&out);
   }
   Deliver(out);
+  if (slurm_tool_ != nullptr) PokeSlurm();  // scancel without waiting
   return reply;
 }
 
@@ -740,6 +754,32 @@ v1::ListWorkersReply Scheduler::ListWorkers() {
 }
 
 v1::ListProfilesReply Scheduler::ListProfiles() {
+  v1::ListProfilesReply reply = ListProfilesLocked();
+  // Slurm's view of each Slurm profile, read with sinfo outside the lock.
+  for (v1::ProfileInfo& info : *reply.mutable_profiles()) {
+    const slurm::SlurmProfile* p = SlurmProfileOf(info.name());
+    if (p == nullptr) continue;
+    v1::SlurmPartition* view = info.mutable_slurm();
+    view->set_partition(p->partition);
+    absl::StatusOr<slurm::PartitionView> read = SlurmView(info.name());
+    if (!read.ok()) {
+      view->set_error(std::string(read.status().message()));
+      continue;
+    }
+    view->set_nodes(read->nodes);
+    view->set_idle(read->idle);
+    view->set_busy(read->busy);
+    view->set_unavailable(read->unavailable);
+    view->set_gpus(read->gpus);
+    view->set_gpus_used(read->gpus_used);
+    if (info.max_pool() == 0 && p->gpus_per_node > 0) {
+      info.set_max_pool(read->nodes * p->gpus_per_node);
+    }
+  }
+  return reply;
+}
+
+v1::ListProfilesReply Scheduler::ListProfilesLocked() {
   absl::MutexLock lock(&mu_);
   v1::ListProfilesReply reply;
   std::map<std::string, std::set<std::string>> kinds;
@@ -768,6 +808,15 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
                                        : *k.begin());
     info->set_queued_jobs(p.queued);
     info->set_running_jobs(p.running);
+    if (slurm) {
+      // Its queued jobs wait in Slurm, not in the placement core.
+      int queued = 0;
+      for (const auto& [id, job] : jobs_) {
+        queued += job.record.state == v1::JOB_STATE_QUEUED &&
+                  job.record.spec.profile() == p.name;
+      }
+      info->set_queued_jobs(queued);
+    }
   }
   return reply;
 }

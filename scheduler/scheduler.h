@@ -40,6 +40,9 @@
 #include "scheduler/placement.h"
 #include "scheduler/rendezvous.h"
 #include "scheduler/slurm_commands.h"
+#include "scheduler/slurm_gang.h"
+#include "scheduler/slurm_launcher.h"
+#include "scheduler/slurm_tool.h"
 #include "scheduler/store.h"
 
 namespace dlbatch::scheduler {
@@ -66,6 +69,8 @@ struct SchedulerOptions {
   std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
   // The profiles of `profiles` whose machines belong to Slurm.
   std::vector<slurm::SlurmProfile> slurm_profiles;
+  // While a job of a Slurm profile exists, squeue is read this often.
+  int64_t slurm_poll_ms = 2000;
   // Fair share: a user's usage halves over this long (0: no decay).
   int64_t fair_share_half_life_ms = int64_t{7} * 24 * 3600 * 1000;
   // (Limits and the usage of ended jobs are kept in the store.)
@@ -148,7 +153,9 @@ class Scheduler : private FollowSource {
                          const std::function<bool(const v1::DiaryChunk&)>& send,
                          const std::function<bool()>& gone);
   v1::ListWorkersReply ListWorkers();
-  v1::ListProfilesReply ListProfiles();
+  // Each profile; a Slurm profile's with Slurm's view (sinfo, read
+  // without the lock).
+  v1::ListProfilesReply ListProfiles() ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::ListOutputsReply> ListOutputs(int64_t job_id);
   v1::Stats GetStats(bool reset_max);
   // Deletes ended jobs (the named ones, or every one ended before
@@ -184,6 +191,22 @@ class Scheduler : private FollowSource {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The job no longer has a Slurm job: its record and credential go.
   absl::Status ForgetSlurmJob(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // How the jobs of Slurm profiles reach Slurm: `tool` runs sbatch, squeue,
+  // sinfo and scancel (borrowed; must outlive the scheduler), `launch`
+  // (by profile name) what each batch script needs to dial back (the
+  // token is made per job). Starts the thread that submits queued jobs to
+  // Slurm and reconciles with squeue; until then such jobs stay queued and
+  // a submit to such a profile is refused. Call once, after Start.
+  void StartSlurm(slurm::SlurmTool* tool,
+                  std::map<std::string, slurm::WorkerLaunch> launch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the one-job credential of `job_id` may upload now: while its
+  // job runs (its outputs and checkpoints), never before or after.
+  bool SlurmJobUploads(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Slurm's view of a Slurm profile's partition (sinfo), for `dlbatch
+  // profiles`; NotFound for a profile that is not of Slurm.
+  absl::StatusOr<slurm::PartitionView> SlurmView(const std::string& profile)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> DeleteCredential(const std::string& name, bool worker)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether blob `sha256` is an attachment or checkpoint file of a job now
@@ -326,6 +349,53 @@ class Scheduler : private FollowSource {
   std::string ControlWaitReason(const ActiveJob& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // ---- profiles of Slurm (scheduler_slurm.cc) ----
+  // The Slurm profile named `name`; null for a profile of workers.
+  const slurm::SlurmProfile* SlurmProfileOf(const std::string& name) const;
+  // OK where a job of `spec` (by `user`) can ever run on its Slurm
+  // profile: its shape splits over the nodes (PlanBatch) and fits the
+  // partition's limits (sinfo, read at most every 30 s), and the scheduler
+  // may submit for `user`. Reads sinfo: call without mu_.
+  absl::Status CheckSlurmSubmit(const v1::JobSpec& spec,
+                                const std::string& user)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The Slurm batch job of `job`'s next attempt.
+  absl::StatusOr<slurm::BatchRequest> SlurmRequestOf(const JobRecord& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A queued job's way to its start: the placement core for profiles of
+  // workers, the Slurm thread's launches for profiles of Slurm.
+  void EnqueueJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the Slurm thread (a launch waits, or a cancel should reach Slurm
+  // now rather than at the next poll).
+  void PokeSlurm() ABSL_LOCKS_EXCLUDED(slurm_mu_);
+  // A worker of a Slurm batch job registered: it joins its job's gang, and
+  // the job starts on the gang's parts once every node's worker is in.
+  absl::Status JoinSlurmGang(const WorkerState& worker, const v1::Register& reg,
+                             Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a queued job of a Slurm profile waits ("waiting in Slurm: ...").
+  std::string SlurmWaitReason(const ActiveJob& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The Slurm thread: launches, then a reconcile every slurm_poll_ms while
+  // any Slurm job is known (and once at its start, for strays).
+  void SlurmLoop();
+  void LaunchSlurmJob(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReconcileSlurm() ABSL_LOCKS_EXCLUDED(mu_);
+  // A job whose Slurm job ended or vanished before its workers reported:
+  // requeued (within its attempts) where Slurm's machines failed it or it
+  // has a checkpoint to resume from, else failed, with `reason`.
+  absl::Status SlurmJobLost(ActiveJob& job, const std::string& reason,
+                            bool machine_fault, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Starts attempt rec.attempt + 1 of a queued job on `parts`: the record,
+  // its event and the StartJob messages (into `starts`). REQUIRES: a
+  // transaction open; the core already holds the parts.
+  absl::Status BeginAttempt(ActiveJob& job, const std::vector<Part>& parts,
+                            int64_t now, Outbox* starts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  v1::ListProfilesReply ListProfilesLocked() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Loop thread.
   void Loop();
   void ProcessBatch(std::deque<Event>& batch);
@@ -402,7 +472,9 @@ class Scheduler : private FollowSource {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills a job's progress and checkpoint from memory or the store.
   void AddTrainState(v1::Job* job) ABSL_LOCKS_EXCLUDED(mu_);
-  void HandleGone(const std::shared_ptr<WorkerSession>& session)
+  // A worker's stream ended. A Slurm job's worker that runs nothing more
+  // is forgotten (it serves one job and never returns).
+  absl::Status HandleGone(const std::shared_ptr<WorkerSession>& session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Requeues (or fails, past max_attempts) a job whose worker was lost.
   absl::Status RequeueLost(ActiveJob& job, const std::string& why, Outbox* out)
@@ -517,7 +589,39 @@ class Scheduler : private FollowSource {
   std::set<std::string> refuse_once_ ABSL_GUARDED_BY(mu_);
   // Each job's Slurm job (profiles of Slurm), as the store keeps it.
   std::map<int64_t, slurm::SlurmJobRecord> slurm_jobs_ ABSL_GUARDED_BY(mu_);
-  CredentialTable* job_tokens_ = nullptr;               // set before Start
+  CredentialTable* job_tokens_ = nullptr;  // set before Start
+  // Queued jobs of Slurm profiles the Slurm thread is to submit, and those
+  // it is submitting now.
+  std::set<int64_t> slurm_launches_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> slurm_launching_ ABSL_GUARDED_BY(mu_);
+  // Slurm's pending reason of each job whose Slurm job waits.
+  std::map<int64_t, std::string> slurm_waiting_ ABSL_GUARDED_BY(mu_);
+  // The workers of each started Slurm job gathered so far (queued jobs).
+  std::map<int64_t, SlurmGang> slurm_gangs_ ABSL_GUARDED_BY(mu_);
+  // Workers of Slurm jobs now connected (their leaving wakes the Slurm
+  // thread).
+  std::set<int64_t> slurm_workers_ ABSL_GUARDED_BY(mu_);
+  // Slurm jobs' workers that left once their own part ended while their
+  // job's other parts still run: never lost for it; forgotten at its end.
+  std::set<int64_t> slurm_departed_ ABSL_GUARDED_BY(mu_);
+  // Submissions of a job whose Slurm job failed before it started.
+  std::map<int64_t, int> slurm_resubmits_ ABSL_GUARDED_BY(mu_);
+  // Set by StartSlurm, before its thread starts; read-only after.
+  slurm::SlurmTool* slurm_tool_ = nullptr;
+  std::map<std::string, slurm::WorkerLaunch> slurm_launch_;
+  std::unique_ptr<slurm::SlurmJobLedger> slurm_ledger_;
+  std::unique_ptr<slurm::SlurmLauncher> slurm_launcher_;
+  absl::Mutex slurm_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::CondVar slurm_cv_;
+  bool slurm_poked_ ABSL_GUARDED_BY(slurm_mu_) = false;
+  bool slurm_stopping_ ABSL_GUARDED_BY(slurm_mu_) = false;
+  // Each partition's limits as sinfo last said, and when (monotonic ms).
+  std::map<std::string, std::pair<int64_t, slurm::PartitionLimits>>
+      slurm_limits_ ABSL_GUARDED_BY(slurm_mu_);
+  // The Slurm thread's own: Slurm jobs of ended jobs still running, and
+  // since when (NowMs).
+  std::map<int64_t, int64_t> slurm_lingering_;
+  std::thread slurm_thread_;
   WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 
   absl::Mutex queue_mu_;

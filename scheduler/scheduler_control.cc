@@ -304,7 +304,7 @@ absl::Status Scheduler::ResolveAfter() {
         job.after.clear();
         if (verdict.kind == AfterVerdict::kReady) {
           RETURN_IF_ERROR(SaveControl(job));
-          if (!job.held) core_->Enqueue(ToQueued(job.record));
+          if (!job.held) EnqueueJob(job.record);
           Changed(id);
           continue;
         }
@@ -376,7 +376,7 @@ absl::StatusOr<v1::ControlJobsReply> Scheduler::ControlJobs(
             continue;
           }
           job.held = false;
-          if (job.after.empty()) core_->Enqueue(ToQueued(job.record));
+          if (job.after.empty()) EnqueueJob(job.record);
           RETURN_IF_ERROR(SaveControl(job));
           RETURN_IF_ERROR(
               Diary(id, job.record.attempt, "[dlbatch] released by request"));
@@ -427,7 +427,10 @@ absl::Status Scheduler::RequeueEnded(int64_t id, v1::ControlResult* result) {
     result->set_error(absl::StrCat("job ", id, " is ending; try again"));
     return absl::OkStatus();
   }
-  if (absl::Status fits = core_->CheckSatisfiable(ToQueued(*rec)); !fits.ok()) {
+  if (absl::Status fits = SlurmProfileOf(rec->spec.profile()) != nullptr
+                              ? absl::OkStatus()
+                              : core_->CheckSatisfiable(ToQueued(*rec));
+      !fits.ok()) {
     result->set_error(
         absl::StrCat("job ", id, " cannot be queued again: ", fits.message()));
     return absl::OkStatus();
@@ -449,7 +452,7 @@ absl::Status Scheduler::RequeueEnded(int64_t id, v1::ControlResult* result) {
                         absl::StrCat("[dlbatch] requeued by request after it ",
                                      JobStateName(r.state))));
   RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, "requeued by request"));
-  core_->Enqueue(ToQueued(r));
+  EnqueueJob(r);
   result->set_state(v1::JOB_STATE_QUEUED);
   return absl::OkStatus();
 }
@@ -473,7 +476,7 @@ absl::Status Scheduler::RequeueAsked(ActiveJob& job, Outbox* out) {
   job.part_exit.clear();
   job.failure.clear();
   RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, "requeued by request"));
-  core_->Enqueue(ToQueued(rec));
+  EnqueueJob(rec);
   AskWorkers(rec.spec.profile(), rec.user, out);
   return absl::OkStatus();
 }

@@ -103,7 +103,7 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
         rendezvous_.Open(r.id, r.attempt);
     }
     if (r.state == v1::JOB_STATE_QUEUED) {
-      core_->Enqueue(ToQueued(r));
+      EnqueueJob(r);
       ++queued;
     } else {
       job.part_ended.assign(r.parts.size(), false);
@@ -146,6 +146,9 @@ void Scheduler::Recover(const absl::Status& why) {
   session_worker_.clear();
   workers_.clear();
   jobs_.clear();
+  slurm_gangs_.clear();  // their workers reconnect and join again
+  slurm_workers_.clear();
+  slurm_departed_.clear();
   core_ = NewCore();
   broken_ = Load(/*open_rendezvous=*/false);
   if (!broken_.ok()) {
@@ -240,10 +243,7 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
 }
 
 absl::Status Scheduler::HandleEvent(Event& e, Outbox* out, Outbox* acks) {
-  if (!e.message) {
-    HandleGone(e.session);
-    return absl::OkStatus();
-  }
+  if (!e.message) return HandleGone(e.session);
   const v1::WorkerMessage& m = *e.message;
   if (m.has_register_()) return HandleRegister(e.session, m.register_(), out);
   auto it = session_worker_.find(e.session.get());
@@ -402,13 +402,6 @@ absl::Status Scheduler::HandleRegister(
   }
   absl::Status allowed =
       CheckSlurmRegistration(session->owner(), reg, slurm_job);
-  // Handing a Slurm job's parts to its own workers comes with their
-  // assignment by node; until then such a worker is told so and leaves.
-  if (allowed.ok() && reg.has_slurm()) {
-    allowed = absl::UnimplementedError(absl::StrCat(
-        "this scheduler does not yet run dlbatch job ", reg.slurm().job_id(),
-        "'s parts on its Slurm job's workers"));
-  }
   if (!allowed.ok()) {
     spdlog::warn("refused worker '{}' on {} ({}): {}", reg.name(), reg.host(),
                  session->owner(), std::string(allowed.message()));
@@ -539,6 +532,7 @@ absl::Status Scheduler::HandleRegister(
   }
   RegisterWorkerUsers(worker, reg, out);
   PublishWorker(rec.id);
+  if (reg.has_slurm()) RETURN_IF_ERROR(JoinSlurmGang(worker, reg, out));
   spdlog::info("worker '{}' (#{}) {} profile '{}' with {} slots", rec.name,
                rec.id, was_lost ? "rejoined" : "joined", rec.profile,
                rec.devices.size());
@@ -642,19 +636,55 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
   return absl::OkStatus();
 }
 
-void Scheduler::HandleGone(const std::shared_ptr<WorkerSession>& session) {
+absl::Status Scheduler::HandleGone(
+    const std::shared_ptr<WorkerSession>& session) {
   auto it = session_worker_.find(session.get());
-  if (it == session_worker_.end()) return;
+  if (it == session_worker_.end()) return absl::OkStatus();
   WorkerState& worker = workers_.at(it->second);
   session_worker_.erase(it);
   if (worker.session == session) {
     worker.session = nullptr;
+    for (auto& [job_id, gang] : slurm_gangs_) gang.Leave(worker.record.id);
+    // A Slurm job's worker leaves as its job ends, or as Slurm ends it:
+    // squeue says which now, not at the next poll.
+    if (slurm_workers_.erase(worker.record.id) > 0) {
+      PokeSlurm();
+      // Done with its one job, it never comes back: forgotten now rather
+      // than listed offline until --forget-offline-after. (While its job
+      // has not ended, other nodes' parts may still run: it stays, as the
+      // core holds the job on it until the end.)
+      const int64_t id = worker.record.id;
+      const bool holds_part =
+          std::any_of(jobs_.begin(), jobs_.end(), [&](const auto& entry) {
+            for (const Part& part : entry.second.record.parts) {
+              if (part.worker == id) return true;
+            }
+            return false;
+          });
+      if (!holds_part) {
+        std::vector<int64_t> failed;
+        return ForgetWorker(id, "gone with its Slurm job", &failed);
+      }
+      // Its own part ended and it left while other nodes' parts run: it is
+      // never lost for that, and is forgotten once its job ends.
+      bool all_ended = true;
+      for (const auto& [job_id, job] : jobs_) {
+        for (size_t p = 0; p < job.record.parts.size(); ++p) {
+          if (job.record.parts[p].worker == id &&
+              (p >= job.part_ended.size() || !job.part_ended[p])) {
+            all_ended = false;
+          }
+        }
+      }
+      if (all_ended) slurm_departed_.insert(id);
+    }
     core_->WorkerOffline(worker.record.id);
     spdlog::warn(
         "worker '{}' disconnected; lost unless it returns within {} ms",
         worker.record.name, options_.heartbeat_timeout_ms);
     PublishWorker(worker.record.id);
   }
+  return absl::OkStatus();
 }
 
 void Scheduler::CheckLiveness() {
@@ -669,7 +699,7 @@ void Scheduler::CheckLiveness() {
     std::vector<int64_t> expired;
     for (auto& [id, w] : workers_) {
       if (!w.lost && now - w.last_seen_mono > options_.heartbeat_timeout_ms &&
-          now >= w.grace_until_mono) {
+          now >= w.grace_until_mono && slurm_departed_.count(id) == 0) {
         expired.push_back(id);
       }
     }
@@ -806,7 +836,7 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
   job.part_exit.clear();
   job.failure.clear();
   RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, why));
-  core_->Enqueue(ToQueued(rec));
+  EnqueueJob(rec);
   // Workers that joined while it ran may not have been asked about its user.
   AskWorkers(rec.spec.profile(), rec.user, out);
   return absl::OkStatus();

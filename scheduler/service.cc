@@ -15,6 +15,7 @@
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "scheduler/slurm_registration.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -255,8 +256,16 @@ grpc::Status SchedulerService::StatBlobs(grpc::ServerContext* context,
 grpc::Status SchedulerService::UploadBlob(
     grpc::ServerContext* context, grpc::ServerReader<v1::BlobChunk>* reader,
     v1::BlobRef* reply) {
-  if (auto auth = Authorize(*context, /*worker_ok=*/true); !auth.ok()) {
-    return ToGrpcStatus(auth);
+  absl::StatusOr<Caller> caller = Identify(*context, /*worker_ok=*/true);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  // A Slurm job's credential is readable by the job itself: it stores
+  // that job's outputs and checkpoints while the job runs, and nothing at
+  // any other time.
+  if (const int64_t job = JobOfCredentialKey(caller->credential);
+      job != 0 && !scheduler_->SlurmJobUploads(job)) {
+    return ToGrpcStatus(absl::PermissionDeniedError(
+        absl::StrCat("permission denied: the credential of dlbatch job ", job,
+                     " uploads only while that job runs")));
   }
   v1::BlobChunk chunk;
   if (!reader->Read(&chunk)) {

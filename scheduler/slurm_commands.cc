@@ -130,7 +130,7 @@ std::string BatchScript(const SlurmProfile& profile,
                         const WorkerLaunch& launch) {
   std::string s = absl::StrCat(
       "#!/bin/bash\n", "# dlbatch job ", request.job_id, ", attempt ",
-      request.attempt, ": srun starts one dlbatch-worker per node\n",
+      request.attempt, ": one dlbatch-worker per node\n",
       "# for this job only; each exits when the job ends.\n", "umask 077\n",
       "export PATH=\"${PATH:-/usr/local/bin:/usr/bin:/bin}\"\n",
       "export DLBATCH_SCHEDULER=", ShellQuote(launch.scheduler), "\n",
@@ -139,15 +139,22 @@ std::string BatchScript(const SlurmProfile& profile,
     absl::StrAppend(&s, "export DLBATCH_CA_PEM=", ShellQuote(launch.ca_pem),
                     "\n");
   }
-  // sbatch's --export=NONE reaches srun as SLURM_EXPORT_ENV: the script's
-  // own variables go to the workers only with --export=ALL.
-  absl::StrAppend(&s, "exec srun --export=ALL --nodes=", request.nodes,
-                  " --ntasks=", request.nodes, " --ntasks-per-node=1 \\\n  ",
-                  ShellQuote(absl::StrCat(profile.bin_dir, "/dlbatch-worker")),
-                  " --slurm-job ", request.job_id, " --attempt ",
-                  request.attempt, " \\\n  --profile ",
-                  ShellQuote(profile.name), " --work-dir ",
-                  ShellQuote(profile.node_dir), "\n");
+  if (request.nodes > 1) {
+    // sbatch's --export=NONE reaches srun as SLURM_EXPORT_ENV: the script's
+    // own variables go to the workers only with --export=ALL.
+    absl::StrAppend(&s, "exec srun --export=ALL --nodes=", request.nodes,
+                    " --ntasks=", request.nodes, " --ntasks-per-node=1 \\\n  ");
+  } else {
+    // One node: the batch step is its one task (SLURM_NODEID 0, the job's
+    // GPUs in CUDA_VISIBLE_DEVICES), so no job step is made (srun costs a
+    // tenth of a second before the worker starts).
+    absl::StrAppend(&s, "exec ");
+  }
+  absl::StrAppend(
+      &s, ShellQuote(absl::StrCat(profile.bin_dir, "/dlbatch-worker")),
+      " --slurm-job ", request.job_id, " --attempt ", request.attempt,
+      " \\\n  --profile ", ShellQuote(profile.name), " --work-dir ",
+      ShellQuote(profile.node_dir), "\n");
   return s;
 }
 

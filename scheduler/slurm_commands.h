@@ -74,7 +74,8 @@ struct WorkerLaunch {
 };
 
 // The batch script: srun starts one dlbatch-worker per node for exactly
-// this job; each exits when the job ends. The credential is in the script
+// this job (on one node the script runs it itself, without a job step);
+// each exits when the job ends. The credential is in the script
 // (readable by the job's owner and Slurm's administrators only), never on
 // a command line.
 std::string BatchScript(const SlurmProfile& profile,

@@ -79,7 +79,9 @@ void ApplySlurmJob(const SlurmJobContext& context,
   const v1::SlurmJob& job = context.job;
   options->name =
       absl::StrCat("slurm-", job.slurm_job_id(), "-", job.node_index());
-  if (!context.node.empty()) options->host = context.node;
+  // options->host stays the machine's own name (or --host): Slurm's node
+  // name (NodeName) need not resolve, and the job's other ranks reach its
+  // rank 0 at this address.
   options->devices.clear();
   const bool all_gpus =
       std::all_of(discovered.begin(), discovered.end(),

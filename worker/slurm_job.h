@@ -35,7 +35,8 @@ absl::StatusOr<SlurmJobContext> ReadSlurmJob(int64_t job_id, int attempt,
                                              const EnvLookup& env);
 
 // Makes `options` those of the job's ephemeral worker on this node: its
-// name (slurm-<slurm id>-<node index>, unique in the scheduler), its
+// name (slurm-<slurm id>-<node index>, unique in the scheduler; its host
+// stays the machine's, as Slurm's node names need not resolve), its
 // devices (the GPUs Slurm gave: `discovered` where the machine's own
 // discovery found as many, else as many plain GPU slots; or `cpu_slots`
 // CPU slots where Slurm gave none), the one job it serves, and the

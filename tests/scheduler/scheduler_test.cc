@@ -22,9 +22,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/files.h"
@@ -414,8 +416,8 @@ TEST_F(SchedulerTest, SlurmRecordsAreKeptWithTheirOneJobCredentials) {
   ASSERT_TRUE(tokens.FindByToken("dlbj_three").has_value());
   EXPECT_EQ(tokens.FindByToken("dlbj_three")->Key(), "job:3");
 
-  // Its worker passes the credential check now (and is told the scheduler
-  // cannot yet run the job's parts on it).
+  // Its worker passes the credential check now (there is no job 3 to
+  // start, so it is registered and given nothing).
   auto register_node = [&]() {
     auto session = std::make_shared<FakeSession>();
     session->set_owner("job:3");
@@ -428,11 +430,14 @@ TEST_F(SchedulerTest, SlurmRecordsAreKeptWithTheirOneJobCredentials) {
     s->set_slurm_job_id(77);
     s->set_nodes(1);
     scheduler_->OnWorkerMessage(session, std::move(m));
-    auto refused = session->WaitFor(
-        [](const Message& message) { return message.has_refused(); });
-    return refused ? refused->refused() : std::string("(no answer)");
+    auto answer = session->WaitFor([](const Message& message) {
+      return message.has_refused() || message.has_registered();
+    });
+    if (!answer) return std::string("(no answer)");
+    return answer->has_refused() ? answer->refused()
+                                 : std::string("registered");
   };
-  EXPECT_THAT(register_node(), HasSubstr("does not yet run dlbatch job 3"));
+  EXPECT_EQ(register_node(), "registered");
 
   // After a restart the record and its credential are there again.
   StopScheduler();
@@ -442,7 +447,7 @@ TEST_F(SchedulerTest, SlurmRecordsAreKeptWithTheirOneJobCredentials) {
   ASSERT_EQ(loaded->size(), 1u);
   EXPECT_EQ((*loaded)[0].token_sha256, TokenSha256("dlbj_three"));
   EXPECT_EQ((*loaded)[0].job_id, 3);
-  EXPECT_THAT(register_node(), HasSubstr("does not yet run dlbatch job 3"));
+  EXPECT_EQ(register_node(), "registered");
 
   // Forgotten: the credential goes, and the worker has nothing to run.
   scheduler_->set_credential_table(&tokens);
@@ -456,26 +461,185 @@ TEST_F(SchedulerTest, SlurmRecordsAreKeptWithTheirOneJobCredentials) {
 
 // ---- 2: submit ----
 
-TEST_F(SchedulerTest, SubmitToASlurmProfileIsRefusedUntilItLaunches) {
-  SchedulerOptions options = TestOptions();
-  options.profiles.emplace_back("cluster", 0);
-  slurm::SlurmProfile cluster;
-  cluster.name = "cluster";
-  cluster.partition = "gpu";
-  options.slurm_profiles.push_back(cluster);
-  StartScheduler(options);
-  v1::ListProfilesReply profiles = scheduler_->ListProfiles();
-  ASSERT_EQ(profiles.profiles_size(), 2);
-  EXPECT_EQ(profiles.profiles(0).type(), "workers");
-  EXPECT_EQ(profiles.profiles(1).name(), "cluster");
-  EXPECT_EQ(profiles.profiles(1).type(), "slurm");
-  auto refused = scheduler_->Submit(CommandJob(1, "", "cluster"));
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(
-      refused.status().message(),
-      HasSubstr("profile 'cluster' is of type slurm (partition gpu), "
-                "and this scheduler does not submit jobs to Slurm yet"));
+// Slurm's tools as a cluster of two nodes with two GPUs each would answer:
+// sinfo's limits, sbatch's id, squeue's rows as set (thread-safe: the
+// scheduler's Slurm thread and submits call it).
+class FakeSlurm final : public slurm::SlurmTool {
+ public:
+  absl::StatusOr<slurm::ToolResult> Run(const std::vector<std::string>& argv,
+                                        const std::string& input) override {
+    absl::MutexLock lock(&mu_);
+    calls_.push_back(absl::StrJoin(argv, " "));
+    slurm::ToolResult r;
+    if (argv[0] == "sinfo") r.out = "2|gpu:2|infinite\n";
+    if (argv[0] == "sbatch") {
+      scripts_.push_back(input);
+      r.out = absl::StrCat(next_id_++, "\n");
+    }
+    if (argv[0] == "squeue") r.out = squeue_;
+    return r;
+  }
+  void SetQueue(std::string rows) {
+    absl::MutexLock lock(&mu_);
+    squeue_ = std::move(rows);
+  }
+  int Count(const std::string& prefix) {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(std::count_if(
+        calls_.begin(), calls_.end(),
+        [&](const std::string& c) { return c.rfind(prefix, 0) == 0; }));
+  }
+  std::vector<std::string> Calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> scripts_ ABSL_GUARDED_BY(mu_);
+  std::string squeue_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 4242;
+};
+
+class SlurmSchedulerTest : public SchedulerTest {
+ protected:
+  void StartSlurmScheduler() {
+    SchedulerOptions options = TestOptions();
+    options.profiles.emplace_back("cluster", 0);
+    slurm::SlurmProfile cluster;
+    cluster.name = "cluster";
+    cluster.partition = "gpu";
+    cluster.gpus_per_node = 2;
+    options.slurm_profiles.push_back(cluster);
+    options.slurm_poll_ms = 20;
+    StartScheduler(options);
+    scheduler_->set_credential_table(&tokens_);
+    scheduler_->StartSlurm(
+        &tool_, {{"cluster", slurm::WorkerLaunch{"head:7070", "", ""}}});
+  }
+  v1::SubmitJobRequest SlurmJob(int pool, int max_nodes = 1) {
+    v1::SubmitJobRequest r = CommandJob(pool, "", "cluster");
+    r.set_user("root");  // the scheduler (root in tests) submits as itself
+    r.mutable_spec()->set_max_nodes(max_nodes);
+    return r;
+  }
+  // Node `node` of `nodes` of Slurm job `slurm_id` registers for attempt 1
+  // of `job`, under the job's one-job credential, with two GPUs.
+  std::shared_ptr<FakeSession> RegisterNode(int64_t job, int64_t slurm_id,
+                                            int node, int nodes) {
+    auto session = std::make_shared<FakeSession>();
+    session->set_owner(absl::StrCat("job:", job));
+    v1::WorkerMessage m;
+    v1::Register* reg = m.mutable_register_();
+    reg->set_name(absl::StrCat("slurm-", slurm_id, "-", node));
+    reg->set_host(absl::StrCat("n", node + 1));
+    reg->set_profile("cluster");
+    for (int i = 0; i < 2; ++i) {
+      v1::Device* d = reg->add_devices();
+      d->set_index(i);
+      d->set_kind("gpu");
+    }
+    auto* s = reg->mutable_slurm();
+    s->set_job_id(job);
+    s->set_attempt(1);
+    s->set_slurm_job_id(slurm_id);
+    s->set_node_index(node);
+    s->set_nodes(nodes);
+    scheduler_->OnWorkerMessage(session, std::move(m));
+    return session;
+  }
+
+  CredentialTable tokens_;
+  FakeSlurm tool_;
+};
+
+TEST_F(SlurmSchedulerTest, JobStartsOnceEveryNodesWorkerRegistered) {
+  StartSlurmScheduler();
+  auto submitted = scheduler_->Submit(SlurmJob(4, 2));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const int64_t id = submitted->job_id();
+  ASSERT_TRUE(WaitUntil([&] {
+    return GetJob(id).wait_reason() == "submitted to Slurm as job 4242";
+  })) << GetJob(id).wait_reason();
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_QUEUED);
+  // Slurm's pending reason, from one squeue read.
+  tool_.SetQueue(
+      absl::StrCat("4242|dlbatch-", id, "|PENDING|root||Resources\n"));
+  ASSERT_TRUE(WaitUntil([&] {
+    return GetJob(id).wait_reason() ==
+           "waiting in Slurm: Resources (partition gpu)";
+  })) << GetJob(id).wait_reason();
+  tool_.SetQueue(
+      absl::StrCat("4242|dlbatch-", id, "|RUNNING|root|n[1-2]|None\n"));
+  // Node 1 first: the job waits for node 0's worker.
+  auto second = RegisterNode(id, 4242, 1, 2);
+  ASSERT_TRUE(second->WaitFor(IsRegistered()).has_value());
+  ASSERT_TRUE(WaitUntil([&] {
+    return absl::StrContains(GetJob(id).wait_reason(), "node 0 to register");
+  })) << GetJob(id).wait_reason();
+  auto first = RegisterNode(id, 4242, 0, 2);
+  auto start0 = first->WaitFor(IsStart(id, 1));
+  auto start1 = second->WaitFor(IsStart(id, 1));
+  ASSERT_TRUE(start0.has_value() && start1.has_value());
+  // Ranks follow the nodes: part 0 (rank 0) on node 0.
+  EXPECT_EQ(start0->start().part(), 0);
+  EXPECT_EQ(start0->start().first_rank(), 0);
+  EXPECT_EQ(start1->start().part(), 1);
+  EXPECT_EQ(start1->start().first_rank(), 2);
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(tool_.Count("sbatch"), 1);
+}
+
+TEST_F(SlurmSchedulerTest, ImpossibleRequestsAreRefusedAtSubmit) {
+  StartSlurmScheduler();
+  auto too_many_nodes = scheduler_->Submit(SlurmJob(6, 3));
+  ASSERT_FALSE(too_many_nodes.ok());
+  EXPECT_THAT(too_many_nodes.status().message(),
+              HasSubstr("the job asks for 3 nodes but Slurm partition 'gpu' "
+                        "has 2"));
+  auto one_node = scheduler_->Submit(SlurmJob(4, 1));
+  ASSERT_FALSE(one_node.ok());
+  EXPECT_THAT(one_node.status().message(), HasSubstr("set max_nodes: 2"));
+  EXPECT_EQ(tool_.Count("sbatch"), 0);
+  EXPECT_EQ(tool_.Count("sinfo"), 1);  // read once, then kept a while
+}
+
+TEST_F(SlurmSchedulerTest, VanishedSlurmJobIsRequeuedNeverTakenForASuccess) {
+  StartSlurmScheduler();
+  auto submitted = scheduler_->Submit(SlurmJob(2));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const int64_t id = submitted->job_id();
+  ASSERT_TRUE(WaitUntil([&] {
+    return GetJob(id).wait_reason() == "submitted to Slurm as job 4242";
+  })) << GetJob(id).wait_reason();
+  auto node = RegisterNode(id, 4242, 0, 1);
+  ASSERT_TRUE(node->WaitFor(IsStart(id, 1)).has_value());
+  tool_.SetQueue("");  // Slurm forgot it
+  clock_.Advance(20000);
+  ASSERT_TRUE(WaitUntil([&] {
+    return GetJob(id).state() == v1::JOB_STATE_QUEUED ||
+           GetJob(id).state() == v1::JOB_STATE_FAILED;
+  })) << GetJob(id).DebugString();
+  // Vanished is a machine's fault: requeued, and submitted again.
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(GetJob(id).attempt(), 1);
+  EXPECT_TRUE(WaitUntil([&] { return tool_.Count("sbatch") == 2; }));
+  EXPECT_TRUE(node->WaitFor(IsCancel(id)).has_value());
+}
+
+TEST_F(SlurmSchedulerTest, UnknownDlbatchSlurmJobIsCancelled) {
+  tool_.SetQueue(
+      "999|dlbatch-77|RUNNING|root|n1|None\n"
+      "998|someone-else|RUNNING|bob|n2|None\n");
+  StartSlurmScheduler();
+  EXPECT_TRUE(WaitUntil([&] { return tool_.Count("scancel") >= 1; }));
+  for (const std::string& call : tool_.Calls()) {
+    if (call.rfind("scancel", 0) == 0) {
+      EXPECT_THAT(call, HasSubstr("999"));
+      EXPECT_THAT(call, ::testing::Not(HasSubstr("998")));
+    }
+  }
 }
 
 TEST_F(SchedulerTest, SubmitStartsJobAndDeduplicatesRequest) {

@@ -106,6 +106,12 @@ TEST(SlurmCommands, TheScriptStartsOneWorkerPerNodeAndQuotesEverything) {
   EXPECT_THAT(s, Not(HasSubstr("--token")));
   EXPECT_THAT(BatchScript(Gpu(), r, {"unix:/run/d.sock", "", "t"}),
               Not(HasSubstr("DLBATCH_CA_PEM")));
+  // One node: the batch step itself is the worker, without a job step.
+  r.nodes = 1;
+  s = BatchScript(Gpu(), r, {"10.0.0.1:7070", "", "t"});
+  EXPECT_THAT(s, Not(HasSubstr("exec srun")));
+  EXPECT_THAT(s, HasSubstr("exec '/opt/dlbatch/bin/dlbatch-worker' "
+                           "--slurm-job 9 --attempt 3"));
 }
 
 TEST(SlurmCommands, SbatchParsableGivesTheIdWithOrWithoutTheCluster) {

@@ -76,9 +76,10 @@ TEST(SlurmJob, TheWorkerServesTheJobWithTheGpusSlurmGave) {
   ASSERT_TRUE(c.ok());
   WorkerOptions o;
   o.name = "machine-abc";
+  o.host = "gpu17.cluster";
   ApplySlurmJob(*c, {}, 0, &o);
   EXPECT_EQ(o.name, "slurm-900-1");
-  EXPECT_EQ(o.host, "n2");
+  EXPECT_EQ(o.host, "gpu17.cluster");  // not Slurm's node name n2
   ASSERT_EQ(o.devices.size(), 2u);
   EXPECT_EQ(o.devices[1].kind(), "gpu");
   EXPECT_EQ(o.devices[1].index(), 1);

@@ -1,0 +1,460 @@
+// dlbatch jobs on a real Slurm (tests/slurm/slurm-cluster.sh: two slurmd,
+// two fake GPUs each), through the real scheduler, ephemeral workers and
+// CLI: a 1-GPU command job (its diary live, its CUDA_VISIBLE_DEVICES, its
+// outputs fetched after the Slurm job is gone), a job over both nodes,
+// cancel of a pending and a running job, a time limit, a drained node's
+// pending reason, a scheduler killed mid-job (the job adopted, finishing
+// once; an unknown dlbatch-* Slurm job cancelled) and a Slurm job
+// cancelled by hand (reported with Slurm's reason).
+//
+// Label slurm: every test skips, saying why, where Slurm cannot start.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "tests/integration/harness.h"
+#include "trainer/output/checkpoint.h"
+
+namespace dlbatch::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct SlurmRow {
+  int64_t id = 0;
+  std::string name, state, reason, nodes;
+};
+
+class SlurmJobs : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/dlbatch-slurm-jobs-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      skip_ = "cannot make a temp folder";
+      return;
+    }
+    rig_ = tmpl;
+    const std::string start =
+        absl::StrCat(DLBATCH_SLURM_CLUSTER_SCRIPT, " start ", rig_,
+                     "/slurm 2 >", rig_, "/start.log 2>&1");
+    const int rc = system(start.c_str());
+    started_ = true;
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0) {
+      skip_ =
+          absl::StrCat("Slurm cannot run here: ", ReadAll(rig_ + "/start.log"));
+      return;
+    }
+    setenv("SLURM_CONF", (rig_ + "/slurm/slurm.conf").c_str(), 1);
+  }
+  static void TearDownTestSuite() {
+    if (started_) {
+      (void)system(
+          absl::StrCat(DLBATCH_SLURM_CLUSTER_SCRIPT, " stop ", rig_, "/slurm")
+              .c_str());
+    }
+    if (!rig_.empty()) fs::remove_all(rig_);
+  }
+
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << skip_;
+    // Each test starts with both nodes up and no job of an earlier one.
+    Exec({"scancel", "--partition=gpu"});
+    Exec({"scontrol", "update", "nodename=n1,n2", "state=resume"});
+    ASSERT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
+        << Squeue();
+    node_dir_ = c_.dir() + "/nodes";
+    fs::create_directories(node_dir_);
+    config_ = c_.dir() + "/scheduler.yaml";
+    WriteAll(config_,
+             absl::StrCat("profiles:\n"
+                          "  hpc:\n"
+                          "    type: slurm\n"
+                          "    partition: gpu\n"
+                          "    gpus_per_node: 2\n"
+                          "    bin_dir: ",
+                          BinDir(), "\n    node_dir: ", node_dir_, "\n"));
+    c_.StartScheduler({"--config", config_, "--heartbeat-timeout", "5s"},
+                      "127.0.0.1:0");
+    // The CLI presents the scheduler's first admin token over TCP.
+    std::string token = ReadAll(c_.scheduler_state() + "/token");
+    while (!token.empty() && token.back() == '\n') token.pop_back();
+    setenv("DLBATCH_TOKEN", token.c_str(), 1);
+  }
+  void TearDown() override {
+    if (HasFailure()) {
+      std::cerr << Squeue() << c_.Logs();
+      for (const auto& e : fs::directory_iterator(node_dir_)) {
+        if (e.path().extension() == ".out") {
+          std::cerr << "--- " << e.path() << "\n" << ReadAll(e.path());
+        }
+      }
+    }
+  }
+
+  static std::string Squeue() {
+    return Exec({"squeue", "-h", "--states=all", "-o", "%i|%j|%T|%r|%N"}).out;
+  }
+  static std::vector<SlurmRow> SlurmJobsNamed(const std::string& prefix) {
+    std::vector<SlurmRow> rows;
+    for (absl::string_view line :
+         absl::StrSplit(Squeue(), '\n', absl::SkipEmpty())) {
+      std::vector<std::string> f = absl::StrSplit(line, '|');
+      if (f.size() < 5 || !absl::StartsWith(f[1], prefix)) continue;
+      SlurmRow row;
+      (void)absl::SimpleAtoi(f[0], &row.id);
+      row.name = f[1];
+      row.state = f[2];
+      row.reason = f[3];
+      row.nodes = f[4];
+      rows.push_back(row);
+    }
+    return rows;
+  }
+  // Slurm jobs of dlbatch's names that still wait or run.
+  static std::vector<SlurmRow> LiveSlurmJobs() {
+    std::vector<SlurmRow> live;
+    for (const SlurmRow& r : SlurmJobsNamed("dlbatch-")) {
+      if (r.state == "PENDING" || r.state == "RUNNING" ||
+          r.state == "CONFIGURING" || r.state == "COMPLETING") {
+        live.push_back(r);
+      }
+    }
+    return live;
+  }
+  // The newest Slurm job of dlbatch job `id` (an earlier test's job of the
+  // same number may still be listed as ended).
+  std::optional<SlurmRow> SlurmJobOf(int64_t id) {
+    std::optional<SlurmRow> newest;
+    for (const SlurmRow& r : SlurmJobsNamed(absl::StrCat("dlbatch-", id))) {
+      if (r.name == absl::StrCat("dlbatch-", id) &&
+          (!newest || r.id > newest->id)) {
+        newest = r;
+      }
+    }
+    return newest;
+  }
+
+  int64_t SubmitCommand(const std::string& name, const std::string& script,
+                        const std::string& header = "pool: 1\n") {
+    std::string yaml = absl::StrCat("name: ", name, "\nprofile: hpc\n", header,
+                                    "command:\n  - sh\n  - -c\n  - |\n");
+    for (absl::string_view line : absl::StrSplit(script, '\n')) {
+      absl::StrAppend(&yaml, "    ", line, "\n");
+    }
+    return c_.Submit(c_.JobFile(name + ".yaml", yaml));
+  }
+  std::string Diary(int64_t id) {
+    return c_.Cli({"diary", std::to_string(id)}).out;
+  }
+  std::string Field(int64_t id, const char* key) {
+    nlohmann::json j = c_.ShowJson(id);
+    if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return "";
+    return j[key].get<std::string>();
+  }
+
+  static inline std::string rig_;
+  static inline std::string skip_;
+  static inline bool started_ = false;
+  Cluster c_;
+  std::string node_dir_;
+  std::string config_;
+};
+
+TEST_F(SlurmJobs, OneGpuCommandJobDiaryLiveOutputsAfterSlurmJobIsGone) {
+  const int64_t id =
+      SubmitCommand("one-gpu",
+                    "echo \"first line on $(hostname)\"\n"
+                    "echo \"gpus=${CUDA_VISIBLE_DEVICES:-none}\"\n"
+                    "echo made-in-slurm > \"$DLBATCH_OUTPUT_DIR/result.txt\"\n"
+                    "sleep 4\n"
+                    "echo last line");
+  // Live: the first line is in the diary while the job still runs.
+  ASSERT_TRUE(WaitFor(
+      [&] { return absl::StrContains(Diary(id), "first line"); }, 60000))
+      << c_.ShowJson(id).dump(2);
+  EXPECT_EQ(c_.State(id), "JOB_STATE_RUNNING");
+  EXPECT_FALSE(absl::StrContains(Diary(id), "last line"));
+  std::optional<SlurmRow> slurm = SlurmJobOf(id);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  EXPECT_EQ(slurm->state, "RUNNING");
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 60000))
+      << c_.ShowJson(id).dump(2);
+  const std::string diary = Diary(id);
+  EXPECT_TRUE(absl::StrContains(diary, "gpus=0")) << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "last line")) << diary;
+  // The Slurm job is gone (its worker left), then the outputs come from the
+  // scheduler alone.
+  ASSERT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
+      << Squeue();
+  const std::string out = c_.dir() + "/fetched";
+  Result fetched = c_.Cli({"fetch-outputs", std::to_string(id), "-o", out});
+  ASSERT_EQ(fetched.code, 0) << fetched.out << fetched.err;
+  EXPECT_EQ(ReadAll(out + "/result.txt"), "made-in-slurm\n");
+  // Its worker served one job: it is forgotten, not listed offline.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        Result workers = c_.Cli({"workers", "--json"});
+        return workers.code == 0 && !absl::StrContains(workers.out, "\"slurm-");
+      },
+      10000))
+      << c_.Cli({"workers"}).out;
+}
+
+TEST_F(SlurmJobs, JobOverTwoNodesRunsOnePartOnEach) {
+  const int64_t id =
+      SubmitCommand("two-nodes",
+                    "echo \"part $DLBATCH_PART of $DLBATCH_PARTS "
+                    "gpus=$CUDA_VISIBLE_DEVICES\"\nsleep 2",
+                    "pool: 4\nmax_nodes: 2\n");
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_RUNNING", 60000))
+      << c_.ShowJson(id).dump(2);
+  // One Slurm job on both nodes, one worker (and part) on each.
+  std::optional<SlurmRow> slurm = SlurmJobOf(id);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  EXPECT_EQ(slurm->nodes, "n[1-2]");
+  nlohmann::json running = c_.ShowJson(id);
+  ASSERT_EQ(running["placement"].size(), 2u) << running.dump(2);
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 60000))
+      << c_.ShowJson(id).dump(2);
+  const std::string diary = Diary(id);
+  EXPECT_TRUE(absl::StrContains(diary, "part 0 of 2")) << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "part 1 of 2")) << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "gpus=0,1")) << diary;
+  // A pool that cannot split over the nodes is refused at submit.
+  Result refused =
+      c_.Cli({"submit", c_.JobFile("five.yaml",
+                                   "name: five\nprofile: hpc\npool: 5\n"
+                                   "max_nodes: 3\ncommand: [true]\n")});
+  EXPECT_NE(refused.code, 0);
+  EXPECT_TRUE(absl::StrContains(refused.err, "nodes")) << refused.err;
+  // More nodes than the partition has: refused from sinfo's limits.
+  Result too_big =
+      c_.Cli({"submit", c_.JobFile("six.yaml",
+                                   "name: six\nprofile: hpc\npool: 6\n"
+                                   "max_nodes: 3\ncommand: [true]\n")});
+  EXPECT_NE(too_big.code, 0);
+  EXPECT_TRUE(absl::StrContains(too_big.err, "Slurm partition 'gpu' has 2"))
+      << too_big.err;
+}
+
+TEST_F(SlurmJobs, DrainedNodeShowsSlurmsReasonAndCancelOfPendingAndRunning) {
+  ASSERT_EQ(Exec({"scontrol", "update", "nodename=n2", "state=drain",
+                  "reason=maintenance"})
+                .code,
+            0);
+  const int64_t pending =
+      SubmitCommand("pending", "echo never", "pool: 4\nmax_nodes: 2\n");
+  std::string reason;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        reason = Field(pending, "wait_reason");
+        return absl::StartsWith(reason, "waiting in Slurm: ");
+      },
+      30000))
+      << reason;
+  EXPECT_TRUE(absl::StrContains(reason, "(partition gpu)")) << reason;
+  Result show = c_.Cli({"show", std::to_string(pending)});
+  EXPECT_TRUE(absl::StrContains(show.out, "waiting in Slurm")) << show.out;
+  // Held, it gives its Slurm job back; released, it is submitted again.
+  const int64_t first_slurm = SlurmJobOf(pending)->id;
+  ASSERT_EQ(c_.Cli({"hold", std::to_string(pending)}).code, 0);
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 20000))
+      << Squeue();
+  ASSERT_EQ(c_.Cli({"release", std::to_string(pending)}).code, 0);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::optional<SlurmRow> again = SlurmJobOf(pending);
+        return again && again->id != first_slurm && again->state == "PENDING";
+      },
+      20000))
+      << Squeue();
+
+  const int64_t running = SubmitCommand("running", "echo started\nsleep 300");
+  ASSERT_TRUE(c_.WaitState(running, "JOB_STATE_RUNNING", 60000))
+      << c_.ShowJson(running).dump(2);
+  Result cancel =
+      c_.Cli({"cancel", std::to_string(pending), std::to_string(running)});
+  EXPECT_EQ(cancel.code, 0) << cancel.out << cancel.err;
+  EXPECT_TRUE(c_.WaitState(pending, "JOB_STATE_CANCELLED", 10000));
+  EXPECT_TRUE(c_.WaitState(running, "JOB_STATE_CANCELLED", 30000))
+      << c_.ShowJson(running).dump(2);
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
+      << Squeue();
+  Exec({"scontrol", "update", "nodename=n2", "state=resume"});
+}
+
+TEST_F(SlurmJobs, TimeLimitStopsTheJobAndItsSlurmJob) {
+  const int64_t id =
+      SubmitCommand("limited", "echo started\nsleep 300", "time_limit: 3s\n");
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FAILED", 60000))
+      << c_.ShowJson(id).dump(2);
+  EXPECT_TRUE(absl::StrContains(Field(id, "reason"), "time limit"))
+      << Field(id, "reason");
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
+      << Squeue();
+}
+
+TEST_F(SlurmJobs, SchedulerKilledMidJobAdoptsItAndCancelsAStranger) {
+  const int64_t id = SubmitCommand(
+      "adopted",
+      "for i in 1 2 3 4 5 6 7 8; do echo \"tick $i\"; sleep 1; done\n"
+      "echo done > \"$DLBATCH_OUTPUT_DIR/done.txt\"");
+  ASSERT_TRUE(
+      WaitFor([&] { return absl::StrContains(Diary(id), "tick 1"); }, 60000))
+      << c_.ShowJson(id).dump(2);
+  c_.KillScheduler(SIGKILL);
+  // A Slurm job of dlbatch's name that the store does not know.
+  Result stray = Exec({"sbatch", "--parsable", "--job-name=dlbatch-999999",
+                       "--output=/dev/null", "--wrap", "sleep 300"});
+  ASSERT_EQ(stray.code, 0) << stray.err;
+  c_.StartScheduler();
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 60000))
+      << c_.ShowJson(id).dump(2);
+  nlohmann::json job = c_.ShowJson(id);
+  EXPECT_EQ(job["attempt"].get<int>(), 1) << job.dump(2);
+  const std::string diary = Diary(id);
+  for (int i = 1; i <= 8; ++i) {
+    const std::string tick = absl::StrCat("tick ", i, "\n");
+    const size_t first = diary.find(tick);
+    EXPECT_NE(first, std::string::npos) << diary;
+    EXPECT_EQ(diary.find(tick, first + 1), std::string::npos) << diary;
+  }
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
+      << Squeue();
+}
+
+TEST_F(SlurmJobs, ScancelByHandIsReportedWithSlurmsReason) {
+  const int64_t id = SubmitCommand("by-hand", "echo started\nsleep 300");
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_RUNNING", 60000))
+      << c_.ShowJson(id).dump(2);
+  std::optional<SlurmRow> slurm = SlurmJobOf(id);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  ASSERT_EQ(Exec({"scancel", std::to_string(slurm->id)}).code, 0);
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FAILED", 30000))
+      << c_.ShowJson(id).dump(2);
+  EXPECT_TRUE(absl::StrContains(Field(id, "reason"), "cancelled in Slurm"))
+      << Field(id, "reason");
+}
+
+// Train jobs need dlbatch-train beside the worker and Fashion-MNIST (read
+// in place: the test's nodes share this machine's files).
+class SlurmTrainJobs : public SlurmJobs {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(BinDir() + "/dlbatch-train")) {
+      GTEST_SKIP() << BinDir()
+                   << "/dlbatch-train is not built (cmake --build build "
+                      "--target dlbatch-train)";
+    }
+    if (!fs::exists(FashionMnistDir() + "/train-images-idx3-ubyte.gz")) {
+      GTEST_SKIP() << "Fashion-MNIST is not in " << FashionMnistDir();
+    }
+    SlurmJobs::SetUp();
+  }
+  std::vector<float> FetchWeights(int64_t id, const std::string& into) {
+    Result fetch =
+        c_.Cli({"fetch-outputs", std::to_string(id), "--output", into});
+    EXPECT_EQ(fetch.code, 0) << fetch.out << fetch.err;
+    absl::StatusOr<trainer::Checkpoint> ckpt =
+        trainer::ReadCheckpoint(into + "/checkpoint.dlbc");
+    EXPECT_TRUE(ckpt.ok()) << ckpt.status();
+    return ckpt.ok() ? ckpt->params : std::vector<float>();
+  }
+};
+
+TEST_F(SlurmTrainJobs, RanksOverBothNodesReachTheOneNodeWeights) {
+  const std::string options = R"(    mini_batch_size: 32
+    max_iterations: 12
+    verbose_frequency: 4
+    execution_environment: cpu
+)";
+  // Both GPUs of one node first, then the same pool's ranks over both.
+  const int64_t single = c_.Submit(c_.JobFile(
+      "single.yaml", LenetJob(FashionMnistDir(), options,
+                              "name: single\nprofile: hpc\npool: 2\n")));
+  Result wait = c_.Cli({"wait", std::to_string(single)}, {}, 300000);
+  ASSERT_EQ(wait.code, 0) << wait.out << Diary(single);
+  std::vector<float> one_node = FetchWeights(single, c_.dir() + "/single");
+
+  const int64_t spread = c_.Submit(c_.JobFile(
+      "spread.yaml",
+      LenetJob(FashionMnistDir(), options,
+               "name: spread\nprofile: hpc\npool: 4\nmax_nodes: 2\n")));
+  ASSERT_TRUE(c_.WaitState(spread, "JOB_STATE_RUNNING", 60000))
+      << c_.ShowJson(spread).dump(2);
+  std::optional<SlurmRow> slurm = SlurmJobOf(spread);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  EXPECT_EQ(slurm->nodes, "n[1-2]");
+  wait = c_.Cli({"wait", std::to_string(spread)}, {}, 300000);
+  ASSERT_EQ(wait.code, 0) << wait.out << Diary(spread);
+  EXPECT_EQ(c_.ShowJson(spread)["placement"].size(), 2u);
+  std::vector<float> two_nodes = FetchWeights(spread, c_.dir() + "/spread");
+
+  ASSERT_EQ(two_nodes.size(), one_node.size());
+  ASSERT_FALSE(one_node.empty());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < one_node.size(); ++i) {
+    diff += std::pow(double{two_nodes[i]} - one_node[i], 2);
+    norm += std::pow(double{one_node[i]}, 2);
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-4);
+}
+
+TEST_F(SlurmTrainJobs, ScancelByHandRequeuesFromTheCheckpointAndResumes) {
+  const int64_t id = c_.Submit(c_.JobFile(
+      "resume.yaml", LenetJob(FashionMnistDir(), R"(    mini_batch_size: 64
+    max_iterations: 400
+    verbose_frequency: 100
+    checkpoint_frequency: 100
+    checkpoint_frequency_unit: iteration
+    execution_environment: cpu
+)",
+                              "name: resume\nprofile: hpc\npool: 1\n")));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        nlohmann::json p = c_.ShowJson(id).value("progress", nlohmann::json());
+        return JsonInt(p, "checkpoint_iteration") >= 100;
+      },
+      180000))
+      << Diary(id);
+  std::optional<SlurmRow> slurm = SlurmJobOf(id);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  ASSERT_EQ(Exec({"scancel", std::to_string(slurm->id)}).code, 0);
+  Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 300000);
+  ASSERT_EQ(wait.code, 0) << wait.out << Diary(id);
+  nlohmann::json show = c_.ShowJson(id);
+  EXPECT_EQ(show.value("attempt", 0), 2) << show.dump(2);
+  const std::string diary = Diary(id);
+  EXPECT_TRUE(absl::StrContains(diary, "was cancelled in Slurm")) << diary;
+  EXPECT_TRUE(absl::StrContains(
+      diary, "resumes from the checkpoint stored at iteration"))
+      << diary;
+  EXPECT_EQ(JsonInt(show["progress"], "iteration"), 400);
+}
+
+TEST_F(SlurmJobs, ProfilesShowsSlurmsView) {
+  Result r = c_.Cli({"profiles"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "slurm")) << r.out;
+  EXPECT_TRUE(absl::StrContains(
+      r.out,
+      "hpc: Slurm partition gpu: 2 nodes (2 idle, 0 allocated, 0 "
+      "unavailable), 4 GPUs (0 allocated)"))
+      << r.out;
+}
+
+}  // namespace
+}  // namespace dlbatch::testing
