@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/train_weights.h"
 #include "trainer/output/checkpoint.h"
 #include "trainer/output/history.h"
 
@@ -43,13 +44,7 @@ class TrainJobs : public ::testing::Test {
   }
 
   std::vector<float> FetchWeights(int64_t id, const std::string& into) {
-    Result fetch =
-        c_.Cli({"fetch-outputs", std::to_string(id), "--output", into});
-    EXPECT_EQ(fetch.code, 0) << fetch.out << fetch.err;
-    absl::StatusOr<trainer::Checkpoint> ckpt =
-        trainer::ReadCheckpoint(into + "/checkpoint.dlbc");
-    EXPECT_TRUE(ckpt.ok()) << ckpt.status();
-    return ckpt.ok() ? ckpt->params : std::vector<float>();
+    return FetchTrainedWeights(c_, id, into);
   }
 
   std::string Logs() { return c_.Logs(); }
@@ -170,12 +165,7 @@ TEST_F(TrainJobs, AJobSpanningTwoWorkersTrainsAsOneWorkerDoes) {
 
   ASSERT_EQ(two_workers.size(), one_worker.size());
   ASSERT_FALSE(one_worker.empty());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < one_worker.size(); ++i) {
-    diff += std::pow(double{two_workers[i]} - one_worker[i], 2);
-    norm += std::pow(double{one_worker[i]}, 2);
-  }
-  EXPECT_LT(std::sqrt(diff / norm), 1e-5);
+  EXPECT_LT(RelativeDifference(two_workers, one_worker), 1e-5);
 }
 
 // TCP is always TLS: the ranks of a job spread over workers meet at the

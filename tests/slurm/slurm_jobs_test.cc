@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/train_weights.h"
 #include "trainer/output/checkpoint.h"
 
 namespace dlbatch::testing {
@@ -365,13 +366,7 @@ class SlurmTrainJobs : public SlurmJobs {
     SlurmJobs::SetUp();
   }
   std::vector<float> FetchWeights(int64_t id, const std::string& into) {
-    Result fetch =
-        c_.Cli({"fetch-outputs", std::to_string(id), "--output", into});
-    EXPECT_EQ(fetch.code, 0) << fetch.out << fetch.err;
-    absl::StatusOr<trainer::Checkpoint> ckpt =
-        trainer::ReadCheckpoint(into + "/checkpoint.dlbc");
-    EXPECT_TRUE(ckpt.ok()) << ckpt.status();
-    return ckpt.ok() ? ckpt->params : std::vector<float>();
+    return FetchTrainedWeights(c_, id, into);
   }
 };
 
@@ -405,12 +400,7 @@ TEST_F(SlurmTrainJobs, RanksOverBothNodesReachTheOneNodeWeights) {
 
   ASSERT_EQ(two_nodes.size(), one_node.size());
   ASSERT_FALSE(one_node.empty());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < one_node.size(); ++i) {
-    diff += std::pow(double{two_nodes[i]} - one_node[i], 2);
-    norm += std::pow(double{one_node[i]}, 2);
-  }
-  EXPECT_LT(std::sqrt(diff / norm), 1e-4);
+  EXPECT_LT(RelativeDifference(two_nodes, one_node), 1e-4);
 }
 
 TEST_F(SlurmTrainJobs, ScancelByHandRequeuesFromTheCheckpointAndResumes) {
