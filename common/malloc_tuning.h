@@ -10,7 +10,7 @@
 namespace dlbatch {
 
 // Keeps blocks up to 32 MiB in malloc's arenas and freed memory in the
-// process up to 64 MiB per arena. Call once, first thing in main.
+// process up to 16 MiB per arena. Call once, first thing in main.
 void KeepChunkBuffersInProcess();
 
 }  // namespace dlbatch
