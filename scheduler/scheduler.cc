@@ -703,13 +703,16 @@ absl::StatusOr<FollowSource::DiaryRead> Scheduler::ReadDiaryLines(int64_t job,
 }
 
 absl::StatusOr<int64_t> Scheduler::DiaryTailStart(int64_t job, int64_t tail) {
-  // Every job, running or ended, is in the store; read outside mu_.
+  // Read outside mu_. A start past 0 means the job has lines, so it exists;
+  // only a short or empty diary needs the job looked up.
+  ASSIGN_OR_RETURN(int64_t start, reader_->DiaryTailStart(job, tail));
+  if (start > 0) return start;
   ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job));
   if (!rec) {
     return absl::NotFoundError(
         absl::StrCat("no job ", job, "; `dlbatch jobs` lists the jobs"));
   }
-  return reader_->DiaryTailStart(job, tail);
+  return 0;
 }
 
 absl::StatusOr<bool> Scheduler::JobEnded(int64_t job) {
