@@ -44,11 +44,15 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(
       address = env;
     }
   }
+  std::shared_ptr<grpc::Channel> local_channel;
   if (address.empty()) {
     ASSIGN_OR_RETURN(LocalCluster local, LocalCluster::Resolve());
     RETURN_IF_ERROR(local.EnsureRunning(/*verbose=*/false));
     address = local.address();
     conn->local_ = true;
+    // The probe's connection is this command's: the local socket needs no
+    // token or CA, so its channel is the one MakeChannel would make.
+    local_channel = local.TakeAnsweredChannel();
   }
   ASSIGN_OR_RETURN(conn->config_.endpoint, ParseEndpoint(address));
   if (!flags.token_file.empty()) {
@@ -65,7 +69,8 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(
   }
   RETURN_IF_ERROR(ResolveCa(&conn->config_, flags.ca_file, flags.token_file));
   conn->retry_for_ms_ = std::max<int64_t>(0, flags.retry_for_ms);
-  conn->stub_ = v1::Scheduler::NewStub(MakeChannel(conn->config_));
+  conn->stub_ = v1::Scheduler::NewStub(
+      local_channel != nullptr ? local_channel : MakeChannel(conn->config_));
   return conn;
 }
 

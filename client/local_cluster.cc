@@ -174,12 +174,15 @@ bool LocalCluster::SchedulerAnswers() const {
   auto ep = ParseEndpoint(address());
   if (!ep.ok()) return false;
   config.endpoint = *ep;
-  auto stub = v1::Scheduler::NewStub(MakeChannel(config));
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(config);
+  auto stub = v1::Scheduler::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(1000));
   v1::Stats stats;
-  return stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok();
+  if (!stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok()) return false;
+  answered_ = std::move(channel);
+  return true;
 }
 
 absl::Status LocalCluster::StartProcess(const std::string& binary,

@@ -4,9 +4,11 @@
 #ifndef DLBATCH_CLIENT_LOCAL_CLUSTER_H_
 #define DLBATCH_CLIENT_LOCAL_CLUSTER_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/channel.h"
 
 namespace dlbatch::client {
 
@@ -27,6 +29,13 @@ class LocalCluster {
   // Human status lines.
   std::string Status();
   bool SchedulerAnswers() const;
+  // The channel of the last probe that reached a running scheduler (null if
+  // none did), handed over once: a command run right after EnsureRunning
+  // makes its calls on the connection the probe opened instead of starting
+  // gRPC and connecting a second time.
+  std::shared_ptr<grpc::Channel> TakeAnsweredChannel() {
+    return std::move(answered_);
+  }
 
  private:
   explicit LocalCluster(std::string dir) : dir_(std::move(dir)) {}
@@ -35,6 +44,9 @@ class LocalCluster {
                             const std::string& log,
                             const std::string& pid_file);
   std::string dir_;
+  // Set by SchedulerAnswers on success; a failed probe's channel is dropped
+  // (it would wait out gRPC's reconnect backoff).
+  mutable std::shared_ptr<grpc::Channel> answered_;
 };
 
 // The folder of the running dlbatch executable, where its siblings
