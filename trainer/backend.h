@@ -255,6 +255,9 @@ class Backend {
   // "cpu: oneDNN 2.6.3, 2 threads" / "gpu 0: NVIDIA H100 80GB HBM3".
   virtual std::string Describe() const = 0;
   virtual bool on_gpu() const = 0;
+  // Whether training should scale its loss (loss_scaler.h): arithmetic in
+  // fp16, whose small gradients would otherwise flush to zero.
+  virtual bool scales_loss() const { return false; }
 
   // Which implementation each kernel chose where the backend times the
   // candidates (oneDNN's implementations, cuDNN's algorithms): text to keep

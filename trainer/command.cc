@@ -291,6 +291,21 @@ absl::StatusOr<TrainRequest> MakeRequest(const CommandLine& cl,
       EnvironmentSwitch("DLBATCH_BYTES_BATCHES",
                         "batches as bytes, made into images on the device",
                         "the host's floats"));
+  ASSIGN_OR_RETURN(req.loss_scaling,
+                   EnvironmentSwitch("DLBATCH_LOSS_SCALING",
+                                     "dynamic loss scaling in any precision",
+                                     "no loss scaling, even in fp16"));
+  // Test-only: a step whose gradient overflows, as fp16's may.
+  if (const char* at = std::getenv("DLBATCH_TEST_INF_AT_ITERATION");
+      at != nullptr && *at != '\0') {
+    if (!absl::SimpleAtoi(at, &req.inject_inf_at_iteration) ||
+        req.inject_inf_at_iteration < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DLBATCH_TEST_INF_AT_ITERATION is \"", at,
+          "\"; set it to an iteration (1 or more) whose gradient becomes "
+          "infinite, or unset it"));
+    }
+  }
   // The GPU backend reads it; checked here so that a CPU run refuses a
   // typo too.
   RETURN_IF_ERROR(ConvLoweredSwitch().status());

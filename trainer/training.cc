@@ -22,6 +22,7 @@
 #include "trainer/backend_select.h"
 #include "trainer/comm/grad_buckets.h"
 #include "trainer/data/data.h"
+#include "trainer/loss_scaler.h"
 #include "trainer/network.h"
 #include "trainer/options.h"
 #include "trainer/output/checkpoint.h"
@@ -210,15 +211,34 @@ class Run {
   // Reads the queued steps' sums (waiting for the device), records them in
   // the history and checks them.
   absl::Status Retire();
+  // With loss scaling, after a step's backward pass and its allreduce:
+  // whether its gradients are finite (a host wait for their sum of
+  // squares), told to the scaler. Returns whether to apply the step, its
+  // gradients then unscaled for the solver.
+  bool UnscaleGradients();
+  // The factor the loss gradient is multiplied by: 1 / the global batch,
+  // times the loss scale where there is one.
+  float BackwardScale() const {
+    return scaler_ ? static_cast<float>(scale_ * scaler_->scale()) : scale_;
+  }
 
   // Steps queued whose loss the host has not read yet.
   struct Queued {
     int64_t iteration, epoch;
     double lr, elapsed;
+    double loss_scale;      // the step's (with loss scaling)
+    int64_t skipped_steps;  // up to and including the step
   };
   std::unique_ptr<GradientBuckets> buckets_;
   float scale_ = 0;  // 1 / the global batch
   std::vector<Queued> queued_;
+  // Dynamic loss scaling (TrainRequest::loss_scaling). Its scale is fixed
+  // in a recorded step (a scalar of the loss's backward call): a new scale
+  // records the step again.
+  std::optional<LossScaler> scaler_;
+  // Steps skipped for a gradient that was not finite, over the run (a
+  // resumed one's included): adam's step count leaves them out.
+  int64_t skipped_steps_ = 0;
   std::vector<float> ring_;  // stats_ring_ read back
   bool record_ = false;      // steps are recorded (CUDA graphs)
   bool said_recorded_ = false;
@@ -299,6 +319,10 @@ absl::Status Run::Build() {
                    MakeChosenBackend(req_.device, req_.threads,
                                      req_.spec.options().precision()));
   backend_time_ = SecondsSince(backend_start);
+  if (req_.loss_scaling.value_or(backend_->scales_loss())) {
+    scaler_.emplace();
+    history_.loss_scaling = true;
+  }
   // Collectives wait for this stream's work with events, not device syncs.
   comm_.SetComputeStream(backend_->native_stream());
   const std::string cache = TuningCachePath();
@@ -440,6 +464,20 @@ absl::Status Run::ResumeIfAsked() {
                            c.state.size() * sizeof(float));
   }
   solver_->LoadState(c.solver_state);
+  skipped_steps_ = c.skipped_steps;
+  if (scaler_) {
+    // A checkpoint of a run without scaling starts the scale afresh.
+    LossScaler::State state;
+    if (c.loss_scale > 0) {
+      state = {c.loss_scale, c.loss_scale_clean_steps, c.skipped_steps};
+    } else {
+      state = scaler_->state();
+      state.skipped_steps = c.skipped_steps;
+    }
+    if (absl::Status s = scaler_->Restore(state); !s.ok()) {
+      return absl::DataLossError(absl::StrCat(path, ": ", s.message()));
+    }
+  }
   iteration_ = c.iteration;
   elapsed_offset_ = c.elapsed_s;
   best_validation_loss_ = c.best_validation_loss;
@@ -454,6 +492,7 @@ absl::Status Run::ResumeIfAsked() {
     absl::StatusOr<TrainingHistory> h = ParseHistoryCsv(*csv);
     if (h.ok()) history_ = std::move(h).value();
   }
+  history_.loss_scaling = scaler_.has_value();
   std::erase_if(history_.iterations, [&](const IterationRecord& r) {
     return r.iteration > iteration_;
   });
@@ -558,6 +597,11 @@ absl::Status Run::SaveCheckpoint() {
   c.validations_without_improvement = without_improvement_;
   c.normalization = normalization_;
   c.tuning = backend_->SaveTuning();
+  c.skipped_steps = skipped_steps_;
+  if (scaler_) {
+    c.loss_scale = scaler_->state().scale;
+    c.loss_scale_clean_steps = scaler_->state().clean_steps;
+  }
   c.params.resize(net_->num_params());
   backend_->CopyToHost(c.params.data(), net_->params(),
                        c.params.size() * sizeof(float));
@@ -652,6 +696,10 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
       {"resumed", result.resumed},
   };
   if (result.first_step_s) j["first_step_s"] = *result.first_step_s;
+  if (scaler_) {
+    j["loss_scale"] = scaler_->scale();
+    j["skipped_steps"] = skipped_steps_;
+  }
   // Format folders: label i's name.
   if (!train_.class_names.empty()) j["class_names"] = train_.class_names;
   if (result.validation_loss) {
@@ -789,8 +837,9 @@ absl::Status Run::Retire() {
           q.iteration, " (epoch ", q.epoch,
           "); lower initial_learn_rate or set gradient_threshold"));
     }
-    history_.iterations.push_back(
-        {q.iteration, q.epoch, q.elapsed, last_loss_, last_accuracy_, q.lr});
+    history_.iterations.push_back({q.iteration, q.epoch, q.elapsed, last_loss_,
+                                   last_accuracy_, q.lr, q.loss_scale,
+                                   q.skipped_steps});
   }
   queued_.clear();
   return absl::OkStatus();
@@ -811,7 +860,7 @@ absl::Status Run::Compute(const Slot& s) {
   if (comm_.size() > 1) {
     RETURN_IF_ERROR(comm_.StartAllreduceSum(step_stats_.f32(), 2));
   }
-  net_->Backward(s.n, s.labels.as<int32_t>(), scale_,
+  net_->Backward(s.n, s.labels.as<int32_t>(), BackwardScale(),
                  comm_.size() > 1 ? buckets_->ReadyFn() : nullptr);
   return net_->collective_status();
 }
@@ -885,11 +934,35 @@ absl::Status Run::Step() {
                          step_stats_.f32(), 2 * sizeof(float));
   step_epoch_ = iteration_ / per_epoch_ + 1;
   step_lr_ = LearnRate(opt_, iteration_, step_epoch_, total_);
-  solver_->Step(step_lr_, iteration_ + 1);
+  const double loss_scale = scaler_ ? scaler_->scale() : 0;
+  if (!scaler_ || UnscaleGradients()) {
+    solver_->Step(step_lr_, iteration_ + 1 - skipped_steps_);
+  }
   ++iteration_;
   current_ ^= 1;
-  queued_.push_back({iteration_, step_epoch_, step_lr_, Elapsed()});
+  queued_.push_back({iteration_, step_epoch_, step_lr_, Elapsed(), loss_scale,
+                     skipped_steps_});
   return absl::OkStatus();
+}
+
+bool Run::UnscaleGradients() {
+  float* grads = net_->grads();
+  const int64_t count = net_->num_params();
+  if (req_.inject_inf_at_iteration == iteration_ + 1 && count > 0) {
+    backend_->Fill(grads, 1, std::numeric_limits<float>::infinity());
+  }
+  const double used = scaler_->scale();
+  // Every rank sums the same averaged gradients, so all decide alike.
+  const bool finite =
+      count == 0 || std::isfinite(backend_->SumSquares(count, grads));
+  const bool apply = scaler_->Update(finite);
+  skipped_steps_ = scaler_->skipped_steps();
+  // A power of two: unscaling changes no bit that scaling did not.
+  if (apply) backend_->Scale(count, static_cast<float>(1.0 / used), grads);
+  if (scaler_->scale() != used) {
+    for (std::unique_ptr<Recording>& r : recorded_) r.reset();
+  }
+  return apply;
 }
 
 void Run::ReportStart() {

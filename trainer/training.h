@@ -46,6 +46,15 @@ struct TrainRequest {
   // and no conversion on the host. Unset: on a GPU. Either way the images
   // are the same bits. dlbatch-train sets it from DLBATCH_BYTES_BATCHES=0|1.
   std::optional<bool> batches_as_bytes;
+  // Dynamic loss scaling (loss_scaler.h): unset, where the backend asks
+  // for it (Backend::scales_loss: precision fp16); true or false forces it
+  // either way (dlbatch-train: DLBATCH_LOSS_SCALING=1|0; tests scale an
+  // fp32 run on the CPU, where scaling by powers of two changes no bit).
+  std::optional<bool> loss_scaling;
+  // Test-only: the step of this iteration (1-based; 0: none) finds an
+  // infinite gradient after its backward pass, as an fp16 overflow would
+  // leave one (dlbatch-train: DLBATCH_TEST_INF_AT_ITERATION).
+  int64_t inject_inf_at_iteration = 0;
   Communicator* communicator = nullptr;  // required; not owned
   BackendChoice device;  // the CPU unless ChooseBackend chose a GPU
   // Where ranks > 0 take rank 0's kernel choices (Backend::SaveTuning), so

@@ -155,6 +155,38 @@ TEST(HistoryCsvTest, RoundTripsEveryValueExactly) {
   EXPECT_EQ(HistoryCsv(*parsed), csv);
 }
 
+// A run that scaled its loss (fp16) adds loss_scale and skipped_steps;
+// both forms read back, and a row of the wrong form is an error.
+TEST(HistoryCsvTest, LossScaledRunsAddTheScaleAndSkippedSteps) {
+  TrainingHistory h = SmallHistory();
+  h.loss_scaling = true;
+  h.iterations[0].loss_scale = 65536;
+  h.iterations[1].loss_scale = 32768;
+  h.iterations[1].skipped_steps = 1;
+  const std::string csv = HistoryCsv(h);
+  EXPECT_EQ(csv.substr(0, csv.find('\n')),
+            "kind,iteration,epoch,time_s,loss,accuracy,learn_rate,loss_scale,"
+            "skipped_steps");
+  EXPECT_NE(csv.find(",65536,0\n"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",32768,1\n"), std::string::npos) << csv;
+  absl::StatusOr<TrainingHistory> parsed = ParseHistoryCsv(csv);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->loss_scaling);
+  ASSERT_EQ(parsed->iterations.size(), h.iterations.size());
+  EXPECT_EQ(parsed->iterations[1].loss_scale, 32768);
+  EXPECT_EQ(parsed->iterations[1].skipped_steps, 1);
+  EXPECT_EQ(HistoryCsv(*parsed), csv);
+  EXPECT_FALSE(ParseHistoryCsv(HistoryCsv(SmallHistory()))->loss_scaling);
+
+  absl::StatusOr<TrainingHistory> bad = ParseHistoryCsv(
+      "kind,iteration,epoch,time_s,loss,accuracy,learn_rate,loss_scale,"
+      "skipped_steps\ntrain,1,1,0.5,2.3,10,0.01\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("line 2: 7 fields, expected 9"),
+            std::string::npos)
+      << bad.status();
+}
+
 TEST(HistoryCsvTest, KeepsNonFiniteLossesAndAcceptsCrLf) {
   TrainingHistory h = SmallHistory();
   h.iterations[0].loss = std::numeric_limits<double>::quiet_NaN();

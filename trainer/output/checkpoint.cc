@@ -68,6 +68,11 @@ std::string EncodeCheckpoint(const Checkpoint& c) {
       {"state", c.state.size()},
       {"solver_state", c.solver_state.size()},
   };
+  if (c.loss_scale > 0) {
+    header["loss_scale"] = c.loss_scale;
+    header["loss_scale_clean_steps"] = c.loss_scale_clean_steps;
+    header["skipped_steps"] = c.skipped_steps;
+  }
   const std::string text = header.dump();
   std::string out(kMagic, sizeof(kMagic));
   PutU32(&out, kCheckpointVersion);
@@ -126,6 +131,10 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(const std::string& bytes,
     c.normalization.mean = h.at("normalization_mean").get<std::vector<float>>();
     c.normalization.std = h.at("normalization_std").get<std::vector<float>>();
     c.tuning = h.value("tuning", std::string());
+    // Optional: only runs that scaled their loss write them.
+    c.loss_scale = h.value("loss_scale", 0.0);
+    c.loss_scale_clean_steps = h.value("loss_scale_clean_steps", int64_t{0});
+    c.skipped_steps = h.value("skipped_steps", int64_t{0});
     np = h.at("params").get<size_t>();
     ns = h.at("state").get<size_t>();
     nss = h.at("solver_state").get<size_t>();

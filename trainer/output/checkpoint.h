@@ -38,6 +38,12 @@ struct Checkpoint {
   int64_t validations_without_improvement = 0;
   Normalization normalization;
   std::string tuning;  // Backend::SaveTuning of the run that wrote it
+  // Dynamic loss scaling (LossScaler::State) of a run that scaled its loss
+  // (precision: fp16); loss_scale 0 where the run did not. A run resumed
+  // with scaling continues the scale; one without ignores it.
+  double loss_scale = 0;
+  int64_t loss_scale_clean_steps = 0;
+  int64_t skipped_steps = 0;
   std::vector<float> params;
   std::vector<float> state;
   std::vector<float> solver_state;

@@ -23,6 +23,11 @@ namespace {
 constexpr char kHeader[] =
     "kind,iteration,epoch,time_s,loss,accuracy,learn_rate";
 constexpr int kFields = 7;
+// TrainingHistory::loss_scaling's form: two more columns.
+constexpr char kScaledHeader[] =
+    "kind,iteration,epoch,time_s,loss,accuracy,learn_rate,loss_scale,"
+    "skipped_steps";
+constexpr int kScaledFields = 9;
 
 void AppendDouble(double value, std::string* out) {
   char buffer[64];
@@ -55,17 +60,25 @@ void AppendSharedFields(const char* kind, int64_t iteration, int64_t epoch,
   out->push_back(',');
 }
 
-void AppendTrainRow(const IterationRecord& r, std::string* out) {
+void AppendTrainRow(const IterationRecord& r, bool scaled, std::string* out) {
   AppendSharedFields("train", r.iteration, r.epoch, r.time_s, r.loss,
                      r.accuracy, out);
   AppendDouble(r.learn_rate, out);
+  if (scaled) {
+    out->push_back(',');
+    AppendDouble(r.loss_scale, out);
+    out->push_back(',');
+    AppendInt(r.skipped_steps, out);
+  }
   out->push_back('\n');
 }
 
-void AppendValidationRow(const ValidationRecord& r, std::string* out) {
+void AppendValidationRow(const ValidationRecord& r, bool scaled,
+                         std::string* out) {
   AppendSharedFields("validation", r.iteration, r.epoch, r.time_s, r.loss,
                      r.accuracy, out);
-  out->push_back('\n');  // no learn rate
+  if (scaled) out->append(",,");  // no learn rate, scale or skipped steps
+  out->push_back('\n');
 }
 
 // Parses a whole field as T; `what` and `line` name it in the error.
@@ -85,7 +98,8 @@ absl::Status ParseNumber(absl::string_view field, absl::string_view what,
 }  // namespace
 
 std::string HistoryCsv(const TrainingHistory& history) {
-  std::string out(kHeader);
+  const bool scaled = history.loss_scaling;
+  std::string out(scaled ? kScaledHeader : kHeader);
   out.push_back('\n');
   out.reserve(out.size() +
               64 * (history.iterations.size() + history.validations.size()));
@@ -95,12 +109,12 @@ std::string HistoryCsv(const TrainingHistory& history) {
   for (const IterationRecord& r : history.iterations) {
     while (v < history.validations.size() &&
            history.validations[v].iteration < r.iteration) {
-      AppendValidationRow(history.validations[v++], &out);
+      AppendValidationRow(history.validations[v++], scaled, &out);
     }
-    AppendTrainRow(r, &out);
+    AppendTrainRow(r, scaled, &out);
   }
   while (v < history.validations.size()) {
-    AppendValidationRow(history.validations[v++], &out);
+    AppendValidationRow(history.validations[v++], scaled, &out);
   }
   return out;
 }
@@ -120,18 +134,21 @@ absl::StatusOr<TrainingHistory> ParseHistoryCsv(const std::string& csv) {
     if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
     const int line = static_cast<int>(i) + 1;
     if (i == 0) {
-      if (text != kHeader) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("training history line 1: header is '", text,
-                         "', expected '", kHeader, "'"));
+      if (text != kHeader && text != kScaledHeader) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "training history line 1: header is '", text, "', expected '",
+            kHeader, "' or '", kScaledHeader, "'"));
       }
+      history.loss_scaling = text == kScaledHeader;
       continue;
     }
+    const bool scaled = history.loss_scaling;
+    const size_t fields = scaled ? kScaledFields : kFields;
     std::vector<absl::string_view> f = absl::StrSplit(text, ',');
-    if (f.size() != kFields) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("training history line ", line, ": ", f.size(),
-                       " fields, expected ", kFields, " (", kHeader, ")"));
+    if (f.size() != fields) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "training history line ", line, ": ", f.size(), " fields, expected ",
+          fields, " (", scaled ? kScaledHeader : kHeader, ")"));
     }
     int64_t iteration = 0, epoch = 0;
     double time_s = 0, loss = 0, accuracy = 0;
@@ -158,13 +175,29 @@ absl::StatusOr<TrainingHistory> ParseHistoryCsv(const std::string& csv) {
           !s.ok()) {
         return s;
       }
-      history.iterations.push_back(
-          {iteration, epoch, time_s, loss, accuracy, learn_rate});
+      IterationRecord r{iteration, epoch, time_s, loss, accuracy, learn_rate};
+      if (scaled) {
+        if (absl::Status s =
+                ParseNumber(f[7], "loss_scale", line, &r.loss_scale);
+            !s.ok()) {
+          return s;
+        }
+        if (absl::Status s =
+                ParseNumber(f[8], "skipped_steps", line, &r.skipped_steps);
+            !s.ok()) {
+          return s;
+        }
+      }
+      history.iterations.push_back(r);
     } else if (f[0] == "validation") {
-      if (!f[6].empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "training history line ", line,
-            ": a validation row has no learn_rate, found '", f[6], "'"));
+      for (size_t k = 6; k < fields; ++k) {
+        if (!f[k].empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("training history line ", line,
+                           ": a validation row has no learn_rate",
+                           scaled ? ", loss_scale or skipped_steps" : "",
+                           ", found '", f[k], "'"));
+        }
       }
       history.validations.push_back({iteration, epoch, time_s, loss, accuracy});
     } else {

@@ -21,6 +21,11 @@ struct IterationRecord {
   double loss = 0;        // mini-batch mean cross-entropy
   double accuracy = 0;    // mini-batch, percent
   double learn_rate = 0;
+  // With dynamic loss scaling (TrainingHistory::loss_scaling): the scale
+  // this step's gradients were computed with, and the steps skipped for an
+  // inf or NaN gradient up to and including this one.
+  double loss_scale = 0;
+  int64_t skipped_steps = 0;
 };
 
 struct ValidationRecord {
@@ -32,6 +37,9 @@ struct ValidationRecord {
 };
 
 struct TrainingHistory {
+  // Whether the run scaled its loss (precision: fp16): the rows then carry
+  // loss_scale and skipped_steps.
+  bool loss_scaling = false;
   std::vector<IterationRecord> iterations;
   std::vector<ValidationRecord> validations;
 };
@@ -39,9 +47,12 @@ struct TrainingHistory {
 // One row per iteration and one per validation, ordered by iteration
 // (a validation after the iteration it follows):
 //   kind,iteration,epoch,time_s,loss,accuracy,learn_rate
-// with kind "train" or "validation" (learn_rate empty on validation rows).
+// with kind "train" or "validation" (learn_rate empty on validation rows);
+// with loss_scaling two more columns, loss_scale,skipped_steps (empty on
+// validation rows).
 std::string HistoryCsv(const TrainingHistory& history);
-// Parses what HistoryCsv wrote (a resumed run continues its history).
+// Parses what HistoryCsv wrote, either form (a resumed run continues its
+// history; loss_scaling says which form it was).
 absl::StatusOr<TrainingHistory> ParseHistoryCsv(const std::string& csv);
 
 // A standalone SVG: two panels (accuracy above, loss below) over

@@ -1,0 +1,216 @@
+// Dynamic loss scaling in the training loop, through the real dlbatch-train
+// on the CPU: DLBATCH_LOSS_SCALING=1 scales an fp32 run's loss (the path an
+// fp16 run on a GPU takes), and DLBATCH_TEST_INF_AT_ITERATION makes one
+// step's gradient infinite, as an fp16 overflow would. Scaling by a power
+// of two changes no bit of float32 arithmetic, so a scaled run must match
+// an unscaled one exactly; an overflowed step must leave the weights and
+// the solver's state as they were, halve the scale, be counted in the
+// history and the checkpoint, and training must go on.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/files.h"
+#include "tests/integration/harness.h"
+#include "trainer/output/checkpoint.h"
+#include "trainer/output/history.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+using dlbatch::testing::BinDir;
+using dlbatch::testing::Exec;
+using dlbatch::testing::ReadAll;
+using dlbatch::testing::Result;
+using dlbatch::testing::WriteAll;
+
+constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
+constexpr double kInitialScale = 65536;
+
+class LossScalingRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (access(absl::StrCat(kData, "/train-images-idx3-ubyte.gz").c_str(),
+               R_OK) != 0) {
+      GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+    }
+    char tmpl[] = "/tmp/dlbatch-loss-scaling-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    // LeNet with Caffe's solver at batch 64 on the CPU, fp32.
+    job_ = dir_ + "/lenet.yaml";
+    WriteAll(job_,
+             absl::StrCat("name: lenet\ntrain:\n",
+                          dlbatch::testing::kLenetNetworkYaml,
+                          "  data:\n    train: {format: idx, images: ", kData,
+                          "/train-images-idx3-ubyte.gz, labels: ", kData,
+                          "/train-labels-idx1-ubyte.gz}\n  options:\n"
+                          "    solver: sgdm\n"
+                          "    initial_learn_rate: 0.01\n"
+                          "    momentum: 0.9\n"
+                          "    l2_regularization: 0.0005\n"
+                          "    mini_batch_size: 64\n"
+                          "    max_epochs: 1\n"
+                          "    shuffle: every-epoch\n"
+                          "    execution_environment: cpu\n"
+                          "    seed: 3\n"));
+  }
+  void TearDown() override {
+    if (!dir_.empty() && std::getenv("DLBATCH_KEEP_TEST_DIRS") == nullptr) {
+      RemoveTree(dir_).IgnoreError();
+    }
+  }
+
+  // `iterations` steps into dir_/`name`, with the environment `env` (the
+  // tuning cache is shared, so that every run computes with the same
+  // oneDNN implementations).
+  Result Train(const std::string& name, int iterations,
+               std::map<std::string, std::string> env = {},
+               std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {BinDir() + "/dlbatch-train",
+                                     job_,
+                                     "--output-dir",
+                                     dir_ + "/" + name,
+                                     "--threads",
+                                     "2",
+                                     "--max-iterations",
+                                     absl::StrCat(iterations)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    env["XDG_CACHE_HOME"] = dir_ + "/cache";
+    return Exec(argv, env, 300000);
+  }
+
+  Checkpoint Read(const std::string& name) {
+    absl::StatusOr<Checkpoint> c =
+        ReadCheckpoint(dir_ + "/" + name + "/checkpoint.dlbc");
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : Checkpoint();
+  }
+
+  TrainingHistory History(const std::string& name) {
+    absl::StatusOr<TrainingHistory> h =
+        ParseHistoryCsv(ReadAll(dir_ + "/" + name + "/training_history.csv"));
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? *std::move(h) : TrainingHistory();
+  }
+
+  std::string dir_, job_;
+};
+
+const std::pair<std::string, std::string> kScaling = {"DLBATCH_LOSS_SCALING",
+                                                      "1"};
+
+std::pair<std::string, std::string> InfAt(int iteration) {
+  return {"DLBATCH_TEST_INF_AT_ITERATION", absl::StrCat(iteration)};
+}
+
+// The loop's unscaling is exact: a scaled fp32 run ends on the unscaled
+// run's weights and momentum, bit for bit, and its history says the scale.
+TEST_F(LossScalingRun, ScaledFloat32RunMatchesTheUnscaledOneBitForBit) {
+  Result r = Train("plain", 30);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  r = Train("scaled", 30, {kScaling});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const Checkpoint plain = Read("plain"), scaled = Read("scaled");
+  ASSERT_EQ(plain.params.size(), scaled.params.size());
+  EXPECT_TRUE(plain.params == scaled.params);
+  EXPECT_TRUE(plain.solver_state == scaled.solver_state);
+  EXPECT_EQ(plain.loss_scale, 0);
+  EXPECT_EQ(scaled.loss_scale, kInitialScale);
+  EXPECT_EQ(scaled.skipped_steps, 0);
+
+  const TrainingHistory h = History("scaled");
+  EXPECT_TRUE(h.loss_scaling);
+  ASSERT_EQ(h.iterations.size(), 30u);
+  for (const IterationRecord& row : h.iterations) {
+    EXPECT_EQ(row.loss_scale, kInitialScale) << "iteration " << row.iteration;
+    EXPECT_EQ(row.skipped_steps, 0) << "iteration " << row.iteration;
+  }
+  EXPECT_FALSE(History("plain").loss_scaling);
+  nlohmann::json m =
+      nlohmann::json::parse(ReadAll(dir_ + "/scaled/metrics.json"));
+  EXPECT_EQ(m["skipped_steps"], 0);
+  EXPECT_EQ(m["loss_scale"], kInitialScale);
+}
+
+// An overflowed step is skipped: after step 11 with an infinite gradient
+// the weights and the momentum are step 10's, exactly; the scale halves;
+// the history's row 11 counts the skip and row 12 computes with half the
+// scale; a resumed run continues the halved scale; and training goes on to
+// a finite, lower loss.
+TEST_F(LossScalingRun, AnInfiniteGradientSkipsTheStepAndHalvesTheScale) {
+  Result r = Train("ten", 10, {kScaling});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  r = Train("skipped", 11, {kScaling, InfAt(11)});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const Checkpoint ten = Read("ten"), skipped = Read("skipped");
+  EXPECT_EQ(skipped.iteration, 11);
+  ASSERT_EQ(ten.params.size(), skipped.params.size());
+  EXPECT_TRUE(ten.params == skipped.params) << "the skipped step moved weights";
+  EXPECT_TRUE(ten.solver_state == skipped.solver_state)
+      << "the skipped step moved the momentum";
+  EXPECT_EQ(ten.loss_scale, kInitialScale);
+  EXPECT_EQ(skipped.loss_scale, kInitialScale / 2);
+  EXPECT_EQ(skipped.skipped_steps, 1);
+
+  // The same overflow in a longer run, which goes on.
+  r = Train("long", 200, {kScaling, InfAt(11)});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const TrainingHistory h = History("long");
+  ASSERT_EQ(h.iterations.size(), 200u);
+  for (const IterationRecord& row : h.iterations) {
+    SCOPED_TRACE(row.iteration);
+    EXPECT_TRUE(std::isfinite(row.loss));
+    EXPECT_EQ(row.loss_scale,
+              row.iteration <= 11 ? kInitialScale : kInitialScale / 2);
+    EXPECT_EQ(row.skipped_steps, row.iteration < 11 ? 0 : 1);
+  }
+  double first = 0, last = 0;
+  for (int i = 0; i < 20; ++i) {
+    first += h.iterations[i].loss / 20;
+    last += h.iterations[180 + i].loss / 20;
+  }
+  EXPECT_LT(last, 0.6 * first)
+      << "first 20 steps " << first << ", last 20 " << last;
+  nlohmann::json m =
+      nlohmann::json::parse(ReadAll(dir_ + "/long/metrics.json"));
+  EXPECT_EQ(m["skipped_steps"], 1);
+  EXPECT_EQ(m["loss_scale"], kInitialScale / 2);
+
+  // Resumed from the skipped run's checkpoint: the halved scale and the
+  // count go on.
+  r = Train("skipped", 15, {kScaling}, {"--resume"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const TrainingHistory resumed = History("skipped");
+  ASSERT_EQ(resumed.iterations.size(), 15u);
+  EXPECT_EQ(resumed.iterations[10].skipped_steps, 1);
+  for (int i = 11; i < 15; ++i) {
+    EXPECT_EQ(resumed.iterations[i].loss_scale, kInitialScale / 2) << i;
+    EXPECT_EQ(resumed.iterations[i].skipped_steps, 1) << i;
+  }
+  EXPECT_EQ(Read("skipped").skipped_steps, 1);
+}
+
+TEST_F(LossScalingRun, BadSwitchesAreRefusedSayingWhatToSet) {
+  Result r = Train("bad", 5, {{"DLBATCH_TEST_INF_AT_ITERATION", "soon"}});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("DLBATCH_TEST_INF_AT_ITERATION is \"soon\""),
+            std::string::npos)
+      << r.err;
+  r = Train("bad", 5, {{"DLBATCH_LOSS_SCALING", "yes"}});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("DLBATCH_LOSS_SCALING is \"yes\"; set it to 1"),
+            std::string::npos)
+      << r.err;
+}
+
+}  // namespace
+}  // namespace dlbatch::trainer
