@@ -9,12 +9,14 @@
 #  2. systemd 252 booted as PID 1 of new PID, mount, UTS and cgroup
 #     namespaces on that root (a container, as systemd-nspawn makes one, with
 #     a cgroup2 hierarchy of its own): dlbatch-scheduler.service reaches
-#     active through Type=notify as user dlbatch, dlbatch-worker.service
-#     joins it, a job submitted with the installed CLI runs in a cgroup under
-#     the worker unit's (Delegate=yes), a restart of the scheduler keeps the
-#     jobs (StateDirectory=), stopping the worker leaves no job process
-#     (KillMode=mixed) and both units stop cleanly. The package installed
-#     again over itself (postinst's upgrade path) restarts the running units.
+#     active through Type=notify as user dlbatch in its sandbox,
+#     dlbatch-worker.service joins it, a job submitted with the installed CLI
+#     runs in a cgroup under the worker unit's (Delegate=yes), a user's job
+#     runs as that user, a restart of the scheduler (and a kill -9, after
+#     which systemd restarts it) keeps the jobs (StateDirectory=), stopping
+#     the worker leaves no job process (KillMode=mixed) and both units stop
+#     cleanly. The package installed again over itself (postinst's upgrade
+#     path) restarts the running units.
 #  3. `dpkg -r` stops the units (under systemd) and keeps the conffiles and
 #     state, `dpkg --purge` removes them; then systemd powers off. (Where
 #     systemd could not boot, -r and --purge run in the chroot.)
@@ -71,6 +73,7 @@ mkdir "$tmp/upper" "$tmp/work" "$tmp/root"
 traces() {
   getent passwd dlbatch || true
   getent group dlbatch || true
+  getent passwd dlbatch-test-user || true
   dpkg-query -W -f='${Status} ${Version}\n' dlbatch 2>/dev/null || true
   for f in /etc/dlbatch /var/lib/dlbatch /var/lib/dlbatch-worker /run/dlbatch \
     /usr/bin/dlbatch /usr/bin/dlbatch-scheduler /lib/systemd/system/dlbatch-scheduler.service \
@@ -138,8 +141,8 @@ fi
 [[ -f /etc/dlbatch/scheduler.yaml && -f /etc/dlbatch/worker.yaml ]] || fail "dpkg -r removed the conffiles"
 [[ -d /var/lib/dlbatch ]] || fail "dpkg -r removed the state"
 dpkg --purge dlbatch
-dpkg-query -W -f="\${Status}" dlbatch 2>/dev/null | grep -q "not-installed" \
-  || ! dpkg-query -W dlbatch >/dev/null 2>&1 || fail "after --purge: $(dpkg-query -W dlbatch)"
+status=$(dpkg-query -W -f="\${Status}" dlbatch 2>/dev/null) || true
+[[ -z $status || $status == *not-installed ]] || fail "after --purge: $status"
 for f in /etc/dlbatch /var/lib/dlbatch /var/lib/dlbatch-worker; do
   [[ ! -e $f ]] || fail "dpkg --purge left $f"
 done
@@ -332,10 +335,10 @@ if ((booted)); then
   [[ $(prop dlbatch-worker.service Delegate) == yes && $(prop dlbatch-worker.service KillMode) == mixed ]] \
     || fail "the worker unit lacks Delegate=yes or KillMode=mixed"
   for _ in $(seq 100); do
-    dl workers 2>/dev/null | grep -q online && break
+    [[ $(dl workers 2>/dev/null) == *online* ]] && break
     sleep 0.2
   done
-  dl workers | grep -q online || fail "the worker did not join: $(dl workers; journal dlbatch-worker)"
+  [[ $(dl workers) == *online* ]] || fail "the worker did not join: $(dl workers; journal dlbatch-worker)"
   echo "active, pid $wpid as root in $unit_cg; joined the scheduler"
 
   echo "== a job through the installed CLI"
@@ -347,6 +350,15 @@ if ((booted)); then
   job_cg=$(sed -n 's/.*0::\(\/[^ ]*\).*/\1/p' "$tmp/diary" | head -1)
   [[ $job_cg == "$unit_cg"/?* ]] || fail "job $id ran in cgroup '$job_cg', not under $unit_cg: $(cat "$tmp/diary")"
   echo "job $id finished; it ran in $job_cg (Delegate=yes)"
+  # A user's job: the socket lets every local user in, the root worker runs
+  # it as that user (through /var/lib/dlbatch-worker, 0700 by the unit).
+  inside useradd --create-home dlbatch-test-user || fail "useradd in the container"
+  user_job=$(inside runuser -u dlbatch-test-user -- dlbatch --scheduler unix:/run/dlbatch/scheduler.sock \
+    submit -q --name mine -- sh -c 'echo "I am $(id -un) in $PWD"') || fail "a user's submit: $user_job"
+  dl wait --timeout 60s "$user_job" >/dev/null || fail "job $user_job: $(dl show "$user_job"; journal dlbatch-worker)"
+  grep -q "I am dlbatch-test-user in /var/lib/dlbatch-worker/" <(dl diary "$user_job") \
+    || fail "job $user_job's diary: $(dl diary "$user_job")"
+  echo "job $user_job of user dlbatch-test-user ran as that user"
 
   echo "== the scheduler restarted keeps its jobs"
   long=$(dl submit -q --name long -- sh -c 'setsid sleep 600 & echo started; sleep 600') \
@@ -364,6 +376,17 @@ if ((booted)); then
   grep -q "hi from the service" <(dl diary "$id") || fail "job $id's diary lost in the restart"
   inside test -s /var/lib/dlbatch/dlbatch.db || fail "no store in /var/lib/dlbatch: $(inside ls -la /var/lib/dlbatch)"
   echo "job $id is still there, finished with its diary"
+  # Killed outright, it is started again (Restart=on-failure) on its store.
+  spid=$(prop dlbatch-scheduler.service MainPID)
+  inside kill -9 "$spid"
+  for _ in $(seq 50); do
+    [[ $(prop dlbatch-scheduler.service ActiveState) == active && $(prop dlbatch-scheduler.service MainPID) != "$spid" ]] && break
+    sleep 0.2
+  done
+  active dlbatch-scheduler.service
+  [[ $(prop dlbatch-scheduler.service MainPID) != "$spid" ]] || fail "systemd did not restart the killed scheduler"
+  grep -q "hi from the service" <(dl diary "$id") || fail "job $id's diary lost in the kill -9"
+  echo "killed with SIGKILL, systemd started it again; job $id is still there"
 
   echo "== stopping the worker stops its jobs"
   # The job's processes (sh, sleep and the setsid'd sleep): its cgroup's.
@@ -378,7 +401,8 @@ if ((booted)); then
   [[ -z $left ]] || fail "processes left in $unit_cg: $left"
   echo "no process of job $long is left ($(wc -w <<<"$job_pids") were running)"
   stop_clean dlbatch-scheduler.service
-  inside journalctl --no-pager -q -u dlbatch-scheduler | grep -q . || fail "the scheduler logged nothing to the journal"
+  [[ -n $(inside journalctl --no-pager -q -u dlbatch-scheduler.service) ]] \
+    || fail "the scheduler logged nothing to the journal: $(inside journalctl --no-pager -n 40 2>&1)"
   for u in dlbatch-scheduler dlbatch-worker; do
     [[ $(inside systemctl is-enabled $u.service) == disabled ]] || fail "the package enabled $u"
   done
