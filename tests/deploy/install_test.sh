@@ -361,7 +361,7 @@ if ((booted)); then
   echo "job $user_job of user dlbatch-test-user ran as that user"
 
   echo "== the scheduler restarted keeps its jobs"
-  long=$(dl submit -q --name long -- sh -c 'setsid sleep 600 & echo started; sleep 600') \
+  long=$(dl submit -q --name long -- sh -c 'setsid sleep 600 & sleep 600 & echo started; wait') \
     || fail "submit: $long"
   for _ in $(seq 100); do
     grep -q started <(dl diary "$long" 2>/dev/null) && break
