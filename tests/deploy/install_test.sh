@@ -6,8 +6,8 @@
 #  1. `dpkg -i` in a chroot of the overlay: the maintainer scripts run (the
 #     dlbatch user from sysusers.d, the folders from tmpfiles.d, conffiles);
 #     dpkg and apt find the package installed and every dependency met.
-#  2. systemd 252 booted as PID 1 of new PID, mount, UTS and cgroup
-#     namespaces on that root (a container, as systemd-nspawn makes one, with
+#  2. systemd 252 booted as PID 1 of new PID, mount, UTS, IPC, network and
+#     cgroup namespaces on that root (a container, as systemd-nspawn makes one, with
 #     a cgroup2 hierarchy of its own): dlbatch-scheduler.service reaches
 #     active through Type=notify as user dlbatch in its sandbox,
 #     dlbatch-worker.service joins it, a job submitted with the installed CLI
@@ -196,15 +196,19 @@ boot() {
   cg=$mnt${own%/}/dlbatch-install.$$
   mkdir "$cg" 2>"$tmp/mkdir.err" || { boot_error="mkdir $cg: $(cat "$tmp/mkdir.err")"; cg=""; return 1; }
   # The units the container boots into: sysinit.target and nothing of this
-  # machine's services. Units that would change the kernel's settings for
-  # the host are masked (and /proc/sys is read-only, CAP_SYS_MODULE and
-  # CAP_SYS_TIME dropped, as systemd-nspawn does).
+  # machine's services. Masked: units that would change the kernel's
+  # settings for the host (and /proc/sys is read-only, CAP_SYS_MODULE and
+  # CAP_SYS_TIME dropped, as systemd-nspawn does), what this machine's
+  # administrator added to sysinit.target, and network-online.target, which
+  # both units want: the container has a network namespace of its own with
+  # only loopback, where waiting for the network would wait in vain.
   local units=$tmp/upper/etc/systemd/system
   mkdir -p "$units"
   printf '%s\n' "[Unit]" "Description=dlbatch install test" \
     "Requires=sysinit.target" "After=sysinit.target" >"$units/dlbatch-test.target"
   for u in systemd-sysctl.service systemd-modules-load.service systemd-binfmt.service \
-    proc-sys-fs-binfmt_misc.automount systemd-timesyncd.service kmod-static-nodes.service; do
+    proc-sys-fs-binfmt_misc.automount systemd-timesyncd.service kmod-static-nodes.service \
+    apparmor.service network-online.target $(ls /etc/systemd/system/sysinit.target.wants 2>/dev/null); do
     ln -sf /dev/null "$units/$u"
   done
   : >"$tmp/console"
@@ -248,7 +252,7 @@ exec unshare --cgroup sh -c '
 INIT
   # --kill-child: if this test dies, systemd (and with it every process of
   # its PID namespace) is killed.
-  unshare --mount --propagation private --uts --pid --fork --kill-child \
+  unshare --mount --propagation private --uts --net --ipc --pid --fork --kill-child \
     bash "$tmp/init.sh" "$tmp" "$cg" >"$tmp/init.log" 2>&1 &
   unshare_pid=$!
   for _ in $(seq 50); do
