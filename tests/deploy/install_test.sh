@@ -14,8 +14,8 @@
 #     runs in a cgroup under the worker unit's (Delegate=yes), a user's job
 #     runs as that user, a restart of the scheduler (and a kill -9, after
 #     which systemd restarts it) keeps the jobs (StateDirectory=), stopping
-#     the worker leaves no job process (KillMode=mixed) and both units stop
-#     cleanly. The package installed again over itself (postinst's upgrade
+#     the worker leaves no job process (KillMode=mixed), nor does killing it
+#     (kill -9; systemd restarts it), and both units stop cleanly. The package installed again over itself (postinst's upgrade
 #     path) restarts the running units.
 #  3. `dpkg -r` stops the units (under systemd) and keeps the conffiles and
 #     state, `dpkg --purge` removes them; then systemd powers off. (Where
@@ -301,6 +301,34 @@ if ((booted)); then
     [[ $(prop "$1" ActiveState) == active ]] \
       || fail "$1 is $(prop "$1" ActiveState): $(inside systemctl status --no-pager "$1"; journal "$1")"
   }
+  # Submits a job that runs until killed (a setsid'd process among its
+  # three) and prints its id once it runs.
+  start_long() {
+    local job
+    job=$(dl submit -q --name long -- \
+      sh -c 'setsid sleep 600 & sleep 600 & echo "started in $(grep ^0:: /proc/self/cgroup)"; wait') \
+      || fail "submit: $job"
+    for _ in $(seq 100); do
+      grep -q started <(dl diary "$job" 2>/dev/null) && break
+      sleep 0.2
+    done
+    grep -q started <(dl diary "$job") || fail "job $job did not start: $(dl show "$job")"
+    echo "$job"
+  }
+  # The pids in job $1's cgroup (which it printed), 3 expected.
+  job_procs() {
+    local dir pids
+    dir=$(dl diary "$1" | sed -n 's/^.*started in 0::\(\/[^ ]*\).*$/\1/p' | tail -1)
+    [[ $dir == "$unit_cg"/?* ]] || fail "job $1 runs in cgroup '$dir', not under $unit_cg"
+    pids=$(inside cat "/sys/fs/cgroup$dir/cgroup.procs") || true
+    (($(wc -w <<<"$pids") == 3)) || fail "expected job $1's 3 processes in $dir, found: $pids"
+    echo "$pids"
+  }
+  gone() {
+    for p in "$@"; do
+      ! inside test -e "/proc/$p" || fail "job process $p ($(inside cat "/proc/$p/cmdline" | tr '\0' ' ')) is left"
+    done
+  }
   # Stops unit $1; it must end inactive (not failed), by itself, in time.
   stop_clean() {
     local t=$SECONDS
@@ -365,13 +393,7 @@ if ((booted)); then
   echo "job $user_job of user dlbatch-test-user ran as that user"
 
   echo "== the scheduler restarted keeps its jobs"
-  long=$(dl submit -q --name long -- sh -c 'setsid sleep 600 & sleep 600 & echo started; wait') \
-    || fail "submit: $long"
-  for _ in $(seq 100); do
-    grep -q started <(dl diary "$long" 2>/dev/null) && break
-    sleep 0.2
-  done
-  grep -q started <(dl diary "$long") || fail "job $long did not start: $(dl show "$long")"
+  long=$(start_long)
   inside systemctl restart dlbatch-scheduler.service || fail "restart dlbatch-scheduler: $(journal dlbatch-scheduler)"
   active dlbatch-scheduler.service
   [[ $(prop dlbatch-scheduler.service MainPID) != "$spid" ]] || fail "the scheduler's pid did not change"
@@ -393,17 +415,38 @@ if ((booted)); then
   echo "killed with SIGKILL, systemd started it again; job $id is still there"
 
   echo "== stopping the worker stops its jobs"
-  # The job's processes (sh, sleep and the setsid'd sleep): its cgroup's.
-  long_cg=$(dirname "$job_cg")/job-$long
-  job_pids=$(inside cat "/sys/fs/cgroup$long_cg/cgroup.procs" || true)
-  (($(wc -w <<<"$job_pids") == 3)) || fail "expected job $long's 3 processes in $long_cg, found: $job_pids"
+  job_pids=$(job_procs "$long")
+  since=$(inside date +%s)
   stop_clean dlbatch-worker.service
+  # KillMode=mixed: the worker stopped the job itself; systemd's SIGKILL
+  # for what is left must have found none of the job's processes.
+  inside journalctl --no-pager -q -o cat -u dlbatch-worker.service --since "@$since" >"$tmp/stop.log"
   for p in $job_pids; do
-    ! inside test -e "/proc/$p" || fail "job process $p ($(inside cat "/proc/$p/cmdline" | tr '\0' ' ')) outlived the worker"
+    ! grep -q "Killing process $p " "$tmp/stop.log" \
+      || fail "systemd, not the worker, killed job process $p: $(cat "$tmp/stop.log")"
   done
+  gone $job_pids
   left=$(inside sh -c "find /sys/fs/cgroup$unit_cg -name cgroup.procs -exec cat {} + 2>/dev/null" || true)
   [[ -z $left ]] || fail "processes left in $unit_cg: $left"
   echo "no process of job $long is left ($(wc -w <<<"$job_pids") were running)"
+
+  echo "== a worker killed outright takes its jobs along; systemd restarts it"
+  inside systemctl start dlbatch-worker.service || fail "start dlbatch-worker again: $(journal dlbatch-worker)"
+  wpid=$(prop dlbatch-worker.service MainPID)
+  long=$(start_long)
+  job_pids=$(job_procs "$long")
+  inside kill -9 "$wpid"
+  for _ in $(seq 75); do
+    [[ $(prop dlbatch-worker.service ActiveState) == active && $(prop dlbatch-worker.service MainPID) != "$wpid" ]] && break
+    sleep 0.2
+  done
+  active dlbatch-worker.service
+  [[ $(prop dlbatch-worker.service MainPID) != "$wpid" ]] || fail "systemd did not restart the killed worker"
+  gone $job_pids
+  # (The restarted worker may run the lost jobs again as new attempts.)
+  dl cancel "$long" >/dev/null || fail "cancel $long"
+  echo "no process of job $long is left; the worker runs again"
+  stop_clean dlbatch-worker.service
   stop_clean dlbatch-scheduler.service
   [[ -n $(inside journalctl --no-pager -q -u dlbatch-scheduler.service) ]] \
     || fail "the scheduler logged nothing to the journal: $(inside journalctl --no-pager -n 40 2>&1)"
