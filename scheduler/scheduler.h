@@ -386,6 +386,16 @@ class Scheduler : private FollowSource {
   absl::Status SlurmJobLost(ActiveJob& job, const std::string& reason,
                             bool machine_fault, Outbox* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the end of `job`, every part reported ended, waits for Slurm's
+  // word before it is committed (slurm::EndedBySignal): a failed job of a
+  // Slurm profile, not cancelled or requeued by dlbatch, one of whose
+  // parts was killed by a signal.
+  bool SettlesWithSlurm(const ActiveJob& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job `job_id` if its end still waits for Slurm's word (in
+  // slurm_settling_, running, every part of its Slurm job's attempt
+  // ended); null where it has since ended or been requeued another way.
+  ActiveJob* SettlingJob(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Starts attempt rec.attempt + 1 of a queued job on `parts`: the record,
   // its event and the StartJob messages (into `starts`). REQUIRES: a
@@ -460,6 +470,10 @@ class Scheduler : private FollowSource {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleEnded(int64_t worker_id, const v1::JobEnded& ended,
                            Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every part of `job` has ended: the job ends (or is requeued, as asked)
+  // as its workers reported. REQUIRES: a transaction open.
+  absl::Status EndAsReported(ActiveJob& job, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job a worker's report is about if it is the attempt and part that
   // worker runs now; null for a stale report.
   ActiveJob* ReportedJob(int64_t worker_id, int64_t job_id, int attempt,
@@ -606,6 +620,10 @@ class Scheduler : private FollowSource {
   std::set<int64_t> slurm_departed_ ABSL_GUARDED_BY(mu_);
   // Submissions of a job whose Slurm job failed before it started.
   std::map<int64_t, int> slurm_resubmits_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose end waits for Slurm's word (SettlesWithSlurm), and since
+  // when (NowMs): the reconciler ends each with Slurm's reason or as its
+  // workers reported.
+  std::map<int64_t, int64_t> slurm_settling_ ABSL_GUARDED_BY(mu_);
   // Set by StartSlurm, before its thread starts; read-only after.
   slurm::SlurmTool* slurm_tool_ = nullptr;
   std::map<std::string, slurm::WorkerLaunch> slurm_launch_;

@@ -28,6 +28,9 @@ constexpr int64_t kLimitsTtlMs = 30000;
 // How long the Slurm job of an ended job may run on before it is
 // scancelled: its workers upload, report and leave within this.
 constexpr int64_t kLingerMs = 15000;
+// How often squeue is read while a job's end waits for Slurm's word
+// (slurm_settling_): its Slurm job leaves COMPLETING within moments.
+constexpr int64_t kSettlingPollMs = 250;
 
 struct Account {
   uint32_t uid = 0;
@@ -330,9 +333,10 @@ void Scheduler::SlurmLoop() {
     if (now >= next_reconcile || launches.empty()) {
       if (any || next_reconcile == 0) ReconcileSlurm();
       absl::MutexLock lock(&mu_);
-      next_reconcile = clock_->MonotonicMs() + (slurm_jobs_.empty()
-                                                    ? options_.slurm_poll_ms * 5
-                                                    : options_.slurm_poll_ms);
+      int64_t poll = slurm_jobs_.empty() ? options_.slurm_poll_ms * 5
+                                         : options_.slurm_poll_ms;
+      if (!slurm_settling_.empty()) poll = std::min(poll, kSettlingPollMs);
+      next_reconcile = clock_->MonotonicMs() + poll;
     }
   }
 }
@@ -428,12 +432,51 @@ void Scheduler::ReconcileSlurm() {
       slurm::ReadQueue(*slurm_tool_, partitions);
   if (!rows.ok()) {
     spdlog::warn("cannot read Slurm's queue: {}", rows.status().ToString());
+    // Ends that wait for Slurm's word wait no longer than Slurm may take
+    // to give it: without squeue, their workers' reports stand.
+    Outbox out;
+    {
+      absl::MutexLock lock(&mu_);
+      std::vector<int64_t> due;
+      for (const auto& [job_id, since] : slurm_settling_) {
+        if (clock_->NowMs() - since >= in.settling_wait_ms) {
+          due.push_back(job_id);
+        }
+      }
+      if (!due.empty()) {
+        (void)InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          for (int64_t job_id : due) {
+            ActiveJob* job = SettlingJob(job_id);
+            if (job == nullptr) {
+              slurm_settling_.erase(job_id);  // ended or requeued another way
+              continue;
+            }
+            RETURN_IF_ERROR(EndAsReported(*job, &out));
+          }
+          return absl::OkStatus();
+        });
+      }
+    }
+    Deliver(out);
     return;
   }
   in.rows = *std::move(rows);
   std::vector<slurm::SlurmJobRecord> given_back;
+  // Jobs whose end waited for Slurm's word and that dlbatch has since
+  // cancelled or requeued: they end as their workers reported, now.
+  std::vector<int64_t> settle_now;
   {
     absl::MutexLock lock(&mu_);
+    for (auto it = slurm_settling_.begin(); it != slurm_settling_.end();) {
+      const ActiveJob* job = SettlingJob(it->first);
+      if (job == nullptr) {
+        it = slurm_settling_.erase(it);  // ended or requeued another way
+        continue;
+      }
+      if (!SettlesWithSlurm(*job)) settle_now.push_back(it->first);
+      in.settling_since[it->first] = it->second;
+      ++it;
+    }
     for (const auto& [job_id, record] : slurm_jobs_) {
       // One being submitted is the launcher's until sbatch answers.
       if (slurm_launching_.count(job_id) > 0) continue;
@@ -455,7 +498,11 @@ void Scheduler::ReconcileSlurm() {
           in.jobs[job_id] = slurm::JobPhase::kWaiting;
         }
       } else if (record.attempt == rec.attempt) {
-        in.jobs[job_id] = slurm::JobPhase::kRunning;
+        const bool settling = slurm_settling_.count(job_id) > 0 &&
+                              std::find(settle_now.begin(), settle_now.end(),
+                                        job_id) == settle_now.end();
+        in.jobs[job_id] =
+            settling ? slurm::JobPhase::kSettling : slurm::JobPhase::kRunning;
       }
     }
     // Jobs being submitted now hold names squeue may show already.
@@ -559,13 +606,22 @@ void Scheduler::ReconcileSlurm() {
         return absl::OkStatus();
       });
     }
-    if (!d.lost.empty()) {
+    if (!d.lost.empty() || !d.reported.empty() || !settle_now.empty()) {
+      std::vector<int64_t> as_reported = d.reported;
+      as_reported.insert(as_reported.end(), settle_now.begin(),
+                         settle_now.end());
       (void)InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         for (const auto& lost : d.lost) {
           auto it = jobs_.find(lost.job_id);
           if (it == jobs_.end()) continue;
           RETURN_IF_ERROR(
               SlurmJobLost(it->second, lost.reason, lost.machine_fault, &out));
+        }
+        for (int64_t job_id : as_reported) {
+          // Still waiting: nothing else ended it since the read.
+          if (ActiveJob* job = SettlingJob(job_id); job != nullptr) {
+            RETURN_IF_ERROR(EndAsReported(*job, &out));
+          }
         }
         return absl::OkStatus();
       });
@@ -594,6 +650,7 @@ absl::Status Scheduler::SlurmJobLost(ActiveJob& job, const std::string& reason,
   const int64_t id = rec.id;
   slurm_gangs_.erase(id);
   slurm_waiting_.erase(id);
+  slurm_settling_.erase(id);
   if (rec.state == v1::JOB_STATE_QUEUED) {
     // Its Slurm job ended before all its workers were in: no attempt ran.
     if (machine_fault && ++slurm_resubmits_[id] < options_.max_attempts) {
@@ -629,6 +686,36 @@ absl::Status Scheduler::SlurmJobLost(ActiveJob& job, const std::string& reason,
   RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_FAILED, -1, reason));
   jobs_.erase(id);
   return absl::OkStatus();
+}
+
+Scheduler::ActiveJob* Scheduler::SettlingJob(int64_t job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || slurm_settling_.count(job_id) == 0) return nullptr;
+  ActiveJob& job = it->second;
+  auto record = slurm_jobs_.find(job_id);
+  if (job.record.state == v1::JOB_STATE_QUEUED ||
+      std::count(job.part_ended.begin(), job.part_ended.end(), false) > 0 ||
+      record == slurm_jobs_.end() || record->second.slurm_id == 0 ||
+      record->second.attempt != job.record.attempt) {
+    return nullptr;
+  }
+  return &job;
+}
+
+bool Scheduler::SettlesWithSlurm(const ActiveJob& job) const {
+  if (slurm_tool_ == nullptr || job.cancel_requested || job.requeue_requested ||
+      job.failure.empty() ||
+      SlurmProfileOf(job.record.spec.profile()) == nullptr) {
+    return false;
+  }
+  auto r = slurm_jobs_.find(job.record.id);
+  if (r == slurm_jobs_.end() || r->second.slurm_id == 0 ||
+      r->second.attempt != job.record.attempt) {
+    return false;
+  }
+  return std::any_of(job.part_exit.begin(), job.part_exit.end(), [](int code) {
+    return slurm::EndedBySignal(/*finished=*/false, code);
+  });
 }
 
 bool Scheduler::SlurmJobUploads(int64_t job_id) {

@@ -149,6 +149,7 @@ void Scheduler::Recover(const absl::Status& why) {
   slurm_gangs_.clear();  // their workers reconnect and join again
   slurm_workers_.clear();
   slurm_departed_.clear();
+  slurm_settling_.clear();  // their parts are running again, as reloaded
   core_ = NewCore();
   broken_ = Load(/*open_rendezvous=*/false);
   if (!broken_.ok()) {
@@ -614,6 +615,24 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
       job.part_ended.end()) {
     return absl::OkStatus();
   }
+  if (SettlesWithSlurm(job)) {
+    // Acknowledged (its workers may leave) but not ended: the reconciler
+    // asks squeue at once whether Slurm killed it, and why.
+    if (slurm_settling_.try_emplace(rec.id, clock_->NowMs()).second) {
+      spdlog::info(
+          "job {}: ended by a signal ({}); asking Slurm whether it "
+          "was Slurm's",
+          rec.id, job.failure);
+    }
+    PokeSlurm();
+    return absl::OkStatus();
+  }
+  return EndAsReported(job, out);
+}
+
+absl::Status Scheduler::EndAsReported(ActiveJob& job, Outbox* out) {
+  JobRecord& rec = job.record;
+  slurm_settling_.erase(rec.id);
   if (job.requeue_requested && !job.cancel_requested) {
     core_->Finished(rec.id, clock_->NowMs());
     RETURN_IF_ERROR(SaveUsage(rec.user));

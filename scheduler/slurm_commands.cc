@@ -210,8 +210,9 @@ SlurmVerdict MapSlurmState(const SqueueRow& row, absl::string_view partition) {
                         absl::StrCat("waiting in Slurm: ", reason,
                                      " (partition ", partition, ")")};
   };
-  auto ended = [&](bool retryable, std::string why) {
-    return SlurmVerdict{SlurmPhase::kEnded, retryable, std::move(why)};
+  auto ended = [&](bool retryable, std::string why, bool by_slurm = true) {
+    return SlurmVerdict{SlurmPhase::kEnded, retryable, std::move(why),
+                        by_slurm};
   };
   const std::string id = absl::StrCat("Slurm job ", row.slurm_id);
   if (state == "PENDING" || state == "CONFIGURING" || state == "REQUEUED" ||
@@ -233,10 +234,11 @@ SlurmVerdict MapSlurmState(const SqueueRow& row, absl::string_view partition) {
                               by.empty() ? "" : absl::StrCat(" (", by, ")")));
   }
   if (state == "COMPLETED") {
-    return ended(false, absl::StrCat(id, " completed"));
+    return ended(false, absl::StrCat(id, " completed"), /*by_slurm=*/false);
   }
   if (state == "FAILED") {
-    return ended(false, absl::StrCat(id, " failed (", row.reason, ")"));
+    return ended(false, absl::StrCat(id, " failed (", row.reason, ")"),
+                 /*by_slurm=*/false);
   }
   if (state == "TIMEOUT") {
     return ended(false, absl::StrCat(id, " reached its Slurm time limit"));

@@ -118,6 +118,10 @@ struct SlurmVerdict {
   // (partition gpu)". For kEnded: why the Slurm job ended, for the job's
   // reason when its workers did not report the end themselves.
   std::string reason;
+  // For kEnded: Slurm ended the job itself (scancel, its time limit, a lost
+  // node, preemption, memory), signalling the job's processes as it did;
+  // false where the batch script ended by itself (COMPLETED, FAILED).
+  bool by_slurm = false;
 };
 SlurmVerdict MapSlurmState(const SqueueRow& row, absl::string_view partition);
 

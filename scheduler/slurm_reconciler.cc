@@ -22,7 +22,42 @@ bool Alive(const SqueueRow& row, const std::string& partition) {
   return MapSlurmState(row, partition).phase != SlurmPhase::kEnded;
 }
 
+// A kSettling job: Slurm's reason where Slurm ended its job, the workers'
+// report where it ended by itself or is not shown, a wait while it still
+// runs (within settling_wait_ms).
+void SettleSignalledEnd(const ReconcileInput& in, const SlurmJobRecord& r,
+                        const SqueueRow* row, const std::string& partition,
+                        ReconcileDecisions* out) {
+  if (row == nullptr) {
+    out->reported.push_back(r.job_id);
+    if (in.now_ms - r.submitted_ms >= in.settle_ms) {
+      out->forget.push_back(r.job_id);
+    }
+    return;
+  }
+  const SlurmVerdict verdict = MapSlurmState(*row, partition);
+  if (verdict.phase == SlurmPhase::kEnded) {
+    if (verdict.by_slurm) {
+      out->lost.push_back({r.job_id, verdict.reason, verdict.retryable});
+    } else {
+      out->reported.push_back(r.job_id);
+    }
+    out->forget.push_back(r.job_id);
+    return;
+  }
+  auto since = in.settling_since.find(r.job_id);
+  if (since == in.settling_since.end() ||
+      in.now_ms - since->second >= in.settling_wait_ms) {
+    out->reported.push_back(r.job_id);  // its Slurm job goes as it lingers
+  }
+}
+
 }  // namespace
+
+bool EndedBySignal(bool finished, int exit_code) {
+  constexpr int kMaxSignal = 64;  // SIGRTMAX on Linux
+  return !finished && exit_code > 128 && exit_code <= 128 + kMaxSignal;
+}
 
 ReconcileDecisions Reconcile(const ReconcileInput& in) {
   ReconcileDecisions out;
@@ -71,6 +106,11 @@ ReconcileDecisions Reconcile(const ReconcileInput& in) {
       r.slurm_id = made->slurm_id;
     }
     auto row = by_id.find(r.slurm_id);
+    if (phase == JobPhase::kSettling) {
+      SettleSignalledEnd(in, r, row == by_id.end() ? nullptr : row->second,
+                         partition, &out);
+      continue;
+    }
     if (row == by_id.end()) {
       if (!settled) continue;  // squeue may not show it yet
       if (phase != JobPhase::kEnded) {

@@ -29,8 +29,20 @@ namespace dlbatch::scheduler::slurm {
 enum class JobPhase {
   kWaiting,  // queued: its Slurm job pending, or its workers not all in
   kRunning,  // its parts started on the Slurm job's workers
-  kEnded,    // finished, failed or cancelled (its end is committed)
+  // Every part ended as its workers reported, one of them killed by a
+  // signal (EndedBySignal): whether Slurm did that decides the job's end.
+  kSettling,
+  kEnded,  // finished, failed or cancelled (its end is committed)
 };
+
+// Whether a part's end as its worker reported it may be Slurm's doing: it
+// failed with 128 + N, N a signal (the worker's code for a process killed
+// by one, or a shell's exit after one). scancel, Slurm's time limit,
+// preemption and a failing node signal the job's processes as well as its
+// worker, whose report can then reach the scheduler before squeue says
+// why: such a job is settled by Slurm's word (kSettling), not by the
+// report alone.
+bool EndedBySignal(bool finished, int exit_code);
 
 struct ReconcileInput {
   std::vector<SlurmJobRecord> records;  // the store's
@@ -42,6 +54,12 @@ struct ReconcileInput {
   // show yet is left alone; an intent older than this with no Slurm job of
   // its name was never made by sbatch.
   int64_t settle_ms = 10000;
+  // kSettling jobs: when (NowMs) their last part's end was reported. Slurm
+  // may say RUNNING or COMPLETING that long while it signals and reaps the
+  // job's processes (KillWait, 30 s by default); past it, the workers'
+  // report stands.
+  std::map<int64_t, int64_t> settling_since;
+  int64_t settling_wait_ms = 45000;
 };
 
 struct ReconcileDecisions {
@@ -64,6 +82,11 @@ struct ReconcileDecisions {
     bool machine_fault;
   };
   std::vector<Lost> lost;
+  // kSettling jobs whose workers' report stands: Slurm's job ended by
+  // itself (COMPLETED, FAILED: the signal was not Slurm's), squeue no
+  // longer shows it, or it still runs past settling_wait_ms. Those Slurm
+  // ended (CANCELLED, TIMEOUT, NODE_FAIL, ...) are `lost`, with its reason.
+  std::vector<int64_t> reported;
   // Records to forget (the job's Slurm job is over, or was never made):
   // the record and its one-job credential go.
   std::vector<int64_t> forget;

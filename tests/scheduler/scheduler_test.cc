@@ -628,6 +628,81 @@ TEST_F(SlurmSchedulerTest, VanishedSlurmJobIsRequeuedNeverTakenForASuccess) {
   EXPECT_TRUE(node->WaitFor(IsCancel(id)).has_value());
 }
 
+// scancel signals the job's command as well as its worker, whose report of
+// the end (143: SIGTERM) can come while squeue still says COMPLETING: the
+// job waits for Slurm's word, and fails with Slurm's reason.
+TEST_F(SlurmSchedulerTest, EndBySignalTakesSlurmsReasonOnceSlurmSaysIt) {
+  StartSlurmScheduler();
+  auto submitted = scheduler_->Submit(SlurmJob(2));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const int64_t id = submitted->job_id();
+  ASSERT_TRUE(WaitUntil([&] {
+    return GetJob(id).wait_reason() == "submitted to Slurm as job 4242";
+  })) << GetJob(id).wait_reason();
+  auto node = RegisterNode(id, 4242, 0, 1);
+  ASSERT_TRUE(node->WaitFor(IsStart(id, 1)).has_value());
+  tool_.SetQueue(
+      absl::StrCat("4242|dlbatch-", id, "|COMPLETING|root|n1|None\n"));
+  const int reads = tool_.Count("squeue");
+  ReportEnded(node, id, 1, v1::JOB_STATE_FAILED, 143, "exit code 143");
+  scheduler_->OnWorkerGone(node);
+  // Read again at once, and while Slurm completes the job, it waits.
+  ASSERT_TRUE(WaitUntil([&] { return tool_.Count("squeue") >= reads + 3; }));
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_RUNNING);
+  tool_.SetQueue(
+      absl::StrCat("4242|dlbatch-", id, "|CANCELLED by 0|root|n1|None\n"));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_FAILED))
+      << GetJob(id).DebugString();
+  EXPECT_THAT(GetJob(id).reason(),
+              HasSubstr("Slurm job 4242 was cancelled in Slurm (by 0)"));
+}
+
+TEST_F(SlurmSchedulerTest, EndBySignalStandsWhereSlurmDidNotEndTheJob) {
+  StartSlurmScheduler();
+  int64_t ids[3];
+  std::shared_ptr<FakeSession> nodes[3];
+  for (int i = 0; i < 3; ++i) {
+    auto submitted = scheduler_->Submit(SlurmJob(2));
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    ids[i] = submitted->job_id();
+    ASSERT_TRUE(WaitUntil([&] {
+      return GetJob(ids[i]).wait_reason() ==
+             absl::StrCat("submitted to Slurm as job ", 4242 + i);
+    })) << GetJob(ids[i]).wait_reason();
+    nodes[i] = RegisterNode(ids[i], 4242 + i, 0, 1);
+    ASSERT_TRUE(nodes[i]->WaitFor(IsStart(ids[i], 1)).has_value());
+  }
+  // 0: its own code failed (exit 1), which never waits. 1: killed by a
+  // signal, and its Slurm job then completes: the report stands. 2: Slurm
+  // still runs its job past the wait: the report stands.
+  tool_.SetQueue(
+      absl::StrCat("4242|dlbatch-", ids[0], "|RUNNING|root|n1|None\n",
+                   "4243|dlbatch-", ids[1], "|RUNNING|root|n1|None\n",
+                   "4244|dlbatch-", ids[2], "|RUNNING|root|n1|None\n"));
+  ReportEnded(nodes[0], ids[0], 1, v1::JOB_STATE_FAILED, 1, "exit code 1");
+  EXPECT_EQ(GetJob(ids[0]).state(), v1::JOB_STATE_FAILED);
+  ReportEnded(nodes[1], ids[1], 1, v1::JOB_STATE_FAILED, 139,
+              "killed by signal 11 (Segmentation fault)");
+  ReportEnded(nodes[2], ids[2], 1, v1::JOB_STATE_FAILED, 137,
+              "killed by signal 9 (Killed)");
+  // Acknowledged, their workers leave (never lost for it while they wait).
+  scheduler_->OnWorkerGone(nodes[1]);
+  scheduler_->OnWorkerGone(nodes[2]);
+  const int reads = tool_.Count("squeue");
+  ASSERT_TRUE(WaitUntil([&] { return tool_.Count("squeue") >= reads + 2; }));
+  EXPECT_EQ(GetJob(ids[1]).state(), v1::JOB_STATE_RUNNING);
+  tool_.SetQueue(absl::StrCat("4243|dlbatch-", ids[1],
+                              "|COMPLETED|root|n1|None\n", "4244|dlbatch-",
+                              ids[2], "|RUNNING|root|n1|None\n"));
+  ASSERT_TRUE(WaitForState(ids[1], v1::JOB_STATE_FAILED));
+  EXPECT_EQ(GetJob(ids[1]).reason(),
+            "killed by signal 11 (Segmentation fault)");
+  EXPECT_EQ(GetJob(ids[2]).state(), v1::JOB_STATE_RUNNING);
+  clock_.Advance(60000);
+  ASSERT_TRUE(WaitForState(ids[2], v1::JOB_STATE_FAILED));
+  EXPECT_EQ(GetJob(ids[2]).reason(), "killed by signal 9 (Killed)");
+}
+
 TEST_F(SlurmSchedulerTest, UnknownDlbatchSlurmJobIsCancelled) {
   tool_.SetQueue(
       "999|dlbatch-77|RUNNING|root|n1|None\n"

@@ -174,6 +174,15 @@ TEST(SlurmCommands, EverySlurmStateMapsToADlbatchPhase) {
     EXPECT_EQ(Map(s).phase, SlurmPhase::kEnded) << s;
     EXPECT_TRUE(Map(s).retryable) << s;
   }
+  // Whether Slurm ended the job itself, signalling its processes.
+  for (const char* s :
+       {"CANCELLED", "CANCELLED by 1000", "TIMEOUT", "OUT_OF_MEMORY",
+        "DEADLINE", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}) {
+    EXPECT_TRUE(Map(s).by_slurm) << s;
+  }
+  for (const char* s : {"COMPLETED", "FAILED", "RUNNING", "COMPLETING"}) {
+    EXPECT_FALSE(Map(s).by_slurm) << s;
+  }
   EXPECT_THAT(Map("CANCELLED by 1000").reason, HasSubstr("(by 1000)"));
   EXPECT_THAT(Map("TIMEOUT").reason, HasSubstr("time limit"));
   EXPECT_THAT(Map("FAILED", "NonZeroExitCode").reason,

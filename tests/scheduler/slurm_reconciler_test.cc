@@ -161,5 +161,76 @@ TEST(SlurmReconcilerTest, AStateThisVersionDoesNotKnowLeavesTheJobBe) {
   EXPECT_THAT(d.cancel, IsEmpty());
 }
 
+TEST(SlurmReconcilerTest, OnlyAnEndBySignalMayBeSlurmsDoing) {
+  EXPECT_TRUE(EndedBySignal(false, 128 + 15));  // SIGTERM: scancel
+  EXPECT_TRUE(EndedBySignal(false, 128 + 9));   // SIGKILL: KillWait passed
+  EXPECT_TRUE(EndedBySignal(false, 128 + 64));
+  EXPECT_FALSE(EndedBySignal(true, 128 + 15));  // finished is finished
+  EXPECT_FALSE(EndedBySignal(false, 0));
+  EXPECT_FALSE(EndedBySignal(false, 1));
+  EXPECT_FALSE(EndedBySignal(false, 128));
+  EXPECT_FALSE(EndedBySignal(false, 128 + 65));
+  EXPECT_FALSE(EndedBySignal(false, -1));  // no exit status at all
+}
+
+// Jobs whose workers reported an end by a signal, settled by Slurm's word:
+// 1 scancelled by hand, 2 past its Slurm time limit, 3 on a node that
+// failed, 4 killed by its own code (Slurm's job then completes), 5 whose
+// Slurm job squeue no longer shows.
+TEST(SlurmReconcilerTest, AnEndBySignalTakesSlurmsReasonWhereSlurmEndedIt) {
+  ReconcileInput in = Input();
+  in.records = {Record(1, 101), Record(2, 102), Record(3, 103), Record(4, 104),
+                Record(5, 105)};
+  for (int64_t id = 1; id <= 5; ++id) {
+    in.jobs[id] = JobPhase::kSettling;
+    in.settling_since[id] = kNow - 1000;
+  }
+  in.rows = {Row(101, 1, "CANCELLED by 0"), Row(102, 2, "TIMEOUT"),
+             Row(103, 3, "NODE_FAIL"), Row(104, 4, "COMPLETED")};
+  ReconcileDecisions d = Reconcile(in);
+  ASSERT_EQ(d.lost.size(), 3u);
+  EXPECT_EQ(d.lost[0].job_id, 1);
+  EXPECT_THAT(d.lost[0].reason, HasSubstr("cancelled in Slurm (by 0)"));
+  EXPECT_FALSE(d.lost[0].machine_fault);
+  EXPECT_EQ(d.lost[1].job_id, 2);
+  EXPECT_THAT(d.lost[1].reason, HasSubstr("time limit"));
+  EXPECT_EQ(d.lost[2].job_id, 3);
+  EXPECT_TRUE(d.lost[2].machine_fault);  // requeued within its attempts
+  EXPECT_THAT(d.reported, ElementsAre(4, 5));
+  EXPECT_THAT(d.forget, ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_THAT(d.cancel, IsEmpty());
+}
+
+TEST(SlurmReconcilerTest, AnEndBySignalWaitsWhileSlurmStillRunsTheJob) {
+  ReconcileInput in = Input();
+  in.settling_wait_ms = 45'000;
+  in.records = {Record(1, 101), Record(2, 102), Record(3, 103)};
+  in.jobs = {{1, JobPhase::kSettling},
+             {2, JobPhase::kSettling},
+             {3, JobPhase::kSettling}};
+  // 1 and 2 just reported: scancel's COMPLETING, or not yet seen by Slurm.
+  // 3 reported long ago: Slurm still runs its job, so the report stands.
+  in.settling_since = {{1, kNow - 100}, {2, kNow - 100}, {3, kNow - 45'000}};
+  in.rows = {Row(101, 1, "COMPLETING"), Row(102, 2, "RUNNING"),
+             Row(103, 3, "RUNNING")};
+  ReconcileDecisions d = Reconcile(in);
+  EXPECT_THAT(d.lost, IsEmpty());
+  EXPECT_THAT(d.reported, ElementsAre(3));
+  EXPECT_THAT(d.forget, IsEmpty());
+  // Its Slurm job is the linger's to end, once the job has ended.
+  EXPECT_THAT(d.cancel, IsEmpty());
+
+  // The next read, after scancel's processes were reaped.
+  in.rows[0].state = "CANCELLED by 1000";
+  in.jobs.erase(3);
+  in.records.pop_back();
+  d = Reconcile(in);
+  ASSERT_EQ(d.lost.size(), 1u);
+  EXPECT_EQ(d.lost[0].job_id, 1);
+  EXPECT_THAT(d.lost[0].reason,
+              HasSubstr("Slurm job 101 was cancelled in Slurm (by 1000)"));
+  EXPECT_THAT(d.reported, IsEmpty());
+}
+
 }  // namespace
 }  // namespace dlbatch::scheduler::slurm

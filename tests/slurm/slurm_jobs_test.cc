@@ -338,15 +338,10 @@ TEST_F(SlurmJobs, SchedulerKilledMidJobAdoptsItAndCancelsAStranger) {
 }
 
 TEST_F(SlurmJobs, ScancelByHandIsReportedWithSlurmsReason) {
-  // Known race, not yet fixed: scancel's SIGTERM reaches the job's command
-  // too, and the worker's report of its end ("exit code 143") can reach the
-  // scheduler before squeue says CANCELLED, so the job fails with the exit
-  // code instead of Slurm's reason (1 run in 3 here). The fix: a Slurm
-  // job's part killed by a signal is settled by the reconciler, not by the
-  // worker's report. The train-job case below (requeue from a checkpoint)
-  // still runs.
-  GTEST_SKIP() << "known race: the worker's exit-code report can beat "
-                  "squeue's CANCELLED (see the comment in this test)";
+  // scancel's SIGTERM reaches the job's command as well as its worker, whose
+  // report of the end ("exit code 143") may come before squeue says
+  // CANCELLED: an end by a signal waits for Slurm's word, so the job fails
+  // with Slurm's reason however the two race.
   const int64_t id = SubmitCommand("by-hand", "echo started\nsleep 300");
   ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_RUNNING", 60000))
       << c_.ShowJson(id).dump(2);
