@@ -67,6 +67,21 @@ absl::StatusOr<std::unique_ptr<Recording>> Backend::FinishRecording() {
   return absl::FailedPreconditionError("FinishRecording without a recording");
 }
 
+absl::Status GpuLowPrecisionSupport(bool bf16, int device,
+                                    const std::string& name, int major,
+                                    int minor) {
+  const int needed = bf16 ? 8 : 7;
+  if (major >= needed) return absl::OkStatus();
+  const char* type = bf16 ? "bf16" : "fp16";
+  return absl::FailedPreconditionError(absl::StrCat(
+      "precision: ", type, " needs a GPU with ", type,
+      " tensor cores (compute capability ", needed, ".0 or later), but gpu ",
+      device, " (", name, ") has compute capability ", major, ".", minor,
+      "; use ",
+      bf16 && major >= 7 ? "precision: fp16 (with loss scaling) or " : "",
+      "precision: fp32 on it"));
+}
+
 absl::StatusOr<std::optional<bool>> EnvironmentSwitch(const char* name,
                                                       const char* on,
                                                       const char* off) {

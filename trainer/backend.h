@@ -450,6 +450,14 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(int threads,
 // or AMX); else FailedPrecondition naming what the CPU has and what to do.
 absl::Status CpuBf16Support();
 
+// OK where a GPU of compute capability major.minor has the tensor cores
+// that precision bf16 (`bf16`) or fp16 computes on: bf16 from 8.0
+// (Ampere) on, fp16 from 7.0 (Volta). Else FailedPrecondition naming the
+// GPU (`device`, `name`), what it has and what to use instead.
+absl::Status GpuLowPrecisionSupport(bool bf16, int device,
+                                    const std::string& name, int major,
+                                    int minor);
+
 // A switch of the trainer's environment: unset (or empty) -> nullopt, "1"
 // -> true, "0" -> false; another value is InvalidArgument saying what each
 // means (`on`, `off`).

@@ -153,15 +153,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeChosenBackend(
     }
     return MakeCpuBackend(threads, precision == "bf16");
   }
-  if (precision == "bf16" || precision == "fp16") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "precision: ", precision,
-        " is not implemented on the GPU backend yet; use fp32 or tf32 there "
-        "(bf16 runs on CPUs with AVX-512 BF16 or AMX: "
-        "execution_environment: cpu)"));
-  }
   CudaBackendOptions options;
   options.tf32 = precision == "tf32";
+  using LowPrecision = CudaBackendOptions::LowPrecision;
+  options.low_precision = precision == "bf16"   ? LowPrecision::kBf16
+                          : precision == "fp16" ? LowPrecision::kFp16
+                                                : LowPrecision::kNone;
   return MakeCudaBackend(choice.device, options);
 }
 

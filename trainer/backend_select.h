@@ -51,8 +51,10 @@ absl::StatusOr<BackendChoice> AgreeOnBackend(const std::string& environment,
 // The backend of `choice`: oneDNN on `threads` threads, or CUDA, computing
 // in `precision` (train.options.precision: "" or fp32, tf32, bf16, fp16).
 // tf32 is the GPU's (the CPU computes fp32); bf16 on the CPU needs AVX-512
-// BF16 or AMX (CpuBf16Support); fp16 is the GPU's alone. A precision this
-// device cannot run is FailedPrecondition saying what to use instead.
+// BF16 or AMX (CpuBf16Support), on a GPU compute capability 8.0
+// (GpuLowPrecisionSupport); fp16 is the GPU's alone (7.0 on), with dynamic
+// loss scaling. A precision this device cannot run is FailedPrecondition
+// saying what to use instead.
 absl::StatusOr<std::unique_ptr<Backend>> MakeChosenBackend(
     const BackendChoice& choice, int threads, const std::string& precision);
 

@@ -6,8 +6,9 @@
 #   bench/gpu/pack.sh [BUILD_DIR]        # default: build/
 #
 # Builds nothing: build first (cd build && make -j2 dlbatch-train trainer_bench
-# gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test nccl_communicator_test
-# backend_select_test gpu_jobs_test; gpu_jobs_test's dependencies bring
+# gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test
+# gpu_graph_network_test gpu_mixed_precision_test gpu_mixed_train_run_test
+# nccl_communicator_test backend_select_test gpu_jobs_test; gpu_jobs_test's dependencies bring
 # dlbatch, dlbatch-scheduler and dlbatch-worker). Refuses a build
 # without the GPU backend or NCCL. Writes bench/out/gpu/{bundle.tar.xz (the
 # binaries and the libraries the GPU machine lacks, by gpu-bundle.sh), data/
@@ -22,7 +23,7 @@ out=$repo/bench/out/gpu
 data=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 bundler=${GPU_BUNDLE:-$repo/../shared/tools/gpu-bundle.sh}
 bins=(dlbatch-train trainer_bench gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test
-      nccl_communicator_test backend_select_test gpu_jobs_test
+      gpu_graph_network_test gpu_mixed_precision_test gpu_mixed_train_run_test nccl_communicator_test backend_select_test gpu_jobs_test
       dlbatch dlbatch-scheduler dlbatch-worker)
 
 die() { echo "pack.sh: $*" >&2; exit 1; }

@@ -206,5 +206,64 @@ TEST(ChooseBackend, ThisMachineTrainsOnItsCpuUnderAuto) {
   EXPECT_THAT((*c)->Describe(), HasSubstr("cpu"));
 }
 
+// precision: bf16 and fp16 on the GPU are no longer refused as unbuilt:
+// with a GPU they make a backend computing in them (fp16 asking for loss
+// scaling); without one the error is the missing device's.
+TEST(MakeChosenBackend, Bf16AndFp16RunOnTheGpu) {
+  BackendChoice gpu;
+  gpu.gpu = true;
+  for (const char* precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    auto b = MakeChosenBackend(gpu, 1, precision);
+    if (!b.ok()) {
+      EXPECT_THAT(std::string(b.status().message()),
+                  ::testing::Not(HasSubstr("not implemented")));
+      if (b.status().code() == absl::StatusCode::kFailedPrecondition) {
+        // A GPU without the tensor cores (GpuLowPrecisionSupport).
+        EXPECT_THAT(std::string(b.status().message()),
+                    HasSubstr("compute capability"));
+      } else {
+        EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable)
+            << b.status();
+      }
+      continue;
+    }
+    EXPECT_TRUE((*b)->on_gpu());
+    EXPECT_THAT((*b)->Describe(), HasSubstr(precision));
+    EXPECT_EQ((*b)->scales_loss(), std::string(precision) == "fp16");
+  }
+}
+
+TEST(MakeChosenBackend, Fp16IsStillRefusedOnTheCpu) {
+  auto b = MakeChosenBackend(BackendChoice{}, 1, "fp16");
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(b.status().message()),
+              HasSubstr("precision: fp16 runs on GPUs only"));
+  auto fp32 = MakeChosenBackend(BackendChoice{}, 1, "fp32");
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  EXPECT_FALSE((*fp32)->scales_loss());
+}
+
+TEST(GpuLowPrecisionSupport, Bf16NeedsAmpereAndFp16Volta) {
+  EXPECT_TRUE(GpuLowPrecisionSupport(true, 0, "NVIDIA A100", 8, 0).ok());
+  EXPECT_TRUE(GpuLowPrecisionSupport(true, 0, "NVIDIA H100", 9, 0).ok());
+  EXPECT_TRUE(GpuLowPrecisionSupport(false, 0, "Tesla V100", 7, 0).ok());
+
+  absl::Status s = GpuLowPrecisionSupport(true, 1, "Tesla V100-SXM2", 7, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "precision: bf16 needs a GPU with bf16 tensor cores (compute "
+            "capability 8.0 or later), but gpu 1 (Tesla V100-SXM2) has "
+            "compute capability 7.0; use precision: fp16 (with loss scaling) "
+            "or precision: fp32 on it");
+  s = GpuLowPrecisionSupport(true, 0, "Tesla P100", 6, 0);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("; use precision: fp32"));
+  s = GpuLowPrecisionSupport(false, 0, "Tesla P100", 6, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("precision: fp16 needs a GPU with fp16 tensor cores "
+                        "(compute capability 7.0 or later)"));
+}
+
 }  // namespace
 }  // namespace dlbatch::trainer

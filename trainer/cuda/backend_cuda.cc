@@ -124,7 +124,8 @@ void* Context::Workspace(size_t bytes) {
   return workspace;
 }
 
-absl::Status SetNhwc(const TensorDescriptor& desc, int n, const Shape& shape) {
+absl::Status SetNhwc(const TensorDescriptor& desc, int n, const Shape& shape,
+                     cudnnDataType_t type) {
   // cuDNN describes tensors of at most 2 Gi elements (it answers
   // NOT_SUPPORTED beyond): say what that means for the job.
   const int64_t elements = int64_t{n} * shape.c * shape.h * shape.w;
@@ -135,8 +136,7 @@ absl::Status SetNhwc(const TensorDescriptor& desc, int n, const Shape& shape) {
         "smaller mini_batch_size"));
   }
   DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(
-      desc.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, shape.c, shape.h,
-      shape.w));
+      desc.get(), CUDNN_TENSOR_NHWC, type, n, shape.c, shape.h, shape.w));
   return absl::OkStatus();
 }
 
@@ -193,6 +193,11 @@ class CudaBackend final : public Backend {
   absl::Status Init(int device, const CudaBackendOptions& options) {
     ctx_.device = device;
     ctx_.tf32 = options.tf32;
+    using LowPrecision = CudaBackendOptions::LowPrecision;
+    ctx_.low_precision = options.low_precision != LowPrecision::kNone;
+    ctx_.low = options.low_precision == LowPrecision::kFp16
+                   ? gpu::LowType::kFp16
+                   : gpu::LowType::kBf16;
     ctx_.lowering = options.lowering;
     if (options.lowering == CudaBackendOptions::Lowering::kTimed) {
       absl::StatusOr<std::optional<bool>> lowered = ConvLoweredSwitch();
@@ -207,11 +212,23 @@ class CudaBackend final : public Backend {
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     cudaDeviceProp prop{};
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+    if (ctx_.low_precision) {
+      if (absl::Status s =
+              GpuLowPrecisionSupport(ctx_.low == gpu::LowType::kBf16, device,
+                                     prop.name, prop.major, prop.minor);
+          !s.ok()) {
+        return s;
+      }
+    }
     description_ = absl::StrCat(
         "gpu ", device, ": ", prop.name, " (sm_", prop.major, prop.minor, ", ",
         prop.totalGlobalMem >> 30, " GiB), cuDNN ", cudnnGetVersion(),
-        options.tf32 ? ", tf32" : ", fp32",
-        ctx_.lowering == CudaBackendOptions::Lowering::kAlways
+        !ctx_.low_precision               ? (options.tf32 ? ", tf32" : ", fp32")
+        : ctx_.low == gpu::LowType::kBf16 ? ", bf16"
+                                          : ", fp16",
+        // Low-precision convolutions run by cuDNN alone (gpu_conv_low.cc).
+        ctx_.low_precision ? ""
+        : ctx_.lowering == CudaBackendOptions::Lowering::kAlways
             ? ", convolutions lowered"
         : ctx_.lowering == CudaBackendOptions::Lowering::kNever
             ? ", convolutions by cuDNN"
@@ -256,6 +273,9 @@ class CudaBackend final : public Backend {
 
   std::string Describe() const override { return description_; }
   bool on_gpu() const override { return true; }
+  bool scales_loss() const override {
+    return ctx_.low_precision && ctx_.low == gpu::LowType::kFp16;
+  }
 
   // One "algorithm<TAB>key" line per choice, as the CPU backend's.
   std::string SaveTuning() const override {
@@ -416,6 +436,7 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(const ConvDesc& desc,
                                                        int max_batch) override {
+    if (ctx_.low_precision) return gpu::MakeLowConv(&ctx_, desc, max_batch);
     return gpu::MakeConv(&ctx_, desc, max_batch);
   }
   absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(const FcDesc& desc,

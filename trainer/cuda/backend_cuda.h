@@ -23,6 +23,17 @@ struct CudaBackendOptions {
   // Caffe train (cuDNN's default math would otherwise allow TF32).
   bool tf32 = false;
 
+  // `precision: bf16 | fp16`: convolutions (cuDNN, NHWC) and fully
+  // connected layers (cuBLAS) compute on tensor cores in that type, with
+  // float32 accumulation and float32 results; every buffer of backend.h
+  // stays float32, and so do pooling, batch normalisation, the element-wise
+  // layers, the loss and the solvers (the weights are float32 masters, cast
+  // for each step). bf16 needs compute capability 8.0 or later, fp16 7.0
+  // (MakeCudaBackend says so otherwise); fp16 asks for loss scaling
+  // (Backend::scales_loss). kNone: fp32, or tf32 above.
+  enum class LowPrecision { kNone, kBf16, kFp16 };
+  LowPrecision low_precision = LowPrecision::kNone;
+
   // Convolutions may also run as matrix products over their unfolded
   // patches (cuBLAS; trainer/cuda/conv_lowering.h). kTimed: per layer,
   // direction and batch size, whichever of that and cuDNN's fastest algorithm
@@ -41,7 +52,9 @@ struct CudaBackendOptions {
 
 // A backend on CUDA device `device` (an index among the visible ones).
 // UNAVAILABLE where this build has no GPU backend or the machine has no such
-// device; INTERNAL where the device cannot be set up (driver, cuDNN).
+// device; FAILED_PRECONDITION, saying why, where the device cannot compute
+// in options.low_precision; INTERNAL where the device cannot be set up
+// (driver, cuDNN).
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     int device, const CudaBackendOptions& options = {});
 

@@ -117,6 +117,11 @@ absl::Status CallError(absl::StatusCode code, const char* what,
 struct Context {
   int device = 0;
   bool tf32 = false;
+  // precision: bf16 or fp16 (CudaBackendOptions::precision): convolutions
+  // and fully connected layers compute in `low` (gpu_conv_low.cc,
+  // gpu_fc.cc); everything else stays float32.
+  bool low_precision = false;
+  LowType low = LowType::kBf16;
   // CudaBackendOptions' (the environment's word applied).
   CudaBackendOptions::Lowering lowering = CudaBackendOptions::Lowering::kTimed;
   size_t lowered_bytes = 0;
@@ -172,12 +177,20 @@ using PoolingDescriptor =
     CudnnDescriptor<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor,
                     cudnnDestroyPoolingDescriptor>;
 
-// Sets `desc` to n x (h, w, c) float, NHWC (shape.h).
-absl::Status SetNhwc(const TensorDescriptor& desc, int n, const Shape& shape);
+// Sets `desc` to n x (h, w, c) of `type` (float unless said), NHWC
+// (shape.h).
+absl::Status SetNhwc(const TensorDescriptor& desc, int n, const Shape& shape,
+                     cudnnDataType_t type = CUDNN_DATA_FLOAT);
 
 absl::StatusOr<std::unique_ptr<ConvKernel>> MakeConv(Context* ctx,
                                                      const ConvDesc& desc,
                                                      int max_batch);
+// A convolution that computes in ctx->low (REQUIRES: ctx->low_precision):
+// casts in, cuDNN on tensor cores, casts out.
+absl::StatusOr<std::unique_ptr<ConvKernel>> MakeLowConv(Context* ctx,
+                                                        const ConvDesc& desc,
+                                                        int max_batch);
+// In low precision where ctx->low_precision.
 absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(Context* ctx, Backend* backend,
                                                  const FcDesc& desc,
                                                  int max_batch);

@@ -210,6 +210,28 @@ void LaunchPoolPaddedBackward(cudaStream_t stream, bool is_max, int n, int h,
                               const int32_t* argmax, const float* dy,
                               float* dx);
 
+// --- mixed precision: float32 to and from bf16 or fp16 (gpu_cast_kernels.cu)
+enum class LowType { kBf16, kFp16 };  // 2 bytes an element either way
+
+// A float32 NHWC array of samples h x w x c and its low-precision copy of
+// samples ph x pw x pc (pc >= c), where the float sample sits at (top,
+// left): a zero border, zero channels c..pc.
+struct CastGeometry {
+  int h, w, c;
+  int ph, pw, pc;
+  int top = 0, left = 0;
+};
+
+// low (padded_n samples of ph x pw x pc, `type`) = x's n samples placed as
+// `g` says, zeros elsewhere (the samples n..padded_n too).
+void LaunchToLow(cudaStream_t stream, LowType type, int n, int padded_n,
+                 const CastGeometry& g, const float* x, void* low);
+// y (n samples of h x w x c) = low's elements at (top, left) of each
+// sample, plus bias[channel] where bias is not null.
+void LaunchFromLow(cudaStream_t stream, LowType type, int n,
+                   const CastGeometry& g, const void* low, const float* bias,
+                   float* y);
+
 }  // namespace dlbatch::trainer::gpu
 
 #endif  // DLBATCH_TRAINER_CUDA_BACKEND_CUDA_LAUNCH_H_

@@ -60,6 +60,7 @@ Loaded Load() {
   resolve("cublasSgemm_v2", &l.Sgemm);
   resolve("cublasSgemmStridedBatched", &l.SgemmStridedBatched);
   resolve("cublasSgemv_v2", &l.Sgemv);
+  resolve("cublasGemmEx", &l.GemmEx);
   resolve("cublasGetStatusString", &l.GetStatusString);
   if (missing != nullptr) {
     out.status = absl::FailedPreconditionError(absl::StrCat(

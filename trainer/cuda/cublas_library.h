@@ -23,6 +23,13 @@ struct CublasLibrary {
   decltype(&cublasSgemm_v2) Sgemm;
   decltype(&cublasSgemmStridedBatched) SgemmStridedBatched;
   decltype(&cublasSgemv_v2) Sgemv;
+  // bf16 and fp16 products: the exported function (the header adds a C++
+  // overload taking a cudaDataType compute type).
+  cublasStatus_t (*GemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                           int, int, int, const void*, const void*,
+                           cudaDataType, int, const void*, cudaDataType, int,
+                           const void*, void*, cudaDataType, int,
+                           cublasComputeType_t, cublasGemmAlgo_t);
   decltype(&cublasGetStatusString) GetStatusString;
 };
 
