@@ -9,7 +9,10 @@ CPU or, with --device cuda, on one GPU.
 set in that format). --nesterov and --label-smoothing match the job files'
 nesterov and label_smoothing. --precision bf16 runs the forward pass under
 torch.autocast("cpu", torch.bfloat16) (float32 master weights, the loss in
-float32), what dlbatch's `precision: bf16` is compared with.
+float32), what dlbatch's `precision: bf16` is compared with. With --device
+cuda, --precision bf16 and fp16 are eager AMP: torch.autocast("cuda", ...),
+fp16 with a GradScaler (dynamic loss scaling, as dlbatch's fp16 does), and
+--precision tf32 allows TF32 in cuDNN and cuBLAS (no autocast).
 
 Run with Debian's /usr/bin/python3 (python3-torch). Give it its best BLAS:
 libopenblas0-openmp selected for libblas.so.3, and OPENBLAS_CORETYPE=SkylakeX
@@ -304,10 +307,13 @@ def main():
                         help="train on CIFAR-10 binary batches from this "
                         "folder (data_batch_*.bin, test_batch.bin) instead "
                         "of Fashion-MNIST")
-    parser.add_argument("--precision", choices=["fp32", "bf16"],
+    parser.add_argument("--precision",
+                        choices=["fp32", "bf16", "fp16", "tf32"],
                         default="fp32",
                         help="bf16: forward and loss under torch.autocast("
-                        "'cpu', torch.bfloat16) (float32 master weights)")
+                        "on the device, torch.bfloat16) (float32 master "
+                        "weights); fp16 (CUDA): autocast with float16 and a "
+                        "GradScaler; tf32 (CUDA): TF32 allowed, no autocast")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the model, data and steps live")
     parser.add_argument("--mkldnn", choices=["on", "off"], default="on",
@@ -342,9 +348,14 @@ def main():
                 f"run it where a GPU and a CUDA build of PyTorch are, or "
                 f"use --device cpu\n")
             return 2
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        tf32 = args.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cudnn.benchmark = True
+    elif args.precision in ("fp16", "tf32"):
+        sys.stderr.write(f"pytorch_baseline.py: --precision {args.precision} "
+                         f"needs --device cuda\n")
+        return 2
     device = torch.device(args.device)
 
     torch.set_num_threads(args.threads)
@@ -380,8 +391,17 @@ def main():
                                 momentum=args.momentum,
                                 nesterov=args.nesterov,
                                 foreach=args.foreach)
-    autocast = (torch.autocast("cpu", torch.bfloat16)
-                if args.precision == "bf16" else contextlib.nullcontext())
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    autocast = (torch.autocast(args.device, low) if low is not None
+                else contextlib.nullcontext())
+    # fp16's dynamic loss scaling (PyTorch's defaults: 2^16, halved on an
+    # overflow, doubled after 2,000 clean steps, as dlbatch's).
+    scaler = None
+    if args.precision == "fp16":
+        try:
+            scaler = torch.amp.GradScaler("cuda")
+        except (AttributeError, TypeError):
+            scaler = torch.cuda.amp.GradScaler()
 
     n = x_train.shape[0]
     steps_per_epoch = n // args.batch  # the last partial batch is dropped
@@ -425,8 +445,13 @@ def main():
             loss = F.cross_entropy(logits.float(), yb,
                                    label_smoothing=args.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
             iteration += 1
             if first_step_s is None:
                 if cuda:
@@ -469,7 +494,7 @@ def main():
     if cuda:
         result["device_name"] = torch.cuda.get_device_name(device)
         result["cudnn"] = torch.backends.cudnn.version()
-        result["tf32"] = False
+        result["tf32"] = args.precision == "tf32"
     if args.info:
         result["config"] = blas_info()
     json.dump(result, sys.stdout)

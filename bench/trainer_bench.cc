@@ -26,7 +26,12 @@
 // precision bf16 against torch.autocast); with --gpu
 // lenet64gpu | lenet1024gpu | blocks256gpu (2 epochs each; dlbatch-train
 // --execution-environment gpu against pytorch_baseline.py --device cuda,
-// float32 on both sides). --gpu stops at once unless `dlbatch-train
+// float32 on both sides), and issue 22's precisions on the GPU:
+// resnet9gpu | resnet9gpu-tf32 | resnet9gpu-bf16 | resnet9gpu-fp16 (30 steps
+// on the synthetic set) | resnetgpu-bf16 | resnetgpu-fp16 (one epoch) |
+// lenet1024gpu-bf16 | lenet1024gpu-fp16, each against PyTorch eager in the
+// same precision: tf32 allowed, or AMP (torch.autocast("cuda"), fp16 with a
+// GradScaler) with channels_last. --gpu stops at once unless `dlbatch-train
 // --list-devices` shows a GPU. PyTorch runs bench/pytorch_baseline.py with
 // OPENBLAS_CORETYPE=SkylakeX where the CPU has AVX-512 (OpenBLAS otherwise
 // picks a slower kernel set on some CPUs). --python is a path or a name
@@ -94,7 +99,8 @@ struct Case {
   // (WriteSyntheticCifar10); its accuracy means nothing.
   bool synthetic = false;
   // fp32, or bf16: `precision: bf16` on dlbatch's side, torch.autocast("cpu",
-  // torch.bfloat16) on PyTorch's.
+  // torch.bfloat16) on PyTorch's; on a GPU also tf32 and fp16, against
+  // PyTorch eager's TF32 and AMP (pytorch_baseline.py --precision).
   std::string precision = "fp32";
 };
 
@@ -138,6 +144,48 @@ const std::vector<Case>& Cases() {
        kResNet9Args, false, 4, true, "bf16"},
       {"resnet-bf16", "resnet", "resnet.yaml", 128, 1, 1.5, 0.5, 0, kResNetArgs,
        false, 0, false, "bf16"},
+      // Issue 22 on a GPU: ResNet-9 at batch 512 (30 steps, 3 passes over
+      // the synthetic set) in each precision, the small ResNet and LeNet at
+      // batch 1024 in bf16 and fp16; goals 1.5x PyTorch eager in the same
+      // precision.
+      {"resnet9gpu", "resnet9", "resnet9.yaml", 512, 3, 1.5, 100, 0,
+       kResNet9Args, true, 30, true},
+      {"resnet9gpu-tf32", "resnet9", "resnet9.yaml", 512, 3, 1.5, 100, 0,
+       kResNet9Args, true, 30, true, "tf32"},
+      {"resnet9gpu-bf16", "resnet9", "resnet9.yaml", 512, 3, 1.5, 100, 0,
+       kResNet9Args, true, 30, true, "bf16"},
+      {"resnet9gpu-fp16", "resnet9", "resnet9.yaml", 512, 3, 1.5, 100, 0,
+       kResNet9Args, true, 30, true, "fp16"},
+      {"resnetgpu-bf16", "resnet", "resnet.yaml", 128, 1, 1.5, 0.5, 0,
+       kResNetArgs, true, 0, false, "bf16"},
+      {"resnetgpu-fp16", "resnet", "resnet.yaml", 128, 1, 1.5, 0.5, 0,
+       kResNetArgs, true, 0, false, "fp16"},
+      {"lenet1024gpu-bf16",
+       "lenet",
+       "lenet.yaml",
+       1024,
+       2,
+       1.5,
+       0.5,
+       0,
+       {},
+       true,
+       0,
+       false,
+       "bf16"},
+      {"lenet1024gpu-fp16",
+       "lenet",
+       "lenet.yaml",
+       1024,
+       2,
+       1.5,
+       0.5,
+       0,
+       {},
+       true,
+       0,
+       false,
+       "fp16"},
   };
   return cases;
 }
@@ -394,6 +442,10 @@ absl::StatusOr<RunResult> RunPyTorch(const Options& o, const Case& c,
   if (c.gpu) {
     argv.push_back("--device");
     argv.push_back("cuda");
+    // Eager AMP as NVIDIA recommends it: NHWC, which tensor cores take.
+    if (c.precision == "bf16" || c.precision == "fp16") {
+      argv.push_back("--channels-last");
+    }
   }
   if (!o.data_dir.empty()) {
     argv.push_back("--data-dir");
@@ -612,11 +664,12 @@ std::string OneOffRow(const Case& c, const Summary& dl, const Summary& pt) {
     ratio = *dl.whole_images_per_s / *pt.whole_images_per_s;
   }
   return absl::StrFormat(
-      "| %s b%d %dep gpu | %s | %s | %s | %s | %s | %s | %s |", c.model,
-      c.batch, c.epochs, Num(dl.build_time_s, "%.2f"),
-      Num(dl.backend_time_s, "%.2f"), Num(dl.first_step_s, "%.3f"),
-      Num(pt.first_step_s, "%.3f"), Num(dl.whole_images_per_s, "%.0f"),
-      Num(pt.whole_images_per_s, "%.0f"), Num(ratio, "%.2f×"));
+      "| %s b%d %dep%s gpu | %s | %s | %s | %s | %s | %s | %s |", c.model,
+      c.batch, c.epochs, c.precision == "fp32" ? "" : " " + c.precision,
+      Num(dl.build_time_s, "%.2f"), Num(dl.backend_time_s, "%.2f"),
+      Num(dl.first_step_s, "%.3f"), Num(pt.first_step_s, "%.3f"),
+      Num(dl.whole_images_per_s, "%.0f"), Num(pt.whole_images_per_s, "%.0f"),
+      Num(ratio, "%.2f×"));
 }
 
 // Writes a synthetic data set in CIFAR-10's binary format into `dir`:
@@ -800,7 +853,10 @@ int main(int argc, char** argv) {
     std::cerr << "usage: trainer_bench [--gpu] [--threads T] [--repeats R]"
                  " [--only lenet64|lenet256|blocks|lenet2ep|lenet2ep-cosine|"
                  "resnet9|resnet|resnet9-bf16|resnet-bf16|"
-                 "lenet64gpu|lenet1024gpu|blocks256gpu]"
+                 "lenet64gpu|lenet1024gpu|blocks256gpu|resnet9gpu|"
+                 "resnet9gpu-tf32|resnet9gpu-bf16|resnet9gpu-fp16|"
+                 "resnetgpu-bf16|resnetgpu-fp16|lenet1024gpu-bf16|"
+                 "lenet1024gpu-fp16]"
                  " [--dlbatch-train PATH] [--python PATH] [--data-dir DIR]"
                  " [--jobs-dir DIR] [--baseline PATH] [--timeout SECONDS]"
                  " [--vary-seed] [--check-jobs]\n";
@@ -814,8 +870,8 @@ int main(int argc, char** argv) {
         })->gpu;
     if (o.gpu && !only_gpu) {
       std::cerr << "trainer_bench: --only " << o.only
-                << " is a CPU case; with --gpu use lenet64gpu, lenet1024gpu "
-                   "or blocks256gpu\n";
+                << " is a CPU case; with --gpu use a case whose name has "
+                   "gpu in it (lenet64gpu, resnet9gpu-bf16, ...)\n";
       return 2;
     }
     o.gpu = only_gpu;
@@ -866,7 +922,7 @@ int main(int argc, char** argv) {
     if (!o.only.empty() && o.only != c.name) continue;
     if (c.gpu != o.gpu) continue;
     std::vector<RunResult> dl_runs, pt_runs;
-    if (c.precision == "bf16" && !CpuHasBf16()) {
+    if (!c.gpu && c.precision == "bf16" && !CpuHasBf16()) {
       std::cerr << "[" << c.name
                 << "] skipped: this CPU has neither AVX-512 BF16 nor AMX "
                    "(dlbatch-train refuses precision: bf16 here, and "
@@ -908,7 +964,12 @@ int main(int argc, char** argv) {
     if (c.gpu) one_off_rows.push_back(OneOffRow(c, dl, pt));
   }
 
-  if (o.gpu) std::cout << device_line << ", float32 (no TF32)\n\n";
+  if (o.gpu) {
+    std::cout << device_line
+              << ", float32 (no TF32) unless a case names its precision "
+                 "(then PyTorch eager in it: TF32, or AMP with "
+                 "channels_last)\n\n";
+  }
   std::cout << absl::StrFormat(
       "%s, %d thread(s), %d repeat(s)%s: median images/s%s, mean "
       "accuracy; load average %s before, %s after\n\n",
