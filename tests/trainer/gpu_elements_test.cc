@@ -299,6 +299,124 @@ TYPED_TEST(GpuElementsTest, PaddedCopyAndCropRunAnAsymmetricConvolution) {
   }
 }
 
+// precision: bf16 | fp16 on the GPU (gpu_conv_low.cc) runs cuDNN on copies
+// cast by gpu_cast_kernels.cu: channels and filters padded to multiples of
+// 8, an asymmetric padding made a border, and the results cast back
+// (cropped, the bias added). With the casts' rounding left out (float
+// copies here) and the CPU's convolution standing in for cuDNN's, the
+// copies' geometry must give the layer's own output, input gradient and
+// weight gradient.
+TYPED_TEST(GpuElementsTest, LowPrecisionCopiesRunTheConvolution) {
+  const ConvDesc descs[] = {
+      Conv({6, 6, 1}, 5, 3, 1, 0),   // 1 channel and 5 filters: 8 each
+      Conv({5, 5, 3}, 10, 3, 1, 1),  // cuDNN's symmetric padding: 16 filters
+      Conv({4, 4, 8}, 16, 1, 1, 0),  // nothing padded
+      SameConv({8, 8, 3}, 6, 4, 1),  // a border of 1,1,2,2
+      SameConv({8, 7, 5}, 7, 3, 2),  // 0,1,1,1
+  };
+  Backend* cpu = this->cpu_.get();
+  auto pad8 = [](int c) { return (c + 7) / 8 * 8; };
+  uint64_t seed = 400;
+  for (const ConvDesc& d : descs) {
+    SCOPED_TRACE(d.in.ToString() + " -> " + d.out.ToString());
+    const bool border = !d.pad.symmetric();
+    const int pc = pad8(d.in.c), pk = pad8(d.filters);
+    // What gpu_conv_low.cc describes to cuDNN: the copies' shapes.
+    ConvDesc on_copy = d;
+    on_copy.in = {border ? d.in.h + d.pad.top + d.pad.bottom : d.in.h,
+                  border ? d.in.w + d.pad.left + d.pad.right : d.in.w, pc};
+    on_copy.filters = pk;
+    on_copy.out.c = pk;
+    if (border) on_copy.pad = Padding{};
+    const gpu::CastGeometry input{d.in.h,
+                                  d.in.w,
+                                  d.in.c,
+                                  on_copy.in.h,
+                                  on_copy.in.w,
+                                  pc,
+                                  border ? d.pad.top : 0,
+                                  border ? d.pad.left : 0};
+    const gpu::CastGeometry output{d.out.h, d.out.w, d.filters,
+                                   d.out.h, d.out.w, pk};
+    const gpu::CastGeometry filters{d.kh, d.kw, d.in.c, d.kh, d.kw, pc};
+    auto to_copy = [&](const gpu::CastGeometry& g, int n, int padded_n,
+                       const std::vector<float>& from) {
+      return this->template Elements<float>(
+          int64_t{padded_n} * g.ph * g.pw * g.pc, [&](auto i) {
+            const auto source = gpu::CastSource(i, g, n);
+            return source < 0 ? 0.0f : from[source];
+          });
+    };
+    auto back = [&](const gpu::CastGeometry& g, int n,
+                    const std::vector<float>& copy, const float* bias) {
+      return this->template Elements<float>(
+          int64_t{n} * g.h * g.w * g.c, [&](auto i) {
+            const float v = copy[gpu::CastBackSource(i, g)];
+            return bias != nullptr ? v + bias[i % g.c] : v;
+          });
+    };
+
+    const int n = 3;
+    const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
+    const std::vector<float> x = RandomVector(n * d.in.size(), ++seed);
+    const std::vector<float> w = RandomVector(weights, ++seed, -0.3, 0.3);
+    const std::vector<float> b = RandomVector(d.filters, ++seed);
+    const std::vector<float> dy = RandomVector(n * d.out.size(), ++seed);
+    // The copies round-trip: cast back, x is x.
+    const std::vector<float> x_copy = to_copy(input, n, n, x);
+    EXPECT_EQ(back(input, n, x_copy, nullptr), x);
+
+    auto layer = cpu->MakeConv(d, n);
+    auto copied = cpu->MakeConv(on_copy, n);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    ASSERT_TRUE(copied.ok()) << copied.status();
+    HostArray hx(cpu, x), hw(cpu, w), hb(cpu, b), hdy(cpu, dy);
+    HostArray want_y(cpu, n * d.out.size()), want_dx(cpu, n * d.in.size());
+    HostArray want_dw(cpu, weights), want_db(cpu, d.filters);
+    (*layer)->Forward(n, hx.data(), hw.data(), hb.data(), want_y.data());
+    (*layer)->BackwardWeights(n, hx.data(), hdy.data(), want_dw.data(),
+                              want_db.data());
+    (*layer)->BackwardData(n, hdy.data(), hw.data(), want_dx.data());
+
+    HostArray cx(cpu, x_copy), cw(cpu, to_copy(filters, d.filters, pk, w));
+    HostArray cdy(cpu, to_copy(output, n, n, dy));
+    HostArray no_bias(cpu, std::vector<float>(pk, 0.0f));
+    HostArray cy(cpu, n * on_copy.out.size()), cdx(cpu, n * on_copy.in.size());
+    HostArray cdw(cpu, int64_t{pk} * d.kh * d.kw * pc), cdb(cpu, pk);
+    (*copied)->Forward(n, cx.data(), cw.data(), no_bias.data(), cy.data());
+    (*copied)->BackwardWeights(n, cx.data(), cdy.data(), cdw.data(),
+                               cdb.data());
+    (*copied)->BackwardData(n, cdy.data(), cw.data(), cdx.data());
+    EXPECT_LT(Relative(back(output, n, cy.values(), b.data()), want_y.values()),
+              1e-5);
+    EXPECT_LT(Relative(back(input, n, cdx.values(), nullptr), want_dx.values()),
+              1e-5);
+    EXPECT_LT(Relative(back(filters, d.filters, cdw.values(), nullptr),
+                       want_dw.values()),
+              1e-5);
+  }
+}
+
+// Fully connected layers' copies (gpu_fc.cc): rows of `in` padded to a
+// multiple of 8, the weights' rows too, and zeros beyond.
+TYPED_TEST(GpuElementsTest, LowPrecisionCopiesOfRowsPadToMultiplesOf8) {
+  const int units = 5, in = 13, in_p = 16, units_p = 8;
+  const gpu::CastGeometry row{1, 1, in, 1, 1, in_p};
+  std::vector<float> w(units * in);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i + 1);
+  const std::vector<float> copy =
+      this->template Elements<float>(int64_t{units_p} * in_p, [&](auto i) {
+        const auto source = gpu::CastSource(i, row, units);
+        return source < 0 ? 0.0f : w[source];
+      });
+  for (int r = 0; r < units_p; ++r) {
+    for (int k = 0; k < in_p; ++k) {
+      EXPECT_EQ(copy[r * in_p + k], r < units && k < in ? w[r * in + k] : 0.0f)
+          << r << ", " << k;
+    }
+  }
+}
+
 // The multiply-and-shift division the lowered convolution's kernels use
 // gives n / d exactly: every divisor to 3000 against the first 3000
 // dividends, multiples of it and their neighbours up to 2^31 - 1, and large

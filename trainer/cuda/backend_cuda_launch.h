@@ -213,15 +213,7 @@ void LaunchPoolPaddedBackward(cudaStream_t stream, bool is_max, int n, int h,
 // --- mixed precision: float32 to and from bf16 or fp16 (gpu_cast_kernels.cu)
 enum class LowType { kBf16, kFp16 };  // 2 bytes an element either way
 
-// A float32 NHWC array of samples h x w x c and its low-precision copy of
-// samples ph x pw x pc (pc >= c), where the float sample sits at (top,
-// left): a zero border, zero channels c..pc.
-struct CastGeometry {
-  int h, w, c;
-  int ph, pw, pc;
-  int top = 0, left = 0;
-};
-
+// CastGeometry: gpu_elements.h.
 // low (padded_n samples of ph x pw x pc, `type`) = x's n samples placed as
 // `g` says, zeros elsewhere (the samples n..padded_n too).
 void LaunchToLow(cudaStream_t stream, LowType type, int n, int padded_n,

@@ -17,6 +17,7 @@
 
 #include "trainer/cuda/backend_cuda_grid.h"
 #include "trainer/cuda/backend_cuda_launch.h"
+#include "trainer/cuda/gpu_elements.h"
 
 namespace dlbatch::trainer::gpu {
 namespace {
@@ -32,50 +33,28 @@ __device__ inline float Load(const __nv_bfloat16* in) {
 }
 __device__ inline float Load(const __half* in) { return __half2float(*in); }
 
-// Element i of the padded low-precision array (samples of ph x pw x pc):
-// x's element at (y - top, x - left, channel) of its h x w x c samples
-// where that lies inside x and the sample is below n, else 0.
+// Element e of the padded low-precision copy (gpu_elements.h's
+// CastSource).
 template <typename Index, typename Low>
 __global__ void ToLowKernel(int64_t count, int n, CastGeometry g,
                             const float* __restrict__ x,
                             Low* __restrict__ low) {
   DLBATCH_GRID_STRIDE(e, count) {
-    Index i = static_cast<Index>(e);
-    const Index channel = i % g.pc;
-    i /= g.pc;
-    const Index px = i % g.pw;
-    i /= g.pw;
-    const Index py = i % g.ph;
-    const Index sample = i / g.ph;
-    const Index iy = py - g.top, ix = px - g.left;
-    float v = 0;
-    if (sample < n && channel < g.c && iy >= 0 && iy < g.h && ix >= 0 &&
-        ix < g.w) {
-      v = x[((sample * g.h + iy) * g.w + ix) * g.c + channel];
-    }
-    Store(v, low + e);
+    const Index source = CastSource(static_cast<Index>(e), g, n);
+    Store(source < 0 ? 0.0f : x[source], low + e);
   }
 }
 
-// Element i of float y (samples of h x w x c): the low-precision array's
-// element at (y + top, x + left, channel), plus bias[channel] if any.
+// Element e of float y (CastBackSource), plus bias[channel] if any.
 template <typename Index, typename Low>
 __global__ void FromLowKernel(int64_t count, CastGeometry g,
                               const Low* __restrict__ low,
                               const float* __restrict__ bias,
                               float* __restrict__ y) {
   DLBATCH_GRID_STRIDE(e, count) {
-    Index i = static_cast<Index>(e);
-    const Index channel = i % g.c;
-    i /= g.c;
-    const Index ix = i % g.w;
-    i /= g.w;
-    const Index iy = i % g.h;
-    const Index sample = i / g.h;
-    float v =
-        Load(low + ((sample * g.ph + iy + g.top) * g.pw + ix + g.left) * g.pc +
-             channel);
-    if (bias != nullptr) v += bias[channel];
+    const Index i = static_cast<Index>(e);
+    float v = Load(low + CastBackSource(i, g));
+    if (bias != nullptr) v += bias[static_cast<int>(i % g.c)];
     y[e] = v;
   }
 }

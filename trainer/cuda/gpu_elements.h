@@ -380,6 +380,40 @@ DLBATCH_HOST_DEVICE float ImageAt(Index i, int h, int w, int c,
                     scale_bias[c + channel]);
 }
 
+// --- mixed precision: the casts to and from bf16/fp16 copies
+// (gpu_cast_kernels.cu, gpu_conv_low.cc, gpu_fc.cc) ---
+
+// A float32 NHWC array of samples h x w x c and its low-precision copy of
+// samples ph x pw x pc (pc >= c, ph >= h + top, pw >= w + left), where the
+// float sample sits at (top, left): a zero border, zero channels c..pc.
+struct CastGeometry {
+  int h, w, c;
+  int ph, pw, pc;
+  int top = 0, left = 0;
+};
+
+// The element of x (n samples) that element i of the copy holds, or -1
+// where it holds a zero (the border, channels from c, samples from n).
+template <typename Index>
+DLBATCH_HOST_DEVICE Index CastSource(Index i, const CastGeometry& g, int n) {
+  const auto [sample, py, px, channel] = Coordinates(i, g.ph, g.pw, g.pc);
+  const int iy = py - g.top, ix = px - g.left;
+  if (sample >= n || channel >= g.c || iy < 0 || iy >= g.h || ix < 0 ||
+      ix >= g.w) {
+    return -1;
+  }
+  return ((sample * g.h + iy) * g.w + ix) * g.c + channel;
+}
+
+// The element of the copy that element i of the float array (samples of
+// h x w x c) is cast back from: the crop of the border and the padded
+// channels.
+template <typename Index>
+DLBATCH_HOST_DEVICE Index CastBackSource(Index i, const CastGeometry& g) {
+  const auto [sample, iy, ix, channel] = Coordinates(i, g.h, g.w, g.c);
+  return ((sample * g.ph + iy + g.top) * g.pw + ix + g.left) * g.pc + channel;
+}
+
 }  // namespace dlbatch::trainer::gpu
 
 #endif  // DLBATCH_TRAINER_CUDA_GPU_ELEMENTS_H_
