@@ -20,6 +20,7 @@
 #include "tests/trainer/test_util.h"
 #include "trainer/backend.h"
 #include "trainer/cuda/conv_lowering.h"
+#include "trainer/cuda/fc_low_products.h"
 #include "trainer/layers.h"
 
 namespace dlbatch::trainer {
@@ -397,26 +398,6 @@ TYPED_TEST(GpuElementsTest, LowPrecisionCopiesRunTheConvolution) {
   }
 }
 
-// Fully connected layers' copies (gpu_fc.cc): rows of `in` padded to a
-// multiple of 8, the weights' rows too, and zeros beyond.
-TYPED_TEST(GpuElementsTest, LowPrecisionCopiesOfRowsPadToMultiplesOf8) {
-  const int units = 5, in = 13, in_p = 16, units_p = 8;
-  const gpu::CastGeometry row{1, 1, in, 1, 1, in_p};
-  std::vector<float> w(units * in);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i + 1);
-  const std::vector<float> copy =
-      this->template Elements<float>(int64_t{units_p} * in_p, [&](auto i) {
-        const auto source = gpu::CastSource(i, row, units);
-        return source < 0 ? 0.0f : w[source];
-      });
-  for (int r = 0; r < units_p; ++r) {
-    for (int k = 0; k < in_p; ++k) {
-      EXPECT_EQ(copy[r * in_p + k], r < units && k < in ? w[r * in + k] : 0.0f)
-          << r << ", " << k;
-    }
-  }
-}
-
 // The multiply-and-shift division the lowered convolution's kernels use
 // gives n / d exactly: every divisor to 3000 against the first 3000
 // dividends, multiples of it and their neighbours up to 2^31 - 1, and large
@@ -477,6 +458,67 @@ void HostProduct(const gpu::MatrixProduct& p, const float* a, const float* b,
       float& out = c[i + int64_t{j} * p.ldc];
       out = static_cast<float>(beta != 0 ? sum + double{beta} * out : sum);
     }
+  }
+}
+
+// A fully connected layer in bf16 or fp16 (gpu_fc.cc) step for step on the
+// host, the casts' rounding left out: the copies padded as
+// fc_low_products.h says (checked: x's rows, the weights' rows and their
+// count, zeros beyond), cuBLAS's products as it describes them, against the
+// CPU backend's layer. Sizes that are multiples of 8 and sizes that are not.
+TYPED_TEST(GpuElementsTest, LowPrecisionFullyConnectedProductsAreTheCpus) {
+  Backend* cpu = this->cpu_.get();
+  uint64_t seed = 500;
+  for (const FcDesc d : {FcDesc{13, 5}, FcDesc{16, 8}, FcDesc{50, 10}}) {
+    SCOPED_TRACE(d.in);
+    const gpu::FcLowProducts p(d.in, d.units);
+    EXPECT_EQ(p.in_p() % 8, 0);
+    EXPECT_EQ(p.units_p() % 8, 0);
+    auto to_copy = [&](const gpu::CastGeometry& g, int n, int padded_n,
+                       const std::vector<float>& from) {
+      return this->template Elements<float>(
+          int64_t{padded_n} * g.pc, [&](auto i) {
+            const auto source = gpu::CastSource(i, g, n);
+            return source < 0 ? 0.0f : from[source];
+          });
+    };
+    const int n = 3, in = static_cast<int>(d.in);
+    const std::vector<float> x = RandomVector(n * d.in, ++seed);
+    const std::vector<float> w = RandomVector(d.units * d.in, ++seed);
+    const std::vector<float> b = RandomVector(d.units, ++seed);
+    const std::vector<float> dy = RandomVector(n * d.units, ++seed);
+    const std::vector<float> wc =
+        to_copy(p.InputRows(), d.units, p.units_p(), w);
+    for (int r = 0; r < p.units_p(); ++r) {
+      for (int k = 0; k < p.in_p(); ++k) {
+        ASSERT_EQ(wc[r * p.in_p() + k],
+                  r < d.units && k < in ? w[r * in + k] : 0.0f)
+            << r << ", " << k;
+      }
+    }
+    const std::vector<float> xc = to_copy(p.InputRows(), n, n, x);
+    const std::vector<float> dyc = to_copy(p.GradientRows(), n, n, dy);
+
+    auto layer = cpu->MakeFc(d, n);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    HostArray hx(cpu, x), hw(cpu, w), hb(cpu, b), hdy(cpu, dy);
+    HostArray want_y(cpu, n * d.units), want_dx(cpu, n * d.in);
+    HostArray want_dw(cpu, d.units * d.in), want_db(cpu, d.units);
+    (*layer)->Forward(n, hx.data(), hw.data(), hb.data(), want_y.data());
+    (*layer)->BackwardWeights(n, hx.data(), hdy.data(), want_dw.data(),
+                              want_db.data());
+    (*layer)->BackwardData(n, hdy.data(), hw.data(), want_dx.data());
+
+    std::vector<float> y(n * d.units), dx(n * d.in), dw(d.units * d.in);
+    for (int s = 0; s < n; ++s) {
+      std::copy(b.begin(), b.end(), y.begin() + s * d.units);  // the bias
+    }
+    HostProduct(p.Forward(n), wc.data(), xc.data(), 1, y.data());
+    HostProduct(p.BackwardData(n), wc.data(), dyc.data(), 0, dx.data());
+    HostProduct(p.BackwardWeights(n), xc.data(), dyc.data(), 0, dw.data());
+    EXPECT_LT(Relative(y, want_y.values()), 1e-5);
+    EXPECT_LT(Relative(dx, want_dx.values()), 1e-5);
+    EXPECT_LT(Relative(dw, want_dw.values()), 1e-5);
   }
 }
 

@@ -9,10 +9,9 @@
 //
 // In bf16 or fp16 (precision: bf16 | fp16) the same products run as
 // cublasGemmEx on low-precision copies of x, w and dy with float32
-// accumulation and float32 results (y, dx, dw directly: no cast back).
-// The copies' rows are padded to multiples of 8 elements (in_p, units_p),
-// so that every column starts 16 bytes apart, as tensor cores load them;
-// the padding is zeros and adds nothing. Forward casts w and x, and
+// accumulation and float32 results (y, dx, dw directly: no cast back), as
+// fc_low_products.h describes them (rows padded to multiples of 8
+// elements, zeros that add nothing). Forward casts w and x, and
 // BackwardWeights (which the network calls first) casts dy; later calls of
 // the step reuse what holds the same pointer and batch size
 // (gpu_conv_low.cc says why that holds). db sums float32 dy.
@@ -28,6 +27,7 @@
 #include "trainer/backend.h"
 #include "trainer/cuda/backend_cuda_internal.h"
 #include "trainer/cuda/backend_cuda_launch.h"
+#include "trainer/cuda/fc_low_products.h"
 
 namespace dlbatch::trainer::gpu {
 namespace {
@@ -88,8 +88,6 @@ class GpuFc final : public FcKernel {
   Buffer ones_;  // device float[max_batch], all 1: db's gemv
 };
 
-int PadTo8(int64_t v) { return static_cast<int>((v + 7) / 8 * 8); }
-
 cudaDataType_t CublasType(LowType t) {
   return t == LowType::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
 }
@@ -99,10 +97,8 @@ class GpuLowFc final : public FcKernel {
   GpuLowFc(Context* ctx, const FcDesc& desc, int max_batch, Buffer ones,
            Buffer x_low, Buffer dy_low, Buffer w_low)
       : ctx_(ctx),
-        in_(static_cast<int>(desc.in)),
         units_(desc.units),
-        in_p_(PadTo8(desc.in)),
-        units_p_(PadTo8(desc.units)),
+        p_(desc.in, desc.units),
         max_batch_(max_batch),
         type_(CublasType(ctx->low)),
         ones_(std::move(ones)),
@@ -117,9 +113,7 @@ class GpuLowFc final : public FcKernel {
     CastInput(n, x, /*again=*/true);
     dy_of_ = nullptr;
     LaunchBroadcastRows(ctx_->stream, n, units_, b, y);
-    const float one = 1;
-    Gemm(CUBLAS_OP_T, CUBLAS_OP_N, units_, n, in_p_, w_low_, in_p_, x_low_,
-         in_p_, one, y, units_);
+    Multiply(p_.Forward(n), w_low_, x_low_, 1, y);
   }
 
   void BackwardData(int n, const float* dy, const float* w,
@@ -127,8 +121,7 @@ class GpuLowFc final : public FcKernel {
     Check(n);
     if (w != weights_of_) CastWeights(w);
     CastGradient(n, dy);
-    Gemm(CUBLAS_OP_N, CUBLAS_OP_N, in_, n, units_p_, w_low_, in_p_, dy_low_,
-         units_p_, 0, dx, in_);
+    Multiply(p_.BackwardData(n), w_low_, dy_low_, 0, dx);
   }
 
   void BackwardWeights(int n, const float* x, const float* dy, float* dw,
@@ -136,8 +129,7 @@ class GpuLowFc final : public FcKernel {
     Check(n);
     CastInput(n, x, /*again=*/false);
     CastGradient(n, dy);
-    Gemm(CUBLAS_OP_N, CUBLAS_OP_T, in_, units_, n, x_low_, in_p_, dy_low_,
-         units_p_, 0, dw, in_);
+    Multiply(p_.BackwardWeights(n), x_low_, dy_low_, 0, dw);
     const float one = 1, zero = 0;
     DLBATCH_CUBLAS_CHECK(ctx_->blas->Sgemv(ctx_->cublas, CUBLAS_OP_N, units_, n,
                                            &one, dy, units_, ones_.f32(), 1,
@@ -145,39 +137,36 @@ class GpuLowFc final : public FcKernel {
   }
 
  private:
-  // A row of `c` floats as a sample of one pixel, cast into `pc`.
-  static CastGeometry Row(int c, int pc) { return {1, 1, c, 1, 1, pc}; }
-
-  // w as `units` samples of `in` channels, padded to units_p x in_p.
   void CastWeights(const float* w) {
-    LaunchToLow(ctx_->stream, ctx_->low, units_, units_p_, Row(in_, in_p_), w,
-                w_low_.as<void>());
+    LaunchToLow(ctx_->stream, ctx_->low, units_, p_.units_p(), p_.InputRows(),
+                w, w_low_.as<void>());
     weights_of_ = w;
   }
   void CastInput(int n, const float* x, bool again) {
     if (!again && x == input_of_ && n == input_n_) return;
-    LaunchToLow(ctx_->stream, ctx_->low, n, n, Row(in_, in_p_), x,
+    LaunchToLow(ctx_->stream, ctx_->low, n, n, p_.InputRows(), x,
                 x_low_.as<void>());
     input_of_ = x;
     input_n_ = n;
   }
   void CastGradient(int n, const float* dy) {
     if (dy == dy_of_ && n == dy_n_) return;
-    LaunchToLow(ctx_->stream, ctx_->low, n, n, Row(units_, units_p_), dy,
+    LaunchToLow(ctx_->stream, ctx_->low, n, n, p_.GradientRows(), dy,
                 dy_low_.as<void>());
     dy_of_ = dy;
     dy_n_ = n;
   }
 
-  // c = a b (+ c where beta is 1), a and b low precision, c float32,
-  // accumulated in float32.
-  void Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-            const Buffer& a, int lda, const Buffer& b, int ldb, float beta,
-            float* c, int ldc) {
+  // c = a b (+ c where beta is 1) as `product` says: a and b low
+  // precision, c float32, accumulated in float32.
+  void Multiply(const MatrixProduct& product, const Buffer& a, const Buffer& b,
+                float beta, float* c) {
     const float one = 1;
     DLBATCH_CUBLAS_CHECK(ctx_->blas->GemmEx(
-        ctx_->cublas, ta, tb, m, n, k, &one, a.as<void>(), type_, lda,
-        b.as<void>(), type_, ldb, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+        ctx_->cublas, product.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        product.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, product.m, product.n,
+        product.k, &one, a.as<void>(), type_, product.lda, b.as<void>(), type_,
+        product.ldb, &beta, c, CUDA_R_32F, product.ldc, CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT));
   }
 
@@ -190,8 +179,8 @@ class GpuLowFc final : public FcKernel {
   }
 
   Context* ctx_;
-  const int in_, units_;
-  const int in_p_, units_p_;  // padded to multiples of 8
+  const int units_;
+  const FcLowProducts p_;
   const int max_batch_;
   const cudaDataType_t type_;
   Buffer ones_;    // device float[max_batch], all 1: db's gemv
@@ -227,7 +216,8 @@ absl::StatusOr<std::unique_ptr<FcKernel>> MakeFc(Context* ctx, Backend* backend,
                      ": too large for cuBLAS once padded to a multiple of 8"));
   }
   constexpr size_t kLow = 2;  // bytes of a bf16 or fp16
-  const size_t in_p = PadTo8(desc.in), units_p = PadTo8(desc.units);
+  const FcLowProducts p(desc.in, desc.units);
+  const size_t in_p = p.in_p(), units_p = p.units_p();
   absl::StatusOr<Buffer> x_low = backend->Allocate(kLow * max_batch * in_p);
   if (!x_low.ok()) return x_low.status();
   absl::StatusOr<Buffer> dy_low = backend->Allocate(kLow * max_batch * units_p);
