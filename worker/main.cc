@@ -196,9 +196,13 @@ int main(int argc, char** argv) {
              !s.ok()) {
     return Fail(std::string(s.message()));
   }
-  if (auto s = dlbatch::ProbeTls(options.channel, 5000);
-      absl::IsFailedPrecondition(s)) {
-    return Fail(std::string(s.message()));
+  // A Slurm job's worker has the scheduler's own CA from the batch script:
+  // no probe (a TCP connection and a TLS handshake) before its first call.
+  if (!slurm || slurm->ca_pem.empty()) {
+    if (auto s = dlbatch::ProbeTls(options.channel, 5000);
+        absl::IsFailedPrecondition(s)) {
+      return Fail(std::string(s.message()));
+    }
   }
   if (auto s = dlbatch::MakeDirs(work_dir + "/jobs", 0700); !s.ok()) {
     return Fail(std::string(s.message()));
@@ -227,11 +231,16 @@ int main(int argc, char** argv) {
     }
   }
   // Jobs a previous run of this worker left behind are stale now: their
-  // attempts were requeued when it was lost.
-  int stale = dlbatch::worker::KillProcessesUnder(work_dir + "/jobs");
-  if (!cgroup_base.empty())
-    stale += dlbatch::worker::KillCgroupsUnder(cgroup_base);
-  stale += dlbatch::worker::KillWorkerJobs({"", folder_mark + "-"}, 2000);
+  // attempts were requeued when it was lost. A Slurm job's worker folder
+  // is its own (SlurmWorkDir): no earlier run had it, so the scans of
+  // every process on the node are skipped.
+  int stale = 0;
+  if (!slurm) {
+    stale += dlbatch::worker::KillProcessesUnder(work_dir + "/jobs");
+    if (!cgroup_base.empty())
+      stale += dlbatch::worker::KillCgroupsUnder(cgroup_base);
+    stale += dlbatch::worker::KillWorkerJobs({"", folder_mark + "-"}, 2000);
+  }
   if (stale > 0) {
     spdlog::warn("killed {} process(es) of jobs a previous worker left behind",
                  stale);
@@ -293,16 +302,22 @@ int main(int argc, char** argv) {
   options.version =
       report_version.empty() ? std::string(dlbatch::Version()) : report_version;
   std::string note;
-  if (!no_gpus && cpu_slots == 0)
-    options.devices = dlbatch::worker::DiscoverGpus(&note);
-  if (options.devices.empty()) {
-    int slots = cpu_slots > 0 ? cpu_slots : dlbatch::worker::UsableCores();
-    options.devices = dlbatch::worker::CpuSlots(slots);
-    spdlog::info("offering {} CPU slots{}", slots,
-                 note.empty() ? "" : " (" + note + ")");
-  } else {
-    spdlog::info("offering {} GPUs{}", options.devices.size(),
-                 note.empty() ? "" : " (" + note + ")");
+  // Where Slurm names the GPUs it gave, they are offered as Slurm gave them
+  // (ApplySlurmJob) without the CUDA runtime's probe, which initialises
+  // the driver: a large part of an ephemeral worker's start on GPU nodes.
+  const bool slurm_names_gpus = slurm && slurm->gpus > 0;
+  if (!slurm_names_gpus) {
+    if (!no_gpus && cpu_slots == 0)
+      options.devices = dlbatch::worker::DiscoverGpus(&note);
+    if (options.devices.empty()) {
+      int slots = cpu_slots > 0 ? cpu_slots : dlbatch::worker::UsableCores();
+      options.devices = dlbatch::worker::CpuSlots(slots);
+      spdlog::info("offering {} CPU slots{}", slots,
+                   note.empty() ? "" : " (" + note + ")");
+    } else {
+      spdlog::info("offering {} GPUs{}", options.devices.size(),
+                   note.empty() ? "" : " (" + note + ")");
+    }
   }
   if (slurm) {
     dlbatch::worker::ApplySlurmJob(*slurm, options.devices, cpu_slots,
