@@ -1,6 +1,7 @@
 // precision: bf16 and fp16 on the GPU through the real dlbatch-train:
 // LeNet on Fashion-MNIST reaches float32's test accuracy within 0.3 points
-// (the goal, mean over seeds); fp16's runs scale their loss and say
+// (the goal, mean over seeds), the block net and the small ResNet
+// within 1 point after 200 steps; fp16's runs scale their loss and say
 // so in the history and metrics; and checkpoints, float32 whatever the run
 // computed in, resume in another precision (fp16 in fp32, fp32 in bf16)
 // and, fp16 in fp16, with the loss scale where it was.
@@ -17,12 +18,14 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "tests/trainer/precision_nets.h"
 #include "trainer/backend.h"
 #include "trainer/cuda/backend_cuda.h"
 #include "trainer/output/checkpoint.h"
@@ -34,6 +37,10 @@ namespace {
 using dlbatch::testing::BinDir;
 using dlbatch::testing::Exec;
 using dlbatch::testing::FashionMnistDir;
+using dlbatch::testing::kBlocks;
+using dlbatch::testing::kLenet;
+using dlbatch::testing::kResNet;
+using dlbatch::testing::Net;
 using dlbatch::testing::ReadAll;
 using dlbatch::testing::Result;
 using dlbatch::testing::WriteAll;
@@ -70,34 +77,48 @@ class GpuMixedRun : public ::testing::Test {
     }
   }
 
-  // LeNet with Caffe's solver at batch 64 on the GPU in `precision`, for
+  // LeNet (Caffe's solver, batch 64) on the GPU in `precision`, for
   // `iterations` steps (0: one epoch), validated on t10k at the end.
   std::string Job(const std::string& name, const std::string& precision,
                   int seed, int iterations = 0) {
+    return NetJob(kLenet, name, precision, seed, iterations);
+  }
+  std::string NetJob(const Net& net, const std::string& name,
+                     const std::string& precision, int seed,
+                     int iterations = 0) {
     const std::string d = FashionMnistDir();
     const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
-    WriteAll(
-        path,
-        absl::StrCat(
-            "name: ", name, "\ntrain:\n", dlbatch::testing::kLenetNetworkYaml,
-            "  data:\n    train: {format: idx, images: ", d,
-            "/train-images-idx3-ubyte.gz, labels: ", d,
-            "/train-labels-idx1-ubyte.gz}\n    validation: {format: idx, "
-            "images: ",
-            d, "/t10k-images-idx3-ubyte.gz, labels: ", d,
-            "/t10k-labels-idx1-ubyte.gz}\n  options:\n"
-            "    solver: sgdm\n    initial_learn_rate: 0.01\n"
-            "    momentum: 0.9\n    l2_regularization: 0.0005\n"
-            "    learn_rate_schedule: {type: inv, gamma: 0.0001, power: "
-            "0.75}\n    mini_batch_size: 64\n    max_epochs: 1\n",
-            iterations > 0
-                ? absl::StrCat("    max_iterations: ", iterations, "\n")
-                : "",
-            "    shuffle: every-epoch\n    validation_frequency: 100000\n"
-            "    execution_environment: gpu\n    seed: ",
-            seed, "\n    precision: ", precision, "\n"));
+    WriteAll(path,
+             absl::StrCat(
+                 "name: ", name, "\ntrain:\n", net.network,
+                 "  data:\n    train: {format: idx, images: ", d,
+                 "/train-images-idx3-ubyte.gz, labels: ", d,
+                 "/train-labels-idx1-ubyte.gz}\n    validation: {format: idx, "
+                 "images: ",
+                 d, "/t10k-images-idx3-ubyte.gz, labels: ", d,
+                 "/t10k-labels-idx1-ubyte.gz}\n  options:\n", net.options,
+                 "    max_epochs: 1\n",
+                 iterations > 0
+                     ? absl::StrCat("    max_iterations: ", iterations, "\n")
+                     : "",
+                 "    shuffle: every-epoch\n    validation_frequency: 100000\n"
+                 "    execution_environment: gpu\n    seed: ",
+                 seed, "\n    precision: ", precision, "\n"));
     return path;
   }
+
+  // The precisions this GPU computes in, fp32 first.
+  std::vector<std::string> Precisions() {
+    return Bf16OnGpu().ok() ? std::vector<std::string>{"fp32", "bf16", "fp16"}
+                            : std::vector<std::string>{"fp32", "fp16"};
+  }
+
+  // Mean test accuracy of `net` for `iterations` steps (0: one epoch) over
+  // `seeds`, per precision of Precisions(); each run's metrics must name its
+  // precision, and fp16's must have scaled the loss.
+  std::vector<double> MeanAccuracies(const Net& net, const std::string& tag,
+                                     const std::vector<int>& seeds,
+                                     int iterations = 0);
 
   Result Train(const std::string& job, const std::string& out,
                std::vector<std::string> extra = {}) {
@@ -114,24 +135,20 @@ class GpuMixedRun : public ::testing::Test {
   std::string dir_;
 };
 
-// One epoch each, seeds 1 and 2 (the same initial weights and order on
-// every side): bf16's and fp16's mean test accuracy within 0.3 points of
-// float32's. fp16 scales its loss: its history has the scale, and few steps
-// overflow (those at the start, while the scale finds its level).
-TEST_F(GpuMixedRun, LenetReachesFloat32AccuracyInBf16AndFp16) {
-  const bool bf16 = Bf16OnGpu().ok();
-  const std::vector<std::string> precisions =
-      bf16 ? std::vector<std::string>{"fp32", "bf16", "fp16"}
-           : std::vector<std::string>{"fp32", "fp16"};
+std::vector<double> GpuMixedRun::MeanAccuracies(const Net& net,
+                                                const std::string& tag,
+                                                const std::vector<int>& seeds,
+                                                int iterations) {
+  const std::vector<std::string> precisions = Precisions();
   std::vector<double> mean(precisions.size(), 0);
-  const std::vector<int> seeds = {1, 2};
   for (int seed : seeds) {
     for (size_t p = 0; p < precisions.size(); ++p) {
       const std::string& precision = precisions[p];
-      const std::string name = absl::StrCat("lenet-", precision, "-", seed);
+      const std::string name = absl::StrCat(tag, "-", precision, "-", seed);
       const std::string out = dir_ + "/" + name;
-      Result r = Train(Job(name, precision, seed), out);
-      ASSERT_EQ(r.code, 0) << r.out << r.err;
+      Result r = Train(NetJob(net, name, precision, seed, iterations), out);
+      EXPECT_EQ(r.code, 0) << r.out << r.err;
+      if (r.code != 0) return {};
       nlohmann::json m = Metrics(out);
       EXPECT_NE(m["backend"].get<std::string>().find(precision),
                 std::string::npos)
@@ -139,9 +156,12 @@ TEST_F(GpuMixedRun, LenetReachesFloat32AccuracyInBf16AndFp16) {
       mean[p] += m["validation_accuracy"].get<double>() / seeds.size();
       absl::StatusOr<TrainingHistory> h =
           ParseHistoryCsv(ReadAll(out + "/training_history.csv"));
-      ASSERT_TRUE(h.ok()) << h.status();
+      EXPECT_TRUE(h.ok()) << h.status();
+      if (!h.ok()) return {};
       EXPECT_EQ(h->loss_scaling, precision == "fp16");
       if (precision == "fp16") {
+        // Few steps overflow: those at the start, while the scale finds
+        // its level, and perhaps one after each doubling.
         const int64_t skipped = m["skipped_steps"].get<int64_t>();
         std::cout << name << ": " << skipped << " steps skipped, loss scale "
                   << m["loss_scale"] << " at the end\n";
@@ -152,15 +172,46 @@ TEST_F(GpuMixedRun, LenetReachesFloat32AccuracyInBf16AndFp16) {
     }
   }
   for (size_t p = 0; p < precisions.size(); ++p) {
-    std::cout << precisions[p] << ": " << mean[p] << "% (mean over "
-              << seeds.size() << " seeds)\n";
+    std::cout << tag << " " << precisions[p] << ": " << mean[p]
+              << "% (mean over " << seeds.size() << " seeds)\n";
   }
+  if (precisions.size() < 3) {
+    std::cout << "bf16 not run: " << Bf16OnGpu().message() << "\n";
+  }
+  return mean;
+}
+
+// LeNet for one epoch, seeds 1 and 2 (the same initial weights and order on
+// every side): bf16's and fp16's mean test accuracy within 0.3 points of
+// float32's, the goal.
+TEST_F(GpuMixedRun, LenetReachesFloat32AccuracyInBf16AndFp16) {
+  const std::vector<double> mean = MeanAccuracies(kLenet, "lenet", {1, 2});
+  ASSERT_FALSE(mean.empty());
   EXPECT_GT(mean[0], 80.0);
-  for (size_t p = 1; p < precisions.size(); ++p) {
+  for (size_t p = 1; p < mean.size(); ++p) {
     EXPECT_GE(mean[p], mean[0] - 0.3)
-        << precisions[p] << " " << mean[p] << "%, fp32 " << mean[0] << "%";
+        << Precisions()[p] << " " << mean[p] << "%, fp32 " << mean[0] << "%";
   }
-  if (!bf16) std::cout << "bf16 not run: " << Bf16OnGpu().message() << "\n";
+}
+
+// The block network (batch normalisation in float32 between low-precision
+// convolutions) and the small ResNet (residual sums of their float32
+// outputs), 200 steps at batch 128, seeds 1 and 2: held to 1 point, as
+// bf16_train_run_test holds the CPU's, since float32 alone moves by about
+// half a point between runs this short (autotuning may pick other
+// algorithms, which round differently).
+TEST_F(GpuMixedRun, BlockNetAndResNetReachFloat32AccuracyInBf16AndFp16) {
+  for (const auto& [net, tag] :
+       {std::pair{kBlocks, "blocks"}, std::pair{kResNet, "resnet"}}) {
+    SCOPED_TRACE(tag);
+    const std::vector<double> mean = MeanAccuracies(net, tag, {1, 2}, 200);
+    ASSERT_FALSE(mean.empty());
+    EXPECT_GT(mean[0], 70.0);
+    for (size_t p = 1; p < mean.size(); ++p) {
+      EXPECT_GE(mean[p], mean[0] - 1.0)
+          << Precisions()[p] << " " << mean[p] << "%, fp32 " << mean[0] << "%";
+    }
+  }
 }
 
 // A checkpoint holds float32 masters whatever the run computed in: fp16's
