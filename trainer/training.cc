@@ -492,7 +492,9 @@ absl::Status Run::ResumeIfAsked() {
     absl::StatusOr<TrainingHistory> h = ParseHistoryCsv(*csv);
     if (h.ok()) history_ = std::move(h).value();
   }
-  history_.loss_scaling = scaler_.has_value();
+  // A history with the scale's columns keeps them (the rows of a run
+  // resumed without scaling say 0), so what was written stays.
+  history_.loss_scaling = history_.loss_scaling || scaler_.has_value();
   std::erase_if(history_.iterations, [&](const IterationRecord& r) {
     return r.iteration > iteration_;
   });

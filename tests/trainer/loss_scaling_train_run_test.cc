@@ -197,6 +197,20 @@ TEST_F(LossScalingRun, AnInfiniteGradientSkipsTheStepAndHalvesTheScale) {
     EXPECT_EQ(resumed.iterations[i].skipped_steps, 1) << i;
   }
   EXPECT_EQ(Read("skipped").skipped_steps, 1);
+
+  // Resumed again without scaling (as an fp16 run resumed in fp32): the
+  // history keeps its columns, the new rows with no scale.
+  r = Train("skipped", 18, {}, {"--resume"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const TrainingHistory unscaled = History("skipped");
+  EXPECT_TRUE(unscaled.loss_scaling);
+  ASSERT_EQ(unscaled.iterations.size(), 18u);
+  EXPECT_EQ(unscaled.iterations[14].loss_scale, kInitialScale / 2);
+  for (int i = 15; i < 18; ++i) {
+    EXPECT_EQ(unscaled.iterations[i].loss_scale, 0) << i;
+    EXPECT_EQ(unscaled.iterations[i].skipped_steps, 1) << i;
+  }
+  EXPECT_EQ(Read("skipped").loss_scale, 0);
 }
 
 TEST_F(LossScalingRun, BadSwitchesAreRefusedSayingWhatToSet) {
