@@ -1,14 +1,16 @@
 // dlbatch jobs on a real Slurm (tests/slurm/slurm-cluster.sh: two slurmd,
 // two fake GPUs each), through the real scheduler, ephemeral workers and
 // CLI: a 1-GPU command job (its diary live, its CUDA_VISIBLE_DEVICES, its
-// outputs fetched after the Slurm job is gone), a job over both nodes,
-// cancel of a pending and a running job, a time limit, a drained node's
+// outputs fetched after the Slurm job is gone), a job over both nodes (and
+// one whose second node's worker is killed: requeued, nothing left in
+// Slurm), cancel of a pending and a running job, a time limit, a drained node's
 // pending reason, a scheduler killed mid-job (the job adopted, finishing
 // once; an unknown dlbatch-* Slurm job cancelled) and a Slurm job
 // cancelled by hand (reported with Slurm's reason).
 //
 // Label slurm: every test skips, saying why, where Slurm cannot start.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 
@@ -160,6 +162,25 @@ class SlurmJobs : public ::testing::Test {
   std::string Diary(int64_t id) {
     return c_.Cli({"diary", std::to_string(id)}).out;
   }
+  // The pid of the ephemeral worker of node `node` of Slurm job `slurm_id`
+  // (both nodes' workers run on this machine); 0 if none runs.
+  static pid_t WorkerOfNode(int64_t slurm_id, int node) {
+    const std::string job = absl::StrCat("SLURM_JOB_ID=", slurm_id);
+    const std::string index = absl::StrCat("SLURM_NODEID=", node);
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      int pid = 0;
+      if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
+      if (!absl::StrContains(ReadAll(e.path() / "cmdline"), "dlbatch-worker"))
+        continue;
+      std::vector<std::string> env =
+          absl::StrSplit(ReadAll(e.path() / "environ"), '\0');
+      if (std::find(env.begin(), env.end(), job) != env.end() &&
+          std::find(env.begin(), env.end(), index) != env.end()) {
+        return pid;
+      }
+    }
+    return 0;
+  }
   std::string Field(int64_t id, const char* key) {
     nlohmann::json j = c_.ShowJson(id);
     if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return "";
@@ -249,6 +270,48 @@ TEST_F(SlurmJobs, JobOverTwoNodesRunsOnePartOnEach) {
   EXPECT_NE(too_big.code, 0);
   EXPECT_TRUE(absl::StrContains(too_big.err, "Slurm partition 'gpu' has 2"))
       << too_big.err;
+}
+
+TEST_F(SlurmJobs, NodesWorkerKilledMidTwoNodeJobRequeuesItLeavingNothing) {
+  const int64_t id = SubmitCommand("lose-node", "echo started\nsleep 300",
+                                   "pool: 4\nmax_nodes: 2\n");
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_RUNNING", 60000))
+      << c_.ShowJson(id).dump(2);
+  std::optional<SlurmRow> first = SlurmJobOf(id);
+  ASSERT_TRUE(first.has_value()) << Squeue();
+  pid_t worker = 0;
+  ASSERT_TRUE(WaitFor([&] { return (worker = WorkerOfNode(first->id, 1)) > 0; },
+                      10000));
+  ASSERT_EQ(::kill(worker, SIGKILL), 0);
+  // Lost with its part: the job goes back to the queue (attempt 2 next),
+  // saying which worker it lost, and its first Slurm job ends.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        nlohmann::json j = c_.ShowJson(id);
+        return j.is_object() && j.value("attempt", 0) >= 2;
+      },
+      60000))
+      << c_.ShowJson(id).dump(2) << Squeue();
+  const std::string diary = Diary(id);
+  EXPECT_TRUE(absl::StrContains(
+      diary, absl::StrCat("worker 'slurm-", first->id, "-1'")))
+      << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "requeued")) << diary;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        for (const SlurmRow& r : LiveSlurmJobs()) {
+          if (r.id == first->id) return false;
+        }
+        return true;
+      },
+      60000))
+      << Squeue();
+  // Cancelled in its second attempt: nothing of it is left in Slurm.
+  ASSERT_EQ(c_.Cli({"cancel", std::to_string(id)}).code, 0);
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_CANCELLED", 60000))
+      << c_.ShowJson(id).dump(2);
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
+      << Squeue();
 }
 
 TEST_F(SlurmJobs, DrainedNodeShowsSlurmsReasonAndCancelOfPendingAndRunning) {
