@@ -936,6 +936,9 @@ absl::Status Run::Step() {
                          step_stats_.f32(), 2 * sizeof(float));
   step_epoch_ = iteration_ / per_epoch_ + 1;
   step_lr_ = LearnRate(opt_, iteration_, step_epoch_, total_);
+  if (req_.inject_inf_at_iteration == iteration_ + 1 && net_->num_params()) {
+    backend_->Fill(net_->grads(), 1, std::numeric_limits<float>::infinity());
+  }
   const double loss_scale = scaler_ ? scaler_->scale() : 0;
   if (!scaler_ || UnscaleGradients()) {
     solver_->Step(step_lr_, iteration_ + 1 - skipped_steps_);
@@ -950,9 +953,6 @@ absl::Status Run::Step() {
 bool Run::UnscaleGradients() {
   float* grads = net_->grads();
   const int64_t count = net_->num_params();
-  if (req_.inject_inf_at_iteration == iteration_ + 1 && count > 0) {
-    backend_->Fill(grads, 1, std::numeric_limits<float>::infinity());
-  }
   const double used = scaler_->scale();
   // Every rank sums the same averaged gradients, so all decide alike.
   const bool finite =

@@ -53,7 +53,8 @@ struct TrainRequest {
   std::optional<bool> loss_scaling;
   // Test-only: the step of this iteration (1-based; 0: none) finds an
   // infinite gradient after its backward pass, as an fp16 overflow would
-  // leave one (dlbatch-train: DLBATCH_TEST_INF_AT_ITERATION).
+  // leave one (dlbatch-train: DLBATCH_TEST_INF_AT_ITERATION); with loss
+  // scaling the step is skipped, without it the weights take it.
   int64_t inject_inf_at_iteration = 0;
   Communicator* communicator = nullptr;  // required; not owned
   BackendChoice device;  // the CPU unless ChooseBackend chose a GPU

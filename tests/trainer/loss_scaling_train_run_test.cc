@@ -161,6 +161,13 @@ TEST_F(LossScalingRun, AnInfiniteGradientSkipsTheStepAndHalvesTheScale) {
   EXPECT_EQ(skipped.loss_scale, kInitialScale / 2);
   EXPECT_EQ(skipped.skipped_steps, 1);
 
+  // Without loss scaling the same overflow reaches the weights, and the
+  // next step's loss is not finite: the run stops, saying so.
+  r = Train("unscaled", 15, {InfAt(11)});
+  EXPECT_NE(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("the training loss became"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("at iteration 12 "), std::string::npos) << r.err;
+
   // The same overflow in a longer run, which goes on.
   r = Train("long", 200, {kScaling, InfAt(11)});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
