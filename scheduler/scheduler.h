@@ -282,6 +282,9 @@ class Scheduler : private FollowSource {
     bool held = false;
     std::vector<int64_t> after;
     bool requeue_requested = false;
+    // Some of its parts' ends are in the store (part_ends): deleted as the
+    // job ends or is queued again.
+    bool part_ends_stored = false;
   };
   struct WorkerState {
     WorkerRecord record;
@@ -396,6 +399,11 @@ class Scheduler : private FollowSource {
   // slurm_settling_, running, every part of its Slurm job's attempt
   // ended); null where it has since ended or been requeued another way.
   ActiveJob* SettlingJob(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Part of Load: the running jobs' parts whose end was reported, from the
+  // store; the Slurm workers that left with every part they hold ended
+  // (never lost for it), jobs whose end waited for Slurm's word, and the
+  // Slurm resubmissions of queued jobs.
+  absl::Status LoadPartEnds() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Starts attempt rec.attempt + 1 of a queued job on `parts`: the record,
   // its event and the StartJob messages (into `starts`). REQUIRES: a

@@ -262,7 +262,9 @@ absl::Status Scheduler::JoinSlurmGang(const WorkerState& worker,
   std::vector<Part> parts = gang->second.Parts();
   slurm_gangs_.erase(gang);
   slurm_waiting_.erase(job.record.id);
-  slurm_resubmits_.erase(job.record.id);
+  if (slurm_resubmits_.erase(job.record.id) > 0) {
+    RETURN_IF_ERROR(store_->PutSlurmResubmits(job.record.id, 0));
+  }
   const int64_t now = clock_->NowMs();
   core_->MarkRunning(ToQueued(job.record), parts, now);
   // Inside the batch's transaction: the start commits with the
@@ -654,13 +656,16 @@ absl::Status Scheduler::SlurmJobLost(ActiveJob& job, const std::string& reason,
   if (rec.state == v1::JOB_STATE_QUEUED) {
     // Its Slurm job ended before all its workers were in: no attempt ran.
     if (machine_fault && ++slurm_resubmits_[id] < options_.max_attempts) {
+      RETURN_IF_ERROR(store_->PutSlurmResubmits(id, slurm_resubmits_[id]));
       RETURN_IF_ERROR(Diary(
           id, rec.attempt,
           absl::StrCat("[dlbatch] ", reason, "; submitted to Slurm again")));
       EnqueueJob(rec);
       return absl::OkStatus();
     }
-    slurm_resubmits_.erase(id);
+    if (slurm_resubmits_.erase(id) > 0) {
+      RETURN_IF_ERROR(store_->PutSlurmResubmits(id, 0));
+    }
     RETURN_IF_ERROR(Diary(id, rec.attempt,
                           absl::StrCat("[dlbatch] ", reason, "; job failed")));
     RETURN_IF_ERROR(EndJob(
@@ -700,6 +705,51 @@ Scheduler::ActiveJob* Scheduler::SettlingJob(int64_t job_id) {
     return nullptr;
   }
   return &job;
+}
+
+absl::Status Scheduler::LoadPartEnds() {
+  ASSIGN_OR_RETURN(std::vector<PartEnd> ends, store_->PartEnds());
+  for (const PartEnd& e : ends) {
+    auto it = jobs_.find(e.job_id);
+    if (it == jobs_.end()) continue;
+    ActiveJob& job = it->second;
+    job.part_ends_stored = true;  // deleted as the job moves on
+    if (job.record.state == v1::JOB_STATE_QUEUED ||
+        job.record.attempt != e.attempt || e.part < 0 ||
+        e.part >= static_cast<int>(job.part_ended.size())) {
+      continue;
+    }
+    job.part_ended[e.part] = true;
+    job.part_exit[e.part] = e.exit_code;
+    if (job.failure.empty()) job.failure = e.failure;
+  }
+  // A Slurm job's worker whose every part has ended has left for good: it
+  // is forgotten once its job ends, never lost for being away.
+  std::map<int64_t, bool> all_ended;  // worker -> every part it holds ended
+  for (const auto& [id, job] : jobs_) {
+    if (job.record.state == v1::JOB_STATE_QUEUED) continue;
+    for (size_t p = 0; p < job.record.parts.size(); ++p) {
+      auto [entry, added] =
+          all_ended.try_emplace(job.record.parts[p].worker, true);
+      entry->second = entry->second && job.part_ended[p];
+    }
+    // Every part ended, the job not: its end waited for Slurm's word.
+    if (!job.part_ended.empty() &&
+        std::find(job.part_ended.begin(), job.part_ended.end(), false) ==
+            job.part_ended.end() &&
+        SlurmProfileOf(job.record.spec.profile()) != nullptr) {
+      slurm_settling_.try_emplace(id, clock_->NowMs());
+    }
+  }
+  for (const auto& [worker, ended] : all_ended) {
+    auto w = workers_.find(worker);
+    if (ended && w != workers_.end() &&
+        SlurmProfileOf(w->second.record.profile) != nullptr) {
+      slurm_departed_.insert(worker);
+    }
+  }
+  ASSIGN_OR_RETURN(slurm_resubmits_, store_->SlurmResubmits());
+  return absl::OkStatus();
 }
 
 bool Scheduler::SettlesWithSlurm(const ActiveJob& job) const {

@@ -114,6 +114,7 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
       ++running;
     }
   }
+  RETURN_IF_ERROR(LoadPartEnds());
   RETURN_IF_ERROR(LoadControl());
   spdlog::info("recovered {} queued and {} running jobs, {} workers", queued,
                running, workers_.size());
@@ -149,7 +150,7 @@ void Scheduler::Recover(const absl::Status& why) {
   slurm_gangs_.clear();  // their workers reconnect and join again
   slurm_workers_.clear();
   slurm_departed_.clear();
-  slurm_settling_.clear();  // their parts are running again, as reloaded
+  slurm_settling_.clear();  // Load finds them again from the part ends
   core_ = NewCore();
   broken_ = Load(/*open_rendezvous=*/false);
   if (!broken_.ok()) {
@@ -611,11 +612,25 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
       RETURN_IF_ERROR(savepoint.Release());
     }
   }
+  // A part whose job does not end now is written down: a Slurm job's
+  // worker leaves once its part has ended, and after a restart the part
+  // must still be known ended without it.
+  PartEnd part_end;
+  part_end.job_id = rec.id;
+  part_end.attempt = rec.attempt;
+  part_end.part = part;
+  part_end.exit_code = ended.exit_code();
+  if (part_failed) {
+    part_end.failure = ended.reason().empty() ? "failed" : ended.reason();
+  }
   if (std::find(job.part_ended.begin(), job.part_ended.end(), false) !=
       job.part_ended.end()) {
-    return absl::OkStatus();
+    job.part_ends_stored = true;
+    return store_->PutPartEnd(part_end);
   }
   if (SettlesWithSlurm(job)) {
+    job.part_ends_stored = true;
+    RETURN_IF_ERROR(store_->PutPartEnd(part_end));
     // Acknowledged (its workers may leave) but not ended: the reconciler
     // asks squeue at once whether Slurm killed it, and why.
     if (slurm_settling_.try_emplace(rec.id, clock_->NowMs()).second) {
@@ -868,6 +883,12 @@ absl::Status Scheduler::SetState(ActiveJob& job, v1::JobState state,
   rec.state = state;
   if (state == v1::JOB_STATE_CANCELLING) rec.reason = reason;
   RETURN_IF_ERROR(store_->UpdateJob(rec));
+  if (job.part_ends_stored && state != v1::JOB_STATE_RUNNING &&
+      state != v1::JOB_STATE_CANCELLING) {
+    // Queued again or ended: its attempt's part ends are over.
+    RETURN_IF_ERROR(store_->DeletePartEnds(rec.id));
+    job.part_ends_stored = false;
+  }
   RETURN_IF_ERROR(
       store_->AddEvent(rec.id, state, rec.attempt, clock_->NowMs(), reason));
   // A transaction rolled back reloads the counts with the store (Load).

@@ -16,9 +16,10 @@ namespace {
 // Version 2 added jobs.sweep_id; version 3 diary_cuts, job_blobs and
 // jobs_by_end; version 4 user_limits and user_usage; version 5
 // credentials; version 6 worker_drains and job_control (store_control.cc);
-// version 7 slurm_jobs (store_slurm.cc).
+// version 7 slurm_jobs (store_slurm.cc); version 8 part_ends and
+// slurm_resubmits (store_slurm.cc).
 // Older files are migrated on open.
-constexpr int kSchemaVersion = 7;
+constexpr int kSchemaVersion = 8;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -712,6 +713,8 @@ absl::StatusOr<PurgeCounts> Store::PurgeJobs(const std::vector<int64_t>& ids) {
       "DELETE FROM diary_cuts WHERE job_id=?",
       "DELETE FROM job_control WHERE job_id=?",
       "DELETE FROM slurm_jobs WHERE job_id=?",
+      "DELETE FROM part_ends WHERE job_id=?",
+      "DELETE FROM slurm_resubmits WHERE job_id=?",
       "DELETE FROM jobs WHERE id=?",
   };
   PurgeCounts counts;

@@ -28,6 +28,15 @@
 
 namespace dlbatch::scheduler {
 
+// One part's end as its worker reported it (Store::PutPartEnd).
+struct PartEnd {
+  int64_t job_id = 0;
+  int attempt = 0;
+  int part = 0;
+  int exit_code = 0;
+  std::string failure;  // empty: it finished
+};
+
 struct JobRecord {
   int64_t id = 0;
   std::string request_id;
@@ -207,6 +216,17 @@ class Store {
   absl::Status PutSlurmJob(const slurm::SlurmJobRecord& record);
   absl::Status DeleteSlurmJob(int64_t job_id);
   absl::StatusOr<std::vector<slurm::SlurmJobRecord>> SlurmJobs();
+  // The parts of running jobs whose end was reported (schema version 8): a
+  // Slurm job's worker leaves once its part has ended, so after a restart
+  // its part is known ended without it. Deleted as the job ends or is
+  // queued again.
+  absl::Status PutPartEnd(const PartEnd& end);
+  absl::Status DeletePartEnds(int64_t job_id);
+  absl::StatusOr<std::vector<PartEnd>> PartEnds();
+  // How often a queued job's Slurm job failed before it started (it is
+  // submitted again within max_attempts); deleted by count 0.
+  absl::Status PutSlurmResubmits(int64_t job_id, int count);
+  absl::StatusOr<std::map<int64_t, int>> SlurmResubmits();
 
  private:
   explicit Store(std::unique_ptr<Database> db) : db_(std::move(db)) {}

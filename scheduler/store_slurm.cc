@@ -1,5 +1,7 @@
 // The store's side of Slurm profiles (issue 23): each dlbatch job's Slurm
-// job, written before sbatch runs (slurm_id 0) and once it answers.
+// job, written before sbatch runs (slurm_id 0) and once it answers; the
+// parts whose end was reported (a Slurm job's worker leaves after its
+// part); the resubmissions of a job whose Slurm job failed before it ran.
 #include "common/status.h"
 #include "scheduler/store.h"
 
@@ -14,7 +16,84 @@ CREATE TABLE IF NOT EXISTS slurm_jobs(
   profile TEXT NOT NULL,
   submitted_ms INTEGER NOT NULL,
   token_sha256 TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS part_ends(
+  job_id INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  part INTEGER NOT NULL,
+  exit_code INTEGER NOT NULL,
+  failure TEXT NOT NULL,
+  PRIMARY KEY(job_id, attempt, part)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS slurm_resubmits(
+  job_id INTEGER PRIMARY KEY,
+  count INTEGER NOT NULL);
 )sql");
+}
+
+absl::Status Store::PutPartEnd(const PartEnd& end) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT OR REPLACE INTO part_ends(job_id, attempt, part, "
+                   "exit_code, failure) VALUES(?,?,?,?,?)"));
+  return st->Bind(1, end.job_id)
+      .Bind(2, end.attempt)
+      .Bind(3, end.part)
+      .Bind(4, end.exit_code)
+      .Bind(5, end.failure)
+      .Run();
+}
+
+absl::Status Store::DeletePartEnds(int64_t job_id) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("DELETE FROM part_ends WHERE job_id=?"));
+  return st->Bind(1, job_id).Run();
+}
+
+absl::StatusOr<std::vector<PartEnd>> Store::PartEnds() {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("SELECT job_id, attempt, part, exit_code, "
+                   "failure FROM part_ends ORDER BY job_id, part"));
+  std::vector<PartEnd> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    PartEnd e;
+    e.job_id = st->Int(0);
+    e.attempt = static_cast<int>(st->Int(1));
+    e.part = static_cast<int>(st->Int(2));
+    e.exit_code = static_cast<int>(st->Int(3));
+    e.failure = st->Text(4);
+    out.push_back(std::move(e));
+  }
+  st->Reset();
+  return out;
+}
+
+absl::Status Store::PutSlurmResubmits(int64_t job_id, int count) {
+  if (count <= 0) {
+    ASSIGN_OR_RETURN(
+        Statement * st,
+        db_->Prepare("DELETE FROM slurm_resubmits WHERE job_id=?"));
+    return st->Bind(1, job_id).Run();
+  }
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT OR REPLACE INTO slurm_resubmits(job_id, count) "
+                   "VALUES(?,?)"));
+  return st->Bind(1, job_id).Bind(2, count).Run();
+}
+
+absl::StatusOr<std::map<int64_t, int>> Store::SlurmResubmits() {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("SELECT job_id, count FROM slurm_resubmits"));
+  std::map<int64_t, int> out;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    if (!row) break;
+    out[st->Int(0)] = static_cast<int>(st->Int(1));
+  }
+  st->Reset();
+  return out;
 }
 
 absl::Status Store::PutSlurmJob(const slurm::SlurmJobRecord& record) {

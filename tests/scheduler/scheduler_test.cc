@@ -703,6 +703,109 @@ TEST_F(SlurmSchedulerTest, EndBySignalStandsWhereSlurmDidNotEndTheJob) {
   EXPECT_EQ(GetJob(ids[2]).reason(), "killed by signal 9 (Killed)");
 }
 
+// A two-node job's second node ends its part and its worker leaves (as a
+// Slurm job's does); the scheduler restarts: the ended part is still known
+// ended, its worker is never lost for being away, and the job finishes as
+// its first node's part does.
+TEST_F(SlurmSchedulerTest, PartEndedBeforeARestartStaysEndedWithoutItsWorker) {
+  StartSlurmScheduler();
+  auto submitted = scheduler_->Submit(SlurmJob(4, 2));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const int64_t id = submitted->job_id();
+  ASSERT_TRUE(WaitUntil([&] {
+    return GetJob(id).wait_reason() == "submitted to Slurm as job 4242";
+  })) << GetJob(id).wait_reason();
+  tool_.SetQueue(
+      absl::StrCat("4242|dlbatch-", id, "|RUNNING|root|n[1-2]|None\n"));
+  auto first = RegisterNode(id, 4242, 0, 2);
+  auto second = RegisterNode(id, 4242, 1, 2);
+  ASSERT_TRUE(first->WaitFor(IsStart(id, 1)).has_value());
+  ASSERT_TRUE(second->WaitFor(IsStart(id, 1)).has_value());
+  v1::WorkerMessage end;
+  end.mutable_ended()->set_job_id(id);
+  end.mutable_ended()->set_attempt(1);
+  end.mutable_ended()->set_part(1);
+  end.mutable_ended()->set_state(v1::JOB_STATE_FINISHED);
+  scheduler_->OnWorkerMessage(second, std::move(end));
+  ASSERT_TRUE(second->WaitFor(IsEndedAck(id, 1)).has_value());
+  scheduler_->OnWorkerGone(second);
+
+  StopScheduler();
+  StartSlurmScheduler();
+  // Node 0's worker comes back with its part; node 1's never does.
+  auto back = std::make_shared<FakeSession>();
+  back->set_owner(absl::StrCat("job:", id));
+  v1::WorkerMessage hello;
+  v1::Register* reg = hello.mutable_register_();
+  reg->set_name("slurm-4242-0");
+  reg->set_host("n1");
+  reg->set_profile("cluster");
+  for (int i = 0; i < 2; ++i) {
+    v1::Device* d = reg->add_devices();
+    d->set_index(i);
+    d->set_kind("gpu");
+  }
+  auto* s = reg->mutable_slurm();
+  s->set_job_id(id);
+  s->set_attempt(1);
+  s->set_slurm_job_id(4242);
+  s->set_node_index(0);
+  s->set_nodes(2);
+  auto* running = reg->add_running();
+  running->set_job_id(id);
+  running->set_attempt(1);
+  running->set_part(0);
+  scheduler_->OnWorkerMessage(back, std::move(hello));
+  ASSERT_TRUE(back->WaitFor(IsRegistered()).has_value());
+  // Past the restart's grace and the heartbeat timeout: node 1's worker
+  // would be lost by now, and the job requeued, were its part not ended.
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(kHeartbeatTimeoutMs);
+    v1::WorkerMessage beat;
+    beat.mutable_heartbeat()->set_time_ms(clock_.NowMs());
+    scheduler_->OnWorkerMessage(back, std::move(beat));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_RUNNING)
+      << GetJob(id).DebugString();
+  EXPECT_EQ(GetJob(id).attempt(), 1);
+  ReportEnded(back, id, 1, v1::JOB_STATE_FINISHED, 0);
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_FINISHED))
+      << GetJob(id).DebugString();
+}
+
+// A queued job's Slurm job that fails before it starts (NODE_FAIL) is
+// submitted again within max_attempts (3) submissions in all, counted
+// across a restart.
+TEST_F(SlurmSchedulerTest, ResubmissionsAreCountedAcrossARestart) {
+  StartSlurmScheduler();
+  auto submitted = scheduler_->Submit(SlurmJob(2));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const int64_t id = submitted->job_id();
+  auto fail_slurm_job = [&](int64_t slurm_id) {
+    ASSERT_TRUE(WaitUntil([&] {
+      return GetJob(id).wait_reason() ==
+             absl::StrCat("submitted to Slurm as job ", slurm_id);
+    })) << GetJob(id).wait_reason();
+    tool_.SetQueue(
+        absl::StrCat(slurm_id, "|dlbatch-", id, "|NODE_FAIL|root|n1|None\n"));
+  };
+  fail_slurm_job(4242);
+  ASSERT_TRUE(WaitUntil([&] { return tool_.Count("sbatch") == 2; }));
+  fail_slurm_job(4243);
+  ASSERT_TRUE(WaitUntil([&] { return tool_.Count("sbatch") == 3; }));
+  ASSERT_TRUE(WaitUntil([&] {
+    return GetJob(id).wait_reason() == "submitted to Slurm as job 4244";
+  })) << GetJob(id).wait_reason();
+  StopScheduler();
+  StartSlurmScheduler();
+  fail_slurm_job(4244);
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_FAILED))
+      << GetJob(id).DebugString();
+  EXPECT_THAT(GetJob(id).reason(), HasSubstr("Slurm job 4244 lost a node"));
+  EXPECT_EQ(tool_.Count("sbatch"), 3);
+}
+
 TEST_F(SlurmSchedulerTest, UnknownDlbatchSlurmJobIsCancelled) {
   tool_.SetQueue(
       "999|dlbatch-77|RUNNING|root|n1|None\n"

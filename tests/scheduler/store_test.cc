@@ -168,7 +168,7 @@ TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   EXPECT_THAT(std::string(reopened.status().message()),
               HasSubstr("schema version 99"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 7"));
+              HasSubstr("reads version 8"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -216,7 +216,7 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "7");
+  EXPECT_EQ((*version)->Text(0), "8");
   (*version)->Reset();
   auto job = reader().GetJob(old);
   ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
@@ -292,6 +292,37 @@ TEST_F(StoreTest, OpensAVersion6FileAndKeepsEachJobsSlurmJob) {
   EXPECT_EQ((*jobs)[0].token_sha256, "ab12");
   ASSERT_TRUE(store_->DeleteSlurmJob(old).ok());
   EXPECT_THAT(store_->SlurmJobs().value(), IsEmpty());
+}
+
+TEST_F(StoreTest, OpensAVersion7FileAndKeepsPartEndsAndResubmissions) {
+  const int64_t old = Insert(NewJob("from-v7"));
+  ASSERT_TRUE(store_->db()
+                  ->Exec("DROP TABLE part_ends; DROP TABLE slurm_resubmits;"
+                         "UPDATE meta SET value='7' WHERE key='schema'")
+                  .ok());
+  Reopen();
+  PartEnd end;
+  end.job_id = old;
+  end.attempt = 2;
+  end.part = 1;
+  end.exit_code = 143;
+  end.failure = "exit code 143";
+  ASSERT_TRUE(store_->PutPartEnd(end).ok());
+  ASSERT_TRUE(store_->PutSlurmResubmits(old, 2).ok());
+  Reopen();
+  auto ends = store_->PartEnds();
+  ASSERT_TRUE(ends.ok()) << ends.status();
+  ASSERT_EQ(ends->size(), 1u);
+  EXPECT_EQ((*ends)[0].job_id, old);
+  EXPECT_EQ((*ends)[0].attempt, 2);
+  EXPECT_EQ((*ends)[0].part, 1);
+  EXPECT_EQ((*ends)[0].exit_code, 143);
+  EXPECT_EQ((*ends)[0].failure, "exit code 143");
+  EXPECT_EQ(store_->SlurmResubmits().value().at(old), 2);
+  ASSERT_TRUE(store_->DeletePartEnds(old).ok());
+  ASSERT_TRUE(store_->PutSlurmResubmits(old, 0).ok());
+  EXPECT_THAT(store_->PartEnds().value(), IsEmpty());
+  EXPECT_THAT(store_->SlurmResubmits().value(), IsEmpty());
 }
 
 TEST_F(StoreTest, CredentialsAreKeptByHashReplacedByNameAndDeleted) {
