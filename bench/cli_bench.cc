@@ -10,7 +10,9 @@
 // two-node Slurm whose `sbatch --hold` jobs stay pending. The commands run
 // in turn (dlbatch, sbatch, dlbatch, ...), so load that comes and goes
 // falls on both. --cli measures another build of the CLI beside this one
-// (such as one linked against shared libraries).
+// (such as one linked against shared libraries). The last rows submit on
+// the embedded local default (no --scheduler: the CLI first checks that the
+// local cluster in a temp XDG_STATE_HOME runs), where its worker runs them.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -166,6 +168,20 @@ int main(int argc, char** argv) {
         {absl::StrCat("`dlbatch submit -q -- true` with ", other_cli),
          {other_cli, "--scheduler", socket, "submit", "-q", "--", "true"}});
   }
+  // The embedded local default: no --scheduler, so the CLI finds (here,
+  // on the warm-up run, starts) the local cluster in XDG_STATE_HOME first.
+  const std::map<std::string, std::string> local_env = {
+      {"XDG_STATE_HOME", root + "/xdg"}, {"DLBATCH_SCHEDULER", ""}};
+  series.push_back({"`dlbatch submit -q -- true` on the local default",
+                    {cli, "submit", "-q", "--", "true"},
+                    local_env});
+  if (!other_cli.empty()) {
+    series.push_back(
+        {absl::StrCat("`dlbatch submit -q -- true` on the local default with ",
+                      other_cli),
+         {other_cli, "submit", "-q", "--", "true"},
+         local_env});
+  }
   for (Series& s : series) Run(s.argv, s.env);  // warm the page cache
   for (int r = 0; r < runs; ++r) {
     for (Series& s : series) {
@@ -185,7 +201,8 @@ int main(int argc, char** argv) {
       runs);
   for (const Series& s : series) {
     const double median = Percentile(s.ms, 0.5);
-    const bool submit = s.argv.size() > 3 && s.argv[3] == "submit";
+    const bool submit =
+        std::find(s.argv.begin(), s.argv.end(), "submit") != s.argv.end();
     std::printf(
         "| %s%s | %.1f ms | %.1f ms | %.1f ms | %s | %s | %s |\n",
         s.what.c_str(),
@@ -200,6 +217,7 @@ int main(int argc, char** argv) {
   if (!slurm) std::printf("\n(Slurm could not start here: no sbatch row)\n");
 
   if (slurm) Run({"/bin/bash", rig, "stop", slurm_dir});
+  Run({cli, "local", "stop", "--force"}, local_env);
   for (pid_t pid : daemons) kill(pid, SIGTERM);
   for (pid_t pid : daemons) waitpid(pid, nullptr, 0);
   std::filesystem::remove_all(root);

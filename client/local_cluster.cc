@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -169,6 +171,20 @@ absl::StatusOr<LocalCluster> LocalCluster::Resolve() {
   return LocalCluster(dir);
 }
 
+bool LocalCluster::SocketAccepts() const {
+  const std::string path = socket_path();
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  path.copy(addr.sun_path, path.size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr),
+                            sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
 bool LocalCluster::SchedulerAnswers() const {
   ChannelConfig config;
   auto ep = ParseEndpoint(address());
@@ -246,9 +262,14 @@ absl::Status LocalCluster::EnsureRunning(bool verbose, int cpu_slots) {
     ~Unlock() { ::close(fd); }
   } unlock{lock_fd};
 
-  bool scheduler_up =
-      LivePid(dir_ + "/scheduler.pid") != 0 && SchedulerAnswers();
+  const bool scheduler_alive = LivePid(dir_ + "/scheduler.pid") != 0;
   bool worker_up = LivePid(dir_ + "/worker.pid") != 0;
+  // Both running and the socket taking connections: nothing to start, and
+  // no call made here. (Whoever started them held the lock until they
+  // answered; a scheduler that stops answering now is the command's own
+  // call's to find, which retries for --retry-for.)
+  if (scheduler_alive && worker_up && SocketAccepts()) return absl::OkStatus();
+  bool scheduler_up = scheduler_alive && SchedulerAnswers();
   if (scheduler_up && worker_up) return absl::OkStatus();
   if (!scheduler_up) {
     if (verbose)

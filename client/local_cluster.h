@@ -29,6 +29,8 @@ class LocalCluster {
   // Human status lines.
   std::string Status();
   bool SchedulerAnswers() const;
+  // Whether something accepts connections on the socket (no call is made).
+  bool SocketAccepts() const;
   // The channel of the last probe that reached a running scheduler (null if
   // none did), handed over once: a command run right after EnsureRunning
   // makes its calls on the connection the probe opened instead of starting
