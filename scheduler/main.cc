@@ -481,7 +481,10 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
       spdlog::info("profile '{}': Slurm partition {}, its workers dial {}",
                    p.name, p.slurm.partition, l.scheduler);
     }
-    scheduler.StartSlurm(&slurm_tool, std::move(launch));
+    if (absl::Status s = scheduler.StartSlurm(&slurm_tool, std::move(launch));
+        !s.ok()) {
+      spdlog::error("profiles of Slurm not started: {}", s.ToString());
+    }
   }
   serving = true;
   if (!flags.ready_file.empty())

@@ -196,10 +196,15 @@ class Scheduler : private FollowSource {
   // (by profile name) what each batch script needs to dial back (the
   // token is made per job). Starts the thread that submits queued jobs to
   // Slurm and reconciles with squeue; until then such jobs stay queued and
-  // a submit to such a profile is refused. Call once, after Start.
-  void StartSlurm(slurm::SlurmTool* tool,
-                  std::map<std::string, slurm::WorkerLaunch> launch)
+  // a submit to such a profile is refused. Call once, after Start. Fails
+  // where the store cannot give the scheduler's instance id (which its
+  // Slurm jobs' names carry); Slurm's jobs are then left alone.
+  absl::Status StartSlurm(slurm::SlurmTool* tool,
+                          std::map<std::string, slurm::WorkerLaunch> launch)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The instance id the scheduler's Slurm jobs are named with; empty
+  // before StartSlurm.
+  const std::string& slurm_instance() const { return slurm_instance_; }
   // Whether the one-job credential of `job_id` may upload now: while its
   // job runs (its outputs and checkpoints), never before or after.
   bool SlurmJobUploads(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -634,6 +639,7 @@ class Scheduler : private FollowSource {
   std::map<int64_t, int64_t> slurm_settling_ ABSL_GUARDED_BY(mu_);
   // Set by StartSlurm, before its thread starts; read-only after.
   slurm::SlurmTool* slurm_tool_ = nullptr;
+  std::string slurm_instance_;
   std::map<std::string, slurm::WorkerLaunch> slurm_launch_;
   std::unique_ptr<slurm::SlurmJobLedger> slurm_ledger_;
   std::unique_ptr<slurm::SlurmLauncher> slurm_launcher_;
@@ -647,6 +653,8 @@ class Scheduler : private FollowSource {
   // The Slurm thread's own: Slurm jobs of ended jobs still running, and
   // since when (NowMs).
   std::map<int64_t, int64_t> slurm_lingering_;
+  // Slurm jobs of the old name form left alone, each logged once.
+  std::set<int64_t> slurm_left_alone_;
   std::thread slurm_thread_;
   WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 

@@ -103,9 +103,22 @@ const slurm::SlurmProfile* Scheduler::SlurmProfileOf(
   return nullptr;
 }
 
-void Scheduler::StartSlurm(slurm::SlurmTool* tool,
-                           std::map<std::string, slurm::WorkerLaunch> launch) {
-  if (options_.slurm_profiles.empty() || slurm_thread_.joinable()) return;
+absl::Status Scheduler::StartSlurm(
+    slurm::SlurmTool* tool, std::map<std::string, slurm::WorkerLaunch> launch) {
+  if (options_.slurm_profiles.empty() || slurm_thread_.joinable()) {
+    return absl::OkStatus();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::string> instance = absl::InternalError("unread");
+    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      instance = store_->InstanceId();
+      return instance.status();
+    }));
+    slurm_instance_ = *instance;
+  }
+  spdlog::info("Slurm jobs of this scheduler are named dlbatch-{}-<job id>",
+               slurm_instance_);
   slurm_ledger_ = std::make_unique<SlurmLedger>(this);
   slurm_launcher_ =
       std::make_unique<slurm::SlurmLauncher>(tool, slurm_ledger_.get(), clock_);
@@ -115,6 +128,7 @@ void Scheduler::StartSlurm(slurm::SlurmTool* tool,
     slurm_tool_ = tool;
   }
   slurm_thread_ = std::thread([this] { SlurmLoop(); });
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::CheckSlurmSubmit(const v1::JobSpec& spec,
@@ -190,6 +204,7 @@ absl::StatusOr<slurm::BatchRequest> Scheduler::SlurmRequestOf(
   ASSIGN_OR_RETURN(
       slurm::BatchRequest request,
       slurm::PlanBatch(*profile, job.id, job.attempt + 1, ShapeOf(job.spec)));
+  request.instance = slurm_instance_;
   if (::geteuid() == 0 && job.user != "root") {
     if (std::optional<Account> account = LookUpUser(job.user)) {
       request.uid = account->uid;
@@ -423,6 +438,7 @@ void Scheduler::LaunchSlurmJob(int64_t job_id) {
 void Scheduler::ReconcileSlurm() {
   std::vector<std::string> partitions;
   slurm::ReconcileInput in;
+  in.instance = slurm_instance_;
   for (const slurm::SlurmProfile& p : options_.slurm_profiles) {
     if (std::find(partitions.begin(), partitions.end(), p.partition) ==
         partitions.end()) {
@@ -532,6 +548,15 @@ void Scheduler::ReconcileSlurm() {
     }
   }
   const slurm::ReconcileDecisions d = slurm::Reconcile(in);
+  std::set<int64_t> left_alone;
+  for (const auto& l : d.left_alone) {
+    left_alone.insert(l.slurm_id);
+    if (slurm_left_alone_.insert(l.slurm_id).second) {
+      spdlog::warn("{}", l.why);
+    }
+  }
+  std::erase_if(slurm_left_alone_,
+                [&](int64_t id) { return left_alone.count(id) == 0; });
 
   // A Slurm job still running for a job that has ended is left a while to
   // end by itself (its workers leave as the job ends, and Slurm then says

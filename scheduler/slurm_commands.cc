@@ -72,18 +72,32 @@ int GresCount(absl::string_view field, absl::string_view name) {
 
 }  // namespace
 
-std::string SlurmJobName(int64_t job_id) {
-  return absl::StrCat(kNamePrefix, job_id);
+bool IsInstanceId(absl::string_view id) {
+  return id.size() == kInstanceIdLength &&
+         std::all_of(id.begin(), id.end(), [](char c) {
+           return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
+         });
 }
 
-std::optional<int64_t> JobIdOfSlurmName(absl::string_view name) {
+std::string SlurmJobName(absl::string_view instance, int64_t job_id) {
+  return absl::StrCat(kNamePrefix, instance, "-", job_id);
+}
+
+std::optional<ParsedSlurmName> ParseSlurmJobName(absl::string_view name) {
   if (!absl::ConsumePrefix(&name, kNamePrefix)) return std::nullopt;
+  ParsedSlurmName parsed;
+  if (const size_t dash = name.find('-'); dash != absl::string_view::npos) {
+    parsed.instance = std::string(name.substr(0, dash));
+    if (!IsInstanceId(parsed.instance)) return std::nullopt;
+    name.remove_prefix(dash + 1);
+  }
   int64_t id = 0;
   if (name.empty() || !absl::SimpleAtoi(name, &id) || id <= 0 ||
       absl::StrCat(id) != name) {
     return std::nullopt;
   }
-  return id;
+  parsed.job_id = id;
+  return parsed;
 }
 
 std::string SlurmTimeLimit(int64_t time_limit_s) {
@@ -97,15 +111,16 @@ std::vector<std::string> SbatchArgv(const SlurmProfile& profile,
   std::vector<std::string> argv = {
       "sbatch",
       "--parsable",
-      absl::StrCat("--job-name=", SlurmJobName(request.job_id)),
+      absl::StrCat("--job-name=",
+                   SlurmJobName(request.instance, request.job_id)),
       absl::StrCat("--partition=", profile.partition),
       absl::StrCat("--nodes=", request.nodes),
       absl::StrCat("--ntasks=", request.nodes),
       "--ntasks-per-node=1",
       "--no-requeue",
       "--export=NONE",
-      absl::StrCat("--output=", profile.node_dir, "/dlbatch-", request.job_id,
-                   "-%j.out"),
+      absl::StrCat("--output=", profile.node_dir, "/",
+                   SlurmJobName(request.instance, request.job_id), "-%j.out"),
   };
   if (request.gpus_per_node > 0) {
     argv.push_back(

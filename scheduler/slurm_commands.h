@@ -36,13 +36,28 @@ struct SlurmProfile {
   std::string node_dir = "/tmp";
 };
 
-// Slurm job names dlbatch gives its jobs: "dlbatch-<id>". Any other name is
-// not dlbatch's.
-std::string SlurmJobName(int64_t job_id);
-std::optional<int64_t> JobIdOfSlurmName(absl::string_view name);
+// A scheduler's instance id: 8 lowercase hex digits, made on its first
+// start and kept in its store (Store::InstanceId), so that schedulers
+// sharing one Slurm cluster tell their Slurm jobs apart.
+inline constexpr int kInstanceIdLength = 8;
+bool IsInstanceId(absl::string_view id);
+
+// Slurm job names dlbatch gives its jobs: "dlbatch-<instance>-<job id>"
+// (17 characters and the id). Versions before instance ids named them
+// "dlbatch-<job id>" (ParseSlurmJobName's `instance` is then empty). Any
+// other name is not dlbatch's.
+// REQUIRES: IsInstanceId(instance).
+std::string SlurmJobName(absl::string_view instance, int64_t job_id);
+struct ParsedSlurmName {
+  std::string instance;  // empty: the old form, of no known instance
+  int64_t job_id = 0;
+  bool operator==(const ParsedSlurmName&) const = default;
+};
+std::optional<ParsedSlurmName> ParseSlurmJobName(absl::string_view name);
 
 // One dlbatch job attempt as one Slurm batch job.
 struct BatchRequest {
+  std::string instance;  // the scheduler's (IsInstanceId)
   int64_t job_id = 0;
   int attempt = 1;
   int nodes = 1;             // --nodes and --ntasks: one worker per node
@@ -96,7 +111,9 @@ struct SqueueRow {
   std::string reason;  // e.g. Resources; "None" when none
 };
 // The argv of the one squeue call that reads every job of the partitions
-// (pending, running and recently ended).
+// (pending, running and recently ended). squeue's --name takes exact
+// names only, never a pattern, so it reads every job of the partitions;
+// the reconciler keeps those of its own instance (ParseSlurmJobName).
 std::vector<std::string> SqueueArgv(const std::vector<std::string>& partitions);
 // squeue -h -o kSqueueFormat's lines. A line that does not parse is an
 // error naming it: the reconciler must not guess.

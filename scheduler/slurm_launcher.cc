@@ -72,7 +72,7 @@ absl::StatusOr<SlurmJobRecord> SlurmLauncher::Launch(
     // forget leaves an intent that squeue shows has none). Otherwise sbatch
     // may have made the job without saying so (it timed out, or its answer
     // did not parse): the intent stays, for the reconciler to adopt or
-    // cancel the `dlbatch-<id>` job it finds.
+    // cancel the `dlbatch-<instance>-<id>` job it finds.
     if (slurm_id.status().code() == absl::StatusCode::kFailedPrecondition) {
       (void)ledger_->Forget(request.job_id);
     }

@@ -5,9 +5,10 @@
 // Nothing may be left running in Slurm that dlbatch does not know about, so
 // a launch is written down twice: before sbatch, that the job is being
 // submitted (Intend); after it, the Slurm job id (Commit). A scheduler that
-// dies between the two finds the intent on restart, and the `dlbatch-<id>`
-// Slurm job in squeue: it adopts that job rather than submit another. Where
-// the id cannot be committed, the Slurm job is cancelled at once.
+// dies between the two finds the intent on restart, and the
+// `dlbatch-<instance>-<id>` Slurm job in squeue: it adopts that job rather than
+// submit another. Where the id cannot be committed, the Slurm job is cancelled
+// at once.
 #ifndef DLBATCH_SCHEDULER_SLURM_LAUNCHER_H_
 #define DLBATCH_SCHEDULER_SLURM_LAUNCHER_H_
 

@@ -17,6 +17,16 @@ std::string PartitionOf(const ReconcileInput& in, const std::string& profile) {
   return it == in.partitions.end() ? profile : it->second;
 }
 
+// Whether `row` may be job `job_id`'s Slurm job: named for it by this
+// instance, or (`recorded`: the store holds the row's Slurm id for the
+// job) in the form of before instance ids.
+bool NamedFor(const ReconcileInput& in, const SqueueRow& row, int64_t job_id,
+              bool recorded) {
+  const std::optional<ParsedSlurmName> name = ParseSlurmJobName(row.name);
+  if (!name || name->job_id != job_id) return false;
+  return name->instance == in.instance || (recorded && name->instance.empty());
+}
+
 // Whether the Slurm job still waits or runs (or may: a state unknown).
 bool Alive(const SqueueRow& row, const std::string& partition) {
   return MapSlurmState(row, partition).phase != SlurmPhase::kEnded;
@@ -79,7 +89,7 @@ ReconcileDecisions Reconcile(const ReconcileInput& in) {
       // is the one it made.
       const SqueueRow* made = nullptr;
       for (const SqueueRow& row : in.rows) {
-        if (JobIdOfSlurmName(row.name) == r.job_id &&
+        if (NamedFor(in, row, r.job_id, /*recorded=*/false) &&
             known.count(row.slurm_id) == 0 && Alive(row, partition) &&
             (made == nullptr || row.slurm_id > made->slurm_id)) {
           made = &row;
@@ -106,6 +116,12 @@ ReconcileDecisions Reconcile(const ReconcileInput& in) {
       r.slurm_id = made->slurm_id;
     }
     auto row = by_id.find(r.slurm_id);
+    // A Slurm id the job's name does not go with is not its Slurm job
+    // (Slurm's ids began again): never another's to touch.
+    if (row != by_id.end() &&
+        !NamedFor(in, *row->second, r.job_id, /*recorded=*/true)) {
+      row = by_id.end();
+    }
     if (phase == JobPhase::kSettling) {
       SettleSignalledEnd(in, r, row == by_id.end() ? nullptr : row->second,
                          partition, &out);
@@ -147,17 +163,27 @@ ReconcileDecisions Reconcile(const ReconcileInput& in) {
     }
   }
 
-  // dlbatch's names that no record holds: nothing may run in Slurm that
-  // dlbatch does not know about.
+  // This instance's names that no record holds: nothing of its own may run
+  // in Slurm that it does not know about. Other instances' are theirs.
   for (const SqueueRow& row : in.rows) {
-    const std::optional<int64_t> job = JobIdOfSlurmName(row.name);
-    if (!job || known.count(row.slurm_id) > 0 ||
+    const std::optional<ParsedSlurmName> name = ParseSlurmJobName(row.name);
+    if (!name || known.count(row.slurm_id) > 0 ||
         MapSlurmState(row, "").phase == SlurmPhase::kEnded) {
       continue;
     }
-    out.cancel.push_back(
-        {row.slurm_id, absl::StrCat("dlbatch does not know Slurm job ",
-                                    row.slurm_id, " (", row.name, ")")});
+    if (name->instance == in.instance) {
+      out.cancel.push_back(
+          {row.slurm_id, absl::StrCat("dlbatch does not know Slurm job ",
+                                      row.slurm_id, " (", row.name, ")")});
+    } else if (name->instance.empty()) {
+      out.left_alone.push_back(
+          {row.slurm_id,
+           absl::StrCat("Slurm job ", row.slurm_id, " (", row.name,
+                        ") is named as before scheduler instances and this "
+                        "scheduler does not know it: left alone, as it may "
+                        "be another scheduler's; scancel it if it is this "
+                        "one's")});
+    }
   }
   return out;
 }

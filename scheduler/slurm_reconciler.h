@@ -9,9 +9,13 @@
 // only where they cannot speak. A Slurm job that ended or vanished while
 // its dlbatch job was neither ended nor reported ended by its workers is
 // never taken as a success: its job is lost, with Slurm's reason. A
-// `dlbatch-<id>` Slurm job that dlbatch does not know (a scheduler that
-// died between sbatch and its commit, or a job since forgotten) is
-// cancelled, unless an intent of the same job adopts it.
+// `dlbatch-<instance>-<id>` Slurm job of this scheduler's instance that it
+// does not know (a scheduler that died between sbatch and its commit, or a
+// job since forgotten) is cancelled, unless an intent of the same job
+// adopts it. Other instances' Slurm jobs (schedulers sharing the cluster)
+// are never touched. One named `dlbatch-<id>` (before instance ids) is
+// this scheduler's only where the store holds its Slurm job id for that
+// job; otherwise it is left alone, and said so (left_alone).
 #ifndef DLBATCH_SCHEDULER_SLURM_RECONCILER_H_
 #define DLBATCH_SCHEDULER_SLURM_RECONCILER_H_
 
@@ -45,6 +49,7 @@ enum class JobPhase {
 bool EndedBySignal(bool finished, int exit_code);
 
 struct ReconcileInput {
+  std::string instance;                 // this scheduler's (IsInstanceId)
   std::vector<SlurmJobRecord> records;  // the store's
   std::map<int64_t, JobPhase> jobs;     // absent: the job is gone (purged)
   std::vector<SqueueRow> rows;          // one squeue read
@@ -100,6 +105,14 @@ struct ReconcileDecisions {
     std::string why;
   };
   std::vector<Cancel> cancel;
+  // Live Slurm jobs named as before instance ids (`dlbatch-<id>`) whose id
+  // the store does not hold: maybe another scheduler's, so never
+  // cancelled; `why` is for the log.
+  struct LeftAlone {
+    int64_t slurm_id;
+    std::string why;
+  };
+  std::vector<LeftAlone> left_alone;
 };
 
 ReconcileDecisions Reconcile(const ReconcileInput& in);

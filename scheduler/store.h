@@ -223,6 +223,11 @@ class Store {
   absl::Status PutPartEnd(const PartEnd& end);
   absl::Status DeletePartEnds(int64_t job_id);
   absl::StatusOr<std::vector<PartEnd>> PartEnds();
+  // This scheduler's instance id (slurm::IsInstanceId): made at random on
+  // the first call and kept in the meta table, so it outlives restarts and
+  // travels with `dlbatch admin backup` (a copy of the database). Its Slurm
+  // jobs carry it in their names. The caller holds a Transaction.
+  absl::StatusOr<std::string> InstanceId();
   // How often a queued job's Slurm job failed before it started (it is
   // submitted again within max_attempts); deleted by count 0.
   absl::Status PutSlurmResubmits(int64_t job_id, int count);

@@ -1,7 +1,11 @@
 // The store's side of Slurm profiles (issue 23): each dlbatch job's Slurm
 // job, written before sbatch runs (slurm_id 0) and once it answers; the
 // parts whose end was reported (a Slurm job's worker leaves after its
-// part); the resubmissions of a job whose Slurm job failed before it ran.
+// part); the resubmissions of a job whose Slurm job failed before it ran;
+// the scheduler's instance id, which its Slurm jobs' names carry.
+#include <random>
+
+#include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "scheduler/store.h"
 
@@ -94,6 +98,29 @@ absl::StatusOr<std::map<int64_t, int>> Store::SlurmResubmits() {
   }
   st->Reset();
   return out;
+}
+
+absl::StatusOr<std::string> Store::InstanceId() {
+  ASSIGN_OR_RETURN(Statement * get,
+                   db_->Prepare("SELECT value FROM meta WHERE key='instance'"));
+  ASSIGN_OR_RETURN(bool found, get->Step());
+  std::string id = found ? get->Text(0) : "";
+  get->Reset();
+  if (found) {
+    if (!slurm::IsInstanceId(id)) {
+      return absl::DataLossError(absl::StrCat(
+          "the store's instance id '", id,
+          "' is not 8 hex digits; restore the state folder from a backup"));
+    }
+    return id;
+  }
+  std::random_device random;
+  id = absl::StrFormat("%08x", static_cast<uint32_t>(random()));
+  ASSIGN_OR_RETURN(
+      Statement * put,
+      db_->Prepare("INSERT INTO meta(key, value) VALUES('instance', ?)"));
+  RETURN_IF_ERROR(put->Bind(1, id).Run());
+  return id;
 }
 
 absl::Status Store::PutSlurmJob(const slurm::SlurmJobRecord& record) {

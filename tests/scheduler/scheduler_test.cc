@@ -515,8 +515,15 @@ class SlurmSchedulerTest : public SchedulerTest {
     options.slurm_poll_ms = 20;
     StartScheduler(options);
     scheduler_->set_credential_table(&tokens_);
-    scheduler_->StartSlurm(
-        &tool_, {{"cluster", slurm::WorkerLaunch{"head:7070", "", ""}}});
+    ASSERT_TRUE(
+        scheduler_
+            ->StartSlurm(
+                &tool_, {{"cluster", slurm::WorkerLaunch{"head:7070", "", ""}}})
+            .ok());
+  }
+  // Job `id`'s Slurm job name, as this scheduler gives it.
+  std::string Name(int64_t id) {
+    return slurm::SlurmJobName(scheduler_->slurm_instance(), id);
   }
   v1::SubmitJobRequest SlurmJob(int pool, int max_nodes = 1) {
     v1::SubmitJobRequest r = CommandJob(pool, "", "cluster");
@@ -564,14 +571,13 @@ TEST_F(SlurmSchedulerTest, JobStartsOnceEveryNodesWorkerRegistered) {
   })) << GetJob(id).wait_reason();
   EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_QUEUED);
   // Slurm's pending reason, from one squeue read.
-  tool_.SetQueue(
-      absl::StrCat("4242|dlbatch-", id, "|PENDING|root||Resources\n"));
+  tool_.SetQueue(absl::StrCat("4242|", Name(id), "|PENDING|root||Resources\n"));
   ASSERT_TRUE(WaitUntil([&] {
     return GetJob(id).wait_reason() ==
            "waiting in Slurm: Resources (partition gpu)";
   })) << GetJob(id).wait_reason();
   tool_.SetQueue(
-      absl::StrCat("4242|dlbatch-", id, "|RUNNING|root|n[1-2]|None\n"));
+      absl::StrCat("4242|", Name(id), "|RUNNING|root|n[1-2]|None\n"));
   // Node 1 first: the job waits for node 0's worker.
   auto second = RegisterNode(id, 4242, 1, 2);
   ASSERT_TRUE(second->WaitFor(IsRegistered()).has_value());
@@ -641,8 +647,7 @@ TEST_F(SlurmSchedulerTest, EndBySignalTakesSlurmsReasonOnceSlurmSaysIt) {
   })) << GetJob(id).wait_reason();
   auto node = RegisterNode(id, 4242, 0, 1);
   ASSERT_TRUE(node->WaitFor(IsStart(id, 1)).has_value());
-  tool_.SetQueue(
-      absl::StrCat("4242|dlbatch-", id, "|COMPLETING|root|n1|None\n"));
+  tool_.SetQueue(absl::StrCat("4242|", Name(id), "|COMPLETING|root|n1|None\n"));
   const int reads = tool_.Count("squeue");
   ReportEnded(node, id, 1, v1::JOB_STATE_FAILED, 143, "exit code 143");
   scheduler_->OnWorkerGone(node);
@@ -650,7 +655,7 @@ TEST_F(SlurmSchedulerTest, EndBySignalTakesSlurmsReasonOnceSlurmSaysIt) {
   ASSERT_TRUE(WaitUntil([&] { return tool_.Count("squeue") >= reads + 3; }));
   EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_RUNNING);
   tool_.SetQueue(
-      absl::StrCat("4242|dlbatch-", id, "|CANCELLED by 0|root|n1|None\n"));
+      absl::StrCat("4242|", Name(id), "|CANCELLED by 0|root|n1|None\n"));
   ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_FAILED))
       << GetJob(id).DebugString();
   EXPECT_THAT(GetJob(id).reason(),
@@ -675,10 +680,10 @@ TEST_F(SlurmSchedulerTest, EndBySignalStandsWhereSlurmDidNotEndTheJob) {
   // 0: its own code failed (exit 1), which never waits. 1: killed by a
   // signal, and its Slurm job then completes: the report stands. 2: Slurm
   // still runs its job past the wait: the report stands.
-  tool_.SetQueue(
-      absl::StrCat("4242|dlbatch-", ids[0], "|RUNNING|root|n1|None\n",
-                   "4243|dlbatch-", ids[1], "|RUNNING|root|n1|None\n",
-                   "4244|dlbatch-", ids[2], "|RUNNING|root|n1|None\n"));
+  tool_.SetQueue(absl::StrCat("4242|", Name(ids[0]), "|RUNNING|root|n1|None\n",
+                              "4243|", Name(ids[1]), "|RUNNING|root|n1|None\n",
+                              "4244|", Name(ids[2]),
+                              "|RUNNING|root|n1|None\n"));
   ReportEnded(nodes[0], ids[0], 1, v1::JOB_STATE_FAILED, 1, "exit code 1");
   EXPECT_EQ(GetJob(ids[0]).state(), v1::JOB_STATE_FAILED);
   ReportEnded(nodes[1], ids[1], 1, v1::JOB_STATE_FAILED, 139,
@@ -691,9 +696,9 @@ TEST_F(SlurmSchedulerTest, EndBySignalStandsWhereSlurmDidNotEndTheJob) {
   const int reads = tool_.Count("squeue");
   ASSERT_TRUE(WaitUntil([&] { return tool_.Count("squeue") >= reads + 2; }));
   EXPECT_EQ(GetJob(ids[1]).state(), v1::JOB_STATE_RUNNING);
-  tool_.SetQueue(absl::StrCat("4243|dlbatch-", ids[1],
-                              "|COMPLETED|root|n1|None\n", "4244|dlbatch-",
-                              ids[2], "|RUNNING|root|n1|None\n"));
+  tool_.SetQueue(absl::StrCat("4243|", Name(ids[1]),
+                              "|COMPLETED|root|n1|None\n", "4244|",
+                              Name(ids[2]), "|RUNNING|root|n1|None\n"));
   ASSERT_TRUE(WaitForState(ids[1], v1::JOB_STATE_FAILED));
   EXPECT_EQ(GetJob(ids[1]).reason(),
             "killed by signal 11 (Segmentation fault)");
@@ -716,7 +721,7 @@ TEST_F(SlurmSchedulerTest, PartEndedBeforeARestartStaysEndedWithoutItsWorker) {
     return GetJob(id).wait_reason() == "submitted to Slurm as job 4242";
   })) << GetJob(id).wait_reason();
   tool_.SetQueue(
-      absl::StrCat("4242|dlbatch-", id, "|RUNNING|root|n[1-2]|None\n"));
+      absl::StrCat("4242|", Name(id), "|RUNNING|root|n[1-2]|None\n"));
   auto first = RegisterNode(id, 4242, 0, 2);
   auto second = RegisterNode(id, 4242, 1, 2);
   ASSERT_TRUE(first->WaitFor(IsStart(id, 1)).has_value());
@@ -788,7 +793,7 @@ TEST_F(SlurmSchedulerTest, ResubmissionsAreCountedAcrossARestart) {
              absl::StrCat("submitted to Slurm as job ", slurm_id);
     })) << GetJob(id).wait_reason();
     tool_.SetQueue(
-        absl::StrCat(slurm_id, "|dlbatch-", id, "|NODE_FAIL|root|n1|None\n"));
+        absl::StrCat(slurm_id, "|", Name(id), "|NODE_FAIL|root|n1|None\n"));
   };
   fail_slurm_job(4242);
   ASSERT_TRUE(WaitUntil([&] { return tool_.Count("sbatch") == 2; }));
@@ -806,18 +811,32 @@ TEST_F(SlurmSchedulerTest, ResubmissionsAreCountedAcrossARestart) {
   EXPECT_EQ(tool_.Count("sbatch"), 3);
 }
 
-TEST_F(SlurmSchedulerTest, UnknownDlbatchSlurmJobIsCancelled) {
-  tool_.SetQueue(
-      "999|dlbatch-77|RUNNING|root|n1|None\n"
-      "998|someone-else|RUNNING|bob|n2|None\n");
+// Schedulers sharing a Slurm cluster: each cancels only the unknown Slurm
+// jobs of its own instance, never another's, nor one named as before
+// instance ids that its store does not hold.
+TEST_F(SlurmSchedulerTest, OnlyThisInstancesUnknownSlurmJobsAreCancelled) {
   StartSlurmScheduler();
+  const std::string mine = scheduler_->slurm_instance();
+  ASSERT_TRUE(slurm::IsInstanceId(mine)) << mine;
+  // The instance id is the store's: a restart keeps it, and reconciles
+  // with squeue at once.
+  StopScheduler();
+  const std::string other = mine == "0000000a" ? "0000000b" : "0000000a";
+  tool_.SetQueue(absl::StrCat(
+      "999|", slurm::SlurmJobName(mine, 77), "|RUNNING|root|n1|None\n", "997|",
+      slurm::SlurmJobName(other, 77), "|RUNNING|root|n1|None\n",
+      "996|dlbatch-78|RUNNING|root|n1|None\n",
+      "998|someone-else|RUNNING|bob|n2|None\n"));
+  StartSlurmScheduler();
+  EXPECT_EQ(scheduler_->slurm_instance(), mine);
   EXPECT_TRUE(WaitUntil([&] { return tool_.Count("scancel") >= 1; }));
+  StopScheduler();  // the read's decisions are all carried out
   for (const std::string& call : tool_.Calls()) {
     if (call.rfind("scancel", 0) == 0) {
       EXPECT_THAT(call, HasSubstr("999"));
-      EXPECT_THAT(call, ::testing::Not(HasSubstr("998")));
     }
   }
+  EXPECT_EQ(tool_.Count("scancel"), 1);
 }
 
 TEST_F(SchedulerTest, SubmitStartsJobAndDeduplicatesRequest) {

@@ -29,17 +29,32 @@ SlurmProfile Gpu() {
   return p;
 }
 
-TEST(SlurmCommands, JobNamesRoundTripAndOthersAreNotDlbatchs) {
-  EXPECT_EQ(SlurmJobName(42), "dlbatch-42");
-  EXPECT_EQ(JobIdOfSlurmName("dlbatch-42"), 42);
-  for (const char* other : {"wrap", "dlbatch-", "dlbatch-x", "dlbatch-042",
-                            "dlbatch-4 2", "dlbatch--1", "xdlbatch-4"}) {
-    EXPECT_EQ(JobIdOfSlurmName(other), std::nullopt) << other;
+TEST(SlurmCommands, JobNamesCarryTheInstanceAndRoundTrip) {
+  EXPECT_TRUE(IsInstanceId("0a1b2c3d"));
+  for (const char* bad :
+       {"", "0a1b2c3", "0a1b2c3d4", "0A1B2C3D", "0a1b2c3g", "0a1b-c3d"}) {
+    EXPECT_FALSE(IsInstanceId(bad)) << bad;
+  }
+  EXPECT_EQ(SlurmJobName("0a1b2c3d", 42), "dlbatch-0a1b2c3d-42");
+  EXPECT_EQ(ParseSlurmJobName("dlbatch-0a1b2c3d-42"),
+            (ParsedSlurmName{"0a1b2c3d", 42}));
+  // Digits only is an instance too: the old form has no second '-'.
+  EXPECT_EQ(ParseSlurmJobName("dlbatch-12345678-9"),
+            (ParsedSlurmName{"12345678", 9}));
+  // The form of before instance ids: no instance.
+  EXPECT_EQ(ParseSlurmJobName("dlbatch-42"), (ParsedSlurmName{"", 42}));
+  for (const char* other :
+       {"wrap", "dlbatch-", "dlbatch-x", "dlbatch-042", "dlbatch-4 2",
+        "dlbatch--1", "xdlbatch-4", "dlbatch-0a1b2c3d-", "dlbatch-0a1b2c3d-x",
+        "dlbatch-0a1b2c3d-042", "dlbatch-0a1b2c3-4", "dlbatch-0A1B2C3D-4",
+        "dlbatch-0a1b2c3d-4-5", "dlbatch-0a1b2c3d--4"}) {
+    EXPECT_EQ(ParseSlurmJobName(other), std::nullopt) << other;
   }
 }
 
 TEST(SlurmCommands, SbatchAsksFixedCountsNoRequeueAndNoEnvironment) {
   BatchRequest r;
+  r.instance = "0a1b2c3d";
   r.job_id = 7;
   r.nodes = 2;
   r.gpus_per_node = 2;
@@ -51,10 +66,11 @@ TEST(SlurmCommands, SbatchAsksFixedCountsNoRequeueAndNoEnvironment) {
   std::vector<std::string> argv = SbatchArgv(p, r);
   EXPECT_EQ(argv[0], "sbatch");
   for (const char* want :
-       {"--parsable", "--job-name=dlbatch-7", "--partition=gpu", "--nodes=2",
-        "--ntasks=2", "--ntasks-per-node=1", "--gres=gpu:2", "--no-requeue",
-        "--export=NONE", "--time=11", "--account=ml", "--qos=high",
-        "--constraint=a100", "--output=/scratch/dlbatch/dlbatch-7-%j.out"}) {
+       {"--parsable", "--job-name=dlbatch-0a1b2c3d-7", "--partition=gpu",
+        "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--gres=gpu:2",
+        "--no-requeue", "--export=NONE", "--time=11", "--account=ml",
+        "--qos=high", "--constraint=a100",
+        "--output=/scratch/dlbatch/dlbatch-0a1b2c3d-7-%j.out"}) {
     EXPECT_THAT(argv, Contains(want));
   }
   // Never a range such as --nodes=1-2.
@@ -131,6 +147,9 @@ TEST(SlurmCommands, SqueueLinesParseAndABadLineIsAnError) {
   EXPECT_THAT(argv, Contains("--states=all"));
   EXPECT_THAT(argv, Contains("--partition=gpu,cpu"));
   EXPECT_THAT(argv, Contains(kSqueueFormat));
+  // squeue's --name takes exact names, never a pattern: every job of the
+  // partitions is read, and the reconciler keeps its instance's.
+  EXPECT_THAT(argv, ::testing::Not(Contains(::testing::StartsWith("--name"))));
   auto rows = ParseSqueue(
       "1|dlbatch-7|CANCELLED|root|n1|None\n"
       "3|dlbatch-9|RUNNING|alice|n[1-2]|None\n"

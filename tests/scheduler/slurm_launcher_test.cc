@@ -133,6 +133,7 @@ TEST(SlurmLauncherTest, CommitsTheIntentThenSubmitsThenCommitsTheId) {
   SlurmLauncher launcher(&tool, &ledger, &clock);
   auto request = PlanBatch(Cluster(), 12, 1, {.pool = 2});
   ASSERT_TRUE(request.ok());
+  request->instance = "0a1b2c3d";
   auto record =
       launcher.Launch(Cluster(), *request, {"head:7070", "", "dlbj_secret"});
   ASSERT_TRUE(record.ok()) << record.status();
@@ -148,7 +149,7 @@ TEST(SlurmLauncherTest, CommitsTheIntentThenSubmitsThenCommitsTheId) {
               ElementsAre("put 12 slurm=0", "sbatch", "put 12 slurm=4242"));
   // sbatch got the job's arguments, and the credential only on stdin.
   EXPECT_THAT(absl::StrJoin(tool.argvs[0], " "),
-              HasSubstr("--job-name=dlbatch-12"));
+              HasSubstr("--job-name=dlbatch-0a1b2c3d-12"));
   EXPECT_THAT(absl::StrJoin(tool.argvs[0], " "), HasSubstr("--gres=gpu:2"));
   EXPECT_THAT(absl::StrJoin(tool.argvs[0], " "),
               ::testing::Not(HasSubstr("dlbj_secret")));

@@ -3,6 +3,7 @@
 // records and dlbatch's view of its jobs, in Slurm 22.05's own states.
 #include "scheduler/slurm_reconciler.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -15,6 +16,8 @@ using ::testing::IsEmpty;
 using ::testing::Pair;
 
 constexpr int64_t kNow = 1'000'000;
+constexpr char kInstance[] = "0a1b2c3d";
+constexpr char kOtherInstance[] = "feedbeef";
 
 SlurmJobRecord Record(int64_t job_id, int64_t slurm_id,
                       int64_t submitted_ms = kNow - 60'000) {
@@ -31,7 +34,7 @@ SqueueRow Row(int64_t slurm_id, int64_t job_id, std::string state,
               std::string reason = "None") {
   SqueueRow row;
   row.slurm_id = slurm_id;
-  row.name = SlurmJobName(job_id);
+  row.name = SlurmJobName(kInstance, job_id);
   row.state = std::move(state);
   row.user = "alice";
   row.nodes = "n1";
@@ -41,6 +44,7 @@ SqueueRow Row(int64_t slurm_id, int64_t job_id, std::string state,
 
 ReconcileInput Input() {
   ReconcileInput in;
+  in.instance = kInstance;
   in.partitions = {{"cluster", "gpu"}};
   in.now_ms = kNow;
   return in;
@@ -144,10 +148,77 @@ TEST(SlurmReconcilerTest, DlbatchsSlurmJobsItDoesNotKnowAreCancelled) {
   ReconcileDecisions d = Reconcile(in);
   ASSERT_EQ(d.cancel.size(), 2u);
   EXPECT_EQ(d.cancel[0].slurm_id, 200);
-  EXPECT_THAT(d.cancel[0].why,
-              HasSubstr("dlbatch does not know Slurm job 200 (dlbatch-7)"));
+  EXPECT_THAT(d.cancel[0].why, HasSubstr("dlbatch does not know Slurm job 200 "
+                                         "(dlbatch-0a1b2c3d-7)"));
   EXPECT_EQ(d.cancel[1].slurm_id, 201);
   EXPECT_THAT(d.lost, IsEmpty());
+}
+
+// Two schedulers share the cluster: the other's Slurm jobs, its intents'
+// names included, are never adopted, cancelled or taken as this one's.
+TEST(SlurmReconcilerTest, AnotherInstancesSlurmJobsAreNeverTouched) {
+  ReconcileInput in = Input();
+  in.records = {Record(1, 101), Record(2, 0)};
+  in.jobs = {{1, JobPhase::kRunning}, {2, JobPhase::kWaiting}};
+  auto theirs = [](int64_t slurm_id, int64_t job_id, std::string state) {
+    SqueueRow row = Row(slurm_id, job_id, std::move(state));
+    row.name = SlurmJobName(kOtherInstance, job_id);
+    return row;
+  };
+  // Their jobs 1 and 2 (not our intent's), and 7, which we do not know.
+  in.rows = {Row(101, 1, "RUNNING"), theirs(201, 1, "RUNNING"),
+             theirs(202, 2, "PENDING"), theirs(207, 7, "RUNNING")};
+  ReconcileDecisions d = Reconcile(in);
+  EXPECT_THAT(d.cancel, IsEmpty());
+  EXPECT_THAT(d.adopt, IsEmpty());
+  EXPECT_THAT(d.lost, IsEmpty());
+  EXPECT_THAT(d.left_alone, IsEmpty());
+  EXPECT_THAT(d.relaunch, ElementsAre(2));  // squeue holds nothing of ours
+
+  // A Slurm id the store holds under another name (Slurm's ids began
+  // again) is not the job's: it vanished, and the other's job stays.
+  in.records = {Record(3, 207)};
+  in.jobs = {{3, JobPhase::kRunning}};
+  in.rows.erase(in.rows.begin());  // only theirs
+  d = Reconcile(in);
+  EXPECT_THAT(d.cancel, IsEmpty());
+  ASSERT_EQ(d.lost.size(), 1u);
+  EXPECT_EQ(d.lost[0].job_id, 3);
+  EXPECT_THAT(d.lost[0].reason, HasSubstr("vanished"));
+}
+
+// Slurm jobs named as before instance ids ("dlbatch-<id>"): this
+// scheduler's only where its store holds that Slurm id for that job.
+TEST(SlurmReconcilerTest, OldNamesAreAdoptedOnlyByTheirRecordedSlurmId) {
+  ReconcileInput in = Input();
+  in.records = {Record(1, 101), Record(2, 0), Record(4, 104)};
+  in.jobs = {
+      {1, JobPhase::kRunning}, {2, JobPhase::kWaiting}, {4, JobPhase::kEnded}};
+  auto old_row = [](int64_t slurm_id, int64_t job_id, std::string state) {
+    SqueueRow row = Row(slurm_id, job_id, std::move(state), "Resources");
+    row.name = absl::StrCat("dlbatch-", job_id);
+    return row;
+  };
+  in.rows = {old_row(101, 1, "RUNNING"),    // recorded: job 1's
+             old_row(102, 2, "PENDING"),    // an intent's name, not its id
+             old_row(104, 4, "RUNNING"),    // recorded, its job ended
+             old_row(105, 5, "RUNNING"),    // unknown
+             old_row(106, 6, "COMPLETED"),  // over: nothing to say
+             old_row(107, 1, "PENDING")};   // job 1's name, not its id
+  ReconcileDecisions d = Reconcile(in);
+  EXPECT_THAT(d.lost, IsEmpty());
+  EXPECT_THAT(d.adopt, IsEmpty());
+  EXPECT_THAT(d.relaunch, ElementsAre(2));
+  // Job 4's own Slurm job goes with it; no other old-named one is touched.
+  ASSERT_EQ(d.cancel.size(), 1u);
+  EXPECT_EQ(d.cancel[0].slurm_id, 104);
+  ASSERT_EQ(d.left_alone.size(), 3u);
+  EXPECT_EQ(d.left_alone[0].slurm_id, 102);
+  EXPECT_EQ(d.left_alone[1].slurm_id, 105);
+  EXPECT_EQ(d.left_alone[2].slurm_id, 107);
+  EXPECT_THAT(d.left_alone[1].why,
+              HasSubstr("Slurm job 105 (dlbatch-5) is named as before "
+                        "scheduler instances"));
 }
 
 TEST(SlurmReconcilerTest, AStateThisVersionDoesNotKnowLeavesTheJobBe) {

@@ -5,8 +5,9 @@
 // one whose second node's worker is killed: requeued, nothing left in
 // Slurm), cancel of a pending and a running job, a time limit, a drained node's
 // pending reason, a scheduler killed mid-job (the job adopted, finishing
-// once; an unknown dlbatch-* Slurm job cancelled) and a Slurm job
-// cancelled by hand (reported with Slurm's reason).
+// once; an unknown Slurm job of its instance's name cancelled), two
+// schedulers sharing the Slurm (a restart touches only its own jobs) and a
+// Slurm job cancelled by hand (reported with Slurm's reason).
 //
 // Label slurm: every test skips, saying why, where Slurm cannot start.
 #include <gtest/gtest.h>
@@ -91,10 +92,21 @@ class SlurmJobs : public ::testing::Test {
                           BinDir(), "\n    node_dir: ", node_dir_, "\n"));
     c_.StartScheduler({"--config", config_, "--heartbeat-timeout", "5s"},
                       "127.0.0.1:0");
-    // The CLI presents the scheduler's first admin token over TCP.
-    std::string token = ReadAll(c_.scheduler_state() + "/token");
+    UseScheduler(c_);
+  }
+  // The CLI presents `c`'s first admin token over TCP from now on.
+  static void UseScheduler(const Cluster& c) {
+    std::string token = ReadAll(c.scheduler_state() + "/token");
     while (!token.empty() && token.back() == '\n') token.pop_back();
     setenv("DLBATCH_TOKEN", token.c_str(), 1);
+  }
+  // `c`'s instance id, as its log says at start: its Slurm jobs are named
+  // dlbatch-<instance>-<job id>.
+  static std::string InstanceOf(const Cluster& c) {
+    const std::string logs = c.Logs();
+    const std::string mark = "are named dlbatch-";
+    const size_t at = logs.find(mark);
+    return at == std::string::npos ? "" : logs.substr(at + mark.size(), 8);
   }
   void TearDown() override {
     if (HasFailure()) {
@@ -139,25 +151,29 @@ class SlurmJobs : public ::testing::Test {
   }
   // The newest Slurm job of dlbatch job `id` (an earlier test's job of the
   // same number may still be listed as ended).
-  std::optional<SlurmRow> SlurmJobOf(int64_t id) {
+  std::optional<SlurmRow> SlurmJobOf(int64_t id, const Cluster* c = nullptr) {
+    const std::string name =
+        absl::StrCat("dlbatch-", InstanceOf(c == nullptr ? c_ : *c), "-", id);
     std::optional<SlurmRow> newest;
-    for (const SlurmRow& r : SlurmJobsNamed(absl::StrCat("dlbatch-", id))) {
-      if (r.name == absl::StrCat("dlbatch-", id) &&
-          (!newest || r.id > newest->id)) {
+    for (const SlurmRow& r : SlurmJobsNamed(name)) {
+      if (r.name == name && (!newest || r.id > newest->id)) {
         newest = r;
       }
     }
     return newest;
   }
 
+  // On `c` (null: c_), whose token the CLI must present (UseScheduler).
   int64_t SubmitCommand(const std::string& name, const std::string& script,
-                        const std::string& header = "pool: 1\n") {
+                        const std::string& header = "pool: 1\n",
+                        Cluster* c = nullptr) {
+    if (c == nullptr) c = &c_;
     std::string yaml = absl::StrCat("name: ", name, "\nprofile: hpc\n", header,
                                     "command:\n  - sh\n  - -c\n  - |\n");
     for (absl::string_view line : absl::StrSplit(script, '\n')) {
       absl::StrAppend(&yaml, "    ", line, "\n");
     }
-    return c_.Submit(c_.JobFile(name + ".yaml", yaml));
+    return c->Submit(c->JobFile(name + ".yaml", yaml));
   }
   std::string Diary(int64_t id) {
     return c_.Cli({"diary", std::to_string(id)}).out;
@@ -380,8 +396,11 @@ TEST_F(SlurmJobs, SchedulerKilledMidJobAdoptsItAndCancelsAStranger) {
       WaitFor([&] { return absl::StrContains(Diary(id), "tick 1"); }, 60000))
       << c_.ShowJson(id).dump(2);
   c_.KillScheduler(SIGKILL);
-  // A Slurm job of dlbatch's name that the store does not know.
-  Result stray = Exec({"sbatch", "--parsable", "--job-name=dlbatch-999999",
+  // A Slurm job of this scheduler's name form that its store does not know.
+  const std::string instance = InstanceOf(c_);
+  ASSERT_EQ(instance.size(), 8u) << c_.Logs();
+  Result stray = Exec({"sbatch", "--parsable",
+                       absl::StrCat("--job-name=dlbatch-", instance, "-999999"),
                        "--output=/dev/null", "--wrap", "sleep 300"});
   ASSERT_EQ(stray.code, 0) << stray.err;
   c_.StartScheduler();
@@ -398,6 +417,98 @@ TEST_F(SlurmJobs, SchedulerKilledMidJobAdoptsItAndCancelsAStranger) {
   }
   EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
       << Squeue();
+}
+
+// Two schedulers, each with its own state folder, on one Slurm: one killed
+// (SIGKILL) and restarted adopts its own job and leaves the other's running
+// (both are dlbatch job 1), and leaves alone a Slurm job named as before
+// instance ids that its store does not know.
+TEST_F(SlurmJobs, TwoSchedulersShareSlurmAndARestartLeavesTheOthersJobs) {
+  Cluster other;
+  const std::string other_nodes = other.dir() + "/nodes";
+  fs::create_directories(other_nodes);
+  const std::string other_config = other.dir() + "/scheduler.yaml";
+  WriteAll(other_config,
+           absl::StrCat("profiles:\n  hpc:\n    type: slurm\n"
+                        "    partition: gpu\n    gpus_per_node: 2\n"
+                        "    bin_dir: ",
+                        BinDir(), "\n    node_dir: ", other_nodes, "\n"));
+  other.StartScheduler({"--config", other_config, "--heartbeat-timeout", "5s"},
+                       "127.0.0.1:0");
+  const std::string mine = InstanceOf(c_);
+  const std::string theirs = InstanceOf(other);
+  ASSERT_EQ(mine.size(), 8u) << c_.Logs();
+  ASSERT_EQ(theirs.size(), 8u) << other.Logs();
+  ASSERT_NE(mine, theirs);
+  const std::string ticks =
+      "for i in $(seq 1 12); do echo \"tick $i\"; sleep 1; done\n"
+      "echo done > \"$DLBATCH_OUTPUT_DIR/done.txt\"";
+  const int64_t id = SubmitCommand("mine", ticks);
+  UseScheduler(other);
+  const int64_t their_id = SubmitCommand("theirs", ticks, "pool: 1\n", &other);
+  auto diary_of = [](Cluster& c, int64_t job) {
+    UseScheduler(c);
+    return c.Cli({"diary", std::to_string(job)}).out;
+  };
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(diary_of(c_, id), "tick 1") &&
+               absl::StrContains(diary_of(other, their_id), "tick 1");
+      },
+      60000))
+      << Squeue() << other.Logs();
+  std::optional<SlurmRow> their_slurm = SlurmJobOf(their_id, &other);
+  ASSERT_TRUE(their_slurm.has_value()) << Squeue();
+  ASSERT_TRUE(SlurmJobOf(id).has_value()) << Squeue();
+
+  c_.KillScheduler(SIGKILL);
+  Result old_form = Exec({"sbatch", "--parsable", "--job-name=dlbatch-999998",
+                          "--output=/dev/null", "--wrap", "sleep 300"});
+  ASSERT_EQ(old_form.code, 0) << old_form.err;
+  int64_t old_form_id = 0;
+  ASSERT_TRUE(
+      absl::SimpleAtoi(absl::StripAsciiWhitespace(old_form.out), &old_form_id));
+  c_.StartScheduler();
+  EXPECT_EQ(InstanceOf(c_), mine);  // the store's: a restart keeps it
+  UseScheduler(c_);
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 60000))
+      << c_.ShowJson(id).dump(2) << Squeue();
+  EXPECT_EQ(c_.ShowJson(id)["attempt"].get<int>(), 1);
+  UseScheduler(other);
+  ASSERT_TRUE(other.WaitState(their_id, "JOB_STATE_FINISHED", 60000))
+      << other.ShowJson(their_id).dump(2) << Squeue() << other.Logs();
+  nlohmann::json theirs_job = other.ShowJson(their_id);
+  EXPECT_EQ(theirs_job["attempt"].get<int>(), 1) << theirs_job.dump(2);
+  for (const auto& [c, job] :
+       {std::pair<Cluster*, int64_t>{&c_, id}, {&other, their_id}}) {
+    const std::string diary = diary_of(*c, job);
+    for (int i = 1; i <= 12; ++i) {
+      const std::string tick = absl::StrCat("tick ", i, "\n");
+      const size_t first = diary.find(tick);
+      EXPECT_NE(first, std::string::npos) << diary;
+      EXPECT_EQ(diary.find(tick, first + 1), std::string::npos) << diary;
+    }
+  }
+  // Their Slurm job ended by itself, never cancelled by the restart.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::optional<SlurmRow> r = SlurmJobOf(their_id, &other);
+        return r && r->state == "COMPLETED";
+      },
+      30000))
+      << Squeue();
+  // The old-named Slurm job is left alone, with a log line.
+  bool old_form_alive = false;
+  for (const SlurmRow& r : LiveSlurmJobs()) {
+    old_form_alive = old_form_alive || r.id == old_form_id;
+  }
+  EXPECT_TRUE(old_form_alive) << Squeue();
+  EXPECT_TRUE(absl::StrContains(c_.Logs(),
+                                "named as before scheduler "
+                                "instances"))
+      << c_.Logs();
+  Exec({"scancel", std::to_string(old_form_id)});
+  UseScheduler(c_);
 }
 
 TEST_F(SlurmJobs, ScancelByHandIsReportedWithSlurmsReason) {

@@ -106,6 +106,7 @@ TEST_F(SlurmToolTest, AJobOnTwoNodesRunsOneWorkerEachWithItsGpus) {
   EXPECT_EQ(limits->max_time_s, 0);
 
   BatchRequest r;
+  r.instance = "0a1b2c3d";
   r.job_id = 41;
   r.nodes = 2;
   r.gpus_per_node = 2;
@@ -117,10 +118,10 @@ TEST_F(SlurmToolTest, AJobOnTwoNodesRunsOneWorkerEachWithItsGpus) {
     return s == "COMPLETED" || s == "FAILED";
   });
   ASSERT_TRUE(row.has_value());
-  EXPECT_EQ(row->state, "COMPLETED")
-      << ReadAll(absl::StrCat(profile_.node_dir, "/dlbatch-41-", *id, ".out"));
-  EXPECT_EQ(row->name, "dlbatch-41");
-  EXPECT_EQ(JobIdOfSlurmName(row->name), 41);
+  EXPECT_EQ(row->state, "COMPLETED") << ReadAll(
+      absl::StrCat(profile_.node_dir, "/dlbatch-0a1b2c3d-41-", *id, ".out"));
+  EXPECT_EQ(row->name, "dlbatch-0a1b2c3d-41");
+  EXPECT_EQ(ParseSlurmJobName(row->name), (ParsedSlurmName{"0a1b2c3d", 41}));
   const std::string rank0 = ReadAll(profile_.node_dir + "/rank-0");
   const std::string rank1 = ReadAll(profile_.node_dir + "/rank-1");
   EXPECT_THAT(rank0, HasSubstr("0 n1 gpus=0,1 at=unix:/x.sock token=dlbw_t"));
@@ -130,6 +131,7 @@ TEST_F(SlurmToolTest, AJobOnTwoNodesRunsOneWorkerEachWithItsGpus) {
 
 TEST_F(SlurmToolTest, SlurmsRefusalIsInItsOwnWords) {
   BatchRequest r;
+  r.instance = "0a1b2c3d";
   r.job_id = 42;
   r.gpus_per_node = 3;  // each node has 2
   auto id = SubmitBatch(*tool_, profile_, r, {"unix:/x.sock", "", "t"});
@@ -141,6 +143,7 @@ TEST_F(SlurmToolTest, SlurmsRefusalIsInItsOwnWords) {
 
 TEST_F(SlurmToolTest, CancelOfPendingRunningAndUnknownJobsIsDone) {
   BatchRequest r;
+  r.instance = "0a1b2c3d";
   r.job_id = 43;
   r.nodes = 3;  // more than the partition has: Slurm queues it for ever
   auto pending = SubmitBatch(*tool_, profile_, r, {"unix:/x.sock", "", "t"});
@@ -154,6 +157,7 @@ TEST_F(SlurmToolTest, CancelOfPendingRunningAndUnknownJobsIsDone) {
   EXPECT_THAT(v.reason, HasSubstr("(partition gpu)"));
 
   // The last --export wins over the profile's --export=NONE.
+  r.instance = "0a1b2c3d";
   r.job_id = 44;
   r.nodes = 1;
   r.gpus_per_node = 1;
