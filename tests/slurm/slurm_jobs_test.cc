@@ -581,6 +581,66 @@ TEST_F(SlurmTrainJobs, RanksOverBothNodesReachTheOneNodeWeights) {
   EXPECT_LT(RelativeDifference(two_nodes, one_node), 1e-4);
 }
 
+// One scheduler, a worker of its own (profile local) and the Slurm
+// profile: a sweep runs on Slurm while command jobs run on both, and the
+// CLI's jobs, fetch-outputs and monitor treat them alike.
+TEST_F(SlurmTrainJobs, LocalAndSlurmProfilesMixOnOneScheduler) {
+  c_.StartWorker("here", 2);
+  ASSERT_TRUE(c_.WaitWorkers(1));
+  const std::string sweep_file = c_.JobFile(
+      "sweep.yaml", LenetJob(FashionMnistDir(), R"(    mini_batch_size: 32
+    max_iterations: 8
+    execution_environment: cpu
+)",
+                             "name: mixed-sweep\nprofile: hpc\npool: 1\n") +
+                        "sweep:\n  initial_learn_rate: [0.01, 0.05]\n");
+  const std::string write_where =
+      "command: [sh, -c, 'echo \"$DLBATCH_JOB_ID\" > "
+      "\"$DLBATCH_OUTPUT_DIR/where.txt\"']\n";
+  const int64_t here = c_.Submit(c_.JobFile(
+      "here.yaml", "name: on-local\nprofile: local\n" + write_where));
+  const int64_t there = c_.Submit(c_.JobFile(
+      "there.yaml", "name: on-slurm\nprofile: hpc\npool: 1\n" + write_where));
+  Result sweep = c_.Cli({"submit", "--follow", sweep_file}, {}, 600000);
+  ASSERT_EQ(sweep.code, 0) << sweep.out << sweep.err;
+  EXPECT_TRUE(absl::StrContains(sweep.out, "2 jobs, 2 finished")) << sweep.out;
+  for (int64_t id : {here, there}) {
+    ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 120000))
+        << c_.ShowJson(id).dump(2) << Diary(id);
+  }
+
+  Result jobs = c_.Cli({"jobs", "--json"});
+  ASSERT_EQ(jobs.code, 0) << jobs.err;
+  std::map<std::string, std::string> profile_of;
+  const nlohmann::json listed = nlohmann::json::parse(jobs.out)["jobs"];
+  EXPECT_EQ(listed.size(), 4u) << jobs.out;  // and the sweep's two
+  for (const auto& job : listed) {
+    EXPECT_EQ(job["state"], "finished") << job.dump();
+    profile_of[job["name"].get<std::string>()] =
+        job["profile"].get<std::string>();
+  }
+  EXPECT_EQ(profile_of["on-local"], "local") << jobs.out;
+  EXPECT_EQ(profile_of["on-slurm"], "hpc") << jobs.out;
+  int on_hpc = 0;
+  for (const auto& [name, profile] : profile_of) on_hpc += profile == "hpc";
+  EXPECT_EQ(on_hpc, static_cast<int>(profile_of.size()) - 1) << jobs.out;
+  // The local job never touched Slurm; the Slurm one had a Slurm job.
+  EXPECT_FALSE(SlurmJobOf(here).has_value()) << Squeue();
+  EXPECT_TRUE(SlurmJobOf(there).has_value()) << Squeue();
+
+  for (int64_t id : {here, there}) {
+    const std::string out = absl::StrCat(c_.dir(), "/fetched-", id);
+    Result fetched = c_.Cli({"fetch-outputs", std::to_string(id), "-o", out});
+    ASSERT_EQ(fetched.code, 0) << fetched.out << fetched.err;
+    EXPECT_EQ(ReadAll(out + "/where.txt"), absl::StrCat(id, "\n"));
+  }
+  Result monitor = c_.Cli({"monitor", "--once"});
+  ASSERT_EQ(monitor.code, 0) << monitor.err;
+  for (const char* name : {"on-local", "on-slurm", "mixed-sweep"}) {
+    EXPECT_TRUE(absl::StrContains(monitor.out, name)) << monitor.out;
+  }
+}
+
 TEST_F(SlurmTrainJobs, ScancelByHandRequeuesFromTheCheckpointAndResumes) {
   const int64_t id = c_.Submit(c_.JobFile(
       "resume.yaml", LenetJob(FashionMnistDir(), R"(    mini_batch_size: 64
