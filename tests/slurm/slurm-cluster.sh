@@ -48,9 +48,12 @@ start() {
   [[ $(id -u) == 0 ]] || cant_run "slurmd needs root to start jobs as their users"
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
-  chmod 0700 "$dir"
+  # Others may pass through (not list) the folder and munge's: slurmd runs
+  # a job's script from its spool folder as the job's user, and that user's
+  # srun reaches munged's socket. The key stays root's alone (0400).
+  chmod 0711 "$dir"
   mkdir -p "$dir/munge" "$dir/ctld" "$dir/dev"
-  chmod 0700 "$dir/munge"
+  chmod 0711 "$dir/munge"
 
   # munge: its own key and socket.
   head -c 1024 /dev/urandom >"$dir/munge/munge.key"

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -51,6 +52,7 @@ class SlurmJobs : public ::testing::Test {
       return;
     }
     rig_ = tmpl;
+    chmod(tmpl, 0711);  // Slurm runs other users' jobs from inside it
     const std::string start =
         absl::StrCat(DLBATCH_SLURM_CLUSTER_SCRIPT, " start ", rig_,
                      "/slurm 2 >", rig_, "/start.log 2>&1");
@@ -509,6 +511,55 @@ TEST_F(SlurmJobs, TwoSchedulersShareSlurmAndARestartLeavesTheOthersJobs) {
       << c_.Logs();
   Exec({"scancel", std::to_string(old_form_id)});
   UseScheduler(c_);
+}
+
+// A user's job on a root scheduler goes to Slurm as that user (sbatch
+// --uid/--gid): its worker and its command run as them, and they fetch its
+// outputs with their own token.
+TEST_F(SlurmJobs, AnotherUsersJobRunsAsThatUserInSlurm) {
+  // node_dir is the nodes' shared scratch, which every user may write (as
+  // /tmp), under a folder they may pass through.
+  ASSERT_EQ(chmod(c_.dir().c_str(), 0711), 0);
+  ASSERT_EQ(chmod(node_dir_.c_str(), 01777), 0);
+  Result added = c_.Cli({"admin", "user", "add", "nobody"});
+  ASSERT_EQ(added.code, 0) << added.err;
+  const std::map<std::string, std::string> as_nobody = {
+      {"DLBATCH_TOKEN", std::string(absl::StripAsciiWhitespace(added.out))}};
+  const std::string job =
+      c_.JobFile("as-nobody.yaml",
+                 "name: as-nobody\nprofile: hpc\npool: 1\n"
+                 "command: [sh, -c, 'echo \"uid=$(id -u) gid=$(id -g)\"; "
+                 "echo mine > \"$DLBATCH_OUTPUT_DIR/who.txt\"']\n");
+  Result submit = c_.Cli({"submit", "-q", job}, as_nobody);
+  ASSERT_EQ(submit.code, 0) << submit.err;
+  int64_t id = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(submit.out), &id))
+      << submit.out;
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 90000))
+      << c_.ShowJson(id).dump(2) << Diary(id);
+  EXPECT_EQ(Field(id, "user"), "nobody");
+  const std::string diary = Diary(id);
+  EXPECT_TRUE(absl::StrContains(diary, "uid=65534 gid=65534")) << diary;
+  // Slurm ran the batch job as nobody: its output file is theirs.
+  std::optional<SlurmRow> slurm = SlurmJobOf(id);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  bool found = false;
+  for (const auto& e : fs::directory_iterator(node_dir_)) {
+    if (e.path().extension() != ".out" ||
+        !absl::StrContains(e.path().filename().string(), slurm->name)) {
+      continue;
+    }
+    struct stat st;
+    ASSERT_EQ(stat(e.path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 65534u) << e.path();
+    found = true;
+  }
+  EXPECT_TRUE(found) << "no Slurm output file named for " << slurm->name;
+  const std::string out = c_.dir() + "/fetched-by-nobody";
+  Result fetched =
+      c_.Cli({"fetch-outputs", std::to_string(id), "-o", out}, as_nobody);
+  ASSERT_EQ(fetched.code, 0) << fetched.out << fetched.err;
+  EXPECT_EQ(ReadAll(out + "/who.txt"), "mine\n");
 }
 
 TEST_F(SlurmJobs, ScancelByHandIsReportedWithSlurmsReason) {
