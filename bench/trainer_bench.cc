@@ -104,6 +104,9 @@ struct Case {
   std::string precision = "fp32";
 };
 
+// pytorch_baseline.py's arguments for lenet.yaml's solver (Caffe's
+// lenet_solver): none, its defaults are that solver.
+const std::vector<std::string> kLenetArgs = {};
 // pytorch_baseline.py's arguments for the ResNet job files' solvers.
 const std::vector<std::string> kResNet9Args = {
     "--lr", "0.4",        "--schedule",        "cosine", "--warmup",
@@ -160,32 +163,10 @@ const std::vector<Case>& Cases() {
        kResNetArgs, true, 0, false, "bf16"},
       {"resnetgpu-fp16", "resnet", "resnet.yaml", 128, 1, 1.5, 0.5, 0,
        kResNetArgs, true, 0, false, "fp16"},
-      {"lenet1024gpu-bf16",
-       "lenet",
-       "lenet.yaml",
-       1024,
-       2,
-       1.5,
-       0.5,
-       0,
-       {},
-       true,
-       0,
-       false,
-       "bf16"},
-      {"lenet1024gpu-fp16",
-       "lenet",
-       "lenet.yaml",
-       1024,
-       2,
-       1.5,
-       0.5,
-       0,
-       {},
-       true,
-       0,
-       false,
-       "fp16"},
+      {"lenet1024gpu-bf16", "lenet", "lenet.yaml", 1024, 2, 1.5, 0.5, 0,
+       kLenetArgs, true, 0, false, "bf16"},
+      {"lenet1024gpu-fp16", "lenet", "lenet.yaml", 1024, 2, 1.5, 0.5, 0,
+       kLenetArgs, true, 0, false, "fp16"},
   };
   return cases;
 }

@@ -5,7 +5,6 @@
 // Fashion-MNIST reaching float32's accuracy, and checkpoints that resume in
 // the other precision.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <array>
 #include <filesystem>
@@ -16,91 +15,35 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/files.h"
 #include "tests/integration/harness.h"
 #include "tests/trainer/precision_nets.h"
+#include "tests/trainer/train_run_fixture.h"
 #include "trainer/backend.h"
 #include "trainer/output/checkpoint.h"
 
 namespace dlbatch::trainer {
 namespace {
 
-using dlbatch::testing::BinDir;
-using dlbatch::testing::Exec;
-using dlbatch::testing::ReadAll;
-using dlbatch::testing::Result;
-using dlbatch::testing::WriteAll;
-
-constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
-
-using dlbatch::testing::kBlocks;
-using dlbatch::testing::kLenet;
-using dlbatch::testing::kResNet;
+using dlbatch::testing::Blocks;
+using dlbatch::testing::Lenet;
 using dlbatch::testing::Net;
+using dlbatch::testing::ResNet;
+using dlbatch::testing::Result;
 
-class Bf16Run : public ::testing::Test {
+// Job(): LeNet (Caffe's solver) at batch 64; NetJob(): any of
+// precision_nets.h's. A run of a number of steps writes a checkpoint at
+// every step (one of an epoch, none).
+class Bf16Run : public dlbatch::testing::PrecisionRunFixture {
  protected:
-  void SetUp() override {
-    if (access(absl::StrCat(kData, "/train-images-idx3-ubyte.gz").c_str(),
-               R_OK) != 0) {
-      GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
-    }
-    char tmpl[] = "/tmp/dlbatch-bf16-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    if (!dir_.empty() && std::getenv("DLBATCH_KEEP_TEST_DIRS") == nullptr) {
-      RemoveTree(dir_).IgnoreError();
-    }
-  }
-
-  // LeNet (Caffe's solver) for `iterations` steps at batch 64 (0: one
-  // epoch, no checkpoints), validated on t10k at the end, in `precision`.
-  std::string Job(const std::string& name, const std::string& precision,
-                  int seed, int iterations = 0) {
-    return NetJob(kLenet, name, precision, seed, iterations);
-  }
-
-  // `net` for `iterations` steps (0: one epoch, no checkpoints), validated
-  // on t10k at the end, in `precision` ("": the default, fp32).
-  std::string NetJob(const Net& net, const std::string& name,
-                     const std::string& precision, int seed,
-                     int iterations = 0) {
-    const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
-    WriteAll(
-        path,
-        absl::StrCat(
-            "name: ", name, "\ntrain:\n", net.network,
-            "  data:\n    train: {format: idx, images: ", kData,
-            "/train-images-idx3-ubyte.gz, labels: ", kData,
-            "/train-labels-idx1-ubyte.gz}\n    validation: {format: idx, "
-            "images: ",
-            kData, "/t10k-images-idx3-ubyte.gz, labels: ", kData,
-            "/t10k-labels-idx1-ubyte.gz}\n  options:\n", net.options,
-            "    max_epochs: 1\n",
-            iterations > 0 ? absl::StrCat("    max_iterations: ", iterations,
-                                          "\n    checkpoint_frequency: 1\n"
-                                          "    checkpoint_frequency_unit: "
-                                          "iteration\n")
-                           : "",
-            "    shuffle: every-epoch\n    validation_frequency: 100000\n"
-            "    execution_environment: cpu\n    seed: ",
-            seed, "\n", precision.empty() ? "" : "    precision: ", precision,
-            precision.empty() ? "" : "\n"));
-    return path;
-  }
+  Bf16Run()
+      : PrecisionRunFixture("cpu",
+                            "    checkpoint_frequency: 1\n"
+                            "    checkpoint_frequency_unit: iteration\n") {}
 
   Result Train(const std::string& job, const std::string& out,
                std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {BinDir() + "/dlbatch-train",
-                                     job,
-                                     "--output-dir",
-                                     out,
-                                     "--threads",
-                                     "2"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return Exec(argv, {{"XDG_CACHE_HOME", dir_ + "/cache"}}, 600000);
+    extra.insert(extra.begin(), {"--threads", "2"});
+    return RunTrain(job, out, extra);
   }
 
   std::array<double, 2> MeanAccuracies(const Net& net, const std::string& tag,
@@ -108,11 +51,8 @@ class Bf16Run : public ::testing::Test {
                                        int iterations = 0);
 
   double Accuracy(const std::string& out) {
-    nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
-    return m["validation_accuracy"].get<double>();
+    return Metrics(out)["validation_accuracy"].get<double>();
   }
-
-  std::string dir_;
 };
 
 TEST_F(Bf16Run, Fp16AndUnknownPrecisionsAreRefusedSayingWhatToUse) {
@@ -158,7 +98,7 @@ std::array<double, 2> Bf16Run::MeanAccuracies(const Net& net,
           NetJob(net, name, bf16 ? "bf16" : "fp32", seed, iterations), out);
       EXPECT_EQ(r.code, 0) << r.out << r.err;
       if (r.code != 0) return {0, 0};
-      nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
+      nlohmann::json m = Metrics(out);
       EXPECT_EQ(
           m["backend"].get<std::string>().find("bf16") != std::string::npos,
           bf16 == 1)
@@ -181,7 +121,7 @@ TEST_F(Bf16Run, LenetReachesFloat32AccuracyInBf16) {
   if (absl::Status s = CpuBf16Support(); !s.ok()) {
     GTEST_SKIP() << "this CPU cannot run bf16: " << s.message();
   }
-  const auto [fp32, bf16] = MeanAccuracies(kLenet, "lenet", {1, 2});
+  const auto [fp32, bf16] = MeanAccuracies(Lenet(), "lenet", {1, 2});
   EXPECT_GT(fp32, 80.0);
   EXPECT_GE(bf16, fp32 - 0.3) << "fp32 " << fp32 << "%, bf16 " << bf16 << "%";
 }
@@ -201,7 +141,7 @@ TEST_F(Bf16Run, BlockNetReachesFloat32AccuracyInBf16) {
   if (absl::Status s = CpuBf16Support(); !s.ok()) {
     GTEST_SKIP() << "this CPU cannot run bf16: " << s.message();
   }
-  const auto [fp32, bf16] = MeanAccuracies(kBlocks, "blocks", {1, 2}, 200);
+  const auto [fp32, bf16] = MeanAccuracies(Blocks(), "blocks", {1, 2}, 200);
   EXPECT_GT(fp32, 70.0);  // 74.7% here, after under half an epoch
   EXPECT_GE(bf16, fp32 - kShortRunTolerance)
       << "fp32 " << fp32 << "%, bf16 " << bf16 << "%";
@@ -213,7 +153,7 @@ TEST_F(Bf16Run, ResNetReachesFloat32AccuracyInBf16) {
   if (absl::Status s = CpuBf16Support(); !s.ok()) {
     GTEST_SKIP() << "this CPU cannot run bf16: " << s.message();
   }
-  const auto [fp32, bf16] = MeanAccuracies(kResNet, "resnet", {1, 2}, 200);
+  const auto [fp32, bf16] = MeanAccuracies(ResNet(), "resnet", {1, 2}, 200);
   EXPECT_GT(fp32, 75.0);  // 80.5% here, after under half an epoch
   EXPECT_GE(bf16, fp32 - kShortRunTolerance)
       << "fp32 " << fp32 << "%, bf16 " << bf16 << "%";
@@ -238,7 +178,7 @@ TEST_F(Bf16Run, CheckpointsResumeInTheOtherPrecision) {
 
     r = Train(Job(first + "-b", then, 1, 400), out, {"--resume"});
     ASSERT_EQ(r.code, 0) << r.out << r.err;
-    nlohmann::json m = nlohmann::json::parse(ReadAll(out + "/metrics.json"));
+    nlohmann::json m = Metrics(out);
     EXPECT_TRUE(m["resumed"].get<bool>());
     EXPECT_EQ(m["iterations"], 400);
     EXPECT_EQ(m["backend"].get<std::string>().find("bf16") != std::string::npos,

@@ -5,7 +5,6 @@
 // thousand as JPEG train with a validation split; a truncated JPEG is
 // refused with its name, or skipped and counted.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -18,9 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/files.h"
 #include "tests/common/image_files.h"
 #include "tests/integration/harness.h"
+#include "tests/trainer/train_run_fixture.h"
 #include "trainer/data/data.h"
 #include "trainer/output/checkpoint.h"
 #include "trainer/output/history.h"
@@ -29,8 +28,6 @@
 namespace dlbatch::trainer {
 namespace {
 
-using dlbatch::testing::BinDir;
-using dlbatch::testing::Exec;
 using dlbatch::testing::FashionMnistDir;
 using dlbatch::testing::ReadAll;
 using dlbatch::testing::Result;
@@ -127,62 +124,18 @@ void WriteFolder(const Dataset& data, int64_t n, const std::string& root,
   other.join();
 }
 
-class FoldersTrainRun : public ::testing::Test {
+class FoldersTrainRun : public testing::TrainRunFixture {
  protected:
-  void SetUp() override {
-    if (access((FashionMnistDir() + "/train-images-idx3-ubyte.gz").c_str(),
-               R_OK) != 0) {
-      GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
-    }
-    char tmpl[] = "/tmp/dlbatch-folders-train-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    if (!dir_.empty() && std::getenv("DLBATCH_KEEP_TEST_DIRS") == nullptr) {
-      RemoveTree(dir_).IgnoreError();
-    }
-  }
-
   std::string Job(const std::string& name, const std::string& data) {
-    const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
-    WriteAll(path, absl::StrCat("name: ", name, "\ntrain:", kNetwork,
-                                "  data:\n", data, kOptions));
-    return path;
+    return WriteJob(name, absl::StrCat("name: ", name, "\ntrain:", kNetwork,
+                                       "  data:\n", data, kOptions));
   }
 
   Result Train(const std::string& job, const std::string& out,
                std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {BinDir() + "/dlbatch-train",
-                                     job,
-                                     "--output-dir",
-                                     out,
-                                     "--threads",
-                                     "2"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    // The decoded images and kernel choices are cached here, shared by
-    // the test's runs (so that they compute alike).
-    return Exec(argv, {{"XDG_CACHE_HOME", dir_ + "/cache"}}, 600000);
+    extra.insert(extra.begin(), {"--threads", "2"});
+    return RunTrain(job, out, extra);
   }
-
-  std::vector<float> FinalParams(const std::string& out) {
-    absl::StatusOr<Checkpoint> c = ReadCheckpoint(out + "/checkpoint.dlbc");
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? c->params : std::vector<float>{};
-  }
-
-  TrainingHistory History(const std::string& out) {
-    absl::StatusOr<TrainingHistory> h =
-        ParseHistoryCsv(ReadAll(out + "/training_history.csv"));
-    EXPECT_TRUE(h.ok()) << h.status();
-    return h.ok() ? *std::move(h) : TrainingHistory{};
-  }
-
-  nlohmann::json Metrics(const std::string& out) {
-    return nlohmann::json::parse(ReadAll(out + "/metrics.json"));
-  }
-
-  std::string dir_;
 };
 
 // The first kTrainImages training and kTestImages test images, written

@@ -17,6 +17,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/common/fashion_mnist.h"
+#include "tests/trainer/gpu_against_cpu.h"
 #include "tests/trainer/images_from_bytes.h"
 #include "tests/trainer/test_util.h"
 #include "trainer/backend.h"
@@ -39,70 +40,27 @@ using testing::SamePool;
 // order (cuDNN's and oneDNN's summation orders differ).
 constexpr double kTolerance = 1e-5;
 
-double Relative(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    const double d = double{gpu[i]} - cpu[i];
-    num += d * d;
-    den += double{cpu[i]} * cpu[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-// One host array mirrored on both backends.
-class Pair {
- public:
-  Pair(Backend* cpu, Backend* gpu, const std::vector<float>& host)
-      : cpu_(cpu), gpu_(gpu), count_(static_cast<int64_t>(host.size())) {
-    const size_t bytes = std::max<size_t>(host.size(), 1) * sizeof(float);
-    c_ = *cpu->Allocate(bytes);
-    g_ = *gpu->Allocate(bytes);
-    cpu->CopyToDevice(c_.f32(), host.data(), host.size() * sizeof(float));
-    gpu->CopyToDevice(g_.f32(), host.data(), host.size() * sizeof(float));
-  }
-  Pair(Backend* cpu, Backend* gpu, int64_t count)
-      : Pair(cpu, gpu, std::vector<float>(count, 0.0f)) {}
-
-  float* c() const { return c_.f32(); }
-  float* g() const { return g_.f32(); }
-  std::vector<float> cpu() const { return Get(cpu_, c_); }
-  std::vector<float> gpu() const { return Get(gpu_, g_); }
-  double error() const { return Relative(gpu(), cpu()); }
-
- private:
-  std::vector<float> Get(Backend* b, const Buffer& buf) const {
-    std::vector<float> host(count_);
-    b->CopyToHost(host.data(), buf.f32(), count_ * sizeof(float));
-    return host;
-  }
-  Backend* cpu_;
-  Backend* gpu_;
-  int64_t count_;
-  Buffer c_, g_;
-};
+using Pair = testing::PairedArray;
 
 #define EXPECT_AGREE(pair) \
   EXPECT_LT((pair).error(), kTolerance) << #pair " differs"
 
-class GpuBackendTest : public ::testing::Test {
+// Every output of a layer's calls (y, dx, dw, db) agrees.
+void ExpectAgree(const testing::WeightedLayerArrays& l) {
+  EXPECT_AGREE(l.y);
+  EXPECT_AGREE(l.dx);
+  EXPECT_AGREE(l.dw);
+  EXPECT_AGREE(l.db);
+}
+
+class GpuBackendTest : public testing::GpuAgainstCpuTest {
  protected:
   void SetUp() override {
-    int devices = 0;
-    const cudaError_t e = cudaGetDeviceCount(&devices);
-    if (e != cudaSuccess || devices == 0) {
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount says "
-                   << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices")
-                   << "; these tests need a GPU";
-    }
-    auto cpu = MakeCpuBackend(1);
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    cpu_ = *std::move(cpu);
+    GpuAgainstCpuTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     auto gpu = MakeCudaBackend(0);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     gpu_ = *std::move(gpu);
-  }
-  Pair Random(int64_t count, uint64_t seed, double lo = -1, double hi = 1) {
-    return Pair(cpu_.get(), gpu_.get(), RandomVector(count, seed, lo, hi));
   }
   Pair Zeros(int64_t count) { return Pair(cpu_.get(), gpu_.get(), count); }
   // Random 0s and 1s: many ties for a max pool's windows.
@@ -121,53 +79,26 @@ class GpuBackendTest : public ::testing::Test {
                         Backend* gpu = nullptr) {
     const int max_batch = 4;
     Backend* g = gpu != nullptr ? gpu : gpu_.get();
-    // The arrays on the backend under test too: its stream orders them.
-    auto Random = [&](int64_t count, uint64_t seed, double lo = -1,
-                      double hi = 1) {
-      return Pair(cpu_.get(), g, RandomVector(count, seed, lo, hi));
-    };
-    auto Zeros = [&](int64_t count) { return Pair(cpu_.get(), g, count); };
     auto ck = cpu_->MakeConv(d, max_batch);
     auto gk = g->MakeConv(d, max_batch);
     ASSERT_TRUE(ck.ok()) << ck.status();
     ASSERT_TRUE(gk.ok()) << gk.status();
     for (int n : {max_batch, 3}) {
       SCOPED_TRACE(n);
-      const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
-      Pair x = Random(n * d.in.size(), ++*seed);
-      Pair w = Random(weights, ++*seed, -0.3, 0.3);
-      Pair b = Random(d.filters, ++*seed);
-      Pair dy = Random(n * d.out.size(), ++*seed);
-      Pair y =
-          garbage ? Random(n * d.out.size(), ++*seed) : Zeros(n * d.out.size());
-      Pair dx =
-          garbage ? Random(n * d.in.size(), ++*seed) : Zeros(n * d.in.size());
-      Pair dw = Random(weights, ++*seed), db = Random(d.filters, ++*seed);
-      (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
-      (*gk)->Forward(n, x.g(), w.g(), b.g(), y.g());
-      auto data = [&] {
-        (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
-        (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
-      };
-      auto weights_and_bias = [&] {
-        (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
-        (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
-      };
+      // The arrays on the backend under test too: its stream orders them.
+      testing::WeightedLayerArrays l =
+          testing::ConvArrays(cpu_.get(), g, d, n, seed, garbage);
+      l.Forward(n, **ck, **gk);
       if (garbage && n != max_batch) {
-        weights_and_bias();
-        data();
+        l.BackwardWeights(n, **ck, **gk);
+        l.BackwardData(n, **ck, **gk);
       } else {
-        data();
-        weights_and_bias();
+        l.BackwardData(n, **ck, **gk);
+        l.BackwardWeights(n, **ck, **gk);
       }
-      EXPECT_AGREE(y);
-      EXPECT_AGREE(dx);
-      EXPECT_AGREE(dw);
-      EXPECT_AGREE(db);
+      ExpectAgree(l);
     }
   }
-
-  std::unique_ptr<Backend> cpu_, gpu_;
 };
 
 TEST_F(GpuBackendTest, DescribesItself) {
@@ -353,20 +284,13 @@ TEST_F(GpuBackendTest, FullyConnectedForwardAndBackward) {
   ASSERT_TRUE(ck.ok()) << ck.status();
   ASSERT_TRUE(gk.ok()) << gk.status();
   for (int n : {8, 5}) {
-    Pair x = Random(n * d.in, 11), w = Random(d.units * d.in, 12, -0.1, 0.1);
-    Pair b = Random(d.units, 13), dy = Random(n * d.units, 14);
-    Pair y = Zeros(n * d.units), dx = Zeros(n * d.in);
-    Pair dw = Random(d.units * d.in, 15), db = Random(d.units, 16);
-    (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
-    (*gk)->Forward(n, x.g(), w.g(), b.g(), y.g());
-    (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
-    (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
-    (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
-    (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
-    EXPECT_AGREE(y);
-    EXPECT_AGREE(dx);
-    EXPECT_AGREE(dw);
-    EXPECT_AGREE(db);
+    uint64_t seed = 10;  // 11 to 16
+    testing::WeightedLayerArrays l = testing::FcArrays(
+        cpu_.get(), gpu_.get(), d, n, &seed, /*garbage=*/false);
+    l.Forward(n, **ck, **gk);
+    l.BackwardData(n, **ck, **gk);
+    l.BackwardWeights(n, **ck, **gk);
+    ExpectAgree(l);
   }
 }
 
@@ -615,32 +539,12 @@ TEST_F(GpuBackendTest, SolverUpdates) {
 // LeNet through Network on each backend, from the same initial weights and
 // batches: the loss curves agree within a tolerance that allows float
 // rounding to grow over the steps.
-v1::NetworkSpec LeNet() {
-  v1::NetworkSpec spec;
-  for (int d : {28, 28, 1}) spec.add_input(d);
-  auto add = [&](const std::string& type, int filters, int size, int units) {
-    v1::LayerSpec* l = spec.add_layers();
-    l->set_type(type);
-    if (filters) l->set_filters(filters);
-    if (size) l->set_size(size);
-    if (units) l->set_units(units);
-  };
-  add("conv", 20, 5, 0);
-  add("maxpool", 0, 2, 0);
-  add("conv", 50, 5, 0);
-  add("maxpool", 0, 2, 0);
-  add("fc", 0, 0, 500);
-  add("relu", 0, 0, 0);
-  add("fc", 0, 0, 10);
-  add("softmax", 0, 0, 0);
-  return spec;
-}
-
+//
 // Trains LeNet for `steps` steps of n consecutive images of `data` (scaled
 // to [0, 1]) with SGDM; the loss of each step.
 std::vector<double> TrainLeNet(Backend* backend, const Dataset& data, int steps,
                                int n) {
-  auto net = Network::Build(LeNet(), backend, n);
+  auto net = Network::Build(testing::LeNetSpec(), backend, n);
   EXPECT_TRUE(net.ok()) << net.status();
   if (!net.ok()) return {};
   (*net)->Initialize(3);

@@ -5,8 +5,6 @@
 //
 // On a machine without Debian's dataset package, DLBATCH_TEST_DATA_DIR names
 // the folder of the four IDX files; DLBATCH_BIN_DIR the one of dlbatch-train.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "tests/trainer/train_run_fixture.h"
 #include "trainer/cuda/backend_cuda.h"
 #include "trainer/output/checkpoint.h"
 
@@ -26,42 +25,31 @@ namespace {
 
 using dlbatch::testing::BinDir;
 using dlbatch::testing::Exec;
-using dlbatch::testing::FashionMnistDir;
 using dlbatch::testing::Result;
-using dlbatch::testing::WriteAll;
 
-class GpuCheckpoint : public ::testing::Test {
+class GpuCheckpoint : public testing::TrainRunFixture {
  protected:
   void SetUp() override {
     if (CudaDeviceCount() == 0) {
       GTEST_SKIP() << "no CUDA device: this test resumes GPU checkpoints on "
                       "the CPU and back";
     }
-    if (access((FashionMnistDir() + "/train-images-idx3-ubyte.gz").c_str(),
-               R_OK) != 0) {
-      GTEST_SKIP() << "Fashion-MNIST is not in " << FashionMnistDir()
-                   << " (DLBATCH_TEST_DATA_DIR)";
-    }
-    char tmpl[] = "/tmp/gpu-checkpoint-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    job_ = dir_ + "/lenet.yaml";
-    const std::string d = FashionMnistDir();
-    WriteAll(job_, absl::StrCat("name: lenet\ntrain:",
-                                dlbatch::testing::kLenetNetworkYaml,
-                                "  data:\n    train: {format: idx, images: ", d,
-                                "/train-images-idx3-ubyte.gz, labels: ", d,
-                                "/train-labels-idx1-ubyte.gz}\n  options:\n"
-                                "    mini_batch_size: 64\n    seed: 5\n"));
+    TrainRunFixture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    job_ = WriteJob("lenet", testing::FashionMnistJobText(
+                                 "lenet", dlbatch::testing::kLenetNetworkYaml,
+                                 "    mini_batch_size: 64\n    seed: 5\n",
+                                 /*validation=*/false));
   }
 
   // Trains to `iterations` on `env` in `out`, resuming what is there.
   void Train(const std::string& env, int iterations, const std::string& out,
              const std::string& threads = "1") {
     Result r =
-        Exec({BinDir() + "/dlbatch-train", job_, "--output-dir", out,
-              "--execution-environment", env, "--max-iterations",
-              std::to_string(iterations), "--resume", "--threads", threads},
-             {{"XDG_CACHE_HOME", dir_ + "/cache"}}, 300000);
+        RunTrain(job_, out,
+                 {"--execution-environment", env, "--max-iterations",
+                  std::to_string(iterations), "--resume", "--threads", threads},
+                 {}, 300000);
     ASSERT_EQ(r.code, 0) << env << " to " << iterations << ":\n"
                          << r.out << r.err;
   }
@@ -84,7 +72,7 @@ class GpuCheckpoint : public ::testing::Test {
     return a.size() == b.size() && norm > 0 ? std::sqrt(diff / norm) : 1e9;
   }
 
-  std::string dir_, job_;
+  std::string job_;
   static constexpr int kSteps = 10;
 };
 

@@ -10,8 +10,6 @@
 // Label gpu: every test skips, saying why, without a CUDA device. On a
 // machine without Debian's dataset package, DLBATCH_TEST_DATA_DIR names the
 // folder of the four IDX files; DLBATCH_BIN_DIR the one of dlbatch-train.
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "tests/trainer/train_run_fixture.h"
 #include "trainer/backend.h"
 #include "trainer/cuda/backend_cuda.h"
 #include "trainer/output/checkpoint.h"
@@ -31,12 +30,8 @@
 namespace dlbatch::trainer {
 namespace {
 
-using dlbatch::testing::BinDir;
-using dlbatch::testing::Exec;
-using dlbatch::testing::FashionMnistDir;
 using dlbatch::testing::ReadAll;
 using dlbatch::testing::Result;
-using dlbatch::testing::WriteAll;
 
 std::vector<float> Ramp(int64_t count, float start) {
   std::vector<float> v(count);
@@ -148,60 +143,48 @@ constexpr char kNetwork[] = R"(
       - {type: softmax}
 )";
 
-class GpuRecordedRun : public ::testing::Test {
+class GpuRecordedRun : public testing::TrainRunFixture {
  protected:
   void SetUp() override {
     if (CudaDeviceCount() == 0) {
       GTEST_SKIP() << "no CUDA device: this test trains on the GPU with and "
                       "without CUDA graphs";
     }
-    if (access((FashionMnistDir() + "/train-images-idx3-ubyte.gz").c_str(),
-               R_OK) != 0) {
-      GTEST_SKIP() << "Fashion-MNIST is not in " << FashionMnistDir()
-                   << " (DLBATCH_TEST_DATA_DIR)";
-    }
-    char tmpl[] = "/tmp/gpu-graph-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    job_ = dir_ + "/lenet.yaml";
-    const std::string d = FashionMnistDir();
-    WriteAll(job_,
-             absl::StrCat("name: lenet\ntrain:", kNetwork,
-                          "  data:\n    train: {format: idx, images: ", d,
-                          "/train-images-idx3-ubyte.gz, labels: ", d,
-                          "/train-labels-idx1-ubyte.gz}\n"
-                          "    validation: {format: idx, images: ",
-                          d, "/t10k-images-idx3-ubyte.gz, labels: ", d,
-                          "/t10k-labels-idx1-ubyte.gz}\n"
-                          "    normalize: true\n"
-                          "    augmentation: {random_x_reflection: true, "
-                          "random_y_translation: 2, random_crop_padding: 3}\n"
-                          "  options:\n"
-                          "    mini_batch_size: 64\n    seed: 5\n"
-                          "    verbose_frequency: 10\n"
-                          // Evaluations between replays, of other batch
-                          // sizes (the last validation batch: 10000 % 64).
-                          "    validation_frequency: 15\n"));
+    TrainRunFixture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    job_ = WriteJob("lenet",
+                    testing::FashionMnistJobText(
+                        "lenet", kNetwork,
+                        "    mini_batch_size: 64\n    seed: 5\n"
+                        "    verbose_frequency: 10\n"
+                        // Evaluations between replays, of other batch sizes
+                        // (the last validation batch: 10000 % 64).
+                        "    validation_frequency: 15\n",
+                        /*validation=*/true,
+                        "    normalize: true\n"
+                        "    augmentation: {random_x_reflection: true, "
+                        "random_y_translation: 2, random_crop_padding: 3}\n"));
   }
 
   // Trains `iterations` on the GPU into `out`, with recorded steps or not
   // and batches as bytes or floats; the output (diary).
   std::string Train(const std::string& out, int iterations, bool graphs,
                     bool bytes = true) {
-    Result r = Exec({BinDir() + "/dlbatch-train", job_, "--output-dir", out,
-                     "--execution-environment", "gpu", "--max-iterations",
-                     std::to_string(iterations)},
-                    // Deterministic cuDNN algorithms, and the same ones for
-                    // both runs (the tuning cache the first run writes).
-                    {{"XDG_CACHE_HOME", dir_ + "/cache"},
-                     {"DLBATCH_CUDNN_DETERMINISTIC", "1"},
-                     {"DLBATCH_CUDA_GRAPHS", graphs ? "1" : "0"},
-                     {"DLBATCH_BYTES_BATCHES", bytes ? "1" : "0"}},
-                    300000);
+    Result r = RunTrain(job_, out,
+                        {"--execution-environment", "gpu", "--max-iterations",
+                         std::to_string(iterations)},
+                        // Deterministic cuDNN algorithms, and the same ones
+                        // for both runs (the tuning cache the first run
+                        // writes).
+                        {{"DLBATCH_CUDNN_DETERMINISTIC", "1"},
+                         {"DLBATCH_CUDA_GRAPHS", graphs ? "1" : "0"},
+                         {"DLBATCH_BYTES_BATCHES", bytes ? "1" : "0"}},
+                        300000);
     EXPECT_EQ(r.code, 0) << out << ":\n" << r.out << r.err;
     return r.out;
   }
 
-  std::string dir_, job_;
+  std::string job_;
 };
 
 // Runs `a` and `b` (their output folders) of `steps` steps ended with the

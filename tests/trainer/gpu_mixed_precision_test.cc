@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/trainer/gpu_against_cpu.h"
 #include "tests/trainer/test_util.h"
 #include "trainer/backend.h"
 #include "trainer/cuda/backend_cuda.h"
@@ -30,46 +31,10 @@ namespace {
 
 using testing::Conv;
 using testing::RandomVector;
+using testing::RelativeError;
 using testing::SameConv;
 
-double Relative(const std::vector<float>& got, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = double{got[i]} - ref[i];
-    num += d * d;
-    den += double{ref[i]} * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-// One host array on the CPU (fp32) and the GPU (low precision).
-class Pair {
- public:
-  Pair(Backend* cpu, Backend* gpu, const std::vector<float>& host)
-      : cpu_(cpu), gpu_(gpu), count_(static_cast<int64_t>(host.size())) {
-    const size_t bytes = std::max<size_t>(host.size(), 1) * sizeof(float);
-    c_ = *cpu->Allocate(bytes);
-    g_ = *gpu->Allocate(bytes);
-    cpu->CopyToDevice(c_.f32(), host.data(), host.size() * sizeof(float));
-    gpu->CopyToDevice(g_.f32(), host.data(), host.size() * sizeof(float));
-  }
-  float* c() const { return c_.f32(); }
-  float* g() const { return g_.f32(); }
-  std::vector<float> cpu() const { return Get(cpu_, c_); }
-  std::vector<float> gpu() const { return Get(gpu_, g_); }
-  double error() const { return Relative(gpu(), cpu()); }
-
- private:
-  std::vector<float> Get(Backend* b, const Buffer& buf) const {
-    std::vector<float> host(count_);
-    b->CopyToHost(host.data(), buf.f32(), count_ * sizeof(float));
-    return host;
-  }
-  Backend* cpu_;
-  Backend* gpu_;
-  int64_t count_;
-  Buffer c_, g_;
-};
+using Pair = testing::PairedArray;
 
 struct Precision {
   const char* name;
@@ -90,19 +55,12 @@ constexpr Precision kBf16 = {"bf16", CudaBackendOptions::LowPrecision::kBf16,
 constexpr Precision kFp16 = {"fp16", CudaBackendOptions::LowPrecision::kFp16,
                              2e-3, 4e-3};
 
-class GpuMixedPrecisionTest : public ::testing::TestWithParam<Precision> {
+class GpuMixedPrecisionTest : public testing::GpuAgainstCpuTest,
+                              public ::testing::WithParamInterface<Precision> {
  protected:
   void SetUp() override {
-    int devices = 0;
-    const cudaError_t e = cudaGetDeviceCount(&devices);
-    if (e != cudaSuccess || devices == 0) {
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount says "
-                   << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices")
-                   << "; these tests need a GPU";
-    }
-    auto cpu = MakeCpuBackend(1);
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    cpu_ = *std::move(cpu);
+    GpuAgainstCpuTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     CudaBackendOptions options;
     options.low_precision = GetParam().low;
     auto gpu = MakeCudaBackend(0, options);
@@ -111,9 +69,6 @@ class GpuMixedPrecisionTest : public ::testing::TestWithParam<Precision> {
     }
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     gpu_ = *std::move(gpu);
-  }
-  Pair Random(int64_t count, uint64_t seed, double lo = -1, double hi = 1) {
-    return Pair(cpu_.get(), gpu_.get(), RandomVector(count, seed, lo, hi));
   }
   double tolerance() const { return GetParam().layer_tolerance; }
 
@@ -128,41 +83,25 @@ class GpuMixedPrecisionTest : public ::testing::TestWithParam<Precision> {
     ASSERT_TRUE(gk.ok()) << gk.status();
     for (int n : {max_batch, 3}) {
       SCOPED_TRACE(n);
-      const int64_t weights = int64_t{d.filters} * d.kh * d.kw * d.in.c;
-      Pair x = Random(n * d.in.size(), ++seed);
-      Pair w = Random(weights, ++seed, -0.3, 0.3);
-      Pair b = Random(d.filters, ++seed);
-      Pair dy = Random(n * d.out.size(), ++seed);
-      Pair y = Random(n * d.out.size(), ++seed);  // garbage to overwrite
-      Pair dx = Random(n * d.in.size(), ++seed);
-      Pair dw = Random(weights, ++seed), db = Random(d.filters, ++seed);
-      (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
-      (*gk)->Forward(n, x.g(), w.g(), b.g(), y.g());
-      auto data = [&] {
-        (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
-        (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
-      };
-      auto weights_and_bias = [&] {
-        (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
-        (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
-      };
+      // y and dx are garbage to overwrite.
+      testing::WeightedLayerArrays l = testing::ConvArrays(
+          cpu_.get(), gpu_.get(), d, n, &seed, /*garbage=*/true);
+      l.Forward(n, **ck, **gk);
       if (n == max_batch) {
-        weights_and_bias();  // the network's order
-        data();
+        l.BackwardWeights(n, **ck, **gk);  // the network's order
+        l.BackwardData(n, **ck, **gk);
       } else {
-        data();
-        weights_and_bias();
+        l.BackwardData(n, **ck, **gk);
+        l.BackwardWeights(n, **ck, **gk);
       }
-      EXPECT_LT(y.error(), tolerance());
-      EXPECT_GT(y.error(), 1e-7)
+      EXPECT_LT(l.y.error(), tolerance());
+      EXPECT_GT(l.y.error(), 1e-7)
           << "y is float32's: not computed in " << GetParam().name;
-      EXPECT_LT(dx.error(), tolerance());
-      EXPECT_LT(dw.error(), tolerance());
-      EXPECT_LT(db.error(), 1e-5);  // summed from float32 dy
+      EXPECT_LT(l.dx.error(), tolerance());
+      EXPECT_LT(l.dw.error(), tolerance());
+      EXPECT_LT(l.db.error(), 1e-5);  // summed from float32 dy
     }
   }
-
-  std::unique_ptr<Backend> cpu_, gpu_;
 };
 
 TEST_P(GpuMixedPrecisionTest, DescribesItsPrecision) {
@@ -190,21 +129,17 @@ TEST_P(GpuMixedPrecisionTest, FullyConnectedLayersAgreeWithFloat32) {
     ASSERT_TRUE(ck.ok()) << ck.status();
     ASSERT_TRUE(gk.ok()) << gk.status();
     for (int n : {8, 5}) {
-      Pair x = Random(n * d.in, 11), w = Random(d.units * d.in, 12, -0.1, 0.1);
-      Pair b = Random(d.units, 13), dy = Random(n * d.units, 14);
-      Pair y = Random(n * d.units, 15), dx = Random(n * d.in, 16);
-      Pair dw = Random(d.units * d.in, 17), db = Random(d.units, 18);
-      (*ck)->Forward(n, x.c(), w.c(), b.c(), y.c());
-      (*gk)->Forward(n, x.g(), w.g(), b.g(), y.g());
-      (*ck)->BackwardWeights(n, x.c(), dy.c(), dw.c(), db.c());
-      (*gk)->BackwardWeights(n, x.g(), dy.g(), dw.g(), db.g());
-      (*ck)->BackwardData(n, dy.c(), w.c(), dx.c());
-      (*gk)->BackwardData(n, dy.g(), w.g(), dx.g());
-      EXPECT_LT(y.error(), tolerance());
-      EXPECT_GT(y.error(), 1e-7) << "not computed in " << GetParam().name;
-      EXPECT_LT(dx.error(), tolerance());
-      EXPECT_LT(dw.error(), tolerance());
-      EXPECT_LT(db.error(), 1e-5);
+      uint64_t seed = 10;  // 11 to 18
+      testing::WeightedLayerArrays l = testing::FcArrays(
+          cpu_.get(), gpu_.get(), d, n, &seed, /*garbage=*/true);
+      l.Forward(n, **ck, **gk);
+      l.BackwardWeights(n, **ck, **gk);
+      l.BackwardData(n, **ck, **gk);
+      EXPECT_LT(l.y.error(), tolerance());
+      EXPECT_GT(l.y.error(), 1e-7) << "not computed in " << GetParam().name;
+      EXPECT_LT(l.dx.error(), tolerance());
+      EXPECT_LT(l.dw.error(), tolerance());
+      EXPECT_LT(l.db.error(), 1e-5);
     }
   }
 }
@@ -230,31 +165,10 @@ TEST_P(GpuMixedPrecisionTest, OverflowReachesTheGradientsOnlyInFp16) {
   EXPECT_EQ(std::isfinite(sum), GetParam().low == kBf16.low) << sum;
 }
 
-v1::NetworkSpec LeNet() {
-  v1::NetworkSpec spec;
-  for (int d : {28, 28, 1}) spec.add_input(d);
-  auto add = [&](const std::string& type, int filters, int size, int units) {
-    v1::LayerSpec* l = spec.add_layers();
-    l->set_type(type);
-    if (filters) l->set_filters(filters);
-    if (size) l->set_size(size);
-    if (units) l->set_units(units);
-  };
-  add("conv", 20, 5, 0);
-  add("maxpool", 0, 2, 0);
-  add("conv", 50, 5, 0);
-  add("maxpool", 0, 2, 0);
-  add("fc", 0, 0, 500);
-  add("relu", 0, 0, 0);
-  add("fc", 0, 0, 10);
-  add("softmax", 0, 0, 0);
-  return spec;
-}
-
 // LeNet on one backend, a batch of random images and labels.
 struct LeNetStep {
   LeNetStep(Backend* backend, int n) : backend(backend), n(n) {
-    auto built = Network::Build(LeNet(), backend, n);
+    auto built = Network::Build(testing::LeNetSpec(), backend, n);
     EXPECT_TRUE(built.ok()) << built.status();
     if (!built.ok()) return;
     net = *std::move(built);
@@ -312,16 +226,16 @@ TEST_P(GpuMixedPrecisionTest, ALeNetStepAgreesWithFloat32) {
     gpu.Compute();
     const double cpu_loss = cpu.Loss(), gpu_loss = gpu.Loss();
     EXPECT_NEAR(gpu_loss, cpu_loss, GetParam().step_tolerance * cpu_loss);
-    EXPECT_LT(Relative(gpu.Get(gpu.net->grads(), gpu.params),
-                       cpu.Get(cpu.net->grads(), cpu.params)),
+    EXPECT_LT(RelativeError(gpu.Get(gpu.net->grads(), gpu.params),
+                            cpu.Get(cpu.net->grads(), cpu.params)),
               GetParam().step_tolerance);
     cpu.Update();
     gpu.Update();
     // The float32 masters move by float32 updates of gradients within the
     // tolerance: they stay within that fraction of how far they moved.
     const std::vector<float> moved = cpu.Get(cpu.net->params(), cpu.params);
-    EXPECT_LT(Relative(gpu.Get(gpu.net->params(), gpu.params), moved),
-              GetParam().step_tolerance * Relative(moved, initial) + 1e-7);
+    EXPECT_LT(RelativeError(gpu.Get(gpu.net->params(), gpu.params), moved),
+              GetParam().step_tolerance * RelativeError(moved, initial) + 1e-7);
   }
 }
 
@@ -353,9 +267,10 @@ TEST_P(GpuMixedPrecisionTest, ARecordedStepReplaysAsLaunched) {
     launched.Compute();
     (*graph)->Replay();
     EXPECT_NEAR(recorded.Loss(), launched.Loss(), 1e-6 * launched.Loss());
-    EXPECT_LT(Relative(recorded.Get(recorded.net->grads(), recorded.params),
-                       launched.Get(launched.net->grads(), launched.params)),
-              1e-5);
+    EXPECT_LT(
+        RelativeError(recorded.Get(recorded.net->grads(), recorded.params),
+                      launched.Get(launched.net->grads(), launched.params)),
+        1e-5);
     launched.Update();
     recorded.Update();
   }

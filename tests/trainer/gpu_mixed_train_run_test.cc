@@ -10,8 +10,6 @@
 // a GPU without bf16 tensor cores). DLBATCH_TEST_DATA_DIR names the folder
 // of Fashion-MNIST's IDX files on a machine without Debian's package;
 // DLBATCH_BIN_DIR the one of dlbatch-train.
-#include <unistd.h>
-
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -22,10 +20,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/files.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
 #include "tests/trainer/precision_nets.h"
+#include "tests/trainer/train_run_fixture.h"
 #include "trainer/backend.h"
 #include "trainer/cuda/backend_cuda.h"
 #include "trainer/output/checkpoint.h"
@@ -34,16 +32,12 @@
 namespace dlbatch::trainer {
 namespace {
 
-using dlbatch::testing::BinDir;
-using dlbatch::testing::Exec;
-using dlbatch::testing::FashionMnistDir;
-using dlbatch::testing::kBlocks;
-using dlbatch::testing::kLenet;
-using dlbatch::testing::kResNet;
+using dlbatch::testing::Blocks;
+using dlbatch::testing::Lenet;
 using dlbatch::testing::Net;
 using dlbatch::testing::ReadAll;
+using dlbatch::testing::ResNet;
 using dlbatch::testing::Result;
-using dlbatch::testing::WriteAll;
 
 // Whether GPU 0 computes in bf16 (compute capability 8.0 on); the reason
 // where not.
@@ -55,56 +49,18 @@ absl::Status Bf16OnGpu() {
   return GpuLowPrecisionSupport(true, 0, devices[0].name, major, minor);
 }
 
-class GpuMixedRun : public ::testing::Test {
+// Job(): LeNet (Caffe's solver) at batch 64; NetJob(): any of
+// precision_nets.h's; on the GPU.
+class GpuMixedRun : public dlbatch::testing::PrecisionRunFixture {
  protected:
+  GpuMixedRun() : PrecisionRunFixture("gpu", "") {}
+
   void SetUp() override {
     if (CudaDeviceCount() == 0) {
       GTEST_SKIP() << "no CUDA device: these runs train on a GPU in bf16 "
                       "and fp16";
     }
-    if (access((FashionMnistDir() + "/train-images-idx3-ubyte.gz").c_str(),
-               R_OK) != 0) {
-      GTEST_SKIP() << "Fashion-MNIST is not in " << FashionMnistDir()
-                   << " (DLBATCH_TEST_DATA_DIR)";
-    }
-    char tmpl[] = "/tmp/gpu-mixed-run-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    if (!dir_.empty() && std::getenv("DLBATCH_KEEP_TEST_DIRS") == nullptr) {
-      RemoveTree(dir_).IgnoreError();
-    }
-  }
-
-  // LeNet (Caffe's solver, batch 64) on the GPU in `precision`, for
-  // `iterations` steps (0: one epoch), validated on t10k at the end.
-  std::string Job(const std::string& name, const std::string& precision,
-                  int seed, int iterations = 0) {
-    return NetJob(kLenet, name, precision, seed, iterations);
-  }
-  std::string NetJob(const Net& net, const std::string& name,
-                     const std::string& precision, int seed,
-                     int iterations = 0) {
-    const std::string d = FashionMnistDir();
-    const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
-    WriteAll(path,
-             absl::StrCat(
-                 "name: ", name, "\ntrain:\n", net.network,
-                 "  data:\n    train: {format: idx, images: ", d,
-                 "/train-images-idx3-ubyte.gz, labels: ", d,
-                 "/train-labels-idx1-ubyte.gz}\n    validation: {format: idx, "
-                 "images: ",
-                 d, "/t10k-images-idx3-ubyte.gz, labels: ", d,
-                 "/t10k-labels-idx1-ubyte.gz}\n  options:\n", net.options,
-                 "    max_epochs: 1\n",
-                 iterations > 0
-                     ? absl::StrCat("    max_iterations: ", iterations, "\n")
-                     : "",
-                 "    shuffle: every-epoch\n    validation_frequency: 100000\n"
-                 "    execution_environment: gpu\n    seed: ",
-                 seed, "\n    precision: ", precision, "\n"));
-    return path;
+    PrecisionRunFixture::SetUp();
   }
 
   // The precisions this GPU computes in, fp32 first.
@@ -120,19 +76,22 @@ class GpuMixedRun : public ::testing::Test {
                                      const std::vector<int>& seeds,
                                      int iterations = 0);
 
+  // `mean`, MeanAccuracies' result: float32's (mean[0]) above `fp32_floor`,
+  // every other precision's within `tolerance` points of it.
+  void ExpectNearFloat32(const std::vector<double>& mean, double fp32_floor,
+                         double tolerance) {
+    ASSERT_FALSE(mean.empty());
+    EXPECT_GT(mean[0], fp32_floor);
+    for (size_t p = 1; p < mean.size(); ++p) {
+      EXPECT_GE(mean[p], mean[0] - tolerance)
+          << Precisions()[p] << " " << mean[p] << "%, fp32 " << mean[0] << "%";
+    }
+  }
+
   Result Train(const std::string& job, const std::string& out,
-               std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {BinDir() + "/dlbatch-train", job,
-                                     "--output-dir", out};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return Exec(argv, {{"XDG_CACHE_HOME", dir_ + "/cache"}}, 300000);
+               const std::vector<std::string>& extra = {}) {
+    return RunTrain(job, out, extra, {}, 300000);
   }
-
-  nlohmann::json Metrics(const std::string& out) {
-    return nlohmann::json::parse(ReadAll(out + "/metrics.json"));
-  }
-
-  std::string dir_;
 };
 
 std::vector<double> GpuMixedRun::MeanAccuracies(const Net& net,
@@ -185,13 +144,7 @@ std::vector<double> GpuMixedRun::MeanAccuracies(const Net& net,
 // every side): bf16's and fp16's mean test accuracy within 0.3 points of
 // float32's, the goal.
 TEST_F(GpuMixedRun, LenetReachesFloat32AccuracyInBf16AndFp16) {
-  const std::vector<double> mean = MeanAccuracies(kLenet, "lenet", {1, 2});
-  ASSERT_FALSE(mean.empty());
-  EXPECT_GT(mean[0], 80.0);
-  for (size_t p = 1; p < mean.size(); ++p) {
-    EXPECT_GE(mean[p], mean[0] - 0.3)
-        << Precisions()[p] << " " << mean[p] << "%, fp32 " << mean[0] << "%";
-  }
+  ExpectNearFloat32(MeanAccuracies(Lenet(), "lenet", {1, 2}), 80.0, 0.3);
 }
 
 // The block network (batch normalisation in float32 between low-precision
@@ -202,15 +155,10 @@ TEST_F(GpuMixedRun, LenetReachesFloat32AccuracyInBf16AndFp16) {
 // algorithms, which round differently).
 TEST_F(GpuMixedRun, BlockNetAndResNetReachFloat32AccuracyInBf16AndFp16) {
   for (const auto& [net, tag] :
-       {std::pair{kBlocks, "blocks"}, std::pair{kResNet, "resnet"}}) {
+       {std::pair{Blocks(), "blocks"}, std::pair{ResNet(), "resnet"}}) {
     SCOPED_TRACE(tag);
-    const std::vector<double> mean = MeanAccuracies(net, tag, {1, 2}, 200);
-    ASSERT_FALSE(mean.empty());
-    EXPECT_GT(mean[0], 70.0);
-    for (size_t p = 1; p < mean.size(); ++p) {
-      EXPECT_GE(mean[p], mean[0] - 1.0)
-          << Precisions()[p] << " " << mean[p] << "%, fp32 " << mean[0] << "%";
-    }
+    ExpectNearFloat32(MeanAccuracies(net, tag, {1, 2}, 200), 70.0, 1.0);
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -4,7 +4,6 @@
 // run resumed from its checkpoint ends with the weights of one that was not
 // stopped. On the real Fashion-MNIST files.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -14,21 +13,19 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/files.h"
+#include "absl/strings/str_replace.h"
 #include "tests/integration/harness.h"
+#include "tests/trainer/train_run_fixture.h"
 #include "trainer/output/checkpoint.h"
 #include "trainer/output/history.h"
 
 namespace dlbatch::trainer {
 namespace {
 
-using dlbatch::testing::BinDir;
-using dlbatch::testing::Exec;
+using dlbatch::testing::FashionMnistDir;
 using dlbatch::testing::ReadAll;
 using dlbatch::testing::Result;
-using dlbatch::testing::WriteAll;
-
-constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
+using testing::RelativeDifference;
 
 // No pooling (whose ties may flip between ranks) and no dropout (drawn per
 // rank): 1 and 4 ranks differ only in the order of float additions.
@@ -66,53 +63,21 @@ train:
     seed: 5
 )";
 
-class GraphTrainRun : public ::testing::Test {
+class GraphTrainRun : public testing::TrainRunFixture {
  protected:
   void SetUp() override {
-    if (access(absl::StrCat(kData, "/train-images-idx3-ubyte.gz").c_str(),
-               R_OK) != 0) {
-      GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
-    }
-    char tmpl[] = "/tmp/dlbatch-graph-run-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    job_ = dir_ + "/graph.yaml";
-    std::string text = kGraphJob;
-    for (size_t at; (at = text.find("DATA")) != std::string::npos;) {
-      text.replace(at, 4, kData);
-    }
-    WriteAll(job_, text);
-  }
-  void TearDown() override {
-    if (!dir_.empty() && std::getenv("DLBATCH_KEEP_TEST_DIRS") == nullptr) {
-      RemoveTree(dir_).IgnoreError();
-    }
+    TrainRunFixture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    job_ = WriteJob(
+        "graph", absl::StrReplaceAll(kGraphJob, {{"DATA", FashionMnistDir()}}));
   }
 
-  Result Train(const std::string& out, std::vector<std::string> extra) {
-    std::vector<std::string> argv = {BinDir() + "/dlbatch-train", job_,
-                                     "--output-dir", out};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return Exec(argv, {{"XDG_CACHE_HOME", dir_ + "/cache"}}, 600000);
-  }
-  std::vector<float> FinalParams(const std::string& out) {
-    absl::StatusOr<Checkpoint> c = ReadCheckpoint(out + "/checkpoint.dlbc");
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? c->params : std::vector<float>{};
+  Result Train(const std::string& out, const std::vector<std::string>& extra) {
+    return RunTrain(job_, out, extra);
   }
 
-  std::string dir_, job_;
+  std::string job_;
 };
-
-double RelativeDifference(const std::vector<float>& a,
-                          const std::vector<float>& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
-    norm += double{a[i]} * a[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 TEST_F(GraphTrainRun, FourRanksTrainAGraphNetToTheWeightsOfOne) {
   Result one = Train(dir_ + "/one", {"--max-iterations", "6", "--ranks", "1",

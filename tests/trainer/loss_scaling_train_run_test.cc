@@ -7,7 +7,6 @@
 // the solver's state as they were, halve the scale, be counted in the
 // history and the checkpoint, and training must go on.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -18,55 +17,36 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/files.h"
 #include "tests/integration/harness.h"
+#include "tests/trainer/train_run_fixture.h"
 #include "trainer/output/checkpoint.h"
 #include "trainer/output/history.h"
 
 namespace dlbatch::trainer {
 namespace {
 
-using dlbatch::testing::BinDir;
-using dlbatch::testing::Exec;
-using dlbatch::testing::ReadAll;
 using dlbatch::testing::Result;
-using dlbatch::testing::WriteAll;
 
-constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
 constexpr double kInitialScale = 65536;
 
-class LossScalingRun : public ::testing::Test {
+class LossScalingRun : public testing::TrainRunFixture {
  protected:
   void SetUp() override {
-    if (access(absl::StrCat(kData, "/train-images-idx3-ubyte.gz").c_str(),
-               R_OK) != 0) {
-      GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
-    }
-    char tmpl[] = "/tmp/dlbatch-loss-scaling-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    TrainRunFixture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     // LeNet with Caffe's solver at batch 64 on the CPU, fp32.
-    job_ = dir_ + "/lenet.yaml";
-    WriteAll(job_,
-             absl::StrCat("name: lenet\ntrain:\n",
-                          dlbatch::testing::kLenetNetworkYaml,
-                          "  data:\n    train: {format: idx, images: ", kData,
-                          "/train-images-idx3-ubyte.gz, labels: ", kData,
-                          "/train-labels-idx1-ubyte.gz}\n  options:\n"
-                          "    solver: sgdm\n"
-                          "    initial_learn_rate: 0.01\n"
-                          "    momentum: 0.9\n"
-                          "    l2_regularization: 0.0005\n"
-                          "    mini_batch_size: 64\n"
-                          "    max_epochs: 1\n"
-                          "    shuffle: every-epoch\n"
-                          "    execution_environment: cpu\n"
-                          "    seed: 3\n"));
-  }
-  void TearDown() override {
-    if (!dir_.empty() && std::getenv("DLBATCH_KEEP_TEST_DIRS") == nullptr) {
-      RemoveTree(dir_).IgnoreError();
-    }
+    job_ = WriteJob("lenet", testing::FashionMnistJobText(
+                                 "lenet", dlbatch::testing::kLenetNetworkYaml,
+                                 "    solver: sgdm\n"
+                                 "    initial_learn_rate: 0.01\n"
+                                 "    momentum: 0.9\n"
+                                 "    l2_regularization: 0.0005\n"
+                                 "    mini_batch_size: 64\n"
+                                 "    max_epochs: 1\n"
+                                 "    shuffle: every-epoch\n"
+                                 "    execution_environment: cpu\n"
+                                 "    seed: 3\n",
+                                 /*validation=*/false));
   }
 
   // `iterations` steps into dir_/`name`, with the environment `env` (the
@@ -75,34 +55,13 @@ class LossScalingRun : public ::testing::Test {
   Result Train(const std::string& name, int iterations,
                std::map<std::string, std::string> env = {},
                std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {BinDir() + "/dlbatch-train",
-                                     job_,
-                                     "--output-dir",
-                                     dir_ + "/" + name,
-                                     "--threads",
-                                     "2",
-                                     "--max-iterations",
-                                     absl::StrCat(iterations)};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    env["XDG_CACHE_HOME"] = dir_ + "/cache";
-    return Exec(argv, env, 300000);
+    extra.insert(extra.begin(), {"--threads", "2", "--max-iterations",
+                                 absl::StrCat(iterations)});
+    return RunTrain(job_, Out(name), extra, std::move(env), 300000);
   }
+  std::string Out(const std::string& name) const { return dir_ + "/" + name; }
 
-  Checkpoint Read(const std::string& name) {
-    absl::StatusOr<Checkpoint> c =
-        ReadCheckpoint(dir_ + "/" + name + "/checkpoint.dlbc");
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? *std::move(c) : Checkpoint();
-  }
-
-  TrainingHistory History(const std::string& name) {
-    absl::StatusOr<TrainingHistory> h =
-        ParseHistoryCsv(ReadAll(dir_ + "/" + name + "/training_history.csv"));
-    EXPECT_TRUE(h.ok()) << h.status();
-    return h.ok() ? *std::move(h) : TrainingHistory();
-  }
-
-  std::string dir_, job_;
+  std::string job_;
 };
 
 const std::pair<std::string, std::string> kScaling = {"DLBATCH_LOSS_SCALING",
@@ -119,7 +78,8 @@ TEST_F(LossScalingRun, ScaledFloat32RunMatchesTheUnscaledOneBitForBit) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   r = Train("scaled", 30, {kScaling});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  const Checkpoint plain = Read("plain"), scaled = Read("scaled");
+  const Checkpoint plain = LastCheckpoint(Out("plain")),
+                   scaled = LastCheckpoint(Out("scaled"));
   ASSERT_EQ(plain.params.size(), scaled.params.size());
   EXPECT_TRUE(plain.params == scaled.params);
   EXPECT_TRUE(plain.solver_state == scaled.solver_state);
@@ -127,16 +87,15 @@ TEST_F(LossScalingRun, ScaledFloat32RunMatchesTheUnscaledOneBitForBit) {
   EXPECT_EQ(scaled.loss_scale, kInitialScale);
   EXPECT_EQ(scaled.skipped_steps, 0);
 
-  const TrainingHistory h = History("scaled");
+  const TrainingHistory h = History(Out("scaled"));
   EXPECT_TRUE(h.loss_scaling);
   ASSERT_EQ(h.iterations.size(), 30u);
   for (const IterationRecord& row : h.iterations) {
     EXPECT_EQ(row.loss_scale, kInitialScale) << "iteration " << row.iteration;
     EXPECT_EQ(row.skipped_steps, 0) << "iteration " << row.iteration;
   }
-  EXPECT_FALSE(History("plain").loss_scaling);
-  nlohmann::json m =
-      nlohmann::json::parse(ReadAll(dir_ + "/scaled/metrics.json"));
+  EXPECT_FALSE(History(Out("plain")).loss_scaling);
+  nlohmann::json m = Metrics(Out("scaled"));
   EXPECT_EQ(m["skipped_steps"], 0);
   EXPECT_EQ(m["loss_scale"], kInitialScale);
 }
@@ -151,7 +110,8 @@ TEST_F(LossScalingRun, AnInfiniteGradientSkipsTheStepAndHalvesTheScale) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   r = Train("skipped", 11, {kScaling, InfAt(11)});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  const Checkpoint ten = Read("ten"), skipped = Read("skipped");
+  const Checkpoint ten = LastCheckpoint(Out("ten")),
+                   skipped = LastCheckpoint(Out("skipped"));
   EXPECT_EQ(skipped.iteration, 11);
   ASSERT_EQ(ten.params.size(), skipped.params.size());
   EXPECT_TRUE(ten.params == skipped.params) << "the skipped step moved weights";
@@ -171,7 +131,7 @@ TEST_F(LossScalingRun, AnInfiniteGradientSkipsTheStepAndHalvesTheScale) {
   // The same overflow in a longer run, which goes on.
   r = Train("long", 200, {kScaling, InfAt(11)});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  const TrainingHistory h = History("long");
+  const TrainingHistory h = History(Out("long"));
   ASSERT_EQ(h.iterations.size(), 200u);
   for (const IterationRecord& row : h.iterations) {
     SCOPED_TRACE(row.iteration);
@@ -187,8 +147,7 @@ TEST_F(LossScalingRun, AnInfiniteGradientSkipsTheStepAndHalvesTheScale) {
   }
   EXPECT_LT(last, 0.6 * first)
       << "first 20 steps " << first << ", last 20 " << last;
-  nlohmann::json m =
-      nlohmann::json::parse(ReadAll(dir_ + "/long/metrics.json"));
+  nlohmann::json m = Metrics(Out("long"));
   EXPECT_EQ(m["skipped_steps"], 1);
   EXPECT_EQ(m["loss_scale"], kInitialScale / 2);
 
@@ -196,20 +155,20 @@ TEST_F(LossScalingRun, AnInfiniteGradientSkipsTheStepAndHalvesTheScale) {
   // count go on.
   r = Train("skipped", 15, {kScaling}, {"--resume"});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  const TrainingHistory resumed = History("skipped");
+  const TrainingHistory resumed = History(Out("skipped"));
   ASSERT_EQ(resumed.iterations.size(), 15u);
   EXPECT_EQ(resumed.iterations[10].skipped_steps, 1);
   for (int i = 11; i < 15; ++i) {
     EXPECT_EQ(resumed.iterations[i].loss_scale, kInitialScale / 2) << i;
     EXPECT_EQ(resumed.iterations[i].skipped_steps, 1) << i;
   }
-  EXPECT_EQ(Read("skipped").skipped_steps, 1);
+  EXPECT_EQ(LastCheckpoint(Out("skipped")).skipped_steps, 1);
 
   // Resumed again without scaling (as an fp16 run resumed in fp32): the
   // history keeps its columns, the new rows with no scale.
   r = Train("skipped", 18, {}, {"--resume"});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  const TrainingHistory unscaled = History("skipped");
+  const TrainingHistory unscaled = History(Out("skipped"));
   EXPECT_TRUE(unscaled.loss_scaling);
   ASSERT_EQ(unscaled.iterations.size(), 18u);
   EXPECT_EQ(unscaled.iterations[14].loss_scale, kInitialScale / 2);
@@ -217,7 +176,7 @@ TEST_F(LossScalingRun, AnInfiniteGradientSkipsTheStepAndHalvesTheScale) {
     EXPECT_EQ(unscaled.iterations[i].loss_scale, 0) << i;
     EXPECT_EQ(unscaled.iterations[i].skipped_steps, 1) << i;
   }
-  EXPECT_EQ(Read("skipped").loss_scale, 0);
+  EXPECT_EQ(LastCheckpoint(Out("skipped")).loss_scale, 0);
 }
 
 TEST_F(LossScalingRun, BadSwitchesAreRefusedSayingWhatToSet) {

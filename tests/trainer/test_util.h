@@ -1,8 +1,10 @@
 // Helpers of the trainer's layer and network tests: device arrays filled
-// from the host, random data, and a finite-difference gradient check.
+// from the host, random data, a finite-difference gradient check, and
+// LeNet.
 #ifndef DLBATCH_TESTS_TRAINER_TEST_UTIL_H_
 #define DLBATCH_TESTS_TRAINER_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dlbatch/v1/job.pb.h"
 #include "gtest/gtest.h"
 #include "trainer/backend.h"
 #include "trainer/layers.h"
@@ -65,6 +68,18 @@ inline double RelativeError(const std::vector<float>& a,
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// ‖got − ref‖ / ‖ref‖, summed in double.
+inline double RelativeError(const std::vector<float>& got,
+                            const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = double{got[i]} - ref[i];
+    num += d * d;
+    den += double{ref[i]} * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
 inline double Dot(const std::vector<float>& y, const std::vector<float>& r) {
   double s = 0;
   for (size_t i = 0; i < y.size(); ++i) s += double{y[i]} * r[i];
@@ -94,6 +109,28 @@ inline void CheckGradient(const char* what, std::vector<float>& values,
         << what << " element " << i;
   }
   loss();  // leaves the unperturbed values uploaded
+}
+
+// Caffe's LeNet for 28x28x1 images and 10 classes.
+inline v1::NetworkSpec LeNetSpec() {
+  v1::NetworkSpec spec;
+  for (int d : {28, 28, 1}) spec.add_input(d);
+  auto add = [&](const std::string& type, int filters, int size, int units) {
+    v1::LayerSpec* l = spec.add_layers();
+    l->set_type(type);
+    if (filters) l->set_filters(filters);
+    if (size) l->set_size(size);
+    if (units) l->set_units(units);
+  };
+  add("conv", 20, 5, 0);
+  add("maxpool", 0, 2, 0);
+  add("conv", 50, 5, 0);
+  add("maxpool", 0, 2, 0);
+  add("fc", 0, 0, 500);
+  add("relu", 0, 0, 0);
+  add("fc", 0, 0, 10);
+  add("softmax", 0, 0, 0);
+  return spec;
 }
 
 // A fixture holding a one-thread CPU backend: a busy CI machine stalls a

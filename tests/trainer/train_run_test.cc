@@ -25,6 +25,7 @@
 #include "dlbatch/v1/job.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "tests/integration/harness.h"
+#include "tests/trainer/train_run_fixture.h"
 #include "trainer/backend_select.h"
 #include "trainer/output/checkpoint.h"
 #include "trainer/output/history.h"
@@ -38,13 +39,7 @@ using dlbatch::testing::ReadAll;
 using dlbatch::testing::Result;
 using dlbatch::testing::WaitFor;
 using dlbatch::testing::WriteAll;
-
-constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
-
-bool HaveData() {
-  return access(absl::StrCat(kData, "/train-images-idx3-ubyte.gz").c_str(),
-                R_OK) == 0;
-}
+using testing::RelativeDifference;
 
 const char* const kLenet = dlbatch::testing::kLenetNetworkYaml;
 
@@ -62,74 +57,22 @@ const char kSmall[] = R"(
       - {type: softmax}
 )";
 
-std::string DataSection(bool validation = true) {
-  std::string s =
-      absl::StrCat("  data:\n    train: {format: idx, images: ", kData,
-                   "/train-images-idx3-ubyte.gz, labels: ", kData,
-                   "/train-labels-idx1-ubyte.gz}\n");
-  if (validation) {
-    absl::StrAppend(&s, "    validation: {format: idx, images: ", kData,
-                    "/t10k-images-idx3-ubyte.gz, labels: ", kData,
-                    "/t10k-labels-idx1-ubyte.gz}\n");
-  }
-  return s;
-}
-
-class TrainRun : public ::testing::Test {
+class TrainRun : public testing::TrainRunFixture {
  protected:
-  void SetUp() override {
-    if (!HaveData())
-      GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
-    char tmpl[] = "/tmp/dlbatch-train-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    if (!dir_.empty() && std::getenv("DLBATCH_KEEP_TEST_DIRS") == nullptr) {
-      RemoveTree(dir_).IgnoreError();
-    }
-  }
-
   // `data_extra`: more lines of the data section (normalize, augmentation).
   std::string Job(const std::string& name, const std::string& network,
                   const std::string& options, bool validation = true,
                   const std::string& data_extra = "") {
-    const std::string path = absl::StrCat(dir_, "/", name, ".yaml");
-    WriteAll(path, absl::StrCat("name: ", name, "\ntrain:\n", network,
-                                DataSection(validation), data_extra,
-                                "  options:\n", options));
-    return path;
+    return WriteJob(name, testing::FashionMnistJobText(name, network, options,
+                                                       validation, data_extra));
   }
 
   Result Train(const std::string& job, const std::string& out,
-               std::vector<std::string> extra = {},
+               const std::vector<std::string>& extra = {},
                std::map<std::string, std::string> env = {}) {
-    std::vector<std::string> argv = {BinDir() + "/dlbatch-train", job,
-                                     "--output-dir", out};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    // The kernel-choice cache of these runs is their own.
-    env["XDG_CACHE_HOME"] = dir_ + "/cache";
-    return Exec(argv, env, 600000);
+    return RunTrain(job, out, extra, std::move(env));
   }
-
-  std::vector<float> FinalParams(const std::string& out) {
-    absl::StatusOr<Checkpoint> c = ReadCheckpoint(out + "/checkpoint.dlbc");
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? c->params : std::vector<float>{};
-  }
-
-  std::string dir_;
 };
-
-double RelativeDifference(const std::vector<float>& a,
-                          const std::vector<float>& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
-    norm += double{a[i]} * a[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 TEST_F(TrainRun, LenetReaches85PercentInTwoEpochsWithEveryOutput) {
   const std::string job = Job("lenet", kLenet, R"(
