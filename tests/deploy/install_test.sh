@@ -31,6 +31,7 @@ set -euo pipefail
 build=$(cd "$1" && pwd)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 skip() { echo "SKIP: $*"; exit 77; }
+source "$(dirname "${BASH_SOURCE[0]}")/build_deb.sh"
 ((EUID == 0)) || skip "not root (dpkg -i, mounts and namespaces need root)"
 for tool in dpkg dpkg-deb unshare nsenter chroot setpriv timeout; do
   command -v $tool >/dev/null || skip "no $tool"
@@ -88,12 +89,7 @@ if [[ -n ${DLBATCH_DEB:-} ]]; then
   deb=$(readlink -f "$DLBATCH_DEB")
   [[ -f $deb ]] || fail "DLBATCH_DEB=$DLBATCH_DEB is no file"
 else
-  echo "== building the package"
-  rm -f "$build"/packaging/dlbatch_*.deb
-  cmake --build "$build" --target deb >"$tmp/deb.log" 2>&1 || { cat "$tmp/deb.log"; fail "the deb target"; }
-  debs=("$build"/packaging/dlbatch_*.deb)
-  ((${#debs[@]} == 1)) && [[ -f ${debs[0]} ]] || fail "expected one dlbatch_*.deb in $build/packaging, found: ${debs[*]}"
-  deb=${debs[0]}
+  build_deb "$build" "$tmp"
 fi
 version=$(dpkg-deb -f "$deb" Version)
 mkdir "$tmp/debs" && cp "$deb" "$tmp/debs/"
@@ -329,6 +325,19 @@ if ((booted)); then
       ! inside test -e "/proc/$p" || fail "job process $p ($(inside cat "/proc/$p/cmdline" | tr '\0' ' ')) is left"
     done
   }
+  # Kills unit $1's main process (the $2) with SIGKILL; systemd must start
+  # it again, active under another pid, within $3 tries 0.2 s apart.
+  kill_and_restarted() {
+    local pid
+    pid=$(prop "$1" MainPID)
+    inside kill -9 "$pid"
+    for _ in $(seq "$3"); do
+      [[ $(prop "$1" ActiveState) == active && $(prop "$1" MainPID) != "$pid" ]] && break
+      sleep 0.2
+    done
+    active "$1"
+    [[ $(prop "$1" MainPID) != "$pid" ]] || fail "systemd did not restart the killed $2"
+  }
   # Stops unit $1; it must end inactive (not failed), by itself, in time.
   stop_clean() {
     local t=$SECONDS
@@ -403,14 +412,7 @@ if ((booted)); then
   inside test -s /var/lib/dlbatch/dlbatch.db || fail "no store in /var/lib/dlbatch: $(inside ls -la /var/lib/dlbatch)"
   echo "job $id is still there, finished with its diary"
   # Killed outright, it is started again (Restart=on-failure) on its store.
-  spid=$(prop dlbatch-scheduler.service MainPID)
-  inside kill -9 "$spid"
-  for _ in $(seq 50); do
-    [[ $(prop dlbatch-scheduler.service ActiveState) == active && $(prop dlbatch-scheduler.service MainPID) != "$spid" ]] && break
-    sleep 0.2
-  done
-  active dlbatch-scheduler.service
-  [[ $(prop dlbatch-scheduler.service MainPID) != "$spid" ]] || fail "systemd did not restart the killed scheduler"
+  kill_and_restarted dlbatch-scheduler.service scheduler 50
   grep -q "hi from the service" <(dl diary "$id") || fail "job $id's diary lost in the kill -9"
   echo "killed with SIGKILL, systemd started it again; job $id is still there"
 
@@ -432,16 +434,9 @@ if ((booted)); then
 
   echo "== a worker killed outright takes its jobs along; systemd restarts it"
   inside systemctl start dlbatch-worker.service || fail "start dlbatch-worker again: $(journal dlbatch-worker)"
-  wpid=$(prop dlbatch-worker.service MainPID)
   long=$(start_long)
   job_pids=$(job_procs "$long")
-  inside kill -9 "$wpid"
-  for _ in $(seq 75); do
-    [[ $(prop dlbatch-worker.service ActiveState) == active && $(prop dlbatch-worker.service MainPID) != "$wpid" ]] && break
-    sleep 0.2
-  done
-  active dlbatch-worker.service
-  [[ $(prop dlbatch-worker.service MainPID) != "$wpid" ]] || fail "systemd did not restart the killed worker"
+  kill_and_restarted dlbatch-worker.service worker 75
   gone $job_pids
   # (The restarted worker may run the lost jobs again as new attempts.)
   dl cancel "$long" >/dev/null || fail "cancel $long"

@@ -8,6 +8,7 @@
 set -euo pipefail
 build=$(cd "$1" && pwd)
 fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/build_deb.sh"
 for tool in dpkg-deb dpkg-shlibdeps; do
   command -v $tool >/dev/null || { echo "SKIP: no $tool (not a Debian system)"; exit 77; }
 done
@@ -19,12 +20,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== building the package"
-rm -f "$build"/packaging/dlbatch_*.deb
-cmake --build "$build" --target deb >"$tmp/deb.log" 2>&1 || { cat "$tmp/deb.log"; fail "the deb target"; }
-debs=("$build"/packaging/dlbatch_*.deb)
-((${#debs[@]} == 1)) && [[ -f ${debs[0]} ]] || fail "expected one dlbatch_*.deb in $build/packaging, found: ${debs[*]}"
-deb=${debs[0]}
+build_deb "$build" "$tmp"
 field() { dpkg-deb -f "$deb" "$1"; }
 version=$(field Version)
 arch=$(dpkg --print-architecture)
