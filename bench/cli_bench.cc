@@ -13,6 +13,8 @@
 // (such as one linked against shared libraries). The last rows submit on
 // the embedded local default (no --scheduler: the CLI first checks that the
 // local cluster in a temp XDG_STATE_HOME runs), where its worker runs them.
+// Rows "through gRPC" are the same CLI with its direct calls turned off
+// (DLBATCH_DIRECT_CALLS=0): the call made through gRPC's runtime, as before.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -163,6 +165,12 @@ int main(int argc, char** argv) {
   series.push_back(
       {"`dlbatch submit -q -- true`",
        {cli, "--scheduler", socket, "submit", "-q", "--", "true"}});
+  // The same CLI making its call through gRPC's runtime, as every call
+  // went before the direct calls (client/direct_call.h).
+  series.push_back(
+      {"`dlbatch submit -q -- true` through gRPC (`DLBATCH_DIRECT_CALLS=0`)",
+       {cli, "--scheduler", socket, "submit", "-q", "--", "true"},
+       {{"DLBATCH_DIRECT_CALLS", "0"}}});
   if (!other_cli.empty()) {
     series.push_back(
         {absl::StrCat("`dlbatch submit -q -- true` with ", other_cli),
@@ -175,6 +183,13 @@ int main(int argc, char** argv) {
   series.push_back({"`dlbatch submit -q -- true` on the local default",
                     {cli, "submit", "-q", "--", "true"},
                     local_env});
+  auto local_grpc_env = local_env;
+  local_grpc_env["DLBATCH_DIRECT_CALLS"] = "0";
+  series.push_back(
+      {"`dlbatch submit -q -- true` on the local default, "
+       "through gRPC",
+       {cli, "submit", "-q", "--", "true"},
+       local_grpc_env});
   if (!other_cli.empty()) {
     series.push_back(
         {absl::StrCat("`dlbatch submit -q -- true` on the local default with ",

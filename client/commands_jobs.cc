@@ -210,9 +210,10 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
   // The request id makes retrying safe: a scheduler that committed an
   // earlier try (and died before answering) answers with that try's job.
   RETURN_IF_ERROR(conn->Error(
-      conn->Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
-        return stub->SubmitJob(ctx, request, &reply);
-      })));
+      conn->UnaryCall("SubmitJob", request, &reply,
+                      [&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+                        return stub->SubmitJob(ctx, request, &reply);
+                      })));
   // With our own random id a duplicate is our own earlier try; with a given
   // one it may be an earlier submit, and the user asked to know.
   const bool duplicate = given_id && reply.duplicate();
@@ -283,9 +284,10 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
   request.set_name_glob(options.name_glob);
   v1::ListJobsReply reply;
   RETURN_IF_ERROR(conn.Error(
-      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
-        return stub->ListJobs(ctx, request, &reply);
-      })));
+      conn.UnaryCall("ListJobs", request, &reply,
+                     [&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+                       return stub->ListJobs(ctx, request, &reply);
+                     })));
   if (options.json) {
     Json jobs = Json::array();
     for (const v1::Job& job : reply.jobs()) jobs.push_back(JobJson(job));
@@ -302,9 +304,10 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
   request.set_job_id(job_id);
   v1::Job job;
   RETURN_IF_ERROR(conn.Error(
-      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
-        return stub->GetJob(ctx, request, &job);
-      })));
+      conn.UnaryCall("GetJob", request, &job,
+                     [&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+                       return stub->GetJob(ctx, request, &job);
+                     })));
   if (json) {
     PrintJson(JobJson(job));
     return 0;

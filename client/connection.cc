@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "client/direct_call.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
 #include "common/status.h"
@@ -69,9 +71,41 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(
   }
   RETURN_IF_ERROR(ResolveCa(&conn->config_, flags.ca_file, flags.token_file));
   conn->retry_for_ms_ = std::max<int64_t>(0, flags.retry_for_ms);
-  conn->stub_ = v1::Scheduler::NewStub(
-      local_channel != nullptr ? local_channel : MakeChannel(conn->config_));
+  conn->first_channel_ = std::move(local_channel);
   return conn;
+}
+
+v1::Scheduler::Stub* Connection::stub() {
+  if (stub_ == nullptr) {
+    stub_ = v1::Scheduler::NewStub(first_channel_ != nullptr
+                                       ? std::move(first_channel_)
+                                       : MakeChannel(config_));
+  }
+  return stub_.get();
+}
+
+grpc::Status Connection::UnaryCall(
+    std::string_view method, const google::protobuf::MessageLite& request,
+    google::protobuf::MessageLite* reply,
+    const std::function<grpc::Status(v1::Scheduler::Stub*,
+                                     grpc::ClientContext*)>& call,
+    int64_t deadline_ms) {
+  static const bool direct = [] {
+    const char* env = std::getenv("DLBATCH_DIRECT_CALLS");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  if (direct && config_.endpoint.is_unix && stub_ == nullptr) {
+    std::optional<grpc::Status> status = DirectUnaryCall(
+        config_.endpoint.path,
+        absl::StrCat("/", v1::Scheduler::service_full_name(), "/",
+                     absl::string_view(method.data(), method.size())),
+        config_.token, request, reply, deadline_ms);
+    if (status.has_value()) {
+      outage_start_ms_ = 0;
+      return *std::move(status);
+    }
+  }
+  return Call(call, deadline_ms);
 }
 
 void Connection::Reconnect() {
@@ -124,7 +158,7 @@ grpc::Status Connection::Call(
   for (;;) {
     const int64_t started = MonotonicMs();
     auto ctx = Context(deadline_ms);
-    grpc::Status status = call(stub_.get(), ctx.get());
+    grpc::Status status = call(stub(), ctx.get());
     if (!RetryAfter(status, started)) return status;
   }
 }

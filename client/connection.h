@@ -8,11 +8,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/endpoint.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
+#include "google/protobuf/message_lite.h"
 
 namespace dlbatch::client {
 
@@ -38,9 +40,10 @@ class Connection {
   static absl::StatusOr<std::unique_ptr<Connection>> Open(
       const GlobalFlags& flags);
 
-  // The current channel's stub. Reconnect() replaces it (the old one stays
-  // valid until the Connection is destroyed).
-  v1::Scheduler::Stub* stub() { return stub_.get(); }
+  // The current channel's stub, made on first use (a command whose calls
+  // all go direct never starts gRPC). Reconnect() replaces it (the old one
+  // stays valid until the Connection is destroyed).
+  v1::Scheduler::Stub* stub();
   const std::string& token() const { return config_.token; }
   const std::string& address() const { return config_.endpoint.original; }
   bool is_local() const { return local_; }
@@ -78,6 +81,16 @@ class Connection {
   grpc::Status Call(const std::function<grpc::Status(
                         v1::Scheduler::Stub*, grpc::ClientContext*)>& call,
                     int64_t deadline_ms = 60000);
+  // As Call(), for the unary call `method` of the Scheduler service
+  // ("SubmitJob"): on a Unix socket it is first made without gRPC's
+  // runtime (DirectUnaryCall), and through `call` only where that cannot
+  // tell how it went. DLBATCH_DIRECT_CALLS=0 turns the direct way off.
+  grpc::Status UnaryCall(std::string_view method,
+                         const google::protobuf::MessageLite& request,
+                         google::protobuf::MessageLite* reply,
+                         const std::function<grpc::Status(
+                             v1::Scheduler::Stub*, grpc::ClientContext*)>& call,
+                         int64_t deadline_ms = 60000);
   // A fresh channel and stub.
   void Reconnect();
   static int64_t MonotonicMs();
@@ -94,7 +107,9 @@ class Connection {
   int retries_ = 0;              // in this outage, for the pause
   int64_t outage_start_ms_ = 0;  // 0: none
   bool told_retrying_ = false;
-  std::unique_ptr<v1::Scheduler::Stub> stub_;
+  std::unique_ptr<v1::Scheduler::Stub> stub_;  // null until first used
+  // The local cluster's probe's channel, for the first stub.
+  std::shared_ptr<grpc::Channel> first_channel_;
   std::vector<std::unique_ptr<v1::Scheduler::Stub>> retired_;
 };
 
