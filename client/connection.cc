@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(
     // The probe's connection is this command's: the local socket needs no
     // token or CA, so its channel is the one MakeChannel would make.
     local_channel = local.TakeAnsweredChannel();
+    conn->first_socket_ = local.TakeAcceptedSocket();
   }
   ASSIGN_OR_RETURN(conn->config_.endpoint, ParseEndpoint(address));
   if (!flags.token_file.empty()) {
@@ -77,6 +78,7 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(
 
 v1::Scheduler::Stub* Connection::stub() {
   if (stub_ == nullptr) {
+    first_socket_.reset();  // gRPC makes its own connection
     stub_ = v1::Scheduler::NewStub(first_channel_ != nullptr
                                        ? std::move(first_channel_)
                                        : MakeChannel(config_));
@@ -95,8 +97,11 @@ grpc::Status Connection::UnaryCall(
     return env == nullptr || std::string_view(env) != "0";
   }();
   if (direct && config_.endpoint.is_unix && stub_ == nullptr) {
+    SharedSocket sock = first_socket_ != nullptr
+                            ? std::move(first_socket_)
+                            : ConnectUnix(config_.endpoint.path);
     std::optional<grpc::Status> status = DirectUnaryCall(
-        config_.endpoint.path,
+        std::move(sock),
         absl::StrCat("/", v1::Scheduler::service_full_name(), "/",
                      absl::string_view(method.data(), method.size())),
         config_.token, request, reply, deadline_ms);

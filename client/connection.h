@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/direct_call.h"
 #include "common/endpoint.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 #include "google/protobuf/message_lite.h"
@@ -108,8 +109,10 @@ class Connection {
   int64_t outage_start_ms_ = 0;  // 0: none
   bool told_retrying_ = false;
   std::unique_ptr<v1::Scheduler::Stub> stub_;  // null until first used
-  // The local cluster's probe's channel, for the first stub.
+  // The local cluster's probe's channel, for the first stub, and its
+  // check's connection, for the first direct call.
   std::shared_ptr<grpc::Channel> first_channel_;
+  SharedSocket first_socket_;
   std::vector<std::unique_ptr<v1::Scheduler::Stub>> retired_;
 };
 

@@ -186,7 +186,8 @@ std::string PercentDecoded(std::string_view s) {
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '%' && i + 2 < s.size() && HexDigit(s[i + 1]) >= 0 &&
         HexDigit(s[i + 2]) >= 0) {
-      out.push_back(static_cast<char>(HexDigit(s[i + 1]) * 16 + HexDigit(s[i + 2])));
+      out.push_back(
+          static_cast<char>(HexDigit(s[i + 1]) * 16 + HexDigit(s[i + 2])));
       i += 2;
     } else {
       out.push_back(s[i]);
@@ -194,20 +195,6 @@ std::string PercentDecoded(std::string_view s) {
   }
   return out;
 }
-
-class Socket {
- public:
-  explicit Socket(int fd) : fd_(fd) {}
-  ~Socket() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 bool WriteAll(int fd, std::string_view bytes) {
   while (!bytes.empty()) {
@@ -326,26 +313,47 @@ std::string EncodeRequestHeaders(std::string_view path, int64_t timeout_ms,
 
 // ---- the call ----
 
+SharedSocket ConnectUnix(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return nullptr;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return nullptr;
+  SharedSocket sock(new int(fd), [](const int* owned) {
+    ::close(*owned);
+    delete owned;
+  });
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) !=
+      0) {
+    return nullptr;
+  }
+  return sock;
+}
+
 std::optional<grpc::Status> DirectUnaryCall(
     const std::string& socket_path, std::string_view path,
     const std::string& token, const google::protobuf::MessageLite& request,
     google::protobuf::MessageLite* reply, int64_t timeout_ms) {
   reply->Clear();
+  SharedSocket sock = ConnectUnix(socket_path);
+  if (sock == nullptr) return std::nullopt;
+  return DirectUnaryCall(std::move(sock), path, token, request, reply,
+                         timeout_ms);
+}
+
+std::optional<grpc::Status> DirectUnaryCall(
+    SharedSocket connected, std::string_view path, const std::string& token,
+    const google::protobuf::MessageLite& request,
+    google::protobuf::MessageLite* reply, int64_t timeout_ms) {
+  reply->Clear();
+  if (connected == nullptr) return std::nullopt;
+  const int fd = *connected;
   const int64_t deadline = timeout_ms > 0 ? NowMs() + timeout_ms : 0;
   std::string message;
   if (!request.SerializeToString(&message)) return std::nullopt;
   const std::string headers = EncodeRequestHeaders(path, timeout_ms, token);
   if (message.size() + 5 > kInitialWindow || headers.size() > kMaxFrame) {
-    return std::nullopt;
-  }
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof addr.sun_path) return std::nullopt;
-  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
-  Socket sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (sock.fd() < 0 ||
-      ::connect(sock.fd(), reinterpret_cast<const sockaddr*>(&addr),
-                sizeof addr) != 0) {
     return std::nullopt;
   }
 
@@ -371,11 +379,11 @@ std::optional<grpc::Status> DirectUnaryCall(
     PutFrameHeader(&out, n, kData, at + n == body.size() ? kEndStream : 0, 1);
     out.append(body, at, n);
   }
-  if (!WriteAll(sock.fd(), out)) return std::nullopt;
+  if (!WriteAll(fd, out)) return std::nullopt;
 
   HpackDecoder hpack;
-  std::string in;          // read, not yet parsed
-  std::string block;       // a header block being gathered
+  std::string in;           // read, not yet parsed
+  std::string block;        // a header block being gathered
   bool block_ends = false;  // that block's HEADERS had END_STREAM
   bool had_headers = false;
   std::string data;  // stream 1's DATA payloads
@@ -402,7 +410,7 @@ std::optional<grpc::Status> DirectUnaryCall(
           if ((flags & kAck) == 0) {
             std::string ack;
             PutFrameHeader(&ack, 0, kSettings, kAck, 0);
-            if (!WriteAll(sock.fd(), ack)) return std::nullopt;
+            if (!WriteAll(fd, ack)) return std::nullopt;
           }
           break;
         case kPing:
@@ -410,7 +418,7 @@ std::optional<grpc::Status> DirectUnaryCall(
             std::string pong;
             PutFrameHeader(&pong, 8, kPing, kAck, 0);
             pong.append(payload);
-            if (!WriteAll(sock.fd(), pong)) return std::nullopt;
+            if (!WriteAll(fd, pong)) return std::nullopt;
           }
           break;
         case kWindowUpdate:
@@ -486,12 +494,12 @@ std::optional<grpc::Status> DirectUnaryCall(
       }
       wait = static_cast<int>(left);
     }
-    pollfd p{sock.fd(), POLLIN, 0};
+    pollfd p{fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, wait);
     if (ready < 0 && errno == EINTR) continue;
     if (ready < 0) return std::nullopt;
     if (ready == 0) continue;  // the deadline is checked above
-    const ssize_t n = ::recv(sock.fd(), buf, sizeof buf, 0);
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return std::nullopt;  // the scheduler went away mid-call
     in.append(buf, static_cast<size_t>(n));
@@ -515,7 +523,8 @@ std::optional<grpc::Status> DirectUnaryCall(
   // One message: its 5-byte prefix (not compressed), then the bytes.
   if (data.size() < 5 || data[0] != 0 ||
       GetU32(data.data() + 1) != data.size() - 5 ||
-      !reply->ParseFromArray(data.data() + 5, static_cast<int>(data.size() - 5))) {
+      !reply->ParseFromArray(data.data() + 5,
+                             static_cast<int>(data.size() - 5))) {
     reply->Clear();
     return std::nullopt;
   }

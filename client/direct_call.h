@@ -22,6 +22,7 @@
 #define DLBATCH_CLIENT_DIRECT_CALL_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,15 +60,26 @@ class HpackDecoder {
 std::string EncodeRequestHeaders(std::string_view path, int64_t timeout_ms,
                                  const std::string& token);
 
+// A connected socket, closed when the last copy goes.
+using SharedSocket = std::shared_ptr<const int>;
+// Connects to the Unix socket at `path`; null where nothing accepts there.
+SharedSocket ConnectUnix(const std::string& path);
+
 // Makes the unary call `path` ("/dlbatch.v1.Scheduler/SubmitJob") on the
-// Unix socket `socket_path`. Returns the call's status where the server
-// answered it (OK with *reply parsed from the message; or the server's
-// error, message and all; DEADLINE_EXCEEDED after timeout_ms without an
-// answer), or nullopt where this cannot tell what happened (see above):
-// *reply is then cleared and the caller makes the call through gRPC.
+// Unix socket `socket_path`, or on `connected` (a fresh connection to it:
+// the local cluster's check that its socket accepts hands its own on). Returns
+// the call's status where the server answered it (OK with *reply parsed from
+// the message; or the server's error, message and all; DEADLINE_EXCEEDED after
+// timeout_ms without an answer), or nullopt where this cannot tell what
+// happened (see above): *reply is then cleared and the caller makes the call
+// through gRPC.
 std::optional<grpc::Status> DirectUnaryCall(
     const std::string& socket_path, std::string_view path,
     const std::string& token, const google::protobuf::MessageLite& request,
+    google::protobuf::MessageLite* reply, int64_t timeout_ms);
+std::optional<grpc::Status> DirectUnaryCall(
+    SharedSocket connected, std::string_view path, const std::string& token,
+    const google::protobuf::MessageLite& request,
     google::protobuf::MessageLite* reply, int64_t timeout_ms);
 
 }  // namespace dlbatch::client

@@ -172,17 +172,8 @@ absl::StatusOr<LocalCluster> LocalCluster::Resolve() {
 }
 
 bool LocalCluster::SocketAccepts() const {
-  const std::string path = socket_path();
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return false;
-  path.copy(addr.sun_path, path.size());
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr),
-                            sizeof(addr)) == 0;
-  ::close(fd);
-  return ok;
+  accepted_ = ConnectUnix(socket_path());
+  return accepted_ != nullptr;
 }
 
 bool LocalCluster::SchedulerAnswers() const {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "client/direct_call.h"
 #include "grpcpp/channel.h"
 
 namespace dlbatch::client {
@@ -30,7 +31,13 @@ class LocalCluster {
   std::string Status();
   bool SchedulerAnswers() const;
   // Whether something accepts connections on the socket (no call is made).
+  // The connection is kept for TakeAcceptedSocket.
   bool SocketAccepts() const;
+  // The connection of the last SocketAccepts that succeeded (null if none
+  // did), handed over once: the command's direct call uses it instead of
+  // connecting a second time (and the scheduler setting up a second
+  // connection just as that call arrives).
+  SharedSocket TakeAcceptedSocket() { return std::move(accepted_); }
   // The channel of the last probe that reached a running scheduler (null if
   // none did), handed over once: a command run right after EnsureRunning
   // makes its calls on the connection the probe opened instead of starting
@@ -49,6 +56,7 @@ class LocalCluster {
   // Set by SchedulerAnswers on success; a failed probe's channel is dropped
   // (it would wait out gRPC's reconnect backoff).
   mutable std::shared_ptr<grpc::Channel> answered_;
+  mutable SharedSocket accepted_;  // set by SocketAccepts on success
 };
 
 // The folder of the running dlbatch executable, where its siblings
