@@ -23,10 +23,10 @@ std::string Bytes(std::initializer_list<int> bytes) {
 }
 
 // RFC 7541 C.3: three requests on one connection, without Huffman coding.
-const std::string kC31 = Bytes({0x82, 0x86, 0x84, 0x41, 0x0f}) +
-                         "www.example.com";
-const std::string kC32 = Bytes({0x82, 0x86, 0x84, 0xbe, 0x58, 0x08}) +
-                         "no-cache";
+const std::string kC31 =
+    Bytes({0x82, 0x86, 0x84, 0x41, 0x0f}) + "www.example.com";
+const std::string kC32 =
+    Bytes({0x82, 0x86, 0x84, 0xbe, 0x58, 0x08}) + "no-cache";
 const std::string kC33 = Bytes({0x82, 0x87, 0x85, 0xbf, 0x40, 0x0a}) +
                          "custom-key" + Bytes({0x0c}) + "custom-value";
 
@@ -69,16 +69,15 @@ TEST(HpackDecoderTest, HuffmanCodedStringsAreLeftToGrpc) {
   // RFC 7541 C.4.1: C.3.1 with the authority Huffman-coded.
   HpackDecoder hpack;
   Fields fields;
-  EXPECT_FALSE(hpack.Decode(Bytes({0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3,
-                                   0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab,
-                                   0x90, 0xf4, 0xff}),
-                            &fields));
+  EXPECT_FALSE(
+      hpack.Decode(Bytes({0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3, 0xc2, 0xe5,
+                          0xf2, 0x3a, 0x6b, 0xa0, 0xab, 0x90, 0xf4, 0xff}),
+                   &fields));
 }
 
 TEST(HpackDecoderTest, TruncatedAndBadBlocksAreRefused) {
-  for (const std::string& bad :
-       {Bytes({0x40}), Bytes({0x40, 0x05}) + "ab", Bytes({0xff}),
-        Bytes({0x80}), Bytes({0xc0})}) {
+  for (const std::string& bad : {Bytes({0x40}), Bytes({0x40, 0x05}) + "ab",
+                                 Bytes({0xff}), Bytes({0x80}), Bytes({0xc0})}) {
     HpackDecoder hpack;
     Fields fields;
     EXPECT_FALSE(hpack.Decode(bad, &fields)) << testing::PrintToString(bad);
@@ -89,9 +88,8 @@ TEST(HpackDecoderTest, ReadsGrpcServersTrailersOnlyReply) {
   // What dlbatch-scheduler (gRPC 1.51) sent for a refused submit.
   const std::string block =
       Bytes({0x88, 0x40, 0x0c}) + "content-type" + Bytes({0x10}) +
-      "application/grpc" + Bytes({0x40, 0x0b}) + "grpc-status" +
-      Bytes({0x01}) + "3" + Bytes({0x00, 0x0c}) + "grpc-message" +
-      Bytes({0x0a}) + "pool%201ok";
+      "application/grpc" + Bytes({0x40, 0x0b}) + "grpc-status" + Bytes({0x01}) +
+      "3" + Bytes({0x00, 0x0c}) + "grpc-message" + Bytes({0x0a}) + "pool%201ok";
   HpackDecoder hpack;
   Fields fields;
   ASSERT_TRUE(hpack.Decode(block, &fields));
@@ -114,15 +112,15 @@ TEST(HpackDecoderTest, ReadsBackTheRequestHeadersThisClientWrites) {
   ASSERT_TRUE(hpack.Decode(
       EncodeRequestHeaders("/dlbatch.v1.Scheduler/SubmitJob", 60000, token),
       &fields));
-  EXPECT_THAT(fields,
-              ElementsAre(Pair(":method", "POST"), Pair(":scheme", "http"),
-                          Pair(":path", "/dlbatch.v1.Scheduler/SubmitJob"),
-                          Pair(":authority", "localhost"),
-                          Pair("content-type", "application/grpc"),
-                          Pair("te", "trailers"),
-                          Pair("grpc-timeout", "60000m"),
-                          Pair("authorization", "Bearer " + token),
-                          Pair("user-agent", "dlbatch-cli (direct)")));
+  EXPECT_THAT(
+      fields,
+      ElementsAre(Pair(":method", "POST"), Pair(":scheme", "http"),
+                  Pair(":path", "/dlbatch.v1.Scheduler/SubmitJob"),
+                  Pair(":authority", "localhost"),
+                  Pair("content-type", "application/grpc"),
+                  Pair("te", "trailers"), Pair("grpc-timeout", "60000m"),
+                  Pair("authorization", "Bearer " + token),
+                  Pair("user-agent", "dlbatch-cli (direct)")));
   EXPECT_EQ(hpack.table_size(), 0u);  // nothing indexed
   Fields plain;
   ASSERT_TRUE(hpack.Decode(EncodeRequestHeaders("/x/Y", 0, ""), &plain));

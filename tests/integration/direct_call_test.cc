@@ -2,8 +2,10 @@
 // scheduler: they answer as gRPC's own calls do, and every peer they cannot
 // read — none listening, one that hangs up, one that answers junk — is left
 // to gRPC, while one that never answers ends at the deadline.
-#include <gtest/gtest.h>
+#include "client/direct_call.h"
+
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -12,7 +14,6 @@
 #include <cstring>
 #include <thread>
 
-#include "client/direct_call.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 #include "tests/integration/harness.h"
 
@@ -44,15 +45,15 @@ TEST(DirectCall, AnswersAsGrpcDoes) {
   const std::string submit = "/dlbatch.v1.Scheduler/SubmitJob";
 
   v1::SubmitJobReply first, again;
-  auto status = DirectUnaryCall(socket, submit, "", TrueJob("direct-1"),
-                                &first, 10000);
+  auto status =
+      DirectUnaryCall(socket, submit, "", TrueJob("direct-1"), &first, 10000);
   ASSERT_TRUE(status.has_value());
   ASSERT_TRUE(status->ok()) << status->error_message();
   EXPECT_GT(first.job_id(), 0);
   EXPECT_FALSE(first.duplicate());
   // The request id makes a repeat (as after a lost reply) the same job.
-  status = DirectUnaryCall(socket, submit, "", TrueJob("direct-1"), &again,
-                           10000);
+  status =
+      DirectUnaryCall(socket, submit, "", TrueJob("direct-1"), &again, 10000);
   ASSERT_TRUE(status.has_value() && status->ok());
   EXPECT_EQ(again.job_id(), first.job_id());
   EXPECT_TRUE(again.duplicate());
@@ -103,14 +104,12 @@ TEST(DirectCall, AnswersAsGrpcDoes) {
 // A Unix socket in `dir` whose every connection `serve` handles.
 class Peer {
  public:
-  Peer(const std::string& path, std::function<void(int)> serve)
-      : path_(path) {
+  Peer(const std::string& path, std::function<void(int)> serve) : path_(path) {
     fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr),
-              0);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
     EXPECT_EQ(::listen(fd_, 8), 0);
     thread_ = std::thread([this, serve] {
       for (;;) {
@@ -152,15 +151,15 @@ TEST(DirectCall, LeavesToGrpcWhatItCannotRead) {
   reply.add_jobs()->set_id(5);  // cleared whatever the outcome
 
   // Nothing listening.
-  EXPECT_FALSE(DirectUnaryCall(c.dir() + "/none.sock", method, "", request,
-                               &reply, 2000)
-                   .has_value());
+  EXPECT_FALSE(
+      DirectUnaryCall(c.dir() + "/none.sock", method, "", request, &reply, 2000)
+          .has_value());
   EXPECT_EQ(reply.jobs_size(), 0);
   {  // A peer that reads the request and hangs up (a scheduler killed
      // mid-call).
     Peer peer(c.dir() + "/hangup.sock", ReadSome);
-    EXPECT_FALSE(DirectUnaryCall(c.dir() + "/hangup.sock", method, "",
-                                 request, &reply, 2000)
+    EXPECT_FALSE(DirectUnaryCall(c.dir() + "/hangup.sock", method, "", request,
+                                 &reply, 2000)
                      .has_value());
   }
   {  // A peer that answers with something that is not HTTP/2's frames.
@@ -180,8 +179,8 @@ TEST(DirectCall, LeavesToGrpcWhatItCannotRead) {
       (void)!::write(fd, rst, sizeof rst);
       ReadSome(fd);
     });
-    EXPECT_FALSE(DirectUnaryCall(c.dir() + "/reset.sock", method, "",
-                                 request, &reply, 2000)
+    EXPECT_FALSE(DirectUnaryCall(c.dir() + "/reset.sock", method, "", request,
+                                 &reply, 2000)
                      .has_value());
   }
   {  // A peer that never answers: the call's deadline ends it.
@@ -191,8 +190,8 @@ TEST(DirectCall, LeavesToGrpcWhatItCannotRead) {
       while (!done) usleep(10000);
     });
     const auto start = std::chrono::steady_clock::now();
-    auto status = DirectUnaryCall(c.dir() + "/silent.sock", method, "",
-                                  request, &reply, 300);
+    auto status = DirectUnaryCall(c.dir() + "/silent.sock", method, "", request,
+                                  &reply, 300);
     const auto took = std::chrono::steady_clock::now() - start;
     done = true;
     ASSERT_TRUE(status.has_value());
