@@ -31,3 +31,26 @@ function(dlbatch_find_static_deps archives_var missing_var)
   set(${archives_var} ${_archives} PARENT_SCOPE)
   set(${missing_var} ${_missing} PARENT_SCOPE)
 endfunction()
+
+# dlbatch_link_static_deps(TARGET WHAT LINKED OWN_ARCHIVE...): where every
+# archive above is installed, links them into TARGET after its project
+# archives OWN_ARCHIVE... and sets LINKED to TRUE; else leaves TARGET on the
+# shared libraries and sets LINKED to FALSE. WHAT names TARGET in the
+# configure messages ("the CLI").
+function(dlbatch_link_static_deps target what linked_var)
+  dlbatch_find_static_deps(_archives _missing)
+  if(_missing)
+    message(STATUS "dlbatch: ${what} links gRPC and protobuf as shared "
+      "libraries (no ${_missing})")
+    set(${linked_var} FALSE PARENT_SCOPE)
+    return()
+  endif()
+  # The project's own archives first, so that every symbol they need is
+  # taken from the archives in the group; --as-needed then leaves out the
+  # shared copies that TARGET's other dependencies name.
+  target_link_libraries(${target} PRIVATE ${ARGN}
+    -Wl,--start-group ${_archives} -Wl,--end-group -Wl,--as-needed)
+  message(STATUS "dlbatch: ${what} links gRPC, protobuf, abseil, "
+    "yaml-cpp and OpenSSL statically")
+  set(${linked_var} TRUE PARENT_SCOPE)
+endfunction()
