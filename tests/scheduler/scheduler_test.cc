@@ -532,9 +532,11 @@ class SlurmSchedulerTest : public SchedulerTest {
     return r;
   }
   // Node `node` of `nodes` of Slurm job `slurm_id` registers for attempt 1
-  // of `job`, under the job's one-job credential, with two GPUs.
-  std::shared_ptr<FakeSession> RegisterNode(int64_t job, int64_t slurm_id,
-                                            int node, int nodes) {
+  // of `job`, under the job's one-job credential, with two GPUs, reporting
+  // `running` as its worker's (a worker back after a scheduler restart).
+  std::shared_ptr<FakeSession> RegisterNode(
+      int64_t job, int64_t slurm_id, int node, int nodes,
+      const std::vector<v1::RunningJob>& running = {}) {
     auto session = std::make_shared<FakeSession>();
     session->set_owner(absl::StrCat("job:", job));
     v1::WorkerMessage m;
@@ -553,8 +555,39 @@ class SlurmSchedulerTest : public SchedulerTest {
     s->set_slurm_job_id(slurm_id);
     s->set_node_index(node);
     s->set_nodes(nodes);
+    for (const v1::RunningJob& r : running) *reg->add_running() = r;
     scheduler_->OnWorkerMessage(session, std::move(m));
     return session;
+  }
+  // Waits (bounded) until job `id` waits on Slurm job `slurm_id`, as it
+  // does once sbatch has answered with that id.
+  ::testing::AssertionResult SubmittedToSlurmAs(int64_t id, int64_t slurm_id) {
+    const std::string want =
+        absl::StrCat("submitted to Slurm as job ", slurm_id);
+    if (WaitUntil([&] { return GetJob(id).wait_reason() == want; })) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure()
+           << "job " << id << " waits: " << GetJob(id).wait_reason();
+  }
+  // Submits `request` and waits until sbatch has made it Slurm job
+  // `slurm_id`; sets `id` to the dlbatch job's. Call it inside
+  // ASSERT_NO_FATAL_FAILURE.
+  void SubmitToSlurm(const v1::SubmitJobRequest& request, int64_t slurm_id,
+                     int64_t* id) {
+    auto submitted = scheduler_->Submit(request);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    *id = submitted->job_id();
+    ASSERT_TRUE(SubmittedToSlurmAs(*id, slurm_id));
+  }
+  // A one-node job of two GPUs, submitted as Slurm job `slurm_id` and
+  // started by its node's worker, `node`. Call it inside
+  // ASSERT_NO_FATAL_FAILURE.
+  void StartOneNodeJob(int64_t slurm_id, int64_t* id,
+                       std::shared_ptr<FakeSession>* node) {
+    ASSERT_NO_FATAL_FAILURE(SubmitToSlurm(SlurmJob(2), slurm_id, id));
+    *node = RegisterNode(*id, slurm_id, 0, 1);
+    ASSERT_TRUE((*node)->WaitFor(IsStart(*id, 1)).has_value());
   }
 
   CredentialTable tokens_;
@@ -563,12 +596,8 @@ class SlurmSchedulerTest : public SchedulerTest {
 
 TEST_F(SlurmSchedulerTest, JobStartsOnceEveryNodesWorkerRegistered) {
   StartSlurmScheduler();
-  auto submitted = scheduler_->Submit(SlurmJob(4, 2));
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const int64_t id = submitted->job_id();
-  ASSERT_TRUE(WaitUntil([&] {
-    return GetJob(id).wait_reason() == "submitted to Slurm as job 4242";
-  })) << GetJob(id).wait_reason();
+  int64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(SubmitToSlurm(SlurmJob(4, 2), 4242, &id));
   EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_QUEUED);
   // Slurm's pending reason, from one squeue read.
   tool_.SetQueue(absl::StrCat("4242|", Name(id), "|PENDING|root||Resources\n"));
@@ -613,14 +642,9 @@ TEST_F(SlurmSchedulerTest, ImpossibleRequestsAreRefusedAtSubmit) {
 
 TEST_F(SlurmSchedulerTest, VanishedSlurmJobIsRequeuedNeverTakenForASuccess) {
   StartSlurmScheduler();
-  auto submitted = scheduler_->Submit(SlurmJob(2));
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const int64_t id = submitted->job_id();
-  ASSERT_TRUE(WaitUntil([&] {
-    return GetJob(id).wait_reason() == "submitted to Slurm as job 4242";
-  })) << GetJob(id).wait_reason();
-  auto node = RegisterNode(id, 4242, 0, 1);
-  ASSERT_TRUE(node->WaitFor(IsStart(id, 1)).has_value());
+  int64_t id = 0;
+  std::shared_ptr<FakeSession> node;
+  ASSERT_NO_FATAL_FAILURE(StartOneNodeJob(4242, &id, &node));
   tool_.SetQueue("");  // Slurm forgot it
   clock_.Advance(20000);
   ASSERT_TRUE(WaitUntil([&] {
@@ -639,14 +663,9 @@ TEST_F(SlurmSchedulerTest, VanishedSlurmJobIsRequeuedNeverTakenForASuccess) {
 // job waits for Slurm's word, and fails with Slurm's reason.
 TEST_F(SlurmSchedulerTest, EndBySignalTakesSlurmsReasonOnceSlurmSaysIt) {
   StartSlurmScheduler();
-  auto submitted = scheduler_->Submit(SlurmJob(2));
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const int64_t id = submitted->job_id();
-  ASSERT_TRUE(WaitUntil([&] {
-    return GetJob(id).wait_reason() == "submitted to Slurm as job 4242";
-  })) << GetJob(id).wait_reason();
-  auto node = RegisterNode(id, 4242, 0, 1);
-  ASSERT_TRUE(node->WaitFor(IsStart(id, 1)).has_value());
+  int64_t id = 0;
+  std::shared_ptr<FakeSession> node;
+  ASSERT_NO_FATAL_FAILURE(StartOneNodeJob(4242, &id, &node));
   tool_.SetQueue(absl::StrCat("4242|", Name(id), "|COMPLETING|root|n1|None\n"));
   const int reads = tool_.Count("squeue");
   ReportEnded(node, id, 1, v1::JOB_STATE_FAILED, 143, "exit code 143");
@@ -667,15 +686,7 @@ TEST_F(SlurmSchedulerTest, EndBySignalStandsWhereSlurmDidNotEndTheJob) {
   int64_t ids[3];
   std::shared_ptr<FakeSession> nodes[3];
   for (int i = 0; i < 3; ++i) {
-    auto submitted = scheduler_->Submit(SlurmJob(2));
-    ASSERT_TRUE(submitted.ok()) << submitted.status();
-    ids[i] = submitted->job_id();
-    ASSERT_TRUE(WaitUntil([&] {
-      return GetJob(ids[i]).wait_reason() ==
-             absl::StrCat("submitted to Slurm as job ", 4242 + i);
-    })) << GetJob(ids[i]).wait_reason();
-    nodes[i] = RegisterNode(ids[i], 4242 + i, 0, 1);
-    ASSERT_TRUE(nodes[i]->WaitFor(IsStart(ids[i], 1)).has_value());
+    ASSERT_NO_FATAL_FAILURE(StartOneNodeJob(4242 + i, &ids[i], &nodes[i]));
   }
   // 0: its own code failed (exit 1), which never waits. 1: killed by a
   // signal, and its Slurm job then completes: the report stands. 2: Slurm
@@ -714,12 +725,8 @@ TEST_F(SlurmSchedulerTest, EndBySignalStandsWhereSlurmDidNotEndTheJob) {
 // its first node's part does.
 TEST_F(SlurmSchedulerTest, PartEndedBeforeARestartStaysEndedWithoutItsWorker) {
   StartSlurmScheduler();
-  auto submitted = scheduler_->Submit(SlurmJob(4, 2));
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const int64_t id = submitted->job_id();
-  ASSERT_TRUE(WaitUntil([&] {
-    return GetJob(id).wait_reason() == "submitted to Slurm as job 4242";
-  })) << GetJob(id).wait_reason();
+  int64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(SubmitToSlurm(SlurmJob(4, 2), 4242, &id));
   tool_.SetQueue(
       absl::StrCat("4242|", Name(id), "|RUNNING|root|n[1-2]|None\n"));
   auto first = RegisterNode(id, 4242, 0, 2);
@@ -738,29 +745,7 @@ TEST_F(SlurmSchedulerTest, PartEndedBeforeARestartStaysEndedWithoutItsWorker) {
   StopScheduler();
   StartSlurmScheduler();
   // Node 0's worker comes back with its part; node 1's never does.
-  auto back = std::make_shared<FakeSession>();
-  back->set_owner(absl::StrCat("job:", id));
-  v1::WorkerMessage hello;
-  v1::Register* reg = hello.mutable_register_();
-  reg->set_name("slurm-4242-0");
-  reg->set_host("n1");
-  reg->set_profile("cluster");
-  for (int i = 0; i < 2; ++i) {
-    v1::Device* d = reg->add_devices();
-    d->set_index(i);
-    d->set_kind("gpu");
-  }
-  auto* s = reg->mutable_slurm();
-  s->set_job_id(id);
-  s->set_attempt(1);
-  s->set_slurm_job_id(4242);
-  s->set_node_index(0);
-  s->set_nodes(2);
-  auto* running = reg->add_running();
-  running->set_job_id(id);
-  running->set_attempt(1);
-  running->set_part(0);
-  scheduler_->OnWorkerMessage(back, std::move(hello));
+  auto back = RegisterNode(id, 4242, 0, 2, {Running(id, 1, 0)});
   ASSERT_TRUE(back->WaitFor(IsRegistered()).has_value());
   // Past the restart's grace and the heartbeat timeout: node 1's worker
   // would be lost by now, and the job requeued, were its part not ended.
@@ -788,10 +773,7 @@ TEST_F(SlurmSchedulerTest, ResubmissionsAreCountedAcrossARestart) {
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const int64_t id = submitted->job_id();
   auto fail_slurm_job = [&](int64_t slurm_id) {
-    ASSERT_TRUE(WaitUntil([&] {
-      return GetJob(id).wait_reason() ==
-             absl::StrCat("submitted to Slurm as job ", slurm_id);
-    })) << GetJob(id).wait_reason();
+    ASSERT_TRUE(SubmittedToSlurmAs(id, slurm_id));
     tool_.SetQueue(
         absl::StrCat(slurm_id, "|", Name(id), "|NODE_FAIL|root|n1|None\n"));
   };
@@ -799,9 +781,7 @@ TEST_F(SlurmSchedulerTest, ResubmissionsAreCountedAcrossARestart) {
   ASSERT_TRUE(WaitUntil([&] { return tool_.Count("sbatch") == 2; }));
   fail_slurm_job(4243);
   ASSERT_TRUE(WaitUntil([&] { return tool_.Count("sbatch") == 3; }));
-  ASSERT_TRUE(WaitUntil([&] {
-    return GetJob(id).wait_reason() == "submitted to Slurm as job 4244";
-  })) << GetJob(id).wait_reason();
+  ASSERT_TRUE(SubmittedToSlurmAs(id, 4244));
   StopScheduler();
   StartSlurmScheduler();
   fail_slurm_job(4244);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -100,6 +101,16 @@ class StoreTest : public TempDirTest {
     auto store = Store::Open(path_, /*sync_full=*/false);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
+  }
+
+  // Makes the file what a version `version` scheduler left (`undo` takes
+  // out what later versions added) and reopens it, which migrates it. Call
+  // it inside ASSERT_NO_FATAL_FAILURE.
+  void ReopenAsVersion(int version, absl::string_view undo) {
+    absl::Status undone = store_->db()->Exec(absl::StrCat(
+        undo, "UPDATE meta SET value='", version, "' WHERE key='schema'"));
+    ASSERT_TRUE(undone.ok()) << undone;
+    ASSERT_NO_FATAL_FAILURE(Reopen());
   }
 
   void TearDown() override {
@@ -205,13 +216,9 @@ TEST_F(StoreTest, RefusesANewerLayoutBeforeTouchingIt) {
 
 TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
   const int64_t old = Insert(NewJob("from-v1"));
-  // Make the file what a version 1 scheduler left: no sweep column.
-  ASSERT_TRUE(store_->db()
-                  ->Exec("DROP INDEX jobs_by_sweep;"
-                         "ALTER TABLE jobs DROP COLUMN sweep_id;"
-                         "UPDATE meta SET value='1' WHERE key='schema'")
-                  .ok());
-  Reopen();
+  // Version 1 had no sweep column.
+  ASSERT_NO_FATAL_FAILURE(ReopenAsVersion(
+      1, "DROP INDEX jobs_by_sweep; ALTER TABLE jobs DROP COLUMN sweep_id;"));
   auto version =
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
@@ -233,11 +240,8 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
 
 TEST_F(StoreTest, OpensAVersion5FileAndAddsDrainsAndJobControl) {
   const int64_t old = Insert(NewJob("from-v5"));
-  ASSERT_TRUE(store_->db()
-                  ->Exec("DROP TABLE worker_drains; DROP TABLE job_control;"
-                         "UPDATE meta SET value='5' WHERE key='schema'")
-                  .ok());
-  Reopen();
+  ASSERT_NO_FATAL_FAILURE(
+      ReopenAsVersion(5, "DROP TABLE worker_drains; DROP TABLE job_control;"));
   ASSERT_TRUE(store_->PutDrain({"w1", "fans", 7}).ok());
   JobControlRecord control;
   control.job_id = old;
@@ -265,11 +269,7 @@ TEST_F(StoreTest, OpensAVersion5FileAndAddsDrainsAndJobControl) {
 
 TEST_F(StoreTest, OpensAVersion6FileAndKeepsEachJobsSlurmJob) {
   const int64_t old = Insert(NewJob("from-v6"));
-  ASSERT_TRUE(store_->db()
-                  ->Exec("DROP TABLE slurm_jobs;"
-                         "UPDATE meta SET value='6' WHERE key='schema'")
-                  .ok());
-  Reopen();
+  ASSERT_NO_FATAL_FAILURE(ReopenAsVersion(6, "DROP TABLE slurm_jobs;"));
   // Before sbatch: the intent; after it: the id, replacing it.
   slurm::SlurmJobRecord record;
   record.job_id = old;
@@ -296,11 +296,8 @@ TEST_F(StoreTest, OpensAVersion6FileAndKeepsEachJobsSlurmJob) {
 
 TEST_F(StoreTest, OpensAVersion7FileAndKeepsPartEndsAndResubmissions) {
   const int64_t old = Insert(NewJob("from-v7"));
-  ASSERT_TRUE(store_->db()
-                  ->Exec("DROP TABLE part_ends; DROP TABLE slurm_resubmits;"
-                         "UPDATE meta SET value='7' WHERE key='schema'")
-                  .ok());
-  Reopen();
+  ASSERT_NO_FATAL_FAILURE(
+      ReopenAsVersion(7, "DROP TABLE part_ends; DROP TABLE slurm_resubmits;"));
   PartEnd end;
   end.job_id = old;
   end.attempt = 2;
@@ -390,11 +387,8 @@ TEST_F(StoreTest, UserLimitsAndUsageSurviveAReopen) {
 
 TEST_F(StoreTest, OpensAVersion3FileAndAddsTheLimitTables) {
   const int64_t old = Insert(NewJob("from-v3"));
-  ASSERT_TRUE(store_->db()
-                  ->Exec("DROP TABLE user_limits; DROP TABLE user_usage;"
-                         "UPDATE meta SET value='3' WHERE key='schema'")
-                  .ok());
-  Reopen();
+  ASSERT_NO_FATAL_FAILURE(
+      ReopenAsVersion(3, "DROP TABLE user_limits; DROP TABLE user_usage;"));
   EXPECT_TRUE(store_->PutUserLimit({"alice", "local", {1, kNoLimit}}).ok());
   EXPECT_TRUE(store_->PutUsage({"alice", 10, 20}).ok());
   EXPECT_EQ(store_->UserLimits()->size(), 1u);
