@@ -384,6 +384,7 @@ std::optional<grpc::Status> DirectUnaryCall(
   HpackDecoder hpack;
   std::string in;           // read, not yet parsed
   std::string block;        // a header block being gathered
+  bool gathering = false;   // HEADERS came without END_HEADERS
   bool block_ends = false;  // that block's HEADERS had END_STREAM
   bool had_headers = false;
   std::string data;  // stream 1's DATA payloads
@@ -404,7 +405,8 @@ std::optional<grpc::Status> DirectUnaryCall(
       const uint32_t stream = GetU32(h + 5) & 0x7fffffff;
       std::string_view payload(h + kFrameHeader, length);
       at += kFrameHeader + length;
-      if (!block.empty() && type != kContinuation) return std::nullopt;
+      // CONTINUATION follows its HEADERS at once, and nothing else does.
+      if (gathering != (type == kContinuation)) return std::nullopt;
       switch (type) {
         case kSettings:
           if ((flags & kAck) == 0) {
@@ -442,7 +444,8 @@ std::optional<grpc::Status> DirectUnaryCall(
             block_ends = (flags & kEndStream) != 0;
           }
           block.append(payload);
-          if ((flags & kEndHeaders) == 0) break;
+          gathering = (flags & kEndHeaders) == 0;
+          if (gathering) break;
           std::vector<HpackDecoder::Field> fields;
           if (!hpack.Decode(block, &fields)) return std::nullopt;
           block.clear();

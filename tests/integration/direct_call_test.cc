@@ -201,6 +201,84 @@ TEST(DirectCall, LeavesToGrpcWhatItCannotRead) {
   }
 }
 
+// An HTTP/2 frame: length, type, flags, stream 1 (or 0 for the
+// connection's frames).
+std::string Frame(uint8_t type, uint8_t flags, uint32_t stream,
+                  const std::string& payload) {
+  std::string f;
+  f.push_back(static_cast<char>(payload.size() >> 16));
+  f.push_back(static_cast<char>(payload.size() >> 8));
+  f.push_back(static_cast<char>(payload.size()));
+  f.push_back(static_cast<char>(type));
+  f.push_back(static_cast<char>(flags));
+  for (int shift = 24; shift >= 0; shift -= 8)
+    f.push_back(static_cast<char>(stream >> shift));
+  return f + payload;
+}
+
+// What a server may do within HTTP/2 that gRPC's happens not to: a PING
+// first, the headers split into HEADERS and CONTINUATION, padded DATA. The
+// call reads it all and answers the PING; the same headers with DATA in
+// between are refused.
+TEST(DirectCall, ReadsContinuationsPaddingAndPings) {
+  Cluster c;  // for its temp folder
+  v1::ListJobsReply want;
+  want.add_jobs()->set_id(7);
+  const std::string message = want.SerializeAsString();
+  std::string data = std::string(1, '\3') + std::string(1, '\0');
+  for (int shift = 24; shift >= 0; shift -= 8)
+    data.push_back(static_cast<char>(message.size() >> shift));
+  data += message + std::string(3, '\0');  // pad length 3
+  const std::string ping = "pingpong";
+  const std::string status_200(1, static_cast<char>(0x88));
+  const std::string content_type = std::string("\x40\x0c", 2) +
+                                   "content-type\x10"
+                                   "application/grpc";
+  const std::string trailers =
+      std::string("\x40\x0b", 2) + "grpc-status" + std::string("\x01", 1) + "0";
+  auto reply_with = [&](bool data_inside_headers) {
+    std::string out = Frame(4, 0, 0, "") + Frame(6, 0, 0, ping) +
+                      Frame(1, 0, 1, status_200);  // no END_HEADERS
+    if (data_inside_headers) out += Frame(0, 0x8, 1, data);
+    out += Frame(9, 0x4, 1, content_type) + Frame(0, 0x8, 1, data) +
+           Frame(1, 0x5, 1, trailers);
+    return out;
+  };
+  const std::string method = "/dlbatch.v1.Scheduler/ListJobs";
+  v1::ListJobsRequest request;
+  v1::ListJobsReply reply;
+  std::string seen;  // what the call sent after the request
+  {
+    Peer peer(c.dir() + "/split.sock", [&](int fd) {
+      ReadSome(fd);
+      const std::string out = reply_with(false);
+      (void)!::write(fd, out.data(), out.size());
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::read(fd, buf, sizeof buf)) > 0) seen.append(buf, n);
+    });
+    auto status = DirectUnaryCall(c.dir() + "/split.sock", method, "", request,
+                                  &reply, 5000);
+    ASSERT_TRUE(status.has_value());
+    EXPECT_TRUE(status->ok()) << status->error_message();
+    EXPECT_EQ(reply.SerializeAsString(), message);
+  }
+  EXPECT_NE(seen.find(Frame(6, 0x1, 0, ping)), std::string::npos)
+      << "no PING ACK";
+  EXPECT_NE(seen.find(Frame(4, 0x1, 0, "")), std::string::npos)
+      << "no SETTINGS ACK";
+  {
+    Peer peer(c.dir() + "/bad-order.sock", [&](int fd) {
+      ReadSome(fd);
+      const std::string out = reply_with(true);
+      (void)!::write(fd, out.data(), out.size());
+    });
+    EXPECT_FALSE(DirectUnaryCall(c.dir() + "/bad-order.sock", method, "",
+                                 request, &reply, 5000)
+                     .has_value());
+  }
+}
+
 // The CLI's submit goes direct; refused, it says what gRPC's way says.
 TEST(DirectCall, CliSubmitsDirectAndFailsAsThroughGrpc) {
   Cluster c;
