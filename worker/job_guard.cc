@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -81,7 +82,7 @@ int KillWorkerJobs(const GuardConfig& config, int timeout_ms) {
   return static_cast<int>(killed.size());
 }
 
-absl::StatusOr<int> StartJobGuard(const GuardConfig& config) {
+absl::StatusOr<JobGuard> StartJobGuard(const GuardConfig& config) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0)
     return absl::ErrnoToStatus(errno, "making the job guard's pipe");
@@ -97,7 +98,24 @@ absl::StatusOr<int> StartJobGuard(const GuardConfig& config) {
     RunGuard(fds[0], config);
   }
   close(fds[0]);
-  return fds[1];
+  return JobGuard{fds[1], pid};
+}
+
+bool EndJobGuard(JobGuard* guard, int timeout_ms) {
+  if (guard->fd >= 0) close(guard->fd);
+  guard->fd = -1;
+  if (guard->pid <= 0) return true;
+  const int64_t deadline = MonotonicMs() + timeout_ms;
+  for (;;) {
+    const pid_t r = waitpid(guard->pid, nullptr, WNOHANG);
+    // ECHILD: reaped already (the process runner reaps every child).
+    if (r == guard->pid || (r < 0 && errno == ECHILD)) break;
+    if (r < 0 && errno == EINTR) continue;
+    if (MonotonicMs() >= deadline) return false;
+    SleepMs(5);
+  }
+  guard->pid = 0;
+  return true;
 }
 
 }  // namespace dlbatch::worker

@@ -9,6 +9,8 @@
 #ifndef DLBATCH_WORKER_JOB_GUARD_H_
 #define DLBATCH_WORKER_JOB_GUARD_H_
 
+#include <sys/types.h>
+
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -20,10 +22,22 @@ struct GuardConfig {
   std::string mark_prefix;  // kJobMarkVar's value up to the job key
 };
 
-// Forks the guard. REQUIRES: this process has no other thread yet. Returns
-// the worker's end of the pipe (close-on-exec), to keep open until the
-// worker exits.
-absl::StatusOr<int> StartJobGuard(const GuardConfig& config);
+// The worker's hold on its guard.
+struct JobGuard {
+  int fd = -1;    // the worker's end of the pipe (close-on-exec)
+  pid_t pid = 0;  // the guard, a child of the worker
+};
+
+// Forks the guard. REQUIRES: this process has no other thread yet. Keep
+// the returned pipe end open until the worker exits (or EndJobGuard).
+absl::StatusOr<JobGuard> StartJobGuard(const GuardConfig& config);
+
+// A worker leaving on its own, its jobs stopped: closes the pipe and waits
+// up to `timeout_ms` for the guard's last sweep to finish, so that the
+// worker exits after its guard and no service manager finds the guard
+// still running once the worker's main process has gone. Returns whether
+// the guard has gone.
+bool EndJobGuard(JobGuard* guard, int timeout_ms);
 
 // Kills every process of the worker's jobs: the cgroups under
 // `config.cgroup_root` (removed too) and the processes carrying the mark,

@@ -269,8 +269,8 @@ int main(int argc, char** argv) {
         "process group, descent and environment");
   }
   // Before any thread exists (the guard is a plain fork).
-  auto guard_fd = dlbatch::worker::StartJobGuard(guard);
-  if (!guard_fd.ok()) return Fail(std::string(guard_fd.status().message()));
+  auto job_guard = dlbatch::worker::StartJobGuard(guard);
+  if (!job_guard.ok()) return Fail(std::string(job_guard.status().message()));
   (void)dlbatch::RemoveTree(work_dir + "/jobs");
   (void)dlbatch::MakeDirs(work_dir + "/jobs", 0700);
 
@@ -378,6 +378,14 @@ int main(int argc, char** argv) {
     worker.Shutdown();
   }).detach();
   absl::Status s = worker.Run();
+  // The jobs are stopped: the guard's last sweep finds nothing, and the
+  // worker leaves only once it has ended (a service manager would otherwise
+  // SIGKILL it as a leftover of the unit).
+  if (!dlbatch::worker::EndJobGuard(&*job_guard, 2000))
+    spdlog::warn(
+        "the job guard (pid {}) had not ended 2 s after the worker "
+        "closed its pipe",
+        job_guard->pid);
   if (!s.ok()) return Fail(std::string(s.message()));
   return 0;
 }

@@ -7,8 +7,11 @@
 // job's large outputs delay no other job.
 #include <dirent.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -236,6 +239,36 @@ TEST_P(WorkerFaultsTest, ChdirRootDaemonDoesNotSurviveAWorkerRestart) {
   EXPECT_TRUE(WaitNoneAlive(5000))
       << Alive().size() << " process(es) survived the worker's restart"
       << c_.Logs();
+}
+
+// A worker stopped by SIGTERM (as systemd stops the unit) leaves only after
+// its guard has ended: the guard must not outlive its worker's main
+// process, or the service manager SIGKILLs it as a leftover of the unit.
+// This test process becomes the subreaper of what the worker leaves, so a
+// guard still running when the worker exited is reparented here.
+TEST(WorkerStopTest, GuardEndsBeforeTheWorkerExits) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
+  Cluster c;
+  c.StartScheduler();
+  const int w = c.StartWorker("w1", 1);
+  ASSERT_TRUE(c.WaitWorkers(1)) << c.Logs();
+  int64_t id = c.Submit(c.JobFile("long.yaml", "command: [sleep, '300']\n"));
+  ASSERT_TRUE(c.WaitState(id, "JOB_STATE_RUNNING")) << c.Logs();
+  pid_t guard = 0;
+  for (pid_t pid : ProcessesWithPpid(c.worker_pid(w))) {
+    std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name == "dlbatch-guard") guard = pid;
+  }
+  ASSERT_GT(guard, 0) << "no dlbatch-guard child of the worker";
+  c.KillWorker(w, SIGTERM);  // returns once the worker has exited
+  errno = 0;
+  const pid_t r = waitpid(guard, nullptr, WNOHANG);
+  EXPECT_TRUE(r < 0 && errno == ECHILD)
+      << "the guard (pid " << guard << ") was left running when the worker "
+      << "exited" << c.Logs();
+  if (r == 0) waitpid(guard, nullptr, 0);
 }
 
 // The worker reconnects within 2 s of a restarted scheduler listening.
