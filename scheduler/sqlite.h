@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -104,6 +105,11 @@ class Statement {
   absl::StatusOr<bool> Step();
   // Runs a statement that returns no rows.
   absl::Status Run();
+  // Steps through every row, calling `row()` at each (it reads the columns
+  // of this statement), then resets. `row` returns void, or an
+  // absl::Status whose first error ends the walk and is returned.
+  template <typename Fn>
+  absl::Status ForEachRow(Fn&& row);
   void Reset();
 
   int64_t Int(int col) const;
@@ -122,6 +128,25 @@ class Statement {
   sqlite3_stmt* stmt_;
   int bind_rc_ = SQLITE_OK;
 };
+
+template <typename Fn>
+absl::Status Statement::ForEachRow(Fn&& row) {
+  for (;;) {
+    absl::StatusOr<bool> more = Step();
+    absl::Status status = more.status();
+    if (status.ok() && *more) {
+      if constexpr (std::is_void_v<std::invoke_result_t<Fn&>>) {
+        row();
+        continue;
+      } else {
+        status = row();
+        if (status.ok()) continue;
+      }
+    }
+    Reset();
+    return status;
+  }
+}
 
 // True for a failure of the store as a whole (disk full, I/O error, busy,
 // corrupt file), after which the open transaction may already be rolled

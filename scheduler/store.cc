@@ -169,16 +169,12 @@ absl::Status AddOutputSymlinkColumn(Database* db) {
 template <typename Message, typename Fn>
 absl::Status ForEachStoredMessage(Database* db, const char* sql, Fn fn) {
   ASSIGN_OR_RETURN(Statement * rows, db->Prepare(sql));
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, rows->Step());
-    if (!row) break;
+  return rows->ForEachRow([&] {
     Message message;
     absl::string_view blob = rows->Blob(1);
     if (message.ParseFromArray(blob.data(), static_cast<int>(blob.size())))
       fn(rows->Int(0), message);
-  }
-  rows->Reset();
-  return absl::OkStatus();
+  });
 }
 
 // Version 2 -> 3: job_blobs from what the jobs hold already (attachments
@@ -341,9 +337,7 @@ absl::StatusOr<std::vector<CredentialRecord>> Store::Credentials() {
                                 "created_ms FROM credentials "
                                 "ORDER BY worker, name"));
   std::vector<CredentialRecord> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     CredentialRecord r;
     r.name = st->Text(0);
     r.worker = st->Int(1) != 0;
@@ -351,8 +345,7 @@ absl::StatusOr<std::vector<CredentialRecord>> Store::Credentials() {
     r.token_sha256 = st->Text(3);
     r.created_ms = st->Int(4);
     out.push_back(std::move(r));
-  }
-  st->Reset();
+  }));
   return out;
 }
 
@@ -630,13 +623,10 @@ absl::StatusOr<std::vector<std::tuple<int, int, int64_t>>> Store::DiaryLastSeqs(
                                 "GROUP BY attempt, part"));
   st->Bind(1, job_id).Bind(2, after);
   std::vector<std::tuple<int, int, int64_t>> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     out.emplace_back(static_cast<int>(st->Int(0)), static_cast<int>(st->Int(1)),
                      st->Int(2));
-  }
-  st->Reset();
+  }));
   return out;
 }
 
@@ -694,12 +684,7 @@ absl::StatusOr<std::vector<int64_t>> Store::EndedBefore(int64_t before_ms,
                    "state IN (4,5,6) ORDER BY end_ms LIMIT ?"));
   st->Bind(1, before_ms).Bind(2, limit);
   std::vector<int64_t> ids;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
-    ids.push_back(st->Int(0));
-  }
-  st->Reset();
+  RETURN_IF_ERROR(st->ForEachRow([&] { ids.push_back(st->Int(0)); }));
   return ids;
 }
 
@@ -730,12 +715,7 @@ absl::StatusOr<PurgeCounts> Store::PurgeJobs(const std::vector<int64_t>& ids) {
                      db_->Prepare("SELECT sha256 FROM job_blobs WHERE "
                                   "job_id=?"));
     blobs->Bind(1, id);
-    for (;;) {
-      ASSIGN_OR_RETURN(bool row, blobs->Step());
-      if (!row) break;
-      held.insert(blobs->Text(0));
-    }
-    blobs->Reset();
+    RETURN_IF_ERROR(blobs->ForEachRow([&] { held.insert(blobs->Text(0)); }));
     for (const char* sql : kDeletes) {
       ASSIGN_OR_RETURN(Statement * del, db_->Prepare(sql));
       RETURN_IF_ERROR(del->Bind(1, id).Run());
@@ -759,13 +739,11 @@ absl::StatusOr<std::vector<JobRecord>> Store::ActiveJobs() {
       "SELECT ", kJobColumns, " FROM jobs WHERE state IN (1,2,3) ORDER BY id");
   ASSIGN_OR_RETURN(Statement * st, db_->Prepare(sql.c_str()));
   std::vector<JobRecord> jobs;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&]() -> absl::Status {
     ASSIGN_OR_RETURN(JobRecord job, ReadJobRow(*st, /*with_spec=*/true));
     jobs.push_back(std::move(job));
-  }
-  st->Reset();
+    return absl::OkStatus();
+  }));
   return jobs;
 }
 
@@ -775,9 +753,7 @@ absl::StatusOr<std::vector<WorkerRecord>> Store::Workers() {
       db_->Prepare("SELECT id, name, host, profile, devices, last_seen_ms "
                    "FROM workers ORDER BY id"));
   std::vector<WorkerRecord> workers;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     WorkerRecord w;
     w.id = st->Int(0);
     w.name = st->Text(1);
@@ -789,8 +765,7 @@ absl::StatusOr<std::vector<WorkerRecord>> Store::Workers() {
     w.devices.assign(devices.devices().begin(), devices.devices().end());
     w.last_seen_ms = st->Int(5);
     workers.push_back(std::move(w));
-  }
-  st->Reset();
+  }));
   return workers;
 }
 
@@ -799,12 +774,8 @@ absl::StatusOr<std::vector<std::pair<std::string, int>>> Store::Profiles() {
       Statement * st,
       db_->Prepare("SELECT name, max_pool FROM profiles ORDER BY name"));
   std::vector<std::pair<std::string, int>> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
-    out.emplace_back(st->Text(0), static_cast<int>(st->Int(1)));
-  }
-  st->Reset();
+  RETURN_IF_ERROR(st->ForEachRow(
+      [&] { out.emplace_back(st->Text(0), static_cast<int>(st->Int(1))); }));
   return out;
 }
 
@@ -833,17 +804,14 @@ absl::StatusOr<std::vector<LimitEntry>> Store::UserLimits() {
                    db_->Prepare("SELECT user, profile, max_slots, max_queued "
                                 "FROM user_limits ORDER BY profile, user"));
   std::vector<LimitEntry> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     LimitEntry e;
     e.user = st->Text(0);
     e.profile = st->Text(1);
     e.limit.max_slots = static_cast<int>(st->Int(2));
     e.limit.max_queued = static_cast<int>(st->Int(3));
     out.push_back(std::move(e));
-  }
-  st->Reset();
+  }));
   return out;
 }
 
@@ -865,12 +833,9 @@ absl::StatusOr<std::vector<StoredUsage>> Store::Usages() {
       db_->Prepare(
           "SELECT user, slot_ms, at_ms FROM user_usage ORDER BY user"));
   std::vector<StoredUsage> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     out.push_back({st->Text(0), st->Int(1), st->Int(2)});
-  }
-  st->Reset();
+  }));
   return out;
 }
 
@@ -883,16 +848,9 @@ CountJobsOn(Database* db) {
       Statement * st,
       db->Prepare("SELECT profile, state, COUNT(*) FROM jobs GROUP BY 1, 2"));
   std::map<std::pair<std::string, v1::JobState>, int64_t> counts;
-  while (true) {
-    auto row = st->Step();
-    if (!row.ok()) {
-      st->Reset();
-      return row.status();
-    }
-    if (!*row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     counts[{st->Text(0), static_cast<v1::JobState>(st->Int(1))}] = st->Int(2);
-  }
-  st->Reset();
+  }));
   return counts;
 }
 
@@ -944,12 +902,7 @@ absl::StatusOr<std::vector<int64_t>> Store::SweepJobIds(int64_t sweep_id) {
       db_->Prepare("SELECT id FROM jobs WHERE sweep_id=? ORDER BY id"));
   st->Bind(1, sweep_id);
   std::vector<int64_t> ids;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
-    ids.push_back(st->Int(0));
-  }
-  st->Reset();
+  RETURN_IF_ERROR(st->ForEachRow([&] { ids.push_back(st->Int(0)); }));
   return ids;
 }
 
@@ -1011,17 +964,14 @@ absl::StatusOr<std::vector<v1::StateChange>> StoreReader::History(int64_t id) {
                   "WHERE job_id=? ORDER BY ev"));
   st->Bind(1, id);
   std::vector<v1::StateChange> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     v1::StateChange c;
     c.set_state(static_cast<v1::JobState>(st->Int(0)));
     c.set_time_ms(st->Int(1));
     c.set_attempt(static_cast<int>(st->Int(2)));
     c.set_reason(st->Text(3));
     out.push_back(std::move(c));
-  }
-  st->Reset();
+  }));
   return out;
 }
 
@@ -1121,9 +1071,7 @@ absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(
                   "WHERE job_id=? AND n>? ORDER BY n LIMIT ?"));
   st->Bind(1, job_id).Bind(2, after).Bind(3, limit);
   std::vector<v1::DiaryLine> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     v1::DiaryLine line;
     line.set_n(st->Int(0));
     line.set_time_ms(st->Int(1));
@@ -1132,8 +1080,7 @@ absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(
     line.set_attempt(static_cast<int>(st->Int(4)));
     line.set_seq(st->IsNull(5) ? -1 : st->Int(5));
     out.push_back(std::move(line));
-  }
-  st->Reset();
+  }));
   return out;
 }
 
@@ -1214,9 +1161,7 @@ absl::StatusOr<std::vector<v1::OutputFile>> StoreReader::Outputs(
                                "FROM outputs WHERE job_id=? ORDER BY path"));
   st->Bind(1, job_id);
   std::vector<v1::OutputFile> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     v1::OutputFile f;
     f.set_path(st->Text(0));
     f.set_size(st->Int(1));
@@ -1224,8 +1169,7 @@ absl::StatusOr<std::vector<v1::OutputFile>> StoreReader::Outputs(
     f.set_mode(static_cast<uint32_t>(st->Int(3)));
     f.set_symlink(st->Text(4));
     out.push_back(std::move(f));
-  }
-  st->Reset();
+  }));
   return out;
 }
 

@@ -44,12 +44,9 @@ absl::StatusOr<std::vector<WorkerDrain>> Store::Drains() {
                    db_->Prepare("SELECT name, reason, since_ms FROM "
                                 "worker_drains ORDER BY name"));
   std::vector<WorkerDrain> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     out.push_back({st->Text(0), st->Text(1), st->Int(2)});
-  }
-  st->Reset();
+  }));
   return out;
 }
 
@@ -83,9 +80,7 @@ absl::StatusOr<std::vector<JobControlRecord>> Store::JobControls() {
                    db_->Prepare("SELECT job_id, held, after, requeue FROM "
                                 "job_control ORDER BY job_id"));
   std::vector<JobControlRecord> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     JobControlRecord r;
     r.job_id = st->Int(0);
     r.held = st->Int(1) != 0;
@@ -96,8 +91,7 @@ absl::StatusOr<std::vector<JobControlRecord>> Store::JobControls() {
     }
     r.requeue = st->Int(3) != 0;
     out.push_back(std::move(r));
-  }
-  st->Reset();
+  }));
   return out;
 }
 

@@ -58,9 +58,7 @@ absl::StatusOr<std::vector<PartEnd>> Store::PartEnds() {
       db_->Prepare("SELECT job_id, attempt, part, exit_code, "
                    "failure FROM part_ends ORDER BY job_id, part"));
   std::vector<PartEnd> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     PartEnd e;
     e.job_id = st->Int(0);
     e.attempt = static_cast<int>(st->Int(1));
@@ -68,8 +66,7 @@ absl::StatusOr<std::vector<PartEnd>> Store::PartEnds() {
     e.exit_code = static_cast<int>(st->Int(3));
     e.failure = st->Text(4);
     out.push_back(std::move(e));
-  }
-  st->Reset();
+  }));
   return out;
 }
 
@@ -91,12 +88,8 @@ absl::StatusOr<std::map<int64_t, int>> Store::SlurmResubmits() {
   ASSIGN_OR_RETURN(Statement * st,
                    db_->Prepare("SELECT job_id, count FROM slurm_resubmits"));
   std::map<int64_t, int> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
-    out[st->Int(0)] = static_cast<int>(st->Int(1));
-  }
-  st->Reset();
+  RETURN_IF_ERROR(
+      st->ForEachRow([&] { out[st->Int(0)] = static_cast<int>(st->Int(1)); }));
   return out;
 }
 
@@ -154,9 +147,7 @@ absl::StatusOr<std::vector<slurm::SlurmJobRecord>> Store::SlurmJobs() {
                                 "submitted_ms, token_sha256 FROM slurm_jobs "
                                 "ORDER BY job_id"));
   std::vector<slurm::SlurmJobRecord> out;
-  for (;;) {
-    ASSIGN_OR_RETURN(bool row, st->Step());
-    if (!row) break;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
     slurm::SlurmJobRecord r;
     r.job_id = st->Int(0);
     r.attempt = static_cast<int>(st->Int(1));
@@ -165,8 +156,7 @@ absl::StatusOr<std::vector<slurm::SlurmJobRecord>> Store::SlurmJobs() {
     r.submitted_ms = st->Int(4);
     r.token_sha256 = st->Text(5);
     out.push_back(std::move(r));
-  }
-  st->Reset();
+  }));
   return out;
 }
 
