@@ -1225,7 +1225,16 @@ std::vector<Decision> PlacementCore::Schedule(TimeMs now) {
   s.ledger.Rebase(now);
   std::vector<Decision> out;
   for (Profile& p : s.profiles) {
-    if (p.queued > 0 && p.free_slots > 0) s.Pass(p, now, out);
+    // A pass's starts can move the head's reservation onto other slots (best
+    // fit among what is free then), so that a job the old reservation held
+    // back fits now: passes repeat until one starts nothing, and a pass is
+    // then a fixed point. Bounded, so that a pass's cost stays bounded.
+    for (int i = 0;
+         i < kMaxPassesPerSchedule && p.queued > 0 && p.free_slots > 0; ++i) {
+      const size_t before = out.size();
+      s.Pass(p, now, out);
+      if (out.size() == before) break;
+    }
   }
   return out;
 }

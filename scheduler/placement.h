@@ -61,6 +61,10 @@ using TimeMs = int64_t;
 
 inline constexpr TimeMs kNever = INT64_MAX;
 
+// Schedule(now) repeats a profile's pass while the last one started a job,
+// at most this many times.
+inline constexpr int kMaxPassesPerSchedule = 8;
+
 struct QueuedJob {
   JobId id = 0;
   std::string profile;

@@ -2,6 +2,7 @@
 // after each against invariants and against a naive reference that applies
 // the policy of placement.h by brute force.
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
@@ -186,7 +187,26 @@ class NaiveScheduler {
     last_now_ = now;
     heads_.clear();
     std::vector<Decision> out;
-    for (const std::string& profile : profiles_) Pass(profile, now, out);
+    for (const std::string& profile : profiles_) {
+      // As the core: passes repeat while one starts a job. The profile's
+      // head is the last pass's, counted as started ahead of if any pass
+      // had another head or started a job ahead of it.
+      std::vector<Head> seen;
+      for (int i = 0; i < kMaxPassesPerSchedule; ++i) {
+        const size_t heads_before = heads_.size();
+        const size_t before = out.size();
+        Pass(profile, now, out);
+        seen.insert(seen.end(), heads_.begin() + heads_before, heads_.end());
+        heads_.resize(heads_before);
+        if (out.size() == before) break;
+      }
+      if (seen.empty()) continue;
+      Head last = seen.back();
+      for (const Head& h : seen) {
+        if (h.job != last.job || h.started_ahead) last.started_ahead = true;
+      }
+      heads_.push_back(last);
+    }
     return out;
   }
 
@@ -567,7 +587,16 @@ class RandomEvents {
     std::vector<Decision> want = naive_.Schedule(now_);
     ASSERT_EQ(Describe(got), Describe(want)) << "at t=" << now_;
     for (const Decision& d : got) CheckDecision(d);
-    EXPECT_TRUE(core_.Schedule(now_).empty()) << "a pass is a fixed point";
+    {
+      std::vector<Decision> again = core_.Schedule(now_);
+      if (!again.empty()) {
+        std::vector<Decision> naive_again = naive_.Schedule(now_);
+        ADD_FAILURE() << "a pass is a fixed point; first:\n"
+                      << Describe(got) << "second (core):\n"
+                      << Describe(again) << "second (naive):\n"
+                      << Describe(naive_again);
+      }
+    }
     // Backfill never moves a waiting head's reservation later. With users,
     // fair share may reorder the queue between passes: the guarantee is for
     // the job first in this pass's order, if no job moved ahead of it.
@@ -676,8 +705,24 @@ class RandomEvents {
   TimeMs last_now_ = 0;
 };
 
+// Seeds 1 to 40 (DLBATCH_PLACEMENT_SEEDS=N: 1 to N, a longer soak), and the
+// seeds that once found a bug: 351 and 483 found passes that were not fixed
+// points (a job held back by the head's reservation fitted once the pass's
+// own starts had moved that reservation).
+std::vector<int> Seeds() {
+  const char* env = std::getenv("DLBATCH_PLACEMENT_SEEDS");
+  int n = env != nullptr ? std::atoi(env) : 0;
+  if (n <= 0) n = 40;
+  std::vector<int> seeds;
+  for (int seed = 1; seed <= n; ++seed) seeds.push_back(seed);
+  for (int seed : {351, 483}) {
+    if (seed > n) seeds.push_back(seed);
+  }
+  return seeds;
+}
+
 TEST(PlacementRandom, MatchesNaiveReferenceAndKeepsInvariants) {
-  for (int seed = 1; seed <= 40; ++seed) {
+  for (int seed : Seeds()) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
     RandomEvents events(seed);
     for (int step = 0; step < 600; ++step) {
@@ -694,7 +739,7 @@ TEST(PlacementRandom, MatchesNaiveReferenceAndKeepsInvariants) {
 // order, the limits and the backfill guarantee (the head's slots and its
 // user's room) hold against the reference.
 TEST(PlacementRandom, UsersLimitsAndFairShareMatchReference) {
-  for (int seed = 1; seed <= 40; ++seed) {
+  for (int seed : Seeds()) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
     RandomEvents events(seed, /*users=*/true);
     for (int step = 0; step < 600; ++step) {
@@ -712,7 +757,7 @@ TEST(PlacementRandom, UsersLimitsAndFairShareMatchReference) {
 // backfill guarantee and the limits hold against the reference, which
 // leaves such workers out for the other users.
 TEST(PlacementRandom, WorkersOfSomeUsersMatchReference) {
-  for (int seed = 1; seed <= 40; ++seed) {
+  for (int seed : Seeds()) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
     RandomEvents events(seed, /*users=*/true, /*worker_users=*/true);
     for (int step = 0; step < 600; ++step) {
