@@ -22,20 +22,31 @@
 namespace dlbatch::worker {
 namespace {
 
-// The whole of a small file (a /proc or cgroup file), or "" if unreadable.
-std::string Slurp(const std::string& path, size_t max = 1 << 20) {
+// Reads the whole of a small file (a /proc or cgroup file), up to about
+// `max` bytes, into `out`; false if it could not be opened or read.
+bool ReadSmallFile(const std::string& path, std::string* out,
+                   size_t max = 1 << 20) {
+  out->clear();
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  std::string out;
+  if (fd < 0) return false;
   char buf[8192];
+  bool ok = true;
   for (;;) {
     ssize_t n = read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0) ok = false;
     if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-    if (out.size() >= max) break;
+    out->append(buf, static_cast<size_t>(n));
+    if (out->size() >= max) break;
   }
   close(fd);
+  return ok;
+}
+
+// The whole of a small file, or "" if unreadable.
+std::string Slurp(const std::string& path, size_t max = 1 << 20) {
+  std::string out;
+  ReadSmallFile(path, &out, max);
   return out;
 }
 
@@ -79,27 +90,14 @@ bool LiveUserProcess(pid_t pid) {
 // empty environment cannot make a scan slow) lasts.
 std::string ReadEnviron(pid_t pid, int* retries) {
   const std::string path = absl::StrCat("/proc/", pid, "/environ");
-  for (;;) {
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return "";  // gone, or not ours to read
-    std::string out;
-    char buf[8192];
-    bool failed = false;
-    for (;;) {
-      ssize_t n = read(fd, buf, sizeof buf);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) failed = true;
-      if (n <= 0) break;
-      out.append(buf, static_cast<size_t>(n));
-      if (out.size() >= (1 << 20)) break;
-    }
-    close(fd);
-    if (!out.empty() || failed || *retries <= 0 || !LiveUserProcess(pid)) {
-      return out;
-    }
+  std::string env;
+  // A failed read is a process gone or not ours to read: not waited on.
+  while (ReadSmallFile(path, &env) && env.empty() && *retries > 0 &&
+         LiveUserProcess(pid)) {
     --*retries;
     SleepMs(1);
   }
+  return env;
 }
 
 // Where the cgroup2 hierarchy is mounted, or "".
