@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <memory>
 
@@ -162,7 +163,20 @@ absl::Status SetUpLogging(const std::string& format,
   logger->set_level(spdlog::default_logger()->level());
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(std::move(logger));
+  gpr_set_log_function(LogGrpcLine);
   return absl::OkStatus();
+}
+
+void LogGrpcLine(gpr_log_func_args* args) {
+  const spdlog::level::level_enum level =
+      args->severity == GPR_LOG_SEVERITY_ERROR  ? spdlog::level::err
+      : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
+                                                : spdlog::level::debug;
+  const char* file = args->file != nullptr ? args->file : "";
+  const char* slash = std::strrchr(file, '/');
+  spdlog::log(level, "gRPC: {} ({}:{})",
+              args->message != nullptr ? args->message : "",
+              slash != nullptr ? slash + 1 : file, args->line);
 }
 
 }  // namespace dlbatch

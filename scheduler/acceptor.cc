@@ -11,20 +11,45 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
+#include "common/log_format.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
+namespace {
+
+// TLS handshakes gRPC gave up on (it says so in a log line per connection,
+// which a scan of the port would turn into a flood): counted, and said in
+// one warning every ten seconds at most.
+std::atomic<int64_t> g_failed_handshakes{0};
+
+void NoteHandshakeFailures(gpr_log_func_args* args) {
+  if (args->message != nullptr &&
+      absl::StartsWith(args->message, "Handshake failed")) {
+    g_failed_handshakes.fetch_add(1);
+    return;
+  }
+  LogGrpcLine(args);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Acceptor>> Acceptor::ListenTcp(
-    const std::string& host, int port, ConnectionGate* gate, PeerTable* peers,
-    const TlsFiles& tls, const TlsRelay::Options& relay_options,
-    const Clock* clock) {
+    const std::string& host, int port, ConnectionGate* gate,
+    const TlsFiles& tls, grpc::ServerBuilder* builder) {
+  auto cert = ReadFile(tls.cert_file);
+  if (!cert.ok()) return cert.status();
+  auto key = ReadFile(tls.key_file);
+  if (!key.ok()) return key.status();
   struct addrinfo hints;
   std::memset(&hints, 0, sizeof(hints));
   hints.ai_family = AF_UNSPEC;
@@ -65,12 +90,15 @@ absl::StatusOr<std::unique_ptr<Acceptor>> Acceptor::ListenTcp(
           ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&bound)->sin6_port)
           : ntohs(reinterpret_cast<struct sockaddr_in*>(&bound)->sin_port);
   auto acceptor =
-      std::unique_ptr<Acceptor>(new Acceptor(fd, bound_port, gate, peers));
-  Acceptor* raw = acceptor.get();
-  auto relay = TlsRelay::Start(tls, relay_options, clock,
-                               [raw](int plain) { raw->HandOver(plain); });
-  if (!relay.ok()) return relay.status();
-  acceptor->relay_ = std::move(*relay);
+      std::unique_ptr<Acceptor>(new Acceptor(fd, bound_port, gate, nullptr));
+  // gRPC's TLS (TLS 1.2 or 1.3, HTTP/2 by ALPN), no client certificate:
+  // callers authenticate with their tokens.
+  grpc::SslServerCredentialsOptions options;
+  options.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  acceptor->tls_ = builder->experimental().AddExternalConnectionAcceptor(
+      grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+      grpc::SslServerCredentials(options));
+  gpr_set_log_function(NoteHandshakeFailures);
   return acceptor;
 }
 
@@ -126,7 +154,6 @@ void Acceptor::Start(grpc::Server* server) {
 void Acceptor::Stop() {
   stopping_ = true;
   if (thread_.joinable()) thread_.join();
-  if (relay_) relay_->Stop();
 }
 
 void Acceptor::Loop() {
@@ -144,22 +171,21 @@ void Acceptor::Loop() {
         gate_ != nullptr && gate_->shut_down() > shed_noted &&
         now - last_shed_note > std::chrono::seconds(10)) {
       spdlog::warn(
-          "closed {} TCP connections that did not authenticate in time or "
-          "were the oldest of more than the --max-unauthenticated waiting",
+          "closed {} TCP connections that did not finish a TLS handshake and "
+          "authenticate within --auth-deadline, or were the oldest of more "
+          "than --max-unauthenticated waiting",
           gate_->shut_down() - shed_noted);
       shed_noted = gate_->shut_down();
       last_shed_note = now;
     }
     if (auto now = std::chrono::steady_clock::now();
-        relay_ && relay_->failed_handshakes() > failed_noted &&
+        gate_ != nullptr && g_failed_handshakes.load() > failed_noted &&
         now - last_tls_note > std::chrono::seconds(10)) {
       spdlog::warn(
-          "closed {} TCP connections that did not finish a TLS handshake "
-          "(plaintext, a client that does not trust this scheduler's "
-          "certificate, silent past the --auth-deadline, or the oldest of "
-          "more than --max-unauthenticated)",
-          relay_->failed_handshakes() - failed_noted);
-      failed_noted = relay_->failed_handshakes();
+          "closed {} TCP connections whose TLS handshake failed (plaintext, "
+          "or a client that does not trust this scheduler's certificate)",
+          g_failed_handshakes.load() - failed_noted);
+      failed_noted = g_failed_handshakes.load();
       last_tls_note = now;
     }
     if (ready <= 0) continue;
@@ -219,16 +245,15 @@ void Acceptor::Take(int fd) {
   }
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  relay_->Add(fd);
-}
-
-void Acceptor::HandOver(int fd) {
-  peers_->SetTcp(fd);
-  if (!gate_->Admit(fd)) {
-    ::close(fd);  // out of descriptors: shed it
+  const std::string peer = TcpPeerName(fd);
+  if (peer.empty() || !gate_->Admit(fd, peer)) {
+    ::close(fd);  // gone already, or out of descriptors: shed it
     return;
   }
-  grpc::AddInsecureChannelFromFd(server_, fd);
+  grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+  p.listener_fd = listen_fd_;
+  p.fd = fd;  // gRPC's from here on
+  tls_->HandleNewConnection(&p);
 }
 
 }  // namespace dlbatch::scheduler

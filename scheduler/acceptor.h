@@ -6,14 +6,14 @@
 // server; when descriptors run out it sheds the waiting connection
 // (accepted with a spare descriptor and closed) and backs off, so it keeps
 // accepting once descriptors are free again. A TCP connection is admitted
-// to a ConnectionGate first, which closes those that do not authenticate; a
-// Unix-socket connection's caller (SO_PEERCRED) goes into the PeerTable.
-// TCP is always TLS: a TCP connection goes to a TlsRelay (tls_relay.h)
-// first, and what gRPC and the gate get is the plaintext end of the relay's
-// socketpair once the handshake is done. That end is an AF_UNIX socket
-// whose SO_PEERCRED names the scheduler itself: who called over TCP is
-// known from the token alone, never from the descriptor (the PeerTable
-// marks it TCP).
+// to a ConnectionGate first, which closes those that do not finish their
+// TLS handshake and authenticate in time; a Unix-socket connection's caller
+// (SO_PEERCRED) goes into the PeerTable. TCP is always TLS: a TCP connection
+// goes to gRPC through an external-connection acceptor registered with the
+// server's TLS credentials, so gRPC does the handshake and the records on
+// its own threads, with no hop in between. Its calls are named by the
+// client's address ("ipv4:..."), never "fd:N": who called over TCP is known
+// from the token alone.
 #ifndef DLBATCH_SCHEDULER_ACCEPTOR_H_
 #define DLBATCH_SCHEDULER_ACCEPTOR_H_
 
@@ -27,21 +27,21 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "scheduler/connection_gate.h"
 #include "scheduler/peer_table.h"
-#include "scheduler/tls_relay.h"
+#include "scheduler/tls_certs.h"
 
 namespace dlbatch::scheduler {
 
 class Acceptor {
  public:
   // Binds and listens on host:port (port 0: any free port), serving TLS
-  // with the certificate and key of `tls`. `gate`, `peers` and `clock` (not
-  // null) must outlive the acceptor.
+  // with the certificate and key of `tls` through `builder`, the server's
+  // builder before it is built. `gate` (not null) must outlive the acceptor.
   static absl::StatusOr<std::unique_ptr<Acceptor>> ListenTcp(
-      const std::string& host, int port, ConnectionGate* gate, PeerTable* peers,
-      const TlsFiles& tls, const TlsRelay::Options& relay_options,
-      const Clock* clock);
+      const std::string& host, int port, ConnectionGate* gate,
+      const TlsFiles& tls, grpc::ServerBuilder* builder);
   // Binds and listens on the Unix socket `path` (replacing a stale one),
   // which gets `mode`; it is never wider than that, even for a moment.
   static absl::StatusOr<std::unique_ptr<Acceptor>> ListenUnix(
@@ -59,18 +59,16 @@ class Acceptor {
  private:
   Acceptor(int fd, int port, ConnectionGate* gate, PeerTable* peers);
   void Loop();
-  // Hands an accepted connection on (to the TLS relay, or to gRPC), or
-  // closes it.
+  // Hands an accepted connection on to gRPC, or closes it.
   void Take(int fd);
-  // Hands a TCP connection's plaintext end to gRPC through the gate.
-  void HandOver(int fd);
 
   const int listen_fd_;
   ConnectionGate* const gate_;  // null: a Unix socket
-  PeerTable* const peers_;
+  PeerTable* const peers_;      // null: TCP
   const int port_;
   int spare_fd_;  // given up to shed a connection when descriptors run out
-  std::unique_ptr<TlsRelay> relay_;  // TCP
+  // TCP: gRPC's end of it, doing TLS.
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tls_;
   grpc::Server* server_ = nullptr;
   std::atomic<bool> stopping_{false};
   std::thread thread_;

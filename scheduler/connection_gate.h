@@ -6,13 +6,16 @@
 // that presented valid credentials. A connection whose calls have not done
 // so within the deadline is shut down, and past the limit the oldest such
 // connection is shut down to make room, so a flood of silent connections
-// costs the ones that authenticate nothing.
+// costs the ones that authenticate nothing. A connection is admitted as soon
+// as it is accepted, so one that never finishes its TLS handshake is bounded
+// the same way.
 #ifndef DLBATCH_SCHEDULER_CONNECTION_GATE_H_
 #define DLBATCH_SCHEDULER_CONNECTION_GATE_H_
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <unordered_map>
 
 #include "absl/base/thread_annotations.h"
@@ -32,14 +35,18 @@ class ConnectionGate {
   ConnectionGate(const ConnectionGate&) = delete;
   ConnectionGate& operator=(const ConnectionGate&) = delete;
 
-  // Admits connected socket `fd`, about to be handed to gRPC (which then
-  // names it "fd:<fd>" as the call's peer). Keeps a duplicate of it to shut
-  // the connection down later. Returns false when even that descriptor
-  // cannot be had: the caller closes the connection instead.
-  bool Admit(int fd);
-  // A call on `peer` (grpc::ServerContext::peer()) presented valid
-  // credentials: its connection is no longer watched. Cheap when nothing is
-  // waiting; peers this gate never admitted (Unix sockets) are ignored.
+  // Admits connected socket `fd`, about to be handed to gRPC, whose calls
+  // will name `peer` (TcpPeerName) as theirs. Keeps a duplicate of it to shut
+  // the connection down later. Another connection waiting under the same
+  // name (the same client address and port, to another address of this
+  // machine) is shut down: one name, one waiting connection. Returns false
+  // when even the duplicate cannot be had: the caller closes the connection
+  // instead.
+  bool Admit(int fd, const std::string& peer);
+  // A call on `peer` (grpc::ServerContext::peer(), percent-encoded or not)
+  // presented valid credentials: its connection is no longer watched. Cheap
+  // when nothing is waiting; peers this gate never admitted (Unix sockets)
+  // are ignored.
   void Authenticated(absl::string_view peer);
   // Shuts down the connections past their deadline; returns how many.
   int Sweep();
@@ -51,22 +58,33 @@ class ConnectionGate {
   struct Pending {
     int dup_fd;
     int64_t admitted_ms;
-    uint64_t serial;  // tells a reused descriptor number's entries apart
+    uint64_t serial;  // tells a reused name's entries apart
   };
-  void DropLocked(int fd, bool shut) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropLocked(const std::string& peer, bool shut)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int max_pending_;
   const int64_t deadline_ms_;
   const Clock* const clock_;
   absl::Mutex mu_;
-  std::unordered_map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
-  // Admission order, oldest first: (fd, serial); entries whose fd has since
-  // authenticated or been admitted again are skipped.
-  std::deque<std::pair<int, uint64_t>> order_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // Admission order, oldest first: (peer, serial); entries whose peer has
+  // since authenticated or been admitted again are skipped.
+  std::deque<std::pair<std::string, uint64_t>> order_ ABSL_GUARDED_BY(mu_);
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int> count_{0};
   std::atomic<int64_t> shut_down_{0};
 };
+
+// The name gRPC gives the calls of TCP connection `fd` as their peer:
+// "ipv4:127.0.0.1:40000", "ipv6:[::1]:40000" ("ipv6:[fe80::1%2]:40000" with
+// a scope), an IPv4 client of an IPv6 socket as IPv4. Empty when the socket
+// has no peer (it has closed already).
+std::string TcpPeerName(int fd);
+
+// `peer` with its percent-escapes decoded: gRPC writes an IPv6 peer
+// "ipv6:%5B::1%5D:40000".
+std::string DecodePeer(absl::string_view peer);
 
 }  // namespace dlbatch::scheduler
 

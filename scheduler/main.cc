@@ -434,12 +434,13 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
           tls->cert_file, tls->made_server ? " (made now)" : "", tls->ca_file,
           tls->made_ca ? "; this CA was made now" : "");
     }
-    TlsRelay::Options relay;
-    relay.max_handshakes = flags.max_unauthenticated;
-    relay.handshake_deadline_ms = *auth_deadline;
-    auto listening =
-        Acceptor::ListenTcp(endpoint->host, endpoint->port, &gate, &peers, *tls,
-                            relay, SystemClock::Get());
+    // A handshake is bounded by the gate (in number and in time, with the
+    // authentication after it); gRPC's own deadline says the same.
+    builder.AddChannelArgument(
+        GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+        static_cast<int>(std::min<int64_t>(*auth_deadline, INT32_MAX)));
+    auto listening = Acceptor::ListenTcp(endpoint->host, endpoint->port, &gate,
+                                         *tls, &builder);
     if (!listening.ok()) {
       return Fail(absl::StrCat(
           listening.status().message(),

@@ -10,11 +10,6 @@ void PeerTable::SetUnix(int fd, PeerCred cred) {
   unix_[fd] = cred;
 }
 
-void PeerTable::SetTcp(int fd) {
-  absl::MutexLock lock(&mu_);
-  unix_.erase(fd);
-}
-
 std::optional<PeerCred> PeerTable::UnixPeer(absl::string_view peer) const {
   int fd;
   if (!absl::ConsumePrefix(&peer, "fd:") || !absl::SimpleAtoi(peer, &fd)) {

@@ -26,9 +26,6 @@ class PeerTable {
  public:
   // A Unix-socket connection was accepted as `fd`, from `cred`.
   void SetUnix(int fd, PeerCred cred);
-  // A TCP connection was accepted as `fd`: whatever a closed connection
-  // left under that number is forgotten.
-  void SetTcp(int fd);
   // The kernel's word on the caller of a call from `peer`
   // (grpc::ServerContext::peer()); nullopt for anything but a Unix-socket
   // connection this table was told of.

@@ -444,8 +444,8 @@ TEST(SchedulerFaults,
       << ReadAll(c.dir() + "/worker-w1.log");
   EXPECT_EQ(count_closed(), 100);
   for (int fd : silent) close(fd);
-  // Silent connections never finish TLS's handshake: the relay closes them
-  // (the gate sees only connections past it) and says so.
+  // Silent connections never finish TLS's handshake: the gate, which holds
+  // every connection from its accept, closes them and says so.
   EXPECT_NE(ReadAll(c.dir() + "/scheduler.log")
                 .find("did not finish a TLS handshake"),
             std::string::npos)

@@ -134,7 +134,7 @@ std::unique_ptr<SilentTls> OpenSilentTls(SSL_CTX* ctx, int port) {
 
 // Past the handshake a connection is still one that has not
 // authenticated: the ConnectionGate bounds such connections in number (the
-// oldest goes) and in time, through the relay.
+// oldest goes) and in time, whoever does the handshake.
 TEST(Tls, SilentConnectionsPastTheHandshakeAreBoundedByTheGate) {
   Cluster c;
   c.StartScheduler({"--max-unauthenticated", "5", "--auth-deadline", "2s"},
@@ -254,6 +254,48 @@ TEST(Tls, AWorkerOverTlsRunsAJob) {
   Result shown = c.Cli({"--token-file", Token(c), "show", "--json", id});
   EXPECT_NE(shown.out.find("\"state\": \"finished\""), std::string::npos)
       << shown.out;
+}
+
+// gRPC names an IPv6 client's calls "ipv6:%5B::1%5D:PORT": the gate knows
+// the connection by it, so a worker's stream that authenticated is never
+// shut at the deadline, while a silent connection is.
+TEST(Tls, AnIpv6ConnectionThatAuthenticatedOutlivesTheDeadline) {
+  Cluster c;
+  c.StartScheduler({"--auth-deadline", "1s"}, "[::1]:0");
+  int silent = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in6 addr = {};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_port = htons(static_cast<uint16_t>(Port(c.address())));
+  addr.sin6_addr = in6addr_loopback;
+  ASSERT_EQ(connect(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0)
+      << strerror(errno);
+  c.StartWorker("w1", 1, "local", {"--token-file", Token(c)});
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return c.Cli({"--token-file", Token(c), "workers"})
+                   .out.find("online") != std::string::npos;
+      },
+      15000))
+      << c.Logs();
+  usleep(3000000);  // three deadlines
+  struct timeval tv = {5, 0};
+  setsockopt(silent, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[64];
+  EXPECT_EQ(recv(silent, buf, sizeof buf, 0), 0) << "the silent one is shut";
+  close(silent);
+  Result submitted =
+      c.Cli({"--token-file", Token(c), "submit", "-q",
+             c.JobFile("j.yaml", "command: [sh, -c, 'echo over-ipv6']\n")});
+  ASSERT_EQ(submitted.code, 0) << submitted.err;
+  const std::string id =
+      submitted.out.substr(0, submitted.out.find_first_not_of("0123456789"));
+  Result followed = c.Cli({"--token-file", Token(c), "diary", "-f", id});
+  EXPECT_EQ(followed.code, 0) << followed.err << c.Logs();
+  EXPECT_NE(followed.out.find("over-ipv6"), std::string::npos) << followed.out;
+  // The worker's stream, open all along, is still the first one.
+  EXPECT_EQ(ReadAll(c.dir() + "/worker-w1.log").find("reconnect"),
+            std::string::npos)
+      << ReadAll(c.dir() + "/worker-w1.log");
 }
 
 // A worker checks the CA at start and at every failed reconnect: a
