@@ -32,6 +32,30 @@ int Port(const std::string& address) {
 
 std::string Token(const Cluster& c) { return c.scheduler_state() + "/token"; }
 
+// Starts worker w1 with the cluster's token; true once `workers` says it is
+// online.
+bool StartTokenWorker(Cluster& c) {
+  c.StartWorker("w1", 1, "local", {"--token-file", Token(c)});
+  return WaitFor(
+      [&] {
+        return c.Cli({"--token-file", Token(c), "workers"})
+                   .out.find("online") != std::string::npos;
+      },
+      15000);
+}
+
+// Submits a job of `yaml` with the cluster's token and follows its diary to
+// the end; `id` is left empty if the submit failed (the result is the
+// submit's then).
+Result SubmitAndFollow(Cluster& c, const std::string& yaml, std::string* id) {
+  Result submitted = c.Cli(
+      {"--token-file", Token(c), "submit", "-q", c.JobFile("j.yaml", yaml)});
+  id->clear();
+  if (submitted.code != 0) return submitted;
+  *id = submitted.out.substr(0, submitted.out.find_first_not_of("0123456789"));
+  return c.Cli({"--token-file", Token(c), "diary", "-f", *id});
+}
+
 // The CLI with the cluster's token and the environment given.
 Result CliWith(const std::string& address, const std::vector<std::string>& args,
                std::map<std::string, std::string> env, int timeout_ms = 60000) {
@@ -233,21 +257,11 @@ TEST(Tls, AWorkerOverTlsRunsAJob) {
   Cluster c;
   c.StartScheduler({}, "127.0.0.1:0");
   // The harness passes --ca-file STATE_DIR/ca.pem.
-  c.StartWorker("w1", 1, "local", {"--token-file", Token(c)});
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return c.Cli({"--token-file", Token(c), "workers"})
-                   .out.find("online") != std::string::npos;
-      },
-      15000))
-      << c.Logs();
-  Result submitted = c.Cli(
-      {"--token-file", Token(c), "submit", "-q",
-       c.JobFile("j.yaml", "command: [sh, -c, 'echo over-tls $((6*7))']\n")});
-  ASSERT_EQ(submitted.code, 0) << submitted.err;
-  const std::string id =
-      submitted.out.substr(0, submitted.out.find_first_not_of("0123456789"));
-  Result followed = c.Cli({"--token-file", Token(c), "diary", "-f", id});
+  ASSERT_TRUE(StartTokenWorker(c)) << c.Logs();
+  std::string id;
+  Result followed =
+      SubmitAndFollow(c, "command: [sh, -c, 'echo over-tls $((6*7))']\n", &id);
+  ASSERT_FALSE(id.empty()) << followed.err;
   EXPECT_EQ(followed.code, 0) << followed.err << c.Logs();
   EXPECT_NE(followed.out.find("over-tls 42"), std::string::npos)
       << followed.out;
@@ -269,27 +283,17 @@ TEST(Tls, AnIpv6ConnectionThatAuthenticatedOutlivesTheDeadline) {
   addr.sin6_addr = in6addr_loopback;
   ASSERT_EQ(connect(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0)
       << strerror(errno);
-  c.StartWorker("w1", 1, "local", {"--token-file", Token(c)});
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return c.Cli({"--token-file", Token(c), "workers"})
-                   .out.find("online") != std::string::npos;
-      },
-      15000))
-      << c.Logs();
+  ASSERT_TRUE(StartTokenWorker(c)) << c.Logs();
   usleep(3000000);  // three deadlines
   struct timeval tv = {5, 0};
   setsockopt(silent, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   char buf[64];
   EXPECT_EQ(recv(silent, buf, sizeof buf, 0), 0) << "the silent one is shut";
   close(silent);
-  Result submitted =
-      c.Cli({"--token-file", Token(c), "submit", "-q",
-             c.JobFile("j.yaml", "command: [sh, -c, 'echo over-ipv6']\n")});
-  ASSERT_EQ(submitted.code, 0) << submitted.err;
-  const std::string id =
-      submitted.out.substr(0, submitted.out.find_first_not_of("0123456789"));
-  Result followed = c.Cli({"--token-file", Token(c), "diary", "-f", id});
+  std::string id;
+  Result followed =
+      SubmitAndFollow(c, "command: [sh, -c, 'echo over-ipv6']\n", &id);
+  ASSERT_FALSE(id.empty()) << followed.err;
   EXPECT_EQ(followed.code, 0) << followed.err << c.Logs();
   EXPECT_NE(followed.out.find("over-ipv6"), std::string::npos) << followed.out;
   // The worker's stream, open all along, is still the first one.
@@ -305,14 +309,7 @@ TEST(Tls, AnIpv6ConnectionThatAuthenticatedOutlivesTheDeadline) {
 TEST(Tls, AWorkerNamesTheCaWhenARestartedSchedulerIsNoLongerTrusted) {
   Cluster c;
   c.StartScheduler({}, "127.0.0.1:0");
-  c.StartWorker("w1", 1, "local", {"--token-file", Token(c)});
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return c.Cli({"--token-file", Token(c), "workers"})
-                   .out.find("online") != std::string::npos;
-      },
-      15000))
-      << c.Logs();
+  ASSERT_TRUE(StartTokenWorker(c)) << c.Logs();
   c.KillScheduler(SIGKILL);
   for (const char* f : {"ca.pem", "ca.key", "server.pem", "server.key"}) {
     ASSERT_EQ(unlink((c.scheduler_state() + "/" + f).c_str()), 0) << f;
