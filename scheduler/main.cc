@@ -496,7 +496,7 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
 
   // Signals are taken by one thread with sigwait; every other thread has
   // them blocked (the mask is inherited from here).
-  std::thread([&server] {
+  std::thread([&server, &acceptor] {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -507,6 +507,10 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
         "signal {}: shutting down; running jobs keep running on their workers",
         sig);
     (void)Notify("STOPPING=1");
+    // No connection is handed to a server that is shutting down (gRPC
+    // would refuse it with an error line and keep its descriptor): new ones
+    // wait in the listen queue until the process ends.
+    acceptor->Stop();
     server->Shutdown(std::chrono::system_clock::now() +
                      std::chrono::seconds(2));
   }).detach();
