@@ -168,10 +168,11 @@ absl::Status SetUpLogging(const std::string& format,
 }
 
 void LogGrpcLine(gpr_log_func_args* args) {
+  // gRPC has already kept only what GRPC_VERBOSITY asks for (errors by
+  // default), so its debug lines show too when they were asked for.
   const spdlog::level::level_enum level =
-      args->severity == GPR_LOG_SEVERITY_ERROR  ? spdlog::level::err
-      : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
-                                                : spdlog::level::debug;
+      args->severity == GPR_LOG_SEVERITY_ERROR ? spdlog::level::err
+                                               : spdlog::level::info;
   const char* file = args->file != nullptr ? args->file : "";
   const char* slash = std::strrchr(file, '/');
   spdlog::log(level, "gRPC: {} ({}:{})",

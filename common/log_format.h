@@ -6,7 +6,7 @@
 //   json: {"time":"2026-11-25T11:22:50.123Z","level":"info","msg":"...",
 //          "process":"dlbatch-scheduler","pid":123,"tid":456} (UTC).
 // gRPC's own log lines (errors, or what GRPC_VERBOSITY asks for) go the same
-// way, as "gRPC: MESSAGE (FILE:LINE)".
+// way, as "gRPC: MESSAGE (FILE:LINE)": errors as errors, the rest as info.
 #ifndef DLBATCH_COMMON_LOG_FORMAT_H_
 #define DLBATCH_COMMON_LOG_FORMAT_H_
 
