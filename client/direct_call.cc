@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/endpoint.h"
 
 namespace dlbatch::client {
 namespace {
@@ -169,31 +170,6 @@ uint32_t GetU32(const char* p) {
          (uint32_t{static_cast<uint8_t>(p[1])} << 16) |
          (uint32_t{static_cast<uint8_t>(p[2])} << 8) |
          uint32_t{static_cast<uint8_t>(p[3])};
-}
-
-// gRPC's grpc-message is percent-encoded (its own spec: bytes outside
-// 0x20..0x7e, and '%').
-int HexDigit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-std::string PercentDecoded(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() && HexDigit(s[i + 1]) >= 0 &&
-        HexDigit(s[i + 2]) >= 0) {
-      out.push_back(
-          static_cast<char>(HexDigit(s[i + 1]) * 16 + HexDigit(s[i + 2])));
-      i += 2;
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
 }
 
 bool WriteAll(int fd, std::string_view bytes) {
@@ -516,6 +492,7 @@ std::optional<grpc::Status> DirectUnaryCall(
         v <= 16) {
       code = v;
     } else if (name == "grpc-message") {
+      // Percent-encoded by gRPC's spec: bytes outside 0x20..0x7e, and '%'.
       text = PercentDecoded(value);
     }
   }

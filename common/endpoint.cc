@@ -37,6 +37,27 @@ bool Endpoint::IsLoopback() const {
          (ntohl(addr.s_addr) >> 24) == 127;
 }
 
+std::string PercentDecoded(absl::string_view s) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 &&
+        hex(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view address) {
   Endpoint ep;
   ep.original = std::string(address);

@@ -32,6 +32,11 @@ struct Endpoint {
 // Accepts "unix:/path", "unix:relative/path", "host:port", "[::1]:port".
 absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view address);
 
+// `s` with gRPC's percent-escapes ("%5B", "%25") decoded; a '%' not followed
+// by two hex digits stays as it is. gRPC writes them in a grpc-message and
+// in an IPv6 peer's name ("ipv6:%5B::1%5D:40000").
+std::string PercentDecoded(absl::string_view s);
+
 // The metadata key and scheme the token travels under.
 inline constexpr char kAuthMetadataKey[] = "authorization";
 

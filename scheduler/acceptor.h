@@ -25,7 +25,6 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "common/clock.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "scheduler/connection_gate.h"

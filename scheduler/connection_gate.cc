@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/endpoint.h"
 
 namespace dlbatch::scheduler {
 
@@ -42,9 +43,7 @@ bool ConnectionGate::Admit(int fd, const std::string& peer) {
 
 void ConnectionGate::Authenticated(absl::string_view peer) {
   if (count_.load(std::memory_order_relaxed) == 0) return;
-  const std::string name = peer.find('%') == absl::string_view::npos
-                               ? std::string(peer)
-                               : DecodePeer(peer);
+  const std::string name = PercentDecoded(peer);
   absl::MutexLock lock(&mu_);
   if (pending_.contains(name)) DropLocked(name, /*shut=*/false);
 }
@@ -107,27 +106,6 @@ std::string TcpPeerName(int fd) {
   const std::string scope =
       in6->sin6_scope_id != 0 ? absl::StrCat("%", in6->sin6_scope_id) : "";
   return absl::StrCat("ipv6:[", text, scope, "]:", ntohs(in6->sin6_port));
-}
-
-std::string DecodePeer(absl::string_view peer) {
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  out.reserve(peer.size());
-  for (size_t i = 0; i < peer.size(); ++i) {
-    if (peer[i] == '%' && i + 2 < peer.size() && hex(peer[i + 1]) >= 0 &&
-        hex(peer[i + 2]) >= 0) {
-      out += static_cast<char>(hex(peer[i + 1]) * 16 + hex(peer[i + 2]));
-      i += 2;
-    } else {
-      out += peer[i];
-    }
-  }
-  return out;
 }
 
 }  // namespace dlbatch::scheduler

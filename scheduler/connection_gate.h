@@ -43,7 +43,8 @@ class ConnectionGate {
   // when even the duplicate cannot be had: the caller closes the connection
   // instead.
   bool Admit(int fd, const std::string& peer);
-  // A call on `peer` (grpc::ServerContext::peer(), percent-encoded or not)
+  // A call on `peer` (grpc::ServerContext::peer(), percent-encoded or not:
+  // PercentDecoded)
   // presented valid credentials: its connection is no longer watched. Cheap
   // when nothing is waiting; peers this gate never admitted (Unix sockets)
   // are ignored.
@@ -81,10 +82,6 @@ class ConnectionGate {
 // a scope), an IPv4 client of an IPv6 socket as IPv4. Empty when the socket
 // has no peer (it has closed already).
 std::string TcpPeerName(int fd);
-
-// `peer` with its percent-escapes decoded: gRPC writes an IPv6 peer
-// "ipv6:%5B::1%5D:40000".
-std::string DecodePeer(absl::string_view peer);
 
 }  // namespace dlbatch::scheduler
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/endpoint.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
 
@@ -142,8 +143,8 @@ TEST_F(ConnectionGateTest, AnIpv6PeerIsKnownPercentEncodedOrNot) {
   EXPECT_EQ(gate.Sweep(), 0);
   EXPECT_TRUE(PeerStillOpen(a.peer));
   EXPECT_TRUE(PeerStillOpen(b.peer));
-  EXPECT_EQ(DecodePeer("ipv6:%5B::1%5D:1%"), "ipv6:[::1]:1%");
-  EXPECT_EQ(DecodePeer("%zz%4"), "%zz%4");
+  EXPECT_EQ(PercentDecoded("ipv6:%5B::1%5D:1%"), "ipv6:[::1]:1%");
+  EXPECT_EQ(PercentDecoded("%zz%4"), "%zz%4");
 }
 
 TEST_F(ConnectionGateTest, TcpPeerNameIsTheNameGrpcGivesIt) {
