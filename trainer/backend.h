@@ -102,6 +102,11 @@ struct ConvDesc {
 };
 
 // Weights are [filters, kh, kw, in.c] (OHWI) and bias [filters].
+//
+// conv and fc kernels: a step's BackwardWeights and then BackwardData come
+// after its Forward with x and dy unchanged in between, so a backend may
+// reuse what it derived from them there (the CPU's bf16 copies); any
+// Forward starts afresh.
 class ConvKernel {
  public:
   virtual ~ConvKernel() = default;

@@ -167,5 +167,82 @@ TEST_F(Bf16Kernels, FullyConnectedMatchesFloat32WithinBf16Rounding) {
   EXPECT_GT(Relative(out[1].y, out[0].y), 1e-5);
 }
 
+// A step converts x and dy to bf16 once each and its later passes reuse
+// the copies (BoundPrimitive::ShareInput). Reused only for the tensor that
+// was converted, as it was: a pass given another tensor, or a new step
+// over new contents in the same buffers, computes what a fresh kernel
+// computes from those contents. Exactly, as both kernels come from one
+// backend and so run the implementations its autotuning chose.
+TEST_F(Bf16Kernels, APassReusesABf16CopyOnlyOfTheTensorItWasMadeFrom) {
+  ConvDesc d;
+  d.in = {8, 8, 32};
+  d.filters = 32;
+  d.kh = d.kw = 3;
+  d.pad = {1, 1, 1, 1};
+  d.out = {8, 8, 32};
+  const int n = 4;
+  Backend* be = bf16_.get();
+  auto kernel = be->MakeConv(d, n);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  const int64_t xs = n * d.in.size(), ys = n * d.out.size();
+  const auto w = RandomVector(9 * 32 * 32, 1, -0.2, 0.2);
+  const auto b = RandomVector(32, 2);
+  DeviceArray wa(be, w), ba(be, b), x(be, xs), other_x(be, xs), y(be, ys),
+      dy(be, ys), other_dy(be, ys), dx(be, xs), dw(be, w.size()),
+      db(be, b.size());
+
+  // What a fresh kernel makes of x and dy in a whole step.
+  auto fresh = [&](const std::vector<float>& xv,
+                   const std::vector<float>& dyv) {
+    auto k = be->MakeConv(d, n);
+    EXPECT_TRUE(k.ok()) << k.status();
+    DeviceArray xa(be, xv), dya(be, dyv), ya(be, ys), dxa(be, xs),
+        dwa(be, w.size()), dba(be, b.size());
+    (*k)->Forward(n, xa.data(), wa.data(), ba.data(), ya.data());
+    (*k)->BackwardWeights(n, xa.data(), dya.data(), dwa.data(), dba.data());
+    (*k)->BackwardData(n, dya.data(), wa.data(), dxa.data());
+    return Outputs{ya.Get(), dxa.Get(), dwa.Get(), dba.Get()};
+  };
+  auto step = [&](const DeviceArray& fwd_x, const DeviceArray& bwd_x,
+                  const DeviceArray& weights_dy, const DeviceArray& data_dy) {
+    (*kernel)->Forward(n, fwd_x.data(), wa.data(), ba.data(), y.data());
+    (*kernel)->BackwardWeights(n, bwd_x.data(), weights_dy.data(), dw.data(),
+                               db.data());
+    (*kernel)->BackwardData(n, data_dy.data(), wa.data(), dx.data());
+  };
+
+  const auto x1 = RandomVector(xs, 3), x2 = RandomVector(xs, 4);
+  const auto dy1 = RandomVector(ys, 5), dy2 = RandomVector(ys, 6);
+  x.Set(x1);
+  dy.Set(dy1);
+  step(x, x, dy, dy);
+  const Outputs first = fresh(x1, dy1);
+  EXPECT_EQ(y.Get(), first.y);
+  EXPECT_EQ(dw.Get(), first.dw);
+  EXPECT_EQ(dx.Get(), first.dx);
+
+  // The next step, new contents in the same buffers.
+  x.Set(x2);
+  dy.Set(dy2);
+  step(x, x, dy, dy);
+  const Outputs second = fresh(x2, dy2);
+  EXPECT_EQ(y.Get(), second.y);
+  EXPECT_EQ(dw.Get(), second.dw);
+  EXPECT_EQ(db.Get(), second.db);
+  EXPECT_EQ(dx.Get(), second.dx);
+  EXPECT_NE(second.dw, first.dw);
+
+  // Backward passes given other tensors than the ones converted before
+  // them: each reads its own (backward weights x2 and dy2, backward data
+  // dy1).
+  other_x.Set(x2);
+  other_dy.Set(dy1);
+  x.Set(x1);
+  step(x, other_x, dy, other_dy);
+  EXPECT_EQ(dw.Get(), second.dw);
+  EXPECT_EQ(db.Get(), second.db);
+  EXPECT_EQ(dx.Get(), first.dx);
+}
+
 }  // namespace
 }  // namespace dlbatch::trainer

@@ -73,6 +73,28 @@ void BoundPrimitive::Add(int arg, bool output, const dnnl::memory::desc& user,
   args_.push_back(std::move(a));
 }
 
+BoundPrimitive::Arg* BoundPrimitive::Find(int arg) {
+  for (Arg& a : args_) {
+    if (a.arg == arg) return &a;
+  }
+  Die("BoundPrimitive::Find", __FILE__, __LINE__,
+      absl::StrCat(name_, " has no argument ", arg));
+}
+
+void BoundPrimitive::ShareInput(int arg, BoundPrimitive& from, int from_arg) {
+  Arg* a = Find(arg);
+  Arg* f = from.Find(from_arg);
+  if (a->output || f->output || !a->reordered || !f->reordered ||
+      a->prim.get_desc() != f->prim.get_desc()) {
+    return;
+  }
+  if (f->holds == nullptr) f->holds = std::make_shared<const void*>(nullptr);
+  a->holds = f->holds;
+  a->reuses = true;
+  a->prim = f->prim;  // this argument's own buffer is freed
+  exec_args_[arg] = a->prim;
+}
+
 void BoundPrimitive::Run(std::initializer_list<const void*> data) {
   if (data.size() != args_.size()) {
     Die("BoundPrimitive::Run", __FILE__, __LINE__,
@@ -83,10 +105,12 @@ void BoundPrimitive::Run(std::initializer_list<const void*> data) {
   try {
     auto it = data.begin();
     for (Arg& a : args_) {
-      a.user.set_data_handle(const_cast<void*>(*it++));
-      if (a.reordered && !a.output) {
-        a.reorder.execute(ctx_->stream, a.user, a.prim);
-      }
+      const void* user = *it++;
+      a.user.set_data_handle(const_cast<void*>(user));
+      if (!a.reordered || a.output) continue;
+      if (a.reuses && *a.holds == user) continue;
+      a.reorder.execute(ctx_->stream, a.user, a.prim);
+      if (a.holds != nullptr) *a.holds = user;
     }
     prim_.execute(ctx_->stream, exec_args_);
     for (Arg& a : args_) {

@@ -88,6 +88,15 @@ class BoundPrimitive {
   void AddOutput(int arg, const dnnl::memory::desc& user,
                  const dnnl::memory::desc& prim);
 
+  // Lets input `arg` read the conversion that `from` made of its input
+  // `from_arg` on its last Run instead of converting again, when Run gets
+  // the pointer `from` converted: for a tensor the caller leaves unchanged
+  // between the two calls (x from a step's forward to its backward weights,
+  // dy from backward weights to backward data). `from` itself converts on
+  // every Run. Nothing is shared where either needs no conversion or their
+  // layouts differ. Call once both are bound.
+  void ShareInput(int arg, BoundPrimitive& from, int from_arg);
+
   // Runs with `data[i]` as the i-th argument added; dies on a oneDNN error.
   void Run(std::initializer_list<const void*> data);
 
@@ -99,7 +108,12 @@ class BoundPrimitive {
     dnnl::memory prim;  // the same object as `user` when no reorder
     dnnl::reorder reorder;
     bool reordered = false;
+    // Where prim is shared (ShareInput): the user pointer whose conversion
+    // it holds, and whether this argument may reuse it (else it converts).
+    std::shared_ptr<const void*> holds;
+    bool reuses = false;
   };
+  Arg* Find(int arg);
   void Add(int arg, bool output, const dnnl::memory::desc& user,
            const dnnl::memory::desc& prim);
 
@@ -197,11 +211,16 @@ class WeightedKernel : public Interface {
   }
 
  protected:
-  // Binds a backward-weights primitive made from `pd`: x and dy in, the
-  // weight and bias gradients out, in the user layouts given.
+  // Where the primitives convert their inputs (bf16), a step converts x
+  // once for forward and backward weights and dy once for both backward
+  // passes (BoundPrimitive::ShareInput): the layer runs backward weights,
+  // then backward data, after the forward of the same batch.
+
+  // Binds a backward-weights primitive made from `pd` for batch n: x and dy
+  // in, the weight and bias gradients out, in the user layouts given.
   template <typename Prim, typename Pd>
-  void BindBackwardWeights(std::optional<BoundPrimitive>* slot, const Pd& pd,
-                           const dnnl::memory::desc& src,
+  void BindBackwardWeights(std::optional<BoundPrimitive>* slot, int n,
+                           const Pd& pd, const dnnl::memory::desc& src,
                            const dnnl::memory::desc& dst,
                            const dnnl::memory::desc& weights,
                            const dnnl::memory::desc& bias) {
@@ -211,6 +230,23 @@ class WeightedKernel : public Interface {
     (*slot)->AddInput(DNNL_ARG_DIFF_DST, dst, pd.diff_dst_desc());
     (*slot)->AddOutput(DNNL_ARG_DIFF_WEIGHTS, weights, pd.diff_weights_desc());
     (*slot)->AddOutput(DNNL_ARG_DIFF_BIAS, bias, pd.diff_bias_desc());
+    (*slot)->ShareInput(DNNL_ARG_SRC, self().Fwd(n), DNNL_ARG_SRC);
+  }
+
+  // Binds a backward-data primitive made from `pd` for batch n: dy and the
+  // weights in, dx out, in the user layouts given.
+  template <typename Prim, typename Pd>
+  void BindBackwardData(std::optional<BoundPrimitive>* slot, int n,
+                        const Pd& pd, const dnnl::memory::desc& src,
+                        const dnnl::memory::desc& dst,
+                        const dnnl::memory::desc& weights) {
+    slot->emplace(self().ctx_, self().name_ + " backward data", Prim(pd),
+                  pd.scratchpad_desc());
+    (*slot)->AddInput(DNNL_ARG_DIFF_DST, dst, pd.diff_dst_desc());
+    (*slot)->AddInput(DNNL_ARG_WEIGHTS, weights, pd.weights_desc());
+    (*slot)->AddOutput(DNNL_ARG_DIFF_SRC, src, pd.diff_src_desc());
+    (*slot)->ShareInput(DNNL_ARG_DIFF_DST, self().BwdWeights(n),
+                        DNNL_ARG_DIFF_DST);
   }
 
  private:

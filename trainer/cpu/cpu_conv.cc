@@ -127,12 +127,8 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
                     {DNNL_ARG_WEIGHTS, pd.weights_desc()},
                     {DNNL_ARG_DIFF_SRC, pd.diff_src_desc()}};
           });
-      p.bwd_data.emplace(ctx_, name_ + " backward data",
-                         dnnl::convolution_backward_data(pd),
-                         pd.scratchpad_desc());
-      p.bwd_data->AddInput(DNNL_ARG_DIFF_DST, Dst(n), pd.diff_dst_desc());
-      p.bwd_data->AddInput(DNNL_ARG_WEIGHTS, Weights(), pd.weights_desc());
-      p.bwd_data->AddOutput(DNNL_ARG_DIFF_SRC, Src(n), pd.diff_src_desc());
+      BindBackwardData<dnnl::convolution_backward_data>(
+          &p.bwd_data, n, pd, Src(n), Dst(n), Weights());
     }
     return *p.bwd_data;
   }
@@ -155,7 +151,7 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
                     {DNNL_ARG_DIFF_BIAS, pd.diff_bias_desc()}};
           });
       BindBackwardWeights<dnnl::convolution_backward_weights>(
-          &p.bwd_weights, pd, Src(n), Dst(n), Weights(), Bias());
+          &p.bwd_weights, n, pd, Src(n), Dst(n), Weights(), Bias());
     }
     return *p.bwd_weights;
   }

@@ -89,12 +89,8 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
                                                    Dst(n, In()));
       dnnl::inner_product_backward_data::primitive_desc pd(
           desc, Attr(), ctx_->engine, FwdPd(n));
-      p.bwd_data.emplace(ctx_, name_ + " backward data",
-                         dnnl::inner_product_backward_data(pd),
-                         pd.scratchpad_desc());
-      p.bwd_data->AddInput(DNNL_ARG_DIFF_DST, Dst(n), pd.diff_dst_desc());
-      p.bwd_data->AddInput(DNNL_ARG_WEIGHTS, Weights(), pd.weights_desc());
-      p.bwd_data->AddOutput(DNNL_ARG_DIFF_SRC, Src(n), pd.diff_src_desc());
+      BindBackwardData<dnnl::inner_product_backward_data>(
+          &p.bwd_data, n, pd, Src(n), Dst(n), Weights());
     }
     return *p.bwd_data;
   }
@@ -107,7 +103,7 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
       dnnl::inner_product_backward_weights::primitive_desc pd(
           desc, Attr(), ctx_->engine, FwdPd(n));
       BindBackwardWeights<dnnl::inner_product_backward_weights>(
-          &p.bwd_weights, pd, Src(n), Dst(n), Weights(), Bias());
+          &p.bwd_weights, n, pd, Src(n), Dst(n), Weights(), Bias());
     }
     return *p.bwd_weights;
   }
