@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -185,6 +186,61 @@ INSTANTIATE_TEST_SUITE_P(
                           "_s", c.stride, "_pad", c.pad.top, c.pad.left,
                           c.pad.bottom, c.pad.right);
     });
+
+// Where the filters are not a multiple of 16, backward weights may take dy
+// in oneDNN's blocked layout (reordered from NHWC on each call) when that
+// is faster. Either layout computes the same gradients, and a choice kept
+// in the tuning (1000 + i: the blocked layout's i-th implementation) is
+// taken as it is; one that oneDNN no longer lists is timed again.
+TEST(CpuConvLayouts, BackwardWeightsAgreesInEitherLayoutAndKeepsItsChoice) {
+  const ConvDesc d = MakeConvDesc({{12, 12, 1}, 20, 5, 5, 1, {}});
+  const int n = 4;
+  const std::string key =
+      "convolution [12, 12, 1] -> [8, 8, 20] (5x5, stride 1x1) backward "
+      "weights, n 4";
+  const std::vector<float> x = RandomVector(n * d.in.size(), 1);
+  const std::vector<float> dy = RandomVector(n * d.out.size(), 2);
+  const std::vector<float> w = RandomVector(20 * 25, 3);
+  // dW[f][i][j] = sum over samples and outputs of dy * x under the window.
+  std::vector<double> dw_ref(20 * 25, 0.0), db_ref(20, 0.0);
+  for (int s = 0; s < n; ++s) {
+    for (int oh = 0; oh < 8; ++oh) {
+      for (int ow = 0; ow < 8; ++ow) {
+        for (int f = 0; f < 20; ++f) {
+          const double g = dy[At(d.out, s, oh, ow, f)];
+          db_ref[f] += g;
+          for (int i = 0; i < 5; ++i) {
+            for (int j = 0; j < 5; ++j) {
+              dw_ref[(f * 5 + i) * 5 + j] +=
+                  g * x[At(d.in, s, oh + i, ow + j, 0)];
+            }
+          }
+        }
+      }
+    }
+  }
+  for (const int choice : {0, 1000, 1999, 7000}) {
+    SCOPED_TRACE(absl::StrCat("choice ", choice));
+    auto backend = MakeCpuBackend(1);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    Backend* be = backend->get();
+    be->LoadTuning(absl::StrCat(choice, "\t", key, "\n"));
+    auto kernel = be->MakeConv(d, n);
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    const std::string tuning = be->SaveTuning();
+    const bool listed = choice == 0 || choice == 1000;  // not 1999, 7000
+    EXPECT_EQ(tuning.find(absl::StrCat(choice, "\t", key)) != std::string::npos,
+              listed)
+        << tuning;
+    DeviceArray xa(be, x), dya(be, dy), wa(be, w), dxa(be, x.size()),
+        dwa(be, w.size()), dba(be, 20);
+    (*kernel)->BackwardWeights(n, xa.data(), dya.data(), dwa.data(),
+                               dba.data());
+    (*kernel)->BackwardData(n, dya.data(), wa.data(), dxa.data());
+    EXPECT_LT(RelativeError(dwa.Get(), dw_ref), 1e-5);
+    EXPECT_LT(RelativeError(dba.Get(), db_ref), 1e-5);
+  }
+}
 
 // --- fully connected ---
 

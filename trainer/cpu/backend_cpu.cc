@@ -163,6 +163,13 @@ double TimePrimitive(
   return best;
 }
 
+double TimeReorder(const Context* ctx, const dnnl::memory::desc& from,
+                   const dnnl::memory::desc& to) {
+  const dnnl::reorder::primitive_desc pd(ctx->engine, from, ctx->engine, to);
+  return TimePrimitive(ctx, dnnl::reorder(pd),
+                       {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}, 0);
+}
+
 namespace {
 
 class CpuBackend final : public Backend {

@@ -132,48 +132,88 @@ double TimePrimitive(
     const std::vector<std::pair<int, dnnl::memory::desc>>& args,
     double give_up);
 
+// An argument's layout in the user's tensor, which BoundPrimitive reorders
+// from (an input) or into (an output) where the primitive's differs.
+struct UserLayout {
+  int arg = 0;
+  dnnl::memory::desc desc;
+  bool output = false;
+};
+
+// Seconds a reorder from `from` to `to` takes (TimePrimitive's measure):
+// what a candidate whose layout is not the user's pays on every call.
+double TimeReorder(const Context* ctx, const dnnl::memory::desc& from,
+                   const dnnl::memory::desc& to);
+
 // Autotuning, as cuDNN's algorithm search: among the implementations oneDNN
-// offers for a primitive (`make_pd()`, then next_impl()), other than its
-// reference loops, returns the primitive descriptor of the fastest on this
-// machine. `args` lists the arguments' layouts of a candidate. The choice
-// is kept in ctx->tuning under `key` (what is computed, on which shapes and
-// batch size); a choice already there is taken without timing, so that a
-// resumed run computes with the implementations of the run it continues.
+// offers for a primitive (`make_pd(layouts)`, then next_impl()), other than
+// its reference loops, returns the primitive descriptor of the fastest on
+// this machine. `args` lists the arguments' layouts of a candidate; where
+// one differs from the user's (`user`), the reorder a call adds for it
+// (BoundPrimitive) counts in the candidate's time. make_pd(v) for v in
+// [1, layouts) lets oneDNN choose more layouts (format_tag::any) than
+// make_pd(0) does: one other than the user's wins only if it is faster
+// with its reorders. The choice is kept in ctx->tuning under `key`
+// (what is computed, on which shapes and batch size), by its place in
+// make_pd(v)'s list (v = 0: the choices of the runs before layouts were
+// offered read the same); a choice already there is taken without timing,
+// so that a resumed run computes with the implementations of the run it
+// continues.
 template <typename Pd, typename Prim>
 Pd PickFastest(
-    const Context* ctx, const std::string& key,
-    const std::function<Pd()>& make_pd,
+    const Context* ctx, const std::string& key, int layouts,
+    const std::function<Pd(int)>& make_pd,
     const std::function<
-        std::vector<std::pair<int, dnnl::memory::desc>>(const Pd&)>& args) {
-  Pd pd = make_pd();
+        std::vector<std::pair<int, dnnl::memory::desc>>(const Pd&)>& args,
+    const std::vector<UserLayout>& user) {
+  auto is_ref = [](const Pd& pd) {
+    return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+  };
+  // A candidate is kept as kLayoutStride * v + its place in make_pd(v)'s
+  // list: the lists' lengths are not stable (oneDNN left its reference
+  // implementation out of some second listings).
+  constexpr int kLayoutStride = 1000;
+  auto candidate = [&](int index) -> std::optional<Pd> {
+    const int v = index / kLayoutStride;
+    if (v >= layouts) return std::nullopt;
+    Pd pd = make_pd(v);
+    for (int i = 0; i < index % kLayoutStride; ++i) {
+      if (!pd.next_impl()) return std::nullopt;
+    }
+    return pd;
+  };
   if (auto it = ctx->tuning.find(key); it != ctx->tuning.end()) {
-    bool found = true;
-    for (int i = 0; i < it->second && found; ++i) found = pd.next_impl();
-    if (found && std::string(pd.impl_info_str()).rfind("ref", 0) != 0) {
-      return pd;
-    }
-    pd = make_pd();
+    std::optional<Pd> pd = candidate(it->second);
+    if (pd && !is_ref(*pd)) return *pd;
   }
-  int best = 0, index = 0;
+  int best = 0;
   double best_time = -1;
-  do {
-    const std::string impl = pd.impl_info_str();
-    if (impl.rfind("ref", 0) != 0) {
-      std::vector<std::pair<int, dnnl::memory::desc>> a = args(pd);
-      a.emplace_back(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
-      const double t =
-          TimePrimitive(ctx, Prim(pd), a, best_time < 0 ? 0 : 2 * best_time);
-      if (best_time < 0 || t < best_time) {
-        best_time = t;
-        best = index;
+  for (int v = 0; v < layouts; ++v) {
+    Pd pd = make_pd(v);
+    int index = kLayoutStride * v;
+    do {
+      if (!is_ref(pd)) {
+        std::vector<std::pair<int, dnnl::memory::desc>> a = args(pd);
+        a.emplace_back(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
+        double t =
+            TimePrimitive(ctx, Prim(pd), a, best_time < 0 ? 0 : 2 * best_time);
+        for (const UserLayout& u : user) {
+          for (const auto& [arg, md] : a) {
+            if (arg != u.arg || md == u.desc) continue;
+            t += u.output ? TimeReorder(ctx, md, u.desc)
+                          : TimeReorder(ctx, u.desc, md);
+          }
+        }
+        if (best_time < 0 || t < best_time) {
+          best_time = t;
+          best = index;
+        }
       }
-    }
-    ++index;
-  } while (pd.next_impl());
-  pd = make_pd();
-  for (int i = 0; i < best; ++i) pd.next_impl();
+      ++index;
+    } while (pd.next_impl());
+  }
   ctx->tuning[key] = best;
-  return pd;
+  return *candidate(best);
 }
 
 // conv and fc on oneDNN share their calls' form: each runs the primitive
