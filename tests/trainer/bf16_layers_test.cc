@@ -211,25 +211,25 @@ TEST_F(Bf16Kernels, APassReusesABf16CopyOnlyOfTheTensorItWasMadeFrom) {
     (*kernel)->BackwardData(n, data_dy.data(), wa.data(), dx.data());
   };
 
+  // A whole step over x and dy in the kernel's buffers, against a fresh
+  // kernel's.
+  auto step_matches_fresh = [&](const std::vector<float>& xv,
+                                const std::vector<float>& dyv) {
+    x.Set(xv);
+    dy.Set(dyv);
+    step(x, x, dy, dy);
+    const Outputs want = fresh(xv, dyv);
+    EXPECT_EQ(y.Get(), want.y);
+    EXPECT_EQ(dw.Get(), want.dw);
+    EXPECT_EQ(db.Get(), want.db);
+    EXPECT_EQ(dx.Get(), want.dx);
+    return want;
+  };
   const auto x1 = RandomVector(xs, 3), x2 = RandomVector(xs, 4);
   const auto dy1 = RandomVector(ys, 5), dy2 = RandomVector(ys, 6);
-  x.Set(x1);
-  dy.Set(dy1);
-  step(x, x, dy, dy);
-  const Outputs first = fresh(x1, dy1);
-  EXPECT_EQ(y.Get(), first.y);
-  EXPECT_EQ(dw.Get(), first.dw);
-  EXPECT_EQ(dx.Get(), first.dx);
-
+  const Outputs first = step_matches_fresh(x1, dy1);
   // The next step, new contents in the same buffers.
-  x.Set(x2);
-  dy.Set(dy2);
-  step(x, x, dy, dy);
-  const Outputs second = fresh(x2, dy2);
-  EXPECT_EQ(y.Get(), second.y);
-  EXPECT_EQ(dw.Get(), second.dw);
-  EXPECT_EQ(db.Get(), second.db);
-  EXPECT_EQ(dx.Get(), second.dx);
+  const Outputs second = step_matches_fresh(x2, dy2);
   EXPECT_NE(second.dw, first.dw);
 
   // Backward passes given other tensors than the ones converted before
