@@ -186,6 +186,21 @@ Pd PickFastest(
     std::optional<Pd> pd = candidate(it->second);
     if (pd && !is_ref(*pd)) return *pd;
   }
+  // Candidates mostly need the same reorders (x's and dy's, in bf16): each
+  // is timed once.
+  struct Reorder {
+    dnnl::memory::desc from, to;
+    double seconds;
+  };
+  std::vector<Reorder> reorders;
+  auto reorder_time = [&](const dnnl::memory::desc& from,
+                          const dnnl::memory::desc& to) {
+    for (const Reorder& r : reorders) {
+      if (r.from == from && r.to == to) return r.seconds;
+    }
+    reorders.push_back({from, to, TimeReorder(ctx, from, to)});
+    return reorders.back().seconds;
+  };
   int best = 0;
   double best_time = -1;
   for (int v = 0; v < layouts; ++v) {
@@ -200,8 +215,7 @@ Pd PickFastest(
         for (const UserLayout& u : user) {
           for (const auto& [arg, md] : a) {
             if (arg != u.arg || md == u.desc) continue;
-            t += u.output ? TimeReorder(ctx, md, u.desc)
-                          : TimeReorder(ctx, u.desc, md);
+            t += u.output ? reorder_time(md, u.desc) : reorder_time(u.desc, md);
           }
         }
         if (best_time < 0 || t < best_time) {
