@@ -244,19 +244,33 @@ TEST(CpuConvLayouts, BackwardWeightsAgreesInEitherLayoutAndKeepsItsChoice) {
 
 // --- fully connected ---
 
-TEST_F(LayersTest, FcForwardMatchesReferenceAndBackwardMatchesDifferences) {
+// The forward runs as oneDNN's inner product or, in float32, as its matmul
+// over the transposed weights, whichever autotuning timed faster (kept in
+// the tuning as 0 or 1): both are checked here, each chosen by a tuning.
+class FcTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(FcTest, ForwardMatchesReferenceAndBackwardMatchesDifferences) {
   FcDesc d{/*in=*/37, /*units=*/11};
   const int n = 5;
-  auto kernel = backend_->MakeFc(d, 8);
+  auto backend = MakeCpuBackend(1);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  Backend* be = backend->get();
+  std::string tuning;
+  for (int batch : {5, 8}) {
+    absl::StrAppend(&tuning, GetParam(), "\tinner product 37 -> 11 forward, n ",
+                    batch, "\n");
+  }
+  be->LoadTuning(tuning);
+  auto kernel = be->MakeFc(d, 8);
   ASSERT_TRUE(kernel.ok()) << kernel.status();
   FcKernel& fc = **kernel;
   std::vector<float> x = RandomVector(n * d.in, 1);
   std::vector<float> w = RandomVector(d.units * d.in, 2);
   std::vector<float> b = RandomVector(d.units, 3);
   const std::vector<float> r = RandomVector(n * d.units, 4);
-  DeviceArray dx_(backend_.get(), x), dw_(backend_.get(), w),
-      db_(backend_.get(), b), dy_(backend_.get(), n * d.units);
+  DeviceArray dx_(be, x), dw_(be, w), db_(be, b), dy_(be, n * d.units);
   fc.Forward(n, dx_.data(), dw_.data(), db_.data(), dy_.data());
+  EXPECT_EQ(be->SaveTuning(), tuning);  // taken as given, not timed again
   std::vector<double> ref(n * d.units);
   for (int s = 0; s < n; ++s) {
     for (int u = 0; u < d.units; ++u) {
@@ -268,8 +282,7 @@ TEST_F(LayersTest, FcForwardMatchesReferenceAndBackwardMatchesDifferences) {
   }
   EXPECT_LT(RelativeError(dy_.Get(), ref), 1e-5);
 
-  DeviceArray r_(backend_.get(), r), gx(backend_.get(), x.size()),
-      gw(backend_.get(), w.size()), gb(backend_.get(), b.size());
+  DeviceArray r_(be, r), gx(be, x.size()), gw(be, w.size()), gb(be, b.size());
   fc.BackwardData(n, r_.data(), dw_.data(), gx.data());
   fc.BackwardWeights(n, dx_.data(), r_.data(), gw.data(), gb.data());
   auto loss = [&] {
@@ -283,6 +296,11 @@ TEST_F(LayersTest, FcForwardMatchesReferenceAndBackwardMatchesDifferences) {
   CheckGradient("dw", w, gw.Get(), loss, 1e-2f, 2e-3);
   CheckGradient("db", b, gb.Get(), loss, 1e-2f, 2e-3);
 }
+
+INSTANTIATE_TEST_SUITE_P(Forwards, FcTest, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 0 ? "InnerProduct" : "Matmul";
+                         });
 
 // --- pooling ---
 
