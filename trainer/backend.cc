@@ -101,4 +101,16 @@ absl::StatusOr<std::optional<bool>> ConvLoweredSwitch() {
                            "every convolution by cuDNN");
 }
 
+absl::StatusOr<std::optional<bool>> FoldReluSwitch() {
+  return EnvironmentSwitch("DLBATCH_FOLD_RELU",
+                           "fold a relu into the layer before it, the default",
+                           "run every relu as a layer of its own");
+}
+
+void Backend::AddActivation(const ActivationDesc& desc, int64_t count,
+                            const float* a, const float* b, float* out) {
+  Add(count, a, b, out);
+  ActivationForward(desc, count, out, out);
+}
+
 }  // namespace dlbatch::trainer

@@ -167,6 +167,10 @@ class PoolKernel {
 struct BatchNormDesc {
   Shape in;
   float epsilon = 1e-5f;
+  // A relu folded in (only where Backend::folds_relu()): y = max(0, the
+  // normalised output), and Backward's dy is the gradient of that y, masked
+  // where it is 0 before the normalisation's own backward.
+  bool relu = false;
 };
 
 class BatchNormKernel {
@@ -263,6 +267,11 @@ class Backend {
   // Whether training should scale its loss (loss_scaler.h): arithmetic in
   // fp16, whose small gradients would otherwise flush to zero.
   virtual bool scales_loss() const { return false; }
+  // Whether the network folds a relu into the batchnorm or add layer whose
+  // only consumer it is (BatchNormDesc::relu, AddActivation), so that the
+  // relu costs no pass of its own: the CPU's do, unless DLBATCH_FOLD_RELU=0
+  // (FoldReluSwitch).
+  virtual bool folds_relu() const { return false; }
 
   // Which implementation each kernel chose where the backend times the
   // candidates (oneDNN's implementations, cuDNN's algorithms): text to keep
@@ -382,6 +391,10 @@ class Backend {
   // accumulated over the layers that use one output).
   virtual void Add(int64_t count, const float* a, const float* b,
                    float* out) = 0;
+  // out = activation(a + b), `out` as for Add: an add layer with its relu
+  // folded in. By default Add, then ActivationForward in place.
+  virtual void AddActivation(const ActivationDesc& desc, int64_t count,
+                             const float* a, const float* b, float* out);
   // Copies `rows` rows of `cols` floats from src (rows `src_stride` floats
   // apart) to dst (rows `dst_stride` apart): a concat layer's channels in
   // and out of its NHWC output. The two must not overlap.
@@ -475,6 +488,11 @@ absl::StatusOr<std::optional<bool>> EnvironmentSwitch(const char* name,
 // it; dlbatch-train checks it on any device, so that a typo is refused on
 // the CPU too.
 absl::StatusOr<std::optional<bool>> ConvLoweredSwitch();
+
+// DLBATCH_FOLD_RELU: 0 runs every relu as a layer of its own instead of
+// folding it into the layer before (Backend::folds_relu); unset or 1, the
+// backend's default. The CPU backend reads it; dlbatch-train checks it.
+absl::StatusOr<std::optional<bool>> FoldReluSwitch();
 
 }  // namespace dlbatch::trainer
 

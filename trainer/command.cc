@@ -309,6 +309,7 @@ absl::StatusOr<TrainRequest> MakeRequest(const CommandLine& cl,
   // The GPU backend reads it; checked here so that a CPU run refuses a
   // typo too.
   RETURN_IF_ERROR(ConvLoweredSwitch().status());
+  RETURN_IF_ERROR(FoldReluSwitch().status());
   return req;
 }
 

@@ -15,29 +15,47 @@
 namespace dlbatch::trainer {
 namespace {
 
+// With a relu folded in (`relu`), the last sum applies it, and backward
+// masks dy by the output once, into the first dx, which the others copy.
 class AddLayer final : public Layer {
  public:
-  AddLayer(Backend* backend, int64_t sample_size)
-      : backend_(backend), sample_size_(sample_size) {}
+  AddLayer(Backend* backend, int64_t sample_size, bool relu)
+      : backend_(backend), sample_size_(sample_size), relu_(relu) {}
 
   void ForwardInputs(int n, absl::Span<const float* const> x, float* y,
                      bool /*training*/, uint64_t /*dropout_salt*/) override {
     const int64_t count = n * sample_size_;
-    backend_->Add(count, x[0], x[1], y);
-    for (size_t i = 2; i < x.size(); ++i) backend_->Add(count, y, x[i], y);
+    const float* sum = x[0];
+    for (size_t i = 1; i < x.size(); ++i) {
+      if (relu_ && i + 1 == x.size()) {
+        backend_->AddActivation(ActivationDesc{}, count, sum, x[i], y);
+      } else {
+        backend_->Add(count, sum, x[i], y);
+      }
+      sum = y;
+    }
   }
   void BackwardInputs(int n, absl::Span<const float* const> /*x*/,
-                      const float* /*y*/, const float* dy,
+                      const float* y, const float* dy,
                       absl::Span<float* const> dx) override {
-    const size_t bytes = n * sample_size_ * sizeof(float);
+    const int64_t count = n * sample_size_;
+    const float* from = dy;
     for (float* d : dx) {
-      if (d != nullptr) backend_->CopyOnDevice(d, dy, bytes);
+      if (d == nullptr) continue;
+      if (relu_ && from == dy) {
+        // relu's gradient from its output: y > 0 exactly where its input was.
+        backend_->ActivationBackward(ActivationDesc{}, count, y, dy, d);
+        from = d;
+      } else {
+        backend_->CopyOnDevice(d, from, count * sizeof(float));
+      }
     }
   }
 
  private:
   Backend* backend_;
   int64_t sample_size_;
+  bool relu_;
 };
 
 class ConcatLayer final : public Layer {
@@ -111,7 +129,9 @@ absl::StatusOr<LayerPlan> MakeJoinLayer(const LayerContext& ctx) {
       }
     }
     plan.info.out = ctx.ins[0];
-    plan.layer = std::make_unique<AddLayer>(ctx.backend, ctx.ins[0].size());
+    plan.folds_relu = ctx.relu_follows;
+    plan.layer = std::make_unique<AddLayer>(ctx.backend, ctx.ins[0].size(),
+                                            plan.folds_relu);
     return plan;
   }
   std::vector<int> channels;

@@ -148,12 +148,16 @@ absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx) {
   BatchNormDesc desc;
   desc.in = ctx.in;
   desc.epsilon = spec.epsilon() > 0 ? spec.epsilon() : kDefaultEpsilon;
+  const bool sync = spec.sync() && ctx.communicator != nullptr &&
+                    ctx.communicator->size() > 1;
+  // The synchronised passes are the backend's own sums: no relu in them.
+  desc.relu = ctx.relu_follows && !sync;
+  plan.folds_relu = desc.relu;
   auto kernel = ctx.backend->MakeBatchNorm(desc, ctx.max_batch);
   if (!kernel.ok()) return ctx.Error(kernel.status().message());
   auto saved = ctx.backend->Allocate(2 * ctx.in.c * sizeof(float));
   if (!saved.ok()) return ctx.Error(saved.status().message());
-  if (spec.sync() && ctx.communicator != nullptr &&
-      ctx.communicator->size() > 1) {
+  if (sync) {
     auto sync = ctx.backend->MakeSyncBatchNorm(desc, ctx.max_batch);
     if (!sync.ok()) return ctx.Error(sync.status().message());
     auto sums = ctx.backend->Allocate((2 * ctx.in.c + 1) * sizeof(float));

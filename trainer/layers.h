@@ -119,6 +119,9 @@ struct LayerPlan {
   LayerInfo info;  // in, out, window; params and state left to the network
   std::vector<ParamRequest> params;
   std::vector<ParamRequest> state;
+  // The layer applies the relu that follows it (LayerContext::relu_follows),
+  // which the network then skips.
+  bool folds_relu = false;
 };
 
 // Everything a layer factory gets.
@@ -138,6 +141,11 @@ struct LayerContext {
   // collectives and reports it (Network::collective_status), so a layer may
   // ignore the Status one returns.
   Communicator* communicator = nullptr;
+  // This layer's output goes only to a relu, which the network skips if the
+  // layer folds it in (LayerPlan::folds_relu): its forward then writes
+  // relu's output, and its backward gets relu's output gradient. Set only
+  // where the backend folds relus (Backend::folds_relu).
+  bool relu_follows = false;
 
   // InvalidArgument "layers[i] (type 'name'): <message>".
   absl::Status Error(absl::string_view message) const;

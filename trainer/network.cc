@@ -79,9 +79,7 @@ class NetworkImpl final : public Network {
   void Initialize(uint64_t seed) override;
   void SetLabelSmoothing(float smoothing) override { smoothing_ = smoothing; }
   void Forward(int n, const float* images, bool training) override;
-  const float* probabilities() const override {
-    return activations_.back().f32();
-  }
+  const float* probabilities() const override { return output_.back(); }
   void Loss(int n, const int32_t* labels, float* stats) override;
   using Network::Backward;
   void Backward(int n, const int32_t* labels, float scale,
@@ -108,9 +106,7 @@ class NetworkImpl final : public Network {
       const std::function<absl::Status(int64_t, Buffer*)>& allocate);
 
   // The output of layer `i` (-1: the input images of the last Forward).
-  const float* Output(int i) const {
-    return i < 0 ? images_ : activations_[i].f32();
-  }
+  const float* Output(int i) const { return i < 0 ? images_ : output_[i]; }
 
   Backend* backend_ = nullptr;
   // Outlives the layers, which run their collectives through it; null if
@@ -132,7 +128,9 @@ class NetworkImpl final : public Network {
   // ones merged, highest first: what Backward reports after the layer.
   std::vector<std::vector<std::pair<int64_t, int64_t>>> grad_ranges_;
   Buffer params_, grads_, state_;
-  std::vector<Buffer> activations_;  // each layer's output
+  std::vector<Buffer> activations_;  // each layer's output, but a folded one's
+  std::vector<float*> output_;       // per layer, its output (a folded relu's
+                                     // is its input's)
   // Gradients of layer outputs, each shared by layers whose gradients are
   // never live at once (two for a list of layers, as a ping-pong).
   std::vector<Buffer> gradient_;
@@ -215,12 +213,18 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     ctx.backend = backend;
     ctx.max_batch = max_batch;
     ctx.communicator = net->communicator_.get();
+    const std::vector<int>& consumers = wiring.consumers[i];
+    ctx.relu_follows = backend->folds_relu() && consumers.size() == 1 &&
+                       spec.layers(consumers[0]).type() == "relu";
     if (layer.type() == "softmax" && i + 1 != spec.layers_size()) {
       return ctx.Error("softmax must be the last layer");
     }
     absl::StatusOr<LayerPlan> plan = MakeLayer(ctx);
     if (!plan.ok()) return plan.status();
     plan->info.inputs = wiring.inputs[i];
+    const int from = wiring.inputs[i][0];
+    plan->info.folded =
+        layer.type() == "relu" && from >= 0 && plans[from].folds_relu;
     plans.push_back(*std::move(plan));
   }
   net->classes_ = plans.back().info.out.c;
@@ -290,8 +294,13 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
   }
   for (const LayerPlan& plan : plans) {
     Buffer act;
-    if (auto s = allocate(max_batch * plan.info.out.size(), &act); !s.ok()) {
-      return s;
+    if (plan.info.folded) {
+      net->output_.push_back(net->output_[plan.info.inputs[0]]);
+    } else {
+      if (auto s = allocate(max_batch * plan.info.out.size(), &act); !s.ok()) {
+        return s;
+      }
+      net->output_.push_back(act.f32());
     }
     net->activations_.push_back(std::move(act));
     net->x_.emplace_back(plan.info.inputs.size(), nullptr);
@@ -360,12 +369,19 @@ absl::Status NetworkImpl::PlanBackward(
 
   // A layer's output gradient is live from the backward step of the last
   // layer that takes it (its first write) to its own (its read). Layers
-  // whose spans do not meet share a buffer.
+  // whose spans do not meet share a buffer. A folded relu's gradient is its
+  // input's, live over both spans.
   std::vector<int> written_at(count, -1);
   for (int i = 0; i < count; ++i) {
     for (int j : infos_[i].inputs) {
       if (wants_grad(j)) written_at[j] = std::max(written_at[j], i);
     }
+  }
+  for (int i = count - 1; i >= 0; --i) {
+    if (!infos_[i].folded) continue;
+    const int j = infos_[i].inputs[0];
+    written_at[j] = std::max(written_at[j], written_at[i]);
+    written_at[i] = -1;
   }
   std::vector<int> order;
   for (int j = 0; j < count; ++j) {
@@ -396,6 +412,7 @@ absl::Status NetworkImpl::PlanBackward(
   output_grad_.assign(count, nullptr);
   for (int j = 0; j < count; ++j) {
     if (buffer_of[j] >= 0) output_grad_[j] = gradient_[buffer_of[j]].f32();
+    if (infos_[j].folded) output_grad_[j] = output_grad_[infos_[j].inputs[0]];
   }
 
   // Each input's gradient: straight into its producer's buffer where it is
@@ -411,7 +428,7 @@ absl::Status NetworkImpl::PlanBackward(
       continue;
     }
     BackwardStep& step = backward_[i];
-    if (!step.run) continue;
+    if (!step.run || infos_[i].folded) continue;
     step.dx.assign(inputs.size(), nullptr);
     int used = 0;
     for (size_t k = 0; k < inputs.size(); ++k) {
@@ -497,17 +514,17 @@ void NetworkImpl::Initialize(uint64_t seed) {
 void NetworkImpl::Forward(int n, const float* images, bool training) {
   images_ = images;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    if (infos_[i].folded) continue;
     std::vector<const float*>& x = x_[i];
     for (size_t k = 0; k < x.size(); ++k) x[k] = Output(infos_[i].inputs[k]);
-    layers_[i]->ForwardInputs(n, x, activations_[i].f32(), training, i);
+    layers_[i]->ForwardInputs(n, x, output_[i], training, i);
   }
 }
 
 void NetworkImpl::Loss(int n, const int32_t* labels, float* stats) {
   const size_t softmax = layers_.size() - 1;
   backend_->SoftmaxCrossEntropy(n, classes_, Output(infos_[softmax].inputs[0]),
-                                labels, smoothing_, activations_[softmax].f32(),
-                                stats);
+                                labels, smoothing_, output_[softmax], stats);
 }
 
 void NetworkImpl::Backward(int n, const int32_t* labels, float scale,
@@ -516,16 +533,15 @@ void NetworkImpl::Backward(int n, const int32_t* labels, float scale,
   const int softmax = static_cast<int>(layers_.size()) - 1;
   const int logits = infos_[softmax].inputs[0];
   if (logits < 0 || output_grad_[logits] == nullptr) return;
-  backend_->SoftmaxCrossEntropyBackward(
-      n, classes_, activations_[softmax].f32(), labels, smoothing_, scale,
-      output_grad_[logits]);
+  backend_->SoftmaxCrossEntropyBackward(n, classes_, output_[softmax], labels,
+                                        smoothing_, scale,
+                                        output_grad_[logits]);
   for (int i = softmax - 1; i >= first_learning_; --i) {
     const BackwardStep& step = backward_[i];
-    if (!step.run) continue;
+    if (!step.run || infos_[i].folded) continue;
     std::vector<const float*>& x = x_[i];
     for (size_t k = 0; k < x.size(); ++k) x[k] = Output(infos_[i].inputs[k]);
-    layers_[i]->BackwardInputs(n, x, activations_[i].f32(), output_grad_[i],
-                               step.dx);
+    layers_[i]->BackwardInputs(n, x, output_[i], output_grad_[i], step.dx);
     for (size_t a = 0; a < step.accumulate.size(); ++a) {
       const auto [into, from] = step.accumulate[a];
       backend_->Add(n * step.accumulate_size[a], into, from, into);

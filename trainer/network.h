@@ -63,6 +63,9 @@ struct LayerInfo {
   Padding pad;
   std::vector<int> params;  // indices into Network::params_info()
   std::vector<int> state;   // indices into Network::state_info()
+  // A relu computed by the layer that feeds it (Backend::folds_relu): its
+  // output and gradient are that layer's.
+  bool folded = false;
 };
 
 class Network {

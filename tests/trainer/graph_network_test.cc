@@ -374,6 +374,84 @@ TEST_F(GraphNetworkTest, NesterovUpdateByHandAndThroughTheSolver) {
 
 // The example files parse, pass validation and build to the shapes their
 // comments give.
+// The CPU backend folds a relu into the batchnorm or add layer that alone
+// feeds it (Backend::folds_relu): the network computes exactly what it
+// computes with every relu a layer of its own (DLBATCH_FOLD_RELU=0).
+TEST_F(GraphNetworkTest, FoldedRelusComputeWhatRelusOfTheirOwnDo) {
+  v1::LayerSpec pool = L("maxpool");
+  pool.set_size(2);
+  const v1::NetworkSpec spec =
+      Net({6, 6, 3},
+          {Conv("stem", 8, 3), L("batchnorm", "bn0"), L("relu", "r0"),  // folds
+           Conv("a", 8, 3), L("batchnorm", "bn1"),
+           L("add", "sum", {"r0", "bn1"}), L("relu", "r1"),  // folds into add
+           Conv("b", 8, 3), L("batchnorm", "bn2"),
+           L("relu", "r2"),  // bn2 is also the concat's: no fold
+           Conv("c", 8, 1, {"r2"}), L("relu", "r3"),  // after a conv: no fold
+           L("concat", "cat", {"r3", "bn2"}), pool, Fc(5), L("softmax")});
+  ASSERT_EQ(setenv("DLBATCH_FOLD_RELU", "0", 1), 0);
+  absl::StatusOr<std::unique_ptr<Backend>> plain_backend = MakeCpuBackend(1);
+  unsetenv("DLBATCH_FOLD_RELU");
+  ASSERT_TRUE(plain_backend.ok()) << plain_backend.status();
+  EXPECT_TRUE(backend_->folds_relu());
+  EXPECT_FALSE((*plain_backend)->folds_relu());
+
+  const int max_batch = 4;
+  auto folded = Build(spec, max_batch);
+  // The same convolution implementations on both sides, whatever each
+  // would time fastest under this machine's load.
+  (*plain_backend)->LoadTuning(backend_->SaveTuning());
+  auto plain = Network::Build(spec, plain_backend->get(), max_batch);
+  ASSERT_NE(folded, nullptr);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  std::vector<std::string> which;
+  for (const LayerInfo& l : folded->layers()) {
+    if (l.folded) which.push_back(l.name);
+  }
+  EXPECT_EQ(which, (std::vector<std::string>{"r0", "r1"}));
+  for (const LayerInfo& l : (*plain)->layers()) EXPECT_FALSE(l.folded);
+
+  folded->Initialize(3);
+  (*plain)->Initialize(3);
+  const int k = folded->num_classes();
+  const int64_t size = folded->input_shape().size();
+  // Two steps of a full batch and one of a smaller one (the last batch of
+  // an epoch): the mask of the zeroed outputs is kept for each.
+  for (int n : {max_batch, max_batch, 3}) {
+    SCOPED_TRACE(n);
+    DeviceArray images(backend_.get(), RandomVector(n * size, 7 + n));
+    std::vector<int32_t> labels = {0, 4, 2, 1};
+    Buffer label_buffer = *backend_->Allocate(n * 4);
+    backend_->CopyToDevice(label_buffer.as<void>(), labels.data(), n * 4);
+    for (Network* net : {folded.get(), plain->get()}) {
+      // A new batch size is tuned on its first use: by the folded side.
+      if (net == plain->get()) {
+        (*plain_backend)->LoadTuning(backend_->SaveTuning());
+      }
+      net->Forward(n, images.data(), /*training=*/true);
+      net->Backward(n, label_buffer.as<int32_t>(), 0.25f);
+    }
+    EXPECT_EQ(Get(folded->probabilities(), n * k),
+              Get((*plain)->probabilities(), n * k));
+    const std::vector<float> grads = Get(folded->grads(), folded->num_params());
+    EXPECT_EQ(grads, Get((*plain)->grads(), (*plain)->num_params()));
+    // Every parameter learns: the folded relus pass their gradients on.
+    for (const ParamInfo& p : folded->params_info()) {
+      double sum = 0;
+      for (int64_t i = 0; i < p.count; ++i)
+        sum += std::fabs(grads[p.offset + i]);
+      EXPECT_GT(sum, 0) << p.name;
+    }
+    EXPECT_EQ(Get(folded->state(), folded->state_size()),
+              Get((*plain)->state(), (*plain)->state_size()));
+    // Inference, with the running statistics, folds the relu too.
+    folded->Forward(n, images.data(), /*training=*/false);
+    (*plain)->Forward(n, images.data(), /*training=*/false);
+    EXPECT_EQ(Get(folded->probabilities(), n * k),
+              Get((*plain)->probabilities(), n * k));
+  }
+}
+
 TEST_F(GraphNetworkTest, ResNetExamplesBuild) {
   struct Example {
     const char* file;

@@ -255,7 +255,8 @@ TEST_F(TrainRun, BatchesAsBytesTrainToTheWeightsOfFloats) {
   // So are the other switches of dlbatch-train's environment, on the CPU
   // too (the GPU backend reads DLBATCH_CONV_LOWERED, but a typo is refused
   // wherever it runs).
-  for (const char* name : {"DLBATCH_CUDA_GRAPHS", "DLBATCH_CONV_LOWERED"}) {
+  for (const char* name :
+       {"DLBATCH_CUDA_GRAPHS", "DLBATCH_CONV_LOWERED", "DLBATCH_FOLD_RELU"}) {
     Result refused = Train(job, dir_ + "/bad", args, {{name, "on"}});
     EXPECT_EQ(refused.code, 1) << name;
     EXPECT_NE(refused.err.find(absl::StrCat(name, " is \"on\"; set it to 1 (")),

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -174,7 +175,7 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, bool bf16) {
+  CpuBackend(int threads, bool bf16, bool fold_relu) : fold_relu_(fold_relu) {
     ctx_.engine = dnnl::engine(dnnl::engine::kind::cpu, 0);
     ctx_.stream = dnnl::stream(ctx_.engine);
     ctx_.threads = threads;
@@ -190,6 +191,7 @@ class CpuBackend final : public Backend {
                         ctx_.bf16() ? ", bf16" : "");
   }
   bool on_gpu() const override { return false; }
+  bool folds_relu() const override { return fold_relu_; }
 
   // One "index<TAB>key" line per choice.
   std::string SaveTuning() const override {
@@ -299,6 +301,15 @@ class CpuBackend final : public Backend {
     ctx_.Enter();
     cpu::Add(count, a, b, out);
   }
+  void AddActivation(const ActivationDesc& desc, int64_t count, const float* a,
+                     const float* b, float* out) override {
+    if (desc.kind == ActivationKind::kGelu) {
+      Backend::AddActivation(desc, count, a, b, out);
+      return;
+    }
+    ctx_.Enter();
+    cpu::AddActivation(desc.alpha, count, a, b, out);
+  }
   void CopyStrided(int64_t rows, int64_t cols, const float* src,
                    int64_t src_stride, float* dst,
                    int64_t dst_stride) override {
@@ -367,6 +378,7 @@ class CpuBackend final : public Backend {
  private:
   cpu::Context ctx_;
   uint64_t dropout_key_ = 0;
+  const bool fold_relu_;
 };
 
 }  // namespace
@@ -425,8 +437,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(int threads,
   }
   if (bf16) RETURN_IF_ERROR(CpuBf16Support());
   if (threads == 0) threads = omp_get_num_procs();
+  // dlbatch-train refuses a bad value before it gets here.
+  absl::StatusOr<std::optional<bool>> fold = FoldReluSwitch();
+  const bool fold_relu = !fold.ok() || fold->value_or(true);
   try {
-    return std::unique_ptr<Backend>(new cpu::CpuBackend(threads, bf16));
+    return std::unique_ptr<Backend>(
+        new cpu::CpuBackend(threads, bf16, fold_relu));
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat(
         "CPU backend: cannot create the oneDNN engine: ", e.what()));

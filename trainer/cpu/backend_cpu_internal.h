@@ -359,6 +359,9 @@ void ActivationBackward(float alpha, int64_t count, const float* x,
 void GeluForward(int64_t count, const float* x, float* y);
 void GeluBackward(int64_t count, const float* x, const float* dy, float* dx);
 void Add(int64_t count, const float* a, const float* b, float* out);
+// out = a + b, then relu or leaky relu (`alpha`) in the same pass.
+void AddActivation(float alpha, int64_t count, const float* a, const float* b,
+                   float* out);
 void CopyStrided(int64_t rows, int64_t cols, const float* src,
                  int64_t src_stride, float* dst, int64_t dst_stride);
 void DropoutForward(float p, uint64_t seed, int64_t count, const float* x,

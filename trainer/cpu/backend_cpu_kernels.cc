@@ -76,6 +76,16 @@ void Add(int64_t count, const float* a, const float* b, float* out) {
   for (int64_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
 }
 
+void AddActivation(float alpha, int64_t count, const float* a, const float* b,
+                   float* out) {
+#pragma omp parallel for simd schedule(static) if (parallel : Team(count))
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = a[i] + b[i];
+    const float scaled = alpha * v;
+    out[i] = v > 0 ? v : scaled;
+  }
+}
+
 void CopyStrided(int64_t rows, int64_t cols, const float* src,
                  int64_t src_stride, float* dst, int64_t dst_stride) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)

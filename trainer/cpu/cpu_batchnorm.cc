@@ -1,9 +1,15 @@
 // Batch normalisation on the CPU: oneDNN's batch-normalization primitives
 // over NHWC activations with a separate scale and shift; the running
-// statistics are moved by a small loop over the channels.
+// statistics are moved by a small loop over the channels. A folded relu
+// (BatchNormDesc::relu) is oneDNN's fuse_norm_relu: the forward keeps a
+// mask of the outputs it zeroed (the workspace), which the backward applies
+// to dy as it reads it.
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -23,7 +29,8 @@ class CpuBatchNorm final : public BatchNormKernel {
   CpuBatchNorm(const Context* ctx, const BatchNormDesc& desc, int max_batch)
       : ctx_(ctx),
         d_(desc),
-        name_(absl::StrCat("batch normalization ", desc.in.ToString())),
+        name_(absl::StrCat("batch normalization ", desc.in.ToString(),
+                           desc.relu ? " with relu" : "")),
         cache_(max_batch) {}
 
   absl::Status Prepare(int n) {
@@ -40,7 +47,11 @@ class CpuBatchNorm final : public BatchNormKernel {
                        float* running_var, float momentum) override {
     BoundPrimitive* p = nullptr;
     DLBATCH_DNNL_RUN(p = &Training(n));
-    p->Run({x, gamma, beta, y, saved_mean, saved_var});
+    if (d_.relu) {
+      p->Run({x, gamma, beta, y, saved_mean, saved_var, workspace_.data()});
+    } else {
+      p->Run({x, gamma, beta, y, saved_mean, saved_var});
+    }
     for (int c = 0; c < d_.in.c; ++c) {
       running_mean[c] =
           (1 - momentum) * running_mean[c] + momentum * saved_mean[c];
@@ -64,7 +75,12 @@ class CpuBatchNorm final : public BatchNormKernel {
     DLBATCH_DNNL_RUN(p = &Bwd(n));
     // oneDNN 2.6 will not run backward without a shift argument, which it
     // never reads: gamma stands in.
-    p->Run({x, dy, gamma, gamma, saved_mean, saved_var, dx, dgamma, dbeta});
+    if (d_.relu) {
+      p->Run({x, dy, gamma, gamma, saved_mean, saved_var, workspace_.data(), dx,
+              dgamma, dbeta});
+    } else {
+      p->Run({x, dy, gamma, gamma, saved_mean, saved_var, dx, dgamma, dbeta});
+    }
   }
 
  private:
@@ -79,6 +95,10 @@ class CpuBatchNorm final : public BatchNormKernel {
   memory::desc Channels() const {
     return memory::desc({d_.in.c}, dt::f32, tag::x);
   }
+  flags Flags() const {
+    return d_.relu ? flags::use_scale | flags::use_shift | flags::fuse_norm_relu
+                   : flags::use_scale | flags::use_shift;
+  }
   dnnl::primitive_attr Attr() const {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -89,8 +109,7 @@ class CpuBatchNorm final : public BatchNormKernel {
     Prims& p = cache_[n];
     if (!p.train_pd) {
       dnnl::batch_normalization_forward::desc desc(
-          dnnl::prop_kind::forward_training, Data(n), d_.epsilon,
-          flags::use_scale | flags::use_shift);
+          dnnl::prop_kind::forward_training, Data(n), d_.epsilon, Flags());
       p.train_pd.emplace(desc, Attr(), ctx_->engine);
     }
     return *p.train_pd;
@@ -109,6 +128,14 @@ class CpuBatchNorm final : public BatchNormKernel {
       p.train->AddOutput(DNNL_ARG_DST, Data(n), pd.dst_desc());
       p.train->AddOutput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
       p.train->AddOutput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
+      if (d_.relu) {
+        // One buffer for every batch size: only a training forward and the
+        // backward of the same batch use it, one after the other.
+        const size_t bytes = pd.workspace_desc().get_size();
+        if (bytes > workspace_.size()) workspace_.resize(bytes);
+        p.train->AddOutput(DNNL_ARG_WORKSPACE, pd.workspace_desc(),
+                           pd.workspace_desc());
+      }
     }
     return *p.train;
   }
@@ -118,7 +145,7 @@ class CpuBatchNorm final : public BatchNormKernel {
     if (!p.infer) {
       dnnl::batch_normalization_forward::desc desc(
           dnnl::prop_kind::forward_inference, Data(n), d_.epsilon,
-          flags::use_global_stats | flags::use_scale | flags::use_shift);
+          flags::use_global_stats | Flags());
       dnnl::batch_normalization_forward::primitive_desc pd(desc, Attr(),
                                                            ctx_->engine);
       p.infer.emplace(ctx_, name_ + " forward inference",
@@ -138,8 +165,7 @@ class CpuBatchNorm final : public BatchNormKernel {
     Prims& p = cache_[n];
     if (!p.bwd) {
       dnnl::batch_normalization_backward::desc desc(
-          dnnl::prop_kind::backward, Data(n), Data(n), d_.epsilon,
-          flags::use_scale | flags::use_shift);
+          dnnl::prop_kind::backward, Data(n), Data(n), d_.epsilon, Flags());
       dnnl::batch_normalization_backward::primitive_desc pd(
           desc, Attr(), ctx_->engine, TrainPd(n));
       p.bwd.emplace(ctx_, name_ + " backward",
@@ -151,6 +177,10 @@ class CpuBatchNorm final : public BatchNormKernel {
       p.bwd->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
       p.bwd->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
       p.bwd->AddInput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
+      if (d_.relu) {
+        p.bwd->AddInput(DNNL_ARG_WORKSPACE, pd.workspace_desc(),
+                        pd.workspace_desc());
+      }
       p.bwd->AddOutput(DNNL_ARG_DIFF_SRC, Data(n), pd.diff_src_desc());
       p.bwd->AddOutput(DNNL_ARG_DIFF_SCALE, Channels(), Channels());
       p.bwd->AddOutput(DNNL_ARG_DIFF_SHIFT, Channels(), Channels());
@@ -162,6 +192,9 @@ class CpuBatchNorm final : public BatchNormKernel {
   const BatchNormDesc d_;
   const std::string name_;
   PerBatch<Prims> cache_;
+  // The relu's mask from the last training forward (d_.relu), sized for the
+  // largest batch made so far.
+  std::vector<uint8_t> workspace_;
 };
 
 }  // namespace

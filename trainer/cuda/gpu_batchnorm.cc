@@ -147,6 +147,10 @@ absl::StatusOr<std::unique_ptr<GpuSyncBatchNorm>> MakePasses(
 
 absl::StatusOr<std::unique_ptr<BatchNormKernel>> MakeBatchNorm(
     Context* ctx, Backend* backend, const BatchNormDesc& desc, int max_batch) {
+  if (desc.relu) {  // the network folds none here: folds_relu() is false
+    return absl::InvalidArgumentError(
+        "batch normalization on a GPU folds no relu");
+  }
   auto passes = MakePasses(ctx, backend, desc, max_batch);
   if (!passes.ok()) return passes.status();
   return std::make_unique<GpuBatchNorm>(*std::move(passes));
