@@ -270,6 +270,34 @@ class WeightedKernel : public Interface {
   // passes (BoundPrimitive::ShareInput): the layer runs backward weights,
   // then backward data, after the forward of the same batch.
 
+  // Binds a forward primitive made from `pd`: x, the weights and the bias
+  // in, y out, in the user layouts given.
+  template <typename Prim, typename Pd>
+  void BindForward(std::optional<BoundPrimitive>* slot, const Pd& pd,
+                   const dnnl::memory::desc& src,
+                   const dnnl::memory::desc& weights,
+                   const dnnl::memory::desc& bias,
+                   const dnnl::memory::desc& dst) {
+    slot->emplace(self().ctx_, self().name_ + " forward", Prim(pd),
+                  pd.scratchpad_desc());
+    (*slot)->AddInput(DNNL_ARG_SRC, src, pd.src_desc());
+    (*slot)->AddInput(DNNL_ARG_WEIGHTS, weights, pd.weights_desc());
+    (*slot)->AddInput(DNNL_ARG_BIAS, bias, pd.bias_desc());
+    (*slot)->AddOutput(DNNL_ARG_DST, dst, pd.dst_desc());
+  }
+
+  // A forward primitive's arguments in its own layouts, as TimePrimitive
+  // takes them.
+  template <typename Pd>
+  static std::vector<std::pair<int, dnnl::memory::desc>> ForwardArgs(
+      const Pd& pd) {
+    return {{DNNL_ARG_SRC, pd.src_desc()},
+            {DNNL_ARG_WEIGHTS, pd.weights_desc()},
+            {DNNL_ARG_BIAS, pd.bias_desc()},
+            {DNNL_ARG_DST, pd.dst_desc()},
+            {DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc()}};
+  }
+
   // Binds a backward-weights primitive made from `pd` for batch n: x and dy
   // in, the weight and bias gradients out, in the user layouts given.
   template <typename Prim, typename Pd>

@@ -103,13 +103,8 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
   BoundPrimitive& Fwd(int n) {
     Prims& p = cache_[n];
     if (!p.fwd) {
-      const auto& pd = FwdPd(n);
-      p.fwd.emplace(ctx_, name_ + " forward", dnnl::convolution_forward(pd),
-                    pd.scratchpad_desc());
-      p.fwd->AddInput(DNNL_ARG_SRC, Src(n), pd.src_desc());
-      p.fwd->AddInput(DNNL_ARG_WEIGHTS, Weights(), pd.weights_desc());
-      p.fwd->AddInput(DNNL_ARG_BIAS, Bias(), pd.bias_desc());
-      p.fwd->AddOutput(DNNL_ARG_DST, Dst(n), pd.dst_desc());
+      BindForward<dnnl::convolution_forward>(&p.fwd, FwdPd(n), Src(n),
+                                             Weights(), Bias(), Dst(n));
     }
     return *p.fwd;
   }

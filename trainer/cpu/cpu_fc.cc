@@ -101,23 +101,11 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
   }
   bool TimeFwdAsMatmul(int n, const std::string& key) {
     const auto& ip = FwdPd(n);
-    const double inner =
-        TimePrimitive(ctx_, dnnl::inner_product_forward(ip),
-                      {{DNNL_ARG_SRC, ip.src_desc()},
-                       {DNNL_ARG_WEIGHTS, ip.weights_desc()},
-                       {DNNL_ARG_BIAS, ip.bias_desc()},
-                       {DNNL_ARG_DST, ip.dst_desc()},
-                       {DNNL_ARG_SCRATCHPAD, ip.scratchpad_desc()}},
-                      0);
+    const double inner = TimePrimitive(ctx_, dnnl::inner_product_forward(ip),
+                                       ForwardArgs(ip), 0);
     const dnnl::matmul::primitive_desc mm = MatmulPd(n);
     const double matmul =
-        TimePrimitive(ctx_, dnnl::matmul(mm),
-                      {{DNNL_ARG_SRC, mm.src_desc()},
-                       {DNNL_ARG_WEIGHTS, mm.weights_desc()},
-                       {DNNL_ARG_BIAS, mm.bias_desc()},
-                       {DNNL_ARG_DST, mm.dst_desc()},
-                       {DNNL_ARG_SCRATCHPAD, mm.scratchpad_desc()}},
-                      2 * inner);
+        TimePrimitive(ctx_, dnnl::matmul(mm), ForwardArgs(mm), 2 * inner);
     ctx_->tuning[key] = matmul < inner ? 1 : 0;
     return matmul < inner;
   }
@@ -125,22 +113,12 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
   BoundPrimitive& Fwd(int n) {
     Prims& p = cache_[n];
     if (!p.fwd && FwdAsMatmul(n)) {
-      const dnnl::matmul::primitive_desc pd = MatmulPd(n);
-      p.fwd.emplace(ctx_, name_ + " forward", dnnl::matmul(pd),
-                    pd.scratchpad_desc());
-      p.fwd->AddInput(DNNL_ARG_SRC, Src(n), pd.src_desc());
-      p.fwd->AddInput(DNNL_ARG_WEIGHTS, MatmulWeights(), pd.weights_desc());
-      p.fwd->AddInput(DNNL_ARG_BIAS, MatmulBias(), pd.bias_desc());
-      p.fwd->AddOutput(DNNL_ARG_DST, Dst(n), pd.dst_desc());
+      BindForward<dnnl::matmul>(&p.fwd, MatmulPd(n), Src(n), MatmulWeights(),
+                                MatmulBias(), Dst(n));
     }
     if (!p.fwd) {
-      const auto& pd = FwdPd(n);
-      p.fwd.emplace(ctx_, name_ + " forward", dnnl::inner_product_forward(pd),
-                    pd.scratchpad_desc());
-      p.fwd->AddInput(DNNL_ARG_SRC, Src(n), pd.src_desc());
-      p.fwd->AddInput(DNNL_ARG_WEIGHTS, Weights(), pd.weights_desc());
-      p.fwd->AddInput(DNNL_ARG_BIAS, Bias(), pd.bias_desc());
-      p.fwd->AddOutput(DNNL_ARG_DST, Dst(n), pd.dst_desc());
+      BindForward<dnnl::inner_product_forward>(&p.fwd, FwdPd(n), Src(n),
+                                               Weights(), Bias(), Dst(n));
     }
     return *p.fwd;
   }
