@@ -16,7 +16,7 @@ namespace dlbatch::trainer {
 namespace {
 
 // With a relu folded in (`relu`), the last sum applies it, and backward
-// masks dy by the output once, into the first dx, which the others copy.
+// masks dy by the output once, into one dx, which the others copy.
 class AddLayer final : public Layer {
  public:
   AddLayer(Backend* backend, int64_t sample_size, bool relu)
@@ -35,19 +35,26 @@ class AddLayer final : public Layer {
       sum = y;
     }
   }
+  // An input's dx may be dy itself (the network gives one input the add's
+  // gradient buffer): it is left as it is, or masked in place.
   void BackwardInputs(int n, absl::Span<const float* const> /*x*/,
                       const float* y, const float* dy,
                       absl::Span<float* const> dx) override {
     const int64_t count = n * sample_size_;
-    const float* from = dy;
+    const float* grad = dy;  // every input's gradient, once made
+    if (relu_) {
+      float* into = nullptr;
+      for (float* d : dx) {
+        if (d != nullptr && (into == nullptr || d == dy)) into = d;
+      }
+      if (into == nullptr) return;
+      // relu's gradient from its output: y > 0 exactly where its input was.
+      backend_->ActivationBackward(ActivationDesc{}, count, y, dy, into);
+      grad = into;
+    }
     for (float* d : dx) {
-      if (d == nullptr) continue;
-      if (relu_ && from == dy) {
-        // relu's gradient from its output: y > 0 exactly where its input was.
-        backend_->ActivationBackward(ActivationDesc{}, count, y, dy, d);
-        from = d;
-      } else {
-        backend_->CopyOnDevice(d, from, count * sizeof(float));
+      if (d != nullptr && d != grad) {
+        backend_->CopyOnDevice(d, grad, count * sizeof(float));
       }
     }
   }

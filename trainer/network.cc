@@ -367,10 +367,32 @@ absl::Status NetworkImpl::PlanBackward(
   }
   auto wants_grad = [&](int j) { return j >= 0 && backward_[j].run; };
 
+  // Output gradients that are another's buffer (alias_of[i], below i): a
+  // folded relu's is its input's; an add's is that of one input that no
+  // other layer takes, which gets the add's gradient as it is (masked in
+  // place where the add folds a relu) instead of a copy.
+  std::vector<int> uses(count, 0);
+  for (int i = 0; i < count; ++i) {
+    for (int j : infos_[i].inputs) {
+      if (j >= 0) ++uses[j];
+    }
+  }
+  std::vector<int> alias_of(count, -1);
+  for (int i = 0; i < last; ++i) {
+    if (infos_[i].folded) {
+      alias_of[i] = infos_[i].inputs[0];
+    } else if (infos_[i].spec.type() == "add") {
+      for (int j : infos_[i].inputs) {
+        if (wants_grad(j) && uses[j] == 1)
+          alias_of[i] = std::max(alias_of[i], j);
+      }
+    }
+  }
+
   // A layer's output gradient is live from the backward step of the last
   // layer that takes it (its first write) to its own (its read). Layers
-  // whose spans do not meet share a buffer. A folded relu's gradient is its
-  // input's, live over both spans.
+  // whose spans do not meet share a buffer. An aliased gradient's span is
+  // its buffer's owner's too.
   std::vector<int> written_at(count, -1);
   for (int i = 0; i < count; ++i) {
     for (int j : infos_[i].inputs) {
@@ -378,8 +400,8 @@ absl::Status NetworkImpl::PlanBackward(
     }
   }
   for (int i = count - 1; i >= 0; --i) {
-    if (!infos_[i].folded) continue;
-    const int j = infos_[i].inputs[0];
+    if (alias_of[i] < 0) continue;
+    const int j = alias_of[i];
     written_at[j] = std::max(written_at[j], written_at[i]);
     written_at[i] = -1;
   }
@@ -412,7 +434,7 @@ absl::Status NetworkImpl::PlanBackward(
   output_grad_.assign(count, nullptr);
   for (int j = 0; j < count; ++j) {
     if (buffer_of[j] >= 0) output_grad_[j] = gradient_[buffer_of[j]].f32();
-    if (infos_[j].folded) output_grad_[j] = output_grad_[infos_[j].inputs[0]];
+    if (alias_of[j] >= 0) output_grad_[j] = output_grad_[alias_of[j]];
   }
 
   // Each input's gradient: straight into its producer's buffer where it is
