@@ -33,7 +33,7 @@ absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx) {
   desc.pad = win->pad;
   desc.out = plan.info.out;
   auto kernel = ctx.backend->MakeConv(desc, ctx.max_batch);
-  if (!kernel.ok()) return ctx.Error(kernel.status().message());
+  if (!kernel.ok()) return ctx.Error(kernel.status());
   plan.layer = std::make_unique<WeightedLayer<ConvKernel>>(*std::move(kernel));
 
   const int64_t window = int64_t{win->kh} * win->kw;

@@ -111,7 +111,7 @@ absl::StatusOr<LayerPlan> MakeElementwiseLayer(const LayerContext& ctx) {
                                     spec.probability()));
     }
     auto mask = ctx.backend->Allocate(ctx.max_batch * sample * sizeof(float));
-    if (!mask.ok()) return ctx.Error(mask.status().message());
+    if (!mask.ok()) return ctx.Error(mask.status());
     plan.layer = std::make_unique<DropoutLayer>(ctx.backend, p, sample,
                                                 *std::move(mask));
   } else {  // softmax
@@ -122,7 +122,7 @@ absl::StatusOr<LayerPlan> MakeElementwiseLayer(const LayerContext& ctx) {
           ctx.in.w, "] positions"));
     }
     auto scratch = ctx.backend->Allocate((2 + ctx.max_batch) * 4);
-    if (!scratch.ok()) return ctx.Error(scratch.status().message());
+    if (!scratch.ok()) return ctx.Error(scratch.status());
     plan.layer = std::make_unique<SoftmaxLayer>(ctx.backend, ctx.in.c,
                                                 *std::move(scratch));
   }

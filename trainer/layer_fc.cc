@@ -20,7 +20,7 @@ absl::StatusOr<LayerPlan> MakeFcLayer(const LayerContext& ctx) {
   desc.in = ctx.in.size();
   desc.units = spec.units();
   auto kernel = ctx.backend->MakeFc(desc, ctx.max_batch);
-  if (!kernel.ok()) return ctx.Error(kernel.status().message());
+  if (!kernel.ok()) return ctx.Error(kernel.status());
   plan.layer = std::make_unique<WeightedLayer<FcKernel>>(*std::move(kernel));
 
   ParamRequest weight;

@@ -154,14 +154,14 @@ absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx) {
   desc.relu = ctx.relu_follows && !sync;
   plan.folds_relu = desc.relu;
   auto kernel = ctx.backend->MakeBatchNorm(desc, ctx.max_batch);
-  if (!kernel.ok()) return ctx.Error(kernel.status().message());
+  if (!kernel.ok()) return ctx.Error(kernel.status());
   auto saved = ctx.backend->Allocate(2 * ctx.in.c * sizeof(float));
-  if (!saved.ok()) return ctx.Error(saved.status().message());
+  if (!saved.ok()) return ctx.Error(saved.status());
   if (sync) {
     auto sync = ctx.backend->MakeSyncBatchNorm(desc, ctx.max_batch);
-    if (!sync.ok()) return ctx.Error(sync.status().message());
+    if (!sync.ok()) return ctx.Error(sync.status());
     auto sums = ctx.backend->Allocate((2 * ctx.in.c + 1) * sizeof(float));
-    if (!sums.ok()) return ctx.Error(sums.status().message());
+    if (!sums.ok()) return ctx.Error(sums.status());
     plan.layer = std::make_unique<SyncBatchNormLayer>(
         *std::move(kernel), *std::move(sync), ctx.communicator, ctx.in.c,
         *std::move(saved), *std::move(sums));

@@ -61,12 +61,12 @@ absl::StatusOr<LayerPlan> MakePoolLayer(const LayerContext& ctx) {
   plan.info.pad = desc.pad;
 
   auto kernel = ctx.backend->MakePool(desc, ctx.max_batch);
-  if (!kernel.ok()) return ctx.Error(kernel.status().message());
+  if (!kernel.ok()) return ctx.Error(kernel.status());
   Buffer workspace;
   if (const size_t bytes = (*kernel)->WorkspaceBytes(ctx.max_batch);
       bytes > 0) {
     auto buffer = ctx.backend->Allocate(bytes);
-    if (!buffer.ok()) return ctx.Error(buffer.status().message());
+    if (!buffer.ok()) return ctx.Error(buffer.status());
     workspace = *std::move(buffer);
   }
   plan.layer =

@@ -11,8 +11,13 @@
 namespace dlbatch::trainer {
 
 absl::Status LayerContext::Error(absl::string_view message) const {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "layers[", index, "] (", spec->type(), " '", name, "'): ", message));
+  return Error(absl::InvalidArgumentError(message));
+}
+
+absl::Status LayerContext::Error(const absl::Status& cause) const {
+  return absl::Status(cause.code(),
+                      absl::StrCat("layers[", index, "] (", spec->type(), " '",
+                                   name, "'): ", cause.message()));
 }
 
 LayerPlan LayerContext::Plan() const {

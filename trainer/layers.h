@@ -149,6 +149,9 @@ struct LayerContext {
 
   // InvalidArgument "layers[i] (type 'name'): <message>".
   absl::Status Error(absl::string_view message) const;
+  // `cause` (a kernel or buffer the layer could not get) with the same
+  // prefix and its own code: ResourceExhausted stays so.
+  absl::Status Error(const absl::Status& cause) const;
   // The LayerPlan with info's index, name, spec and in filled in.
   LayerPlan Plan() const;
 };

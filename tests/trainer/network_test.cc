@@ -204,6 +204,29 @@ TEST_F(NetworkTest,
   EXPECT_THAT(s.message(), HasSubstr("use fewer filters or units"));
 }
 
+// A layer whose tensors at this batch size cannot be allocated (a 1024 x
+// 1024 output of 4096 filters is 274 GB at batch 16): the error names the
+// layer and says to shrink the batch, the layer's own code kept.
+TEST_F(NetworkTest, ALayerBeyondMemoryAtThisBatchSaysToShrinkTheBatch) {
+  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
+  int mode = -1;
+  overcommit >> mode;
+  if (mode == 1) {
+    GTEST_SKIP() << "vm.overcommit_memory is 1: a 274 GB allocation would "
+                    "succeed here";
+  }
+  absl::Status s = Network::Build(Net({1024, 1024, 1}, {Conv(4096, 3, 0, true),
+                                                        L("globalavgpool"),
+                                                        Fc(10), L("softmax")}),
+                                  backend_.get(), 16)
+                       .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("layers[0] (conv 'conv_1')"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("cannot allocate the host memory it needs for "
+                        "batches of 16; use a smaller mini_batch_size"));
+}
+
 TEST_F(NetworkTest, InitializeIsReproducibleAndScaledAsDocumented) {
   auto net = Build(LeNet(), 4);
   ASSERT_NE(net, nullptr);

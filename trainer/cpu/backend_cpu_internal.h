@@ -58,14 +58,21 @@ struct Context {
     }                                                          \
   } while (false)
 
-// Runs `make` (a primitive's creation, which throws where oneDNN has no
-// implementation for a shape) and turns a throw into InvalidArgument that
-// names `what`.
+// Runs `make` (a primitive's creation for batches of `n`, which throws
+// where oneDNN has no implementation for a shape, or where the memory to
+// time it cannot be had) and turns a throw into an error that names `what`:
+// InvalidArgument, or ResourceExhausted saying what to shrink.
 template <typename F>
-absl::Status TryCreate(std::string_view what, F&& make) {
+absl::Status TryCreate(std::string_view what, int n, F&& make) {
   try {
     make();
   } catch (const dnnl::error& e) {
+    if (e.status == dnnl_out_of_memory) {
+      return absl::ResourceExhaustedError(
+          std::string(what) + ": cannot allocate the host memory it needs " +
+          "for batches of " + std::to_string(n) +
+          "; use a smaller mini_batch_size, or fewer filters or units");
+    }
     return absl::InvalidArgumentError(std::string(what) +
                                       ": oneDNN cannot run it: " + e.what());
   }
@@ -238,7 +245,7 @@ template <typename Derived, typename Interface>
 class WeightedKernel : public Interface {
  public:
   absl::Status Prepare(int n) {
-    return TryCreate(self().name_, [&] {
+    return TryCreate(self().name_, n, [&] {
       self().Fwd(n);
       self().BwdData(n);
       self().BwdWeights(n);

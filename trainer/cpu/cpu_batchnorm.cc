@@ -34,7 +34,7 @@ class CpuBatchNorm final : public BatchNormKernel {
         cache_(max_batch) {}
 
   absl::Status Prepare(int n) {
-    return TryCreate(name_, [&] {
+    return TryCreate(name_, n, [&] {
       Training(n);
       Inference(n);
       Bwd(n);

@@ -30,7 +30,7 @@ class CpuPool final : public PoolKernel {
         cache_(max_batch) {}
 
   absl::Status Prepare(int n) {
-    return TryCreate(name_, [&] {
+    return TryCreate(name_, n, [&] {
       Fwd(n, /*training=*/true);
       Fwd(n, /*training=*/false);
       Bwd(n);
