@@ -180,16 +180,21 @@ TEST_F(NetworkTest, RefusesBadNetworksWithMessagesThatNameTheLayer) {
   EXPECT_FALSE(Network::Build(LeNet(), backend_.get(), 0).ok());
 }
 
+// Whether the kernel grants every allocation (vm.overcommit_memory 1): an
+// allocation beyond the machine would then succeed, and zeroing it would
+// exhaust the machine.
+bool KernelGrantsEveryAllocation() {
+  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
+  int mode = -1;
+  overcommit >> mode;
+  return mode == 1;
+}
+
 // Parameters that cannot be allocated: the error says the network, not the
 // mini-batch, is too large (785 x 2e8 weights and biases are 628 GB).
 TEST_F(NetworkTest,
        ParametersBeyondMemoryAreAnErrorThatSaysToShrinkTheNetwork) {
-  // Where the kernel grants every allocation (vm.overcommit_memory 1) this
-  // one would succeed, and zeroing it would exhaust the machine.
-  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
-  int mode = -1;
-  overcommit >> mode;
-  if (mode == 1) {
+  if (KernelGrantsEveryAllocation()) {
     GTEST_SKIP() << "vm.overcommit_memory is 1: a 628 GB allocation would "
                     "succeed here";
   }
@@ -208,10 +213,7 @@ TEST_F(NetworkTest,
 // 1024 output of 4096 filters is 274 GB at batch 16): the error names the
 // layer and says to shrink the batch, the layer's own code kept.
 TEST_F(NetworkTest, ALayerBeyondMemoryAtThisBatchSaysToShrinkTheBatch) {
-  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
-  int mode = -1;
-  overcommit >> mode;
-  if (mode == 1) {
+  if (KernelGrantsEveryAllocation()) {
     GTEST_SKIP() << "vm.overcommit_memory is 1: a 274 GB allocation would "
                     "succeed here";
   }
