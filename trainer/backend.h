@@ -99,6 +99,11 @@ struct ConvDesc {
   int stride_h = 1, stride_w = 1;
   Padding pad;
   Shape out;  // derived by the caller: (in + pads - k) / stride + 1
+  // y and dy in bf16 (only where Backend::bf16_activations()): the layer's
+  // output goes only to a batch norm that takes bf16 (BatchNormDesc).
+  bool bf16_out = false;
+  // x and dx in bf16: the input is such a batch norm's bf16 output.
+  bool bf16_in = false;
 };
 
 // Weights are [filters, kh, kw, in.c] (OHWI) and bias [filters].
@@ -171,6 +176,12 @@ struct BatchNormDesc {
   // normalised output), and Backward's dy is the gradient of that y, masked
   // where it is 0 before the normalisation's own backward.
   bool relu = false;
+  // x and dx in bf16, y and dy float32 (only where
+  // Backend::bf16_activations()): the input is a convolution's bf16 output.
+  bool bf16_in = false;
+  // y and dy in bf16 too (with bf16_in): the output (or that of the relu
+  // folded in) goes only to a convolution, which takes it so.
+  bool bf16_out = false;
 };
 
 class BatchNormKernel {
@@ -272,6 +283,12 @@ class Backend {
   // relu costs no pass of its own: the CPU's do, unless DLBATCH_FOLD_RELU=0
   // (FoldReluSwitch).
   virtual bool folds_relu() const { return false; }
+  // Whether a convolution whose output goes only to a batch norm hands it
+  // that output, and takes back its gradient, in bf16 (ConvDesc::bf16_out,
+  // BatchNormDesc::bf16_in): the CPU's in bf16, where both are oneDNN bf16
+  // primitives and the tensor between them is then half the bytes, with no
+  // conversion of dy before the convolution's backward passes.
+  virtual bool bf16_activations() const { return false; }
 
   // Which implementation each kernel chose where the backend times the
   // candidates (oneDNN's implementations, cuDNN's algorithms): text to keep
@@ -456,11 +473,13 @@ class Backend {
 // With `bf16` (train.options.precision: bf16), convolutions and fully
 // connected layers compute in bfloat16 (oneDNN's bf16 primitives: inputs,
 // weights and output gradients rounded to bf16, products summed in float32
-// into float32 outputs and weight gradients); every buffer of this
-// interface stays float32, and so do batch normalisation, pooling, the
-// element-wise layers, the loss and the solvers (the weights are float32
-// masters, rounded for each call). FailedPrecondition, saying why, where
-// this CPU cannot (CpuBf16Support).
+// into float32 outputs and weight gradients); the buffers of this
+// interface stay float32 but between a convolution and a batch norm that
+// take bf16 from each other (bf16_activations), and so do pooling, the
+// element-wise layers, the loss, the solvers (the weights are float32
+// masters, rounded for each call) and batch normalisation's statistics and
+// parameters. FailedPrecondition, saying why, where this CPU cannot
+// (CpuBf16Support).
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(int threads,
                                                         bool bf16 = false);
 

@@ -32,6 +32,9 @@ absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx) {
   desc.stride_w = win->stride_w;
   desc.pad = win->pad;
   desc.out = plan.info.out;
+  desc.bf16_out = ctx.bf16_output;
+  desc.bf16_in = ctx.bf16_input;
+  plan.bf16_output = desc.bf16_out;
   auto kernel = ctx.backend->MakeConv(desc, ctx.max_batch);
   if (!kernel.ok()) return ctx.Error(kernel.status());
   plan.layer = std::make_unique<WeightedLayer<ConvKernel>>(*std::move(kernel));

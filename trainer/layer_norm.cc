@@ -153,6 +153,9 @@ absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx) {
   // The synchronised passes are the backend's own sums: no relu in them.
   desc.relu = ctx.relu_follows && !sync;
   plan.folds_relu = desc.relu;
+  desc.bf16_in = ctx.bf16_input && !sync;
+  desc.bf16_out = desc.bf16_in && ctx.bf16_output;
+  plan.bf16_output = desc.bf16_out;
   auto kernel = ctx.backend->MakeBatchNorm(desc, ctx.max_batch);
   if (!kernel.ok()) return ctx.Error(kernel.status());
   auto saved = ctx.backend->Allocate(2 * ctx.in.c * sizeof(float));

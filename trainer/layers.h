@@ -122,6 +122,8 @@ struct LayerPlan {
   // The layer applies the relu that follows it (LayerContext::relu_follows),
   // which the network then skips.
   bool folds_relu = false;
+  // Its output is in bf16 (LayerContext::bf16_output taken).
+  bool bf16_output = false;
 };
 
 // Everything a layer factory gets.
@@ -146,6 +148,10 @@ struct LayerContext {
   // relu's output, and its backward gets relu's output gradient. Set only
   // where the backend folds relus (Backend::folds_relu).
   bool relu_follows = false;
+  // A conv: its output goes only to a batch norm that can take it in bf16
+  // (Backend::bf16_activations). A batch norm: its input is such a conv's.
+  bool bf16_output = false;
+  bool bf16_input = false;
 
   // InvalidArgument "layers[i] (type 'name'): <message>".
   absl::Status Error(absl::string_view message) const;

@@ -216,13 +216,35 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     const std::vector<int>& consumers = wiring.consumers[i];
     ctx.relu_follows = backend->folds_relu() && consumers.size() == 1 &&
                        spec.layers(consumers[0]).type() == "relu";
+    // bf16 between a conv and the batch norm it alone feeds, and between
+    // that batch norm (or the relu folded into it) and the one conv it feeds
+    // (Backend::bf16_activations).
+    if (backend->bf16_activations() && layer.type() == "conv" &&
+        consumers.size() == 1) {
+      const v1::LayerSpec& next = spec.layers(consumers[0]);
+      const bool sync =
+          next.sync() && communicator != nullptr && communicator->size() > 1;
+      ctx.bf16_output = next.type() == "batchnorm" && !sync;
+    }
+    const int from = wiring.inputs[i][0];
+    if (from >= 0 && (layer.type() == "batchnorm" || layer.type() == "conv")) {
+      const LayerPlan& in = plans[from];
+      ctx.bf16_input = in.bf16_output ||
+                       (in.info.folded && plans[in.info.inputs[0]].bf16_output);
+    }
+    if (layer.type() == "batchnorm" && ctx.bf16_input) {
+      int k = i;
+      if (ctx.relu_follows) k = consumers[0];
+      ctx.bf16_output = wiring.consumers[k].size() == 1 &&
+                        spec.layers(wiring.consumers[k][0]).type() == "conv";
+    }
     if (layer.type() == "softmax" && i + 1 != spec.layers_size()) {
       return ctx.Error("softmax must be the last layer");
     }
     absl::StatusOr<LayerPlan> plan = MakeLayer(ctx);
     if (!plan.ok()) return plan.status();
     plan->info.inputs = wiring.inputs[i];
-    const int from = wiring.inputs[i][0];
+    plan->info.bf16_output = plan->bf16_output;
     plan->info.folded =
         layer.type() == "relu" && from >= 0 && plans[from].folds_relu;
     plans.push_back(*std::move(plan));

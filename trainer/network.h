@@ -66,6 +66,10 @@ struct LayerInfo {
   // A relu computed by the layer that feeds it (Backend::folds_relu): its
   // output and gradient are that layer's.
   bool folded = false;
+  // Its output and that output's gradient are bf16 (a conv and the batch
+  // norm it alone feeds, and on to the one conv after: ConvDesc::bf16_out,
+  // BatchNormDesc).
+  bool bf16_output = false;
 };
 
 class Network {

@@ -30,7 +30,9 @@ class CpuBatchNorm final : public BatchNormKernel {
       : ctx_(ctx),
         d_(desc),
         name_(absl::StrCat("batch normalization ", desc.in.ToString(),
-                           desc.relu ? " with relu" : "")),
+                           desc.relu ? " with relu" : "",
+                           desc.bf16_in ? " from bf16" : "",
+                           desc.bf16_out ? " in bf16" : "")),
         cache_(max_batch) {}
 
   absl::Status Prepare(int n) {
@@ -89,8 +91,16 @@ class CpuBatchNorm final : public BatchNormKernel {
     std::optional<BoundPrimitive> train, infer, bwd;
   };
 
+  // The primitives' data type, and x's and dx's: bf16 where the input is
+  // (BatchNormDesc::bf16_in); y and dy are float32 unless the output goes
+  // to a convolution in bf16 (UserData).
   memory::desc Data(int n) const {
-    return memory::desc({n, d_.in.c, d_.in.h, d_.in.w}, dt::f32, tag::nhwc);
+    return memory::desc({n, d_.in.c, d_.in.h, d_.in.w},
+                        d_.bf16_in ? dt::bf16 : dt::f32, tag::nhwc);
+  }
+  memory::desc UserData(int n) const {
+    return memory::desc({n, d_.in.c, d_.in.h, d_.in.w},
+                        d_.bf16_out ? dt::bf16 : dt::f32, tag::nhwc);
   }
   memory::desc Channels() const {
     return memory::desc({d_.in.c}, dt::f32, tag::x);
@@ -125,7 +135,7 @@ class CpuBatchNorm final : public BatchNormKernel {
       p.train->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
       p.train->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
       p.train->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
-      p.train->AddOutput(DNNL_ARG_DST, Data(n), pd.dst_desc());
+      p.train->AddOutput(DNNL_ARG_DST, UserData(n), pd.dst_desc());
       p.train->AddOutput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
       p.train->AddOutput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
       if (d_.relu) {
@@ -156,7 +166,7 @@ class CpuBatchNorm final : public BatchNormKernel {
       p.infer->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
       p.infer->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
       p.infer->AddInput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
-      p.infer->AddOutput(DNNL_ARG_DST, Data(n), pd.dst_desc());
+      p.infer->AddOutput(DNNL_ARG_DST, UserData(n), pd.dst_desc());
     }
     return *p.infer;
   }
@@ -172,7 +182,7 @@ class CpuBatchNorm final : public BatchNormKernel {
                     dnnl::batch_normalization_backward(pd),
                     pd.scratchpad_desc());
       p.bwd->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
-      p.bwd->AddInput(DNNL_ARG_DIFF_DST, Data(n), pd.diff_dst_desc());
+      p.bwd->AddInput(DNNL_ARG_DIFF_DST, UserData(n), pd.diff_dst_desc());
       p.bwd->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
       p.bwd->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
       p.bwd->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());

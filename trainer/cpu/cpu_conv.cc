@@ -28,17 +28,20 @@ using Args = std::vector<std::pair<int, memory::desc>>;
 // In bf16 (Context::compute), each primitive takes its inputs in bf16
 // (reordered, rounding, from the float32 user tensors: x, w and dy) and
 // writes float32 (y, dx, and the weight and bias gradients), which oneDNN's
-// bf16 convolutions offer: nothing else sees bf16.
+// bf16 convolutions offer. Next to a batch norm (ConvDesc::bf16_out,
+// bf16_in) y and dy, or x and dx, are bf16 themselves: no conversion, and
+// half the bytes for the batch norm to read and write.
 
 class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
  public:
   CpuConv(const Context* ctx, const ConvDesc& desc, int max_batch)
       : ctx_(ctx),
         d_(desc),
-        name_(absl::StrCat(ctx->bf16() ? "bf16 " : "", "convolution ",
-                           desc.in.ToString(), " -> ", desc.out.ToString(),
-                           " (", desc.kh, "x", desc.kw, ", stride ",
-                           desc.stride_h, "x", desc.stride_w, ")")),
+        name_(absl::StrCat(
+            ctx->bf16() ? "bf16 " : "", "convolution ", desc.in.ToString(),
+            " -> ", desc.out.ToString(), desc.bf16_in ? " from bf16" : "",
+            desc.bf16_out ? " in bf16" : "", " (", desc.kh, "x", desc.kw,
+            ", stride ", desc.stride_h, "x", desc.stride_w, ")")),
         cache_(max_batch) {}
 
  private:
@@ -49,8 +52,12 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
     std::optional<BoundPrimitive> fwd, bwd_data, bwd_weights;
   };
 
-  // The user tensors are float32; a primitive's inputs are in `In()`.
+  // The user tensors are float32 but x and dx, in `UserIn()`, and y and dy,
+  // in `Out()` (bf16 next to a batch norm, ConvDesc); a primitive's inputs
+  // are in `In()`.
   dt In() const { return ctx_->compute; }
+  dt Out() const { return d_.bf16_out ? dt::bf16 : dt::f32; }
+  dt UserIn() const { return d_.bf16_in ? dt::bf16 : dt::f32; }
   memory::desc Src(int n, dt t = dt::f32) const {
     return memory::desc({n, d_.in.c, d_.in.h, d_.in.w}, t, tag::nhwc);
   }
@@ -83,7 +90,7 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
       const dnnl::convolution_forward::desc desc(
           dnnl::prop_kind::forward_training,
           dnnl::algorithm::convolution_direct, Src(n, In()), WeightsAny(In()),
-          Bias(), Dst(n), Strides(), PadL(), PadR());
+          Bias(), Dst(n, Out()), Strides(), PadL(), PadR());
       p.fwd_pd.emplace(PickFastest<Pd, dnnl::convolution_forward>(
           ctx_, absl::StrCat(name_, " forward, n ", n), 1,
           [&](int) { return Pd(desc, Attr(), ctx_->engine); },
@@ -93,9 +100,9 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
                     {DNNL_ARG_BIAS, pd.bias_desc()},
                     {DNNL_ARG_DST, pd.dst_desc()}};
           },
-          {{DNNL_ARG_SRC, Src(n)},
+          {{DNNL_ARG_SRC, Src(n, UserIn())},
            {DNNL_ARG_WEIGHTS, Weights()},
-           {DNNL_ARG_DST, Dst(n), /*output=*/true}}));
+           {DNNL_ARG_DST, Dst(n, Out()), /*output=*/true}}));
     }
     return *p.fwd_pd;
   }
@@ -103,8 +110,8 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
   BoundPrimitive& Fwd(int n) {
     Prims& p = cache_[n];
     if (!p.fwd) {
-      BindForward<dnnl::convolution_forward>(&p.fwd, FwdPd(n), Src(n),
-                                             Weights(), Bias(), Dst(n));
+      BindForward<dnnl::convolution_forward>(&p.fwd, FwdPd(n), Src(n, UserIn()),
+                                             Weights(), Bias(), Dst(n, Out()));
     }
     return *p.fwd;
   }
@@ -115,8 +122,8 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
       using Pd = dnnl::convolution_backward_data::primitive_desc;
       const auto& hint = FwdPd(n);
       const dnnl::convolution_backward_data::desc desc(
-          dnnl::algorithm::convolution_direct, Src(n), WeightsAny(In()),
-          Dst(n, In()), Strides(), PadL(), PadR());
+          dnnl::algorithm::convolution_direct, Src(n, UserIn()),
+          WeightsAny(In()), Dst(n, In()), Strides(), PadL(), PadR());
       const Pd pd = PickFastest<Pd, dnnl::convolution_backward_data>(
           ctx_, absl::StrCat(name_, " backward data, n ", n), 1,
           [&](int) { return Pd(desc, Attr(), ctx_->engine, hint); },
@@ -125,11 +132,11 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
                     {DNNL_ARG_WEIGHTS, pd.weights_desc()},
                     {DNNL_ARG_DIFF_SRC, pd.diff_src_desc()}};
           },
-          {{DNNL_ARG_DIFF_DST, Dst(n)},
+          {{DNNL_ARG_DIFF_DST, Dst(n, Out())},
            {DNNL_ARG_WEIGHTS, Weights()},
-           {DNNL_ARG_DIFF_SRC, Src(n), /*output=*/true}});
+           {DNNL_ARG_DIFF_SRC, Src(n, UserIn()), /*output=*/true}});
       BindBackwardData<dnnl::convolution_backward_data>(
-          &p.bwd_data, n, pd, Src(n), Dst(n), Weights());
+          &p.bwd_data, n, pd, Src(n, UserIn()), Dst(n, Out()), Weights());
     }
     return *p.bwd_data;
   }
@@ -159,11 +166,12 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
                     {DNNL_ARG_DIFF_WEIGHTS, pd.diff_weights_desc()},
                     {DNNL_ARG_DIFF_BIAS, pd.diff_bias_desc()}};
           },
-          {{DNNL_ARG_SRC, Src(n)},
-           {DNNL_ARG_DIFF_DST, Dst(n)},
+          {{DNNL_ARG_SRC, Src(n, UserIn())},
+           {DNNL_ARG_DIFF_DST, Dst(n, Out())},
            {DNNL_ARG_DIFF_WEIGHTS, Weights(), /*output=*/true}});
       BindBackwardWeights<dnnl::convolution_backward_weights>(
-          &p.bwd_weights, n, pd, Src(n), Dst(n), Weights(), Bias());
+          &p.bwd_weights, n, pd, Src(n, UserIn()), Dst(n, Out()), Weights(),
+          Bias());
     }
     return *p.bwd_weights;
   }
