@@ -1,5 +1,6 @@
 #include "trainer/backend.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <string_view>
@@ -105,6 +106,18 @@ absl::StatusOr<std::optional<bool>> FoldReluSwitch() {
   return EnvironmentSwitch("DLBATCH_FOLD_RELU",
                            "fold a relu into the layer before it, the default",
                            "run every relu as a layer of its own");
+}
+
+void Backend::AddBf16(bool, int64_t, const float*, const void*, float*) {
+  std::fprintf(stderr, "fatal: %s: AddBf16 without bf16 activations\n",
+               Describe().c_str());
+  std::abort();
+}
+
+void Backend::GradientToBf16(int64_t, const float*, const float*, void*) {
+  std::fprintf(stderr, "fatal: %s: GradientToBf16 without bf16 activations\n",
+               Describe().c_str());
+  std::abort();
 }
 
 void Backend::AddActivation(const ActivationDesc& desc, int64_t count,

@@ -287,7 +287,9 @@ class Backend {
   // that output, and takes back its gradient, in bf16 (ConvDesc::bf16_out,
   // BatchNormDesc::bf16_in): the CPU's in bf16, where both are oneDNN bf16
   // primitives and the tensor between them is then half the bytes, with no
-  // conversion of dy before the convolution's backward passes.
+  // conversion of dy before the convolution's backward passes. Such a batch
+  // norm hands bf16 on, in turn, to one convolution, or as the last input
+  // of an add (AddBf16).
   virtual bool bf16_activations() const { return false; }
 
   // Which implementation each kernel chose where the backend times the
@@ -412,6 +414,14 @@ class Backend {
   // folded in. By default Add, then ActivationForward in place.
   virtual void AddActivation(const ActivationDesc& desc, int64_t count,
                              const float* a, const float* b, float* out);
+  // Only where bf16_activations(), for an add that takes one input in bf16
+  // (`b16`: count bf16 values): out = a + b16, then relu where `relu`; and
+  // out16 = bf16(g), or bf16 of g where y > 0 (relu's gradient from its
+  // output) when `y` is not null. Rounding is to nearest even, as oneDNN's.
+  virtual void AddBf16(bool relu, int64_t count, const float* a,
+                       const void* b16, float* out);
+  virtual void GradientToBf16(int64_t count, const float* y, const float* g,
+                              void* out16);
   // Copies `rows` rows of `cols` floats from src (rows `src_stride` floats
   // apart) to dst (rows `dst_stride` apart): a concat layer's channels in
   // and out of its NHWC output. The two must not overlap.

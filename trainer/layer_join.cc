@@ -16,24 +16,31 @@ namespace dlbatch::trainer {
 namespace {
 
 // With a relu folded in (`relu`), the last sum applies it, and backward
-// masks dy by the output once, into one dx, which the others copy.
+// masks dy by the output once, into one dx, which the others copy. With
+// `last_bf16`, the last input and its gradient are bf16 (a batch norm's:
+// Backend::AddBf16).
 class AddLayer final : public Layer {
  public:
-  AddLayer(Backend* backend, int64_t sample_size, bool relu)
-      : backend_(backend), sample_size_(sample_size), relu_(relu) {}
+  AddLayer(Backend* backend, int64_t sample_size, bool relu, bool last_bf16)
+      : backend_(backend),
+        sample_size_(sample_size),
+        relu_(relu),
+        last_bf16_(last_bf16) {}
 
   void ForwardInputs(int n, absl::Span<const float* const> x, float* y,
                      bool /*training*/, uint64_t /*dropout_salt*/) override {
     const int64_t count = n * sample_size_;
+    const size_t floats = last_bf16_ ? x.size() - 1 : x.size();
     const float* sum = x[0];
-    for (size_t i = 1; i < x.size(); ++i) {
-      if (relu_ && i + 1 == x.size()) {
+    for (size_t i = 1; i < floats; ++i) {
+      if (relu_ && !last_bf16_ && i + 1 == x.size()) {
         backend_->AddActivation(ActivationDesc{}, count, sum, x[i], y);
       } else {
         backend_->Add(count, sum, x[i], y);
       }
       sum = y;
     }
+    if (last_bf16_) backend_->AddBf16(relu_, count, sum, x.back(), y);
   }
   // An input's dx may be dy itself (the network gives one input the add's
   // gradient buffer): it is left as it is, or masked in place.
@@ -41,21 +48,29 @@ class AddLayer final : public Layer {
                       const float* y, const float* dy,
                       absl::Span<float* const> dx) override {
     const int64_t count = n * sample_size_;
+    const absl::Span<float* const> floats =
+        last_bf16_ ? dx.first(dx.size() - 1) : dx;
     const float* grad = dy;  // every input's gradient, once made
     if (relu_) {
       float* into = nullptr;
-      for (float* d : dx) {
+      for (float* d : floats) {
         if (d != nullptr && (into == nullptr || d == dy)) into = d;
       }
-      if (into == nullptr) return;
-      // relu's gradient from its output: y > 0 exactly where its input was.
-      backend_->ActivationBackward(ActivationDesc{}, count, y, dy, into);
-      grad = into;
+      if (into != nullptr) {
+        // relu's gradient from its output: y > 0 exactly where its input
+        // was.
+        backend_->ActivationBackward(ActivationDesc{}, count, y, dy, into);
+        grad = into;
+      }
     }
-    for (float* d : dx) {
+    for (float* d : floats) {
       if (d != nullptr && d != grad) {
         backend_->CopyOnDevice(d, grad, count * sizeof(float));
       }
+    }
+    if (last_bf16_ && dx.back() != nullptr) {
+      const bool masked = !relu_ || grad != dy;
+      backend_->GradientToBf16(count, masked ? nullptr : y, grad, dx.back());
     }
   }
 
@@ -63,6 +78,7 @@ class AddLayer final : public Layer {
   Backend* backend_;
   int64_t sample_size_;
   bool relu_;
+  bool last_bf16_;
 };
 
 class ConcatLayer final : public Layer {
@@ -138,7 +154,7 @@ absl::StatusOr<LayerPlan> MakeJoinLayer(const LayerContext& ctx) {
     plan.info.out = ctx.ins[0];
     plan.folds_relu = ctx.relu_follows;
     plan.layer = std::make_unique<AddLayer>(ctx.backend, ctx.ins[0].size(),
-                                            plan.folds_relu);
+                                            plan.folds_relu, ctx.bf16_input);
     return plan;
   }
   std::vector<int> channels;

@@ -149,7 +149,10 @@ struct LayerContext {
   // where the backend folds relus (Backend::folds_relu).
   bool relu_follows = false;
   // A conv: its output goes only to a batch norm that can take it in bf16
-  // (Backend::bf16_activations). A batch norm: its input is such a conv's.
+  // (Backend::bf16_activations). A batch norm: its input is such a conv's,
+  // and its output (or its folded relu's) goes only to a conv or as the
+  // last input of an add. A conv or batch norm: its input is bf16; an add:
+  // its last input is.
   bool bf16_output = false;
   bool bf16_input = false;
 

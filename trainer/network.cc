@@ -226,17 +226,27 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
           next.sync() && communicator != nullptr && communicator->size() > 1;
       ctx.bf16_output = next.type() == "batchnorm" && !sync;
     }
-    const int from = wiring.inputs[i][0];
-    if (from >= 0 && (layer.type() == "batchnorm" || layer.type() == "conv")) {
-      const LayerPlan& in = plans[from];
-      ctx.bf16_input = in.bf16_output ||
-                       (in.info.folded && plans[in.info.inputs[0]].bf16_output);
+    // ...or as the last input of an add, which sums in float32.
+    auto in_bf16 = [&](int j) {
+      return j >= 0 && (plans[j].bf16_output ||
+                        (plans[j].info.folded &&
+                         plans[plans[j].info.inputs[0]].bf16_output));
+    };
+    if (layer.type() == "batchnorm" || layer.type() == "conv") {
+      ctx.bf16_input = in_bf16(wiring.inputs[i][0]);
+    } else if (layer.type() == "add") {
+      ctx.bf16_input = in_bf16(wiring.inputs[i].back());
     }
     if (layer.type() == "batchnorm" && ctx.bf16_input) {
-      int k = i;
-      if (ctx.relu_follows) k = consumers[0];
-      ctx.bf16_output = wiring.consumers[k].size() == 1 &&
-                        spec.layers(wiring.consumers[k][0]).type() == "conv";
+      const int k = ctx.relu_follows ? consumers[0] : i;
+      if (wiring.consumers[k].size() == 1) {
+        const int next = wiring.consumers[k][0];
+        const std::vector<int>& ins = wiring.inputs[next];
+        const std::string& type = spec.layers(next).type();
+        ctx.bf16_output =
+            type == "conv" || (type == "add" && ins.back() == k &&
+                               std::count(ins.begin(), ins.end(), k) == 1);
+      }
     }
     if (layer.type() == "softmax" && i + 1 != spec.layers_size()) {
       return ctx.Error("softmax must be the last layer");
@@ -245,6 +255,7 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     if (!plan.ok()) return plan.status();
     plan->info.inputs = wiring.inputs[i];
     plan->info.bf16_output = plan->bf16_output;
+    const int from = wiring.inputs[i][0];
     plan->info.folded =
         layer.type() == "relu" && from >= 0 && plans[from].folds_relu;
     plans.push_back(*std::move(plan));
@@ -399,14 +410,20 @@ absl::Status NetworkImpl::PlanBackward(
       if (j >= 0) ++uses[j];
     }
   }
+  // A bf16 gradient (LayerInfo::bf16_output) shares no float32 one's.
+  auto in_bf16 = [&](int j) {
+    return infos_[j].bf16_output ||
+           (infos_[j].folded && infos_[infos_[j].inputs[0]].bf16_output);
+  };
   std::vector<int> alias_of(count, -1);
   for (int i = 0; i < last; ++i) {
     if (infos_[i].folded) {
       alias_of[i] = infos_[i].inputs[0];
     } else if (infos_[i].spec.type() == "add") {
       for (int j : infos_[i].inputs) {
-        if (wants_grad(j) && uses[j] == 1)
+        if (wants_grad(j) && uses[j] == 1 && !in_bf16(j)) {
           alias_of[i] = std::max(alias_of[i], j);
+        }
       }
     }
   }

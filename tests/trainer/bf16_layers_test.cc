@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -175,8 +177,9 @@ TEST_F(Bf16Kernels, FullyConnectedMatchesFloat32WithinBf16Rounding) {
 // computes from those contents. Exactly, as both kernels come from one
 // backend and so run the implementations its autotuning chose.
 // In bf16, a conv hands the batch norm it alone feeds its output in bf16,
-// and that batch norm (its relu folded in) hands the one conv after it its
-// output in bf16, gradients likewise; elsewhere activations stay float32.
+// and that batch norm (its relu folded in) hands bf16 on to the one conv
+// after it or as an add's last input, gradients likewise; elsewhere
+// activations stay float32.
 // The network's outputs and gradients match float32's within bf16 rounding.
 TEST_F(Bf16Kernels, BatchNormsTakeAndGiveBf16NextToConvolutions) {
   auto layer = [](const std::string& type, const std::string& name,
@@ -203,7 +206,7 @@ TEST_F(Bf16Kernels, BatchNormsTakeAndGiveBf16NextToConvolutions) {
                                  layer("batchnorm", "b2"),
                                  layer("relu", "r2"),  // to c3 and the add
                                  layer("conv", "c3"),
-                                 layer("batchnorm", "b3"),  // to the add
+                                 layer("batchnorm", "b3"),  // the add's last
                                  layer("add", "sum", {"r2", "b3"}),
                                  layer("relu", "r3"),
                                  layer("conv", "c4"),
@@ -227,7 +230,8 @@ TEST_F(Bf16Kernels, BatchNormsTakeAndGiveBf16NextToConvolutions) {
   for (const LayerInfo& l : (*bf16)->layers()) {
     if (l.bf16_output) in_bf16.push_back(l.name);
   }
-  EXPECT_EQ(in_bf16, (std::vector<std::string>{"c1", "b1", "c2", "c3", "c5"}));
+  EXPECT_EQ(in_bf16,
+            (std::vector<std::string>{"c1", "b1", "c2", "c3", "b3", "c5"}));
   for (const LayerInfo& l : (*f32)->layers()) EXPECT_FALSE(l.bf16_output);
 
   (*bf16)->Initialize(5);
@@ -274,6 +278,40 @@ TEST_F(Bf16Kernels, BatchNormsTakeAndGiveBf16NextToConvolutions) {
   EXPECT_LT(Relative(get((*bf16)->probabilities(), n * 5),
                      get((*f32)->probabilities(), n * 5)),
             2e-2);
+}
+
+// An add's bf16 input and gradient (Backend::AddBf16, GradientToBf16), by
+// hand: bf16 is a float's upper 16 bits, rounded to nearest even.
+TEST_F(Bf16Kernels, AddsAndGradientsInBf16ByHand) {
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint16_t>(u >> 16);
+  };
+  const std::vector<float> a = {1, -2, 0.5f};
+  const std::vector<uint16_t> b16 = {bits(0.25f), bits(1), bits(-1)};
+  DeviceArray a_(bf16_.get(), a), out(bf16_.get(), 3);
+  Buffer b_ = *bf16_->Allocate(3 * 2);
+  bf16_->CopyToDevice(b_.as<void>(), b16.data(), 3 * 2);
+  bf16_->AddBf16(/*relu=*/false, 3, a_.data(), b_.as<void>(), out.data());
+  EXPECT_EQ(out.Get(), (std::vector<float>{1.25f, -1, -0.5f}));
+  bf16_->AddBf16(/*relu=*/true, 3, a_.data(), b_.as<void>(), out.data());
+  EXPECT_EQ(out.Get(), (std::vector<float>{1.25f, 0, 0}));
+
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: to 1 (even); 1 + 3 * 2^-8
+  // halfway between 1 + 2^-7 and 1 + 2^-6: to 1 + 2^-6.
+  const std::vector<float> g = {1.00390625f, 1.01171875f, -3};
+  const std::vector<float> y = {2, 0.5f, 0};
+  DeviceArray g_(bf16_.get(), g), y_(bf16_.get(), y);
+  Buffer o = *bf16_->Allocate(3 * 2);
+  std::vector<uint16_t> got(3);
+  bf16_->GradientToBf16(3, nullptr, g_.data(), o.as<void>());
+  bf16_->CopyToHost(got.data(), o.as<void>(), 3 * 2);
+  EXPECT_EQ(got, (std::vector<uint16_t>{bits(1), bits(1.015625f), bits(-3)}));
+  // Masked where y is not positive: relu's gradient from its output.
+  bf16_->GradientToBf16(3, y_.data(), g_.data(), o.as<void>());
+  bf16_->CopyToHost(got.data(), o.as<void>(), 3 * 2);
+  EXPECT_EQ(got, (std::vector<uint16_t>{bits(1), bits(1.015625f), 0x8000}));
 }
 
 TEST_F(Bf16Kernels, APassReusesABf16CopyOnlyOfTheTensorItWasMadeFrom) {

@@ -302,6 +302,16 @@ class CpuBackend final : public Backend {
     ctx_.Enter();
     cpu::Add(count, a, b, out);
   }
+  void AddBf16(bool relu, int64_t count, const float* a, const void* b16,
+               float* out) override {
+    ctx_.Enter();
+    cpu::AddBf16(relu, count, a, static_cast<const uint16_t*>(b16), out);
+  }
+  void GradientToBf16(int64_t count, const float* y, const float* g,
+                      void* out16) override {
+    ctx_.Enter();
+    cpu::GradientToBf16(count, y, g, static_cast<uint16_t*>(out16));
+  }
   void AddActivation(const ActivationDesc& desc, int64_t count, const float* a,
                      const float* b, float* out) override {
     if (desc.kind == ActivationKind::kGelu) {

@@ -394,6 +394,11 @@ void ActivationBackward(float alpha, int64_t count, const float* x,
 void GeluForward(int64_t count, const float* x, float* y);
 void GeluBackward(int64_t count, const float* x, const float* dy, float* dx);
 void Add(int64_t count, const float* a, const float* b, float* out);
+// Backend::AddBf16 and GradientToBf16 (b16, out16: bf16 bit patterns).
+void AddBf16(bool relu, int64_t count, const float* a, const uint16_t* b16,
+             float* out);
+void GradientToBf16(int64_t count, const float* y, const float* g,
+                    uint16_t* out16);
 // out = a + b, then relu or leaky relu (`alpha`) in the same pass.
 void AddActivation(float alpha, int64_t count, const float* a, const float* b,
                    float* out);

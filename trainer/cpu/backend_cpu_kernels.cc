@@ -86,6 +86,53 @@ void AddActivation(float alpha, int64_t count, const float* a, const float* b,
   }
 }
 
+namespace {
+
+float FromBf16(uint16_t v) {
+  const uint32_t bits = uint32_t{v} << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// Round to nearest even; a NaN stays a (quiet) NaN.
+uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffff) > 0x7f800000) return (bits >> 16) | 0x40;
+  bits += 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace
+
+void AddBf16(bool relu, int64_t count, const float* a, const uint16_t* b16,
+             float* out) {
+  if (relu) {
+#pragma omp parallel for simd schedule(static) if (parallel : Team(count))
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = a[i] + FromBf16(b16[i]);
+      out[i] = v > 0 ? v : 0.0f * v;
+    }
+  } else {
+#pragma omp parallel for simd schedule(static) if (parallel : Team(count))
+    for (int64_t i = 0; i < count; ++i) out[i] = a[i] + FromBf16(b16[i]);
+  }
+}
+
+void GradientToBf16(int64_t count, const float* y, const float* g,
+                    uint16_t* out16) {
+  if (y != nullptr) {
+#pragma omp parallel for simd schedule(static) if (parallel : Team(count))
+    for (int64_t i = 0; i < count; ++i) {
+      out16[i] = ToBf16(y[i] > 0 ? g[i] : 0.0f * g[i]);
+    }
+  } else {
+#pragma omp parallel for simd schedule(static) if (parallel : Team(count))
+    for (int64_t i = 0; i < count; ++i) out16[i] = ToBf16(g[i]);
+  }
+}
+
 void CopyStrided(int64_t rows, int64_t cols, const float* src,
                  int64_t src_stride, float* dst, int64_t dst_stride) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
