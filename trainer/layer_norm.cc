@@ -148,8 +148,7 @@ absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx) {
   BatchNormDesc desc;
   desc.in = ctx.in;
   desc.epsilon = spec.epsilon() > 0 ? spec.epsilon() : kDefaultEpsilon;
-  const bool sync = spec.sync() && ctx.communicator != nullptr &&
-                    ctx.communicator->size() > 1;
+  const bool sync = SyncsOverRanks(spec, ctx.communicator);
   // The synchronised passes are the backend's own sums: no relu in them.
   desc.relu = ctx.relu_follows && !sync;
   plan.folds_relu = desc.relu;

@@ -10,6 +10,11 @@
 
 namespace dlbatch::trainer {
 
+bool SyncsOverRanks(const v1::LayerSpec& spec,
+                    const Communicator* communicator) {
+  return spec.sync() && communicator != nullptr && communicator->size() > 1;
+}
+
 absl::Status LayerContext::Error(absl::string_view message) const {
   return Error(absl::InvalidArgumentError(message));
 }

@@ -195,6 +195,20 @@ absl::StatusOr<LayerPlan> MakeJoinLayer(const LayerContext& ctx);
 // Any layer, by its spec's type.
 absl::StatusOr<LayerPlan> MakeLayer(const LayerContext& ctx);
 
+// Whether a batchnorm of `spec` takes its statistics over the ranks of
+// `communicator` (may be null): `sync` with more than one rank.
+bool SyncsOverRanks(const v1::LayerSpec& spec,
+                    const Communicator* communicator);
+
+// Whether layer j's output is bf16 (LayerInfo::bf16_output), counting a
+// folded relu's, which is its input's; `info(k)` gives layer k's LayerInfo.
+template <typename InfoAt>
+bool OutputInBf16(int j, const InfoAt& info) {
+  if (j < 0) return false;
+  const LayerInfo& l = info(j);
+  return l.bf16_output || (l.folded && info(l.inputs[0]).bf16_output);
+}
+
 }  // namespace dlbatch::trainer
 
 #endif  // DLBATCH_TRAINER_LAYERS_H_

@@ -222,15 +222,13 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     if (backend->bf16_activations() && layer.type() == "conv" &&
         consumers.size() == 1) {
       const v1::LayerSpec& next = spec.layers(consumers[0]);
-      const bool sync =
-          next.sync() && communicator != nullptr && communicator->size() > 1;
+      const bool sync = SyncsOverRanks(next, communicator);
       ctx.bf16_output = next.type() == "batchnorm" && !sync;
     }
     // ...or as the last input of an add, which sums in float32.
     auto in_bf16 = [&](int j) {
-      return j >= 0 && (plans[j].bf16_output ||
-                        (plans[j].info.folded &&
-                         plans[plans[j].info.inputs[0]].bf16_output));
+      return OutputInBf16(
+          j, [&](int k) -> const LayerInfo& { return plans[k].info; });
     };
     if (layer.type() == "batchnorm" || layer.type() == "conv") {
       ctx.bf16_input = in_bf16(wiring.inputs[i][0]);
@@ -412,8 +410,8 @@ absl::Status NetworkImpl::PlanBackward(
   }
   // A bf16 gradient (LayerInfo::bf16_output) shares no float32 one's.
   auto in_bf16 = [&](int j) {
-    return infos_[j].bf16_output ||
-           (infos_[j].folded && infos_[infos_[j].inputs[0]].bf16_output);
+    return OutputInBf16(j,
+                        [&](int k) -> const LayerInfo& { return infos_[k]; });
   };
   std::vector<int> alias_of(count, -1);
   for (int i = 0; i < last; ++i) {
