@@ -493,6 +493,15 @@ class Backend {
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(int threads,
                                                         bool bf16 = false);
 
+// Before CPU backends of several threads run at once (trainer/
+// thread_ranks.h): each makes its own oneDNN primitives from then on. Two
+// backends that made the same primitive got one object from oneDNN 2.6's
+// primitive cache, and running it from two threads at once corrupted the
+// heap (one run in eight of LeNet split over two threads); without the
+// cache they share nothing. Kernels are made when a network is built, so
+// this costs no step.
+void SeparateCpuBackends();
+
 // OK where oneDNN runs bf16 primitives natively on this CPU (AVX-512 BF16
 // or AMX); else FailedPrecondition naming what the CPU has and what to do.
 absl::Status CpuBf16Support();

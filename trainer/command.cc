@@ -23,7 +23,9 @@
 #include "trainer/comm/communicator_nccl.h"
 #include "trainer/comm/net_interface.h"
 #include "trainer/cuda/backend_cuda.h"
+#include "trainer/options.h"
 #include "trainer/output/progress.h"
+#include "trainer/thread_ranks.h"
 #include "trainer/training.h"
 
 namespace dlbatch::trainer {
@@ -155,7 +157,11 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
       "(=1 sends bytes on the CPU too). The images are the same either way.\n"
       "Each GPU convolution pass runs by cuDNN or as a matrix product over\n"
       "unfolded patches, whichever times faster when the network is built;\n"
-      "DLBATCH_CONV_LOWERED=1 (the product) or 0 (cuDNN) forces one.");
+      "DLBATCH_CONV_LOWERED=1 (the product) or 0 (cuDNN) forces one.\n"
+      "One rank on the CPU splits each mini-batch over its threads (a\n"
+      "replica each, 16 samples at least) where the network has no\n"
+      "batchnorm; DLBATCH_SPLIT_BATCH=0 keeps one replica over all threads,\n"
+      "=1 splits down to a sample a thread.");
   app.set_version_flag("--version", VersionText("dlbatch-train"));
   try {
     app.parse(argc, argv);
@@ -310,6 +316,7 @@ absl::StatusOr<TrainRequest> MakeRequest(const CommandLine& cl,
   // typo too.
   RETURN_IF_ERROR(ConvLoweredSwitch().status());
   RETURN_IF_ERROR(FoldReluSwitch().status());
+  RETURN_IF_ERROR(SplitBatchSwitch().status());
   return req;
 }
 
@@ -453,7 +460,20 @@ int TrainCommand(int argc, char** argv) {
   req->rendezvous = connection->rendezvous.get();
   req->progress = &*channel;
   req->diary = rank == 0 ? stdout : nullptr;
-  absl::StatusOr<TrainResult> result = Train(*req);
+  // One rank on the CPU: its mini-batch split over its threads where the
+  // network allows (thread_ranks.h).
+  int split = 1;
+  if (world == 1 && !connection->choice.gpu) {
+    absl::StatusOr<std::optional<bool>> forced = SplitBatchSwitch();
+    if (!forced.ok()) return Fail(rank, world, forced.status());
+    split = SplitBatchRanks(
+        req->spec,
+        req->mini_batch_size.value_or(
+            ResolveOptions(req->spec.options()).mini_batch_size),
+        req->threads, *forced);
+  }
+  absl::StatusOr<TrainResult> result =
+      split > 1 ? TrainOnThreadRanks(*req, split) : Train(*req);
   if (!result.ok()) return Fail(rank, world, result.status());
   if (rank == 0) {
     const char* job_id = std::getenv("DLBATCH_JOB_ID");

@@ -131,9 +131,13 @@ class Run {
   Clock::time_point start_ = Clock::now();
   double elapsed_offset_ = 0;
 
-  Dataset train_;
-  std::optional<Dataset> validation_, test_;
+  // The data sets: the request's, else data_'s (LoadData).
+  TrainingData data_;
+  const Dataset* train_ = nullptr;
+  const Dataset* validation_ = nullptr;   // null: none
+  const Dataset* test_ = nullptr;         // null: none
   std::optional<Checkpoint> checkpoint_;  // read for --resume
+  // The data's; a resumed run's is its checkpoint's.
   Normalization normalization_;
 
   std::unique_ptr<Backend> backend_;
@@ -263,36 +267,17 @@ class Run {
 };
 
 absl::Status Run::LoadData() {
-  const v1::DataSpec& d = req_.spec.data();
-  LoadOptions lo;
-  const auto& input = req_.spec.network().input();
-  if (input.size() == 3) lo.input = Shape{input[0], input[1], input[2]};
-  lo.threads = req_.threads > 0
-                   ? req_.threads
-                   : static_cast<int>(std::thread::hardware_concurrency());
-  lo.cache_dir = req_.tuning_cache;
-  lo.say = [this](const std::string& line) { Say(line); };
-  ASSIGN_OR_RETURN(train_, LoadDataset(d.train(), req_.base_dir, lo));
-  // Folders of validation and test images label by the training classes.
-  lo.class_names = train_.class_names;
-  if (d.has_validation()) {
-    ASSIGN_OR_RETURN(Dataset v, LoadDataset(d.validation(), req_.base_dir, lo));
-    validation_ = std::move(v);
-  } else if (d.validation_split() > 0) {
-    auto [kept, held_out] =
-        SplitEachLabel(train_, d.validation_split(), opt_.seed);
-    Say(absl::StrFormat(
-        "Validating on %d of the %d training images (validation_split %g, "
-        "per class, from the seed).",
-        held_out.count, train_.count, d.validation_split()));
-    train_ = std::move(kept);
-    validation_ = std::move(held_out);
+  const TrainingData* data = req_.data;
+  if (data == nullptr) {
+    ASSIGN_OR_RETURN(
+        data_,
+        LoadTrainingData(req_, [this](const std::string& line) { Say(line); }));
+    data = &data_;
   }
-  if (d.has_test()) {
-    ASSIGN_OR_RETURN(Dataset t, LoadDataset(d.test(), req_.base_dir, lo));
-    test_ = std::move(t);
-  }
-  if (d.normalize()) normalization_ = ComputeNormalization(train_);
+  train_ = &data->train;
+  validation_ = data->validation ? &*data->validation : nullptr;
+  test_ = data->test ? &*data->test : nullptr;
+  normalization_ = data->normalization;
   return absl::OkStatus();
 }
 
@@ -347,11 +332,11 @@ absl::Status Run::Build() {
                      " ranks that share it; use a mini_batch_size of at least ",
                      world, " or a smaller pool"));
   }
-  if (train_.count < global_batch_) {
+  if (train_->count < global_batch_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "train.options.mini_batch_size ", global_batch_, " exceeds the ",
-        train_.count, " training images of ", train_.source,
-        "; use a mini_batch_size of at most ", train_.count));
+        train_->count, " training images of ", train_->source,
+        "; use a mini_batch_size of at most ", train_->count));
   }
   lo_ = static_cast<int>(int64_t{global_batch_} * comm_.rank() / world);
   hi_ = static_cast<int>(int64_t{global_batch_} * (comm_.rank() + 1) / world);
@@ -374,12 +359,12 @@ absl::Status Run::Build() {
       WriteFileAtomic(cache, backend_->SaveTuning()).IgnoreError();
     }
   }
-  RETURN_IF_ERROR(CheckFits(train_, *net_, "train"));
+  RETURN_IF_ERROR(CheckFits(*train_, *net_, "train"));
   if (validation_)
     RETURN_IF_ERROR(CheckFits(*validation_, *net_, "validation"));
   if (test_) RETURN_IF_ERROR(CheckFits(*test_, *net_, "test"));
 
-  per_epoch_ = train_.count / global_batch_;
+  per_epoch_ = train_->count / global_batch_;
   total_ = opt_.max_iterations > 0 ? opt_.max_iterations
                                    : opt_.max_epochs * per_epoch_;
 
@@ -516,7 +501,7 @@ absl::Status Run::ResumeIfAsked() {
 BatchRequest Run::RequestFor(int64_t iteration) {
   const int64_t epoch = iteration / per_epoch_;
   if (epoch != order_epoch_) {
-    order_ = EpochOrder(opt_.shuffle, opt_.seed, epoch, train_.count);
+    order_ = EpochOrder(opt_.shuffle, opt_.seed, epoch, train_->count);
     order_epoch_ = epoch;
   }
   const int64_t first = (iteration % per_epoch_) * global_batch_;
@@ -672,7 +657,7 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
                          m.state.size() * sizeof(float));
   }
   m.normalization = normalization_;
-  m.class_names = train_.class_names;
+  m.class_names = train_->class_names;
   ASSIGN_OR_RETURN(std::string onnx, ExportOnnx(m));
   RETURN_IF_ERROR(WriteFileAtomic(OutPath(kOnnxFile), onnx));
   RETURN_IF_ERROR(
@@ -682,6 +667,8 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
       {"iterations", result.iterations},
       {"epochs", result.epochs},
       {"ranks", comm_.size()},
+      // Whether the ranks were the threads of one run's split mini-batch.
+      {"split_batch", req_.split_batch},
       {"mini_batch_size", global_batch_},
       {"backend", backend_->Describe()},
       // How batches reached the backend: the data set's bytes, made into
@@ -703,7 +690,7 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
     j["skipped_steps"] = skipped_steps_;
   }
   // Format folders: label i's name.
-  if (!train_.class_names.empty()) j["class_names"] = train_.class_names;
+  if (!train_->class_names.empty()) j["class_names"] = train_->class_names;
   if (result.validation_loss) {
     j["validation_loss"] = *result.validation_loss;
     j["validation_accuracy"] = *result.validation_accuracy;
@@ -726,7 +713,7 @@ absl::Status Run::StartPipeline() {
   lo.seed = opt_.seed;
   lo.bytes = bytes_;
   loader_depth_ = lo.depth;
-  loader_ = BatchLoader::Start(&train_, lo);
+  loader_ = BatchLoader::Start(train_, lo);
   pushed_ = iteration_;
   TopUp();
   scale_ = 1.0f / static_cast<float>(global_batch_);
@@ -894,7 +881,7 @@ absl::Status Run::Step() {
   if (bytes_) {
     // Outside any recording, like the key: the step reads the images.
     backend_->PrepareImages(
-        n, train_.shape, slot.pixels.as<uint8_t>(),
+        n, train_->shape, slot.pixels.as<uint8_t>(),
         slot.placed ? slot.placements.as<SamplePlacement>() : nullptr,
         scale_bias_.f32(), slot.images.f32());
   }
@@ -1030,7 +1017,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   if (bytes_) {
     // Final now (a resumed run's is its checkpoint's).
     const std::vector<float> scale_bias =
-        ScaleAndBias(normalization_, train_.shape.c);
+        ScaleAndBias(normalization_, train_->shape.c);
     const size_t bytes = scale_bias.size() * sizeof(float);
     ASSIGN_OR_RETURN(scale_bias_, backend_->Allocate(bytes));
     backend_->CopyToDevice(scale_bias_.f32(), scale_bias.data(), bytes);
@@ -1040,7 +1027,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       "Training on %s: %d rank%s, mini-batch %d; %d training images%s, %d "
       "iterations per epoch, %d iterations.",
       backend_->Describe(), comm_.size(), comm_.size() == 1 ? "" : "s",
-      global_batch_, train_.count,
+      global_batch_, train_->count,
       validation_ ? absl::StrCat(", ", validation_->count, " for validation")
                   : "",
       per_epoch_, total_));
@@ -1178,6 +1165,47 @@ absl::StatusOr<TrainResult> Run::Execute() {
 }
 
 }  // namespace
+
+absl::StatusOr<TrainingData> LoadTrainingData(
+    const TrainRequest& request,
+    const std::function<void(const std::string&)>& say) {
+  const v1::DataSpec& d = request.spec.data();
+  LoadOptions lo;
+  const auto& input = request.spec.network().input();
+  if (input.size() == 3) lo.input = Shape{input[0], input[1], input[2]};
+  lo.threads = request.threads > 0
+                   ? request.threads
+                   : static_cast<int>(std::thread::hardware_concurrency());
+  lo.cache_dir = request.tuning_cache;
+  lo.say = say;
+  TrainingData data;
+  ASSIGN_OR_RETURN(data.train, LoadDataset(d.train(), request.base_dir, lo));
+  // Folders of validation and test images label by the training classes.
+  lo.class_names = data.train.class_names;
+  if (d.has_validation()) {
+    ASSIGN_OR_RETURN(Dataset v,
+                     LoadDataset(d.validation(), request.base_dir, lo));
+    data.validation = std::move(v);
+  } else if (d.validation_split() > 0) {
+    auto [kept, held_out] =
+        SplitEachLabel(data.train, d.validation_split(),
+                       ResolveOptions(request.spec.options()).seed);
+    if (say) {
+      say(absl::StrFormat(
+          "Validating on %d of the %d training images (validation_split %g, "
+          "per class, from the seed).",
+          held_out.count, data.train.count, d.validation_split()));
+    }
+    data.train = std::move(kept);
+    data.validation = std::move(held_out);
+  }
+  if (d.has_test()) {
+    ASSIGN_OR_RETURN(Dataset t, LoadDataset(d.test(), request.base_dir, lo));
+    data.test = std::move(t);
+  }
+  if (d.normalize()) data.normalization = ComputeNormalization(data.train);
+  return data;
+}
 
 absl::StatusOr<TrainResult> Train(const TrainRequest& request) {
   if (request.communicator == nullptr) {

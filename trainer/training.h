@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -13,9 +14,27 @@
 #include "dlbatch/v1/job.pb.h"
 #include "trainer/backend_select.h"
 #include "trainer/comm/communicator.h"
+#include "trainer/data/data.h"
 #include "trainer/output/progress.h"
 
 namespace dlbatch::trainer {
+
+// A run's data sets as read from its spec's data section: the training set
+// (less what validation_split holds out), validation and test sets, and
+// the training images' normalisation where the spec asks for it.
+struct TrainingData {
+  Dataset train;
+  std::optional<Dataset> validation, test;
+  Normalization normalization;
+};
+
+struct TrainRequest;
+// Reads the request's data sets with request.threads threads (0: every
+// core), saying what it decoded, cached or held out to `say` (may be
+// empty).
+absl::StatusOr<TrainingData> LoadTrainingData(
+    const TrainRequest& request,
+    const std::function<void(const std::string&)>& say);
 
 struct TrainRequest {
   v1::TrainSpec spec;
@@ -56,6 +75,12 @@ struct TrainRequest {
   // leave one (dlbatch-train: DLBATCH_TEST_INF_AT_ITERATION); with loss
   // scaling the step is skipped, without it the weights take it.
   int64_t inject_inf_at_iteration = 0;
+  // The data sets, read already (LoadTrainingData): the ranks of one
+  // process share one copy. Null: Train reads them. Not owned.
+  const TrainingData* data = nullptr;
+  // This rank is one of a mini-batch split over threads
+  // (thread_ranks.h); metrics.json says so.
+  bool split_batch = false;
   Communicator* communicator = nullptr;  // required; not owned
   BackendChoice device;  // the CPU unless ChooseBackend chose a GPU
   // Where ranks > 0 take rank 0's kernel choices (Backend::SaveTuning), so

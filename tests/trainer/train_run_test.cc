@@ -255,8 +255,8 @@ TEST_F(TrainRun, BatchesAsBytesTrainToTheWeightsOfFloats) {
   // So are the other switches of dlbatch-train's environment, on the CPU
   // too (the GPU backend reads DLBATCH_CONV_LOWERED, but a typo is refused
   // wherever it runs).
-  for (const char* name :
-       {"DLBATCH_CUDA_GRAPHS", "DLBATCH_CONV_LOWERED", "DLBATCH_FOLD_RELU"}) {
+  for (const char* name : {"DLBATCH_CUDA_GRAPHS", "DLBATCH_CONV_LOWERED",
+                           "DLBATCH_FOLD_RELU", "DLBATCH_SPLIT_BATCH"}) {
     Result refused = Train(job, dir_ + "/bad", args, {{name, "on"}});
     EXPECT_EQ(refused.code, 1) << name;
     EXPECT_NE(refused.err.find(absl::StrCat(name, " is \"on\"; set it to 1 (")),
@@ -473,6 +473,84 @@ TEST_F(TrainRun, FourRanksTrainLenetToTheWeightsOfOne) {
   // And training moved the weights far more than that.
   ASSERT_EQ(Train(job, dir_ + "/init", {"--max-iterations", "1"}).code, 0);
   EXPECT_GT(RelativeDifference(FinalParams(dir_ + "/init"), p1), 1e-3);
+}
+
+// One run of two threads splits LeNet's mini-batch over them, each thread
+// a rank (trainer/thread_ranks.h): the same computation as two ranks that
+// are processes meeting over Gloo, bit for bit (the same kernels, from the
+// test's tuning cache, and a sum of two that does not depend on its
+// order), and within rounding of one rank over both threads.
+TEST_F(TrainRun, ABatchSplitOverThreadsTrainsAsRanksOfProcessesDo) {
+  const std::string job = Job("lenet", kLenet, R"(
+    solver: sgdm
+    initial_learn_rate: 0.01
+    momentum: 0.9
+    mini_batch_size: 64
+    shuffle: every-epoch
+    verbose_frequency: 1000
+    checkpoint_frequency: 10
+    checkpoint_frequency_unit: iteration
+    seed: 5
+)");
+  const std::vector<std::string> args = {"--max-iterations", "30", "--threads",
+                                         "2"};
+  Result split = Train(job, dir_ + "/split", args);
+  ASSERT_EQ(split.code, 0) << split.out << split.err;
+  EXPECT_NE(split.out.find("Each mini-batch is split over 2 threads"),
+            std::string::npos)
+      << split.out;
+  nlohmann::json m =
+      nlohmann::json::parse(ReadAll(dir_ + "/split/metrics.json"));
+  EXPECT_EQ(m["ranks"], 2);
+  EXPECT_EQ(m["split_batch"], true);
+  EXPECT_EQ(m["iterations"], 30);
+
+  Result processes =
+      Train(job, dir_ + "/processes",
+            {"--max-iterations", "30", "--ranks", "2", "--threads", "1"});
+  ASSERT_EQ(processes.code, 0) << processes.out << processes.err;
+  m = nlohmann::json::parse(ReadAll(dir_ + "/processes/metrics.json"));
+  EXPECT_EQ(m["split_batch"], false);
+  const std::vector<float> p_split = FinalParams(dir_ + "/split");
+  EXPECT_EQ(p_split, FinalParams(dir_ + "/processes"));
+  EXPECT_EQ(ReadAll(dir_ + "/split/model.onnx"),
+            ReadAll(dir_ + "/processes/model.onnx"));
+  // The validation both computed, each rank half of it.
+  EXPECT_EQ(nlohmann::json::parse(
+                ReadAll(dir_ + "/split/metrics.json"))["validation_accuracy"],
+            m["validation_accuracy"]);
+
+  // DLBATCH_SPLIT_BATCH=0: one rank over both threads, which sums in
+  // another order: compared early, as FourRanksTrainLenetToTheWeightsOfOne
+  // does (a tie in max pooling that rounds the other way grows).
+  const std::vector<std::string> four = {"--max-iterations", "4", "--threads",
+                                         "2"};
+  Result whole =
+      Train(job, dir_ + "/whole", four, {{"DLBATCH_SPLIT_BATCH", "0"}});
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  EXPECT_EQ(whole.out.find("split over"), std::string::npos) << whole.out;
+  m = nlohmann::json::parse(ReadAll(dir_ + "/whole/metrics.json"));
+  EXPECT_EQ(m["ranks"], 1);
+  EXPECT_EQ(m["split_batch"], false);
+  ASSERT_EQ(Train(job, dir_ + "/split4", four).code, 0);
+  const std::vector<float> p_whole = FinalParams(dir_ + "/whole");
+  const std::vector<float> p_split4 = FinalParams(dir_ + "/split4");
+  ASSERT_EQ(p_whole.size(), p_split4.size());
+  EXPECT_NE(p_whole, p_split4);
+  EXPECT_LT(RelativeDifference(p_whole, p_split4), 1e-4);
+  EXPECT_GT(RelativeDifference(p_split4, p_split), 1e-3);
+
+  // A split run stopped at its checkpoint of 20 resumes to the weights of
+  // the uninterrupted one.
+  const std::string out = dir_ + "/resumed";
+  Result part = Train(job, out, {"--max-iterations", "20", "--threads", "2"});
+  ASSERT_EQ(part.code, 0) << part.err;
+  Result rest =
+      Train(job, out, {"--max-iterations", "30", "--threads", "2", "--resume"});
+  ASSERT_EQ(rest.code, 0) << rest.err;
+  EXPECT_NE(rest.out.find("Resuming from"), std::string::npos) << rest.out;
+  EXPECT_EQ(FinalParams(out), p_split);
+  ExpectRowsOneTo(ReadAll(out + "/training_history.csv"), 30);
 }
 
 // conv -> batchnorm -> relu -> fc: no pooling (whose ties may flip) and no

@@ -440,6 +440,8 @@ absl::Status CpuBf16Support() {
       "and later) or on a GPU"));
 }
 
+void SeparateCpuBackends() { dnnl::set_primitive_cache_capacity(0); }
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(int threads,
                                                         bool bf16) {
   if (threads < 0) {

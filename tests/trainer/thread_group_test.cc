@@ -1,0 +1,253 @@
+// Ranks as threads of one process (trainer/comm/thread_group.h): their
+// collectives and rendezvous over shared memory, and how a rank's failure
+// or absence ends the others' waits; and which runs dlbatch-train splits
+// over its threads (trainer/thread_ranks.h).
+#include "trainer/comm/thread_group.h"
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/jobspec_yaml.h"
+#include "trainer/thread_ranks.h"
+
+namespace dlbatch::trainer {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Runs body(rank, communicator) for every rank of `group` on a thread of
+// its own; returns each rank's status.
+std::vector<absl::Status> RunRanks(
+    ThreadGroup& group,
+    const std::function<absl::Status(int, Communicator*)>& body) {
+  std::vector<absl::Status> statuses(group.size());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < group.size(); ++r) {
+    threads.emplace_back([&, r] {
+      statuses[r] = body(r, group.communicator(r));
+      if (!statuses[r].ok()) group.Abort(statuses[r]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return statuses;
+}
+
+// Rank r's value of element i: sums of them in rank order are exact but
+// for the rounding each addition makes, which the test repeats.
+float Value(int r, int64_t i) {
+  return 1.0f / static_cast<float>(3 + 7 * r + i % 101) +
+         static_cast<float>(r) * 1e3f;
+}
+
+TEST(ThreadGroup, AllreduceSumsInRankOrderEveryCountAndSize) {
+  for (int size : {1, 2, 3, 5}) {
+    // Counts below, at and off the ranks' 16-float shares.
+    for (int64_t count : {0, 1, 2, 15, 16, 17, 33, 1000, 4099}) {
+      ThreadGroup group(size, absl::Seconds(60));
+      std::vector<std::vector<float>> data(size);
+      const std::vector<absl::Status> s =
+          RunRanks(group, [&](int r, Communicator* c) {
+            EXPECT_EQ(c->rank(), r);
+            EXPECT_EQ(c->size(), size);
+            data[r].resize(count);
+            for (int64_t i = 0; i < count; ++i) data[r][i] = Value(r, i);
+            // Twice: the second sums the first's results, from every rank.
+            RETURN_IF_ERROR(c->AllreduceSum(data[r].data(), count));
+            return c->AllreduceSum(data[r].data(), count);
+          });
+      for (int r = 0; r < size; ++r) {
+        ASSERT_TRUE(s[r].ok()) << s[r];
+        for (int64_t i = 0; i < count; ++i) {
+          float once = Value(0, i);
+          for (int k = 1; k < size; ++k) once += Value(k, i);
+          float twice = once;
+          for (int k = 1; k < size; ++k) twice += once;
+          ASSERT_EQ(data[r][i], twice) << "size " << size << " count " << count
+                                       << " rank " << r << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(ThreadGroup, BroadcastAndBarrierAndCollectivesInTurn) {
+  constexpr int kSize = 3;
+  ThreadGroup group(kSize, absl::Seconds(60));
+  std::vector<std::vector<float>> data(kSize, std::vector<float>(40));
+  std::vector<int> before(kSize), after(kSize);
+  std::atomic<int> arrived{0};
+  const std::vector<absl::Status> s =
+      RunRanks(group, [&](int r, Communicator* c) {
+        for (int i = 0; i < 40; ++i) data[r][i] = Value(r, i);
+        RETURN_IF_ERROR(c->Broadcast(data[r].data(), 40, 2));
+        // No rank leaves a barrier before every rank has come to it.
+        before[r] = arrived.fetch_add(1) + 1;
+        if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        RETURN_IF_ERROR(c->Barrier());
+        after[r] = arrived.load();
+        // A bad root is refused on the rank that names it, before it
+        // meets anyone.
+        absl::Status bad = c->Broadcast(data[r].data(), 40, kSize);
+        EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+        float one = 1;
+        RETURN_IF_ERROR(c->StartAllreduceSum(&one, 1));
+        RETURN_IF_ERROR(c->WaitAll());
+        EXPECT_EQ(one, kSize);
+        return absl::OkStatus();
+      });
+  for (int r = 0; r < kSize; ++r) {
+    ASSERT_TRUE(s[r].ok()) << s[r];
+    for (int i = 0; i < 40; ++i) EXPECT_EQ(data[r][i], Value(2, i));
+    EXPECT_EQ(after[r], kSize) << "rank " << r << " left the barrier early";
+  }
+  EXPECT_TRUE(group.aborted().ok());
+}
+
+// Started allreduces are summed together at WaitAll, or before the next
+// collective, as every communicator's are.
+TEST(ThreadGroup, StartedAllreducesAreSummedByWaitAllOrTheNextCollective) {
+  constexpr int kSize = 2;
+  ThreadGroup group(kSize, absl::Seconds(60));
+  std::vector<std::vector<float>> a(kSize, std::vector<float>(70)),
+      b(kSize, std::vector<float>(3)), c(kSize, std::vector<float>(1));
+  const std::vector<absl::Status> s =
+      RunRanks(group, [&](int r, Communicator* comm) {
+        for (int i = 0; i < 70; ++i) a[r][i] = Value(r, i);
+        for (int i = 0; i < 3; ++i) b[r][i] = Value(r, 100 + i);
+        c[r][0] = static_cast<float>(r + 1);
+        RETURN_IF_ERROR(comm->StartAllreduceSum(a[r].data(), 70));
+        RETURN_IF_ERROR(comm->StartAllreduceSum(b[r].data(), 3));
+        RETURN_IF_ERROR(comm->WaitAll());
+        RETURN_IF_ERROR(comm->WaitAll());  // nothing started: no meeting
+        RETURN_IF_ERROR(comm->StartAllreduceSum(c[r].data(), 1));
+        return comm->Barrier();
+      });
+  for (int r = 0; r < kSize; ++r) {
+    ASSERT_TRUE(s[r].ok()) << s[r];
+    for (int i = 0; i < 70; ++i) EXPECT_EQ(a[r][i], Value(0, i) + Value(1, i));
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(b[r][i], Value(0, 100 + i) + Value(1, 100 + i));
+    }
+    EXPECT_EQ(c[r][0], 3.0f);
+  }
+}
+
+TEST(ThreadGroup, RanksOfDifferentCollectivesAreStoppedSayingSo) {
+  ThreadGroup group(2, absl::Seconds(60));
+  const std::vector<absl::Status> s =
+      RunRanks(group, [&](int r, Communicator* c) {
+        std::vector<float> data(r == 0 ? 10 : 12);
+        return c->AllreduceSum(data.data(), static_cast<int64_t>(data.size()));
+      });
+  for (const absl::Status& status : s) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+    EXPECT_THAT(status.message(), HasSubstr("the ranks' collectives differ"));
+  }
+}
+
+TEST(ThreadGroup, AFailingRankEndsTheOthersWaitsWithItsStatus) {
+  ThreadGroup group(3, absl::Minutes(10));
+  const auto start = absl::Now();
+  const std::vector<absl::Status> s =
+      RunRanks(group, [&](int r, Communicator* c) -> absl::Status {
+        if (r == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          return absl::OutOfRangeError("the training loss became nan");
+        }
+        // The others wait: in a collective, and for a key nobody sets.
+        float x = 1;
+        RETURN_IF_ERROR(c->AllreduceSum(&x, 1));
+        return group.rendezvous()->Get("never", absl::Minutes(10)).status();
+      });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  for (const absl::Status& status : s) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange) << status;
+  }
+  EXPECT_EQ(group.aborted().message(), "the training loss became nan");
+  // Later waits end at once too.
+  EXPECT_EQ(group.communicator(0)->Barrier().code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+TEST(ThreadGroup, ARankThatNeverComesTimesTheOthersOut) {
+  ThreadGroup group(2, absl::Milliseconds(300));
+  absl::Status waited = group.communicator(0)->Barrier();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr("a rank stopped coming"));
+  EXPECT_THAT(waited.message(), HasSubstr("a barrier"));
+  // The group is over for the late rank too.
+  EXPECT_EQ(group.communicator(1)->Barrier().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(ThreadGroup, RendezvousGetsWhatAnotherRankSets) {
+  ThreadGroup group(2, absl::Seconds(60));
+  Rendezvous* rdv = group.rendezvous();
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(rdv->Set("tuning", "0\tconv").ok());
+  });
+  absl::StatusOr<std::string> got = rdv->Get("tuning", absl::Seconds(30));
+  later.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "0\tconv");
+  absl::StatusOr<std::string> missing =
+      rdv->Get("other", absl::Milliseconds(100));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(missing.status().message(), HasSubstr("\"other\""));
+}
+
+v1::TrainSpec Spec(const std::string& layers) {
+  absl::StatusOr<ParsedJobFile> job = ParseJobYaml(
+      absl::StrCat("name: s\ntrain:\n  network:\n    input: [28, 28, 1]\n"
+                   "    layers:\n",
+                   layers,
+                   "  data:\n    train: {format: idx, images: a, labels: "
+                   "b}\n"),
+      "test.yaml");
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? job->spec.train() : v1::TrainSpec();
+}
+
+TEST(SplitBatchRanks, SplitsNetworksWithoutBatchNormOverDividingThreads) {
+  const v1::TrainSpec lenet = Spec(
+      "      - {type: conv, filters: 4, size: 5}\n"
+      "      - {type: relu}\n"
+      "      - {type: fc, units: 10}\n"
+      "      - {type: softmax}\n");
+  EXPECT_EQ(SplitBatchRanks(lenet, 64, 2, std::nullopt), 2);
+  EXPECT_EQ(SplitBatchRanks(lenet, 64, 1, std::nullopt), 1);
+  // 16 samples a rank at least: batch 64 over 8 threads is 4 ranks of 2.
+  EXPECT_EQ(SplitBatchRanks(lenet, 64, 8, std::nullopt), 4);
+  EXPECT_EQ(SplitBatchRanks(lenet, 512, 8, std::nullopt), 8);
+  EXPECT_EQ(SplitBatchRanks(lenet, 16, 2, std::nullopt), 1);
+  // Ranks divide the threads: 3 threads are 3 ranks or none.
+  EXPECT_EQ(SplitBatchRanks(lenet, 64, 3, std::nullopt), 3);
+  EXPECT_EQ(SplitBatchRanks(lenet, 40, 3, std::nullopt), 1);
+  // DLBATCH_SPLIT_BATCH=1: down to a sample a rank; =0: never.
+  EXPECT_EQ(SplitBatchRanks(lenet, 16, 2, true), 2);
+  EXPECT_EQ(SplitBatchRanks(lenet, 3, 4, true), 2);
+  EXPECT_EQ(SplitBatchRanks(lenet, 64, 2, false), 1);
+  const v1::TrainSpec bn = Spec(
+      "      - {type: conv, filters: 4, size: 3}\n"
+      "      - {type: batchnorm}\n"
+      "      - {type: relu}\n"
+      "      - {type: fc, units: 10}\n"
+      "      - {type: softmax}\n");
+  EXPECT_EQ(SplitBatchRanks(bn, 64, 2, std::nullopt), 1);
+  EXPECT_EQ(SplitBatchRanks(bn, 64, 2, true), 1);
+}
+
+}  // namespace
+}  // namespace dlbatch::trainer
