@@ -45,9 +45,6 @@ absl::StatusOr<TrainResult> TrainOnThreadRanks(const TrainRequest& request,
         absl::StrFormat("a split over %d ranks; need at least 2", ranks));
   }
   const int threads = std::max(1, request.threads / ranks);
-  // A rank that stopped coming is reported after as long as the slowest
-  // collective of a healthy run could take: a whole evaluation or
-  // checkpoint of another rank, far less than this.
   SeparateCpuBackends();
   if (request.diary != nullptr) {
     std::fprintf(request.diary,
@@ -64,6 +61,9 @@ absl::StatusOr<TrainResult> TrainOnThreadRanks(const TrainRequest& request,
                      std::fprintf(request.diary, "%s\n", line.c_str());
                      std::fflush(request.diary);
                    }));
+  // A rank that stopped coming is reported after far longer than the
+  // slowest collective of a healthy run takes (its ranks wait there for a
+  // whole evaluation or checkpoint of another).
   ThreadGroup group(ranks, absl::Minutes(10));
   std::vector<TrainRequest> requests(ranks, request);
   for (int r = 0; r < ranks; ++r) {
