@@ -482,15 +482,14 @@ TEST_F(TrainRun, FourRanksTrainLenetToTheWeightsOfOne) {
 // order), and within rounding of one rank over both threads.
 TEST_F(TrainRun, ABatchSplitOverThreadsTrainsAsRanksOfProcessesDo) {
   const std::string job = Job("lenet", kLenet, R"(
+    seed: 11
     solver: sgdm
     initial_learn_rate: 0.01
     momentum: 0.9
     mini_batch_size: 64
-    shuffle: every-epoch
-    verbose_frequency: 1000
     checkpoint_frequency: 10
     checkpoint_frequency_unit: iteration
-    seed: 5
+    shuffle: every-epoch
 )");
   const std::vector<std::string> args = {"--max-iterations", "30", "--threads",
                                          "2"};
