@@ -108,6 +108,34 @@ absl::StatusOr<std::optional<bool>> FoldReluSwitch() {
                            "run every relu as a layer of its own");
 }
 
+namespace {
+[[noreturn]] void NoSpan(const char* what) {
+  std::fprintf(stderr,
+               "fatal: BatchNormKernel::%s on a backend whose batch "
+               "norm does not span ranks\n",
+               what);
+  std::abort();
+}
+}  // namespace
+
+void BatchNormKernel::SpanSums(int, const float*, const float*, float*) {
+  NoSpan("SpanSums");
+}
+void BatchNormKernel::SpanForward(int, const float*, const float*, const float*,
+                                  const float*, const float*, float*, float*,
+                                  float*, float*, float*, float) {
+  NoSpan("SpanForward");
+}
+void BatchNormKernel::SpanBackward(int, const float*, const float*,
+                                   const float*, const float*, const float*,
+                                   float*, float*, float*, float*) {
+  NoSpan("SpanBackward");
+}
+void BatchNormKernel::SpanFinish(int, const float*, const float*, const float*,
+                                 const float*, const float*, float*) {
+  NoSpan("SpanFinish");
+}
+
 void Backend::AddBf16(bool, int64_t, const float*, const void*, float*) {
   std::fprintf(stderr, "fatal: %s: AddBf16 without bf16 activations\n",
                Describe().c_str());

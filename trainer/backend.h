@@ -182,6 +182,9 @@ struct BatchNormDesc {
   // y and dy in bf16 too (with bf16_in): the output (or that of the relu
   // folded in) goes only to a convolution, which takes it so.
   bool bf16_out = false;
+  // The training passes span ranks (BatchNormKernel::SpanSums and the
+  // rest; only where Backend::batch_norm_spans_ranks()).
+  bool spans_ranks = false;
 };
 
 class BatchNormKernel {
@@ -201,6 +204,37 @@ class BatchNormKernel {
                         const float* gamma, const float* saved_mean,
                         const float* saved_var, float* dx, float* dgamma,
                         float* dbeta) = 0;
+
+  // Statistics over the samples of ranks that split one mini-batch over a
+  // process's threads (Backend::batch_norm_spans_ranks): the training
+  // passes cut where per-channel sums cross ranks, as SyncBatchNormKernel's
+  // (the same `sums` of 2c + 1 floats, summed over the ranks by the caller
+  // in between), but with this kernel's folded relu and bf16 tensors. The
+  // defaults end the process: only such a backend's kernels are asked.
+  //
+  // sums[0, c) = sum of (x - shift), sums[c, 2c) = sum of (x - shift)^2
+  // over this rank's n samples, sums[2c] = n.
+  virtual void SpanSums(int n, const float* x, const float* shift, float* sums);
+  // From the totals (m = sums[2c] * h * w): mean = shift + sums[ch] / m,
+  // biased var = sums[c + ch] / m - (sums[ch] / m)^2, saved; normalises
+  // with them and moves the running statistics as ForwardTraining.
+  virtual void SpanForward(int n, const float* x, const float* gamma,
+                           const float* beta, const float* shift,
+                           const float* sums, float* y, float* saved_mean,
+                           float* saved_var, float* running_mean,
+                           float* running_var, float momentum);
+  // dx as if the statistics were constants (gamma / sqrt(var + epsilon) *
+  // dy), and this rank's dgamma = sum of dy * xhat and dbeta = sum of dy;
+  // the same into sums[0, c) and sums[c, 2c), n into sums[2c].
+  virtual void SpanBackward(int n, const float* x, const float* dy,
+                            const float* gamma, const float* saved_mean,
+                            const float* saved_var, float* dx, float* dgamma,
+                            float* dbeta, float* sums);
+  // From the totals: dx -= gamma / sqrt(var + epsilon) * (sums[c + ch] / m
+  // + xhat * sums[ch] / m), the terms of the statistics' own gradients.
+  virtual void SpanFinish(int n, const float* x, const float* gamma,
+                          const float* saved_mean, const float* saved_var,
+                          const float* sums, float* dx);
 };
 
 // Batch normalisation whose statistics span the ranks of a data-parallel
@@ -380,6 +414,9 @@ class Backend {
                                                            int max_batch) = 0;
   virtual absl::StatusOr<std::unique_ptr<PoolKernel>> MakePool(
       const PoolDesc& desc, int max_batch) = 0;
+  // Whether MakeBatchNorm's kernels take statistics over ranks that split
+  // one mini-batch (BatchNormKernel::SpanSums and the rest).
+  virtual bool batch_norm_spans_ranks() const { return false; }
   virtual absl::StatusOr<std::unique_ptr<BatchNormKernel>> MakeBatchNorm(
       const BatchNormDesc& desc, int max_batch) = 0;
   virtual absl::StatusOr<std::unique_ptr<SyncBatchNormKernel>>

@@ -159,9 +159,9 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
       "unfolded patches, whichever times faster when the network is built;\n"
       "DLBATCH_CONV_LOWERED=1 (the product) or 0 (cuDNN) forces one.\n"
       "One rank on the CPU splits each mini-batch over its threads (a\n"
-      "replica each, 16 samples at least) where the network has no\n"
-      "batchnorm; DLBATCH_SPLIT_BATCH=0 keeps one replica over all threads,\n"
-      "=1 splits down to a sample a thread.");
+      "replica each, 16 samples at least; batch norms take the whole\n"
+      "mini-batch's statistics); DLBATCH_SPLIT_BATCH=0 keeps one replica\n"
+      "over all threads, =1 splits down to a sample a thread.");
   app.set_version_flag("--version", VersionText("dlbatch-train"));
   try {
     app.parse(argc, argv);
@@ -460,14 +460,13 @@ int TrainCommand(int argc, char** argv) {
   req->rendezvous = connection->rendezvous.get();
   req->progress = &*channel;
   req->diary = rank == 0 ? stdout : nullptr;
-  // One rank on the CPU: its mini-batch split over its threads where the
-  // network allows (thread_ranks.h).
+  // One rank on the CPU: its mini-batch split over its threads
+  // (thread_ranks.h).
   int split = 1;
   if (world == 1 && !connection->choice.gpu) {
     absl::StatusOr<std::optional<bool>> forced = SplitBatchSwitch();
     if (!forced.ok()) return Fail(rank, world, forced.status());
     split = SplitBatchRanks(
-        req->spec,
         req->mini_batch_size.value_or(
             ResolveOptions(req->spec.options()).mini_batch_size),
         req->threads, *forced);

@@ -134,6 +134,66 @@ class SyncBatchNormLayer final : public OneInputLayer {
   Buffer sums_;   // [2c + 1], see SyncBatchNormKernel
 };
 
+// Statistics over the ranks that split one mini-batch, with the backend's
+// own batch norm (Backend::batch_norm_spans_ranks): SyncBatchNormLayer's
+// passes and sums, while its folded relu and bf16 tensors stay. Forward:
+// this rank's sums, summed over the ranks, then the normalisation with the
+// totals' statistics. Backward: dx as if they were constants and this
+// rank's dgamma and dbeta, whose totals then add the statistics' terms.
+class SpanningBatchNormLayer final : public OneInputLayer {
+ public:
+  SpanningBatchNormLayer(std::unique_ptr<BatchNormKernel> kernel,
+                         Communicator* communicator, int channels, Buffer saved,
+                         Buffer sums)
+      : kernel_(std::move(kernel)),
+        communicator_(communicator),
+        channels_(channels),
+        saved_(std::move(saved)),
+        sums_(std::move(sums)) {}
+
+  void Forward(int n, const float* x, float* y, bool training,
+               uint64_t /*dropout_salt*/) override {
+    const float* gamma = buffers_.params[0];
+    const float* beta = buffers_.params[1];
+    float* running_mean = buffers_.state[0];
+    float* running_var = buffers_.state[1];
+    if (!training) {
+      kernel_->ForwardInference(n, x, gamma, beta, running_mean, running_var,
+                                y);
+      return;
+    }
+    kernel_->SpanSums(n, x, running_mean, sums_.f32());
+    // A failure is kept by the network (LayerContext::communicator).
+    communicator_->AllreduceSum(sums_.f32(), SumsCount()).IgnoreError();
+    kernel_->SpanForward(n, x, gamma, beta, running_mean, sums_.f32(), y,
+                         SavedMean(), SavedVar(), running_mean, running_var,
+                         kMomentum);
+  }
+
+  void Backward(int n, const float* x, const float* /*y*/, const float* dy,
+                float* dx) override {
+    kernel_->SpanBackward(n, x, dy, buffers_.params[0], SavedMean(), SavedVar(),
+                          dx, buffers_.grads[0], buffers_.grads[1],
+                          sums_.f32());
+    communicator_->AllreduceSum(sums_.f32(), SumsCount()).IgnoreError();
+    kernel_->SpanFinish(n, x, buffers_.params[0], SavedMean(), SavedVar(),
+                        sums_.f32(), dx);
+  }
+
+  bool can_skip_dx() const override { return false; }
+
+ private:
+  int64_t SumsCount() const { return 2 * int64_t{channels_} + 1; }
+  float* SavedMean() const { return saved_.f32(); }
+  float* SavedVar() const { return saved_.f32() + channels_; }
+
+  std::unique_ptr<BatchNormKernel> kernel_;
+  Communicator* communicator_;
+  const int channels_;
+  Buffer saved_;  // this batch's mean, then its variance
+  Buffer sums_;   // [2c + 1], as SyncBatchNormKernel's
+};
+
 }  // namespace
 
 absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx) {
@@ -148,18 +208,26 @@ absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx) {
   BatchNormDesc desc;
   desc.in = ctx.in;
   desc.epsilon = spec.epsilon() > 0 ? spec.epsilon() : kDefaultEpsilon;
-  const bool sync = SyncsOverRanks(spec, ctx.communicator);
+  const bool spans = SpansRanks(spec, ctx.communicator, *ctx.backend);
+  const bool sync = SyncsOverRanks(spec, ctx.communicator) && !spans;
   // The synchronised passes are the backend's own sums: no relu in them.
   desc.relu = ctx.relu_follows && !sync;
   plan.folds_relu = desc.relu;
   desc.bf16_in = ctx.bf16_input && !sync;
   desc.bf16_out = desc.bf16_in && ctx.bf16_output;
+  desc.spans_ranks = spans;
   plan.bf16_output = desc.bf16_out;
   auto kernel = ctx.backend->MakeBatchNorm(desc, ctx.max_batch);
   if (!kernel.ok()) return ctx.Error(kernel.status());
   auto saved = ctx.backend->Allocate(2 * ctx.in.c * sizeof(float));
   if (!saved.ok()) return ctx.Error(saved.status());
-  if (sync) {
+  if (spans) {
+    auto sums = ctx.backend->Allocate((2 * ctx.in.c + 1) * sizeof(float));
+    if (!sums.ok()) return ctx.Error(sums.status());
+    plan.layer = std::make_unique<SpanningBatchNormLayer>(
+        *std::move(kernel), ctx.communicator, ctx.in.c, *std::move(saved),
+        *std::move(sums));
+  } else if (sync) {
     auto sync = ctx.backend->MakeSyncBatchNorm(desc, ctx.max_batch);
     if (!sync.ok()) return ctx.Error(sync.status());
     auto sums = ctx.backend->Allocate((2 * ctx.in.c + 1) * sizeof(float));

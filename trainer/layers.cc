@@ -12,7 +12,14 @@ namespace dlbatch::trainer {
 
 bool SyncsOverRanks(const v1::LayerSpec& spec,
                     const Communicator* communicator) {
-  return spec.sync() && communicator != nullptr && communicator->size() > 1;
+  return communicator != nullptr && communicator->size() > 1 &&
+         (spec.sync() || communicator->splits_batch());
+}
+
+bool SpansRanks(const v1::LayerSpec& spec, const Communicator* communicator,
+                const Backend& backend) {
+  return SyncsOverRanks(spec, communicator) && communicator->splits_batch() &&
+         backend.batch_norm_spans_ranks();
 }
 
 absl::Status LayerContext::Error(absl::string_view message) const {

@@ -196,9 +196,15 @@ absl::StatusOr<LayerPlan> MakeJoinLayer(const LayerContext& ctx);
 absl::StatusOr<LayerPlan> MakeLayer(const LayerContext& ctx);
 
 // Whether a batchnorm of `spec` takes its statistics over the ranks of
-// `communicator` (may be null): `sync` with more than one rank.
+// `communicator` (may be null): more than one rank, and `sync` or ranks
+// that split one mini-batch (Communicator::splits_batch).
 bool SyncsOverRanks(const v1::LayerSpec& spec,
                     const Communicator* communicator);
+// Whether a batch norm that syncs does so with the backend's own kernel
+// (BatchNormKernel::SpanSums: its folded relu and bf16 tensors kept): for
+// ranks that split one mini-batch, on a backend that can.
+bool SpansRanks(const v1::LayerSpec& spec, const Communicator* communicator,
+                const Backend& backend);
 
 // Whether layer j's output is bf16 (LayerInfo::bf16_output), counting a
 // folded relu's, which is its input's; `info(k)` gives layer k's LayerInfo.

@@ -28,6 +28,7 @@ class FailFastCommunicator final : public Communicator {
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
+  bool splits_batch() const override { return inner_->splits_batch(); }
   absl::Status AllreduceSum(float* data, int64_t count) override {
     return Keep([&] { return inner_->AllreduceSum(data, count); });
   }
@@ -222,7 +223,8 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     if (backend->bf16_activations() && layer.type() == "conv" &&
         consumers.size() == 1) {
       const v1::LayerSpec& next = spec.layers(consumers[0]);
-      const bool sync = SyncsOverRanks(next, communicator);
+      const bool sync = SyncsOverRanks(next, communicator) &&
+                        !SpansRanks(next, communicator, *backend);
       ctx.bf16_output = next.type() == "batchnorm" && !sync;
     }
     // ...or as the last input of an add, which sums in float32.

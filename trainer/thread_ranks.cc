@@ -17,12 +17,8 @@
 
 namespace dlbatch::trainer {
 
-int SplitBatchRanks(const v1::TrainSpec& spec, int mini_batch, int threads,
-                    std::optional<bool> forced) {
+int SplitBatchRanks(int mini_batch, int threads, std::optional<bool> forced) {
   if (forced == false || threads < 2 || mini_batch < 2) return 1;
-  for (const v1::LayerSpec& layer : spec.network().layers()) {
-    if (layer.type() == "batchnorm") return 1;
-  }
   const int per_rank = forced == true ? 1 : kMinSamplesPerSplitRank;
   for (int ranks = std::min(threads, mini_batch / per_rank); ranks >= 2;
        --ranks) {

@@ -159,6 +159,44 @@ TEST_F(Bf16Run, ResNetReachesFloat32AccuracyInBf16) {
       << "fp32 " << fp32 << "%, bf16 " << bf16 << "%";
 }
 
+// The small ResNet's mini-batch split over two threads: its batch norms'
+// statistics span them (the folded relus and bf16 tensors kept, SpanSums),
+// and it trains what one replica over both threads trains, within the
+// rounding of each precision, early (4 steps) as the rank tests compare.
+TEST_F(Bf16Run, ASplitResNetTrainsAsOneReplicaInEitherPrecision) {
+  if (absl::Status s = CpuBf16Support(); !s.ok()) {
+    GTEST_SKIP() << "this CPU cannot run bf16: " << s.message();
+  }
+  for (const auto& [precision, tolerance] :
+       {std::pair<std::string, double>{"fp32", 1e-4},
+        std::pair<std::string, double>{"bf16", 1e-3}}) {
+    const std::string job =
+        NetJob(ResNet(), "split-" + precision, precision, 3, /*iterations=*/4);
+    const std::string one = dir_ + "/one-" + precision;
+    Result r =
+        RunTrain(job, one, {"--threads", "2"}, {{"DLBATCH_SPLIT_BATCH", "0"}});
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_EQ(r.out.find("split over"), std::string::npos) << r.out;
+    const std::string split = dir_ + "/split-" + precision;
+    r = Train(job, split);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("split over 2 threads"), std::string::npos) << r.out;
+    const Checkpoint a = LastCheckpoint(one), b = LastCheckpoint(split);
+    ASSERT_EQ(a.params.size(), b.params.size());
+    ASSERT_EQ(a.state.size(), b.state.size());
+    ASSERT_GT(a.state.size(), 0u);
+    const double params = testing::RelativeDifference(a.params, b.params);
+    const double state = testing::RelativeDifference(a.state, b.state);
+    std::printf(
+        "%s: split against one replica: weights %.3g, statistics %.3g\n",
+        precision.c_str(), params, state);
+    EXPECT_LT(params, tolerance) << precision;
+    EXPECT_LT(state, tolerance) << precision;
+    EXPECT_EQ(a.iteration, 4);
+    EXPECT_EQ(b.iteration, 4);
+  }
+}
+
 // Checkpoints hold float32 masters whatever the run computed in: a bf16
 // run resumes in fp32 and an fp32 one in bf16.
 TEST_F(Bf16Run, CheckpointsResumeInTheOtherPrecision) {

@@ -1,7 +1,7 @@
 // Ranks as threads of one process (trainer/comm/thread_group.h): their
 // collectives and rendezvous over shared memory, and how a rank's failure
-// or absence ends the others' waits; and which runs dlbatch-train splits
-// over its threads (trainer/thread_ranks.h).
+// or absence ends the others' waits; and over how many threads
+// dlbatch-train splits a mini-batch (trainer/thread_ranks.h).
 #include "trainer/comm/thread_group.h"
 
 #include <atomic>
@@ -18,7 +18,6 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/jobspec_yaml.h"
 #include "trainer/thread_ranks.h"
 
 namespace dlbatch::trainer {
@@ -208,45 +207,20 @@ TEST(ThreadGroup, RendezvousGetsWhatAnotherRankSets) {
   EXPECT_THAT(missing.status().message(), HasSubstr("\"other\""));
 }
 
-v1::TrainSpec Spec(const std::string& layers) {
-  absl::StatusOr<ParsedJobFile> job = ParseJobYaml(
-      absl::StrCat("name: s\ntrain:\n  network:\n    input: [28, 28, 1]\n"
-                   "    layers:\n",
-                   layers,
-                   "  data:\n    train: {format: idx, images: a, labels: "
-                   "b}\n"),
-      "test.yaml");
-  EXPECT_TRUE(job.ok()) << job.status();
-  return job.ok() ? job->spec.train() : v1::TrainSpec();
-}
-
-TEST(SplitBatchRanks, SplitsNetworksWithoutBatchNormOverDividingThreads) {
-  const v1::TrainSpec lenet = Spec(
-      "      - {type: conv, filters: 4, size: 5}\n"
-      "      - {type: relu}\n"
-      "      - {type: fc, units: 10}\n"
-      "      - {type: softmax}\n");
-  EXPECT_EQ(SplitBatchRanks(lenet, 64, 2, std::nullopt), 2);
-  EXPECT_EQ(SplitBatchRanks(lenet, 64, 1, std::nullopt), 1);
+TEST(SplitBatchRanks, SplitsOverThreadsThatDivideTheBatch) {
+  EXPECT_EQ(SplitBatchRanks(64, 2, std::nullopt), 2);
+  EXPECT_EQ(SplitBatchRanks(64, 1, std::nullopt), 1);
   // 16 samples a rank at least: batch 64 over 8 threads is 4 ranks of 2.
-  EXPECT_EQ(SplitBatchRanks(lenet, 64, 8, std::nullopt), 4);
-  EXPECT_EQ(SplitBatchRanks(lenet, 512, 8, std::nullopt), 8);
-  EXPECT_EQ(SplitBatchRanks(lenet, 16, 2, std::nullopt), 1);
+  EXPECT_EQ(SplitBatchRanks(64, 8, std::nullopt), 4);
+  EXPECT_EQ(SplitBatchRanks(512, 8, std::nullopt), 8);
+  EXPECT_EQ(SplitBatchRanks(16, 2, std::nullopt), 1);
   // Ranks divide the threads: 3 threads are 3 ranks or none.
-  EXPECT_EQ(SplitBatchRanks(lenet, 64, 3, std::nullopt), 3);
-  EXPECT_EQ(SplitBatchRanks(lenet, 40, 3, std::nullopt), 1);
+  EXPECT_EQ(SplitBatchRanks(64, 3, std::nullopt), 3);
+  EXPECT_EQ(SplitBatchRanks(40, 3, std::nullopt), 1);
   // DLBATCH_SPLIT_BATCH=1: down to a sample a rank; =0: never.
-  EXPECT_EQ(SplitBatchRanks(lenet, 16, 2, true), 2);
-  EXPECT_EQ(SplitBatchRanks(lenet, 3, 4, true), 2);
-  EXPECT_EQ(SplitBatchRanks(lenet, 64, 2, false), 1);
-  const v1::TrainSpec bn = Spec(
-      "      - {type: conv, filters: 4, size: 3}\n"
-      "      - {type: batchnorm}\n"
-      "      - {type: relu}\n"
-      "      - {type: fc, units: 10}\n"
-      "      - {type: softmax}\n");
-  EXPECT_EQ(SplitBatchRanks(bn, 64, 2, std::nullopt), 1);
-  EXPECT_EQ(SplitBatchRanks(bn, 64, 2, true), 1);
+  EXPECT_EQ(SplitBatchRanks(16, 2, true), 2);
+  EXPECT_EQ(SplitBatchRanks(3, 4, true), 2);
+  EXPECT_EQ(SplitBatchRanks(64, 2, false), 1);
 }
 
 }  // namespace

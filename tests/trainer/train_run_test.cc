@@ -582,7 +582,8 @@ TEST_F(TrainRun, TwoRanksWithSyncedBatchnormTrainToTheWeightsOfOne) {
     return more;
   };
   const std::string synced = Job("synced", kConvBn, options, false);
-  Result one = Train(synced, dir_ + "/one", with({"--ranks", "1"}));
+  Result one = Train(synced, dir_ + "/one", with({"--ranks", "1"}),
+                     {{"DLBATCH_SPLIT_BATCH", "0"}});
   ASSERT_EQ(one.code, 0) << one.err;
   Result two =
       Train(synced, dir_ + "/two", with({"--ranks", "2", "--threads", "1"}));
@@ -599,6 +600,26 @@ TEST_F(TrainRun, TwoRanksWithSyncedBatchnormTrainToTheWeightsOfOne) {
   ASSERT_EQ(c1->state.size(), 16u);  // running mean and variance of 8
   ASSERT_EQ(c2->state.size(), c1->state.size());
   EXPECT_LT(RelativeDifference(c2->state, c1->state), 1e-4);
+
+  // One rank's batch split over two threads: its batch norm's statistics
+  // span them (oneDNN's passes with the totals' statistics, the relu
+  // folded), synced or not in the spec.
+  for (const std::string& job :
+       {synced, Job("plain",
+                    absl::StrReplaceAll(kConvBn, {{"{type: batchnorm, sync: "
+                                                   "true}",
+                                                   "{type: batchnorm}"}}),
+                    options, false)}) {
+    const std::string out = dir_ + "/split-" + std::to_string(job.size());
+    Result split = Train(job, out, with({"--ranks", "1", "--threads", "2"}));
+    ASSERT_EQ(split.code, 0) << split.out << split.err;
+    EXPECT_NE(split.out.find("split over 2 threads"), std::string::npos)
+        << split.out;
+    EXPECT_LT(RelativeDifference(FinalParams(out), p1), 1e-4) << job;
+    absl::StatusOr<Checkpoint> cs = ReadCheckpoint(out + "/checkpoint.dlbc");
+    ASSERT_TRUE(cs.ok()) << cs.status();
+    EXPECT_LT(RelativeDifference(cs->state, c1->state), 1e-4) << job;
+  }
 
   // Per-rank statistics (as DDP): each rank normalises its 16 samples by
   // their own mean and variance, and training takes another path.

@@ -57,6 +57,10 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Whether the ranks are threads of one process that split one rank's
+  // mini-batch (trainer/thread_ranks.h): its batch norms then take their
+  // statistics over all of them, so that it trains the one rank's model.
+  virtual bool splits_batch() const { return false; }
   // In place over `count` floats of the backend's memory (host memory on
   // the CPU). Every rank calls each collective in the same order.
   virtual absl::Status AllreduceSum(float* data, int64_t count) = 0;

@@ -19,6 +19,7 @@ class ThreadGroup::Member : public Communicator {
   Member(ThreadGroup* group, int rank) : g_(*group), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return g_.size_; }
+  bool splits_batch() const override { return true; }
 
   // Started allreduces wait for WaitAll (or the next collective), which
   // sums them all between one pair of meetings: a step's buckets and loss

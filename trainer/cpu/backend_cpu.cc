@@ -192,6 +192,7 @@ class CpuBackend final : public Backend {
   }
   bool on_gpu() const override { return false; }
   bool folds_relu() const override { return fold_relu_; }
+  bool batch_norm_spans_ranks() const override { return true; }
   bool bf16_activations() const override { return ctx_.bf16(); }
 
   // One "index<TAB>key" line per choice.

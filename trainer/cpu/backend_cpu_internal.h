@@ -399,6 +399,15 @@ void AddBf16(bool relu, int64_t count, const float* a, const uint16_t* b16,
              float* out);
 void GradientToBf16(int64_t count, const float* y, const float* g,
                     uint16_t* out16);
+// Batch norm over several ranks' samples (BatchNormKernel::SpanSums), on
+// the calling thread: over `rows` positions of `c` channels of x (bf16 bit
+// patterns where `bf16`), sums[0, c) = sum of (x - shift), sums[c, 2c) =
+// sum of its square.
+void ChannelSums(int64_t rows, int c, const void* x, bool bf16,
+                 const float* shift, float* sums);
+// dx += a[ch] + b[ch] * x, per position; x and dx bf16 where `bf16`.
+void ChannelAffineAdd(int64_t rows, int c, const void* x, bool bf16,
+                      const float* a, const float* b, void* dx);
 // out = a + b, then relu or leaky relu (`alpha`) in the same pass.
 void AddActivation(float alpha, int64_t count, const float* a, const float* b,
                    float* out);

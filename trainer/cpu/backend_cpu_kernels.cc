@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "trainer/cpu/backend_cpu_internal.h"
 #include "trainer/rng.h"
@@ -117,6 +118,90 @@ void AddBf16(bool relu, int64_t count, const float* a, const uint16_t* b16,
   } else {
 #pragma omp parallel for simd schedule(static) if (parallel : Team(count))
     for (int64_t i = 0; i < count; ++i) out[i] = a[i] + FromBf16(b16[i]);
+  }
+}
+
+// The loops of a split batch's batch norm run on one thread each: built
+// for AVX-512 and AVX2 as well where the compiler can, picked at load time
+// (the rest of this file is baseline x86-64: 4 floats a vector).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DLBATCH_WIDE_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define DLBATCH_WIDE_CLONES
+#endif
+
+namespace {
+
+// ChannelSums over x of one type (`load(i)` reads element i as float).
+template <typename Load>
+__attribute__((always_inline)) inline void SumChannels(int64_t rows, int c,
+                                                       const float* shift,
+                                                       float* sums,
+                                                       const Load& load) {
+  // Rows are summed in float over blocks of 64, and the blocks in double:
+  // each channel's total over a batch's positions loses no more than a
+  // float sum of 64.
+  std::vector<double> total(2 * c, 0.0);
+  std::vector<float> s1(c), s2(c);
+  for (int64_t first = 0; first < rows; first += 64) {
+    const int64_t end = std::min<int64_t>(rows, first + 64);
+    std::fill(s1.begin(), s1.end(), 0.0f);
+    std::fill(s2.begin(), s2.end(), 0.0f);
+    for (int64_t r = first; r < end; ++r) {
+#pragma omp simd
+      for (int ch = 0; ch < c; ++ch) {
+        const float d = load(r * c + ch) - shift[ch];
+        s1[ch] += d;
+        s2[ch] += d * d;
+      }
+    }
+    for (int ch = 0; ch < c; ++ch) {
+      total[ch] += s1[ch];
+      total[c + ch] += s2[ch];
+    }
+  }
+  for (int ch = 0; ch < 2 * c; ++ch) sums[ch] = static_cast<float>(total[ch]);
+}
+
+}  // namespace
+
+DLBATCH_WIDE_CLONES
+void ChannelSums(int64_t rows, int c, const void* x, bool bf16,
+                 const float* shift, float* sums) {
+  if (bf16) {
+    const auto* x16 = static_cast<const uint16_t*>(x);
+    SumChannels(rows, c, shift, sums,
+                [x16](int64_t i) { return FromBf16(x16[i]); });
+  } else {
+    const auto* x32 = static_cast<const float*>(x);
+    SumChannels(rows, c, shift, sums, [x32](int64_t i) { return x32[i]; });
+  }
+}
+
+DLBATCH_WIDE_CLONES
+void ChannelAffineAdd(int64_t rows, int c, const void* x, bool bf16,
+                      const float* a, const float* b, void* dx) {
+  if (bf16) {
+    const auto* x16 = static_cast<const uint16_t*>(x);
+    auto* d16 = static_cast<uint16_t*>(dx);
+    for (int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+      for (int ch = 0; ch < c; ++ch) {
+        const int64_t i = r * c + ch;
+        d16[i] = ToBf16(FromBf16(d16[i]) + (a[ch] + b[ch] * FromBf16(x16[i])));
+      }
+    }
+    return;
+  }
+  const auto* x32 = static_cast<const float*>(x);
+  auto* d32 = static_cast<float*>(dx);
+  for (int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+    for (int ch = 0; ch < c; ++ch) {
+      const int64_t i = r * c + ch;
+      d32[i] += a[ch] + b[ch] * x32[i];
+    }
   }
 }
 

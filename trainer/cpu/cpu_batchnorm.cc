@@ -5,6 +5,7 @@
 // mask of the outputs it zeroed (the workspace), which the backward applies
 // to dy as it reads it.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -32,15 +33,96 @@ class CpuBatchNorm final : public BatchNormKernel {
         name_(absl::StrCat("batch normalization ", desc.in.ToString(),
                            desc.relu ? " with relu" : "",
                            desc.bf16_in ? " from bf16" : "",
-                           desc.bf16_out ? " in bf16" : "")),
+                           desc.bf16_out ? " in bf16" : "",
+                           desc.spans_ranks ? " over ranks" : "")),
         cache_(max_batch) {}
 
   absl::Status Prepare(int n) {
     return TryCreate(name_, n, [&] {
-      Training(n);
       Inference(n);
-      Bwd(n);
+      if (d_.spans_ranks) {
+        GlobalTraining(n);
+        GlobalBwd(n);
+      } else {
+        Training(n);
+        Bwd(n);
+      }
     });
+  }
+
+  // Over ranks: oneDNN's passes with the statistics given
+  // (use_global_stats), which then take them as constants; SpanFinish
+  // adds the terms of their gradients to dx.
+  void SpanSums(int n, const float* x, const float* shift,
+                float* sums) override {
+    const int c = d_.in.c;
+    ChannelSums(Rows(n), c, x, d_.bf16_in, shift, sums);
+    sums[2 * c] = static_cast<float>(n);
+  }
+
+  void SpanForward(int n, const float* x, const float* gamma, const float* beta,
+                   const float* shift, const float* sums, float* y,
+                   float* saved_mean, float* saved_var, float* running_mean,
+                   float* running_var, float momentum) override {
+    const int c = d_.in.c;
+    const double m = double{sums[2 * c]} * d_.in.h * d_.in.w;
+    for (int ch = 0; ch < c; ++ch) {
+      const double mean = sums[ch] / m;
+      saved_mean[ch] = static_cast<float>(shift[ch] + mean);
+      saved_var[ch] =
+          static_cast<float>(std::max(0.0, sums[c + ch] / m - mean * mean));
+    }
+    BoundPrimitive* p = nullptr;
+    DLBATCH_DNNL_RUN(p = &GlobalTraining(n));
+    if (d_.relu) {
+      p->Run({x, gamma, beta, saved_mean, saved_var, y, workspace_.data()});
+    } else {
+      p->Run({x, gamma, beta, saved_mean, saved_var, y});
+    }
+    for (int ch = 0; ch < c; ++ch) {
+      running_mean[ch] =
+          (1 - momentum) * running_mean[ch] + momentum * saved_mean[ch];
+      running_var[ch] =
+          (1 - momentum) * running_var[ch] + momentum * saved_var[ch];
+    }
+  }
+
+  void SpanBackward(int n, const float* x, const float* dy, const float* gamma,
+                    const float* saved_mean, const float* saved_var, float* dx,
+                    float* dgamma, float* dbeta, float* sums) override {
+    BoundPrimitive* p = nullptr;
+    DLBATCH_DNNL_RUN(p = &GlobalBwd(n));
+    if (d_.relu) {
+      p->Run({x, dy, gamma, gamma, saved_mean, saved_var, workspace_.data(), dx,
+              dgamma, dbeta});
+    } else {
+      p->Run({x, dy, gamma, gamma, saved_mean, saved_var, dx, dgamma, dbeta});
+    }
+    const int c = d_.in.c;
+    for (int ch = 0; ch < c; ++ch) {
+      sums[ch] = dgamma[ch];
+      sums[c + ch] = dbeta[ch];
+    }
+    sums[2 * c] = static_cast<float>(n);
+  }
+
+  void SpanFinish(int n, const float* x, const float* gamma,
+                  const float* saved_mean, const float* saved_var,
+                  const float* sums, float* dx) override {
+    const int c = d_.in.c;
+    const double m = double{sums[2 * c]} * d_.in.h * d_.in.w;
+    // dx -= g * (dbeta / m + xhat * dgamma / m), g = gamma / sigma and
+    // xhat = (x - mean) / sigma: dx += a + b * x.
+    std::vector<float> a(c), b(c);
+    for (int ch = 0; ch < c; ++ch) {
+      const double inv = 1.0 / std::sqrt(double{saved_var[ch]} + d_.epsilon);
+      const double g = gamma[ch] * inv;
+      const double slope = -g * inv * sums[ch] / m;
+      b[ch] = static_cast<float>(slope);
+      a[ch] =
+          static_cast<float>(-g * sums[c + ch] / m - slope * saved_mean[ch]);
+    }
+    ChannelAffineAdd(Rows(n), c, x, d_.bf16_in, a.data(), b.data(), dx);
   }
 
   void ForwardTraining(int n, const float* x, const float* gamma,
@@ -87,9 +169,12 @@ class CpuBatchNorm final : public BatchNormKernel {
 
  private:
   struct Prims {
-    std::optional<dnnl::batch_normalization_forward::primitive_desc> train_pd;
-    std::optional<BoundPrimitive> train, infer, bwd;
+    std::optional<dnnl::batch_normalization_forward::primitive_desc> train_pd,
+        global_pd;
+    std::optional<BoundPrimitive> train, infer, bwd, global_train, global_bwd;
   };
+
+  int64_t Rows(int n) const { return int64_t{n} * d_.in.h * d_.in.w; }
 
   // The primitives' data type, and x's and dx's: bf16 where the input is
   // (BatchNormDesc::bf16_in); y and dy are float32 unless the output goes
@@ -148,6 +233,70 @@ class CpuBatchNorm final : public BatchNormKernel {
       }
     }
     return *p.train;
+  }
+
+  const dnnl::batch_normalization_forward::primitive_desc& GlobalPd(int n) {
+    Prims& p = cache_[n];
+    if (!p.global_pd) {
+      dnnl::batch_normalization_forward::desc desc(
+          dnnl::prop_kind::forward_training, Data(n), d_.epsilon,
+          flags::use_global_stats | Flags());
+      p.global_pd.emplace(desc, Attr(), ctx_->engine);
+    }
+    return *p.global_pd;
+  }
+
+  BoundPrimitive& GlobalTraining(int n) {
+    Prims& p = cache_[n];
+    if (!p.global_train) {
+      const auto& pd = GlobalPd(n);
+      p.global_train.emplace(ctx_, name_ + " forward training over ranks",
+                             dnnl::batch_normalization_forward(pd),
+                             pd.scratchpad_desc());
+      p.global_train->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
+      p.global_train->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
+      p.global_train->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
+      p.global_train->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
+      p.global_train->AddInput(DNNL_ARG_VARIANCE, Channels(),
+                               pd.variance_desc());
+      p.global_train->AddOutput(DNNL_ARG_DST, UserData(n), pd.dst_desc());
+      if (d_.relu) {
+        const size_t bytes = pd.workspace_desc().get_size();
+        if (bytes > workspace_.size()) workspace_.resize(bytes);
+        p.global_train->AddOutput(DNNL_ARG_WORKSPACE, pd.workspace_desc(),
+                                  pd.workspace_desc());
+      }
+    }
+    return *p.global_train;
+  }
+
+  BoundPrimitive& GlobalBwd(int n) {
+    Prims& p = cache_[n];
+    if (!p.global_bwd) {
+      dnnl::batch_normalization_backward::desc desc(
+          dnnl::prop_kind::backward, Data(n), Data(n), d_.epsilon,
+          flags::use_global_stats | Flags());
+      dnnl::batch_normalization_backward::primitive_desc pd(
+          desc, Attr(), ctx_->engine, GlobalPd(n));
+      p.global_bwd.emplace(ctx_, name_ + " backward over ranks",
+                           dnnl::batch_normalization_backward(pd),
+                           pd.scratchpad_desc());
+      p.global_bwd->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
+      p.global_bwd->AddInput(DNNL_ARG_DIFF_DST, UserData(n),
+                             pd.diff_dst_desc());
+      p.global_bwd->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
+      p.global_bwd->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
+      p.global_bwd->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
+      p.global_bwd->AddInput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
+      if (d_.relu) {
+        p.global_bwd->AddInput(DNNL_ARG_WORKSPACE, pd.workspace_desc(),
+                               pd.workspace_desc());
+      }
+      p.global_bwd->AddOutput(DNNL_ARG_DIFF_SRC, Data(n), pd.diff_src_desc());
+      p.global_bwd->AddOutput(DNNL_ARG_DIFF_SCALE, Channels(), Channels());
+      p.global_bwd->AddOutput(DNNL_ARG_DIFF_SHIFT, Channels(), Channels());
+    }
+    return *p.global_bwd;
   }
 
   BoundPrimitive& Inference(int n) {
