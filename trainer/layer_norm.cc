@@ -55,8 +55,10 @@ class BatchNormLayer final : public OneInputLayer {
   Buffer saved_;  // this batch's mean, then its variance
 };
 
-// Statistics over every rank's samples. Per pass, one allreduce of 2c + 1
-// floats: the sums SyncBatchNormKernel makes and the ranks' sample counts.
+// What the batch norms whose statistics span ranks share: per pass, one
+// allreduce of 2c + 1 floats (this rank's per-channel sums and its sample
+// count, summed over the ranks), the batch's statistics kept for the
+// backward, and inference with the running ones by `kernel_`.
 //
 // Why 1 rank and N ranks compute the same step: the trainer scales the loss
 // gradient by 1 / global batch on every rank and sums the ranks' parameter
@@ -68,70 +70,90 @@ class BatchNormLayer final : public OneInputLayer {
 // The forward sums are shifted by the running mean: the same on every rank
 // (it moves by the same global statistics everywhere, and the trainer's
 // averaging of state keeps it so), near the batch mean once training runs.
-class SyncBatchNormLayer final : public OneInputLayer {
+class RanksBatchNormLayer : public OneInputLayer {
  public:
-  SyncBatchNormLayer(std::unique_ptr<BatchNormKernel> inference,
-                     std::unique_ptr<SyncBatchNormKernel> kernel,
-                     Communicator* communicator, int channels, Buffer saved,
-                     Buffer sums)
-      : inference_(std::move(inference)),
-        kernel_(std::move(kernel)),
+  RanksBatchNormLayer(std::unique_ptr<BatchNormKernel> kernel,
+                      Communicator* communicator, int channels, Buffer saved,
+                      Buffer sums)
+      : kernel_(std::move(kernel)),
         communicator_(communicator),
         channels_(channels),
         saved_(std::move(saved)),
         sums_(std::move(sums)) {}
 
-  void Forward(int n, const float* x, float* y, bool training,
-               uint64_t /*dropout_salt*/) override {
-    const float* gamma = buffers_.params[0];
-    const float* beta = buffers_.params[1];
-    float* running_mean = buffers_.state[0];
-    float* running_var = buffers_.state[1];
-    if (!training) {
-      inference_->ForwardInference(n, x, gamma, beta, running_mean, running_var,
-                                   y);
-      return;
-    }
-    kernel_->ForwardSums(n, x, running_mean, sums_.f32());
-    // A failure is kept by the network (LayerContext::communicator).
-    SumOverRanks().IgnoreError();
-    kernel_->ForwardNormalize(n, x, gamma, beta, running_mean, sums_.f32(), y,
-                              SavedMean(), SavedVar(), running_mean,
-                              running_var, kMomentum);
+ protected:
+  // Outside training: normalises with the running statistics and returns
+  // true.
+  bool Inferred(int n, const float* x, float* y, bool training) {
+    if (training) return false;
+    kernel_->ForwardInference(n, x, Gamma(), Beta(), RunningMean(),
+                              RunningVar(), y);
+    return true;
   }
-
-  void Backward(int n, const float* x, const float* /*y*/, const float* dy,
-                float* dx) override {
-    kernel_->BackwardSums(n, x, dy, SavedMean(), SavedVar(), buffers_.grads[0],
-                          buffers_.grads[1], sums_.f32());
-    // Every rank skips dx alike (the same network), so the collectives
-    // still match.
-    if (dx == nullptr) return;
-    SumOverRanks().IgnoreError();
-    kernel_->BackwardData(n, x, dy, buffers_.params[0], SavedMean(), SavedVar(),
-                          sums_.f32(), dx);
-  }
-
- private:
   // The sums of every rank, in place, started and waited for as gradient
   // buckets are: on GPUs the compute stream waits for them on the device
   // (no host wait inside the step; NCCL runs them after any buckets already
   // started, which the rest of the step then follows too); on CPUs the
-  // wait is the host's.
-  absl::Status SumOverRanks() {
-    RETURN_IF_ERROR(communicator_->StartAllreduceSum(sums_.f32(), SumsCount()));
-    return communicator_->WaitAll();
+  // wait is the host's. A failure is kept by the network
+  // (LayerContext::communicator), which ends the step.
+  void SumOverRanks() {
+    const int64_t count = 2 * int64_t{channels_} + 1;
+    if (communicator_->StartAllreduceSum(Sums(), count).ok()) {
+      communicator_->WaitAll().IgnoreError();
+    }
   }
-  int64_t SumsCount() const { return 2 * int64_t{channels_} + 1; }
+  const float* Gamma() const { return buffers_.params[0]; }
+  const float* Beta() const { return buffers_.params[1]; }
+  float* RunningMean() const { return buffers_.state[0]; }
+  float* RunningVar() const { return buffers_.state[1]; }
+  float* Sums() const { return sums_.f32(); }
   float* SavedMean() const { return saved_.f32(); }
   float* SavedVar() const { return saved_.f32() + channels_; }
 
-  std::unique_ptr<BatchNormKernel> inference_;
-  std::unique_ptr<SyncBatchNormKernel> kernel_;
+  std::unique_ptr<BatchNormKernel> kernel_;
+
+ private:
   Communicator* communicator_;
   const int channels_;
   Buffer saved_;  // this batch's mean, then its variance
   Buffer sums_;   // [2c + 1], see SyncBatchNormKernel
+};
+
+// Statistics over every rank's samples by the backend's SyncBatchNormKernel
+// (ranks of processes with `sync: true`; a GPU's).
+class SyncBatchNormLayer final : public RanksBatchNormLayer {
+ public:
+  SyncBatchNormLayer(std::unique_ptr<BatchNormKernel> inference,
+                     std::unique_ptr<SyncBatchNormKernel> sync,
+                     Communicator* communicator, int channels, Buffer saved,
+                     Buffer sums)
+      : RanksBatchNormLayer(std::move(inference), communicator, channels,
+                            std::move(saved), std::move(sums)),
+        sync_(std::move(sync)) {}
+
+  void Forward(int n, const float* x, float* y, bool training,
+               uint64_t /*dropout_salt*/) override {
+    if (Inferred(n, x, y, training)) return;
+    sync_->ForwardSums(n, x, RunningMean(), Sums());
+    SumOverRanks();
+    sync_->ForwardNormalize(n, x, Gamma(), Beta(), RunningMean(), Sums(), y,
+                            SavedMean(), SavedVar(), RunningMean(),
+                            RunningVar(), kMomentum);
+  }
+
+  void Backward(int n, const float* x, const float* /*y*/, const float* dy,
+                float* dx) override {
+    sync_->BackwardSums(n, x, dy, SavedMean(), SavedVar(), buffers_.grads[0],
+                        buffers_.grads[1], Sums());
+    // Every rank skips dx alike (the same network), so the collectives
+    // still match.
+    if (dx == nullptr) return;
+    SumOverRanks();
+    sync_->BackwardData(n, x, dy, Gamma(), SavedMean(), SavedVar(), Sums(), dx);
+  }
+
+ private:
+  std::unique_ptr<SyncBatchNormKernel> sync_;
 };
 
 // Statistics over the ranks that split one mini-batch, with the backend's
@@ -140,58 +162,29 @@ class SyncBatchNormLayer final : public OneInputLayer {
 // this rank's sums, summed over the ranks, then the normalisation with the
 // totals' statistics. Backward: dx as if they were constants and this
 // rank's dgamma and dbeta, whose totals then add the statistics' terms.
-class SpanningBatchNormLayer final : public OneInputLayer {
+class SpanningBatchNormLayer final : public RanksBatchNormLayer {
  public:
-  SpanningBatchNormLayer(std::unique_ptr<BatchNormKernel> kernel,
-                         Communicator* communicator, int channels, Buffer saved,
-                         Buffer sums)
-      : kernel_(std::move(kernel)),
-        communicator_(communicator),
-        channels_(channels),
-        saved_(std::move(saved)),
-        sums_(std::move(sums)) {}
+  using RanksBatchNormLayer::RanksBatchNormLayer;
 
   void Forward(int n, const float* x, float* y, bool training,
                uint64_t /*dropout_salt*/) override {
-    const float* gamma = buffers_.params[0];
-    const float* beta = buffers_.params[1];
-    float* running_mean = buffers_.state[0];
-    float* running_var = buffers_.state[1];
-    if (!training) {
-      kernel_->ForwardInference(n, x, gamma, beta, running_mean, running_var,
-                                y);
-      return;
-    }
-    kernel_->SpanSums(n, x, running_mean, sums_.f32());
-    // A failure is kept by the network (LayerContext::communicator).
-    communicator_->AllreduceSum(sums_.f32(), SumsCount()).IgnoreError();
-    kernel_->SpanForward(n, x, gamma, beta, running_mean, sums_.f32(), y,
-                         SavedMean(), SavedVar(), running_mean, running_var,
+    if (Inferred(n, x, y, training)) return;
+    kernel_->SpanSums(n, x, RunningMean(), Sums());
+    SumOverRanks();
+    kernel_->SpanForward(n, x, Gamma(), Beta(), RunningMean(), Sums(), y,
+                         SavedMean(), SavedVar(), RunningMean(), RunningVar(),
                          kMomentum);
   }
 
   void Backward(int n, const float* x, const float* /*y*/, const float* dy,
                 float* dx) override {
-    kernel_->SpanBackward(n, x, dy, buffers_.params[0], SavedMean(), SavedVar(),
-                          dx, buffers_.grads[0], buffers_.grads[1],
-                          sums_.f32());
-    communicator_->AllreduceSum(sums_.f32(), SumsCount()).IgnoreError();
-    kernel_->SpanFinish(n, x, buffers_.params[0], SavedMean(), SavedVar(),
-                        sums_.f32(), dx);
+    kernel_->SpanBackward(n, x, dy, Gamma(), SavedMean(), SavedVar(), dx,
+                          buffers_.grads[0], buffers_.grads[1], Sums());
+    SumOverRanks();
+    kernel_->SpanFinish(n, x, Gamma(), SavedMean(), SavedVar(), Sums(), dx);
   }
 
   bool can_skip_dx() const override { return false; }
-
- private:
-  int64_t SumsCount() const { return 2 * int64_t{channels_} + 1; }
-  float* SavedMean() const { return saved_.f32(); }
-  float* SavedVar() const { return saved_.f32() + channels_; }
-
-  std::unique_ptr<BatchNormKernel> kernel_;
-  Communicator* communicator_;
-  const int channels_;
-  Buffer saved_;  // this batch's mean, then its variance
-  Buffer sums_;   // [2c + 1], as SyncBatchNormKernel's
 };
 
 }  // namespace

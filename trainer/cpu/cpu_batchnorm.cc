@@ -40,13 +40,8 @@ class CpuBatchNorm final : public BatchNormKernel {
   absl::Status Prepare(int n) {
     return TryCreate(name_, n, [&] {
       Inference(n);
-      if (d_.spans_ranks) {
-        GlobalTraining(n);
-        GlobalBwd(n);
-      } else {
-        Training(n);
-        Bwd(n);
-      }
+      Training(n, d_.spans_ranks);
+      Bwd(n, d_.spans_ranks);
     });
   }
 
@@ -73,7 +68,7 @@ class CpuBatchNorm final : public BatchNormKernel {
           static_cast<float>(std::max(0.0, sums[c + ch] / m - mean * mean));
     }
     BoundPrimitive* p = nullptr;
-    DLBATCH_DNNL_RUN(p = &GlobalTraining(n));
+    DLBATCH_DNNL_RUN(p = &Training(n, /*global=*/true));
     if (d_.relu) {
       p->Run({x, gamma, beta, saved_mean, saved_var, y, workspace_.data()});
     } else {
@@ -91,7 +86,7 @@ class CpuBatchNorm final : public BatchNormKernel {
                     const float* saved_mean, const float* saved_var, float* dx,
                     float* dgamma, float* dbeta, float* sums) override {
     BoundPrimitive* p = nullptr;
-    DLBATCH_DNNL_RUN(p = &GlobalBwd(n));
+    DLBATCH_DNNL_RUN(p = &Bwd(n, /*global=*/true));
     if (d_.relu) {
       p->Run({x, dy, gamma, gamma, saved_mean, saved_var, workspace_.data(), dx,
               dgamma, dbeta});
@@ -200,103 +195,50 @@ class CpuBatchNorm final : public BatchNormKernel {
     return attr;
   }
 
-  const dnnl::batch_normalization_forward::primitive_desc& TrainPd(int n) {
-    Prims& p = cache_[n];
-    if (!p.train_pd) {
+  // The training passes; `global`: with the statistics given (inputs, as
+  // SpanForward's), not the batch's (outputs).
+  const dnnl::batch_normalization_forward::primitive_desc& TrainPd(
+      int n, bool global) {
+    auto& pd = global ? cache_[n].global_pd : cache_[n].train_pd;
+    if (!pd) {
       dnnl::batch_normalization_forward::desc desc(
-          dnnl::prop_kind::forward_training, Data(n), d_.epsilon, Flags());
-      p.train_pd.emplace(desc, Attr(), ctx_->engine);
+          dnnl::prop_kind::forward_training, Data(n), d_.epsilon,
+          global ? flags::use_global_stats | Flags() : Flags());
+      pd.emplace(desc, Attr(), ctx_->engine);
     }
-    return *p.train_pd;
+    return *pd;
   }
 
-  BoundPrimitive& Training(int n) {
-    Prims& p = cache_[n];
-    if (!p.train) {
-      const auto& pd = TrainPd(n);
-      p.train.emplace(ctx_, name_ + " forward training",
-                      dnnl::batch_normalization_forward(pd),
-                      pd.scratchpad_desc());
-      p.train->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
-      p.train->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
-      p.train->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
-      p.train->AddOutput(DNNL_ARG_DST, UserData(n), pd.dst_desc());
-      p.train->AddOutput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
-      p.train->AddOutput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
+  BoundPrimitive& Training(int n, bool global = false) {
+    auto& p = global ? cache_[n].global_train : cache_[n].train;
+    if (!p) {
+      const auto& pd = TrainPd(n, global);
+      p.emplace(ctx_,
+                name_ + (global ? " forward training over ranks"
+                                : " forward training"),
+                dnnl::batch_normalization_forward(pd), pd.scratchpad_desc());
+      p->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
+      p->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
+      p->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
+      if (global) {
+        p->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
+        p->AddInput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
+      }
+      p->AddOutput(DNNL_ARG_DST, UserData(n), pd.dst_desc());
+      if (!global) {
+        p->AddOutput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
+        p->AddOutput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
+      }
       if (d_.relu) {
         // One buffer for every batch size: only a training forward and the
         // backward of the same batch use it, one after the other.
         const size_t bytes = pd.workspace_desc().get_size();
         if (bytes > workspace_.size()) workspace_.resize(bytes);
-        p.train->AddOutput(DNNL_ARG_WORKSPACE, pd.workspace_desc(),
-                           pd.workspace_desc());
+        p->AddOutput(DNNL_ARG_WORKSPACE, pd.workspace_desc(),
+                     pd.workspace_desc());
       }
     }
-    return *p.train;
-  }
-
-  const dnnl::batch_normalization_forward::primitive_desc& GlobalPd(int n) {
-    Prims& p = cache_[n];
-    if (!p.global_pd) {
-      dnnl::batch_normalization_forward::desc desc(
-          dnnl::prop_kind::forward_training, Data(n), d_.epsilon,
-          flags::use_global_stats | Flags());
-      p.global_pd.emplace(desc, Attr(), ctx_->engine);
-    }
-    return *p.global_pd;
-  }
-
-  BoundPrimitive& GlobalTraining(int n) {
-    Prims& p = cache_[n];
-    if (!p.global_train) {
-      const auto& pd = GlobalPd(n);
-      p.global_train.emplace(ctx_, name_ + " forward training over ranks",
-                             dnnl::batch_normalization_forward(pd),
-                             pd.scratchpad_desc());
-      p.global_train->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
-      p.global_train->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
-      p.global_train->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
-      p.global_train->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
-      p.global_train->AddInput(DNNL_ARG_VARIANCE, Channels(),
-                               pd.variance_desc());
-      p.global_train->AddOutput(DNNL_ARG_DST, UserData(n), pd.dst_desc());
-      if (d_.relu) {
-        const size_t bytes = pd.workspace_desc().get_size();
-        if (bytes > workspace_.size()) workspace_.resize(bytes);
-        p.global_train->AddOutput(DNNL_ARG_WORKSPACE, pd.workspace_desc(),
-                                  pd.workspace_desc());
-      }
-    }
-    return *p.global_train;
-  }
-
-  BoundPrimitive& GlobalBwd(int n) {
-    Prims& p = cache_[n];
-    if (!p.global_bwd) {
-      dnnl::batch_normalization_backward::desc desc(
-          dnnl::prop_kind::backward, Data(n), Data(n), d_.epsilon,
-          flags::use_global_stats | Flags());
-      dnnl::batch_normalization_backward::primitive_desc pd(
-          desc, Attr(), ctx_->engine, GlobalPd(n));
-      p.global_bwd.emplace(ctx_, name_ + " backward over ranks",
-                           dnnl::batch_normalization_backward(pd),
-                           pd.scratchpad_desc());
-      p.global_bwd->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
-      p.global_bwd->AddInput(DNNL_ARG_DIFF_DST, UserData(n),
-                             pd.diff_dst_desc());
-      p.global_bwd->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
-      p.global_bwd->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
-      p.global_bwd->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
-      p.global_bwd->AddInput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
-      if (d_.relu) {
-        p.global_bwd->AddInput(DNNL_ARG_WORKSPACE, pd.workspace_desc(),
-                               pd.workspace_desc());
-      }
-      p.global_bwd->AddOutput(DNNL_ARG_DIFF_SRC, Data(n), pd.diff_src_desc());
-      p.global_bwd->AddOutput(DNNL_ARG_DIFF_SCALE, Channels(), Channels());
-      p.global_bwd->AddOutput(DNNL_ARG_DIFF_SHIFT, Channels(), Channels());
-    }
-    return *p.global_bwd;
+    return *p;
   }
 
   BoundPrimitive& Inference(int n) {
@@ -320,31 +262,31 @@ class CpuBatchNorm final : public BatchNormKernel {
     return *p.infer;
   }
 
-  BoundPrimitive& Bwd(int n) {
-    Prims& p = cache_[n];
-    if (!p.bwd) {
+  BoundPrimitive& Bwd(int n, bool global = false) {
+    auto& p = global ? cache_[n].global_bwd : cache_[n].bwd;
+    if (!p) {
       dnnl::batch_normalization_backward::desc desc(
-          dnnl::prop_kind::backward, Data(n), Data(n), d_.epsilon, Flags());
+          dnnl::prop_kind::backward, Data(n), Data(n), d_.epsilon,
+          global ? flags::use_global_stats | Flags() : Flags());
       dnnl::batch_normalization_backward::primitive_desc pd(
-          desc, Attr(), ctx_->engine, TrainPd(n));
-      p.bwd.emplace(ctx_, name_ + " backward",
-                    dnnl::batch_normalization_backward(pd),
-                    pd.scratchpad_desc());
-      p.bwd->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
-      p.bwd->AddInput(DNNL_ARG_DIFF_DST, UserData(n), pd.diff_dst_desc());
-      p.bwd->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
-      p.bwd->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
-      p.bwd->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
-      p.bwd->AddInput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
+          desc, Attr(), ctx_->engine, TrainPd(n, global));
+      p.emplace(ctx_, name_ + (global ? " backward over ranks" : " backward"),
+                dnnl::batch_normalization_backward(pd), pd.scratchpad_desc());
+      p->AddInput(DNNL_ARG_SRC, Data(n), pd.src_desc());
+      p->AddInput(DNNL_ARG_DIFF_DST, UserData(n), pd.diff_dst_desc());
+      p->AddInput(DNNL_ARG_SCALE, Channels(), Channels());
+      p->AddInput(DNNL_ARG_SHIFT, Channels(), Channels());
+      p->AddInput(DNNL_ARG_MEAN, Channels(), pd.mean_desc());
+      p->AddInput(DNNL_ARG_VARIANCE, Channels(), pd.variance_desc());
       if (d_.relu) {
-        p.bwd->AddInput(DNNL_ARG_WORKSPACE, pd.workspace_desc(),
-                        pd.workspace_desc());
+        p->AddInput(DNNL_ARG_WORKSPACE, pd.workspace_desc(),
+                    pd.workspace_desc());
       }
-      p.bwd->AddOutput(DNNL_ARG_DIFF_SRC, Data(n), pd.diff_src_desc());
-      p.bwd->AddOutput(DNNL_ARG_DIFF_SCALE, Channels(), Channels());
-      p.bwd->AddOutput(DNNL_ARG_DIFF_SHIFT, Channels(), Channels());
+      p->AddOutput(DNNL_ARG_DIFF_SRC, Data(n), pd.diff_src_desc());
+      p->AddOutput(DNNL_ARG_DIFF_SCALE, Channels(), Channels());
+      p->AddOutput(DNNL_ARG_DIFF_SHIFT, Channels(), Channels());
     }
-    return *p.bwd;
+    return *p;
   }
 
   const Context* ctx_;
