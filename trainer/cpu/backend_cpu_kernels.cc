@@ -182,26 +182,25 @@ void ChannelSums(int64_t rows, int c, const void* x, bool bf16,
 DLBATCH_WIDE_CLONES
 void ChannelAffineAdd(int64_t rows, int c, const void* x, bool bf16,
                       const float* a, const float* b, void* dx) {
-  if (bf16) {
-    const auto* x16 = static_cast<const uint16_t*>(x);
-    auto* d16 = static_cast<uint16_t*>(dx);
+  // dx[i] = put(get(dx, i) + a + b * get(x, i)) over one element type.
+  const auto add = [&](auto* d, const auto* in, auto get, auto put) {
     for (int64_t r = 0; r < rows; ++r) {
 #pragma omp simd
       for (int ch = 0; ch < c; ++ch) {
         const int64_t i = r * c + ch;
-        d16[i] = ToBf16(FromBf16(d16[i]) + (a[ch] + b[ch] * FromBf16(x16[i])));
+        d[i] = put(get(d[i]) + (a[ch] + b[ch] * get(in[i])));
       }
     }
-    return;
-  }
-  const auto* x32 = static_cast<const float*>(x);
-  auto* d32 = static_cast<float*>(dx);
-  for (int64_t r = 0; r < rows; ++r) {
-#pragma omp simd
-    for (int ch = 0; ch < c; ++ch) {
-      const int64_t i = r * c + ch;
-      d32[i] += a[ch] + b[ch] * x32[i];
-    }
+  };
+  if (bf16) {
+    add(
+        static_cast<uint16_t*>(dx), static_cast<const uint16_t*>(x),
+        [](uint16_t v) { return FromBf16(v); },
+        [](float v) { return ToBf16(v); });
+  } else {
+    add(
+        static_cast<float*>(dx), static_cast<const float*>(x),
+        [](float v) { return v; }, [](float v) { return v; });
   }
 }
 
