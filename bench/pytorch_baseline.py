@@ -12,7 +12,14 @@ torch.autocast("cpu", torch.bfloat16) (float32 master weights, the loss in
 float32), what dlbatch's `precision: bf16` is compared with. With --device
 cuda, --precision bf16 and fp16 are eager AMP: torch.autocast("cuda", ...),
 fp16 with a GradScaler (dynamic loss scaling, as dlbatch's fp16 does), and
---precision tf32 allows TF32 in cuDNN and cuBLAS (no autocast).
+--precision tf32 allows TF32 in cuDNN and cuBLAS (no autocast). --compile
+MODE runs the model through torch.compile (PyTorch 2.0 or later; an older
+PyTorch exits with status 2 saying so): its compilation happens before the
+clock, on the first batch's forward and backward passes (three, for the CUDA
+graphs of reduce-overhead), with the weights, statistics and gradients put
+back after, and is reported as build_time_s, as dlbatch-train reports its
+network build and algorithm search. The test evaluation runs the same
+weights eagerly.
 
 Run with Debian's /usr/bin/python3 (python3-torch). Give it its best BLAS:
 libopenblas0-openmp selected for libblas.so.3, and OPENBLAS_CORETYPE=SkylakeX
@@ -242,6 +249,26 @@ def param_groups(model, l2):
             {"params": plain, "weight_decay": 0.0}]
 
 
+def compile_model(net, model, optimizer, xb, yb, autocast, memory_format,
+                  args, passes):
+    """Runs torch.compile's compilation of `net` (model compiled) outside
+    the clock: `passes` forward and backward passes on one batch of the
+    training steps' shape, after which the parameters and batch-norm
+    statistics are put back and the gradients dropped, so that training
+    starts from the same state as an eager run."""
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    xb = xb.contiguous(memory_format=memory_format)
+    for _ in range(passes):
+        with autocast:
+            logits = net(xb)
+        F.cross_entropy(logits.float(), yb,
+                        label_smoothing=args.label_smoothing).backward()
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            v.copy_(saved[k])
+    optimizer.zero_grad(set_to_none=True)
+
+
 def evaluate(model, x, y, memory_format, batch=1000):
     model.eval()
     correct, loss_sum = 0, 0.0
@@ -327,6 +354,11 @@ def main():
                         default=None,
                         help="SGD's multi-tensor (foreach) implementation "
                         "(default: off on the CPU, on on CUDA)")
+    parser.add_argument("--compile", default="off",
+                        choices=["off", "default", "reduce-overhead",
+                                 "max-autotune"],
+                        help="torch.compile the model in this mode "
+                        "(PyTorch 2.0 or later), compiled before the clock")
     parser.add_argument("--init", choices=["dlbatch", "torch"],
                         default="dlbatch")
     parser.add_argument("--max-iterations", type=int, default=0,
@@ -355,6 +387,13 @@ def main():
     elif args.precision in ("fp16", "tf32"):
         sys.stderr.write(f"pytorch_baseline.py: --precision {args.precision} "
                          f"needs --device cuda\n")
+        return 2
+    if args.compile != "off" and not hasattr(torch, "compile"):
+        sys.stderr.write(
+            f"pytorch_baseline.py: --compile needs torch.compile, which "
+            f"PyTorch has from 2.0 on; this one is {torch.__version__} "
+            f"({sys.executable}): run it with a newer PyTorch, or without "
+            f"--compile\n")
         return 2
     device = torch.device(args.device)
 
@@ -404,6 +443,19 @@ def main():
             scaler = torch.cuda.amp.GradScaler()
 
     n = x_train.shape[0]
+    # What the steps run: the model, or its torch.compile'd form (the same
+    # parameters; compiled here, before the clock).
+    net = model
+    build_time_s = None
+    if args.compile != "off":
+        start = time.perf_counter()
+        net = torch.compile(model, mode=args.compile)
+        compile_model(net, model, optimizer, x_train[:args.batch],
+                      y_train[:args.batch], autocast, memory_format, args,
+                      3 if args.compile == "reduce-overhead" else 1)
+        if cuda:
+            torch.cuda.synchronize()
+        build_time_s = time.perf_counter() - start
     steps_per_epoch = n // args.batch  # the last partial batch is dropped
     total_iterations = steps_per_epoch * args.epochs
     if args.max_iterations:
@@ -441,7 +493,7 @@ def main():
             for group in optimizer.param_groups:
                 group["lr"] = lr
             with autocast:
-                logits = model(xb)
+                logits = net(xb)
             loss = F.cross_entropy(logits.float(), yb,
                                    label_smoothing=args.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
@@ -490,6 +542,8 @@ def main():
         "device": args.device,
         "precision": args.precision,
         "first_step_s": first_step_s,
+        "compile": args.compile,
+        "build_time_s": build_time_s,
     }
     if cuda:
         result["device_name"] = torch.cuda.get_device_name(device)

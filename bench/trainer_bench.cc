@@ -31,7 +31,12 @@
 // on the synthetic set) | resnetgpu-bf16 | resnetgpu-fp16 (one epoch) |
 // lenet1024gpu-bf16 | lenet1024gpu-fp16, each against PyTorch eager in the
 // same precision: tf32 allowed, or AMP (torch.autocast("cuda"), fp16 with a
-// GradScaler) with channels_last. --gpu stops at once unless `dlbatch-train
+// GradScaler) with channels_last; resnet9gpu-compiled |
+// resnet9gpu-tf32-compiled | resnet9gpu-bf16-compiled |
+// resnetgpu-bf16-compiled against the same, torch.compile'd (mode default,
+// compiled before PyTorch's clock; its compile time is in the one-off
+// table), skipped where that PyTorch has no torch.compile. --gpu stops at
+// once unless `dlbatch-train
 // --list-devices` shows a GPU. PyTorch runs bench/pytorch_baseline.py with
 // OPENBLAS_CORETYPE=SkylakeX where the CPU has AVX-512 (OpenBLAS otherwise
 // picks a slower kernel set on some CPUs). --python is a path or a name
@@ -69,6 +74,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "proto/jobspec_yaml.h"
 
 extern char** environ;
@@ -102,6 +108,9 @@ struct Case {
   // torch.bfloat16) on PyTorch's; on a GPU also tf32 and fp16, against
   // PyTorch eager's TF32 and AMP (pytorch_baseline.py --precision).
   std::string precision = "fp32";
+  // PyTorch's side runs torch.compile'd (pytorch_baseline.py --compile
+  // default), where that PyTorch has it (2.0 on).
+  bool compiled = false;
 };
 
 // pytorch_baseline.py's arguments for lenet.yaml's solver (Caffe's
@@ -167,6 +176,15 @@ const std::vector<Case>& Cases() {
        kLenetArgs, true, 0, false, "bf16"},
       {"lenet1024gpu-fp16", "lenet", "lenet.yaml", 1024, 2, 1.5, 0.5, 0,
        kLenetArgs, true, 0, false, "fp16"},
+      // The same against torch.compile: goal 1.0x.
+      {"resnet9gpu-compiled", "resnet9", "resnet9.yaml", 512, 3, 1.0, 100, 0,
+       kResNet9Args, true, 30, true, "fp32", true},
+      {"resnet9gpu-tf32-compiled", "resnet9", "resnet9.yaml", 512, 3, 1.0, 100,
+       0, kResNet9Args, true, 30, true, "tf32", true},
+      {"resnet9gpu-bf16-compiled", "resnet9", "resnet9.yaml", 512, 3, 1.0, 100,
+       0, kResNet9Args, true, 30, true, "bf16", true},
+      {"resnetgpu-bf16-compiled", "resnet", "resnet.yaml", 128, 1, 1.0, 0.5, 0,
+       kResNetArgs, true, 0, false, "bf16", true},
   };
   return cases;
 }
@@ -180,7 +198,8 @@ struct RunResult {
   double train_time_s = 0;               // every step, the first included
   std::optional<double> first_step_s;    // the first alone, waited for
   std::optional<double> build_time_s;    // dlbatch: backend and network,
-                                         // the algorithm search included
+                                         // the algorithm search included;
+                                         // PyTorch: torch.compile's
   std::optional<double> backend_time_s;  // dlbatch: of build_time_s, the
                                          // backend (a GPU's start-up)
 };
@@ -200,7 +219,8 @@ std::optional<double> SteadyImagesPerS(const RunResult& r, int batch) {
 
 // Images/s with the one-off costs in on both sides: the first step, and
 // dlbatch's build with its algorithm search (and its CUDA context, which
-// PyTorch makes outside its clock: this leans against dlbatch).
+// PyTorch makes outside its clock: this leans against dlbatch) or PyTorch's
+// torch.compile.
 std::optional<double> WholeRunImagesPerS(const RunResult& r, int batch) {
   const double time = r.train_time_s + r.build_time_s.value_or(0);
   if (r.iterations < 1 || !(time > 0)) return std::nullopt;
@@ -420,6 +440,10 @@ absl::StatusOr<RunResult> RunPyTorch(const Options& o, const Case& c,
     argv.push_back("--precision");
     argv.push_back(c.precision);
   }
+  if (c.compiled) {
+    argv.push_back("--compile");
+    argv.push_back("default");
+  }
   if (c.gpu) {
     argv.push_back("--device");
     argv.push_back("cuda");
@@ -630,6 +654,7 @@ std::string Row(const Case& c, const Summary& dl, const Summary& pt) {
   if (c.precision != "fp32") label += " " + c.precision;
   if (c.model == "lenet" && !c.baseline_args.empty()) label += " cosine";
   if (c.gpu) label += " gpu";
+  if (c.compiled) label += " vs compiled";
   return absl::StrFormat(
       "| %s | %s | %s | %s | ≥ %.1f× | %s | %s | %s | %s | %s | %s |", label,
       Num(dl.images_per_s, "%.0f"), Num(pt.images_per_s, "%.0f"),
@@ -645,9 +670,11 @@ std::string OneOffRow(const Case& c, const Summary& dl, const Summary& pt) {
     ratio = *dl.whole_images_per_s / *pt.whole_images_per_s;
   }
   return absl::StrFormat(
-      "| %s b%d %dep%s gpu | %s | %s | %s | %s | %s | %s | %s |", c.model,
-      c.batch, c.epochs, c.precision == "fp32" ? "" : " " + c.precision,
-      Num(dl.build_time_s, "%.2f"), Num(dl.backend_time_s, "%.2f"),
+      "| %s b%d %dep%s gpu%s | %s | %s | %s | %s | %s | %s | %s | %s |",
+      c.model, c.batch, c.epochs,
+      c.precision == "fp32" ? "" : " " + c.precision,
+      c.compiled ? " vs compiled" : "", Num(dl.build_time_s, "%.2f"),
+      Num(dl.backend_time_s, "%.2f"), Num(pt.build_time_s, "%.2f"),
       Num(dl.first_step_s, "%.3f"), Num(pt.first_step_s, "%.3f"),
       Num(dl.whole_images_per_s, "%.0f"), Num(pt.whole_images_per_s, "%.0f"),
       Num(ratio, "%.2f×"));
@@ -732,10 +759,13 @@ absl::Status CheckJobs(const Options& o) {
 }
 
 // Before a --gpu run: dlbatch-train and PyTorch must both see a GPU. Returns
-// a line naming what they see, for the table's header; an error that says
-// what is missing otherwise, found in seconds rather than after the cases.
+// a line naming what they see, for the table's header, and sets
+// `has_compile` to whether that PyTorch has torch.compile; an error that
+// says what is missing otherwise, found in seconds rather than after the
+// cases.
 absl::StatusOr<std::string> GpuPreflight(const Options& o,
-                                         const std::string& root) {
+                                         const std::string& root,
+                                         bool* has_compile) {
   if (access(o.dlbatch_train.c_str(), X_OK) != 0) {
     return absl::NotFoundError(
         absl::StrCat(o.dlbatch_train,
@@ -763,16 +793,20 @@ absl::StatusOr<std::string> GpuPreflight(const Options& o,
                   "  sys.exit('PyTorch %s (CUDA %s) sees no CUDA device' % "
                   "(torch.__version__, torch.version.cuda))\n"
                   "print('PyTorch %s, CUDA %s, cuDNN %s' % (torch.__version__, "
-                  "torch.version.cuda, torch.backends.cudnn.version()))\n"},
+                  "torch.version.cuda, torch.backends.cudnn.version()))\n"
+                  "print('compile' if hasattr(torch, 'compile') else "
+                  "'no compile')\n"},
                  {}, probe, root + "/torch-cuda.log", 120);
   if (!s.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("--gpu needs PyTorch with CUDA from --python ", o.python,
                      ": ", s.message()));
   }
-  std::string torch = ReadFile(probe);
-  while (!torch.empty() && torch.back() == '\n') torch.pop_back();
-  return absl::StrCat(listing.substr(0, listing.find('\n')), "; ", torch);
+  const std::vector<std::string> lines =
+      absl::StrSplit(ReadFile(probe), '\n', absl::SkipEmpty());
+  *has_compile = lines.size() > 1 && lines[1] == "compile";
+  return absl::StrCat(listing.substr(0, listing.find('\n')), "; ",
+                      lines.empty() ? "" : lines[0]);
 }
 
 bool ParseFlags(int argc, char** argv, Options* o) {
@@ -837,7 +871,9 @@ int main(int argc, char** argv) {
                  "lenet64gpu|lenet1024gpu|blocks256gpu|resnet9gpu|"
                  "resnet9gpu-tf32|resnet9gpu-bf16|resnet9gpu-fp16|"
                  "resnetgpu-bf16|resnetgpu-fp16|lenet1024gpu-bf16|"
-                 "lenet1024gpu-fp16]"
+                 "lenet1024gpu-fp16|resnet9gpu-compiled|"
+                 "resnet9gpu-tf32-compiled|resnet9gpu-bf16-compiled|"
+                 "resnetgpu-bf16-compiled]"
                  " [--dlbatch-train PATH] [--python PATH] [--data-dir DIR]"
                  " [--jobs-dir DIR] [--baseline PATH] [--timeout SECONDS]"
                  " [--vary-seed] [--check-jobs]\n";
@@ -876,8 +912,9 @@ int main(int argc, char** argv) {
   }
   const std::string root = tmpl;
   std::string device_line;
+  bool has_compile = false;
   if (o.gpu) {
-    absl::StatusOr<std::string> gpu = GpuPreflight(o, root);
+    absl::StatusOr<std::string> gpu = GpuPreflight(o, root, &has_compile);
     if (!gpu.ok()) {
       std::cerr << "trainer_bench: " << gpu.status().message() << "\n";
       return 1;
@@ -909,6 +946,12 @@ int main(int argc, char** argv) {
                    "(dlbatch-train refuses precision: bf16 here, and "
                    "PyTorch's autocast runs reference kernels)\n";
       rows.push_back(Row(c, {}, {}) + " skipped: no AVX-512 BF16 or AMX");
+      continue;
+    }
+    if (c.compiled && !has_compile) {
+      std::cerr << "[" << c.name << "] skipped: the PyTorch of --python "
+                << o.python << " has no torch.compile (it came in 2.0)\n";
+      rows.push_back(Row(c, {}, {}) + " skipped: no torch.compile");
       continue;
     }
     for (int r = 0; r < o.repeats; ++r) {
@@ -975,14 +1018,15 @@ int main(int argc, char** argv) {
                  "network and cuDNN algorithm search, with an empty tuning "
                  "cache), of which the GPU's start-up (CUDA context, cuDNN "
                  "and cuBLAS handles; PyTorch makes its context before its "
-                 "clock starts), each side's first step (PyTorch's includes "
-                 "its cudnn.benchmark search and handles), and images/s over "
-                 "the whole run with them\n\n";
+                 "clock starts), PyTorch's torch.compile (the compiled "
+                 "cases: before its clock), each side's first step "
+                 "(PyTorch's includes its cudnn.benchmark search and "
+                 "handles), and images/s over the whole run with them\n\n";
     std::cout << "| case | dlbatch build s | of which GPU start-up s | "
-                 "dlbatch first step s | PyTorch first step s | dlbatch "
-                 "whole-run images/s | PyTorch whole-run images/s | ratio "
-                 "|\n";
-    std::cout << "|---|---|---|---|---|---|---|---|\n";
+                 "PyTorch compile s | dlbatch first step s | PyTorch first "
+                 "step s | dlbatch whole-run images/s | PyTorch whole-run "
+                 "images/s | ratio |\n";
+    std::cout << "|---|---|---|---|---|---|---|---|---|\n";
     for (const std::string& row : one_off_rows) std::cout << row << "\n";
   }
   std::cerr << "logs: " << root << "\n";

@@ -75,9 +75,14 @@ echo "pack.sh: bundle.tar.xz $(du -h "$out/bundle.tar.xz" | cut -f1)," \
      "bench/out/gpu in all $(du -sh "$out" | cut -f1) (the carry limit is" \
      "64 MiB with the working tree)"
 cat <<'MSG'
-On the device, three calls (each inside the 10-minute limit; $OUT brings back
-on-device.log, and from the second and third gpu-results.md and
-bench-logs.tar.xz):
+On the device, with 15 minutes of device time in all (the machine's start
+included), one call; $OUT brings back on-device.log, gpu-results.md and
+bench-logs.tar.xz, also from a call stopped at its limit:
+  run(command="bash bench/gpu/on-device.sh lease", carry=["bench/out/gpu"], timeout_s=600)
+      (every GPU test, issue 22's first, then issue 22's benchmark cases
+      with 2 repeats until 540 s: ResNet-9 in bf16 against eager AMP and
+      against torch.compile, float32, fp16, the small ResNet in bf16, ...)
+With more device time, three calls (each inside the 10-minute limit):
   run(command="bash bench/gpu/on-device.sh tests", carry=["bench/out/gpu"], timeout_s=600)
       (every GPU test, about 1 min)
   run(command="REPEATS=5 bash bench/gpu/on-device.sh bench", carry=["bench/out/gpu"], timeout_s=600)
@@ -86,7 +91,7 @@ bench-logs.tar.xz):
       (LeNet b64 with every kernel launched, LeNet b1024 and the blocks with
       cuDNN's convolutions only, against the table's default runs; about 3 min)
 "bash bench/gpu/on-device.sh" (all) runs all three in one call where REPEATS
-is 2. GRAPHS=1 (or 0) sets DLBATCH_CUDA_GRAPHS for the benchmark,
-CASES="lenet64gpu ..." picks cases, COMPARE="case:VARIABLE=value ..." the
-comparisons.
+is 2; `mixed` runs issue 22's cases (MIXED="..."). GRAPHS=1 (or 0) sets
+DLBATCH_CUDA_GRAPHS for the benchmark, CASES="lenet64gpu ..." picks cases,
+COMPARE="case:VARIABLE=value ..." the comparisons.
 MSG
