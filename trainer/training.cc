@@ -821,10 +821,16 @@ absl::Status Run::Retire() {
     last_accuracy_ = 100.0 * sums[1] / global_batch_;
     last_lr_ = q.lr;
     if (!std::isfinite(last_loss_)) {
+      // In fp16 the forward pass itself may overflow: loss scaling guards
+      // the gradients only, and convolutions return fp16 outputs.
       return absl::OutOfRangeError(absl::StrCat(
           "the training loss became ", last_loss_, " at iteration ",
           q.iteration, " (epoch ", q.epoch,
-          "); lower initial_learn_rate or set gradient_threshold"));
+          "); lower initial_learn_rate or set gradient_threshold",
+          scaler_ ? "; in precision: fp16 a layer's output above 65504 also "
+                    "overflows (loss scaling guards only the gradients): "
+                    "try precision: bf16 or fp32"
+                  : ""));
     }
     history_.iterations.push_back({q.iteration, q.epoch, q.elapsed, last_loss_,
                                    last_accuracy_, q.lr, q.loss_scale,

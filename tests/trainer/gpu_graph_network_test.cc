@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "gtest/gtest.h"
+#include "tests/common/fashion_mnist.h"
 #include "tests/integration/harness.h"
 #include "trainer/backend.h"
 #include "trainer/cuda/backend_cuda.h"
@@ -30,10 +31,9 @@ namespace {
 
 using dlbatch::testing::BinDir;
 using dlbatch::testing::Exec;
+using dlbatch::testing::FashionMnistDir;
 using dlbatch::testing::Result;
 using dlbatch::testing::WriteAll;
-
-constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
 
 int CudaDevices() { return CudaDeviceCount(); }
 
@@ -148,40 +148,64 @@ v1::NetworkSpec GraphNet() {
 
 struct StepResult {
   std::vector<float> probs, grads, stats;
+  std::vector<ParamInfo> params;  // the ranges of grads
 };
 
-// Builds GraphNet on `be`, initialised alike, and runs one training step
-// (recorded and replayed where `record`); the probabilities, gradients and
-// loss statistics.
-StepResult Step(Backend* be, bool record) {
-  const int n = 6;
-  auto net = Network::Build(GraphNet(), be, n);
+constexpr int kMaxBatch = 6;
+
+// A batch of `n` images and labels drawn from `seed`.
+std::vector<float> Images(int n, uint64_t seed) {
+  return Random(n * 12 * 10 * 3, seed);
+}
+std::vector<int32_t> Labels(int n, uint64_t seed) {
+  std::vector<int32_t> labels(n);
+  for (int i = 0; i < n; ++i) labels[i] = static_cast<int32_t>((i + seed) % 5);
+  return labels;
+}
+
+// Builds GraphNet on `be` for batches of up to kMaxBatch, initialised alike,
+// and runs one training step on `n` samples drawn from `seed`; the
+// probabilities, gradients and loss statistics. Where `record`, the step is
+// first recorded as a CUDA graph on other samples (seed + 100), which are
+// then replaced by seed's in the same buffers, and replayed over outputs set
+// to NaN: what it gives is what the replay computed from the new inputs.
+StepResult Step(Backend* be, int n, uint64_t seed, bool record) {
+  auto net = Network::Build(GraphNet(), be, kMaxBatch);
   EXPECT_TRUE(net.ok()) << net.status();
   if (!net.ok()) return {};
   (*net)->Initialize(2);
   (*net)->SetLabelSmoothing(0.1f);
-  const std::vector<float> images = Random(n * 12 * 10 * 3, 3);
-  std::vector<int32_t> labels = {0, 1, 2, 3, 4, 0};
-  Buffer x = *be->Allocate(images.size() * 4);
-  Buffer y = *be->Allocate(n * 4);
+  Buffer x = *be->Allocate(Images(kMaxBatch, 0).size() * 4);
+  Buffer y = *be->Allocate(kMaxBatch * 4);
   Buffer stats = *be->Allocate(8);
-  be->CopyToDevice(x.f32(), images.data(), images.size() * 4);
-  be->CopyToDevice(y.as<void>(), labels.data(), n * 4);
+  auto load = [&](uint64_t s) {
+    const std::vector<float> images = Images(n, s);
+    const std::vector<int32_t> labels = Labels(n, s);
+    be->CopyToDevice(x.f32(), images.data(), images.size() * 4);
+    be->CopyToDevice(y.as<void>(), labels.data(), n * 4);
+  };
   auto step = [&] {
     be->Fill(stats.f32(), 2, 0);
     (*net)->Forward(n, x.f32(), /*training=*/true);
     (*net)->Loss(n, y.as<int32_t>(), stats.f32());
     (*net)->Backward(n, y.as<int32_t>(), 1.0f / n);
   };
+  load(record ? seed + 100 : seed);
   step();
   if (record) {
-    // Once more from the same start, recorded and then replayed.
+    // Once more from the same start, recorded; then replayed on seed's
+    // samples.
     (*net)->Initialize(2);
     EXPECT_TRUE(be->StartRecording().ok());
     step();
     auto recording = be->FinishRecording();
     EXPECT_TRUE(recording.ok()) << recording.status();
+    load(seed);
     be->Fill((*net)->grads(), (*net)->num_params(), 0);
+    // The network hands its probabilities out read-only; the test blanks
+    // them so that only the replay can have written them.
+    be->Fill(const_cast<float*>((*net)->probabilities()), n * 5, std::nanf(""));
+    be->Fill(stats.f32(), 2, std::nanf(""));
     if (recording.ok()) (*recording)->Replay();
   }
   StepResult r;
@@ -191,25 +215,66 @@ StepResult Step(Backend* be, bool record) {
   be->CopyToHost(r.grads.data(), (*net)->grads(), r.grads.size() * 4);
   r.stats.resize(2);
   be->CopyToHost(r.stats.data(), stats.f32(), 8);
+  r.params = (*net)->params_info();
   return r;
 }
 
+double Norm(const std::vector<float>& v) {
+  double sum = 0;
+  for (float x : v) sum += double{x} * x;
+  return std::sqrt(sum);
+}
+
+// Every parameter's gradient on its own: a norm over all of them would hide
+// an error in a small one. Gradients that are zero but for rounding (a conv
+// bias before a batch norm: ~1e-7 against a whole gradient of ~1) are held
+// to the whole gradient's scale instead.
+void ExpectGradientsAgree(const StepResult& got, const StepResult& want,
+                          double tolerance) {
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  ASSERT_FALSE(want.grads.empty());
+  const double scale = Norm(want.grads);
+  for (const ParamInfo& p : want.params) {
+    const auto part = [&](const std::vector<float>& g) {
+      return std::vector<float>(g.begin() + p.offset,
+                                g.begin() + p.offset + p.count);
+    };
+    const std::vector<float> w = part(want.grads), g = part(got.grads);
+    if (Norm(w) < 1e-4 * scale) {
+      std::vector<float> diff(w.size());
+      for (size_t i = 0; i < w.size(); ++i) diff[i] = g[i] - w[i];
+      EXPECT_LT(Norm(diff), tolerance * scale) << p.name;
+    } else {
+      EXPECT_LT(Relative(g, w), tolerance) << p.name;
+    }
+  }
+  EXPECT_LT(Relative(got.grads, want.grads), tolerance) << "all gradients";
+}
+
 TEST_F(GpuGraphTest, GraphNetworkStepAgreesWithTheCpu) {
-  const StepResult c = Step(cpu_.get(), false), g = Step(gpu_.get(), false);
-  ASSERT_EQ(c.grads.size(), g.grads.size());
-  ASSERT_FALSE(c.grads.empty());
-  EXPECT_LT(Relative(g.probs, c.probs), 1e-5);
-  EXPECT_LT(Relative(g.grads, c.grads), 1e-4);
-  EXPECT_NEAR(g.stats[0], c.stats[0], 1e-5 * c.stats[0]);
-  EXPECT_EQ(g.stats[1], c.stats[1]);
+  // The whole batch the network was built for, and a smaller one.
+  for (int n : {kMaxBatch, 4}) {
+    SCOPED_TRACE(absl::StrCat("batch of ", n));
+    const StepResult c = Step(cpu_.get(), n, 3, false);
+    const StepResult g = Step(gpu_.get(), n, 3, false);
+    ASSERT_FALSE(c.grads.empty());
+    EXPECT_LT(Relative(g.probs, c.probs), 1e-5);
+    ExpectGradientsAgree(g, c, 1e-4);
+    EXPECT_NEAR(g.stats[0], c.stats[0], 1e-5 * c.stats[0]);
+    EXPECT_EQ(g.stats[1], c.stats[1]);
+  }
 }
 
 TEST_F(GpuGraphTest, RecordedGraphNetworkStepReplaysAsLaunched) {
-  const StepResult launched = Step(gpu_.get(), false);
-  const StepResult replayed = Step(gpu_.get(), true);
+  const StepResult launched = Step(gpu_.get(), kMaxBatch, 3, false);
+  const StepResult replayed = Step(gpu_.get(), kMaxBatch, 3, true);
   ASSERT_FALSE(launched.grads.empty());
-  EXPECT_LT(Relative(replayed.grads, launched.grads), 1e-6);
+  ExpectGradientsAgree(replayed, launched, 1e-6);
   EXPECT_LT(Relative(replayed.probs, launched.probs), 1e-6);
+  // Not NaN: the replay wrote them, from the samples loaded after recording.
+  EXPECT_NEAR(replayed.stats[0], launched.stats[0],
+              1e-6 * std::abs(launched.stats[0]));
+  EXPECT_EQ(replayed.stats[1], launched.stats[1]);
 }
 
 // Whole runs of a graph net on the GPU, steps recorded or launched.
@@ -217,9 +282,12 @@ TEST(GpuGraphRun, RecordedStepsOfAGraphNetTrainToTheWeightsOfLaunchedOnes) {
   if (CudaDevices() == 0) {
     GTEST_SKIP() << "no CUDA device: this test trains a graph net on the GPU";
   }
-  if (access(absl::StrCat(kData, "/train-images-idx3-ubyte.gz").c_str(),
-             R_OK) != 0) {
-    GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  const std::string data = FashionMnistDir();
+  if (access(absl::StrCat(data, "/train-images-idx3-ubyte.gz").c_str(), R_OK) !=
+      0) {
+    GTEST_SKIP() << "Fashion-MNIST is not in " << data
+                 << " (Debian's dataset-fashion-mnist, or set "
+                    "DLBATCH_TEST_DATA_DIR)";
   }
   char tmpl[] = "/tmp/gpu-graph-net-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
@@ -243,8 +311,8 @@ train:
       - {type: softmax}
   data:
     train: {format: idx, images: )",
-                             kData, "/train-images-idx3-ubyte.gz, labels: ",
-                             kData, R"(/train-labels-idx1-ubyte.gz}
+                             data, "/train-images-idx3-ubyte.gz, labels: ",
+                             data, R"(/train-labels-idx1-ubyte.gz}
   options:
     nesterov: true
     label_smoothing: 0.1
@@ -266,15 +334,18 @@ train:
   const std::string replayed = train(dir + "/replayed", true);
   EXPECT_NE(replayed.find("recorded once as a CUDA graph"), std::string::npos)
       << replayed;
+  // A slot whose recording failed would fall back to launching, and train
+  // the same weights: that must not pass unseen.
+  EXPECT_EQ(replayed.find("failed"), std::string::npos) << replayed;
   absl::StatusOr<Checkpoint> a =
       ReadCheckpoint(dir + "/launched/checkpoint.dlbc");
   absl::StatusOr<Checkpoint> b =
       ReadCheckpoint(dir + "/replayed/checkpoint.dlbc");
+  RemoveTree(dir).IgnoreError();
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(a->params == b->params) << "weights differ";
   EXPECT_TRUE(a->solver_state == b->solver_state) << "momentum differs";
-  RemoveTree(dir).IgnoreError();
 }
 
 }  // namespace

@@ -75,6 +75,20 @@ absl::Status CallError(absl::StatusCode code, const char* what,
                                          file, ":", line, ": ", detail));
 }
 
+absl::Status DeviceAlloc(void** data, size_t bytes, int device,
+                         absl::string_view what) {
+  *data = nullptr;
+  if (cudaMalloc(data, bytes == 0 ? 256 : bytes) == cudaSuccess) {
+    return absl::OkStatus();
+  }
+  cudaGetLastError();  // not sticky: clear it
+  *data = nullptr;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "GPU ", device, ": cannot allocate ", bytes,
+      " bytes of device memory for ", what,
+      "; use a smaller mini_batch_size, or fewer filters or units"));
+}
+
 absl::Status Context::ReserveWorkspace(size_t bytes) {
   if (bytes <= workspace_bytes) return absl::OkStatus();
   // The new one first, so that a failure leaves the old one in place; if
@@ -212,6 +226,24 @@ class CudaBackend final : public Backend {
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     cudaDeviceProp prop{};
     DLBATCH_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+    // A GPU older than every architecture the build has code for would
+    // otherwise fail at its first kernel, after the network is built.
+    if (const cudaError_t image = gpu::KernelImageStatus();
+        image != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gpu ", device, " (", prop.name, ", compute capability ", prop.major,
+          ".", prop.minor,
+          ") cannot run this dlbatch-train's GPU "
+          "code (",
+          cudaGetErrorString(image),
+          "): it was built for CUDA "
+          "architectures ",
+          DLBATCH_CUDA_ARCHITECTURES,
+          "; rebuild with "
+          "-DCMAKE_CUDA_ARCHITECTURES=native on a machine with this GPU, or "
+          "train with execution_environment: cpu"));
+    }
     if (ctx_.low_precision) {
       if (absl::Status s =
               GpuLowPrecisionSupport(ctx_.low == gpu::LowType::kBf16, device,

@@ -24,12 +24,15 @@ struct CudaBackendOptions {
   bool tf32 = false;
 
   // `precision: bf16 | fp16`: convolutions (cuDNN, NHWC) and fully
-  // connected layers (cuBLAS) compute on tensor cores in that type, with
-  // float32 accumulation and float32 results; every buffer of backend.h
-  // stays float32, and so do pooling, batch normalisation, the element-wise
-  // layers, the loss and the solvers (the weights are float32 masters, cast
-  // for each step). bf16 needs compute capability 8.0 or later, fp16 7.0
-  // (MakeCudaBackend says so otherwise); fp16 asks for loss scaling
+  // connected layers (cuBLAS) compute on tensor cores in that type with
+  // float32 accumulation. Fully connected layers write float32 results;
+  // convolutions write theirs (y, dx, dw) in that type, which cuDNN's
+  // convolution calls take for x, w and y alike, and they are cast to
+  // float32 after (so an fp16 output above 65504 is inf). Every buffer of
+  // backend.h stays float32, and so do pooling, batch normalisation, the
+  // element-wise layers, the loss and the solvers (the weights are float32
+  // masters, cast for each step). bf16 needs compute capability 8.0 or later,
+  // fp16 7.0 (MakeCudaBackend says so otherwise); fp16 asks for loss scaling
   // (Backend::scales_loss). kNone: fp32, or tf32 above.
   enum class LowPrecision { kNone, kBf16, kFp16 };
   LowPrecision low_precision = LowPrecision::kNone;

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "trainer/backend.h"
 #include "trainer/cuda/backend_cuda.h"
 #include "trainer/cuda/backend_cuda_launch.h"
@@ -74,6 +75,20 @@ class CaptureErrors {
 // The Status of a failed call, naming it, its file and line.
 absl::Status CallError(absl::StatusCode code, const char* what,
                        const char* file, int line, const char* detail);
+
+// cudaMalloc of `bytes` into *data for `what` (a layer's name) on `device`.
+// Out of memory is ResourceExhausted saying what to shrink, with CUDA's
+// error cleared (it is not sticky), as Backend::Allocate says it.
+absl::Status DeviceAlloc(void** data, size_t bytes, int device,
+                         absl::string_view what);
+template <typename T>
+absl::Status DeviceAlloc(T** data, size_t bytes, int device,
+                         absl::string_view what) {
+  void* p = nullptr;
+  absl::Status s = DeviceAlloc(&p, bytes, device, what);
+  *data = static_cast<T*>(p);
+  return s;
+}
 
 // While making a kernel or the backend: a failure returns its Status.
 #define DLBATCH_CUDA_RETURN_IF_ERROR(expr)                        \

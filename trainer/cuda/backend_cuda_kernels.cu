@@ -264,6 +264,11 @@ __global__ void RmspropKernel(int64_t count, int64_t decayed, float lr,
 
 }  // namespace
 
+cudaError_t KernelImageStatus() {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, FillKernel);
+}
+
 // --- launchers ---
 
 void LaunchFill(cudaStream_t stream, float* x, int64_t count, float value) {

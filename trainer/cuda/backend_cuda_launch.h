@@ -49,6 +49,12 @@ void Fault(const char* what, const char* file, int line, const char* detail);
     }                                                                         \
   } while (false)
 
+// Whether this build's kernels have machine code (or PTX the driver can
+// compile) for the current device: cudaSuccess, or what CUDA says of one
+// kernel (cudaErrorNoKernelImageForDevice where the build's architectures
+// leave the device out). Launches nothing.
+cudaError_t KernelImageStatus();
+
 // --- element-wise (backend_cuda_kernels.cu) ---
 void LaunchFill(cudaStream_t stream, float* x, int64_t count, float value);
 void LaunchScale(cudaStream_t stream, int64_t count, float alpha, float* x);

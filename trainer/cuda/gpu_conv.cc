@@ -47,6 +47,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "trainer/backend.h"
 #include "trainer/cuda/backend_cuda_internal.h"
 #include "trainer/cuda/backend_cuda_launch.h"
@@ -135,11 +136,13 @@ class GpuConv final : public ConvKernel {
     // FMA math: cuDNN's default would allow TF32 on Ampere and later.
     DLBATCH_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(
         conv_.get(), ctx_->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
-    DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(
-        &bias_partial_, sizeof(double) * kBiasGradMaxChunks * d_.filters));
+    RETURN_IF_ERROR(DeviceAlloc(
+        &bias_partial_, sizeof(double) * kBiasGradMaxChunks * d_.filters,
+        ctx_->device, name_));
     if (padded_) {
-      DLBATCH_CUDA_RETURN_IF_ERROR(
-          cudaMalloc(&scratch_, sizeof(float) * max_batch * x_shape_.size()));
+      RETURN_IF_ERROR(DeviceAlloc(&scratch_,
+                                  sizeof(float) * max_batch * x_shape_.size(),
+                                  ctx_->device, name_));
     }
     int n = 0, c = 0, h = 0, w = 0;
     TensorDescriptor x;

@@ -41,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "trainer/backend.h"
 #include "trainer/cuda/backend_cuda_internal.h"
 #include "trainer/cuda/backend_cuda_launch.h"
@@ -122,14 +123,17 @@ class GpuLowConv final : public ConvKernel {
         cudnnSetConvolutionMathType(conv_.get(), CUDNN_TENSOR_OP_MATH));
     const size_t kLow = 2;  // bytes of a bf16 or fp16
     const size_t weights = size_t{1} * pk_ * d_.kh * d_.kw * pc_;
-    DLBATCH_CUDA_RETURN_IF_ERROR(
-        cudaMalloc(&x_low_, kLow * max_batch_ * x_shape_.size()));
-    DLBATCH_CUDA_RETURN_IF_ERROR(
-        cudaMalloc(&y_low_, kLow * max_batch_ * y_shape_.size()));
-    DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(&w_low_, kLow * weights));
-    DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(&dw_low_, kLow * weights));
-    DLBATCH_CUDA_RETURN_IF_ERROR(cudaMalloc(
-        &bias_partial_, sizeof(double) * kBiasGradMaxChunks * d_.filters));
+    for (const auto& [data, bytes] :
+         {std::pair<void**, size_t>{&x_low_,
+                                    kLow * max_batch_ * x_shape_.size()},
+          {&y_low_, kLow * max_batch_ * y_shape_.size()},
+          {&w_low_, kLow * weights},
+          {&dw_low_, kLow * weights}}) {
+      RETURN_IF_ERROR(DeviceAlloc(data, bytes, ctx_->device, name_));
+    }
+    RETURN_IF_ERROR(DeviceAlloc(
+        &bias_partial_, sizeof(double) * kBiasGradMaxChunks * d_.filters,
+        ctx_->device, name_));
     int n = 0, c = 0, h = 0, w = 0;
     TensorDescriptor x;
     if (absl::Status s = SetNhwc(x, 1, x_shape_, type); !s.ok()) return s;
