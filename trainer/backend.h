@@ -104,6 +104,10 @@ struct ConvDesc {
   bool bf16_out = false;
   // x and dx in bf16: the input is such a batch norm's bf16 output.
   bool bf16_in = false;
+  // False where the network never asks for dx (its input is the data, or
+  // nothing before it learns): BackwardData is not prepared, and a backend
+  // may refuse it (the GPU's do).
+  bool input_grad = true;
 };
 
 // Weights are [filters, kh, kw, in.c] (OHWI) and bias [filters].

@@ -34,6 +34,7 @@ absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx) {
   desc.out = plan.info.out;
   desc.bf16_out = ctx.bf16_output;
   desc.bf16_in = ctx.bf16_input;
+  desc.input_grad = ctx.input_grad;
   plan.bf16_output = desc.bf16_out;
   auto kernel = ctx.backend->MakeConv(desc, ctx.max_batch);
   if (!kernel.ok()) return ctx.Error(kernel.status());

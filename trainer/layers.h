@@ -155,6 +155,10 @@ struct LayerContext {
   // its last input is.
   bool bf16_output = false;
   bool bf16_input = false;
+  // Whether the network's backward pass asks for the gradient of the
+  // layer's first input: false where that is the data, or where no layer
+  // before it has parameters (Network::Backward stops short of it).
+  bool input_grad = true;
 
   // InvalidArgument "layers[i] (type 'name'): <message>".
   absl::Status Error(absl::string_view message) const;

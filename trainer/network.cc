@@ -198,8 +198,11 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
 
   ASSIGN_OR_RETURN(NetworkWiring wiring, WireNetwork(spec));
 
-  // Make the layers, checking shapes as they chain.
+  // Make the layers, checking shapes as they chain. learns[j]: layer j or
+  // one before it has parameters, so the backward pass wants j's output
+  // gradient (as PlanBackward's wants_grad).
   std::vector<LayerPlan> plans;
+  std::vector<bool> learns;
   for (int i = 0; i < spec.layers_size(); ++i) {
     const v1::LayerSpec& layer = spec.layers(i);
     LayerContext ctx;
@@ -211,6 +214,7 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
       ctx.in_names.push_back(j < 0 ? kNetworkInputName : wiring.names[j]);
     }
     ctx.in = ctx.ins[0];
+    ctx.input_grad = wiring.inputs[i][0] >= 0 && learns[wiring.inputs[i][0]];
     ctx.backend = backend;
     ctx.max_batch = max_batch;
     ctx.communicator = net->communicator_.get();
@@ -258,6 +262,9 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
     const int from = wiring.inputs[i][0];
     plan->info.folded =
         layer.type() == "relu" && from >= 0 && plans[from].folds_relu;
+    bool learned = !plan->params.empty();
+    for (int j : wiring.inputs[i]) learned = learned || (j >= 0 && learns[j]);
+    learns.push_back(learned);
     plans.push_back(*std::move(plan));
   }
   net->classes_ = plans.back().info.out.c;

@@ -424,6 +424,26 @@ TEST_F(NetworkTest, ForwardOfFewerSamplesThanMaxBatch) {
   for (int i = 0; i < 30; ++i) EXPECT_NEAR(few[i], all[i], 1e-5) << i;
 }
 
+// A convolution whose input gradient the backward pass never asks for (its
+// input is the data, or only layers without parameters lie before it) does
+// not prepare (time) backward data; the next one does.
+TEST_F(NetworkTest, ConvolutionsPrepareBackwardDataOnlyWhereItIsAskedFor) {
+  auto net = Build(Net({12, 12, 1}, {Pool("maxpool", 2), Conv(4, 3), Conv(4, 3),
+                                     Fc(3), L("softmax")}),
+                   4);
+  ASSERT_NE(net, nullptr);
+  const std::string tuning = backend_->SaveTuning();
+  EXPECT_THAT(tuning, HasSubstr("[6, 6, 1] -> [4, 4, 4] (3x3, stride 1x1) "
+                                "forward, n 4"));
+  EXPECT_THAT(tuning, HasSubstr("[6, 6, 1] -> [4, 4, 4] (3x3, stride 1x1) "
+                                "backward weights, n 4"));
+  EXPECT_THAT(tuning, ::testing::Not(
+                          HasSubstr("[6, 6, 1] -> [4, 4, 4] (3x3, stride 1x1) "
+                                    "backward data")));
+  EXPECT_THAT(tuning, HasSubstr("[4, 4, 4] -> [2, 2, 4] (3x3, stride 1x1) "
+                                "backward data, n 4"));
+}
+
 TEST_F(NetworkTest, LeNetStepLowersTheLossAsItsGradientPredicts) {
   auto net = Build(LeNet(), 16);
   ASSERT_NE(net, nullptr);

@@ -239,15 +239,17 @@ Pd PickFastest(
 
 // conv and fc on oneDNN share their calls' form: each runs the primitive
 // that `Derived` makes and caches for n (Fwd(n), BwdData(n), BwdWeights(n),
-// each a BoundPrimitive&), and Prepare makes all three at build time to
-// refuse a shape that oneDNN cannot run. `Derived` names itself in name_.
+// each a BoundPrimitive&), and Prepare makes them at build time to refuse
+// a shape that oneDNN cannot run: backward data only where the network
+// asks for dx (`Derived::wants_dx()`; made on first use otherwise).
+// `Derived` names itself in name_.
 template <typename Derived, typename Interface>
 class WeightedKernel : public Interface {
  public:
   absl::Status Prepare(int n) {
     return TryCreate(self().name_, n, [&] {
       self().Fwd(n);
-      self().BwdData(n);
+      if (self().wants_dx()) self().BwdData(n);
       self().BwdWeights(n);
     });
   }

@@ -47,6 +47,8 @@ class CpuConv final : public WeightedKernel<CpuConv, ConvKernel> {
  private:
   friend class WeightedKernel<CpuConv, ConvKernel>;
 
+  bool wants_dx() const { return d_.input_grad; }
+
   struct Prims {
     std::optional<dnnl::convolution_forward::primitive_desc> fwd_pd;
     std::optional<BoundPrimitive> fwd, bwd_data, bwd_weights;

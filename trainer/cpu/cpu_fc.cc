@@ -29,6 +29,8 @@ class CpuFc final : public WeightedKernel<CpuFc, FcKernel> {
  private:
   friend class WeightedKernel<CpuFc, FcKernel>;
 
+  bool wants_dx() const { return true; }
+
   struct Prims {
     std::optional<dnnl::inner_product_forward::primitive_desc> fwd_pd;
     std::optional<BoundPrimitive> fwd, bwd_data, bwd_weights;

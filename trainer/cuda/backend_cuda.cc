@@ -75,6 +75,12 @@ absl::Status CallError(absl::StatusCode code, const char* what,
                                          file, ":", line, ": ", detail));
 }
 
+void NoBackwardData(const std::string& name) {
+  Die(name.c_str(), __FILE__, __LINE__,
+      "backward data asked of a convolution whose input gradient the network "
+      "never wants (ConvDesc::input_grad)");
+}
+
 absl::Status DeviceAlloc(void** data, size_t bytes, int device,
                          absl::string_view what) {
   *data = nullptr;

@@ -76,6 +76,11 @@ class CaptureErrors {
 absl::Status CallError(absl::StatusCode code, const char* what,
                        const char* file, int line, const char* detail);
 
+// Ends the process: BackwardData of a convolution made without it
+// (ConvDesc::input_grad false: the network never asks for that dx, and no
+// algorithm was chosen for it).
+[[noreturn]] void NoBackwardData(const std::string& name);
+
 // cudaMalloc of `bytes` into *data for `what` (a layer's name) on `device`.
 // Out of memory is ResourceExhausted saying what to shrink, with CUDA's
 // error cleared (it is not sticky), as Backend::Allocate says it.

@@ -167,6 +167,7 @@ class GpuConv final : public ConvKernel {
 
   void BackwardData(int n, const float* dy, const float* w,
                     float* dx) override {
+    if (!d_.input_grad) NoBackwardData(name_);
     Plan& p = PlanFor(n);
     RunBackwardData(p, n, dy, w, dx, Patches(p, n));
   }
@@ -427,6 +428,7 @@ class GpuConv final : public ConvKernel {
     size_t bytes[3] = {0, 0, 0};  // cuDNN's, per direction
     bool race[3] = {false, false, false};
     for (Direction dir : {kFwd, kData, kFilter}) {
+      if (dir == kData && !d_.input_grad) continue;  // never asked for
       if (mode == Lowering::kAlways) {
         p.lowered[dir] = true;
         if (dir == kFilter) p.groups = GroupsFor(n, ctx_->lowered_groups);
@@ -499,6 +501,7 @@ class GpuConv final : public ConvKernel {
       }
     }
     for (Direction dir : {kFwd, kData, kFilter}) {
+      if (dir == kData && !d_.input_grad) continue;
       ctx_->tuning[Key(dir, n)] = !p.lowered[dir] ? p.algo[dir]
                                   : dir == kFilter
                                       ? kLoweredChoice + p.groups - 1

@@ -163,6 +163,7 @@ class GpuLowConv final : public ConvKernel {
 
   void BackwardData(int n, const float* dy, const float* w,
                     float* dx) override {
+    if (!d_.input_grad) NoBackwardData(name_);
     const Plan& p = PlanFor(n);
     if (w != weights_of_) CastWeights(w);
     CastGradient(n, dy);
@@ -322,6 +323,7 @@ class GpuLowConv final : public ConvKernel {
     if (absl::Status s = SetNhwc(p.x, n, x_shape_, type); !s.ok()) return s;
     if (absl::Status s = SetNhwc(p.y, n, y_shape_, type); !s.ok()) return s;
     for (Direction dir : {kFwd, kData, kFilter}) {
+      if (dir == kData && !d_.input_grad) continue;  // never asked for
       const std::string key = Key(dir, n);
       size_t bytes = 0;
       if (auto it = ctx_->tuning.find(key);
