@@ -84,6 +84,20 @@ leftovers() {
   return 0
 }
 
+# Sets `limit` to at most what is left of DEADLINE (seconds since t0), if
+# set; fails, saying so of `what`, where less than `least` seconds are left.
+within_deadline() {
+  local what=$1 least=$2
+  [[ -n $DEADLINE ]] || return 0
+  local left=$((DEADLINE - (SECONDS - t0)))
+  if ((left < least)); then
+    echo "== $what: not started, ${left} s left of DEADLINE=$DEADLINE"
+    return 1
+  fi
+  ((left < limit)) && limit=$left
+  return 0
+}
+
 main() {
   local t0=$SECONDS status=0
   leftovers
@@ -111,15 +125,7 @@ main() {
       local t1=$SECONDS limit=150 long=300
       [[ $mode == lease ]] && limit=120 long=200
       [[ $t == gpu_jobs_test || $t == gpu_mixed_train_run_test ]] && limit=$long
-      if [[ -n $DEADLINE ]]; then
-        local left=$((DEADLINE - (SECONDS - t0)))
-        if ((left < 30)); then
-          echo "== $t: not started, ${left} s left of DEADLINE=$DEADLINE"
-          status=1
-          continue
-        fi
-        ((left < limit)) && limit=$left
-      fi
+      within_deadline "$t" 30 || { status=1; continue; }
       echo "== $t"
       timeout "$limit" "$run" "$t" --gtest_brief=1
       local rc=$?
@@ -159,15 +165,7 @@ main() {
       local c=${entry%%:*} setting=
       [[ $entry == *:* ]] && setting=${entry#*:}
       local t1=$SECONDS limit=200
-      if [[ -n $DEADLINE ]]; then
-        local left=$((DEADLINE - (SECONDS - t0)))
-        if ((left < 60)); then
-          echo "== $c: not started, ${left} s left of DEADLINE=$DEADLINE"
-          status=1
-          continue
-        fi
-        ((left < limit)) && limit=$left
-      fi
+      within_deadline "$c" 60 || { status=1; continue; }
       echo "== trainer_bench --gpu --only $c (repeats $REPEATS," \
            "${setting:-defaults}, stopped after $limit s)"
       ( if [[ -n $setting ]]; then export "${setting?}"; fi

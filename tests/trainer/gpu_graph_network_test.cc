@@ -286,12 +286,14 @@ void ExpectGradientsAgree(const StepResult& got, const StepResult& want,
   EXPECT_LT(Relative(got.grads, want.grads), tolerance) << "all gradients";
 }
 
-TEST_F(GpuGraphTest, GraphNetworkStepAgreesWithTheCpu) {
-  // The whole batch the network was built for, and a smaller one.
+// One step of `spec` on the GPU against the CPU, at the batch the network
+// was built for and a smaller one.
+void ExpectStepsAgree(Backend* cpu, Backend* gpu, const v1::NetworkSpec& spec,
+                      uint64_t seed) {
   for (int n : {kMaxBatch, 4}) {
     SCOPED_TRACE(absl::StrCat("batch of ", n));
-    const StepResult c = Step(cpu_.get(), n, 3, false);
-    const StepResult g = Step(gpu_.get(), n, 3, false);
+    const StepResult c = Step(cpu, n, seed, false, spec);
+    const StepResult g = Step(gpu, n, seed, false, spec);
     ASSERT_FALSE(c.grads.empty());
     EXPECT_LT(Relative(g.probs, c.probs), 1e-5);
     ExpectGradientsAgree(g, c, 1e-4);
@@ -300,17 +302,12 @@ TEST_F(GpuGraphTest, GraphNetworkStepAgreesWithTheCpu) {
   }
 }
 
+TEST_F(GpuGraphTest, GraphNetworkStepAgreesWithTheCpu) {
+  ExpectStepsAgree(cpu_.get(), gpu_.get(), GraphNet(), 3);
+}
+
 TEST_F(GpuGraphTest, JoinsNetworkStepAgreesWithTheCpu) {
-  for (int n : {kMaxBatch, 4}) {
-    SCOPED_TRACE(absl::StrCat("batch of ", n));
-    const StepResult c = Step(cpu_.get(), n, 7, false, JoinsNet());
-    const StepResult g = Step(gpu_.get(), n, 7, false, JoinsNet());
-    ASSERT_FALSE(c.grads.empty());
-    EXPECT_LT(Relative(g.probs, c.probs), 1e-5);
-    ExpectGradientsAgree(g, c, 1e-4);
-    EXPECT_NEAR(g.stats[0], c.stats[0], 1e-5 * c.stats[0]);
-    EXPECT_EQ(g.stats[1], c.stats[1]);
-  }
+  ExpectStepsAgree(cpu_.get(), gpu_.get(), JoinsNet(), 7);
 }
 
 TEST_F(GpuGraphTest, RecordedGraphNetworkStepReplaysAsLaunched) {
