@@ -237,18 +237,15 @@ class CudaBackend final : public Backend {
     if (const cudaError_t image = gpu::KernelImageStatus();
         image != cudaSuccess) {
       cudaGetLastError();  // not sticky: clear it
+      const std::string which =
+          absl::StrCat("gpu ", device, " (", prop.name, ", compute capability ",
+                       prop.major, ".", prop.minor, ")");
       return absl::FailedPreconditionError(absl::StrCat(
-          "gpu ", device, " (", prop.name, ", compute capability ", prop.major,
-          ".", prop.minor,
-          ") cannot run this dlbatch-train's GPU "
-          "code (",
-          cudaGetErrorString(image),
-          "): it was built for CUDA "
-          "architectures ",
+          which, " cannot run this dlbatch-train's GPU code (",
+          cudaGetErrorString(image), "): it was built for CUDA architectures ",
           DLBATCH_CUDA_ARCHITECTURES,
-          "; rebuild with "
-          "-DCMAKE_CUDA_ARCHITECTURES=native on a machine with this GPU, or "
-          "train with execution_environment: cpu"));
+          "; rebuild with -DCMAKE_CUDA_ARCHITECTURES=native on a machine "
+          "with this GPU, or train with execution_environment: cpu"));
     }
     if (ctx_.low_precision) {
       if (absl::Status s =
