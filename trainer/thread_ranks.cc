@@ -65,7 +65,6 @@ absl::StatusOr<TrainResult> TrainOnThreadRanks(const TrainRequest& request,
   for (int r = 0; r < ranks; ++r) {
     TrainRequest& req = requests[r];
     req.data = &data;
-    req.split_batch = true;
     req.communicator = group.communicator(r);
     req.rendezvous = group.rendezvous();
     req.threads = threads;

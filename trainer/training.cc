@@ -668,7 +668,7 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
       {"epochs", result.epochs},
       {"ranks", comm_.size()},
       // Whether the ranks were the threads of one run's split mini-batch.
-      {"split_batch", req_.split_batch},
+      {"split_batch", req_.communicator->splits_batch()},
       {"mini_batch_size", global_batch_},
       {"backend", backend_->Describe()},
       // How batches reached the backend: the data set's bytes, made into

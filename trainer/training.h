@@ -78,9 +78,6 @@ struct TrainRequest {
   // The data sets, read already (LoadTrainingData): the ranks of one
   // process share one copy. Null: Train reads them. Not owned.
   const TrainingData* data = nullptr;
-  // This rank is one of a mini-batch split over threads
-  // (thread_ranks.h); metrics.json says so.
-  bool split_batch = false;
   Communicator* communicator = nullptr;  // required; not owned
   BackendChoice device;  // the CPU unless ChooseBackend chose a GPU
   // Where ranks > 0 take rank 0's kernel choices (Backend::SaveTuning), so
