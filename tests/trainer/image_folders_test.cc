@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "tests/common/image_files.h"
@@ -254,6 +255,58 @@ TEST_F(ImageFolder, ListsClassesSortedAndSamplesByNameThenClass) {
   EXPECT_THAT(other.status().message(),
               HasSubstr("the class folder 'dog' is not a class of the "
                         "training set"));
+}
+
+// Links: a linked image file is listed with its target's size, a linked
+// class folder is followed, a link to a folder inside a class is not, and
+// a dangling link to an "image" is listed for decoding to name. Several
+// listing threads list what one does.
+TEST_F(ImageFolder, ListsLinksAndListsAlikeOnAnyNumberOfThreads) {
+  for (int i = 0; i < 30; ++i) Png(absl::StrCat("c", i % 6, "/", i, ".png"), i);
+  Png("c1/deep/er/x.jpg", 40);
+  const std::string outside = dir_ + "/outside";
+  fs::create_directories(outside + "/birds");
+  WriteBytes(outside + "/birds/b.png",
+             testing::EncodePng(4, 4, 1, Pattern(4, 4, 1, 50).data()));
+  WriteBytes(outside + "/big.png", std::string(1234, 'x'));
+  fs::create_symlink(outside + "/big.png", root_ + "/c2/linked.png");
+  fs::create_symlink(outside + "/birds", root_ + "/bird");
+  fs::create_symlink(outside + "/birds", root_ + "/c3/birds-inside");
+  fs::create_symlink(outside + "/gone.png", root_ + "/c4/dangling.png");
+  WriteBytes(root_ + "/c5/notes.txt", "not an image");
+
+  absl::StatusOr<FolderListing> one = ListImageFolder(root_, {}, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_THAT(one->class_names,
+              ElementsAre("bird", "c0", "c1", "c2", "c3", "c4", "c5"));
+  EXPECT_EQ(one->files.size(), 30u + 4u);
+  EXPECT_EQ(one->ignored, 1);
+  std::map<std::string, FolderFile> by_path;
+  for (const FolderFile& f : one->files) by_path[f.path] = f;
+  EXPECT_EQ(by_path.count("bird/b.png"), 1u);
+  EXPECT_EQ(by_path.count("c1/deep/er/x.jpg"), 1u);
+  EXPECT_EQ(by_path["c2/linked.png"].size, 1234);
+  EXPECT_EQ(by_path["c4/dangling.png"].size, -1);
+  for (const auto& [path, f] : by_path) {
+    EXPECT_FALSE(absl::StartsWith(path, "c3/birds-inside")) << path;
+  }
+
+  for (int threads : {2, 4, 16}) {
+    absl::StatusOr<FolderListing> many = ListImageFolder(root_, {}, threads);
+    ASSERT_TRUE(many.ok()) << many.status();
+    ASSERT_EQ(many->files.size(), one->files.size());
+    for (size_t i = 0; i < one->files.size(); ++i) {
+      EXPECT_EQ(many->files[i].path, one->files[i].path);
+      EXPECT_EQ(many->files[i].label, one->files[i].label);
+      EXPECT_EQ(many->files[i].size, one->files[i].size);
+      EXPECT_EQ(many->files[i].mtime_ns, one->files[i].mtime_ns);
+    }
+    EXPECT_EQ(many->ignored, one->ignored);
+  }
+  // The dangling link is named when the folder is decoded.
+  absl::StatusOr<Dataset> loaded = Load();
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(loaded.status().message(), HasSubstr("c4/dangling.png"));
 }
 
 TEST_F(ImageFolder, RefusesWhatIsNotAFolderOfClasses) {

@@ -2,6 +2,7 @@
 // several threads, and loading it through the decoded cache.
 #include "trainer/data/image_folders.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
+#include <memory>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -94,32 +97,71 @@ struct Found {
   size_t within = 0;
 };
 
-absl::Status ListClass(const std::string& root, const std::string& name,
-                       int label, std::vector<Found>* found, int64_t* ignored) {
-  const std::string dir = absl::StrCat(root, "/", name);
-  const size_t before = found->size();
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string file = it->path().filename().string();
-    std::error_code type_ec;
-    const bool is_dir = it->is_directory(type_ec);
-    if (Hidden(file)) {
-      if (is_dir) it.disable_recursion_pending();
+// Lists the folder open as `fd` (taken over and closed), `rel` from the
+// image folder `root`, into `found`: every image file below it, at any
+// depth, with its size and modification time. Hidden names are left out,
+// links to folders are not followed, other files are counted in
+// `ignored`. Names are looked at relative to their folder's descriptor,
+// so that a file costs one fstatat and no walk of the whole path (60,000
+// files: a tenth of a second less on a 2-core VM).
+absl::Status ListTree(int fd, const std::string& root, const std::string& rel,
+                      size_t within, int label, std::vector<Found>* found,
+                      int64_t* ignored) {
+  const std::string where = absl::StrCat(root, "/", rel);
+  DIR* opened = ::fdopendir(fd);
+  if (opened == nullptr) {
+    const int err = errno;
+    ::close(fd);
+    return ListError(where, std::error_code(err, std::generic_category()));
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(opened, ::closedir);
+  const int dfd = ::dirfd(opened);
+  for (;;) {
+    errno = 0;
+    const dirent* entry = ::readdir(opened);
+    if (entry == nullptr) break;
+    const std::string name = entry->d_name;
+    if (Hidden(name)) continue;  // "." and ".." too
+    unsigned char type = entry->d_type;
+    struct stat st;
+    if (type == DT_UNKNOWN) {  // file systems that do not say
+      if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        type = DT_REG;  // gone, or unreadable: decoding says why
+      } else {
+        type = S_ISDIR(st.st_mode)   ? DT_DIR
+               : S_ISLNK(st.st_mode) ? DT_LNK
+                                     : DT_REG;
+      }
+    }
+    if (type == DT_DIR) {
+      const int sub = ::openat(dfd, name.c_str(),
+                               O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+      const std::string sub_rel = absl::StrCat(rel, "/", name);
+      if (sub < 0) {
+        return ListError(absl::StrCat(root, "/", sub_rel),
+                         std::error_code(errno, std::generic_category()));
+      }
+      absl::Status s =
+          ListTree(sub, root, sub_rel, within, label, found, ignored);
+      if (!s.ok()) return s;
       continue;
     }
-    if (is_dir) continue;
-    if (!IsImageName(file)) {
+    const bool image = IsImageName(name);
+    if (!image && type != DT_LNK) {
+      ++*ignored;
+      continue;
+    }
+    const bool stated = ::fstatat(dfd, name.c_str(), &st, 0) == 0;
+    if (stated && S_ISDIR(st.st_mode)) continue;  // a link to a folder
+    if (!image) {
       ++*ignored;
       continue;
     }
     Found f;
-    const std::string path = it->path().string();
-    f.file.path = path.substr(root.size() + 1);
-    f.within = name.size() + 1;
+    f.file.path = absl::StrCat(rel, "/", name);
+    f.within = within;
     f.file.label = label;
-    struct stat st;
-    if (::stat(path.c_str(), &st) == 0) {
+    if (stated) {
       f.file.size = st.st_size;
       f.file.mtime_ns =
           int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
@@ -128,7 +170,25 @@ absl::Status ListClass(const std::string& root, const std::string& name,
     }
     found->push_back(std::move(f));
   }
-  if (ec) return ListError(dir, ec);
+  if (errno != 0) {
+    return ListError(where, std::error_code(errno, std::generic_category()));
+  }
+  return absl::OkStatus();
+}
+
+// Lists class folder `name` of `root` (a link to a folder is followed
+// here) into `found`, its images labelled `label`.
+absl::Status ListClass(const std::string& root, const std::string& name,
+                       int label, std::vector<Found>* found, int64_t* ignored) {
+  const std::string dir = absl::StrCat(root, "/", name);
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return ListError(dir, std::error_code(errno, std::generic_category()));
+  }
+  const size_t before = found->size();
+  absl::Status s =
+      ListTree(fd, root, name, name.size() + 1, label, found, ignored);
+  if (!s.ok()) return s;
   if (found->size() == before) {
     return absl::InvalidArgumentError(absl::StrCat(
         "image folder '", root, "': the class folder '", name,
@@ -195,7 +255,8 @@ absl::Status BadImagesError(const std::string& root,
 }  // namespace
 
 absl::StatusOr<FolderListing> ListImageFolder(
-    const std::string& given, const std::vector<std::string>& classes) {
+    const std::string& given, const std::vector<std::string>& classes,
+    int threads) {
   FolderListing listing;
   listing.root = given;
   while (listing.root.size() > 1 && listing.root.back() == '/') {
@@ -228,8 +289,9 @@ absl::StatusOr<FolderListing> ListImageFolder(
   if (!found_classes.ok()) return found_classes.status();
   listing.class_names = classes.empty() ? *found_classes : classes;
 
-  std::vector<Found> found;
-  for (const std::string& name : *found_classes) {
+  const std::vector<std::string>& names = *found_classes;
+  std::vector<int> labels;
+  for (const std::string& name : names) {
     const auto at =
         std::find(listing.class_names.begin(), listing.class_names.end(), name);
     if (at == listing.class_names.end()) {
@@ -239,9 +301,33 @@ absl::StatusOr<FolderListing> ListImageFolder(
           " classes, from '", listing.class_names.front(), "' to '",
           listing.class_names.back(), "'); rename or remove it"));
     }
-    const int label = static_cast<int>(at - listing.class_names.begin());
-    absl::Status s = ListClass(root, name, label, &found, &listing.ignored);
-    if (!s.ok()) return s;
+    labels.push_back(static_cast<int>(at - listing.class_names.begin()));
+  }
+  // The classes are listed on `threads` threads; what they found, and the
+  // first class's error, are taken in class order.
+  const size_t n = names.size();
+  std::vector<std::vector<Found>> per_class(n);
+  std::vector<int64_t> ignored(n, 0);
+  std::vector<absl::Status> status(n);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      status[i] =
+          ListClass(root, names[i], labels[i], &per_class[i], &ignored[i]);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < std::min<size_t>(std::max(threads, 1), n); ++t) {
+    pool.emplace_back(work);
+  }
+  work();
+  for (std::thread& t : pool) t.join();
+  std::vector<Found> found;
+  for (size_t i = 0; i < n; ++i) {
+    if (!status[i].ok()) return status[i];
+    listing.ignored += ignored[i];
+    found.insert(found.end(), std::make_move_iterator(per_class[i].begin()),
+                 std::make_move_iterator(per_class[i].end()));
   }
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
     const std::string_view wa = std::string_view(a.file.path).substr(a.within);
@@ -323,7 +409,7 @@ absl::StatusOr<Dataset> LoadImageFolder(const v1::DataSource& source,
     if (options.say) options.say(line);
   };
   absl::StatusOr<FolderListing> listing =
-      ListImageFolder(root, options.class_names);
+      ListImageFolder(root, options.class_names, options.threads);
   if (!listing.ok()) return listing.status();
   const int64_t files = static_cast<int64_t>(listing->files.size());
   const std::string key = FolderCacheKey(*listing, shape);

@@ -41,9 +41,11 @@ struct FolderListing {
 // empty (a validation or test set takes the training set's classes) the
 // labels are positions in it, and a folder of another class is an error.
 // An image directly in `root`, a class without images, or no classes at
-// all is an error saying what to change.
+// all is an error saying what to change. The classes are listed on up to
+// `threads` threads.
 absl::StatusOr<FolderListing> ListImageFolder(
-    const std::string& root, const std::vector<std::string>& classes = {});
+    const std::string& root, const std::vector<std::string>& classes = {},
+    int threads = 1);
 
 // An image that did not decode: its path from the folder, and why.
 struct BadImage {
