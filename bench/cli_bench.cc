@@ -34,6 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_args.h"
 
 extern char** environ;
 
@@ -94,9 +95,19 @@ struct Series {
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "usage: cli_bench [--runs N] [--cli PATH]\n"
+    "Times one `dlbatch submit` from a fresh process against `sbatch` beside "
+    "it\n"
+    "(on the test Slurm, where there is one); prints a markdown table\n"
+    "(bench/RESULTS.md).\n";
+
 int main(int argc, char** argv) {
   int runs = 30;
   std::string other_cli;
+  if (int rc; dlbatch::bench::HelpOrBadPairs(argc, argv, kUsage, true, &rc)) {
+    return rc;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--runs") {
@@ -104,7 +115,7 @@ int main(int argc, char** argv) {
     } else if (flag == "--cli") {
       other_cli = argv[i + 1];
     } else {
-      std::cerr << "usage: cli_bench [--runs N] [--cli PATH]\n";
+      std::cerr << kUsage;
       return 2;
     }
   }

@@ -35,6 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "bench/bench_args.h"
 #include "common/endpoint.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 
@@ -316,8 +317,17 @@ void RunOne(const std::string& root, const Options& o, int followers) {
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "usage: follow_bench [--followers 1,100,1000] [--seconds 3] [--jobs 10] "
+    "[--interval-ms 10]\n"
+    "Times `dlbatch diary -f` followers of jobs writing lines, through a real\n"
+    "scheduler and worker; prints a markdown table (bench/RESULTS.md).\n";
+
 int main(int argc, char** argv) {
   Options o;
+  if (int rc; dlbatch::bench::HelpOrBadPairs(argc, argv, kUsage, true, &rc)) {
+    return rc;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     std::string value = argv[i + 1];
@@ -334,8 +344,7 @@ int main(int argc, char** argv) {
     } else if (flag == "--interval-ms") {
       o.interval_ms = std::stoi(value);
     } else {
-      std::cerr << "usage: follow_bench [--followers 1,100,1000] [--seconds "
-                   "3] [--jobs 10] [--interval-ms 10]\n";
+      std::cerr << kUsage;
       return 2;
     }
   }

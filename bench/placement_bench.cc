@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "scheduler/placement.h"
 
 namespace dlbatch::scheduler {
@@ -253,8 +254,21 @@ double NeverFitMaxMs(int passes, PlacementCore& core) {
   return Summarize(ms, 0).max;
 }
 
+constexpr char kUsage[] =
+    "usage: placement_bench [PASSES]   (default 200)\n"
+    "Times the scheduling core's Schedule() pass over 1,000 simulated workers "
+    "and\n"
+    "100,000 queued jobs; prints a markdown table (goal: 10 ms a pass).\n";
+
 int Main(int argc, char** argv) {
-  const int passes = argc > 1 ? std::max(1, std::atoi(argv[1])) : 200;
+  if (int rc; bench::HelpOrBadPairs(argc, argv, kUsage, false, &rc)) {
+    return rc;
+  }
+  if (argc > 2 || (argc == 2 && std::atoi(argv[1]) <= 0)) {
+    std::fprintf(stderr, "%s", kUsage);
+    return 2;
+  }
+  const int passes = argc > 1 ? std::atoi(argv[1]) : 200;
   const std::string goal = "<= " + Ms(kPassGoalMs);
   std::vector<Row> rows;
   // Every core lives to the end: freeing 100k jobs between cases would leave

@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_args.h"
 #include "common/endpoint.h"
 #include "common/tls_client.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
@@ -353,10 +354,22 @@ struct Row {
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "usage: scheduler_bench [--jobs N] [--queued N] [--workers N] [--chain N]"
+    " [--purge N]\n"
+    "                       [--only "
+    "submit|tls|rpc|latency|scale|purge|metrics|backup]\n"
+    "Starts a real scheduler (and workers) and times it through its gRPC "
+    "face;\n"
+    "prints markdown tables (bench/RESULTS.md).\n";
+
 int main(int argc, char** argv) {
   int64_t jobs = 10000, queued = 100000, chain = 200, purge = 100000;
   int workers = 1000;
   std::string only;
+  if (int rc; dlbatch::bench::HelpOrBadPairs(argc, argv, kUsage, true, &rc)) {
+    return rc;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--only") {
@@ -375,10 +388,7 @@ int main(int argc, char** argv) {
     else if (flag == "--purge")
       purge = v;
     else {
-      std::cerr << "usage: scheduler_bench [--jobs N] [--queued N] [--workers "
-                   "N] [--chain N]"
-                   " [--purge N] [--only "
-                   "submit|tls|rpc|latency|scale|purge|metrics|backup]\n";
+      std::cerr << kUsage;
       return 2;
     }
   }

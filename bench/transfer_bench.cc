@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/bench_args.h"
 #include "common/blob_transfer.h"
 #include "common/endpoint.h"
 #include "common/files.h"
@@ -168,12 +169,20 @@ Timing Time(int runs, pid_t other, const std::function<void()>& fn,
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "usage: transfer_bench [--mb N] [--runs N] [--dir DIR]\n"
+    "Times blob uploads and fetches of N MiB (default 1024) over a real\n"
+    "scheduler's Unix socket; prints a markdown table (bench/RESULTS.md).\n";
+
 int main(int argc, char** argv) {
   // As the CLI and the worker, whose sides of a transfer this one times.
   dlbatch::KeepChunkBuffersInProcess();
   int64_t mb = 1024;
   int runs = 3;
   std::string base = "/tmp";
+  if (int rc; dlbatch::bench::HelpOrBadPairs(argc, argv, kUsage, true, &rc)) {
+    return rc;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--mb") {
@@ -183,7 +192,7 @@ int main(int argc, char** argv) {
     } else if (flag == "--dir") {
       base = argv[i + 1];
     } else {
-      std::cerr << "usage: transfer_bench [--mb N] [--runs N] [--dir DIR]\n";
+      std::cerr << kUsage;
       return 2;
     }
   }
