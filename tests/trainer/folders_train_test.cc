@@ -8,6 +8,7 @@
 #include <linux/magic.h>
 #include <sys/statfs.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -124,7 +125,20 @@ class FoldersTrainRun : public testing::TrainRunFixture {
 // fresh folder in /dev/shm where that is a tmpfs with room (writing and
 // removing that many small files on a disk that discards each removed
 // file's blocks takes minutes on a shared 2-core machine), else in `dir`.
+// Such folders over a day old, left by a test that was killed, are
+// removed first: a tmpfs holds them in memory.
 std::string PngRoot(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    std::error_code age_ec;
+    const auto changed = e.last_write_time(age_ec);
+    if (!age_ec &&
+        e.path().filename().string().rfind("dlbatch-png-folders-", 0) == 0 &&
+        std::filesystem::file_time_type::clock::now() - changed >
+            std::chrono::hours(24)) {
+      RemoveTree(e.path().string()).IgnoreError();
+    }
+  }
   struct statfs fs;
   if (statfs("/dev/shm", &fs) == 0 && fs.f_type == TMPFS_MAGIC &&
       static_cast<uint64_t>(fs.f_bavail) * fs.f_bsize > (1ull << 30)) {
