@@ -40,6 +40,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_args.h"
 #include "common/files.h"
 #include "tests/common/image_files.h"
 #include "trainer/data/data.h"
@@ -169,13 +170,12 @@ constexpr char kUsage[] =
     "  --dlbatch-train PATH   default: beside this program\n";
 
 int Main(int argc, char** argv) {
+  if (int rc; bench::HelpOrBadPairs(argc, argv, kUsage, false, &rc)) {
+    return rc;
+  }
   Flags f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
     auto next = [&]() -> std::string {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "%s needs a value\n", a.c_str());

@@ -44,6 +44,25 @@ constexpr int64_t kMaxFileBytes = int64_t{1} << 30;
 // Bad images a message lists by name.
 constexpr size_t kNamedBadImages = 3;
 
+// Calls each(first, end) over [0, n) on up to `threads` threads, the
+// caller's among them, each claiming `claim` consecutive items at a time.
+template <typename Each>
+void ForClaims(int64_t n, int threads, int64_t claim, const Each& each) {
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t first; (first = next.fetch_add(claim)) < n;) {
+      each(first, std::min(n, first + claim));
+    }
+  };
+  const int64_t useful = (n + claim - 1) / claim;
+  const int count = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(threads, useful)));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < count; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
 bool IsImageName(const std::string& name) {
   const std::string lower = absl::AsciiStrToLower(name);
   return absl::EndsWith(lower, ".png") || absl::EndsWith(lower, ".jpg") ||
@@ -309,19 +328,10 @@ absl::StatusOr<FolderListing> ListImageFolder(
   std::vector<std::vector<Found>> per_class(n);
   std::vector<int64_t> ignored(n, 0);
   std::vector<absl::Status> status(n);
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) {
-      status[i] =
-          ListClass(root, names[i], labels[i], &per_class[i], &ignored[i]);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < std::min<size_t>(std::max(threads, 1), n); ++t) {
-    pool.emplace_back(work);
-  }
-  work();
-  for (std::thread& t : pool) t.join();
+  ForClaims(static_cast<int64_t>(n), threads, 1, [&](int64_t i, int64_t) {
+    status[i] =
+        ListClass(root, names[i], labels[i], &per_class[i], &ignored[i]);
+  });
   std::vector<Found> found;
   for (size_t i = 0; i < n; ++i) {
     if (!status[i].ok()) return status[i];
@@ -352,27 +362,15 @@ DecodedFolder DecodeFolder(const FolderListing& listing, const Shape& shape,
   data.pixels.resize(n * size);
   std::vector<std::string> problems(n);
 
-  std::atomic<int64_t> next{0};
-  auto work = [&] {
+  ForClaims(n, threads, kClaim, [&](int64_t first, int64_t end) {
     std::string bytes;
-    for (;;) {
-      const int64_t first = next.fetch_add(kClaim);
-      if (first >= n) return;
-      for (int64_t i = first; i < std::min(n, first + kClaim); ++i) {
-        absl::Status s = ReadWholeFile(
-            absl::StrCat(listing.root, "/", listing.files[i].path), &bytes);
-        if (s.ok()) s = DecodeImageTo(bytes, shape, &data.pixels[i * size]);
-        if (!s.ok()) problems[i] = std::string(s.message());
-      }
+    for (int64_t i = first; i < end; ++i) {
+      absl::Status s = ReadWholeFile(
+          absl::StrCat(listing.root, "/", listing.files[i].path), &bytes);
+      if (s.ok()) s = DecodeImageTo(bytes, shape, &data.pixels[i * size]);
+      if (!s.ok()) problems[i] = std::string(s.message());
     }
-  };
-  const int64_t useful = (n + kClaim - 1) / kClaim;
-  const int count = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(threads, useful)));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  });
 
   // Left out: the bad images, their places closed up.
   int64_t kept = 0;
