@@ -335,14 +335,10 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     void* data = nullptr;
-    const size_t rounded = bytes == 0 ? 256 : bytes;
-    if (cudaMalloc(&data, rounded) != cudaSuccess) {
-      cudaGetLastError();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "GPU ", ctx_.device, ": cannot allocate ", bytes,
-          " bytes of device memory; use a smaller mini_batch_size"));
-    }
-    DLBATCH_CUDA_CHECK(cudaMemsetAsync(data, 0, rounded, ctx_.stream));
+    RETURN_IF_ERROR(
+        DeviceAlloc(&data, bytes, ctx_.device, "the network's buffers"));
+    DLBATCH_CUDA_CHECK(
+        cudaMemsetAsync(data, 0, bytes == 0 ? 256 : bytes, ctx_.stream));
     return Buffer(this, data, bytes);
   }
   void Free(void* data) override { DLBATCH_CUDA_CHECK(cudaFree(data)); }

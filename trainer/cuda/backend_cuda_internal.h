@@ -81,9 +81,10 @@ absl::Status CallError(absl::StatusCode code, const char* what,
 // algorithm was chosen for it).
 [[noreturn]] void NoBackwardData(const std::string& name);
 
-// cudaMalloc of `bytes` into *data for `what` (a layer's name) on `device`.
-// Out of memory is ResourceExhausted saying what to shrink, with CUDA's
-// error cleared (it is not sticky), as Backend::Allocate says it.
+// cudaMalloc of `bytes` (256 where 0) into *data for `what` (a layer's
+// name) on `device`: Backend::Allocate's and the kernels' own memory. Out
+// of memory is ResourceExhausted saying what to shrink, with CUDA's error
+// cleared (it is not sticky).
 absl::Status DeviceAlloc(void** data, size_t bytes, int device,
                          absl::string_view what);
 template <typename T>
