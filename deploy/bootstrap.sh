@@ -4,7 +4,13 @@
 # twice and rebuilds only what changed.
 #
 #   deploy/bootstrap.sh [--build-dir DIR] [--no-build] [--jobs N] [--test-tools]
+#                       [--programs]
 #
+# By default it installs what the tests and benchmarks need too and builds
+# every target. --programs (the quick start's) installs only what the four
+# programs need and builds only them (dlbatch, dlbatch-scheduler,
+# dlbatch-worker, dlbatch-train and what they link); a build folder it makes
+# then has no tests or benchmarks until a plain run turns them on.
 # --test-tools also installs what only the test command uses (clang-format,
 # for the tree's format check; Slurm and munge, for tests/slurm).
 set -euo pipefail
@@ -14,13 +20,15 @@ build_dir=build
 do_build=1
 jobs=$(nproc)
 test_tools=0
+programs_only=0
 while (($#)); do
   case $1 in
     --build-dir) build_dir=$2; shift 2 ;;
     --no-build) do_build=0; shift ;;
     --jobs) jobs=$2; shift 2 ;;
     --test-tools) test_tools=1; shift ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --programs) programs_only=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "bootstrap: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -30,12 +38,13 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsqlite3-dev libspdlog-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libabsl-dev libssl-dev
-  libgtest-dev libgmock-dev
   libdnnl-dev libgloo-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev
-  dataset-fashion-mnist python3-onnx python3-numpy
-  tmux
+  dataset-fashion-mnist
 )
 packages+=(prometheus-cpp-dev)  # metrics (--metrics-listen): prometheus-cpp core + pull
+# The tests and benchmarks: GoogleTest; the ONNX checks of exported models;
+# tmux drives the monitor.
+((programs_only)) || packages+=(libgtest-dev libgmock-dev python3-onnx python3-numpy tmux)
 ((test_tools)) && packages+=(clang-format)
 # A real Slurm (and munge) for the Slurm profile tests, tests/slurm/.
 ((test_tools)) && packages+=(slurmctld slurmd slurm-client munge)
@@ -68,10 +77,21 @@ else
 fi
 
 ((do_build)) || exit 0
+configure=(-DCMAKE_BUILD_TYPE=Release)
+targets=()
+if ((programs_only)); then
+  targets=(--target dlbatch dlbatch-scheduler dlbatch-worker dlbatch-train)
+  # A folder the test command configured keeps its tests; a new one has
+  # none, since GoogleTest may not be installed.
+  [[ -f $build_dir/CMakeCache.txt ]] ||
+    configure+=(-DDLBATCH_BUILD_TESTS=OFF -DDLBATCH_BUILD_BENCH=OFF)
+else
+  configure+=(-DDLBATCH_BUILD_TESTS=ON -DDLBATCH_BUILD_BENCH=ON)
+fi
 echo "bootstrap: configuring in $build_dir"
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release >"$build_dir.configure.log" 2>&1 \
+cmake -S . -B "$build_dir" "${configure[@]}" >"$build_dir.configure.log" 2>&1 \
   || { cat "$build_dir.configure.log"; exit 1; }
 grep -E '^-- dlbatch:' "$build_dir.configure.log" || true
-echo "bootstrap: building with $jobs job(s)"
-cmake --build "$build_dir" -j "$jobs"
+echo "bootstrap: building ${targets[*]:-every target} with $jobs job(s)"
+cmake --build "$build_dir" -j "$jobs" "${targets[@]}"
 echo "bootstrap: built into $build_dir/"

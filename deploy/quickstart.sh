@@ -13,7 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 job=${1:-examples/lenet-fashion-mnist.yaml}
 
-deploy/bootstrap.sh
+# Only what the job needs: the four programs (the test command builds the
+# tests and benchmarks).
+deploy/bootstrap.sh --programs
 export PATH="$PWD/build/bin:$PATH"
 
 # The example attaches data/ next to it: the four IDX files.
