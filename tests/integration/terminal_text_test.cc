@@ -149,7 +149,11 @@ TEST_F(TerminalTextTest, EscapeSequencesInWhatOthersWroteAreShownNotSent) {
   const std::string worker = "w\x1b[31m-\xc2\x9b";
   c_.StartWorker(worker, 1);
   ASSERT_TRUE(c_.WaitWorkers(1));
-  const int64_t id = SubmitQ({"--name", kEvil, "--", "true"}, /*other=*/true);
+  // Its environment and the name of the output it stores hold escapes too.
+  const int64_t id =
+      SubmitQ({"--name", kEvil, "--env", std::string("OUT=f\x1b[2J.txt"), "--",
+               "sh", "-c", "echo hi > \"$DLBATCH_OUTPUT_DIR/$OUT\""},
+              /*other=*/true);
   ASSERT_GT(id, 0);
   ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED")) << c_.Logs();
   const std::string sid = std::to_string(id);
@@ -194,6 +198,29 @@ TEST_F(TerminalTextTest, EscapeSequencesInWhatOthersWroteAreShownNotSent) {
         << what << ":\n"
         << Visible(r.out);
   }
+  // The outputs' file names, listed and fetched.
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {"fetch-outputs", "--list", sid},
+           {"fetch-outputs", "-o", c_.dir() + "/fetched", sid}}) {
+    Result r = c_.Cli(args);
+    EXPECT_EQ(r.code, 0) << Visible(r.out + r.err);
+    EXPECT_TERMINAL_SAFE(r, args[1]);
+    EXPECT_NE(r.out.find(R"(f\x1b[2J.txt)"), std::string::npos)
+        << Visible(r.out);
+  }
+  // A limit's user name, as the admin typed it.
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {"admin", "limit", "set", kEvil, "--profile", "local", "--slots",
+            "2"},
+           {"admin", "limit", "list"}}) {
+    Result r = c_.Cli(args);
+    EXPECT_EQ(r.code, 0) << Visible(r.out + r.err);
+    EXPECT_TERMINAL_SAFE(r, args[2]);
+    EXPECT_NE(r.out.find(kEvilShown), std::string::npos) << Visible(r.out);
+  }
+
   // The other user sees the same listing, as safely.
   Result theirs = Other({"jobs"});
   EXPECT_EQ(theirs.code, 0) << Visible(theirs.err);
