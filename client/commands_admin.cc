@@ -11,6 +11,7 @@
 #include "client/commands_credentials.h"
 #include "client/format.h"
 #include "client/json_out.h"
+#include "client/terminal_text.h"
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
@@ -63,7 +64,7 @@ absl::StatusOr<int> Purge(Connection& conn, const std::vector<int64_t>& ids,
   int failed = 0;
   for (const auto& r : reply.results()) {
     if (r.error().empty()) continue;
-    std::cerr << "dlbatch: " << r.error() << "\n";
+    std::cerr << "dlbatch: " << TerminalText(r.error()) << "\n";
     ++failed;
   }
   std::cout << "purged " << reply.purged() << " job"
@@ -143,10 +144,11 @@ absl::StatusOr<int> SetLimit(Connection& conn, const LimitArgs& args) {
     return 0;
   }
   if (reply.max_slots() == 0 && reply.max_queued() == 0) {
-    std::cout << reply.user() << " has no limits on '" << reply.profile()
-              << "'\n";
+    std::cout << TerminalText(reply.user()) << " has no limits on '"
+              << TerminalText(reply.profile()) << "'\n";
   } else {
-    std::cout << reply.user() << " on '" << reply.profile() << "': slots "
+    std::cout << TerminalText(reply.user()) << " on '"
+              << TerminalText(reply.profile()) << "': slots "
               << LimitCell(reply.max_slots()) << ", queued "
               << LimitCell(reply.max_queued()) << "\n";
   }
@@ -239,12 +241,7 @@ void AddAdminCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
     absl::StatusOr<int> result = conn.ok()
                                      ? Purge(**conn, args->ids, args->before)
                                      : absl::StatusOr<int>(conn.status());
-    if (!result.ok()) {
-      std::cerr << "dlbatch: " << result.status().message() << "\n";
-      *rc = 1;
-      return;
-    }
-    *rc = *result;
+    *rc = Report(result);
   });
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/format.h"
 #include "client/json_out.h"
+#include "client/terminal_text.h"
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
@@ -129,11 +130,11 @@ absl::StatusOr<int> ShowStatus(Connection& conn, bool json) {
         {"workers", CountsJson(status.workers_by_state(), kWorkerStates)}});
     return 0;
   }
-  std::cout << "scheduler  " << conn.address() << "\n"
-            << "version    " << status.version() << "\n"
+  std::cout << "scheduler  " << TerminalText(conn.address()) << "\n"
+            << "version    " << TerminalText(status.version()) << "\n"
             << "up         " << FormatDurationMs(uptime_ms) << " (since "
             << LocalTime(status.start_ms()) << ")\n"
-            << "state      " << status.state_dir() << "\n"
+            << "state      " << TerminalText(status.state_dir()) << "\n"
             << "store      " << HumanBytes(status.store_bytes())
             << " database, " << HumanBytes(status.blob_bytes())
             << " stored files, " << HumanBytes(status.free_bytes()) << " free"

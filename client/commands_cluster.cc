@@ -9,6 +9,7 @@
 #include "client/format.h"
 #include "client/json_out.h"
 #include "client/outputs_dir.h"
+#include "client/terminal_text.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
 #include "common/duration.h"
@@ -132,9 +133,11 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
   }
   std::cout << "fetched " << fetched.size() << " of " << reply.files_size()
             << " output(s), " << HumanBytes(fetched_bytes)
-            << ", checksums verified, into " << target << "/\n";
-  for (const auto& path : fetched) std::cout << "  " << path << "\n";
-  for (const auto& line : skipped) std::cerr << "skipped " << line << "\n";
+            << ", checksums verified, into " << TerminalText(target) << "/\n";
+  for (const auto& path : fetched)
+    std::cout << "  " << TerminalText(path) << "\n";
+  for (const auto& line : skipped)
+    std::cerr << "skipped " << TerminalText(line) << "\n";
   return failed ? 1 : 0;
 }
 
@@ -204,14 +207,16 @@ absl::StatusOr<int> Profiles(Connection& conn, bool json) {
     if (!p.has_slurm()) continue;
     const v1::SlurmPartition& s = p.slurm();
     if (!s.error().empty()) {
-      std::cout << p.name() << ": Slurm partition " << s.partition()
-                << ": cannot read it (" << s.error() << ")\n";
+      std::cout << TerminalText(p.name()) << ": Slurm partition "
+                << TerminalText(s.partition()) << ": cannot read it ("
+                << TerminalText(s.error()) << ")\n";
       continue;
     }
-    std::cout << p.name() << ": Slurm partition " << s.partition() << ": "
-              << s.nodes() << " node" << (s.nodes() == 1 ? "" : "s") << " ("
-              << s.idle() << " idle, " << s.busy() << " allocated, "
-              << s.unavailable() << " unavailable), " << s.gpus() << " GPU"
+    std::cout << TerminalText(p.name()) << ": Slurm partition "
+              << TerminalText(s.partition()) << ": " << s.nodes() << " node"
+              << (s.nodes() == 1 ? "" : "s") << " (" << s.idle() << " idle, "
+              << s.busy() << " allocated, " << s.unavailable()
+              << " unavailable), " << s.gpus() << " GPU"
               << (s.gpus() == 1 ? "" : "s") << " (" << s.gpus_used()
               << " allocated)\n";
   }

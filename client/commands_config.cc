@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "client/terminal_text.h"
 #include "common/version.h"
 
 namespace dlbatch::client {
@@ -40,7 +41,11 @@ std::unique_ptr<ConfigBinding> AddConfigCommands(CLI::App& app,
   command->add_flag("--json", *json, "JSON instead of a table");
   ConfigBinding* b = binding.get();
   command->callback([b, json, rc] {
-    std::cout << FormatSettings(b->Settings(), b->path(), *json);
+    // The settings quote the environment and a configuration file, which
+    // may be another's (/etc): shown escaped, as all text the CLI did not
+    // write.
+    const std::string text = FormatSettings(b->Settings(), b->path(), *json);
+    std::cout << (*json ? text : TerminalText(text, {.newline = true}));
     *rc = 0;
   });
   return binding;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/format.h"
+#include "client/terminal_text.h"
 #include "common/status.h"
 #include "proto/job_state.h"
 
@@ -30,7 +31,7 @@ absl::StatusOr<int> Control(Connection& conn, v1::JobControl action,
   int rc = 0;
   for (const auto& r : reply.results()) {
     if (!r.error().empty()) {
-      std::cerr << "dlbatch: " << r.error() << "\n";
+      std::cerr << "dlbatch: " << TerminalText(r.error()) << "\n";
       rc = 1;
       continue;
     }
@@ -45,8 +46,10 @@ absl::StatusOr<int> Control(Connection& conn, v1::JobControl action,
 }
 
 void PrintWorker(const v1::WorkerInfo& w) {
-  std::cout << "worker '" << w.name() << "' " << WorkerStateText(w);
-  if (!w.drain_reason().empty()) std::cout << ": " << w.drain_reason();
+  std::cout << "worker '" << TerminalText(w.name()) << "' "
+            << WorkerStateText(w);
+  if (!w.drain_reason().empty())
+    std::cout << ": " << TerminalText(w.drain_reason());
   if (w.draining() && !w.running_jobs().empty()) {
     std::cout << "; still running job"
               << (w.running_jobs_size() == 1 ? " " : "s ")
@@ -156,9 +159,10 @@ void AddWorkerAdminCommands(CLI::App* admin, const GlobalFlags* flags,
           c.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
             return stub->RemoveWorker(ctx, request, &reply);
           })));
-      std::cout << "removed worker '" << reply.worker().name() << "' ("
-                << reply.worker().devices_size() << " slots of profile '"
-                << reply.worker().profile() << "')\n";
+      std::cout << "removed worker '" << TerminalText(reply.worker().name())
+                << "' (" << reply.worker().devices_size()
+                << " slots of profile '"
+                << TerminalText(reply.worker().profile()) << "')\n";
       if (!reply.failed_jobs().empty()) {
         std::cout << "failed " << reply.failed_jobs_size()
                   << " queued job(s) that can no longer run: "

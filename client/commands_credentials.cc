@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "client/format.h"
 #include "client/json_out.h"
+#include "client/terminal_text.h"
 #include "common/status.h"
 
 namespace dlbatch::client {
@@ -28,12 +29,12 @@ absl::StatusOr<int> Add(Connection& conn, const std::string& name, bool worker,
       conn.Error(conn.stub()->AddCredential(ctx.get(), request, &reply)));
   std::cout << reply.token() << "\n";
   if (worker) {
-    std::cerr << "worker credential '" << name
+    std::cerr << "worker credential '" << TerminalText(name)
               << "': start workers with DLBATCH_TOKEN set to this token (or "
                  "--token-file); it registers workers and nothing else. It "
                  "is not shown again.\n";
   } else {
-    std::cerr << (admin ? "admin '" : "user '") << name
+    std::cerr << (admin ? "admin '" : "user '") << TerminalText(name)
               << "': give them this token for DLBATCH_TOKEN (or "
                  "--token-file). It is not shown again.\n";
   }
@@ -72,9 +73,10 @@ absl::StatusOr<int> Revoke(Connection& conn, const std::string& name,
   auto ctx = conn.Context(/*deadline_ms=*/30000);
   RETURN_IF_ERROR(
       conn.Error(conn.stub()->RevokeCredential(ctx.get(), request, &reply)));
-  std::cout << "revoked " << (worker ? "worker credential '" : "user '") << name
-            << "'; " << reply.streams_closed() << " open call"
-            << (reply.streams_closed() == 1 ? "" : "s") << " ended\n";
+  std::cout << "revoked " << (worker ? "worker credential '" : "user '")
+            << TerminalText(name) << "'; " << reply.streams_closed()
+            << " open call" << (reply.streams_closed() == 1 ? "" : "s")
+            << " ended\n";
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include "client/commands_control.h"
 #include "client/format.h"
 #include "client/local_cluster.h"
+#include "client/terminal_text.h"
 #include "common/duration.h"
 #include "common/edit_distance.h"
 #include "common/status.h"
@@ -243,7 +244,7 @@ std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv) {
       return app.exit(e);
     }
     std::string where = at == &app ? "dlbatch" : "dlbatch " + at->get_name();
-    std::cerr << "dlbatch: unknown command '" << typed << "'";
+    std::cerr << "dlbatch: unknown command '" << TerminalText(typed) << "'";
     const std::string nearest = NearestCommand(typed, known);
     if (!nearest.empty()) {
       std::cerr << "; did you mean `" << where << " " << nearest << "`?";

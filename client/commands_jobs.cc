@@ -19,6 +19,7 @@
 #include "client/diary_text.h"
 #include "client/format.h"
 #include "client/json_out.h"
+#include "client/terminal_text.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
 #include "common/duration.h"
@@ -44,7 +45,7 @@ absl::Status CheckRequestId(const std::string& id) {
                                [](char ch) { return ch > ' ' && ch < 127; });
   if (id.size() <= 128 && printable) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "--request-id '", id.substr(0, 40), id.size() > 40 ? "..." : "",
+      "--request-id '", ShortenToWidth(id, 43),
       "': use 1 to 128 printable characters without spaces (a UUID, or your "
       "script's own name for this submit)"));
 }
@@ -246,7 +247,8 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
         return stub->GetJob(ctx, get, &job);
       })));
   std::cerr << "job " << job.id() << " " << JobStateName(job.state())
-            << (job.reason().empty() ? "" : ": " + job.reason()) << "\n";
+            << (job.reason().empty() ? "" : ": " + TerminalText(job.reason()))
+            << "\n";
   if (!options.output_dir.empty()) {
     ASSIGN_OR_RETURN(int fetched,
                      FetchOutputs(*conn, job.id(), options.output_dir, false));
@@ -314,19 +316,20 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
   }
   const v1::JobSpec& spec = job.spec();
   std::string out;
-  absl::StrAppend(&out, "Job ", job.id(), "  ", spec.name(), "  (user ",
-                  job.user(), ")\n");
+  absl::StrAppend(&out, "Job ", job.id(), "  ", TerminalText(spec.name()),
+                  "  (user ", TerminalText(job.user()), ")\n");
   absl::StrAppend(
       &out, "  State:      ", JobStateText(job),
       job.attempt() > 0 ? absl::StrCat(" (attempt ", job.attempt(), ")") : "",
       "\n");
   if (!job.wait_reason().empty())
-    absl::StrAppend(&out, "  Waiting:    ", job.wait_reason(), "\n");
+    absl::StrAppend(&out, "  Waiting:    ", TerminalText(job.wait_reason()),
+                    "\n");
   if (!job.reason().empty())
-    absl::StrAppend(&out, "  Reason:     ", job.reason(), "\n");
+    absl::StrAppend(&out, "  Reason:     ", TerminalText(job.reason()), "\n");
   absl::StrAppend(
-      &out, "  Profile:    ", spec.profile(), "    Pool: ", spec.pool(),
-      "    Priority: ", spec.priority(),
+      &out, "  Profile:    ", TerminalText(spec.profile()),
+      "    Pool: ", spec.pool(), "    Priority: ", spec.priority(),
       spec.time_limit_s() > 0
           ? absl::StrCat("    Time limit: ",
                          FormatDurationMs(spec.time_limit_s() * 1000))
@@ -335,7 +338,7 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
   if (job.sweep_id() != 0) {
     std::vector<std::string> point;
     for (const auto& [option, value] : spec.sweep_point()) {
-      point.push_back(absl::StrCat(option, "=", value));
+      point.push_back(TerminalText(absl::StrCat(option, "=", value)));
     }
     std::sort(point.begin(), point.end());
     absl::StrAppend(&out, "  Sweep:      ", job.sweep_id(), " (",
@@ -343,8 +346,8 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
                     job.sweep_id(), ")\n");
   }
   if (spec.has_command()) {
-    absl::StrAppend(&out, "  Command:    ", CommandLine(spec.command().argv()),
-                    "\n");
+    absl::StrAppend(&out, "  Command:    ",
+                    TerminalText(CommandLine(spec.command().argv())), "\n");
   } else if (spec.has_train()) {
     absl::StrAppend(&out,
                     "  Train:      ", spec.train().network().layers_size(),
@@ -354,7 +357,7 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
     absl::StrAppend(&out, "  Placement:  ",
                     part.worker_name().empty()
                         ? absl::StrCat("#", part.worker_id())
-                        : part.worker_name(),
+                        : TerminalText(part.worker_name()),
                     " devices [", absl::StrJoin(part.devices(), ","), "]\n");
   }
   absl::StrAppend(&out, "  Submitted:  ", LocalTime(job.submit_time_ms()),
@@ -388,7 +391,8 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
         h.attempt() > 0 && h.state() == v1::JOB_STATE_RUNNING
             ? absl::StrCat(" (attempt ", h.attempt(), ")")
             : "",
-        h.reason().empty() ? "" : absl::StrCat(": ", h.reason()), "\n");
+        h.reason().empty() ? "" : absl::StrCat(": ", TerminalText(h.reason())),
+        "\n");
   }
   std::cout << out;
   return 0;
@@ -506,7 +510,7 @@ absl::StatusOr<int> Cancel(Connection& conn,
   for (const auto& r : reply.results()) {
     if (!r.error().empty() &&
         !(tries > 1 && r.state() == v1::JOB_STATE_CANCELLED)) {
-      std::cerr << "dlbatch: " << r.error() << "\n";
+      std::cerr << "dlbatch: " << TerminalText(r.error()) << "\n";
       rc = 1;
     } else {
       std::cout << "job " << r.job_id() << " " << JobStateName(r.state())
@@ -538,7 +542,8 @@ absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,
   int rc = 0;
   for (const v1::Job& job : reply.jobs()) {
     std::cout << "job " << job.id() << " " << JobStateName(job.state())
-              << (job.reason().empty() ? "" : ": " + job.reason()) << "\n";
+              << (job.reason().empty() ? "" : ": " + TerminalText(job.reason()))
+              << "\n";
     if (ExitCodeFor(job.state()) != 0) rc = 1;
   }
   if (reply.timed_out()) {

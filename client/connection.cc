@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/direct_call.h"
 #include "client/local_cluster.h"
+#include "client/terminal_text.h"
 #include "common/duration.h"
 #include "common/status.h"
 #include "common/tls_client.h"
@@ -146,7 +147,8 @@ bool Connection::RetryAfter(const grpc::Status& status,
   if (!told_retrying_) {
     told_retrying_ = true;
     std::cerr << "dlbatch: cannot reach the scheduler at "
-              << config_.endpoint.original << " (" << status.error_message()
+              << TerminalText(config_.endpoint.original) << " ("
+              << TerminalText(status.error_message())
               << "); retrying for up to " << FormatDurationMs(retry_for_ms_)
               << " (--retry-for)" << std::endl;
   }
@@ -211,7 +213,13 @@ absl::Status Connection::Error(const grpc::Status& status) const {
 
 int Report(const absl::StatusOr<int>& result) {
   if (!result.ok()) {
-    std::cerr << "dlbatch: " << result.status().message() << "\n";
+    // A message may quote what a user or a job wrote (a job's name, a
+    // worker's): escaped, its own line breaks kept.
+    const absl::string_view message = result.status().message();
+    std::cerr << "dlbatch: "
+              << TerminalText({message.data(), message.size()},
+                              {.newline = true})
+              << "\n";
     return 1;
   }
   return *result;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/terminal_text.h"
 #include "common/clock.h"
 #include "common/duration.h"
 #include "common/files.h"
@@ -14,20 +15,26 @@
 namespace dlbatch::client {
 
 std::string Table::Render() const {
-  std::vector<size_t> width;
+  // Every cell as it is shown, and its width.
+  std::vector<std::vector<std::string>> shown;
+  std::vector<std::vector<int>> cells;
+  std::vector<int> width;
   for (const auto& row : rows_) {
     if (width.size() < row.size()) width.resize(row.size(), 0);
-    for (size_t i = 0; i < row.size(); ++i)
-      width[i] = std::max(width[i], row[i].size());
-  }
-  size_t line_width = 0;
-  for (size_t w : width) line_width += w + 2;
-  std::string out;
-  out.reserve(rows_.size() * (line_width + 1));
-  for (const auto& row : rows_) {
+    auto& text = shown.emplace_back();
+    auto& cell = cells.emplace_back();
     for (size_t i = 0; i < row.size(); ++i) {
-      out.append(row[i]);
-      if (i + 1 < row.size()) out.append(width[i] - row[i].size() + 2, ' ');
+      text.push_back(TerminalText(row[i]));
+      cell.push_back(DisplayWidth(text.back()));
+      width[i] = std::max(width[i], cell.back());
+    }
+  }
+  std::string out;
+  for (size_t r = 0; r < shown.size(); ++r) {
+    for (size_t i = 0; i < shown[r].size(); ++i) {
+      out.append(shown[r][i]);
+      if (i + 1 < shown[r].size())
+        out.append(static_cast<size_t>(width[i] - cells[r][i] + 2), ' ');
     }
     out.push_back('\n');
   }

@@ -13,6 +13,9 @@
 
 namespace dlbatch::client {
 
+// A table for a terminal. Each cell is untrusted text: it is shown as
+// TerminalText (terminal_text.h), and columns are aligned by display
+// width (a wide character takes two cells).
 class Table {
  public:
   explicit Table(std::vector<std::string> header) {

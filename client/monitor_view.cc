@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "client/commands_control.h"
 #include "client/format.h"
+#include "client/terminal_text.h"
 #include "proto/job_state.h"
 
 namespace dlbatch::client {
@@ -26,11 +27,6 @@ constexpr int kTailW = kProgW + 1 + kLossW + 1 + kAccW + 1 + kTimeW;
 
 bool Active(v1::JobState s) {
   return s == v1::JOB_STATE_RUNNING || s == v1::JOB_STATE_CANCELLING;
-}
-
-char Printable(char c) {
-  unsigned char u = static_cast<unsigned char>(c);
-  return (u >= 0x20 && u < 0x7f) ? c : '?';
 }
 
 int NameWidth(int cols) { return std::max(kMinNameW, cols - kFixedW); }
@@ -153,17 +149,11 @@ void ClusterModel::Apply(const v1::ClusterEvent& event, size_t keep_ended) {
 }
 
 std::string Clip(std::string_view text, int width) {
-  std::string out;
-  size_t n = std::min(text.size(), static_cast<size_t>(std::max(0, width)));
-  out.reserve(n);
-  for (size_t i = 0; i < n; ++i) out.push_back(Printable(text[i]));
-  return out;
+  return ClipToWidth(text, width);
 }
 
 std::string Fit(std::string_view text, int width) {
-  std::string out = Clip(text, width);
-  out.resize(static_cast<size_t>(std::max(0, width)), ' ');
-  return out;
+  return PadToWidth(text, width);
 }
 
 std::string Bar(int64_t done, int64_t total, int width) {
@@ -362,7 +352,7 @@ std::string PlainSnapshot(const ClusterModel& model, int64_t now_ms) {
     std::string marks = SlotMarks(model, w, &legend);
     int busy = w.online() ? w.devices_size() - w.free_slots() : 0;
     workers.Add(
-        {Clip(w.name(), 1 << 20), Clip(w.profile(), 1 << 20),
+        {w.name(), w.profile(),
          WorkerStateText(w) +
              (w.drain_reason().empty() ? "" : " (" + w.drain_reason() + ")"),
          absl::StrCat(w.devices_size() > 0 ? w.devices(0).kind() : "-", " ",
@@ -378,9 +368,8 @@ std::string PlainSnapshot(const ClusterModel& model, int64_t now_ms) {
     bool progress = job->has_progress() && p.iterations() > 0;
     std::string note = job->state() == v1::JOB_STATE_QUEUED ? job->wait_reason()
                                                             : job->reason();
-    jobs.Add({absl::StrCat(job->id()), Clip(job->spec().name(), 1 << 20),
-              Clip(job->user(), 1 << 20), JobStateName(job->state()),
-              absl::StrCat(job->spec().pool()),
+    jobs.Add({absl::StrCat(job->id()), job->spec().name(), job->user(),
+              JobStateName(job->state()), absl::StrCat(job->spec().pool()),
               progress ? absl::StrCat(Bar(p.iteration(), p.iterations(), 12),
                                       " ", Percent(p))
                        : "-",
@@ -390,7 +379,7 @@ std::string PlainSnapshot(const ClusterModel& model, int64_t now_ms) {
               progress && p.eta_s() > 0 && !IsTerminal(job->state())
                   ? ShortDuration(static_cast<int64_t>(p.eta_s() * 1000))
                   : "-",
-              note.empty() ? "-" : Clip(note, 1 << 20)});
+              note.empty() ? "-" : note});
   }
   return absl::StrCat("Cluster\n", workers.Render(), "\nJobs\n", jobs.Render());
 }

@@ -3,10 +3,12 @@
 // No I/O and no clock reads (time comes in as `now_ms`, on the scheduler's
 // clock), so every line can be tested for its content and its width.
 //
-// Every line a Render* function returns is printable ASCII and at most
-// `cols` characters: text from jobs (names, reasons, diary lines) has
-// control and non-ASCII bytes replaced, and columns that do not fit are cut
-// from the right.
+// Every line a Render* function returns is at most `cols` display cells
+// and safe for a terminal: text from jobs (names, reasons, diary lines) is
+// shown as TerminalText (terminal_text.h: valid UTF-8 as itself, control
+// characters and broken bytes as \xHH), laid out by display width (a wide
+// character takes two cells), and columns that do not fit are cut from the
+// right, never inside a character.
 #ifndef DLBATCH_CLIENT_MONITOR_VIEW_H_
 #define DLBATCH_CLIENT_MONITOR_VIEW_H_
 
@@ -32,10 +34,10 @@ struct ClusterModel {
   void Apply(const v1::ClusterEvent& event, size_t keep_ended = 50);
 };
 
-// `text` made printable (control and non-ASCII bytes become '?') and cut
-// or padded with spaces to exactly `width`.
+// `text` made safe (TerminalText) and cut or padded with spaces to exactly
+// `width` display cells (terminal_text.h: PadToWidth).
 std::string Fit(std::string_view text, int width);
-// `text` made printable and cut to at most `width`.
+// `text` made safe and cut to at most `width` display cells.
 std::string Clip(std::string_view text, int width);
 // "[####...]" of `width` characters in all; empty brackets when total <= 0.
 std::string Bar(int64_t done, int64_t total, int width);

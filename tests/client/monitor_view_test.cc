@@ -4,7 +4,9 @@
 
 #include <string>
 
+#include "client/diary_text.h"
 #include "client/monitor_terminal.h"
+#include "client/terminal_text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -118,10 +120,94 @@ TEST(MonitorView, QueuedRowsSayWhyTheyWaitAndTextIsMadePrintable) {
   EXPECT_THAT(row, HasSubstr("queued"));
   EXPECT_THAT(row, HasSubstr("waiting for 8 slots"));
   v1::Job evil = model.jobs.at(43);
-  evil.mutable_spec()->set_name("x\x1b[2Jy\xc3\xa9");
-  std::string cleaned = JobRow(evil, kNow, 80, false);
+  evil.mutable_spec()->set_name("x\x1b[2Jy\xc3\xa9\xff");
+  evil.set_wait_reason("held\x07\xc2\x9b");
+  std::string cleaned = JobRow(evil, kNow, 120, false);
   EXPECT_EQ(cleaned.find('\x1b'), std::string::npos);
-  for (char c : cleaned) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << cleaned;
+  // Escaped as `dlbatch diary` shows them; the valid é stays itself.
+  EXPECT_THAT(cleaned, HasSubstr(R"(x\x1b[2Jy)"
+                                 "\xc3\xa9"
+                                 R"(\xff)"));
+  EXPECT_THAT(cleaned, HasSubstr(R"(held\x07\xc2\x9b)"));
+  EXPECT_EQ(TerminalText(cleaned), cleaned);
+}
+
+// Text that is not ASCII shows as itself, laid out by display width: wide
+// (CJK) characters take two cells, combining marks none, and a cut never
+// falls inside a character.
+TEST(MonitorView, NonAsciiNamesShowAsThemselvesInTheirCells) {
+  const std::string name =
+      "r\xc3\xa9snet-\xe6\x97\xa5\xe6\x9c\xac";  // résnet-日本
+  v1::Job job = TrainJob();
+  job.mutable_spec()->set_name(name);
+  job.set_user("j\xc3\xbcrgen");  // jürgen
+  const std::string row = JobRow(job, kNow, 120, false);
+  EXPECT_THAT(row, HasSubstr(name));
+  // At 80 columns NAME has 9 cells: résnet-日, never half of 本.
+  EXPECT_THAT(JobRow(job, kNow, 80, false),
+              HasSubstr(" r\xc3\xa9snet-\xe6\x97\xa5 j\xc3\xbcrgen "));
+  EXPECT_THAT(row, HasSubstr("j\xc3\xbcrgen"));
+  EXPECT_THAT(row, Not(HasSubstr("?")));
+  // Every column after NAME starts where the header's does.
+  const std::string header = JobsHeader(120);
+  const std::string plain = JobRow(TrainJob(), kNow, 120, false);
+  EXPECT_EQ(DisplayWidth(row.substr(0, row.find("j\xc3\xbcrgen"))),
+            DisplayWidth(header.substr(0, header.find("USER"))));
+  EXPECT_EQ(DisplayWidth(row), DisplayWidth(plain)) << row;
+  for (int cols : {20, 33, 34, 35, 40, 80}) {
+    const std::string cut = JobRow(job, kNow, cols, false);
+    EXPECT_LE(DisplayWidth(cut), cols) << cut;
+    EXPECT_EQ(ValidUtf8(cut), cut) << cols;
+  }
+  // A name cut in its cell: 日本 whole or 日 alone, never half of 本.
+  job.mutable_spec()->set_name(
+      "\xe6\x97\xa5\xe6\x9c\xac\xe6\x97\xa5\xe6\x9c\xac");
+  for (int cols = 30; cols < 60; ++cols) {
+    const std::string cut = JobRow(job, kNow, cols, false);
+    EXPECT_EQ(ValidUtf8(cut), cut) << cols;
+    EXPECT_LE(DisplayWidth(cut), cols);
+  }
+  EXPECT_EQ(Fit(name, 9), "r\xc3\xa9snet-\xe6\x97\xa5");
+  EXPECT_EQ(Fit(name, 8), "r\xc3\xa9snet- ");  // 日 does not fit
+  EXPECT_EQ(Clip(name, 8), "r\xc3\xa9snet-");
+
+  ClusterModel model = Model();
+  v1::ClusterEvent e;
+  *e.mutable_worker() = Worker(3, "w\xc3\xb6rker-\xe6\x97\xa5", 2, true);
+  model.Apply(e);
+  e.Clear();
+  *e.mutable_job() = job;
+  e.mutable_job()->mutable_spec()->set_name(name);
+  model.Apply(e);
+  MonitorScreen screen;
+  screen.cols = 100;
+  auto lines = RenderMain(model, screen, kNow);
+  std::string all;
+  for (const auto& line : lines) {
+    EXPECT_LE(DisplayWidth(line), 100) << line;
+    all += line + "\n";
+  }
+  EXPECT_THAT(all, HasSubstr(name));
+  EXPECT_THAT(all, HasSubstr("w\xc3\xb6rker-\xe6\x97\xa5"));
+  const std::string text = PlainSnapshot(model, kNow);
+  EXPECT_THAT(text, HasSubstr(name));
+  EXPECT_THAT(text, HasSubstr("w\xc3\xb6rker-\xe6\x97\xa5"));
+  EXPECT_THAT(text, Not(HasSubstr("?")));
+}
+
+TEST(MonitorView, PlainSnapshotEscapesWhatJobsAndAdminsWrote) {
+  ClusterModel model = Model();
+  v1::ClusterEvent e;
+  v1::WorkerInfo w = Worker(3, "w\x1b]0;x\x07", 1, true);
+  w.set_draining(true);
+  w.set_drain_reason("disk\x1b[2J");
+  *e.mutable_worker() = w;
+  model.Apply(e);
+  const std::string text = PlainSnapshot(model, kNow);
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << TerminalText(text);
+  EXPECT_EQ(text.find('\x07'), std::string::npos) << TerminalText(text);
+  EXPECT_THAT(text, HasSubstr(R"(w\x1b]0;x\x07)"));
+  EXPECT_THAT(text, HasSubstr(R"(disk\x1b[2J)"));
 }
 
 TEST(MonitorView, WorkerLinesMarkEachSlotWithTheJobHoldingIt) {

@@ -94,5 +94,14 @@ TEST(RenderSweepTable, OneRowPerJobWithItsOptionsAndMetrics) {
                                "             -         -       -           -"));
 }
 
+// A swept value is text the job file's author wrote: shown escaped, as
+// every cell of the CLI's tables is.
+TEST(RenderSweepTable, EscapesWhatTheSweepsAuthorWrote) {
+  v1::Job job = Job(1, v1::JOB_STATE_FINISHED, "0.1\x1b[2J");
+  const std::string table = RenderSweepTable({job}, 0);
+  EXPECT_EQ(table.find('\x1b'), std::string::npos);
+  EXPECT_THAT(table, HasSubstr(R"(0.1\x1b[2J)"));
+}
+
 }  // namespace
 }  // namespace dlbatch::client
