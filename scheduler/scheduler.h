@@ -367,8 +367,15 @@ class Scheduler : private FollowSource {
   absl::Status CheckSlurmSubmit(const v1::JobSpec& spec,
                                 const std::string& user)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The Slurm batch job of `job`'s next attempt.
-  absl::StatusOr<slurm::BatchRequest> SlurmRequestOf(const JobRecord& job) const
+  // The partition's limits of Slurm profile `profile` (sinfo, read at most
+  // every 30 s). Reads sinfo: call without mu_.
+  absl::StatusOr<slurm::PartitionLimits> SlurmLimits(
+      const slurm::SlurmProfile& profile, slurm::SlurmTool* tool)
+      ABSL_LOCKS_EXCLUDED(mu_, slurm_mu_);
+  // The Slurm batch job of `job`'s next attempt, on nodes of `node_cpus`
+  // CPUs (the partition's, for CPU-only nodes; PlanBatch).
+  absl::StatusOr<slurm::BatchRequest> SlurmRequestOf(const JobRecord& job,
+                                                     int node_cpus) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A queued job's way to its start: the placement core for profiles of
   // workers, the Slurm thread's launches for profiles of Slurm.
@@ -380,6 +387,12 @@ class Scheduler : private FollowSource {
   // the job starts on the gang's parts once every node's worker is in.
   absl::Status JoinSlurmGang(const WorkerState& worker, const v1::Register& reg,
                              Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A queued job whose Slurm job cannot hold it (its workers offer less
+  // than it was given on each node): it fails with `why`, and its Slurm job
+  // is cancelled at the Slurm thread's next turn, without the wait an
+  // ended job's running Slurm job is given to end by itself.
+  absl::Status FailSlurmGang(ActiveJob& job, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a queued job of a Slurm profile waits ("waiting in Slurm: ...").
   std::string SlurmWaitReason(const ActiveJob& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -637,6 +650,10 @@ class Scheduler : private FollowSource {
   // when (NowMs): the reconciler ends each with Slurm's reason or as its
   // workers reported.
   std::map<int64_t, int64_t> slurm_settling_ ABSL_GUARDED_BY(mu_);
+  // Ended jobs whose Slurm job is to be cancelled at once (FailSlurmGang):
+  // their workers never got the job, so they would never leave by
+  // themselves.
+  std::set<int64_t> slurm_release_ ABSL_GUARDED_BY(mu_);
   // Set by StartSlurm, before its thread starts; read-only after.
   slurm::SlurmTool* slurm_tool_ = nullptr;
   std::string slurm_instance_;

@@ -91,6 +91,7 @@ absl::Status Scheduler::ForgetSlurmJob(int64_t job_id) {
   }));
   slurm_jobs_.erase(job_id);
   slurm_waiting_.erase(job_id);
+  slurm_release_.erase(job_id);
   if (job_tokens_ != nullptr) job_tokens_->RemoveJob(job_id);
   return absl::OkStatus();
 }
@@ -146,8 +147,6 @@ absl::Status Scheduler::CheckSlurmSubmit(const v1::JobSpec& spec,
         "' is of type slurm and this scheduler has not started its Slurm "
         "launcher yet; try again in a moment"));
   }
-  ASSIGN_OR_RETURN(slurm::BatchRequest request,
-                   slurm::PlanBatch(*profile, 0, 1, ShapeOf(spec)));
   // Jobs go to Slurm as their owner where the scheduler may submit for
   // others (root: sbatch --uid/--gid), else as the scheduler's own user.
   if (::geteuid() != 0 && user != UserOfUid(::geteuid())) {
@@ -163,47 +162,50 @@ absl::Status Scheduler::CheckSlurmSubmit(const v1::JobSpec& spec,
         "' runs jobs in Slurm as their owner, and '", user,
         "' has no account on the scheduler's machine to submit as"));
   }
-  slurm::PartitionLimits limits;
-  bool cached = false;
-  const int64_t now = clock_->MonotonicMs();
-  {
-    absl::MutexLock lock(&slurm_mu_);
-    auto it = slurm_limits_.find(profile->name);
-    if (it != slurm_limits_.end() && now - it->second.first < kLimitsTtlMs) {
-      limits = it->second.second;
-      cached = true;
-    }
+  absl::StatusOr<slurm::PartitionLimits> limits = SlurmLimits(*profile, tool);
+  if (!limits.ok()) {
+    return Annotate(limits.status(),
+                    absl::StrCat("profile '", profile->name,
+                                 "': cannot read Slurm partition '",
+                                 profile->partition, "' with sinfo"));
   }
-  if (!cached) {
-    absl::StatusOr<slurm::PartitionLimits> read =
-        slurm::ReadPartition(*tool, *profile);
-    if (!read.ok()) {
-      return Annotate(read.status(),
-                      absl::StrCat("profile '", profile->name,
-                                   "': cannot read Slurm partition '",
-                                   profile->partition, "' with sinfo"));
-    }
-    limits = *read;
-    absl::MutexLock lock(&slurm_mu_);
-    slurm_limits_[profile->name] = {now, limits};
-  }
-  if (absl::Status fits = slurm::CheckFits(limits, request); !fits.ok()) {
+  ASSIGN_OR_RETURN(slurm::BatchRequest request,
+                   slurm::PlanBatch(*profile, 0, 1, ShapeOf(spec),
+                                    limits->max_cpus_per_node));
+  if (absl::Status fits = slurm::CheckFits(*limits, request); !fits.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("profile '", profile->name, "': ", fits.message()));
   }
   return absl::OkStatus();
 }
 
+absl::StatusOr<slurm::PartitionLimits> Scheduler::SlurmLimits(
+    const slurm::SlurmProfile& profile, slurm::SlurmTool* tool) {
+  const int64_t now = clock_->MonotonicMs();
+  {
+    absl::MutexLock lock(&slurm_mu_);
+    auto it = slurm_limits_.find(profile.name);
+    if (it != slurm_limits_.end() && now - it->second.first < kLimitsTtlMs) {
+      return it->second.second;
+    }
+  }
+  ASSIGN_OR_RETURN(slurm::PartitionLimits limits,
+                   slurm::ReadPartition(*tool, profile));
+  absl::MutexLock lock(&slurm_mu_);
+  slurm_limits_[profile.name] = {now, limits};
+  return limits;
+}
+
 absl::StatusOr<slurm::BatchRequest> Scheduler::SlurmRequestOf(
-    const JobRecord& job) const {
+    const JobRecord& job, int node_cpus) const {
   const slurm::SlurmProfile* profile = SlurmProfileOf(job.spec.profile());
   if (profile == nullptr) {
     return absl::InternalError(
         absl::StrCat("job ", job.id, " is not on a profile of Slurm"));
   }
-  ASSIGN_OR_RETURN(
-      slurm::BatchRequest request,
-      slurm::PlanBatch(*profile, job.id, job.attempt + 1, ShapeOf(job.spec)));
+  ASSIGN_OR_RETURN(slurm::BatchRequest request,
+                   slurm::PlanBatch(*profile, job.id, job.attempt + 1,
+                                    ShapeOf(job.spec), node_cpus));
   request.instance = slurm_instance_;
   if (::geteuid() == 0 && job.user != "root") {
     if (std::optional<Account> account = LookUpUser(job.user)) {
@@ -246,28 +248,42 @@ absl::Status Scheduler::JoinSlurmGang(const WorkerState& worker,
   }
   ActiveJob& job = it->second;
   if (job.record.attempt + 1 != s.attempt()) return absl::OkStatus();
-  absl::StatusOr<slurm::BatchRequest> request = SlurmRequestOf(job.record);
-  if (!request.ok()) return absl::OkStatus();  // refused at launch already
-  const int slots_per_node = request->gpus_per_node > 0
-                                 ? request->gpus_per_node
-                                 : job.record.spec.pool();
+  const slurm::SlurmProfile* profile =
+      SlurmProfileOf(job.record.spec.profile());
+  if (profile == nullptr) return absl::OkStatus();
+  absl::StatusOr<slurm::GangShape> shape =
+      slurm::ShapeOfGang(*profile, ShapeOf(job.record.spec), s.nodes());
+  if (absl::IsFailedPrecondition(shape.status())) {
+    return FailSlurmGang(job, std::string(shape.status().message()));
+  }
+  if (!shape.ok()) return absl::OkStatus();  // refused at launch already
   auto gang = slurm_gangs_.find(job.record.id);
   if (gang == slurm_gangs_.end() || gang->second.attempt() != s.attempt()) {
     if (gang != slurm_gangs_.end()) slurm_gangs_.erase(gang);
     gang = slurm_gangs_
                .try_emplace(job.record.id, job.record.id, s.attempt(),
-                            request->nodes, slots_per_node)
+                            shape->nodes, shape->per_node, shape->gpus)
                .first;
   }
+  // Only devices of the job's kind count: a GPU job's worker offering CPU
+  // slots (Slurm named no GPUs for it) has none of what it needs.
+  const std::string kind = shape->gpus ? "gpu" : "cpu";
+  const int slots = static_cast<int>(
+      std::count_if(worker.record.devices.begin(), worker.record.devices.end(),
+                    [&](const v1::Device& d) { return d.kind() == kind; }));
   if (absl::Status joined =
-          gang->second.Join(s.node_index(), s.nodes(), worker.record.id,
-                            static_cast<int>(worker.record.devices.size()));
+          gang->second.Join(s.node_index(), s.nodes(), worker.record.id, slots);
       !joined.ok()) {
     spdlog::warn("worker '{}': {}", worker.record.name,
                  std::string(joined.message()));
     v1::SchedulerMessage refuse;
     refuse.set_refused(std::string(joined.message()));
     out->emplace_back(worker.session, std::move(refuse));
+    // The Slurm job can never hold the job: waiting on would hold its
+    // allocation for good.
+    if (absl::IsFailedPrecondition(joined)) {
+      return FailSlurmGang(job, std::string(joined.message()));
+    }
     return absl::OkStatus();
   }
   Changed(job.record.id);
@@ -293,6 +309,23 @@ absl::Status Scheduler::JoinSlurmGang(const WorkerState& worker,
                        v1::JOB_STATE_RUNNING);
     metrics_->JobPlaced(job.record.id, job.record.attempt);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::FailSlurmGang(ActiveJob& job, const std::string& why) {
+  const int64_t id = job.record.id;
+  slurm_gangs_.erase(id);
+  slurm_waiting_.erase(id);
+  if (slurm_resubmits_.erase(id) > 0) {
+    RETURN_IF_ERROR(store_->PutSlurmResubmits(id, 0));
+  }
+  RETURN_IF_ERROR(Diary(id, job.record.attempt,
+                        absl::StrCat("[dlbatch] ", why, "; job failed")));
+  RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_FAILED, -1, why));
+  spdlog::warn("job {} failed: {}", id, why);
+  jobs_.erase(id);
+  slurm_release_.insert(id);
+  PokeSlurm();
   return absl::OkStatus();
 }
 
@@ -362,6 +395,35 @@ void Scheduler::LaunchSlurmJob(int64_t job_id) {
   slurm::SlurmProfile profile;
   slurm::BatchRequest request;
   slurm::WorkerLaunch launch;
+  // On CPU-only nodes the pool is shared over as few nodes as hold it,
+  // which follows the partition's CPUs per node (sinfo, outside mu_).
+  int node_cpus = 0;
+  {
+    std::string name;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = jobs_.find(job_id);
+      if (it == jobs_.end()) return;
+      name = it->second.record.spec.profile();
+    }
+    const slurm::SlurmProfile* p = SlurmProfileOf(name);
+    if (p == nullptr) return;
+    if (p->gpus_per_node <= 0) {
+      absl::StatusOr<slurm::PartitionLimits> limits =
+          SlurmLimits(*p, slurm_tool_);
+      if (!limits.ok()) {
+        absl::MutexLock lock(&mu_);
+        slurm_waiting_[job_id] = absl::StrCat(
+            "could not be submitted to Slurm (cannot read partition '",
+            p->partition, "' with sinfo: ", limits.status().message(),
+            "); trying again");
+        Changed(job_id);
+        slurm_launches_.insert(job_id);
+        return;
+      }
+      node_cpus = limits->max_cpus_per_node;
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
@@ -376,7 +438,8 @@ void Scheduler::LaunchSlurmJob(int64_t job_id) {
       return;  // launched already (adopted after a restart, or in Slurm)
     }
     profile = *SlurmProfileOf(job.record.spec.profile());
-    absl::StatusOr<slurm::BatchRequest> planned = SlurmRequestOf(job.record);
+    absl::StatusOr<slurm::BatchRequest> planned =
+        SlurmRequestOf(job.record, node_cpus);
     if (!planned.ok()) {
       (void)InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         RETURN_IF_ERROR(
@@ -483,8 +546,10 @@ void Scheduler::ReconcileSlurm() {
   // Jobs whose end waited for Slurm's word and that dlbatch has since
   // cancelled or requeued: they end as their workers reported, now.
   std::vector<int64_t> settle_now;
+  std::set<int64_t> release;  // jobs whose Slurm job goes without a linger
   {
     absl::MutexLock lock(&mu_);
+    release = slurm_release_;
     for (auto it = slurm_settling_.begin(); it != slurm_settling_.end();) {
       const ActiveJob* job = SettlingJob(it->first);
       if (job == nullptr) {
@@ -566,11 +631,13 @@ void Scheduler::ReconcileSlurm() {
     auto row = std::find_if(
         in.rows.begin(), in.rows.end(),
         [&](const slurm::SqueueRow& r) { return r.slurm_id == c.slurm_id; });
-    const bool known = std::any_of(in.records.begin(), in.records.end(),
-                                   [&](const slurm::SlurmJobRecord& r) {
-                                     return r.slurm_id == c.slurm_id;
-                                   });
-    if (known && row != in.rows.end() &&
+    auto record = std::find_if(in.records.begin(), in.records.end(),
+                               [&](const slurm::SlurmJobRecord& r) {
+                                 return r.slurm_id == c.slurm_id;
+                               });
+    const bool known = record != in.records.end();
+    const bool at_once = known && release.count(record->job_id) > 0;
+    if (known && !at_once && row != in.rows.end() &&
         slurm::MapSlurmState(*row, "").phase == slurm::SlurmPhase::kRunning) {
       auto [since, added] = slurm_lingering_.try_emplace(c.slurm_id, in.now_ms);
       lingering.insert(c.slurm_id);

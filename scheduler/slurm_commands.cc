@@ -126,6 +126,9 @@ std::vector<std::string> SbatchArgv(const SlurmProfile& profile,
     argv.push_back(
         absl::StrCat("--gres=", profile.gres_name, ":", request.gpus_per_node));
   }
+  if (request.cpus_per_node > 0) {
+    argv.push_back(absl::StrCat("--cpus-per-task=", request.cpus_per_node));
+  }
   if (std::string t = SlurmTimeLimit(request.time_limit_s); !t.empty()) {
     argv.push_back(absl::StrCat("--time=", t));
   }
@@ -157,8 +160,14 @@ std::string BatchScript(const SlurmProfile& profile,
   if (request.nodes > 1) {
     // sbatch's --export=NONE reaches srun as SLURM_EXPORT_ENV: the script's
     // own variables go to the workers only with --export=ALL.
+    // srun of Slurm 22.05 does not take --cpus-per-task from the batch
+    // job (SLURM_CPUS_PER_TASK): the step asks for the job's CPUs itself.
     absl::StrAppend(&s, "exec srun --export=ALL --nodes=", request.nodes,
-                    " --ntasks=", request.nodes, " --ntasks-per-node=1 \\\n  ");
+                    " --ntasks=", request.nodes, " --ntasks-per-node=1");
+    if (request.cpus_per_node > 0) {
+      absl::StrAppend(&s, " --cpus-per-task=", request.cpus_per_node);
+    }
+    absl::StrAppend(&s, " \\\n  ");
   } else {
     // One node: the batch step is its one task (SLURM_NODEID 0, the job's
     // GPUs in CUDA_VISIBLE_DEVICES), so no job step is made (srun costs a
@@ -280,8 +289,9 @@ SlurmVerdict MapSlurmState(const SqueueRow& row, absl::string_view partition) {
 }
 
 std::vector<std::string> SinfoArgv(const std::string& partition) {
-  return {"sinfo", "-h", absl::StrCat("--partition=", partition), "-o",
-          kSinfoFormat};
+  return {"sinfo",   "-h",
+          "--exact", absl::StrCat("--partition=", partition),
+          "-o",      kSinfoFormat};
 }
 
 absl::StatusOr<PartitionLimits> ParseSinfo(absl::string_view out,
@@ -294,10 +304,15 @@ absl::StatusOr<PartitionLimits> ParseSinfo(absl::string_view out,
     line = absl::StripAsciiWhitespace(line);
     if (line.empty()) continue;
     std::vector<absl::string_view> f = absl::StrSplit(line, '|');
-    if (f.size() != 3) {
+    if (f.size() != 4) {
       return absl::InternalError(absl::StrCat(
           "sinfo printed a line dlbatch cannot read: '", line, "'"));
     }
+    // "2", or "2+" where nodes of more CPUs share the line (without
+    // --exact): the least of them.
+    absl::StatusOr<int64_t> cpus =
+        Number(absl::StripSuffix(f[3], "+"), "CPU count");
+    if (!cpus.ok()) return cpus.status();
     absl::StatusOr<int64_t> nodes = Number(f[0], "node count");
     if (!nodes.ok()) return nodes.status();
     absl::StatusOr<int64_t> time = ParseSlurmTime(f[2]);
@@ -305,6 +320,8 @@ absl::StatusOr<PartitionLimits> ParseSinfo(absl::string_view out,
     limits.nodes += static_cast<int>(*nodes);
     limits.max_gpus_per_node =
         std::max(limits.max_gpus_per_node, GresCount(f[1], gres_name));
+    limits.max_cpus_per_node =
+        std::max(limits.max_cpus_per_node, static_cast<int>(*cpus));
     // Groups of nodes share the partition's MaxTime; the largest wins.
     if (*time == 0 || (any && limits.max_time_s == 0)) {
       limits.max_time_s = 0;
@@ -392,6 +409,16 @@ absl::Status CheckFits(const PartitionLimits& limits,
         " GPUs on a node but the "
         "nodes of ",
         where, " have at most ", limits.max_gpus_per_node,
+        ": raise max_nodes to spread the pool, or lower the pool"));
+  }
+  if (limits.max_cpus_per_node > 0 &&
+      request.cpus_per_node > limits.max_cpus_per_node) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job asks for ", request.cpus_per_node, " CPUs on a node (",
+        request.gpus_per_node > 0 ? "one for each of its GPUs there"
+                                  : "one for each of its CPU slots there",
+        ") but the nodes of ", where, " have at most ",
+        limits.max_cpus_per_node,
         ": raise max_nodes to spread the pool, or lower the pool"));
   }
   if (limits.max_time_s > 0 && request.time_limit_s > 0 &&

@@ -60,8 +60,12 @@ struct BatchRequest {
   std::string instance;  // the scheduler's (IsInstanceId)
   int64_t job_id = 0;
   int attempt = 1;
-  int nodes = 1;             // --nodes and --ntasks: one worker per node
-  int gpus_per_node = 0;     // 0: no --gres
+  int nodes = 1;          // --nodes and --ntasks: one worker per node
+  int gpus_per_node = 0;  // 0: no --gres
+  // --cpus-per-task of the one task on each node: a core for each of the
+  // node's ranks (its GPUs, or on CPU-only nodes its CPU slots). 0: none
+  // asked (Slurm's default of one).
+  int cpus_per_node = 0;
   int64_t time_limit_s = 0;  // 0: the partition's default
   // Submit as this user (the scheduler runs as root): --uid/--gid.
   std::optional<uint32_t> uid, gid;
@@ -149,10 +153,13 @@ struct PartitionLimits {
   int nodes = 0;              // nodes in the partition
   int max_gpus_per_node = 0;  // of the GRES named in the profile
   int64_t max_time_s = 0;     // 0: unlimited
+  int max_cpus_per_node = 0;  // 0: not known (not checked)
 };
-inline constexpr char kSinfoFormat[] = "%D|%G|%l";
+inline constexpr char kSinfoFormat[] = "%D|%G|%l|%c";
+// With --exact, so that nodes of different CPU counts are never one line
+// whose %c reads "2+" (the least of them).
 std::vector<std::string> SinfoArgv(const std::string& partition);
-// sinfo -h -p P -o kSinfoFormat's lines (one per group of like nodes).
+// sinfo -h -e -p P -o kSinfoFormat's lines (one per group of like nodes).
 absl::StatusOr<PartitionLimits> ParseSinfo(absl::string_view out,
                                            const std::string& partition,
                                            const std::string& gres_name);

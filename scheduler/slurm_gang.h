@@ -21,15 +21,19 @@ namespace dlbatch::scheduler {
 class SlurmGang {
  public:
   // The batch job of attempt `attempt` of job `job_id`: `nodes` nodes,
-  // each giving the job `slots_per_node` devices (its GPUs, or for
-  // CPU-only nodes the job's pool).
-  SlurmGang(int64_t job_id, int attempt, int nodes, int slots_per_node);
+  // each giving the job `slots_per_node` devices: GPUs where `gpus`, else
+  // CPU slots (the CPUs Slurm gave the node's task).
+  SlurmGang(int64_t job_id, int attempt, int nodes, int slots_per_node,
+            bool gpus = true);
 
   // Worker `worker` registered as node `node_index` of `nodes`, with
-  // `slots` devices. A worker registering again (reconnected) keeps its
-  // node. InvalidArgument, saying why, where the node is not one of the
-  // job's, or its count disagrees, or another worker holds it, or it has
-  // fewer devices than the job was given on each node.
+  // `slots` devices of the gang's kind. A worker registering again
+  // (reconnected) keeps its node. FailedPrecondition, saying why, where
+  // the Slurm job cannot hold the dlbatch job: its node count disagrees,
+  // or the worker has fewer devices than the job was given on each node
+  // (Slurm gave the node less than dlbatch asked, or its CPU affinity is
+  // narrower). InvalidArgument where the node is not one of the job's, or
+  // another worker holds it.
   absl::Status Join(int node_index, int nodes, WorkerId worker, int slots);
   // The worker is gone (its node is free again). No-op for a stranger.
   void Leave(WorkerId worker);
@@ -48,6 +52,7 @@ class SlurmGang {
   const int64_t job_id_;
   const int attempt_;
   const int slots_per_node_;
+  const bool gpus_;
   std::vector<WorkerId> node_worker_;  // 0: not registered
 };
 

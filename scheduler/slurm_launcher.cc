@@ -10,7 +10,7 @@ namespace dlbatch::scheduler::slurm {
 
 absl::StatusOr<BatchRequest> PlanBatch(const SlurmProfile& profile,
                                        int64_t job_id, int attempt,
-                                       const JobShape& shape) {
+                                       const JobShape& shape, int node_cpus) {
   if (shape.pool < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool ", shape.pool, ": a job needs a pool of 1 or more"));
@@ -19,32 +19,57 @@ absl::StatusOr<BatchRequest> PlanBatch(const SlurmProfile& profile,
   request.job_id = job_id;
   request.attempt = attempt;
   request.time_limit_s = shape.time_limit_s;
-  const int gpn = profile.gpus_per_node;
-  if (gpn <= 0) {  // CPU-only nodes: the pool is one node's slots
-    request.nodes = 1;
-    return request;
-  }
-  const int nodes = (shape.pool + gpn - 1) / gpn;
+  const bool gpus = profile.gpus_per_node > 0;
+  // What one node holds: its GPUs, or its CPUs as slots.
+  const int per_node =
+      gpus ? profile.gpus_per_node : (node_cpus > 0 ? node_cpus : shape.pool);
+  const std::string unit = gpus ? "GPUs" : "CPUs";
+  const int nodes = (shape.pool + per_node - 1) / per_node;
   const int allowed = std::max(1, shape.max_nodes);
   if (nodes > allowed) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pool ", shape.pool, " needs ", nodes, " nodes of profile '",
-        profile.name, "' (", gpn, " GPUs each) but the job allows ", allowed,
-        "; set max_nodes: ", nodes, " in the job, or use pool ", allowed * gpn,
-        " or less"));
+        profile.name, "' (", per_node, " ", unit, " each) but the job allows ",
+        allowed, "; set max_nodes: ", nodes, " in the job, or use pool ",
+        allowed * per_node, " or less"));
   }
   if (shape.pool % nodes != 0) {
     const int below = nodes * (shape.pool / nodes);
-    const int above = std::min(nodes * gpn, below + nodes);
+    const int above = std::min(nodes * per_node, below + nodes);
     return absl::InvalidArgumentError(absl::StrCat(
         "pool ", shape.pool, " does not split evenly over the ", nodes,
         " nodes of profile '", profile.name,
-        "' it needs (Slurm gives each node the same GPU count); use pool ",
-        below, " or ", above));
+        "' it needs (Slurm gives each node the same ", gpus ? "GPU" : "CPU",
+        " count); use pool ", below, " or ", above));
   }
   request.nodes = nodes;
-  request.gpus_per_node = shape.pool / nodes;
+  if (gpus) request.gpus_per_node = shape.pool / nodes;
+  // A core for each rank on the node (ranks are GPUs or CPU slots).
+  request.cpus_per_node = shape.pool / nodes;
   return request;
+}
+
+absl::StatusOr<GangShape> ShapeOfGang(const SlurmProfile& profile,
+                                      const JobShape& shape, int slurm_nodes) {
+  GangShape gang;
+  if (profile.gpus_per_node > 0) {
+    ASSIGN_OR_RETURN(BatchRequest planned, PlanBatch(profile, 0, 1, shape));
+    gang.nodes = planned.nodes;
+    gang.per_node = planned.gpus_per_node;
+    gang.gpus = true;
+    return gang;
+  }
+  const int pool = std::max(1, shape.pool);
+  if (slurm_nodes < 1 || slurm_nodes > std::max(1, shape.max_nodes) ||
+      pool % slurm_nodes != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Slurm gave the job ", slurm_nodes, " nodes, over which its pool of ",
+        pool, " (max_nodes ", std::max(1, shape.max_nodes),
+        ") cannot be shared evenly"));
+  }
+  gang.nodes = slurm_nodes;
+  gang.per_node = pool / slurm_nodes;
+  return gang;
 }
 
 SlurmLauncher::SlurmLauncher(SlurmTool* tool, SlurmJobLedger* ledger,

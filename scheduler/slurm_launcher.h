@@ -25,18 +25,44 @@ namespace dlbatch::scheduler::slurm {
 
 // What a job asks of its profile.
 struct JobShape {
-  int pool = 1;              // GPUs (or, on CPU-only nodes, one node's slots)
+  int pool = 1;              // GPUs, or on CPU-only nodes CPU slots
   int max_nodes = 0;         // 0 or 1: one node
   int64_t time_limit_s = 0;  // 0: none
 };
 
 // The Slurm batch job for attempt `attempt` of job `job_id`: as few nodes
-// as hold the pool, each with the same GPU count (--gres is per node).
-// InvalidArgument, saying what to change, where the pool needs more nodes
-// than max_nodes allows, or splits unevenly over the nodes it needs.
+// as hold the pool, each with the same share of it (--gres and
+// --cpus-per-task are per node). A node holds the profile's gpus_per_node
+// GPUs, or on CPU-only nodes (gpus_per_node 0) `node_cpus` CPU slots: the
+// partition's CPUs per node, as sinfo says (PartitionLimits; 0 where not
+// known: the pool on one node). Each node's task asks for a CPU for each
+// of its ranks. InvalidArgument, saying what to change, where the pool
+// needs more nodes than max_nodes allows, or splits unevenly over the
+// nodes it needs.
 absl::StatusOr<BatchRequest> PlanBatch(const SlurmProfile& profile,
                                        int64_t job_id, int attempt,
-                                       const JobShape& shape);
+                                       const JobShape& shape,
+                                       int node_cpus = 0);
+
+// What a Slurm job's workers must offer, node by node, before its dlbatch
+// job starts on them: `per_node` GPUs (or CPU slots) on each of `nodes`.
+struct GangShape {
+  int nodes = 1;
+  int per_node = 1;
+  bool gpus = false;  // GPUs, else CPU slots
+};
+
+// The gang of a job's Slurm job, where Slurm says it has `slurm_nodes`
+// nodes (SLURM_JOB_NUM_NODES of a registering worker). On GPU nodes it is
+// PlanBatch's, whatever Slurm says (the gang refuses a disagreeing
+// count). On CPU-only nodes PlanBatch's count followed the partition's
+// CPUs when the job was launched, which may have changed since (or be
+// unknown after a restart): the pool is shared over the nodes Slurm gave,
+// the count dlbatch asked for (--nodes is fixed). FailedPrecondition,
+// saying why, where the pool cannot be shared evenly over them or they
+// are more than max_nodes allows.
+absl::StatusOr<GangShape> ShapeOfGang(const SlurmProfile& profile,
+                                      const JobShape& shape, int slurm_nodes);
 
 // A dlbatch job's Slurm job, as the store keeps it (one per job: its
 // current attempt's).

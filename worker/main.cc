@@ -320,8 +320,14 @@ int main(int argc, char** argv) {
     }
   }
   if (slurm) {
-    dlbatch::worker::ApplySlurmJob(*slurm, options.devices, cpu_slots,
-                                   &options);
+    // Without GPUs, the CPUs Slurm gave the node are its slots (unless
+    // --cpu-slots says otherwise).
+    dlbatch::worker::ApplySlurmJob(
+        *slurm, options.devices,
+        cpu_slots > 0 ? cpu_slots
+                      : dlbatch::worker::SlurmCpuSlots(
+                            *slurm, dlbatch::worker::UsableCores()),
+        &options);
     spdlog::info(
         "Slurm job {}, node {} of {}: serving dlbatch job {} attempt {} only "
         "as '{}' with {} slots",

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "worker/devices.h"
 
 namespace dlbatch::worker {
@@ -34,6 +35,29 @@ int CountList(const char* list) {
     n += item != "NoDevFiles";
   }
   return n;
+}
+
+// The entry of node `node` in SLURM_JOB_CPUS_PER_NODE's form: counts in
+// node order, "N(xM)" for M nodes of N ("4(x2),2": 4, 4, 2); 0 when the
+// list does not reach it or does not parse.
+int CpusOfNode(const char* list, int64_t node) {
+  if (list == nullptr) return 0;
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    int64_t repeat = 1;
+    if (const size_t open = item.find("(x"); open != absl::string_view::npos) {
+      absl::string_view times = item.substr(open + 2);
+      if (!absl::ConsumeSuffix(&times, ")") ||
+          !absl::SimpleAtoi(times, &repeat) || repeat < 1) {
+        return 0;
+      }
+      item = item.substr(0, open);
+    }
+    int n = 0;
+    if (!absl::SimpleAtoi(item, &n) || n < 0) return 0;
+    if (node < repeat) return n;
+    node -= repeat;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -69,8 +93,21 @@ absl::StatusOr<SlurmJobContext> ReadSlurmJob(int64_t job_id, int attempt,
       break;
     }
   }
+  int cpus = 0;
+  if (const char* on_node = env("SLURM_CPUS_ON_NODE");
+      on_node != nullptr && absl::SimpleAtoi(on_node, &cpus) && cpus > 0) {
+    c.cpus = cpus;
+  } else {
+    c.cpus = CpusOfNode(env("SLURM_JOB_CPUS_PER_NODE"), *node_index);
+  }
   if (const char* pem = env("DLBATCH_CA_PEM")) c.ca_pem = pem;
   return c;
+}
+
+int SlurmCpuSlots(const SlurmJobContext& context, int usable) {
+  if (context.cpus <= 0) return std::max(usable, 1);
+  if (usable <= 0) return context.cpus;
+  return std::min(context.cpus, usable);
 }
 
 void ApplySlurmJob(const SlurmJobContext& context,

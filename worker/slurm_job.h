@@ -23,14 +23,17 @@ struct SlurmJobContext {
   v1::SlurmJob job;    // what the worker says at registration
   std::string node;    // SLURMD_NODENAME
   int gpus = 0;        // GPUs Slurm gave this node's task
+  int cpus = 0;        // CPUs Slurm gave this node (0: it does not say)
   std::string ca_pem;  // DLBATCH_CA_PEM; empty for a unix: scheduler
 };
 
 // Reads the ephemeral worker's context for dlbatch job `job_id`, attempt
 // `attempt`: SLURM_JOB_ID, SLURM_NODEID (this node's index in the job),
 // SLURM_JOB_NUM_NODES, SLURMD_NODENAME, the GPUs from CUDA_VISIBLE_DEVICES
-// (else SLURM_STEP_GPUS, else SLURM_JOB_GPUS), DLBATCH_CA_PEM. An error
-// that says what is missing when it was not started by srun.
+// (else SLURM_STEP_GPUS, else SLURM_JOB_GPUS), the CPUs from
+// SLURM_CPUS_ON_NODE (else this node's entry of SLURM_JOB_CPUS_PER_NODE,
+// e.g. "4(x2),2"), DLBATCH_CA_PEM. An error that says what is missing when
+// it was not started by srun.
 absl::StatusOr<SlurmJobContext> ReadSlurmJob(int64_t job_id, int attempt,
                                              const EnvLookup& env);
 
@@ -44,6 +47,12 @@ absl::StatusOr<SlurmJobContext> ReadSlurmJob(int64_t job_id, int attempt,
 void ApplySlurmJob(const SlurmJobContext& context,
                    const std::vector<v1::Device>& discovered, int cpu_slots,
                    WorkerOptions* options);
+
+// The CPU slots the worker offers where Slurm gave no GPUs: the CPUs Slurm
+// gave this node, no more than the `usable` processors the worker may run
+// on (its affinity mask, which a task plugin may narrow); `usable` where
+// Slurm does not say.
+int SlurmCpuSlots(const SlurmJobContext& context, int usable);
 
 // The ephemeral worker's own folder under the profile's node folder
 // `base`: one per job, Slurm job and node, so that two tasks on one

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -101,6 +102,14 @@ TEST(ProfileConfigTest, ErrorsNameFileLineProfileKeyAndTheFix) {
   EXPECT_THAT(ErrorOf("profiles:\n  c:\n    type: slurm\n    partition: p\n"
                       "    sbatch_args: [-N2]\n"),
               HasSubstr("dlbatch sets -N itself from the job's pool"));
+  // The CPUs of each node's ranks are dlbatch's to ask for.
+  for (const char* cpus : {"--cpus-per-task=4", "-c4", "--cpus-per-gpu=8"}) {
+    EXPECT_THAT(ErrorOf(absl::StrCat("profiles:\n  c:\n    type: slurm\n    "
+                                     "partition: p\n    sbatch_args: [",
+                                     cpus, "]\n")),
+                HasSubstr("a CPU for each rank on a node"))
+        << cpus;
+  }
   EXPECT_THAT(ErrorOf("profiles:\n  c:\n    type: slurm\n    partition: p\n"
                       "    sbatch_args: [exclusive]\n"),
               HasSubstr("'exclusive' is not an option"));

@@ -471,7 +471,7 @@ class FakeSlurm final : public slurm::SlurmTool {
     absl::MutexLock lock(&mu_);
     calls_.push_back(absl::StrJoin(argv, " "));
     slurm::ToolResult r;
-    if (argv[0] == "sinfo") r.out = "2|gpu:2|infinite\n";
+    if (argv[0] == "sinfo") r.out = "2|gpu:2|infinite|8\n";
     if (argv[0] == "sbatch") {
       scripts_.push_back(input);
       r.out = absl::StrCat(next_id_++, "\n");
@@ -532,11 +532,12 @@ class SlurmSchedulerTest : public SchedulerTest {
     return r;
   }
   // Node `node` of `nodes` of Slurm job `slurm_id` registers for attempt 1
-  // of `job`, under the job's one-job credential, with two GPUs, reporting
-  // `running` as its worker's (a worker back after a scheduler restart).
+  // of `job`, under the job's one-job credential, with `gpus` GPUs,
+  // reporting `running` as its worker's (a worker back after a scheduler
+  // restart).
   std::shared_ptr<FakeSession> RegisterNode(
       int64_t job, int64_t slurm_id, int node, int nodes,
-      const std::vector<v1::RunningJob>& running = {}) {
+      const std::vector<v1::RunningJob>& running = {}, int gpus = 2) {
     auto session = std::make_shared<FakeSession>();
     session->set_owner(absl::StrCat("job:", job));
     v1::WorkerMessage m;
@@ -544,7 +545,7 @@ class SlurmSchedulerTest : public SchedulerTest {
     reg->set_name(absl::StrCat("slurm-", slurm_id, "-", node));
     reg->set_host(absl::StrCat("n", node + 1));
     reg->set_profile("cluster");
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < gpus; ++i) {
       v1::Device* d = reg->add_devices();
       d->set_index(i);
       d->set_kind("gpu");
@@ -624,6 +625,33 @@ TEST_F(SlurmSchedulerTest, JobStartsOnceEveryNodesWorkerRegistered) {
   EXPECT_EQ(start1->start().first_rank(), 2);
   EXPECT_EQ(GetJob(id).state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(tool_.Count("sbatch"), 1);
+}
+
+// A node's worker with fewer GPUs than the job was given there: the Slurm
+// job can never hold it, so the job fails with the reason and its Slurm job
+// is cancelled at once (not after the linger of an ended job's).
+TEST_F(SlurmSchedulerTest, AWorkerShortOfItsNodesShareFailsTheJobAtOnce) {
+  StartSlurmScheduler();
+  int64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(SubmitToSlurm(SlurmJob(2), 4242, &id));
+  // A core for each of the node's ranks.
+  std::vector<std::string> calls = tool_.Calls();
+  auto sbatch = std::find_if(calls.begin(), calls.end(), [](const auto& c) {
+    return c.rfind("sbatch", 0) == 0;
+  });
+  ASSERT_NE(sbatch, calls.end());
+  EXPECT_THAT(*sbatch, HasSubstr("--gres=gpu:2 --cpus-per-task=2"));
+  tool_.SetQueue(absl::StrCat("4242|", Name(id), "|RUNNING|root|n1|None\n"));
+  RegisterNode(id, 4242, 0, 1, {}, /*gpus=*/1);
+  ASSERT_TRUE(WaitUntil([&] {
+    return GetJob(id).state() == v1::JOB_STATE_FAILED;
+  })) << GetJob(id).DebugString();
+  EXPECT_THAT(GetJob(id).reason(),
+              HasSubstr("Slurm gave node 0 1 GPU; the job needs 2 on each "
+                        "node"));
+  // The fake clock stands still: only a cancel without the linger comes.
+  EXPECT_TRUE(WaitUntil([&] { return tool_.Count("scancel") >= 1; }))
+      << absl::StrJoin(tool_.Calls(), "\n");
 }
 
 TEST_F(SlurmSchedulerTest, ImpossibleRequestsAreRefusedAtSubmit) {

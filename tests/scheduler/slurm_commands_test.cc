@@ -85,6 +85,32 @@ TEST(SlurmCommands, SbatchAsksFixedCountsNoRequeueAndNoEnvironment) {
   EXPECT_THAT(argv, Contains("--gid=100"));
   EXPECT_THAT(argv, Not(Contains(::testing::StartsWith("--gres"))));
   EXPECT_THAT(argv, Not(Contains(::testing::StartsWith("--time"))));
+  EXPECT_THAT(argv, Not(Contains(::testing::StartsWith("--cpus"))));
+}
+
+// Each node's one task asks for a CPU for each of its ranks: CPU slots on
+// CPU-only nodes, a core beside each GPU on GPU nodes.
+TEST(SlurmCommands, SbatchAndSrunAskForTheCpusOfEachNodesRanks) {
+  BatchRequest r;
+  r.instance = "0a1b2c3d";
+  r.job_id = 7;
+  r.nodes = 2;
+  r.cpus_per_node = 3;
+  SlurmProfile cpu = Gpu();
+  cpu.gpus_per_node = 0;
+  std::vector<std::string> argv = SbatchArgv(cpu, r);
+  EXPECT_THAT(argv, Contains("--cpus-per-task=3"));
+  EXPECT_THAT(argv, Contains("--ntasks-per-node=1"));
+  EXPECT_THAT(argv, Not(Contains(::testing::StartsWith("--gres"))));
+  // srun of Slurm 22.05 takes no --cpus-per-task from the batch job.
+  EXPECT_THAT(BatchScript(cpu, r, {"10.0.0.1:7070", "", "t"}),
+              HasSubstr("exec srun --export=ALL --nodes=2 --ntasks=2 "
+                        "--ntasks-per-node=1 --cpus-per-task=3 "));
+  r.gpus_per_node = 2;
+  r.cpus_per_node = 2;
+  argv = SbatchArgv(Gpu(), r);
+  EXPECT_THAT(argv, Contains("--gres=gpu:2"));
+  EXPECT_THAT(argv, Contains("--cpus-per-task=2"));
 }
 
 TEST(SlurmCommands, SlurmsTimeIsTheLimitPlusTheMarginInWholeMinutes) {
@@ -212,15 +238,27 @@ TEST(SlurmCommands, EverySlurmStateMapsToADlbatchPhase) {
 TEST(SlurmCommands,
      SinfoGivesNodesGpusAndTimeAndCheckFitsRefusesTheImpossible) {
   EXPECT_THAT(SinfoArgv("gpu"), Contains("--partition=gpu"));
-  auto limits = ParseSinfo(
-      "2|gpu:2|2:00:00\n1|gpu:a100:4(S:0-1),nic:1|1-00:00:00\n", "gpu", "gpu");
+  // Nodes of unlike CPU counts on lines of their own.
+  EXPECT_THAT(SinfoArgv("gpu"), Contains("--exact"));
+  auto limits =
+      ParseSinfo("2|gpu:2|2:00:00|2\n1|gpu:a100:4(S:0-1),nic:1|1-00:00:00|64\n",
+                 "gpu", "gpu");
   ASSERT_TRUE(limits.ok()) << limits.status();
   EXPECT_EQ(limits->nodes, 3);
   EXPECT_EQ(limits->max_gpus_per_node, 4);
   EXPECT_EQ(limits->max_time_s, 86400);
-  EXPECT_EQ(ParseSinfo("2|(null)|infinite\n", "cpu", "gpu")->max_gpus_per_node,
-            0);
-  EXPECT_EQ(ParseSinfo("2|(null)|infinite\n", "cpu", "gpu")->max_time_s, 0);
+  EXPECT_EQ(limits->max_cpus_per_node, 64);
+  EXPECT_EQ(
+      ParseSinfo("2|(null)|infinite|8\n", "cpu", "gpu")->max_gpus_per_node, 0);
+  EXPECT_EQ(ParseSinfo("2|(null)|infinite|8\n", "cpu", "gpu")->max_time_s, 0);
+  EXPECT_EQ(
+      ParseSinfo("3|(null)|infinite|4+\n", "cpu", "gpu")->max_cpus_per_node, 4);
+  EXPECT_THAT(
+      ParseSinfo("2|(null)|infinite\n", "cpu", "gpu").status().message(),
+      HasSubstr("sinfo printed a line dlbatch cannot read"));
+  EXPECT_THAT(
+      ParseSinfo("2|(null)|infinite|many\n", "cpu", "gpu").status().message(),
+      HasSubstr("CPU count 'many'"));
   absl::StatusOr<PartitionLimits> none = ParseSinfo("", "gpux", "gpu");
   ASSERT_FALSE(none.ok());
   EXPECT_THAT(none.status().message(), HasSubstr("no partition 'gpux'"));
@@ -240,6 +278,18 @@ TEST(SlurmCommands,
   r.gpus_per_node = 1;
   r.time_limit_s = 7200;
   EXPECT_THAT(CheckFits(two, r).message(), HasSubstr("MaxTime of 7200 s"));
+  // More CPUs on a node than its nodes have.
+  PartitionLimits cpus{"gpu", 2, 0, 0, 2};
+  BatchRequest c;
+  c.cpus_per_node = 2;
+  EXPECT_TRUE(CheckFits(cpus, c).ok());
+  c.cpus_per_node = 3;
+  EXPECT_THAT(CheckFits(cpus, c).message(),
+              HasSubstr("asks for 3 CPUs on a node (one for each of its CPU "
+                        "slots there) but the nodes of Slurm partition 'gpu' "
+                        "have at most 2"));
+  cpus.max_cpus_per_node = 0;  // not known: not checked
+  EXPECT_TRUE(CheckFits(cpus, c).ok());
 }
 
 TEST(SlurmCommands, SlurmTimesInEveryForm) {

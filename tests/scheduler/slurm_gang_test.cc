@@ -45,11 +45,18 @@ TEST(SlurmGangTest, OnlyTheJobsNodesEachOnceWithTheirDevices) {
   EXPECT_THAT(gang.Join(2, 2, 40, 4).message(),
               HasSubstr("node 2 of attempt 2 of dlbatch job 12: not a node "
                         "of the job (0 to 1)"));
-  EXPECT_THAT(gang.Join(0, 3, 40, 4).message(),
+  // What the Slurm job cannot hold is FailedPrecondition: the job fails.
+  absl::Status nodes = gang.Join(0, 3, 40, 4);
+  EXPECT_TRUE(absl::IsFailedPrecondition(nodes)) << nodes;
+  EXPECT_THAT(nodes.message(),
               HasSubstr("Slurm says the job has 3 nodes; dlbatch asked for 2"));
-  EXPECT_THAT(gang.Join(0, 2, 40, 2).message(),
-              HasSubstr("the worker has 2 devices; the job was given 4 on "
-                        "each node"));
+  absl::Status fewer = gang.Join(0, 2, 40, 2);
+  EXPECT_TRUE(absl::IsFailedPrecondition(fewer)) << fewer;
+  EXPECT_THAT(fewer.message(),
+              HasSubstr("Slurm gave node 0 2 GPUs; the job needs 4 on each "
+                        "node (attempt 2 of dlbatch job 12, 2 nodes): check "
+                        "the profile's gpus_per_node and gres"));
+  EXPECT_TRUE(absl::IsInvalidArgument(gang.Join(2, 2, 40, 4)));
   ASSERT_TRUE(gang.Join(0, 2, 40, 8).ok());  // more is fine: it uses 4
   EXPECT_THAT(gang.Join(0, 2, 41, 4).message(),
               HasSubstr("worker 40 already serves it"));
@@ -60,8 +67,21 @@ TEST(SlurmGangTest, OnlyTheJobsNodesEachOnceWithTheirDevices) {
               ElementsAre(Part{40, {0, 1, 2, 3}}, Part{41, {0, 1, 2, 3}}));
 }
 
+TEST(SlurmGangTest, ANodeWithFewerCpusThanItsShareCannotHoldTheJob) {
+  SlurmGang gang(3, 1, 1, 2, /*gpus=*/false);
+  absl::Status one = gang.Join(0, 1, 7, 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(one)) << one;
+  EXPECT_THAT(one.message(),
+              HasSubstr("Slurm gave node 0 1 CPU; the job needs 2 on each "
+                        "node (attempt 1 of dlbatch job 3, 1 node): see that "
+                        "Slurm gives a job's task the CPUs it asks for"));
+  EXPECT_FALSE(gang.complete());
+  ASSERT_TRUE(gang.Join(0, 1, 7, 2).ok());
+  EXPECT_TRUE(gang.complete());
+}
+
 TEST(SlurmGangTest, CpuOnlyNodesGiveThePoolOnOneNode) {
-  SlurmGang gang(3, 1, 1, 8);
+  SlurmGang gang(3, 1, 1, 8, /*gpus=*/false);
   ASSERT_TRUE(gang.Join(0, 1, 7, 8).ok());
   ASSERT_TRUE(gang.complete());
   ASSERT_EQ(gang.Parts().size(), 1u);

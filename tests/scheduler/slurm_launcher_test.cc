@@ -101,11 +101,60 @@ TEST(PlanBatchTest, AsFewNodesAsHoldThePoolEachWithTheSameCount) {
   ASSERT_TRUE(six.ok()) << six.status();
   EXPECT_EQ(six->nodes, 2);
   EXPECT_EQ(six->gpus_per_node, 3);
-  // CPU-only nodes: one node, no GRES.
+  // A CPU for each rank on its node.
+  EXPECT_EQ(six->cpus_per_node, 3);
+  // CPU-only nodes of unknown CPUs: one node, no GRES, the pool's CPUs.
   auto cpu = PlanBatch(Cluster(0), 1, 1, {.pool = 8});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->nodes, 1);
   EXPECT_EQ(cpu->gpus_per_node, 0);
+  EXPECT_EQ(cpu->cpus_per_node, 8);
+}
+
+TEST(PlanBatchTest, CpuOnlyNodesHoldAsManySlotsAsTheyHaveCpus) {
+  auto one = PlanBatch(Cluster(0), 1, 1, {.pool = 2}, /*node_cpus=*/2);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->nodes, 1);
+  EXPECT_EQ(one->cpus_per_node, 2);
+  auto spread =
+      PlanBatch(Cluster(0), 1, 1, {.pool = 6, .max_nodes = 3}, /*node_cpus=*/4);
+  ASSERT_TRUE(spread.ok()) << spread.status();
+  EXPECT_EQ(spread->nodes, 2);
+  EXPECT_EQ(spread->cpus_per_node, 3);
+  EXPECT_EQ(spread->gpus_per_node, 0);
+  EXPECT_THAT(PlanBatch(Cluster(0), 1, 1, {.pool = 3}, 2).status().message(),
+              HasSubstr("pool 3 needs 2 nodes of profile 'cluster' (2 CPUs "
+                        "each) but the job allows 1; set max_nodes: 2 in the "
+                        "job, or use pool 2 or less"));
+  EXPECT_THAT(
+      PlanBatch(Cluster(0), 1, 1, {.pool = 5, .max_nodes = 2}, 4)
+          .status()
+          .message(),
+      HasSubstr("pool 5 does not split evenly over the 2 nodes of profile "
+                "'cluster' it needs (Slurm gives each node the same CPU "
+                "count); use pool 4 or 6"));
+}
+
+TEST(ShapeOfGangTest, GpuNodesArePlannedCpuNodesShareThePoolOverSlurmsNodes) {
+  auto gpus = ShapeOfGang(Cluster(2), {.pool = 4, .max_nodes = 2}, 2);
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  EXPECT_EQ(gpus->nodes, 2);
+  EXPECT_EQ(gpus->per_node, 2);
+  EXPECT_TRUE(gpus->gpus);
+  // A GPU plan that fails was refused at launch: not the gang's to say.
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      ShapeOfGang(Cluster(2), {.pool = 5}, 1).status()));
+  auto cpus = ShapeOfGang(Cluster(0), {.pool = 6, .max_nodes = 3}, 2);
+  ASSERT_TRUE(cpus.ok()) << cpus.status();
+  EXPECT_EQ(cpus->nodes, 2);
+  EXPECT_EQ(cpus->per_node, 3);
+  EXPECT_FALSE(cpus->gpus);
+  absl::Status uneven =
+      ShapeOfGang(Cluster(0), {.pool = 5, .max_nodes = 3}, 2).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(uneven)) << uneven;
+  EXPECT_THAT(uneven.message(), HasSubstr("Slurm gave the job 2 nodes"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      ShapeOfGang(Cluster(0), {.pool = 4}, 2).status()));
 }
 
 TEST(PlanBatchTest, RefusesWhatNeedsMoreNodesOrSplitsUnevenly) {

@@ -7,7 +7,10 @@
 // pending reason, a scheduler killed mid-job (the job adopted, finishing
 // once; an unknown Slurm job of its instance's name cancelled), two
 // schedulers sharing the Slurm (a restart touches only its own jobs) and a
-// Slurm job cancelled by hand (reported with Slurm's reason).
+// Slurm job cancelled by hand (reported with Slurm's reason); on a CPU-only
+// profile, the pool's CPUs asked of Slurm and offered by its workers, a pool
+// no node holds refused at submit, and a worker short of CPUs failing its
+// job at once.
 //
 // Label slurm: every test skips, saying why, where Slurm cannot start.
 #include <gtest/gtest.h>
@@ -84,14 +87,32 @@ class SlurmJobs : public ::testing::Test {
     node_dir_ = c_.dir() + "/nodes";
     fs::create_directories(node_dir_);
     config_ = c_.dir() + "/scheduler.yaml";
-    WriteAll(config_,
-             absl::StrCat("profiles:\n"
-                          "  hpc:\n"
+    // `narrow`'s workers run on one processor whatever Slurm gave their
+    // node (as a task plugin's affinity or cpuset may narrow them): the
+    // CPU slots they offer fall short of what their job was given.
+    const std::string narrow_bin = c_.dir() + "/narrow-bin";
+    fs::create_directories(narrow_bin);
+    WriteAll(narrow_bin + "/dlbatch-worker",
+             absl::StrCat("#!/bin/sh\nexec taskset -c 0 ", BinDir(),
+                          "/dlbatch-worker \"$@\"\n"));
+    fs::permissions(narrow_bin + "/dlbatch-worker",
+                    fs::perms::owner_all | fs::perms::group_read |
+                        fs::perms::group_exec | fs::perms::others_read |
+                        fs::perms::others_exec);
+    auto profile = [&](const std::string& name, int gpus,
+                       const std::string& bin) {
+      return absl::StrCat("  ", name,
+                          ":\n"
                           "    type: slurm\n"
                           "    partition: gpu\n"
-                          "    gpus_per_node: 2\n"
-                          "    bin_dir: ",
-                          BinDir(), "\n    node_dir: ", node_dir_, "\n"));
+                          "    gpus_per_node: ",
+                          gpus, "\n    bin_dir: ", bin,
+                          "\n    node_dir: ", node_dir_, "\n");
+    };
+    // The test Slurm's nodes have 2 CPUs each (slurm-cluster.sh).
+    WriteAll(config_, absl::StrCat("profiles:\n", profile("hpc", 2, BinDir()),
+                                   profile("cpus", 0, BinDir()),
+                                   profile("narrow", 0, narrow_bin)));
     c_.StartScheduler({"--config", config_, "--heartbeat-timeout", "5s"},
                       "127.0.0.1:0");
     UseScheduler(c_);
@@ -213,6 +234,12 @@ class SlurmJobs : public ::testing::Test {
   std::string config_;
 };
 
+// `scontrol show job`'s fields of Slurm job `slurm_id` (Slurm keeps an
+// ended job for MinJobAge, 60 s on the test Slurm).
+std::string ScontrolJob(int64_t slurm_id) {
+  return Exec({"scontrol", "show", "job", std::to_string(slurm_id)}).out;
+}
+
 TEST_F(SlurmJobs, OneGpuCommandJobDiaryLiveOutputsAfterSlurmJobIsGone) {
   const int64_t id =
       SubmitCommand("one-gpu",
@@ -267,6 +294,9 @@ TEST_F(SlurmJobs, JobOverTwoNodesRunsOnePartOnEach) {
   EXPECT_EQ(slurm->nodes, "n[1-2]");
   nlohmann::json running = c_.ShowJson(id);
   ASSERT_EQ(running["placement"].size(), 2u) << running.dump(2);
+  // A core beside each GPU: two on each node.
+  EXPECT_TRUE(absl::StrContains(ScontrolJob(slurm->id), "CPUs/Task=2 "))
+      << ScontrolJob(slurm->id);
   ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 60000))
       << c_.ShowJson(id).dump(2);
   const std::string diary = Diary(id);
@@ -288,6 +318,91 @@ TEST_F(SlurmJobs, JobOverTwoNodesRunsOnePartOnEach) {
   EXPECT_NE(too_big.code, 0);
   EXPECT_TRUE(absl::StrContains(too_big.err, "Slurm partition 'gpu' has 2"))
       << too_big.err;
+}
+
+// A CPU-only profile (gpus_per_node: 0): the pool's CPU slots are asked of
+// Slurm as each node's CPUs (--cpus-per-task, one task per node), the
+// node's worker offers the CPUs Slurm gave it, and the job runs.
+TEST_F(SlurmJobs, CpuJobOfPoolTwoRunsOnTheCpusSlurmGaveItsNode) {
+  const int64_t id = c_.Submit(c_.JobFile(
+      "cpu-two.yaml",
+      "name: cpu-two\nprofile: cpus\npool: 2\n"
+      "command: [sh, -c, 'echo \"part $DLBATCH_PART of $DLBATCH_PARTS "
+      "devices=$DLBATCH_DEVICES pool=$DLBATCH_POOL\"']\n"));
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 60000))
+      << c_.ShowJson(id).dump(2) << Squeue();
+  const std::string diary = Diary(id);
+  EXPECT_TRUE(absl::StrContains(diary, "part 0 of 1 devices=0,1 pool=2"))
+      << diary;
+  std::optional<SlurmRow> slurm = SlurmJobOf(id);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  const std::string shown = ScontrolJob(slurm->id);
+  EXPECT_TRUE(absl::StrContains(shown, "NumCPUs=2 ")) << shown;
+  EXPECT_TRUE(absl::StrContains(shown, "CPUs/Task=2 ")) << shown;
+  EXPECT_TRUE(absl::StrContains(
+      c_.Logs(), absl::StrCat("worker 'slurm-", slurm->id, "-0' (#")))
+      << c_.Logs();
+  EXPECT_TRUE(absl::StrContains(c_.Logs(), "profile 'cpus' with 2 slots"))
+      << c_.Logs();
+
+  // A pool over both nodes' CPUs: as few nodes as hold it, an even share
+  // (a node's CPUs) on each.
+  const int64_t spread = c_.Submit(c_.JobFile(
+      "cpu-four.yaml",
+      "name: cpu-four\nprofile: cpus\npool: 4\nmax_nodes: 2\n"
+      "command: [sh, -c, 'echo \"part $DLBATCH_PART of $DLBATCH_PARTS "
+      "devices=$DLBATCH_DEVICES\"']\n"));
+  ASSERT_TRUE(c_.WaitState(spread, "JOB_STATE_FINISHED", 60000))
+      << c_.ShowJson(spread).dump(2) << Squeue();
+  const std::string spread_diary = Diary(spread);
+  EXPECT_TRUE(absl::StrContains(spread_diary, "part 0 of 2 devices=0,1"))
+      << spread_diary;
+  EXPECT_TRUE(absl::StrContains(spread_diary, "part 1 of 2 devices=0,1"))
+      << spread_diary;
+  std::optional<SlurmRow> spread_slurm = SlurmJobOf(spread);
+  ASSERT_TRUE(spread_slurm.has_value()) << Squeue();
+  EXPECT_EQ(spread_slurm->nodes, "n[1-2]");
+  EXPECT_TRUE(absl::StrContains(ScontrolJob(spread_slurm->id), "NumCPUs=4 "))
+      << ScontrolJob(spread_slurm->id);
+}
+
+// A pool no node of the partition can hold is refused at submit, from
+// sinfo's CPUs per node, rather than left to wait in Slurm for good.
+TEST_F(SlurmJobs, CpuPoolLargerThanANodesCpusIsRefusedAtSubmit) {
+  Result refused =
+      c_.Cli({"submit", c_.JobFile("cpu-three.yaml",
+                                   "name: cpu-three\nprofile: cpus\npool: 3\n"
+                                   "command: [true]\n")});
+  EXPECT_NE(refused.code, 0) << refused.out;
+  EXPECT_TRUE(absl::StrContains(
+      refused.err, "pool 3 needs 2 nodes of profile 'cpus' (2 CPUs each)"))
+      << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "max_nodes")) << refused.err;
+  Result jobs = c_.Cli({"jobs", "--json"});
+  EXPECT_FALSE(absl::StrContains(jobs.out, "cpu-three")) << jobs.out;
+  EXPECT_TRUE(LiveSlurmJobs().empty()) << Squeue();
+}
+
+// A worker offering fewer CPU slots than its job was given on the node:
+// the job fails at once, saying why, and its allocation is given back.
+TEST_F(SlurmJobs, AnAllocationThatCannotHoldTheJobFailsAtOnceAndIsReleased) {
+  const int64_t id = c_.Submit(c_.JobFile(
+      "narrow.yaml",
+      "name: narrow\nprofile: narrow\npool: 2\ncommand: [sleep, '300']\n"));
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FAILED", 60000))
+      << c_.ShowJson(id).dump(2) << Squeue();
+  const std::string reason = Field(id, "reason");
+  EXPECT_TRUE(absl::StrContains(
+      reason, "Slurm gave node 0 1 CPU; the job needs 2 on each node"))
+      << reason;
+  EXPECT_TRUE(absl::StrContains(Diary(id), "Slurm gave node 0 1 CPU"))
+      << Diary(id);
+  // Released without the linger an ended job's Slurm job gets (15 s).
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 10000))
+      << Squeue();
+  std::optional<SlurmRow> slurm = SlurmJobOf(id);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  EXPECT_TRUE(absl::StartsWith(slurm->state, "CANCELLED")) << Squeue();
 }
 
 TEST_F(SlurmJobs, NodesWorkerKilledMidTwoNodeJobRequeuesItLeavingNothing) {
@@ -630,6 +745,26 @@ TEST_F(SlurmTrainJobs, RanksOverBothNodesReachTheOneNodeWeights) {
   ASSERT_EQ(two_nodes.size(), one_node.size());
   ASSERT_FALSE(one_node.empty());
   EXPECT_LT(RelativeDifference(two_nodes, one_node), 1e-4);
+}
+
+// The embedded trainer on a CPU-only profile: pool 2 is two ranks on the
+// two CPUs Slurm gave the node.
+TEST_F(SlurmTrainJobs, CpuTrainJobOfPoolTwoTrainsWithTwoRanks) {
+  const int64_t id = c_.Submit(c_.JobFile(
+      "cpu-train.yaml", LenetJob(FashionMnistDir(), R"(    mini_batch_size: 32
+    max_iterations: 8
+    execution_environment: cpu
+)",
+                                 "name: cpu-train\nprofile: cpus\npool: 2\n")));
+  Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 300000);
+  ASSERT_EQ(wait.code, 0) << wait.out << Diary(id) << Squeue();
+  EXPECT_EQ(c_.State(id), "JOB_STATE_FINISHED");
+  const std::string diary = Diary(id);
+  EXPECT_TRUE(absl::StrContains(diary, ": 2 ranks, ")) << diary;
+  std::optional<SlurmRow> slurm = SlurmJobOf(id);
+  ASSERT_TRUE(slurm.has_value()) << Squeue();
+  EXPECT_TRUE(absl::StrContains(ScontrolJob(slurm->id), "CPUs/Task=2 "))
+      << ScontrolJob(slurm->id);
 }
 
 // One scheduler, a worker of its own (profile local) and the Slurm

@@ -104,6 +104,7 @@ TEST_F(SlurmToolTest, AJobOnTwoNodesRunsOneWorkerEachWithItsGpus) {
   EXPECT_EQ(limits->nodes, 2);
   EXPECT_EQ(limits->max_gpus_per_node, 2);
   EXPECT_EQ(limits->max_time_s, 0);
+  EXPECT_EQ(limits->max_cpus_per_node, 2);  // CPUs=2 (slurm-cluster.sh)
 
   BatchRequest r;
   r.instance = "0a1b2c3d";

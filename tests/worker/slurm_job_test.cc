@@ -102,5 +102,44 @@ TEST(SlurmJob, TheWorkerServesTheJobWithTheGpusSlurmGave) {
   EXPECT_EQ(o.devices[0].kind(), "cpu");
 }
 
+// On CPU-only nodes the worker offers the CPUs Slurm gave its node, no more
+// than its affinity mask allows.
+TEST(SlurmJob, TheCpusSlurmGaveTheNodeAreItsCpuSlots) {
+  std::map<std::string, std::string> vars = Srun();
+  vars.erase("CUDA_VISIBLE_DEVICES");
+  vars["SLURM_CPUS_ON_NODE"] = "2";
+  vars["SLURM_JOB_CPUS_PER_NODE"] = "8(x2)";
+  auto c = ReadSlurmJob(5, 1, Env(vars));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gpus, 0);
+  EXPECT_EQ(c->cpus, 2);  // SLURM_CPUS_ON_NODE first
+  EXPECT_EQ(SlurmCpuSlots(*c, 16), 2);
+  EXPECT_EQ(SlurmCpuSlots(*c, 1), 1);  // a narrower affinity mask
+  WorkerOptions o;
+  ApplySlurmJob(*c, {}, SlurmCpuSlots(*c, 16), &o);
+  ASSERT_EQ(o.devices.size(), 2u);
+  EXPECT_EQ(o.devices[1].kind(), "cpu");
+
+  // Else this node's entry of SLURM_JOB_CPUS_PER_NODE (node 1 here).
+  vars.erase("SLURM_CPUS_ON_NODE");
+  vars["SLURM_JOB_CPUS_PER_NODE"] = "4,3";
+  EXPECT_EQ(ReadSlurmJob(5, 1, Env(vars))->cpus, 3);
+  vars["SLURM_JOB_CPUS_PER_NODE"] = "6(x2),1";
+  EXPECT_EQ(ReadSlurmJob(5, 1, Env(vars))->cpus, 6);
+  vars["SLURM_NODEID"] = "2";
+  vars["SLURM_JOB_NUM_NODES"] = "3";
+  EXPECT_EQ(ReadSlurmJob(5, 1, Env(vars))->cpus, 1);
+  for (const char* bad : {"x", "4(x", "4(xy)", "", "4"}) {
+    vars["SLURM_JOB_CPUS_PER_NODE"] = bad;  // unreadable, or too short
+    EXPECT_EQ(ReadSlurmJob(5, 1, Env(vars))->cpus, 0) << bad;
+  }
+  // Slurm says nothing: the processors the worker may run on.
+  vars.erase("SLURM_JOB_CPUS_PER_NODE");
+  c = ReadSlurmJob(5, 1, Env(vars));
+  EXPECT_EQ(c->cpus, 0);
+  EXPECT_EQ(SlurmCpuSlots(*c, 5), 5);
+  EXPECT_EQ(SlurmCpuSlots(*c, 0), 1);
+}
+
 }  // namespace
 }  // namespace dlbatch::worker
