@@ -1,4 +1,7 @@
 // fetch-outputs, workers, profiles.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <iostream>
 
@@ -6,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/commands_control.h"
+#include "client/diary_text.h"
 #include "client/format.h"
 #include "client/json_out.h"
 #include "client/outputs_dir.h"
@@ -70,7 +74,6 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
     skipped.push_back(absl::StrCat(path, ": ", why.message()));
   };
   std::vector<const v1::OutputFile*> files, links;
-  int64_t total = 0;
   for (const auto& f : reply.files()) {
     if (absl::Status s = CheckOutputPath(f.path()); !s.ok()) {
       skip(f.path(), s);
@@ -78,47 +81,115 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
       links.push_back(&f);
     } else {
       files.push_back(&f);
-      total += f.size();
     }
   }
-  std::vector<std::string> fetched;
-  int64_t fetched_bytes = 0;
+  FetchTally tally;
+  tally.files = static_cast<int>(files.size());
+  std::vector<std::string> lines;  // one per output, after the summary
   bool failed = false;  // a download failed (an unsafe entry is no failure)
+  // What is here already decides what comes: a complete file is kept, a
+  // part left by an interrupted fetch is gone on from; the bar counts the
+  // bytes that will come.
+  struct Todo {
+    const v1::OutputFile* file;
+    FoundOutput found;
+    FetchStep step;
+  };
+  std::vector<Todo> todo;
+  int64_t to_receive = 0;
+  for (const v1::OutputFile* f : files) {
+    const std::string shown = TerminalText(f->path());
+    auto parent = out.ParentOf(f->path());
+    absl::StatusOr<FoundOutput> found =
+        parent.ok() ? InspectOutput(parent->first.get(), parent->second,
+                                    f->size(), f->sha256())
+                    : parent.status();
+    if (!found.ok()) {
+      skip(f->path(), found.status());  // a path through a symlink: refused
+      failed = failed || parent.ok();
+      continue;
+    }
+    FetchStep step = PlanFetch(*found, f->size());
+    if (step.action == FetchStep::Action::kSkip) {
+      if (step.remove_part) {
+        ::unlinkat(parent->first.get(), (parent->second + ".part").c_str(), 0);
+      }
+      ++tally.skipped;
+      lines.push_back(
+          absl::StrCat(shown, ": skipped, already here with the same sha256"));
+      continue;
+    }
+    to_receive += f->size() - step.offset;
+    todo.push_back({f, *std::move(found), step});
+  }
   {
     ProgressBar bar(
-        absl::StrCat("job ", job_id, ": ", files.size(), " file(s)"));
-    for (const v1::OutputFile* f : files) {
+        absl::StrCat("job ", job_id, ": ", todo.size(), " file(s)"));
+    int64_t received = 0;  // by the files before this one
+    for (Todo& t : todo) {
+      const v1::OutputFile* f = t.file;
+      const std::string shown = TerminalText(f->path());
       auto parent = out.ParentOf(f->path());
       absl::Status s = parent.status();
-      if (!s.ok()) {
-        skip(f->path(), s);  // a path through a symlink: refused, not lost
-        continue;
-      }
-      // A download that loses the scheduler (a restart) starts again,
-      // while it is unreachable for less than --retry-for.
-      for (;;) {
+      to_receive -= f->size() - t.step.offset;  // now: after this file
+      DownloadReport report;
+      int64_t got = 0;        // bytes received by the attempts before
+      int64_t kept = -1;      // bytes of a part from before this fetch kept
+      int64_t discarded = 0;  // bytes of parts that failed the sha256
+      FetchStep step = t.step;
+      // A download that loses the scheduler (a restart) goes on from its
+      // part, while the scheduler is unreachable for less than --retry-for.
+      while (parent.ok()) {
         const int64_t started = Connection::MonotonicMs();
-        s = DownloadFileAt(conn.stub(), conn.token(), f->sha256(), f->size(),
-                           parent->first.get(), parent->second, f->mode(),
-                           f->path(), [&](int64_t done, int64_t) {
-                             bar.Update(fetched_bytes + done, total);
-                           });
+        s = ResumeDownloadAt(conn.stub(), conn.token(), f->sha256(), f->size(),
+                             parent->first.get(), parent->second, f->mode(),
+                             step.offset, f->path(), &report,
+                             [&](int64_t done, int64_t expect) {
+                               bar.Update(received + got + done,
+                                          received + got + expect + to_receive);
+                             });
+        got += report.received;
+        discarded += report.discarded;
+        if (kept < 0) kept = report.kept;
         if (s.code() != absl::StatusCode::kUnavailable ||
             !conn.RetryAfter(ToGrpcStatus(s), started)) {
           break;
         }
+        InspectPart(parent->first.get(), parent->second, &t.found);
+        step = PlanFetch(t.found, f->size());
       }
+      received += got;
       if (s.code() == absl::StatusCode::kUnavailable) {
         return Annotate(conn.Error(ToGrpcStatus(s)),
-                        absl::StrCat("fetching ", f->path()));
+                        absl::StrCat("fetching ", f->path(),
+                                     " (its .part is kept: fetching again "
+                                     "goes on from it)"));
       }
       if (!s.ok()) {
         skip(f->path(), s);
         failed = true;
         continue;
       }
-      fetched_bytes += f->size();
-      fetched.push_back(f->path());
+      if (kept > 0 && discarded == 0) {
+        ++tally.resumed;
+        tally.resumed_at += kept;
+        tally.resumed_bytes += got;
+        lines.push_back(absl::StrCat(shown, ": resumed at ", HumanBytes(kept),
+                                     ", ", HumanBytes(got), " received"));
+        continue;
+      }
+      ++tally.fetched;
+      tally.fetched_bytes += got;
+      std::string line = absl::StrCat(shown, ": fetched, ", HumanBytes(got));
+      if (discarded > 0) {
+        absl::StrAppend(&line, "; the ", HumanBytes(discarded),
+                        " kept from an earlier fetch (", shown,
+                        ".part) did not match the sha256, so all of it was "
+                        "fetched again");
+      } else if (t.step.replaces) {
+        absl::StrAppend(&line, "; it replaces a copy here with other bytes");
+      }
+      lines.push_back(std::move(line));
     }
   }
   // Links last: a file is never written through one.
@@ -129,13 +200,14 @@ absl::StatusOr<int> FetchOutputs(Connection& conn, int64_t job_id,
       skip(absl::StrCat(f->path(), " -> ", f->symlink()), s);
       continue;
     }
-    fetched.push_back(absl::StrCat(f->path(), " -> ", f->symlink()));
+    ++tally.links;
+    lines.push_back(absl::StrCat(TerminalText(f->path()), " -> ",
+                                 TerminalText(f->symlink())));
   }
-  std::cout << "fetched " << fetched.size() << " of " << reply.files_size()
-            << " output(s), " << HumanBytes(fetched_bytes)
-            << ", checksums verified, into " << TerminalText(target) << "/\n";
-  for (const auto& path : fetched)
-    std::cout << "  " << TerminalText(path) << "\n";
+  tally.not_fetched = static_cast<int>(skipped.size());
+  std::cout << FetchSummary(tally) << ", into " << TerminalText(target)
+            << "/\n";
+  for (const auto& line : lines) std::cout << "  " << line << "\n";
   for (const auto& line : skipped)
     std::cerr << "skipped " << TerminalText(line) << "\n";
   return failed ? 1 : 0;

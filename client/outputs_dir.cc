@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/blob_transfer.h"
 #include "common/status.h"
 
 namespace dlbatch::client {
@@ -18,7 +19,84 @@ std::vector<std::string> Split(const std::string& path) {
   return absl::StrSplit(path, '/');
 }
 
+// Kind and size of `name` in `dir_fd`, not following a symlink.
+FoundOutput::Kind KindOf(int dir_fd, const std::string& name, int64_t* size) {
+  struct stat st;
+  if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return FoundOutput::Kind::kAbsent;
+  }
+  *size = static_cast<int64_t>(st.st_size);
+  return S_ISREG(st.st_mode) ? FoundOutput::Kind::kFile
+                             : FoundOutput::Kind::kOther;
+}
+
 }  // namespace
+
+FetchStep PlanFetch(const FoundOutput& found, int64_t size) {
+  using Kind = FoundOutput::Kind;
+  FetchStep step;
+  if (found.file == Kind::kFile && found.file_size == size &&
+      found.file_matches) {
+    step.action = FetchStep::Action::kSkip;
+    step.remove_part = found.part != Kind::kAbsent;
+    return step;
+  }
+  step.replaces = found.file != Kind::kAbsent;
+  if (found.part == Kind::kFile && found.part_size > 0 &&
+      found.part_size <= size) {
+    step.action = FetchStep::Action::kResume;
+    step.offset = found.part_size;
+  }
+  return step;
+}
+
+std::string FetchSummary(const FetchTally& t) {
+  std::string out = absl::StrCat(
+      t.files, t.files == 1 ? " file" : " files", ": ", t.fetched, " fetched (",
+      HumanBytes(t.fetched_bytes), "), ", t.resumed, " resumed");
+  if (t.resumed == 1) {
+    absl::StrAppend(&out, " at ", HumanBytes(t.resumed_at), " (",
+                    HumanBytes(t.resumed_bytes), " received)");
+  } else if (t.resumed > 1) {
+    absl::StrAppend(&out, " (", HumanBytes(t.resumed_at), " kept, ",
+                    HumanBytes(t.resumed_bytes), " received)");
+  }
+  absl::StrAppend(&out, ", ", t.skipped, " skipped");
+  if (t.links > 0) {
+    absl::StrAppend(&out, "; ", t.links, t.links == 1 ? " link" : " links");
+  }
+  if (t.not_fetched > 0) {
+    absl::StrAppend(&out, "; ", t.not_fetched, " not fetched (see below)");
+  }
+  absl::StrAppend(&out, "; sha256 verified");
+  return out;
+}
+
+absl::StatusOr<FoundOutput> InspectOutput(int dir_fd, const std::string& name,
+                                          int64_t size,
+                                          const std::string& sha256) {
+  FoundOutput found;
+  found.file = KindOf(dir_fd, name, &found.file_size);
+  if (found.file == FoundOutput::Kind::kFile && found.file_size == size) {
+    // O_NONBLOCK: a FIFO swapped in since the stat must not block the open.
+    UniqueFd fd(::openat(dir_fd, name.c_str(),
+                         O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!fd.valid()) return ErrnoStatus(errno, "open", name);
+    struct stat st;
+    if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_size == size) {
+      ASSIGN_OR_RETURN(std::string got, Sha256Fd(fd.get(), size, name));
+      found.file_matches = got == sha256;
+    }
+  }
+  InspectPart(dir_fd, name, &found);
+  return found;
+}
+
+void InspectPart(int dir_fd, const std::string& name, FoundOutput* found) {
+  found->part_size = 0;
+  found->part = KindOf(dir_fd, name + ".part", &found->part_size);
+}
 
 absl::Status CheckOutputPath(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("the path is empty");

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/background_sha256.h"
@@ -119,59 +120,137 @@ absl::StatusOr<LocalBlob> Send(v1::Scheduler::StubInterface* stub,
   return LocalBlob{sent, size};
 }
 
+// Opens NAME.part to go on from byte `offset`: its first `offset` bytes are
+// kept and anything past them cut off. Invalid where there is no such part
+// (missing, not a regular file, shorter than `offset`, a symlink): the
+// caller then starts from 0. `kept` is a second, read-only fd on the same
+// file, to hash the kept bytes through whatever O_DIRECT does to `fd`.
+UniqueFd OpenPartToResume(int dir_fd, const std::string& part, int64_t offset,
+                          int64_t size, UniqueFd* kept) {
+  constexpr int kNoSurprises = O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  UniqueFd reader(::openat(dir_fd, part.c_str(), O_RDONLY | kNoSurprises));
+  struct stat rs, ws;
+  if (!reader.valid() || ::fstat(reader.get(), &rs) != 0 ||
+      !S_ISREG(rs.st_mode) || rs.st_size < offset) {
+    return UniqueFd();
+  }
+  UniqueFd fd(OpenForSequentialWrite(dir_fd, part, O_WRONLY | kNoSurprises,
+                                     0600, size - offset));
+  if (!fd.valid() || ::fstat(fd.get(), &ws) != 0 || ws.st_dev != rs.st_dev ||
+      ws.st_ino != rs.st_ino) {
+    return UniqueFd();  // swapped between the two opens
+  }
+  if (ws.st_size > offset && ::ftruncate(fd.get(), offset) != 0) {
+    return UniqueFd();
+  }
+  *kept = std::move(reader);
+  return fd;
+}
+
+// A download cut off by the link or the scheduler, not by what came: the
+// bytes received so far are sound.
+bool CutOff(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kDeadlineExceeded ||
+         status.code() == absl::StatusCode::kCancelled;
+}
+
+// Downloads blob `sha256` into NAME.part (from byte `*offset` of an earlier
+// part where `*offset` > 0 and that part is there; `*offset` is set to 0
+// where it is not) and renames it to NAME once it hashes to `sha256`.
+// `*received` counts the bytes that came. `keep_cut_off`: a cut-off
+// download leaves its part; every other failure removes it.
 absl::Status DownloadInto(v1::Scheduler::StubInterface* stub,
                           const std::string& token, const std::string& sha256,
                           int64_t size, int dir_fd, const std::string& name,
                           uint32_t mode, const std::string& what,
-                          const ProgressFn& progress) {
+                          int64_t* offset, bool keep_cut_off,
+                          const ProgressFn& progress, int64_t* received) {
   const std::string part = name + ".part";
-  // A stale part file (or a symlink planted there) is replaced, never
-  // followed.
-  ::unlinkat(dir_fd, part.c_str(), 0);
-  UniqueFd fd(OpenForSequentialWrite(
-      dir_fd, part, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600,
-      size));
-  if (!fd.valid()) return ErrnoStatus(errno, "create", what + ".part");
+  UniqueFd kept;
+  UniqueFd fd;
+  if (*offset > 0 && *offset <= size) {
+    fd = OpenPartToResume(dir_fd, part, *offset, size, &kept);
+  }
+  if (!fd.valid()) {
+    *offset = 0;
+    // A stale part file (or a symlink planted there) is replaced, never
+    // followed.
+    ::unlinkat(dir_fd, part.c_str(), 0);
+    fd = UniqueFd(OpenForSequentialWrite(
+        dir_fd, part, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+        0600, size));
+    if (!fd.valid()) return ErrnoStatus(errno, "create", what + ".part");
+  }
+  const int64_t start = *offset;
   grpc::ClientContext ctx;
   AddToken(&ctx, token);
-  v1::DownloadBlobRequest req;
-  req.set_sha256(sha256);
-  auto reader = stub->DownloadBlob(&ctx, req);
   // A large file is written past the page cache, hashed beside the write
   // (HashingFileWriter); the chunk read next goes into a message of its own.
   absl::Status status;
+  absl::Status rpc;
   int64_t done = 0;
   std::string got;
   {
-    HashingFileWriter file(fd.get(), [&what](int err) {
-      return ErrnoStatus(err, "write", what + ".part");
-    });
-    v1::BlobChunk chunk;
-    while (reader->Read(&chunk)) {
-      if (file.appended() + static_cast<int64_t>(chunk.data().size()) > size) {
-        status = absl::DataLossError(absl::StrCat(
-            "download of ", what, " is corrupt: more than the expected ", size,
-            " bytes came"));
-        break;
+    HashingFileWriter file(
+        fd.get(),
+        [&what](int err) { return ErrnoStatus(err, "write", what + ".part"); },
+        start);
+    // The kept bytes are hashed before the call starts, so that a slow
+    // hash cannot stall the scheduler's stream.
+    if (start > 0) {
+      std::string buf(std::min<int64_t>(start, kBlobChunkBytes), '\0');
+      for (int64_t at = 0; status.ok() && at < start;) {
+        const size_t want =
+            static_cast<size_t>(std::min<int64_t>(start - at, buf.size()));
+        absl::StatusOr<size_t> n =
+            PreadFull(kept.get(), buf.data(), want, at, what + ".part");
+        if (!n.ok()) {
+          status = n.status();
+        } else if (*n < want) {
+          status = absl::FailedPreconditionError(
+              absl::StrCat(what, ".part shrank while being read"));
+        } else {
+          file.HashKept(absl::string_view(buf.data(), want));
+          at += static_cast<int64_t>(want);
+        }
       }
-      status = file.Append(chunk.data());
-      if (!status.ok()) break;
-      if (progress) progress(file.appended(), size);
     }
-    if (status.ok()) status = file.Finish();
-    done = file.appended();
+    if (status.ok()) {
+      v1::DownloadBlobRequest req;
+      req.set_sha256(sha256);
+      req.set_offset(start);
+      auto reader = stub->DownloadBlob(&ctx, req);
+      v1::BlobChunk chunk;
+      while (reader->Read(&chunk)) {
+        if (start + file.appended() +
+                static_cast<int64_t>(chunk.data().size()) >
+            size) {
+          status = absl::DataLossError(absl::StrCat(
+              "download of ", what, " is corrupt: more than the expected ",
+              size, " bytes came"));
+          break;
+        }
+        status = file.Append(chunk.data());
+        *received += static_cast<int64_t>(chunk.data().size());
+        if (!status.ok()) break;
+        if (progress) progress(file.appended(), size - start);
+      }
+      if (status.ok()) status = file.Finish();
+      if (!status.ok()) ctx.TryCancel();
+      rpc = FromGrpcStatus(reader->Finish());
+      if (status.ok()) status = rpc;
+    }
+    done = start + file.appended();
     got = file.HexDigest();
   }
-  if (!status.ok()) ctx.TryCancel();
-  absl::Status rpc = FromGrpcStatus(reader->Finish());
-  if (status.ok()) status = rpc;
   if (status.ok() && ::fsync(fd.get()) != 0)
     status = ErrnoStatus(errno, "fsync", what + ".part");
   if (status.ok() && (got != sha256 || done != size)) {
-    status = absl::DataLossError(
-        absl::StrCat("download of ", what, " is corrupt: expected ", size,
-                     " bytes with sha256 ", sha256, ", got ", done,
-                     " bytes with sha256 ", got));
+    status = absl::DataLossError(absl::StrCat(
+        "download of ", what, " is corrupt: expected ", size,
+        " bytes with sha256 ", sha256, ", got ", done, " bytes with sha256 ",
+        got, start > 0 ? absl::StrCat(" (", start, " of them kept)") : ""));
   }
   if (status.ok() &&
       ::fchmod(fd.get(), mode == 0 ? 0644 : (mode & 07777)) != 0) {
@@ -182,8 +261,20 @@ absl::Status DownloadInto(v1::Scheduler::StubInterface* stub,
       ::renameat(dir_fd, part.c_str(), dir_fd, name.c_str()) != 0) {
     status = ErrnoStatus(errno, "rename", what + ".part");
   }
-  if (!status.ok()) ::unlinkat(dir_fd, part.c_str(), 0);
+  if (!status.ok() && !(keep_cut_off && status == rpc && CutOff(rpc))) {
+    ::unlinkat(dir_fd, part.c_str(), 0);
+  }
   return status;
+}
+
+bool IsFileName(const std::string& name) {
+  return !name.empty() && name.find('/') == std::string::npos && name != "." &&
+         name != "..";
+}
+
+absl::Status NotAFileName(const std::string& name) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", name, "' is not a file name"));
 }
 
 }  // namespace
@@ -238,12 +329,18 @@ absl::StatusOr<LocalBlob> UploadFile(v1::Scheduler::StubInterface* stub,
   return UploadFdKnown(stub, token, fd.get(), size, sha256, path, progress);
 }
 
+absl::StatusOr<std::string> Sha256Fd(int fd, int64_t size,
+                                     const std::string& what) {
+  return HashFd(fd, size, what);
+}
+
 absl::Status DownloadFile(v1::Scheduler::StubInterface* stub,
                           const std::string& token, const std::string& sha256,
                           int64_t size, const std::string& path, uint32_t mode,
                           const ProgressFn& progress) {
+  int64_t offset = 0, received = 0;
   return DownloadInto(stub, token, sha256, size, AT_FDCWD, path, mode, path,
-                      progress);
+                      &offset, /*keep_cut_off=*/false, progress, &received);
 }
 
 absl::Status DownloadFileAt(v1::Scheduler::StubInterface* stub,
@@ -251,13 +348,41 @@ absl::Status DownloadFileAt(v1::Scheduler::StubInterface* stub,
                             int64_t size, int dir_fd, const std::string& name,
                             uint32_t mode, const std::string& what,
                             const ProgressFn& progress) {
-  if (name.empty() || name.find('/') != std::string::npos || name == "." ||
-      name == "..") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", name, "' is not a file name"));
-  }
+  if (!IsFileName(name)) return NotAFileName(name);
+  int64_t offset = 0, received = 0;
   return DownloadInto(stub, token, sha256, size, dir_fd, name, mode, what,
-                      progress);
+                      &offset, /*keep_cut_off=*/false, progress, &received);
+}
+
+absl::Status ResumeDownloadAt(v1::Scheduler::StubInterface* stub,
+                              const std::string& token,
+                              const std::string& sha256, int64_t size,
+                              int dir_fd, const std::string& name,
+                              uint32_t mode, int64_t offset,
+                              const std::string& what, DownloadReport* report,
+                              const ProgressFn& progress) {
+  *report = DownloadReport();
+  if (!IsFileName(name)) return NotAFileName(name);
+  report->kept = offset;
+  absl::Status s = DownloadInto(stub, token, sha256, size, dir_fd, name, mode,
+                                what, &report->kept, /*keep_cut_off=*/true,
+                                progress, &report->received);
+  if (s.code() == absl::StatusCode::kDataLoss && report->kept > 0) {
+    // The kept bytes (or what came after them) are not the blob's: the
+    // part is gone, and the whole file comes again.
+    report->discarded = std::exchange(report->kept, 0);
+    const int64_t before = report->received;
+    ProgressFn again;
+    if (progress) {
+      again = [&](int64_t done, int64_t total) {
+        progress(before + done, before + total);
+      };
+    }
+    s = DownloadInto(stub, token, sha256, size, dir_fd, name, mode, what,
+                     &report->kept, /*keep_cut_off=*/true, again,
+                     &report->received);
+  }
+  return s;
 }
 
 }  // namespace dlbatch

@@ -87,6 +87,38 @@ absl::Status DownloadFileAt(v1::Scheduler::StubInterface* stub,
                             uint32_t mode, const std::string& what,
                             const ProgressFn& progress = nullptr);
 
+// What ResumeDownloadAt did; filled in when it fails too.
+struct DownloadReport {
+  int64_t kept = 0;       // bytes of an earlier NAME.part the file kept
+  int64_t received = 0;   // bytes that came from the scheduler
+  int64_t discarded = 0;  // bytes of an earlier NAME.part that failed the
+                          // sha256: the file was fetched again from 0
+};
+
+// As DownloadFileAt, going on from an earlier download of the same blob
+// into NAME.part that was interrupted: where NAME.part is a regular file
+// of at least `offset` bytes (`offset` <= `size`), its first `offset` are
+// kept (any more cut off), hashed first, and the scheduler sends the rest
+// from there (DownloadBlobRequest.offset); else the file comes from 0. The
+// whole file's sha256 is checked: where it does not match with bytes kept,
+// the file is fetched again from 0 (`discarded` says so), never kept wrong.
+// Unlike DownloadFileAt, a download cut off by the link or the scheduler
+// (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED) leaves NAME.part for the
+// next call to go on from; other failures remove it. `progress` gets the
+// bytes this call received and the bytes it expects to receive.
+absl::Status ResumeDownloadAt(v1::Scheduler::StubInterface* stub,
+                              const std::string& token,
+                              const std::string& sha256, int64_t size,
+                              int dir_fd, const std::string& name,
+                              uint32_t mode, int64_t offset,
+                              const std::string& what, DownloadReport* report,
+                              const ProgressFn& progress = nullptr);
+
+// Lowercase hex sha256 of the first `size` bytes of `fd`, read with pread
+// from 0. FAILED_PRECONDITION where the file is shorter.
+absl::StatusOr<std::string> Sha256Fd(int fd, int64_t size,
+                                     const std::string& what);
+
 }  // namespace dlbatch
 
 #endif  // DLBATCH_COMMON_BLOB_TRANSFER_H_

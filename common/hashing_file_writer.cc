@@ -31,10 +31,13 @@ int OpenForSequentialWrite(int dir_fd, const std::string& path, int flags,
   return ::openat(dir_fd, path.c_str(), flags, mode);
 }
 
-HashingFileWriter::HashingFileWriter(int fd, ErrorFn error)
-    : fd_(fd), error_(std::move(error)) {
+HashingFileWriter::HashingFileWriter(int fd, ErrorFn error, int64_t start)
+    : fd_(fd), error_(std::move(error)), flushed_(start), file_offset_(start) {
   const int flags = ::fcntl(fd_, F_GETFL);
   direct_ = flags >= 0 && (flags & O_DIRECT) != 0;
+  if (direct_ && start % static_cast<int64_t>(kDirectAlign) != 0) {
+    StopDirect();  // O_DIRECT writes start on a block boundary only
+  }
   for (auto& stage : stage_) {
     if (!direct_) break;
     void* p = nullptr;
@@ -51,6 +54,11 @@ HashingFileWriter::~HashingFileWriter() { (void)WaitFlush(); }
 void HashingFileWriter::StopDirect() {
   direct_ = false;
   ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_DIRECT);
+}
+
+void HashingFileWriter::HashKept(absl::string_view data) {
+  hash_.Update(data);
+  hash_.Wait();
 }
 
 absl::Status HashingFileWriter::Append(absl::string_view data) {

@@ -40,13 +40,21 @@ class HashingFileWriter {
  public:
   // What a failed write becomes (errno in, the status to return).
   using ErrorFn = std::function<absl::Status(int err)>;
-  // `fd` is borrowed, open for writing at offset 0, and must outlive the
-  // writer.
-  HashingFileWriter(int fd, ErrorFn error);
+  // `fd` is borrowed, open for writing, and must outlive the writer. The
+  // bytes appended go from offset `start` on; the file's first `start`
+  // bytes (kept from an interrupted download) are hashed first, handed to
+  // HashKept. A `start` that is not block-aligned writes through the page
+  // cache.
+  HashingFileWriter(int fd, ErrorFn error, int64_t start = 0);
   ~HashingFileWriter();  // waits for a write in flight
   HashingFileWriter(const HashingFileWriter&) = delete;
   HashingFileWriter& operator=(const HashingFileWriter&) = delete;
 
+  // Hashes `data`, the next of the `start` bytes the file holds already,
+  // without writing it. REQUIRES: called before the first Append, with
+  // the file's bytes [0, start) in order. `data` may be reused once this
+  // returns.
+  void HashKept(absl::string_view data);
   // `data` may be reused once this returns. An error is final.
   absl::Status Append(absl::string_view data);
   // Writes what is staged; every byte is then in the file (not yet
@@ -54,7 +62,7 @@ class HashingFileWriter {
   absl::Status Finish();
   // The sha256 of everything appended; after Finish, once.
   std::string HexDigest() { return hash_.HexDigest(); }
-  // Bytes appended so far.
+  // Bytes appended so far (not counting `start`).
   int64_t appended() const { return appended_; }
   // Whether the writes bypass the page cache (tests).
   bool direct() const { return direct_; }
@@ -79,7 +87,7 @@ class HashingFileWriter {
   std::unique_ptr<char, FreeBuffer> stage_[2];
   int current_ = 0;          // the staging buffer being filled
   size_t fill_ = 0;          // bytes in it
-  int64_t file_offset_ = 0;  // bytes handed to the file so far
+  int64_t file_offset_ = 0;  // where the next write goes (start included)
   BackgroundSha256 hash_;
   absl::Status flush_status_;  // the other buffer's write; set by flusher_
   HelperThread flusher_;       // last: its task uses the members above

@@ -1,5 +1,6 @@
 // Unit tests for common/: durations, endpoints and tokens, durable files and
 // sha256, and the status helpers.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "common/duration.h"
 #include "common/endpoint.h"
 #include "common/files.h"
+#include "common/hashing_file_writer.h"
 #include "common/helper_thread.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
@@ -376,6 +378,55 @@ TEST(Sha256Test, IncrementalEqualsOneShot) {
   h.Update("");
   h.Update("bc");
   EXPECT_EQ(h.HexDigest(), Sha256Hex("abc"));
+}
+
+// ---- hashing_file_writer.h ----
+
+class HashingFileWriterTest : public TempDirTest {};
+
+// A writer that goes on from a file's first `start` bytes (an interrupted
+// download's part) writes after them and hashes the whole file, through
+// the page cache and past it, from a block boundary and from any byte.
+TEST_F(HashingFileWriterTest, GoesOnFromTheBytesAFileHoldsAlready) {
+  std::string whole(20 << 20, '\0');
+  for (size_t i = 0; i < whole.size(); ++i) {
+    whole[i] = static_cast<char>((i * 2654435761u) >> 13);
+  }
+  for (int64_t start : {int64_t{0}, int64_t{1} << 20, int64_t{3} << 20 | 7,
+                        static_cast<int64_t>(whole.size())}) {
+    for (int64_t size :
+         {int64_t{5} << 20, static_cast<int64_t>(whole.size())}) {
+      if (start > size) continue;
+      const std::string name = absl::StrCat("f", start, "-", size);
+      const std::string path = dir_ + "/" + name;
+      ASSERT_TRUE(WriteFileAtomic(path, whole.substr(0, start)).ok());
+      int fd = OpenForSequentialWrite(AT_FDCWD, path, O_WRONLY | O_CLOEXEC,
+                                      0600, size);
+      ASSERT_GE(fd, 0) << path;
+      {
+        HashingFileWriter writer(
+            fd, [](int err) { return absl::InternalError(strerror(err)); },
+            start);
+        // The kept bytes in two pieces, the new ones in uneven chunks.
+        const int64_t half = start / 2;
+        writer.HashKept(absl::string_view(whole).substr(0, half));
+        writer.HashKept(absl::string_view(whole).substr(half, start - half));
+        for (int64_t at = start; at < size;) {
+          const int64_t n = std::min<int64_t>(size - at, 3 << 20 | 123);
+          ASSERT_TRUE(
+              writer.Append(absl::string_view(whole).substr(at, n)).ok());
+          at += n;
+        }
+        ASSERT_TRUE(writer.Finish().ok());
+        EXPECT_EQ(writer.appended(), size - start);
+        EXPECT_EQ(writer.HexDigest(),
+                  Sha256Hex(absl::string_view(whole).substr(0, size)))
+            << name;
+      }
+      ::close(fd);
+      EXPECT_TRUE(ReadFile(path).value() == whole.substr(0, size)) << name;
+    }
+  }
 }
 
 TEST(HelperThreadTest, RunsTasksOneAfterAnotherInOrderOffTheCallersThread) {
