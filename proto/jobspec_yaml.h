@@ -31,8 +31,9 @@ absl::StatusOr<ParsedJobFile> ReadJobFile(const std::string& path);
 
 // Checks what the schema alone can check: exactly one of command/train, a
 // non-empty argv, pool >= 1 where given, known layer types and option
-// values, network input of three positive numbers. Called by the parser and
-// again by the scheduler on every submitted spec.
+// values, network input of three positive numbers, a network whose layers
+// fit its input (InferNetworkShapes: proto/network_shapes.h). Called by the
+// parser and again by the scheduler on every submitted spec.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // Sets the train.options key `option` from `value`, the text of a YAML
