@@ -36,6 +36,9 @@ struct SubmitOptions {
   // seen makes no job and gets the first one's id.
   std::string request_id;
   std::vector<int64_t> after;  // --after: start after these finished well
+  // A train job's absolute data paths are on a filesystem only the workers
+  // mount: not looked for here (relative ones are still checked).
+  bool data_on_workers = false;
 };
 absl::StatusOr<int> Submit(const GlobalFlags& flags,
                            const SubmitOptions& options);

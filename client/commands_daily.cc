@@ -370,6 +370,10 @@ void AddDailyCommands(CLI::App& app, const GlobalFlags* flags, int* rc,
                    "fail if one does not")
       ->delimiter(',')
       ->allow_extra_args(false);  // one value each: never the job file
+  c_submit->add_flag(
+      "--data-on-workers", submit->data_on_workers,
+      "A train job's absolute data paths are on a filesystem the workers "
+      "mount and this machine does not: do not look for them here");
   c_submit->callback([flags, rc, submit] {
     absl::Status ok = CheckSubmitFlags(*submit);
     *rc = Report(ok.ok() ? Submit(*flags, *submit) : absl::StatusOr<int>(ok));

@@ -1,8 +1,10 @@
 // submit, jobs, show, diary, cancel, wait.
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -25,6 +27,7 @@
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "proto/data_paths.h"
 #include "proto/job_state.h"
 #include "proto/jobspec_yaml.h"
 
@@ -123,6 +126,56 @@ absl::Status ApplySubmitFlags(const SubmitOptions& options, v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// A train job's absolute data paths, looked for on this machine: a
+// missing one fails the job where it starts, perhaps after hours in the
+// queue. Only a path that is certainly not here is refused (one this user
+// cannot stat may still be readable on the workers).
+absl::Status CheckDataOnThisMachine(const v1::TrainSpec& train) {
+  for (const DataPath& p : DataPaths(train)) {
+    if (p.path.front() != '/') continue;
+    struct stat st;
+    if (::stat(p.path.c_str(), &st) != 0) {
+      if (errno != ENOENT && errno != ENOTDIR) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          p.field, ": '", p.path,
+          "' does not exist on this machine; correct the path, or, if it "
+          "is on a filesystem only the workers mount, submit with "
+          "--data-on-workers (the trainer then looks for it when the job "
+          "starts)"));
+    }
+    if (p.folder && !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          p.field, ": '", p.path,
+          "' is not a folder; a folders source names a folder with one "
+          "subfolder of images per class"));
+    }
+    if (!p.folder && S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          p.field, ": '", p.path, "' is a folder; name the file in it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A train job's data, checked before anything is uploaded: each relative
+// path must be among the files the job attaches (its working folder holds
+// only those), each absolute one on this machine unless --data-on-workers.
+// Errors point at the path's line in the job file.
+absl::Status CheckDataFiles(const ParsedJobFile& parsed,
+                            const std::vector<LocalFile>& files,
+                            const SubmitOptions& options) {
+  if (!parsed.spec.has_train()) return absl::OkStatus();
+  std::vector<std::string> attached;
+  for (const LocalFile& f : files) attached.push_back(f.path);
+  std::vector<std::string> written = parsed.attach;
+  written.insert(written.end(), options.attach.begin(), options.attach.end());
+  absl::Status s = CheckDataAttached(parsed.spec.train(), attached, written);
+  if (s.ok() && !options.data_on_workers) {
+    s = CheckDataOnThisMachine(parsed.spec.train());
+  }
+  return LocateInJobFile(parsed, s);
+}
+
 }  // namespace
 
 int ExitCodeFor(v1::JobState state) {
@@ -159,6 +212,7 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
                          options.job_file.empty() ? here : options.job_file));
   ASSIGN_OR_RETURN(auto more, ResolveAttachments(options.attach, here));
   files.insert(files.end(), more.begin(), more.end());
+  RETURN_IF_ERROR(CheckDataFiles(parsed, files, options));
 
   ASSIGN_OR_RETURN(auto conn, Connection::Open(flags));
   int64_t total = 0;

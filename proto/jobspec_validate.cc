@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "proto/jobspec_yaml.h"
+#include "proto/network_shapes.h"
 #include "proto/network_wiring.h"
 
 namespace dlbatch {
@@ -232,7 +234,7 @@ absl::Status ValidateNetwork(const v1::TrainSpec& train) {
     absl::Status s = ValidateLayer(net.layers(i), i);
     if (!s.ok()) return s;
   }
-  // Names, inputs, cycles, unused outputs; shapes are the trainer's.
+  // Names, inputs, cycles, unused outputs; shapes come last (ValidateTrain).
   if (absl::StatusOr<NetworkWiring> w = WireNetwork(net); !w.ok()) {
     // Its messages begin "layers[i] (...)": the field's path, continued.
     return absl::InvalidArgumentError(
@@ -474,10 +476,28 @@ absl::Status ValidateOptions(const v1::TrainingOptions& o) {
   return absl::OkStatus();
 }
 
+// Whether each layer fits what it takes (InferNetworkShapes, which the
+// trainer builds by): checked after everything else, since a network being
+// written is often unfinished (no softmax yet) while its options are not.
+// REQUIRES: ValidateNetwork(train) is OK.
+absl::Status ValidateShapes(const v1::NetworkSpec& net) {
+  absl::StatusOr<NetworkWiring> wiring = WireNetwork(net);
+  if (!wiring.ok()) return wiring.status();
+  absl::StatusOr<std::vector<LayerShape>> shapes =
+      InferNetworkShapes(net, *wiring);
+  if (!shapes.ok()) {
+    // "layers[i] (...): ..." or "input: ...": the field's path, continued.
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.network.", shapes.status().message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateTrain(const v1::TrainSpec& train) {
   absl::Status s = ValidateNetwork(train);
   if (s.ok()) s = ValidateData(train);
   if (s.ok()) s = ValidateOptions(train.options());
+  if (s.ok()) s = ValidateShapes(train.network());
   return s;
 }
 

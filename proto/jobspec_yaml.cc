@@ -82,6 +82,25 @@ std::string DidYouMean(absl::string_view name,
                          : absl::StrCat(" (did you mean '", closest, "'?)");
 }
 
+// `status` with the place of the field its message begins with in front:
+// walks up "a.b[2].c" -> "a.b[2]" -> "a.b" -> "a" until `where` knows one
+// ("job.yaml:12:5"); else `source` alone.
+absl::Status LocateField(
+    const std::function<std::optional<std::string>(const std::string&)>& where,
+    const std::string& source, const absl::Status& status) {
+  absl::string_view message = status.message();
+  std::string path(message.substr(0, message.find_first_of(" :(")));
+  while (!path.empty()) {
+    if (std::optional<std::string> at = where(path)) {
+      return absl::Status(status.code(), absl::StrCat(*at, ": ", message));
+    }
+    size_t cut = path.find_last_of(".[");
+    if (cut == std::string::npos) break;
+    path.resize(cut);
+  }
+  return absl::Status(status.code(), absl::StrCat(source, ": ", message));
+}
+
 // Walks one document. Single use: construct, call Parse once.
 class JobYamlParser {
  public:
@@ -349,24 +368,19 @@ absl::StatusOr<ParsedJobFile> JobYamlParser::Parse(std::string_view text) {
     absl::StatusOr<std::vector<v1::JobSpec>> jobs = ExpandSweep(result_.spec);
     if (!jobs.ok()) return Locate(jobs.status());
   }
+  result_.source = source_;
+  for (const auto& [path, mark] : marks_) result_.where[path] = Where(mark);
   return std::move(result_);
 }
 
 absl::Status JobYamlParser::Locate(const absl::Status& status) const {
-  absl::string_view message = status.message();
-  std::string path(message.substr(0, message.find_first_of(" :(")));
-  // Walk up "a.b[2].c" -> "a.b[2]" -> "a.b" -> "a" until a written field.
-  while (!path.empty()) {
-    auto it = marks_.find(path);
-    if (it != marks_.end()) {
-      return absl::Status(status.code(),
-                          absl::StrCat(Where(it->second), ": ", message));
-    }
-    size_t cut = path.find_last_of(".[");
-    if (cut == std::string::npos) break;
-    path.resize(cut);
-  }
-  return absl::Status(status.code(), absl::StrCat(source_, ": ", message));
+  return LocateField(
+      [&](const std::string& path) -> std::optional<std::string> {
+        auto it = marks_.find(path);
+        if (it == marks_.end()) return std::nullopt;
+        return Where(it->second);
+      },
+      source_, status);
 }
 
 absl::Status JobYamlParser::ParseTop(const Value& root) {
@@ -892,6 +906,18 @@ absl::Status ApplyTrainingOption(absl::string_view option,
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": cannot read '", value, "': ", e.what()));
   }
+}
+
+absl::Status LocateInJobFile(const ParsedJobFile& parsed,
+                             const absl::Status& status) {
+  if (status.ok()) return status;
+  return LocateField(
+      [&](const std::string& path) -> std::optional<std::string> {
+        auto it = parsed.where.find(path);
+        if (it == parsed.where.end()) return std::nullopt;
+        return it->second;
+      },
+      parsed.source, status);
 }
 
 absl::StatusOr<ParsedJobFile> ReadJobFile(const std::string& path) {

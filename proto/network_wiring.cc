@@ -11,16 +11,10 @@
 namespace dlbatch {
 namespace {
 
-// "layers[3] (conv 'res_a')"
-std::string Where(const v1::NetworkSpec& spec, const NetworkWiring& w, int i) {
-  return absl::StrCat("layers[", i, "] (", spec.layers(i).type(), " '",
-                      w.names[i], "')");
-}
-
 absl::Status Refuse(const v1::NetworkSpec& spec, const NetworkWiring& w, int i,
                     const std::string& message) {
   return absl::InvalidArgumentError(
-      absl::StrCat(Where(spec, w, i), ": ", message));
+      absl::StrCat(DescribeLayer(spec, w, i), ": ", message));
 }
 
 // A path of input edges from `from` back to `to` (both included), or empty:
@@ -46,6 +40,12 @@ std::vector<int> PathBack(const std::vector<std::vector<int>>& inputs, int from,
 
 }  // namespace
 
+std::string DescribeLayer(const v1::NetworkSpec& spec, const NetworkWiring& w,
+                          int i) {
+  return absl::StrCat("layers[", i, "] (", spec.layers(i).type(), " '",
+                      w.names[i], "')");
+}
+
 absl::StatusOr<NetworkWiring> WireNetwork(const v1::NetworkSpec& spec) {
   const int count = spec.layers_size();
   NetworkWiring w;
@@ -65,7 +65,7 @@ absl::StatusOr<NetworkWiring> WireNetwork(const v1::NetworkSpec& spec) {
     if (!added) {
       return Refuse(spec, w, i,
                     absl::StrCat("the name '", w.names[i], "' is taken by ",
-                                 Where(spec, w, it->second),
+                                 DescribeLayer(spec, w, it->second),
                                  "; give each layer its own name"));
     }
   }
@@ -111,10 +111,11 @@ absl::StatusOr<NetworkWiring> WireNetwork(const v1::NetworkSpec& spec) {
                                    absl::StrJoin(names, " -> "),
                                    "); a network's outputs must flow one way"));
       }
-      return Refuse(spec, w, i,
-                    absl::StrCat("takes the output of ", Where(spec, w, j),
-                                 ", which is listed after it; list each layer "
-                                 "after the layers it takes as input"));
+      return Refuse(
+          spec, w, i,
+          absl::StrCat("takes the output of ", DescribeLayer(spec, w, j),
+                       ", which is listed after it; list each layer "
+                       "after the layers it takes as input"));
     }
   }
 

@@ -34,6 +34,11 @@ struct NetworkWiring {
 // an output nobody takes (other than the last layer's).
 absl::StatusOr<NetworkWiring> WireNetwork(const v1::NetworkSpec& spec);
 
+// How messages name layer i of `spec`: "layers[3] (conv 'res_a')".
+// REQUIRES: `w` has a name for layer i (WireNetwork's, or one being made).
+std::string DescribeLayer(const v1::NetworkSpec& spec, const NetworkWiring& w,
+                          int i);
+
 }  // namespace dlbatch
 
 #endif  // DLBATCH_PROTO_NETWORK_WIRING_H_

@@ -80,17 +80,8 @@ class HostMemory {
 };
 
 // Padding of a window (convolution, pooling); `same` resolves to an
-// asymmetric one (the extra row/column at the bottom/right, as TensorFlow,
-// MATLAB and ONNX's SAME_UPPER do).
-struct Padding {
-  int top = 0, left = 0, bottom = 0, right = 0;
-  bool operator==(const Padding&) const = default;
-  // Whether each side pads as its opposite (all cuDNN can describe).
-  bool symmetric() const { return top == bottom && left == right; }
-  bool negative() const {
-    return top < 0 || left < 0 || bottom < 0 || right < 0;
-  }
-};
+// asymmetric one (proto/network_shapes.h).
+using Padding = ::dlbatch::WindowPadding;
 
 struct ConvDesc {
   Shape in;

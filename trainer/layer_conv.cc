@@ -2,36 +2,24 @@
 #include <memory>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "trainer/layers.h"
 
 namespace dlbatch::trainer {
 
 absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx) {
   const v1::LayerSpec& spec = *ctx.spec;
-  if (spec.filters() <= 0) {
-    return ctx.Error(absl::StrCat("filters must be > 0, not ", spec.filters()));
-  }
-  absl::StatusOr<Window> win = ResolveWindow(ctx, /*default_stride=*/1);
-  if (!win.ok()) return win.status();
-
+  const LayerShape& win = ctx.shape;
   LayerPlan plan = ctx.Plan();
-  plan.info.out = Shape{win->out.h, win->out.w, spec.filters()};
-  plan.info.kh = win->kh;
-  plan.info.kw = win->kw;
-  plan.info.stride_h = win->stride_h;
-  plan.info.stride_w = win->stride_w;
-  plan.info.pad = win->pad;
 
   ConvDesc desc;
   desc.in = ctx.in;
   desc.filters = spec.filters();
-  desc.kh = win->kh;
-  desc.kw = win->kw;
-  desc.stride_h = win->stride_h;
-  desc.stride_w = win->stride_w;
-  desc.pad = win->pad;
-  desc.out = plan.info.out;
+  desc.kh = win.kh;
+  desc.kw = win.kw;
+  desc.stride_h = win.stride_h;
+  desc.stride_w = win.stride_w;
+  desc.pad = win.pad;
+  desc.out = win.out;
   desc.bf16_out = ctx.bf16_output;
   desc.bf16_in = ctx.bf16_input;
   desc.input_grad = ctx.input_grad;
@@ -40,10 +28,10 @@ absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx) {
   if (!kernel.ok()) return ctx.Error(kernel.status());
   plan.layer = std::make_unique<WeightedLayer<ConvKernel>>(*std::move(kernel));
 
-  const int64_t window = int64_t{win->kh} * win->kw;
+  const int64_t window = int64_t{win.kh} * win.kw;
   ParamRequest weight;
   weight.suffix = "weight";
-  weight.dims = {spec.filters(), win->kh, win->kw, ctx.in.c};
+  weight.dims = {spec.filters(), win.kh, win.kw, ctx.in.c};
   weight.decayed = true;
   weight.init = ParamInit::kGlorotUniform;
   weight.fan_in = window * ctx.in.c;

@@ -94,7 +94,6 @@ absl::StatusOr<LayerPlan> MakeElementwiseLayer(const LayerContext& ctx) {
   const v1::LayerSpec& spec = *ctx.spec;
   const std::string& type = spec.type();
   LayerPlan plan = ctx.Plan();
-  plan.info.out = ctx.in;
   const int64_t sample = ctx.in.size();
   if (type == "relu" || type == "leakyrelu" || type == "gelu") {
     ActivationDesc desc;
@@ -114,13 +113,7 @@ absl::StatusOr<LayerPlan> MakeElementwiseLayer(const LayerContext& ctx) {
     if (!mask.ok()) return ctx.Error(mask.status());
     plan.layer = std::make_unique<DropoutLayer>(ctx.backend, p, sample,
                                                 *std::move(mask));
-  } else {  // softmax
-    if (ctx.in.h != 1 || ctx.in.w != 1) {
-      return ctx.Error(absl::StrCat(
-          "input ", ctx.in.ToString(), " must be [1, 1, classes] (",
-          "the output of an fc or globalavgpool layer); got [", ctx.in.h, ", ",
-          ctx.in.w, "] positions"));
-    }
+  } else {  // softmax, of [1, 1, classes] (InferLayerShape)
     auto scratch = ctx.backend->Allocate((2 + ctx.max_batch) * 4);
     if (!scratch.ok()) return ctx.Error(scratch.status());
     plan.layer = std::make_unique<SoftmaxLayer>(ctx.backend, ctx.in.c,

@@ -3,18 +3,13 @@
 #include <memory>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "trainer/layers.h"
 
 namespace dlbatch::trainer {
 
 absl::StatusOr<LayerPlan> MakeFcLayer(const LayerContext& ctx) {
   const v1::LayerSpec& spec = *ctx.spec;
-  if (spec.units() <= 0) {
-    return ctx.Error(absl::StrCat("units must be > 0, not ", spec.units()));
-  }
   LayerPlan plan = ctx.Plan();
-  plan.info.out = Shape{1, 1, spec.units()};
 
   FcDesc desc;
   desc.in = ctx.in.size();

@@ -8,8 +8,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "trainer/layers.h"
 
 namespace dlbatch::trainer {
@@ -122,56 +120,23 @@ class ConcatLayer final : public Layer {
   int total_ = 0;
 };
 
-// "'a' [8, 8, 16], 'b' [8, 8, 32]"
-std::string DescribeInputs(const LayerContext& ctx) {
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < ctx.ins.size(); ++i) {
-    parts.push_back(
-        absl::StrCat("'", ctx.in_names[i], "' ", ctx.ins[i].ToString()));
-  }
-  return absl::StrJoin(parts, ", ");
-}
-
 }  // namespace
 
 absl::StatusOr<LayerPlan> MakeJoinLayer(const LayerContext& ctx) {
-  const std::string& type = ctx.spec->type();
-  if (ctx.ins.size() < 2) {
-    return ctx.Error(absl::StrCat("joins two or more outputs, got ",
-                                  ctx.ins.size(),
-                                  "; name them in inputs: [a, b]"));
-  }
+  // The inputs agree (InferLayerShape): add's in shape, concat's in height
+  // and width.
   LayerPlan plan = ctx.Plan();
-  if (type == "add") {
-    for (const Shape& s : ctx.ins) {
-      if (s != ctx.ins[0]) {
-        return ctx.Error(absl::StrCat(
-            "adds inputs of one shape, got ", DescribeInputs(ctx),
-            "; make them agree (a 1x1 conv with stride can match channels "
-            "and size)"));
-      }
-    }
-    plan.info.out = ctx.ins[0];
+  if (ctx.spec->type() == "add") {
     plan.folds_relu = ctx.relu_follows;
     plan.layer = std::make_unique<AddLayer>(ctx.backend, ctx.ins[0].size(),
                                             plan.folds_relu, ctx.bf16_input);
     return plan;
   }
   std::vector<int> channels;
-  Shape out = ctx.ins[0];
-  out.c = 0;
-  for (const Shape& s : ctx.ins) {
-    if (s.h != ctx.ins[0].h || s.w != ctx.ins[0].w) {
-      return ctx.Error(absl::StrCat(
-          "concatenates channels of inputs of one height and width, got ",
-          DescribeInputs(ctx)));
-    }
-    channels.push_back(s.c);
-    out.c += s.c;
-  }
-  plan.info.out = out;
-  plan.layer = std::make_unique<ConcatLayer>(ctx.backend, std::move(channels),
-                                             int64_t{out.h} * out.w);
+  for (const Shape& s : ctx.ins) channels.push_back(s.c);
+  plan.layer =
+      std::make_unique<ConcatLayer>(ctx.backend, std::move(channels),
+                                    int64_t{ctx.shape.out.h} * ctx.shape.out.w);
   return plan;
 }
 

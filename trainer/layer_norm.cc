@@ -196,7 +196,6 @@ absl::StatusOr<LayerPlan> MakeBatchNormLayer(const LayerContext& ctx) {
         absl::StrCat("epsilon must be >= 0, not ", spec.epsilon()));
   }
   LayerPlan plan = ctx.Plan();
-  plan.info.out = ctx.in;
 
   BatchNormDesc desc;
   desc.in = ctx.in;

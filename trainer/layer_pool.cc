@@ -3,7 +3,6 @@
 #include <memory>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "trainer/layers.h"
 
 namespace dlbatch::trainer {
@@ -33,32 +32,18 @@ class PoolLayer final : public OneInputLayer {
 }  // namespace
 
 absl::StatusOr<LayerPlan> MakePoolLayer(const LayerContext& ctx) {
-  const v1::LayerSpec& spec = *ctx.spec;
+  const LayerShape& win = ctx.shape;  // globalavgpool: the whole input
   LayerPlan plan = ctx.Plan();
   PoolDesc desc;
   desc.in = ctx.in;
-  if (spec.type() == "globalavgpool") {
-    desc.kind = PoolKind::kAverage;
-    desc.kh = ctx.in.h;
-    desc.kw = ctx.in.w;
-    desc.out = Shape{1, 1, ctx.in.c};
-  } else {
-    absl::StatusOr<Window> win = ResolveWindow(ctx, spec.size());
-    if (!win.ok()) return win.status();
-    desc.kind = spec.type() == "maxpool" ? PoolKind::kMax : PoolKind::kAverage;
-    desc.kh = win->kh;
-    desc.kw = win->kw;
-    desc.stride_h = win->stride_h;
-    desc.stride_w = win->stride_w;
-    desc.pad = win->pad;
-    desc.out = win->out;
-  }
-  plan.info.out = desc.out;
-  plan.info.kh = desc.kh;
-  plan.info.kw = desc.kw;
-  plan.info.stride_h = desc.stride_h;
-  plan.info.stride_w = desc.stride_w;
-  plan.info.pad = desc.pad;
+  desc.kind =
+      ctx.spec->type() == "maxpool" ? PoolKind::kMax : PoolKind::kAverage;
+  desc.kh = win.kh;
+  desc.kw = win.kw;
+  desc.stride_h = win.stride_h;
+  desc.stride_w = win.stride_w;
+  desc.pad = win.pad;
+  desc.out = win.out;
 
   auto kernel = ctx.backend->MakePool(desc, ctx.max_batch);
   if (!kernel.ok()) return ctx.Error(kernel.status());

@@ -1,12 +1,10 @@
-// What the layer families share: error messages, windows, the dispatch by
+// What the layer families share: error messages, plans, the dispatch by
 // type.
 #include "trainer/layers.h"
 
-#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace dlbatch::trainer {
 
@@ -39,69 +37,18 @@ LayerPlan LayerContext::Plan() const {
   plan.info.spec = *spec;
   plan.info.in = in;
   plan.info.ins = ins;
+  plan.info.out = shape.out;
+  plan.info.kh = shape.kh;
+  plan.info.kw = shape.kw;
+  plan.info.stride_h = shape.stride_h;
+  plan.info.stride_w = shape.stride_w;
+  plan.info.pad = shape.pad;
   return plan;
-}
-
-void SamePadding(int in, int k, int stride, int* before, int* after, int* out) {
-  *out = (in + stride - 1) / stride;
-  const int total = std::max((*out - 1) * stride + k - in, 0);
-  *before = total / 2;
-  *after = total - *before;
-}
-
-absl::StatusOr<Window> ResolveWindow(const LayerContext& ctx,
-                                     int default_stride) {
-  const v1::LayerSpec& spec = *ctx.spec;
-  if (spec.size() <= 0) {
-    return ctx.Error(absl::StrCat("size must be > 0, not ", spec.size()));
-  }
-  if (spec.stride() < 0) {
-    return ctx.Error(absl::StrCat("stride must be >= 0, not ", spec.stride(),
-                                  " (0: the default)"));
-  }
-  if (spec.padding() < 0) {
-    return ctx.Error(
-        absl::StrCat("padding must be >= 0, not ", spec.padding()));
-  }
-  if (spec.padding_same() && spec.padding() > 0) {
-    return ctx.Error("give either padding or padding_same, not both");
-  }
-  Window win;
-  win.kh = win.kw = spec.size();
-  win.stride_h = win.stride_w =
-      spec.stride() > 0 ? spec.stride() : default_stride;
-  win.out.c = ctx.in.c;
-  if (spec.padding_same()) {
-    SamePadding(ctx.in.h, win.kh, win.stride_h, &win.pad.top, &win.pad.bottom,
-                &win.out.h);
-    SamePadding(ctx.in.w, win.kw, win.stride_w, &win.pad.left, &win.pad.right,
-                &win.out.w);
-    return win;
-  }
-  const int p = spec.padding();
-  win.pad = Padding{p, p, p, p};
-  const int padded_h = ctx.in.h + 2 * p, padded_w = ctx.in.w + 2 * p;
-  if (win.kh > padded_h || win.kw > padded_w) {
-    return ctx.Error(absl::StrCat(
-        "window [", win.kh, ", ", win.kw, "] is larger than its input ",
-        ctx.in.ToString(), " padded to [", padded_h, ", ", padded_w,
-        "]; use a smaller size, padding or padding_same"));
-  }
-  win.out.h = (padded_h - win.kh) / win.stride_h + 1;
-  win.out.w = (padded_w - win.kw) / win.stride_w + 1;
-  return win;
 }
 
 absl::StatusOr<LayerPlan> MakeLayer(const LayerContext& ctx) {
   const std::string& type = ctx.spec->type();
-  const bool joins = type == "add" || type == "concat";
-  if (!joins && ctx.ins.size() != 1) {
-    return ctx.Error(
-        absl::StrCat("takes one input, not ", ctx.ins.size(), " (",
-                     absl::StrJoin(ctx.in_names, ", "),
-                     "); join them first with an add or concat layer"));
-  }
-  if (joins) return MakeJoinLayer(ctx);
+  if (type == "add" || type == "concat") return MakeJoinLayer(ctx);
   if (type == "conv") return MakeConvLayer(ctx);
   if (type == "fc") return MakeFcLayer(ctx);
   if (type == "maxpool" || type == "avgpool" || type == "globalavgpool") {

@@ -1,7 +1,9 @@
-// The layers a Network is built from (network.cc). A layer checks its spec
-// and input shape, derives its output shape and window, declares the
-// parameters and state it needs (the network places them in its buffers),
-// and runs forward and backward through its Backend's kernels. One file
+// The layers a Network is built from (network.cc). A layer is made to the
+// shapes its spec was checked against (InferNetworkShapes: its input and
+// output shapes and its window come resolved), checks what only the
+// trainer uses of its spec, declares the parameters and state it needs (the
+// network places them in its buffers), and runs forward and backward
+// through its Backend's kernels. One file
 // per layer family: layer_conv.cc, layer_fc.cc, layer_pool.cc,
 // layer_norm.cc, layer_elementwise.cc, layer_join.cc (add, concat).
 #ifndef DLBATCH_TRAINER_LAYERS_H_
@@ -18,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "dlbatch/v1/job.pb.h"
+#include "proto/network_shapes.h"
 #include "trainer/backend.h"
 #include "trainer/comm/communicator.h"
 #include "trainer/network.h"
@@ -132,6 +135,9 @@ struct LayerContext {
   int index = 0;
   std::string name;  // spec's name, else "<type>_<index+1>"
   Shape in;          // ins[0]
+  // Its output shape and window (InferNetworkShapes), already checked
+  // against `ins`.
+  LayerShape shape;
   // Each input's shape and name (a layer's, or "input"), in the order of
   // the spec's inputs; one for every layer but add and concat.
   std::vector<Shape> ins;
@@ -165,28 +171,15 @@ struct LayerContext {
   // `cause` (a kernel or buffer the layer could not get) with the same
   // prefix and its own code: ResourceExhausted stays so.
   absl::Status Error(const absl::Status& cause) const;
-  // The LayerPlan with info's index, name, spec and in filled in.
+  // The LayerPlan with info's index, name, spec, in, ins, out and window
+  // filled in (from `shape`).
   LayerPlan Plan() const;
 };
 
-// The window of a conv or pooling layer, resolved.
-struct Window {
-  int kh = 0, kw = 0, stride_h = 1, stride_w = 1;
-  Padding pad;
-  Shape out;  // with the input's channels
-};
+using ::dlbatch::SamePadding;
 
-// `same` padding of one dimension: the output covers ceil(in / stride)
-// positions; the extra row or column goes at the bottom or right.
-void SamePadding(int in, int k, int stride, int* before, int* after, int* out);
-
-// Resolves size, stride (default `default_stride`), padding and
-// padding_same against the input; refuses a window larger than the padded
-// input or negative settings.
-absl::StatusOr<Window> ResolveWindow(const LayerContext& ctx,
-                                     int default_stride);
-
-// The layer factories, one per family.
+// The layer factories, one per family. REQUIRES: ctx.shape is
+// InferLayerShape's for ctx.spec and ctx.ins.
 absl::StatusOr<LayerPlan> MakeConvLayer(const LayerContext& ctx);
 absl::StatusOr<LayerPlan> MakeFcLayer(const LayerContext& ctx);
 absl::StatusOr<LayerPlan> MakePoolLayer(const LayerContext& ctx);
@@ -196,7 +189,8 @@ absl::StatusOr<LayerPlan> MakeElementwiseLayer(const LayerContext& ctx);
 // add, concat: two or more inputs.
 absl::StatusOr<LayerPlan> MakeJoinLayer(const LayerContext& ctx);
 
-// Any layer, by its spec's type.
+// Any layer, by its spec's type (the shapes' checks make an unknown type,
+// or a count of inputs it does not take, unreachable here).
 absl::StatusOr<LayerPlan> MakeLayer(const LayerContext& ctx);
 
 // Whether a batchnorm of `spec` takes its statistics over the ranks of

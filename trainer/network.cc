@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "proto/network_shapes.h"
 #include "proto/network_wiring.h"
 #include "trainer/layers.h"
 #include "trainer/rng.h"
@@ -181,13 +182,6 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
         "network: input must be [height, width, channels], all > 0; got [",
         absl::StrJoin(spec.input(), ", "), "]"));
   }
-  if (spec.layers_size() == 0 ||
-      spec.layers(spec.layers_size() - 1).type() != "softmax") {
-    return absl::InvalidArgumentError(
-        "network: the last layer must be softmax (after an fc layer with "
-        "one unit per class)");
-  }
-
   auto net = std::make_unique<NetworkImpl>();
   net->backend_ = backend;
   net->max_batch_ = max_batch;
@@ -197,8 +191,11 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
   }
 
   ASSIGN_OR_RETURN(NetworkWiring wiring, WireNetwork(spec));
+  // The shapes a submitted job was checked against, with the same messages.
+  ASSIGN_OR_RETURN(std::vector<LayerShape> shapes,
+                   InferNetworkShapes(spec, wiring));
 
-  // Make the layers, checking shapes as they chain. learns[j]: layer j or
+  // Make the layers to those shapes. learns[j]: layer j or
   // one before it has parameters, so the backward pass wants j's output
   // gradient (as PlanBackward's wants_grad).
   std::vector<LayerPlan> plans;
@@ -214,6 +211,7 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
       ctx.in_names.push_back(j < 0 ? kNetworkInputName : wiring.names[j]);
     }
     ctx.in = ctx.ins[0];
+    ctx.shape = shapes[i];
     ctx.input_grad = wiring.inputs[i][0] >= 0 && learns[wiring.inputs[i][0]];
     ctx.backend = backend;
     ctx.max_batch = max_batch;
@@ -251,9 +249,6 @@ absl::StatusOr<std::unique_ptr<Network>> Network::Build(
             type == "conv" || (type == "add" && ins.back() == k &&
                                std::count(ins.begin(), ins.end(), k) == 1);
       }
-    }
-    if (layer.type() == "softmax" && i + 1 != spec.layers_size()) {
-      return ctx.Error("softmax must be the last layer");
     }
     absl::StatusOr<LayerPlan> plan = MakeLayer(ctx);
     if (!plan.ok()) return plan.status();

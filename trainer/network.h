@@ -77,14 +77,15 @@ class Network {
   virtual ~Network() = default;
 
   // Builds `spec` on `backend` (which must outlive the network) for batches
-  // of up to `max_batch` samples. Shapes are checked layer by layer: a
-  // mismatch is InvalidArgument naming the layer, its index and both shapes
-  // ("layers[4] (fc 'fc_5'): input [4, 4, 50] ..."). Also refused: a
-  // network that does not end with softmax after a layer of (1, 1, k)
-  // output, a window larger than its (padded) input, and the wiring's
-  // faults (WireNetwork): duplicate names, unknown inputs, cycles, unused
-  // outputs; add's inputs of different shapes, concat's of different
-  // height or width.
+  // of up to `max_batch` samples. Refused with InvalidArgument, naming the
+  // layer and its index ("layers[4] (conv 'conv_5'): window [5, 5] is
+  // larger than its input [1, 1, 100] ..."): the wiring's faults
+  // (WireNetwork: duplicate names, unknown inputs, cycles, unused outputs)
+  // and the shapes' (InferNetworkShapes: a window larger than its padded
+  // input, add's inputs of different shapes, concat's of different height
+  // or width, a network that does not end with softmax after a layer of
+  // (1, 1, k) output, ...), in the words ValidateJobSpec used at
+  // submission.
   // `communicator` (optional; must outlive the network) is this rank's tie
   // to the others: batchnorm layers with `sync` take their training
   // statistics over all its ranks' batches when it has more than one.

@@ -6,27 +6,15 @@
 #ifndef DLBATCH_TRAINER_SHAPE_H_
 #define DLBATCH_TRAINER_SHAPE_H_
 
-#include <cstdint>
-#include <string>
-
-#include "absl/strings/str_cat.h"
+#include "proto/network_shapes.h"
 
 namespace dlbatch::trainer {
 
 // One sample's shape: height, width, channels. The batch size is passed
 // separately, at every call, because the last validation batch is smaller.
-struct Shape {
-  int h = 0;
-  int w = 0;
-  int c = 0;
-
-  int64_t size() const { return int64_t{h} * w * c; }
-  bool operator==(const Shape&) const = default;
-  // "[28, 28, 1]", in the job file's order.
-  std::string ToString() const {
-    return absl::StrCat("[", h, ", ", w, ", ", c, "]");
-  }
-};
+// The spec's own (proto/network_shapes.h), so that the layers are built to
+// the shapes a job was checked against at submission.
+using Shape = ::dlbatch::SampleShape;
 
 }  // namespace dlbatch::trainer
 

@@ -4,6 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
 #include "tests/integration/harness.h"
 
 namespace dlbatch::testing {
@@ -74,9 +79,12 @@ TEST_F(BadInput, AJobCannotSetCudaVisibleDevices) {
 // could only fail where it started. (With a profile that has GPUs the
 // message names it: scheduler_test.)
 TEST_F(BadInput, GpuTrainJobOnAProfileOfCpuSlotsIsRefused) {
+  // (/data is on no machine here: --data-on-workers lets the scheduler see
+  // these jobs.)
+  const std::vector<std::string> on_workers = {"--data-on-workers"};
   const std::string job = LenetJob("/data", "    execution_environment: gpu\n",
                                    "name: wants-gpu\n");
-  Result r = SubmitYaml(job);
+  Result r = SubmitYaml(job, on_workers);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(
       r.err.find("execution_environment: gpu asks for GPUs, but the workers of "
@@ -87,12 +95,14 @@ TEST_F(BadInput, GpuTrainJobOnAProfileOfCpuSlotsIsRefused) {
   EXPECT_EQ(c_.Cli({"jobs", "--json"}).out.find("\"id\""), std::string::npos);
 
   // cpu and auto are accepted and queued.
-  Result cpu = SubmitYaml(LenetJob(
-      "/data", "    execution_environment: cpu\n    max_iterations: 1\n",
-      "name: cpu\n"));
+  Result cpu = SubmitYaml(
+      LenetJob("/data",
+               "    execution_environment: cpu\n    max_iterations: 1\n",
+               "name: cpu\n"),
+      on_workers);
   EXPECT_EQ(cpu.code, 0) << cpu.err;
-  Result automatic =
-      SubmitYaml(LenetJob("/data", "    max_iterations: 1\n", "name: auto\n"));
+  Result automatic = SubmitYaml(
+      LenetJob("/data", "    max_iterations: 1\n", "name: auto\n"), on_workers);
   EXPECT_EQ(automatic.code, 0) << automatic.err;
 }
 
@@ -126,6 +136,74 @@ TEST_F(BadInput, MissingJobFile) {
   Result r = c_.Cli({"submit", c_.dir() + "/nope.yaml"});
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("nope.yaml"), std::string::npos) << r.err;
+}
+
+// A train job that could only fail where it starts (perhaps after hours in
+// the queue) is refused by submit, at the line of the field at fault, and
+// nothing is queued: a data file it does not attach, one missing from this
+// machine, a layer that does not fit what it takes.
+TEST_F(BadInput, TrainJobsThatCannotRunAreRefusedAtTheirLine) {
+  std::filesystem::create_directories(c_.dir() + "/data");
+  WriteAll(c_.dir() + "/data/train-images-idx3-ubyte.gz", "not read\n");
+  const std::string network =
+      "  network:\n"
+      "    input: [28, 28, 1]\n"
+      "    layers:\n"
+      "      - {type: fc, units: 100}\n"
+      "      - {type: conv, filters: 8, size: SIZE}\n"
+      "      - {type: fc, units: 10}\n"
+      "      - softmax\n";
+  auto job = [&](const std::string& images, const std::string& labels,
+                 const std::string& size) {
+    std::string yaml = "name: misfit\nattach: [data/]\ntrain:\n" + network +
+                       "  data:\n"
+                       "    train:\n"
+                       "      format: idx\n"
+                       "      images: " +
+                       images + "\n      labels: " + labels + "\n";
+    return yaml.replace(yaml.find("SIZE"), 4, size);
+  };
+  const std::string images = "data/train-images-idx3-ubyte.gz";
+
+  Result unattached = SubmitYaml(job(images, "data/train-labels.gz", "1"));
+  EXPECT_NE(unattached.code, 0);
+  EXPECT_NE(unattached.err.find(
+                "job.yaml:15:15: train.data.train.labels: "
+                "'data/train-labels.gz' is not among the job's attached files "
+                "(attach: [data/], 1 file): data/ is attached, but without "
+                "'train-labels.gz'"),
+            std::string::npos)
+      << unattached.err;
+
+  Result absent = SubmitYaml(job(images, "/nonexistent/labels.gz", "1"));
+  EXPECT_NE(absent.code, 0);
+  EXPECT_NE(absent.err.find("job.yaml:15:15: train.data.train.labels: "
+                            "'/nonexistent/labels.gz' does not exist on this "
+                            "machine"),
+            std::string::npos)
+      << absent.err;
+  EXPECT_NE(absent.err.find("submit with --data-on-workers"), std::string::npos)
+      << absent.err;
+
+  // What the trainer said when such a job ran, now said at submit.
+  Result misfit = SubmitYaml(job(images, images, "5"));
+  EXPECT_NE(misfit.code, 0);
+  EXPECT_NE(misfit.err.find("job.yaml:8:9: train.network.layers[1] (conv "
+                            "'conv_2'): window [5, 5] is larger than its "
+                            "input [1, 1, 100] padded to [1, 1]; use a "
+                            "smaller size, padding or padding: same"),
+            std::string::npos)
+      << misfit.err;
+
+  Result jobs = c_.Cli({"jobs", "--json"});
+  EXPECT_EQ(nlohmann::json::parse(jobs.out)["jobs"].size(), 0u) << jobs.out;
+
+  // Data on a filesystem only the workers mount is the user's to say.
+  Result on_workers = SubmitYaml(job(images, "/nonexistent/labels.gz", "1"),
+                                 {"--data-on-workers"});
+  EXPECT_EQ(on_workers.code, 0) << on_workers.err;
+  jobs = c_.Cli({"jobs", "--json"});
+  EXPECT_EQ(nlohmann::json::parse(jobs.out)["jobs"].size(), 1u) << jobs.out;
 }
 
 TEST_F(BadInput, ProgramThatCannotRunFailsTheJobWithTheReason) {

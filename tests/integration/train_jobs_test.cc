@@ -298,6 +298,9 @@ TEST_F(TrainJobs, ARequeuedTrainJobResumesFromItsCheckpoint) {
   }
 }
 
+// Submit refuses a data path missing here (bad_input_test); one said to be
+// on the workers' own filesystem (--data-on-workers) and missing there too
+// fails the job with the trainer's reason.
 TEST_F(TrainJobs, AMissingDataFileFailsTheJobWithTheTrainersReason) {
   c_.StartScheduler();
   c_.StartWorker("w1", 2);
@@ -305,7 +308,8 @@ TEST_F(TrainJobs, AMissingDataFileFailsTheJobWithTheTrainersReason) {
   const int64_t id = c_.Submit(
       c_.JobFile("missing.yaml",
                  LenetJob("/nonexistent/fashion", "    max_iterations: 5\n",
-                          "name: missing\npool: 2\n")));
+                          "name: missing\npool: 2\n")),
+      {"--data-on-workers"});
   Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 60000);
   EXPECT_NE(wait.code, 0);
   nlohmann::json show = c_.ShowJson(id);

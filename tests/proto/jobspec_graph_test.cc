@@ -34,7 +34,8 @@ absl::StatusOr<ParsedJobFile> Parse(const std::string& text) {
 
 TEST(JobYamlGraph, InputsAndTheNewLayerTypesAndOptionsParse) {
   absl::StatusOr<ParsedJobFile> parsed =
-      Parse(Job("      - {name: a, type: conv, filters: 2, size: 3}\n"
+      Parse(Job("      - {name: a, type: conv, filters: 2, size: 3, "
+                "padding: same}\n"
                 "      - {type: gelu}\n"
                 "      - {name: s, type: add, inputs: [a, gelu_2]}\n"
                 "      - {type: concat, inputs: [s, a, input]}\n"

@@ -38,10 +38,11 @@ std::string ParseError(const std::string& text) {
   return std::string(parsed.status().message());
 }
 
-// A valid train job to vary; `options` is spliced under train.options.
-std::string TrainJob(
-    const std::string& layers = "      - {type: fc, units: 10}\n",
-    const std::string& options = "") {
+// A train job to vary (valid with the default layers); `options` is
+// spliced under train.options.
+std::string TrainJob(const std::string& layers =
+                         "      - {type: fc, units: 10}\n      - softmax\n",
+                     const std::string& options = "") {
   return "train:\n"
          "  network:\n"
          "    input: [28, 28, 1]\n"
@@ -161,9 +162,10 @@ TEST(JobYamlParse, LayerFieldsMap) {
       "      - {type: dropout, probability: 0.25}\n"
       "      - relu\n"
       "      - {type: globalavgpool}\n"
-      "      - {type: fc, units: 10}\n"));
+      "      - {type: fc, units: 10}\n"
+      "      - softmax\n"));
   const auto& layers = spec.train().network().layers();
-  ASSERT_EQ(layers.size(), 9);
+  ASSERT_EQ(layers.size(), 10);
   EXPECT_EQ(layers[0].name(), "c1");
   EXPECT_EQ(layers[0].filters(), 16);
   EXPECT_EQ(layers[0].size(), 3);
@@ -193,7 +195,7 @@ TEST(JobYamlParse, PaddingTakesANumberOrSame) {
 
 TEST(JobYamlParse, OptionsMap) {
   v1::JobSpec spec = ParseOk(
-      TrainJob("      - {type: fc, units: 10}\n",
+      TrainJob("      - {type: fc, units: 10}\n      - softmax\n",
                "    solver: adam\n"
                "    initial_learn_rate: 1e-3\n"
                "    momentum: 0.8\n"
@@ -252,15 +254,17 @@ TEST(JobYamlParse, OptionsMap) {
 }
 
 TEST(JobYamlParse, ScheduleMayBeJustItsType) {
-  v1::JobSpec spec = ParseOk(TrainJob("      - {type: fc, units: 10}\n",
-                                      "    learn_rate_schedule: cosine\n"));
+  v1::JobSpec spec =
+      ParseOk(TrainJob("      - {type: fc, units: 10}\n      - softmax\n",
+                       "    learn_rate_schedule: cosine\n"));
   EXPECT_EQ(spec.train().options().learn_rate_schedule().type(), "cosine");
 }
 
 TEST(JobYamlParse, DataMaps) {
   v1::JobSpec spec = ParseOk(
       "train:\n"
-      "  network: {input: [32, 32, 3], layers: [{type: fc, units: 10}]}\n"
+      "  network: {input: [32, 32, 3], layers: [{type: fc, units: 10}, "
+      "softmax]}\n"
       "  data:\n"
       "    train: {format: cifar10, files: [b1.bin, b2.bin]}\n"
       "    validation: {format: cifar10, files: test.bin}\n"
@@ -289,7 +293,8 @@ TEST(JobYamlParse, DataMaps) {
 TEST(JobYamlParse, FoldersSourceMaps) {
   v1::JobSpec spec = ParseOk(
       "train:\n"
-      "  network: {input: [32, 32, 3], layers: [{type: fc, units: 10}]}\n"
+      "  network: {input: [32, 32, 3], layers: [{type: fc, units: 10}, "
+      "softmax]}\n"
       "  data:\n"
       "    train: {format: folders, path: images/, skip_bad_images: true}\n"
       "    test: {format: folders, path: /data/test}\n"
@@ -490,7 +495,7 @@ TEST(JobYamlErrors, BothCommandAndTrain) {
   EXPECT_THAT(msg, StartsWith("job.yaml:3:3: job has both `command:` and "
                               "`train:`; keep one"));
   msg = ParseError(TrainJob() + "command: [ls]\n");
-  EXPECT_THAT(msg, StartsWith("job.yaml:10:10: job has both"));
+  EXPECT_THAT(msg, StartsWith("job.yaml:11:10: job has both"));
 }
 
 TEST(JobYamlErrors, EmptyCommand) {
