@@ -1,22 +1,28 @@
 // What the system costs around the trainer: a LeNet train job submitted
 // through a real scheduler and worker (a Unix socket in a temp folder)
 // against the same training run by dlbatch-train directly, alternating,
-// with the same ranks and threads (a pool of P CPU slots = P ranks of one
-// thread). Prints a markdown table; the figures are not asserted.
+// with the same ranks and threads (a pool of P CPU slots = one process of
+// P thread ranks, one thread each: --thread-ranks, as the worker starts
+// it). And whether a pool runs as fast as the machine allows: the pool-P
+// job and a pool-1 job through the scheduler against `dlbatch-train
+// --ranks 1 --threads P` (one rank whose mini-batch is split over P
+// threads), all measured in the same run. Prints markdown tables; the
+// figures are not asserted.
 //
 //   train_job_bench [--pool P] [--iterations N] [--repeats R] [--bin DIR]
 //
 // Measured per run, from the moments lines arrive on our end of a pipe:
 // - start: spawn of `dlbatch submit --follow` to its first diary line,
 //   minus spawn of dlbatch-train to its first line (both lines are the
-//   trainer's "Training on ..." header). Submit, placement, the worker's
-//   start and the diary's trip back are what remains.
+//   trainer's first). Submit, placement, the worker's start and the
+//   diary's trip back are what remains.
 // - end: the trainer's last line to `submit --follow` exiting (the job is
 //   committed as ended only once its outputs are stored, so they are
 //   fetchable then), minus dlbatch-train's last line to its exit.
 // - images/s: metrics.json of each run (training steps only).
 // Medians over the repeats; the first run of each kind warms caches and is
-// not counted.
+// not counted. The worker passes OMP_WAIT_POLICY on to its jobs (--job-env)
+// where it is set, so that both kinds of run wait alike.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -179,24 +185,32 @@ int main(int argc, char** argv) {
   const std::string dir = mkdtemp(tmpl);
   // trainer_bench's LeNet job (bench/jobs/lenet.yaml) with a pool and a
   // number of iterations.
-  const std::string job = dir + "/lenet.yaml";
+  std::string lenet;
   {
     std::ifstream in(std::string(DLBATCH_BENCH_SOURCE_DIR) +
                      "/jobs/lenet.yaml");
     std::ostringstream text;
     text << in.rdbuf();
-    std::string yaml = text.str();
+    lenet = text.str();
+  }
+  const auto write_job = [&](int job_pool) -> std::string {
+    std::string yaml = lenet;
     const size_t name = yaml.find("\nname:");
     const size_t epochs = yaml.find("    max_epochs: 1\n");
-    if (name == std::string::npos || epochs == std::string::npos) {
-      std::cerr << "bench/jobs/lenet.yaml has no name: or max_epochs: 1 line\n";
-      return 1;
-    }
+    if (name == std::string::npos || epochs == std::string::npos) return "";
     yaml.replace(epochs, std::strlen("    max_epochs: 1"),
                  absl::StrCat("    max_iterations: ", iterations));
     yaml.insert(yaml.find('\n', name + 1) + 1,
-                absl::StrCat("pool: ", pool, "\n"));
-    std::ofstream(job) << yaml;
+                absl::StrCat("pool: ", job_pool, "\n"));
+    const std::string path =
+        absl::StrCat(dir, "/lenet-pool", job_pool, ".yaml");
+    std::ofstream(path) << yaml;
+    return path;
+  };
+  const std::string job = write_job(pool), job1 = write_job(1);
+  if (job.empty() || job1.empty()) {
+    std::cerr << "bench/jobs/lenet.yaml has no name: or max_epochs: 1 line\n";
+    return 1;
   }
   // One kernel-choice cache for both kinds of run, so they compute alike.
   const std::vector<std::pair<std::string, std::string>> env = {
@@ -211,46 +225,77 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 300 && !fs::exists(dir + "/ready"); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  pid_t worker = Spawn(
-      {bin + "/dlbatch-worker", "--scheduler", sock, "--work-dir",
-       dir + "/worker", "--name", "bench", "--cpu-slots", std::to_string(pool)},
-      dir + "/worker.log");
+  std::vector<std::string> worker_argv = {bin + "/dlbatch-worker",
+                                          "--scheduler",
+                                          sock,
+                                          "--work-dir",
+                                          dir + "/worker",
+                                          "--name",
+                                          "bench",
+                                          "--cpu-slots",
+                                          std::to_string(pool),
+                                          "--job-env",
+                                          "XDG_CACHE_HOME"};
+  for (const char* name : {"OMP_WAIT_POLICY", "OMP_PROC_BIND"}) {
+    if (std::getenv(name) != nullptr) {
+      worker_argv.push_back("--job-env");
+      worker_argv.push_back(name);
+    }
+  }
+  pid_t worker = Spawn(worker_argv, dir + "/worker.log");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
 
   std::vector<double> start_direct, start_system, end_direct, end_system,
-      ips_direct, ips_system;
-  for (int r = 0; r <= repeats; ++r) {
-    const std::string out = absl::StrCat(dir, "/direct-", r);
-    Timed d =
-        RunTimed({bin + "/dlbatch-train", job, "--ranks", std::to_string(pool),
-                  "--threads", "1", "--output-dir", out},
-                 "", env);
+      ips_direct, ips_system, ips_split, ips_pool1;
+  // `submit --follow` of `job_file` through the scheduler; its outputs
+  // fetched into `fetched`. The trainer's last line (the one before the
+  // CLI's own "job N finished") in *trainer_last.
+  const auto submit = [&](const std::string& job_file,
+                          const std::string& fetched,
+                          Clock::time_point* trainer_last) -> Timed {
     Timed s = RunTimed(
-        {bin + "/dlbatch", "--scheduler", sock, "submit", "--follow", job},
+        {bin + "/dlbatch", "--scheduler", sock, "submit", "--follow", job_file},
         "Submitted job", env, /*merge_stderr=*/true);
-    if (d.status != 0 || s.status != 0 || d.lines.empty() || s.lines.empty()) {
-      std::cerr << "run " << r << " failed (direct " << d.status
-                << ", through the scheduler " << s.status << "); logs in "
-                << dir << "\n";
-      kill(worker, SIGTERM);
-      kill(scheduler, SIGTERM);
-      return 1;
-    }
-    // `submit --follow` ends with its own "job N finished" line; the
-    // trainer's last line is the one before.
+    if (s.status != 0 || s.lines.empty()) return s;
     int64_t id = 0;
-    Clock::time_point trainer_last = s.last_line;
+    *trainer_last = s.last_line;
     if (s.lines.size() >= 2 && s.lines.back().rfind("job ", 0) == 0) {
       id = std::atoll(s.lines.back().c_str() + 4);
-      trainer_last = s.times[s.times.size() - 2];
+      *trainer_last = s.times[s.times.size() - 2];
     }
-    const std::string fetched = absl::StrCat(dir, "/fetched-", r);
     Timed f = RunTimed({bin + "/dlbatch", "--scheduler", sock, "fetch-outputs",
                         std::to_string(id), "-o", fetched},
                        "");
-    if (f.status != 0) {
-      std::cerr << "fetch-outputs " << id << " failed (" << f.status
-                << "); logs in " << dir << "\n";
+    if (f.status != 0) s.status = f.status;
+    return s;
+  };
+  for (int r = 0; r <= repeats; ++r) {
+    const std::string out = absl::StrCat(dir, "/direct-", r);
+    const std::string split_out = absl::StrCat(dir, "/split-", r);
+    const std::string fetched = absl::StrCat(dir, "/fetched-", r);
+    const std::string fetched1 = absl::StrCat(dir, "/fetched1-", r);
+    // As the worker starts the pool's job.
+    Timed d =
+        RunTimed({bin + "/dlbatch-train", job, "--ranks", std::to_string(pool),
+                  "--threads", "1", "--thread-ranks", "--output-dir", out},
+                 "", env);
+    Clock::time_point trainer_last;
+    Timed s = submit(job, fetched, &trainer_last);
+    // The machine's best: one rank, its mini-batch split over the threads.
+    Timed b =
+        RunTimed({bin + "/dlbatch-train", job, "--ranks", "1", "--threads",
+                  std::to_string(pool), "--output-dir", split_out},
+                 "", env);
+    Clock::time_point unused;
+    Timed s1 = submit(job1, fetched1, &unused);
+    if (d.status != 0 || s.status != 0 || b.status != 0 || s1.status != 0 ||
+        d.lines.empty() || s.lines.empty()) {
+      std::cerr << "run " << r << " failed (direct " << d.status
+                << ", through the scheduler " << s.status << ", split "
+                << b.status << ", pool 1 " << s1.status << "); logs in " << dir
+                << "\n";
+      kill(worker, SIGTERM);
+      kill(scheduler, SIGTERM);
       return 1;
     }
     if (r == 0) continue;  // warm-up
@@ -260,6 +305,8 @@ int main(int argc, char** argv) {
     end_system.push_back(Ms(s.exited - trainer_last));
     ips_direct.push_back(ImagesPerS(out + "/metrics.json"));
     ips_system.push_back(ImagesPerS(fetched + "/metrics.json"));
+    ips_split.push_back(ImagesPerS(split_out + "/metrics.json"));
+    ips_pool1.push_back(ImagesPerS(fetched1 + "/metrics.json"));
   }
   kill(worker, SIGTERM);
   kill(scheduler, SIGTERM);
@@ -271,11 +318,12 @@ int main(int argc, char** argv) {
   const double end_overhead = Median(end_system) - Median(end_direct);
   const double ips_ratio =
       Median(ips_system) / std::max(1e-9, Median(ips_direct));
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
   std::printf(
-      "LeNet, batch 64, %d iterations, pool %d (%d ranks x 1 thread), %d "
-      "repeats "
-      "(medians)\n\n",
-      iterations, pool, pool, repeats);
+      "LeNet, batch 64, %d iterations, pool %d (1 process, %d thread ranks x "
+      "1 thread), %d repeats (medians), OMP_WAIT_POLICY=%s\n\n",
+      iterations, pool, pool, repeats,
+      wait_policy != nullptr ? wait_policy : "(unset)");
   std::printf(
       "| measure | dlbatch-train alone | through scheduler + worker | overhead "
       "| goal |\n");
@@ -293,5 +341,32 @@ int main(int argc, char** argv) {
   std::printf("| training images/s | %.0f | %.0f | %.3fx | >= 0.97x %s |\n",
               Median(ips_direct), Median(ips_system), ips_ratio,
               ips_ratio >= 0.97 ? "(met)" : "(missed)");
+
+  // Against the machine's best, measured in this run.
+  const double base = std::max(1e-9, Median(ips_split));
+  const double pool_ratio = Median(ips_system) / base;
+  const double pool1_ratio = Median(ips_pool1) / base;
+  std::printf(
+      "\n| training images/s | median | vs dlbatch-train --ranks 1 --threads "
+      "%d | goal |\n",
+      pool);
+  std::printf("|---|---|---|---|\n");
+  std::printf(
+      "| dlbatch-train --ranks 1 --threads %d (baseline) | %.0f | "
+      "1.000x | |\n",
+      pool, Median(ips_split));
+  std::printf(
+      "| dlbatch-train --ranks %d --threads 1 --thread-ranks | %.0f | %.3fx "
+      "| |\n",
+      pool, Median(ips_direct), Median(ips_direct) / base);
+  std::printf(
+      "| pool %d job, scheduler + %d-slot worker | %.0f | %.3fx | >= 0.95x "
+      "%s |\n",
+      pool, pool, Median(ips_system), pool_ratio,
+      pool_ratio >= 0.95 ? "(met)" : "(missed)");
+  std::printf(
+      "| pool 1 job, same worker | %.0f | %.3fx | pool %d >= pool 1 %s |\n",
+      Median(ips_pool1), pool1_ratio, pool,
+      Median(ips_system) >= Median(ips_pool1) ? "(met)" : "(missed)");
   return 0;
 }

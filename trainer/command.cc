@@ -139,6 +139,12 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
                  "first rank (a run spread over machines)")
       ->check(CLI::NonNegativeNumber)
       ->group("A run spread over machines");
+  app.add_flag("--thread-ranks", cl->thread_ranks,
+               "Train this machine's --ranks as threads of this one process "
+               "(on the CPU), not as processes; with --first-rank and "
+               "--world, one such process per machine meets the others "
+               "over Gloo (a dlbatch worker starts CPU jobs so)")
+      ->group("A run spread over machines");
   app.add_flag("--spec-binary", cl->spec_binary,
                "job_file is a serialised JobSpec (as a dlbatch worker writes "
                "it), not YAML")
@@ -161,7 +167,11 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
       "One rank on the CPU splits each mini-batch over its threads (a\n"
       "replica each, 16 samples at least; batch norms take the whole\n"
       "mini-batch's statistics); DLBATCH_SPLIT_BATCH=0 keeps one replica\n"
-      "over all threads, =1 splits down to a sample a thread.");
+      "over all threads, =1 splits down to a sample a thread.\n"
+      "--thread-ranks runs --ranks as threads of one process instead of\n"
+      "processes (each its own rank, as a process would be: the same\n"
+      "weights), reading the data once; a dlbatch worker starts a CPU job\n"
+      "so, one process per worker, the workers' processes meeting over Gloo.");
   app.set_version_flag("--version", VersionText("dlbatch-train"));
   try {
     app.parse(argc, argv);
@@ -198,8 +208,57 @@ int Launch(const CommandLine& cl, const RankPlan& plan, int argc, char** argv,
 struct Connection {
   BackendChoice choice;
   std::unique_ptr<Rendezvous> rendezvous;
+  // The rank's communicator; for --thread-ranks over several processes,
+  // the processes' (one rank per process), with each one's first rank.
   std::unique_ptr<Communicator> communicator;
+  std::vector<int> first_ranks;
 };
+
+// --thread-ranks: the ranks share this process's CPU, so auto means the
+// CPU here, and gpu or multi-gpu is refused (a GPU needs a process of its
+// own). Over several processes, they meet through the rendezvous and
+// connect over Gloo, one rank per process.
+absl::StatusOr<Connection> ConnectThreadRanks(
+    const CommandLine& cl, const RankPlan& plan, const std::string& environment,
+    const std::optional<SchedulerRendezvousConfig>& scheduler_rdv) {
+  const bool automatic = environment.empty() || environment == "auto";
+  Connection c;
+  ASSIGN_OR_RETURN(
+      c.choice,
+      ChooseBackend(environment, plan.world, plan.thread_ranks, 0,
+                    automatic ? 0 : CudaDeviceCount(), GpuBackendBuilt()));
+  if (c.choice.gpu) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--thread-ranks trains on the CPU, but "
+        "train.options.execution_environment: ",
+        environment,
+        " asks for GPUs; drop --thread-ranks (a process per GPU) or use "
+        "execution_environment: cpu"));
+  }
+  if (plan.thread_ranks == plan.world) {
+    c.communicator = MakeSoloCommunicator();
+    return c;
+  }
+  if (cl.rendezvous.empty() && !scheduler_rdv.has_value()) {
+    return absl::InvalidArgumentError(
+        "--thread-ranks with --world beyond this machine's --ranks needs "
+        "--rendezvous DIR (or DLBATCH_RENDEZVOUS and its companions)");
+  }
+  ASSIGN_OR_RETURN(c.rendezvous, cl.rendezvous.empty()
+                                     ? OpenSchedulerRendezvous(*scheduler_rdv)
+                                     : OpenFileRendezvous(cl.rendezvous));
+  ASSIGN_OR_RETURN(c.first_ranks, MeetProcesses(c.rendezvous.get(), plan.rank,
+                                                plan.thread_ranks, plan.world,
+                                                absl::Minutes(5)));
+  const int index = static_cast<int>(
+      std::find(c.first_ranks.begin(), c.first_ranks.end(), plan.rank) -
+      c.first_ranks.begin());
+  ASSIGN_OR_RETURN(c.communicator,
+                   MakeGlooCommunicator(c.rendezvous.get(), index,
+                                        static_cast<int>(c.first_ranks.size()),
+                                        cl.host, absl::Minutes(5)));
+  return c;
+}
 
 // The device decides the collectives too (GPUs meet over NCCL, CPUs over
 // Gloo): chosen here from what this machine has, then agreed on by every
@@ -207,6 +266,9 @@ struct Connection {
 absl::StatusOr<Connection> Connect(
     const CommandLine& cl, const RankPlan& plan, const std::string& environment,
     const std::optional<SchedulerRendezvousConfig>& scheduler_rdv) {
+  if (plan.thread_ranks > 0) {
+    return ConnectThreadRanks(cl, plan, environment, scheduler_rdv);
+  }
   int local_rank = 0;
   if (const char* local = std::getenv("DLBATCH_LOCAL_RANK"); local != nullptr) {
     (void)absl::SimpleAtoi(local, &local_rank);
@@ -265,9 +327,10 @@ absl::StatusOr<Connection> Connect(
 
 // The run's request, but for what connects it (communicator, device,
 // rendezvous, channel, diary).
+// `here`: the ranks on this machine the default threads are shared by.
 absl::StatusOr<TrainRequest> MakeRequest(const CommandLine& cl,
                                          const ParsedJobFile& job,
-                                         const std::string& name, int world) {
+                                         const std::string& name, int here) {
   TrainRequest req;
   req.spec = job.spec.train();
   req.name = name;
@@ -280,7 +343,8 @@ absl::StatusOr<TrainRequest> MakeRequest(const CommandLine& cl,
   } else if (const char* home = std::getenv("HOME"); home && *home) {
     req.tuning_cache = absl::StrCat(home, "/.cache/dlbatch");
   }
-  req.threads = cl.threads > 0 ? cl.threads : static_cast<int>(Cores() / world);
+  req.threads = cl.threads > 0 ? cl.threads
+                               : std::max(1, static_cast<int>(Cores()) / here);
   if (cl.max_epochs > 0) req.max_epochs = cl.max_epochs;
   if (cl.max_iterations > 0) req.max_iterations = cl.max_iterations;
   if (cl.mini_batch_size > 0) req.mini_batch_size = cl.mini_batch_size;
@@ -324,6 +388,24 @@ absl::StatusOr<TrainRequest> MakeRequest(const CommandLine& cl,
 
 absl::StatusOr<RankPlan> PlanRanks(const CommandLine& cl, int pool) {
   RankPlan plan;
+  if (cl.thread_ranks) {
+    if (cl.rank_given) {
+      return absl::InvalidArgumentError(
+          "--thread-ranks trains this machine's --ranks on threads and "
+          "takes no --rank; give --first-rank and --world for a run over "
+          "machines");
+    }
+    plan.thread_ranks = cl.ranks > 0 ? cl.ranks : std::max(1, pool);
+    plan.rank = cl.first_rank;
+    plan.world = cl.world_given ? cl.world : plan.thread_ranks;
+    plan.local_ranks = plan.thread_ranks;
+    if (plan.rank + plan.thread_ranks > plan.world) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ranks ", plan.rank, "..", plan.rank + plan.thread_ranks - 1,
+          " do not fit in --world ", plan.world));
+    }
+    return plan;
+  }
   if (cl.rank_given) {
     // A launched rank (or one started by hand): all ranks taken to be here
     // unless the launcher says how many are (DLBATCH_LOCAL_RANKS).
@@ -453,7 +535,8 @@ int TrainCommand(int argc, char** argv) {
   absl::StatusOr<ProgressChannel> channel =
       ProgressChannel::Open(rank == 0 ? cl.progress : "");
   if (!channel.ok()) return Fail(rank, world, channel.status());
-  absl::StatusOr<TrainRequest> req = MakeRequest(cl, *job, name, world);
+  absl::StatusOr<TrainRequest> req = MakeRequest(
+      cl, *job, name, plan->thread_ranks > 0 ? plan->thread_ranks : world);
   if (!req.ok()) return Fail(rank, world, req.status());
   req->communicator = connection->communicator.get();
   req->device = connection->choice;
@@ -461,18 +544,32 @@ int TrainCommand(int argc, char** argv) {
   req->progress = &*channel;
   req->diary = rank == 0 ? stdout : nullptr;
   // One rank on the CPU: its mini-batch split over its threads
-  // (thread_ranks.h).
-  int split = 1;
+  // (thread_ranks.h). Ranks of a pool on threads: each its own rank.
+  ThreadRanks threads;
+  threads.count = 1;
   if (world == 1 && !connection->choice.gpu) {
     absl::StatusOr<std::optional<bool>> forced = SplitBatchSwitch();
     if (!forced.ok()) return Fail(rank, world, forced.status());
-    split = SplitBatchRanks(
+    threads.count = SplitBatchRanks(
         req->mini_batch_size.value_or(
             ResolveOptions(req->spec.options()).mini_batch_size),
         req->threads, *forced);
+    threads.threads = req->threads / threads.count;
+  } else if (plan->thread_ranks > 0) {
+    threads.count = plan->thread_ranks;
+    threads.threads = req->threads;
+    threads.split_batch = false;
+    if (!connection->first_ranks.empty()) {
+      threads.span.between = connection->communicator.get();
+      threads.span.first_ranks = connection->first_ranks;
+      threads.span.world = world;
+      threads.span.store = connection->rendezvous.get();
+    }
   }
   absl::StatusOr<TrainResult> result =
-      split > 1 ? TrainOnThreadRanks(*req, split) : Train(*req);
+      threads.count > 1 || threads.span.between != nullptr
+          ? TrainOnThreadRanks(*req, threads)
+          : Train(*req);
   if (!result.ok()) return Fail(rank, world, result.status());
   if (rank == 0) {
     const char* job_id = std::getenv("DLBATCH_JOB_ID");

@@ -31,6 +31,8 @@ struct CommandLine {
   bool world_given = false;  // --world
   int first_rank = 0;
   bool spec_binary = false;
+  // --thread-ranks: this machine's ranks as threads of this process.
+  bool thread_ranks = false;
   bool resume = false;
   bool list_devices = false;
   int64_t max_epochs = 0;
@@ -46,6 +48,9 @@ struct RankPlan {
   int rank = 0;         // not launch: this process's rank of `world`
   int world = 1;
   int local_ranks = 0;  // ranks on this machine; 0: unknown (--rank by hand)
+  // --thread-ranks: ranks rank..rank+thread_ranks-1 of `world` train on
+  // this process's threads (trainer/thread_ranks.h); 0: one rank here.
+  int thread_ranks = 0;
 };
 // From the command line and the job's pool. InvalidArgument, saying what
 // to change, where the ranks do not fit in the world.

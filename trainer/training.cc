@@ -14,8 +14,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/files.h"
 #include "common/status.h"
 #include "trainer/backend.h"
@@ -30,6 +33,7 @@
 #include "trainer/output/onnx_export.h"
 #include "trainer/rng.h"
 #include "trainer/solver.h"
+#include "trainer/thread_ranks.h"
 
 namespace dlbatch::trainer {
 namespace {
@@ -81,6 +85,21 @@ struct Evaluation {
   double loss = 0;
   double accuracy = 0;
 };
+
+// Backend::Describe() less a CPU backend's thread count ("cpu: oneDNN
+// 2.6.3, 2 threads, bf16": each replica's), which the diary's first line
+// gives for the run's processes instead.
+std::string DeviceWithoutThreads(const Backend& backend) {
+  if (backend.on_gpu()) return backend.Describe();
+  std::vector<std::string> kept;
+  for (const absl::string_view part :
+       absl::StrSplit(backend.Describe(), ", ")) {
+    if (!absl::EndsWith(part, " thread") && !absl::EndsWith(part, " threads")) {
+      kept.emplace_back(part);
+    }
+  }
+  return absl::StrJoin(kept, ", ");
+}
 
 class Run {
  public:
@@ -662,12 +681,20 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
   RETURN_IF_ERROR(WriteFileAtomic(OutPath(kOnnxFile), onnx));
   RETURN_IF_ERROR(
       WriteFileAtomic(OutPath(kPlotFile), ProgressSvg(history_, req_.name)));
+  const RunLayout layout =
+      LayoutOf(req_, comm_.size(), backend_->on_gpu(), comm_.splits_batch());
   nlohmann::json j = {
       {"name", req_.name},
       {"iterations", result.iterations},
       {"epochs", result.epochs},
+      // The replicas (data-parallel ranks) in all; "ranks" is the same
+      // number, under its older name.
       {"ranks", comm_.size()},
-      // Whether the ranks were the threads of one run's split mini-batch.
+      {"replicas", comm_.size()},
+      {"processes", layout.processes()},
+      {"replicas_per_process", layout.replicas_per_process},
+      // Whether the replicas split one rank's mini-batch, batch norms
+      // taking its statistics over them all (thread_ranks.h).
       {"split_batch", req_.communicator->splits_batch()},
       {"mini_batch_size", global_batch_},
       {"backend", backend_->Describe()},
@@ -684,6 +711,11 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
       {"stopped_early", result.stopped_early},
       {"resumed", result.resumed},
   };
+  // The CPU threads of rank 0's process (every process's where the
+  // machines' slots are alike).
+  if (layout.threads_per_replica > 0) {
+    j["threads_per_process"] = layout.threads_of(0);
+  }
   if (result.first_step_s) j["first_step_s"] = *result.first_step_s;
   if (scaler_) {
     j["loss_scale"] = scaler_->scale();
@@ -1030,10 +1062,13 @@ absl::StatusOr<TrainResult> Run::Execute() {
   }
 
   Say(absl::StrFormat(
-      "Training on %s: %d rank%s, mini-batch %d; %d training images%s, %d "
+      "Training on %s: %s; %d training images%s, %d "
       "iterations per epoch, %d iterations.",
-      backend_->Describe(), comm_.size(), comm_.size() == 1 ? "" : "s",
-      global_batch_, train_->count,
+      DeviceWithoutThreads(*backend_),
+      DescribeLayout(LayoutOf(req_, comm_.size(), backend_->on_gpu(),
+                              comm_.splits_batch()),
+                     global_batch_),
+      train_->count,
       validation_ ? absl::StrCat(", ", validation_->count, " for validation")
                   : "",
       per_epoch_, total_));

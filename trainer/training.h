@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "dlbatch/v1/job.pb.h"
@@ -45,6 +46,10 @@ struct TrainRequest {
   // start from the beginning when it does not.
   bool resume = false;
   int threads = 0;  // per rank; 0: the backend's default
+  // How the run's ranks (its replicas) sit in processes, for the diary and
+  // metrics.json: the ranks each process trains on its threads, in process
+  // order (trainer/thread_ranks.h). Empty: a process per rank.
+  std::vector<int> ranks_per_process;
   // A folder where the backend's kernel choices (Backend::SaveTuning) are
   // kept between runs on this machine, so that runs of the same job with
   // the same seed compute alike and skip the timing; "" for none.

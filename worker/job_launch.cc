@@ -122,6 +122,7 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
     // Ranks of a one-worker job talk over loopback.
     launch.host = start.parts() > 1 ? context.host : "127.0.0.1";
     launch.resume = start.checkpoint_size() > 0;
+    launch.gpus = context.gpus;
     RETURN_IF_ERROR(PrepareTrainCommand(start, launch, &sp));
     if (launch.resume) {
       notes->push_back(

@@ -25,6 +25,10 @@ absl::Status PrepareTrainCommand(const v1::StartJob& start,
               absl::StrCat(start.first_rank()), "--world", absl::StrCat(world),
               // A CPU slot is a core: one thread per rank.
               "--threads", "1", "--host", launch.host};
+  // CPU slots: the ranks as threads of one process, which read the data
+  // once and sum without sockets (trainer/thread_ranks.h); Gloo only
+  // between the workers' processes.
+  if (!launch.gpus) sp->argv.push_back("--thread-ranks");
   if (launch.resume) sp->argv.push_back("--resume");
   sp->cwd = launch.job_dir;
   sp->channel = true;

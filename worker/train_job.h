@@ -28,12 +28,16 @@ struct TrainLaunch {
   std::string rendezvous;  // the scheduler's address, absolute for unix:
   std::string host;        // address this worker's ranks listen on
   bool resume = false;     // a stored checkpoint was laid out in output_dir
+  // The worker's slots are GPUs: a process per GPU. CPU slots: one process
+  // whose threads are the part's ranks, a slot each (--thread-ranks).
+  bool gpus = false;
   // TCP: the CA (PEM) of the scheduler's TLS, for the ranks' rendezvous.
   std::string rendezvous_ca;
 };
 
 // Writes the spec where the trainer reads it and fills `sp` (argv, cwd,
-// env, the progress channel) to run the part's ranks: one per device.
+// env, the progress channel) to run the part's ranks: one per device, as
+// a process per GPU or as one process of a thread per CPU slot.
 absl::Status PrepareTrainCommand(const v1::StartJob& start,
                                  const TrainLaunch& launch,
                                  SubprocessOptions* sp);

@@ -352,7 +352,8 @@ TEST_F(GpuJobs, PoolTwoTrainsOnTwoGpusWithNccl) {
   EXPECT_EQ(show["placement"][0]["devices"].size(), 2u) << show.dump();
   const std::string diary = Diary(id);
   EXPECT_NE(diary.find("Training on gpu 0: "), std::string::npos) << diary;
-  EXPECT_NE(diary.find(": 2 ranks, mini-batch"), std::string::npos) << diary;
+  EXPECT_NE(diary.find(": 2 processes, each mini-batch of"), std::string::npos)
+      << diary;
   EXPECT_GE(show["progress"].value("validation_accuracy", 0.0), 75.0)
       << show["progress"].dump();
 }

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -122,6 +123,15 @@ TEST_F(TrainJobs, PoolTwoOnCpuSlotsReachesAccuracyAndDeliversItsOutputs) {
   nlohmann::json metrics =
       nlohmann::json::parse(ReadAll(out + "/metrics.json"));
   EXPECT_EQ(metrics.value("ranks", 0), 2);
+  // The worker's two CPU slots: one trainer process, a rank on each of its
+  // two threads.
+  EXPECT_EQ(metrics.value("processes", 0), 1);
+  EXPECT_EQ(metrics.value("threads_per_process", 0), 2);
+  EXPECT_EQ(metrics.value("replicas", 0), 2);
+  EXPECT_NE(diary.out.find(": 1 process, 2 threads, each mini-batch of 64 "
+                           "split over 2 replicas;"),
+            std::string::npos)
+      << diary.out;
   EXPECT_GE(metrics.value("validation_accuracy", 0.0), 75.0) << metrics.dump();
   EXPECT_GT(std::filesystem::file_size(out + "/model.onnx"), 100000u);
 }
@@ -166,6 +176,110 @@ TEST_F(TrainJobs, AJobSpanningTwoWorkersTrainsAsOneWorkerDoes) {
   ASSERT_EQ(two_workers.size(), one_worker.size());
   ASSERT_FALSE(one_worker.empty());
   EXPECT_LT(RelativeDifference(two_workers, one_worker), 1e-5);
+}
+
+// The dlbatch-train processes running now whose command line names
+// `within` (a test's folder).
+int TrainersRunning(const std::string& within) {
+  int n = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc", ec), end;
+       !ec && it != end; it.increment(ec)) {
+    const std::string cmdline = ReadAll(it->path().string() + "/cmdline");
+    const std::string program = cmdline.substr(0, cmdline.find('\0'));
+    if (program.size() >= 13 &&
+        program.compare(program.size() - 13, 13, "dlbatch-train") == 0 &&
+        cmdline.find(within) != std::string::npos) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+// Two workers of two CPU slots each: one trainer process on each, its two
+// ranks on its threads, the processes meeting over Gloo; the four ranks
+// train to one rank's weights (within the rounding that four ranks' sums
+// and max pooling's ties make, as train_run_test's four ranks against
+// one).
+TEST_F(TrainJobs, TwoWorkersOfTwoSlotsAreTwoProcessesOfTwoThreadRanks) {
+  c_.StartScheduler();
+  const int a = c_.StartWorker("a", 2, "local", {"--host", "127.0.0.1"});
+  const int b = c_.StartWorker("b", 2, "local", {"--host", "127.0.0.1"});
+  ASSERT_TRUE(c_.WaitWorkers(2));
+  const std::string options = R"(    mini_batch_size: 32
+    max_iterations: 12
+    verbose_frequency: 4
+)";
+  const std::string data = kDataDir;
+  const int64_t spread = c_.Submit(c_.JobFile(
+      "spread.yaml",
+      LenetJob(data, options, "name: spread\npool: 4\nmax_nodes: 2\n")));
+  // How many trainer processes the job has at once, at most.
+  int most = 0;
+  WaitFor(
+      [&] {
+        most = std::max(most, TrainersRunning(c_.dir()));
+        const std::string state = c_.State(spread);
+        return state != "JOB_STATE_QUEUED" && state != "JOB_STATE_RUNNING";
+      },
+      180000);
+  Result wait = c_.Cli({"wait", std::to_string(spread)}, {}, 180000);
+  ASSERT_EQ(wait.code, 0) << wait.out
+                          << c_.Cli({"diary", std::to_string(spread)}).out
+                          << Logs();
+  EXPECT_EQ(c_.ShowJson(spread)["placement"].size(), 2u);
+  EXPECT_EQ(most, 2);
+  const std::string diary = c_.Cli({"diary", std::to_string(spread)}).out;
+  EXPECT_NE(diary.find(": 2 processes, 2 threads each, each mini-batch of 32 "
+                       "split over 4 replicas;"),
+            std::string::npos)
+      << diary;
+  std::vector<float> four = FetchWeights(spread, c_.dir() + "/spread");
+  nlohmann::json metrics =
+      nlohmann::json::parse(ReadAll(c_.dir() + "/spread/metrics.json"));
+  EXPECT_EQ(metrics.value("processes", 0), 2);
+  EXPECT_EQ(metrics.value("replicas", 0), 4);
+  EXPECT_EQ(metrics.value("threads_per_process", 0), 2);
+
+  // The same job as one rank, on a worker of one slot.
+  c_.KillWorker(a, SIGTERM);
+  c_.KillWorker(b, SIGTERM);
+  c_.StartWorker("one", 1, "one");
+  ASSERT_TRUE(WaitFor(
+      [&] { return c_.Cli({"workers"}).out.find("one") != std::string::npos; },
+      15000));
+  const int64_t single = c_.Submit(c_.JobFile(
+      "single.yaml",
+      LenetJob(data, options, "name: single\nprofile: one\npool: 1\n")));
+  wait = c_.Cli({"wait", std::to_string(single)}, {}, 180000);
+  ASSERT_EQ(wait.code, 0) << wait.out
+                          << c_.Cli({"diary", std::to_string(single)}).out
+                          << Logs();
+  std::vector<float> one = FetchWeights(single, c_.dir() + "/single");
+  ASSERT_EQ(four.size(), one.size());
+  ASSERT_FALSE(one.empty());
+  EXPECT_LT(RelativeDifference(four, one), 1e-4);
+}
+
+// A cancelled pool-2 job on CPU slots: its one trainer process (both ranks
+// on its threads) is gone when the job is cancelled.
+TEST_F(TrainJobs, CancellingACpuJobEndsItsOneTrainerProcess) {
+  c_.StartScheduler();
+  c_.StartWorker("w1", 2);
+  ASSERT_TRUE(c_.WaitWorkers(1));
+  const int64_t id =
+      c_.Submit(c_.JobFile("long.yaml", LenetJob(kDataDir,
+                                                 "    mini_batch_size: 64\n"
+                                                 "    max_iterations: 100000\n",
+                                                 "name: long\npool: 2\n")));
+  ASSERT_TRUE(
+      WaitFor([&] { return JsonInt(Progress(id), "iteration") > 0; }, 120000))
+      << c_.Cli({"diary", std::to_string(id)}).out << Logs();
+  EXPECT_EQ(TrainersRunning(c_.dir()), 1);
+  Result cancel = c_.Cli({"cancel", std::to_string(id)});
+  ASSERT_EQ(cancel.code, 0) << cancel.out << cancel.err;
+  EXPECT_TRUE(c_.WaitState(id, "JOB_STATE_CANCELLED", 60000)) << c_.State(id);
+  EXPECT_TRUE(WaitFor([&] { return TrainersRunning(c_.dir()) == 0; }, 15000));
 }
 
 // TCP is always TLS: the ranks of a job spread over workers meet at the

@@ -88,6 +88,45 @@ TEST(PlanRanks, RanksOutsideTheWorldSayWhatToChange) {
   EXPECT_EQ(plan.status().message(), "--rank 4 is not in [0, --world 4)");
 }
 
+// --thread-ranks: the machine's ranks are this process's threads; nothing
+// is launched.
+TEST(PlanRanks, ThreadRanksAreThisProcesssRanks) {
+  CommandLine cl;
+  cl.thread_ranks = true;
+  absl::StatusOr<RankPlan> plan = PlanRanks(cl, /*pool=*/2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->launch);
+  EXPECT_EQ(plan->thread_ranks, 2);
+  EXPECT_EQ(plan->rank, 0);
+  EXPECT_EQ(plan->world, 2);
+  EXPECT_EQ(plan->local_ranks, 2);
+  // One machine's share of a run over several.
+  cl.ranks = 2;
+  cl.first_rank = 2;
+  cl.world = 4;
+  cl.world_given = true;
+  plan = PlanRanks(cl, 4);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->launch);
+  EXPECT_EQ(plan->thread_ranks, 2);
+  EXPECT_EQ(plan->rank, 2);
+  EXPECT_EQ(plan->world, 4);
+  cl.first_rank = 3;
+  plan = PlanRanks(cl, 4);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().message(), "ranks 3..4 do not fit in --world 4");
+  cl = CommandLine();
+  cl.thread_ranks = true;
+  cl.rank = 1;
+  cl.rank_given = true;
+  cl.world = 2;
+  plan = PlanRanks(cl, 2);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("takes no --rank"),
+            absl::string_view::npos)
+      << plan.status();
+}
+
 TEST(RankArguments, DropTheLaunchersWorldAndAddThreadsAndOutput) {
   const std::vector<std::string> args = {
       "job.yaml",       "--ranks",      "2", "--world",   "8",

@@ -1,12 +1,15 @@
 // Ranks as threads of one process (trainer/comm/thread_group.h): their
 // collectives and rendezvous over shared memory, and how a rank's failure
-// or absence ends the others' waits; and over how many threads
-// dlbatch-train splits a mini-batch (trainer/thread_ranks.h).
+// or absence ends the others' waits; groups of two processes over Gloo as
+// one run; and (trainer/thread_ranks.h) over how many threads
+// dlbatch-train splits a mini-batch, how processes of thread ranks find
+// each other, and the words for a run's layout.
 #include "trainer/comm/thread_group.h"
 
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/thread_ranks.h"
 #include "trainer/thread_ranks.h"
 
 namespace dlbatch::trainer {
@@ -205,6 +209,159 @@ TEST(ThreadGroup, RendezvousGetsWhatAnotherRankSets) {
       rdv->Get("other", absl::Milliseconds(100));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(missing.status().message(), HasSubstr("\"other\""));
+}
+
+// Two processes' groups (here threads of this test, meeting over Gloo as
+// processes would), of 1 and 3 ranks: one run of 4 ranks, whose sums are
+// each process's in rank order, then the processes'.
+TEST(ThreadGroup, GroupsOfProcessesSumBroadcastAndMeetAsOneRun) {
+  const std::vector<int> firsts = {0, 1};
+  constexpr int kWorld = 4;
+  constexpr int64_t kCount = 1000;
+  std::vector<std::vector<float>> a(kWorld, std::vector<float>(kCount)),
+      b(kWorld, std::vector<float>(3)), c(kWorld, std::vector<float>(40));
+  std::vector<std::string> tuning(kWorld);
+  const std::vector<absl::Status> processes = testing::RunRendezvousRanks(
+      2, [&](int p, Rendezvous* rdv) -> absl::Status {
+        ASSIGN_OR_RETURN(
+            std::unique_ptr<Communicator> between,
+            MakeGlooCommunicator(rdv, p, 2, "127.0.0.1", absl::Seconds(30)));
+        ThreadGroup group(p == 0 ? 1 : 3, absl::Seconds(60),
+                          /*splits_batch=*/false,
+                          {between.get(), firsts, kWorld, rdv});
+        const std::vector<absl::Status> ranks =
+            RunRanks(group, [&](int r, Communicator* comm) -> absl::Status {
+              const int rank = firsts[p] + r;
+              EXPECT_EQ(comm->rank(), rank);
+              EXPECT_EQ(comm->size(), kWorld);
+              EXPECT_FALSE(comm->splits_batch());
+              for (int64_t i = 0; i < kCount; ++i) a[rank][i] = Value(rank, i);
+              for (int i = 0; i < 3; ++i) b[rank][i] = Value(rank, 500 + i);
+              for (int i = 0; i < 40; ++i) c[rank][i] = Value(rank, i);
+              RETURN_IF_ERROR(comm->StartAllreduceSum(a[rank].data(), kCount));
+              RETURN_IF_ERROR(comm->StartAllreduceSum(b[rank].data(), 3));
+              RETURN_IF_ERROR(comm->WaitAll());
+              // From a rank of the other process than rank 0's, not its
+              // first.
+              RETURN_IF_ERROR(comm->Broadcast(c[rank].data(), 40, 2));
+              absl::Status bad = comm->Broadcast(c[rank].data(), 40, kWorld);
+              EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+              // Rank 0's key reaches the other process's ranks.
+              if (rank == 0) {
+                RETURN_IF_ERROR(group.rendezvous()->Set("tuning", "conv 3"));
+              }
+              ASSIGN_OR_RETURN(tuning[rank], group.rendezvous()->Get(
+                                                 "tuning", absl::Seconds(30)));
+              return comm->Barrier();
+            });
+        for (const absl::Status& s : ranks) RETURN_IF_ERROR(s);
+        return absl::OkStatus();
+      });
+  for (const absl::Status& s : processes) ASSERT_TRUE(s.ok()) << s;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    for (int64_t i = 0; i < kCount; ++i) {
+      const float second = Value(1, i) + Value(2, i) + Value(3, i);
+      ASSERT_EQ(a[rank][i], Value(0, i) + second)
+          << "rank " << rank << " element " << i;
+    }
+    for (int i = 0; i < 3; ++i) {
+      const float second =
+          Value(1, 500 + i) + Value(2, 500 + i) + Value(3, 500 + i);
+      EXPECT_EQ(b[rank][i], Value(0, 500 + i) + second);
+    }
+    for (int i = 0; i < 40; ++i) EXPECT_EQ(c[rank][i], Value(2, i));
+    EXPECT_EQ(tuning[rank], "conv 3");
+  }
+}
+
+// A process that leaves ends the other process's collectives on every one
+// of its threads, with the reason its first thread met.
+TEST(ThreadGroup, AProcessThatLeavesEndsTheOtherProcessesThreads) {
+  const std::vector<int> firsts = {0, 1};
+  std::vector<absl::Status> ranks;
+  absl::Status aborted;
+  testing::RunRendezvousRanks(2, [&](int p, Rendezvous* rdv) -> absl::Status {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<Communicator> between,
+        MakeGlooCommunicator(rdv, p, 2, "127.0.0.1", absl::Seconds(30)));
+    if (p == 0) return absl::OkStatus();  // its connections close
+    ThreadGroup group(2, absl::Seconds(60), false,
+                      {between.get(), firsts, 3, rdv});
+    ranks = RunRanks(group, [&](int, Communicator* comm) {
+      std::vector<float> x(100, 1.0f);
+      return comm->AllreduceSum(x.data(), 100);
+    });
+    aborted = group.aborted();
+    return absl::OkStatus();
+  });
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_FALSE(aborted.ok());
+  for (const absl::Status& s : ranks) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s, aborted);
+  }
+}
+
+TEST(MeetProcesses, EachProcessLearnsEveryOnesFirstRank) {
+  const std::vector<int> firsts = {0, 2, 3}, counts = {2, 1, 3};
+  std::vector<std::vector<int>> seen(3);
+  const std::vector<absl::Status> s = testing::RunRendezvousRanks(
+      3, [&](int p, Rendezvous* rdv) -> absl::Status {
+        ASSIGN_OR_RETURN(seen[p], MeetProcesses(rdv, firsts[p], counts[p], 6,
+                                                absl::Seconds(30)));
+        return absl::OkStatus();
+      });
+  for (int p = 0; p < 3; ++p) {
+    ASSERT_TRUE(s[p].ok()) << s[p];
+    EXPECT_EQ(seen[p], firsts);
+  }
+}
+
+TEST(MeetProcesses, AMissingOrBadProcessIsNamed) {
+  testing::RunRendezvousRanks(1, [&](int, Rendezvous* rdv) -> absl::Status {
+    absl::StatusOr<std::vector<int>> alone =
+        MeetProcesses(rdv, 0, 2, 4, absl::Milliseconds(200));
+    EXPECT_EQ(alone.status().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(alone.status().message(),
+                HasSubstr("the process of ranks from 2 on did not come"));
+    EXPECT_TRUE(rdv->Set("processes/first-rank-2", "9").ok());
+    absl::StatusOr<std::vector<int>> bad =
+        MeetProcesses(rdv, 0, 2, 4, absl::Seconds(5));
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(bad.status().message(), HasSubstr("says it has \"9\" ranks"));
+    EXPECT_EQ(MeetProcesses(rdv, 3, 2, 4, absl::Seconds(5)).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    return absl::OkStatus();
+  });
+}
+
+TEST(DescribeLayout, NamesProcessesThreadsAndReplicas) {
+  TrainRequest req;
+  req.threads = 1;
+  req.ranks_per_process = {2};
+  EXPECT_EQ(DescribeLayout(LayoutOf(req, 2, false, true), 64),
+            "1 process, 2 threads, each mini-batch of 64 split over 2 "
+            "replicas");
+  req.ranks_per_process = {2, 2};
+  EXPECT_EQ(DescribeLayout(LayoutOf(req, 4, false, false), 32),
+            "2 processes, 2 threads each, each mini-batch of 32 split over 4 "
+            "replicas");
+  req.ranks_per_process = {1, 3};
+  EXPECT_EQ(DescribeLayout(LayoutOf(req, 4, false, false), 32),
+            "2 processes, 4 threads in all, each mini-batch of 32 split over "
+            "4 replicas");
+  // A process per rank (launched ranks), and one rank.
+  req.ranks_per_process.clear();
+  EXPECT_EQ(DescribeLayout(LayoutOf(req, 2, false, false), 64),
+            "2 processes, 1 thread each, each mini-batch of 64 split over 2 "
+            "replicas");
+  req.threads = 4;
+  EXPECT_EQ(DescribeLayout(LayoutOf(req, 1, false, false), 64),
+            "1 process, 4 threads, mini-batch 64");
+  // A GPU's threads are not counted.
+  EXPECT_EQ(DescribeLayout(LayoutOf(req, 2, true, false), 64),
+            "2 processes, each mini-batch of 64 split over 2 replicas");
+  EXPECT_EQ(LayoutOf(req, 2, true, false).threads_per_replica, 0);
 }
 
 TEST(SplitBatchRanks, SplitsOverThreadsThatDivideTheBatch) {

@@ -498,9 +498,17 @@ TEST_F(TrainRun, ABatchSplitOverThreadsTrainsAsRanksOfProcessesDo) {
   EXPECT_NE(split.out.find("Each mini-batch is split over 2 threads"),
             std::string::npos)
       << split.out;
+  // One process of two threads, two replicas: not "1 thread: 2 ranks".
+  EXPECT_NE(split.out.find(": 1 process, 2 threads, each mini-batch of 64 "
+                           "split over 2 replicas;"),
+            std::string::npos)
+      << split.out;
   nlohmann::json m =
       nlohmann::json::parse(ReadAll(dir_ + "/split/metrics.json"));
   EXPECT_EQ(m["ranks"], 2);
+  EXPECT_EQ(m["replicas"], 2);
+  EXPECT_EQ(m["processes"], 1);
+  EXPECT_EQ(m["threads_per_process"], 2);
   EXPECT_EQ(m["split_batch"], true);
   EXPECT_EQ(m["iterations"], 30);
 
@@ -528,8 +536,13 @@ TEST_F(TrainRun, ABatchSplitOverThreadsTrainsAsRanksOfProcessesDo) {
       Train(job, dir_ + "/whole", four, {{"DLBATCH_SPLIT_BATCH", "0"}});
   ASSERT_EQ(whole.code, 0) << whole.err;
   EXPECT_EQ(whole.out.find("split over"), std::string::npos) << whole.out;
+  EXPECT_NE(whole.out.find(": 1 process, 2 threads, mini-batch 64;"),
+            std::string::npos)
+      << whole.out;
   m = nlohmann::json::parse(ReadAll(dir_ + "/whole/metrics.json"));
   EXPECT_EQ(m["ranks"], 1);
+  EXPECT_EQ(m["processes"], 1);
+  EXPECT_EQ(m["threads_per_process"], 2);
   EXPECT_EQ(m["split_batch"], false);
   ASSERT_EQ(Train(job, dir_ + "/split4", four).code, 0);
   const std::vector<float> p_whole = FinalParams(dir_ + "/whole");

@@ -144,5 +144,33 @@ TEST(PrepareTrainCommand, RunsThePartsRanksWithTheRendezvousAndChannel) {
   EXPECT_EQ(read.name(), "lenet");
 }
 
+// CPU slots: the part's ranks are threads of one trainer process, a slot
+// each; GPUs: a process per GPU, as before.
+TEST(PrepareTrainCommand, CpuSlotsAreThreadsOfOneProcessAndGpusProcesses) {
+  const std::string dir = ::testing::TempDir() + "/train_job_test_threads";
+  std::filesystem::create_directories(dir);
+  v1::StartJob start;
+  start.set_pool(2);
+  start.add_devices(0);
+  start.add_devices(1);
+  start.mutable_spec()->mutable_train();
+  TrainLaunch launch;
+  launch.trainer = "dlbatch-train";
+  launch.job_dir = dir;
+  launch.output_dir = dir + "/output";
+  launch.host = "127.0.0.1";
+  for (const bool gpus : {false, true}) {
+    launch.gpus = gpus;
+    SubprocessOptions sp;
+    ASSERT_TRUE(PrepareTrainCommand(start, launch, &sp).ok());
+    std::string argv;
+    for (const auto& a : sp.argv) argv += a + " ";
+    EXPECT_NE(argv.find("--ranks 2 --first-rank 0 --world 2 --threads 1"),
+              std::string::npos)
+        << argv;
+    EXPECT_EQ(argv.find("--thread-ranks") != std::string::npos, !gpus) << argv;
+  }
+}
+
 }  // namespace
 }  // namespace dlbatch::worker

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -17,9 +18,9 @@ namespace dlbatch::trainer {
 class ThreadGroup::Member : public Communicator {
  public:
   Member(ThreadGroup* group, int rank) : g_(*group), rank_(rank) {}
-  int rank() const override { return rank_; }
-  int size() const override { return g_.size_; }
-  bool splits_batch() const override { return true; }
+  int rank() const override { return g_.first_rank_ + rank_; }
+  int size() const override { return g_.world_; }
+  bool splits_batch() const override { return g_.splits_batch_; }
 
   // Started allreduces wait for WaitAll (or the next collective), which
   // sums them all between one pair of meetings: a step's buckets and loss
@@ -39,26 +40,63 @@ class ThreadGroup::Member : public Communicator {
     started_.clear();
     int64_t total = 0;
     for (const Range& r : sums) total += r.count;
+    const bool across = g_.spans_processes();
+    if (across && rank_ == 0 &&
+        g_.staging_.size() < static_cast<size_t>(total)) {
+      g_.staging_.resize(total);
+    }
     RETURN_IF_ERROR(Publish(&sums, total, 0, "an allreduce"));
     const std::vector<Slot>& s = g_.slots_;
-    for (size_t j = 0; j < sums.size(); ++j) {
+    // This rank's share of range j: whole cache lines of floats, the last
+    // rank's taking the rest.
+    const auto share = [&](size_t j, int64_t* lo, int64_t* hi) {
       const int64_t count = sums[j].count;
-      // This rank's share of each: whole cache lines of floats, the last
-      // rank's taking the rest.
       const auto bound = [&](int k) -> int64_t {
         if (k == g_.size_) return count;
         return count * k / g_.size_ / 16 * 16;
       };
-      const int64_t lo = bound(rank_), hi = bound(rank_ + 1);
-      if (hi <= lo) continue;
-      float* out = (*s[0].ranges)[j].data;
+      *lo = bound(rank_);
+      *hi = bound(rank_ + 1);
+      return *hi > *lo;
+    };
+    // The threads' sum of each share: in place in rank 0's buffers, or,
+    // spanning processes, into the staging buffer for the processes'
+    // allreduce (in the same order: the same bits).
+    int64_t offset = 0;
+    for (size_t j = 0; j < sums.size(); offset += sums[j].count, ++j) {
+      int64_t lo, hi;
+      if (!share(j, &lo, &hi)) continue;
+      const float* first = (*s[0].ranges)[j].data;
+      float* out =
+          across ? g_.staging_.data() + offset : (*s[0].ranges)[j].data;
+      if (across) std::memcpy(out + lo, first + lo, (hi - lo) * sizeof(float));
       for (int k = 1; k < g_.size_; ++k) {
         const float* in = (*s[k].ranges)[j].data;
         for (int64_t i = lo; i < hi; ++i) out[i] += in[i];
       }
+      if (across) continue;
       for (int k = 1; k < g_.size_; ++k) {
         std::memcpy((*s[k].ranges)[j].data + lo, out + lo,
                     (hi - lo) * sizeof(float));
+      }
+    }
+    if (across) {
+      RETURN_IF_ERROR(g_.Meet("the threads' sum of an allreduce"));
+      if (rank_ == 0) {
+        RETURN_IF_ERROR(g_.Between([&](Communicator* between) {
+          return between->AllreduceSum(g_.staging_.data(), total);
+        }));
+      }
+      RETURN_IF_ERROR(g_.Meet("the processes' allreduce"));
+      offset = 0;
+      for (size_t j = 0; j < sums.size(); offset += sums[j].count, ++j) {
+        int64_t lo, hi;
+        if (!share(j, &lo, &hi)) continue;
+        const float* sum = g_.staging_.data() + offset;
+        for (int k = 0; k < g_.size_; ++k) {
+          std::memcpy((*s[k].ranges)[j].data + lo, sum + lo,
+                      (hi - lo) * sizeof(float));
+        }
       }
     }
     // No rank goes on (and writes its buffers) while another reads them.
@@ -71,15 +109,34 @@ class ThreadGroup::Member : public Communicator {
   }
 
   absl::Status Broadcast(float* data, int64_t count, int root) override {
-    if (root < 0 || root >= g_.size_) {
+    if (root < 0 || root >= g_.world_) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "broadcast root ", root, " is not a rank of ", g_.size_));
+          "broadcast root ", root, " is not a rank of ", g_.world_));
     }
     RETURN_IF_ERROR(WaitAll());
     const std::vector<Range> one = {{data, count}};
     RETURN_IF_ERROR(Publish(&one, count, root, "a broadcast"));
-    if (rank_ != root && count > 0) {
-      std::memcpy(data, (*g_.slots_[root].ranges)[0].data,
+    // The root's place in this process; outside it, rank 0 brings the
+    // root's data from the processes' broadcast, and the others copy it
+    // from rank 0.
+    const int local_root = root - g_.first_rank_;
+    const bool here = local_root >= 0 && local_root < g_.size_;
+    int from = local_root;
+    if (g_.spans_processes()) {
+      if (rank_ == 0) {
+        if (here && local_root != 0 && count > 0) {
+          std::memcpy(data, (*g_.slots_[local_root].ranges)[0].data,
+                      count * sizeof(float));
+        }
+        RETURN_IF_ERROR(g_.Between([&](Communicator* between) {
+          return between->Broadcast(data, count, g_.ProcessOf(root));
+        }));
+      }
+      RETURN_IF_ERROR(g_.Meet("the processes' broadcast"));
+      from = 0;
+    }
+    if (rank_ != from && !(here && rank_ == local_root) && count > 0) {
+      std::memcpy(data, (*g_.slots_[from].ranges)[0].data,
                   count * sizeof(float));
     }
     return g_.Meet("the end of a broadcast");
@@ -87,7 +144,13 @@ class ThreadGroup::Member : public Communicator {
 
   absl::Status Barrier() override {
     RETURN_IF_ERROR(WaitAll());
-    return g_.Meet("a barrier");
+    if (!g_.spans_processes()) return g_.Meet("a barrier");
+    RETURN_IF_ERROR(g_.Meet("a barrier"));
+    if (rank_ == 0) {
+      RETURN_IF_ERROR(
+          g_.Between([](Communicator* between) { return between->Barrier(); }));
+    }
+    return g_.Meet("the processes' barrier");
   }
 
  private:
@@ -131,26 +194,45 @@ class ThreadGroup::Store : public Rendezvous {
  public:
   explicit Store(ThreadGroup* group) : g_(*group) {}
   absl::Status Set(const std::string& key, const std::string& value) override {
-    absl::MutexLock lock(&g_.mu_);
-    if (!g_.abort_status_.ok()) return g_.abort_status_;
-    g_.keys_[key] = value;
-    g_.cv_.SignalAll();
+    {
+      absl::MutexLock lock(&g_.mu_);
+      if (!g_.abort_status_.ok()) return g_.abort_status_;
+      g_.keys_[key] = value;
+      g_.cv_.SignalAll();
+    }
+    if (g_.span_.store != nullptr) return g_.span_.store->Set(key, value);
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> Get(const std::string& key,
                                   absl::Duration timeout) override {
     const absl::Time deadline = absl::Now() + timeout;
-    absl::MutexLock lock(&g_.mu_);
+    Rendezvous* const shared = g_.span_.store;
     while (true) {
-      if (!g_.abort_status_.ok()) return g_.abort_status_;
-      if (auto it = g_.keys_.find(key); it != g_.keys_.end()) {
-        return it->second;
+      {
+        absl::MutexLock lock(&g_.mu_);
+        if (!g_.abort_status_.ok()) return g_.abort_status_;
+        if (auto it = g_.keys_.find(key); it != g_.keys_.end()) {
+          return it->second;
+        }
+        if (shared == nullptr) {
+          if (g_.cv_.WaitWithDeadline(&g_.mu_, deadline) &&
+              g_.keys_.count(key) == 0 && g_.abort_status_.ok()) {
+            return absl::DeadlineExceededError(
+                absl::StrCat("no rank set \"", key, "\" within ",
+                             absl::FormatDuration(timeout)));
+          }
+          continue;
+        }
       }
-      if (g_.cv_.WaitWithDeadline(&g_.mu_, deadline) &&
-          g_.keys_.count(key) == 0 && g_.abort_status_.ok()) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("no rank set \"", key, "\" within ",
-                         absl::FormatDuration(timeout)));
+      // Another process's rank may set it: asked in slices, so that an
+      // abort ends the wait.
+      const absl::Duration left = deadline - absl::Now();
+      absl::StatusOr<std::string> value =
+          shared->Get(key, std::max(absl::ZeroDuration(),
+                                    std::min(left, absl::Milliseconds(500))));
+      if (value.ok() || !absl::IsDeadlineExceeded(value.status()) ||
+          left <= absl::Milliseconds(500)) {
+        return value;
       }
     }
   }
@@ -159,12 +241,37 @@ class ThreadGroup::Store : public Rendezvous {
   ThreadGroup& g_;
 };
 
-ThreadGroup::ThreadGroup(int size, absl::Duration timeout)
-    : size_(std::max(size, 1)), timeout_(timeout), slots_(size_) {
+ThreadGroup::ThreadGroup(int size, absl::Duration timeout, bool splits_batch)
+    : ThreadGroup(size, timeout, splits_batch, Span()) {}
+
+ThreadGroup::ThreadGroup(int size, absl::Duration timeout, bool splits_batch,
+                         Span span)
+    : size_(std::max(size, 1)),
+      timeout_(timeout),
+      splits_batch_(splits_batch),
+      span_(std::move(span)),
+      first_rank_(span_.between != nullptr
+                      ? span_.first_ranks.at(span_.between->rank())
+                      : 0),
+      world_(span_.between != nullptr ? span_.world : size_),
+      slots_(size_) {
   for (int r = 0; r < size_; ++r) {
     members_.push_back(std::make_unique<Member>(this, r));
   }
   store_ = std::make_unique<Store>(this);
+}
+
+int ThreadGroup::ProcessOf(int rank) const {
+  const auto after = std::upper_bound(span_.first_ranks.begin(),
+                                      span_.first_ranks.end(), rank);
+  return static_cast<int>(after - span_.first_ranks.begin()) - 1;
+}
+
+absl::Status ThreadGroup::Between(
+    const std::function<absl::Status(Communicator*)>& collective) {
+  absl::Status status = collective(span_.between);
+  if (!status.ok()) Abort(status);
+  return status;
 }
 
 ThreadGroup::~ThreadGroup() = default;

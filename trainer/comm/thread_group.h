@@ -1,6 +1,17 @@
 // Ranks as threads of one process: their communicators and rendezvous over
 // shared memory, without Gloo's sockets. dlbatch-train runs a CPU job's
-// mini-batch this way, split over its threads (trainer/thread_ranks.h).
+// mini-batch this way, split over its threads, and a CPU job's ranks on one
+// machine (trainer/thread_ranks.h).
+//
+// A group may be one process's share of a run over several (Span): its
+// ranks are then ranks first..first+size-1 of the run, and a communicator
+// between the processes (Gloo, one rank per process) carries every
+// collective between them: the threads sum their buffers in shared memory,
+// the group's first thread runs the collective between the processes on
+// that sum, and every thread takes the result. So each element is summed
+// in rank order within each process, then by the processes' allreduce,
+// which gives every process the same bits (a bit-identical algorithm,
+// communicator_gloo.h): all replicas stay alike.
 //
 // Every collective is a meeting of all the group's ranks: each publishes
 // its buffers and meets the others at a barrier, then sums (or copies) its
@@ -23,6 +34,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,9 +50,33 @@ namespace dlbatch::trainer {
 
 class ThreadGroup {
  public:
+  // One process's place in a run over several processes.
+  struct Span {
+    // The processes' communicator: rank i is process i, this one's rank
+    // is this process's index. Used by the group's rank 0 only, between
+    // its meetings. Not owned; outlives the group.
+    Communicator* between = nullptr;
+    // Process i's first rank, ascending from 0; this process's is its
+    // group's rank 0. The run's ranks in all: `world`.
+    std::vector<int> first_ranks;
+    int world = 0;
+    // The processes' store (the run's rendezvous): the group's rendezvous
+    // sets its keys there too and reads them from there, so that ranks of
+    // other processes see them. Not owned; safe to use from several
+    // threads at once (as the file and scheduler stores are).
+    Rendezvous* store = nullptr;
+  };
+
   // `size` ranks (at least 1); a wait for the others ends the group after
-  // `timeout`.
-  ThreadGroup(int size, absl::Duration timeout);
+  // `timeout`. `splits_batch`: what the communicators' splits_batch()
+  // says: true for the threads that split one rank's mini-batch (batch
+  // norms then span them), false for ranks of a pool that train as
+  // processes would.
+  ThreadGroup(int size, absl::Duration timeout, bool splits_batch = true);
+  // This process's `size` ranks of the run `span` describes (its
+  // first_ranks hold this process's first rank; the next process's, or
+  // world, is size more).
+  ThreadGroup(int size, absl::Duration timeout, bool splits_batch, Span span);
   ~ThreadGroup();
   ThreadGroup(const ThreadGroup&) = delete;
   ThreadGroup& operator=(const ThreadGroup&) = delete;
@@ -65,9 +101,24 @@ class ThreadGroup {
   // Waits until every rank has arrived at this barrier (`what` names the
   // collective for a timeout's message).
   absl::Status Meet(const char* what);
+  // For rank 0 between meetings: runs `collective` on span_.between; a
+  // failure aborts the group (its other ranks wait in a meeting).
+  absl::Status Between(
+      const std::function<absl::Status(Communicator*)>& collective);
+  bool spans_processes() const { return span_.between != nullptr; }
+  // The process of the run's rank `rank`.
+  int ProcessOf(int rank) const;
 
   const int size_;
   const absl::Duration timeout_;
+  const bool splits_batch_;
+  const Span span_;
+  const int first_rank_;  // of this process's ranks, in the run
+  const int world_;       // the run's ranks
+  // Spanning processes: the threads' sums of an allreduce, one range after
+  // another, which rank 0 allreduces between the processes. Sized by rank 0
+  // before the meeting that publishes the buffers.
+  std::vector<float> staging_;
   std::vector<std::unique_ptr<Member>> members_;
   std::unique_ptr<Store> store_;
 
