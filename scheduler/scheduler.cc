@@ -304,7 +304,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
         records.push_back(std::move(rec));
         continue;
       }
-      RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec)));
+      RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec), Labels()));
       RETURN_IF_ERROR(CheckUserRuns(rec));
       // Within the user's queued limit with this submit's earlier jobs.
       int count = 1;
@@ -508,6 +508,10 @@ std::string Scheduler::WaitReason(const ActiveJob& job) const {
                            info->user, info->user_slots, info->user_slot_limit,
                            info->user_slot_limit == 1 ? "" : "s", profile);
   }
+  // It fits only with workers that take no jobs now: those are the news.
+  if (std::string workers = WorkersWaitReason(*info); !workers.empty()) {
+    return workers;
+  }
   // Workers that do not run the user's jobs are left out of the counts.
   std::string reason = UsersWaitReason(job, *info);
   if (reason.empty()) {
@@ -522,6 +526,9 @@ std::string Scheduler::WaitReason(const ActiveJob& job) const {
   }
   if (info->offline_slots > 0) {
     absl::StrAppendFormat(&reason, ", %d offline", info->offline_slots);
+  }
+  if (info->draining_slots > 0) {
+    absl::StrAppendFormat(&reason, ", %d draining", info->draining_slots);
   }
   if (info->jobs_ahead > 0) {
     absl::StrAppendFormat(&reason, ", %d job%s ahead (#%d, priority %d)",
