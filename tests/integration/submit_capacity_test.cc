@@ -1,9 +1,12 @@
-// What a submit counts as the profile's capacity, through the real
-// binaries: a draining worker counts (the job queues, saying what it waits
-// for, and starts once the worker is resumed); a worker killed a moment ago
-// does not, though it is not lost yet.
+// What a submit counts as the profile's capacity, and what makes two
+// submits one, through the real binaries: a draining worker counts (the
+// job queues, saying what it waits for, and starts once the worker is
+// resumed); a worker killed a moment ago does not, though it is not lost
+// yet; a request id used again with another job is refused, naming the
+// job it made, and is a user's own.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <string>
 #include <vector>
@@ -108,6 +111,47 @@ TEST(SubmitCapacity, AKilledWorkersSlotsAreNotCapacity) {
   EXPECT_NE(SubmittedId(c.Cli({"submit", "-q", "--pool", "3", "--max-nodes",
                                "2", "--", "true"})),
             0);
+}
+
+TEST(SubmitCapacity, ARequestIdIsOneJobOfOneUser) {
+  Cluster c;
+  ASSERT_EQ(chmod(c.dir().c_str(), 0711), 0);
+  c.StartScheduler({"--socket-mode", "0666"});
+  c.StartWorker("w1", 1);
+  ASSERT_TRUE(c.WaitWorkers(1));
+  const std::vector<std::string> one = {
+      "submit", "-q", "--request-id", "abc", "--", "sh", "-c", "echo one"};
+  const int64_t id = SubmittedId(c.Cli(one));
+  ASSERT_NE(id, 0);
+  // The same job again (a retry from another process): the same job.
+  EXPECT_EQ(SubmittedId(c.Cli(one)), id);
+
+  Result different = c.Cli(
+      {"submit", "--request-id", "abc", "--", "sh", "-c", "echo different"});
+  EXPECT_EQ(different.code, 1) << different.out;
+  EXPECT_EQ(different.out, "");
+  EXPECT_NE(different.err.find("request id 'abc' was used for job " +
+                               std::to_string(id) +
+                               " with a different job spec; use a new "
+                               "--request-id, or resubmit the same job"),
+            npos)
+      << different.err;
+  // Nor does another pool make it the same job.
+  Result wider = c.Cli({"submit", "--pool", "2", "--request-id", "abc", "--",
+                        "sh", "-c", "echo one"});
+  EXPECT_NE(wider.err.find("with a different job spec"), npos) << wider.err;
+
+  // Another user's "abc" is another request: a job of their own.
+  std::vector<std::string> argv = {"setpriv", "--reuid=65534", "--regid=65534",
+                                   "--clear-groups"};
+  for (const std::string& a : c.CliArgv(one)) argv.push_back(a);
+  Result other =
+      Exec(argv, {{"HOME", "/tmp"}, {"XDG_STATE_HOME", "/tmp"}}, 60000);
+  const int64_t theirs = SubmittedId(other);
+  EXPECT_NE(theirs, 0);
+  EXPECT_NE(theirs, id);
+  ASSERT_TRUE(c.WaitState(id, "JOB_STATE_FINISHED")) << c.Logs();
+  EXPECT_EQ(c.Cli({"diary", std::to_string(id)}).out, "one\n");
 }
 
 }  // namespace
