@@ -361,9 +361,10 @@ void AddDailyCommands(CLI::App& app, const GlobalFlags* flags, int* rc,
       "Print only the job id (a sweep: its job ids, one a line)");
   c_submit->add_option(
       "--request-id", submit->request_id,
-      "Makes a resubmit safe across processes: a submit with an id the "
-      "scheduler has seen makes no job and prints the first one's id "
-      "(default: a random id, kept across this submit's own retries)");
+      "Makes a resubmit safe across processes: the same job submitted again "
+      "with an id you used makes no job and prints the first one's id; a "
+      "different job with it is refused (default: a random id, kept across "
+      "this submit's own retries)");
   c_submit
       ->add_option("--after", submit->after,
                    "Start only after these jobs finished well (ID,ID); "

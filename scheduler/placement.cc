@@ -279,6 +279,8 @@ struct Worker {
   bool reachable = false;
   bool draining = false;
   bool lost = false;  // since WorkerLost, until it comes online again
+  // Unreachable since a restart, not yet back (WorkerAwaited): counted.
+  bool awaited = false;
   // False for a worker only named by MarkRunning: it counts in no profile
   // until it comes online.
   bool registered = false;
@@ -955,6 +957,7 @@ void PlacementCore::WorkerOnline(WorkerId worker, const std::string& profile,
   w.free = State::CountFree(w);
   w.reachable = true;
   w.lost = false;
+  w.awaited = false;
   w.online = !w.draining;
   w.registered = true;
   s.Attach(w);
@@ -966,7 +969,13 @@ void PlacementCore::WorkerOffline(WorkerId worker) {
   state_->Detach(*w);
   w->online = false;
   w->reachable = false;
+  w->awaited = false;
   state_->Attach(*w);
+}
+
+void PlacementCore::WorkerAwaited(WorkerId worker) {
+  WorkerOffline(worker);
+  if (Worker* w = state_->FindWorker(worker)) w->awaited = !w->lost;
 }
 
 void PlacementCore::SetDraining(WorkerId worker, bool draining) {
@@ -987,6 +996,7 @@ std::vector<JobId> PlacementCore::WorkerLost(WorkerId worker) {
   state_->Detach(*w);
   w->online = false;
   w->reachable = false;
+  w->awaited = false;
   w->lost = true;
   state_->Attach(*w);
   return lost;
@@ -1049,23 +1059,36 @@ std::vector<std::pair<WorkerId, UserFit>> PlacementCore::UserFits(
 
 namespace {
 
+// The offline workers a submit check leaves out of a profile, as its
+// messages say them.
+struct LeftOut {
+  bool any = false;  // some were: the profile's size counts online workers
+  std::string note;  // said after the size: "; 'w2' is offline since ..."
+  std::string wait;  // "wait for w2 to return" where they would let the job
+                     // fit; else empty
+};
+
 // Whether `job` fits the workers of `p` whose slot counts are `sizes`
-// (largest first). `besides` is said after the profile's size: the
-// workers that were left out.
+// (largest first), the workers in `left` left out.
 absl::Status FitsSizes(const Profile& p, const QueuedJob& job,
-                       const std::vector<int>& sizes,
-                       const std::string& besides) {
+                       const std::vector<int>& sizes, const LeftOut& left) {
   int64_t total = 0;
   for (int n : sizes) total += n;
-  const std::string size = absl::StrCat(
-      Plural(total, "slot", "slots"), " on ",
-      Plural(static_cast<int64_t>(sizes.size()), "worker", "workers"), besides);
+  const std::string size =
+      absl::StrCat(Plural(total, "slot", "slots"), " on ",
+                   Plural(static_cast<int64_t>(sizes.size()),
+                          left.any ? "online worker" : "worker",
+                          left.any ? "online workers" : "workers"),
+                   left.note);
+  const std::string or_wait =
+      left.wait.empty() ? "" : absl::StrCat(", or ", left.wait);
   if (sizes.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pool ", job.pool, " exceeds profile '", p.name, "' (", size, "); ",
-        besides.empty() ? "no worker has joined it"
-                        : "no worker of it can take jobs now",
-        "; start a worker with this profile or use another profile"));
+        left.any ? absl::StrCat("no worker of it is online; ", left.wait,
+                                left.wait.empty() ? "" : ", ")
+                 : "no worker has joined it; ",
+        "start a worker with this profile or use another profile"));
   }
   const int nodes = std::max(1, job.max_nodes);
   int64_t top = 0;  // most slots on `nodes` workers
@@ -1077,7 +1100,8 @@ absl::Status FitsSizes(const Profile& p, const QueuedJob& job,
   if (job.pool > total) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool ", job.pool, " exceeds profile '", p.name, "' (",
-                     size, "); use --pool ", best, " or another profile"));
+                     size, "); use --pool ", best,
+                     left.wait.empty() ? " or another profile" : or_wait));
   }
   if (job.pool > top) {
     if (nodes == 1) {
@@ -1086,7 +1110,7 @@ absl::Status FitsSizes(const Profile& p, const QueuedJob& job,
           "' (", size, "): the largest worker has ",
           Plural(sizes.front(), "slot", "slots"),
           "; allow the job to span workers with max_nodes, or use --pool ",
-          best));
+          best, or_wait));
     }
     int needed = 0;
     int64_t sum = 0;
@@ -1098,14 +1122,49 @@ absl::Status FitsSizes(const Profile& p, const QueuedJob& job,
         "pool ", job.pool, " does not fit on ", nodes, " workers of profile '",
         p.name, "' (", size, "): the ", nodes, " largest hold ",
         Plural(top, "slot", "slots"), "; raise max_nodes to ", needed,
-        ", or use --pool ", best));
+        ", or use --pool ", best, or_wait));
   }
   return absl::OkStatus();
 }
 
+// Offline workers named in one message at most; the rest are counted.
+constexpr size_t kNamedOffline = 4;
+
+// `left` for the offline workers `offline` (by id), named by `labels`.
+LeftOut DescribeOffline(const std::vector<WorkerId>& offline,
+                        const WorkerLabeler& labels) {
+  LeftOut left;
+  left.any = !offline.empty();
+  std::vector<std::string> said, names;
+  for (WorkerId id : offline) {
+    if (said.size() == kNamedOffline) {
+      said.push_back(absl::StrCat(offline.size() - kNamedOffline, " more ",
+                                  offline.size() - kNamedOffline == 1
+                                      ? "worker is offline"
+                                      : "workers are offline"));
+      break;
+    }
+    WorkerLabel label =
+        labels ? labels(id) : WorkerLabel{absl::StrCat("#", id), "offline"};
+    said.push_back(absl::StrCat("'", label.name, "' is ", label.state));
+    names.push_back(std::move(label.name));
+  }
+  if (left.any) left.note = absl::StrCat("; ", absl::StrJoin(said, ", "));
+  if (offline.size() > kNamedOffline) {
+    left.wait = "wait for the offline workers to return";
+  } else if (!names.empty()) {
+    const std::string last = names.back();
+    names.pop_back();
+    left.wait = absl::StrCat("wait for ", absl::StrJoin(names, ", "),
+                             names.empty() ? "" : " and ", last, " to return");
+  }
+  return left;
+}
+
 }  // namespace
 
-absl::Status PlacementCore::CheckSatisfiable(const QueuedJob& job) const {
+absl::Status PlacementCore::CheckSatisfiable(
+    const QueuedJob& job, const WorkerLabeler& labels) const {
   const Profile* p = state_->FindProfile(job.profile);
   if (p == nullptr) {
     std::vector<std::string> names;
@@ -1130,30 +1189,28 @@ absl::Status PlacementCore::CheckSatisfiable(const QueuedJob& job) const {
         "pool ", job.pool, " exceeds the max_pool of profile '", p->name, "' (",
         p->max_pool, "); use --pool ", p->max_pool, " or less"));
   }
-  // Only workers that can take jobs (or may, once reconnected) count: not
-  // the lost ones, nor the draining ones.
-  std::vector<int> sizes;
-  int lost = 0, draining = 0;
+  // Capacity is what is connected, draining or not (a drained worker comes
+  // back with `admin resume`), and what is expected back after a restart;
+  // an offline worker's slots are not capacity, nor a lost one's.
+  std::vector<int> sizes, with_offline;
+  std::vector<WorkerId> offline;
   for (const auto& [id, w] : state_->workers) {
     if (!w.registered || w.profile != p) continue;
-    if (w.draining) {
-      ++draining;
-    } else if (w.lost) {
-      ++lost;
-    } else {
+    with_offline.push_back(w.slots);
+    if (!w.lost && (w.reachable || w.awaited)) {
       sizes.push_back(w.slots);
+    } else {
+      offline.push_back(id);
     }
   }
   std::sort(sizes.rbegin(), sizes.rend());
-  std::string besides;
-  if (lost > 0 || draining > 0) {
-    std::vector<std::string> left;
-    if (lost > 0) left.push_back(absl::StrCat(lost, " lost"));
-    if (draining > 0) left.push_back(absl::StrCat(draining, " draining"));
-    absl::StrAppend(&besides, "; not counting ", absl::StrJoin(left, " and "),
-                    " (dlbatch workers)");
-  }
-  return FitsSizes(*p, job, sizes, besides);
+  absl::Status fits = FitsSizes(*p, job, sizes, {});
+  if (fits.ok() || offline.empty()) return fits;
+  std::sort(offline.begin(), offline.end());
+  LeftOut left = DescribeOffline(offline, labels);
+  std::sort(with_offline.rbegin(), with_offline.rend());
+  if (!FitsSizes(*p, job, with_offline, {}).ok()) left.wait.clear();
+  return FitsSizes(*p, job, sizes, left);
 }
 
 std::vector<std::pair<JobId, std::string>> PlacementCore::Unrunnable() const {
@@ -1162,7 +1219,7 @@ std::vector<std::pair<JobId, std::string>> PlacementCore::Unrunnable() const {
     const Profile* p = state_->FindProfile(job.profile);
     if (p == nullptr) continue;
     std::vector<int> sizes(p->known_sizes.rbegin(), p->known_sizes.rend());
-    absl::Status fits = FitsSizes(*p, job, sizes, "");
+    absl::Status fits = FitsSizes(*p, job, sizes, {});
     if (!fits.ok()) out.emplace_back(id, std::string(fits.message()));
   }
   std::sort(out.begin(), out.end());
@@ -1347,7 +1404,6 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
   info.free_now = static_cast<int>(p.free_slots);
   info.largest_free = p.free_caps.empty() ? 0 : p.free_caps.rbegin()->first;
   info.online_slots = static_cast<int>(p.online_slots);
-  info.offline_slots = static_cast<int>(p.known_slots - p.online_slots);
   const Account& mine = p.accounts.at(q->second.user);
   info.user = q->second.user;
   info.user_slots = static_cast<int>(mine.running_slots);
@@ -1366,6 +1422,22 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
         ++info.unable_workers;
         break;
     }
+  }
+  info.fits_online = State::EverFits(p, q->second, s.Barred(p, mine));
+  if (p.workers_online < p.workers) {  // some are draining or not connected
+    for (const auto& [id, w] : s.workers) {
+      if (!w.registered || w.profile != &p || w.online) continue;
+      const bool may_run = FitOf(w.users, info.user) != UserFit::kNo;
+      if (!w.reachable) {
+        info.offline_slots += w.slots;
+        if (may_run) info.offline.push_back(id);
+      } else {
+        info.draining_slots += w.slots;
+        if (may_run) info.draining.push_back(id);
+      }
+    }
+    std::sort(info.offline.begin(), info.offline.end());
+    std::sort(info.draining.begin(), info.draining.end());
   }
   // The order of the last pass: usage as of its time.
   auto order = [&](const Account& a, const QueueKey& key) {

@@ -43,6 +43,7 @@
 #define DLBATCH_SCHEDULER_PLACEMENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -132,11 +133,12 @@ struct WaitInfo {
   int free_now = 0;       // free slots on the profile's online workers
   int largest_free = 0;   // most free on one online worker
   int online_slots = 0;   // all slots on online workers of the profile
-  int offline_slots = 0;  // slots on known workers that are offline
+  int offline_slots = 0;  // slots on workers not connected (lost included)
   int jobs_ahead = 0;     // queued jobs of the profile ordered before it
   JobId first_ahead = 0;  // the first of them (0 if none)
   int first_ahead_priority = 0;
-  bool reserved = false;           // it holds the backfill reservation
+  int draining_slots = 0;  // slots on connected workers that are draining
+  bool reserved = false;   // it holds the backfill reservation
   TimeMs reserved_start = kNever;  // estimated start when reserved
   // Its user's running slots on the profile and their max_slots there: it
   // waits for its user's own jobs when over_limit (held + needed > limit).
@@ -150,7 +152,24 @@ struct WaitInfo {
   int undecided_workers = 0;  // of the unable: not answered yet
   int able_workers = 0;
   int able_free = 0;
+  // Whether the job fits the workers that take jobs now (those that run its
+  // user's), once their slots are free. When it does not, it waits for
+  // workers that take none now: `draining` (connected) and `offline` (not
+  // connected: gone, lost, or not back since a restart), the profile's
+  // workers in each that may run its user's jobs, by id.
+  bool fits_online = true;
+  std::vector<WorkerId> draining;
+  std::vector<WorkerId> offline;
 };
+
+// What the caller calls a worker in the core's messages: its name, and why
+// it does not count now ("offline since 12:03:04"). Without a labeler a
+// worker is "#<id>", "offline".
+struct WorkerLabel {
+  std::string name;
+  std::string state;
+};
+using WorkerLabeler = std::function<WorkerLabel(WorkerId)>;
 
 struct ProfileSummary {
   std::string name;
@@ -182,17 +201,23 @@ class PlacementCore {
   // their devices (slots may change; devices held beyond the new count stay
   // held until their jobs end).
   void WorkerOnline(WorkerId worker, const std::string& profile, int slots);
-  // The worker is unreachable but not yet lost: it takes no new jobs, its
-  // running jobs keep their slots.
+  // The worker's connection broke but it is not yet lost: it takes no new
+  // jobs, its running jobs keep their slots, and CheckSatisfiable no longer
+  // counts it (it is offline: its slots are not capacity).
   void WorkerOffline(WorkerId worker);
+  // As WorkerOffline, for a worker known from before a scheduler restart
+  // that has not reconnected yet: it is expected back, so CheckSatisfiable
+  // still counts it, until it comes online, goes offline or is lost.
+  void WorkerAwaited(WorkerId worker);
   // The worker is lost: its running jobs are removed from the core (the
   // caller requeues or fails them) and returned; its slots leave the online
   // pool. It stays known (offline, counted in known capacity) until Forget.
   std::vector<JobId> WorkerLost(WorkerId worker);
   void ForgetWorker(WorkerId worker);
   // A draining worker takes no new jobs (as if offline) while its running
-  // jobs keep their slots; CheckSatisfiable does not count it. Kept across
-  // WorkerOnline/WorkerOffline until set false.
+  // jobs keep their slots; CheckSatisfiable counts it (drain is
+  // maintenance: jobs queue for it and start once it is resumed). Kept
+  // across WorkerOnline/WorkerOffline until set false.
   void SetDraining(WorkerId worker, bool draining);
   // Whose jobs the worker runs (replaces what was known); a worker's users
   // stay when it goes offline or comes back online. Jobs already running
@@ -210,10 +235,12 @@ class PlacementCore {
   // OK if the profile could start the job: it exists, the pool is >= 1,
   // within max_pool, and within the largest placement its workers allow
   // (one worker's slots, or the sum of the max_nodes largest), counting
-  // only workers that are neither lost nor draining (the ones offline but
-  // not yet lost, as after a restart, count). The message says the
-  // profile's size, the workers left out, and what to change.
-  absl::Status CheckSatisfiable(const QueuedJob& job) const;
+  // the workers that are connected (draining ones included) or awaited,
+  // not the offline or lost ones. The message says the profile's size,
+  // names the offline workers left out (through `labels`), and what to
+  // change: waiting for them, where the job would fit with them.
+  absl::Status CheckSatisfiable(const QueuedJob& job,
+                                const WorkerLabeler& labels = nullptr) const;
   // Queued jobs that no placement on every registered worker of their
   // profile (lost and draining ones included) could ever start, with the
   // reason: after a profile shrank (ForgetWorker). By job id.

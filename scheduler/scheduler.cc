@@ -14,7 +14,10 @@
 #include "absl/strings/str_join.h"
 #include "common/duration.h"
 #include "common/endpoint.h"
+#include "common/files.h"
 #include "common/status.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/job_state.h"
 #include "proto/jobspec_sweep.h"
 #include "proto/jobspec_yaml.h"
@@ -42,6 +45,24 @@ v1::Job ToProto(const JobRecord& rec) {
   job.set_reason(rec.reason);
   job.set_sweep_id(rec.sweep_id);
   return job;
+}
+
+// What a submit asked for, as a SHA-256 (hex): its spec with the defaults
+// Submit fills in, and its --after set, serialized deterministically. The
+// request id and user are the key it is stored under, so left out.
+std::string RequestDigest(const v1::JobSpec& spec,
+                          const std::vector<int64_t>& after) {
+  v1::SubmitJobRequest canonical;
+  *canonical.mutable_spec() = spec;
+  canonical.mutable_after()->Add(after.begin(), after.end());
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream raw(&bytes);
+    google::protobuf::io::CodedOutputStream out(&raw);
+    out.SetSerializationDeterministic(true);
+    canonical.SerializeToCodedStream(&out);
+  }
+  return Sha256Hex(bytes);
 }
 
 int64_t ReadRssBytes() {
@@ -234,6 +255,11 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       RETURN_IF_ERROR(CheckSlurmSubmit(s, request.user()));
     }
   }
+  // --after as a set: the same jobs in any order are the same request.
+  std::vector<int64_t> after(request.after().begin(), request.after().end());
+  std::sort(after.begin(), after.end());
+  after.erase(std::unique(after.begin(), after.end()), after.end());
+  const std::string digest = RequestDigest(spec, after);
   v1::SubmitJobReply reply;
   Outbox out;
   {
@@ -249,16 +275,27 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       }
     }
     if (!request.request_id().empty()) {
-      // A sweep's request id is stored on its first job.
-      ASSIGN_OR_RETURN(auto existing,
-                       store_->JobForRequest(request.request_id()));
+      // A sweep's request id is stored on its first job. The same id with
+      // the same request is a retry: it gets that job; with another, the
+      // user reused an id by mistake, and nothing is made.
+      ASSIGN_OR_RETURN(
+          auto existing,
+          store_->JobForRequest(request.user(), request.request_id()));
+      if (existing && !existing->request_sha256.empty() &&
+          existing->request_sha256 != digest) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request id '", request.request_id(), "' was used for job ",
+            existing->job_id,
+            " with a different job spec; use a new --request-id, or resubmit "
+            "the same job"));
+      }
       if (existing) {
-        reply.set_job_id(*existing);
+        reply.set_job_id(existing->job_id);
         reply.set_duplicate(true);
-        ASSIGN_OR_RETURN(int64_t sweep_id, store_->SweepIdOf(*existing));
+        ASSIGN_OR_RETURN(int64_t sweep_id, store_->SweepIdOf(existing->job_id));
         reply.set_sweep_id(sweep_id);
         if (sweep_id == 0) {
-          reply.add_job_ids(*existing);
+          reply.add_job_ids(existing->job_id);
         } else {
           ASSIGN_OR_RETURN(std::vector<int64_t> ids,
                            store_->SweepJobIds(sweep_id));
@@ -269,9 +306,6 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
     }
     RETURN_IF_ERROR(CheckWritable());
     // --after: every job named exists and has not ended badly.
-    std::vector<int64_t> after(request.after().begin(), request.after().end());
-    std::sort(after.begin(), after.end());
-    after.erase(std::unique(after.begin(), after.end()), after.end());
     for (int64_t dep : after) {
       ASSIGN_OR_RETURN(std::optional<v1::JobState> state,
                        store_->JobState(dep));
@@ -293,7 +327,10 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
     records.reserve(specs.size());
     for (v1::JobSpec& job_spec : specs) {
       JobRecord rec;
-      rec.request_id = records.empty() ? request.request_id() : "";
+      if (records.empty()) {
+        rec.request_id = request.request_id();
+        rec.request_sha256 = digest;
+      }
       rec.user = request.user();
       rec.spec = std::move(job_spec);
       rec.state = v1::JOB_STATE_QUEUED;
@@ -304,7 +341,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
         records.push_back(std::move(rec));
         continue;
       }
-      RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec)));
+      RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec), Labels()));
       RETURN_IF_ERROR(CheckUserRuns(rec));
       // Within the user's queued limit with this submit's earlier jobs.
       int count = 1;
@@ -508,6 +545,10 @@ std::string Scheduler::WaitReason(const ActiveJob& job) const {
                            info->user, info->user_slots, info->user_slot_limit,
                            info->user_slot_limit == 1 ? "" : "s", profile);
   }
+  // It fits only with workers that take no jobs now: those are the news.
+  if (std::string workers = WorkersWaitReason(*info); !workers.empty()) {
+    return workers;
+  }
   // Workers that do not run the user's jobs are left out of the counts.
   std::string reason = UsersWaitReason(job, *info);
   if (reason.empty()) {
@@ -522,6 +563,9 @@ std::string Scheduler::WaitReason(const ActiveJob& job) const {
   }
   if (info->offline_slots > 0) {
     absl::StrAppendFormat(&reason, ", %d offline", info->offline_slots);
+  }
+  if (info->draining_slots > 0) {
+    absl::StrAppendFormat(&reason, ", %d draining", info->draining_slots);
   }
   if (info->jobs_ahead > 0) {
     absl::StrAppendFormat(&reason, ", %d job%s ahead (#%d, priority %d)",

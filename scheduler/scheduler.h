@@ -356,6 +356,13 @@ class Scheduler : private FollowSource {
   // The wait reason of a held or --after job; empty otherwise.
   std::string ControlWaitReason(const ActiveJob& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The wait reason of a job that fits only with workers that take no jobs
+  // now (draining or offline ones, each named); empty otherwise.
+  std::string WorkersWaitReason(const WaitInfo& info) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Names workers in the core's messages, with since when each offline
+  // one is. Call the labeler only under mu_.
+  WorkerLabeler Labels() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- profiles of Slurm (scheduler_slurm.cc) ----
   // The Slurm profile named `name`; null for a profile of workers.

@@ -10,6 +10,7 @@
 #include "proto/job_state.h"
 #include "scheduler/job_control.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/worker_wait_text.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -265,6 +266,36 @@ std::string Scheduler::ControlWaitReason(const ActiveJob& job) const {
   return DecideAfter(after).reason;
 }
 
+std::string Scheduler::WorkersWaitReason(const WaitInfo& info) const {
+  if (info.fits_online || (info.draining.empty() && info.offline.empty())) {
+    return "";
+  }
+  std::vector<WaitedWorker> waited;
+  for (const std::vector<WorkerId>* ids : {&info.draining, &info.offline}) {
+    for (WorkerId id : *ids) {
+      auto it = workers_.find(id);
+      if (it == workers_.end()) continue;
+      const WorkerState& w = it->second;
+      waited.push_back({w.record.name, ids == &info.draining, w.drain_reason,
+                        w.record.last_seen_ms});
+    }
+  }
+  if (waited.empty()) return "";
+  return WaitingForWorkers(waited, clock_->NowMs());
+}
+
+WorkerLabeler Scheduler::Labels() const {
+  return [this](WorkerId id) {
+    mu_.AssertHeld();
+    auto it = workers_.find(id);
+    if (it == workers_.end())
+      return WorkerLabel{absl::StrCat("#", id), "offline"};
+    return WorkerLabel{
+        it->second.record.name,
+        OfflineSince(it->second.record.last_seen_ms, clock_->NowMs())};
+  };
+}
+
 absl::Status Scheduler::ResolveAfter() {
   if (!after_dirty_) return absl::OkStatus();
   after_dirty_ = false;
@@ -427,9 +458,10 @@ absl::Status Scheduler::RequeueEnded(int64_t id, v1::ControlResult* result) {
     result->set_error(absl::StrCat("job ", id, " is ending; try again"));
     return absl::OkStatus();
   }
-  if (absl::Status fits = SlurmProfileOf(rec->spec.profile()) != nullptr
-                              ? absl::OkStatus()
-                              : core_->CheckSatisfiable(ToQueued(*rec));
+  if (absl::Status fits =
+          SlurmProfileOf(rec->spec.profile()) != nullptr
+              ? absl::OkStatus()
+              : core_->CheckSatisfiable(ToQueued(*rec), Labels());
       !fits.ok()) {
     result->set_error(
         absl::StrCat("job ", id, " cannot be queued again: ", fits.message()));

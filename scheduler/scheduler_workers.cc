@@ -82,8 +82,9 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
     // Known but offline until it reconnects; its running jobs keep their
     // slots until it reports them or is declared lost, which a worker
     // connected before the restart is not before the grace has passed.
+    // Expected back, it counts at submit meanwhile.
     core_->WorkerOnline(w.id, w.profile, SlotCount(w.devices));
-    core_->WorkerOffline(w.id);
+    core_->WorkerAwaited(w.id);
     WorkerState& state = workers_[w.id];
     state.record = std::move(w);
     state.last_seen_mono = mono;

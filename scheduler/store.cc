@@ -17,9 +17,10 @@ namespace {
 // jobs_by_end; version 4 user_limits and user_usage; version 5
 // credentials; version 6 worker_drains and job_control (store_control.cc);
 // version 7 slurm_jobs (store_slurm.cc); version 8 part_ends and
-// slurm_resubmits (store_slurm.cc).
+// slurm_resubmits (store_slurm.cc); version 9 job_requests (request ids
+// per user, with the digest of what each asked for).
 // Older files are migrated on open.
-constexpr int kSchemaVersion = 8;
+constexpr int kSchemaVersion = 9;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -102,9 +103,11 @@ CREATE TABLE IF NOT EXISTS job_blobs(
 CREATE INDEX IF NOT EXISTS job_blobs_by_job ON job_blobs(job_id);
 )sql";
 
+// From `jobs` (unaliased): a job's request id is in job_requests.
 constexpr char kJobColumns[] =
-    "id, request_id, user, spec, state, attempt, submit_ms, start_ms, end_ms, "
-    "parts, exit_code, reason, name, profile, pool, priority, sweep_id";
+    "id, (SELECT request_id FROM job_requests WHERE job_id=jobs.id), user, "
+    "spec, state, attempt, submit_ms, start_ms, end_ms, parts, exit_code, "
+    "reason, name, profile, pool, priority, sweep_id";
 
 absl::StatusOr<JobRecord> ReadJobRow(const Statement& row, bool with_spec) {
   JobRecord job;
@@ -227,6 +230,25 @@ CREATE TABLE IF NOT EXISTS user_usage(
 )sql");
 }
 
+// Version 8 -> 9: request ids move to job_requests, keyed by user (one
+// user's id is not another's request) and kept with the digest of what the
+// submit asked for; jobs.request_id, UNIQUE across users, is written NULL
+// from then on (older rows keep theirs, read no more). Requests stored before
+// keep an empty digest. Idempotent.
+absl::Status AddJobRequests(Database* db) {
+  return db->Exec(R"sql(
+CREATE TABLE IF NOT EXISTS job_requests(
+  user TEXT NOT NULL,
+  request_id TEXT NOT NULL,
+  job_id INTEGER NOT NULL,
+  request_sha256 TEXT NOT NULL,
+  PRIMARY KEY(user, request_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS job_requests_by_job ON job_requests(job_id);
+INSERT OR IGNORE INTO job_requests(user, request_id, job_id, request_sha256)
+  SELECT user, request_id, id, '' FROM jobs WHERE request_id IS NOT NULL;
+)sql");
+}
+
 }  // namespace
 
 std::string EncodeParts(const std::vector<Part>& parts) {
@@ -289,6 +311,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
     RETURN_IF_ERROR(AddUserLimitsAndUsage(db.get()));
     RETURN_IF_ERROR(AddControlTables(db.get()));
     RETURN_IF_ERROR(AddSlurmTable(db.get()));
+    RETURN_IF_ERROR(AddJobRequests(db.get()));
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion,
         "') ON CONFLICT(key) DO UPDATE SET value=excluded.value")));
@@ -357,11 +380,7 @@ absl::StatusOr<int64_t> Store::InsertJob(const JobRecord& job) {
           "priority, state, attempt, submit_ms, start_ms, end_ms, parts, "
           "exit_code, reason, sweep_id) "
           "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
-  if (job.request_id.empty()) {
-    st->BindNull(1);
-  } else {
-    st->Bind(1, job.request_id);
-  }
+  st->BindNull(1);  // in job_requests since version 9
   st->Bind(2, job.user)
       .BindBlob(3, job.spec.SerializeAsString())
       .Bind(4, job.spec.name())
@@ -379,6 +398,18 @@ absl::StatusOr<int64_t> Store::InsertJob(const JobRecord& job) {
       .Bind(16, job.sweep_id);
   RETURN_IF_ERROR(st->Run());
   const int64_t id = db_->LastInsertId();
+  if (!job.request_id.empty()) {
+    // A request id the user used already: AlreadyExists (the caller's
+    // transaction drops the job row with it).
+    ASSIGN_OR_RETURN(Statement * request,
+                     db_->Prepare("INSERT INTO job_requests(user, request_id, "
+                                  "job_id, request_sha256) VALUES(?,?,?,?)"));
+    RETURN_IF_ERROR(request->Bind(1, job.user)
+                        .Bind(2, job.request_id)
+                        .Bind(3, id)
+                        .Bind(4, job.request_sha256)
+                        .Run());
+  }
   for (const auto& a : job.spec.attach())
     RETURN_IF_ERROR(HoldBlob(id, a.sha256()));
   return id;
@@ -550,15 +581,16 @@ absl::Status Store::UpsertProfile(const std::string& name, int max_pool) {
   return st->Bind(1, name).Bind(2, max_pool).Run();
 }
 
-absl::StatusOr<std::optional<int64_t>> Store::JobForRequest(
-    const std::string& request_id) {
+absl::StatusOr<std::optional<Store::RequestMatch>> Store::JobForRequest(
+    const std::string& user, const std::string& request_id) {
   ASSIGN_OR_RETURN(Statement * st,
-                   db_->Prepare("SELECT id FROM jobs WHERE request_id=?"));
-  ASSIGN_OR_RETURN(bool found, st->Bind(1, request_id).Step());
-  std::optional<int64_t> id;
-  if (found) id = st->Int(0);
+                   db_->Prepare("SELECT job_id, request_sha256 FROM "
+                                "job_requests WHERE user=? AND request_id=?"));
+  ASSIGN_OR_RETURN(bool found, st->Bind(1, user).Bind(2, request_id).Step());
+  std::optional<RequestMatch> match;
+  if (found) match = RequestMatch{st->Int(0), st->Text(1)};
   st->Reset();
-  return id;
+  return match;
 }
 
 absl::StatusOr<std::optional<v1::JobState>> Store::JobState(int64_t job_id) {
@@ -700,6 +732,7 @@ absl::StatusOr<PurgeCounts> Store::PurgeJobs(const std::vector<int64_t>& ids) {
       "DELETE FROM slurm_jobs WHERE job_id=?",
       "DELETE FROM part_ends WHERE job_id=?",
       "DELETE FROM slurm_resubmits WHERE job_id=?",
+      "DELETE FROM job_requests WHERE job_id=?",
       "DELETE FROM jobs WHERE id=?",
   };
   PurgeCounts counts;

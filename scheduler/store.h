@@ -39,7 +39,10 @@ struct PartEnd {
 
 struct JobRecord {
   int64_t id = 0;
+  // The submit's request id (unique per user) and the SHA-256 of what it
+  // asked for (RequestDigest): kept with the first job a submit made.
   std::string request_id;
+  std::string request_sha256;
   std::string user;
   v1::JobSpec spec;
   v1::JobState state = v1::JOB_STATE_QUEUED;
@@ -177,8 +180,15 @@ class Store {
   absl::Status UpsertProfile(const std::string& name, int max_pool);
 
   // Reads on the writer connection (recovery and submit de-duplication).
-  absl::StatusOr<std::optional<int64_t>> JobForRequest(
-      const std::string& request_id);
+  // The first job `user`'s submit with `request_id` made, and the digest
+  // of what it asked for (empty for a submit stored before version 9,
+  // which kept none).
+  struct RequestMatch {
+    int64_t job_id = 0;
+    std::string request_sha256;
+  };
+  absl::StatusOr<std::optional<RequestMatch>> JobForRequest(
+      const std::string& user, const std::string& request_id);
   // The job's state, or nullopt if there is no such job.
   absl::StatusOr<std::optional<v1::JobState>> JobState(int64_t job_id);
   absl::StatusOr<std::vector<JobRecord>> ActiveJobs();

@@ -61,10 +61,13 @@ TEST(Control, DrainKeepsNewJobsOffAWorkerAcrossARestartUntilResumed) {
   ASSERT_TRUE(c.WaitState(b, "JOB_STATE_RUNNING")) << c.Logs();
   EXPECT_EQ(WorkerOf(c, b), y);
   EXPECT_EQ(c.State(a), "JOB_STATE_RUNNING");
-  // Submit counts only capacity that takes jobs.
-  Result big = c.Cli({"submit", "--pool", "4", sleep});
+  // Submit counts the drained worker (jobs queue for it), not more.
+  Result big = c.Cli({"submit", "--pool", "5", sleep});
   EXPECT_NE(big.code, 0);
-  EXPECT_NE(big.err.find("not counting 1 draining"), npos) << big.err;
+  EXPECT_NE(big.err.find("pool 5 exceeds profile 'local' (4 slots on 2 "
+                         "workers)"),
+            npos)
+      << big.err;
   // A connected worker is removed only once drained and idle.
   Result busy = c.Cli({"admin", "remove", x});
   EXPECT_NE(busy.code, 0);
@@ -125,8 +128,10 @@ TEST(Control, RemovedAndForgottenWorkersLeaveTheirProfileAndFailJobs) {
   Result refused = c.Cli({"submit", "--pool", "6", wide});
   EXPECT_NE(refused.code, 0);
   EXPECT_NE(refused.err.find("pool 6 exceeds profile 'local' (4 slots on 2 "
-                             "workers; not counting 1 lost"),
+                             "online workers; 'w3' is offline since "),
             npos)
+      << refused.err;
+  EXPECT_NE(refused.err.find("use --pool 4, or wait for w3 to return"), npos)
       << refused.err;
   EXPECT_EQ(c.State(six), "JOB_STATE_QUEUED");  // w3 may come back
 

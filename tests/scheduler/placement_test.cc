@@ -640,11 +640,13 @@ TEST(PlacementCheck, SpanningNeedsMoreNodes) {
                         "--pool 16"));
 }
 
-TEST(PlacementCheck, OfflineWorkersCountAsKnownCapacity) {
+TEST(PlacementCheck, AwaitedWorkersCountAsKnownCapacity) {
   PlacementCore core;
   core.WorkerOnline(1, "p", 8);
-  core.WorkerOffline(1);
+  core.WorkerAwaited(1);  // known from before a restart, not back yet
   EXPECT_TRUE(core.CheckSatisfiable(Job(1, 8)).ok());
+  core.WorkerOffline(1);  // it was back, and its connection broke
+  EXPECT_FALSE(core.CheckSatisfiable(Job(1, 8)).ok());
   core.AddProfile("empty", 0);
   EXPECT_THAT(core.CheckSatisfiable(Job(1, 1, 0, 0, 1, "empty")).message(),
               HasSubstr("no worker has joined it"));

@@ -1097,7 +1097,9 @@ TEST_F(SchedulerTest, SilentWorkerIsLostAndItsJobRestartsElsewhere) {
   ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_QUEUED));
   v1::Job job = GetJob(id);
   EXPECT_EQ(job.attempt(), 1);
-  EXPECT_THAT(job.wait_reason(), HasSubstr("waiting for 1 slot on 'local'"));
+  // The profile's only worker is gone: the job waits for it by name.
+  EXPECT_THAT(job.wait_reason(),
+              HasSubstr("waiting: worker 'w1' is offline since "));
   EXPECT_TRUE(DiaryMentions(id, "lost"));
   EXPECT_TRUE(DiaryMentions(id, "requeued"));
   EXPECT_THAT(HistoryReasons(id, v1::JOB_STATE_QUEUED),

@@ -179,7 +179,7 @@ TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   EXPECT_THAT(std::string(reopened.status().message()),
               HasSubstr("schema version 99"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 8"));
+              HasSubstr("reads version 9"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -223,7 +223,7 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "8");
+  EXPECT_EQ((*version)->Text(0), "9");
   (*version)->Reset();
   auto job = reader().GetJob(old);
   ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
@@ -475,22 +475,72 @@ TEST_F(StoreTest, ActiveJobsAreQueuedRunningAndCancelling) {
   EXPECT_THAT(ids, ElementsAre(queued, running, cancelling));
 }
 
-TEST_F(StoreTest, JobForRequestFindsByRequestId) {
-  int64_t first = Insert(NewJob("a", "req-a"));
+// The job id a request made, or nullopt.
+std::optional<int64_t> RequestJob(Store& store, const std::string& user,
+                                  const std::string& request_id) {
+  auto match = store.JobForRequest(user, request_id);
+  EXPECT_TRUE(match.ok()) << match.status();
+  if (!match.ok() || !match->has_value()) return std::nullopt;
+  return (*match)->job_id;
+}
+
+TEST_F(StoreTest, JobForRequestFindsByUserAndRequestId) {
+  JobRecord a = NewJob("a", "req-a");
+  a.request_sha256 = std::string(64, '1');
+  int64_t first = Insert(a);
   int64_t second = Insert(NewJob("b", "req-b"));
-  EXPECT_EQ(store_->JobForRequest("req-a").value(),
-            std::optional<int64_t>(first));
-  EXPECT_EQ(store_->JobForRequest("req-b").value(),
-            std::optional<int64_t>(second));
-  EXPECT_EQ(store_->JobForRequest("req-c").value(), std::nullopt);
+  EXPECT_EQ(RequestJob(*store_, "ada", "req-a"), first);
+  EXPECT_EQ(RequestJob(*store_, "ada", "req-b"), second);
+  EXPECT_EQ(store_->JobForRequest("ada", "req-a").value()->request_sha256,
+            std::string(64, '1'));
+  EXPECT_EQ(RequestJob(*store_, "ada", "req-c"), std::nullopt);
   // Jobs without a request id do not collide with each other.
   Insert(NewJob("c"));
   Insert(NewJob("d"));
   EXPECT_EQ(store_->CountJobs().value(), 4);
-  EXPECT_EQ(store_->JobForRequest("").value(), std::nullopt);
+  EXPECT_EQ(RequestJob(*store_, "ada", ""), std::nullopt);
 
   auto duplicate = store_->InsertJob(NewJob("again", "req-a"));
   EXPECT_EQ(duplicate.status().code(), absl::StatusCode::kAlreadyExists);
+  // Another user's request id is another request.
+  EXPECT_EQ(RequestJob(*store_, "bob", "req-a"), std::nullopt);
+  JobRecord bobs = NewJob("bobs", "req-a");
+  bobs.user = "bob";
+  const int64_t third = Insert(bobs);
+  EXPECT_EQ(RequestJob(*store_, "bob", "req-a"), third);
+  EXPECT_EQ(RequestJob(*store_, "ada", "req-a"), first);
+  // A purged job's request id is free again.
+  JobRecord ended = NewJob("ended", "req-e", v1::JOB_STATE_FINISHED);
+  const int64_t fourth = Insert(ended);
+  ASSERT_TRUE(store_->PurgeJobs({fourth}).ok());
+  EXPECT_EQ(RequestJob(*store_, "ada", "req-e"), std::nullopt);
+}
+
+TEST_F(StoreTest, OpensAVersion8FileAndKeepsItsRequestIds) {
+  const int64_t old = Insert(NewJob("from-v8"));
+  // Version 8 kept request ids in jobs.request_id, unique across users.
+  ASSERT_NO_FATAL_FAILURE(ReopenAsVersion(
+      8, absl::StrCat("DROP TABLE job_requests; UPDATE jobs SET "
+                      "request_id='nightly' WHERE id=",
+                      old, ";")));
+  auto match = store_->JobForRequest("ada", "nightly");
+  ASSERT_TRUE(match.ok()) << match.status();
+  ASSERT_TRUE(match->has_value());
+  EXPECT_EQ((*match)->job_id, old);
+  EXPECT_EQ((*match)->request_sha256, "");  // none was kept
+  auto active = store_->ActiveJobs();
+  ASSERT_TRUE(active.ok()) << active.status();
+  ASSERT_EQ(active->size(), 1u);
+  EXPECT_EQ((*active)[0].request_id, "nightly");
+  // The same user may not use it again; another user may.
+  EXPECT_EQ(store_->InsertJob(NewJob("again", "nightly")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  JobRecord bobs = NewJob("bobs", "nightly");
+  bobs.user = "bob";
+  const int64_t id = Insert(bobs);
+  Reopen();
+  EXPECT_EQ(RequestJob(*store_, "bob", "nightly"), id);
+  EXPECT_EQ(RequestJob(*store_, "ada", "nightly"), old);
 }
 
 // ---- Events ----
@@ -937,7 +987,7 @@ TEST_F(StoreTest, DataSurvivesANewStore) {
   EXPECT_EQ((*active)[0].id, id);
   EXPECT_EQ((*active)[0].spec.name(), "durable");
   EXPECT_EQ((*active)[0].parts, (std::vector<Part>{{1, {0}}, {2, {0}}}));
-  EXPECT_EQ(store.JobForRequest("req-d").value(), std::optional<int64_t>(id));
+  EXPECT_EQ(RequestJob(store, "ada", "req-d"), id);
   EXPECT_THAT(store.Profiles().value(), ElementsAre(Pair("local", 2)));
   // The duplicate check also survives.
   EXPECT_FALSE(store.AddDiary(id, 1, 0, 0, 7, 1, "hello").value());
