@@ -20,9 +20,7 @@
 #include "common/version.h"
 #include "proto/jobspec_yaml.h"
 #include "trainer/backend_select.h"
-#include "trainer/comm/communicator_nccl.h"
 #include "trainer/comm/net_interface.h"
-#include "trainer/cuda/backend_cuda.h"
 #include "trainer/options.h"
 #include "trainer/output/progress.h"
 #include "trainer/thread_ranks.h"
@@ -47,13 +45,12 @@ absl::StatusOr<ParsedJobFile> ReadJobFileAs(const std::string& path,
 
 // --list-devices: the visible GPUs, or why training would run on the CPU.
 int ListDevices() {
-  const auto devices = ListCudaDevices();
+  const auto devices = ListGpus();
   if (devices.empty()) {
+    const absl::Status gpu = GpuBackendStatus();
     std::printf(
         "No CUDA device visible%s; training runs on the CPU (%u cores).\n",
-        GpuBackendBuilt()
-            ? ""
-            : " (this dlbatch-train was built without the GPU backend)",
+        gpu.ok() ? "" : absl::StrCat(" (", gpu.message(), ")").c_str(),
         std::max(1u, std::thread::hardware_concurrency()));
     return 0;
   }
@@ -162,7 +159,8 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
       "replica each, 16 samples at least; batch norms take the whole\n"
       "mini-batch's statistics); DLBATCH_SPLIT_BATCH=0 keeps one replica\n"
       "over all threads, =1 splits down to a sample a thread.");
-  app.set_version_flag("--version", VersionText("dlbatch-train"));
+  // Lazily: it loads the GPU backend to say what it runs on.
+  app.set_version_flag("--version", [] { return TrainerVersionText(); });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -220,7 +218,7 @@ absl::StatusOr<Connection> Connect(
   Connection c;
   ASSIGN_OR_RETURN(
       c.choice, ChooseBackend(environment, plan.world, local_ranks, local_rank,
-                              CudaDeviceCount(), GpuBackendBuilt()));
+                              GpuSupportHere(environment)));
   if (plan.world > 1 && c.choice.gpu) {
     // Ranks on several machines: NCCL's sockets on the interface of the
     // address the worker gave (--host), as Gloo's, not NCCL's own pick.
@@ -256,8 +254,8 @@ absl::StatusOr<Connection> Connect(
   ASSIGN_OR_RETURN(
       c.communicator,
       c.choice.gpu
-          ? MakeNcclCommunicator(c.rendezvous.get(), plan.rank, plan.world,
-                                 c.choice.device, absl::Minutes(5))
+          ? MakeGpuCommunicator(c.rendezvous.get(), plan.rank, plan.world,
+                                c.choice.device, absl::Minutes(5))
           : MakeGlooCommunicator(c.rendezvous.get(), plan.rank, plan.world,
                                  cl.host, absl::Minutes(5)));
   return c;
