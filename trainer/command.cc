@@ -47,11 +47,12 @@ absl::StatusOr<ParsedJobFile> ReadJobFileAs(const std::string& path,
 int ListDevices() {
   const auto devices = ListGpus();
   if (devices.empty()) {
-    const absl::Status gpu = GpuBackendStatus();
     std::printf(
-        "No CUDA device visible%s; training runs on the CPU (%u cores).\n",
-        gpu.ok() ? "" : absl::StrCat(" (", gpu.message(), ")").c_str(),
+        "No CUDA device visible; training runs on the CPU (%u cores).\n",
         std::max(1u, std::thread::hardware_concurrency()));
+    if (const absl::Status gpu = GpuBackendStatus(); !gpu.ok()) {
+      std::printf("GPU backend: %s\n", std::string(gpu.message()).c_str());
+    }
     return 0;
   }
   for (const auto& d : devices) {
