@@ -74,14 +74,17 @@ std::string NcclVersion() {
 #endif
 }
 
+std::string BuildText(std::string_view program) {
+  return absl::StrCat(std::string(program), " ", std::string(Version()),
+                      "\ncommit: ", std::string(GitCommit()),
+                      "\nbuild type: ", std::string(BuildType()));
+}
+
 std::string VersionText(std::string_view program) {
   auto or_none = [](const std::string& v) {
     return v.empty() ? std::string("not built") : v;
   };
-  std::string text =
-      absl::StrCat(std::string(program), " ", std::string(Version()),
-                   "\ncommit: ", std::string(GitCommit()),
-                   "\nbuild type: ", std::string(BuildType()));
+  std::string text = BuildText(program);
   if (!GpuBackendBuilt()) return text + "\nGPU backend: not built (CPU only)";
   return absl::StrCat(
       text, "\nGPU backend: built\nCUDA: ", or_none(CudaVersion()),

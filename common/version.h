@@ -29,9 +29,12 @@ std::string CudaVersion();
 std::string CudnnVersion();
 std::string NcclVersion();
 
-// The lines --version prints: "PROGRAM VERSION", then commit, build type
-// and GPU libraries (no newline after the last).
+// The lines --version prints: BuildText, then the GPU libraries this build
+// was made with (no newline after the last). dlbatch-train prints its
+// GPU backend's instead (trainer/backend_select.h).
 std::string VersionText(std::string_view program);
+// "PROGRAM VERSION", then commit and build type (no newline after the last).
+std::string BuildText(std::string_view program);
 
 // Compares the leading dotted numbers of two versions ("0.2.0+3.gabc" is
 // 0.2.0; a leading 'v' is skipped; missing parts are 0): <0, 0 or >0.

@@ -4,7 +4,11 @@
 # loopback) one by one, then the tests that run a real Slurm.
 # Where the build has the GPU backend (CUDA, cuDNN and cuBLAS were found), it
 # then builds the trainer as a machine without them gets it (CPU-only, in
-# build-cpu-only/) and runs the trainer tests whose outcome depends on that.
+# build-cpu-only/: no GPU module) and runs the trainer tests whose outcome
+# depends on that, GPU runs refused saying the build has no GPU backend
+# among them. (The main build's tests cover a machine where the module or
+# CUDA's libraries are missing at run time: gpu_module_run_test, and
+# tests/deploy/install_test.sh installs the packages where CUDA is hidden.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/bootstrap.sh --test-tools --no-build
@@ -24,8 +28,9 @@ if grep -q '^DLBATCH_GPU_BACKEND_BUILT:INTERNAL=ON$' build/CMakeCache.txt; then
     >build-cpu-only.configure.log 2>&1 || { cat build-cpu-only.configure.log; exit 1; }
   grep -E '^-- dlbatch:' build-cpu-only.configure.log || true
   cmake --build build-cpu-only -j "$(nproc)" --target \
-    dlbatch-train train_run_test backend_select_test nccl_communicator_test
+    dlbatch-train train_run_test backend_select_test nccl_communicator_test \
+    gpu_module_run_test
   cd build-cpu-only
   ctest --output-on-failure -j "$(nproc)" \
-    -R '^(backend_select_test:|nccl_communicator_test:|train_run_test:TrainRun\.(NoGpuSaysWhy|BadSpecs))'
+    -R '^(backend_select_test:|nccl_communicator_test:|gpu_module_run_test:|train_run_test:TrainRun\.(NoGpuSaysWhy|BadSpecs))'
 fi

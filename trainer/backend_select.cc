@@ -1,24 +1,76 @@
 #include "trainer/backend_select.h"
 
+#include <cstdlib>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "trainer/comm/communicator_nccl.h"
-#include "trainer/cuda/backend_cuda.h"
+#include "common/version.h"
+#include "trainer/gpu_module.h"
 
 namespace dlbatch::trainer {
 
-bool GpuBackendBuilt() {
-#ifdef DLBATCH_HAVE_CUDA_BACKEND
-  return true;
-#else
-  return false;
-#endif
+absl::Status GpuBackendStatus() {
+  absl::StatusOr<const LoadedGpuModule*> m = LoadGpuModule();
+  return m.ok() ? absl::OkStatus() : m.status();
+}
+
+bool GpuBackendBuilt() { return GpuBackendStatus().ok(); }
+
+GpuSupport GpuSupportHere(const std::string& environment) {
+  GpuSupport s;
+  if (environment == "cpu") return s;
+  const bool automatic = environment.empty() || environment == "auto";
+  if (automatic) {
+    s.visible_gpus = DriverDeviceCount();
+    if (s.visible_gpus == 0) return s;
+  }
+  absl::StatusOr<const LoadedGpuModule*> m = LoadGpuModule();
+  if (!m.ok()) {
+    s.backend = m.status();
+    return s;
+  }
+  s.backend = absl::OkStatus();
+  s.nccl = (*m)->table->nccl_built();
+  s.visible_gpus = (*m)->table->device_count();
+  return s;
+}
+
+std::vector<CudaDeviceInfo> ListGpus() {
+  absl::StatusOr<const LoadedGpuModule*> m = LoadGpuModule();
+  if (!m.ok()) return {};
+  return (*m)->table->list_devices();
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MakeGpuCommunicator(
+    Rendezvous* rendezvous, int rank, int size, int device,
+    absl::Duration timeout) {
+  absl::StatusOr<const LoadedGpuModule*> m = LoadGpuModule();
+  if (!m.ok()) return m.status();
+  return (*m)->table->make_nccl_communicator(rendezvous, rank, size, device,
+                                             timeout);
+}
+
+std::string TrainerVersionText() {
+  absl::StatusOr<const LoadedGpuModule*> m = LoadGpuModule();
+  const std::string build = BuildText("dlbatch-train");
+  if (m.ok()) {
+    return absl::StrCat(build, "\nGPU backend: loaded from ", (*m)->path, "\n",
+                        (*m)->table->libraries());
+  }
+  // A CPU-only build (common/version.h's GpuBackendBuilt) has no module
+  // to look for.
+  if (!dlbatch::GpuBackendBuilt() && absl::IsNotFound(m.status()) &&
+      std::getenv("DLBATCH_GPU_MODULE") == nullptr) {
+    return absl::StrCat(build, "\nGPU backend: not built (CPU only)");
+  }
+  return absl::StrCat(
+      build, "\nGPU backend: not usable (CPU only): ", m.status().message());
 }
 
 absl::StatusOr<BackendChoice> ChooseBackend(const std::string& environment,
                                             int world, int local_ranks,
-                                            int local_rank, int visible_gpus,
-                                            bool gpu_backend_built) {
+                                            int local_rank,
+                                            const GpuSupport& gpus) {
   BackendChoice c;
   const std::string env = environment.empty() ? "auto" : environment;
   if (env == "cpu") return c;
@@ -28,42 +80,45 @@ absl::StatusOr<BackendChoice> ChooseBackend(const std::string& environment,
                      "'; use auto, cpu, gpu or multi-gpu"));
   }
   const bool want_gpu = env != "auto";
-  if (!gpu_backend_built || visible_gpus <= 0) {
-    if (!want_gpu) return c;
+  if (!gpus.backend.ok() || gpus.visible_gpus <= 0) {
+    if (!want_gpu) {
+      if (gpus.visible_gpus > 0) {
+        c.note = absl::StrCat(gpus.visible_gpus, " GPU(s) visible, but ",
+                              gpus.backend.message(), "; training on the CPU");
+      }
+      return c;
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "train.options.execution_environment: ", env, " asks for a GPU, but ",
-        gpu_backend_built
-            ? "no CUDA device is visible to this process"
-            : "this dlbatch-train was built without the GPU backend (CUDA, "
-              "cuDNN and cuBLAS were not found)",
+        gpus.backend.ok() ? "no CUDA device is visible to this process"
+                          : gpus.backend.message(),
         "; use cpu or auto, or run the job on a worker with GPUs"));
   }
-  if (world > 1 && !NcclBuilt()) {
+  if (world > 1 && !gpus.nccl) {
     if (!want_gpu) {
       c.note =
-          "GPUs are visible, but ranks on GPUs need NCCL, which this "
-          "dlbatch-train was "
-          "built without: training on the CPU";
+          "GPUs are visible, but ranks on GPUs need NCCL, which the GPU "
+          "backend was built without: training on the CPU";
       return c;
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "train.options.execution_environment: ", env, " with ", world,
-        " ranks needs NCCL between the GPUs, which this dlbatch-train was "
+        " ranks needs NCCL between the GPUs, which the GPU backend was "
         "built without; "
         "use a pool of 1 for one GPU, or cpu for data parallelism on CPUs"));
   }
-  if (!want_gpu && local_ranks > visible_gpus) {
+  if (!want_gpu && local_ranks > gpus.visible_gpus) {
     // More ranks on this machine than GPUs: its ranks train on CPUs (and
     // AgreeOnBackend takes the other machines' ranks along).
-    c.note =
-        absl::StrCat(local_ranks, " rank(s) on this machine and ", visible_gpus,
-                     " visible GPU(s): training on the CPU (one rank per GPU "
-                     "trains on the GPUs)");
+    c.note = absl::StrCat(
+        local_ranks, " rank(s) on this machine and ", gpus.visible_gpus,
+        " visible GPU(s): training on the CPU (one rank per GPU "
+        "trains on the GPUs)");
     return c;
   }
-  if (local_rank >= visible_gpus) {
+  if (local_rank >= gpus.visible_gpus) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", local_rank, " of this machine has no GPU: ", visible_gpus,
+        "rank ", local_rank, " of this machine has no GPU: ", gpus.visible_gpus,
         " visible",
         world > 1 ? "; run at most one rank per GPU on each machine, or use "
                     "execution_environment: cpu"
@@ -159,7 +214,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeChosenBackend(
   options.low_precision = precision == "bf16"   ? LowPrecision::kBf16
                           : precision == "fp16" ? LowPrecision::kFp16
                                                 : LowPrecision::kNone;
-  return MakeCudaBackend(choice.device, options);
+  absl::StatusOr<const LoadedGpuModule*> m = LoadGpuModule();
+  if (!m.ok()) return m.status();
+  return (*m)->table->make_backend(choice.device, options);
 }
 
 }  // namespace dlbatch::trainer

@@ -20,9 +20,7 @@
 #include "common/version.h"
 #include "proto/jobspec_yaml.h"
 #include "trainer/backend_select.h"
-#include "trainer/comm/communicator_nccl.h"
 #include "trainer/comm/net_interface.h"
-#include "trainer/cuda/backend_cuda.h"
 #include "trainer/options.h"
 #include "trainer/output/progress.h"
 #include "trainer/thread_ranks.h"
@@ -47,14 +45,14 @@ absl::StatusOr<ParsedJobFile> ReadJobFileAs(const std::string& path,
 
 // --list-devices: the visible GPUs, or why training would run on the CPU.
 int ListDevices() {
-  const auto devices = ListCudaDevices();
+  const auto devices = ListGpus();
   if (devices.empty()) {
     std::printf(
-        "No CUDA device visible%s; training runs on the CPU (%u cores).\n",
-        GpuBackendBuilt()
-            ? ""
-            : " (this dlbatch-train was built without the GPU backend)",
+        "No CUDA device visible; training runs on the CPU (%u cores).\n",
         std::max(1u, std::thread::hardware_concurrency()));
+    if (const absl::Status gpu = GpuBackendStatus(); !gpu.ok()) {
+      std::printf("GPU backend: %s\n", std::string(gpu.message()).c_str());
+    }
     return 0;
   }
   for (const auto& d : devices) {
@@ -172,7 +170,8 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
       "processes (each its own rank, as a process would be: the same\n"
       "weights), reading the data once; a dlbatch worker starts a CPU job\n"
       "so, one process per worker, the workers' processes meeting over Gloo.");
-  app.set_version_flag("--version", VersionText("dlbatch-train"));
+  // Lazily: it loads the GPU backend to say what it runs on.
+  app.set_version_flag("--version", [] { return TrainerVersionText(); });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -223,10 +222,12 @@ absl::StatusOr<Connection> ConnectThreadRanks(
     const std::optional<SchedulerRendezvousConfig>& scheduler_rdv) {
   const bool automatic = environment.empty() || environment == "auto";
   Connection c;
+  // Auto asks for no GPU (so loads no GPU backend); gpu or multi-gpu is
+  // told what this machine has, and refused below.
   ASSIGN_OR_RETURN(
       c.choice,
       ChooseBackend(environment, plan.world, plan.thread_ranks, 0,
-                    automatic ? 0 : CudaDeviceCount(), GpuBackendBuilt()));
+                    automatic ? GpuSupport{} : GpuSupportHere(environment)));
   if (c.choice.gpu) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--thread-ranks trains on the CPU, but "
@@ -282,7 +283,7 @@ absl::StatusOr<Connection> Connect(
   Connection c;
   ASSIGN_OR_RETURN(
       c.choice, ChooseBackend(environment, plan.world, local_ranks, local_rank,
-                              CudaDeviceCount(), GpuBackendBuilt()));
+                              GpuSupportHere(environment)));
   if (plan.world > 1 && c.choice.gpu) {
     // Ranks on several machines: NCCL's sockets on the interface of the
     // address the worker gave (--host), as Gloo's, not NCCL's own pick.
@@ -318,8 +319,8 @@ absl::StatusOr<Connection> Connect(
   ASSIGN_OR_RETURN(
       c.communicator,
       c.choice.gpu
-          ? MakeNcclCommunicator(c.rendezvous.get(), plan.rank, plan.world,
-                                 c.choice.device, absl::Minutes(5))
+          ? MakeGpuCommunicator(c.rendezvous.get(), plan.rank, plan.world,
+                                c.choice.device, absl::Minutes(5))
           : MakeGlooCommunicator(c.rendezvous.get(), plan.rank, plan.world,
                                  cl.host, absl::Minutes(5)));
   return c;

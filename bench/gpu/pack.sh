@@ -9,7 +9,8 @@
 # gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test
 # gpu_graph_network_test gpu_mixed_precision_test gpu_mixed_train_run_test
 # nccl_communicator_test backend_select_test gpu_jobs_test; gpu_jobs_test's dependencies bring
-# dlbatch, dlbatch-scheduler and dlbatch-worker). Refuses a build
+# dlbatch, dlbatch-scheduler and dlbatch-worker; dlbatch-train brings the GPU
+# module, libdlbatch-gpu.so, which goes beside it). Refuses a build
 # without the GPU backend or NCCL. Writes bench/out/gpu/{bundle.tar.xz (the
 # binaries and the libraries the GPU machine lacks, by gpu-bundle.sh), data/
 # (the four Fashion-MNIST .gz files), jobs/ (bench/jobs/*.yaml),
@@ -24,24 +25,27 @@ data=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 bundler=${GPU_BUNDLE:-$repo/../shared/tools/gpu-bundle.sh}
 bins=(dlbatch-train trainer_bench gpu_backend_test gpu_checks_test gpu_checkpoint_test gpu_graph_test
       gpu_graph_network_test gpu_mixed_precision_test gpu_mixed_train_run_test nccl_communicator_test backend_select_test gpu_jobs_test
-      dlbatch dlbatch-scheduler dlbatch-worker)
+      dlbatch dlbatch-scheduler dlbatch-worker libdlbatch-gpu.so)
 
 die() { echo "pack.sh: $*" >&2; exit 1; }
 
 [[ -x $bundler ]] || die "no gpu-bundle.sh at $bundler; set GPU_BUNDLE"
 paths=()
+targets=${bins[*]/libdlbatch-gpu.so/dlbatch-gpu}
 for b in "${bins[@]}"; do
   [[ -x $build/bin/$b ]] ||
-    die "$build/bin/$b is missing; build it first (make -j2 ${bins[*]})"
+    die "$build/bin/$b is missing; build it first (make -j2 $targets; a" \
+        "build without the GPU backend has no dlbatch-gpu)"
   paths+=("$build/bin/$b")
 done
-# The GPU backend links cuDNN (cuBLAS it loads when it starts); a CPU-only
-# build says so itself.
+# The GPU module links cuDNN (cuBLAS it loads when a backend is made);
+# dlbatch-train loads the module from its own folder (bin/ in the bundle
+# too). A CPU-only build says so itself.
 # (ldd's output is taken whole first: grep -q stops reading at the first
 # match, and under pipefail ldd's SIGPIPE would fail the check.)
-train_libs=$(ldd "$build/bin/dlbatch-train")
-grep -q 'libcudnn\.' <<<"$train_libs" ||
-  die "$build/bin/dlbatch-train does not link cuDNN: this build has no GPU" \
+module_libs=$(ldd "$build/bin/libdlbatch-gpu.so")
+grep -q 'libcudnn\.' <<<"$module_libs" ||
+  die "$build/bin/libdlbatch-gpu.so does not link cuDNN: this build has no GPU" \
       "backend (configure where CUDA, cuDNN and cuBLAS are found)"
 if grep -q 'without the GPU backend' <<<"$("$build/bin/dlbatch-train" --list-devices)"; then
   die "$build/bin/dlbatch-train says it was built without the GPU backend"

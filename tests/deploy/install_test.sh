@@ -2,10 +2,19 @@
 # The Debian package installed for real, and its units under a real systemd,
 # with nothing of it reaching this machine: every step runs on an overlay
 # whose lower layer is / and whose upper layer is a temp folder, in mount
-# namespaces of its own.
+# namespaces of its own. That root has no CUDA, as a plain Debian machine:
+# CUDA's folders (/usr/local/cuda*, and wherever ld.so.cache finds its
+# libraries) are empty tmpfs mounts there, and its ld.so.cache is made
+# again without them.
 #  1. `dpkg -i` in a chroot of the overlay: the maintainer scripts run (the
 #     dlbatch user from sysusers.d, the folders from tmpfiles.d, conffiles);
 #     dpkg and apt find the package installed and every dependency met.
+#     Without CUDA every installed program's libraries resolve; a GPU run
+#     is refused, saying what to install (the dlbatch-gpu package; with it
+#     installed, where the build made it, CUDA's libraries); and a train job
+#     (LeNet on Fashion-MNIST, a few iterations, execution_environment:
+#     auto) runs to finished on the CPU through the installed scheduler,
+#     worker and CLI.
 #  2. systemd 252 booted as PID 1 of new PID, mount, UTS, IPC, network and
 #     cgroup namespaces on that root (a container, as systemd-nspawn makes one, with
 #     a cgroup2 hierarchy of its own): dlbatch-scheduler.service reaches
@@ -26,7 +35,9 @@
 # cgroup2 hierarchy, or systemd does not boot in a namespace on this kernel
 # (the dpkg part then still runs and must pass).
 #   install_test.sh BUILD_DIR        (DLBATCH_DEB=FILE.deb: install this one
-#                                     instead of building the `deb` target)
+#                                     instead of building the `deb` target;
+#                                     DLBATCH_GPU_DEB=FILE.deb: with this
+#                                     dlbatch-gpu)
 set -euo pipefail
 build=$(cd "$1" && pwd)
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -88,12 +99,32 @@ traces >"$tmp/traces.before"
 if [[ -n ${DLBATCH_DEB:-} ]]; then
   deb=$(readlink -f "$DLBATCH_DEB")
   [[ -f $deb ]] || fail "DLBATCH_DEB=$DLBATCH_DEB is no file"
+  gpu_deb=${DLBATCH_GPU_DEB:+$(readlink -f "$DLBATCH_GPU_DEB")}
+  [[ -z $gpu_deb || -f $gpu_deb ]] || fail "DLBATCH_GPU_DEB=$DLBATCH_GPU_DEB is no file"
 else
   build_deb "$build" "$tmp"
 fi
 version=$(dpkg-deb -f "$deb" Version)
-mkdir "$tmp/debs" && cp "$deb" "$tmp/debs/"
-echo "package $(basename "$deb")"
+mkdir -p "$tmp/debs/gpu" && cp "$deb" "$tmp/debs/"
+[[ -z $gpu_deb ]] || cp "$gpu_deb" "$tmp/debs/gpu/"
+echo "package $(basename "$deb")${gpu_deb:+ and $(basename "$gpu_deb")}"
+data=/usr/share/datasets/fashion-mnist
+[[ -f $data/t10k-images-idx3-ubyte.gz && -f $data/t10k-labels-idx1-ubyte.gz ]] \
+  || fail "no Fashion-MNIST in $data for the train job: apt-get install dataset-fashion-mnist (deploy/bootstrap.sh --test-tools)"
+
+# CUDA's folders, hidden in the overlay root by an empty tmpfs each: NVIDIA's
+# /usr/local/cuda*, and the folders where ld.so.cache finds CUDA's libraries.
+# Only folders of their own: a system folder (Debian's CUDA packages put
+# them in /usr/lib/<triplet>) cannot be hidden, and the check in the root
+# then says so.
+cuda_libs='lib(cudart|cudnn[a-z_]*|nccl|cublas|cublasLt)\.so'
+{
+  for d in /usr/local/cuda*; do [[ -d $d && ! -L $d ]] && echo "$d"; done
+  ldconfig -p | grep -E "$cuda_libs" | awk '{print $NF}' | xargs -r -n1 dirname \
+    | xargs -r -n1 readlink -f
+} | grep -E '^/(usr/local|opt)/' | sort -u \
+  | awk 'NR == 1 || index($0, kept "/") != 1 { print; kept = $0 }' >"$tmp/hidden"
+echo "hidden in the root (no CUDA there): $(tr '\n' ' ' <"$tmp/hidden")"
 
 path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # Runs bash script $1 as root of the overlay, in a chroot in a mount
@@ -109,7 +140,8 @@ in_chroot() {
     mount -t proc proc "$root/proc"
     mount -t tmpfs -o mode=755 tmpfs "$root/run"
     mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
-    mkdir "$root/tmp/debs" && cp "$tmp"/debs/*.deb "$root/tmp/debs/"
+    while read -r d; do mount -t tmpfs -o mode=755,size=64k tmpfs "$root$d"; done <"$tmp/hidden"
+    cp -r "$tmp/debs" "$root/tmp/"
     exec chroot "$root" /usr/bin/env -i PATH='"$path"' HOME=/root LC_ALL=C.UTF-8 \
       DEBIAN_FRONTEND=noninteractive bash -euo pipefail -c "$script"
   ' in_chroot "$tmp" "$1" >"$tmp/chroot.log" 2>&1
@@ -174,7 +206,87 @@ for b in dlbatch dlbatch-scheduler dlbatch-worker dlbatch-train; do
   /usr/bin/$b --version >/dev/null || fail "$b --version"
 done
 echo "installed: dlbatch $(dpkg-query -W -f="\${Version}" dlbatch), user dlbatch ($uid:$gid), /var/lib/dlbatch 0700"
-'
+' "dpkg -i in the overlay root"
+
+echo "== without CUDA: the programs start, a GPU run is refused, a train job runs on the CPU"
+chroot_or_fail '
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pids=()
+trap "kill \${pids[*]} 2>/dev/null; wait" EXIT
+# CUDA'"'"'s folders are empty here (in_chroot); the cache forgets them.
+ldconfig
+cached=$(ldconfig -p | grep -E "'"$cuda_libs"'") \
+  && fail "CUDA libraries are still reachable through ld.so.cache (in a system folder?): $cached"
+for b in dlbatch dlbatch-scheduler dlbatch-worker dlbatch-train; do
+  ldd /usr/bin/$b >/tmp/ldd 2>&1 || fail "ldd /usr/bin/$b: $(cat /tmp/ldd)"
+  ! grep "not found" /tmp/ldd || fail "/usr/bin/$b lacks the libraries above"
+done
+echo "no CUDA library is reachable; the libraries of all four programs resolve"
+cat >/tmp/lenet.yaml <<JOB
+name: lenet-without-cuda
+pool: 1
+train:
+  network:
+    input: [28, 28, 1]
+    layers:
+      - {type: conv, filters: 6, size: 5}
+      - {type: relu}
+      - {type: maxpool, size: 2, stride: 2}
+      - {type: fc, units: 10}
+      - {type: softmax}
+  data:
+    train: {format: idx, images: '"$data"'/t10k-images-idx3-ubyte.gz, labels: '"$data"'/t10k-labels-idx1-ubyte.gz}
+  options:
+    mini_batch_size: 32
+    max_iterations: 4
+    execution_environment: auto
+JOB
+# refused NEEDLE: a GPU run of the job fails before it trains, saying NEEDLE.
+refused() {
+  ! dlbatch-train /tmp/lenet.yaml --output-dir /tmp/gpu-run --execution-environment gpu \
+    >/tmp/gpu.out 2>&1 || fail "a GPU run started without CUDA: $(cat /tmp/gpu.out)"
+  grep -q "$1" /tmp/gpu.out || fail "a GPU run without CUDA said: $(cat /tmp/gpu.out)"
+  [[ ! -e /tmp/gpu-run/checkpoint.dlbc ]] || fail "the refused GPU run trained"
+  echo "a GPU run is refused: $(cat /tmp/gpu.out)"
+}
+if [[ $(dlbatch-train --version) == *"GPU backend: not built"* ]]; then
+  refused "built without the GPU backend"
+else
+  refused "install the dlbatch-gpu package"
+fi
+gpu_deb=$(ls /tmp/debs/gpu/*.deb 2>/dev/null) || true
+if [[ -n $gpu_deb ]]; then
+  dpkg -i "$gpu_deb"
+  apt-get check -q >/tmp/check 2>&1 || fail "apt-get check with dlbatch-gpu: $(cat /tmp/check)"
+  dlbatch-train --version >/tmp/version
+  grep -q "GPU backend: not usable.*cannot be loaded.*install NVIDIA" /tmp/version \
+    || fail "dlbatch-train --version with dlbatch-gpu but no CUDA: $(cat /tmp/version)"
+  refused "install NVIDIA"
+fi
+# The job through the installed scheduler, worker and CLI.
+dlbatch-scheduler --state-dir /tmp/state --listen unix:/tmp/sched.sock --ready-file /tmp/ready \
+  >/tmp/scheduler.log 2>&1 &
+pids+=($!)
+for _ in $(seq 150); do [[ -s /tmp/ready ]] && break; sleep 0.1; done
+[[ -s /tmp/ready ]] || fail "the scheduler did not start: $(cat /tmp/scheduler.log)"
+dlbatch-worker --scheduler unix:/tmp/sched.sock --work-dir /tmp/work --cpu-slots 1 \
+  --name without-cuda >/tmp/worker.log 2>&1 &
+pids+=($!)
+dl() { XDG_STATE_HOME=/tmp/xdg dlbatch --scheduler unix:/tmp/sched.sock "$@"; }
+for _ in $(seq 150); do dl workers 2>/dev/null | grep -q "without-cuda.*online" && break; sleep 0.1; done
+dl workers | grep -q "without-cuda.*online" || fail "the worker did not join: $(cat /tmp/worker.log)"
+id=$(dl submit -q /tmp/lenet.yaml 2>&1) || fail "submit: $id"
+dl wait --timeout 120s "$id" >/dev/null || fail "train job $id: $(dl show "$id"; dl diary "$id"; cat /tmp/worker.log)"
+[[ $(dl show "$id") == *finished* ]] || fail "train job $id: $(dl show "$id")"
+dl diary "$id" >/tmp/diary
+grep -q "Training on cpu" /tmp/diary || fail "train job $id did not train on the CPU: $(cat /tmp/diary)"
+dl fetch-outputs "$id" -o /tmp/outputs >/dev/null || fail "fetch-outputs $id"
+[[ -s /tmp/outputs/metrics.json ]] || fail "train job $id left no metrics.json: $(ls -R /tmp/outputs)"
+echo "train job $id finished on the CPU: $(grep -m1 "Training on" /tmp/diary)"
+if [[ -n $gpu_deb ]]; then
+  dpkg --purge dlbatch-gpu
+fi
+' "the programs without CUDA"
 
 echo "== systemd in namespaces of its own on the overlay root"
 # Returns non-zero with the reason in $boot_error where systemd cannot be
@@ -239,6 +351,7 @@ ln -s pts/ptmx "$root/dev/ptmx"
 mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
 mount -t tmpfs -o mode=755 tmpfs "$root/run"
 mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
+while read -r d; do mount -t tmpfs -o mode=755,size=64k tmpfs "$root$d"; done <"$tmp/hidden"
 # A cgroup namespace rooted at $cg, and its hierarchy as the root's.
 exec unshare --cgroup sh -c '
   mount -t cgroup2 cgroup2 "$1/sys/fs/cgroup" && cd "$1" &&

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The Debian package: builds it (`deb` target), checks its control fields
 # and that every dependency is a Debian 12 runtime package, unpacks it into
-# a temp root (dpkg -x), checks that the unpacked programs' libraries resolve
-# and that they start, then runs a real job through the unpacked scheduler,
-# worker and CLI; and lintian finds no error.
+# a temp root (dpkg -x), checks that the unpacked programs' libraries resolve,
+# that every one of them is a Debian package's (none is CUDA's: the GPU
+# backend is a module of its own) and that they start, then runs a real job
+# through the unpacked scheduler, worker and CLI. Where the build has the
+# GPU backend, the dlbatch-gpu package too: its control fields, the module
+# it holds, and that dlbatch-train finds it once unpacked beside it. And
+# lintian finds no error in either.
 #   package_test.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -34,15 +38,22 @@ echo "== dependencies"
 depends=$(field Depends)
 [[ -n $depends ]] || fail "no Depends (dpkg-shlibdeps did not run?)"
 echo "Depends: $depends"
-names=$(echo "$depends" | tr ',|' '\n\n' | sed -E 's/\(.*\)//; s/^ +//; s/ +$//' | grep -v '^$')
+# dep_names DEPENDS: the package names of a Depends field, one a line.
+dep_names() { echo "$1" | tr ',|' '\n\n' | sed -E 's/\(.*\)//; s/^ +//; s/ +$//' | grep -v '^$'; }
+# Debian runtime packages only: no -dev package, none this machine's apt
+# does not know (CUDA's are not Debian packages).
+debian_packages_only() {
+  for name in $(dep_names "$1"); do
+    [[ $name == *-dev ]] && fail "Depends names a -dev package: $name"
+    dpkg-query -W "$name" >/dev/null 2>&1 || apt-cache show "$name" >/dev/null 2>&1 \
+      || [[ $name == dlbatch ]] || fail "Depends names $name, which is no Debian package here"
+  done
+}
+names=$(dep_names "$depends")
 for need in libc6 libstdc++6 libgrpc++1.51 libsqlite3-0 libssl3; do
   grep -qx "$need" <<<"$names" || fail "Depends lacks $need"
 done
-for name in $names; do
-  [[ $name == *-dev ]] && fail "Depends names a -dev package: $name"
-  dpkg-query -W "$name" >/dev/null 2>&1 || apt-cache show "$name" >/dev/null 2>&1 \
-    || fail "Depends names $name, which is no Debian package here"
-done
+debian_packages_only "$depends"
 # The conffiles are the two default configurations.
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles >"$tmp/conffiles"
 diff <(sort "$tmp/conffiles") <(printf '%s\n' /etc/dlbatch/scheduler.yaml /etc/dlbatch/worker.yaml) \
@@ -69,9 +80,10 @@ for b in dlbatch dlbatch-scheduler dlbatch-worker dlbatch-train; do
   "$root/usr/bin/$b" --help >"$tmp/help" 2>&1 || fail "$b --help: $(cat "$tmp/help")"
   grep -q "Usage:" "$tmp/help" || fail "$b --help printed no usage"
 done
-# Libraries from no Debian package: only the trainer's CUDA ones, which the
-# package's description names. (One dpkg -S for all: the path ldd gives, its
-# real path, and its other side of the /usr merge.)
+# Every library they link is a Debian package's: CUDA's are the GPU
+# module's alone (dlbatch-gpu), which dlbatch-train loads when a run asks
+# for a GPU. (One dpkg -S for all: the path ldd gives, its real path, and
+# its other side of the /usr merge.)
 known() {
   dpkg -S "$@" 2>/dev/null | sed -E 's/^[^:]+(:[a-z0-9]+)?: //' | tr ', ' '\n\n' | grep '^/' | sort -u
 }
@@ -85,11 +97,14 @@ mapfile -t libs < <(awk '{print $2}' "$tmp/libs" | sort -u)
 } >"$tmp/candidates"
 known $(awk '{print $2}' "$tmp/candidates" | sort -u) >"$tmp/owned" || true
 while read -r b lib; do
-  awk -v l="$lib" '$1 == l {print $2}' "$tmp/candidates" | grep -qxFf "$tmp/owned" && continue
-  [[ $b == dlbatch-train && $(basename "$lib") =~ ^lib(cudart|cudnn|nccl|cublas|cublasLt)[.] ]] \
-    || fail "$b links $lib, which no Debian package holds"
-  echo "$b links $lib (not from Debian: allowed for the trainer's GPU backend)"
+  awk -v l="$lib" '$1 == l {print $2}' "$tmp/candidates" | grep -qxFf "$tmp/owned" \
+    || fail "$b links $lib, which no Debian package holds (a machine without it cannot run $b)"
 done <"$tmp/libs"
+cuda_libs='^lib(cudart|cudnn[a-z_]*|nccl|cublas|cublasLt|cuda)\.so'
+for b in dlbatch dlbatch-scheduler dlbatch-worker dlbatch-train; do
+  needed=$(readelf -d "$root/usr/bin/$b" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+  ! grep -E "$cuda_libs" <<<"$needed" || fail "$b needs the CUDA libraries above to start"
+done
 echo "all four programs start; their libraries resolve"
 
 echo "== a job through the unpacked scheduler, worker and CLI"
@@ -122,12 +137,58 @@ id=$("${cli[@]}" submit -q "$tmp/job.yaml" 2>&1) || fail "submit: $id"
 [[ $(cat "$tmp/outputs/out.txt") == "done" ]] || fail "job $id's outputs: $(ls -R "$tmp/outputs")"
 echo "job $id finished through the packaged programs"
 
+echo "== the GPU backend"
+"$root/usr/bin/dlbatch-train" --version >"$tmp/version" 2>&1 || fail "dlbatch-train --version: $(cat "$tmp/version")"
+if [[ -z $gpu_deb ]]; then
+  grep -q "GPU backend: not built" "$tmp/version" || fail "a build without the GPU backend: $(cat "$tmp/version")"
+  echo "this build has no GPU backend (no dlbatch-gpu package): $(grep 'GPU backend' "$tmp/version")"
+else
+  # Without the module beside it, dlbatch-train says which package to install.
+  grep -q "GPU backend: not usable.*install the dlbatch-gpu package" "$tmp/version" \
+    || fail "dlbatch-train --version without dlbatch-gpu: $(cat "$tmp/version")"
+  gfield() { dpkg-deb -f "$gpu_deb" "$1"; }
+  [[ $(basename "$gpu_deb") == "dlbatch-gpu_${version}_${arch}.deb" ]] \
+    || fail "file name $(basename "$gpu_deb") is not dlbatch-gpu_${version}_${arch}.deb"
+  [[ $(gfield Package) == dlbatch-gpu && $(gfield Version) == "$version" && $(gfield Architecture) == "$arch" ]] \
+    || fail "dlbatch-gpu's Package/Version/Architecture: $(gfield Package) $(gfield Version) $(gfield Architecture)"
+  gdepends=$(gfield Depends)
+  echo "dlbatch-gpu Depends: $gdepends"
+  # The module is made for this build's dlbatch-train alone.
+  [[ ", $gdepends," == *", dlbatch (= $version),"* ]] || fail "dlbatch-gpu does not depend on dlbatch (= $version)"
+  debian_packages_only "$gdepends"
+  gdescription=$(gfield Description)
+  for word in CUDA cuDNN NCCL; do
+    [[ $gdescription == *"$word"* ]] || fail "dlbatch-gpu's description does not name $word: $gdescription"
+  done
+  module=$(dpkg-deb -c "$gpu_deb" | awk '{print $NF}' | grep '/libdlbatch-gpu\.so$') \
+    || fail "dlbatch-gpu holds no libdlbatch-gpu.so: $(dpkg-deb -c "$gpu_deb")"
+  module=${module#./}
+  [[ $module == usr/lib/* ]] || fail "the module is at /$module, not under /usr/lib"
+  dpkg -x "$gpu_deb" "$root"
+  needed=$(readelf -d "$root/$module" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+  for lib in libcudart libcudnn libnccl; do
+    grep -q "^$lib\.so" <<<"$needed" || fail "the module does not link $lib: $needed"
+  done
+  "$root/usr/bin/dlbatch-train" --version >"$tmp/version" 2>&1 || fail "dlbatch-train --version: $(cat "$tmp/version")"
+  ldd "$root/$module" >"$tmp/ldd" 2>&1 || true
+  if grep -q 'not found' "$tmp/ldd"; then
+    # This machine lacks CUDA's libraries: dlbatch-train names them.
+    grep -q "GPU backend: not usable.*cannot be loaded" "$tmp/version" || fail "$(cat "$tmp/version")"
+  else
+    grep -qF "GPU backend: loaded from $root/$module" "$tmp/version" \
+      || fail "dlbatch-train did not load the unpacked module: $(cat "$tmp/version")"
+  fi
+  grep 'GPU backend' "$tmp/version"
+fi
+
 echo "== lintian"
 if command -v lintian >/dev/null; then
-  lintian --tag-display-limit 0 "$deb" >"$tmp/lintian" 2>&1 || true
-  cat "$tmp/lintian"
-  ! grep -q '^E:' "$tmp/lintian" || fail "lintian reports errors"
-  grep -q '^W:' "$tmp/lintian" && echo "(warnings above: fix them or add an override)"
+  for d in "$deb" $gpu_deb; do
+    lintian --tag-display-limit 0 "$d" >"$tmp/lintian" 2>&1 || true
+    cat "$tmp/lintian"
+    ! grep -q '^E:' "$tmp/lintian" || fail "lintian reports errors in $(basename "$d")"
+    grep -q '^W:' "$tmp/lintian" && echo "(warnings above: fix them or add an override)"
+  done
 else
   echo "lintian is not installed (deploy/bootstrap.sh --test-tools installs it): not run"
 fi

@@ -9,81 +9,114 @@
 #include "gtest/gtest.h"
 #include "tests/trainer/thread_ranks.h"
 #include "trainer/comm/communicator.h"
-#include "trainer/comm/communicator_nccl.h"
 
 namespace dlbatch::trainer {
 namespace {
 
 using ::testing::HasSubstr;
 
+// A process with `visible` GPUs and the GPU backend loaded (with NCCL where
+// `nccl`); or, where `loaded` is false, without it for the reason given.
+GpuSupport Gpus(int visible, bool nccl = true, bool loaded = true) {
+  GpuSupport g;
+  g.visible_gpus = visible;
+  g.nccl = nccl;
+  g.backend = loaded ? absl::OkStatus()
+                     : absl::NotFoundError(
+                           "the GPU backend is not installed (no "
+                           "libdlbatch-gpu.so): install the dlbatch-gpu "
+                           "package");
+  return g;
+}
+
 TEST(ChooseBackend, CpuIsTheCpuWhateverIsVisible) {
   for (int gpus : {0, 4}) {
-    auto c = ChooseBackend("cpu", 4, 4, 1, gpus, true);
+    auto c = ChooseBackend("cpu", 4, 4, 1, Gpus(gpus));
     ASSERT_TRUE(c.ok());
     EXPECT_FALSE(c->gpu);
   }
 }
 
 TEST(ChooseBackend, AutoTakesTheGpuOfASingleRankWhereOneIsVisible) {
-  auto c = ChooseBackend("auto", 1, 1, 0, 2, true);
+  auto c = ChooseBackend("auto", 1, 1, 0, Gpus(2));
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE(c->gpu);
   EXPECT_EQ(c->device, 0);
-  c = ChooseBackend("", 1, 1, 0, 2, true);  // unset is auto
+  c = ChooseBackend("", 1, 1, 0, Gpus(2));  // unset is auto
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE(c->gpu);
-  for (auto [gpus, built] : {std::pair{0, true}, std::pair{2, false}}) {
-    c = ChooseBackend("auto", 1, 1, 0, gpus, built);
-    ASSERT_TRUE(c.ok());
-    EXPECT_FALSE(c->gpu);
-    EXPECT_EQ(c->note, "");
-  }
+  c = ChooseBackend("auto", 1, 1, 0, Gpus(0));
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->gpu);
+  EXPECT_EQ(c->note, "");
+  // No GPU backend and no GPU (a machine without CUDA): the CPU, nothing
+  // to say.
+  c = ChooseBackend("auto", 1, 1, 0, Gpus(0, false, false));
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->gpu);
+  EXPECT_EQ(c->note, "");
+}
+
+// GPUs the driver sees, but a GPU backend that is not there (or does not
+// load): auto trains on the CPU and says why, with what to install.
+TEST(ChooseBackend, AutoSaysWhyItLeavesVisibleGpusIdle) {
+  auto c = ChooseBackend("auto", 1, 1, 0, Gpus(2, true, false));
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->gpu);
+  EXPECT_THAT(c->note, HasSubstr("2 GPU(s) visible"));
+  EXPECT_THAT(c->note, HasSubstr("install the dlbatch-gpu package"));
+  EXPECT_THAT(c->note, HasSubstr("training on the CPU"));
 }
 
 TEST(ChooseBackend, AutoWithSeveralRanksTakesTheirGpusWithNcclElseTheCpu) {
-  auto c = ChooseBackend("auto", 4, 4, 2, 4, true);
+  auto c = ChooseBackend("auto", 4, 4, 2, Gpus(4));
   ASSERT_TRUE(c.ok());
-  if (NcclBuilt()) {
-    EXPECT_TRUE(c->gpu);
-    EXPECT_EQ(c->device, 2);
-    EXPECT_EQ(c->note, "");
-  } else {
-    EXPECT_FALSE(c->gpu);
-    EXPECT_THAT(c->note, HasSubstr("NCCL"));
-  }
+  EXPECT_TRUE(c->gpu);
+  EXPECT_EQ(c->device, 2);
+  EXPECT_EQ(c->note, "");
+  c = ChooseBackend("auto", 4, 4, 2, Gpus(4, /*nccl=*/false));
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->gpu);
+  EXPECT_THAT(c->note, HasSubstr("NCCL"));
 }
 
 TEST(ChooseBackend, SeveralGpuRanksNeedAGpuEachWithNccl) {
-  if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL";
-  auto c = ChooseBackend("multi-gpu", 4, 4, 3, 2, true);
+  auto c = ChooseBackend("multi-gpu", 4, 4, 3, Gpus(2));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(c.status().message(), HasSubstr("one rank per GPU"));
 }
 
 TEST(ChooseBackend, AskingForAGpuThatIsNotThereSaysWhatToChange) {
-  auto c = ChooseBackend("gpu", 1, 1, 0, 0, true);
+  auto c = ChooseBackend("gpu", 1, 1, 0, Gpus(0));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(c.status().message(), HasSubstr("no CUDA device is visible"));
   EXPECT_THAT(c.status().message(), HasSubstr("use cpu or auto"));
-  c = ChooseBackend("multi-gpu", 1, 1, 0, 4, false);
-  EXPECT_THAT(c.status().message(), HasSubstr("built without the GPU backend"));
-  c = ChooseBackend("multi-gpu", 4, 4, 0, 4, true);
-  if (NcclBuilt()) {
-    ASSERT_TRUE(c.ok()) << c.status();
-    EXPECT_TRUE(c->gpu);
-    EXPECT_EQ(c->device, 0);
-  } else {
-    EXPECT_THAT(c.status().message(), HasSubstr("NCCL"));
+  // Without the GPU backend, its reason: what to install.
+  for (int gpus : {0, 4}) {
+    c = ChooseBackend("multi-gpu", 1, 1, 0, Gpus(gpus, true, false));
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(c.status().message(),
+                HasSubstr("asks for a GPU, but the GPU backend is not "
+                          "installed"));
+    EXPECT_THAT(c.status().message(),
+                HasSubstr("install the dlbatch-gpu package"));
+    EXPECT_THAT(c.status().message(), HasSubstr("use cpu or auto"));
   }
-  c = ChooseBackend("tpu", 1, 1, 0, 4, true);
+  c = ChooseBackend("multi-gpu", 4, 4, 0, Gpus(4));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->gpu);
+  EXPECT_EQ(c->device, 0);
+  c = ChooseBackend("multi-gpu", 4, 4, 0, Gpus(4, /*nccl=*/false));
+  EXPECT_THAT(c.status().message(), HasSubstr("NCCL"));
+  c = ChooseBackend("tpu", 1, 1, 0, Gpus(4));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ChooseBackend, ARankGetsTheGpuOfItsLocalRank) {
-  auto c = ChooseBackend("gpu", 1, 1, 0, 8, true);
+  auto c = ChooseBackend("gpu", 1, 1, 0, Gpus(8));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->device, 0);
-  c = ChooseBackend("gpu", 1, 1, 3, 2, true);
+  c = ChooseBackend("gpu", 1, 1, 3, Gpus(2));
   EXPECT_FALSE(c.ok());
 }
 
@@ -91,20 +124,37 @@ TEST(ChooseBackend, ARankGetsTheGpuOfItsLocalRank) {
 // GPU per rank, so auto takes them; before, 4 ranks against 2 GPUs seen
 // sent the whole job to the CPUs.
 TEST(ChooseBackend, AutoOverMachinesTakesEachMachinesGpus) {
-  auto c = ChooseBackend("auto", 4, 2, 1, 2, true);
+  auto c = ChooseBackend("auto", 4, 2, 1, Gpus(2));
   ASSERT_TRUE(c.ok()) << c.status();
-  // Without NCCL (a CPU-only build) several ranks never take GPUs.
-  EXPECT_EQ(c->gpu, NcclBuilt());
-  if (NcclBuilt()) {
-    EXPECT_EQ(c->device, 1);
-  }
-  c = ChooseBackend("auto", 4, 3, 1, 2, true);  // 3 ranks here, 2 GPUs
+  EXPECT_TRUE(c->gpu);
+  EXPECT_EQ(c->device, 1);
+  // Without NCCL several ranks never take GPUs.
+  c = ChooseBackend("auto", 4, 2, 1, Gpus(2, /*nccl=*/false));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->gpu);
-  EXPECT_THAT(
-      c->note,
-      HasSubstr(NcclBuilt() ? "3 rank(s) on this machine and 2 visible GPU(s)"
-                            : "need NCCL"));
+  EXPECT_THAT(c->note, HasSubstr("need NCCL"));
+  c = ChooseBackend("auto", 4, 3, 1, Gpus(2));  // 3 ranks here, 2 GPUs
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->gpu);
+  EXPECT_THAT(c->note,
+              HasSubstr("3 rank(s) on this machine and 2 visible GPU(s)"));
+}
+
+// This process's: a CPU run never looks for the GPU backend; the backend's
+// answer is the module's (loaded beside this test where the build made it).
+TEST(GpuSupportHere, CpuLooksForNothingAndGpuAsksTheModule) {
+  GpuSupport cpu = GpuSupportHere("cpu");
+  EXPECT_FALSE(cpu.backend.ok());
+  EXPECT_EQ(cpu.visible_gpus, 0);
+  GpuSupport gpu = GpuSupportHere("gpu");
+  EXPECT_EQ(gpu.backend.ok(), GpuBackendBuilt()) << gpu.backend;
+  EXPECT_EQ(gpu.backend, GpuBackendStatus());
+  if (!gpu.backend.ok()) {
+    EXPECT_EQ(gpu.visible_gpus, 0);
+    EXPECT_THAT(std::string(gpu.backend.message()),
+                ::testing::AnyOf(HasSubstr("built without the GPU backend"),
+                                 HasSubstr("install")));
+  }
 }
 
 // Ranks as threads over a folder rendezvous: each returns what
@@ -223,7 +273,10 @@ TEST(MakeChosenBackend, Bf16AndFp16RunOnTheGpu) {
         EXPECT_THAT(std::string(b.status().message()),
                     HasSubstr("compute capability"));
       } else {
-        EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable)
+        // No device (UNAVAILABLE), or no GPU backend (NOT_FOUND).
+        EXPECT_THAT(b.status().code(),
+                    ::testing::AnyOf(absl::StatusCode::kUnavailable,
+                                     absl::StatusCode::kNotFound))
             << b.status();
       }
       continue;

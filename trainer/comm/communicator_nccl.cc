@@ -485,6 +485,17 @@ absl::StatusOr<ncclUniqueId> ShareUniqueId(Rendezvous* rendezvous, int rank,
 
 bool NcclBuilt() { return true; }
 
+std::string NcclLibraryVersion() {
+  // NCCL numbers its versions 10000 * major + 100 * minor + patch.
+  int v = 0;
+  const std::string loaded =
+      ncclGetVersion(&v) == ncclSuccess
+          ? absl::StrCat(v / 10000, ".", v % 10000 / 100, ".", v % 100)
+          : std::string("?");
+  return absl::StrCat(loaded, " (built with ", NCCL_MAJOR, ".", NCCL_MINOR, ".",
+                      NCCL_PATCH, ")");
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
     Rendezvous* rendezvous, int rank, int size, int device,
     absl::Duration timeout) {
@@ -514,6 +525,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
 #else  // !DLBATCH_HAVE_NCCL
 
 bool NcclBuilt() { return false; }
+
+std::string NcclLibraryVersion() { return "not built"; }
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
     Rendezvous* rendezvous, int rank, int size, int device,

@@ -38,6 +38,7 @@
 #define DLBATCH_TRAINER_COMM_COMMUNICATOR_NCCL_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -58,6 +59,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
 // Whether this build has the NCCL communicator (CMake found NCCL beside the
 // GPU backend).
 bool NcclBuilt();
+
+// The NCCL loaded and the one built against, "2.27.7 (built with 2.27.7)";
+// "not built" without NCCL.
+std::string NcclLibraryVersion();
 
 }  // namespace dlbatch::trainer
 
