@@ -8,12 +8,14 @@
 #include <iostream>
 #include <optional>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "client/direct_call.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
 #include "common/status.h"
 #include "common/tls_client.h"
+#include "common/usage_exit.h"
 
 namespace dlbatch::client {
 namespace {
@@ -209,10 +211,24 @@ absl::Status Connection::Error(const grpc::Status& status) const {
   return FromGrpcStatus(status);
 }
 
+namespace {
+constexpr absl::string_view kUsagePayload = "dlbatch.usage";
+}  // namespace
+
+absl::Status UsageError(absl::string_view message) {
+  absl::Status s = absl::InvalidArgumentError(message);
+  s.SetPayload(kUsagePayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsUsageError(const absl::Status& status) {
+  return status.GetPayload(kUsagePayload).has_value();
+}
+
 int Report(const absl::StatusOr<int>& result) {
   if (!result.ok()) {
     std::cerr << "dlbatch: " << result.status().message() << "\n";
-    return 1;
+    return IsUsageError(result.status()) ? kExitUsage : 1;
   }
   return *result;
 }
