@@ -78,6 +78,9 @@ void AppendDiaryLine(const DiaryOptions& options, const v1::DiaryLine& line,
                      std::string* out);
 absl::StatusOr<int> Cancel(Connection& conn,
                            const std::vector<int64_t>& job_ids);
+// `wait`: 0 if every job finished, 1 if one did not (failed, cancelled), 2
+// on timeout, kExitNoSuchJob if the scheduler knows no job of an id.
+inline constexpr int kExitNoSuchJob = 4;
 absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,
                          int64_t timeout_ms);
 // `json`: list only, as {"job_id", "state", "files"} (json_out.h).

@@ -38,7 +38,7 @@ absl::StatusOr<absl::Time> ParsePurgeBefore(const std::string& text,
       return t;
     }
   }
-  return absl::InvalidArgumentError(absl::StrCat(
+  return UsageError(absl::StrCat(
       "--before ", text,
       ": write a date (2026-01-31, 2026-01-31T12:00, local time unless a zone "
       "such as Z or +02:00 follows) or an age (30d, 12h)"));
@@ -53,7 +53,7 @@ absl::StatusOr<int> Purge(Connection& conn, const std::vector<int64_t>& ids,
     request.set_before_ms(absl::ToUnixMillis(t));
   }
   if (ids.empty() && before.empty()) {
-    return absl::InvalidArgumentError(
+    return UsageError(
         "name the jobs to purge (dlbatch admin purge 12 13) or a date "
         "(--before 2026-01-31, or --before 30d)");
   }
@@ -124,7 +124,7 @@ void AddLimitCommands(CLI::App* admin, const GlobalFlags* flags, int* rc) {
 
 absl::StatusOr<int> SetLimit(Connection& conn, const LimitArgs& args) {
   if (!args.clear && args.slots < 0 && args.queued < 0) {
-    return absl::InvalidArgumentError(
+    return UsageError(
         "say which limit to set: --slots N, --queued M (0 removes one), or "
         "--clear");
   }

@@ -18,6 +18,7 @@
 #include "common/duration.h"
 #include "common/edit_distance.h"
 #include "common/status.h"
+#include "common/usage_exit.h"
 #include "proto/job_state.h"
 
 namespace dlbatch::client {
@@ -114,7 +115,7 @@ std::string Cell(const v1::Job& job, JobColumn column, int64_t now_ms) {
 
 absl::Status CheckSubmitFlags(const SubmitOptions& o) {
   if (o.job_file.empty() && o.command.empty()) {
-    return absl::InvalidArgumentError(
+    return UsageError(
         "submit: give a job file (dlbatch submit job.yaml) or a command "
         "after -- (dlbatch submit --pool 1 -- python3 train.py)");
   }
@@ -240,8 +241,15 @@ std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv) {
         break;
       }
     }
+    if (!known.empty() && typed.empty() && e.get_name() == "RequiredError" &&
+        at->get_require_subcommand_min() > 0) {
+      // No command at all (`dlbatch`, `dlbatch local`): the list of them,
+      // as --help prints it, is the answer, not "A subcommand is required".
+      std::cerr << app.help();
+      return kExitUsage;
+    }
     if (known.empty() || typed.empty() || e.get_exit_code() == 0) {
-      return app.exit(e);
+      return ExitForParseError(app, e);
     }
     std::string where = at == &app ? "dlbatch" : "dlbatch " + at->get_name();
     std::cerr << "dlbatch: unknown command '" << TerminalText(typed) << "'";
@@ -251,8 +259,40 @@ std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv) {
     }
     std::cerr << "\n(the commands: " << absl::StrJoin(known, ", ") << "; `"
               << where << " --help` says what each does)\n";
-    return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    return kExitUsage;
   }
+}
+
+bool JobStateFilter::Keeps(const v1::Job& job) const {
+  if (!states.empty() &&
+      std::find(states.begin(), states.end(), job.state()) == states.end()) {
+    return false;
+  }
+  return !queued_only_held || job.state() != v1::JOB_STATE_QUEUED || job.held();
+}
+
+absl::StatusOr<JobStateFilter> ParseJobStateFilter(
+    const std::vector<std::string>& names) {
+  JobStateFilter filter;
+  bool held = false, queued = false;
+  for (const std::string& name : names) {
+    v1::JobState state;
+    if (name == "held") {
+      held = true;
+      state = v1::JOB_STATE_QUEUED;
+    } else if (!ParseJobState(name, &state)) {
+      return UsageError(
+          absl::StrCat("unknown state '", name, "'; use ", kJobStateNames));
+    } else if (state == v1::JOB_STATE_QUEUED) {
+      queued = true;
+    }
+    if (std::find(filter.states.begin(), filter.states.end(), state) ==
+        filter.states.end()) {
+      filter.states.push_back(state);
+    }
+  }
+  filter.queued_only_held = held && !queued;
+  return filter;
 }
 
 absl::StatusOr<std::vector<JobColumn>> ParseJobColumns(std::string_view text) {
@@ -271,14 +311,14 @@ absl::StatusOr<std::vector<JobColumn>> ParseJobColumns(std::string_view text) {
     if (found == nullptr) {
       std::vector<std::string> names;
       for (const ColumnInfo& info : kColumns) names.push_back(info.name);
-      return absl::InvalidArgumentError(absl::StrCat(
+      return UsageError(absl::StrCat(
           "--format: no column '", word, "'; the columns are ",
           absl::StrJoin(names, ","), " (e.g. --format id,name,state,user)"));
     }
     columns.push_back(found->column);
   }
   if (columns.empty()) {
-    return absl::InvalidArgumentError(
+    return UsageError(
         "--format: name at least one column, e.g. --format id,name,state");
   }
   return columns;
@@ -384,8 +424,10 @@ void AddDailyCommands(CLI::App& app, const GlobalFlags* flags, int* rc,
   auto* c_jobs = app.add_subcommand("jobs", "List jobs");
   c_jobs
       ->add_option("--state", jobs->states,
-                   "Only these states: queued running cancelling finished "
-                   "failed cancelled")
+                   absl::StrCat("Only jobs in these states (comma-separated): ",
+                                kJobStateNames,
+                                " (held: queued and held; queued takes the "
+                                "held ones too)"))
       ->delimiter(',');
   c_jobs->add_option("--user", jobs->user, "Only this user's jobs");
   c_jobs->add_flag("--mine", jobs->mine, "Only your own jobs");

@@ -25,9 +25,11 @@ void AddDailyCommands(CLI::App& app, const GlobalFlags* flags, int* rc,
                       int* argc, char** argv);
 
 // Parses the command line and runs the command. Returns the exit code of a
-// failed parse (after printing why; an unknown command also gets the
-// nearest known name, "did you mean `diary`?"), nullopt once the command
-// ran (its code is in the *rc the commands were registered with).
+// failed parse, kExitUsage (2; common/usage_exit.h), after printing why (an
+// unknown command also gets the nearest known name, "did you mean
+// `diary`?"; no command at all gets the list --help prints, on stderr), or
+// 0 after --help or --version; nullopt once the command ran (its code is in
+// the *rc the commands were registered with).
 std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv);
 
 // `local stop`: refuses while jobs run on the local cluster (naming how
@@ -41,6 +43,21 @@ absl::StatusOr<int> LocalStatus();
 // "" when nothing is.
 std::string NearestCommand(std::string_view typed,
                            const std::vector<std::string>& known);
+
+// `jobs --state`: the states asked of the scheduler (empty: every state),
+// and whether a queued job is kept only if it is held. "held" names the held
+// queued jobs, as the STATE column does; "queued" takes held ones too. An
+// unknown name is a usage error listing the known ones.
+struct JobStateFilter {
+  std::vector<v1::JobState> states;
+  bool queued_only_held = false;
+  bool Keeps(const v1::Job& job) const;
+};
+absl::StatusOr<JobStateFilter> ParseJobStateFilter(
+    const std::vector<std::string>& names);
+// What --state takes, for its --help and its error.
+inline constexpr char kJobStateNames[] =
+    "queued, held, running, cancelling, finished, failed or cancelled";
 
 // `jobs --format`: the columns by name, comma-separated. An unknown name is
 // an error listing the known ones.

@@ -47,7 +47,7 @@ absl::Status CheckRequestId(const std::string& id) {
   bool printable = std::all_of(id.begin(), id.end(),
                                [](char ch) { return ch > ' ' && ch < 127; });
   if (id.size() <= 128 && printable) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
+  return UsageError(absl::StrCat(
       "--request-id '", ShortenToWidth(id, 43),
       "': use 1 to 128 printable characters without spaces (a UUID, or your "
       "script's own name for this submit)"));
@@ -86,7 +86,7 @@ std::string CommandLine(
 absl::Status ApplySubmitFlags(const SubmitOptions& options, v1::JobSpec* spec) {
   if (!options.command.empty()) {
     if (spec->has_train()) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return UsageError(absl::StrCat(
           options.job_file,
           " is a train: job; a command after -- makes a command job, so "
           "give one or the other"));
@@ -100,7 +100,7 @@ absl::Status ApplySubmitFlags(const SubmitOptions& options, v1::JobSpec* spec) {
   if (options.name) spec->set_name(*options.name);
   if (options.max_nodes) {
     if (*options.max_nodes < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return UsageError(absl::StrCat(
           "--max-nodes ", *options.max_nodes,
           ": give 1 for one worker, or more to let the pool span workers"));
     }
@@ -109,16 +109,16 @@ absl::Status ApplySubmitFlags(const SubmitOptions& options, v1::JobSpec* spec) {
   if (options.time_limit) {
     auto seconds = ParseDurationSeconds(*options.time_limit);
     if (!seconds.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--time-limit ", *options.time_limit, ": ",
-                       seconds.status().message(), " (e.g. 90s, 30m, 2h)"));
+      // The parser's message gives the examples.
+      return UsageError(absl::StrCat("--time-limit ", *options.time_limit, ": ",
+                                     seconds.status().message()));
     }
     spec->set_time_limit_s(*seconds);
   }
   for (const std::string& pair : options.env) {
     const size_t eq = pair.find('=');
     if (eq == std::string::npos || eq == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return UsageError(absl::StrCat(
           "--env ", pair, ": write NAME=VALUE (e.g. --env OMP_NUM_THREADS=4)"));
     }
     (*spec->mutable_env())[pair.substr(0, eq)] = pair.substr(eq + 1);
@@ -198,7 +198,7 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
   if (spec.name().empty() && spec.command().argv_size() > 0)
     spec.set_name(fs::path(spec.command().argv(0)).filename().string());
   if (spec.pool() < 0 || (options.pool && *options.pool <= 0)) {
-    return absl::InvalidArgumentError(
+    return UsageError(
         absl::StrCat("pool ", spec.pool(),
                      " is not a number of slots; use --pool 1 or more"));
   }
@@ -313,26 +313,21 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
 
 absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
   v1::ListJobsRequest request;
-  for (const std::string& s : options.states) {
-    v1::JobState state;
-    if (!ParseJobState(s, &state)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown state '", s,
-          "'; use queued, running, cancelling, finished, failed or cancelled"));
-    }
-    request.add_states(state);
-  }
+  ASSIGN_OR_RETURN(JobStateFilter filter, ParseJobStateFilter(options.states));
+  for (v1::JobState state : filter.states) request.add_states(state);
   std::vector<JobColumn> columns = DefaultJobColumns();
   if (!options.format.empty()) {
     ASSIGN_OR_RETURN(columns, ParseJobColumns(options.format));
   }
   if (options.limit < 0) {
-    return absl::InvalidArgumentError(
+    return UsageError(
         absl::StrCat("--limit ", options.limit,
                      ": give 1 or more (the newest "
                      "this many), or leave it out for every job"));
   }
-  request.set_limit(options.limit);
+  // Held jobs are told apart from the other queued ones here, after the
+  // listing: the newest `limit` of them are cut from all the queued ones.
+  request.set_limit(filter.queued_only_held ? 0 : options.limit);
   request.set_newest_first(options.limit > 0);
   request.set_sweep_id(options.sweep_id);
   request.set_user(options.user);
@@ -344,6 +339,16 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
                      [&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
                        return stub->ListJobs(ctx, request, &reply);
                      })));
+  if (filter.queued_only_held) {
+    auto* jobs = reply.mutable_jobs();
+    jobs->erase(
+        std::remove_if(jobs->begin(), jobs->end(),
+                       [&](const v1::Job& job) { return !filter.Keeps(job); }),
+        jobs->end());
+    if (options.limit > 0 && jobs->size() > options.limit) {
+      jobs->DeleteSubrange(options.limit, jobs->size() - options.limit);
+    }
+  }
   if (options.json) {
     Json jobs = Json::array();
     for (const v1::Job& job : reply.jobs()) jobs.push_back(JobJson(job));
@@ -455,8 +460,8 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
 absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
                           const DiaryOptions& options) {
   if (options.tail < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tail ", options.tail, ": give the number of last lines to show"));
+    return UsageError(absl::StrCat("--tail ", options.tail,
+                                   ": give the number of last lines to show"));
   }
   int64_t after = 0;
   if (options.tail > 0) {
@@ -542,8 +547,13 @@ void AppendDiaryLine(const DiaryOptions& options, const v1::DiaryLine& line,
     return;
   }
   if (options.timestamps) absl::StrAppend(out, LocalTime(line.time_ms()), "  ");
-  absl::StrAppend(out, options.raw ? line.text() : EscapeDiaryText(line.text()),
-                  "\n");
+  if (options.raw) {
+    // The job's bytes as it wrote them: a last line without a newline
+    // stays without one, and a long line's pieces join up again.
+    absl::StrAppend(out, line.text(), DiaryLineEnding(line));
+    return;
+  }
+  absl::StrAppend(out, EscapeDiaryText(line.text()), "\n");
 }
 
 absl::StatusOr<int> Cancel(Connection& conn,
@@ -591,6 +601,12 @@ absl::StatusOr<int> Wait(Connection& conn, const std::vector<int64_t>& job_ids,
     auto ctx = conn.Context(/*deadline_ms=*/0);
     grpc::Status status = conn.stub()->WaitJobs(ctx.get(), request, &reply);
     if (status.ok()) break;
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      // Told apart from a job that failed: a script waiting on a job id
+      // it got wrong (or one purged) learns that it waits on nothing.
+      std::cerr << "dlbatch: " << conn.Error(status).message() << "\n";
+      return kExitNoSuchJob;
+    }
     if (!conn.RetryAfter(status, started)) return conn.Error(status);
   }
   int rc = 0;

@@ -14,8 +14,8 @@ namespace dlbatch::client {
 
 absl::StatusOr<int> ShowSweep(Connection& conn, int64_t sweep_id, bool json) {
   if (sweep_id <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sweep id ", sweep_id, " is not one; sweep ids start at 1"));
+    return UsageError(absl::StrCat("sweep id ", sweep_id,
+                                   " is not one; sweep ids start at 1"));
   }
   v1::ListJobsRequest request;
   request.set_sweep_id(sweep_id);

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <optional>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "client/direct_call.h"
 #include "client/local_cluster.h"
@@ -15,6 +16,7 @@
 #include "common/duration.h"
 #include "common/status.h"
 #include "common/tls_client.h"
+#include "common/usage_exit.h"
 
 namespace dlbatch::client {
 namespace {
@@ -211,6 +213,20 @@ absl::Status Connection::Error(const grpc::Status& status) const {
   return FromGrpcStatus(status);
 }
 
+namespace {
+constexpr absl::string_view kUsagePayload = "dlbatch.usage";
+}  // namespace
+
+absl::Status UsageError(absl::string_view message) {
+  absl::Status s = absl::InvalidArgumentError(message);
+  s.SetPayload(kUsagePayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsUsageError(const absl::Status& status) {
+  return status.GetPayload(kUsagePayload).has_value();
+}
+
 int Report(const absl::StatusOr<int>& result) {
   if (!result.ok()) {
     // A message may quote what a user or a job wrote (a job's name, a
@@ -220,7 +236,7 @@ int Report(const absl::StatusOr<int>& result) {
               << TerminalText({message.data(), message.size()},
                               {.newline = true})
               << "\n";
-    return 1;
+    return IsUsageError(result.status()) ? kExitUsage : 1;
   }
   return *result;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "client/direct_call.h"
 #include "common/endpoint.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
@@ -116,7 +117,15 @@ class Connection {
   std::vector<std::unique_ptr<v1::Scheduler::Stub>> retired_;
 };
 
-// A command's exit code, or 1 after printing why it failed ("dlbatch: ...").
+// An error in the command line itself, found by the CLI before the scheduler
+// is asked (a flag's bad value, a missing argument): INVALID_ARGUMENT,
+// marked so that Report() exits kExitUsage (2) for it, as for what CLI11
+// refuses.
+absl::Status UsageError(absl::string_view message);
+bool IsUsageError(const absl::Status& status);
+
+// A command's exit code, or after printing why it failed ("dlbatch: ..."):
+// kExitUsage for a UsageError, else 1.
 int Report(const absl::StatusOr<int>& result);
 
 // Runs `command` on a connection to the configured scheduler; its exit code

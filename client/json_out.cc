@@ -171,14 +171,28 @@ Json JobJson(const v1::Job& job) {
               {"spec", SpecJson(spec)}};
 }
 
+const char* DiaryLineEnding(const v1::DiaryLine& line) {
+  switch (line.ending()) {
+    case v1::DiaryLine::ENDING_CRLF:
+      return "\r\n";
+    case v1::DiaryLine::ENDING_NONE:
+      return "";
+    default:
+      return "\n";
+  }
+}
+
 Json DiaryLineJson(const v1::DiaryLine& line) {
-  return Json{{"n", line.n()},
+  // n: the line's number in its job's diary (a scheduler that predates
+  // DiaryLine.line gives only its store cursor).
+  return Json{{"n", line.line() > 0 ? line.line() : line.n()},
               {"time", JsonTime(line.time_ms())},
               {"stream", line.stream()},
               {"attempt", line.attempt()},
               {"seq", line.seq()},
               {"text", ValidUtf8(line.text())},
-              {"text_base64", absl::Base64Escape(line.text())}};
+              {"text_base64", absl::Base64Escape(line.text())},
+              {"ending", DiaryLineEnding(line)}};
 }
 
 Json WorkerJson(const v1::WorkerInfo& w) {

@@ -41,9 +41,13 @@ Json JsonState(v1::JobState state);
 // The shapes (README "JSON output").
 // A job as `show` has it: everything the scheduler returned.
 Json JobJson(const v1::Job& job);
-// One line of `diary --json`: n, time, stream, attempt, seq, text (valid
-// UTF-8; each bad byte U+FFFD) and text_base64 (the exact bytes).
+// One line of `diary --json`: n (its number in the job's diary, from 1),
+// time, stream, attempt, seq, text (valid UTF-8; each bad byte U+FFFD),
+// text_base64 (the exact bytes) and ending ("\n", "\r\n" or "": what
+// followed them in the job's output).
 Json DiaryLineJson(const v1::DiaryLine& line);
+// The bytes that ended `line` in the job's output: "\n", "\r\n" or "".
+const char* DiaryLineEnding(const v1::DiaryLine& line);
 Json WorkerJson(const v1::WorkerInfo& worker);
 Json ProfileJson(const v1::ProfileInfo& profile);
 Json OutputFileJson(const v1::OutputFile& file);

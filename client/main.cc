@@ -7,6 +7,7 @@
 #include <functional>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/commands.h"
 #include "client/commands_admin.h"
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
   c_show->add_flag("--json", show_json, "JSON instead of text");
   c_show->callback([&] {
     if (show_sweep_opt->count() == 0 && show_id_opt->count() == 0) {
-      rc = Report(absl::InvalidArgumentError(
+      rc = Report(UsageError(
           "show: give a job id, or --sweep ID to compare a sweep's jobs"));
       return;
     }
@@ -120,10 +121,13 @@ int main(int argc, char** argv) {
       "a job cannot drive your terminal");
   c_diary
       ->add_flag("--json", diary.json,
-                 "One JSON object a line: n, time, stream, attempt, seq; "
+                 "One JSON object a line: n (the line's number in the "
+                 "job's diary, from 1), time, stream, attempt, seq; "
                  "\"text\" the line as a string (exact if it is UTF-8, "
-                 "else each bad byte as U+FFFD) and \"text_base64\" its "
-                 "exact bytes")
+                 "else each bad byte as U+FFFD), \"text_base64\" its "
+                 "exact bytes and \"ending\" what followed them (\"\\n\", "
+                 "\"\\r\\n\", or \"\" where the job's output ended "
+                 "without a newline)")
       ->excludes(diary_raw);
   c_diary->callback([&] {
     rc = WithConnection(
@@ -160,7 +164,8 @@ int main(int argc, char** argv) {
   std::string wait_timeout;
   auto* c_wait = app.add_subcommand(
       "wait",
-      "Wait until jobs end; exit 0 if all finished, 1 if not, 2 on timeout");
+      "Wait until jobs end; exit 0 if all finished, 1 if not, 2 on timeout "
+      "(or a usage error), 4 if a job does not exist");
   c_wait->add_option("ids", wait_ids, "Job ids")->required();
   c_wait->add_option("--timeout", wait_timeout,
                      "Give up after this long (e.g. 10m)");
@@ -169,7 +174,8 @@ int main(int argc, char** argv) {
     if (!wait_timeout.empty()) {
       auto s = dlbatch::ParseDurationSeconds(wait_timeout);
       if (!s.ok()) {
-        rc = Report(s.status());
+        rc = Report(UsageError(absl::StrCat("--timeout ", wait_timeout, ": ",
+                                            s.status().message())));
         return;
       }
       timeout_ms = *s * 1000;

@@ -130,7 +130,28 @@ absl::StatusOr<std::unique_ptr<Acceptor>> Acceptor::ListenUnix(
     return absl::UnavailableError(
         absl::StrCat("cannot listen on unix:", path, ": ", std::strerror(err)));
   }
-  return std::unique_ptr<Acceptor>(new Acceptor(fd, 0, nullptr, peers));
+  struct stat bound;
+  if (::lstat(path.c_str(), &bound) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on unix:", path, ": ", std::strerror(err)));
+  }
+  std::unique_ptr<Acceptor> acceptor(new Acceptor(fd, 0, nullptr, peers));
+  acceptor->socket_path_ = path;
+  acceptor->socket_dev_ = bound.st_dev;
+  acceptor->socket_ino_ = bound.st_ino;
+  return acceptor;
+}
+
+void Acceptor::RemoveSocketFile() {
+  if (socket_path_.empty()) return;
+  struct stat now;
+  if (::lstat(socket_path_.c_str(), &now) == 0 && S_ISSOCK(now.st_mode) &&
+      now.st_dev == socket_dev_ && now.st_ino == socket_ino_) {
+    ::unlink(socket_path_.c_str());
+  }
+  socket_path_.clear();
 }
 
 Acceptor::Acceptor(int fd, int port, ConnectionGate* gate, PeerTable* peers)

@@ -54,6 +54,10 @@ class Acceptor {
   // until Stop.
   void Start(grpc::Server* server);
   void Stop();
+  // A Unix socket's: removes its file, on a clean shutdown, if the path
+  // still names the socket bound here (the same device and inode), never
+  // one that another scheduler has bound there since. TCP: does nothing.
+  void RemoveSocketFile();
 
  private:
   Acceptor(int fd, int port, ConnectionGate* gate, PeerTable* peers);
@@ -71,6 +75,10 @@ class Acceptor {
   grpc::Server* server_ = nullptr;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
+  // A Unix socket: its path and its file's identity once bound.
+  std::string socket_path_;
+  dev_t socket_dev_ = 0;
+  ino_t socket_ino_ = 0;
 };
 
 }  // namespace dlbatch::scheduler

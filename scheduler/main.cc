@@ -28,6 +28,7 @@
 #include "common/metrics_server.h"
 #include "common/sd_notify.h"
 #include "common/status.h"
+#include "common/usage_exit.h"
 #include "common/version.h"
 #include "grpcpp/resource_quota.h"
 #include "scheduler/acceptor.h"
@@ -516,7 +517,10 @@ int Run(const Flags& flags, const std::vector<ProfileDeclaration>& profiles) {
   }).detach();
   server->Wait();
   serving = false;
-  if (acceptor) acceptor->Stop();
+  if (acceptor) {
+    acceptor->Stop();
+    acceptor->RemoveSocketFile();
+  }
   scheduler.Stop();
   return 0;
 }
@@ -639,11 +643,15 @@ int main(int argc, char** argv) {
     std::cerr << "dlbatch-scheduler: " << s.message() << "\n";
     return 1;
   }
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return dlbatch::ExitForParseError(app, e);
+  }
   if (auto s = dlbatch::SetUpLogging(flags.log_format, "dlbatch-scheduler");
       !s.ok()) {
     std::cerr << "dlbatch-scheduler: " << s.message() << "\n";
-    return 2;
+    return dlbatch::kExitUsage;
   }
   spdlog::info("dlbatch-scheduler {}{}; settings: {}", dlbatch::Version(),
                config.path().empty() ? "" : "; configuration " + config.path(),

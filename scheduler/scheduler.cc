@@ -647,13 +647,21 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
   // queued job waits comes from memory, as GetJob's does. Each reason walks
   // the jobs ahead, so only the first kListedWaitReasons queued jobs of a
   // listing get one: mu_ is never held long for a listing of every job.
+  // Held and --after come from memory, as GetJob's do; so do the names of
+  // the placement's workers.
   constexpr int kListedWaitReasons = 200;
   int explained = 0;
   absl::MutexLock lock(&mu_);
   for (v1::Job& job : *reply.mutable_jobs()) {
-    if (job.state() != v1::JOB_STATE_QUEUED) continue;
+    for (v1::DevicePart& part : *job.mutable_placement()) {
+      auto w = workers_.find(part.worker_id());
+      if (w != workers_.end()) part.set_worker_name(w->second.record.name);
+    }
+    if (IsTerminal(job.state())) continue;  // no longer in jobs_
     auto it = jobs_.find(job.id());
     if (it == jobs_.end()) continue;
+    job.mutable_after()->Add(it->second.after.begin(), it->second.after.end());
+    if (job.state() != v1::JOB_STATE_QUEUED) continue;
     if (it->second.held) job.set_held(true);
     if (it->second.record.state == v1::JOB_STATE_QUEUED &&
         ++explained <= kListedWaitReasons)

@@ -98,15 +98,24 @@ class WorkerSession {
   virtual ~WorkerSession() = default;
   virtual void Send(const v1::SchedulerMessage& message) = 0;
   virtual void Close(const std::string& why) = 0;
+  // Closes the stream of a worker that was removed; one that understands
+  // it (leaves_when_removed()) is first sent `refused` with `why`, after
+  // which it leaves instead of reconnecting.
+  virtual void CloseRemoved(const std::string& why) { Close(why); }
 
   // The credential the stream was opened under (Caller::credential): a
   // worker's name belongs to it while the stream is open. Set before the
   // first message.
   const std::string& owner() const { return owner_; }
   void set_owner(std::string owner) { owner_ = std::move(owner); }
+  // Register.leaves_when_removed of the stream's registration. Set before
+  // the registration is handled.
+  bool leaves_when_removed() const { return leaves_when_removed_; }
+  void set_leaves_when_removed(bool leaves) { leaves_when_removed_ = leaves; }
 
  private:
   std::string owner_;
+  bool leaves_when_removed_ = false;
 };
 
 class Scheduler : private FollowSource {

@@ -168,11 +168,13 @@ absl::Status Scheduler::ForgetWorker(int64_t worker_id, const std::string& why,
   const std::string name = w.record.name;
   Outbox ignored;  // a removed worker is sent nothing more
   if (w.session) {
-    // It reconnects at once: that registration is refused (its daemon
-    // stops); a later start of it joins afresh.
-    refuse_once_.insert(name);
+    // A worker that leaves when told it was removed is told so. An older
+    // one reconnects at once: that registration is refused (its daemon
+    // stops). Either way a later start of it joins afresh.
+    if (!w.session->leaves_when_removed()) refuse_once_.insert(name);
     session_worker_.erase(w.session.get());
-    w.session->Close(absl::StrCat("this worker was ", why));
+    w.session->CloseRemoved(
+        absl::StrCat("this worker was ", why, "; start it again to rejoin"));
     w.session = nullptr;
   }
   // Its running jobs (a lost worker has none left) are requeued first.

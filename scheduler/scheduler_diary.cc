@@ -48,7 +48,8 @@ absl::Status Scheduler::StoreCappedDiary(ActiveJob& job,
     for (const auto& line : d.lines()) {
       RETURN_IF_ERROR(store_
                           ->AddDiary(id, d.attempt(), d.part(), line.seq(),
-                                     line.time_ms(), line.stream(), line.text())
+                                     line.time_ms(), line.stream(), line.text(),
+                                     line.ending())
                           .status());
     }
     return absl::OkStatus();
@@ -63,10 +64,10 @@ absl::Status Scheduler::StoreCappedDiary(ActiveJob& job,
     const int64_t size = static_cast<int64_t>(line.text().size());
     if (cut.marker_n == 0) {
       if (cut.head_bytes + size <= half) {
-        ASSIGN_OR_RETURN(
-            bool added,
-            store_->AddDiary(id, d.attempt(), d.part(), line.seq(),
-                             line.time_ms(), line.stream(), line.text()));
+        ASSIGN_OR_RETURN(bool added,
+                         store_->AddDiary(id, d.attempt(), d.part(), line.seq(),
+                                          line.time_ms(), line.stream(),
+                                          line.text(), line.ending()));
         if (added) cut.head_bytes += size;
         continue;
       }
@@ -82,9 +83,10 @@ absl::Status Scheduler::StoreCappedDiary(ActiveJob& job,
     // A line at or before the newest stored one was stored already (and
     // may have been trimmed since): never again.
     if (last > 0 && line.seq() <= last) continue;
-    ASSIGN_OR_RETURN(bool added, store_->AddDiary(id, d.attempt(), d.part(),
-                                                  line.seq(), line.time_ms(),
-                                                  line.stream(), line.text()));
+    ASSIGN_OR_RETURN(
+        bool added,
+        store_->AddDiary(id, d.attempt(), d.part(), line.seq(), line.time_ms(),
+                         line.stream(), line.text(), line.ending()));
     if (added) cut.tail_bytes += size;
     last = std::max(last, line.seq());
   }

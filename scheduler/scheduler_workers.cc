@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
 #include "common/version.h"
@@ -353,7 +354,7 @@ absl::Status Scheduler::HandleDiary(const v1::DiaryBatch& d) {
       RETURN_IF_ERROR(store_
                           ->AddDiary(d.job_id(), d.attempt(), d.part(),
                                      line.seq(), line.time_ms(), line.stream(),
-                                     line.text())
+                                     line.text(), line.ending())
                           .status());
     }
     Changed(d.job_id());
@@ -742,12 +743,12 @@ void Scheduler::CheckLiveness() {
       absl::Status s = InTransaction([&]() -> absl::Status {
         for (int64_t id : expired) {
           WorkerState& w = workers_.at(id);
-          RETURN_IF_ERROR(
-              LoseWorker(w,
-                         absl::StrCat("worker '", w.record.name,
-                                      "' lost: silent for over ",
-                                      options_.heartbeat_timeout_ms, " ms"),
-                         &out));
+          RETURN_IF_ERROR(LoseWorker(
+              w,
+              absl::StrCat("worker '", w.record.name,
+                           "' lost: silent for over ",
+                           FormatDurationMs(options_.heartbeat_timeout_ms)),
+              &out));
         }
         return absl::OkStatus();
       });

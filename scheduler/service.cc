@@ -365,6 +365,7 @@ class StreamSession final : public WorkerSession {
   explicit StreamSession(WorkerStream* stream) : stream_(stream) {}
   void Send(const v1::SchedulerMessage& message) override;
   void Close(const std::string& why) override;
+  void CloseRemoved(const std::string& why) override;
 
   // Reactor side.
   void OnWriteDone();
@@ -378,8 +379,9 @@ class StreamSession final : public WorkerSession {
   std::deque<v1::SchedulerMessage> queue_;  // guarded by mu_; front in flight
   bool writing_ = false;                    // guarded by mu_
   bool finish_requested_ = false;           // guarded by mu_
-  bool finished_ = false;                   // guarded by mu_
-  grpc::Status finish_status_;              // guarded by mu_
+  bool write_queue_first_ = false;  // guarded by mu_; finish once written
+  bool finished_ = false;           // guarded by mu_
+  grpc::Status finish_status_;      // guarded by mu_
 };
 
 class WorkerStream final
@@ -402,6 +404,10 @@ class WorkerStream final
       session_->Close("the worker closed its stream");
       Gone();
       return;
+    }
+    if (incoming_.has_register_()) {
+      session_->set_leaves_when_removed(
+          incoming_.register_().leaves_when_removed());
     }
     scheduler_->OnWorkerMessage(session_, std::move(incoming_));
     incoming_.Clear();
@@ -447,7 +453,7 @@ void StreamSession::Send(const v1::SchedulerMessage& message) {
 void StreamSession::OnWriteDone() {
   std::unique_lock<std::mutex> lock(mu_);
   queue_.pop_front();
-  if (!queue_.empty() && !finish_requested_) {
+  if (!queue_.empty() && (!finish_requested_ || write_queue_first_)) {
     const v1::SchedulerMessage* front = &queue_.front();
     WorkerStream* stream = stream_;
     lock.unlock();
@@ -465,6 +471,28 @@ void StreamSession::Close(const std::string& why) {
   finish_requested_ = true;
   finish_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
   MaybeFinishLocked(lock);
+}
+
+void StreamSession::CloseRemoved(const std::string& why) {
+  if (!leaves_when_removed()) return Close(why);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stream_ == nullptr || finish_requested_) return;
+  // `refused` goes in the stream, after the write in flight (what else is
+  // queued no longer matters): a worker's own cancel of the call would
+  // hide the status it ends with.
+  while (queue_.size() > (writing_ ? 1u : 0u)) queue_.pop_back();
+  v1::SchedulerMessage refused;
+  refused.set_refused(why);
+  queue_.push_back(std::move(refused));
+  finish_requested_ = true;
+  write_queue_first_ = true;
+  finish_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
+  if (writing_) return;  // OnWriteDone goes on with it
+  writing_ = true;
+  const v1::SchedulerMessage* front = &queue_.front();
+  WorkerStream* stream = stream_;
+  lock.unlock();
+  stream->StartWrite(front);
 }
 
 void StreamSession::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {

@@ -18,9 +18,10 @@ namespace {
 // credentials; version 6 worker_drains and job_control (store_control.cc);
 // version 7 slurm_jobs (store_slurm.cc); version 8 part_ends and
 // slurm_resubmits (store_slurm.cc); version 9 job_requests (request ids
-// per user, with the digest of what each asked for).
+// per user, with the digest of what each asked for); version 10 diary.line
+// and diary.ending (store_diary.cc).
 // Older files are migrated on open.
-constexpr int kSchemaVersion = 9;
+constexpr int kSchemaVersion = 10;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -75,7 +76,9 @@ CREATE TABLE IF NOT EXISTS diary(
   seq INTEGER,
   time_ms INTEGER NOT NULL,
   stream INTEGER NOT NULL,
-  text BLOB NOT NULL);
+  text BLOB NOT NULL,
+  line INTEGER,
+  ending INTEGER NOT NULL DEFAULT 0);
 CREATE UNIQUE INDEX IF NOT EXISTS diary_by_line ON diary(job_id, attempt, part, seq);
 CREATE INDEX IF NOT EXISTS diary_by_job ON diary(job_id, n);
 CREATE TABLE IF NOT EXISTS outputs(
@@ -230,7 +233,7 @@ CREATE TABLE IF NOT EXISTS user_usage(
 )sql");
 }
 
-// Version 8 -> 9: request ids move to job_requests, keyed by user (one
+// Version 9: request ids move to job_requests, keyed by user (one
 // user's id is not another's request) and kept with the digest of what the
 // submit asked for; jobs.request_id, UNIQUE across users, is written NULL
 // from then on (older rows keep theirs, read no more). Requests stored before
@@ -312,6 +315,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
     RETURN_IF_ERROR(AddControlTables(db.get()));
     RETURN_IF_ERROR(AddSlurmTable(db.get()));
     RETURN_IF_ERROR(AddJobRequests(db.get()));
+    RETURN_IF_ERROR(AddDiaryLineColumns(db.get()));
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion,
         "') ON CONFLICT(key) DO UPDATE SET value=excluded.value")));
@@ -456,11 +460,17 @@ absl::Status Store::AddEvent(int64_t job_id, v1::JobState state, int attempt,
 
 absl::StatusOr<bool> Store::AddDiary(int64_t job_id, int attempt, int part,
                                      int64_t seq, int64_t time_ms, int stream,
-                                     absl::string_view text) {
+                                     absl::string_view text,
+                                     v1::DiaryLine::Ending ending) {
+  // The job's newest line is found backwards on diary_by_job; it is never
+  // deleted (a capped diary keeps its newest line), so numbers only grow.
   ASSIGN_OR_RETURN(
       Statement * st,
       db_->Prepare("INSERT OR IGNORE INTO diary(job_id, attempt, part, "
-                   "seq, time_ms, stream, text) VALUES(?,?,?,?,?,?,?)"));
+                   "seq, time_ms, stream, text, ending, line) "
+                   "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,"
+                   "COALESCE((SELECT line FROM diary WHERE job_id=?1 "
+                   "ORDER BY n DESC LIMIT 1), 0) + 1)"));
   st->Bind(1, job_id).Bind(2, attempt).Bind(3, part);
   if (seq < 0) {
     st->BindNull(4);
@@ -470,6 +480,7 @@ absl::StatusOr<bool> Store::AddDiary(int64_t job_id, int attempt, int part,
   // Bound as a BLOB: a job may print any bytes (NUL, invalid UTF-8), and
   // they come back exactly. Rows of older files hold TEXT, read alike.
   st->Bind(5, time_ms).Bind(6, stream).BindBlob(7, text);
+  st->Bind(8, static_cast<int>(ending));
   RETURN_IF_ERROR(st->Run());
   return db_->Changes() > 0;
 }
@@ -1020,7 +1031,7 @@ absl::Status StoreReader::ListJobSummaries(
       "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, "
       "exit_code, reason, "
       "name, profile, pool, priority, train_state.progress, sweep_id, ",
-      sweep_id != 0 ? "spec" : "NULL",
+      sweep_id != 0 ? "spec" : "NULL", ", parts",
       " FROM jobs LEFT JOIN train_state ON train_state.job_id = jobs.id");
   std::vector<std::string> where;
   if (!states.empty()) {
@@ -1090,6 +1101,13 @@ absl::Status StoreReader::ListJobSummaries(
         *spec->mutable_sweep_point() = full.sweep_point();
       }
     }
+    // The placement as GetJob has it (worker names are the caller's to
+    // add): a few bytes a job.
+    for (const Part& p : DecodeParts(text(16))) {
+      v1::DevicePart* part = job->add_placement();
+      part->set_worker_id(p.worker);
+      part->mutable_devices()->Add(p.devices.begin(), p.devices.end());
+    }
   }
   return absl::OkStatus();
 }
@@ -1100,8 +1118,9 @@ absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(
   Lease db(this, std::move(raw));
   ASSIGN_OR_RETURN(
       Statement * st,
-      db->Prepare("SELECT n, time_ms, stream, text, attempt, seq FROM diary "
-                  "WHERE job_id=? AND n>? ORDER BY n LIMIT ?"));
+      db->Prepare("SELECT n, time_ms, stream, text, attempt, seq, line, "
+                  "ending FROM diary WHERE job_id=? AND n>? ORDER BY n "
+                  "LIMIT ?"));
   st->Bind(1, job_id).Bind(2, after).Bind(3, limit);
   std::vector<v1::DiaryLine> out;
   RETURN_IF_ERROR(st->ForEachRow([&] {
@@ -1112,6 +1131,11 @@ absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(
     line.set_text(std::string(st->Blob(3)));
     line.set_attempt(static_cast<int>(st->Int(4)));
     line.set_seq(st->IsNull(5) ? -1 : st->Int(5));
+    line.set_line(st->IsNull(6) ? 0 : st->Int(6));
+    const int64_t ending = st->Int(7);
+    if (v1::DiaryLine::Ending_IsValid(static_cast<int>(ending))) {
+      line.set_ending(static_cast<v1::DiaryLine::Ending>(ending));
+    }
     out.push_back(std::move(line));
   }));
   return out;

@@ -119,6 +119,10 @@ int64_t StoreFileBytes(const std::string& db_path);
 absl::Status AddControlTables(Database* db);
 // Version 6 -> 7: slurm_jobs (store_slurm.cc). Idempotent.
 absl::Status AddSlurmTable(Database* db);
+// Version 9 -> 10: diary.line (each line's number in its job's diary, filled
+// in for the lines already stored) and diary.ending (store_diary.cc).
+// Idempotent.
+absl::Status AddDiaryLineColumns(Database* db);
 
 // "3:0,1;7:2" <-> parts.
 std::string EncodeParts(const std::vector<Part>& parts);
@@ -136,10 +140,12 @@ class Store {
   absl::Status AddEvent(int64_t job_id, v1::JobState state, int attempt,
                         int64_t time_ms, absl::string_view reason);
   // seq < 0: a line of dlbatch's own (never deduplicated). Returns false if
-  // the line (job, attempt, part, seq) was stored before.
-  absl::StatusOr<bool> AddDiary(int64_t job_id, int attempt, int part,
-                                int64_t seq, int64_t time_ms, int stream,
-                                absl::string_view text);
+  // the line (job, attempt, part, seq) was stored before. A stored line is
+  // numbered after the job's newest one (DiaryLine.line).
+  absl::StatusOr<bool> AddDiary(
+      int64_t job_id, int attempt, int part, int64_t seq, int64_t time_ms,
+      int stream, absl::string_view text,
+      v1::DiaryLine::Ending ending = v1::DiaryLine::ENDING_NEWLINE);
   absl::Status PutOutputs(int64_t job_id,
                           const std::vector<v1::OutputFile>& files);
   absl::Status PutProgress(int64_t job_id, const v1::TrainProgress& progress);

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "common/usage_exit.h"
 #include "common/version.h"
 #include "proto/jobspec_yaml.h"
 #include "trainer/backend_select.h"
@@ -175,7 +176,7 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return ExitForParseError(app, e);
   }
   cl->rank_given = rank_opt->count() > 0;
   cl->world_given = world_opt->count() > 0;
@@ -494,7 +495,7 @@ int TrainCommand(int argc, char** argv) {
   if (cl.job_file.empty()) {
     std::fprintf(stderr,
                  "dlbatch-train: a job file is required (see --help)\n");
-    return 2;
+    return kExitUsage;
   }
 
   absl::StatusOr<ParsedJobFile> job =

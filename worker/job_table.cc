@@ -28,7 +28,8 @@ JobTable::Job* JobTable::Find(int64_t key) {
 }
 
 void JobTable::AddDiary(Job& job, int stream, const std::string& text,
-                        int64_t time_ms, JobEffects* fx) {
+                        int64_t time_ms, JobEffects* fx,
+                        v1::DiaryLine::Ending ending) {
   v1::WorkerMessage m;
   v1::DiaryBatch* batch = m.mutable_diary();
   job.ref.To(batch);
@@ -37,6 +38,7 @@ void JobTable::AddDiary(Job& job, int stream, const std::string& text,
   line->set_time_ms(time_ms);
   line->set_stream(stream);
   line->set_text(text);
+  line->set_ending(ending);
   fx->records.push_back(std::move(m));
 }
 
@@ -208,7 +210,10 @@ JobEffects JobTable::Line(int64_t key, const OutputLine& line) {
           kTrainerErrorPrefix) {
     job->trainer_error = line.text.substr(kTrainerErrorPrefix.size());
   }
-  AddDiary(*job, line.stream, line.text, line.time_ms, &fx);
+  AddDiary(*job, line.stream, line.text, line.time_ms, &fx,
+           line.ending == OutputLine::kCrlf   ? v1::DiaryLine::ENDING_CRLF
+           : line.ending == OutputLine::kNone ? v1::DiaryLine::ENDING_NONE
+                                              : v1::DiaryLine::ENDING_NEWLINE);
   return fx;
 }
 

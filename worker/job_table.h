@@ -134,7 +134,8 @@ class JobTable {
 
   Job* Find(int64_t key);
   void AddDiary(Job& job, int stream, const std::string& text, int64_t time_ms,
-                JobEffects* fx);
+                JobEffects* fx,
+                v1::DiaryLine::Ending ending = v1::DiaryLine::ENDING_NEWLINE);
   // The one place an end report is built.
   void End(Job& job, v1::JobState state, const std::string& reason,
            std::vector<v1::OutputFile> outputs, JobEffects* fx);

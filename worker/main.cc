@@ -23,6 +23,7 @@
 #include "common/malloc_tuning.h"
 #include "common/metrics_server.h"
 #include "common/tls_client.h"
+#include "common/usage_exit.h"
 #include "common/version.h"
 #include "spdlog/spdlog.h"
 #include "worker/devices.h"
@@ -147,9 +148,14 @@ int main(int argc, char** argv) {
   if (absl::Status s = config.Load(argc, argv); !s.ok()) {
     return Fail(std::string(s.message()));
   }
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return dlbatch::ExitForParseError(app, e);
+  }
   if (auto s = dlbatch::SetUpLogging(log_format, "dlbatch-worker"); !s.ok()) {
-    return Fail(std::string(s.message()));
+    Fail(std::string(s.message()));
+    return dlbatch::kExitUsage;  // --log-format's value
   }
 
   spdlog::info("dlbatch-worker {}{}; settings: {}", dlbatch::Version(),

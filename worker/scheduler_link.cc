@@ -137,11 +137,25 @@ absl::Status SchedulerLink::Run() {
       Stop();
       return s;
     }
+    if (!removed_.empty()) {
+      // Final: reconnecting would only be refused (or, from a scheduler
+      // that forgot the removal, join as a new worker).
+      spdlog::warn("leaving: the scheduler at {} says: {}", options_.scheduler,
+                   removed_);
+      Stop();
+      return absl::OkStatus();
+    }
     if (s.ok()) backoff_ms = options_.min_backoff_ms;  // it had registered
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
-    spdlog::warn("scheduler at {}: {}; reconnecting in {} ms",
-                 options_.scheduler, s.ToString(), backoff_ms);
+    if (s.ok()) {
+      // Its break was logged by Session(), with the reason.
+      spdlog::info("reconnecting to {} in {} ms", options_.scheduler,
+                   backoff_ms);
+    } else {
+      spdlog::warn("scheduler at {}: {}; reconnecting in {} ms",
+                   options_.scheduler, s.ToString(), backoff_ms);
+    }
     auto stopping = [this]()
                         ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
     mu_.AwaitWithTimeout(absl::Condition(&stopping),
@@ -172,6 +186,7 @@ absl::Status SchedulerLink::Session() {
   reg->set_user(options_.user);
   if (options_.slurm_job) *reg->mutable_slurm() = *options_.slurm_job;
   reg->set_version(options_.version);
+  reg->set_leaves_when_removed(true);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
@@ -226,8 +241,13 @@ absl::Status SchedulerLink::Session() {
     handler_->OnSchedulerMessage(m);
   }
   v1::SchedulerMessage message;
-  while (stream->Read(&message)) {
+  while (removed_.empty() && stream->Read(&message)) {
     switch (message.msg_case()) {
+      case v1::SchedulerMessage::kRefused:
+        // This worker was removed (Register.leaves_when_removed): final.
+        removed_ = message.refused();
+        if (removed_.empty()) removed_ = "removed";
+        break;
       case v1::SchedulerMessage::kDiaryAck: {
         absl::MutexLock lock(&mu_);
         outbox_.AckDiary(JobRef::Of(message.diary_ack()),
@@ -260,6 +280,7 @@ absl::Status SchedulerLink::Session() {
   }
   Detach(stream.get());
   absl::Status result = stream->Finish();
+  if (!removed_.empty()) return absl::OkStatus();  // Run() leaves
   // A registered session that broke is a transient failure whatever its
   // code; reconnect at once.
   spdlog::warn("the stream to {} broke: {}", options_.scheduler,

@@ -103,8 +103,10 @@ class SchedulerLink {
 
   // REQUIRES: called once, before Run().
   void SetHandler(LinkHandler* handler);
-  // Serves until Stop(). Returns an error only for what reconnecting cannot
-  // mend: a wrong token or a refused registration.
+  // Serves until Stop(), or until the scheduler removes this worker (an
+  // admin's `dlbatch admin remove`: final, logged; OK is returned). Returns
+  // an error only for what reconnecting cannot mend: a wrong token or a
+  // refused registration.
   absl::Status Run();
   // Makes Run() return and the sender stop. Thread-safe.
   void Stop();
@@ -128,6 +130,9 @@ class SchedulerLink {
   LinkTransport* const transport_;
   const Clock* const clock_;
   LinkHandler* handler_ = nullptr;
+  // Why the scheduler removed this worker (its `refused` on a registered
+  // stream); empty while it has not. Only Run()'s thread touches it.
+  std::string removed_;
 
   mutable absl::Mutex mu_;
   Outbox outbox_ ABSL_GUARDED_BY(mu_);

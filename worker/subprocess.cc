@@ -342,18 +342,25 @@ absl::Status ChildFailureStatus(const ChildFailure& failure,
   }
 }
 
-// Delivers one complete line (without its '\n'), dropping a trailing '\r'
-// and splitting it into pieces of at most `max_bytes`.
+// Delivers one line (without its '\n'; `newline` false: the stream's last
+// bytes, which had none), taking a '\r' before the '\n' as part of the
+// ending and splitting the text into pieces of at most `max_bytes`.
 void DeliverLine(const SubprocessSet::LineSink& sink, SubprocessSet::Key key,
                  int stream, std::string_view text, int64_t time_ms,
-                 size_t max_bytes) {
-  if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
+                 size_t max_bytes, bool newline = true) {
+  OutputLine::Ending ending =
+      newline ? OutputLine::kNewline : OutputLine::kNone;
+  if (newline && !text.empty() && text.back() == '\r') {
+    text.remove_suffix(1);
+    ending = OutputLine::kCrlf;
+  }
   do {
     OutputLine line;
     line.stream = stream;
     line.time_ms = time_ms;
     line.text = std::string(text.substr(0, max_bytes));
     text.remove_prefix(line.text.size());
+    line.ending = text.empty() ? ending : OutputLine::kNone;
     sink(key, line);
   } while (!text.empty());
 }
@@ -788,6 +795,7 @@ void SubprocessSet::ReadPipe(Proc* proc, int stream_index) {
       line.stream = stream;
       line.time_ms = time_ms;
       line.text = partial.substr(off, max);
+      line.ending = OutputLine::kNone;  // the line goes on
       on_line_(proc->key, line);
       off += max;
     }
@@ -801,7 +809,7 @@ void SubprocessSet::FlushPartial(Proc* proc, int stream_index) {
   std::string text = std::move(partial);
   partial.clear();
   DeliverLine(on_line_, proc->key, stream_index + 1, text, clock_->NowMs(),
-              proc->max_line_bytes);
+              proc->max_line_bytes, /*newline=*/false);
 }
 
 std::vector<pid_t> SubprocessSet::Members(const Proc& proc) const {

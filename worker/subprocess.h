@@ -69,7 +69,13 @@ struct SubprocessOptions {
 struct OutputLine {
   int stream = 1;  // 1 stdout, 2 stderr, 3 the channel (descriptor 3)
   int64_t time_ms = 0;
-  std::string text;  // without the newline
+  std::string text;  // without its ending
+  // What followed `text` in the output: "\n", "\r\n", or nothing (the
+  // stream's last bytes, or a piece of a line longer than the cap, which
+  // the next piece continues). The text and the endings of a stream's
+  // lines, in order, are exactly its bytes.
+  enum Ending { kNewline, kCrlf, kNone };
+  Ending ending = kNewline;
 };
 
 struct ExitInfo {

@@ -76,15 +76,15 @@ TEST(DiaryLineJson, CarriesTheTextAsAStringAndItsExactBytes) {
       "a\xff"
       "b\x1b[2Jc\0d\"\\"s);
   std::string json = JsonText(DiaryLineJson(line), /*compact=*/true);
-  EXPECT_EQ(json,
-            R"({"n":12,"time":"2023-11-14T22:13:20.000Z","stream":1,)"
-            R"("attempt":1,"seq":0,"text":"a)"
-            "\xEF\xBF\xBD"
-            R"(b\u001b[2Jc\u0000d\"\\","text_base64":"Yf9iG1sySmMAZCJc"})");
+  EXPECT_EQ(json, R"({"n":12,"time":"2023-11-14T22:13:20.000Z","stream":1,)"
+                  R"("attempt":1,"seq":0,"text":"a)"
+                  "\xEF\xBF\xBD"
+                  R"(b\u001b[2Jc\u0000d\"\\","text_base64":"Yf9iG1sySmMAZCJc",)"
+                  R"("ending":"\n"})");
   v1::DiaryLine empty;
   EXPECT_EQ(JsonText(DiaryLineJson(empty), /*compact=*/true),
             R"({"n":0,"time":null,"stream":0,"attempt":0,"seq":0,"text":"",)"
-            R"("text_base64":""})");
+            R"("text_base64":"","ending":"\n"})");
 }
 
 TEST(JsonTime, IsRfc3339InUtcOrNullForZero) {

@@ -136,7 +136,7 @@ TEST(ClientFaults, RequestIdMakesAResubmitIdempotentAcrossProcesses) {
   EXPECT_EQ(JobIds(c), std::vector<int64_t>{id});
 
   Result bad = c.Cli({"submit", "--request-id", "has space", job});
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);  // a usage error
   EXPECT_NE(bad.err.find("without spaces"), std::string::npos) << bad.err;
 }
 

@@ -179,7 +179,7 @@ TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   EXPECT_THAT(std::string(reopened.status().message()),
               HasSubstr("schema version 99"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 9"));
+              HasSubstr("reads version 10"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -223,7 +223,7 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "9");
+  EXPECT_EQ((*version)->Text(0), "10");
   (*version)->Reset();
   auto job = reader().GetJob(old);
   ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
@@ -600,6 +600,70 @@ TEST_F(StoreTest, DiaryTailStartSkipsAllButTheLastLinesOfOneJob) {
   EXPECT_EQ(reader().DiaryTailStart(job, 5).value(), 0);
   EXPECT_EQ(reader().DiaryTailStart(job, 50).value(), 0);
   EXPECT_EQ(reader().DiaryTailStart(job + 2, 3).value(), 0);  // no lines
+}
+
+TEST_F(StoreTest, DiaryLinesAreNumberedWithinTheirJobAndKeepTheirEnding) {
+  const int64_t a = Insert(NewJob("a"));
+  const int64_t b = Insert(NewJob("b"));
+  ASSERT_TRUE(store_->AddDiary(a, 1, 0, 0, 10, 1, "a1").ok());
+  ASSERT_TRUE(store_->AddDiary(b, 1, 0, 0, 11, 1, "b1").ok());
+  ASSERT_TRUE(
+      store_->AddDiary(a, 1, 0, 1, 12, 1, "a2", v1::DiaryLine::ENDING_NONE)
+          .ok());
+  // A line stored before takes no number.
+  EXPECT_FALSE(store_->AddDiary(a, 1, 0, 1, 13, 1, "a2 again").value());
+  ASSERT_TRUE(
+      store_
+          ->AddDiary(a, 2, 0, 0, 14, 1, "attempt 2", v1::DiaryLine::ENDING_CRLF)
+          .ok());
+  ASSERT_TRUE(store_->AddDiary(a, 2, 0, -1, 15, 0, "dlbatch's").ok());
+  auto lines = reader().ReadDiary(a, 0, 100);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  std::vector<int64_t> numbers;
+  std::vector<int> endings;
+  for (const v1::DiaryLine& line : *lines) {
+    numbers.push_back(line.line());
+    endings.push_back(line.ending());
+  }
+  EXPECT_THAT(numbers, ElementsAre(1, 2, 3, 4));
+  EXPECT_THAT(
+      endings,
+      ElementsAre(v1::DiaryLine::ENDING_NEWLINE, v1::DiaryLine::ENDING_NONE,
+                  v1::DiaryLine::ENDING_CRLF, v1::DiaryLine::ENDING_NEWLINE));
+  auto other = reader().ReadDiary(b, 0, 100);
+  ASSERT_TRUE(other.ok() && other->size() == 1u);
+  EXPECT_EQ((*other)[0].line(), 1);
+  // The cursor goes on as before: lines after the second one's n.
+  auto rest = reader().ReadDiary(a, (*lines)[1].n(), 100);
+  ASSERT_TRUE(rest.ok() && rest->size() == 2u);
+  EXPECT_EQ((*rest)[0].line(), 3);
+}
+
+TEST_F(StoreTest, OpensAVersion9FileAndNumbersTheLinesItHolds) {
+  const int64_t a = Insert(NewJob("a"));
+  const int64_t b = Insert(NewJob("b"));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(store_->AddDiary(a, 1, 0, i, 10 + i, 1, "a").ok());
+    ASSERT_TRUE(store_->AddDiary(b, 1, 0, i, 10 + i, 1, "b").ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(
+      ReopenAsVersion(9,
+                      "ALTER TABLE diary DROP COLUMN line; "
+                      "ALTER TABLE diary DROP COLUMN ending;"));
+  ASSERT_TRUE(store_->AddDiary(b, 1, 0, 3, 20, 1, "new").ok());
+  auto numbers = [&](int64_t job) {
+    std::vector<int64_t> out;
+    auto lines = reader().ReadDiary(job, 0, 100);
+    EXPECT_TRUE(lines.ok()) << lines.status();
+    if (!lines.ok()) return out;
+    for (const v1::DiaryLine& line : *lines) {
+      out.push_back(line.line());
+      EXPECT_EQ(line.ending(), v1::DiaryLine::ENDING_NEWLINE);
+    }
+    return out;
+  };
+  EXPECT_THAT(numbers(a), ElementsAre(1, 2, 3));
+  EXPECT_THAT(numbers(b), ElementsAre(1, 2, 3, 4));
 }
 
 TEST_F(StoreTest, AddDiaryDeduplicatesWorkerLines) {

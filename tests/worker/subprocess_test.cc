@@ -208,6 +208,28 @@ TEST_F(SubprocessTest, LastLineWithoutNewlineAndCrlf) {
   EXPECT_EQ(Texts(2, 2), (std::vector<std::string>{"dos", "", "unix"}));
 }
 
+TEST_F(SubprocessTest, LineEndingsGiveBackTheStreamsExactBytes) {
+  const std::string printed = "dos\r\n\nunix\nlong line\r\nlast\r";
+  SubprocessOptions options = Shell(
+      "printf 'dos\\r\\n\\nunix\\nlong line"
+      "\\r\\nlast\\r'");
+  options.max_line_bytes = 4;
+  Run(1, options);
+  std::string bytes;
+  for (const OutputLine& line : lines_[1]) {
+    bytes += line.text;
+    bytes += line.ending == OutputLine::kNewline ? "\n"
+             : line.ending == OutputLine::kCrlf  ? "\r\n"
+                                                 : "";
+  }
+  EXPECT_EQ(bytes, printed);
+  ASSERT_FALSE(lines_[1].empty());
+  EXPECT_EQ(lines_[1].back().text, "\r");  // "last\r": a piece of 4, then 1
+  EXPECT_EQ(lines_[1].back().ending, OutputLine::kNone);
+  EXPECT_EQ(lines_[1].front().text, "dos");
+  EXPECT_EQ(lines_[1].front().ending, OutputLine::kCrlf);
+}
+
 TEST_F(SubprocessTest, ExitCodesAndSignals) {
   ExitInfo info = Run(1, Shell("echo last; exit 3"));
   EXPECT_TRUE(info.exited);
