@@ -142,10 +142,6 @@ absl::StatusOr<LayerShape> JoinShape(const v1::LayerSpec& layer,
 
 }  // namespace
 
-std::string SampleShape::ToString() const {
-  return absl::StrCat("[", h, ", ", w, ", ", c, "]");
-}
-
 void SamePadding(int in, int k, int stride, int* before, int* after, int* out) {
   int64_t b = 0, a = 0, o = 0;
   SamePadding64(in, k, stride, &b, &a, &o);

@@ -80,7 +80,7 @@ class HostMemory {
 };
 
 // Padding of a window (convolution, pooling); `same` resolves to an
-// asymmetric one (proto/network_shapes.h).
+// asymmetric one (proto/sample_shape.h).
 using Padding = ::dlbatch::WindowPadding;
 
 struct ConvDesc {

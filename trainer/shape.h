@@ -6,13 +6,13 @@
 #ifndef DLBATCH_TRAINER_SHAPE_H_
 #define DLBATCH_TRAINER_SHAPE_H_
 
-#include "proto/network_shapes.h"
+#include "proto/sample_shape.h"
 
 namespace dlbatch::trainer {
 
 // One sample's shape: height, width, channels. The batch size is passed
 // separately, at every call, because the last validation batch is smaller.
-// The spec's own (proto/network_shapes.h), so that the layers are built to
+// The spec's own (proto/sample_shape.h), so that the layers are built to
 // the shapes a job was checked against at submission.
 using Shape = ::dlbatch::SampleShape;
 
