@@ -15,8 +15,10 @@
    a copy of examples/ with Fashion-MNIST linked into examples/data/. A sh
    block runs under `bash -e`: every command must succeed. In a console block
    each `$ ` line is run, and the lines shown after it must appear in what it
-   printed, in that order (each as part of a line; `...` skips nothing but
-   reads better), and `(exit N)` says its exit code (else 0).
+   printed, in that order (each as part of a line, later on the same line or
+   on a later one; `...` skips nothing but reads better), and `(exit N)` says
+   its exit code (else 0). A console command shown failing is not checked
+   against --help: it may misspell a command on purpose.
 
 Exits 0 when every check passes; the run part is skipped, saying why, where
 Debian's Fashion-MNIST is not installed.
@@ -72,14 +74,17 @@ def blocks_of(path):
 
 def command_lines(block):
     """(line number, command text) of a block's commands, continuations
-    joined; for a console block only its `$ ` lines."""
+    joined; for a console block only its `$ ` lines, and of those only the
+    ones the page says succeed (one shown failing with a usage error may
+    name a command or flag that does not exist, on purpose)."""
     out = []
     pending, first = "", 0
-    for n, text in block.lines:
-        if block.lang == "console":
-            if not text.startswith("$ "):
-                continue
-            text = text[2:]
+    lines = block.lines
+    if block.lang == "console":
+        lines = [(n, command) for n, command, _, code in console_steps(block)
+                 if code == 0]
+        return lines
+    for n, text in lines:
         if not pending:
             first = n
         if text.rstrip().endswith("\\"):
@@ -88,6 +93,22 @@ def command_lines(block):
         out.append((first, pending + text))
         pending = ""
     return out
+
+
+def console_steps(block):
+    """A console block's [line number, command, shown lines, exit code]."""
+    steps, current = [], None
+    for n, text in block.lines:
+        if text.startswith("$ "):
+            current = [n, text[2:], [], 0]
+            steps.append(current)
+        elif current is not None:
+            m = re.match(r"^\(exit (\d+)\)$", text.strip())
+            if m:
+                current[3] = int(m.group(1))
+            elif text.strip() and text.strip() != "...":
+                current[2].append(" ".join(text.split()))
+    return steps
 
 
 def segments(command):
@@ -205,32 +226,24 @@ def run_block(block, work, env):
         print(f"ran {where} (sh, {len(block.lines)} lines)")
         return []
     problems = []
-    steps, current = [], None
-    for n, text in block.lines:
-        if text.startswith("$ "):
-            current = [n, text[2:], [], 0]
-            steps.append(current)
-        elif current is not None:
-            m = re.match(r"^\(exit (\d+)\)$", text.strip())
-            if m:
-                current[3] = int(m.group(1))
-            elif text.strip() and text.strip() != "...":
-                current[2].append(text.strip())
+    steps = console_steps(block)
     for n, command, expected, code in steps:
         p = subprocess.run(["bash", "-c", command], cwd=work, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, timeout=900)
-        got = p.stdout.split("\n")
-        at = 0
+        got = [" ".join(line.split()) for line in p.stdout.split("\n")]
+        # Each shown line is found after the one before it: later on the
+        # same printed line, or on a line after it.
+        at, col = 0, 0
         for want in expected:
-            while at < len(got) and want not in " ".join(got[at].split()):
-                at += 1
+            while at < len(got) and got[at].find(want, col) < 0:
+                at, col = at + 1, 0
             if at == len(got):
                 problems.append(
                     f"{os.path.relpath(block.page, SOURCE)}:{n}: `{command}` "
                     f"did not print {want!r}; it printed:\n{p.stdout}")
                 break
-            at += 1
+            col = got[at].find(want, col) + len(want)
         if p.returncode != code:
             problems.append(
                 f"{os.path.relpath(block.page, SOURCE)}:{n}: `{command}` "
