@@ -760,7 +760,12 @@ TEST_F(SlurmTrainJobs, CpuTrainJobOfPoolTwoTrainsWithTwoRanks) {
   ASSERT_EQ(wait.code, 0) << wait.out << Diary(id) << Squeue();
   EXPECT_EQ(c_.State(id), "JOB_STATE_FINISHED");
   const std::string diary = Diary(id);
-  EXPECT_TRUE(absl::StrContains(diary, ": 2 ranks, ")) << diary;
+  // Two ranks, as threads of the node's one trainer process.
+  EXPECT_TRUE(absl::StrContains(
+      diary,
+      ": 1 process, 2 threads, each mini-batch of 32 split over 2 "
+      "replicas"))
+      << diary;
   std::optional<SlurmRow> slurm = SlurmJobOf(id);
   ASSERT_TRUE(slurm.has_value()) << Squeue();
   EXPECT_TRUE(absl::StrContains(ScontrolJob(slurm->id), "CPUs/Task=2 "))
