@@ -488,11 +488,16 @@ if ((booted)); then
   unit_cg=$(prop dlbatch-worker.service ControlGroup)
   [[ $(prop dlbatch-worker.service Delegate) == yes && $(prop dlbatch-worker.service KillMode) == mixed ]] \
     || fail "the worker unit lacks Delegate=yes or KillMode=mixed"
-  for _ in $(seq 100); do
-    [[ $(dl workers 2>/dev/null) == *online* ]] && break
-    sleep 0.2
-  done
-  [[ $(dl workers) == *online* ]] || fail "the worker did not join: $(dl workers; journal dlbatch-worker)"
+  # A worker the scheduler knows offline is no capacity until it joins
+  # again: wait for it before submitting.
+  joined() {
+    for _ in $(seq 100); do
+      [[ $(dl workers 2>/dev/null) == *online* ]] && return 0
+      sleep 0.2
+    done
+    fail "the worker did not join: $(dl workers; journal dlbatch-worker)"
+  }
+  joined
   echo "active, pid $wpid as root in $unit_cg; joined the scheduler"
 
   echo "== a job through the installed CLI"
@@ -547,6 +552,7 @@ if ((booted)); then
 
   echo "== a worker killed outright takes its jobs along; systemd restarts it"
   inside systemctl start dlbatch-worker.service || fail "start dlbatch-worker again: $(journal dlbatch-worker)"
+  joined
   long=$(start_long)
   job_pids=$(job_procs "$long")
   kill_and_restarted dlbatch-worker.service worker 75
