@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench/bench_args.h"
-#include "scheduler/placement.h"
+#include "scheduler/core/placement.h"
 
 namespace dlbatch::scheduler {
 namespace {

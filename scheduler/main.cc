@@ -31,10 +31,10 @@
 #include "common/usage_exit.h"
 #include "common/version.h"
 #include "grpcpp/resource_quota.h"
-#include "scheduler/acceptor.h"
 #include "scheduler/profile_config.h"
-#include "scheduler/service.h"
-#include "scheduler/tls_certs.h"
+#include "scheduler/rpc/acceptor.h"
+#include "scheduler/rpc/service.h"
+#include "scheduler/rpc/tls_certs.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {

@@ -14,8 +14,8 @@
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 #include "proto/job_state.h"
-#include "scheduler/blob_store.h"
-#include "scheduler/store.h"
+#include "scheduler/store/blob_store.h"
+#include "scheduler/store/store.h"
 
 namespace dlbatch::scheduler {
 namespace {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "dlbatch/v1/job.pb.h"
-#include "scheduler/placement.h"
+#include "scheduler/core/placement.h"
 
 namespace prometheus {
 class Collectable;

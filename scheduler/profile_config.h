@@ -28,7 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/config_file.h"
-#include "scheduler/slurm_commands.h"
+#include "scheduler/slurm/commands.h"
 
 namespace dlbatch::scheduler {
 

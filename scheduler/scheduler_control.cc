@@ -8,9 +8,9 @@
 #include "common/duration.h"
 #include "common/status.h"
 #include "proto/job_state.h"
-#include "scheduler/job_control.h"
+#include "scheduler/core/job_control.h"
+#include "scheduler/core/worker_wait_text.h"
 #include "scheduler/scheduler.h"
-#include "scheduler/worker_wait_text.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {

@@ -15,9 +15,9 @@
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "proto/job_state.h"
-#include "scheduler/credentials.h"
+#include "scheduler/rpc/credentials.h"
 #include "scheduler/scheduler.h"
-#include "scheduler/slurm_reconciler.h"
+#include "scheduler/slurm/reconciler.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {

@@ -11,7 +11,7 @@
 #include "common/status.h"
 #include "common/version.h"
 #include "scheduler/scheduler.h"
-#include "scheduler/slurm_registration.h"
+#include "scheduler/slurm/registration.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {

@@ -3,8 +3,6 @@
 // squeue and sinfo read back as dlbatch maps them, Slurm's refusals arrive
 // in its own words, and scancel of a pending, a running or an unknown job
 // is done.
-#include "scheduler/slurm_tool.h"
-
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "scheduler/slurm/tool.h"
 
 namespace dlbatch::scheduler::slurm {
 namespace {
