@@ -98,6 +98,14 @@ std::vector<ConfigKey> ConfigBinding::Keys() {
 }
 
 absl::Status ConfigBinding::Load(int argc, const char* const* argv) {
+  return Load(argc, argv, [](const char* name) {
+    return static_cast<const char*>(std::getenv(name));
+  });
+}
+
+absl::Status ConfigBinding::Load(
+    int argc, const char* const* argv,
+    const std::function<const char*(const char*)>& getenv) {
   bool named = false;
   std::string path = default_path_;
   for (int i = 1; i < argc; ++i) {
@@ -132,9 +140,7 @@ absl::Status ConfigBinding::Load(int argc, const char* const* argv) {
   path_ = file.path;
   file_ = file;
   for (Bound& b : bound_) {
-    b.preset = PresetFor(b.key, file, [](const char* name) {
-      return static_cast<const char*>(std::getenv(name));
-    });
+    b.preset = PresetFor(b.key, file, getenv);
     // The program reads its environment variables itself (its messages
     // name them); one that is set only keeps the file's value out.
     if (!b.preset || b.preset->source != ConfigSource::kFile) continue;

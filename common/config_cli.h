@@ -12,6 +12,7 @@
 #define DLBATCH_COMMON_CONFIG_CLI_H_
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -44,6 +45,9 @@ class ConfigBinding {
   // names the file, line and key (or the variable) and says what was expected.
   // REQUIRES: every option is declared.
   absl::Status Load(int argc, const char* const* argv);
+  // As above, with the environment read through `getenv` (null: unset).
+  absl::Status Load(int argc, const char* const* argv,
+                    const std::function<const char*(const char*)>& getenv);
 
   // After app->parse: each key's value in effect and where it came from.
   std::vector<ConfigSetting> Settings() const;

@@ -104,11 +104,19 @@ int ConnectTcp(const Endpoint& ep, int timeout_ms, std::string* error) {
 
 absl::Status ResolveCa(ChannelConfig* config, const std::string& ca_flag,
                        const std::string& token_file) {
+  return ResolveCa(config, ca_flag, token_file, [](const char* name) {
+    return static_cast<const char*>(std::getenv(name));
+  });
+}
+
+absl::Status ResolveCa(ChannelConfig* config, const std::string& ca_flag,
+                       const std::string& token_file,
+                       const std::function<const char*(const char*)>& getenv) {
   if (config->endpoint.is_unix) return absl::OkStatus();
   std::string path = ca_flag;
   std::string from = "--ca-file";
   if (path.empty()) {
-    if (const char* env = std::getenv(kCaEnv); env != nullptr && *env) {
+    if (const char* env = getenv(kCaEnv); env != nullptr && *env) {
       path = env;
       from = kCaEnv;
     }

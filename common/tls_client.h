@@ -5,6 +5,7 @@
 #ifndef DLBATCH_COMMON_TLS_CLIENT_H_
 #define DLBATCH_COMMON_TLS_CLIENT_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -26,6 +27,10 @@ inline constexpr char kRendezvousCaEnv[] = "DLBATCH_RENDEZVOUS_CA";
 // none: nothing happens.
 absl::Status ResolveCa(ChannelConfig* config, const std::string& ca_flag,
                        const std::string& token_file);
+// As above, with DLBATCH_CA read through `getenv` (null: unset).
+absl::Status ResolveCa(ChannelConfig* config, const std::string& ca_flag,
+                       const std::string& token_file,
+                       const std::function<const char*(const char*)>& getenv);
 
 // Connects to config.endpoint (TCP) and does a TLS handshake that verifies
 // the scheduler against config.ca_pem and its address, within

@@ -4,6 +4,7 @@
 #define DLBATCH_COMMON_USAGE_EXIT_H_
 
 #include <CLI/CLI.hpp>
+#include <iostream>
 
 namespace dlbatch {
 
@@ -12,11 +13,13 @@ namespace dlbatch {
 // (105 to 116) would say nothing a script could rely on.
 inline constexpr int kExitUsage = 2;
 
-// Prints what CLI11 prints for `e` (the help or version on stdout, an
-// error on stderr) and returns the exit code: 0 for --help and --version,
+// Prints what CLI11 prints for `e` (the help or version on `out`, an
+// error on `err`) and returns the exit code: 0 for --help and --version,
 // a CLI::RuntimeError's own code, kExitUsage for everything else.
-inline int ExitForParseError(const CLI::App& app, const CLI::ParseError& e) {
-  const int code = app.exit(e);
+inline int ExitForParseError(const CLI::App& app, const CLI::ParseError& e,
+                             std::ostream& out = std::cout,
+                             std::ostream& err = std::cerr) {
+  const int code = app.exit(e, out, err);
   if (code == 0 || e.get_name() == "RuntimeError") return code;
   return kExitUsage;
 }

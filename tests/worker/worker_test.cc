@@ -1,6 +1,9 @@
-// The worker's core driven with fakes: a fake clock, a runner the test
+// The worker's shell driven with fakes: a fake clock, a runner the test
 // drives by hand, transfers that succeed or wait, and a transport the test
-// answers as the scheduler.
+// answers as the scheduler. What the job table and the outbox decide is
+// tested on them alone (job_table_test.cc, outbox_test.cc); these tests are
+// of what only the shell does: carrying the decisions out, its threads,
+// the link's connections, the files of a job's folder.
 #include "worker/worker.h"
 
 #include <stdlib.h>
@@ -15,7 +18,6 @@
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
 #include "tests/worker/worker_fakes.h"
-#include "worker/outbox.h"
 #include "worker/transfer_pool.h"
 
 namespace dlbatch::worker {
@@ -181,32 +183,6 @@ TEST_F(WorkerTest, StartLinesExitUploadEndedAck) {
   EXPECT_EQ(worker_->Unacked(JobRef{7, 1, 0}), 0u);
 }
 
-TEST_F(WorkerTest, FailedExitSaysWhy) {
-  Send(Start(8));
-  std::optional<int64_t> key = runner_.WaitStart(8);
-  ASSERT_TRUE(key.has_value());
-  runner_.Started(*key);
-  runner_.Exit(*key, 3);
-  std::optional<v1::JobEnded> ended = Ended(8);
-  ASSERT_TRUE(ended.has_value());
-  EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
-  EXPECT_EQ(ended->exit_code(), 3);
-  EXPECT_EQ(ended->reason(), "exit code 3");
-}
-
-TEST_F(WorkerTest, ProgramThatCannotStartFails) {
-  Send(Start(9));
-  std::optional<int64_t> key = runner_.WaitStart(9);
-  ASSERT_TRUE(key.has_value());
-  runner_.Started(*key, absl::NotFoundError("cannot run 'nope'"));
-  std::optional<v1::JobEnded> ended = Ended(9);
-  ASSERT_TRUE(ended.has_value());
-  EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
-  EXPECT_EQ(ended->reason(), "cannot start the job: cannot run 'nope'");
-  EXPECT_TRUE(HasLine(9, "cannot run 'nope'"));
-  EXPECT_EQ(transfers_.uploads(), 0u);
-}
-
 TEST_F(WorkerTest, CancelWhilePreparingEndsWithoutAProcess) {
   transfers_.SetFetchOpen(false);
   v1::StartJob s = Start(10);
@@ -227,22 +203,6 @@ TEST_F(WorkerTest, CancelWhilePreparingEndsWithoutAProcess) {
   EXPECT_EQ(runner_.starts(), 0u);
 }
 
-TEST_F(WorkerTest, CancelWhileStartingStopsTheProcessOnceStarted) {
-  Send(Start(11));
-  std::optional<int64_t> key = runner_.WaitStart(11);
-  ASSERT_TRUE(key.has_value());
-  Cancel(11);
-  ASSERT_TRUE(Eventually([&] { return HasLine(11, "stopping the job"); }));
-  EXPECT_TRUE(runner_.terminates().empty());
-  runner_.Started(*key);
-  ASSERT_EQ(runner_.terminates().size(), 1u);
-  EXPECT_EQ(runner_.terminates()[0].second, 3000);
-  runner_.Killed(*key, 15);
-  std::optional<v1::JobEnded> ended = Ended(11);
-  ASSERT_TRUE(ended.has_value());
-  EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
-}
-
 TEST_F(WorkerTest, CancelWhileRunningTerminatesAndReportsCancelled) {
   Send(Start(12));
   std::optional<int64_t> key = runner_.WaitStart(12);
@@ -261,42 +221,6 @@ TEST_F(WorkerTest, CancelWhileRunningTerminatesAndReportsCancelled) {
   EXPECT_EQ(ended->exit_code(), 128 + 15);
   EXPECT_EQ(runner_.terminates().size(), 1u);
   EXPECT_FALSE(HasLine(12, "again"));
-}
-
-TEST_F(WorkerTest, CancelWhileFinishingKeepsHowTheJobEnded) {
-  transfers_.SetUploadOpen(false);
-  Send(Start(13));
-  std::optional<int64_t> key = runner_.WaitStart(13);
-  ASSERT_TRUE(key.has_value());
-  runner_.Started(*key);
-  runner_.Exit(*key, 0);
-  ASSERT_TRUE(Eventually([&] { return transfers_.uploads() == 1; }));
-  EXPECT_EQ(Phase(13), JobPhase::kFinishing);
-  Cancel(13);
-  transfers_.SetUploadOpen(true);
-  std::optional<v1::JobEnded> ended = Ended(13);
-  ASSERT_TRUE(ended.has_value());
-  EXPECT_EQ(ended->state(), v1::JOB_STATE_FINISHED);
-  EXPECT_TRUE(runner_.terminates().empty());
-  EXPECT_FALSE(HasLine(13, "stopping"));
-}
-
-TEST_F(WorkerTest, CancelAfterTheEndIsIgnored) {
-  Send(Start(14));
-  std::optional<int64_t> key = runner_.WaitStart(14);
-  ASSERT_TRUE(key.has_value());
-  runner_.Started(*key);
-  runner_.Exit(*key, 0);
-  ASSERT_TRUE(Ended(14).has_value());
-  Cancel(14);
-  // Something after the cancel, to know it was handled.
-  Send(Start(15));
-  ASSERT_TRUE(runner_.WaitStart(15).has_value());
-  EXPECT_FALSE(HasLine(14, "stopping"));
-  int reports = 0;
-  for (const auto& w : transport_.written())
-    reports += w.message.has_ended() && w.message.ended().job_id() == 14;
-  EXPECT_EQ(reports, 1);
 }
 
 TEST_F(WorkerTest, ReconnectReplaysUnackedLinesAndTheReport) {
@@ -369,15 +293,6 @@ TEST_F(WorkerTest, TimeLimitStopsTheJobAndFailsIt) {
   ASSERT_TRUE(ended.has_value());
   EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(ended->reason(), "time limit 5s reached");
-}
-
-TEST_F(WorkerTest, RepeatedStartRunsOnce) {
-  Send(Start(40));
-  Send(Start(40));
-  ASSERT_TRUE(runner_.WaitStart(40).has_value());
-  Send(Start(41));
-  ASSERT_TRUE(runner_.WaitStart(41).has_value());
-  EXPECT_EQ(runner_.starts(), 2u);
 }
 
 // A job whose outputs take long to upload delays no other job's end.
@@ -485,31 +400,6 @@ TEST_F(SlurmWorkerTest, SaysWhichJobItServesAndLeavesOnceItsEndIsAcked) {
   EXPECT_TRUE(run_status_.ok()) << run_status_;
   EXPECT_GE(runner_.shutdowns(), 1);
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/jobs/5-1-0"));
-}
-
-TEST(OutboxTest, RewindSendsTheUnackedAgainInOrder) {
-  Outbox box;
-  JobRef ref{1, 1, 0};
-  box.Open(ref);
-  for (int seq : {1, 3, 2}) {  // out of order: put in place
-    v1::WorkerMessage m;
-    ref.To(m.mutable_diary());
-    m.mutable_diary()->add_lines()->set_seq(seq);
-    box.Add(m);
-  }
-  std::vector<v1::WorkerMessage> first = box.TakeDue();
-  ASSERT_EQ(first.size(), 1u);
-  ASSERT_EQ(first[0].diary().lines_size(), 3);
-  EXPECT_EQ(first[0].diary().lines(1).seq(), 2);
-  EXPECT_FALSE(box.HasDue());
-  box.AckDiary(ref, 2);
-  box.Rewind();
-  std::vector<v1::WorkerMessage> again = box.TakeDue();
-  ASSERT_EQ(again.size(), 1u);
-  ASSERT_EQ(again[0].diary().lines_size(), 1);
-  EXPECT_EQ(again[0].diary().lines(0).seq(), 3);
-  EXPECT_FALSE(box.AckEnded(ref));  // no report yet: still held
-  EXPECT_EQ(box.Held().size(), 1u);
 }
 
 TEST(TransferPoolTest, AJobsLongTransferDoesNotDelayAnother) {

@@ -1,0 +1,95 @@
+#include "worker/serve.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/endpoint.h"
+#include "common/metrics_server.h"
+#include "common/signals.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "worker/blob_transfers.h"
+#include "worker/metrics.h"
+#include "worker/process_runner.h"
+#include "worker/scheduler_link.h"
+#include "worker/startup.h"
+#include "worker/worker.h"
+
+namespace dlbatch::worker {
+namespace {
+
+// How long a signalled worker may take to stop before it just exits.
+constexpr int kStopDeadlineS = 60;
+
+// --metrics-listen: the slots and GPUs, and ready while connected.
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetrics(
+    const std::string& listen, const WorkerOptions& options, Worker* worker) {
+  return MetricsServer::Start(
+      listen,
+      {MakeWorkerMetrics(options.name, options.profile,
+                         options.devices.front().kind(),
+                         static_cast<int>(options.devices.size()),
+                         [worker] { return worker->busy_slots(); })},
+      [worker] {
+        return worker->connected() ? "" : "not connected to the scheduler";
+      });
+}
+
+void StopOnSignal(Worker* worker) {
+  OnStopSignal([worker](int sig) {
+    spdlog::info("signal {}: stopping the jobs and leaving", sig);
+    // Stopping kills the jobs and cancels calls, none of which may take
+    // long; should anything wedge, the worker still leaves (its jobs die
+    // with it: parent-death signal and cgroup).
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(kStopDeadlineS));
+      spdlog::error("not stopped {} s after the signal: leaving now",
+                    kStopDeadlineS);
+      spdlog::shutdown();
+      _exit(1);
+    }).detach();
+    worker->Shutdown();
+  });
+}
+
+}  // namespace
+
+absl::Status Serve(const DaemonOptions& settings) {
+  RETURN_IF_ERROR(CheckSchedulerTls(settings));
+  ASSIGN_OR_RETURN(HostSetup host, PrepareHost(settings));
+  const WorkerOptions options = MakeWorkerOptions(settings, host);
+
+  const Clock* clock = SystemClock::Get();
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(options.channel);
+  std::unique_ptr<LinkTransport> transport =
+      MakeGrpcLinkTransport(channel, options.channel);
+  std::unique_ptr<BlobTransfers> transfers =
+      MakeGrpcBlobTransfers(channel, options.channel.token);
+  SubprocessRunner runner(
+      clock, JobContainment{host.guard.cgroup_root, host.guard.mark_prefix});
+  Worker worker(options, clock, &runner, transfers.get(), transport.get());
+  std::unique_ptr<MetricsServer> metrics;
+  if (!settings.flags.metrics_listen.empty()) {
+    ASSIGN_OR_RETURN(
+        metrics, StartMetrics(settings.flags.metrics_listen, options, &worker));
+    spdlog::info("metrics on http://{}/metrics", metrics->address());
+  }
+  StopOnSignal(&worker);
+  absl::Status s = worker.Run();
+  // The jobs are stopped: the guard's last sweep finds nothing, and the
+  // worker leaves only once it has ended (a service manager would otherwise
+  // SIGKILL it as a leftover of the unit).
+  if (!EndJobGuard(&host.job_guard, 2000)) {
+    spdlog::warn(
+        "the job guard (pid {}) had not ended 2 s after the worker "
+        "closed its pipe",
+        host.job_guard.pid);
+  }
+  return s;
+}
+
+}  // namespace dlbatch::worker
