@@ -687,9 +687,10 @@ absl::Status Run::WriteOutputs(const TrainResult& result) {
       {"name", req_.name},
       {"iterations", result.iterations},
       {"epochs", result.epochs},
-      // The replicas (data-parallel ranks) in all; "ranks" is the same
-      // number, under its older name.
-      {"ranks", comm_.size()},
+      // The ranks asked for (--ranks, a pool's slots): a rank whose
+      // mini-batch is split over its process's threads is one rank of
+      // several replicas; thread ranks of a pool are a rank each.
+      {"ranks", layout.split_batch ? layout.processes() : comm_.size()},
       {"replicas", comm_.size()},
       {"processes", layout.processes()},
       {"replicas_per_process", layout.replicas_per_process},

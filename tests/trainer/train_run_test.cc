@@ -505,7 +505,7 @@ TEST_F(TrainRun, ABatchSplitOverThreadsTrainsAsRanksOfProcessesDo) {
       << split.out;
   nlohmann::json m =
       nlohmann::json::parse(ReadAll(dir_ + "/split/metrics.json"));
-  EXPECT_EQ(m["ranks"], 2);
+  EXPECT_EQ(m["ranks"], 1);
   EXPECT_EQ(m["replicas"], 2);
   EXPECT_EQ(m["processes"], 1);
   EXPECT_EQ(m["threads_per_process"], 2);
