@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   bool no_cgroups = false;
   std::string trainer, host_address;
   std::vector<std::string> job_env;
-  std::string metrics_listen, log_format = "text";  // issue 21 "Watch it"
+  std::string metrics_listen, log_format = "text";  // metrics off if empty
   CLI::App app{
       "dlbatch-worker: runs the jobs a dlbatch scheduler places on this "
       "machine"};
