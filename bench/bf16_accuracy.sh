@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bf16_accuracy.sh — issue 22's accuracy goal for `precision: bf16` on the
-# CPU, on whole epochs: LeNet (batch 64), the block network (batch 256) and
+# bf16_accuracy.sh — the accuracy goal for `precision: bf16` on the CPU,
+# on whole epochs: LeNet (batch 64), the block network (batch 256) and
 # the small ResNet (batch 128), each trained for one epoch on Fashion-MNIST by
 # dlbatch-train in float32 and in bf16 with the same seeds (the same initial
 # weights and batches), their test accuracies averaged over the seeds. Goal:

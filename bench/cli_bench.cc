@@ -1,5 +1,5 @@
 // One `dlbatch submit` from a fresh process, as a user or a script runs it,
-// against Slurm's `sbatch` measured beside it (issue 21: goal <= 10 ms).
+// against Slurm's `sbatch` measured beside it (goal: at most 10 ms).
 // Prints a markdown table; nothing is asserted.
 //
 //   cli_bench [--runs N] [--cli PATH]

@@ -1,6 +1,6 @@
-// dlbatch on a Slurm profile against Slurm alone (issue 23), on the same
-// real two-node Slurm (tests/slurm/slurm-cluster.sh) in one run: the same
-// command as a dlbatch job and as `sbatch --wrap`, in turn. Prints a
+// dlbatch on a Slurm profile against Slurm alone, on the same real two-node
+// Slurm (tests/slurm/slurm-cluster.sh) in one run: the same command as a
+// dlbatch job and as `sbatch --wrap`, in turn. Prints a
 // markdown table; nothing is asserted.
 //
 //   slurm_bench [--runs N]

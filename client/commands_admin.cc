@@ -218,7 +218,7 @@ void AddAdminCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
   AddBackupCommands(admin, flags, rc);
   AddCredentialCommands(admin, flags, rc);
   AddLimitCommands(admin, flags, rc);
-  AddWorkerAdminCommands(admin, flags, rc);  // issue 21 (slice control)
+  AddWorkerAdminCommands(admin, flags, rc);  // drain, resume, remove
 
   struct PurgeArgs {
     std::vector<int64_t> ids;

@@ -1,6 +1,5 @@
-// Job control and worker administration (issue 21, slice `control`):
-// `dlbatch hold|release|requeue ID…` and `dlbatch admin
-// drain|resume|remove WORKER` (commands_control.cc).
+// Job control and worker administration: `dlbatch hold|release|requeue
+// ID…` and `dlbatch admin drain|resume|remove WORKER` (commands_control.cc).
 #ifndef DLBATCH_CLIENT_COMMANDS_CONTROL_H_
 #define DLBATCH_CLIENT_COMMANDS_CONTROL_H_
 

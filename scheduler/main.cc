@@ -56,7 +56,7 @@ struct Flags {
   std::string keep_ended = "30d";
   std::string fair_share_half_life = "7d";
   std::string restart_grace;
-  std::string forget_offline_after = "1h";  // issue 21 (slice control)
+  std::string forget_offline_after = "1h";  // a lost worker's removal; 0: never
   int max_unauthenticated = 256;
   std::string socket_mode = "0600";
   bool shared_visibility = false;
@@ -64,7 +64,7 @@ struct Flags {
   std::vector<std::string> tls_names;
   std::string tls_cert;
   std::string tls_key;
-  std::string metrics_listen;  // issue 21 "Watch it"
+  std::string metrics_listen;  // /metrics, /healthz, /readyz; off if empty
   std::string log_format = "text";
 };
 

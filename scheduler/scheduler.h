@@ -240,7 +240,7 @@ class Scheduler : private FollowSource {
   // `now`, if given, receives the time the usage was decayed to.
   std::vector<UserUsage> Usage(int64_t* now = nullptr);
 
-  // ---- workers and job control (issue 21; scheduler_control.cc) ----
+  // ---- workers and job control (scheduler_control.cc) ----
   // Drains (drain true) or resumes the worker named `name` (or numbered):
   // a drained one takes no new jobs; kept in the store by name.
   absl::StatusOr<v1::WorkerInfo> DrainWorker(const std::string& name,

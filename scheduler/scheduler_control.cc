@@ -1,5 +1,5 @@
 // Worker administration (drain, resume, remove, forgetting lost workers)
-// and job control (hold, release, requeue, --after): issue 21.
+// and job control (hold, release, requeue, --after).
 #include <algorithm>
 
 #include "absl/strings/numbers.h"

@@ -755,7 +755,7 @@ void Scheduler::CheckLiveness() {
       if (!s.ok()) return;  // recovered; tried again at the next tick
       (void)PlaceJobs(&out);
     }
-    // Lost long enough ago: removed (issue 21, scheduler_control.cc).
+    // Lost for --forget-offline-after: removed (scheduler_control.cc).
     ForgetOffline(&out);
   }
   Deliver(out);

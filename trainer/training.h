@@ -1,6 +1,9 @@
 // One rank's training run: the loop that ties data, network, solver,
-// communicator, checkpoints and outputs together. dlbatch-train runs it in
-// every rank's process; the worker will start those processes later.
+// communicator, checkpoints and outputs together. dlbatch-train runs it once
+// per rank: in the rank's own thread where a process trains several ranks
+// (thread_ranks.h), else in the rank's process. The worker starts a job's
+// CPU ranks as threads of one `dlbatch-train --thread-ranks` process and
+// its GPU ranks as one process per GPU (worker/train_job.h).
 #ifndef DLBATCH_TRAINER_TRAINING_H_
 #define DLBATCH_TRAINER_TRAINING_H_
 

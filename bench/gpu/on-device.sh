@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # on-device.sh — on a lent GPU machine, from the repository's root copy with
-# bench/out/gpu carried (bench/gpu/pack.sh made it): issue 5's GPU tests and
-# benchmark in one call.
+# bench/out/gpu carried (bench/gpu/pack.sh made it): the GPU tests and the
+# GPU benchmark in one call.
 #
 #   bash bench/gpu/on-device.sh [all|tests|bench|compare|mixed|lease]
 #   (default: all)
@@ -34,7 +34,7 @@
 #     lowered ones raced against it) at batch 1024 and for the blocks;
 #     about 1 min each. Batches sent as the host's floats instead of bytes:
 #     COMPARE=lenet1024gpu:DLBATCH_BYTES_BATCHES=0.
-#   - mixed: issue 22's precisions, trainer_bench's GPU cases in tf32, bf16
+#   - mixed: the lower precisions, trainer_bench's GPU cases in tf32, bf16
 #     and fp16 against PyTorch eager (TF32; AMP with channels_last), MIXED
 #     (default "resnet9gpu resnet9gpu-bf16 resnet9gpu-fp16 lenet1024gpu-bf16
 #     lenet1024gpu-fp16"; also resnet9gpu-tf32, resnetgpu-bf16,
@@ -44,9 +44,10 @@
 #     by `all`; not timed yet: about a minute a case with REPEATS=2, so split
 #     longer lists over several calls.
 #   - lease: what one short device lease (15 minutes, the start included)
-#     should run, in one call: the tests, issue 22's first, then LEASE_CASES
-#     (default "resnet9gpu-bf16 resnet9gpu-bf16-compiled resnet9gpu
-#     resnet9gpu-fp16 resnetgpu-bf16 resnet9gpu-compiled lenet1024gpu-bf16")
+#     should run, in one call: the tests, the graph and mixed-precision
+#     ones first, then LEASE_CASES (default "resnet9gpu-bf16
+#     resnet9gpu-bf16-compiled resnet9gpu resnet9gpu-fp16 resnetgpu-bf16
+#     resnet9gpu-compiled lenet1024gpu-bf16")
 #     with REPEATS (default 2 here) until DEADLINE seconds (default 540) are
 #     spent: a case is started only with 60 s left, and is stopped after
 #     200 s (300 s against torch.compile, whose first compilation takes a

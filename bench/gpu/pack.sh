@@ -83,9 +83,10 @@ On the device, with 15 minutes of device time in all (the machine's start
 included), one call; $OUT brings back on-device.log, gpu-results.md and
 bench-logs.tar.xz, also from a call stopped at its limit:
   run(command="bash bench/gpu/on-device.sh lease", carry=["bench/out/gpu"], timeout_s=600)
-      (every GPU test, issue 22's first, then issue 22's benchmark cases
-      with 2 repeats until 540 s: ResNet-9 in bf16 against eager AMP and
-      against torch.compile, float32, fp16, the small ResNet in bf16, ...)
+      (every GPU test, the graph and mixed-precision ones first, then the
+      mixed-precision benchmark cases with 2 repeats until 540 s: ResNet-9
+      in bf16 against eager AMP and against torch.compile, float32, fp16,
+      the small ResNet in bf16, ...)
 With more device time, three calls (each inside the 10-minute limit):
   run(command="bash bench/gpu/on-device.sh tests", carry=["bench/out/gpu"], timeout_s=600)
       (every GPU test, about 1 min)
@@ -95,7 +96,7 @@ With more device time, three calls (each inside the 10-minute limit):
       (LeNet b64 with every kernel launched, LeNet b1024 and the blocks with
       cuDNN's convolutions only, against the table's default runs; about 3 min)
 "bash bench/gpu/on-device.sh" (all) runs all three in one call where REPEATS
-is 2; `mixed` runs issue 22's cases (MIXED="..."). GRAPHS=1 (or 0) sets
-DLBATCH_CUDA_GRAPHS for the benchmark, CASES="lenet64gpu ..." picks cases,
-COMPARE="case:VARIABLE=value ..." the comparisons.
+is 2; `mixed` runs the mixed-precision cases (MIXED="..."). GRAPHS=1 (or 0)
+sets DLBATCH_CUDA_GRAPHS for the benchmark, CASES="lenet64gpu ..." picks
+cases, COMPARE="case:VARIABLE=value ..." the comparisons.
 MSG

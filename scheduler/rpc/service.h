@@ -125,7 +125,7 @@ class SchedulerService final
                         v1::GetUsageReply* reply) override;
 
   // Worker administration (admins only) and job control (the owner or an
-  // admin, as CancelJobs): issue 21, service_control.cc.
+  // admin, as CancelJobs): service_control.cc.
   grpc::Status DrainWorker(grpc::ServerContext* context,
                            const v1::DrainWorkerRequest* request,
                            v1::WorkerInfo* reply) override;

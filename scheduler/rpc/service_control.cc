@@ -1,6 +1,5 @@
 // Worker administration (drain, resume, remove: admins only) and job
 // control (hold, release, requeue: the owner or an admin, as cancel).
-// Issue 21.
 #include <map>
 
 #include "common/status.h"

@@ -96,7 +96,7 @@ struct PurgeCounts {
   std::vector<std::string> unreferenced_blobs;  // held by no job left
 };
 
-// A drained worker, by name (issue 21; schema version 6).
+// A drained worker, by name (table worker_drains, schema version 6 on).
 struct WorkerDrain {
   std::string name;
   std::string reason;

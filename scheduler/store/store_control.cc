@@ -1,4 +1,4 @@
-// The store's side of job control and worker administration (issue 21):
+// The store's side of job control and worker administration:
 // drained workers and the control state of queued or running jobs.
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"

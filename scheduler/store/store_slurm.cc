@@ -1,5 +1,5 @@
-// The store's side of Slurm profiles (issue 23): each dlbatch job's Slurm
-// job, written before sbatch runs (slurm_id 0) and once it answers; the
+// The store's side of Slurm profiles: each dlbatch job's Slurm job,
+// written before sbatch runs (slurm_id 0) and once it answers; the
 // parts whose end was reported (a Slurm job's worker leaves after its
 // part); the resubmissions of a job whose Slurm job failed before it ran;
 // the scheduler's instance id, which its Slurm jobs' names carry.

@@ -1,6 +1,6 @@
 // `dlbatch admin backup` and `dlbatch admin status` through the real
-// binaries (issue 21): a backup taken while jobs run, restored into a fresh
-// state folder with tar, serves every job, its diary and its outputs, and
+// binaries: a backup taken while jobs run, restored into a fresh state
+// folder with tar, serves every job, its diary and its outputs, and
 // the running job goes on on its reconnected worker.
 #include <gtest/gtest.h>
 #include <signal.h>

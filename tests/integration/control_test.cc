@@ -1,5 +1,5 @@
-// Worker administration and job control through the real binaries (issue
-// 21): drain, resume and remove a worker, lost workers forgotten after
+// Worker administration and job control through the real binaries: drain,
+// resume and remove a worker, lost workers forgotten after
 // --forget-offline-after with the queued jobs that can then never run
 // failed; hold, release, requeue and submit --after; each kept across a
 // scheduler restart.

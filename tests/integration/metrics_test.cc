@@ -1,5 +1,5 @@
-// Watching the daemons (issue 21): the real scheduler and worker with
-// --metrics-listen, scraped over HTTP, checked with promtool and read back
+// Watching the daemons: the real scheduler and worker with --metrics-listen,
+// scraped over HTTP, checked with promtool and read back
 // through Debian's real Prometheus server; /healthz and /readyz; and
 // --log-format json lines that parse.
 #include <arpa/inet.h>

@@ -224,8 +224,8 @@ TEST_F(TokensTest, ARevokeEndsOpenStreamsAtOnceAndLaterCallsFail) {
       << revoke.out;
   follower.join();
   // Ended by the revoke, not by the job (which runs for 300 s) or the
-  // 60 s limit; the issue asks for within a second, 3 s leaves room for a
-  // loaded machine.
+  // 60 s limit; a revoke is meant to end it within a second, 3 s leaves
+  // room for a loaded machine.
   EXPECT_LT(follow_ended - revoked_at, std::chrono::seconds(3));
   EXPECT_NE(follow.code, 0);
   EXPECT_NE(follow.out.find("started"), std::string::npos) << follow.out;

@@ -366,7 +366,7 @@ TEST_F(TrainJobs, AJobOfALostWorkerResumesFromItsCheckpointOnAnother) {
 }
 
 // `dlbatch requeue` of a running train job: stopped, queued again as
-// attempt 2, and resumed from its last stored checkpoint (issue 21).
+// attempt 2, and resumed from its last stored checkpoint.
 TEST_F(TrainJobs, ARequeuedTrainJobResumesFromItsCheckpoint) {
   c_.StartScheduler();
   c_.StartWorker("a", 1);

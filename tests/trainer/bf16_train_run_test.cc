@@ -113,7 +113,7 @@ std::array<double, 2> Bf16Run::MeanAccuracies(const Net& net,
   return mean;
 }
 
-// The goal for each network: bf16's mean test accuracy over seeds
+// What bf16 is held to for each network: its mean test accuracy over seeds
 // within 0.3 points of float32's, with the same seeds (initial weights and
 // shuffle order) on both sides.
 // LeNet for one epoch, seeds 1 and 2: about 40 s on two quiet cores.
@@ -130,7 +130,7 @@ TEST_F(Bf16Run, LenetReachesFloat32AccuracyInBf16) {
 // float32 alone moves by half a point between two invocations of this test
 // (the ResNet: 80.55% and 81.04%; autotuning times the implementations
 // afresh each time and may keep others, which round differently), so the
-// issue's 0.3 points cannot be told from noise there: they are held to 1
+// 0.3 points cannot be told from noise there: they are held to 1
 // point, which a bf16 path that lost precision misses by far. The 0.3 points
 // are judged on LeNet's whole epoch above and on trainer_bench's epochs.
 constexpr double kShortRunTolerance = 1.0;

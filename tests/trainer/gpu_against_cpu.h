@@ -1,5 +1,5 @@
-// What the GPU backend's tests against the CPU backend (the reference,
-// CONVENTIONS.md) share: a fixture that skips without a CUDA device, arrays
+// What the GPU backend's tests against the CPU backend (the reference it
+// must match) share: a fixture that skips without a CUDA device, arrays
 // mirrored on both backends, and a weighted layer's calls made on both.
 // Only GPU test targets include it (it includes the CUDA runtime's header).
 #ifndef DLBATCH_TESTS_TRAINER_GPU_AGAINST_CPU_H_

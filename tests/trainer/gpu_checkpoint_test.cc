@@ -1,6 +1,6 @@
-// Checkpoints move between the GPU and the CPU (issue 5): a run stopped on
-// one and resumed on the other ends where a run on one device would, up to
-// the rounding of the steps each took. Through the real dlbatch-train, on
+// Checkpoints move between the GPU and the CPU: a run stopped on one and
+// resumed on the other ends where a run on one device would, up to the
+// rounding of the steps each took. Through the real dlbatch-train, on
 // Fashion-MNIST. Label gpu: skips, saying why, without a CUDA device.
 //
 // On a machine without Debian's dataset package, DLBATCH_TEST_DATA_DIR names

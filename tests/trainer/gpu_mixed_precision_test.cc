@@ -1,6 +1,6 @@
 // precision: bf16 and fp16 on the GPU against float32 on the CPU (the
-// reference, CONVENTIONS.md): convolutions and fully connected layers
-// forward and backward, and a whole LeNet step (forward, loss, backward,
+// reference every backend must match): convolutions and fully connected
+// layers forward and backward, and a whole LeNet step (forward, loss, backward,
 // the solver's update), within what rounding inputs to bf16 (8 significant
 // bits) or fp16 (11) allows; a recorded low-precision step replays as
 // launched; and fp16's overflow reaches the gradients as the loss scaler

@@ -1,6 +1,6 @@
 // precision: bf16 and fp16 on the GPU through the real dlbatch-train:
 // LeNet on Fashion-MNIST reaches float32's test accuracy within 0.3 points
-// (the goal, mean over seeds), the block net and the small ResNet
+// (mean over seeds), the block net and the small ResNet
 // within 1 point after 200 steps; fp16's runs scale their loss and say
 // so in the history and metrics; and checkpoints, float32 whatever the run
 // computed in, resume in another precision (fp16 in fp32, fp32 in bf16)
@@ -142,7 +142,7 @@ std::vector<double> GpuMixedRun::MeanAccuracies(const Net& net,
 
 // LeNet for one epoch, seeds 1 and 2 (the same initial weights and order on
 // every side): bf16's and fp16's mean test accuracy within 0.3 points of
-// float32's, the goal.
+// float32's: what a low-precision run is held to.
 TEST_F(GpuMixedRun, LenetReachesFloat32AccuracyInBf16AndFp16) {
   ExpectNearFloat32(MeanAccuracies(Lenet(), "lenet", {1, 2}), 80.0, 0.3);
 }

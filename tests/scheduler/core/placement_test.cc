@@ -490,7 +490,7 @@ TEST(PlacementWorkers, LostWorkerReturnsItsJobsAndLeavesThePool) {
   EXPECT_EQ(p.running, 1);
   core.Enqueue(Job(4, 3));
   EXPECT_THAT(core.Schedule(0), IsEmpty());
-  // Still known, but a submit counts only workers not lost (issue 21);
+  // Still known, but a submit counts only workers not lost as capacity;
   // the queued job is not given up until the worker is forgotten.
   EXPECT_FALSE(core.CheckSatisfiable(Job(5, 4)).ok());
   EXPECT_THAT(core.Unrunnable(), IsEmpty());
