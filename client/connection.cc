@@ -11,6 +11,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "client/direct_call.h"
+#include "client/global_options.h"
 #include "client/local_cluster.h"
 #include "client/terminal_text.h"
 #include "common/duration.h"
@@ -42,13 +43,10 @@ bool LostTransport(const grpc::Status& status) {
 absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(
     const GlobalFlags& flags) {
   auto conn = std::unique_ptr<Connection>(new Connection());
-  std::string address = flags.scheduler;
-  if (address.empty()) {
-    if (const char* env = std::getenv("DLBATCH_SCHEDULER");
-        env != nullptr && *env) {
-      address = env;
-    }
-  }
+  const SchedulerChoice choice = ChooseScheduler(flags, [](const char* name) {
+    return static_cast<const char*>(std::getenv(name));
+  });
+  std::string address = choice.address;
   std::shared_ptr<grpc::Channel> local_channel;
   if (address.empty()) {
     ASSIGN_OR_RETURN(LocalCluster local, LocalCluster::Resolve());
@@ -61,11 +59,10 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(
     conn->first_socket_ = local.TakeAcceptedSocket();
   }
   ASSIGN_OR_RETURN(conn->config_.endpoint, ParseEndpoint(address));
-  if (!flags.token_file.empty()) {
-    ASSIGN_OR_RETURN(conn->config_.token, ReadTokenFile(flags.token_file));
-  } else if (const char* env = std::getenv("DLBATCH_TOKEN");
-             env != nullptr && *env) {
-    conn->config_.token = env;
+  if (!choice.token_file.empty()) {
+    ASSIGN_OR_RETURN(conn->config_.token, ReadTokenFile(choice.token_file));
+  } else {
+    conn->config_.token = choice.token;
   }
   if (!conn->config_.endpoint.is_unix && conn->config_.token.empty()) {
     return absl::UnauthenticatedError(absl::StrCat(
