@@ -7,11 +7,11 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,17 +42,16 @@ class TempFile {
   std::string path_;
 };
 
-// Sets an environment variable for one test's scope (the configuration
-// binding reads the real environment).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    ::setenv(name, value, 1);
+// A fake environment, read by the configuration binding and by
+// ChooseScheduler as the CLI reads the real one.
+struct FakeEnv {
+  std::map<std::string, std::string> vars;
+  std::function<const char*(const char*)> Getenv() const {
+    return [this](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
   }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
 };
 
 // The global options and the configuration binding as the CLI declares
@@ -62,6 +61,7 @@ struct GlobalCommandLine {
   GlobalFlags flags;
   int rc = -1;
   bool ran = false;
+  FakeEnv env;
   std::unique_ptr<ConfigBinding> binding;
 
   GlobalCommandLine() {
@@ -75,7 +75,8 @@ struct GlobalCommandLine {
     args.insert(args.begin(), "dlbatch");
     std::vector<const char*> argv;
     for (const auto& a : args) argv.push_back(a.c_str());
-    absl::Status s = binding->Load(static_cast<int>(argv.size()), argv.data());
+    absl::Status s =
+        binding->Load(static_cast<int>(argv.size()), argv.data(), env.Getenv());
     if (!s.ok()) return std::string(s.message());
     try {
       app.parse(static_cast<int>(argv.size()), argv.data());
@@ -91,8 +92,6 @@ struct GlobalCommandLine {
     return {};
   }
 };
-
-const char* RealEnv(const char* name) { return std::getenv(name); }
 
 TEST(GlobalOptionsTest, DefaultsAreTheLocalClusterAndThirtySecondsOfRetry) {
   GlobalCommandLine cli;
@@ -132,16 +131,16 @@ TEST(GlobalOptionsTest, AnEnvironmentVariableKeepsTheFilesValueOut) {
       "scheduler: unix:/from/file.sock\n"
       "token_file: /from/file/token\n"
       "ca_file: /from/file/ca.pem\n");
-  ScopedEnv scheduler("DLBATCH_SCHEDULER", "unix:/from/env.sock");
-  ScopedEnv token("DLBATCH_TOKEN", "secret-from-env");
-  ScopedEnv ca("DLBATCH_CA", "/from/env/ca.pem");
   GlobalCommandLine cli;
+  cli.env.vars = {{"DLBATCH_SCHEDULER", "unix:/from/env.sock"},
+                  {"DLBATCH_TOKEN", "secret-from-env"},
+                  {"DLBATCH_CA", "/from/env/ca.pem"}};
   ASSERT_EQ(cli.Run({"--config", file.path(), "jobs"}), "");
   // The flags stay empty: the connection reads the variables itself.
   EXPECT_EQ(cli.flags.scheduler, "");
   EXPECT_EQ(cli.flags.token_file, "");
   EXPECT_EQ(cli.flags.ca_file, "");
-  const SchedulerChoice choice = ChooseScheduler(cli.flags, RealEnv);
+  const SchedulerChoice choice = ChooseScheduler(cli.flags, cli.env.Getenv());
   EXPECT_EQ(choice.address, "unix:/from/env.sock");
   EXPECT_EQ(choice.token_file, "");
   EXPECT_EQ(choice.token, "secret-from-env");
@@ -157,14 +156,14 @@ TEST(GlobalOptionsTest, AFlagBeatsTheEnvironmentAndTheFile) {
       "scheduler: unix:/from/file.sock\n"
       "retry_for: 2m\n"
       "default_profile: gpu\n");
-  ScopedEnv scheduler("DLBATCH_SCHEDULER", "unix:/from/env.sock");
   GlobalCommandLine cli;
+  cli.env.vars["DLBATCH_SCHEDULER"] = "unix:/from/env.sock";
   ASSERT_EQ(
       cli.Run({"--config", file.path(), "--scheduler", "unix:/from/flag.sock",
                "--retry-for", "0", "--default-profile", "cpu", "jobs"}),
       "");
   EXPECT_EQ(cli.flags.scheduler, "unix:/from/flag.sock");
-  EXPECT_EQ(ChooseScheduler(cli.flags, RealEnv).address,
+  EXPECT_EQ(ChooseScheduler(cli.flags, cli.env.Getenv()).address,
             "unix:/from/flag.sock");
   EXPECT_EQ(cli.flags.retry_for_ms, 0);
   EXPECT_EQ(cli.flags.default_profile, "cpu");
@@ -231,17 +230,6 @@ TEST(ParseRetryForMsTest, ZeroOrADuration) {
               HasSubstr("'soon' is not a duration"));
   EXPECT_FALSE(ParseRetryForMs("").ok());
 }
-
-// A fake environment for the pure choice.
-struct FakeEnv {
-  std::map<std::string, std::string> vars;
-  std::function<const char*(const char*)> Getenv() const {
-    return [this](const char* name) -> const char* {
-      auto it = vars.find(name);
-      return it == vars.end() ? nullptr : it->second.c_str();
-    };
-  }
-};
 
 TEST(ChooseSchedulerTest, TheFlagThenTheEnvironmentThenTheLocalCluster) {
   FakeEnv env;
