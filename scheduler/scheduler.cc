@@ -65,93 +65,19 @@ std::string RequestDigest(const v1::JobSpec& spec,
   return Sha256Hex(bytes);
 }
 
-int64_t ReadRssBytes() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  long pages_total = 0, pages_rss = 0;
-  int n = std::fscanf(f, "%ld %ld", &pages_total, &pages_rss);
-  std::fclose(f);
-  return n == 2 ? pages_rss * sysconf(_SC_PAGESIZE) : 0;
-}
-
 }  // namespace
 
 Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
                      const Clock* clock, SchedulerOptions options,
                      DiskGuard* disk)
-    : store_(store),
-      reader_(reader),
-      blobs_(blobs),
-      clock_(clock),
-      options_(std::move(options)),
-      own_disk_(disk ? nullptr
-                     : std::make_unique<DiskGuard>("", /*reserve_bytes=*/0)),
-      disk_(disk ? disk : own_disk_.get()),
+    : SchedulerState(store, reader, blobs, clock, std::move(options), disk),
       rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))),
+      admin_(*this),
+      users_(*this),
       follow_(std::make_unique<DiaryFollowHub>(static_cast<FollowSource*>(this),
                                                clock)) {
-  start_ms_ = clock_->NowMs();
   absl::MutexLock lock(&mu_);
   core_ = NewCore();
-}
-
-std::unique_ptr<PlacementCore> Scheduler::NewCore() const {
-  auto core = std::make_unique<PlacementCore>();
-  core->SetFairShareHalfLife(options_.fair_share_half_life_ms);
-  for (const auto& [key, limit] : limits_) {
-    core->SetLimit(key.first, key.second, limit);
-  }
-  return core;
-}
-
-absl::Status Scheduler::SetUserLimit(const std::string& user,
-                                     const std::string& profile,
-                                     const UserLimit& limit) {
-  if (user.empty()) {
-    return absl::InvalidArgumentError("a limit needs a user name");
-  }
-  Outbox out;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!core_->HasProfile(profile)) {
-      std::vector<std::string> names;
-      for (const ProfileSummary& p : core_->Profiles()) names.push_back(p.name);
-      return absl::NotFoundError(
-          absl::StrCat("unknown profile '", profile,
-                       "'; known profiles: ", absl::StrJoin(names, ", ")));
-    }
-    RETURN_IF_ERROR(CheckWritable());
-    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return store_->PutUserLimit({user, profile, limit});
-    }));
-    if (limit == UserLimit{}) {
-      limits_.erase({user, profile});
-    } else {
-      limits_[{user, profile}] = limit;
-    }
-    core_->SetLimit(user, profile, limit);
-    (void)PlaceJobs(&out);  // a raised limit may let jobs start
-  }
-  Deliver(out);
-  return absl::OkStatus();
-}
-
-absl::Status Scheduler::SaveUsage(const std::string& user) {
-  const int64_t now = clock_->NowMs();
-  return store_->PutUsage(
-      {user, std::llround(core_->EndedUsage(user, now)), now});
-}
-
-std::vector<LimitEntry> Scheduler::UserLimits() {
-  absl::MutexLock lock(&mu_);
-  return core_->Limits();
-}
-
-std::vector<UserUsage> Scheduler::Usage(int64_t* now) {
-  absl::MutexLock lock(&mu_);
-  const int64_t t = clock_->NowMs();
-  if (now != nullptr) *now = t;
-  return core_->Usage(t);
 }
 
 Scheduler::~Scheduler() { Stop(); }
@@ -169,8 +95,17 @@ void Scheduler::Stop() {
     slurm_cv_.SignalAll();
   }
   if (loop_.joinable()) loop_.join();
-  if (retention_.joinable()) retention_.join();
+  admin_.JoinRetention();
   if (slurm_thread_.joinable()) slurm_thread_.join();
+}
+
+bool Scheduler::SleepUnlessStopped(absl::Duration d) {
+  absl::MutexLock lock(&queue_mu_);
+  const absl::Time until = absl::Now() + d;
+  while (!stopping_) {
+    if (stop_cv_.WaitWithDeadline(&queue_mu_, until)) break;
+  }
+  return !stopping_;
 }
 
 QueuedJob Scheduler::ToQueued(const JobRecord& job) const {
@@ -193,46 +128,6 @@ void Scheduler::Changed(int64_t job_id) {
 
 v1::Job Scheduler::RecordToProto(const JobRecord& rec) { return ToProto(rec); }
 
-void Scheduler::Deliver(Outbox& out) {
-  for (auto& [session, message] : out) {
-    if (session) session->Send(message);
-  }
-  out.clear();
-}
-
-absl::Status Scheduler::CheckWritable() const {
-  if (!broken_.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("the scheduler cannot write its store (",
-                     broken_.message(), "); it retries by itself"));
-  }
-  if (disk_->full()) return absl::ResourceExhaustedError(disk_->Reason());
-  return absl::OkStatus();
-}
-
-absl::Status Scheduler::InTransaction(
-    const std::function<absl::Status()>& body) {
-  absl::Status s;
-  {
-    Transaction txn(store_->db());
-    s = txn.status();
-    if (s.ok()) s = body();
-    if (s.ok()) s = TimedCommit(txn);
-  }  // rolled back unless committed
-  if (!s.ok()) Recover(s);
-  return s;
-}
-
-absl::Status Scheduler::TimedCommit(Transaction& txn) {
-  if (metrics_ == nullptr) return txn.Commit();
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s = txn.Commit();
-  metrics_->StoreCommit(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count());
-  return s;
-}
-
 absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
     const v1::SubmitJobRequest& request) {
   v1::JobSpec spec = request.spec();
@@ -246,7 +141,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   {
     std::set<std::string> profiles;
     for (const v1::JobSpec& s : specs) profiles.insert(s.profile());
-    AskBeforeSubmit(profiles, request.user());
+    users_.AskBeforeSubmit(profiles, request.user());
   }
   // Jobs for Slurm: refused now where they could never run (sinfo is read
   // without the lock).
@@ -342,7 +237,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
         continue;
       }
       RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec), Labels()));
-      RETURN_IF_ERROR(CheckUserRuns(rec));
+      RETURN_IF_ERROR(users_.CheckUserRuns(*this, rec));
       // Within the user's queued limit with this submit's earlier jobs.
       int count = 1;
       for (const JobRecord& r : records) {
@@ -550,7 +445,7 @@ std::string Scheduler::WaitReason(const ActiveJob& job) const {
     return workers;
   }
   // Workers that do not run the user's jobs are left out of the counts.
-  std::string reason = UsersWaitReason(job, *info);
+  std::string reason = users_.UsersWaitReason(*this, job, *info);
   if (reason.empty()) {
     reason =
         absl::StrFormat("waiting for %d slot%s on '%s': %d free", info->needed,
@@ -889,19 +784,15 @@ absl::StatusOr<v1::ListOutputsReply> Scheduler::ListOutputs(int64_t job_id) {
   return reply;
 }
 
-v1::Stats Scheduler::GetStats(bool reset_max) {
+absl::StatusOr<std::vector<CredentialRecord>> Scheduler::JobCredentials() {
   absl::MutexLock lock(&mu_);
-  v1::Stats stats;
-  auto count = store_->CountJobs();
-  stats.set_jobs(count.ok() ? *count : 0);
-  stats.set_queued(static_cast<int64_t>(core_->queued_count()));
-  stats.set_running(static_cast<int64_t>(core_->running_count()));
-  stats.set_placement_passes(passes_);
-  stats.set_last_pass_ms(last_pass_ms_);
-  stats.set_max_pass_ms(max_pass_ms_);
-  stats.set_rss_bytes(ReadRssBytes());
-  if (reset_max) max_pass_ms_ = 0;
-  return stats;
+  std::vector<CredentialRecord> out;
+  for (const auto& [job_id, record] : slurm_jobs_) {
+    if (!record.token_sha256.empty()) {
+      out.push_back(JobCredential(job_id, record.token_sha256));
+    }
+  }
+  return out;
 }
 
 }  // namespace dlbatch::scheduler

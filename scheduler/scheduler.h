@@ -28,15 +28,18 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "dlbatch/v1/scheduler.pb.h"
 #include "proto/job_state.h"
+#include "scheduler/admin.h"
 #include "scheduler/core/placement.h"
 #include "scheduler/diary_follow.h"
 #include "scheduler/disk_guard.h"
 #include "scheduler/event_hub.h"
 #include "scheduler/metrics.h"
 #include "scheduler/rendezvous.h"
+#include "scheduler/scheduler_state.h"
 #include "scheduler/slurm/commands.h"
 #include "scheduler/slurm/gang.h"
 #include "scheduler/slurm/launcher.h"
@@ -44,81 +47,15 @@
 #include "scheduler/store/backup.h"
 #include "scheduler/store/blob_store.h"
 #include "scheduler/store/store.h"
+#include "scheduler/users.h"
 
 namespace dlbatch::scheduler {
 
-struct SchedulerOptions {
-  int64_t heartbeat_interval_ms = 1000;
-  int64_t heartbeat_timeout_ms = 10000;
-  // Workers known from before a start (or an in-process recovery) are lost
-  // only this long after it, even if silent: they need time to reconnect.
-  // 0: twice heartbeat_timeout_ms.
-  int64_t restart_grace_ms = 0;
-  // A job's diary holds at most this many bytes of lines: past it the
-  // first half and the last half are kept, with a line saying how much was
-  // dropped between them. 0: no cap.
-  int64_t max_diary_bytes = int64_t{64} << 20;
-  // A job's outputs may hold at most this many bytes in all (0: no limit).
-  int64_t max_output_bytes = 0;
-  // Ended jobs older than this are purged by a background task (0: never),
-  // looking every retention_interval_ms.
-  int64_t keep_ended_ms = int64_t{30} * 24 * 3600 * 1000;
-  int64_t retention_interval_ms = 60000;
-  int max_attempts = 3;             // starts of a job before it fails
-  int64_t cancel_grace_ms = 10000;  // SIGTERM to SIGKILL
-  std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
-  // The profiles of `profiles` whose machines belong to Slurm.
-  std::vector<slurm::SlurmProfile> slurm_profiles;
-  // While a job of a Slurm profile exists, squeue is read this often.
-  int64_t slurm_poll_ms = 2000;
-  // Fair share: a user's usage halves over this long (0: no decay).
-  int64_t fair_share_half_life_ms = int64_t{7} * 24 * 3600 * 1000;
-  // (Limits and the usage of ended jobs are kept in the store.)
-  // A root worker's "no such user" is trusted this long; a submit after it
-  // asks the worker again (the account may have been added).
-  int64_t unknown_user_recheck_ms = int64_t{10} * 60 * 1000;
-  // A lost worker is removed by itself this long after it was last seen
-  // (--forget-offline-after); 0: never.
-  int64_t forget_offline_ms = int64_t{3600} * 1000;
-};
-
-// A running job's diary against its cap: the stored cut, and (once cut)
-// the newest line stored per (attempt, part), so that a resend of a line
-// already trimmed away is not stored again.
-struct DiaryBudget {
-  bool loaded = false;
-  DiaryCut cut;
-  std::map<std::pair<int, int>, int64_t> last_seq;
-};
-
-// The scheduler's end of one worker stream. Implemented by the gRPC
-// reactor; thread-safe; Send never blocks (it queues).
-class WorkerSession {
- public:
-  virtual ~WorkerSession() = default;
-  virtual void Send(const v1::SchedulerMessage& message) = 0;
-  virtual void Close(const std::string& why) = 0;
-  // Closes the stream of a worker that was removed; one that understands
-  // it (leaves_when_removed()) is first sent `refused` with `why`, after
-  // which it leaves instead of reconnecting.
-  virtual void CloseRemoved(const std::string& why) { Close(why); }
-
-  // The credential the stream was opened under (Caller::credential): a
-  // worker's name belongs to it while the stream is open. Set before the
-  // first message.
-  const std::string& owner() const { return owner_; }
-  void set_owner(std::string owner) { owner_ = std::move(owner); }
-  // Register.leaves_when_removed of the stream's registration. Set before
-  // the registration is handled.
-  bool leaves_when_removed() const { return leaves_when_removed_; }
-  void set_leaves_when_removed(bool leaves) { leaves_when_removed_ = leaves; }
-
- private:
-  std::string owner_;
-  bool leaves_when_removed_ = false;
-};
-
-class Scheduler : private FollowSource {
+// The facade the services call: jobs and workers here, administration in
+// admin() (admin.h), credentials, limits and whose jobs workers run in
+// users() (users.h). Its state, and the lock that guards it, are the
+// SchedulerState it derives from (scheduler_state.h, the lock story).
+class Scheduler : private FollowSource, private SchedulerState {
  public:
   // Borrowed pointers must outlive the scheduler. disk: the state folder's
   // space (null: one that notes only failed writes).
@@ -166,23 +103,10 @@ class Scheduler : private FollowSource {
   // without the lock).
   v1::ListProfilesReply ListProfiles() ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::ListOutputsReply> ListOutputs(int64_t job_id);
-  v1::Stats GetStats(bool reset_max);
-  // Deletes ended jobs (the named ones, or every one ended before
-  // before_ms) with their diary, history, progress and the blobs no other
-  // job holds, a few hundred per transaction so placement never waits
-  // long. (scheduler_purge.cc)
-  absl::StatusOr<v1::PurgeJobsReply> Purge(const v1::PurgeJobsRequest& request);
-  // `dlbatch admin backup` and `admin status` (scheduler_backup.cc). The
-  // backup's staged copy (backup.h), made while no purge runs; it removes
-  // itself when dropped.
-  absl::StatusOr<std::unique_ptr<StagedBackup>> StageBackup()
-      ABSL_LOCKS_EXCLUDED(mu_, purge_mu_);
-  absl::StatusOr<v1::SchedulerStatus> StatusReport() ABSL_LOCKS_EXCLUDED(mu_);
-  // Tokens (credentials.h), kept in the store; scheduler_credentials.cc.
-  absl::StatusOr<std::vector<CredentialRecord>> Credentials()
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status PutCredential(const CredentialRecord& record)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Purge, backup, status and statistics (admin.h).
+  Admin& admin() { return admin_; }
+  // Tokens, per-user limits and usage, whose jobs workers run (users.h).
+  Users& users() { return users_; }
   // The one-job credentials of the jobs' Slurm jobs (kept with them in the
   // store, never listed with the others).
   absl::StatusOr<std::vector<CredentialRecord>> JobCredentials()
@@ -221,24 +145,6 @@ class Scheduler : private FollowSource {
   // profiles`; NotFound for a profile that is not of Slurm.
   absl::StatusOr<slurm::PartitionView> SlurmView(const std::string& profile)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<bool> DeleteCredential(const std::string& name, bool worker)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether blob `sha256` is an attachment or checkpoint file of a job now
-  // running on a worker connected under `credential`: what a worker
-  // credential may download.
-  bool WorkerNeedsBlob(const std::string& credential, const std::string& sha256)
-      ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Per-user limits and fair-share usage (placement.h), kept in the store:
-  // limits as set, usage of ended jobs as each ends (running jobs count
-  // again from their start after a restart). SetUserLimit replaces the
-  // user's limits on the profile (unlimited in both: removed); NotFound for
-  // an unknown profile.
-  absl::Status SetUserLimit(const std::string& user, const std::string& profile,
-                            const UserLimit& limit);
-  std::vector<LimitEntry> UserLimits();
-  // `now`, if given, receives the time the usage was decayed to.
-  std::vector<UserUsage> Usage(int64_t* now = nullptr);
 
   // ---- workers and job control (scheduler_control.cc) ----
   // Drains (drain true) or resumes the worker named `name` (or numbered):
@@ -278,50 +184,6 @@ class Scheduler : private FollowSource {
   void set_metrics(Metrics* metrics) { metrics_ = metrics; }
 
  private:
-  struct ActiveJob {
-    JobRecord record;
-    std::vector<bool> part_ended;
-    std::vector<int> part_exit;
-    std::string failure;  // first failing part's reason
-    bool cancel_requested = false;
-    std::string cancel_reason;
-    v1::TrainProgress progress;       // train jobs: the latest report
-    v1::CheckpointStored checkpoint;  // train jobs: the newest stored
-    DiaryBudget diary;                // loaded with the first line
-    int64_t disk_dropped_lines = 0;   // lines refused while the disk was full
-    int64_t disk_dropped_bytes = 0;
-    // Job control (scheduler_control.cc): a held job, or one waiting for
-    // the jobs in `after`, is queued but not in the placement core; a
-    // requeue asked while it runs stops it and queues it again.
-    bool held = false;
-    std::vector<int64_t> after;
-    bool requeue_requested = false;
-    // Some of its parts' ends are in the store (part_ends): deleted as the
-    // job ends or is queued again.
-    bool part_ends_stored = false;
-  };
-  struct WorkerState {
-    WorkerRecord record;
-    std::shared_ptr<WorkerSession> session;  // null while offline
-    bool lost = false;
-    int64_t last_seen_mono = 0;
-    int64_t grace_until_mono = 0;  // not lost before (after a start)
-    // Whose jobs it runs (Register): any user its machine knows, asked
-    // about each (asked: the users asked this session), or only run_user's;
-    // run_user empty: anyone's (a worker that said nothing).
-    bool runs_as_any = false;
-    std::string run_user;
-    std::set<std::string> asked;
-    // Users it said it does not know, and when (monotonic ms): asked again
-    // after options_.unknown_user_recheck_ms (an account added since).
-    std::map<std::string, int64_t> unknown_since;
-    std::string version;  // as it registered (Register.version)
-    // Drained by an admin (kept in the store by name): takes no new jobs.
-    bool draining = false;
-    std::string drain_reason;
-  };
-  using Outbox = std::vector<
-      std::pair<std::shared_ptr<WorkerSession>, v1::SchedulerMessage>>;
   struct Event {
     std::shared_ptr<WorkerSession> session;
     std::optional<v1::WorkerMessage> message;  // empty: the stream is gone
@@ -452,27 +314,15 @@ class Scheduler : private FollowSource {
   void Loop();
   void ProcessBatch(std::deque<Event>& batch);
   void CheckLiveness();
-  // Background purge of jobs ended more than keep_ended_ms ago.
-  void RetentionLoop();
+  // The retention task's wait (Admin): up to `d`, false once stopping.
+  bool SleepUnlessStopped(absl::Duration d) ABSL_LOCKS_EXCLUDED(queue_mu_);
 
   // Fills memory (jobs, workers, profiles, the placement core) from the
   // store. REQUIRES: mu_ held, memory empty.
   absl::Status Load(bool open_rendezvous) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A write failed after memory took the change: memory is ahead of the
-  // store. Instead of dying (a full disk would make that a crash loop), the
-  // scheduler does in-process what a restart does: drops every worker
-  // stream (workers reconnect and resend what was not acknowledged) and
-  // reloads memory from the last commit. No transaction may be open.
-  void Recover(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs `body` in a transaction and commits it; if either fails, the
-  // transaction is rolled back, memory reloaded (Recover) and the failure
-  // returned. REQUIRES: no transaction open.
-  absl::Status InTransaction(const std::function<absl::Status()>& body)
+  // SchedulerState's: reloads memory from the last commit.
+  void Recover(const absl::Status& why) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Commits `txn`, timing it for the metrics.
-  absl::Status TimedCommit(Transaction& txn);
-  // OK unless writes that grow the store are refused now.
-  absl::Status CheckWritable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A note in the diary of a job that ends about what it lost (lines
   // refused while the disk was full).
   absl::Status NoteLosses(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -491,9 +341,6 @@ class Scheduler : private FollowSource {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoadDiaryBudget(ActiveJob& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Purges up to `limit` of `ids` in one transaction; adds to `reply`.
-  absl::Status PurgeChunk(const std::vector<int64_t>& ids,
-                          v1::PurgeJobsReply* reply) ABSL_LOCKS_EXCLUDED(mu_);
 
   // All below REQUIRE mu_ held and, where they write, a transaction open.
 
@@ -545,49 +392,13 @@ class Scheduler : private FollowSource {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelParts(const ActiveJob& job, const std::string& why, int skip_part,
                    Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs a placement pass and commits its decisions in a transaction of its
-  // own (recovering if that fails). REQUIRES: no transaction open.
-  absl::Status PlaceJobs(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SchedulerState's: a placement pass, its decisions committed.
+  absl::Status PlaceJobs(Outbox* out) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a line of dlbatch's own to a job's diary.
   absl::Status Diary(int64_t job_id, int attempt, const std::string& text)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   QueuedJob ToQueued(const JobRecord& job) const;
-  // Stores the user's usage of ended jobs as the core has it now.
-  // REQUIRES: a transaction open.
-  absl::Status SaveUsage(const std::string& user)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ---- whose jobs workers run (scheduler_users.cc) ----
-  // The placement core's view of a worker that just registered; asks it
-  // about the users of its profile's queued jobs if it runs as any user.
-  void RegisterWorkerUsers(WorkerState& worker, const v1::Register& reg,
-                           Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Asks the online workers of `profile` that run as any user and were not
-  // asked yet whether they know `user`.
-  void AskWorkers(const std::string& profile, const std::string& user,
-                  Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether every online worker of the profile asked about `user` has
-  // answered.
-  bool AllAnswered(const std::string& profile, const std::string& user) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Before a submit: asks the profiles' workers about the user and waits
-  // (at most kUserAnswerWaitMs) for their answers, so that a user no
-  // worker knows is refused at once.
-  void AskBeforeSubmit(const std::set<std::string>& profiles,
-                       const std::string& user) ABSL_LOCKS_EXCLUDED(mu_);
-  // FailedPrecondition if no registered worker of the job's profile runs
-  // its user's jobs (each named with why); undecided ones count as able.
-  absl::Status CheckUserRuns(const JobRecord& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why `worker` does not run `user`'s jobs: "'w2' runs only nobody's".
-  std::string UnableWhy(const WorkerState& worker, const std::string& user,
-                        UserFit fit) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The wait reason's part about workers that do not run the job's user
-  // (empty if every online worker does).
-  std::string UsersWaitReason(const ActiveJob& job, const WaitInfo& info) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // An empty placement core with the options' half-life and the limits.
-  std::unique_ptr<PlacementCore> NewCore() const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WaitReason(const ActiveJob& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -605,36 +416,11 @@ class Scheduler : private FollowSource {
   v1::WorkerInfo WorkerView(const WorkerState& worker) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static v1::Job RecordToProto(const JobRecord& rec);
-  static void Deliver(Outbox& out);
 
-  Store* const store_;
-  StoreReader* const reader_;
-  BlobStore* const blobs_;
-  const Clock* const clock_;
-  const SchedulerOptions options_;
-  std::unique_ptr<DiskGuard> own_disk_;  // when none was passed in
-  DiskGuard* const disk_;
+  // (The collaborators, mu_ and the state it guards are SchedulerState's.)
   RendezvousStore rendezvous_;
-  Metrics* metrics_ = nullptr;
-  int64_t start_ms_ = 0;  // the clock at construction, for Status
-
-  mutable absl::Mutex mu_;
-  // Replaced whole by Recover.
-  std::unique_ptr<PlacementCore> core_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, std::string>, UserLimit> limits_
-      ABSL_GUARDED_BY(mu_);  // (user, profile): kept across reloads
-  // Set when Recover could not reload; the loop retries, and until then
-  // worker messages are dropped and writes refused.
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  // Serialises purges (the RPC and the background task).
-  absl::Mutex purge_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  std::unordered_map<int64_t, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<const WorkerSession*, int64_t> session_worker_
       ABSL_GUARDED_BY(mu_);
-  int64_t passes_ ABSL_GUARDED_BY(mu_) = 0;
-  double last_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
-  double max_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
   EventHub events_;
   // Jobs with a non-empty `after`, and whether one ended since they were
   // last looked at (ResolveAfter).
@@ -697,7 +483,8 @@ class Scheduler : private FollowSource {
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   absl::CondVar stop_cv_;  // with queue_mu_: wakes the retention task
   std::thread loop_;
-  std::thread retention_;
+  Admin admin_;  // its retention task is joined by Stop
+  Users users_;
   // Last: its threads read through the members above, so it goes first.
   std::unique_ptr<DiaryFollowHub> follow_;
 };

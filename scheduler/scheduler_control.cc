@@ -511,7 +511,7 @@ absl::Status Scheduler::RequeueAsked(ActiveJob& job, Outbox* out) {
   job.failure.clear();
   RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, "requeued by request"));
   EnqueueJob(rec);
-  AskWorkers(rec.spec.profile(), rec.user, out);
+  users_.AskWorkers(*this, rec.spec.profile(), rec.user, out);
   return absl::OkStatus();
 }
 

@@ -43,8 +43,10 @@ absl::Status Scheduler::Start() {
   }
   RETURN_IF_ERROR(Load(/*open_rendezvous=*/true));
   loop_ = std::thread([this] { Loop(); });
-  if (options_.keep_ended_ms > 0)
-    retention_ = std::thread([this] { RetentionLoop(); });
+  if (options_.keep_ended_ms > 0) {
+    admin_.StartRetention(
+        [this](absl::Duration d) { return SleepUnlessStopped(d); });
+  }
   return absl::OkStatus();
 }
 
@@ -270,7 +272,7 @@ absl::Status Scheduler::HandleEvent(Event& e, Outbox* out, Outbox* acks) {
     return absl::OkStatus();
   }
   if (m.has_user_answer()) {
-    // Memory only: answers hold for this session (scheduler_users.cc).
+    // Memory only: answers hold for this session (users.cc).
     core_->SetWorkerUser(worker_id, m.user_answer().user(),
                          m.user_answer().known());
     if (m.user_answer().known()) {
@@ -534,7 +536,7 @@ absl::Status Scheduler::HandleRegister(
     core_->Finished(job_id, clock_->NowMs());
     RETURN_IF_ERROR(RequeueLost(it->second, why, out));
   }
-  RegisterWorkerUsers(worker, reg, out);
+  users_.RegisterWorkerUsers(*this, worker, reg, out);
   PublishWorker(rec.id);
   if (reg.has_slurm()) RETURN_IF_ERROR(JoinSlurmGang(worker, reg, out));
   spdlog::info("worker '{}' (#{}) {} profile '{}' with {} slots", rec.name,
@@ -874,7 +876,7 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
   RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, why));
   EnqueueJob(rec);
   // Workers that joined while it ran may not have been asked about its user.
-  AskWorkers(rec.spec.profile(), rec.user, out);
+  users_.AskWorkers(*this, rec.spec.profile(), rec.user, out);
   return absl::OkStatus();
 }
 

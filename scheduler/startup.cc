@@ -176,7 +176,7 @@ absl::Status TakeStateDir(const std::string& state_dir) {
 absl::Status LoadCredentials(Scheduler* scheduler, const std::string& state_dir,
                              bool tcp, CredentialTable* table) {
   absl::StatusOr<std::vector<CredentialRecord>> stored =
-      scheduler->Credentials();
+      scheduler->users().Credentials();
   if (!stored.ok()) return stored.status();
   if (stored->empty() && tcp) {
     absl::StatusOr<std::string> token = LoadOrCreateToken(state_dir);
@@ -186,7 +186,8 @@ absl::Status LoadCredentials(Scheduler* scheduler, const std::string& state_dir,
     first.admin = true;
     first.token_sha256 = TokenSha256(*token);
     first.created_ms = absl::ToUnixMillis(absl::Now());
-    if (absl::Status s = scheduler->PutCredential(first); !s.ok()) return s;
+    if (absl::Status s = scheduler->users().PutCredential(first); !s.ok())
+      return s;
     spdlog::info("{}/token is the token of admin '{}'", state_dir, first.name);
     stored->push_back(std::move(first));
   }

@@ -230,7 +230,7 @@ grpc::Status SchedulerService::GetStats(grpc::ServerContext* context,
                                         const v1::GetStatsRequest* request,
                                         v1::Stats* reply) {
   CHECK_TOKEN(context);
-  *reply = scheduler_->GetStats(request->reset_max());
+  *reply = scheduler_->admin().GetStats(request->reset_max());
   return grpc::Status::OK;
 }
 
@@ -239,7 +239,7 @@ grpc::Status SchedulerService::PurgeJobs(grpc::ServerContext* context,
                                          v1::PurgeJobsReply* reply) {
   absl::StatusOr<Caller> caller = IdentifyAdmin(*context, "purging jobs");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return Reply(scheduler_->Purge(*request), reply);
+  return Reply(scheduler_->admin().Purge(*request), reply);
 }
 
 grpc::Status SchedulerService::StatBlobs(grpc::ServerContext* context,
@@ -305,7 +305,8 @@ grpc::Status SchedulerService::DownloadBlob(
   // another user's outputs or attachments. A worker credential gets what
   // the jobs running on its workers need.
   if (caller->worker) {
-    if (!scheduler_->WorkerNeedsBlob(caller->credential, request->sha256())) {
+    if (!scheduler_->users().WorkerNeedsBlob(caller->credential,
+                                             request->sha256())) {
       return ToGrpcStatus(absl::PermissionDeniedError(
           absl::StrCat("permission denied: no job running on a worker of '",
                        caller->user, "' needs blob ", request->sha256())));

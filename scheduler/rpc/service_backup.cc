@@ -13,7 +13,7 @@ grpc::Status SchedulerService::BackupStore(
   absl::StatusOr<Caller> caller = IdentifyAdmin(*context, "backing up");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<std::unique_ptr<StagedBackup>> backup =
-      scheduler_->StageBackup();
+      scheduler_->admin().StageBackup();
   if (!backup.ok()) return ToGrpcStatus(backup.status());
   v1::BackupChunk chunk;
   chunk.set_archive_bytes((*backup)->archive_bytes());
@@ -34,7 +34,8 @@ grpc::Status SchedulerService::GetStatus(
     grpc::ServerContext* context, const v1::GetStatusRequest* /*request*/,
     v1::SchedulerStatus* reply) {
   if (auto auth = Authorize(*context); !auth.ok()) return ToGrpcStatus(auth);
-  absl::StatusOr<v1::SchedulerStatus> status = scheduler_->StatusReport();
+  absl::StatusOr<v1::SchedulerStatus> status =
+      scheduler_->admin().StatusReport();
   if (!status.ok()) return ToGrpcStatus(status.status());
   *reply = std::move(*status);
   return grpc::Status::OK;

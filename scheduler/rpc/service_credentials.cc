@@ -37,7 +37,7 @@ grpc::Status SchedulerService::AddCredential(
   }
   absl::MutexLock lock(&admin_mu_);
   absl::StatusOr<std::vector<CredentialRecord>> existing =
-      scheduler_->Credentials();
+      scheduler_->users().Credentials();
   if (!existing.ok()) return ToGrpcStatus(existing.status());
   for (const CredentialRecord& r : *existing) {
     if (r.name == request->name() && r.worker == request->worker()) {
@@ -58,7 +58,7 @@ grpc::Status SchedulerService::AddCredential(
   record.admin = request->admin();
   record.token_sha256 = TokenSha256(*token);
   record.created_ms = WallMs();
-  if (absl::Status s = scheduler_->PutCredential(record); !s.ok()) {
+  if (absl::Status s = scheduler_->users().PutCredential(record); !s.ok()) {
     return ToGrpcStatus(s);
   }
   credentials_->Put(record);
@@ -77,7 +77,8 @@ grpc::Status SchedulerService::ListCredentials(
   absl::StatusOr<Caller> caller =
       IdentifyAdmin(*context, "listing users and worker credentials");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  absl::StatusOr<std::vector<CredentialRecord>> all = scheduler_->Credentials();
+  absl::StatusOr<std::vector<CredentialRecord>> all =
+      scheduler_->users().Credentials();
   if (!all.ok()) return ToGrpcStatus(all.status());
   for (const CredentialRecord& r : *all) {
     auto* c = reply->add_credentials();
@@ -97,7 +98,7 @@ grpc::Status SchedulerService::RevokeCredential(
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::MutexLock lock(&admin_mu_);
   absl::StatusOr<bool> deleted =
-      scheduler_->DeleteCredential(request->name(), request->worker());
+      scheduler_->users().DeleteCredential(request->name(), request->worker());
   if (!deleted.ok()) return ToGrpcStatus(deleted.status());
   if (!*deleted) {
     return ToGrpcStatus(absl::NotFoundError(absl::StrCat(

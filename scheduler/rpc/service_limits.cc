@@ -54,7 +54,7 @@ grpc::Status SchedulerService::SetUserLimit(
   UserLimit limit;
   if (!request->clear()) {
     // Fields not given keep their value.
-    for (const LimitEntry& e : scheduler_->UserLimits()) {
+    for (const LimitEntry& e : scheduler_->users().UserLimits()) {
       if (e.user == request->user() && e.profile == request->profile()) {
         limit = e.limit;
       }
@@ -64,8 +64,8 @@ grpc::Status SchedulerService::SetUserLimit(
     if (request->has_max_queued())
       limit.max_queued = FromWire(request->max_queued());
   }
-  absl::Status s =
-      scheduler_->SetUserLimit(request->user(), request->profile(), limit);
+  absl::Status s = scheduler_->users().SetUserLimit(request->user(),
+                                                    request->profile(), limit);
   if (!s.ok()) return ToGrpcStatus(s);
   *reply = ToEntry(request->user(), request->profile(), limit);
   return grpc::Status::OK;
@@ -78,7 +78,7 @@ grpc::Status SchedulerService::ListUserLimits(
       !may.ok()) {
     return ToGrpcStatus(may);
   }
-  for (const LimitEntry& e : scheduler_->UserLimits()) {
+  for (const LimitEntry& e : scheduler_->users().UserLimits()) {
     *reply->add_limits() = ToEntry(e.user, e.profile, e.limit);
   }
   return grpc::Status::OK;
@@ -92,7 +92,7 @@ grpc::Status SchedulerService::GetUsage(grpc::ServerContext* context,
     return ToGrpcStatus(may);
   }
   int64_t now = 0;
-  for (const UserUsage& u : scheduler_->Usage(&now)) {
+  for (const UserUsage& u : scheduler_->users().Usage(&now)) {
     v1::UserUsageEntry* e = reply->add_users();
     e->set_user(u.user);
     e->set_slot_seconds(u.slot_seconds);

@@ -1732,7 +1732,7 @@ TEST_F(SchedulerTest, PurgeDeletesEndedJobsOnlyAndRetentionByAge) {
   v1::PurgeJobsRequest request;
   request.add_job_ids(running);
   request.add_job_ids(12345);
-  auto reply = scheduler_->Purge(request);
+  auto reply = scheduler_->admin().Purge(request);
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->purged(), 0);
   ASSERT_EQ(reply->results_size(), 2);
@@ -1779,7 +1779,7 @@ TEST_F(SchedulerTest, UserLimitsHoldJobsBackAndSayWhy) {
   UserLimit limit;
   limit.max_slots = 2;
   limit.max_queued = 1;
-  ASSERT_TRUE(scheduler_->SetUserLimit("alice", "local", limit).ok());
+  ASSERT_TRUE(scheduler_->users().SetUserLimit("alice", "local", limit).ok());
   const int64_t first = Submit(2);
   ASSERT_TRUE(session->WaitFor(IsStart(first, 1)).has_value());
   const int64_t second = Submit(1);
@@ -1796,9 +1796,9 @@ TEST_F(SchedulerTest, UserLimitsHoldJobsBackAndSayWhy) {
   auto bob_reply = scheduler_->Submit(bob);
   ASSERT_TRUE(bob_reply.ok()) << bob_reply.status();
   ASSERT_TRUE(session->WaitFor(IsStart(bob_reply->job_id(), 1)).has_value());
-  ASSERT_EQ(scheduler_->UserLimits().size(), 1u);
+  ASSERT_EQ(scheduler_->users().UserLimits().size(), 1u);
   limit.max_slots = 3;
-  ASSERT_TRUE(scheduler_->SetUserLimit("alice", "local", limit).ok());
+  ASSERT_TRUE(scheduler_->users().SetUserLimit("alice", "local", limit).ok());
   ASSERT_TRUE(session->WaitFor(IsStart(second, 1)).has_value());
 }
 

@@ -1,4 +1,5 @@
-// Whose jobs each worker runs, as placement needs to know it.
+// Per-user limits and fair-share usage, and whose jobs each worker runs, as
+// placement needs to know it.
 //
 // A worker not started as root runs only its own user's jobs, and says so
 // when it registers. A worker started as root runs each job as its owner,
@@ -14,6 +15,8 @@
 // job of theirs is requeued. Answers hold for the worker's session (a
 // worker that reconnects is asked again), and a "no" only for
 // unknown_user_recheck_ms: a submit after it asks again.
+#include "scheduler/users.h"
+
 #include <set>
 #include <string>
 #include <vector>
@@ -22,7 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "scheduler/scheduler.h"
+#include "common/status.h"
 
 namespace dlbatch::scheduler {
 namespace {
@@ -34,8 +37,8 @@ constexpr size_t kNamedWorkers = 3;
 
 }  // namespace
 
-void Scheduler::RegisterWorkerUsers(WorkerState& worker,
-                                    const v1::Register& reg, Outbox* out) {
+void Users::RegisterWorkerUsers(SchedulerState& s, WorkerState& worker,
+                                const v1::Register& reg, Outbox* out) {
   worker.runs_as_any = reg.runs_as_any_user();
   worker.run_user = reg.user();
   worker.asked.clear();
@@ -48,25 +51,25 @@ void Scheduler::RegisterWorkerUsers(WorkerState& worker,
       users.can.insert(reg.user());
     }
   }
-  core_->SetWorkerUsers(worker.record.id, std::move(users));
+  s.core_->SetWorkerUsers(worker.record.id, std::move(users));
   if (!worker.runs_as_any || worker.run_user.empty()) return;
   std::set<std::string> queued_users;
-  for (const auto& [id, job] : jobs_) {
+  for (const auto& [id, job] : s.jobs_) {
     if (job.record.state == v1::JOB_STATE_QUEUED &&
         job.record.spec.profile() == worker.record.profile) {
       queued_users.insert(job.record.user);
     }
   }
   for (const std::string& user : queued_users) {
-    AskWorkers(worker.record.profile, user, out);
+    AskWorkers(s, worker.record.profile, user, out);
   }
 }
 
-void Scheduler::AskWorkers(const std::string& profile, const std::string& user,
-                           Outbox* out) {
+void Users::AskWorkers(SchedulerState& s, const std::string& profile,
+                       const std::string& user, Outbox* out) {
   if (user.empty()) return;
-  const int64_t now = clock_->MonotonicMs();
-  for (auto& [id, w] : workers_) {
+  const int64_t now = s.clock_->MonotonicMs();
+  for (auto& [id, w] : s.workers_) {
     if (!w.session || w.lost || w.record.profile != profile || !w.runs_as_any ||
         w.run_user.empty()) {
       continue;
@@ -74,12 +77,12 @@ void Scheduler::AskWorkers(const std::string& profile, const std::string& user,
     if (!w.asked.insert(user).second) {
       auto no = w.unknown_since.find(user);
       if (no == w.unknown_since.end() ||
-          now - no->second < options_.unknown_user_recheck_ms) {
+          now - no->second < s.options_.unknown_user_recheck_ms) {
         continue;
       }
       // An old "no": undecided until the worker answers again.
       w.unknown_since.erase(no);
-      core_->ForgetWorkerUser(id, user);
+      s.core_->ForgetWorkerUser(id, user);
     }
     v1::SchedulerMessage query;
     query.mutable_user_query()->set_user(user);
@@ -87,12 +90,12 @@ void Scheduler::AskWorkers(const std::string& profile, const std::string& user,
   }
 }
 
-bool Scheduler::AllAnswered(const std::string& profile,
-                            const std::string& user) const {
-  for (const auto& [id, fit] : core_->UserFits(profile, user)) {
+bool Users::AllAnswered(const SchedulerState& s, const std::string& profile,
+                        const std::string& user) {
+  for (const auto& [id, fit] : s.core_->UserFits(profile, user)) {
     if (fit != UserFit::kUndecided) continue;
-    auto w = workers_.find(id);
-    if (w != workers_.end() && w->second.session && !w->second.lost &&
+    auto w = s.workers_.find(id);
+    if (w != s.workers_.end() && w->second.session && !w->second.lost &&
         w->second.asked.count(user) != 0) {
       return false;
     }
@@ -100,29 +103,29 @@ bool Scheduler::AllAnswered(const std::string& profile,
   return true;
 }
 
-void Scheduler::AskBeforeSubmit(const std::set<std::string>& profiles,
-                                const std::string& user) {
+void Users::AskBeforeSubmit(const std::set<std::string>& profiles,
+                            const std::string& user) {
   Outbox out;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&state_.mu_);
     for (const std::string& profile : profiles) {
-      AskWorkers(profile, user, &out);
+      AskWorkers(state_, profile, user, &out);
     }
   }
-  Deliver(out);
-  absl::MutexLock lock(&mu_);
-  auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  SchedulerState::Deliver(out);
+  absl::MutexLock lock(&state_.mu_);
+  auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu_) {
     for (const std::string& profile : profiles) {
-      if (!AllAnswered(profile, user)) return false;
+      if (!AllAnswered(state_, profile, user)) return false;
     }
     return true;
   };
-  mu_.AwaitWithTimeout(absl::Condition(&answered),
-                       absl::Milliseconds(kUserAnswerWaitMs));
+  state_.mu_.AwaitWithTimeout(absl::Condition(&answered),
+                              absl::Milliseconds(kUserAnswerWaitMs));
 }
 
-std::string Scheduler::UnableWhy(const WorkerState& worker,
-                                 const std::string& user, UserFit fit) const {
+std::string Users::UnableWhy(const WorkerState& worker, const std::string& user,
+                             UserFit fit) {
   const std::string& name = worker.record.name;
   if (fit == UserFit::kUndecided) {
     return absl::StrCat("'", name, "' has not said yet whether it knows ",
@@ -135,13 +138,15 @@ std::string Scheduler::UnableWhy(const WorkerState& worker,
   return absl::StrCat("'", name, "' has no user ", user);
 }
 
-absl::Status Scheduler::CheckUserRuns(const JobRecord& job) const {
+absl::Status Users::CheckUserRuns(const SchedulerState& s,
+                                  const JobRecord& job) const {
   const std::string& profile = job.spec.profile();
   std::vector<std::string> why;
-  for (const auto& [id, fit] : core_->UserFits(profile, job.user)) {
+  for (const auto& [id, fit] : s.core_->UserFits(profile, job.user)) {
     if (fit != UserFit::kNo) return absl::OkStatus();
-    auto w = workers_.find(id);
-    if (w != workers_.end()) why.push_back(UnableWhy(w->second, job.user, fit));
+    auto w = s.workers_.find(id);
+    if (w != s.workers_.end())
+      why.push_back(UnableWhy(w->second, job.user, fit));
   }
   if (why.empty()) return absl::OkStatus();  // no worker: others say so
   return absl::FailedPreconditionError(absl::StrCat(
@@ -151,17 +156,18 @@ absl::Status Scheduler::CheckUserRuns(const JobRecord& job) const {
       ", or use another profile"));
 }
 
-std::string Scheduler::UsersWaitReason(const ActiveJob& job,
-                                       const WaitInfo& info) const {
+std::string Users::UsersWaitReason(const SchedulerState& s,
+                                   const ActiveJob& job,
+                                   const WaitInfo& info) const {
   if (info.unable_workers == 0) return "";
   const std::string& user = job.record.user;
   const std::string& profile = job.record.spec.profile();
-  auto fits = core_->UserFits(profile, user);
+  auto fits = s.core_->UserFits(profile, user);
   std::vector<std::string> why;
   int unnamed = 0;
   for (const auto& [id, fit] : fits) {
-    auto w = workers_.find(id);
-    if (fit == UserFit::kYes || w == workers_.end() || !w->second.session ||
+    auto w = s.workers_.find(id);
+    if (fit == UserFit::kYes || w == s.workers_.end() || !w->second.session ||
         w->second.lost) {
       continue;
     }
@@ -189,6 +195,53 @@ std::string Scheduler::UsersWaitReason(const ActiveJob& job,
   }
   absl::StrAppend(&reason, " (", absl::StrJoin(why, "; "), ")");
   return reason;
+}
+
+absl::Status Users::SetUserLimit(const std::string& user,
+                                 const std::string& profile,
+                                 const UserLimit& limit) {
+  if (user.empty()) {
+    return absl::InvalidArgumentError("a limit needs a user name");
+  }
+  Outbox out;
+  {
+    absl::MutexLock lock(&state_.mu_);
+    if (!state_.core_->HasProfile(profile)) {
+      std::vector<std::string> names;
+      for (const ProfileSummary& p : state_.core_->Profiles()) {
+        names.push_back(p.name);
+      }
+      return absl::NotFoundError(
+          absl::StrCat("unknown profile '", profile,
+                       "'; known profiles: ", absl::StrJoin(names, ", ")));
+    }
+    RETURN_IF_ERROR(state_.CheckWritable());
+    RETURN_IF_ERROR(
+        state_.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu_) {
+          return state_.store_->PutUserLimit({user, profile, limit});
+        }));
+    if (limit == UserLimit{}) {
+      state_.limits_.erase({user, profile});
+    } else {
+      state_.limits_[{user, profile}] = limit;
+    }
+    state_.core_->SetLimit(user, profile, limit);
+    (void)state_.PlaceJobs(&out);  // a raised limit may let jobs start
+  }
+  SchedulerState::Deliver(out);
+  return absl::OkStatus();
+}
+
+std::vector<LimitEntry> Users::UserLimits() {
+  absl::MutexLock lock(&state_.mu_);
+  return state_.core_->Limits();
+}
+
+std::vector<UserUsage> Users::Usage(int64_t* now) {
+  absl::MutexLock lock(&state_.mu_);
+  const int64_t t = state_.clock_->NowMs();
+  if (now != nullptr) *now = t;
+  return state_.core_->Usage(t);
 }
 
 }  // namespace dlbatch::scheduler

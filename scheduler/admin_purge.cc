@@ -7,7 +7,7 @@
 #include "absl/time/time.h"
 #include "common/status.h"
 #include "proto/job_state.h"
-#include "scheduler/scheduler.h"
+#include "scheduler/admin.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -28,44 +28,45 @@ void StepAside(absl::Time chunk_start) {
 
 }  // namespace
 
-absl::Status Scheduler::PurgeChunk(const std::vector<int64_t>& ids,
-                                   v1::PurgeJobsReply* reply) {
-  absl::MutexLock lock(&mu_);
-  if (!broken_.ok()) return CheckWritable();
+absl::Status Admin::PurgeChunk(const std::vector<int64_t>& ids,
+                               v1::PurgeJobsReply* reply) {
+  absl::MutexLock lock(&state_.mu_);
+  if (!state_.broken_.ok()) return state_.CheckWritable();
   // Never a job the scheduler still runs (its row may not say so yet).
   std::vector<int64_t> ended;
   for (int64_t id : ids) {
-    if (!jobs_.contains(id)) ended.push_back(id);
+    if (!state_.jobs_.contains(id)) ended.push_back(id);
   }
   // What the metrics count them as (ended jobs: their rows stay as read).
   std::vector<std::pair<std::string, v1::JobState>> leaving;
-  if (metrics_ != nullptr) {
+  if (state_.metrics_ != nullptr) {
     for (int64_t id : ended) {
-      absl::StatusOr<std::optional<JobRecord>> rec = reader_->GetJob(id);
+      absl::StatusOr<std::optional<JobRecord>> rec = state_.reader_->GetJob(id);
       if (rec.ok() && *rec)
         leaving.emplace_back((*rec)->spec.profile(), (*rec)->state);
     }
   }
   PurgeCounts counts;
   {
-    Transaction txn(store_->db());
+    Transaction txn(state_.store_->db());
     RETURN_IF_ERROR(txn.status());
-    ASSIGN_OR_RETURN(counts, store_->PurgeJobs(ended));
-    absl::Status s = TimedCommit(txn);
+    ASSIGN_OR_RETURN(counts, state_.store_->PurgeJobs(ended));
+    absl::Status s = state_.TimedCommit(txn);
     if (!s.ok()) {
       // Nothing in memory changed: the purge just did not happen.
-      if (s.code() == absl::StatusCode::kResourceExhausted) disk_->NoteFull(s);
+      if (s.code() == absl::StatusCode::kResourceExhausted)
+        state_.disk_->NoteFull(s);
       return s;
     }
   }
   for (const auto& [profile, state] : leaving) {
-    metrics_->JobMoved(profile, state, v1::JOB_STATE_UNSPECIFIED);
+    state_.metrics_->JobMoved(profile, state, v1::JOB_STATE_UNSPECIFIED);
   }
   reply->set_purged(reply->purged() + counts.jobs);
   // Under the lock: a submit checks its attachments under it too, so none
   // can start to hold a blob deleted here.
   for (const std::string& sha : counts.unreferenced_blobs) {
-    absl::StatusOr<int64_t> freed = blobs_->Remove(sha);
+    absl::StatusOr<int64_t> freed = state_.blobs_->Remove(sha);
     if (!freed.ok()) {
       spdlog::warn("purge: {}", freed.status().ToString());
       continue;
@@ -78,7 +79,7 @@ absl::Status Scheduler::PurgeChunk(const std::vector<int64_t>& ids,
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::PurgeJobsReply> Scheduler::Purge(
+absl::StatusOr<v1::PurgeJobsReply> Admin::Purge(
     const v1::PurgeJobsRequest& request) {
   absl::MutexLock purging(&purge_mu_);
   v1::PurgeJobsReply reply;
@@ -87,11 +88,11 @@ absl::StatusOr<v1::PurgeJobsReply> Scheduler::Purge(
     for (int64_t id : request.job_ids()) {
       auto* result = reply.add_results();
       result->set_job_id(id);
-      ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
+      ASSIGN_OR_RETURN(auto rec, state_.reader_->GetJob(id));
       bool active;
       {
-        absl::MutexLock lock(&mu_);
-        active = jobs_.contains(id);
+        absl::MutexLock lock(&state_.mu_);
+        active = state_.jobs_.contains(id);
       }
       if (!rec) {
         result->set_error(absl::StrCat("no job ", id));
@@ -125,9 +126,9 @@ absl::StatusOr<v1::PurgeJobsReply> Scheduler::Purge(
     std::vector<int64_t> chunk;
     absl::Time start = absl::Now();
     {
-      absl::MutexLock lock(&mu_);
-      ASSIGN_OR_RETURN(chunk,
-                       store_->EndedBefore(request.before_ms(), kPurgeChunk));
+      absl::MutexLock lock(&state_.mu_);
+      ASSIGN_OR_RETURN(
+          chunk, state_.store_->EndedBefore(request.before_ms(), kPurgeChunk));
     }
     if (chunk.empty()) break;
     StepAside(start);
@@ -140,26 +141,29 @@ absl::StatusOr<v1::PurgeJobsReply> Scheduler::Purge(
   return reply;
 }
 
-void Scheduler::RetentionLoop() {
+void Admin::StartRetention(SleepUnlessStopped sleep) {
+  retention_ =
+      std::thread([this, sleep = std::move(sleep)] { RetentionLoop(sleep); });
+}
+
+void Admin::JoinRetention() {
+  if (retention_.joinable()) retention_.join();
+}
+
+void Admin::RetentionLoop(const SleepUnlessStopped& sleep) {
   const int64_t interval =
-      std::max<int64_t>(50, options_.retention_interval_ms);
+      std::max<int64_t>(50, state_.options_.retention_interval_ms);
   for (;;) {
-    {
-      absl::MutexLock lock(&queue_mu_);
-      const absl::Time until = absl::Now() + absl::Milliseconds(interval);
-      while (!stopping_) {
-        if (stop_cv_.WaitWithDeadline(&queue_mu_, until)) break;
-      }
-      if (stopping_) return;
-    }
+    if (!sleep(absl::Milliseconds(interval))) return;
     v1::PurgeJobsRequest request;
-    request.set_before_ms(clock_->NowMs() - options_.keep_ended_ms);
+    request.set_before_ms(state_.clock_->NowMs() -
+                          state_.options_.keep_ended_ms);
     absl::StatusOr<v1::PurgeJobsReply> purged = Purge(request);
     if (!purged.ok()) {
       spdlog::warn("retention: {}", purged.status().ToString());
     } else if (purged->purged() > 0) {
       spdlog::info("retention: purged {} jobs ended over {} s ago, {} blobs",
-                   purged->purged(), options_.keep_ended_ms / 1000,
+                   purged->purged(), state_.options_.keep_ended_ms / 1000,
                    purged->blobs_deleted());
     }
   }
