@@ -79,8 +79,13 @@ class Database {
 
   sqlite3* db_;
   const std::string path_;
-  int wal_frames_ = 0;  // frames in the WAL after the last commit
-  mutable absl::Mutex checkpoint_mu_;  // held while a checkpoint runs
+  // Frames in the WAL after the last commit: set by the WAL hook as a
+  // commit on db_ ends and read by CheckpointIfRoom after it, both on the
+  // thread using this connection, so no lock guards it.
+  int wal_frames_ = 0;
+  // Held while a checkpoint runs, by the writer or the background thread;
+  // it guards no member, only SQLite's one checkpoint at a time.
+  mutable absl::Mutex checkpoint_mu_;
   struct Cache;
   std::unique_ptr<Cache> cache_;
   struct Background;

@@ -753,16 +753,18 @@ TEST_F(StoreTest, TrimDiaryDeletesTheOldestAndKeepsTheNewest) {
   EXPECT_EQ(trimmed->first, 2);
   EXPECT_EQ(trimmed->second, 20);
   std::vector<int64_t> seqs;
-  for (const auto& l : reader().ReadDiary(job, 0, 10).value())
-    seqs.push_back(l.seq());
+  // Held in a local: a range-for over value() of the returned StatusOr
+  // would read a temporary already destroyed.
+  auto lines = reader().ReadDiary(job, 0, 10);
+  for (const auto& l : lines.value()) seqs.push_back(l.seq());
   EXPECT_THAT(seqs, ElementsAre(1, 4, 5));
   // Never the newest line, however much is asked.
   trimmed = store_->TrimDiary(job, first_n, 1000);
   ASSERT_TRUE(trimmed.ok());
   EXPECT_EQ(trimmed->first, 1);
   seqs.clear();
-  for (const auto& l : reader().ReadDiary(job, 0, 10).value())
-    seqs.push_back(l.seq());
+  lines = reader().ReadDiary(job, 0, 10);
+  for (const auto& l : lines.value()) seqs.push_back(l.seq());
   EXPECT_THAT(seqs, ElementsAre(1, 5));
   auto last = store_->DiaryLastSeqs(job, first_n);
   ASSERT_TRUE(last.ok());

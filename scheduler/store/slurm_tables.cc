@@ -1,39 +1,15 @@
-// The store's side of Slurm profiles: each dlbatch job's Slurm job,
-// written before sbatch runs (slurm_id 0) and once it answers; the
-// parts whose end was reported (a Slurm job's worker leaves after its
-// part); the resubmissions of a job whose Slurm job failed before it ran;
-// the scheduler's instance id, which its Slurm jobs' names carry.
+#include "scheduler/store/slurm_tables.h"
+
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
-#include "scheduler/store/store.h"
+#include "scheduler/slurm/commands.h"
 
 namespace dlbatch::scheduler {
 
-absl::Status AddSlurmTable(Database* db) {
-  return db->Exec(R"sql(
-CREATE TABLE IF NOT EXISTS slurm_jobs(
-  job_id INTEGER PRIMARY KEY,
-  attempt INTEGER NOT NULL,
-  slurm_id INTEGER NOT NULL,
-  profile TEXT NOT NULL,
-  submitted_ms INTEGER NOT NULL,
-  token_sha256 TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS part_ends(
-  job_id INTEGER NOT NULL,
-  attempt INTEGER NOT NULL,
-  part INTEGER NOT NULL,
-  exit_code INTEGER NOT NULL,
-  failure TEXT NOT NULL,
-  PRIMARY KEY(job_id, attempt, part)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS slurm_resubmits(
-  job_id INTEGER PRIMARY KEY,
-  count INTEGER NOT NULL);
-)sql");
-}
-
-absl::Status Store::PutPartEnd(const PartEnd& end) {
+absl::Status SlurmTables::PutPartEnd(const PartEnd& end) {
   ASSIGN_OR_RETURN(
       Statement * st,
       db_->Prepare("INSERT OR REPLACE INTO part_ends(job_id, attempt, part, "
@@ -46,13 +22,13 @@ absl::Status Store::PutPartEnd(const PartEnd& end) {
       .Run();
 }
 
-absl::Status Store::DeletePartEnds(int64_t job_id) {
+absl::Status SlurmTables::DeletePartEnds(int64_t job_id) {
   ASSIGN_OR_RETURN(Statement * st,
                    db_->Prepare("DELETE FROM part_ends WHERE job_id=?"));
   return st->Bind(1, job_id).Run();
 }
 
-absl::StatusOr<std::vector<PartEnd>> Store::PartEnds() {
+absl::StatusOr<std::vector<PartEnd>> SlurmTables::PartEnds() {
   ASSIGN_OR_RETURN(
       Statement * st,
       db_->Prepare("SELECT job_id, attempt, part, exit_code, "
@@ -70,7 +46,7 @@ absl::StatusOr<std::vector<PartEnd>> Store::PartEnds() {
   return out;
 }
 
-absl::Status Store::PutSlurmResubmits(int64_t job_id, int count) {
+absl::Status SlurmTables::PutSlurmResubmits(int64_t job_id, int count) {
   if (count <= 0) {
     ASSIGN_OR_RETURN(
         Statement * st,
@@ -84,7 +60,7 @@ absl::Status Store::PutSlurmResubmits(int64_t job_id, int count) {
   return st->Bind(1, job_id).Bind(2, count).Run();
 }
 
-absl::StatusOr<std::map<int64_t, int>> Store::SlurmResubmits() {
+absl::StatusOr<std::map<int64_t, int>> SlurmTables::SlurmResubmits() {
   ASSIGN_OR_RETURN(Statement * st,
                    db_->Prepare("SELECT job_id, count FROM slurm_resubmits"));
   std::map<int64_t, int> out;
@@ -93,7 +69,7 @@ absl::StatusOr<std::map<int64_t, int>> Store::SlurmResubmits() {
   return out;
 }
 
-absl::StatusOr<std::string> Store::InstanceId() {
+absl::StatusOr<std::string> SlurmTables::InstanceId() {
   ASSIGN_OR_RETURN(Statement * get,
                    db_->Prepare("SELECT value FROM meta WHERE key='instance'"));
   ASSIGN_OR_RETURN(bool found, get->Step());
@@ -116,7 +92,7 @@ absl::StatusOr<std::string> Store::InstanceId() {
   return id;
 }
 
-absl::Status Store::PutSlurmJob(const slurm::SlurmJobRecord& record) {
+absl::Status SlurmTables::PutSlurmJob(const slurm::SlurmJobRecord& record) {
   ASSIGN_OR_RETURN(
       Statement * st,
       db_->Prepare("INSERT INTO slurm_jobs(job_id, attempt, slurm_id, "
@@ -135,13 +111,13 @@ absl::Status Store::PutSlurmJob(const slurm::SlurmJobRecord& record) {
       .Run();
 }
 
-absl::Status Store::DeleteSlurmJob(int64_t job_id) {
+absl::Status SlurmTables::DeleteSlurmJob(int64_t job_id) {
   ASSIGN_OR_RETURN(Statement * st,
                    db_->Prepare("DELETE FROM slurm_jobs WHERE job_id=?"));
   return st->Bind(1, job_id).Run();
 }
 
-absl::StatusOr<std::vector<slurm::SlurmJobRecord>> Store::SlurmJobs() {
+absl::StatusOr<std::vector<slurm::SlurmJobRecord>> SlurmTables::SlurmJobs() {
   ASSIGN_OR_RETURN(Statement * st,
                    db_->Prepare("SELECT job_id, attempt, slurm_id, profile, "
                                 "submitted_ms, token_sha256 FROM slurm_jobs "

@@ -1,0 +1,82 @@
+// Reads of the store on connections of their own, so that listing 100,000
+// jobs never holds the writer (Store) up. store.h tells the threads' story.
+#ifndef DLBATCH_SCHEDULER_STORE_STORE_READER_H_
+#define DLBATCH_SCHEDULER_STORE_STORE_READER_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "dlbatch/v1/scheduler.pb.h"
+#include "scheduler/store/job_tables.h"
+#include "scheduler/store/sqlite.h"
+
+namespace dlbatch::scheduler {
+
+// Read-only access on pooled connections. Thread-safe: each read leases a
+// connection of its own, so reads run side by side and see only committed
+// transactions.
+class StoreReader {
+ public:
+  explicit StoreReader(std::string path) : path_(std::move(path)) {}
+
+  absl::StatusOr<std::optional<JobRecord>> GetJob(int64_t id);
+  absl::StatusOr<std::vector<v1::StateChange>> History(int64_t id);
+  // Summaries (no spec beyond name, profile, pool, priority) straight into
+  // `out`, for listings of every job. sweep_id != 0: only that sweep's
+  // jobs, with their spec's sweep_point too. `user` non-empty: only that
+  // user's; `name_glob` non-empty: only names it matches (SQLite's GLOB).
+  absl::Status ListJobSummaries(const std::vector<v1::JobState>& states,
+                                int limit, bool newest_first,
+                                v1::ListJobsReply* out, int64_t sweep_id = 0,
+                                const std::string& user = "",
+                                const std::string& name_glob = "");
+  absl::StatusOr<std::vector<v1::DiaryLine>> ReadDiary(int64_t job_id,
+                                                       int64_t after,
+                                                       int limit);
+  absl::StatusOr<int64_t> DiaryCount(int64_t job_id);
+  // The `n` after which a job's last `tail` lines begin; 0 where it has
+  // no more than `tail` lines.
+  absl::StatusOr<int64_t> DiaryTailStart(int64_t job_id, int64_t tail);
+  absl::StatusOr<std::vector<v1::OutputFile>> Outputs(int64_t job_id);
+  absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
+  // The user a job was submitted by; NotFound for an unknown job.
+  absl::StatusOr<std::string> JobUser(int64_t job_id);
+  // Jobs by (profile, state), as Store::CountJobsByState.
+  absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>
+  CountJobsByState();
+  // Whether some job of `user` holds blob `sha256` (an attachment, an
+  // output, a checkpoint).
+  absl::StatusOr<bool> UserHoldsBlob(const std::string& user,
+                                     const std::string& sha256);
+
+ private:
+  class Lease;
+  // The first column of the first row of `sql` with `binds` bound in
+  // order, or 0 where it returns no row.
+  absl::StatusOr<int64_t> FirstInt(const char* sql,
+                                   std::initializer_list<int64_t> binds);
+  // An idle connection, or a new one where none is idle.
+  absl::StatusOr<std::unique_ptr<Database>> Acquire() ABSL_LOCKS_EXCLUDED(mu_);
+  // Back to the pool (at most 8 kept idle; the rest are closed).
+  void Release(std::unique_ptr<Database> db) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::string path_;
+  // Held only to take a connection from the pool or put one back, never
+  // across a read.
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Database>> idle_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dlbatch::scheduler
+
+#endif  // DLBATCH_SCHEDULER_STORE_STORE_READER_H_
