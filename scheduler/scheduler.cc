@@ -88,6 +88,12 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
                      : std::make_unique<DiskGuard>("", /*reserve_bytes=*/0)),
       disk_(disk ? disk : own_disk_.get()),
       rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))),
+      slurm_side_(NewSlurmSide(*this)),
+      slurm_(std::make_unique<slurm::SlurmBridge>(
+          slurm_side_.get(), clock,
+          slurm::SlurmBridgeOptions{options_.slurm_profiles,
+                                    options_.slurm_poll_ms,
+                                    options_.max_attempts})),
       follow_(std::make_unique<DiaryFollowHub>(static_cast<FollowSource*>(this),
                                                clock)) {
   start_ms_ = clock_->NowMs();
@@ -163,14 +169,9 @@ void Scheduler::Stop() {
     queue_cv_.SignalAll();
     stop_cv_.SignalAll();
   }
-  {
-    absl::MutexLock lock(&slurm_mu_);
-    slurm_stopping_ = true;
-    slurm_cv_.SignalAll();
-  }
+  slurm_->Stop();
   if (loop_.joinable()) loop_.join();
   if (retention_.joinable()) retention_.join();
-  if (slurm_thread_.joinable()) slurm_thread_.join();
 }
 
 QueuedJob Scheduler::ToQueued(const JobRecord& job) const {
@@ -251,8 +252,8 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   // Jobs for Slurm: refused now where they could never run (sinfo is read
   // without the lock).
   for (const v1::JobSpec& s : specs) {
-    if (SlurmProfileOf(s.profile()) != nullptr) {
-      RETURN_IF_ERROR(CheckSlurmSubmit(s, request.user()));
+    if (slurm_->ProfileOf(s.profile()) != nullptr) {
+      RETURN_IF_ERROR(slurm_->CheckSubmit(s, request.user()));
     }
   }
   // --after as a set: the same jobs in any order are the same request.
@@ -337,7 +338,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       rec.submit_ms = now;
       // A job of a Slurm profile waits in Slurm, not in the placement
       // core: what it may ask was checked against the partition above.
-      if (SlurmProfileOf(rec.spec.profile()) != nullptr) {
+      if (slurm_->ProfileOf(rec.spec.profile()) != nullptr) {
         records.push_back(std::move(rec));
         continue;
       }
@@ -534,8 +535,9 @@ std::string Scheduler::WaitReason(const ActiveJob& job) const {
   if (std::string control = ControlWaitReason(job); !control.empty()) {
     return control;
   }
-  if (SlurmProfileOf(job.record.spec.profile()) != nullptr) {
-    return SlurmWaitReason(job);
+  if (slurm_->ProfileOf(job.record.spec.profile()) != nullptr) {
+    SlurmLockHeld();
+    return slurm_->WaitReason(job.record.id, job.record.attempt);
   }
   auto info = core_->Explain(job.record.id);
   if (!info) return "";
@@ -716,7 +718,7 @@ absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(
     (void)PlaceJobs(&out);
   }
   Deliver(out);
-  if (slurm_tool_ != nullptr) PokeSlurm();  // scancel without waiting
+  slurm_->Poke();  // scancel without waiting (a no-op without Slurm)
   return reply;
 }
 
@@ -812,7 +814,7 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
   v1::ListProfilesReply reply = ListProfilesLocked();
   // Slurm's view of each Slurm profile, read with sinfo outside the lock.
   for (v1::ProfileInfo& info : *reply.mutable_profiles()) {
-    const slurm::SlurmProfile* p = SlurmProfileOf(info.name());
+    const slurm::SlurmProfile* p = slurm_->ProfileOf(info.name());
     if (p == nullptr) continue;
     v1::SlurmPartition* view = info.mutable_slurm();
     view->set_partition(p->partition);

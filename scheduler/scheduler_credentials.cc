@@ -12,13 +12,8 @@ absl::StatusOr<std::vector<CredentialRecord>> Scheduler::Credentials() {
 
 absl::StatusOr<std::vector<CredentialRecord>> Scheduler::JobCredentials() {
   absl::MutexLock lock(&mu_);
-  std::vector<CredentialRecord> out;
-  for (const auto& [job_id, record] : slurm_jobs_) {
-    if (!record.token_sha256.empty()) {
-      out.push_back(JobCredential(job_id, record.token_sha256));
-    }
-  }
-  return out;
+  SlurmLockHeld();
+  return slurm_->JobCredentials();
 }
 
 absl::Status Scheduler::PutCredential(const CredentialRecord& record) {
