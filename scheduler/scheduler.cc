@@ -74,6 +74,12 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
       rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))),
       admin_(*this),
       users_(*this),
+      slurm_side_(NewSlurmSide(*this)),
+      slurm_(std::make_unique<slurm::SlurmBridge>(
+          slurm_side_.get(), clock,
+          slurm::SlurmBridgeOptions{options_.slurm_profiles,
+                                    options_.slurm_poll_ms,
+                                    options_.max_attempts})),
       follow_(std::make_unique<DiaryFollowHub>(static_cast<FollowSource*>(this),
                                                clock)) {
   absl::MutexLock lock(&mu_);
@@ -89,14 +95,9 @@ void Scheduler::Stop() {
     queue_cv_.SignalAll();
     stop_cv_.SignalAll();
   }
-  {
-    absl::MutexLock lock(&slurm_mu_);
-    slurm_stopping_ = true;
-    slurm_cv_.SignalAll();
-  }
+  slurm_->Stop();
   if (loop_.joinable()) loop_.join();
   admin_.JoinRetention();
-  if (slurm_thread_.joinable()) slurm_thread_.join();
 }
 
 bool Scheduler::SleepUnlessStopped(absl::Duration d) {
@@ -146,8 +147,8 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   // Jobs for Slurm: refused now where they could never run (sinfo is read
   // without the lock).
   for (const v1::JobSpec& s : specs) {
-    if (SlurmProfileOf(s.profile()) != nullptr) {
-      RETURN_IF_ERROR(CheckSlurmSubmit(s, request.user()));
+    if (slurm_->ProfileOf(s.profile()) != nullptr) {
+      RETURN_IF_ERROR(slurm_->CheckSubmit(s, request.user()));
     }
   }
   // --after as a set: the same jobs in any order are the same request.
@@ -232,7 +233,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       rec.submit_ms = now;
       // A job of a Slurm profile waits in Slurm, not in the placement
       // core: what it may ask was checked against the partition above.
-      if (SlurmProfileOf(rec.spec.profile()) != nullptr) {
+      if (slurm_->ProfileOf(rec.spec.profile()) != nullptr) {
         records.push_back(std::move(rec));
         continue;
       }
@@ -429,8 +430,9 @@ std::string Scheduler::WaitReason(const ActiveJob& job) const {
   if (std::string control = ControlWaitReason(job); !control.empty()) {
     return control;
   }
-  if (SlurmProfileOf(job.record.spec.profile()) != nullptr) {
-    return SlurmWaitReason(job);
+  if (slurm_->ProfileOf(job.record.spec.profile()) != nullptr) {
+    SlurmLockHeld();
+    return slurm_->WaitReason(job.record.id, job.record.attempt);
   }
   auto info = core_->Explain(job.record.id);
   if (!info) return "";
@@ -611,7 +613,7 @@ absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(
     (void)PlaceJobs(&out);
   }
   Deliver(out);
-  if (slurm_tool_ != nullptr) PokeSlurm();  // scancel without waiting
+  slurm_->Poke();  // scancel without waiting (a no-op without Slurm)
   return reply;
 }
 
@@ -707,7 +709,7 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
   v1::ListProfilesReply reply = ListProfilesLocked();
   // Slurm's view of each Slurm profile, read with sinfo outside the lock.
   for (v1::ProfileInfo& info : *reply.mutable_profiles()) {
-    const slurm::SlurmProfile* p = SlurmProfileOf(info.name());
+    const slurm::SlurmProfile* p = slurm_->ProfileOf(info.name());
     if (p == nullptr) continue;
     v1::SlurmPartition* view = info.mutable_slurm();
     view->set_partition(p->partition);
@@ -786,13 +788,8 @@ absl::StatusOr<v1::ListOutputsReply> Scheduler::ListOutputs(int64_t job_id) {
 
 absl::StatusOr<std::vector<CredentialRecord>> Scheduler::JobCredentials() {
   absl::MutexLock lock(&mu_);
-  std::vector<CredentialRecord> out;
-  for (const auto& [job_id, record] : slurm_jobs_) {
-    if (!record.token_sha256.empty()) {
-      out.push_back(JobCredential(job_id, record.token_sha256));
-    }
-  }
-  return out;
+  SlurmLockHeld();
+  return slurm_->JobCredentials();
 }
 
 }  // namespace dlbatch::scheduler

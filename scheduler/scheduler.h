@@ -40,8 +40,8 @@
 #include "scheduler/metrics.h"
 #include "scheduler/rendezvous.h"
 #include "scheduler/scheduler_state.h"
+#include "scheduler/slurm/bridge.h"
 #include "scheduler/slurm/commands.h"
-#include "scheduler/slurm/gang.h"
 #include "scheduler/slurm/launcher.h"
 #include "scheduler/slurm/tool.h"
 #include "scheduler/store/backup.h"
@@ -112,11 +112,13 @@ class Scheduler : private FollowSource, private SchedulerState {
   absl::StatusOr<std::vector<CredentialRecord>> JobCredentials()
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // ---- profiles of Slurm (scheduler_slurm.cc); any thread ----
+  // ---- profiles of Slurm (slurm/bridge.h, scheduler_slurm.cc) ----
   // Where a job's one-job credential goes when its Slurm record is written,
   // and leaves when it is forgotten (null: nowhere). Set before the first
   // PutSlurmJob; the table must outlive the scheduler.
-  void set_credential_table(CredentialTable* table) { job_tokens_ = table; }
+  void set_credential_table(CredentialTable* table) {
+    slurm_->set_credential_table(table);
+  }
   // The job's Slurm record (SlurmLedger, for the launcher): committed in a
   // transaction of its own before returning, then kept in memory for the
   // registrations of its workers, with its credential in the table.
@@ -137,7 +139,7 @@ class Scheduler : private FollowSource, private SchedulerState {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The instance id the scheduler's Slurm jobs are named with; empty
   // before StartSlurm.
-  const std::string& slurm_instance() const { return slurm_instance_; }
+  const std::string& slurm_instance() const { return slurm_->instance(); }
   // Whether the one-job credential of `job_id` may upload now: while its
   // job runs (its outputs and checkpoints), never before or after.
   bool SlurmJobUploads(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -236,65 +238,26 @@ class Scheduler : private FollowSource, private SchedulerState {
   WorkerLabeler Labels() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- profiles of Slurm (scheduler_slurm.cc) ----
-  // The Slurm profile named `name`; null for a profile of workers.
-  const slurm::SlurmProfile* SlurmProfileOf(const std::string& name) const;
-  // OK where a job of `spec` (by `user`) can ever run on its Slurm
-  // profile: its shape splits over the nodes (PlanBatch) and fits the
-  // partition's limits (sinfo, read at most every 30 s), and the scheduler
-  // may submit for `user`. Reads sinfo: call without mu_.
-  absl::Status CheckSlurmSubmit(const v1::JobSpec& spec,
-                                const std::string& user)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The partition's limits of Slurm profile `profile` (sinfo, read at most
-  // every 30 s). Reads sinfo: call without mu_.
-  absl::StatusOr<slurm::PartitionLimits> SlurmLimits(
-      const slurm::SlurmProfile& profile, slurm::SlurmTool* tool)
-      ABSL_LOCKS_EXCLUDED(mu_, slurm_mu_);
-  // The Slurm batch job of `job`'s next attempt, on nodes of `node_cpus`
-  // CPUs (the partition's, for CPU-only nodes; PlanBatch).
-  absl::StatusOr<slurm::BatchRequest> SlurmRequestOf(const JobRecord& job,
-                                                     int node_cpus) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The scheduler as the Slurm bridge's host (slurm/host.h): its jobs and
+  // workers under mu_, which is the bridge's host lock. Made by
+  // NewSlurmSide, where it is defined.
+  class SlurmSide;
+  friend struct slurm::WorkerMail;  // the Outbox, as the bridge passes it
+  static std::unique_ptr<slurm::SlurmHost> NewSlurmSide(Scheduler& scheduler);
+  // Asserts that mu_, held, is the bridge's host lock: the bridge's methods
+  // that require it may be called after this.
+  void SlurmLockHeld() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      ABSL_ASSERT_EXCLUSIVE_LOCK(slurm_->host_mutex()) {
+    slurm_->host_mutex().AssertHeld();
+  }
   // A queued job's way to its start: the placement core for profiles of
   // workers, the Slurm thread's launches for profiles of Slurm.
   void EnqueueJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Wakes the Slurm thread (a launch waits, or a cancel should reach Slurm
-  // now rather than at the next poll).
-  void PokeSlurm() ABSL_LOCKS_EXCLUDED(slurm_mu_);
   // A worker of a Slurm batch job registered: it joins its job's gang, and
-  // the job starts on the gang's parts once every node's worker is in.
+  // the job starts on the gang's parts once every node's worker is in
+  // (SlurmBridge::Join). REQUIRES: a transaction open.
   absl::Status JoinSlurmGang(const WorkerState& worker, const v1::Register& reg,
                              Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A queued job whose Slurm job cannot hold it (its workers offer less
-  // than it was given on each node): it fails with `why`, and its Slurm job
-  // is cancelled at the Slurm thread's next turn, without the wait an
-  // ended job's running Slurm job is given to end by itself.
-  absl::Status FailSlurmGang(ActiveJob& job, const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a queued job of a Slurm profile waits ("waiting in Slurm: ...").
-  std::string SlurmWaitReason(const ActiveJob& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The Slurm thread: launches, then a reconcile every slurm_poll_ms while
-  // any Slurm job is known (and once at its start, for strays).
-  void SlurmLoop();
-  void LaunchSlurmJob(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
-  void ReconcileSlurm() ABSL_LOCKS_EXCLUDED(mu_);
-  // A job whose Slurm job ended or vanished before its workers reported:
-  // requeued (within its attempts) where Slurm's machines failed it or it
-  // has a checkpoint to resume from, else failed, with `reason`.
-  absl::Status SlurmJobLost(ActiveJob& job, const std::string& reason,
-                            bool machine_fault, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the end of `job`, every part reported ended, waits for Slurm's
-  // word before it is committed (slurm::EndedBySignal): a failed job of a
-  // Slurm profile, not cancelled or requeued by dlbatch, one of whose
-  // parts was killed by a signal.
-  bool SettlesWithSlurm(const ActiveJob& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job `job_id` if its end still waits for Slurm's word (in
-  // slurm_settling_, running, every part of its Slurm job's attempt
-  // ended); null where it has since ended or been requeued another way.
-  ActiveJob* SettlingJob(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Part of Load: the running jobs' parts whose end was reported, from the
   // store; the Slurm workers that left with every part they hold ended
   // (never lost for it), jobs whose end waited for Slurm's word, and the
@@ -429,52 +392,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   // Names of connected workers just removed: their next registration is
   // refused, once.
   std::set<std::string> refuse_once_ ABSL_GUARDED_BY(mu_);
-  // Each job's Slurm job (profiles of Slurm), as the store keeps it.
-  std::map<int64_t, slurm::SlurmJobRecord> slurm_jobs_ ABSL_GUARDED_BY(mu_);
-  CredentialTable* job_tokens_ = nullptr;  // set before Start
-  // Queued jobs of Slurm profiles the Slurm thread is to submit, and those
-  // it is submitting now.
-  std::set<int64_t> slurm_launches_ ABSL_GUARDED_BY(mu_);
-  std::set<int64_t> slurm_launching_ ABSL_GUARDED_BY(mu_);
-  // Slurm's pending reason of each job whose Slurm job waits.
-  std::map<int64_t, std::string> slurm_waiting_ ABSL_GUARDED_BY(mu_);
-  // The workers of each started Slurm job gathered so far (queued jobs).
-  std::map<int64_t, SlurmGang> slurm_gangs_ ABSL_GUARDED_BY(mu_);
-  // Workers of Slurm jobs now connected (their leaving wakes the Slurm
-  // thread).
-  std::set<int64_t> slurm_workers_ ABSL_GUARDED_BY(mu_);
-  // Slurm jobs' workers that left once their own part ended while their
-  // job's other parts still run: never lost for it; forgotten at its end.
-  std::set<int64_t> slurm_departed_ ABSL_GUARDED_BY(mu_);
-  // Submissions of a job whose Slurm job failed before it started.
-  std::map<int64_t, int> slurm_resubmits_ ABSL_GUARDED_BY(mu_);
-  // Jobs whose end waits for Slurm's word (SettlesWithSlurm), and since
-  // when (NowMs): the reconciler ends each with Slurm's reason or as its
-  // workers reported.
-  std::map<int64_t, int64_t> slurm_settling_ ABSL_GUARDED_BY(mu_);
-  // Ended jobs whose Slurm job is to be cancelled at once (FailSlurmGang):
-  // their workers never got the job, so they would never leave by
-  // themselves.
-  std::set<int64_t> slurm_release_ ABSL_GUARDED_BY(mu_);
-  // Set by StartSlurm, before its thread starts; read-only after.
-  slurm::SlurmTool* slurm_tool_ = nullptr;
-  std::string slurm_instance_;
-  std::map<std::string, slurm::WorkerLaunch> slurm_launch_;
-  std::unique_ptr<slurm::SlurmJobLedger> slurm_ledger_;
-  std::unique_ptr<slurm::SlurmLauncher> slurm_launcher_;
-  absl::Mutex slurm_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  absl::CondVar slurm_cv_;
-  bool slurm_poked_ ABSL_GUARDED_BY(slurm_mu_) = false;
-  bool slurm_stopping_ ABSL_GUARDED_BY(slurm_mu_) = false;
-  // Each partition's limits as sinfo last said, and when (monotonic ms).
-  std::map<std::string, std::pair<int64_t, slurm::PartitionLimits>>
-      slurm_limits_ ABSL_GUARDED_BY(slurm_mu_);
-  // The Slurm thread's own: Slurm jobs of ended jobs still running, and
-  // since when (NowMs).
-  std::map<int64_t, int64_t> slurm_lingering_;
-  // Slurm jobs of the old name form left alone, each logged once.
-  std::set<int64_t> slurm_left_alone_;
-  std::thread slurm_thread_;
   WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 
   absl::Mutex queue_mu_;
@@ -485,6 +402,11 @@ class Scheduler : private FollowSource, private SchedulerState {
   std::thread loop_;
   Admin admin_;  // its retention task is joined by Stop
   Users users_;
+  // Profiles of Slurm: the bridge owns the Slurm thread and state and
+  // reaches the scheduler through slurm_side_ (a SlurmSide). The bridge
+  // goes first: its thread reads through the side and the members above.
+  std::unique_ptr<slurm::SlurmHost> slurm_side_;
+  std::unique_ptr<slurm::SlurmBridge> slurm_;
   // Last: its threads read through the members above, so it goes first.
   std::unique_ptr<DiaryFollowHub> follow_;
 };

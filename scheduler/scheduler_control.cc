@@ -461,7 +461,7 @@ absl::Status Scheduler::RequeueEnded(int64_t id, v1::ControlResult* result) {
     return absl::OkStatus();
   }
   if (absl::Status fits =
-          SlurmProfileOf(rec->spec.profile()) != nullptr
+          slurm_->ProfileOf(rec->spec.profile()) != nullptr
               ? absl::OkStatus()
               : core_->CheckSatisfiable(ToQueued(*rec), Labels());
       !fits.ok()) {

@@ -22,7 +22,7 @@
 // point takes mu_ through its own reference and passes that on.
 //
 // Locks taken while mu_ is held are leaves of their own (the event hub's,
-// the diary followers', the disk guard's, the Slurm thread's slurm_mu_);
+// the diary followers', the disk guard's, the SlurmBridge's own mu_);
 // Admin's purge_mu_ is taken before it, never under it.
 #ifndef DLBATCH_SCHEDULER_SCHEDULER_STATE_H_
 #define DLBATCH_SCHEDULER_SCHEDULER_STATE_H_

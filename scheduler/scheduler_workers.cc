@@ -59,11 +59,8 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
     core_->AddProfile(name, max_pool);
   ASSIGN_OR_RETURN(std::vector<slurm::SlurmJobRecord> slurm_jobs,
                    store_->SlurmJobs());
-  slurm_jobs_.clear();
-  for (slurm::SlurmJobRecord& r : slurm_jobs) {
-    const int64_t id = r.job_id;
-    slurm_jobs_[id] = std::move(r);
-  }
+  SlurmLockHeld();
+  slurm_->LoadRecords(std::move(slurm_jobs));
 
   const int64_t mono = clock_->MonotonicMs();
   const int64_t grace = options_.restart_grace_ms > 0
@@ -151,10 +148,8 @@ void Scheduler::Recover(const absl::Status& why) {
   session_worker_.clear();
   workers_.clear();
   jobs_.clear();
-  slurm_gangs_.clear();  // their workers reconnect and join again
-  slurm_workers_.clear();
-  slurm_departed_.clear();
-  slurm_settling_.clear();  // Load finds them again from the part ends
+  SlurmLockHeld();
+  slurm_->Reset();  // Load and the workers' reconnections find them again
   core_ = NewCore();
   broken_ = Load(/*open_rendezvous=*/false);
   if (!broken_.ok()) {
@@ -403,8 +398,8 @@ absl::Status Scheduler::HandleRegister(
   // else (slurm_registration.h).
   std::optional<slurm::SlurmJobRecord> slurm_job;
   if (reg.has_slurm()) {
-    auto it = slurm_jobs_.find(reg.slurm().job_id());
-    if (it != slurm_jobs_.end()) slurm_job = it->second;
+    SlurmLockHeld();
+    slurm_job = slurm_->RecordOf(reg.slurm().job_id());
   }
   absl::Status allowed =
       CheckSlurmRegistration(session->owner(), reg, slurm_job);
@@ -632,18 +627,13 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
     job.part_ends_stored = true;
     return store_->PutPartEnd(part_end);
   }
-  if (SettlesWithSlurm(job)) {
+  SlurmLockHeld();
+  if (slurm_->SettlesWithSlurm(rec.id, rec.spec.profile())) {
     job.part_ends_stored = true;
     RETURN_IF_ERROR(store_->PutPartEnd(part_end));
     // Acknowledged (its workers may leave) but not ended: the reconciler
     // asks squeue at once whether Slurm killed it, and why.
-    if (slurm_settling_.try_emplace(rec.id, clock_->NowMs()).second) {
-      spdlog::info(
-          "job {}: ended by a signal ({}); asking Slurm whether it "
-          "was Slurm's",
-          rec.id, job.failure);
-    }
-    PokeSlurm();
+    slurm_->BeginSettling(rec.id, job.failure);
     return absl::OkStatus();
   }
   return EndAsReported(job, out);
@@ -651,7 +641,8 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
 
 absl::Status Scheduler::EndAsReported(ActiveJob& job, Outbox* out) {
   JobRecord& rec = job.record;
-  slurm_settling_.erase(rec.id);
+  SlurmLockHeld();
+  slurm_->EndSettling(rec.id);
   if (job.requeue_requested && !job.cancel_requested) {
     core_->Finished(rec.id, clock_->NowMs());
     RETURN_IF_ERROR(SaveUsage(rec.user));
@@ -682,39 +673,12 @@ absl::Status Scheduler::HandleGone(
   session_worker_.erase(it);
   if (worker.session == session) {
     worker.session = nullptr;
-    for (auto& [job_id, gang] : slurm_gangs_) gang.Leave(worker.record.id);
-    // A Slurm job's worker leaves as its job ends, or as Slurm ends it:
-    // squeue says which now, not at the next poll.
-    if (slurm_workers_.erase(worker.record.id) > 0) {
-      PokeSlurm();
-      // Done with its one job, it never comes back: forgotten now rather
-      // than listed offline until --forget-offline-after. (While its job
-      // has not ended, other nodes' parts may still run: it stays, as the
-      // core holds the job on it until the end.)
-      const int64_t id = worker.record.id;
-      const bool holds_part =
-          std::any_of(jobs_.begin(), jobs_.end(), [&](const auto& entry) {
-            for (const Part& part : entry.second.record.parts) {
-              if (part.worker == id) return true;
-            }
-            return false;
-          });
-      if (!holds_part) {
-        std::vector<int64_t> failed;
-        return ForgetWorker(id, "gone with its Slurm job", &failed);
-      }
-      // Its own part ended and it left while other nodes' parts run: it is
-      // never lost for that, and is forgotten once its job ends.
-      bool all_ended = true;
-      for (const auto& [job_id, job] : jobs_) {
-        for (size_t p = 0; p < job.record.parts.size(); ++p) {
-          if (job.record.parts[p].worker == id &&
-              (p >= job.part_ended.size() || !job.part_ended[p])) {
-            all_ended = false;
-          }
-        }
-      }
-      if (all_ended) slurm_departed_.insert(id);
+    // A Slurm job's worker done with its one job never comes back: it is
+    // forgotten now (SlurmBridge::WorkerLeft).
+    SlurmLockHeld();
+    if (slurm_->WorkerLeft(worker.record.id)) {
+      std::vector<int64_t> failed;
+      return ForgetWorker(worker.record.id, "gone with its Slurm job", &failed);
     }
     core_->WorkerOffline(worker.record.id);
     spdlog::warn(
@@ -735,9 +699,10 @@ void Scheduler::CheckLiveness() {
     }
     int64_t now = clock_->MonotonicMs();
     std::vector<int64_t> expired;
+    SlurmLockHeld();
     for (auto& [id, w] : workers_) {
       if (!w.lost && now - w.last_seen_mono > options_.heartbeat_timeout_ms &&
-          now >= w.grace_until_mono && slurm_departed_.count(id) == 0) {
+          now >= w.grace_until_mono && !slurm_->Departed(id)) {
         expired.push_back(id);
       }
     }
