@@ -18,9 +18,10 @@
 # --product-only checks the programs' sources alone (common, proto, client,
 # scheduler, worker, trainer), not the tests' and benchmarks'. SOURCEs (paths
 # from the tree's root, e.g. common/helper_thread.cc) check those alone.
+# DLBATCH_CLANGXX names the clang++ to run (default: clang++ on the PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case ${1:-} in -h|--help) sed -n '2,20p' "$0"; exit 0 ;; esac
+case ${1:-} in -h|--help) sed -n '2,21p' "$0"; exit 0 ;; esac
 
 build_dir=build
 jobs=$(nproc)
