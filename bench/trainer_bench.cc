@@ -619,7 +619,8 @@ Summary Summarize(const Case& c, const std::vector<RunResult>& runs) {
   return s;
 }
 
-std::string Num(std::optional<double> v, const char* format) {
+std::string Num(std::optional<double> v,
+                const absl::FormatSpec<double>& format) {
   return v ? absl::StrFormat(format, *v) : "-";
 }
 

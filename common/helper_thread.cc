@@ -7,11 +7,11 @@ namespace dlbatch {
 HelperThread::~HelperThread() {
   if (!thread_.joinable()) return;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return !task_; });
+    absl::MutexLock lock(&mu_);
+    AwaitIdle();
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
@@ -19,29 +19,34 @@ void HelperThread::Run(std::function<void()> task) {
   std::call_once(started_,
                  [this] { thread_ = std::thread([this] { Loop(); }); });
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return !task_; });
+    absl::MutexLock lock(&mu_);
+    AwaitIdle();
     task_ = std::move(task);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void HelperThread::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !task_; });
+  absl::MutexLock lock(&mu_);
+  AwaitIdle();
+}
+
+void HelperThread::AwaitIdle() {
+  mu_.AssertHeld();
+  while (task_) cv_.Wait(&mu_);
 }
 
 void HelperThread::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || task_; });
+    while (!stop_ && !task_) cv_.Wait(&mu_);
     if (!task_) return;  // stopping, nothing left to run
     std::function<void()> task = task_;
-    lock.unlock();
+    mu_.Unlock();
     task();
-    lock.lock();
+    mu_.Lock();
     task_ = nullptr;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 

@@ -5,10 +5,12 @@
 #ifndef DLBATCH_COMMON_HELPER_THREAD_H_
 #define DLBATCH_COMMON_HELPER_THREAD_H_
 
-#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dlbatch {
 
@@ -17,22 +19,25 @@ namespace dlbatch {
 class HelperThread {
  public:
   HelperThread() = default;
-  ~HelperThread();  // waits for the task in flight, then ends the thread
+  ~HelperThread() ABSL_LOCKS_EXCLUDED(
+      mu_);  // waits for the task in flight, then ends the thread
   HelperThread(const HelperThread&) = delete;
   HelperThread& operator=(const HelperThread&) = delete;
 
   // Waits for the previous task, then runs `task` on the helper thread.
-  void Run(std::function<void()> task);
+  void Run(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
   // Returns once no task is in flight.
-  void Wait();
+  void Wait() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Loop();
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns once no task is in flight; mu_ stays held.
+  void AwaitIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::function<void()> task_;  // guarded by mu_; set while one is in flight
-  bool stop_ = false;           // guarded by mu_
+  absl::Mutex mu_;
+  absl::CondVar cv_;                                 // task_ or stop_ changed
+  std::function<void()> task_ ABSL_GUARDED_BY(mu_);  // set while in flight
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::once_flag started_;
   std::thread thread_;  // set once, under started_
 };

@@ -6,13 +6,14 @@
 #   deploy/bootstrap.sh [--build-dir DIR] [--no-build] [--jobs N] [--test-tools]
 #                       [--programs]
 #
-# By default it installs what the tests and benchmarks need too and builds
-# every target. --programs (the quick start's) installs only what the four
-# programs need and builds only them (dlbatch, dlbatch-scheduler,
-# dlbatch-worker, dlbatch-train and what they link); a build folder it makes
-# then has no tests or benchmarks until a plain run turns them on.
-# --test-tools also installs what only the test command uses (clang-format,
-# for the tree's format check; Slurm and munge, for tests/slurm).
+# By default it installs what the tests and benchmarks need too (clang, for
+# the check of the lock annotations, among them) and builds every target.
+# --programs (the quick start's) installs only what the four programs need
+# and builds only them (dlbatch, dlbatch-scheduler, dlbatch-worker,
+# dlbatch-train and what they link); a build folder it makes then has no
+# tests or benchmarks until a plain run turns them on. --test-tools also
+# installs what only the test command uses (clang-format, for the tree's
+# format check; Slurm and munge, for tests/slurm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +46,9 @@ packages+=(prometheus-cpp-dev)  # metrics (--metrics-listen): prometheus-cpp cor
 # The tests and benchmarks: GoogleTest; the ONNX checks of exported models;
 # tmux drives the monitor.
 ((programs_only)) || packages+=(libgtest-dev libgmock-dev python3-onnx python3-numpy tmux)
+# clang checks the lock annotations (deploy/thread-safety.sh); libomp-dev
+# gives it omp.h for the trainer's OpenMP sources.
+((programs_only)) || packages+=(clang libomp-dev)
 ((test_tools)) && packages+=(clang-format)
 # A real Slurm (and munge) for the Slurm profile tests, tests/slurm/.
 ((test_tools)) && packages+=(slurmctld slurmd slurm-client munge)

@@ -30,6 +30,7 @@ void StepAside(absl::Time chunk_start) {
 
 absl::Status Admin::PurgeChunk(const std::vector<int64_t>& ids,
                                v1::PurgeJobsReply* reply) {
+  purge_mu_.AssertHeld();
   absl::MutexLock lock(&state_.mu_);
   if (!state_.broken_.ok()) return state_.CheckWritable();
   // Never a job the scheduler still runs (its row may not say so yet).

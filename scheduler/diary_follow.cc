@@ -178,6 +178,7 @@ void DiaryFollowHub::Detach(const Handle& call) {
 // ---- under mu_ ----
 
 bool DiaryFollowHub::HasMore(const Call& call) const {
+  mu_.AssertHeld();
   auto it = feeds_.find(call.job);
   if (it == feeds_.end()) return true;
   const Feed& feed = *it->second;
@@ -185,6 +186,7 @@ bool DiaryFollowHub::HasMore(const Call& call) const {
 }
 
 void DiaryFollowHub::SchedulePump(const Handle& call) {
+  mu_.AssertHeld();
   if (call->finished || !call->started) return;
   if (call->running) {
     call->again = true;
@@ -197,6 +199,7 @@ void DiaryFollowHub::SchedulePump(const Handle& call) {
 }
 
 void DiaryFollowHub::ScheduleRefresh(int64_t job, Feed& feed) {
+  mu_.AssertHeld();
   if (feed.refreshing) {
     feed.refresh_again = true;
     return;
@@ -208,6 +211,7 @@ void DiaryFollowHub::ScheduleRefresh(int64_t job, Feed& feed) {
 }
 
 void DiaryFollowHub::Join(const Handle& call, int64_t job) {
+  mu_.AssertHeld();
   if (std::find(call->joined.begin(), call->joined.end(), job) !=
       call->joined.end()) {
     return;
@@ -219,6 +223,7 @@ void DiaryFollowHub::Join(const Handle& call, int64_t job) {
 }
 
 void DiaryFollowHub::LeaveFeeds(const Handle& call) {
+  mu_.AssertHeld();
   for (int64_t job : call->joined) {
     auto it = feeds_.find(job);
     if (it == feeds_.end()) continue;
@@ -233,6 +238,7 @@ void DiaryFollowHub::LeaveFeeds(const Handle& call) {
 
 void DiaryFollowHub::StartWrite(const Handle& call, v1::DiaryChunk chunk,
                                 Actions* actions) {
+  mu_.AssertHeld();
   call->writing = true;
   DiaryWriter* writer = call->writer;
   // Safe after mu_ is released: the writer is not finished while writing.
@@ -243,6 +249,7 @@ void DiaryFollowHub::StartWrite(const Handle& call, v1::DiaryChunk chunk,
 
 void DiaryFollowHub::FinishDiary(const Handle& call, absl::Status status,
                                  Actions* actions) {
+  mu_.AssertHeld();
   if (call->finished) return;
   if (call->writing) {
     if (!call->finish_requested) {
@@ -263,6 +270,7 @@ void DiaryFollowHub::FinishDiary(const Handle& call, absl::Status status,
 void DiaryFollowHub::FinishWait(const Handle& call,
                                 absl::StatusOr<v1::WaitJobsReply> reply,
                                 Actions* actions) {
+  mu_.AssertHeld();
   if (call->finished) return;
   call->finished = true;
   LeaveFeeds(call);
@@ -570,7 +578,9 @@ class BlockingDiary final : public DiaryWriter {
   enum class Next { kChunk, kDone, kIdle };
   Next Take(v1::DiaryChunk* chunk) {
     absl::MutexLock lock(&mu_);
-    auto ready = [this] { return !chunks_.empty() || done_; };
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return !chunks_.empty() || done_;
+    };
     mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
     if (!chunks_.empty()) {
       *chunk = std::move(chunks_.front());
@@ -599,7 +609,9 @@ class BlockingWait final : public WaitReplier {
   }
   std::optional<absl::StatusOr<v1::WaitJobsReply>> Take() {
     absl::MutexLock lock(&mu_);
-    auto ready = [this] { return reply_.has_value(); };
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return reply_.has_value();
+    };
     mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
     return reply_;
   }

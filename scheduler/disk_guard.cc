@@ -111,6 +111,7 @@ bool DiskGuard::Check() {
 }
 
 bool DiskGuard::MakeReserveLocked() {
+  mu_.AssertHeld();
   if (reserve_path_.empty() || reserve_held_) return true;
   int fd = ::open(reserve_path_.c_str(),
                   O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -138,6 +139,7 @@ bool DiskGuard::MakeReserveLocked() {
 }
 
 void DiskGuard::DropReserveLocked() {
+  mu_.AssertHeld();
   if (reserve_path_.empty()) return;
   ::unlink(reserve_path_.c_str());
   reserve_held_ = false;

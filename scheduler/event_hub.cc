@@ -7,6 +7,7 @@ namespace dlbatch::scheduler {
 // ---- WatchQueue ----
 
 bool WatchQueue::PutLocked(Key key, Entry entry, bool replace) {
+  mu_.AssertHeld();
   if (finished_ || closing_) return false;
   auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
   if (!inserted) {

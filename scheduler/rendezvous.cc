@@ -33,6 +33,7 @@ size_t RendezvousStore::open_jobs() const {
 
 absl::Status RendezvousStore::Check(int64_t job_id, int attempt,
                                     const std::string& secret) const {
+  mu_.AssertHeld();
   // Compared in full whatever the prefix, so timing says nothing.
   if (!ConstantTimeEqual(SecretFor(job_id, attempt), secret)) {
     return absl::PermissionDeniedError(absl::StrCat(

@@ -123,6 +123,7 @@ QueuedJob Scheduler::ToQueued(const JobRecord& job) const {
 }
 
 void Scheduler::Changed(int64_t job_id) {
+  mu_.AssertHeld();
   follow_->Notify(job_id);  // its reads take mu_: after this commit
   PublishJob(job_id);
 }
@@ -308,6 +309,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
 }
 
 absl::Status Scheduler::CheckDevicesFit(const v1::JobSpec& spec) const {
+  mu_.AssertHeld();
   if (!spec.has_train()) return absl::OkStatus();
   const std::string& env = spec.train().options().execution_environment();
   if (env != "gpu" && env != "multi-gpu") return absl::OkStatus();
@@ -332,6 +334,7 @@ absl::Status Scheduler::CheckDevicesFit(const v1::JobSpec& spec) const {
 absl::Status Scheduler::BeginAttempt(ActiveJob& job,
                                      const std::vector<Part>& parts,
                                      int64_t now, Outbox* starts) {
+  mu_.AssertHeld();
   JobRecord& rec = job.record;
   rec.state = v1::JOB_STATE_RUNNING;
   rec.attempt += 1;
@@ -385,6 +388,7 @@ absl::Status Scheduler::BeginAttempt(ActiveJob& job,
 }
 
 absl::Status Scheduler::PlaceJobs(Outbox* out) {
+  mu_.AssertHeld();
   if (!broken_.ok()) return broken_;
   RETURN_IF_ERROR(ResolveAfter());  // jobs waiting for others (--after)
   auto t0 = std::chrono::steady_clock::now();
@@ -401,7 +405,7 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
   }
   if (decisions.empty()) return absl::OkStatus();
   Outbox starts;
-  absl::Status s = InTransaction([&]() -> absl::Status {
+  absl::Status s = InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int64_t now = clock_->NowMs();
     for (const Decision& d : decisions) {
       RETURN_IF_ERROR(BeginAttempt(jobs_.at(d.job), d.parts, now, &starts));
@@ -427,6 +431,7 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
 }
 
 std::string Scheduler::WaitReason(const ActiveJob& job) const {
+  mu_.AssertHeld();
   if (std::string control = ControlWaitReason(job); !control.empty()) {
     return control;
   }
@@ -575,7 +580,7 @@ absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) RETURN_IF_ERROR(CheckWritable());
     // A cancel writes little and frees space later: taken on a full disk.
-    RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       for (int64_t id : request.job_ids()) {
         auto* result = reply.add_results();
         result->set_job_id(id);

@@ -16,6 +16,7 @@
 namespace dlbatch::scheduler {
 
 absl::Status Scheduler::LoadControl() {
+  mu_.AssertHeld();
   ASSIGN_OR_RETURN(std::vector<WorkerDrain> drains, store_->Drains());
   for (const WorkerDrain& d : drains) {
     if (WorkerState* w = FindWorkerNamed(d.name)) {
@@ -46,6 +47,7 @@ absl::Status Scheduler::LoadControl() {
 }
 
 Scheduler::WorkerState* Scheduler::FindWorkerNamed(const std::string& name) {
+  mu_.AssertHeld();
   for (auto& [id, w] : workers_) {
     if (w.record.name == name) return &w;
   }
@@ -162,6 +164,7 @@ absl::StatusOr<v1::RemoveWorkerReply> Scheduler::RemoveWorker(
 
 absl::Status Scheduler::ForgetWorker(int64_t worker_id, const std::string& why,
                                      std::vector<int64_t>* failed) {
+  mu_.AssertHeld();
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return absl::OkStatus();
   WorkerState& w = it->second;
@@ -215,6 +218,7 @@ absl::Status Scheduler::ForgetWorker(int64_t worker_id, const std::string& why,
 }
 
 void Scheduler::ForgetOffline(Outbox* out) {
+  mu_.AssertHeld();
   if (options_.forget_offline_ms <= 0) return;
   const int64_t now = clock_->MonotonicMs();
   std::vector<int64_t> old;
@@ -241,6 +245,7 @@ void Scheduler::ForgetOffline(Outbox* out) {
 }
 
 absl::Status Scheduler::SaveControl(const ActiveJob& job) {
+  mu_.AssertHeld();
   JobControlRecord c;
   c.job_id = job.record.id;
   c.held = job.held;
@@ -250,6 +255,7 @@ absl::Status Scheduler::SaveControl(const ActiveJob& job) {
 }
 
 std::string Scheduler::ControlWaitReason(const ActiveJob& job) const {
+  mu_.AssertHeld();
   if (job.held) {
     return absl::StrCat("held; `dlbatch release ", job.record.id,
                         "` lets it start");
@@ -269,6 +275,7 @@ std::string Scheduler::ControlWaitReason(const ActiveJob& job) const {
 }
 
 std::string Scheduler::WorkersWaitReason(const WaitInfo& info) const {
+  mu_.AssertHeld();
   if (info.fits_online || (info.draining.empty() && info.offline.empty())) {
     return "";
   }
@@ -287,6 +294,7 @@ std::string Scheduler::WorkersWaitReason(const WaitInfo& info) const {
 }
 
 WorkerLabeler Scheduler::Labels() const {
+  mu_.AssertHeld();
   return [this](WorkerId id) {
     mu_.AssertHeld();
     auto it = workers_.find(id);
@@ -299,6 +307,7 @@ WorkerLabeler Scheduler::Labels() const {
 }
 
 absl::Status Scheduler::ResolveAfter() {
+  mu_.AssertHeld();
   if (!after_dirty_) return absl::OkStatus();
   after_dirty_ = false;
   return InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -443,6 +452,7 @@ absl::StatusOr<v1::ControlJobsReply> Scheduler::ControlJobs(
 }
 
 absl::Status Scheduler::RequeueEnded(int64_t id, v1::ControlResult* result) {
+  mu_.AssertHeld();
   ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
   if (!rec) {
     result->set_error(absl::StrCat("no job ", id));
@@ -492,6 +502,7 @@ absl::Status Scheduler::RequeueEnded(int64_t id, v1::ControlResult* result) {
 }
 
 absl::Status Scheduler::RequeueAsked(ActiveJob& job, Outbox* out) {
+  mu_.AssertHeld();
   JobRecord& rec = job.record;
   rendezvous_.Drop(rec.id);
   job.requeue_requested = false;

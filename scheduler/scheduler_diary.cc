@@ -23,6 +23,7 @@ std::string MarkerText(const DiaryCut& cut, int64_t cap) {
 }  // namespace
 
 absl::Status Scheduler::LoadDiaryBudget(ActiveJob& job) {
+  mu_.AssertHeld();
   if (job.diary.loaded) return absl::OkStatus();
   const int64_t id = job.record.id;
   DiaryBudget budget;
@@ -42,6 +43,7 @@ absl::Status Scheduler::LoadDiaryBudget(ActiveJob& job) {
 
 absl::Status Scheduler::StoreCappedDiary(ActiveJob& job,
                                          const v1::DiaryBatch& d) {
+  mu_.AssertHeld();
   const int64_t id = job.record.id;
   const int64_t cap = options_.max_diary_bytes;
   if (cap <= 0) {

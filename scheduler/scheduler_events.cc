@@ -28,6 +28,7 @@ std::vector<int64_t> WorkersOf(const JobRecord& rec) {
 }  // namespace
 
 v1::Job Scheduler::JobView(const ActiveJob& job) const {
+  mu_.AssertHeld();
   const JobRecord& rec = job.record;
   v1::Job view = RecordToProto(rec);
   // A stream carries every change of every job: the summary is enough to
@@ -54,6 +55,7 @@ v1::Job Scheduler::JobView(const ActiveJob& job) const {
 }
 
 v1::WorkerInfo Scheduler::WorkerView(const WorkerState& w) const {
+  mu_.AssertHeld();
   v1::WorkerInfo info;
   const int64_t id = w.record.id;
   info.set_id(id);
@@ -73,6 +75,7 @@ v1::WorkerInfo Scheduler::WorkerView(const WorkerState& w) const {
 }
 
 void Scheduler::PublishJob(int64_t job_id) {
+  mu_.AssertHeld();
   if (!events_.has_watchers()) return;
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
@@ -85,6 +88,7 @@ void Scheduler::PublishJob(int64_t job_id) {
 }
 
 void Scheduler::PublishWorker(int64_t worker_id) {
+  mu_.AssertHeld();
   if (!events_.has_watchers()) return;
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return;

@@ -31,9 +31,11 @@ class Scheduler::SlurmSide final : public slurm::SlurmHost {
   slurm::WorkerParts PartsOn(int64_t worker) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_);
   void JobChanged(int64_t id) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
+    s_.mu_.AssertHeld();
     s_.Changed(id);
   }
   void Enqueue(int64_t id) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
+    s_.mu_.AssertHeld();
     auto it = s_.jobs_.find(id);
     if (it != s_.jobs_.end()) s_.EnqueueJob(it->second.record);
   }
@@ -44,6 +46,7 @@ class Scheduler::SlurmSide final : public slurm::SlurmHost {
       ABSL_LOCKS_EXCLUDED(s_.mu_);
   absl::Status InTransaction(const std::function<absl::Status()>& body) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
+    s_.mu_.AssertHeld();
     return s_.InTransaction(body);
   }
   absl::Status CommitRecord(const slurm::SlurmJobRecord& record) override
@@ -52,6 +55,7 @@ class Scheduler::SlurmSide final : public slurm::SlurmHost {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_);
   absl::Status PutResubmits(int64_t job, int count) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
+    s_.mu_.AssertHeld();
     return s_.store_->PutSlurmResubmits(job, count);
   }
   absl::Status Note(int64_t job, const std::string& text) override
@@ -73,6 +77,7 @@ class Scheduler::SlurmSide final : public slurm::SlurmHost {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_);
   absl::Status ForgetWorker(int64_t worker, const std::string& why) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
+    s_.mu_.AssertHeld();
     std::vector<int64_t> failed;
     return s_.ForgetWorker(worker, why, &failed);
   }
@@ -87,6 +92,7 @@ std::unique_ptr<slurm::SlurmHost> Scheduler::NewSlurmSide(
 }
 
 std::optional<slurm::HostJob> Scheduler::SlurmSide::FindJob(int64_t id) const {
+  s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(id);
   if (it == s_.jobs_.end()) return std::nullopt;
   const ActiveJob& job = it->second;
@@ -110,6 +116,7 @@ std::optional<slurm::HostJob> Scheduler::SlurmSide::FindJob(int64_t id) const {
 }
 
 slurm::WorkerParts Scheduler::SlurmSide::PartsOn(int64_t worker) const {
+  s_.mu_.AssertHeld();
   slurm::WorkerParts parts;
   for (const auto& [job_id, job] : s_.jobs_) {
     for (size_t p = 0; p < job.record.parts.size(); ++p) {
@@ -125,6 +132,7 @@ slurm::WorkerParts Scheduler::SlurmSide::PartsOn(int64_t worker) const {
 
 void Scheduler::SlurmSide::Refuse(int64_t worker, const std::string& why,
                                   slurm::WorkerMail& mail) {
+  s_.mu_.AssertHeld();
   auto w = s_.workers_.find(worker);
   if (w == s_.workers_.end()) return;
   v1::SchedulerMessage refuse;
@@ -145,6 +153,7 @@ void Scheduler::SlurmSide::WithLock(
 
 absl::Status Scheduler::SlurmSide::CommitRecord(
     const slurm::SlurmJobRecord& record) {
+  s_.mu_.AssertHeld();
   RETURN_IF_ERROR(s_.CheckWritable());
   return s_.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
     return s_.store_->PutSlurmJob(record);
@@ -152,12 +161,14 @@ absl::Status Scheduler::SlurmSide::CommitRecord(
 }
 
 absl::Status Scheduler::SlurmSide::CommitForget(int64_t job) {
+  s_.mu_.AssertHeld();
   return s_.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
     return s_.store_->DeleteSlurmJob(job);
   });
 }
 
 absl::Status Scheduler::SlurmSide::Note(int64_t job, const std::string& text) {
+  s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(job);
   if (it == s_.jobs_.end()) return absl::OkStatus();
   return s_.Diary(job, it->second.record.attempt, text);
@@ -166,6 +177,7 @@ absl::Status Scheduler::SlurmSide::Note(int64_t job, const std::string& text) {
 absl::Status Scheduler::SlurmSide::EndQueued(int64_t job, v1::JobState state,
                                              const std::string& note,
                                              const std::string& reason) {
+  s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(job);
   if (it == s_.jobs_.end()) return absl::OkStatus();
   RETURN_IF_ERROR(s_.Diary(job, it->second.record.attempt, note));
@@ -177,6 +189,7 @@ absl::Status Scheduler::SlurmSide::EndQueued(int64_t job, v1::JobState state,
 absl::Status Scheduler::SlurmSide::StartOnGang(int64_t id,
                                                const std::vector<Part>& parts,
                                                slurm::WorkerMail& mail) {
+  s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(id);
   if (it == s_.jobs_.end()) return absl::OkStatus();
   ActiveJob& job = it->second;
@@ -197,6 +210,7 @@ absl::Status Scheduler::SlurmSide::StartOnGang(int64_t id,
 absl::Status Scheduler::SlurmSide::RequeueLost(int64_t job,
                                                const std::string& why,
                                                slurm::WorkerMail& mail) {
+  s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(job);
   if (it == s_.jobs_.end()) return absl::OkStatus();
   return s_.RequeueLost(it->second, why, mail.out);
@@ -205,6 +219,7 @@ absl::Status Scheduler::SlurmSide::RequeueLost(int64_t job,
 absl::Status Scheduler::SlurmSide::FailRunning(int64_t id,
                                                const std::string& why,
                                                slurm::WorkerMail& mail) {
+  s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(id);
   if (it == s_.jobs_.end()) return absl::OkStatus();
   ActiveJob& job = it->second;
@@ -220,6 +235,7 @@ absl::Status Scheduler::SlurmSide::FailRunning(int64_t id,
 
 absl::Status Scheduler::SlurmSide::EndAsReported(int64_t job,
                                                  slurm::WorkerMail& mail) {
+  s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(job);
   if (it == s_.jobs_.end()) return absl::OkStatus();
   return s_.EndAsReported(it->second, mail.out);
@@ -251,6 +267,7 @@ absl::Status Scheduler::StartSlurm(
 }
 
 void Scheduler::EnqueueJob(const JobRecord& job) {
+  mu_.AssertHeld();
   if (slurm_->ProfileOf(job.spec.profile()) == nullptr) {
     core_->Enqueue(ToQueued(job));
     return;
@@ -261,6 +278,7 @@ void Scheduler::EnqueueJob(const JobRecord& job) {
 
 absl::Status Scheduler::JoinSlurmGang(const WorkerState& worker,
                                       const v1::Register& reg, Outbox* out) {
+  mu_.AssertHeld();
   SlurmLockHeld();
   slurm::WorkerMail mail{out};
   return slurm_->Join(worker.record.id, worker.record.name,
@@ -268,6 +286,7 @@ absl::Status Scheduler::JoinSlurmGang(const WorkerState& worker,
 }
 
 absl::Status Scheduler::LoadPartEnds() {
+  mu_.AssertHeld();
   ASSIGN_OR_RETURN(std::vector<PartEnd> ends, store_->PartEnds());
   for (const PartEnd& e : ends) {
     auto it = jobs_.find(e.job_id);

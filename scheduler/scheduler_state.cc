@@ -24,6 +24,7 @@ SchedulerState::SchedulerState(Store* store, StoreReader* reader,
 
 absl::Status SchedulerState::InTransaction(
     const std::function<absl::Status()>& body) {
+  mu_.AssertHeld();
   absl::Status s;
   {
     Transaction txn(store_->db());
@@ -46,6 +47,7 @@ absl::Status SchedulerState::TimedCommit(Transaction& txn) {
 }
 
 absl::Status SchedulerState::CheckWritable() const {
+  mu_.AssertHeld();
   if (!broken_.ok()) {
     return absl::UnavailableError(
         absl::StrCat("the scheduler cannot write its store (",
@@ -56,12 +58,14 @@ absl::Status SchedulerState::CheckWritable() const {
 }
 
 absl::Status SchedulerState::SaveUsage(const std::string& user) {
+  mu_.AssertHeld();
   const int64_t now = clock_->NowMs();
   return store_->PutUsage(
       {user, std::llround(core_->EndedUsage(user, now)), now});
 }
 
 std::unique_ptr<PlacementCore> SchedulerState::NewCore() const {
+  mu_.AssertHeld();
   auto core = std::make_unique<PlacementCore>();
   core->SetFairShareHalfLife(options_.fair_share_half_life_ms);
   for (const auto& [key, limit] : limits_) {

@@ -51,6 +51,7 @@ absl::Status Scheduler::Start() {
 }
 
 absl::Status Scheduler::Load(bool open_rendezvous) {
+  mu_.AssertHeld();
   core_->AddProfile("local", 0);
   for (const auto& [name, max_pool] : options_.profiles)
     core_->AddProfile(name, max_pool);
@@ -134,6 +135,7 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
 }
 
 void Scheduler::Recover(const absl::Status& why) {
+  mu_.AssertHeld();
   if (why.code() == absl::StatusCode::kResourceExhausted) disk_->NoteFull(why);
   spdlog::error(
       "a write failed ({}); reloading from the last commit, as a restart "
@@ -244,6 +246,7 @@ void Scheduler::ProcessBatch(std::deque<Event>& batch) {
 }
 
 absl::Status Scheduler::HandleEvent(Event& e, Outbox* out, Outbox* acks) {
+  mu_.AssertHeld();
   if (!e.message) return HandleGone(e.session);
   const v1::WorkerMessage& m = *e.message;
   if (m.has_register_()) return HandleRegister(e.session, m.register_(), out);
@@ -336,6 +339,7 @@ absl::Status Scheduler::HandleEvent(Event& e, Outbox* out, Outbox* acks) {
 }
 
 absl::Status Scheduler::HandleDiary(const v1::DiaryBatch& d) {
+  mu_.AssertHeld();
   if (d.lines().empty()) return absl::OkStatus();
   auto it = jobs_.find(d.job_id());
   if (it == jobs_.end()) {
@@ -375,6 +379,7 @@ absl::Status Scheduler::HandleDiary(const v1::DiaryBatch& d) {
 absl::Status Scheduler::HandleRegister(
     const std::shared_ptr<WorkerSession>& session, const v1::Register& reg,
     Outbox* out) {
+  mu_.AssertHeld();
   if (reg.name().empty() || reg.profile().empty()) {
     v1::SchedulerMessage refuse;
     refuse.set_refused("a worker must give a name and a profile");
@@ -542,6 +547,7 @@ absl::Status Scheduler::HandleRegister(
 
 absl::Status Scheduler::HandleEnded(int64_t worker_id,
                                     const v1::JobEnded& ended, Outbox* out) {
+  mu_.AssertHeld();
   // Unknown once ended (a resend of an acknowledged report), or stale.
   ActiveJob* reported =
       ReportedJob(worker_id, ended.job_id(), ended.attempt(), ended.part());
@@ -640,6 +646,7 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
 }
 
 absl::Status Scheduler::EndAsReported(ActiveJob& job, Outbox* out) {
+  mu_.AssertHeld();
   JobRecord& rec = job.record;
   SlurmLockHeld();
   slurm_->EndSettling(rec.id);
@@ -667,6 +674,7 @@ absl::Status Scheduler::EndAsReported(ActiveJob& job, Outbox* out) {
 
 absl::Status Scheduler::HandleGone(
     const std::shared_ptr<WorkerSession>& session) {
+  mu_.AssertHeld();
   auto it = session_worker_.find(session.get());
   if (it == session_worker_.end()) return absl::OkStatus();
   WorkerState& worker = workers_.at(it->second);
@@ -707,7 +715,7 @@ void Scheduler::CheckLiveness() {
       }
     }
     if (!expired.empty()) {
-      absl::Status s = InTransaction([&]() -> absl::Status {
+      absl::Status s = InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         for (int64_t id : expired) {
           WorkerState& w = workers_.at(id);
           RETURN_IF_ERROR(LoseWorker(
@@ -730,6 +738,7 @@ void Scheduler::CheckLiveness() {
 
 absl::Status Scheduler::LoseWorker(WorkerState& worker, const std::string& why,
                                    Outbox* out) {
+  mu_.AssertHeld();
   spdlog::warn("{}", why);
   worker.lost = true;
   if (worker.session) {
@@ -748,6 +757,7 @@ absl::Status Scheduler::LoseWorker(WorkerState& worker, const std::string& why,
 
 Scheduler::ActiveJob* Scheduler::ReportedJob(int64_t worker_id, int64_t job_id,
                                              int attempt, int part) {
+  mu_.AssertHeld();
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return nullptr;
   const JobRecord& rec = it->second.record;
@@ -761,6 +771,7 @@ Scheduler::ActiveJob* Scheduler::ReportedJob(int64_t worker_id, int64_t job_id,
 
 absl::Status Scheduler::HandleProgress(int64_t worker_id,
                                        const v1::JobProgress& report) {
+  mu_.AssertHeld();
   ActiveJob* job =
       ReportedJob(worker_id, report.job_id(), report.attempt(), report.part());
   if (job == nullptr || report.part() != 0) return absl::OkStatus();
@@ -775,6 +786,7 @@ absl::Status Scheduler::HandleProgress(int64_t worker_id,
 
 absl::Status Scheduler::HandleCheckpoint(int64_t worker_id,
                                          const v1::CheckpointStored& report) {
+  mu_.AssertHeld();
   ActiveJob* job =
       ReportedJob(worker_id, report.job_id(), report.attempt(), report.part());
   if (job == nullptr || report.part() != 0) return absl::OkStatus();
@@ -803,6 +815,7 @@ absl::Status Scheduler::HandleCheckpoint(int64_t worker_id,
 
 absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
                                     Outbox* out) {
+  mu_.AssertHeld();
   JobRecord& rec = job.record;
   rendezvous_.Drop(rec.id);
   if (job.requeue_requested) {
@@ -847,6 +860,7 @@ absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
 
 absl::Status Scheduler::SetState(ActiveJob& job, v1::JobState state,
                                  const std::string& reason) {
+  mu_.AssertHeld();
   JobRecord& rec = job.record;
   const v1::JobState before = rec.state;
   rec.state = state;
@@ -869,6 +883,7 @@ absl::Status Scheduler::SetState(ActiveJob& job, v1::JobState state,
 
 absl::Status Scheduler::EndJob(ActiveJob& job, v1::JobState state,
                                int exit_code, const std::string& reason) {
+  mu_.AssertHeld();
   JobRecord& rec = job.record;
   after_dirty_ = after_dirty_ || !waiting_after_.empty();
   RETURN_IF_ERROR(NoteLosses(job));
@@ -881,6 +896,7 @@ absl::Status Scheduler::EndJob(ActiveJob& job, v1::JobState state,
 
 void Scheduler::CancelParts(const ActiveJob& job, const std::string& why,
                             int skip_part, Outbox* out) {
+  mu_.AssertHeld();
   const JobRecord& rec = job.record;
   for (size_t p = 0; p < rec.parts.size(); ++p) {
     if (static_cast<int>(p) == skip_part ||
@@ -902,6 +918,7 @@ void Scheduler::CancelParts(const ActiveJob& job, const std::string& why,
 
 absl::Status Scheduler::Diary(int64_t job_id, int attempt,
                               const std::string& text) {
+  mu_.AssertHeld();
   RETURN_IF_ERROR(
       store_->AddDiary(job_id, attempt, 0, -1, clock_->NowMs(), 0, text)
           .status());
@@ -916,6 +933,7 @@ absl::Status Scheduler::Diary(int64_t job_id, int attempt,
 }
 
 absl::Status Scheduler::NoteLosses(ActiveJob& job) {
+  mu_.AssertHeld();
   if (job.disk_dropped_lines == 0) return absl::OkStatus();
   const int64_t lines = job.disk_dropped_lines;
   const int64_t bytes = job.disk_dropped_bytes;
@@ -928,6 +946,7 @@ absl::Status Scheduler::NoteLosses(ActiveJob& job) {
 }
 
 void Scheduler::NoteReport(const v1::WorkerMessage& m) {
+  mu_.AssertHeld();
   if (m.has_diary()) {
     metrics_->JobReported(m.diary().job_id(), m.diary().attempt());
   } else if (m.has_progress()) {

@@ -39,6 +39,7 @@ constexpr size_t kNamedWorkers = 3;
 
 void Users::RegisterWorkerUsers(SchedulerState& s, WorkerState& worker,
                                 const v1::Register& reg, Outbox* out) {
+  s.mu_.AssertHeld();
   worker.runs_as_any = reg.runs_as_any_user();
   worker.run_user = reg.user();
   worker.asked.clear();
@@ -67,6 +68,7 @@ void Users::RegisterWorkerUsers(SchedulerState& s, WorkerState& worker,
 
 void Users::AskWorkers(SchedulerState& s, const std::string& profile,
                        const std::string& user, Outbox* out) {
+  s.mu_.AssertHeld();
   if (user.empty()) return;
   const int64_t now = s.clock_->MonotonicMs();
   for (auto& [id, w] : s.workers_) {
@@ -92,6 +94,7 @@ void Users::AskWorkers(SchedulerState& s, const std::string& profile,
 
 bool Users::AllAnswered(const SchedulerState& s, const std::string& profile,
                         const std::string& user) {
+  s.mu_.AssertHeld();
   for (const auto& [id, fit] : s.core_->UserFits(profile, user)) {
     if (fit != UserFit::kUndecided) continue;
     auto w = s.workers_.find(id);
@@ -140,6 +143,7 @@ std::string Users::UnableWhy(const WorkerState& worker, const std::string& user,
 
 absl::Status Users::CheckUserRuns(const SchedulerState& s,
                                   const JobRecord& job) const {
+  s.mu_.AssertHeld();
   const std::string& profile = job.spec.profile();
   std::vector<std::string> why;
   for (const auto& [id, fit] : s.core_->UserFits(profile, job.user)) {
@@ -159,6 +163,7 @@ absl::Status Users::CheckUserRuns(const SchedulerState& s,
 std::string Users::UsersWaitReason(const SchedulerState& s,
                                    const ActiveJob& job,
                                    const WaitInfo& info) const {
+  s.mu_.AssertHeld();
   if (info.unable_workers == 0) return "";
   const std::string& user = job.record.user;
   const std::string& profile = job.record.spec.profile();

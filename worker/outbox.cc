@@ -86,9 +86,10 @@ bool Outbox::HasDue() const {
 std::vector<v1::WorkerMessage> Outbox::TakeDue() {
   std::vector<v1::WorkerMessage> out;
   for (auto& [ref, e] : entries_) {
+    // Captured by value: clang 14 cannot capture a structured binding.
     auto it = std::find_if(
         e.lines.begin(), e.lines.end(),
-        [&](const v1::DiaryLine& l) { return l.seq() > e.sent_seq; });
+        [sent = e.sent_seq](const v1::DiaryLine& l) { return l.seq() > sent; });
     while (it != e.lines.end()) {
       v1::WorkerMessage m;
       v1::DiaryBatch* batch = m.mutable_diary();

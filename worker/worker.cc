@@ -164,6 +164,7 @@ std::optional<JobPhase> Worker::Phase(const JobRef& ref) const {
 }
 
 void Worker::Apply(JobEffects effects) {
+  mu_.AssertHeld();
   for (const auto& record : effects.records) {
     if (record.has_ended()) {
       const v1::JobEnded& e = record.ended();
@@ -204,6 +205,7 @@ void Worker::Apply(JobEffects effects) {
 }
 
 void Worker::FinishSlurmJob(const std::string& dir) {
+  mu_.AssertHeld();
   if (finisher_.joinable()) return;
   spdlog::info("job {} attempt {} has ended: this Slurm job's worker leaves",
                options_.slurm_job->job_id(), options_.slurm_job->attempt());

@@ -69,6 +69,7 @@ int ConnectionGate::Sweep() {
 }
 
 void ConnectionGate::DropLocked(const std::string& peer, bool shut) {
+  mu_.AssertHeld();
   auto it = pending_.find(peer);
   if (it == pending_.end()) return;
   if (shut) {

@@ -131,8 +131,9 @@ void OpenCalls::Remove(int64_t id) {
     entry = std::move(it->second);
     open_.erase(it);
   }
-  std::lock_guard<std::recursive_mutex> hold(entry->mu);
+  entry->mu.Lock();
   entry->done = true;
+  entry->mu.Unlock();
 }
 
 int OpenCalls::EndAll(const std::string& key) {
@@ -146,11 +147,13 @@ int OpenCalls::EndAll(const std::string& key) {
   // Outside the registry's lock: `end` may call Remove.
   int ended = 0;
   for (const auto& entry : ending) {
-    std::lock_guard<std::recursive_mutex> hold(entry->mu);
-    if (entry->done) continue;
-    entry->done = true;
-    entry->end();
-    ++ended;
+    entry->mu.Lock();
+    if (!entry->done) {
+      entry->done = true;
+      entry->end();
+      ++ended;
+    }
+    entry->mu.Unlock();
   }
   return ended;
 }

@@ -88,13 +88,23 @@ class OpenCalls {
   int EndAll(const std::string& key);
 
  private:
+  // A std::recursive_mutex that the thread-safety analysis knows as a
+  // capability (absl::Mutex is not recursive).
+  class ABSL_LOCKABLE RecursiveMutex {
+   public:
+    void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
+    void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
+
+   private:
+    std::recursive_mutex mu_;
+  };
   struct Entry {
     std::string key;
     std::function<void()> end;
     // Held while `end` runs; recursive because `end` may reach Remove on
     // the same thread.
-    std::recursive_mutex mu;
-    bool done = false;
+    RecursiveMutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
   };
   absl::Mutex mu_;
   int64_t next_ ABSL_GUARDED_BY(mu_) = 1;

@@ -7,10 +7,11 @@
 #include <cstdlib>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/blob_transfer.h"
 #include "common/endpoint.h"
 #include "common/files.h"
@@ -364,25 +365,29 @@ class WorkerStream;
 class StreamSession final : public WorkerSession {
  public:
   explicit StreamSession(WorkerStream* stream) : stream_(stream) {}
-  void Send(const v1::SchedulerMessage& message) override;
-  void Close(const std::string& why) override;
-  void CloseRemoved(const std::string& why) override;
+  void Send(const v1::SchedulerMessage& message) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Close(const std::string& why) override ABSL_LOCKS_EXCLUDED(mu_);
+  void CloseRemoved(const std::string& why) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reactor side.
-  void OnWriteDone();
-  void Detach();
+  void OnWriteDone() ABSL_LOCKS_EXCLUDED(mu_);
+  void Detach() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
+  // Finishes the stream if that is due, after releasing mu_, which it
+  // releases on every path.
+  void MaybeFinishAndUnlock() ABSL_UNLOCK_FUNCTION(mu_);
 
-  std::mutex mu_;
-  WorkerStream* stream_;                    // guarded by mu_; null once done
-  std::deque<v1::SchedulerMessage> queue_;  // guarded by mu_; front in flight
-  bool writing_ = false;                    // guarded by mu_
-  bool finish_requested_ = false;           // guarded by mu_
-  bool write_queue_first_ = false;  // guarded by mu_; finish once written
-  bool finished_ = false;           // guarded by mu_
-  grpc::Status finish_status_;      // guarded by mu_
+  absl::Mutex mu_;
+  WorkerStream* stream_ ABSL_GUARDED_BY(mu_);  // null once done
+  // Its front is in flight while writing_.
+  std::deque<v1::SchedulerMessage> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_queue_first_ ABSL_GUARDED_BY(mu_) = false;  // finish once written
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
 class WorkerStream final
@@ -439,44 +444,47 @@ class WorkerStream final
 };
 
 void StreamSession::Send(const v1::SchedulerMessage& message) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   if (stream_ == nullptr || finish_requested_) return;
   queue_.push_back(message);
   if (writing_) return;
   writing_ = true;
   const v1::SchedulerMessage* front = &queue_.front();
   WorkerStream* stream = stream_;
-  lock.unlock();
+  lock.Release();
   // Safe unlocked: Finish waits while writing_, so the reactor lives on.
   stream->StartWrite(front);
 }
 
 void StreamSession::OnWriteDone() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   queue_.pop_front();
   if (!queue_.empty() && (!finish_requested_ || write_queue_first_)) {
     const v1::SchedulerMessage* front = &queue_.front();
     WorkerStream* stream = stream_;
-    lock.unlock();
+    mu_.Unlock();
     stream->StartWrite(front);
     return;
   }
   queue_.clear();
   writing_ = false;
-  MaybeFinishLocked(lock);
+  MaybeFinishAndUnlock();
 }
 
 void StreamSession::Close(const std::string& why) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (stream_ == nullptr || finish_requested_) return;
+  mu_.Lock();
+  if (stream_ == nullptr || finish_requested_) {
+    mu_.Unlock();
+    return;
+  }
   finish_requested_ = true;
   finish_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, why);
-  MaybeFinishLocked(lock);
+  MaybeFinishAndUnlock();
 }
 
 void StreamSession::CloseRemoved(const std::string& why) {
   if (!leaves_when_removed()) return Close(why);
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   if (stream_ == nullptr || finish_requested_) return;
   // `refused` goes in the stream, after the write in flight (what else is
   // queued no longer matters): a worker's own cancel of the call would
@@ -492,21 +500,25 @@ void StreamSession::CloseRemoved(const std::string& why) {
   writing_ = true;
   const v1::SchedulerMessage* front = &queue_.front();
   WorkerStream* stream = stream_;
-  lock.unlock();
+  lock.Release();
   stream->StartWrite(front);
 }
 
-void StreamSession::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
-  if (!finish_requested_ || writing_ || finished_ || stream_ == nullptr) return;
+void StreamSession::MaybeFinishAndUnlock() {
+  mu_.AssertHeld();
+  if (!finish_requested_ || writing_ || finished_ || stream_ == nullptr) {
+    mu_.Unlock();
+    return;
+  }
   finished_ = true;
   WorkerStream* stream = stream_;
   grpc::Status status = finish_status_;
-  lock.unlock();
+  mu_.Unlock();
   stream->Finish(status);
 }
 
 void StreamSession::Detach() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   stream_ = nullptr;
 }
 

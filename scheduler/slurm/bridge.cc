@@ -192,6 +192,7 @@ absl::Status SlurmBridge::Forget(int64_t job_id) {
 }
 
 void SlurmBridge::LoadRecords(std::vector<SlurmJobRecord> records) {
+  host_->mutex().AssertHeld();
   records_.clear();
   for (SlurmJobRecord& r : records) {
     const int64_t id = r.job_id;
@@ -202,12 +203,14 @@ void SlurmBridge::LoadRecords(std::vector<SlurmJobRecord> records) {
 void SlurmBridge::LoadEnds(std::map<int64_t, int> resubmits,
                            const std::vector<int64_t>& settling,
                            const std::vector<int64_t>& departed) {
+  host_->mutex().AssertHeld();
   for (int64_t id : settling) settling_.try_emplace(id, clock_->NowMs());
   departed_.insert(departed.begin(), departed.end());
   resubmits_ = std::move(resubmits);
 }
 
 void SlurmBridge::Reset() {
+  host_->mutex().AssertHeld();
   gangs_.clear();  // their workers reconnect and join again
   workers_.clear();
   departed_.clear();
@@ -215,6 +218,7 @@ void SlurmBridge::Reset() {
 }
 
 std::vector<CredentialRecord> SlurmBridge::JobCredentials() const {
+  host_->mutex().AssertHeld();
   std::vector<CredentialRecord> out;
   for (const auto& [job_id, record] : records_) {
     if (!record.token_sha256.empty()) {
@@ -225,12 +229,14 @@ std::vector<CredentialRecord> SlurmBridge::JobCredentials() const {
 }
 
 std::optional<SlurmJobRecord> SlurmBridge::RecordOf(int64_t job_id) const {
+  host_->mutex().AssertHeld();
   auto it = records_.find(job_id);
   if (it == records_.end()) return std::nullopt;
   return it->second;
 }
 
 void SlurmBridge::Enqueue(int64_t job_id) {
+  host_->mutex().AssertHeld();
   launches_.insert(job_id);
   Poke();
 }
@@ -238,6 +244,7 @@ void SlurmBridge::Enqueue(int64_t job_id) {
 absl::Status SlurmBridge::Join(int64_t worker, const std::string& name,
                                const std::vector<v1::Device>& devices,
                                const v1::SlurmJob& s, WorkerMail& mail) {
+  host_->mutex().AssertHeld();
   workers_.insert(worker);
   std::optional<HostJob> job = host_->FindJob(s.job_id());
   // Ended, or already running (a worker reconnecting after a restart):
@@ -294,6 +301,7 @@ absl::Status SlurmBridge::Join(int64_t worker, const std::string& name,
 }
 
 absl::Status SlurmBridge::FailGang(const HostJob& job, const std::string& why) {
+  host_->mutex().AssertHeld();
   const int64_t id = job.id;
   gangs_.erase(id);
   waiting_.erase(id);
@@ -310,6 +318,7 @@ absl::Status SlurmBridge::FailGang(const HostJob& job, const std::string& why) {
 }
 
 bool SlurmBridge::WorkerLeft(int64_t worker) {
+  host_->mutex().AssertHeld();
   for (auto& [job_id, gang] : gangs_) gang.Leave(worker);
   // A Slurm job's worker leaves as its job ends, or as Slurm ends it:
   // squeue says which now, not at the next poll.
@@ -328,17 +337,20 @@ bool SlurmBridge::WorkerLeft(int64_t worker) {
 }
 
 bool SlurmBridge::Departed(int64_t worker) const {
+  host_->mutex().AssertHeld();
   return departed_.count(worker) > 0;
 }
 
 bool SlurmBridge::SettlesWithSlurm(int64_t job_id,
                                    const std::string& profile) const {
+  host_->mutex().AssertHeld();
   if (tool_ == nullptr || ProfileOf(profile) == nullptr) return false;
   std::optional<HostJob> job = host_->FindJob(job_id);
   return job && Settles(*job);
 }
 
 bool SlurmBridge::Settles(const HostJob& job) const {
+  host_->mutex().AssertHeld();
   if (tool_ == nullptr || job.cancel_requested || job.requeue_requested ||
       job.failure.empty() || ProfileOf(job.profile) == nullptr) {
     return false;
@@ -354,6 +366,7 @@ bool SlurmBridge::Settles(const HostJob& job) const {
 }
 
 std::optional<HostJob> SlurmBridge::SettlingJob(int64_t job_id) const {
+  host_->mutex().AssertHeld();
   if (settling_.count(job_id) == 0) return std::nullopt;
   std::optional<HostJob> job = host_->FindJob(job_id);
   if (!job) return std::nullopt;
@@ -368,6 +381,7 @@ std::optional<HostJob> SlurmBridge::SettlingJob(int64_t job_id) const {
 }
 
 void SlurmBridge::BeginSettling(int64_t job_id, const std::string& failure) {
+  host_->mutex().AssertHeld();
   if (settling_.try_emplace(job_id, clock_->NowMs()).second) {
     spdlog::info(
         "job {}: ended by a signal ({}); asking Slurm whether it was Slurm's",
@@ -376,9 +390,13 @@ void SlurmBridge::BeginSettling(int64_t job_id, const std::string& failure) {
   Poke();
 }
 
-void SlurmBridge::EndSettling(int64_t job_id) { settling_.erase(job_id); }
+void SlurmBridge::EndSettling(int64_t job_id) {
+  host_->mutex().AssertHeld();
+  settling_.erase(job_id);
+}
 
 std::string SlurmBridge::WaitReason(int64_t job_id, int attempt) const {
+  host_->mutex().AssertHeld();
   auto gang = gangs_.find(job_id);
   if (gang != gangs_.end()) {
     std::vector<int> missing = gang->second.Missing();

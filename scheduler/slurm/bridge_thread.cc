@@ -387,6 +387,7 @@ void SlurmBridge::Apply(const ReconcileDecisions& d,
 
 absl::Status SlurmBridge::JobLost(const HostJob& job, const std::string& reason,
                                   bool machine_fault, WorkerMail& mail) {
+  host_->mutex().AssertHeld();
   const int64_t id = job.id;
   gangs_.erase(id);
   waiting_.erase(id);

@@ -153,11 +153,15 @@ TYPED_TEST(GpuElementsTest, TiledMaxPoolingIsTheCpusBitForBit) {
     for (const bool ties : {false, true}) {
       SCOPED_TRACE(Describe(d) + (ties ? ", ties" : ""));
       const auto [n, x, dy, want_y, want_dx] = this->Pooling(d, ties, &seed);
+      // Pointers for the lambdas: clang 14 cannot capture a structured
+      // binding.
+      const float* const xs = x.data();
+      const float* const dys = dy.data();
 
       const PoolGeometry g = Geometry(d);
       const std::vector<Pooled> pooled = this->template Elements<Pooled>(
           n * d.out.size(),
-          [&](auto i) { return gpu::MaxPoolTiledAt(i, g, x.data()); });
+          [&](auto i) { return gpu::MaxPoolTiledAt(i, g, xs); });
       std::vector<float> y;
       std::vector<uint8_t> argmax;
       for (const Pooled& p : pooled) {
@@ -168,7 +172,7 @@ TYPED_TEST(GpuElementsTest, TiledMaxPoolingIsTheCpusBitForBit) {
       }
       const std::vector<float> dx =
           this->template Elements<float>(n * d.in.size(), [&](auto i) {
-            return gpu::MaxPoolTiledGradAt(i, g, argmax.data(), dy.data());
+            return gpu::MaxPoolTiledGradAt(i, g, argmax.data(), dys);
           });
       EXPECT_EQ(y, want_y);
       EXPECT_EQ(dx, want_dx);
@@ -201,11 +205,15 @@ TYPED_TEST(GpuElementsTest, PaddedPoolingAgreesWithTheCpu) {
         SCOPED_TRACE(Describe(d) + (ties ? ", ties" : ""));
         const bool is_max = kind == PoolKind::kMax;
         const auto [n, x, dy, want_y, want_dx] = this->Pooling(d, ties, &seed);
+        // Pointers for the lambdas: clang 14 cannot capture a structured
+        // binding.
+        const float* const xs = x.data();
+        const float* const dys = dy.data();
 
         const PoolGeometry g = Geometry(d);
         const std::vector<Pooled> pooled = this->template Elements<Pooled>(
             n * d.out.size(),
-            [&](auto i) { return gpu::PoolPaddedAt(i, is_max, g, x.data()); });
+            [&](auto i) { return gpu::PoolPaddedAt(i, is_max, g, xs); });
         std::vector<float> y;
         std::vector<int32_t> argmax;
         for (const Pooled& p : pooled) {
@@ -218,8 +226,7 @@ TYPED_TEST(GpuElementsTest, PaddedPoolingAgreesWithTheCpu) {
         }
         const std::vector<float> dx =
             this->template Elements<float>(n * d.in.size(), [&](auto i) {
-              return gpu::PoolPaddedGradAt(i, is_max, g, argmax.data(),
-                                           dy.data());
+              return gpu::PoolPaddedGradAt(i, is_max, g, argmax.data(), dys);
             });
         if (is_max) {
           EXPECT_EQ(y, want_y);

@@ -23,23 +23,23 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gloo/algorithm.h"
 #include "gloo/allreduce.h"
@@ -187,20 +187,21 @@ class GlooCommunicator : public Communicator {
 
   // Allreduces still queued are dropped (their callers broke the contract
   // by not waiting); the one running finishes or times out first.
-  ~GlooCommunicator() override {
+  ~GlooCommunicator() override ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stopping_ = true;
       queue_.clear();
     }
-    changed_.notify_all();
+    changed_.SignalAll();
     if (worker_.joinable()) worker_.join();
   }
 
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
 
-  absl::Status AllreduceSum(float* data, int64_t count) override {
+  absl::Status AllreduceSum(float* data, int64_t count) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     if (absl::Status bad = CheckBuffer("allreduce", data, count); !bad.ok()) {
       return bad;
     }
@@ -208,29 +209,31 @@ class GlooCommunicator : public Communicator {
     return Allreduce(data, count);
   }
 
-  absl::Status StartAllreduceSum(float* data, int64_t count) override {
+  absl::Status StartAllreduceSum(float* data, int64_t count) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     if (absl::Status bad = CheckBuffer("allreduce", data, count); !bad.ok()) {
       return bad;
     }
     if (count == 0) return absl::OkStatus();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!worker_.joinable()) worker_ = std::thread([this] { Work(); });
       queue_.push_back({data, count});
     }
-    changed_.notify_all();
+    changed_.SignalAll();
     return absl::OkStatus();
   }
 
-  absl::Status WaitAll() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [&] { return queue_.empty() && !running_; });
+  absl::Status WaitAll() override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    AwaitIdle();
     absl::Status first = std::move(started_error_);
     started_error_ = absl::OkStatus();
     return first;
   }
 
-  absl::Status Broadcast(float* data, int64_t count, int root) override {
+  absl::Status Broadcast(float* data, int64_t count, int root) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     if (absl::Status bad = CheckBuffer("broadcast", data, count); !bad.ok()) {
       return bad;
     }
@@ -250,7 +253,7 @@ class GlooCommunicator : public Communicator {
                });
   }
 
-  absl::Status Barrier() override {
+  absl::Status Barrier() override ABSL_LOCKS_EXCLUDED(mu_) {
     Drain();
     return Run("barrier", [&] {
       gloo::BarrierOptions opts(context_);
@@ -278,28 +281,34 @@ class GlooCommunicator : public Communicator {
   };
 
   // The worker thread: runs started allreduces in order until stopped.
-  void Work() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Work() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     for (;;) {
-      changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      while (!stopping_ && queue_.empty()) changed_.Wait(&mu_);
       if (stopping_) return;
       const Started next = queue_.front();
       queue_.pop_front();
       running_ = true;
-      lock.unlock();
+      mu_.Unlock();
       absl::Status status = Allreduce(next.data, next.count);
-      lock.lock();
+      mu_.Lock();
       running_ = false;
       if (started_error_.ok()) started_error_ = std::move(status);
-      changed_.notify_all();
+      changed_.SignalAll();
     }
   }
 
   // Returns once everything started before has run: the caller's thread
   // may use the context (the mutex hands over what the worker wrote).
-  void Drain() {
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [&] { return queue_.empty() && !running_; });
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    AwaitIdle();
+  }
+
+  // Returns once no allreduce is queued or running; mu_ stays held.
+  void AwaitIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    mu_.AssertHeld();
+    while (!queue_.empty() || running_) changed_.Wait(&mu_);
   }
 
   // REQUIRES: the calling thread is the only one using the context.
@@ -400,13 +409,14 @@ class GlooCommunicator : public Communicator {
   uint32_t next_tag_ = 0;
   std::map<int64_t, Classic> classic_;
 
-  std::mutex mu_;
-  std::condition_variable changed_;  // queue_, running_ or stopping_
-  std::deque<Started> queue_;        // guarded by mu_
-  bool running_ = false;             // guarded by mu_: the worker is busy
-  bool stopping_ = false;            // guarded by mu_
-  absl::Status started_error_;       // guarded by mu_: for WaitAll
-  std::thread worker_;               // started by the first StartAllreduceSum
+  absl::Mutex mu_;
+  absl::CondVar changed_;  // queue_, running_ or stopping_
+  std::deque<Started> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // the worker is busy
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status started_error_ ABSL_GUARDED_BY(mu_);  // for WaitAll
+  // Started by the first StartAllreduceSum; joined by the destructor.
+  std::thread worker_ ABSL_GUARDED_BY(mu_);
 };
 
 // Finds this communicator's number: the first n for which this rank has not

@@ -1,18 +1,18 @@
 // Preparing batches: scaling, normalisation and augmentation, and the
 // loader thread that runs it ahead of training.
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "trainer/data/data.h"
 #include "trainer/rng.h"
 
@@ -284,68 +284,75 @@ class ThreadedBatchLoader final : public BatchLoader {
         thread_([this] { Run(); }) {}
 
   // Abandons pending requests and waits only for the batch in progress.
-  ~ThreadedBatchLoader() override {
+  ~ThreadedBatchLoader() override ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stopping_ = true;
     }
-    work_cv_.notify_all();
-    ready_cv_.notify_all();
+    work_cv_.SignalAll();
+    ready_cv_.SignalAll();
     thread_.join();
   }
 
-  void Push(BatchRequest request) override {
+  void Push(BatchRequest request) override ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (closed_ || stopping_) return;  // nothing after Close is served
       pending_.push_back(std::move(request));
     }
-    work_cv_.notify_one();
+    work_cv_.Signal();
   }
 
-  std::optional<Batch> Next() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    ready_cv_.wait(lock, [this] {
-      return !ready_.empty() || stopping_ ||
-             (closed_ && pending_.empty() && !busy_);
-    });
-    if (ready_.empty()) return std::nullopt;
-    Batch batch = std::move(ready_.front());
-    ready_.pop_front();
-    lock.unlock();
-    work_cv_.notify_one();
+  std::optional<Batch> Next() override ABSL_LOCKS_EXCLUDED(mu_) {
+    std::optional<Batch> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!BatchOrEnd()) ready_cv_.Wait(&mu_);
+      if (ready_.empty()) return std::nullopt;
+      batch = std::move(ready_.front());
+      ready_.pop_front();
+    }
+    work_cv_.Signal();
     return batch;
   }
 
-  void Close() override {
+  void Close() override ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       closed_ = true;
     }
-    work_cv_.notify_all();
-    ready_cv_.notify_all();
+    work_cv_.SignalAll();
+    ready_cv_.SignalAll();
   }
 
  private:
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
+  // What Next waits for: a batch ready, or none to come.
+  bool BatchOrEnd() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !ready_.empty() || stopping_ ||
+           (closed_ && pending_.empty() && !busy_);
+  }
+  // What the thread waits for: a request and room for its batch, or the end.
+  bool WorkOrEnd() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return stopping_ || (closed_ && pending_.empty()) ||
+           (!pending_.empty() && static_cast<int>(ready_.size()) < depth_);
+  }
+
+  void Run() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     for (;;) {
-      work_cv_.wait(lock, [this] {
-        return stopping_ || (closed_ && pending_.empty()) ||
-               (!pending_.empty() && static_cast<int>(ready_.size()) < depth_);
-      });
+      while (!WorkOrEnd()) work_cv_.Wait(&mu_);
       if (stopping_ || pending_.empty()) break;
       BatchRequest request = std::move(pending_.front());
       pending_.pop_front();
       busy_ = true;
-      lock.unlock();
+      mu_.Unlock();
       Batch batch = Prepare(*data_, options_, map_, request);
-      lock.lock();
+      mu_.Lock();
       busy_ = false;
       ready_.push_back(std::move(batch));
-      ready_cv_.notify_all();
+      ready_cv_.SignalAll();
     }
-    ready_cv_.notify_all();
+    ready_cv_.SignalAll();
   }
 
   const Dataset* const data_;
@@ -353,14 +360,14 @@ class ThreadedBatchLoader final : public BatchLoader {
   const PixelMap map_;
   const int depth_;
 
-  std::mutex mu_;
-  std::condition_variable work_cv_;   // the thread waits for work or room
-  std::condition_variable ready_cv_;  // Next waits for a batch or the end
-  std::deque<BatchRequest> pending_;  // guarded by mu_
-  std::deque<Batch> ready_;           // guarded by mu_
-  bool busy_ = false;                 // guarded by mu_: a batch in progress
-  bool closed_ = false;               // guarded by mu_
-  bool stopping_ = false;             // guarded by mu_
+  absl::Mutex mu_;
+  absl::CondVar work_cv_;   // the thread waits for work or room
+  absl::CondVar ready_cv_;  // Next waits for a batch or the end
+  std::deque<BatchRequest> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<Batch> ready_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a batch in progress
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread thread_;  // last: starts once every field above is ready
 };
