@@ -20,27 +20,12 @@
 #include "client/app.h"
 #include "client/commands_config.h"
 #include "common/usage_exit.h"
+#include "tests/common/temp_file.h"
 
 namespace dlbatch::client {
 namespace {
 
 using ::testing::HasSubstr;
-
-class TempFile {
- public:
-  explicit TempFile(const std::string& text) {
-    char name[] = "/tmp/dlbatch-global-options-test-XXXXXX";
-    const int fd = mkstemp(name);
-    ::close(fd);
-    path_ = name;
-    std::ofstream(path_) << text;
-  }
-  ~TempFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // A fake environment, read by the configuration binding and by
 // ChooseScheduler as the CLI reads the real one.

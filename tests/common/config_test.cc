@@ -16,6 +16,7 @@
 #include "common/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/temp_file.h"
 
 namespace dlbatch {
 namespace {
@@ -161,22 +162,6 @@ TEST(ConfigFileTest, EnvironmentBeatsFileBeatsDefault) {
 }
 
 // A scratch file removed at the end of the test.
-class TempFile {
- public:
-  explicit TempFile(const std::string& text) {
-    char name[] = "/tmp/dlbatch-config-test-XXXXXX";
-    int fd = mkstemp(name);
-    ::close(fd);
-    path_ = name;
-    std::ofstream(path_) << text;
-  }
-  ~TempFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 ConfigSection Profiles() {
   return {"profiles",
           "profile",

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "scheduler/startup.h"
+#include "tests/common/temp_file.h"
 
 namespace dlbatch::scheduler {
 namespace {
@@ -24,22 +25,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr int64_t kDayMs = int64_t{24} * 3600 * 1000;
-
-class TempFile {
- public:
-  explicit TempFile(const std::string& text) {
-    char name[] = "/tmp/dlbatch-daemon-options-test-XXXXXX";
-    const int fd = mkstemp(name);
-    ::close(fd);
-    path_ = name;
-    std::ofstream(path_) << text;
-  }
-  ~TempFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // The daemon's command line as main declares it, read as main reads it:
 // the file, the flags, the profiles, then the options.
