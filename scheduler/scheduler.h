@@ -314,9 +314,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   // PlacementCore::CheckSatisfiable.)
   absl::Status CheckDevicesFit(const v1::JobSpec& spec) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleMessage(const std::shared_ptr<WorkerSession>& session,
-                     const v1::WorkerMessage& message, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleRegister(const std::shared_ptr<WorkerSession>& session,
                               const v1::Register& reg, Outbox* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
