@@ -19,22 +19,23 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "bench/bench_args.h"
 #include "common/endpoint.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
@@ -129,9 +130,8 @@ class SimWorker {
       v1::SchedulerMessage m;
       while (stream_->Read(&m)) {
         if (m.has_start()) {
-          std::lock_guard<std::mutex> lock(mu_);
+          absl::MutexLock lock(&mu_);
           started_.push_back(m.start());
-          cv_.notify_all();
         }
       }
     });
@@ -141,9 +141,11 @@ class SimWorker {
     reader_.join();
   }
   std::vector<v1::StartJob> WaitStarted(size_t n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(30),
-                 [&] { return started_.size() >= n; });
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return started_.size() >= n;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
     return started_;
   }
   void Line(const v1::StartJob& job, int64_t seq) {
@@ -167,9 +169,8 @@ class SimWorker {
       grpc::ClientReaderWriter<v1::WorkerMessage, v1::SchedulerMessage>>
       stream_;
   std::thread reader_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<v1::StartJob> started_;
+  absl::Mutex mu_;
+  std::vector<v1::StartJob> started_ ABSL_GUARDED_BY(mu_);
 };
 
 // One `diary -f`, on the callback API so that a thousand cost no threads.
@@ -186,7 +187,7 @@ class Follower final : public grpc::ClientReadReactor<v1::DiaryChunk> {
     if (!ok) return;
     const int64_t now = NowNs();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (const auto& line : chunk_.lines()) {
         int64_t sent = 0;
         if (absl::SimpleAtoi(absl::StripPrefix(line.text(), "sent "), &sent))
@@ -196,17 +197,16 @@ class Follower final : public grpc::ClientReadReactor<v1::DiaryChunk> {
     StartRead(&chunk_);
   }
   void OnDone(const grpc::Status&) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     done_ = true;
-    cv_.notify_all();
   }
   void Stop() {
     ctx_.TryCancel();
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
   }
   std::vector<double> Take() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return std::move(latencies_ms_);
   }
 
@@ -214,10 +214,9 @@ class Follower final : public grpc::ClientReadReactor<v1::DiaryChunk> {
   grpc::ClientContext ctx_;
   v1::ReadDiaryRequest request_;
   v1::DiaryChunk chunk_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::vector<double> latencies_ms_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
 };
 
 double Percentile(std::vector<double>& v, double p) {

@@ -2,13 +2,15 @@
 // gets every line and the end, and none holds a scheduler thread.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
+#include <chrono>
 #include <fstream>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/endpoint.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
 #include "tests/integration/harness.h"
@@ -38,43 +40,43 @@ class Follower final : public grpc::ClientReadReactor<v1::DiaryChunk> {
   void OnReadDone(bool ok) override {
     if (!ok) return;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (const auto& line : chunk_.lines()) texts_.push_back(line.text());
       if (chunk_.end()) end_state_ = chunk_.state();
     }
     StartRead(&chunk_);
   }
   void OnDone(const grpc::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     status_ = status;
     done_ = true;
-    cv_.notify_all();
   }
   size_t lines() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return texts_.size();
   }
   // Waits for the stream's end; false if it did not come.
   bool WaitDone() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, std::chrono::seconds(30), [&] { return done_; }))
-      return true;
-    lock.unlock();
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(30)))
+        return true;
+    }
     ctx_.TryCancel();
-    lock.lock();
-    cv_.wait(lock, [&] { return done_; });
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
     return false;
   }
   std::vector<std::string> texts() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return texts_;
   }
   v1::JobState end_state() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return end_state_;
   }
   grpc::Status status() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return status_;
   }
 
@@ -82,12 +84,11 @@ class Follower final : public grpc::ClientReadReactor<v1::DiaryChunk> {
   grpc::ClientContext ctx_;
   v1::ReadDiaryRequest request_;
   v1::DiaryChunk chunk_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::vector<std::string> texts_;
-  v1::JobState end_state_ = v1::JOB_STATE_UNSPECIFIED;
-  grpc::Status status_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::string> texts_ ABSL_GUARDED_BY(mu_);
+  v1::JobState end_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_UNSPECIFIED;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
 TEST(Followers, TwoHundredFollowersGetEveryLineWithoutAThreadEach) {
