@@ -33,6 +33,7 @@
 #include "dlbatch/v1/scheduler.pb.h"
 #include "proto/job_state.h"
 #include "scheduler/admin.h"
+#include "scheduler/control.h"
 #include "scheduler/core/placement.h"
 #include "scheduler/diary_follow.h"
 #include "scheduler/disk_guard.h"
@@ -48,6 +49,7 @@
 #include "scheduler/store/blob_store.h"
 #include "scheduler/store/store.h"
 #include "scheduler/users.h"
+#include "scheduler/watchers.h"
 
 namespace dlbatch::scheduler {
 
@@ -107,6 +109,11 @@ class Scheduler : private FollowSource, private SchedulerState {
   Admin& admin() { return admin_; }
   // Tokens, per-user limits and usage, whose jobs workers run (users.h).
   Users& users() { return users_; }
+  // Drain, resume and remove workers; hold, release and requeue jobs
+  // (control.h).
+  Control& control() { return control_; }
+  // WatchEvents streams (watchers.h).
+  Watchers& watchers() { return watchers_; }
   // The one-job credentials of the jobs' Slurm jobs (kept with them in the
   // store, never listed with the others).
   absl::StatusOr<std::vector<CredentialRecord>> JobCredentials()
@@ -117,7 +124,7 @@ class Scheduler : private FollowSource, private SchedulerState {
   // and leaves when it is forgotten (null: nowhere). Set before the first
   // PutSlurmJob; the table must outlive the scheduler.
   void set_credential_table(CredentialTable* table) {
-    slurm_->set_credential_table(table);
+    bridge().set_credential_table(table);
   }
   // The job's Slurm record (SlurmLedger, for the launcher): committed in a
   // transaction of its own before returning, then kept in memory for the
@@ -139,7 +146,7 @@ class Scheduler : private FollowSource, private SchedulerState {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The instance id the scheduler's Slurm jobs are named with; empty
   // before StartSlurm.
-  const std::string& slurm_instance() const { return slurm_->instance(); }
+  const std::string& slurm_instance() const { return bridge().instance(); }
   // Whether the one-job credential of `job_id` may upload now: while its
   // job runs (its outputs and checkpoints), never before or after.
   bool SlurmJobUploads(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -147,30 +154,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   // profiles`; NotFound for a profile that is not of Slurm.
   absl::StatusOr<slurm::PartitionView> SlurmView(const std::string& profile)
       ABSL_LOCKS_EXCLUDED(mu_);
-
-  // ---- workers and job control (scheduler_control.cc) ----
-  // Drains (drain true) or resumes the worker named `name` (or numbered):
-  // a drained one takes no new jobs; kept in the store by name.
-  absl::StatusOr<v1::WorkerInfo> DrainWorker(const std::string& name,
-                                             bool drain,
-                                             const std::string& reason)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Forgets a worker that is offline, or drained and idle; its slots leave
-  // its profile, and queued jobs that can no longer ever run fail.
-  absl::StatusOr<v1::RemoveWorkerReply> RemoveWorker(const std::string& name)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Hold, release or requeue each job (the caller checked who may).
-  absl::StatusOr<v1::ControlJobsReply> ControlJobs(
-      const v1::ControlJobsRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // ---- WatchEvents streams; any thread ----
-  // Adds a stream: its queue holds the snapshot (running jobs, up to
-  // kWatchQueuedJobs queued ones, the most recently ended, every worker)
-  // closed by snapshot_done, then every change as it is published. The
-  // caller starts it with Pump() and calls Unwatch when the stream is done.
-  absl::StatusOr<std::shared_ptr<WatchQueue>> Watch(
-      const v1::WatchEventsRequest& request, EventWriter* writer);
-  void Unwatch(const WatchQueue* queue);
 
   // ---- worker streams; queued to the loop thread ----
   void OnWorkerMessage(std::shared_ptr<WorkerSession> session,
@@ -201,42 +184,6 @@ class Scheduler : private FollowSource, private SchedulerState {
     return GetJob(job);
   }
 
-  // ---- job control and worker administration (scheduler_control.cc) ----
-  // After Load's workers and jobs: drains and job control from the store.
-  absl::Status LoadControl() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  WorkerState* FindWorkerNamed(const std::string& name)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops a worker from memory, the core and the store, then fails the
-  // queued jobs that can no longer ever run (their ids in *failed).
-  // REQUIRES: a transaction open.
-  absl::Status ForgetWorker(int64_t worker_id, const std::string& why,
-                            std::vector<int64_t>* failed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets workers lost longer than options_.forget_offline_ms.
-  void ForgetOffline(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status SaveControl(const ActiveJob& job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues a job that ended (failed, cancelled) again.
-  absl::Status RequeueEnded(int64_t job_id, v1::ControlResult* result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A running job whose requeue was asked has ended: queued again.
-  absl::Status RequeueAsked(ActiveJob& job, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Jobs waiting for others (--after) whose answer may have changed:
-  // enqueued when all finished, failed when one did not. In a transaction
-  // of its own. REQUIRES: no transaction open.
-  absl::Status ResolveAfter() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The wait reason of a held or --after job; empty otherwise.
-  std::string ControlWaitReason(const ActiveJob& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The wait reason of a job that fits only with workers that take no jobs
-  // now (draining or offline ones, each named); empty otherwise.
-  std::string WorkersWaitReason(const WaitInfo& info) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Names workers in the core's messages, with since when each offline
-  // one is. Call the labeler only under mu_.
-  WorkerLabeler Labels() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   // ---- profiles of Slurm (scheduler_slurm.cc) ----
   // The scheduler as the Slurm bridge's host (slurm/host.h): its jobs and
   // workers under mu_, which is the bridge's host lock. Made by
@@ -244,15 +191,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   class SlurmSide;
   friend struct slurm::WorkerMail;  // the Outbox, as the bridge passes it
   static std::unique_ptr<slurm::SlurmHost> NewSlurmSide(Scheduler& scheduler);
-  // Asserts that mu_, held, is the bridge's host lock: the bridge's methods
-  // that require it may be called after this.
-  void SlurmLockHeld() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
-      ABSL_ASSERT_EXCLUSIVE_LOCK(slurm_->host_mutex()) {
-    slurm_->host_mutex().AssertHeld();
-  }
-  // A queued job's way to its start: the placement core for profiles of
-  // workers, the Slurm thread's launches for profiles of Slurm.
-  void EnqueueJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker of a Slurm batch job registered: it joins its job's gang, and
   // the job starts on the gang's parts once every node's worker is in
   // (SlurmBridge::Join). REQUIRES: a transaction open.
@@ -263,13 +201,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   // (never lost for it), jobs whose end waited for Slurm's word, and the
   // Slurm resubmissions of queued jobs.
   absl::Status LoadPartEnds() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Starts attempt rec.attempt + 1 of a queued job on `parts`: the record,
-  // its event and the StartJob messages (into `starts`). REQUIRES: a
-  // transaction open; the core already holds the parts.
-  absl::Status BeginAttempt(ActiveJob& job, const std::vector<Part>& parts,
-                            int64_t now, Outbox* starts)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   v1::ListProfilesReply ListProfilesLocked() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -286,9 +217,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   // SchedulerState's: reloads memory from the last commit.
   void Recover(const absl::Status& why) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A note in the diary of a job that ends about what it lost (lines
-  // refused while the disk was full).
-  absl::Status NoteLosses(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One worker message inside the batch's transaction. A failure tied to
   // the message is refused once (undone, acknowledged, its reason in the
   // job's diary); only a failure of the store as a whole is returned.
@@ -319,10 +247,6 @@ class Scheduler : private FollowSource, private SchedulerState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleEnded(int64_t worker_id, const v1::JobEnded& ended,
                            Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every part of `job` has ended: the job ends (or is requeued, as asked)
-  // as its workers reported. REQUIRES: a transaction open.
-  absl::Status EndAsReported(ActiveJob& job, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job a worker's report is about if it is the attempt and part that
   // worker runs now; null for a stale report.
   ActiveJob* ReportedJob(int64_t worker_id, int64_t job_id, int attempt,
@@ -333,63 +257,16 @@ class Scheduler : private FollowSource, private SchedulerState {
   absl::Status HandleCheckpoint(int64_t worker_id,
                                 const v1::CheckpointStored& checkpoint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fills a job's progress and checkpoint from memory or the store.
-  void AddTrainState(v1::Job* job) ABSL_LOCKS_EXCLUDED(mu_);
   // A worker's stream ended. A Slurm job's worker that runs nothing more
   // is forgotten (it serves one job and never returns).
   absl::Status HandleGone(const std::shared_ptr<WorkerSession>& session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Requeues (or fails, past max_attempts) a job whose worker was lost.
-  absl::Status RequeueLost(ActiveJob& job, const std::string& why, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoseWorker(WorkerState& worker, const std::string& why,
                           Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status EndJob(ActiveJob& job, v1::JobState state, int exit_code,
-                      const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status SetState(ActiveJob& job, v1::JobState state,
-                        const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CancelParts(const ActiveJob& job, const std::string& why, int skip_part,
-                   Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SchedulerState's: a placement pass, its decisions committed.
   absl::Status PlaceJobs(Outbox* out) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds a line of dlbatch's own to a job's diary.
-  absl::Status Diary(int64_t job_id, int attempt, const std::string& text)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  QueuedJob ToQueued(const JobRecord& job) const;
-  std::string WaitReason(const ActiveJob& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Changed(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands the job's current state to WatchEvents streams, with the workers
-  // whose slots it took or freed. Changed() calls it; call it directly after
-  // a change to a job's record that does not go through Changed() (such as
-  // new progress). Cheap when nobody watches. (scheduler_events.cc)
-  void PublishJob(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The same for a worker that joined, left or was lost.
-  void PublishWorker(int64_t worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job as WatchEvents shows it: the spec cut to its summary, the live
-  // state and wait reason, worker names.
-  v1::Job JobView(const ActiveJob& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::WorkerInfo WorkerView(const WorkerState& worker) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static v1::Job RecordToProto(const JobRecord& rec);
-
   // (The collaborators, mu_ and the state it guards are SchedulerState's.)
-  RendezvousStore rendezvous_;
-  std::unordered_map<const WorkerSession*, int64_t> session_worker_
-      ABSL_GUARDED_BY(mu_);
-  EventHub events_;
-  // Jobs with a non-empty `after`, and whether one ended since they were
-  // last looked at (ResolveAfter).
-  std::set<int64_t> waiting_after_ ABSL_GUARDED_BY(mu_);
-  bool after_dirty_ ABSL_GUARDED_BY(mu_) = false;
-  // Names of connected workers just removed: their next registration is
-  // refused, once.
-  std::set<std::string> refuse_once_ ABSL_GUARDED_BY(mu_);
-  WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 
   absl::Mutex queue_mu_;
   absl::CondVar queue_cv_;
@@ -399,6 +276,8 @@ class Scheduler : private FollowSource, private SchedulerState {
   std::thread loop_;
   Admin admin_;  // its retention task is joined by Stop
   Users users_;
+  Control control_;
+  Watchers watchers_;
   // Profiles of Slurm: the bridge owns the Slurm thread and state and
   // reaches the scheduler through slurm_side_ (a SlurmSide). The bridge
   // goes first: its thread reads through the side and the members above.

@@ -79,7 +79,7 @@ class Scheduler::SlurmSide final : public slurm::SlurmHost {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
     s_.mu_.AssertHeld();
     std::vector<int64_t> failed;
-    return s_.ForgetWorker(worker, why, &failed);
+    return s_.control_.ForgetWorker(s_, worker, why, &failed);
   }
 
  private:
@@ -242,16 +242,16 @@ absl::Status Scheduler::SlurmSide::EndAsReported(int64_t job,
 }
 
 absl::Status Scheduler::PutSlurmJob(const slurm::SlurmJobRecord& record) {
-  return slurm_->Put(record);
+  return bridge().Put(record);
 }
 
 absl::Status Scheduler::ForgetSlurmJob(int64_t job_id) {
-  return slurm_->Forget(job_id);
+  return bridge().Forget(job_id);
 }
 
 absl::Status Scheduler::StartSlurm(
     slurm::SlurmTool* tool, std::map<std::string, slurm::WorkerLaunch> launch) {
-  if (options_.slurm_profiles.empty() || slurm_->started()) {
+  if (options_.slurm_profiles.empty() || bridge().started()) {
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> instance = absl::InternalError("unread");
@@ -262,18 +262,8 @@ absl::Status Scheduler::StartSlurm(
       return instance.status();
     }));
   }
-  slurm_->Start(tool, std::move(launch), *std::move(instance));
+  bridge().Start(tool, std::move(launch), *std::move(instance));
   return absl::OkStatus();
-}
-
-void Scheduler::EnqueueJob(const JobRecord& job) {
-  mu_.AssertHeld();
-  if (slurm_->ProfileOf(job.spec.profile()) == nullptr) {
-    core_->Enqueue(ToQueued(job));
-    return;
-  }
-  SlurmLockHeld();
-  slurm_->Enqueue(job.id);
 }
 
 absl::Status Scheduler::JoinSlurmGang(const WorkerState& worker,
@@ -281,8 +271,8 @@ absl::Status Scheduler::JoinSlurmGang(const WorkerState& worker,
   mu_.AssertHeld();
   SlurmLockHeld();
   slurm::WorkerMail mail{out};
-  return slurm_->Join(worker.record.id, worker.record.name,
-                      worker.record.devices, reg.slurm(), mail);
+  return bridge().Join(worker.record.id, worker.record.name,
+                       worker.record.devices, reg.slurm(), mail);
 }
 
 absl::Status Scheduler::LoadPartEnds() {
@@ -317,7 +307,7 @@ absl::Status Scheduler::LoadPartEnds() {
     if (!job.part_ended.empty() &&
         std::find(job.part_ended.begin(), job.part_ended.end(), false) ==
             job.part_ended.end() &&
-        slurm_->ProfileOf(job.record.spec.profile()) != nullptr) {
+        bridge().ProfileOf(job.record.spec.profile()) != nullptr) {
       settling.push_back(id);
     }
   }
@@ -325,13 +315,13 @@ absl::Status Scheduler::LoadPartEnds() {
   for (const auto& [worker, ended] : all_ended) {
     auto w = workers_.find(worker);
     if (ended && w != workers_.end() &&
-        slurm_->ProfileOf(w->second.record.profile) != nullptr) {
+        bridge().ProfileOf(w->second.record.profile) != nullptr) {
       departed.push_back(worker);
     }
   }
   ASSIGN_OR_RETURN(auto resubmits, store_->SlurmResubmits());
   SlurmLockHeld();
-  slurm_->LoadEnds(std::move(resubmits), settling, departed);
+  bridge().LoadEnds(std::move(resubmits), settling, departed);
   return absl::OkStatus();
 }
 
@@ -343,7 +333,7 @@ bool Scheduler::SlurmJobUploads(int64_t job_id) {
 
 absl::StatusOr<slurm::PartitionView> Scheduler::SlurmView(
     const std::string& profile) {
-  return slurm_->View(profile);
+  return bridge().View(profile);
 }
 
 }  // namespace dlbatch::scheduler

@@ -61,7 +61,7 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
   ASSIGN_OR_RETURN(std::vector<slurm::SlurmJobRecord> slurm_jobs,
                    store_->SlurmJobs());
   SlurmLockHeld();
-  slurm_->LoadRecords(std::move(slurm_jobs));
+  bridge().LoadRecords(std::move(slurm_jobs));
 
   const int64_t mono = clock_->MonotonicMs();
   const int64_t grace = options_.restart_grace_ms > 0
@@ -117,7 +117,7 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
     }
   }
   RETURN_IF_ERROR(LoadPartEnds());
-  RETURN_IF_ERROR(LoadControl());
+  RETURN_IF_ERROR(control_.Load(*this));
   spdlog::info("recovered {} queued and {} running jobs, {} workers", queued,
                running, workers_.size());
   if (metrics_ != nullptr) {
@@ -151,7 +151,7 @@ void Scheduler::Recover(const absl::Status& why) {
   workers_.clear();
   jobs_.clear();
   SlurmLockHeld();
-  slurm_->Reset();  // Load and the workers' reconnections find them again
+  bridge().Reset();  // Load and the workers' reconnections find them again
   core_ = NewCore();
   broken_ = Load(/*open_rendezvous=*/false);
   if (!broken_.ok()) {
@@ -161,11 +161,7 @@ void Scheduler::Recover(const absl::Status& why) {
     core_ = NewCore();
   }
   // Watchers and waiters see the state as reloaded.
-  if (events_.has_watchers()) {
-    watched_slots_.Clear();
-    for (const auto& [id, job] : jobs_) PublishJob(id);
-    for (const auto& [id, w] : workers_) PublishWorker(id);
-  }
+  watchers_.PublishAll(*this);
   for (const auto& [id, job] : jobs_) follow_->Notify(id);
 }
 
@@ -404,7 +400,7 @@ absl::Status Scheduler::HandleRegister(
   std::optional<slurm::SlurmJobRecord> slurm_job;
   if (reg.has_slurm()) {
     SlurmLockHeld();
-    slurm_job = slurm_->RecordOf(reg.slurm().job_id());
+    slurm_job = bridge().RecordOf(reg.slurm().job_id());
   }
   absl::Status allowed =
       CheckSlurmRegistration(session->owner(), reg, slurm_job);
@@ -537,7 +533,7 @@ absl::Status Scheduler::HandleRegister(
     RETURN_IF_ERROR(RequeueLost(it->second, why, out));
   }
   users_.RegisterWorkerUsers(*this, worker, reg, out);
-  PublishWorker(rec.id);
+  watchers_.PublishWorker(*this, rec.id);
   if (reg.has_slurm()) RETURN_IF_ERROR(JoinSlurmGang(worker, reg, out));
   spdlog::info("worker '{}' (#{}) {} profile '{}' with {} slots", rec.name,
                rec.id, was_lost ? "rejoined" : "joined", rec.profile,
@@ -634,42 +630,15 @@ absl::Status Scheduler::HandleEnded(int64_t worker_id,
     return store_->PutPartEnd(part_end);
   }
   SlurmLockHeld();
-  if (slurm_->SettlesWithSlurm(rec.id, rec.spec.profile())) {
+  if (bridge().SettlesWithSlurm(rec.id, rec.spec.profile())) {
     job.part_ends_stored = true;
     RETURN_IF_ERROR(store_->PutPartEnd(part_end));
     // Acknowledged (its workers may leave) but not ended: the reconciler
     // asks squeue at once whether Slurm killed it, and why.
-    slurm_->BeginSettling(rec.id, job.failure);
+    bridge().BeginSettling(rec.id, job.failure);
     return absl::OkStatus();
   }
   return EndAsReported(job, out);
-}
-
-absl::Status Scheduler::EndAsReported(ActiveJob& job, Outbox* out) {
-  mu_.AssertHeld();
-  JobRecord& rec = job.record;
-  SlurmLockHeld();
-  slurm_->EndSettling(rec.id);
-  if (job.requeue_requested && !job.cancel_requested) {
-    core_->Finished(rec.id, clock_->NowMs());
-    RETURN_IF_ERROR(SaveUsage(rec.user));
-    return RequeueAsked(job, out);
-  }
-  v1::JobState final_state = v1::JOB_STATE_FINISHED;
-  std::string reason;
-  if (job.cancel_requested) {
-    final_state = v1::JOB_STATE_CANCELLED;
-    reason = job.cancel_reason;
-  } else if (!job.failure.empty()) {
-    final_state = v1::JOB_STATE_FAILED;
-    reason = job.failure;
-  }
-  const int64_t id = rec.id;  // rec goes with the entry
-  core_->Finished(id, clock_->NowMs());
-  RETURN_IF_ERROR(SaveUsage(rec.user));
-  RETURN_IF_ERROR(EndJob(job, final_state, job.part_exit[0], reason));
-  jobs_.erase(id);
-  return absl::OkStatus();
 }
 
 absl::Status Scheduler::HandleGone(
@@ -684,15 +653,16 @@ absl::Status Scheduler::HandleGone(
     // A Slurm job's worker done with its one job never comes back: it is
     // forgotten now (SlurmBridge::WorkerLeft).
     SlurmLockHeld();
-    if (slurm_->WorkerLeft(worker.record.id)) {
+    if (bridge().WorkerLeft(worker.record.id)) {
       std::vector<int64_t> failed;
-      return ForgetWorker(worker.record.id, "gone with its Slurm job", &failed);
+      return control_.ForgetWorker(*this, worker.record.id,
+                                   "gone with its Slurm job", &failed);
     }
     core_->WorkerOffline(worker.record.id);
     spdlog::warn(
         "worker '{}' disconnected; lost unless it returns within {} ms",
         worker.record.name, options_.heartbeat_timeout_ms);
-    PublishWorker(worker.record.id);
+    watchers_.PublishWorker(*this, worker.record.id);
   }
   return absl::OkStatus();
 }
@@ -710,7 +680,7 @@ void Scheduler::CheckLiveness() {
     SlurmLockHeld();
     for (auto& [id, w] : workers_) {
       if (!w.lost && now - w.last_seen_mono > options_.heartbeat_timeout_ms &&
-          now >= w.grace_until_mono && !slurm_->Departed(id)) {
+          now >= w.grace_until_mono && !bridge().Departed(id)) {
         expired.push_back(id);
       }
     }
@@ -730,8 +700,8 @@ void Scheduler::CheckLiveness() {
       if (!s.ok()) return;  // recovered; tried again at the next tick
       (void)PlaceJobs(&out);
     }
-    // Lost for --forget-offline-after: removed (scheduler_control.cc).
-    ForgetOffline(&out);
+    // Lost for --forget-offline-after: removed (control.cc).
+    control_.ForgetOffline(*this, &out);
   }
   Deliver(out);
 }
@@ -751,7 +721,7 @@ absl::Status Scheduler::LoseWorker(WorkerState& worker, const std::string& why,
     if (it == jobs_.end()) continue;
     RETURN_IF_ERROR(RequeueLost(it->second, why, out));
   }
-  PublishWorker(worker.record.id);
+  watchers_.PublishWorker(*this, worker.record.id);
   return absl::OkStatus();
 }
 
@@ -811,138 +781,6 @@ absl::Status Scheduler::HandleCheckpoint(int64_t worker_id,
   job->progress = std::move(progress);
   Changed(report.job_id());
   return absl::OkStatus();
-}
-
-absl::Status Scheduler::RequeueLost(ActiveJob& job, const std::string& why,
-                                    Outbox* out) {
-  mu_.AssertHeld();
-  JobRecord& rec = job.record;
-  rendezvous_.Drop(rec.id);
-  if (job.requeue_requested) {
-    job.requeue_requested = false;
-    RETURN_IF_ERROR(SaveControl(job));
-  }
-  // Parts on other workers must stop too: the job restarts as a whole.
-  CancelParts(job, why, -1, out);
-  core_->Finished(
-      rec.id,
-      clock_->NowMs());  // other parts' slots (no-op if already released)
-  RETURN_IF_ERROR(SaveUsage(rec.user));
-  if (job.cancel_requested) {
-    RETURN_IF_ERROR(
-        EndJob(job, v1::JOB_STATE_CANCELLED, -1, job.cancel_reason));
-    jobs_.erase(rec.id);
-    return absl::OkStatus();
-  }
-  if (rec.attempt >= options_.max_attempts) {
-    std::string reason = absl::StrCat(why, " (attempt ", rec.attempt, " of ",
-                                      options_.max_attempts, ")");
-    RETURN_IF_ERROR(Diary(rec.id, rec.attempt,
-                          absl::StrCat("[dlbatch] ", reason, "; job failed")));
-    RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_FAILED, -1, reason));
-    jobs_.erase(rec.id);
-    return absl::OkStatus();
-  }
-  RETURN_IF_ERROR(Diary(
-      rec.id, rec.attempt,
-      absl::StrCat("[dlbatch] ", why, "; job requeued (attempt ",
-                   rec.attempt + 1, " of ", options_.max_attempts, " next)")));
-  rec.parts.clear();
-  job.part_ended.clear();
-  job.part_exit.clear();
-  job.failure.clear();
-  RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, why));
-  EnqueueJob(rec);
-  // Workers that joined while it ran may not have been asked about its user.
-  users_.AskWorkers(*this, rec.spec.profile(), rec.user, out);
-  return absl::OkStatus();
-}
-
-absl::Status Scheduler::SetState(ActiveJob& job, v1::JobState state,
-                                 const std::string& reason) {
-  mu_.AssertHeld();
-  JobRecord& rec = job.record;
-  const v1::JobState before = rec.state;
-  rec.state = state;
-  if (state == v1::JOB_STATE_CANCELLING) rec.reason = reason;
-  RETURN_IF_ERROR(store_->UpdateJob(rec));
-  if (job.part_ends_stored && state != v1::JOB_STATE_RUNNING &&
-      state != v1::JOB_STATE_CANCELLING) {
-    // Queued again or ended: its attempt's part ends are over.
-    RETURN_IF_ERROR(store_->DeletePartEnds(rec.id));
-    job.part_ends_stored = false;
-  }
-  RETURN_IF_ERROR(
-      store_->AddEvent(rec.id, state, rec.attempt, clock_->NowMs(), reason));
-  // A transaction rolled back reloads the counts with the store (Load).
-  if (metrics_ != nullptr)
-    metrics_->JobMoved(rec.spec.profile(), before, state);
-  Changed(rec.id);
-  return absl::OkStatus();
-}
-
-absl::Status Scheduler::EndJob(ActiveJob& job, v1::JobState state,
-                               int exit_code, const std::string& reason) {
-  mu_.AssertHeld();
-  JobRecord& rec = job.record;
-  after_dirty_ = after_dirty_ || !waiting_after_.empty();
-  RETURN_IF_ERROR(NoteLosses(job));
-  rendezvous_.Drop(rec.id);
-  rec.end_ms = clock_->NowMs();
-  rec.exit_code = exit_code;
-  rec.reason = reason;
-  return SetState(job, state, reason);
-}
-
-void Scheduler::CancelParts(const ActiveJob& job, const std::string& why,
-                            int skip_part, Outbox* out) {
-  mu_.AssertHeld();
-  const JobRecord& rec = job.record;
-  for (size_t p = 0; p < rec.parts.size(); ++p) {
-    if (static_cast<int>(p) == skip_part ||
-        (p < job.part_ended.size() && job.part_ended[p])) {
-      continue;
-    }
-    auto w = workers_.find(rec.parts[p].worker);
-    if (w == workers_.end() || !w->second.session) continue;
-    v1::SchedulerMessage msg;
-    auto* cancel = msg.mutable_cancel();
-    cancel->set_job_id(rec.id);
-    cancel->set_attempt(rec.attempt);
-    cancel->set_part(static_cast<int>(p));
-    cancel->set_grace_ms(options_.cancel_grace_ms);
-    cancel->set_reason(why);
-    out->emplace_back(w->second.session, std::move(msg));
-  }
-}
-
-absl::Status Scheduler::Diary(int64_t job_id, int attempt,
-                              const std::string& text) {
-  mu_.AssertHeld();
-  RETURN_IF_ERROR(
-      store_->AddDiary(job_id, attempt, 0, -1, clock_->NowMs(), 0, text)
-          .status());
-  auto it = jobs_.find(job_id);
-  if (it != jobs_.end() && it->second.diary.loaded) {
-    DiaryCut& cut = it->second.diary.cut;
-    (cut.marker_n == 0 ? cut.head_bytes : cut.tail_bytes) +=
-        static_cast<int64_t>(text.size());
-  }
-  Changed(job_id);
-  return absl::OkStatus();
-}
-
-absl::Status Scheduler::NoteLosses(ActiveJob& job) {
-  mu_.AssertHeld();
-  if (job.disk_dropped_lines == 0) return absl::OkStatus();
-  const int64_t lines = job.disk_dropped_lines;
-  const int64_t bytes = job.disk_dropped_bytes;
-  job.disk_dropped_lines = job.disk_dropped_bytes = 0;
-  return Diary(job.record.id, job.record.attempt,
-               absl::StrCat("[dlbatch] ", lines, " diary line",
-                            lines == 1 ? "" : "s", " (", HumanBytes(bytes),
-                            ") of this job were dropped: the scheduler's disk "
-                            "was full"));
 }
 
 void Scheduler::NoteReport(const v1::WorkerMessage& m) {
