@@ -54,6 +54,7 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
       users_(*this),
       control_(*this),
       watchers_(*this),
+      streams_(*this),
       slurm_side_(NewSlurmSide(*this)),
       slurm_(std::make_unique<slurm::SlurmBridge>(
           slurm_side_.get(), clock,

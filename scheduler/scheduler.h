@@ -50,6 +50,7 @@
 #include "scheduler/store/store.h"
 #include "scheduler/users.h"
 #include "scheduler/watchers.h"
+#include "scheduler/worker_streams.h"
 
 namespace dlbatch::scheduler {
 
@@ -169,11 +170,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   void set_metrics(Metrics* metrics) { metrics_ = metrics; }
 
  private:
-  struct Event {
-    std::shared_ptr<WorkerSession> session;
-    std::optional<v1::WorkerMessage> message;  // empty: the stream is gone
-  };
-
   // FollowSource, for the followers' pool threads.
   absl::StatusOr<int64_t> DiaryTailStart(int64_t job, int64_t tail) override;
   absl::StatusOr<DiaryRead> ReadDiaryLines(int64_t job, int64_t after,
@@ -189,13 +185,7 @@ class Scheduler : private FollowSource, private SchedulerState {
   // workers under mu_, which is the bridge's host lock. Made by
   // NewSlurmSide, where it is defined.
   class SlurmSide;
-  friend struct slurm::WorkerMail;  // the Outbox, as the bridge passes it
   static std::unique_ptr<slurm::SlurmHost> NewSlurmSide(Scheduler& scheduler);
-  // A worker of a Slurm batch job registered: it joins its job's gang, and
-  // the job starts on the gang's parts once every node's worker is in
-  // (SlurmBridge::Join). REQUIRES: a transaction open.
-  absl::Status JoinSlurmGang(const WorkerState& worker, const v1::Register& reg,
-                             Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Part of Load: the running jobs' parts whose end was reported, from the
   // store; the Slurm workers that left with every part they hold ended
   // (never lost for it), jobs whose end waited for Slurm's word, and the
@@ -206,8 +196,6 @@ class Scheduler : private FollowSource, private SchedulerState {
 
   // Loop thread.
   void Loop();
-  void ProcessBatch(std::deque<Event>& batch);
-  void CheckLiveness();
   // The retention task's wait (Admin): up to `d`, false once stopping.
   bool SleepUnlessStopped(absl::Duration d) ABSL_LOCKS_EXCLUDED(queue_mu_);
 
@@ -217,24 +205,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   // SchedulerState's: reloads memory from the last commit.
   void Recover(const absl::Status& why) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One worker message inside the batch's transaction. A failure tied to
-  // the message is refused once (undone, acknowledged, its reason in the
-  // job's diary); only a failure of the store as a whole is returned.
-  absl::Status HandleEvent(Event& event, Outbox* out, Outbox* acks)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleDiary(const v1::DiaryBatch& batch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Start latency for the metrics: a worker said something about a job.
-  void NoteReport(const v1::WorkerMessage& m)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stores lines within the job's diary cap (scheduler_diary.cc).
-  absl::Status StoreCappedDiary(ActiveJob& job, const v1::DiaryBatch& batch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoadDiaryBudget(ActiveJob& job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // All below REQUIRE mu_ held and, where they write, a transaction open.
-
   // A train job whose execution_environment asks for GPUs (gpu, multi-gpu)
   // on a profile whose known workers all offer CPU slots could only fail
   // where it starts: refused at submission instead, naming the profiles
@@ -242,27 +212,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   // PlacementCore::CheckSatisfiable.)
   absl::Status CheckDevicesFit(const v1::JobSpec& spec) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleRegister(const std::shared_ptr<WorkerSession>& session,
-                              const v1::Register& reg, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleEnded(int64_t worker_id, const v1::JobEnded& ended,
-                           Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job a worker's report is about if it is the attempt and part that
-  // worker runs now; null for a stale report.
-  ActiveJob* ReportedJob(int64_t worker_id, int64_t job_id, int attempt,
-                         int part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleProgress(int64_t worker_id,
-                              const v1::JobProgress& progress)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleCheckpoint(int64_t worker_id,
-                                const v1::CheckpointStored& checkpoint)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A worker's stream ended. A Slurm job's worker that runs nothing more
-  // is forgotten (it serves one job and never returns).
-  absl::Status HandleGone(const std::shared_ptr<WorkerSession>& session)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoseWorker(WorkerState& worker, const std::string& why,
-                          Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SchedulerState's: a placement pass, its decisions committed.
   absl::Status PlaceJobs(Outbox* out) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -270,7 +219,7 @@ class Scheduler : private FollowSource, private SchedulerState {
 
   absl::Mutex queue_mu_;
   absl::CondVar queue_cv_;
-  std::deque<Event> queue_ ABSL_GUARDED_BY(queue_mu_);
+  std::deque<WorkerEvent> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   absl::CondVar stop_cv_;  // with queue_mu_: wakes the retention task
   std::thread loop_;
@@ -278,6 +227,7 @@ class Scheduler : private FollowSource, private SchedulerState {
   Users users_;
   Control control_;
   Watchers watchers_;
+  WorkerStreams streams_;
   // Profiles of Slurm: the bridge owns the Slurm thread and state and
   // reaches the scheduler through slurm_side_ (a SlurmSide). The bridge
   // goes first: its thread reads through the side and the members above.

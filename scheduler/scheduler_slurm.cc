@@ -12,11 +12,6 @@
 
 namespace dlbatch::scheduler {
 
-// The Outbox of the caller that holds mu_, as the bridge passes it back.
-struct slurm::WorkerMail {
-  Scheduler::Outbox* out;
-};
-
 // Each method is the SlurmHost's of the same name (slurm/host.h), called
 // with mu_ held: the scheduler's own, applied to the job or worker named.
 class Scheduler::SlurmSide final : public slurm::SlurmHost {
@@ -264,15 +259,6 @@ absl::Status Scheduler::StartSlurm(
   }
   bridge().Start(tool, std::move(launch), *std::move(instance));
   return absl::OkStatus();
-}
-
-absl::Status Scheduler::JoinSlurmGang(const WorkerState& worker,
-                                      const v1::Register& reg, Outbox* out) {
-  mu_.AssertHeld();
-  SlurmLockHeld();
-  slurm::WorkerMail mail{out};
-  return bridge().Join(worker.record.id, worker.record.name,
-                       worker.record.devices, reg.slurm(), mail);
 }
 
 absl::Status Scheduler::LoadPartEnds() {

@@ -308,6 +308,12 @@ class SchedulerState {
   Parts parts_;
 };
 
+// The Outbox of the caller that holds mu_, as the Slurm bridge passes it
+// back to its host (slurm/host.h).
+struct slurm::WorkerMail {
+  SchedulerState::Outbox* out;
+};
+
 }  // namespace dlbatch::scheduler
 
 #endif  // DLBATCH_SCHEDULER_SCHEDULER_STATE_H_
