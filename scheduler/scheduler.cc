@@ -55,19 +55,14 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
       control_(*this),
       watchers_(*this),
       streams_(*this),
-      slurm_side_(NewSlurmSide(*this)),
-      slurm_(std::make_unique<slurm::SlurmBridge>(
-          slurm_side_.get(), clock,
-          slurm::SlurmBridgeOptions{options_.slurm_profiles,
-                                    options_.slurm_poll_ms,
-                                    options_.max_attempts})),
+      slurm_(*this),
       follow_(std::make_unique<DiaryFollowHub>(static_cast<FollowSource*>(this),
                                                clock)) {
   SetParts({.control = &control_,
             .users = &users_,
             .watchers = &watchers_,
             .follow = follow_.get(),
-            .bridge = slurm_.get()});
+            .bridge = &slurm_.bridge()});
   absl::MutexLock lock(&mu_);
   core_ = NewCore();
 }
@@ -576,7 +571,7 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
     if (p == nullptr) continue;
     v1::SlurmPartition* view = info.mutable_slurm();
     view->set_partition(p->partition);
-    absl::StatusOr<slurm::PartitionView> read = SlurmView(info.name());
+    absl::StatusOr<slurm::PartitionView> read = slurm_.View(info.name());
     if (!read.ok()) {
       view->set_error(std::string(read.status().message()));
       continue;
@@ -647,12 +642,6 @@ absl::StatusOr<v1::ListOutputsReply> Scheduler::ListOutputs(int64_t job_id) {
   ASSIGN_OR_RETURN(auto files, reader_->Outputs(job_id));
   for (auto& f : files) *reply.add_files() = std::move(f);
   return reply;
-}
-
-absl::StatusOr<std::vector<CredentialRecord>> Scheduler::JobCredentials() {
-  absl::MutexLock lock(&mu_);
-  SlurmLockHeld();
-  return bridge().JobCredentials();
 }
 
 }  // namespace dlbatch::scheduler

@@ -45,6 +45,7 @@
 #include "scheduler/slurm/commands.h"
 #include "scheduler/slurm/launcher.h"
 #include "scheduler/slurm/tool.h"
+#include "scheduler/slurm_profiles.h"
 #include "scheduler/store/backup.h"
 #include "scheduler/store/blob_store.h"
 #include "scheduler/store/store.h"
@@ -115,46 +116,9 @@ class Scheduler : private FollowSource, private SchedulerState {
   Control& control() { return control_; }
   // WatchEvents streams (watchers.h).
   Watchers& watchers() { return watchers_; }
-  // The one-job credentials of the jobs' Slurm jobs (kept with them in the
-  // store, never listed with the others).
-  absl::StatusOr<std::vector<CredentialRecord>> JobCredentials()
-      ABSL_LOCKS_EXCLUDED(mu_);
-
-  // ---- profiles of Slurm (slurm/bridge.h, scheduler_slurm.cc) ----
-  // Where a job's one-job credential goes when its Slurm record is written,
-  // and leaves when it is forgotten (null: nowhere). Set before the first
-  // PutSlurmJob; the table must outlive the scheduler.
-  void set_credential_table(CredentialTable* table) {
-    bridge().set_credential_table(table);
-  }
-  // The job's Slurm record (SlurmLedger, for the launcher): committed in a
-  // transaction of its own before returning, then kept in memory for the
-  // registrations of its workers, with its credential in the table.
-  absl::Status PutSlurmJob(const slurm::SlurmJobRecord& record)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The job no longer has a Slurm job: its record and credential go.
-  absl::Status ForgetSlurmJob(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // How the jobs of Slurm profiles reach Slurm: `tool` runs sbatch, squeue,
-  // sinfo and scancel (borrowed; must outlive the scheduler), `launch`
-  // (by profile name) what each batch script needs to dial back (the
-  // token is made per job). Starts the thread that submits queued jobs to
-  // Slurm and reconciles with squeue; until then such jobs stay queued and
-  // a submit to such a profile is refused. Call once, after Start. Fails
-  // where the store cannot give the scheduler's instance id (which its
-  // Slurm jobs' names carry); Slurm's jobs are then left alone.
-  absl::Status StartSlurm(slurm::SlurmTool* tool,
-                          std::map<std::string, slurm::WorkerLaunch> launch)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The instance id the scheduler's Slurm jobs are named with; empty
-  // before StartSlurm.
-  const std::string& slurm_instance() const { return bridge().instance(); }
-  // Whether the one-job credential of `job_id` may upload now: while its
-  // job runs (its outputs and checkpoints), never before or after.
-  bool SlurmJobUploads(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Slurm's view of a Slurm profile's partition (sinfo), for `dlbatch
-  // profiles`; NotFound for a profile that is not of Slurm.
-  absl::StatusOr<slurm::PartitionView> SlurmView(const std::string& profile)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Profiles of Slurm: the bridge's start, the one-job credentials, Slurm's
+  // view of a partition (slurm_profiles.h).
+  SlurmProfiles& slurm() { return slurm_; }
 
   // ---- worker streams; queued to the loop thread ----
   void OnWorkerMessage(std::shared_ptr<WorkerSession> session,
@@ -179,18 +143,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   absl::StatusOr<v1::Job> JobForWait(int64_t job) override {
     return GetJob(job);
   }
-
-  // ---- profiles of Slurm (scheduler_slurm.cc) ----
-  // The scheduler as the Slurm bridge's host (slurm/host.h): its jobs and
-  // workers under mu_, which is the bridge's host lock. Made by
-  // NewSlurmSide, where it is defined.
-  class SlurmSide;
-  static std::unique_ptr<slurm::SlurmHost> NewSlurmSide(Scheduler& scheduler);
-  // Part of Load: the running jobs' parts whose end was reported, from the
-  // store; the Slurm workers that left with every part they hold ended
-  // (never lost for it), jobs whose end waited for Slurm's word, and the
-  // Slurm resubmissions of queued jobs.
-  absl::Status LoadPartEnds() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   v1::ListProfilesReply ListProfilesLocked() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -229,10 +181,9 @@ class Scheduler : private FollowSource, private SchedulerState {
   Watchers watchers_;
   WorkerStreams streams_;
   // Profiles of Slurm: the bridge owns the Slurm thread and state and
-  // reaches the scheduler through slurm_side_ (a SlurmSide). The bridge
-  // goes first: its thread reads through the side and the members above.
-  std::unique_ptr<slurm::SlurmHost> slurm_side_;
-  std::unique_ptr<slurm::SlurmBridge> slurm_;
+  // reaches the scheduler through its host, the members above. It goes
+  // first: its thread reads through them.
+  SlurmProfiles slurm_;
   // Last: its threads read through the members above, so it goes first.
   std::unique_ptr<DiaryFollowHub> follow_;
 };
@@ -242,10 +193,10 @@ class SlurmLedger final : public slurm::SlurmJobLedger {
  public:
   explicit SlurmLedger(Scheduler* scheduler) : scheduler_(scheduler) {}
   absl::Status Put(const slurm::SlurmJobRecord& record) override {
-    return scheduler_->PutSlurmJob(record);
+    return scheduler_->slurm().PutJob(record);
   }
   absl::Status Forget(int64_t job_id) override {
-    return scheduler_->ForgetSlurmJob(job_id);
+    return scheduler_->slurm().ForgetJob(job_id);
   }
 
  private:

@@ -117,7 +117,7 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
       ++running;
     }
   }
-  RETURN_IF_ERROR(LoadPartEnds());
+  RETURN_IF_ERROR(slurm_.LoadPartEnds(*this));
   RETURN_IF_ERROR(control_.Load(*this));
   spdlog::info("recovered {} queued and {} running jobs, {} workers", queued,
                running, workers_.size());
