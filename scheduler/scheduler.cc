@@ -1,5 +1,5 @@
-// Client operations and placement. Worker streams, liveness and recovery
-// are in scheduler_workers.cc.
+// Client operations and placement. Start, loading and recovery are in
+// scheduler_load.cc; the parts the Scheduler owns have files of their own.
 #include "scheduler/scheduler.h"
 
 #include <sys/resource.h>

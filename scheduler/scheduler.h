@@ -7,6 +7,19 @@
 // collected under the lock and sent after it is released. Placement runs
 // on every event that can change its answer, never on a timer; the loop's
 // only timer checks worker liveness.
+//
+// The Scheduler is split by concern into parts, each with its lock story
+// at the top of its header: Admin (admin.h: purge, backup, status), Users
+// (users.h: tokens, limits, whose jobs workers run), Control (control.h:
+// drain, remove, hold, release, requeue, --after), Watchers (watchers.h:
+// WatchEvents streams, the views of jobs and workers, wait reasons),
+// WorkerStreams (worker_streams.h: the loop thread's worker messages and
+// liveness) and SlurmProfiles (slurm_profiles.h: the Slurm bridge and its
+// host). They share the SchedulerState (scheduler_state.h), which holds
+// the one lock, the state under it and the job's life every part moves
+// jobs through; the Scheduler owns the parts, and keeps the jobs' own
+// calls (submit, show, list, cancel, wait, diary), loading and recovery,
+// placement and the loop thread.
 #ifndef DLBATCH_SCHEDULER_SCHEDULER_H_
 #define DLBATCH_SCHEDULER_SCHEDULER_H_
 
@@ -57,8 +70,11 @@ namespace dlbatch::scheduler {
 
 // The facade the services call: jobs and workers here, administration in
 // admin() (admin.h), credentials, limits and whose jobs workers run in
-// users() (users.h). Its state, and the lock that guards it, are the
-// SchedulerState it derives from (scheduler_state.h, the lock story).
+// users() (users.h), worker administration and job control in control()
+// (control.h), WatchEvents streams in watchers() (watchers.h), profiles of
+// Slurm in slurm() (slurm_profiles.h). Its state, and the lock that guards
+// it, are the SchedulerState it derives from (scheduler_state.h, the lock
+// story).
 class Scheduler : private FollowSource, private SchedulerState {
  public:
   // Borrowed pointers must outlive the scheduler. disk: the state folder's
