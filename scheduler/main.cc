@@ -55,7 +55,7 @@ int Serve(const DaemonOptions& options) {
   // Filled once the store is loaded (LoadCredentials); the scheduler adds
   // and removes the one-job credentials of its Slurm jobs.
   CredentialTable credentials;
-  scheduler.set_credential_table(&credentials);
+  scheduler.slurm().set_credential_table(&credentials);
   // Metrics (--metrics-listen): up before the store loads, ready once
   // serving.
   std::atomic<bool> serving{false};
@@ -108,7 +108,7 @@ int Serve(const DaemonOptions& options) {
   // Profiles of Slurm: sbatch, squeue, sinfo and scancel from PATH, with
   // the scheduler's environment (SLURM_CONF and the like).
   slurm::ProcessSlurmTool slurm_tool;
-  if (absl::Status s = scheduler.StartSlurm(
+  if (absl::Status s = scheduler.slurm().Start(
           &slurm_tool,
           SlurmLaunches(options.profiles, address, listener->slurm_ca_pem));
       !s.ok()) {

@@ -1,5 +1,5 @@
-// Client operations and placement. Worker streams, liveness and recovery
-// are in scheduler_workers.cc.
+// Client operations and placement. Start, loading and recovery are in
+// scheduler_load.cc; the parts the Scheduler owns have files of their own.
 #include "scheduler/scheduler.h"
 
 #include <sys/resource.h>
@@ -26,27 +26,6 @@
 namespace dlbatch::scheduler {
 namespace {
 
-v1::Job ToProto(const JobRecord& rec) {
-  v1::Job job;
-  job.set_id(rec.id);
-  *job.mutable_spec() = rec.spec;
-  job.set_state(rec.state);
-  job.set_attempt(rec.attempt);
-  job.set_user(rec.user);
-  job.set_submit_time_ms(rec.submit_ms);
-  job.set_start_time_ms(rec.start_ms);
-  job.set_end_time_ms(rec.end_ms);
-  for (const Part& p : rec.parts) {
-    auto* part = job.add_placement();
-    part->set_worker_id(p.worker);
-    part->mutable_devices()->Add(p.devices.begin(), p.devices.end());
-  }
-  job.set_exit_code(rec.exit_code);
-  job.set_reason(rec.reason);
-  job.set_sweep_id(rec.sweep_id);
-  return job;
-}
-
 // What a submit asked for, as a SHA-256 (hex): its spec with the defaults
 // Submit fills in, and its --after set, serialized deterministically. The
 // request id and user are the key it is stored under, so left out.
@@ -71,17 +50,19 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
                      const Clock* clock, SchedulerOptions options,
                      DiskGuard* disk)
     : SchedulerState(store, reader, blobs, clock, std::move(options), disk),
-      rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))),
       admin_(*this),
       users_(*this),
-      slurm_side_(NewSlurmSide(*this)),
-      slurm_(std::make_unique<slurm::SlurmBridge>(
-          slurm_side_.get(), clock,
-          slurm::SlurmBridgeOptions{options_.slurm_profiles,
-                                    options_.slurm_poll_ms,
-                                    options_.max_attempts})),
+      control_(*this),
+      watchers_(*this),
+      streams_(*this),
+      slurm_(*this),
       follow_(std::make_unique<DiaryFollowHub>(static_cast<FollowSource*>(this),
                                                clock)) {
+  SetParts({.control = &control_,
+            .users = &users_,
+            .watchers = &watchers_,
+            .follow = follow_.get(),
+            .bridge = &slurm_.bridge()});
   absl::MutexLock lock(&mu_);
   core_ = NewCore();
 }
@@ -95,7 +76,7 @@ void Scheduler::Stop() {
     queue_cv_.SignalAll();
     stop_cv_.SignalAll();
   }
-  slurm_->Stop();
+  bridge().Stop();
   if (loop_.joinable()) loop_.join();
   admin_.JoinRetention();
 }
@@ -108,27 +89,6 @@ bool Scheduler::SleepUnlessStopped(absl::Duration d) {
   }
   return !stopping_;
 }
-
-QueuedJob Scheduler::ToQueued(const JobRecord& job) const {
-  QueuedJob q;
-  q.id = job.id;
-  q.profile = job.spec.profile();
-  q.pool = job.spec.pool();
-  q.priority = job.spec.priority();
-  q.seq = job.id;
-  q.max_nodes = std::max(1, job.spec.max_nodes());
-  q.time_limit_ms = job.spec.time_limit_s() * 1000;
-  q.user = job.user;
-  return q;
-}
-
-void Scheduler::Changed(int64_t job_id) {
-  mu_.AssertHeld();
-  follow_->Notify(job_id);  // its reads take mu_: after this commit
-  PublishJob(job_id);
-}
-
-v1::Job Scheduler::RecordToProto(const JobRecord& rec) { return ToProto(rec); }
 
 absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
     const v1::SubmitJobRequest& request) {
@@ -148,8 +108,8 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   // Jobs for Slurm: refused now where they could never run (sinfo is read
   // without the lock).
   for (const v1::JobSpec& s : specs) {
-    if (slurm_->ProfileOf(s.profile()) != nullptr) {
-      RETURN_IF_ERROR(slurm_->CheckSubmit(s, request.user()));
+    if (bridge().ProfileOf(s.profile()) != nullptr) {
+      RETURN_IF_ERROR(bridge().CheckSubmit(s, request.user()));
     }
   }
   // --after as a set: the same jobs in any order are the same request.
@@ -234,11 +194,12 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
       rec.submit_ms = now;
       // A job of a Slurm profile waits in Slurm, not in the placement
       // core: what it may ask was checked against the partition above.
-      if (slurm_->ProfileOf(rec.spec.profile()) != nullptr) {
+      if (bridge().ProfileOf(rec.spec.profile()) != nullptr) {
         records.push_back(std::move(rec));
         continue;
       }
-      RETURN_IF_ERROR(core_->CheckSatisfiable(ToQueued(rec), Labels()));
+      RETURN_IF_ERROR(
+          core_->CheckSatisfiable(ToQueued(rec), control_.Labels(*this)));
       RETURN_IF_ERROR(users_.CheckUserRuns(*this, rec));
       // Within the user's queued limit with this submit's earlier jobs.
       int count = 1;
@@ -331,66 +292,11 @@ absl::Status Scheduler::CheckDevicesFit(const v1::JobSpec& spec) const {
                          absl::StrJoin(with_gpus, " or --profile "), ")")));
 }
 
-absl::Status Scheduler::BeginAttempt(ActiveJob& job,
-                                     const std::vector<Part>& parts,
-                                     int64_t now, Outbox* starts) {
-  mu_.AssertHeld();
-  JobRecord& rec = job.record;
-  rec.state = v1::JOB_STATE_RUNNING;
-  rec.attempt += 1;
-  rec.start_ms = now;
-  rec.parts = parts;
-  job.part_ended.assign(parts.size(), false);
-  job.part_exit.assign(parts.size(), 0);
-  job.failure.clear();
-  RETURN_IF_ERROR(store_->UpdateJob(rec));
-  RETURN_IF_ERROR(store_->AddEvent(rec.id, rec.state, rec.attempt, now, ""));
-  const bool train = rec.spec.has_train();
-  if (train) {
-    rendezvous_.Open(rec.id, rec.attempt);
-    if (job.checkpoint.files_size() > 0) {
-      RETURN_IF_ERROR(Diary(
-          rec.id, rec.attempt,
-          absl::StrCat("[dlbatch] attempt ", rec.attempt,
-                       " resumes from the checkpoint stored at iteration ",
-                       job.checkpoint.iteration(), " (by attempt ",
-                       job.checkpoint.attempt(), ")")));
-    }
-  }
-  int first_rank = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const int part_first_rank = first_rank;
-    first_rank += static_cast<int>(parts[i].devices.size());
-    auto w = workers_.find(parts[i].worker);
-    if (w == workers_.end()) continue;
-    v1::SchedulerMessage msg;
-    auto* start = msg.mutable_start();
-    start->set_job_id(rec.id);
-    start->set_attempt(rec.attempt);
-    *start->mutable_spec() = rec.spec;
-    start->mutable_devices()->Add(parts[i].devices.begin(),
-                                  parts[i].devices.end());
-    start->set_pool(rec.spec.pool());
-    start->set_user(rec.user);
-    start->set_part(static_cast<int>(i));
-    start->set_parts(static_cast<int>(parts.size()));
-    start->set_first_rank(part_first_rank);
-    start->set_max_output_bytes(options_.max_output_bytes);
-    if (train) {
-      start->set_rendezvous_secret(rendezvous_.SecretFor(rec.id, rec.attempt));
-      *start->mutable_checkpoint() = job.checkpoint.files();
-      start->set_checkpoint_iteration(job.checkpoint.iteration());
-    }
-    starts->emplace_back(w->second.session, std::move(msg));
-  }
-  Changed(rec.id);
-  return absl::OkStatus();
-}
-
 absl::Status Scheduler::PlaceJobs(Outbox* out) {
   mu_.AssertHeld();
   if (!broken_.ok()) return broken_;
-  RETURN_IF_ERROR(ResolveAfter());  // jobs waiting for others (--after)
+  RETURN_IF_ERROR(
+      control_.ResolveAfter(*this));  // jobs waiting for others (--after)
   auto t0 = std::chrono::steady_clock::now();
   std::vector<Decision> decisions = core_->Schedule(clock_->NowMs());
   double ms = std::chrono::duration<double, std::milli>(
@@ -430,66 +336,13 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
   return absl::OkStatus();
 }
 
-std::string Scheduler::WaitReason(const ActiveJob& job) const {
-  mu_.AssertHeld();
-  if (std::string control = ControlWaitReason(job); !control.empty()) {
-    return control;
-  }
-  if (slurm_->ProfileOf(job.record.spec.profile()) != nullptr) {
-    SlurmLockHeld();
-    return slurm_->WaitReason(job.record.id, job.record.attempt);
-  }
-  auto info = core_->Explain(job.record.id);
-  if (!info) return "";
-  const std::string& profile = job.record.spec.profile();
-  if (info->over_limit) {
-    return absl::StrFormat("waiting: %s holds %d of their %d slot%s on '%s'",
-                           info->user, info->user_slots, info->user_slot_limit,
-                           info->user_slot_limit == 1 ? "" : "s", profile);
-  }
-  // It fits only with workers that take no jobs now: those are the news.
-  if (std::string workers = WorkersWaitReason(*info); !workers.empty()) {
-    return workers;
-  }
-  // Workers that do not run the user's jobs are left out of the counts.
-  std::string reason = users_.UsersWaitReason(*this, job, *info);
-  if (reason.empty()) {
-    reason =
-        absl::StrFormat("waiting for %d slot%s on '%s': %d free", info->needed,
-                        info->needed == 1 ? "" : "s", profile, info->free_now);
-  }
-  if (info->unable_workers == 0 && job.record.spec.max_nodes() <= 1 &&
-      info->free_now >= info->needed) {
-    absl::StrAppendFormat(&reason, " (at most %d on one worker)",
-                          info->largest_free);
-  }
-  if (info->offline_slots > 0) {
-    absl::StrAppendFormat(&reason, ", %d offline", info->offline_slots);
-  }
-  if (info->draining_slots > 0) {
-    absl::StrAppendFormat(&reason, ", %d draining", info->draining_slots);
-  }
-  if (info->jobs_ahead > 0) {
-    absl::StrAppendFormat(&reason, ", %d job%s ahead (#%d, priority %d)",
-                          info->jobs_ahead, info->jobs_ahead == 1 ? "" : "s",
-                          info->first_ahead, info->first_ahead_priority);
-  }
-  if (info->reserved && info->reserved_start != kNever) {
-    absl::StrAppend(&reason, "; next to start, in about ",
-                    FormatDurationMs(info->reserved_start - clock_->NowMs()));
-  } else if (info->reserved) {
-    absl::StrAppend(&reason, "; next to start, when running jobs end");
-  }
-  return reason;
-}
-
 absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
   ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job_id));
   if (!rec) {
     return absl::NotFoundError(
         absl::StrCat("no job ", job_id, "; `dlbatch jobs` lists the jobs"));
   }
-  v1::Job job = ToProto(*rec);
+  v1::Job job = RecordToProto(*rec);
   ASSIGN_OR_RETURN(auto history, reader_->History(job_id));
   for (auto& h : history) *job.add_history() = std::move(h);
   ASSIGN_OR_RETURN(int64_t lines, reader_->DiaryCount(job_id));
@@ -513,7 +366,7 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
                       ? v1::JOB_STATE_CANCELLING
                       : live.state);
     if (live.state == v1::JOB_STATE_QUEUED)
-      job.set_wait_reason(WaitReason(it->second));
+      job.set_wait_reason(watchers_.WaitReason(*this, it->second));
     job.set_held(it->second.held);
     job.mutable_after()->Add(it->second.after.begin(), it->second.after.end());
   }
@@ -567,7 +420,7 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
     if (it->second.held) job.set_held(true);
     if (it->second.record.state == v1::JOB_STATE_QUEUED &&
         ++explained <= kListedWaitReasons)
-      job.set_wait_reason(WaitReason(it->second));
+      job.set_wait_reason(watchers_.WaitReason(*this, it->second));
   }
   return reply;
 }
@@ -618,7 +471,7 @@ absl::StatusOr<v1::CancelJobsReply> Scheduler::Cancel(
     (void)PlaceJobs(&out);
   }
   Deliver(out);
-  slurm_->Poke();  // scancel without waiting (a no-op without Slurm)
+  bridge().Poke();  // scancel without waiting (a no-op without Slurm)
   return reply;
 }
 
@@ -714,11 +567,11 @@ v1::ListProfilesReply Scheduler::ListProfiles() {
   v1::ListProfilesReply reply = ListProfilesLocked();
   // Slurm's view of each Slurm profile, read with sinfo outside the lock.
   for (v1::ProfileInfo& info : *reply.mutable_profiles()) {
-    const slurm::SlurmProfile* p = slurm_->ProfileOf(info.name());
+    const slurm::SlurmProfile* p = bridge().ProfileOf(info.name());
     if (p == nullptr) continue;
     v1::SlurmPartition* view = info.mutable_slurm();
     view->set_partition(p->partition);
-    absl::StatusOr<slurm::PartitionView> read = SlurmView(info.name());
+    absl::StatusOr<slurm::PartitionView> read = slurm_.View(info.name());
     if (!read.ok()) {
       view->set_error(std::string(read.status().message()));
       continue;
@@ -789,12 +642,6 @@ absl::StatusOr<v1::ListOutputsReply> Scheduler::ListOutputs(int64_t job_id) {
   ASSIGN_OR_RETURN(auto files, reader_->Outputs(job_id));
   for (auto& f : files) *reply.add_files() = std::move(f);
   return reply;
-}
-
-absl::StatusOr<std::vector<CredentialRecord>> Scheduler::JobCredentials() {
-  absl::MutexLock lock(&mu_);
-  SlurmLockHeld();
-  return slurm_->JobCredentials();
 }
 
 }  // namespace dlbatch::scheduler

@@ -7,6 +7,19 @@
 // collected under the lock and sent after it is released. Placement runs
 // on every event that can change its answer, never on a timer; the loop's
 // only timer checks worker liveness.
+//
+// The Scheduler is split by concern into parts, each with its lock story
+// at the top of its header: Admin (admin.h: purge, backup, status), Users
+// (users.h: tokens, limits, whose jobs workers run), Control (control.h:
+// drain, remove, hold, release, requeue, --after), Watchers (watchers.h:
+// WatchEvents streams, the views of jobs and workers, wait reasons),
+// WorkerStreams (worker_streams.h: the loop thread's worker messages and
+// liveness) and SlurmProfiles (slurm_profiles.h: the Slurm bridge and its
+// host). They share the SchedulerState (scheduler_state.h), which holds
+// the one lock, the state under it and the job's life every part moves
+// jobs through; the Scheduler owns the parts, and keeps the jobs' own
+// calls (submit, show, list, cancel, wait, diary), loading and recovery,
+// placement and the loop thread.
 #ifndef DLBATCH_SCHEDULER_SCHEDULER_H_
 #define DLBATCH_SCHEDULER_SCHEDULER_H_
 
@@ -33,6 +46,7 @@
 #include "dlbatch/v1/scheduler.pb.h"
 #include "proto/job_state.h"
 #include "scheduler/admin.h"
+#include "scheduler/control.h"
 #include "scheduler/core/placement.h"
 #include "scheduler/diary_follow.h"
 #include "scheduler/disk_guard.h"
@@ -44,17 +58,23 @@
 #include "scheduler/slurm/commands.h"
 #include "scheduler/slurm/launcher.h"
 #include "scheduler/slurm/tool.h"
+#include "scheduler/slurm_profiles.h"
 #include "scheduler/store/backup.h"
 #include "scheduler/store/blob_store.h"
 #include "scheduler/store/store.h"
 #include "scheduler/users.h"
+#include "scheduler/watchers.h"
+#include "scheduler/worker_streams.h"
 
 namespace dlbatch::scheduler {
 
 // The facade the services call: jobs and workers here, administration in
 // admin() (admin.h), credentials, limits and whose jobs workers run in
-// users() (users.h). Its state, and the lock that guards it, are the
-// SchedulerState it derives from (scheduler_state.h, the lock story).
+// users() (users.h), worker administration and job control in control()
+// (control.h), WatchEvents streams in watchers() (watchers.h), profiles of
+// Slurm in slurm() (slurm_profiles.h). Its state, and the lock that guards
+// it, are the SchedulerState it derives from (scheduler_state.h, the lock
+// story).
 class Scheduler : private FollowSource, private SchedulerState {
  public:
   // Borrowed pointers must outlive the scheduler. disk: the state folder's
@@ -107,70 +127,14 @@ class Scheduler : private FollowSource, private SchedulerState {
   Admin& admin() { return admin_; }
   // Tokens, per-user limits and usage, whose jobs workers run (users.h).
   Users& users() { return users_; }
-  // The one-job credentials of the jobs' Slurm jobs (kept with them in the
-  // store, never listed with the others).
-  absl::StatusOr<std::vector<CredentialRecord>> JobCredentials()
-      ABSL_LOCKS_EXCLUDED(mu_);
-
-  // ---- profiles of Slurm (slurm/bridge.h, scheduler_slurm.cc) ----
-  // Where a job's one-job credential goes when its Slurm record is written,
-  // and leaves when it is forgotten (null: nowhere). Set before the first
-  // PutSlurmJob; the table must outlive the scheduler.
-  void set_credential_table(CredentialTable* table) {
-    slurm_->set_credential_table(table);
-  }
-  // The job's Slurm record (SlurmLedger, for the launcher): committed in a
-  // transaction of its own before returning, then kept in memory for the
-  // registrations of its workers, with its credential in the table.
-  absl::Status PutSlurmJob(const slurm::SlurmJobRecord& record)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The job no longer has a Slurm job: its record and credential go.
-  absl::Status ForgetSlurmJob(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // How the jobs of Slurm profiles reach Slurm: `tool` runs sbatch, squeue,
-  // sinfo and scancel (borrowed; must outlive the scheduler), `launch`
-  // (by profile name) what each batch script needs to dial back (the
-  // token is made per job). Starts the thread that submits queued jobs to
-  // Slurm and reconciles with squeue; until then such jobs stay queued and
-  // a submit to such a profile is refused. Call once, after Start. Fails
-  // where the store cannot give the scheduler's instance id (which its
-  // Slurm jobs' names carry); Slurm's jobs are then left alone.
-  absl::Status StartSlurm(slurm::SlurmTool* tool,
-                          std::map<std::string, slurm::WorkerLaunch> launch)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The instance id the scheduler's Slurm jobs are named with; empty
-  // before StartSlurm.
-  const std::string& slurm_instance() const { return slurm_->instance(); }
-  // Whether the one-job credential of `job_id` may upload now: while its
-  // job runs (its outputs and checkpoints), never before or after.
-  bool SlurmJobUploads(int64_t job_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Slurm's view of a Slurm profile's partition (sinfo), for `dlbatch
-  // profiles`; NotFound for a profile that is not of Slurm.
-  absl::StatusOr<slurm::PartitionView> SlurmView(const std::string& profile)
-      ABSL_LOCKS_EXCLUDED(mu_);
-
-  // ---- workers and job control (scheduler_control.cc) ----
-  // Drains (drain true) or resumes the worker named `name` (or numbered):
-  // a drained one takes no new jobs; kept in the store by name.
-  absl::StatusOr<v1::WorkerInfo> DrainWorker(const std::string& name,
-                                             bool drain,
-                                             const std::string& reason)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Forgets a worker that is offline, or drained and idle; its slots leave
-  // its profile, and queued jobs that can no longer ever run fail.
-  absl::StatusOr<v1::RemoveWorkerReply> RemoveWorker(const std::string& name)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Hold, release or requeue each job (the caller checked who may).
-  absl::StatusOr<v1::ControlJobsReply> ControlJobs(
-      const v1::ControlJobsRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // ---- WatchEvents streams; any thread ----
-  // Adds a stream: its queue holds the snapshot (running jobs, up to
-  // kWatchQueuedJobs queued ones, the most recently ended, every worker)
-  // closed by snapshot_done, then every change as it is published. The
-  // caller starts it with Pump() and calls Unwatch when the stream is done.
-  absl::StatusOr<std::shared_ptr<WatchQueue>> Watch(
-      const v1::WatchEventsRequest& request, EventWriter* writer);
-  void Unwatch(const WatchQueue* queue);
+  // Drain, resume and remove workers; hold, release and requeue jobs
+  // (control.h).
+  Control& control() { return control_; }
+  // WatchEvents streams (watchers.h).
+  Watchers& watchers() { return watchers_; }
+  // Profiles of Slurm: the bridge's start, the one-job credentials, Slurm's
+  // view of a partition (slurm_profiles.h).
+  SlurmProfiles& slurm() { return slurm_; }
 
   // ---- worker streams; queued to the loop thread ----
   void OnWorkerMessage(std::shared_ptr<WorkerSession> session,
@@ -186,11 +150,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   void set_metrics(Metrics* metrics) { metrics_ = metrics; }
 
  private:
-  struct Event {
-    std::shared_ptr<WorkerSession> session;
-    std::optional<v1::WorkerMessage> message;  // empty: the stream is gone
-  };
-
   // FollowSource, for the followers' pool threads.
   absl::StatusOr<int64_t> DiaryTailStart(int64_t job, int64_t tail) override;
   absl::StatusOr<DiaryRead> ReadDiaryLines(int64_t job, int64_t after,
@@ -201,82 +160,10 @@ class Scheduler : private FollowSource, private SchedulerState {
     return GetJob(job);
   }
 
-  // ---- job control and worker administration (scheduler_control.cc) ----
-  // After Load's workers and jobs: drains and job control from the store.
-  absl::Status LoadControl() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  WorkerState* FindWorkerNamed(const std::string& name)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops a worker from memory, the core and the store, then fails the
-  // queued jobs that can no longer ever run (their ids in *failed).
-  // REQUIRES: a transaction open.
-  absl::Status ForgetWorker(int64_t worker_id, const std::string& why,
-                            std::vector<int64_t>* failed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets workers lost longer than options_.forget_offline_ms.
-  void ForgetOffline(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status SaveControl(const ActiveJob& job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues a job that ended (failed, cancelled) again.
-  absl::Status RequeueEnded(int64_t job_id, v1::ControlResult* result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A running job whose requeue was asked has ended: queued again.
-  absl::Status RequeueAsked(ActiveJob& job, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Jobs waiting for others (--after) whose answer may have changed:
-  // enqueued when all finished, failed when one did not. In a transaction
-  // of its own. REQUIRES: no transaction open.
-  absl::Status ResolveAfter() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The wait reason of a held or --after job; empty otherwise.
-  std::string ControlWaitReason(const ActiveJob& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The wait reason of a job that fits only with workers that take no jobs
-  // now (draining or offline ones, each named); empty otherwise.
-  std::string WorkersWaitReason(const WaitInfo& info) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Names workers in the core's messages, with since when each offline
-  // one is. Call the labeler only under mu_.
-  WorkerLabeler Labels() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // ---- profiles of Slurm (scheduler_slurm.cc) ----
-  // The scheduler as the Slurm bridge's host (slurm/host.h): its jobs and
-  // workers under mu_, which is the bridge's host lock. Made by
-  // NewSlurmSide, where it is defined.
-  class SlurmSide;
-  friend struct slurm::WorkerMail;  // the Outbox, as the bridge passes it
-  static std::unique_ptr<slurm::SlurmHost> NewSlurmSide(Scheduler& scheduler);
-  // Asserts that mu_, held, is the bridge's host lock: the bridge's methods
-  // that require it may be called after this.
-  void SlurmLockHeld() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
-      ABSL_ASSERT_EXCLUSIVE_LOCK(slurm_->host_mutex()) {
-    slurm_->host_mutex().AssertHeld();
-  }
-  // A queued job's way to its start: the placement core for profiles of
-  // workers, the Slurm thread's launches for profiles of Slurm.
-  void EnqueueJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A worker of a Slurm batch job registered: it joins its job's gang, and
-  // the job starts on the gang's parts once every node's worker is in
-  // (SlurmBridge::Join). REQUIRES: a transaction open.
-  absl::Status JoinSlurmGang(const WorkerState& worker, const v1::Register& reg,
-                             Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Part of Load: the running jobs' parts whose end was reported, from the
-  // store; the Slurm workers that left with every part they hold ended
-  // (never lost for it), jobs whose end waited for Slurm's word, and the
-  // Slurm resubmissions of queued jobs.
-  absl::Status LoadPartEnds() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Starts attempt rec.attempt + 1 of a queued job on `parts`: the record,
-  // its event and the StartJob messages (into `starts`). REQUIRES: a
-  // transaction open; the core already holds the parts.
-  absl::Status BeginAttempt(ActiveJob& job, const std::vector<Part>& parts,
-                            int64_t now, Outbox* starts)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   v1::ListProfilesReply ListProfilesLocked() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Loop thread.
   void Loop();
-  void ProcessBatch(std::deque<Event>& batch);
-  void CheckLiveness();
   // The retention task's wait (Admin): up to `d`, false once stopping.
   bool SleepUnlessStopped(absl::Duration d) ABSL_LOCKS_EXCLUDED(queue_mu_);
 
@@ -286,27 +173,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   // SchedulerState's: reloads memory from the last commit.
   void Recover(const absl::Status& why) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A note in the diary of a job that ends about what it lost (lines
-  // refused while the disk was full).
-  absl::Status NoteLosses(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One worker message inside the batch's transaction. A failure tied to
-  // the message is refused once (undone, acknowledged, its reason in the
-  // job's diary); only a failure of the store as a whole is returned.
-  absl::Status HandleEvent(Event& event, Outbox* out, Outbox* acks)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleDiary(const v1::DiaryBatch& batch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Start latency for the metrics: a worker said something about a job.
-  void NoteReport(const v1::WorkerMessage& m)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stores lines within the job's diary cap (scheduler_diary.cc).
-  absl::Status StoreCappedDiary(ActiveJob& job, const v1::DiaryBatch& batch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoadDiaryBudget(ActiveJob& job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // All below REQUIRE mu_ held and, where they write, a transaction open.
-
   // A train job whose execution_environment asks for GPUs (gpu, multi-gpu)
   // on a profile whose known workers all offer CPU slots could only fail
   // where it starts: refused at submission instead, naming the profiles
@@ -314,96 +180,26 @@ class Scheduler : private FollowSource, private SchedulerState {
   // PlacementCore::CheckSatisfiable.)
   absl::Status CheckDevicesFit(const v1::JobSpec& spec) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleRegister(const std::shared_ptr<WorkerSession>& session,
-                              const v1::Register& reg, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleEnded(int64_t worker_id, const v1::JobEnded& ended,
-                           Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every part of `job` has ended: the job ends (or is requeued, as asked)
-  // as its workers reported. REQUIRES: a transaction open.
-  absl::Status EndAsReported(ActiveJob& job, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job a worker's report is about if it is the attempt and part that
-  // worker runs now; null for a stale report.
-  ActiveJob* ReportedJob(int64_t worker_id, int64_t job_id, int attempt,
-                         int part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleProgress(int64_t worker_id,
-                              const v1::JobProgress& progress)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleCheckpoint(int64_t worker_id,
-                                const v1::CheckpointStored& checkpoint)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fills a job's progress and checkpoint from memory or the store.
-  void AddTrainState(v1::Job* job) ABSL_LOCKS_EXCLUDED(mu_);
-  // A worker's stream ended. A Slurm job's worker that runs nothing more
-  // is forgotten (it serves one job and never returns).
-  absl::Status HandleGone(const std::shared_ptr<WorkerSession>& session)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Requeues (or fails, past max_attempts) a job whose worker was lost.
-  absl::Status RequeueLost(ActiveJob& job, const std::string& why, Outbox* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoseWorker(WorkerState& worker, const std::string& why,
-                          Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status EndJob(ActiveJob& job, v1::JobState state, int exit_code,
-                      const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status SetState(ActiveJob& job, v1::JobState state,
-                        const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CancelParts(const ActiveJob& job, const std::string& why, int skip_part,
-                   Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SchedulerState's: a placement pass, its decisions committed.
   absl::Status PlaceJobs(Outbox* out) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds a line of dlbatch's own to a job's diary.
-  absl::Status Diary(int64_t job_id, int attempt, const std::string& text)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  QueuedJob ToQueued(const JobRecord& job) const;
-  std::string WaitReason(const ActiveJob& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Changed(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands the job's current state to WatchEvents streams, with the workers
-  // whose slots it took or freed. Changed() calls it; call it directly after
-  // a change to a job's record that does not go through Changed() (such as
-  // new progress). Cheap when nobody watches. (scheduler_events.cc)
-  void PublishJob(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The same for a worker that joined, left or was lost.
-  void PublishWorker(int64_t worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job as WatchEvents shows it: the spec cut to its summary, the live
-  // state and wait reason, worker names.
-  v1::Job JobView(const ActiveJob& job) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::WorkerInfo WorkerView(const WorkerState& worker) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static v1::Job RecordToProto(const JobRecord& rec);
-
   // (The collaborators, mu_ and the state it guards are SchedulerState's.)
-  RendezvousStore rendezvous_;
-  std::unordered_map<const WorkerSession*, int64_t> session_worker_
-      ABSL_GUARDED_BY(mu_);
-  EventHub events_;
-  // Jobs with a non-empty `after`, and whether one ended since they were
-  // last looked at (ResolveAfter).
-  std::set<int64_t> waiting_after_ ABSL_GUARDED_BY(mu_);
-  bool after_dirty_ ABSL_GUARDED_BY(mu_) = false;
-  // Names of connected workers just removed: their next registration is
-  // refused, once.
-  std::set<std::string> refuse_once_ ABSL_GUARDED_BY(mu_);
-  WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);  // valid while watched
 
   absl::Mutex queue_mu_;
   absl::CondVar queue_cv_;
-  std::deque<Event> queue_ ABSL_GUARDED_BY(queue_mu_);
+  std::deque<WorkerEvent> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   absl::CondVar stop_cv_;  // with queue_mu_: wakes the retention task
   std::thread loop_;
   Admin admin_;  // its retention task is joined by Stop
   Users users_;
+  Control control_;
+  Watchers watchers_;
+  WorkerStreams streams_;
   // Profiles of Slurm: the bridge owns the Slurm thread and state and
-  // reaches the scheduler through slurm_side_ (a SlurmSide). The bridge
-  // goes first: its thread reads through the side and the members above.
-  std::unique_ptr<slurm::SlurmHost> slurm_side_;
-  std::unique_ptr<slurm::SlurmBridge> slurm_;
+  // reaches the scheduler through its host, the members above. It goes
+  // first: its thread reads through them.
+  SlurmProfiles slurm_;
   // Last: its threads read through the members above, so it goes first.
   std::unique_ptr<DiaryFollowHub> follow_;
 };
@@ -413,10 +209,10 @@ class SlurmLedger final : public slurm::SlurmJobLedger {
  public:
   explicit SlurmLedger(Scheduler* scheduler) : scheduler_(scheduler) {}
   absl::Status Put(const slurm::SlurmJobRecord& record) override {
-    return scheduler_->PutSlurmJob(record);
+    return scheduler_->slurm().PutJob(record);
   }
   absl::Status Forget(int64_t job_id) override {
-    return scheduler_->ForgetSlurmJob(job_id);
+    return scheduler_->slurm().ForgetJob(job_id);
   }
 
  private:

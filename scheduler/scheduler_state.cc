@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/endpoint.h"
 
 namespace dlbatch::scheduler {
 
@@ -20,7 +21,8 @@ SchedulerState::SchedulerState(Store* store, StoreReader* reader,
       options_(std::move(options)),
       own_disk_(disk ? nullptr
                      : std::make_unique<DiskGuard>("", /*reserve_bytes=*/0)),
-      disk_(disk ? disk : own_disk_.get()) {}
+      disk_(disk ? disk : own_disk_.get()),
+      rendezvous_(GenerateToken().value_or(std::to_string(clock->NowMs()))) {}
 
 absl::Status SchedulerState::InTransaction(
     const std::function<absl::Status()>& body) {

@@ -1,29 +1,41 @@
 // The state the Scheduler's parts share (the Scheduler itself, Admin,
-// Users), and what a part asks of the Scheduler with it. The Scheduler is
-// the one implementation, and the one owner: it derives from this class,
-// so its own code names the members directly, and hands itself to its
-// parts as their SchedulerState.
+// Users, Control, Watchers, WorkerStreams, SlurmProfiles), the job's life
+// that every part moves jobs through, and what a part asks of the
+// Scheduler with it. The Scheduler is the one implementation, and the one
+// owner: it derives from this class, so its own code names the members
+// directly, and hands itself to its parts as their SchedulerState.
 //
 // Lock story. One mutex, mu_, guards every member marked
 // ABSL_GUARDED_BY(mu_): the placement core, the jobs and workers in
-// memory, the per-user limits, the store's broken status and the
-// placement counters. A client call or a batch of worker messages takes
-// it, changes memory and the store inside one transaction (the store's
-// writer is used only under mu_), commits, and only then releases it and
-// replies; messages to workers are collected in an Outbox under it and
-// sent (Deliver) once it is released. No I/O to a client or worker is done
-// under it.
+// memory, the per-user limits, the store's broken status, the placement
+// counters, and the parts' own state kept here so that the lock that
+// guards it is this one (Control's --after set, the worker streams'
+// sessions, the watchers' slot index). A client call or a batch of worker
+// messages takes it, changes memory and the store inside one transaction
+// (the store's writer is used only under mu_), commits, and only then
+// releases it and replies; messages to workers are collected in an Outbox
+// under it and sent (Deliver) once it is released. No I/O to a client or
+// worker is done under it.
 //
 // A part's function that runs with mu_ held takes the state as its first
 // argument `s` and is marked ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_); the
 // Scheduler passes itself. clang's -Wthread-safety then checks the lock
 // from each caller to the next across the classes (a lock reached through
 // a part's own reference would be another lock to it). A part's entry
-// point takes mu_ through its own reference and passes that on.
+// point takes mu_ through its own reference and passes that on. Parts
+// reach each other through the accessors below (s.control(),
+// s.watchers(), ...): pointers the Scheduler sets at construction and
+// never replaces.
+//
+// The job's life (job_life.cc: queued, started, ended, requeued, and the
+// notes in its diary) is helpers on this class rather than a part of its
+// own: it owns nothing but what is here, every part calls it, and as the
+// state's own functions it is checked against s.mu_ with no part between.
 //
 // Locks taken while mu_ is held are leaves of their own (the event hub's,
-// the diary followers', the disk guard's, the SlurmBridge's own mu_);
-// Admin's purge_mu_ is taken before it, never under it.
+// the diary followers', the disk guard's, the rendezvous', the
+// SlurmBridge's own mu_); Admin's purge_mu_ is taken before it, never
+// under it.
 #ifndef DLBATCH_SCHEDULER_SCHEDULER_STATE_H_
 #define DLBATCH_SCHEDULER_SCHEDULER_STATE_H_
 
@@ -44,12 +56,20 @@
 #include "dlbatch/v1/scheduler.pb.h"
 #include "scheduler/core/placement.h"
 #include "scheduler/disk_guard.h"
+#include "scheduler/event_hub.h"
 #include "scheduler/metrics.h"
+#include "scheduler/rendezvous.h"
 #include "scheduler/scheduler_options.h"
+#include "scheduler/slurm/bridge.h"
 #include "scheduler/store/blob_store.h"
 #include "scheduler/store/store.h"
 
 namespace dlbatch::scheduler {
+
+class Control;
+class DiaryFollowHub;
+class Users;
+class Watchers;
 
 // A running job's diary against its cap: the stored cut, and (once cut)
 // the newest line stored per (attempt, part), so that a resend of a line
@@ -101,7 +121,7 @@ class SchedulerState {
     DiaryBudget diary;                // loaded with the first line
     int64_t disk_dropped_lines = 0;   // lines refused while the disk was full
     int64_t disk_dropped_bytes = 0;
-    // Job control (scheduler_control.cc): a held job, or one waiting for
+    // Job control (control.cc): a held job, or one waiting for
     // the jobs in `after`, is queued but not in the placement core; a
     // requeue asked while it runs stops it and queues it again.
     bool held = false;
@@ -175,6 +195,58 @@ class SchedulerState {
   // Sends each message of `out` (a null session: dropped) and empties it.
   // Call without mu_.
   static void Deliver(Outbox& out);
+  // Asserts that mu_, held, is the Slurm bridge's host lock: the bridge's
+  // methods that require it may be called after this.
+  void SlurmLockHeld() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      ABSL_ASSERT_EXCLUSIVE_LOCK(bridge().host_mutex()) {
+    bridge().host_mutex().AssertHeld();
+  }
+
+  // ---- a job's life (job_life.cc) ----
+  // All REQUIRE mu_ held and, where they write, a transaction open.
+  // A queued job's way to its start: the placement core for profiles of
+  // workers, the Slurm thread's launches for profiles of Slurm.
+  void EnqueueJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts attempt rec.attempt + 1 of a queued job on `parts`: the record,
+  // its event and the StartJob messages (into `starts`). The core already
+  // holds the parts.
+  absl::Status BeginAttempt(ActiveJob& job, const std::vector<Part>& parts,
+                            int64_t now, Outbox* starts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SetState(ActiveJob& job, v1::JobState state,
+                        const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EndJob(ActiveJob& job, v1::JobState state, int exit_code,
+                      const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every part of `job` has ended: the job ends (or is requeued, as asked)
+  // as its workers reported.
+  absl::Status EndAsReported(ActiveJob& job, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Requeues (or fails, past max_attempts) a job whose worker was lost.
+  absl::Status RequeueLost(ActiveJob& job, const std::string& why, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels the job's parts still running, but `skip_part`.
+  void CancelParts(const ActiveJob& job, const std::string& why, int skip_part,
+                   Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a line of dlbatch's own to a job's diary.
+  absl::Status Diary(int64_t job_id, int attempt, const std::string& text)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A note in the diary of a job that ends about what it lost (lines
+  // refused while the disk was full).
+  absl::Status NoteLosses(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job changed: its diary followers and waiters are woken (their
+  // reads take mu_: after this commit) and watchers sent its state.
+  void Changed(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static QueuedJob ToQueued(const JobRecord& job);
+  static v1::Job RecordToProto(const JobRecord& rec);
+
+  // ---- the parts: set at construction, never replaced ----
+  Control& control() const { return *parts_.control; }
+  Users& users() const { return *parts_.users; }
+  Watchers& watchers() const { return *parts_.watchers; }
+  DiaryFollowHub& follow() const { return *parts_.follow; }
+  slurm::SlurmBridge& bridge() const { return *parts_.bridge; }
 
   // ---- collaborators: set at construction, never replaced ----
   Store* const store_;  // its writer: only under mu_
@@ -187,6 +259,8 @@ class SchedulerState {
   // Where the scheduler reports what it does; null: nowhere. Set before
   // Start.
   Metrics* metrics_ = nullptr;
+  // The train jobs' rendezvous (thread-safe on its own).
+  RendezvousStore rendezvous_;
 
   // ---- the shared state ----
   mutable absl::Mutex mu_;
@@ -205,6 +279,39 @@ class SchedulerState {
   int64_t passes_ ABSL_GUARDED_BY(mu_) = 0;
   double last_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
   double max_pass_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  // The worker streams': which worker each registered stream is.
+  std::unordered_map<const WorkerSession*, int64_t> session_worker_
+      ABSL_GUARDED_BY(mu_);
+  // Names of connected workers just removed (Control): their next
+  // registration is refused, once.
+  std::set<std::string> refuse_once_ ABSL_GUARDED_BY(mu_);
+  // Control's: jobs with a non-empty `after`, and whether one ended since
+  // they were last looked at (ResolveAfter).
+  std::set<int64_t> waiting_after_ ABSL_GUARDED_BY(mu_);
+  bool after_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // The watchers': the workers each running job holds, valid while
+  // watched.
+  WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);
+
+ protected:
+  // The Scheduler's constructor names its parts, once.
+  struct Parts {
+    Control* control = nullptr;
+    Users* users = nullptr;
+    Watchers* watchers = nullptr;
+    DiaryFollowHub* follow = nullptr;
+    slurm::SlurmBridge* bridge = nullptr;
+  };
+  void SetParts(const Parts& parts) { parts_ = parts; }
+
+ private:
+  Parts parts_;
+};
+
+// The Outbox of the caller that holds mu_, as the Slurm bridge passes it
+// back to its host (slurm/host.h).
+struct slurm::WorkerMail {
+  SchedulerState::Outbox* out;
 };
 
 }  // namespace dlbatch::scheduler

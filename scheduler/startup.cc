@@ -196,7 +196,7 @@ absl::Status LoadCredentials(Scheduler* scheduler, const std::string& state_dir,
   // reconnect under them after a restart. (Added after the reset, so one
   // the scheduler adds meanwhile is never dropped.)
   absl::StatusOr<std::vector<CredentialRecord>> jobs =
-      scheduler->JobCredentials();
+      scheduler->slurm().JobCredentials();
   if (!jobs.ok()) return jobs.status();
   for (CredentialRecord& job : *jobs) table->Put(std::move(job));
   return absl::OkStatus();

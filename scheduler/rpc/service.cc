@@ -263,7 +263,7 @@ grpc::Status SchedulerService::UploadBlob(
   // that job's outputs and checkpoints while the job runs, and nothing at
   // any other time.
   if (const int64_t job = JobOfCredentialKey(caller->credential);
-      job != 0 && !scheduler_->SlurmJobUploads(job)) {
+      job != 0 && !scheduler_->slurm().JobUploads(job)) {
     return ToGrpcStatus(absl::PermissionDeniedError(
         absl::StrCat("permission denied: the credential of dlbatch job ", job,
                      " uploads only while that job runs")));

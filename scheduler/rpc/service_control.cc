@@ -22,8 +22,9 @@ grpc::Status SchedulerService::DrainWorker(
     v1::WorkerInfo* reply) {
   absl::StatusOr<Caller> caller = IdentifyAdmin(*context, "draining workers");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return ReplyWith(
-      scheduler_->DrainWorker(request->name(), true, request->reason()), reply);
+  return ReplyWith(scheduler_->control().DrainWorker(request->name(), true,
+                                                     request->reason()),
+                   reply);
 }
 
 grpc::Status SchedulerService::ResumeWorker(
@@ -31,7 +32,8 @@ grpc::Status SchedulerService::ResumeWorker(
     v1::WorkerInfo* reply) {
   absl::StatusOr<Caller> caller = IdentifyAdmin(*context, "resuming workers");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return ReplyWith(scheduler_->DrainWorker(request->name(), false, ""), reply);
+  return ReplyWith(
+      scheduler_->control().DrainWorker(request->name(), false, ""), reply);
 }
 
 grpc::Status SchedulerService::RemoveWorker(
@@ -39,7 +41,7 @@ grpc::Status SchedulerService::RemoveWorker(
     v1::RemoveWorkerReply* reply) {
   absl::StatusOr<Caller> caller = IdentifyAdmin(*context, "removing workers");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return ReplyWith(scheduler_->RemoveWorker(request->name()), reply);
+  return ReplyWith(scheduler_->control().RemoveWorker(request->name()), reply);
 }
 
 grpc::Status SchedulerService::ControlJobs(
@@ -47,10 +49,10 @@ grpc::Status SchedulerService::ControlJobs(
     v1::ControlJobsReply* reply) {
   absl::StatusOr<Caller> caller = Identify(*context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return ForControllableJobs(*caller, *request, reply,
-                             [&](const v1::ControlJobsRequest& allowed) {
-                               return scheduler_->ControlJobs(allowed);
-                             });
+  return ForControllableJobs(
+      *caller, *request, reply, [&](const v1::ControlJobsRequest& allowed) {
+        return scheduler_->control().ControlJobs(allowed);
+      });
 }
 
 }  // namespace dlbatch::scheduler

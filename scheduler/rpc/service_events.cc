@@ -22,7 +22,7 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::ClusterEvent>,
       return;
     }
     revocable_.Open(open_calls, caller->credential, context);
-    auto queue = scheduler_->Watch(request, this);
+    auto queue = scheduler_->watchers().Watch(request, this);
     if (!queue.ok()) {
       Finish(ToGrpcStatus(queue.status()));
       return;
@@ -45,7 +45,7 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::ClusterEvent>,
   void OnDone() override {
     revocable_.Close();
     if (queue_) {
-      scheduler_->Unwatch(queue_.get());
+      scheduler_->watchers().Unwatch(queue_.get());
       queue_->Detach();
     }
     delete this;

@@ -41,8 +41,8 @@
 //    no others.
 // clang's -Wthread-safety checks this: the state below names the lock
 // host_->mutex(), the host's methods require it, and the Scheduler, whose
-// mu_ it is, asserts so (Scheduler::SlurmLockHeld, on host_mutex()) before
-// it calls a REQUIRES method.
+// mu_ it is, asserts so (SchedulerState::SlurmLockHeld, on host_mutex())
+// before it calls a REQUIRES method.
 #ifndef DLBATCH_SCHEDULER_SLURM_BRIDGE_H_
 #define DLBATCH_SCHEDULER_SLURM_BRIDGE_H_
 

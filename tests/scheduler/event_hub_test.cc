@@ -252,7 +252,7 @@ TEST_F(SchedulerWatchTest, SnapshotThenEveryChangeOfJobsAndWorkers) {
   int64_t waiting = Submit(1, "second");
 
   FakeWriter writer(/*auto_complete=*/true);
-  auto queue = scheduler_->Watch(v1::WatchEventsRequest(), &writer);
+  auto queue = scheduler_->watchers().Watch(v1::WatchEventsRequest(), &writer);
   ASSERT_TRUE(queue.ok()) << queue.status();
   writer.set_queue(queue->get());
   (*queue)->Pump();
@@ -294,7 +294,7 @@ TEST_F(SchedulerWatchTest, SnapshotThenEveryChangeOfJobsAndWorkers) {
   }));
 
   (*queue)->Close();
-  scheduler_->Unwatch(queue->get());
+  scheduler_->watchers().Unwatch(queue->get());
   (*queue)->Detach();
   EXPECT_EQ(writer.finished(), 1);
 }
@@ -302,7 +302,7 @@ TEST_F(SchedulerWatchTest, SnapshotThenEveryChangeOfJobsAndWorkers) {
 TEST_F(SchedulerWatchTest, ARemovedWorkerReachesWatchersMarkedRemoved) {
   auto session = Connect("w1", 1);
   FakeWriter writer(/*auto_complete=*/true);
-  auto queue = scheduler_->Watch(v1::WatchEventsRequest(), &writer);
+  auto queue = scheduler_->watchers().Watch(v1::WatchEventsRequest(), &writer);
   ASSERT_TRUE(queue.ok());
   writer.set_queue(queue->get());
   (*queue)->Pump();
@@ -310,20 +310,20 @@ TEST_F(SchedulerWatchTest, ARemovedWorkerReachesWatchersMarkedRemoved) {
   EXPECT_TRUE(writer.WaitFor([](const v1::ClusterEvent& e) {
     return e.has_worker() && !e.worker().online() && !e.worker().removed();
   }));
-  auto removed = scheduler_->RemoveWorker("w1");
+  auto removed = scheduler_->control().RemoveWorker("w1");
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_TRUE(writer.WaitFor([](const v1::ClusterEvent& e) {
     return e.has_worker() && e.worker().name() == "w1" && e.worker().removed();
   }));
   (*queue)->Close();
-  scheduler_->Unwatch(queue->get());
+  scheduler_->watchers().Unwatch(queue->get());
   (*queue)->Detach();
 }
 
 TEST_F(SchedulerWatchTest, SlotsFreedByAnEndedJobReachTheWorkerEntry) {
   auto session = Connect("w1", 1);
   FakeWriter writer(/*auto_complete=*/true);
-  auto queue = scheduler_->Watch(v1::WatchEventsRequest(), &writer);
+  auto queue = scheduler_->watchers().Watch(v1::WatchEventsRequest(), &writer);
   ASSERT_TRUE(queue.ok());
   writer.set_queue(queue->get());
   (*queue)->Pump();
@@ -346,7 +346,7 @@ TEST_F(SchedulerWatchTest, SlotsFreedByAnEndedJobReachTheWorkerEntry) {
            e.worker().free_slots() == 1;
   }));
   (*queue)->Close();
-  scheduler_->Unwatch(queue->get());
+  scheduler_->watchers().Unwatch(queue->get());
   (*queue)->Detach();
 }
 

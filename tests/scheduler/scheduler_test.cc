@@ -403,7 +403,7 @@ TEST_F(SchedulerTest, AOneJobCredentialRegistersNoOrdinaryWorker) {
 TEST_F(SchedulerTest, SlurmRecordsAreKeptWithTheirOneJobCredentials) {
   CredentialTable tokens;
   StartScheduler();
-  scheduler_->set_credential_table(&tokens);
+  scheduler_->slurm().set_credential_table(&tokens);
   SlurmLedger ledger(scheduler_.get());
   slurm::SlurmJobRecord record;
   record.job_id = 3;
@@ -442,7 +442,7 @@ TEST_F(SchedulerTest, SlurmRecordsAreKeptWithTheirOneJobCredentials) {
   // After a restart the record and its credential are there again.
   StopScheduler();
   StartScheduler();
-  auto loaded = scheduler_->JobCredentials();
+  auto loaded = scheduler_->slurm().JobCredentials();
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ASSERT_EQ(loaded->size(), 1u);
   EXPECT_EQ((*loaded)[0].token_sha256, TokenSha256("dlbj_three"));
@@ -450,11 +450,11 @@ TEST_F(SchedulerTest, SlurmRecordsAreKeptWithTheirOneJobCredentials) {
   EXPECT_EQ(register_node(), "registered");
 
   // Forgotten: the credential goes, and the worker has nothing to run.
-  scheduler_->set_credential_table(&tokens);
+  scheduler_->slurm().set_credential_table(&tokens);
   SlurmLedger again(scheduler_.get());
   ASSERT_TRUE(again.Forget(3).ok());
   EXPECT_FALSE(tokens.FindByToken("dlbj_three").has_value());
-  EXPECT_TRUE(scheduler_->JobCredentials()->empty());
+  EXPECT_TRUE(scheduler_->slurm().JobCredentials()->empty());
   EXPECT_THAT(register_node(),
               HasSubstr("dlbatch job 3 has no Slurm job any more"));
 }
@@ -514,16 +514,15 @@ class SlurmSchedulerTest : public SchedulerTest {
     options.slurm_profiles.push_back(cluster);
     options.slurm_poll_ms = 20;
     StartScheduler(options);
-    scheduler_->set_credential_table(&tokens_);
-    ASSERT_TRUE(
-        scheduler_
-            ->StartSlurm(
-                &tool_, {{"cluster", slurm::WorkerLaunch{"head:7070", "", ""}}})
-            .ok());
+    scheduler_->slurm().set_credential_table(&tokens_);
+    ASSERT_TRUE(scheduler_->slurm()
+                    .Start(&tool_, {{"cluster",
+                                     slurm::WorkerLaunch{"head:7070", "", ""}}})
+                    .ok());
   }
   // Job `id`'s Slurm job name, as this scheduler gives it.
   std::string Name(int64_t id) {
-    return slurm::SlurmJobName(scheduler_->slurm_instance(), id);
+    return slurm::SlurmJobName(scheduler_->slurm().instance(), id);
   }
   v1::SubmitJobRequest SlurmJob(int pool, int max_nodes = 1) {
     v1::SubmitJobRequest r = CommandJob(pool, "", "cluster");
@@ -824,7 +823,7 @@ TEST_F(SlurmSchedulerTest, ResubmissionsAreCountedAcrossARestart) {
 // instance ids that its store does not hold.
 TEST_F(SlurmSchedulerTest, OnlyThisInstancesUnknownSlurmJobsAreCancelled) {
   StartSlurmScheduler();
-  const std::string mine = scheduler_->slurm_instance();
+  const std::string mine = scheduler_->slurm().instance();
   ASSERT_TRUE(slurm::IsInstanceId(mine)) << mine;
   // The instance id is the store's: a restart keeps it, and reconciles
   // with squeue at once.
@@ -836,7 +835,7 @@ TEST_F(SlurmSchedulerTest, OnlyThisInstancesUnknownSlurmJobsAreCancelled) {
       "996|dlbatch-78|RUNNING|root|n1|None\n",
       "998|someone-else|RUNNING|bob|n2|None\n"));
   StartSlurmScheduler();
-  EXPECT_EQ(scheduler_->slurm_instance(), mine);
+  EXPECT_EQ(scheduler_->slurm().instance(), mine);
   EXPECT_TRUE(WaitUntil([&] { return tool_.Count("scancel") >= 1; }));
   StopScheduler();  // the read's decisions are all carried out
   for (const std::string& call : tool_.Calls()) {

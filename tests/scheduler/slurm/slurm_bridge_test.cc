@@ -169,8 +169,8 @@ class SlurmBridgeTest : public ::testing::Test {
     cluster.gpus_per_node = 2;
     return SlurmBridgeOptions{{cluster}, 20, 3};
   }
-  // host_.mu_, held, is the bridge's host lock (as Scheduler::SlurmLockHeld
-  // asserts for the scheduler's).
+  // host_.mu_, held, is the bridge's host lock (as
+  // SchedulerState::SlurmLockHeld asserts for the scheduler's).
   void Held() ABSL_EXCLUSIVE_LOCKS_REQUIRED(host_.mu_)
       ABSL_ASSERT_EXCLUSIVE_LOCK(bridge_.host_mutex()) {
     bridge_.host_mutex().AssertHeld();

@@ -1,27 +1,24 @@
-// The scheduler's side of profiles of Slurm: SlurmSide, the host the Slurm
+// The scheduler's side of profiles of Slurm: Side, the host the Slurm
 // bridge (slurm/bridge.h) reaches its jobs and workers through, and the
-// scheduler's calls that hand over to the bridge.
+// calls that hand over to the bridge.
+#include "scheduler/slurm_profiles.h"
+
 #include <algorithm>
 #include <map>
 #include <vector>
 
 #include "common/status.h"
 #include "proto/job_state.h"
-#include "scheduler/scheduler.h"
+#include "scheduler/control.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
 
-// The Outbox of the caller that holds mu_, as the bridge passes it back.
-struct slurm::WorkerMail {
-  Scheduler::Outbox* out;
-};
-
 // Each method is the SlurmHost's of the same name (slurm/host.h), called
 // with mu_ held: the scheduler's own, applied to the job or worker named.
-class Scheduler::SlurmSide final : public slurm::SlurmHost {
+class SlurmProfiles::Side final : public slurm::SlurmHost {
  public:
-  explicit SlurmSide(Scheduler& s) : s_(s) {}
+  explicit Side(SchedulerState& s) : s_(s) {}
 
   absl::Mutex& mutex() const override ABSL_LOCK_RETURNED(s_.mu_) {
     return s_.mu_;
@@ -79,23 +76,18 @@ class Scheduler::SlurmSide final : public slurm::SlurmHost {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
     s_.mu_.AssertHeld();
     std::vector<int64_t> failed;
-    return s_.ForgetWorker(worker, why, &failed);
+    return s_.control().ForgetWorker(s_, worker, why, &failed);
   }
 
  private:
-  Scheduler& s_;
+  SchedulerState& s_;
 };
 
-std::unique_ptr<slurm::SlurmHost> Scheduler::NewSlurmSide(
-    Scheduler& scheduler) {
-  return std::make_unique<SlurmSide>(scheduler);
-}
-
-std::optional<slurm::HostJob> Scheduler::SlurmSide::FindJob(int64_t id) const {
+std::optional<slurm::HostJob> SlurmProfiles::Side::FindJob(int64_t id) const {
   s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(id);
   if (it == s_.jobs_.end()) return std::nullopt;
-  const ActiveJob& job = it->second;
+  const SchedulerState::ActiveJob& job = it->second;
   const JobRecord& rec = job.record;
   slurm::HostJob view;
   view.id = rec.id;
@@ -115,7 +107,7 @@ std::optional<slurm::HostJob> Scheduler::SlurmSide::FindJob(int64_t id) const {
   return view;
 }
 
-slurm::WorkerParts Scheduler::SlurmSide::PartsOn(int64_t worker) const {
+slurm::WorkerParts SlurmProfiles::Side::PartsOn(int64_t worker) const {
   s_.mu_.AssertHeld();
   slurm::WorkerParts parts;
   for (const auto& [job_id, job] : s_.jobs_) {
@@ -130,8 +122,8 @@ slurm::WorkerParts Scheduler::SlurmSide::PartsOn(int64_t worker) const {
   return parts;
 }
 
-void Scheduler::SlurmSide::Refuse(int64_t worker, const std::string& why,
-                                  slurm::WorkerMail& mail) {
+void SlurmProfiles::Side::Refuse(int64_t worker, const std::string& why,
+                                 slurm::WorkerMail& mail) {
   s_.mu_.AssertHeld();
   auto w = s_.workers_.find(worker);
   if (w == s_.workers_.end()) return;
@@ -140,18 +132,18 @@ void Scheduler::SlurmSide::Refuse(int64_t worker, const std::string& why,
   mail.out->emplace_back(w->second.session, std::move(refuse));
 }
 
-void Scheduler::SlurmSide::WithLock(
+void SlurmProfiles::Side::WithLock(
     const std::function<void(slurm::WorkerMail&)>& body) {
-  Outbox out;
+  SchedulerState::Outbox out;
   {
     absl::MutexLock lock(&s_.mu_);
     slurm::WorkerMail mail{&out};
     body(mail);
   }
-  Deliver(out);
+  SchedulerState::Deliver(out);
 }
 
-absl::Status Scheduler::SlurmSide::CommitRecord(
+absl::Status SlurmProfiles::Side::CommitRecord(
     const slurm::SlurmJobRecord& record) {
   s_.mu_.AssertHeld();
   RETURN_IF_ERROR(s_.CheckWritable());
@@ -160,23 +152,23 @@ absl::Status Scheduler::SlurmSide::CommitRecord(
   });
 }
 
-absl::Status Scheduler::SlurmSide::CommitForget(int64_t job) {
+absl::Status SlurmProfiles::Side::CommitForget(int64_t job) {
   s_.mu_.AssertHeld();
   return s_.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
     return s_.store_->DeleteSlurmJob(job);
   });
 }
 
-absl::Status Scheduler::SlurmSide::Note(int64_t job, const std::string& text) {
+absl::Status SlurmProfiles::Side::Note(int64_t job, const std::string& text) {
   s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(job);
   if (it == s_.jobs_.end()) return absl::OkStatus();
   return s_.Diary(job, it->second.record.attempt, text);
 }
 
-absl::Status Scheduler::SlurmSide::EndQueued(int64_t job, v1::JobState state,
-                                             const std::string& note,
-                                             const std::string& reason) {
+absl::Status SlurmProfiles::Side::EndQueued(int64_t job, v1::JobState state,
+                                            const std::string& note,
+                                            const std::string& reason) {
   s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(job);
   if (it == s_.jobs_.end()) return absl::OkStatus();
@@ -186,13 +178,13 @@ absl::Status Scheduler::SlurmSide::EndQueued(int64_t job, v1::JobState state,
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::SlurmSide::StartOnGang(int64_t id,
-                                               const std::vector<Part>& parts,
-                                               slurm::WorkerMail& mail) {
+absl::Status SlurmProfiles::Side::StartOnGang(int64_t id,
+                                              const std::vector<Part>& parts,
+                                              slurm::WorkerMail& mail) {
   s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(id);
   if (it == s_.jobs_.end()) return absl::OkStatus();
-  ActiveJob& job = it->second;
+  SchedulerState::ActiveJob& job = it->second;
   const int64_t now = s_.clock_->NowMs();
   s_.core_->MarkRunning(s_.ToQueued(job.record), parts, now);
   RETURN_IF_ERROR(s_.BeginAttempt(job, parts, now, mail.out));
@@ -207,22 +199,22 @@ absl::Status Scheduler::SlurmSide::StartOnGang(int64_t id,
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::SlurmSide::RequeueLost(int64_t job,
-                                               const std::string& why,
-                                               slurm::WorkerMail& mail) {
+absl::Status SlurmProfiles::Side::RequeueLost(int64_t job,
+                                              const std::string& why,
+                                              slurm::WorkerMail& mail) {
   s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(job);
   if (it == s_.jobs_.end()) return absl::OkStatus();
   return s_.RequeueLost(it->second, why, mail.out);
 }
 
-absl::Status Scheduler::SlurmSide::FailRunning(int64_t id,
-                                               const std::string& why,
-                                               slurm::WorkerMail& mail) {
+absl::Status SlurmProfiles::Side::FailRunning(int64_t id,
+                                              const std::string& why,
+                                              slurm::WorkerMail& mail) {
   s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(id);
   if (it == s_.jobs_.end()) return absl::OkStatus();
-  ActiveJob& job = it->second;
+  SchedulerState::ActiveJob& job = it->second;
   s_.CancelParts(job, why, -1, mail.out);
   s_.core_->Finished(id, s_.clock_->NowMs());
   RETURN_IF_ERROR(s_.SaveUsage(job.record.user));
@@ -233,64 +225,75 @@ absl::Status Scheduler::SlurmSide::FailRunning(int64_t id,
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::SlurmSide::EndAsReported(int64_t job,
-                                                 slurm::WorkerMail& mail) {
+absl::Status SlurmProfiles::Side::EndAsReported(int64_t job,
+                                                slurm::WorkerMail& mail) {
   s_.mu_.AssertHeld();
   auto it = s_.jobs_.find(job);
   if (it == s_.jobs_.end()) return absl::OkStatus();
   return s_.EndAsReported(it->second, mail.out);
 }
 
-absl::Status Scheduler::PutSlurmJob(const slurm::SlurmJobRecord& record) {
-  return slurm_->Put(record);
+SlurmProfiles::SlurmProfiles(SchedulerState& state)
+    : state_(state),
+      side_(std::make_unique<Side>(state)),
+      bridge_(std::make_unique<slurm::SlurmBridge>(
+          side_.get(), state.clock_,
+          slurm::SlurmBridgeOptions{state.options_.slurm_profiles,
+                                    state.options_.slurm_poll_ms,
+                                    state.options_.max_attempts})) {}
+
+SlurmProfiles::~SlurmProfiles() = default;
+
+absl::Status SlurmProfiles::PutJob(const slurm::SlurmJobRecord& record) {
+  return state_.bridge().Put(record);
 }
 
-absl::Status Scheduler::ForgetSlurmJob(int64_t job_id) {
-  return slurm_->Forget(job_id);
+absl::Status SlurmProfiles::ForgetJob(int64_t job_id) {
+  return state_.bridge().Forget(job_id);
 }
 
-absl::Status Scheduler::StartSlurm(
+absl::Status SlurmProfiles::Start(
     slurm::SlurmTool* tool, std::map<std::string, slurm::WorkerLaunch> launch) {
-  if (options_.slurm_profiles.empty() || slurm_->started()) {
+  if (state_.options_.slurm_profiles.empty() || state_.bridge().started()) {
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> instance = absl::InternalError("unread");
   {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      instance = store_->InstanceId();
-      return instance.status();
-    }));
+    absl::MutexLock lock(&state_.mu_);
+    RETURN_IF_ERROR(
+        state_.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu_) {
+          instance = state_.store_->InstanceId();
+          return instance.status();
+        }));
   }
-  slurm_->Start(tool, std::move(launch), *std::move(instance));
+  state_.bridge().Start(tool, std::move(launch), *std::move(instance));
   return absl::OkStatus();
 }
 
-void Scheduler::EnqueueJob(const JobRecord& job) {
-  mu_.AssertHeld();
-  if (slurm_->ProfileOf(job.spec.profile()) == nullptr) {
-    core_->Enqueue(ToQueued(job));
-    return;
-  }
-  SlurmLockHeld();
-  slurm_->Enqueue(job.id);
+bool SlurmProfiles::JobUploads(int64_t job_id) {
+  absl::MutexLock lock(&state_.mu_);
+  auto it = state_.jobs_.find(job_id);
+  return it != state_.jobs_.end() &&
+         it->second.record.state != v1::JOB_STATE_QUEUED;
 }
 
-absl::Status Scheduler::JoinSlurmGang(const WorkerState& worker,
-                                      const v1::Register& reg, Outbox* out) {
-  mu_.AssertHeld();
-  SlurmLockHeld();
-  slurm::WorkerMail mail{out};
-  return slurm_->Join(worker.record.id, worker.record.name,
-                      worker.record.devices, reg.slurm(), mail);
+absl::StatusOr<slurm::PartitionView> SlurmProfiles::View(
+    const std::string& profile) {
+  return state_.bridge().View(profile);
 }
 
-absl::Status Scheduler::LoadPartEnds() {
-  mu_.AssertHeld();
-  ASSIGN_OR_RETURN(std::vector<PartEnd> ends, store_->PartEnds());
+absl::StatusOr<std::vector<CredentialRecord>> SlurmProfiles::JobCredentials() {
+  absl::MutexLock lock(&state_.mu_);
+  state_.SlurmLockHeld();
+  return state_.bridge().JobCredentials();
+}
+
+absl::Status SlurmProfiles::LoadPartEnds(SchedulerState& s) {
+  s.mu_.AssertHeld();
+  ASSIGN_OR_RETURN(std::vector<PartEnd> ends, s.store_->PartEnds());
   for (const PartEnd& e : ends) {
-    auto it = jobs_.find(e.job_id);
-    if (it == jobs_.end()) continue;
+    auto it = s.jobs_.find(e.job_id);
+    if (it == s.jobs_.end()) continue;
     ActiveJob& job = it->second;
     job.part_ends_stored = true;  // deleted as the job moves on
     if (job.record.state == v1::JOB_STATE_QUEUED ||
@@ -306,7 +309,7 @@ absl::Status Scheduler::LoadPartEnds() {
   // is forgotten once its job ends, never lost for being away.
   std::map<int64_t, bool> all_ended;  // worker -> every part it holds ended
   std::vector<int64_t> settling;
-  for (const auto& [id, job] : jobs_) {
+  for (const auto& [id, job] : s.jobs_) {
     if (job.record.state == v1::JOB_STATE_QUEUED) continue;
     for (size_t p = 0; p < job.record.parts.size(); ++p) {
       auto [entry, added] =
@@ -317,33 +320,22 @@ absl::Status Scheduler::LoadPartEnds() {
     if (!job.part_ended.empty() &&
         std::find(job.part_ended.begin(), job.part_ended.end(), false) ==
             job.part_ended.end() &&
-        slurm_->ProfileOf(job.record.spec.profile()) != nullptr) {
+        s.bridge().ProfileOf(job.record.spec.profile()) != nullptr) {
       settling.push_back(id);
     }
   }
   std::vector<int64_t> departed;
   for (const auto& [worker, ended] : all_ended) {
-    auto w = workers_.find(worker);
-    if (ended && w != workers_.end() &&
-        slurm_->ProfileOf(w->second.record.profile) != nullptr) {
+    auto w = s.workers_.find(worker);
+    if (ended && w != s.workers_.end() &&
+        s.bridge().ProfileOf(w->second.record.profile) != nullptr) {
       departed.push_back(worker);
     }
   }
-  ASSIGN_OR_RETURN(auto resubmits, store_->SlurmResubmits());
-  SlurmLockHeld();
-  slurm_->LoadEnds(std::move(resubmits), settling, departed);
+  ASSIGN_OR_RETURN(auto resubmits, s.store_->SlurmResubmits());
+  s.SlurmLockHeld();
+  s.bridge().LoadEnds(std::move(resubmits), settling, departed);
   return absl::OkStatus();
-}
-
-bool Scheduler::SlurmJobUploads(int64_t job_id) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  return it != jobs_.end() && it->second.record.state != v1::JOB_STATE_QUEUED;
-}
-
-absl::StatusOr<slurm::PartitionView> Scheduler::SlurmView(
-    const std::string& profile) {
-  return slurm_->View(profile);
 }
 
 }  // namespace dlbatch::scheduler

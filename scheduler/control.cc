@@ -1,5 +1,7 @@
 // Worker administration (drain, resume, remove, forgetting lost workers)
 // and job control (hold, release, requeue, --after).
+#include "scheduler/control.h"
+
 #include <algorithm>
 
 #include "absl/strings/numbers.h"
@@ -10,27 +12,28 @@
 #include "proto/job_state.h"
 #include "scheduler/core/job_control.h"
 #include "scheduler/core/worker_wait_text.h"
-#include "scheduler/scheduler.h"
+#include "scheduler/users.h"
+#include "scheduler/watchers.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
 
-absl::Status Scheduler::LoadControl() {
-  mu_.AssertHeld();
-  ASSIGN_OR_RETURN(std::vector<WorkerDrain> drains, store_->Drains());
+absl::Status Control::Load(SchedulerState& s) {
+  s.mu_.AssertHeld();
+  ASSIGN_OR_RETURN(std::vector<WorkerDrain> drains, s.store_->Drains());
   for (const WorkerDrain& d : drains) {
-    if (WorkerState* w = FindWorkerNamed(d.name)) {
+    if (WorkerState* w = FindWorkerNamed(s, d.name)) {
       w->draining = true;
       w->drain_reason = d.reason;
-      core_->SetDraining(w->record.id, true);
+      s.core_->SetDraining(w->record.id, true);
     }
   }
   ASSIGN_OR_RETURN(std::vector<JobControlRecord> controls,
-                   store_->JobControls());
-  waiting_after_.clear();
+                   s.store_->JobControls());
+  s.waiting_after_.clear();
   for (JobControlRecord& c : controls) {
-    auto it = jobs_.find(c.job_id);
-    if (it == jobs_.end()) continue;
+    auto it = s.jobs_.find(c.job_id);
+    if (it == s.jobs_.end()) continue;
     ActiveJob& job = it->second;
     job.held = c.held;
     job.after = std::move(c.after);
@@ -38,23 +41,24 @@ absl::Status Scheduler::LoadControl() {
         c.requeue && job.record.state != v1::JOB_STATE_QUEUED;
     if (job.record.state == v1::JOB_STATE_QUEUED &&
         (job.held || !job.after.empty())) {
-      core_->Dequeue(c.job_id);
+      s.core_->Dequeue(c.job_id);
     }
-    if (!job.after.empty()) waiting_after_.insert(c.job_id);
+    if (!job.after.empty()) s.waiting_after_.insert(c.job_id);
   }
-  after_dirty_ = !waiting_after_.empty();
+  s.after_dirty_ = !s.waiting_after_.empty();
   return absl::OkStatus();
 }
 
-Scheduler::WorkerState* Scheduler::FindWorkerNamed(const std::string& name) {
-  mu_.AssertHeld();
-  for (auto& [id, w] : workers_) {
+SchedulerState::WorkerState* Control::FindWorkerNamed(SchedulerState& s,
+                                                      const std::string& name) {
+  s.mu_.AssertHeld();
+  for (auto& [id, w] : s.workers_) {
     if (w.record.name == name) return &w;
   }
   int64_t id;
   if (absl::SimpleAtoi(name, &id)) {
-    auto it = workers_.find(id);
-    if (it != workers_.end()) return &it->second;
+    auto it = s.workers_.find(id);
+    if (it != s.workers_.end()) return &it->second;
   }
   return nullptr;
 }
@@ -68,40 +72,43 @@ absl::Status NoWorker(const std::string& name) {
 
 }  // namespace
 
-absl::StatusOr<v1::WorkerInfo> Scheduler::DrainWorker(
-    const std::string& name, bool drain, const std::string& reason) {
+absl::StatusOr<v1::WorkerInfo> Control::DrainWorker(const std::string& name,
+                                                    bool drain,
+                                                    const std::string& reason) {
   Outbox out;
   v1::WorkerInfo info;
   {
-    absl::MutexLock lock(&mu_);
-    WorkerState* w = FindWorkerNamed(name);
+    absl::MutexLock lock(&state_.mu_);
+    WorkerState* w = FindWorkerNamed(state_, name);
     if (w == nullptr) return NoWorker(name);
-    if (!broken_.ok()) RETURN_IF_ERROR(CheckWritable());
+    if (!state_.broken_.ok()) RETURN_IF_ERROR(state_.CheckWritable());
     const std::string worker_name = w->record.name;
-    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (drain) {
-        return store_->PutDrain({worker_name, reason, clock_->NowMs()});
-      }
-      return store_->DeleteDrain(worker_name);
-    }));
-    w = FindWorkerNamed(worker_name);  // a failed write reloads memory
+    RETURN_IF_ERROR(
+        state_.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu_) {
+          if (drain) {
+            return state_.store_->PutDrain(
+                {worker_name, reason, state_.clock_->NowMs()});
+          }
+          return state_.store_->DeleteDrain(worker_name);
+        }));
+    w = FindWorkerNamed(state_, worker_name);  // a failed write reloads memory
     if (w == nullptr) return NoWorker(name);
     w->draining = drain;
     w->drain_reason = drain ? reason : "";
-    core_->SetDraining(w->record.id, drain);
+    state_.core_->SetDraining(w->record.id, drain);
     spdlog::info("worker '{}' {}{}", worker_name, drain ? "drained" : "resumed",
                  reason.empty() ? "" : absl::StrCat(": ", reason));
-    PublishWorker(w->record.id);
+    state_.watchers().PublishWorker(state_, w->record.id);
     // Jobs waiting on the profile show the change in their wait reason.
-    for (const auto& [id, job] : jobs_) {
+    for (const auto& [id, job] : state_.jobs_) {
       if (job.record.state == v1::JOB_STATE_QUEUED &&
           job.record.spec.profile() == w->record.profile) {
-        PublishJob(id);
+        state_.watchers().PublishJob(state_, id);
       }
     }
-    info = WorkerView(*w);
+    info = state_.watchers().WorkerView(state_, *w);
     info.clear_running_jobs();
-    for (const auto& [id, job] : jobs_) {
+    for (const auto& [id, job] : state_.jobs_) {
       if (job.record.state == v1::JOB_STATE_QUEUED) continue;
       for (const Part& p : job.record.parts) {
         if (p.worker == w->record.id) {
@@ -110,19 +117,19 @@ absl::StatusOr<v1::WorkerInfo> Scheduler::DrainWorker(
         }
       }
     }
-    if (!drain) (void)PlaceJobs(&out);
+    if (!drain) (void)state_.PlaceJobs(&out);
   }
-  Deliver(out);
+  state_.Deliver(out);
   return info;
 }
 
-absl::StatusOr<v1::RemoveWorkerReply> Scheduler::RemoveWorker(
+absl::StatusOr<v1::RemoveWorkerReply> Control::RemoveWorker(
     const std::string& name) {
   v1::RemoveWorkerReply reply;
   Outbox out;
   {
-    absl::MutexLock lock(&mu_);
-    WorkerState* w = FindWorkerNamed(name);
+    absl::MutexLock lock(&state_.mu_);
+    WorkerState* w = FindWorkerNamed(state_, name);
     if (w == nullptr) return NoWorker(name);
     const std::string& n = w->record.name;
     if (w->session) {
@@ -133,7 +140,7 @@ absl::StatusOr<v1::RemoveWorkerReply> Scheduler::RemoveWorker(
             "), let its jobs end, then remove it, or stop its dlbatch-worker"));
       }
       ActiveJob* busy = nullptr;
-      for (auto& [id, job] : jobs_) {
+      for (auto& [id, job] : state_.jobs_) {
         for (const Part& p : job.record.parts) {
           if (job.record.state != v1::JOB_STATE_QUEUED &&
               p.worker == w->record.id) {
@@ -148,25 +155,27 @@ absl::StatusOr<v1::RemoveWorkerReply> Scheduler::RemoveWorker(
             ") or cancel it, then remove the worker"));
       }
     }
-    if (!broken_.ok()) RETURN_IF_ERROR(CheckWritable());
-    *reply.mutable_worker() = WorkerView(*w);
+    if (!state_.broken_.ok()) RETURN_IF_ERROR(state_.CheckWritable());
+    *reply.mutable_worker() = state_.watchers().WorkerView(state_, *w);
     const int64_t id = w->record.id;
     std::vector<int64_t> failed;
-    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return ForgetWorker(id, "removed by an admin", &failed);
-    }));
+    RETURN_IF_ERROR(
+        state_.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu_) {
+          return ForgetWorker(state_, id, "removed by an admin", &failed);
+        }));
     reply.mutable_failed_jobs()->Add(failed.begin(), failed.end());
-    (void)PlaceJobs(&out);
+    (void)state_.PlaceJobs(&out);
   }
-  Deliver(out);
+  state_.Deliver(out);
   return reply;
 }
 
-absl::Status Scheduler::ForgetWorker(int64_t worker_id, const std::string& why,
-                                     std::vector<int64_t>* failed) {
-  mu_.AssertHeld();
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return absl::OkStatus();
+absl::Status Control::ForgetWorker(SchedulerState& s, int64_t worker_id,
+                                   const std::string& why,
+                                   std::vector<int64_t>* failed) {
+  s.mu_.AssertHeld();
+  auto it = s.workers_.find(worker_id);
+  if (it == s.workers_.end()) return absl::OkStatus();
   WorkerState& w = it->second;
   const std::string name = w.record.name;
   Outbox ignored;  // a removed worker is sent nothing more
@@ -174,88 +183,85 @@ absl::Status Scheduler::ForgetWorker(int64_t worker_id, const std::string& why,
     // A worker that leaves when told it was removed is told so. An older
     // one reconnects at once: that registration is refused (its daemon
     // stops). Either way a later start of it joins afresh.
-    if (!w.session->leaves_when_removed()) refuse_once_.insert(name);
-    session_worker_.erase(w.session.get());
+    if (!w.session->leaves_when_removed()) s.refuse_once_.insert(name);
+    s.session_worker_.erase(w.session.get());
     w.session->CloseRemoved(
         absl::StrCat("this worker was ", why, "; start it again to rejoin"));
     w.session = nullptr;
   }
   // Its running jobs (a lost worker has none left) are requeued first.
-  for (JobId job_id : core_->WorkerLost(worker_id)) {
-    auto j = jobs_.find(job_id);
-    if (j != jobs_.end()) {
-      RETURN_IF_ERROR(RequeueLost(j->second, why, &ignored));
+  for (JobId job_id : s.core_->WorkerLost(worker_id)) {
+    auto j = s.jobs_.find(job_id);
+    if (j != s.jobs_.end()) {
+      RETURN_IF_ERROR(s.RequeueLost(j->second, why, &ignored));
     }
   }
-  core_->ForgetWorker(worker_id);
-  RETURN_IF_ERROR(store_->DeleteWorker(worker_id));
-  RETURN_IF_ERROR(store_->DeleteDrain(name));
+  s.core_->ForgetWorker(worker_id);
+  RETURN_IF_ERROR(s.store_->DeleteWorker(worker_id));
+  RETURN_IF_ERROR(s.store_->DeleteDrain(name));
   w.draining = false;
-  if (events_.has_watchers()) {
-    // Monitors drop it; a plain update would leave it there as offline.
-    v1::WorkerInfo gone = WorkerView(w);
-    gone.set_removed(true);
-    events_.PublishWorker(std::move(gone), clock_->NowMs());
-  }
-  workers_.erase(it);
+  s.watchers().PublishRemoved(s, w);
+  s.workers_.erase(it);
   spdlog::warn("worker '{}' (#{}) {}; its slots leave its profile", name,
                worker_id, why);
   // The profile shrank: queued jobs it can never start fail now.
-  for (const auto& [job_id, reason] : core_->Unrunnable()) {
-    auto j = jobs_.find(job_id);
-    if (j == jobs_.end()) continue;
+  for (const auto& [job_id, reason] : s.core_->Unrunnable()) {
+    auto j = s.jobs_.find(job_id);
+    if (j == s.jobs_.end()) continue;
     const std::string text = absl::StrCat(
         "can never start: ", reason, " (worker '", name, "' was ", why, ")");
-    core_->Dequeue(job_id);
-    RETURN_IF_ERROR(Diary(job_id, j->second.record.attempt,
-                          absl::StrCat("[dlbatch] ", text)));
-    RETURN_IF_ERROR(EndJob(j->second, v1::JOB_STATE_FAILED, -1, text));
-    waiting_after_.erase(job_id);
-    jobs_.erase(j);
+    s.core_->Dequeue(job_id);
+    RETURN_IF_ERROR(s.Diary(job_id, j->second.record.attempt,
+                            absl::StrCat("[dlbatch] ", text)));
+    RETURN_IF_ERROR(s.EndJob(j->second, v1::JOB_STATE_FAILED, -1, text));
+    s.waiting_after_.erase(job_id);
+    s.jobs_.erase(j);
     failed->push_back(job_id);
   }
   return absl::OkStatus();
 }
 
-void Scheduler::ForgetOffline(Outbox* out) {
-  mu_.AssertHeld();
-  if (options_.forget_offline_ms <= 0) return;
-  const int64_t now = clock_->MonotonicMs();
+void Control::ForgetOffline(SchedulerState& s, Outbox* out) {
+  s.mu_.AssertHeld();
+  if (s.options_.forget_offline_ms <= 0) return;
+  const int64_t now = s.clock_->MonotonicMs();
   std::vector<int64_t> old;
-  for (const auto& [id, w] : workers_) {
+  for (const auto& [id, w] : s.workers_) {
     if (w.lost && !w.session &&
-        now - w.last_seen_mono > options_.forget_offline_ms) {
+        now - w.last_seen_mono > s.options_.forget_offline_ms) {
       old.push_back(id);
     }
   }
   if (old.empty()) return;
   std::vector<int64_t> failed;
-  absl::Status s = InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (int64_t id : old) {
-      RETURN_IF_ERROR(ForgetWorker(
-          id,
-          absl::StrCat("removed after being offline for over ",
-                       FormatDurationMs(options_.forget_offline_ms),
-                       " (--forget-offline-after)"),
-          &failed));
-    }
-    return absl::OkStatus();
-  });
-  if (s.ok()) (void)PlaceJobs(out);
+  absl::Status forgot =
+      s.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_) {
+        for (int64_t id : old) {
+          RETURN_IF_ERROR(ForgetWorker(
+              s, id,
+              absl::StrCat("removed after being offline for over ",
+                           FormatDurationMs(s.options_.forget_offline_ms),
+                           " (--forget-offline-after)"),
+              &failed));
+        }
+        return absl::OkStatus();
+      });
+  if (forgot.ok()) (void)s.PlaceJobs(out);
 }
 
-absl::Status Scheduler::SaveControl(const ActiveJob& job) {
-  mu_.AssertHeld();
+absl::Status Control::SaveControl(SchedulerState& s, const ActiveJob& job) {
+  s.mu_.AssertHeld();
   JobControlRecord c;
   c.job_id = job.record.id;
   c.held = job.held;
   c.after = job.after;
   c.requeue = job.requeue_requested;
-  return store_->PutJobControl(c);
+  return s.store_->PutJobControl(c);
 }
 
-std::string Scheduler::ControlWaitReason(const ActiveJob& job) const {
-  mu_.AssertHeld();
+std::string Control::ControlWaitReason(const SchedulerState& s,
+                                       const ActiveJob& job) const {
+  s.mu_.AssertHeld();
   if (job.held) {
     return absl::StrCat("held; `dlbatch release ", job.record.id,
                         "` lets it start");
@@ -263,78 +269,80 @@ std::string Scheduler::ControlWaitReason(const ActiveJob& job) const {
   if (job.after.empty()) return "";
   std::vector<AfterJob> after;
   for (int64_t id : job.after) {
-    auto it = jobs_.find(id);
+    auto it = s.jobs_.find(id);
     // Ended ones are resolved by ResolveAfter; until then they count as
     // ended well, which only shortens the message.
     after.push_back({id,
-                     it == jobs_.end() ? std::optional(v1::JOB_STATE_FINISHED)
-                                       : std::optional(it->second.record.state),
+                     it == s.jobs_.end()
+                         ? std::optional(v1::JOB_STATE_FINISHED)
+                         : std::optional(it->second.record.state),
                      ""});
   }
   return DecideAfter(after).reason;
 }
 
-std::string Scheduler::WorkersWaitReason(const WaitInfo& info) const {
-  mu_.AssertHeld();
+std::string Control::WorkersWaitReason(const SchedulerState& s,
+                                       const WaitInfo& info) const {
+  s.mu_.AssertHeld();
   if (info.fits_online || (info.draining.empty() && info.offline.empty())) {
     return "";
   }
   std::vector<WaitedWorker> waited;
   for (const std::vector<WorkerId>* ids : {&info.draining, &info.offline}) {
     for (WorkerId id : *ids) {
-      auto it = workers_.find(id);
-      if (it == workers_.end()) continue;
+      auto it = s.workers_.find(id);
+      if (it == s.workers_.end()) continue;
       const WorkerState& w = it->second;
       waited.push_back({w.record.name, ids == &info.draining, w.drain_reason,
                         w.record.last_seen_ms});
     }
   }
   if (waited.empty()) return "";
-  return WaitingForWorkers(waited, clock_->NowMs());
+  return WaitingForWorkers(waited, s.clock_->NowMs());
 }
 
-WorkerLabeler Scheduler::Labels() const {
-  mu_.AssertHeld();
-  return [this](WorkerId id) {
-    mu_.AssertHeld();
-    auto it = workers_.find(id);
-    if (it == workers_.end())
+WorkerLabeler Control::Labels(const SchedulerState& s) const {
+  s.mu_.AssertHeld();
+  return [&s](WorkerId id) {
+    s.mu_.AssertHeld();
+    auto it = s.workers_.find(id);
+    if (it == s.workers_.end())
       return WorkerLabel{absl::StrCat("#", id), "offline"};
     return WorkerLabel{
         it->second.record.name,
-        OfflineSince(it->second.record.last_seen_ms, clock_->NowMs())};
+        OfflineSince(it->second.record.last_seen_ms, s.clock_->NowMs())};
   };
 }
 
-absl::Status Scheduler::ResolveAfter() {
-  mu_.AssertHeld();
-  if (!after_dirty_) return absl::OkStatus();
-  after_dirty_ = false;
-  return InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+absl::Status Control::ResolveAfter(SchedulerState& s) {
+  s.mu_.AssertHeld();
+  if (!s.after_dirty_) return absl::OkStatus();
+  s.after_dirty_ = false;
+  return s.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_) {
     // A failed job fails those that wait for it, in turn.
     for (bool changed = true; changed;) {
       changed = false;
-      for (int64_t id :
-           std::vector<int64_t>(waiting_after_.begin(), waiting_after_.end())) {
-        auto found = jobs_.find(id);
-        if (found == jobs_.end()) {  // cancelled while it waited
-          waiting_after_.erase(id);
+      for (int64_t id : std::vector<int64_t>(s.waiting_after_.begin(),
+                                             s.waiting_after_.end())) {
+        auto found = s.jobs_.find(id);
+        if (found == s.jobs_.end()) {  // cancelled while it waited
+          s.waiting_after_.erase(id);
           continue;
         }
         ActiveJob& job = found->second;
         std::vector<AfterJob> after;
         for (int64_t dep : job.after) {
-          auto it = jobs_.find(dep);
-          if (it != jobs_.end()) {
+          auto it = s.jobs_.find(dep);
+          if (it != s.jobs_.end()) {
             after.push_back({dep, it->second.record.state, ""});
             continue;
           }
           // The writer's view: a job ended in this transaction counts.
           ASSIGN_OR_RETURN(std::optional<v1::JobState> state,
-                           store_->JobState(dep));
+                           s.store_->JobState(dep));
           std::string reason;
           if (state && *state != v1::JOB_STATE_FINISHED) {
-            auto rec = reader_->GetJob(dep);
+            auto rec = s.reader_->GetJob(dep);
             if (rec.ok() && *rec) reason = (*rec)->reason;
           }
           after.push_back({dep, state, reason});
@@ -342,27 +350,28 @@ absl::Status Scheduler::ResolveAfter() {
         AfterVerdict verdict = DecideAfter(after);
         if (verdict.kind == AfterVerdict::kWait) continue;
         changed = true;
-        waiting_after_.erase(id);
+        s.waiting_after_.erase(id);
         job.after.clear();
         if (verdict.kind == AfterVerdict::kReady) {
-          RETURN_IF_ERROR(SaveControl(job));
-          if (!job.held) EnqueueJob(job.record);
-          Changed(id);
+          RETURN_IF_ERROR(SaveControl(s, job));
+          if (!job.held) s.EnqueueJob(job.record);
+          s.Changed(id);
           continue;
         }
-        RETURN_IF_ERROR(SaveControl(job));
+        RETURN_IF_ERROR(SaveControl(s, job));
+        RETURN_IF_ERROR(s.Diary(
+            id, job.record.attempt,
+            absl::StrCat("[dlbatch] ", verdict.reason, "; job failed")));
         RETURN_IF_ERROR(
-            Diary(id, job.record.attempt,
-                  absl::StrCat("[dlbatch] ", verdict.reason, "; job failed")));
-        RETURN_IF_ERROR(EndJob(job, v1::JOB_STATE_FAILED, -1, verdict.reason));
-        jobs_.erase(id);
+            s.EndJob(job, v1::JOB_STATE_FAILED, -1, verdict.reason));
+        s.jobs_.erase(id);
       }
     }
     return absl::OkStatus();
   });
 }
 
-absl::StatusOr<v1::ControlJobsReply> Scheduler::ControlJobs(
+absl::StatusOr<v1::ControlJobsReply> Control::ControlJobs(
     const v1::ControlJobsRequest& request) {
   const v1::JobControl action = request.action();
   if (action != v1::JOB_CONTROL_HOLD && action != v1::JOB_CONTROL_RELEASE &&
@@ -373,19 +382,20 @@ absl::StatusOr<v1::ControlJobsReply> Scheduler::ControlJobs(
   v1::ControlJobsReply reply;
   Outbox out;
   {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckWritable());
-    RETURN_IF_ERROR(InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::MutexLock lock(&state_.mu_);
+    RETURN_IF_ERROR(state_.CheckWritable());
+    RETURN_IF_ERROR(state_.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                                             state_.mu_) {
       for (int64_t id : request.job_ids()) {
         v1::ControlResult* result = reply.add_results();
         result->set_job_id(id);
-        auto it = jobs_.find(id);
-        if (it == jobs_.end()) {
+        auto it = state_.jobs_.find(id);
+        if (it == state_.jobs_.end()) {
           if (action == v1::JOB_CONTROL_REQUEUE) {
-            RETURN_IF_ERROR(RequeueEnded(id, result));
+            RETURN_IF_ERROR(RequeueEnded(state_, id, result));
             continue;
           }
-          ASSIGN_OR_RETURN(auto state, store_->JobState(id));
+          ASSIGN_OR_RETURN(auto state, state_.store_->JobState(id));
           if (!state) {
             result->set_error(absl::StrCat("no job ", id));
           } else {
@@ -408,20 +418,20 @@ absl::StatusOr<v1::ControlJobsReply> Scheduler::ControlJobs(
           }
           if (job.held) continue;
           job.held = true;
-          core_->Dequeue(id);
-          RETURN_IF_ERROR(SaveControl(job));
-          RETURN_IF_ERROR(
-              Diary(id, job.record.attempt, "[dlbatch] held by request"));
+          state_.core_->Dequeue(id);
+          RETURN_IF_ERROR(SaveControl(state_, job));
+          RETURN_IF_ERROR(state_.Diary(id, job.record.attempt,
+                                       "[dlbatch] held by request"));
         } else if (action == v1::JOB_CONTROL_RELEASE) {
           if (!job.held) {
             result->set_error(absl::StrCat("job ", id, " is not held"));
             continue;
           }
           job.held = false;
-          if (job.after.empty()) EnqueueJob(job.record);
-          RETURN_IF_ERROR(SaveControl(job));
-          RETURN_IF_ERROR(
-              Diary(id, job.record.attempt, "[dlbatch] released by request"));
+          if (job.after.empty()) state_.EnqueueJob(job.record);
+          RETURN_IF_ERROR(SaveControl(state_, job));
+          RETURN_IF_ERROR(state_.Diary(id, job.record.attempt,
+                                       "[dlbatch] released by request"));
         } else {
           if (queued) {
             result->set_error(absl::StrCat("job ", id, " is queued already"));
@@ -433,27 +443,28 @@ absl::StatusOr<v1::ControlJobsReply> Scheduler::ControlJobs(
           }
           if (job.requeue_requested) continue;
           job.requeue_requested = true;
-          RETURN_IF_ERROR(SaveControl(job));
-          RETURN_IF_ERROR(Diary(
+          RETURN_IF_ERROR(SaveControl(state_, job));
+          RETURN_IF_ERROR(state_.Diary(
               id, job.record.attempt,
               absl::StrCat("[dlbatch] requeue requested: stopping attempt ",
                            job.record.attempt,
                            "; it is queued again once it has stopped")));
-          CancelParts(job, "requeued by request", -1, &out);
+          state_.CancelParts(job, "requeued by request", -1, &out);
         }
-        Changed(id);
+        state_.Changed(id);
       }
       return absl::OkStatus();
     }));
-    (void)PlaceJobs(&out);
+    (void)state_.PlaceJobs(&out);
   }
-  Deliver(out);
+  state_.Deliver(out);
   return reply;
 }
 
-absl::Status Scheduler::RequeueEnded(int64_t id, v1::ControlResult* result) {
-  mu_.AssertHeld();
-  ASSIGN_OR_RETURN(auto rec, reader_->GetJob(id));
+absl::Status Control::RequeueEnded(SchedulerState& s, int64_t id,
+                                   v1::ControlResult* result) {
+  s.mu_.AssertHeld();
+  ASSIGN_OR_RETURN(auto rec, s.reader_->GetJob(id));
   if (!rec) {
     result->set_error(absl::StrCat("no job ", id));
     return absl::OkStatus();
@@ -471,15 +482,15 @@ absl::Status Scheduler::RequeueEnded(int64_t id, v1::ControlResult* result) {
     return absl::OkStatus();
   }
   if (absl::Status fits =
-          slurm_->ProfileOf(rec->spec.profile()) != nullptr
+          s.bridge().ProfileOf(rec->spec.profile()) != nullptr
               ? absl::OkStatus()
-              : core_->CheckSatisfiable(ToQueued(*rec), Labels());
+              : s.core_->CheckSatisfiable(s.ToQueued(*rec), Labels(s));
       !fits.ok()) {
     result->set_error(
         absl::StrCat("job ", id, " cannot be queued again: ", fits.message()));
     return absl::OkStatus();
   }
-  ActiveJob& job = jobs_[id];
+  ActiveJob& job = s.jobs_[id];
   job.record = std::move(*rec);
   JobRecord& r = job.record;
   r.parts.clear();
@@ -487,42 +498,44 @@ absl::Status Scheduler::RequeueEnded(int64_t id, v1::ControlResult* result) {
   r.exit_code = 0;
   r.reason.clear();
   if (r.spec.has_train()) {
-    ASSIGN_OR_RETURN(TrainState train, store_->GetTrainState(id));
+    ASSIGN_OR_RETURN(TrainState train, s.store_->GetTrainState(id));
     job.progress = std::move(train.progress);
     job.checkpoint = std::move(train.checkpoint);
   }
-  RETURN_IF_ERROR(SaveControl(job));  // nothing left of before
-  RETURN_IF_ERROR(Diary(id, r.attempt,
-                        absl::StrCat("[dlbatch] requeued by request after it ",
-                                     JobStateName(r.state))));
-  RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, "requeued by request"));
-  EnqueueJob(r);
+  RETURN_IF_ERROR(SaveControl(s, job));  // nothing left of before
+  RETURN_IF_ERROR(
+      s.Diary(id, r.attempt,
+              absl::StrCat("[dlbatch] requeued by request after it ",
+                           JobStateName(r.state))));
+  RETURN_IF_ERROR(s.SetState(job, v1::JOB_STATE_QUEUED, "requeued by request"));
+  s.EnqueueJob(r);
   result->set_state(v1::JOB_STATE_QUEUED);
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::RequeueAsked(ActiveJob& job, Outbox* out) {
-  mu_.AssertHeld();
+absl::Status Control::RequeueAsked(SchedulerState& s, ActiveJob& job,
+                                   Outbox* out) {
+  s.mu_.AssertHeld();
   JobRecord& rec = job.record;
-  rendezvous_.Drop(rec.id);
+  s.rendezvous_.Drop(rec.id);
   job.requeue_requested = false;
-  RETURN_IF_ERROR(SaveControl(job));
-  RETURN_IF_ERROR(
-      Diary(rec.id, rec.attempt,
-            absl::StrCat("[dlbatch] attempt ", rec.attempt,
-                         " stopped; job requeued by request",
-                         job.checkpoint.files_size() > 0
-                             ? absl::StrCat(" (resumes from the checkpoint at "
-                                            "iteration ",
-                                            job.checkpoint.iteration(), ")")
-                             : std::string())));
+  RETURN_IF_ERROR(SaveControl(s, job));
+  RETURN_IF_ERROR(s.Diary(
+      rec.id, rec.attempt,
+      absl::StrCat("[dlbatch] attempt ", rec.attempt,
+                   " stopped; job requeued by request",
+                   job.checkpoint.files_size() > 0
+                       ? absl::StrCat(" (resumes from the checkpoint at "
+                                      "iteration ",
+                                      job.checkpoint.iteration(), ")")
+                       : std::string())));
   rec.parts.clear();
   job.part_ended.clear();
   job.part_exit.clear();
   job.failure.clear();
-  RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, "requeued by request"));
-  EnqueueJob(rec);
-  users_.AskWorkers(*this, rec.spec.profile(), rec.user, out);
+  RETURN_IF_ERROR(s.SetState(job, v1::JOB_STATE_QUEUED, "requeued by request"));
+  s.EnqueueJob(rec);
+  s.users().AskWorkers(s, rec.spec.profile(), rec.user, out);
   return absl::OkStatus();
 }
 
