@@ -5,7 +5,8 @@
 # loopback) one by one, then the tests that run a real Slurm.
 # Where the build has the GPU backend (CUDA, cuDNN and cuBLAS were found), it
 # then builds the trainer as a machine without them gets it (CPU-only, in
-# build-cpu-only/: no GPU module) and runs the trainer tests whose outcome
+# build-cpu-only/: no GPU module; the four programs too, as the quick start
+# builds them there) and runs the trainer tests whose outcome
 # depends on that, GPU runs refused saying the build has no GPU backend
 # among them. (The main build's tests cover a machine where the module or
 # CUDA's libraries are missing at run time: gpu_module_run_test, and
@@ -34,7 +35,11 @@ if grep -q '^DLBATCH_GPU_BACKEND_BUILT:INTERNAL=ON$' build/CMakeCache.txt; then
   cmake -S . -B build-cpu-only -DCMAKE_BUILD_TYPE=Release -DDLBATCH_WITH_CUDA=OFF \
     >build-cpu-only.configure.log 2>&1 || { cat build-cpu-only.configure.log; exit 1; }
   grep -E '^-- dlbatch:' build-cpu-only.configure.log || true
+  # The four programs as the quick start builds them on such a machine
+  # (its units, DLBATCH_UNITY_BUILD, differ from this build's), then the
+  # trainer tests.
   cmake --build build-cpu-only -j "$(nproc)" --target \
+    dlbatch dlbatch-scheduler dlbatch-worker \
     dlbatch-train train_run_test backend_select_test nccl_communicator_test \
     gpu_module_run_test
   cd build-cpu-only

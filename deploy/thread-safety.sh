@@ -3,6 +3,9 @@
 # ABSL_LOCKS_EXCLUDED, ...): runs Debian's clang++ with -Wthread-safety
 # -Werror, syntax only, over every C++ source of the tree in the build's
 # compile_commands.json, since GCC, which builds the tree, ignores them.
+# The files of a unity unit (DLBATCH_UNITY_BUILD) are checked one by one
+# with the unit's flags, so a file that compiles only after its unit's
+# other files (a missing #include) fails here.
 # Clang's warnings that are on by default fail it too (-Werror), as does
 # code clang cannot compile. CUDA sources (nvcc's), C sources and generated
 # code (protoc's, in the build folder) are left out; a source built into
@@ -21,7 +24,7 @@
 # DLBATCH_CLANGXX names the clang++ to run (default: clang++ on the PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case ${1:-} in -h|--help) sed -n '2,21p' "$0"; exit 0 ;; esac
+case ${1:-} in -h|--help) sed -n '2,24p' "$0"; exit 0 ;; esac
 
 build_dir=build
 jobs=$(nproc)
@@ -70,15 +73,35 @@ only = {os.path.normpath(p) for p in sys.argv[5:]}
 gcc_only = {"-fno-semantic-interposition", "-fconcepts-diagnostics-depth"}
 seen = set()
 out = sys.stdout
-for entry in json.load(open(db)):
+
+def sources(entry):
+    """The sources an entry compiles, each with its command: itself, or
+    for a unity unit (DLBATCH_UNITY_BUILD's Unity/unity_N_cxx.cxx) each
+    file it includes, checked alone with the unit's command."""
     path = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
+    args = entry.get("arguments") or shlex.split(entry["command"])
+    if "/Unity/unity_" not in path:
+        yield path, args
+        return
+    for line in open(path):
+        line = line.strip()
+        if line.startswith('#include "') and line.endswith('"'):
+            source = os.path.realpath(line[len('#include "'):-1])
+            yield source, [source if a == entry["file"] or a == path else a
+                           for a in args]
+
+def entries():
+    for entry in json.load(open(db)):
+        for path, args in sources(entry):
+            yield entry, path, args
+
+for entry, path, args in entries():
     rel = os.path.relpath(path, root)
     if not rel.endswith((".cc", ".cpp", ".cxx")) or rel.split("/")[0] not in folders:
         continue
     if (only and rel not in only) or rel in seen:
         continue
     seen.add(rel)
-    args = entry.get("arguments") or shlex.split(entry["command"])
     while args and os.path.basename(args[0]) in ("ccache", "sccache"):
         args = args[1:]
     kept, skip = [clang], False
