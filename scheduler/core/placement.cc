@@ -1498,13 +1498,19 @@ std::optional<PlacementSnapshot> PlacementCore::PreemptionSnapshot(
   std::sort(
       snap.workers.begin(), snap.workers.end(),
       [](const WorkerSlots& a, const WorkerSlots& b) { return a.id < b.id; });
+  snap.running.reserve(p.running);
   for (const auto& [id, r] : s.running) {
-    if (r.profile == &p) snap.running.push_back({r.job, r.parts, r.start});
+    if (r.profile != &p) continue;
+    if (r.job.priority > q->second.priority) {
+      ++snap.higher;
+    } else {
+      snap.running.push_back(
+          {id, r.job.user, r.job.priority, r.parts, r.start});
+    }
   }
-  std::sort(snap.running.begin(), snap.running.end(),
-            [](const RunningSlots& a, const RunningSlots& b) {
-              return a.job.id < b.job.id;
-            });
+  std::sort(
+      snap.running.begin(), snap.running.end(),
+      [](const RunningSlots& a, const RunningSlots& b) { return a.id < b.id; });
   std::set<std::string> active;
   for (const Profile& other : s.profiles) {
     for (const auto& [user, a] : other.accounts) {

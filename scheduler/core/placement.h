@@ -192,7 +192,9 @@ struct WorkerSlots {  // a worker that takes the job now
   int free = 0;
 };
 struct RunningSlots {  // a running job of the job's profile
-  QueuedJob job;
+  JobId id = 0;
+  std::string user;
+  int priority = 0;
   std::vector<Part> parts;  // the devices it holds, on every worker
   TimeMs start = 0;
 };
@@ -205,7 +207,10 @@ struct PlacementSnapshot {
   // The profile's workers that take the job now (online, not draining,
   // running its user's jobs), by id.
   std::vector<WorkerSlots> workers;
-  std::vector<RunningSlots> running;  // by id
+  // Those of priority up to the job's (no other may ever be preempted for
+  // it), by id; `higher` counts the others.
+  std::vector<RunningSlots> running;
+  int higher = 0;
   // Users with queued or running jobs on any profile, their share taken
   // among these users alone; by user.
   std::vector<UserUsage> active_usage;

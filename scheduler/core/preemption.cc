@@ -22,8 +22,15 @@ struct Option {
   const PreemptionCandidate* c = nullptr;
   PreemptionKind kind = PreemptionKind::kPriority;
   TimeMs lost = 0;
-  std::vector<std::pair<int, int>> freed;  // (worker index, slots)
-  int total = 0;                           // freed, summed
+  // (worker index, slots), in a buffer the options share: most jobs hold
+  // one part, and a vector each would cost an allocation each.
+  struct Freed {
+    const std::pair<int, int>* first = nullptr;
+    const std::pair<int, int>* last = nullptr;
+    const std::pair<int, int>* begin() const { return first; }
+    const std::pair<int, int>* end() const { return last; }
+  } freed;
+  int total = 0;  // freed, summed
 };
 
 // The cost of a set of victims, least first (see the header's "Choice").
@@ -106,6 +113,7 @@ class Model {
   int size() const { return static_cast<int>(free_.size()); }
   int free(int w) const { return free_[w]; }
   int slots(int w) const { return slots_[w]; }
+  int max_nodes() const { return max_nodes_; }
   int64_t total_free() const { return total_free_; }
 
   // The most of the pool the job could place once `set` has ended: the
@@ -295,7 +303,8 @@ Best SearchOneWorker(Model& model, const std::vector<Option>& opts, int pool,
 }
 
 // max_nodes > 1: greedy, then subsets by size (see the header's "Search").
-Best SearchSpan(Model& model, std::vector<Option>& opts, int pool,
+// REQUIRES: every option gone, the job fits.
+Best SearchSpan(Model& model, const std::vector<Option>& opts, int pool,
                 bool& exact) {
   std::vector<int> order(opts.size());
   for (size_t i = 0; i < opts.size(); ++i) order[i] = static_cast<int>(i);
@@ -303,28 +312,41 @@ Best SearchSpan(Model& model, std::vector<Option>& opts, int pool,
     if (opts[a].total != opts[b].total) return opts[a].total > opts[b].total;
     return opts[a].lost < opts[b].lost;
   });
-  // Greedy: the most placeable gained, the cheaper on ties.
-  std::vector<int> greedy;
-  std::vector<char> in(opts.size(), 0);
-  int placed = model.Placeable(greedy, opts);
-  while (placed < pool) {
-    int pick = -1, pick_placed = -1;
-    for (int i : order) {
-      if (in[i]) continue;
-      greedy.push_back(i);
-      const int p = model.Placeable(greedy, opts);
-      greedy.pop_back();
-      if (p > pick_placed ||
-          (p == pick_placed && opts[i].lost < opts[pick].lost)) {
-        pick = i;
-        pick_placed = p;
-      }
-    }
-    if (pick < 0) return Best{};  // REQUIRES says all of them fit
-    in[pick] = 1;
-    greedy.push_back(pick);
-    placed = pick_placed;
+  // Greedy by worker: the max_nodes workers with the most room once all
+  // their candidates are gone; then the candidates freeing the most on
+  // those workers first (the cheaper on ties) until the job fits. Every
+  // candidate gone fits (REQUIRES), so their workers' room suffices.
+  std::vector<int64_t> room(model.size());
+  for (int w = 0; w < model.size(); ++w) room[w] = model.free(w);
+  for (const Option& o : opts) {
+    for (const auto& [w, n] : o.freed) room[w] += n;
   }
+  std::vector<int> workers(model.size());
+  for (int w = 0; w < model.size(); ++w) {
+    room[w] = std::min<int64_t>(room[w], model.slots(w));
+    workers[w] = w;
+  }
+  const int span = std::min(model.max_nodes(), model.size());
+  std::partial_sort(workers.begin(), workers.begin() + span, workers.end(),
+                    [&](int a, int b) { return room[a] > room[b]; });
+  std::vector<char> target(model.size(), 0);
+  for (int i = 0; i < span; ++i) target[workers[i]] = 1;
+  std::vector<std::pair<int, int>> gains;  // (slots on targets, option)
+  for (int i = 0; i < static_cast<int>(opts.size()); ++i) {
+    int gain = 0;
+    for (const auto& [w, n] : opts[i].freed) gain += target[w] ? n : 0;
+    if (gain > 0) gains.emplace_back(gain, i);
+  }
+  std::sort(gains.begin(), gains.end(), [&](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first > b.first;
+    return opts[a.second].lost < opts[b.second].lost;
+  });
+  std::vector<int> greedy;
+  for (const auto& [gain, i] : gains) {
+    greedy.push_back(i);
+    if (model.Fits(greedy, opts)) break;
+  }
+  if (!model.Fits(greedy, opts)) return Best{};  // not reached (REQUIRES)
   // Drops the costliest victims the job does not need.
   std::sort(greedy.begin(), greedy.end(),
             [&](int a, int b) { return opts[a].lost > opts[b].lost; });
@@ -427,20 +449,27 @@ PreemptionChoice ChooseVictims(const PreemptionInput& input,
   }
   Model model(input.workers, job.pool, job.max_nodes);
   std::vector<Option> all;  // every running job, to tell kNeverFits
+  all.reserve(input.running.size());
+  size_t parts = 0;
+  for (const PreemptionCandidate& c : input.running) parts += c.parts.size();
+  std::vector<std::pair<int, int>> freed;  // the options' Freed point here
+  freed.reserve(parts);
   for (const PreemptionCandidate& c : input.running) {
     Option o;
     o.c = &c;
+    const size_t first = freed.size();
     for (const Part& part : c.parts) {
       const int w = model.Index(part.worker);
       if (w < 0) continue;
       int n = 0;
       for (int d : part.devices) n += d >= 0 && d < model.slots(w);
       if (n > 0) {
-        o.freed.emplace_back(w, n);
+        freed.emplace_back(w, n);
         o.total += n;
       }
     }
-    all.push_back(std::move(o));
+    o.freed = {freed.data() + first, freed.data() + freed.size()};
+    all.push_back(o);
   }
   if (model.Fits({}, all)) {
     return None(NoPreemption::kFitsNow, "it fits without preempting");
@@ -451,7 +480,7 @@ PreemptionChoice ChooseVictims(const PreemptionInput& input,
     if (!model.Fits(every, all)) {
       return None(NoPreemption::kNeverFits,
                   "it would not fit the workers that take it now even with "
-                  "every running job gone");
+                  "every running job of its priority or lower gone");
     }
   }
 
@@ -469,6 +498,7 @@ PreemptionChoice ChooseVictims(const PreemptionInput& input,
                            share_of(job.user) < fair - kShareEpsilon;
   std::vector<Option> opts;
   Untaken left;
+  left.not_lower = input.higher_running;
   for (Option& o : all) {
     const PreemptionCandidate& c = *o.c;
     if (o.total == 0) continue;  // frees nothing the job could use
@@ -497,7 +527,7 @@ PreemptionChoice ChooseVictims(const PreemptionInput& input,
       continue;
     }
     o.lost = LostWorkMs(c, now);
-    opts.push_back(std::move(o));
+    opts.push_back(o);
   }
   {
     std::vector<int> every(opts.size());
@@ -545,11 +575,13 @@ std::optional<PreemptionInput> InputFromCore(
   in.user_slot_limit = snap->user_slot_limit;
   in.workers = std::move(snap->workers);
   in.usage = std::move(snap->active_usage);
+  in.running.reserve(snap->running.size());
+  in.higher_running = snap->higher;
   for (RunningSlots& r : snap->running) {
     PreemptionCandidate& c = in.running.emplace_back();
-    c.id = r.job.id;
-    c.user = r.job.user;
-    c.priority = r.job.priority;
+    c.id = r.id;
+    c.user = std::move(r.user);
+    c.priority = r.priority;
     c.parts = std::move(r.parts);
     c.started = r.start;
     if (facts) {

@@ -460,7 +460,11 @@ class RandomRun {
         break;
       case NoPreemption::kNeverFits: {
         std::vector<JobId> all;
-        for (const auto& [id, start] : start_) all.push_back(id);
+        for (const auto& [id, start] : start_) {
+          if (facts_.at(id).job.priority <= waiting.job.priority) {
+            all.push_back(id);
+          }
+        }
         EXPECT_FALSE(core_.FitsWithReleased(j, all));
         break;
       }
