@@ -1477,6 +1477,88 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
   return info;
 }
 
+std::optional<PlacementSnapshot> PlacementCore::PreemptionSnapshot(
+    JobId job, TimeMs now) const {
+  const State& s = *state_;
+  auto q = s.queued.find(job);
+  if (q == s.queued.end()) return std::nullopt;
+  const Profile& p = *s.FindProfile(q->second.profile);
+  const Account& mine = p.accounts.at(q->second.user);
+  PlacementSnapshot snap;
+  snap.job = q->second;
+  snap.within_limit = q->second.pool <= mine.Room();
+  snap.user_slots = static_cast<int>(mine.running_slots);
+  snap.user_slot_limit = mine.limit.max_slots;
+  const std::vector<WorkerId>* barred = s.Barred(p, mine);
+  for (const auto& [cap, id] : p.online_caps) {
+    if (barred == nullptr || !Excluded(*barred, id)) {
+      snap.workers.push_back({id, cap, s.workers.at(id).free});
+    }
+  }
+  std::sort(
+      snap.workers.begin(), snap.workers.end(),
+      [](const WorkerSlots& a, const WorkerSlots& b) { return a.id < b.id; });
+  snap.running.reserve(p.running);
+  for (const auto& [id, r] : s.running) {
+    if (r.profile != &p) continue;
+    if (r.job.priority > q->second.priority) {
+      ++snap.higher;
+    } else {
+      snap.running.push_back(
+          {id, r.job.user, r.job.priority, r.parts, r.start});
+    }
+  }
+  std::sort(
+      snap.running.begin(), snap.running.end(),
+      [](const RunningSlots& a, const RunningSlots& b) { return a.id < b.id; });
+  std::set<std::string> active;
+  for (const Profile& other : s.profiles) {
+    for (const auto& [user, a] : other.accounts) {
+      if (!a.queue.empty() || a.running_slots > 0) active.insert(user);
+    }
+  }
+  double total = 0;
+  for (const std::string& user : active) {
+    const UsageLedger::User& u = *s.ledger.Find(user);
+    UserUsage& uu = snap.active_usage.emplace_back();
+    uu.user = user;
+    uu.slot_seconds = s.ledger.Decayed(u, now) / 1000;
+    uu.running_slots = static_cast<int>(u.running);
+    total += uu.slot_seconds;
+  }
+  for (UserUsage& uu : snap.active_usage) {
+    uu.share = total > 0 ? uu.slot_seconds / total : 0;
+  }
+  return snap;
+}
+
+bool PlacementCore::FitsWithReleased(JobId job,
+                                     const std::vector<JobId>& released) const {
+  const State& s = *state_;
+  auto q = s.queued.find(job);
+  if (q == s.queued.end()) return false;
+  const Profile& p = *s.FindProfile(q->second.profile);
+  const Account& mine = p.accounts.at(q->second.user);
+  if (q->second.pool > mine.Room()) return false;
+  Overrides freed;  // free slots of the workers the released jobs free
+  const std::set<JobId> unique(released.begin(), released.end());
+  for (JobId id : unique) {
+    auto r = s.running.find(id);
+    if (r == s.running.end()) continue;
+    for (const Part& part : r->second.parts) {
+      const Worker* w = s.FindWorker(part.worker);
+      if (w == nullptr || !w->online || w->profile != &p) continue;
+      int& cap = freed.try_emplace(w->id, w->free).first->second;
+      for (int d : part.devices) {
+        cap += d >= 0 && d < w->slots && w->owner[d] == id;
+      }
+    }
+  }
+  return Place(View{&p.free_caps, &freed, s.Barred(p, mine)}, q->second.pool,
+               q->second.max_nodes)
+      .has_value();
+}
+
 std::vector<ProfileSummary> PlacementCore::Profiles() const {
   std::vector<ProfileSummary> out;
   for (const Profile& p : state_->profiles) {

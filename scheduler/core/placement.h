@@ -184,6 +184,38 @@ struct ProfileSummary {
   int running = 0;
 };
 
+// What the preemption chooser (preemption.h) needs from the core about one
+// queued job; see PlacementCore::PreemptionSnapshot.
+struct WorkerSlots {  // a worker that takes the job now
+  WorkerId id = 0;
+  int slots = 0;
+  int free = 0;
+};
+struct RunningSlots {  // a running job of the job's profile
+  JobId id = 0;
+  std::string user;
+  int priority = 0;
+  std::vector<Part> parts;  // the devices it holds, on every worker
+  TimeMs start = 0;
+};
+struct PlacementSnapshot {
+  QueuedJob job;
+  // Its pool fits under its user's max_slots on its profile now.
+  bool within_limit = true;
+  int user_slots = 0;  // its user's running slots on the profile
+  int user_slot_limit = kNoLimit;
+  // The profile's workers that take the job now (online, not draining,
+  // running its user's jobs), by id.
+  std::vector<WorkerSlots> workers;
+  // Those of priority up to the job's (no other may ever be preempted for
+  // it), by id; `higher` counts the others.
+  std::vector<RunningSlots> running;
+  int higher = 0;
+  // Users with queued or running jobs on any profile, their share taken
+  // among these users alone; by user.
+  std::vector<UserUsage> active_usage;
+};
+
 class PlacementCore {
  public:
   PlacementCore();
@@ -292,6 +324,16 @@ class PlacementCore {
   // One placement pass at time `now`. Returns the jobs to start, each
   // already marked running in the core, in the order decided.
   std::vector<Decision> Schedule(TimeMs now);
+
+  // The queued job's standing as the preemption chooser needs it, with
+  // usage decayed to `now`; nullopt if it is not queued.
+  std::optional<PlacementSnapshot> PreemptionSnapshot(JobId job,
+                                                      TimeMs now) const;
+  // Whether a pass would place the queued job if the running jobs
+  // `released` (ids; unknown ones ignored) had ended: within its user's
+  // max_slots (their slots not counted back), on the workers that take it
+  // now, on free slots and theirs. False if it is not queued.
+  bool FitsWithReleased(JobId job, const std::vector<JobId>& released) const;
 
   // REQUIRES: job is queued.
   std::optional<WaitInfo> Explain(JobId job) const;
