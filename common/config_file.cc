@@ -34,6 +34,12 @@ std::string KindName(const YAML::Node& node) {
 }
 
 std::string Expected(const ConfigKey& key) {
+  if (!key.fields.empty()) {
+    std::vector<std::string> names;
+    for (const ConfigKey& f : key.fields) names.push_back(f.name);
+    return absl::StrCat("a mapping of its keys (", absl::StrJoin(names, ", "),
+                        ")");
+  }
   std::string one;
   switch (key.type) {
     case ConfigType::kString:
@@ -154,13 +160,21 @@ absl::Status ReadMapping(
                              "; known keys: ", absl::StrJoin(names, ", ")));
     }
     if (value.IsNull()) continue;  // `key:` with nothing: unset
-    ConfigEntry entry{name, {}, line};
+    ConfigEntry entry{name, {}, line, {}};
     auto wrong = [&](const YAML::Node& node) {
       YAML::Mark mark = node.Mark();
       if (mark.is_null()) mark = key_node.Mark();
       return at(mark, absl::StrCat(owner, "key '", name, "': expected ",
                                    Expected(*key), ", got ", KindName(node)));
     };
+    if (!key->fields.empty()) {
+      if (!value.IsMap()) return wrong(value);
+      RETURN_IF_ERROR(ReadMapping(value, key->fields, at,
+                                  absl::StrCat(owner, "key '", name, "': "), {},
+                                  nullptr, &entry.fields));
+      entries->push_back(std::move(entry));
+      continue;
+    }
     if (value.IsSequence() && key->list) {
       for (const YAML::Node& one : value) {
         std::string text;
@@ -243,6 +257,10 @@ const ConfigEntry* ConfigFile::Find(std::string_view key) const {
 
 const ConfigEntry* ConfigItem::Find(std::string_view key) const {
   return FindEntry(entries, key);
+}
+
+const ConfigEntry* ConfigEntry::Field(std::string_view key) const {
+  return FindEntry(fields, key);
 }
 
 const std::vector<ConfigItem>& ConfigFile::Section(

@@ -35,6 +35,10 @@ struct ConfigKey {
   // (DLBATCH_TOKEN, the token itself, for token_file), never shown. Either
   // way the file's value is then not used.
   bool env_is_value = true;
+  // A key of a section's item may be a mapping of its own keys, given here
+  // (`preemption: {mode: priority, grace: 2m}`); type and list are then
+  // unused, and its entry holds `fields` instead of values.
+  std::vector<ConfigKey> fields;
 };
 
 // One key as written in a file.
@@ -42,6 +46,9 @@ struct ConfigEntry {
   std::string key;
   std::vector<std::string> values;  // one for a scalar; a list's items
   int line = 0;                     // 1-based
+  std::vector<ConfigEntry> fields;  // a mapping key's (ConfigKey::fields)
+
+  const ConfigEntry* Field(std::string_view key) const;
 };
 
 // A key that is no flag: a mapping of named items, each a mapping of its own
@@ -84,6 +91,8 @@ struct ConfigFile {
 // (what was expected), a file that is not a mapping; in a section's item
 // also the item ("profile 'gpu': unknown key 'partiton'"). A key with no
 // value (`listen:`) is left unset. An empty file is an empty configuration.
+// A mapping key's own keys are checked the same way, messages naming both
+// ("profile 'gpu': key 'preemption': unknown key 'mdoe'").
 absl::StatusOr<ConfigFile> ParseConfigFile(
     std::string_view text, const std::string& path,
     const std::vector<ConfigKey>& keys,

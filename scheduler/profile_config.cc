@@ -1,13 +1,18 @@
 #include "scheduler/profile_config.h"
 
+#include <cctype>
+#include <initializer_list>
 #include <map>
+#include <tuple>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/duration.h"
 #include "common/edit_distance.h"
 
 namespace dlbatch::scheduler {
@@ -71,6 +76,37 @@ const std::map<std::string, std::string>& OwnSbatchOptions() {
   return *own;
 }
 
+// " (did you mean 'KNOWN'?)" for the first of `known` within two edits.
+std::string Hint(const std::string& text,
+                 std::initializer_list<const char*> known) {
+  for (const char* k : known) {
+    if (EditDistance(text, k) <= 2) {
+      return absl::StrCat(" (did you mean '", k, "'?)");
+    }
+  }
+  return "";
+}
+
+// A preemption duration in ms: `what`'s message when it is none. A
+// negative one, or 0 where `zero` is false, says so.
+absl::StatusOr<TimeMs> PreemptionDurationMs(const ConfigEntry& e,
+                                            const char* what, bool zero) {
+  const std::string& text = e.values.front();
+  const bool all_zero =
+      absl::c_any_of(text, ::isdigit) &&
+      absl::c_all_of(text, [](char c) { return !::isdigit(c) || c == '0'; });
+  if (zero && all_zero) return 0;
+  absl::StatusOr<int64_t> seconds = ParseDurationSeconds(text);
+  if (seconds.ok()) return *seconds * 1000;
+  if (absl::StartsWith(text, "-") || all_zero) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", e.key, "': '", text, "' is ",
+                     all_zero ? "zero" : "negative", "; write ", what));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("key '", e.key, "': ", seconds.status().message()));
+}
+
 // The option an argument sets: "--time" of "--time=5", "-t" of "-t5".
 std::string OptionOf(const std::string& arg) {
   if (absl::StartsWith(arg, "--")) {
@@ -100,6 +136,9 @@ ConfigSection ProfilesSection() {
                   Key("bin_dir"),
                   Key("node_dir"),
                   Key("scheduler_address")};
+  ConfigKey preemption = Key("preemption");
+  preemption.fields = {Key("mode"), Key("grace"), Key("min_run")};
+  section.keys.push_back(std::move(preemption));
   return section;
 }
 
@@ -125,13 +164,8 @@ absl::StatusOr<std::vector<ProfileDeclaration>> ProfilesFromConfig(
       if (t == "slurm") {
         d.type = ProfileType::kSlurm;
       } else if (t != "workers") {
-        std::string hint;
-        for (const char* known : {"slurm", "workers"}) {
-          if (EditDistance(t, known) <= 2) {
-            hint = absl::StrCat(" (did you mean '", known, "'?)");
-          }
-        }
-        return fail(type, absl::StrCat("unknown type '", t, "'", hint,
+        return fail(type, absl::StrCat("unknown type '", t, "'",
+                                       Hint(t, {"slurm", "workers"}),
                                        "; write type: workers (dlbatch's own "
                                        "workers, the default) or type: slurm"));
       }
@@ -144,6 +178,41 @@ absl::StatusOr<std::vector<ProfileDeclaration>> ProfilesFromConfig(
                     "slots) of 0 or more; 0: what its machines have");
       }
       d.max_pool = n;
+    }
+    if (const ConfigEntry* p = item.Find("preemption")) {
+      auto where = [&](const ConfigEntry* e, absl::string_view message) {
+        return fail(e, absl::StrCat("key 'preemption': ", message));
+      };
+      PreemptionPolicy& policy = d.preemption;
+      if (const ConfigEntry* m = p->Field("mode")) {
+        const std::string& mode = m->values.front();
+        if (mode == "priority") {
+          policy.mode = PreemptionMode::kPriority;
+        } else if (mode == "fair_share") {
+          policy.mode = PreemptionMode::kFairShare;
+        } else if (mode != "off") {
+          return where(
+              m, absl::StrCat("unknown mode '", mode, "'",
+                              Hint(mode, {"off", "priority", "fair_share"}),
+                              "; write mode: off (nothing is preempted, the "
+                              "default), priority or fair_share"));
+        }
+      }
+      for (auto [key, field, what, zero] :
+           {std::tuple{"grace", &policy.grace_ms,
+                       "how long a preempted job has to checkpoint before "
+                       "it is killed, more than 0 (e.g. 2m)",
+                       false},
+            std::tuple{"min_run", &policy.min_run_ms,
+                       "how long a job runs before it may be preempted, "
+                       "e.g. 10m (0: no minimum)",
+                       true}}) {
+        if (const ConfigEntry* e = p->Field(key)) {
+          absl::StatusOr<TimeMs> ms = PreemptionDurationMs(*e, what, zero);
+          if (!ms.ok()) return where(e, ms.status().message());
+          *field = *ms;
+        }
+      }
     }
     if (d.type == ProfileType::kWorkers) {
       for (const std::string& key : SlurmKeys()) {

@@ -6,6 +6,7 @@
 //   profiles:
 //     gpu:                          # dlbatch's own workers (type: workers)
 //       max_pool: 8
+//       preemption: {mode: priority, grace: 2m, min_run: 10m}
 //     cluster:
 //       type: slurm
 //       partition: gpu              # required
@@ -17,6 +18,11 @@
 //       bin_dir: /opt/dlbatch/bin   # dlbatch-worker on the nodes
 //       node_dir: /scratch/dlbatch  # on every node, the jobs' folders
 //       scheduler_address: head:7070  # how the nodes reach the scheduler
+//       preemption:                 # any type; also block style
+//         mode: fair_share          # off (the default), priority, fair_share
+//
+// preemption's grace (> 0) and min_run (0: none) are durations (90s, 2m,
+// 1h30m), defaulting to PreemptionPolicy's (scheduler/core/preemption.h).
 //
 // Pure: checks what the file says means something, with messages naming
 // the file, line, profile and key.
@@ -28,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/config_file.h"
+#include "scheduler/core/preemption.h"
 #include "scheduler/slurm/commands.h"
 
 namespace dlbatch::scheduler {
@@ -46,6 +53,8 @@ struct ProfileDeclaration {
   // For kSlurm: the address the ephemeral workers dial, when it is not the
   // scheduler's --listen address (e.g. a wildcard listener's host name).
   std::string scheduler_address;
+  // Whom its queued jobs may preempt; off for a --profile flag.
+  PreemptionPolicy preemption;
   // Where it was declared: "flag --profile", "file PATH:LINE".
   std::string origin;
 };
@@ -56,16 +65,21 @@ ConfigSection ProfilesSection();
 // The file's `profiles:` items as declarations. Errors name PATH:LINE, the
 // profile and the key and say what to write: an unknown type, a Slurm
 // profile without a partition, a Slurm key on a profile of workers,
-// sbatch_args that set what dlbatch sets itself, a relative folder.
+// sbatch_args that set what dlbatch sets itself, a relative folder, an
+// unknown preemption mode, a preemption duration that is not one (or a grace
+// of 0, a negative one).
 absl::StatusOr<std::vector<ProfileDeclaration>> ProfilesFromConfig(
     const std::vector<ConfigItem>& items, const std::string& path);
 
 // `--profile NAME` or `NAME=MAX_POOL`.
 absl::StatusOr<ProfileDeclaration> ProfileFromFlag(const std::string& text);
 
-// Every declaration together: a name declared twice (by the flags and the
-// file, or twice by the flags) is an error naming both places; `local` is
-// always the profile of dlbatch's own workers.
+// Every declaration together: a name declared by both the flags and the
+// file, or twice by the file, is an error naming both places. The flags
+// may repeat a name (`--profile a=4 --profile a=8`: the last max_pool
+// counts, as before the file had profiles; a flag's preemption is always
+// off, so nothing else can differ). `local` is always the profile of
+// dlbatch's own workers.
 absl::Status CheckDeclarations(const std::vector<ProfileDeclaration>& all);
 
 }  // namespace dlbatch::scheduler

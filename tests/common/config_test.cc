@@ -227,6 +227,60 @@ TEST(ConfigSectionTest, ErrorsNameFileLineItemAndKey) {
               HasSubstr("w.yaml:1: unknown key 'profiles'"));
 }
 
+// A key of an item may be a mapping of its own keys, in flow or block
+// style, each checked as the item's are.
+TEST(ConfigSectionTest, MappingKeysHoldTheirOwnKeys) {
+  ConfigSection section = Profiles();
+  ConfigKey nested = Key("preemption");
+  nested.fields = {Key("mode"), Key("grace")};
+  section.keys.push_back(nested);
+  auto parse = [&](const std::string& text) {
+    return ParseConfigFile(text, "/etc/s.yaml", SchedulerKeys(), {section});
+  };
+  auto file = parse(
+      "profiles:\n"
+      "  a: {preemption: {mode: priority, grace: 2m}}\n"
+      "  b:\n"
+      "    preemption:\n"
+      "      mode: off\n"
+      "  c: {preemption: {}}\n"
+      "  d: {preemption: }\n");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::vector<ConfigItem>& items = file->Section("profiles");
+  ASSERT_EQ(items.size(), 4u);
+  const ConfigEntry* a = items[0].Find("preemption");
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(a->values.empty());
+  EXPECT_THAT(a->Field("mode")->values, ElementsAre("priority"));
+  EXPECT_THAT(a->Field("grace")->values, ElementsAre("2m"));
+  const ConfigEntry* b = items[1].Find("preemption");
+  EXPECT_EQ(b->line, 4);
+  EXPECT_EQ(b->Field("mode")->line, 5);
+  EXPECT_THAT(b->Field("mode")->values, ElementsAre("off"));
+  EXPECT_EQ(b->Field("grace"), nullptr);
+  EXPECT_TRUE(items[2].Find("preemption")->fields.empty());
+  EXPECT_EQ(items[3].Find("preemption"), nullptr);  // no value: unset
+
+  auto error = [&](const std::string& text) {
+    auto f = parse(text);
+    return f.ok() ? std::string() : std::string(f.status().message());
+  };
+  EXPECT_THAT(error("profiles:\n  c:\n    preemption:\n      mdoe: off\n"),
+              HasSubstr("/etc/s.yaml:4: profile 'c': key 'preemption': "
+                        "unknown key 'mdoe' (did you mean 'mode'?); known "
+                        "keys: mode, grace"));
+  EXPECT_THAT(error("profiles:\n  c: {preemption: priority}\n"),
+              HasSubstr("/etc/s.yaml:2: profile 'c': key 'preemption': "
+                        "expected a mapping of its keys (mode, grace), got "
+                        "'priority'"));
+  EXPECT_THAT(error("profiles:\n  c: {preemption: {mode: [a]}}\n"),
+              HasSubstr("profile 'c': key 'preemption': key 'mode': expected "
+                        "a string, got a list"));
+  EXPECT_THAT(
+      error("profiles:\n  c: {preemption: {mode: off, mode: priority}}\n"),
+      HasSubstr("profile 'c': key 'preemption': key 'mode' given twice"));
+}
+
 struct Program {
   CLI::App app{"test"};
   std::string listen = "127.0.0.1:7070";

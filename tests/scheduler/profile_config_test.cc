@@ -133,6 +133,98 @@ TEST(ProfileConfigTest, ErrorsNameFileLineProfileKeyAndTheFix) {
                              "you mean 'partition'?); known keys: type,"));
 }
 
+TEST(ProfileConfigTest, ReadsPreemptionInFlowAndBlockStyle) {
+  auto profiles = FromText(
+      "profiles:\n"
+      "  gpu:\n"
+      "    preemption: {mode: priority, grace: 30s, min_run: 1h}\n"
+      "  share:\n"
+      "    max_pool: 4\n"
+      "    preemption:\n"
+      "      mode: fair_share\n"
+      "      min_run: 0\n"
+      "  plain:\n"
+      "    max_pool: 2\n"
+      "  off: {preemption: {mode: off, grace: 1m}}\n"
+      "  cluster:\n"
+      "    type: slurm\n"
+      "    partition: gpu\n"
+      "    preemption: {mode: priority}\n");
+  ASSERT_TRUE(profiles.ok()) << profiles.status();
+  ASSERT_EQ(profiles->size(), 5u);
+  const PreemptionPolicy& gpu = (*profiles)[0].preemption;
+  EXPECT_EQ(gpu.mode, PreemptionMode::kPriority);
+  EXPECT_EQ(gpu.grace_ms, 30 * 1000);
+  EXPECT_EQ(gpu.min_run_ms, 3600 * 1000);
+  const PreemptionPolicy& share = (*profiles)[1].preemption;
+  EXPECT_EQ(share.mode, PreemptionMode::kFairShare);
+  EXPECT_EQ(share.grace_ms, kDefaultPreemptGraceMs);
+  EXPECT_EQ(share.min_run_ms, 0);
+  EXPECT_EQ((*profiles)[1].max_pool, 4);
+  // Without the key: PreemptionPolicy's defaults, mode off.
+  const PreemptionPolicy& plain = (*profiles)[2].preemption;
+  EXPECT_EQ(plain.mode, PreemptionMode::kOff);
+  EXPECT_EQ(plain.grace_ms, kDefaultPreemptGraceMs);
+  EXPECT_EQ(plain.min_run_ms, kDefaultPreemptMinRunMs);
+  EXPECT_EQ((*profiles)[3].preemption.mode, PreemptionMode::kOff);
+  EXPECT_EQ((*profiles)[3].preemption.grace_ms, 60 * 1000);
+  // A Slurm profile takes the same policy.
+  EXPECT_EQ((*profiles)[4].type, ProfileType::kSlurm);
+  EXPECT_EQ((*profiles)[4].preemption.mode, PreemptionMode::kPriority);
+  EXPECT_EQ((*profiles)[4].preemption.min_run_ms, kDefaultPreemptMinRunMs);
+  // A flag's profile preempts nothing.
+  auto flag = ProfileFromFlag("gpu=8");
+  ASSERT_TRUE(flag.ok());
+  EXPECT_EQ(flag->preemption.mode, PreemptionMode::kOff);
+  EXPECT_EQ(flag->preemption.grace_ms, kDefaultPreemptGraceMs);
+}
+
+TEST(ProfileConfigTest, PreemptionErrorsSayWhatToWrite) {
+  const std::string at = "/etc/dlbatch/scheduler.yaml:";
+  EXPECT_THAT(
+      ErrorOf("profiles:\n  c:\n    preemption:\n      mode: priorty\n"),
+      HasSubstr(at + "4: profile 'c': key 'preemption': unknown mode "
+                     "'priorty' (did you mean 'priority'?); write mode: off "
+                     "(nothing is preempted, the default), priority or "
+                     "fair_share"));
+  EXPECT_THAT(ErrorOf("profiles:\n  c: {preemption: {mode: always}}\n"),
+              HasSubstr(at + "2: profile 'c': key 'preemption': unknown mode "
+                             "'always'; write mode: off"));
+  EXPECT_THAT(
+      ErrorOf("profiles:\n  c:\n    preemption:\n      grace: 2x\n"),
+      HasSubstr(at + "4: profile 'c': key 'preemption': key 'grace': '2x' is "
+                     "not a duration; write e.g. 90s, 30m, 1h30m or 2d"));
+  EXPECT_THAT(ErrorOf("profiles:\n  c: {preemption: {grace: -1m}}\n"),
+              HasSubstr(at + "2: profile 'c': key 'preemption': key 'grace': "
+                             "'-1m' is negative; write how long a preempted "
+                             "job has to checkpoint before it is killed, more "
+                             "than 0 (e.g. 2m)"));
+  for (const char* zero : {"0", "0s", "0m0s"}) {
+    EXPECT_THAT(
+        ErrorOf(absl::StrCat("profiles:\n  c: {preemption: {grace: ", zero,
+                             "}}\n")),
+        HasSubstr(absl::StrCat("key 'grace': '", zero,
+                               "' is zero; write how long a preempted job")))
+        << zero;
+  }
+  EXPECT_THAT(ErrorOf("profiles:\n  c: {preemption: {min_run: -10m}}\n"),
+              HasSubstr("key 'preemption': key 'min_run': '-10m' is negative; "
+                        "write how long a job runs before it may be "
+                        "preempted, e.g. 10m (0: no minimum)"));
+  EXPECT_THAT(ErrorOf("profiles:\n  c: {preemption: {min_run: soon}}\n"),
+              HasSubstr("key 'min_run': 'soon' is not a duration"));
+  // Unknown keys inside, and a value that is no mapping: the file's errors.
+  EXPECT_THAT(
+      ErrorOf("profiles:\n  c:\n    preemption:\n      grase: 2m\n"),
+      HasSubstr(at + "4: profile 'c': key 'preemption': unknown key 'grase' "
+                     "(did you mean 'grace'?); known keys: mode, grace, "
+                     "min_run"));
+  EXPECT_THAT(ErrorOf("profiles:\n  c:\n    preemption: priority\n"),
+              HasSubstr(at + "3: profile 'c': key 'preemption': expected a "
+                             "mapping of its keys (mode, grace, min_run), got "
+                             "'priority'"));
+}
+
 TEST(ProfileConfigTest, FlagsAndTheFileDeclareEachNameOnce) {
   auto flag = ProfileFromFlag("gpu=8");
   ASSERT_TRUE(flag.ok()) << flag.status();
