@@ -269,6 +269,10 @@ struct Profile {
   // changes whenever this set or their users do.
   std::set<WorkerId> restricted;
   int64_t users_gen = 0;
+  // The last pass's head (PlacementCore::FirstBlocked); `blocked_walk`: no
+  // pass reached one, the profile being full, so it is looked for at a call.
+  std::optional<JobId> first_blocked;
+  bool blocked_walk = false;
 };
 
 struct Worker {
@@ -480,6 +484,7 @@ struct PlacementCore::State {
     auto pool = a.pools.find(it->second.pool);
     if (--pool->second == 0) a.pools.erase(pool);
     --p->queued;
+    if (p->first_blocked == id) p->first_blocked.reset();
     queued.erase(it);
     return true;
   }
@@ -765,6 +770,7 @@ void ForEachEligible(Profile& p, const std::optional<Order>& after,
 void PlacementCore::State::Pass(Profile& p, TimeMs now,
                                 std::vector<Decision>& out) {
   UpdateStandings(p, now);
+  p.first_blocked.reset();
   const View full{&p.free_caps};
   // Starts the job if it fits; else makes it the head if it ever can. A job
   // over its user's limit waits and holds no one back.
@@ -782,6 +788,7 @@ void PlacementCore::State::Pass(Profile& p, TimeMs now,
       return p.free_slots > 0;
     }
     res = ComputeReservation(p, job, now, scratch_free_at, barred);
+    if (res) p.first_blocked = id;
     head_account = &a;
     head_pool = job.pool;
     return !res.has_value();
@@ -1282,6 +1289,7 @@ std::vector<Decision> PlacementCore::Schedule(TimeMs now) {
   s.ledger.Rebase(now);
   std::vector<Decision> out;
   for (Profile& p : s.profiles) {
+    p.first_blocked.reset();
     // A pass's starts can move the head's reservation onto other slots (best
     // fit among what is free then), so that a job the old reservation held
     // back fits now: passes repeat until one starts nothing, and a pass is
@@ -1292,6 +1300,8 @@ std::vector<Decision> PlacementCore::Schedule(TimeMs now) {
       s.Pass(p, now, out);
       if (out.size() == before) break;
     }
+    // A pass stops at the last free slot it gives, before any head.
+    p.blocked_walk = p.queued > 0 && p.free_slots == 0 && !p.first_blocked;
   }
   return out;
 }
@@ -1475,6 +1485,32 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
     }
   }
   return info;
+}
+
+std::optional<JobId> PlacementCore::FirstBlocked(
+    const std::string& profile) const {
+  const State& s = *state_;
+  const Profile* p = s.FindProfile(profile);
+  if (p == nullptr) return std::nullopt;
+  if (!p->blocked_walk || p->free_slots > 0) return p->first_blocked;
+  // Full: the pass's head is the first job in order that it would not skip.
+  std::optional<Order> best;
+  for (const auto& [user, a] : p->accounts) {
+    if (a.queue.empty() || a.Room() < a.SmallestPool()) continue;
+    const std::vector<WorkerId>* barred = s.Barred(*p, a);
+    const double standing = s.ledger.Standing(*a.user, s.last_now);
+    for (const QueueKey& key : a.queue) {
+      const Order o{key.priority, standing, key.seq, key.id};
+      if (best && !(o < *best)) break;
+      const QueuedJob& job = s.queued.at(key.id);
+      if (job.pool <= a.Room() && State::EverFits(*p, job, barred)) {
+        best = o;
+        break;
+      }
+    }
+  }
+  if (!best) return std::nullopt;
+  return best->id;
 }
 
 std::optional<PlacementSnapshot> PlacementCore::PreemptionSnapshot(

@@ -325,6 +325,18 @@ class PlacementCore {
   // already marked running in the core, in the order decided.
   std::vector<Decision> Schedule(TimeMs now);
 
+  // The job of `profile` that preempts, as of the last Schedule: the first
+  // queued job in queue order that its pass could not start, that its
+  // user's max_slots does not hold back and that fits the profile's online
+  // workers once they are free (the job holding the backfill reservation).
+  // nullopt if there is none, the profile is unknown, or that job started or
+  // left the queue since (until the next Schedule). Recorded by the pass;
+  // where no pass reached such a job, the profile being full (the last free
+  // slot given, or none free to start with), it is looked for at the call
+  // in the queue as it is then (none if slots came free since: the next
+  // Schedule decides), in O(the profile's users + the jobs skipped).
+  std::optional<JobId> FirstBlocked(const std::string& profile) const;
+
   // The queued job's standing as the preemption chooser needs it, with
   // usage decayed to `now`; nullopt if it is not queued.
   std::optional<PlacementSnapshot> PreemptionSnapshot(JobId job,

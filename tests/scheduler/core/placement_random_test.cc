@@ -182,6 +182,7 @@ class NaiveScheduler {
     bool started_ahead = false;  // a job ordered before it started
   };
   std::vector<Head> heads_;
+  const std::vector<std::string>& profiles() const { return profiles_; }
 
   std::vector<Decision> Schedule(TimeMs now) {
     last_now_ = now;
@@ -596,6 +597,16 @@ class RandomEvents {
                       << Describe(again) << "second (naive):\n"
                       << Describe(naive_again);
       }
+    }
+    // The job that would preempt is each profile's head of the last pass,
+    // the reference's passes going on past the last free slot.
+    for (const std::string& profile : naive_.profiles()) {
+      std::optional<JobId> head;
+      for (const NaiveScheduler::Head& h : naive_.heads_) {
+        if (h.profile == profile) head = h.job;
+      }
+      EXPECT_EQ(core_.FirstBlocked(profile), head)
+          << "profile " << profile << " at t=" << now_;
     }
     // Backfill never moves a waiting head's reservation later. With users,
     // fair share may reorder the queue between passes: the guarantee is for

@@ -278,6 +278,122 @@ TEST_F(PreemptionTest, NothingForAJobThatFitsNowOrNever) {
   EXPECT_EQ(c.victims.size(), 1u);
 }
 
+// --- The job that preempts (PlacementCore::FirstBlocked) -----------------
+
+TEST(PreemptionFirstBlocked, AJobThatFitsIsNotIt) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 4);
+  EXPECT_EQ(core.FirstBlocked("p"), std::nullopt);  // no pass yet
+  core.Enqueue(Job(1, 2));
+  EXPECT_EQ(core.Schedule(0).size(), 1u);
+  EXPECT_EQ(core.FirstBlocked("p"), std::nullopt);  // free slots, none waits
+  core.Enqueue(Job(3, 3));                          // 2 free: waits, reserved
+  core.Enqueue(Job(4, 1, /*priority=*/10));         // first in order, and fits
+  std::vector<Decision> d = core.Schedule(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].job, 4);
+  EXPECT_EQ(core.FirstBlocked("p"), 3);
+  std::optional<WaitInfo> info = core.Explain(3);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(info->reserved);
+  EXPECT_EQ(core.FirstBlocked("unknown"), std::nullopt);
+}
+
+TEST(PreemptionFirstBlocked, OnAFullProfileTheHighestPriorityWaitingJob) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 2);
+  core.WorkerOnline(2, "q", 1);
+  core.Enqueue(Job(1, 1));
+  core.Enqueue(Job(2, 1));
+  EXPECT_EQ(core.Schedule(0).size(), 2u);
+  // The pass gave the last free slot: no pass reached a waiting job.
+  core.Enqueue(Job(3, 1, /*priority=*/0));
+  core.Enqueue(Job(4, 2, /*priority=*/10));
+  core.Enqueue(Job(5, 1, /*priority=*/10));
+  core.Enqueue(Job(6, 3, /*priority=*/20));  // never fits 2 slots: skipped
+  EXPECT_THAT(core.Schedule(1), IsEmpty());  // full: no pass at all
+  EXPECT_EQ(core.FirstBlocked("p"), 4);      // priority, then submit order
+  EXPECT_EQ(core.FirstBlocked("q"), std::nullopt);
+  // It is the job ChooseVictims takes slots for.
+  PreemptionChoice c =
+      ChooseVictims(core, *core.FirstBlocked("p"), {},
+                    Policy(PreemptionMode::kPriority), 20 * kMinute, nullptr);
+  EXPECT_THAT(c.ids(), ElementsAre(1, 2));
+  // With a slot free, the pass records it: 4 needs 2, and 5 may not take
+  // the slot 4's reservation holds.
+  ASSERT_TRUE(core.Finished(1, 2));
+  EXPECT_THAT(core.Schedule(2), IsEmpty());
+  EXPECT_EQ(core.FirstBlocked("p"), 4);
+}
+
+TEST(PreemptionFirstBlocked, AJobItsUsersLimitHoldsIsSkipped) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 4);
+  UserLimit limit;
+  limit.max_slots = 3;
+  core.SetLimit("alice", "p", limit);
+  core.Enqueue(Job(1, 2, 0, "alice"));
+  core.Enqueue(Job(2, 2, 0, "bob"));
+  EXPECT_EQ(core.Schedule(0).size(), 2u);
+  core.Enqueue(Job(3, 2, /*priority=*/10, "alice"));  // 2 + 2 > her 3
+  core.Enqueue(Job(4, 2, /*priority=*/5, "bob"));
+  core.Enqueue(Job(5, 1, /*priority=*/0, "alice"));  // within her room
+  EXPECT_THAT(core.Schedule(1), IsEmpty());
+  EXPECT_EQ(core.FirstBlocked("p"), 4);
+  // A pass skips it too.
+  core.Enqueue(Job(6, 3, /*priority=*/1, "carol"));
+  ASSERT_TRUE(core.Finished(2, 2));  // 2 free: 4 starts, 6 needs 3
+  std::vector<Decision> d = core.Schedule(2);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].job, 4);
+  EXPECT_EQ(core.FirstBlocked("p"), 6);
+  ASSERT_TRUE(core.Dequeue(6));
+  EXPECT_THAT(core.Schedule(3), IsEmpty());
+  EXPECT_EQ(core.FirstBlocked("p"), 5);
+  // Only the job her limit holds waits: nothing preempts for it.
+  ASSERT_TRUE(core.Dequeue(5));
+  EXPECT_THAT(core.Schedule(4), IsEmpty());
+  EXPECT_EQ(core.FirstBlocked("p"), std::nullopt);
+}
+
+TEST(PreemptionFirstBlocked, ClearedWhenItStartsOrLeaves) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 4);
+  core.Enqueue(Job(1, 3));
+  EXPECT_EQ(core.Schedule(0).size(), 1u);
+  core.Enqueue(Job(2, 2, /*priority=*/5));
+  core.Enqueue(Job(3, 2));
+  EXPECT_THAT(core.Schedule(1), IsEmpty());  // 1 free
+  EXPECT_EQ(core.FirstBlocked("p"), 2);
+  // It leaves: not it any more, until the next pass says who is.
+  ASSERT_TRUE(core.Dequeue(2));
+  EXPECT_EQ(core.FirstBlocked("p"), std::nullopt);
+  EXPECT_THAT(core.Schedule(2), IsEmpty());
+  EXPECT_EQ(core.FirstBlocked("p"), 3);
+  // It starts (here placed from outside, as after a restart): cleared.
+  core.MarkRunning(Job(3, 2), {Part{1, {3}}}, 3);
+  EXPECT_EQ(core.FirstBlocked("p"), std::nullopt);
+  // It starts in a pass: the next one waiting is it, or none.
+  core.Enqueue(Job(4, 2));
+  EXPECT_THAT(core.Schedule(4), IsEmpty());  // full
+  EXPECT_EQ(core.FirstBlocked("p"), 4);
+  ASSERT_TRUE(core.Finished(1, 5));  // 3 free
+  std::vector<Decision> d = core.Schedule(5);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].job, 4);
+  EXPECT_EQ(core.FirstBlocked("p"), std::nullopt);
+  // The pass gives the last free slot to 5; 6 is found at the call, and
+  // is no more once it leaves.
+  core.Enqueue(Job(5, 1));
+  core.Enqueue(Job(6, 1));
+  d = core.Schedule(6);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].job, 5);
+  EXPECT_EQ(core.FirstBlocked("p"), 6);
+  ASSERT_TRUE(core.Dequeue(6));
+  EXPECT_EQ(core.FirstBlocked("p"), std::nullopt);
+}
+
 TEST(PreemptionText, SaysWhomItPreemptsAndHowLongAtMost) {
   EXPECT_EQ(PreemptingText({3}, 2 * kMinute),
             "preempting job 3 (checkpointing; at most 2m)");
