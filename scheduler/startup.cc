@@ -144,6 +144,14 @@ absl::StatusOr<std::vector<ProfileDeclaration>> DeclaredProfiles(
                  d.type == ProfileType::kSlurm
                      ? absl::StrCat(": partition ", d.slurm.partition)
                      : "");
+    if (d.preemption.mode != PreemptionMode::kOff) {
+      // Read and checked, so a file written for a later version starts;
+      // said here so nobody counts on it now.
+      spdlog::warn(
+          "profile '{}': preemption is read but not acted on in this "
+          "version: its jobs wait for running jobs to end (docs/cluster.md)",
+          d.name);
+    }
     all.push_back(std::move(d));
   }
   RETURN_IF_ERROR(CheckDeclarations(all));

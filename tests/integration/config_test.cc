@@ -23,6 +23,7 @@ namespace dlbatch::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A daemon started with exactly `argv` (no flags of the harness), its
 // output in `log`; killed and reaped at the end of the test.
@@ -151,6 +152,28 @@ TEST(ConfigFiles, SchedulerWorkerAndCliConfiguredByTheirFilesAlone) {
   EXPECT_THAT(config.out, HasSubstr("unix:/f.sock"));
   EXPECT_THAT(config.out, HasSubstr("flag --scheduler"));
   EXPECT_THAT(config.out, HasSubstr("configuration file: " + client_yaml));
+}
+
+// A profile's preemption: is read and checked, and the log says it is
+// not acted on yet, so that nobody counts on it.
+TEST(ConfigFiles, PreemptionIsReadAndTheLogSaysItIsNotActedOnYet) {
+  Cluster c;
+  const std::string dir = c.dir();
+  const std::string scheduler_yaml = dir + "/scheduler.yaml";
+  WriteAll(scheduler_yaml, "state_dir: " + dir + "/state\nlisten: unix:" + dir +
+                               "/p.sock\nready_file: " + dir +
+                               "/ready\nprofiles:\n  gpu:\n"
+                               "    preemption: {mode: priority, grace: 1m}\n"
+                               "  batch:\n    max_pool: 4\n");
+  Daemon scheduler(
+      {BinDir() + "/dlbatch-scheduler", "--config", scheduler_yaml},
+      dir + "/scheduler.log");
+  ASSERT_TRUE(WaitFor([&] { return !ReadAll(dir + "/ready").empty(); }, 15000))
+      << ReadAll(dir + "/scheduler.log");
+  const std::string log = ReadAll(dir + "/scheduler.log");
+  EXPECT_THAT(log, HasSubstr("profile 'gpu': preemption is read but not acted "
+                             "on in this version"));
+  EXPECT_THAT(log, Not(HasSubstr("profile 'batch': preemption")));
 }
 
 TEST(ConfigFiles, BadKeysStopTheDaemonsNamingFileLineAndKey) {
