@@ -15,20 +15,21 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "bench/bench_args.h"
 #include "common/endpoint.h"
 #include "common/tls_client.h"
@@ -154,10 +155,9 @@ class SimWorker {
       dlbatch::v1::SchedulerMessage m;
       while (stream_->Read(&m)) {
         if (m.has_start()) {
-          std::lock_guard<std::mutex> lock(mu_);
+          absl::MutexLock lock(&mu_);
           held_.push_back(m.start());
           ++starts_;
-          started_.notify_all();
         }
       }
     });
@@ -170,7 +170,7 @@ class SimWorker {
   bool EndOne() {
     dlbatch::v1::StartJob start;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (held_.empty()) return false;
       start = held_.front();
       held_.erase(held_.begin());
@@ -181,17 +181,17 @@ class SimWorker {
     e->set_attempt(start.attempt());
     e->set_part(start.part());
     e->set_state(dlbatch::v1::JOB_STATE_FINISHED);
-    std::lock_guard<std::mutex> lock(write_mu_);
+    absl::MutexLock lock(&write_mu_);
     return stream_->Write(m);
   }
   void Beat() {
     dlbatch::v1::WorkerMessage m;
     m.mutable_heartbeat()->set_time_ms(1);
-    std::lock_guard<std::mutex> lock(write_mu_);
+    absl::MutexLock lock(&write_mu_);
     stream_->Write(m);
   }
   size_t held() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return held_.size();
   }
   // Ends one held job and waits for the start of the next (the placement
@@ -200,14 +200,16 @@ class SimWorker {
   double EndOneAndWaitStart() {
     int64_t seen;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       seen = starts_;
     }
     auto t0 = Clock::now();
     if (!EndOne()) return -1;
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!started_.wait_for(lock, std::chrono::seconds(10),
-                           [&] { return starts_ > seen; })) {
+    absl::MutexLock lock(&mu_);
+    auto next = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return starts_ > seen;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&next), absl::Seconds(10))) {
       return -1;
     }
     return Seconds(t0, Clock::now());
@@ -220,10 +222,10 @@ class SimWorker {
                                            dlbatch::v1::SchedulerMessage>>
       stream_;
   std::thread reader_;
-  std::mutex mu_, write_mu_;
-  std::vector<dlbatch::v1::StartJob> held_;
-  int64_t starts_ = 0;
-  std::condition_variable started_;
+  absl::Mutex mu_;
+  absl::Mutex write_mu_;  // one Write at a time on stream_
+  std::vector<dlbatch::v1::StartJob> held_ ABSL_GUARDED_BY(mu_);
+  int64_t starts_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Ends a job of `worker` and waits for the next start, again and again,
