@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace dlbatch {
 
 size_t EditDistance(std::string_view a, std::string_view b,
@@ -22,6 +24,19 @@ size_t EditDistance(std::string_view a, std::string_view b,
     }
   }
   return d[a.size()][b.size()];
+}
+
+std::string DidYouMean(absl::string_view word,
+                       const std::vector<absl::string_view>& known) {
+  absl::string_view closest;
+  size_t best = 3;  // suggest only within two edits
+  for (absl::string_view k : known) {
+    const size_t d =
+        EditDistance({word.data(), word.size()}, {k.data(), k.size()});
+    if (d < best) best = d, closest = k;
+  }
+  return closest.empty() ? ""
+                         : absl::StrCat(" (did you mean '", closest, "'?)");
 }
 
 }  // namespace dlbatch

@@ -69,19 +69,6 @@ std::string Child(absl::string_view path, absl::string_view key) {
   return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
 }
 
-// " (did you mean 'x'?)" for the key within two edits of `name`, or "".
-std::string DidYouMean(absl::string_view name,
-                       const std::vector<absl::string_view>& keys) {
-  absl::string_view closest;
-  size_t best = 3;  // suggest only within two edits
-  for (absl::string_view k : keys) {
-    size_t d = EditDistance({name.data(), name.size()}, {k.data(), k.size()});
-    if (d < best) best = d, closest = k;
-  }
-  return closest.empty() ? ""
-                         : absl::StrCat(" (did you mean '", closest, "'?)");
-}
-
 // `status` with the place of the field its message begins with in front:
 // walks up "a.b[2].c" -> "a.b[2]" -> "a.b" -> "a" until `where` knows one
 // ("job.yaml:12:5"); else `source` alone.

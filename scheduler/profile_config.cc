@@ -1,7 +1,6 @@
 #include "scheduler/profile_config.h"
 
 #include <cctype>
-#include <initializer_list>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -74,17 +73,6 @@ const std::map<std::string, std::string>& OwnSbatchOptions() {
       {"--wrap", "the batch script"},
   };
   return *own;
-}
-
-// " (did you mean 'KNOWN'?)" for the first of `known` within two edits.
-std::string Hint(const std::string& text,
-                 std::initializer_list<const char*> known) {
-  for (const char* k : known) {
-    if (EditDistance(text, k) <= 2) {
-      return absl::StrCat(" (did you mean '", k, "'?)");
-    }
-  }
-  return "";
 }
 
 // A preemption duration in ms: `what`'s message when it is none. A
@@ -165,7 +153,7 @@ absl::StatusOr<std::vector<ProfileDeclaration>> ProfilesFromConfig(
         d.type = ProfileType::kSlurm;
       } else if (t != "workers") {
         return fail(type, absl::StrCat("unknown type '", t, "'",
-                                       Hint(t, {"slurm", "workers"}),
+                                       DidYouMean(t, {"slurm", "workers"}),
                                        "; write type: workers (dlbatch's own "
                                        "workers, the default) or type: slurm"));
       }
@@ -192,10 +180,11 @@ absl::StatusOr<std::vector<ProfileDeclaration>> ProfilesFromConfig(
           policy.mode = PreemptionMode::kFairShare;
         } else if (mode != "off") {
           return where(
-              m, absl::StrCat("unknown mode '", mode, "'",
-                              Hint(mode, {"off", "priority", "fair_share"}),
-                              "; write mode: off (nothing is preempted, the "
-                              "default), priority or fair_share"));
+              m,
+              absl::StrCat("unknown mode '", mode, "'",
+                           DidYouMean(mode, {"off", "priority", "fair_share"}),
+                           "; write mode: off (nothing is preempted, the "
+                           "default), priority or fair_share"));
         }
       }
       for (auto [key, field, what, zero] :

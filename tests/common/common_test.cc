@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/background_sha256.h"
 #include "common/duration.h"
+#include "common/edit_distance.h"
 #include "common/endpoint.h"
 #include "common/files.h"
 #include "common/hashing_file_writer.h"
@@ -587,6 +588,19 @@ TEST(StatusTest, MacrosPropagateTheFirstError) {
   r = Quarter(6, &steps);
   EXPECT_EQ(r.status(), absl::InvalidArgumentError("3 is odd"));
   EXPECT_EQ(steps, 2);
+}
+
+// The hint every "unknown ..." message of a file or command line ends with.
+TEST(DidYouMean, NamesTheClosestWordWithinTwoEdits) {
+  EXPECT_EQ(DidYouMean("priorty", {"off", "priority", "fair_share"}),
+            " (did you mean 'priority'?)");
+  EXPECT_EQ(DidYouMean("slrum", {"slurm", "workers"}),
+            " (did you mean 'slurm'?)");
+  EXPECT_EQ(DidYouMean("fair", {"off", "priority", "fair_share"}), "");
+  EXPECT_EQ(DidYouMean("x", {}), "");
+  // The fewest edits win, not the first listed.
+  EXPECT_EQ(DidYouMean("grade", {"grades_x", "grace"}),
+            " (did you mean 'grace'?)");
 }
 
 }  // namespace
