@@ -26,6 +26,7 @@
 #include "common/hashing_file_writer.h"
 #include "common/helper_thread.h"
 #include "common/status.h"
+#include "common/stop_signals.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -601,6 +602,19 @@ TEST(DidYouMean, NamesTheClosestWordWithinTwoEdits) {
   // The fewest edits win, not the first listed.
   EXPECT_EQ(DidYouMean("grade", {"grades_x", "grace"}),
             " (did you mean 'grace'?)");
+}
+
+TEST(StopSignals, NamesReadWithOrWithoutSigInAnyCase) {
+  EXPECT_EQ(StopSignalNumber("TERM"), SIGTERM);
+  EXPECT_EQ(StopSignalNumber("sigusr1"), SIGUSR1);
+  EXPECT_EQ(StopSignalNumber("Int"), SIGINT);
+  EXPECT_EQ(StopSignalNumber("KILL"), std::nullopt);  // cannot be caught
+  EXPECT_EQ(StopSignalNumber("STOP"), std::nullopt);
+  EXPECT_EQ(StopSignalNumber(""), std::nullopt);
+  EXPECT_EQ(StopSignalNumber("SIG"), std::nullopt);
+  EXPECT_EQ(StopSignalName(SIGUSR2), "USR2");
+  EXPECT_EQ(StopSignalName(SIGKILL), absl::StrCat("signal ", SIGKILL));
+  EXPECT_EQ(StopSignalNames().substr(0, 9), "TERM, INT");
 }
 
 }  // namespace
