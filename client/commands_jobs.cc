@@ -441,6 +441,10 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
                     job.progress().checkpoint_iteration(), " stored (",
                     job.checkpoint_size(), " files)\n");
   }
+  for (const v1::Preemption& p : job.preemptions()) {
+    absl::StrAppend(&out, "  Preempted:  ", PreemptionText(p, spec.has_train()),
+                    "\n");
+  }
   absl::StrAppend(&out, "  Diary:      ", job.diary_lines(),
                   " lines (dlbatch diary ", job.id(), ")\n");
   absl::StrAppend(&out, "  History:\n");

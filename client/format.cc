@@ -51,6 +51,33 @@ std::string LocalTime(int64_t ms) {
   return buf;
 }
 
+std::string PreemptionText(const v1::Preemption& p, bool train) {
+  std::string by = p.kind() == "reclaim"
+                       ? absl::StrCat("preempted by job ", p.by_job(),
+                                      " (a fair-share reclaim at priority ",
+                                      p.by_priority(), ")")
+                       : absl::StrCat("preempted by job ", p.by_job(),
+                                      " (priority ", p.by_priority(), ")");
+  if (!p.done()) {
+    return absl::StrCat(by, " at ", LocalTime(p.time_ms()), "; attempt ",
+                        p.attempt(), " is stopping",
+                        train ? " at a checkpoint" : "", " (killed at ",
+                        LocalTime(p.deadline_ms()), " if still running)");
+  }
+  std::string out = absl::StrCat(by, " at ", LocalTime(p.time_ms()),
+                                 " (attempt ", p.attempt(), ")");
+  if (train) {
+    absl::StrAppend(&out, p.resume_iteration() > 0
+                              ? absl::StrCat("; resumes from iteration ",
+                                             p.resume_iteration())
+                              : std::string("; starts afresh (no checkpoint)"));
+  }
+  if (p.lost_ms() > 0) {
+    absl::StrAppend(&out, "; ", FormatDurationMs(p.lost_ms()), " of work lost");
+  }
+  return out;
+}
+
 std::string ProgressCell(const v1::Job& job) {
   const v1::TrainProgress& p = job.progress();
   if (p.iterations() <= 0) return "";

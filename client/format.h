@@ -36,6 +36,11 @@ std::string LocalTime(int64_t ms);
 // A train job's progress in the jobs table: "45% 420/937 loss 0.521";
 // "" for jobs that report none.
 std::string ProgressCell(const v1::Job& job);
+// One preemption the job suffered, as `show` says it: "preempted by job 7
+// (priority 10) at 2026-12-02 14:02:11; resumed from iteration 1400", or,
+// while it stops, "... since 14:02:11; stopping (killed at ... if still
+// running)". Plain text (nothing in it comes from a user).
+std::string PreemptionText(const v1::Preemption& p, bool train);
 // `dlbatch show`'s progress section, one "  Label:  value" line each.
 std::string ProgressLines(const v1::TrainProgress& progress);
 

@@ -145,6 +145,18 @@ Json JobJson(const v1::Job& job) {
   }
   Json after = Json::array();
   for (int64_t id : job.after()) after.push_back(id);
+  Json preemptions = Json::array();
+  for (const v1::Preemption& p : job.preemptions()) {
+    preemptions.push_back(Json{{"by_job", p.by_job()},
+                               {"by_priority", p.by_priority()},
+                               {"kind", p.kind()},
+                               {"time", JsonTime(p.time_ms())},
+                               {"attempt", p.attempt()},
+                               {"deadline", JsonTime(p.deadline_ms())},
+                               {"done", p.done()},
+                               {"resume_iteration", p.resume_iteration()},
+                               {"lost_s", p.lost_ms() / 1000.0}});
+  }
   const v1::JobSpec& spec = job.spec();
   return Json{{"id", job.id()},
               {"name", spec.name()},
@@ -167,6 +179,7 @@ Json JobJson(const v1::Job& job) {
               {"placement", std::move(placement)},
               {"progress", ProgressJson(job.progress())},
               {"checkpoint", std::move(checkpoint)},
+              {"preemptions", std::move(preemptions)},
               {"history", std::move(history)},
               {"spec", SpecJson(spec)}};
 }

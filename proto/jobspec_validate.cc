@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/stop_signals.h"
 #include "proto/jobspec_yaml.h"
 #include "proto/network_shapes.h"
 #include "proto/network_wiring.h"
@@ -533,6 +534,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                    absl::StrCat(spec.time_limit_s(),
                                 "s is negative; give a duration such as 30m, "
                                 "or leave it out for no limit"));
+  }
+  if (!spec.preempt_signal().empty()) {
+    if (spec.has_train()) {
+      return Invalid("preempt_signal",
+                     "a train job is stopped by the trainer's own "
+                     "checkpoint-and-stop when preempted; remove it (it is "
+                     "for command jobs)");
+    }
+    if (!StopSignalNumber(spec.preempt_signal())) {
+      return Invalid("preempt_signal",
+                     absl::StrCat("'", spec.preempt_signal(),
+                                  "' is not a signal a job may be sent; use "
+                                  "one of ",
+                                  StopSignalNames(), " (default TERM)"));
+    }
   }
   if (spec.max_nodes() < 0) {
     return Invalid("max_nodes",

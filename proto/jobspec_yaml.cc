@@ -392,6 +392,10 @@ absl::Status JobYamlParser::ParseTop(const Value& root) {
            }},
           {"priority", Into<int32_t>([&](int32_t x) { spec.set_priority(x); })},
           {"time_limit", [&](const Value& v) { return ParseTimeLimit(v); }},
+          {"preemptible", Into<bool>([&](bool x) { spec.set_preemptible(x); })},
+          {"preempt_signal", Into<std::string>([&](std::string x) {
+             spec.set_preempt_signal(x);
+           })},
           {"max_nodes",
            [&](const Value& v) -> absl::Status {
              if (nodes_mark_) {

@@ -116,6 +116,8 @@ absl::Status FillSchedulerOptions(
   }
   for (const ProfileDeclaration& p : profiles) {
     options->profiles.emplace_back(p.name, p.max_pool);
+    if (p.preemption.mode != PreemptionMode::kOff)
+      options->preemption[p.name] = p.preemption;
     if (p.type == ProfileType::kSlurm)
       options->slurm_profiles.push_back(p.slurm);
   }

@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "scheduler/control.h"
 #include "scheduler/diary_follow.h"
+#include "scheduler/preemptions.h"
 #include "scheduler/scheduler_state.h"
 #include "scheduler/users.h"
 #include "scheduler/watchers.h"
@@ -52,6 +53,7 @@ absl::Status SchedulerState::BeginAttempt(ActiveJob& job,
   job.part_ended.assign(parts.size(), false);
   job.part_exit.assign(parts.size(), 0);
   job.failure.clear();
+  preemptions().Forget(*this, rec.id);
   RETURN_IF_ERROR(store_->UpdateJob(rec));
   RETURN_IF_ERROR(store_->AddEvent(rec.id, rec.state, rec.attempt, now, ""));
   const bool train = rec.spec.has_train();
@@ -125,6 +127,9 @@ absl::Status SchedulerState::EndJob(ActiveJob& job, v1::JobState state,
   JobRecord& rec = job.record;
   after_dirty_ = after_dirty_ || !waiting_after_.empty();
   RETURN_IF_ERROR(NoteLosses(job));
+  // Ended while stopping for a preemption: it did not take place.
+  RETURN_IF_ERROR(preemptions().Abandon(*this, job));
+  preemptions().Forget(*this, rec.id);
   rendezvous_.Drop(rec.id);
   rec.end_ms = clock_->NowMs();
   rec.exit_code = exit_code;
@@ -137,6 +142,14 @@ absl::Status SchedulerState::EndAsReported(ActiveJob& job, Outbox* out) {
   JobRecord& rec = job.record;
   SlurmLockHeld();
   bridge().EndSettling(rec.id);
+  // Stopped for a preemption (whatever its parts said, unless every one
+  // finished well first): queued again as preempted.
+  if (Preemptions::Stopping(job) && !job.cancel_requested &&
+      !job.failure.empty()) {
+    core_->Finished(rec.id, clock_->NowMs());
+    RETURN_IF_ERROR(SaveUsage(rec.user));
+    return preemptions().Requeue(*this, job, "", out);
+  }
   if (job.requeue_requested && !job.cancel_requested) {
     core_->Finished(rec.id, clock_->NowMs());
     RETURN_IF_ERROR(SaveUsage(rec.user));
@@ -180,8 +193,14 @@ absl::Status SchedulerState::RequeueLost(ActiveJob& job, const std::string& why,
     jobs_.erase(rec.id);
     return absl::OkStatus();
   }
-  if (rec.attempt >= options_.max_attempts) {
-    std::string reason = absl::StrCat(why, " (attempt ", rec.attempt, " of ",
+  // Lost while stopping for a preemption: queued again as preempted.
+  if (Preemptions::Stopping(job)) {
+    return preemptions().Requeue(*this, job, why, out);
+  }
+  // Attempts a preemption ended are not counted.
+  const int counted = rec.attempt - Preemptions::PreemptedAttempts(job);
+  if (counted >= options_.max_attempts) {
+    std::string reason = absl::StrCat(why, " (attempt ", counted, " of ",
                                       options_.max_attempts, ")");
     RETURN_IF_ERROR(Diary(rec.id, rec.attempt,
                           absl::StrCat("[dlbatch] ", reason, "; job failed")));
@@ -191,8 +210,8 @@ absl::Status SchedulerState::RequeueLost(ActiveJob& job, const std::string& why,
   }
   RETURN_IF_ERROR(Diary(
       rec.id, rec.attempt,
-      absl::StrCat("[dlbatch] ", why, "; job requeued (attempt ",
-                   rec.attempt + 1, " of ", options_.max_attempts, " next)")));
+      absl::StrCat("[dlbatch] ", why, "; job requeued (attempt ", counted + 1,
+                   " of ", options_.max_attempts, " next)")));
   rec.parts.clear();
   job.part_ended.clear();
   job.part_exit.clear();

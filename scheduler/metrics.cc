@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/base/thread_annotations.h"
@@ -134,7 +135,19 @@ struct Metrics::Impl {
                         .Name("dlbatch_diary_bytes_total")
                         .Help("Bytes of diary lines received from workers")
                         .Register(*registry)
-                        .Add({})) {}
+                        .Add({})),
+        preemptions(BuildCounter()
+                        .Name("dlbatch_preemptions_total")
+                        .Help("Jobs stopped and queued again to make room "
+                              "for a more urgent one, by profile and kind "
+                              "(priority or reclaim)")
+                        .Register(*registry)),
+        preempted_lost(BuildCounter()
+                           .Name("dlbatch_preempted_work_lost_seconds_total")
+                           .Help("Work preempted jobs lost: seconds since "
+                                 "each one's last stored checkpoint (or its "
+                                 "start) when it stopped, summed, by profile")
+                           .Register(*registry)) {}
 
   // The series of a (profile, state), made once; the map's lock is the
   // hooks' alone (a scrape takes only the family's, briefly).
@@ -168,11 +181,16 @@ struct Metrics::Impl {
   Histogram& commit;
   Counter& diary_lines;
   Counter& diary_bytes;
+  Family<Counter>& preemptions;
+  Family<Counter>& preempted_lost;
 
   absl::Mutex mu;
   std::map<std::pair<std::string, v1::JobState>, Gauge*> job_series
       ABSL_GUARDED_BY(mu);
   std::map<std::string, Counter*> submitted_series ABSL_GUARDED_BY(mu);
+  std::map<std::pair<std::string, std::string>, Counter*> preemption_series
+      ABSL_GUARDED_BY(mu);
+  std::map<std::string, Counter*> lost_series ABSL_GUARDED_BY(mu);
   std::map<std::pair<std::string, v1::JobState>, Counter*> ended_series
       ABSL_GUARDED_BY(mu);
   std::map<std::pair<std::string, std::string>, Gauge*> worker_series
@@ -288,6 +306,24 @@ void Metrics::Profiles(const std::vector<ProfileSummary>& profiles) {
 void Metrics::DiaryStored(int64_t lines, int64_t bytes) {
   impl_->diary_lines.Increment(static_cast<double>(lines));
   impl_->diary_bytes.Increment(static_cast<double>(bytes));
+}
+
+void Metrics::Preempted(const std::string& profile, const std::string& kind,
+                        double lost_seconds) {
+  Counter* count;
+  Counter* lost;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    Counter*& c = impl_->preemption_series[{profile, kind}];
+    if (c == nullptr)
+      c = &impl_->preemptions.Add({{"profile", profile}, {"kind", kind}});
+    Counter*& l = impl_->lost_series[profile];
+    if (l == nullptr) l = &impl_->preempted_lost.Add({{"profile", profile}});
+    count = c;
+    lost = l;
+  }
+  count->Increment();
+  lost->Increment(std::max(0.0, lost_seconds));
 }
 
 }  // namespace dlbatch::scheduler

@@ -54,6 +54,10 @@ class Metrics {
   // Workers and slots per profile, as the placement core has them now.
   void Profiles(const std::vector<ProfileSummary>& profiles);
   void DiaryStored(int64_t lines, int64_t bytes);
+  // A job of `profile` stopped for preemption (kind "priority" or
+  // "reclaim"), losing `lost_seconds` of work since its last checkpoint.
+  void Preempted(const std::string& profile, const std::string& kind,
+                 double lost_seconds);
 
  private:
   struct Impl;

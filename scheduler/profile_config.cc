@@ -125,7 +125,8 @@ ConfigSection ProfilesSection() {
                   Key("node_dir"),
                   Key("scheduler_address")};
   ConfigKey preemption = Key("preemption");
-  preemption.fields = {Key("mode"), Key("grace"), Key("min_run")};
+  preemption.fields = {Key("mode"), Key("grace"), Key("min_run"),
+                       Key("preemptible")};
   section.keys.push_back(std::move(preemption));
   return section;
 }
@@ -186,6 +187,18 @@ absl::StatusOr<std::vector<ProfileDeclaration>> ProfilesFromConfig(
                            "; write mode: off (nothing is preempted, the "
                            "default), priority or fair_share"));
         }
+      }
+      if (const ConfigEntry* e = p->Field("preemptible")) {
+        const std::string& v = e->values.front();
+        if (v != "true" && v != "false") {
+          return where(
+              e, absl::StrCat("key 'preemptible': write true (the default: "
+                              "jobs that do not say may be "
+                              "preempted) or false (only jobs with "
+                              "preemptible: true may be), not '",
+                              v, "'"));
+        }
+        policy.jobs_preemptible = v == "true";
       }
       for (auto [key, field, what, zero] :
            {std::tuple{"grace", &policy.grace_ms,

@@ -20,6 +20,7 @@
 //       scheduler_address: head:7070  # how the nodes reach the scheduler
 //       preemption:                 # any type; also block style
 //         mode: fair_share          # off (the default), priority, fair_share
+//         preemptible: false        # a job's default (true unless set)
 //
 // preemption's grace (> 0) and min_run (0: none) are durations (90s, 2m,
 // 1h30m), defaulting to PreemptionPolicy's (scheduler/core/preemption.h).

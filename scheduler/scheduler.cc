@@ -61,6 +61,7 @@ Scheduler::Scheduler(Store* store, StoreReader* reader, BlobStore* blobs,
   SetParts({.control = &control_,
             .users = &users_,
             .watchers = &watchers_,
+            .preemptions = &preemptions_,
             .follow = follow_.get(),
             .bridge = &slurm_.bridge()});
   absl::MutexLock lock(&mu_);
@@ -309,7 +310,7 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
     metrics_->PlacementPass(ms / 1000);
     metrics_->Profiles(core_->Profiles());
   }
-  if (decisions.empty()) return absl::OkStatus();
+  if (decisions.empty()) return preemptions_.Pass(*this, out);
   Outbox starts;
   absl::Status s = InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int64_t now = clock_->NowMs();
@@ -333,7 +334,7 @@ absl::Status Scheduler::PlaceJobs(Outbox* out) {
     }
   }
   for (auto& start : starts) out->push_back(std::move(start));
-  return absl::OkStatus();
+  return preemptions_.Pass(*this, out);
 }
 
 absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
@@ -347,6 +348,8 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
   for (auto& h : history) *job.add_history() = std::move(h);
   ASSIGN_OR_RETURN(int64_t lines, reader_->DiaryCount(job_id));
   job.set_diary_lines(lines);
+  ASSIGN_OR_RETURN(auto preemptions, reader_->Preemptions(job_id));
+  for (auto& p : preemptions) *job.add_preemptions() = std::move(p);
   if (rec->spec.has_train()) {
     // Committed with (or before) the row just read; memory overrides below.
     ASSIGN_OR_RETURN(TrainState train, reader_->GetTrainState(job_id));
@@ -368,6 +371,8 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
     if (live.state == v1::JOB_STATE_QUEUED)
       job.set_wait_reason(watchers_.WaitReason(*this, it->second));
     job.set_held(it->second.held);
+    job.clear_preemptions();  // memory's are as new
+    for (const auto& p : it->second.preemptions) *job.add_preemptions() = p;
     job.mutable_after()->Add(it->second.after.begin(), it->second.after.end());
   }
   for (auto& part : *job.mutable_placement()) {

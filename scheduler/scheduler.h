@@ -52,6 +52,7 @@
 #include "scheduler/disk_guard.h"
 #include "scheduler/event_hub.h"
 #include "scheduler/metrics.h"
+#include "scheduler/preemptions.h"
 #include "scheduler/rendezvous.h"
 #include "scheduler/scheduler_state.h"
 #include "scheduler/slurm/bridge.h"
@@ -195,6 +196,7 @@ class Scheduler : private FollowSource, private SchedulerState {
   Users users_;
   Control control_;
   Watchers watchers_;
+  Preemptions preemptions_;
   WorkerStreams streams_;
   // Profiles of Slurm: the bridge owns the Slurm thread and state and
   // reaches the scheduler through its host, the members above. It goes

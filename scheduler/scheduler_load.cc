@@ -119,6 +119,7 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
   }
   RETURN_IF_ERROR(slurm_.LoadPartEnds(*this));
   RETURN_IF_ERROR(control_.Load(*this));
+  RETURN_IF_ERROR(preemptions_.Load(*this));
   spdlog::info("recovered {} queued and {} running jobs, {} workers", queued,
                running, workers_.size());
   if (metrics_ != nullptr) {

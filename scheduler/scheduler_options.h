@@ -5,10 +5,12 @@
 #define DLBATCH_SCHEDULER_SCHEDULER_OPTIONS_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "scheduler/core/preemption.h"
 #include "scheduler/slurm/commands.h"
 
 namespace dlbatch::scheduler {
@@ -33,6 +35,9 @@ struct SchedulerOptions {
   int max_attempts = 3;             // starts of a job before it fails
   int64_t cancel_grace_ms = 10000;  // SIGTERM to SIGKILL
   std::vector<std::pair<std::string, int>> profiles;  // name, max_pool
+  // Each profile's preemption (scheduler.yaml's `preemption:`); a profile
+  // not named here preempts nothing.
+  std::map<std::string, PreemptionPolicy> preemption;
   // The profiles of `profiles` whose machines belong to Slurm.
   std::vector<slurm::SlurmProfile> slurm_profiles;
   // While a job of a Slurm profile exists, squeue is read this often.

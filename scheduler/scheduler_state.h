@@ -1,7 +1,7 @@
 // The state the Scheduler's parts share (the Scheduler itself, Admin,
-// Users, Control, Watchers, WorkerStreams, SlurmProfiles), the job's life
-// that every part moves jobs through, and what a part asks of the
-// Scheduler with it. The Scheduler is the one implementation, and the one
+// Users, Control, Watchers, Preemptions, WorkerStreams, SlurmProfiles), the
+// job's life that every part moves jobs through, and what a part asks of
+// the Scheduler with it. The Scheduler is the one implementation, and the one
 // owner: it derives from this class, so its own code names the members
 // directly, and hands itself to its parts as their SchedulerState.
 //
@@ -68,6 +68,7 @@ namespace dlbatch::scheduler {
 
 class Control;
 class DiaryFollowHub;
+class Preemptions;
 class Users;
 class Watchers;
 
@@ -127,6 +128,12 @@ class SchedulerState {
     bool held = false;
     std::vector<int64_t> after;
     bool requeue_requested = false;
+    // Preemption (preemptions.h): the preemptions it suffered, oldest
+    // first; the last is under way while not done (the job is stopping).
+    std::vector<v1::Preemption> preemptions;
+    // When its newest stored checkpoint reached the scheduler (0: none
+    // known; after a restart, its progress report's time).
+    int64_t checkpoint_ms = 0;
     // Some of its parts' ends are in the store (part_ends): deleted as the
     // job ends or is queued again.
     bool part_ends_stored = false;
@@ -245,6 +252,7 @@ class SchedulerState {
   Control& control() const { return *parts_.control; }
   Users& users() const { return *parts_.users; }
   Watchers& watchers() const { return *parts_.watchers; }
+  Preemptions& preemptions() const { return *parts_.preemptions; }
   DiaryFollowHub& follow() const { return *parts_.follow; }
   slurm::SlurmBridge& bridge() const { return *parts_.bridge; }
 
@@ -289,6 +297,9 @@ class SchedulerState {
   // they were last looked at (ResolveAfter).
   std::set<int64_t> waiting_after_ ABSL_GUARDED_BY(mu_);
   bool after_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // Preemptions': each queued job that preempted others -> those still
+  // stopping for it.
+  std::map<int64_t, std::vector<int64_t>> preempting_for_ ABSL_GUARDED_BY(mu_);
   // The watchers': the workers each running job holds, valid while
   // watched.
   WorkerJobsIndex watched_slots_ ABSL_GUARDED_BY(mu_);
@@ -299,6 +310,7 @@ class SchedulerState {
     Control* control = nullptr;
     Users* users = nullptr;
     Watchers* watchers = nullptr;
+    Preemptions* preemptions = nullptr;
     DiaryFollowHub* follow = nullptr;
     slurm::SlurmBridge* bridge = nullptr;
   };

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "proto/job_state.h"
 #include "scheduler/control.h"
+#include "scheduler/preemptions.h"
 #include "scheduler/users.h"
 
 namespace dlbatch::scheduler {
@@ -190,6 +191,10 @@ std::string Watchers::WaitReason(const SchedulerState& s,
   if (s.bridge().ProfileOf(job.record.spec.profile()) != nullptr) {
     s.SlurmLockHeld();
     return s.bridge().WaitReason(job.record.id, job.record.attempt);
+  }
+  if (std::string preempting = s.preemptions().WaitReason(s, job);
+      !preempting.empty()) {
+    return preempting;
   }
   auto info = s.core_->Explain(job.record.id);
   if (!info) return "";

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "common/version.h"
 #include "scheduler/control.h"
+#include "scheduler/preemptions.h"
 #include "scheduler/slurm/registration.h"
 #include "scheduler/users.h"
 #include "scheduler/watchers.h"
@@ -331,6 +332,11 @@ absl::Status WorkerStreams::HandleRegister(
                 it->second.record.parts[r.part()].worker == rec.id;
     if (!ours) {
       *registered.mutable_registered()->add_cancel() = r;
+    } else if (Preemptions::Stopping(it->second) &&
+               !it->second.cancel_requested &&
+               !it->second.part_ended[r.part()]) {
+      cancels.emplace_back(
+          session, s.preemptions().StopMessage(s, it->second, r.part()));
     } else if ((it->second.cancel_requested || it->second.requeue_requested) &&
                !it->second.part_ended[r.part()]) {
       v1::SchedulerMessage msg;
@@ -574,6 +580,7 @@ absl::Status WorkerStreams::HandleCheckpoint(
   RETURN_IF_ERROR(s.store_->PutCheckpoint(report.job_id(), report));
   RETURN_IF_ERROR(s.store_->PutProgress(report.job_id(), progress));
   job->checkpoint = report;
+  job->checkpoint_ms = s.clock_->NowMs();
   job->progress = std::move(progress);
   s.Changed(report.job_id());
   return absl::OkStatus();

@@ -84,6 +84,8 @@ struct PreemptionPolicy {
   TimeMs grace_ms = kDefaultPreemptGraceMs;
   // A job is never preempted within this long of its (re)start.
   TimeMs min_run_ms = kDefaultPreemptMinRunMs;
+  // Whether a job that does not say (JobSpec.preemptible unset) may be.
+  bool jobs_preemptible = true;
 };
 
 // Why a victim is taken: a lower priority, or a fair-share reclaim at equal

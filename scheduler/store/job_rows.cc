@@ -57,6 +57,30 @@ absl::StatusOr<TrainState> ReadTrainState(Database* db, int64_t job_id) {
   return state;
 }
 
+absl::StatusOr<std::vector<v1::Preemption>> ReadPreemptions(Database* db,
+                                                            int64_t job_id) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db->Prepare("SELECT record FROM preemptions WHERE job_id=? "
+                               "ORDER BY seq"));
+  st->Bind(1, job_id);
+  std::vector<v1::Preemption> out;
+  bool corrupt = false;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
+    absl::string_view r = st->Blob(0);
+    v1::Preemption p;
+    if (!p.ParseFromArray(r.data(), static_cast<int>(r.size()))) {
+      corrupt = true;
+      return;
+    }
+    out.push_back(std::move(p));
+  }));
+  if (corrupt) {
+    return absl::DataLossError(
+        absl::StrCat("job ", job_id, ": a stored preemption is corrupt"));
+  }
+  return out;
+}
+
 absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>
 CountJobsOn(Database* db) {
   ASSIGN_OR_RETURN(

@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "dlbatch/v1/scheduler.pb.h"
@@ -31,6 +32,11 @@ absl::StatusOr<JobRecord> ReadJobRow(const Statement& row, bool with_spec);
 // The job's train state on `db` (empty where none was stored); DataLoss
 // where what was stored does not parse.
 absl::StatusOr<TrainState> ReadTrainState(Database* db, int64_t job_id);
+
+// The job's preemptions on `db`, oldest first (none: empty); DataLoss
+// where one stored does not parse.
+absl::StatusOr<std::vector<v1::Preemption>> ReadPreemptions(Database* db,
+                                                            int64_t job_id);
 
 // Jobs by (profile, state), on `db`.
 absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>

@@ -217,6 +217,7 @@ absl::StatusOr<PurgeCounts> JobTables::PurgeJobs(
       "DELETE FROM part_ends WHERE job_id=?",
       "DELETE FROM slurm_resubmits WHERE job_id=?",
       "DELETE FROM job_requests WHERE job_id=?",
+      "DELETE FROM preemptions WHERE job_id=?",
       "DELETE FROM jobs WHERE id=?",
   };
   PurgeCounts counts;
@@ -303,6 +304,59 @@ absl::StatusOr<std::vector<int64_t>> JobTables::SweepJobIds(int64_t sweep_id) {
   std::vector<int64_t> ids;
   RETURN_IF_ERROR(st->ForEachRow([&] { ids.push_back(st->Int(0)); }));
   return ids;
+}
+
+absl::Status JobTables::PutPreemption(int64_t job_id, int seq,
+                                      const v1::Preemption& preemption) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT INTO preemptions(job_id, seq, record) "
+                   "VALUES(?,?,?) ON CONFLICT(job_id, seq) DO UPDATE SET "
+                   "record=excluded.record"));
+  return st->Bind(1, job_id)
+      .Bind(2, seq)
+      .BindBlob(3, preemption.SerializeAsString())
+      .Run();
+}
+
+absl::StatusOr<std::vector<v1::Preemption>> JobTables::Preemptions(
+    int64_t job_id) {
+  return ReadPreemptions(db_, job_id);
+}
+
+absl::Status JobTables::DeletePreemption(int64_t job_id, int seq) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("DELETE FROM preemptions WHERE job_id=? AND seq=?"));
+  return st->Bind(1, job_id).Bind(2, seq).Run();
+}
+
+absl::StatusOr<std::map<int64_t, std::vector<v1::Preemption>>>
+JobTables::ActivePreemptions() {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("SELECT p.job_id, p.record FROM preemptions p JOIN jobs "
+                   "ON jobs.id = p.job_id WHERE jobs.state IN (?,?,?) "
+                   "ORDER BY p.job_id, p.seq"));
+  st->Bind(1, static_cast<int64_t>(v1::JOB_STATE_QUEUED))
+      .Bind(2, static_cast<int64_t>(v1::JOB_STATE_RUNNING))
+      .Bind(3, static_cast<int64_t>(v1::JOB_STATE_CANCELLING));
+  std::map<int64_t, std::vector<v1::Preemption>> out;
+  int64_t corrupt = 0;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
+    absl::string_view r = st->Blob(1);
+    v1::Preemption p;
+    if (!p.ParseFromArray(r.data(), static_cast<int>(r.size()))) {
+      corrupt = st->Int(0);
+      return;
+    }
+    out[st->Int(0)].push_back(std::move(p));
+  }));
+  if (corrupt != 0) {
+    return absl::DataLossError(
+        absl::StrCat("job ", corrupt, ": a stored preemption is corrupt"));
+  }
+  return out;
 }
 
 absl::Status JobTables::PutJobControl(const JobControlRecord& control) {

@@ -116,6 +116,15 @@ class JobTables {
   absl::StatusOr<int64_t> SweepIdOf(int64_t job_id);
   absl::StatusOr<std::vector<int64_t>> SweepJobIds(int64_t sweep_id);
 
+  // Preemptions: the job's `seq`th (0, 1, ...), stored anew or replaced.
+  absl::Status PutPreemption(int64_t job_id, int seq,
+                             const v1::Preemption& preemption);
+  absl::StatusOr<std::vector<v1::Preemption>> Preemptions(int64_t job_id);
+  absl::Status DeletePreemption(int64_t job_id, int seq);
+  // The preemptions of every queued or running job, by job, oldest first.
+  absl::StatusOr<std::map<int64_t, std::vector<v1::Preemption>>>
+  ActivePreemptions();
+
   // Job control. PutJobControl of a record with nothing set deletes it.
   absl::Status PutJobControl(const JobControlRecord& control);
   absl::StatusOr<std::vector<JobControlRecord>> JobControls();

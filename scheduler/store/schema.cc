@@ -19,9 +19,10 @@ namespace {
 // credentials; version 6 worker_drains and job_control; version 7
 // slurm_jobs; version 8 part_ends and slurm_resubmits; version 9
 // job_requests (request ids per user, with the digest of what each asked
-// for); version 10 diary.line and diary.ending.
+// for); version 10 diary.line and diary.ending; version 11 preemptions
+// (each job's preemptions, a v1.Preemption per row).
 // Older files are migrated on open.
-constexpr int kSchemaVersion = 10;
+constexpr int kSchemaVersion = 11;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -278,6 +279,17 @@ UPDATE diary SET line = numbered.line
 )sql");
 }
 
+// Version 10 -> 11: preemptions. Idempotent.
+absl::Status AddPreemptionsTable(Database* db) {
+  return db->Exec(R"sql(
+CREATE TABLE IF NOT EXISTS preemptions(
+  job_id INTEGER NOT NULL,
+  seq INTEGER NOT NULL,
+  record BLOB NOT NULL,
+  PRIMARY KEY(job_id, seq)) WITHOUT ROWID;
+)sql");
+}
+
 }  // namespace
 
 absl::Status MigrateSchema(Database* db, const std::string& path) {
@@ -315,6 +327,7 @@ absl::Status MigrateSchema(Database* db, const std::string& path) {
     RETURN_IF_ERROR(AddSlurmTable(db));
     RETURN_IF_ERROR(AddJobRequests(db));
     RETURN_IF_ERROR(AddDiaryLineColumns(db));
+    RETURN_IF_ERROR(AddPreemptionsTable(db));
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion,
         "') ON CONFLICT(key) DO UPDATE SET value=excluded.value")));

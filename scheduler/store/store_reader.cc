@@ -227,6 +227,13 @@ absl::StatusOr<TrainState> StoreReader::GetTrainState(int64_t job_id) {
   return ReadTrainState(db.get(), job_id);
 }
 
+absl::StatusOr<std::vector<v1::Preemption>> StoreReader::Preemptions(
+    int64_t job_id) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  return ReadPreemptions(db.get(), job_id);
+}
+
 absl::StatusOr<std::map<std::pair<std::string, v1::JobState>, int64_t>>
 StoreReader::CountJobsByState() {
   ASSIGN_OR_RETURN(auto raw, Acquire());

@@ -49,6 +49,7 @@ class StoreReader {
   absl::StatusOr<int64_t> DiaryTailStart(int64_t job_id, int64_t tail);
   absl::StatusOr<std::vector<v1::OutputFile>> Outputs(int64_t job_id);
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
+  absl::StatusOr<std::vector<v1::Preemption>> Preemptions(int64_t job_id);
   // The user a job was submitted by; NotFound for an unknown job.
   absl::StatusOr<std::string> JobUser(int64_t job_id);
   // Jobs by (profile, state), as Store::CountJobsByState.

@@ -154,9 +154,8 @@ TEST(ConfigFiles, SchedulerWorkerAndCliConfiguredByTheirFilesAlone) {
   EXPECT_THAT(config.out, HasSubstr("configuration file: " + client_yaml));
 }
 
-// A profile's preemption: is read and checked, and the log says it is
-// not acted on yet, so that nobody counts on it.
-TEST(ConfigFiles, PreemptionIsReadAndTheLogSaysItIsNotActedOnYet) {
+// A profile's preemption is read, checked and said in the log.
+TEST(ConfigFiles, PreemptionIsReadAndTheLogSaysWhatItDoes) {
   Cluster c;
   const std::string dir = c.dir();
   const std::string scheduler_yaml = dir + "/scheduler.yaml";
@@ -171,8 +170,10 @@ TEST(ConfigFiles, PreemptionIsReadAndTheLogSaysItIsNotActedOnYet) {
   ASSERT_TRUE(WaitFor([&] { return !ReadAll(dir + "/ready").empty(); }, 15000))
       << ReadAll(dir + "/scheduler.log");
   const std::string log = ReadAll(dir + "/scheduler.log");
-  EXPECT_THAT(log, HasSubstr("profile 'gpu': preemption is read but not acted "
-                             "on in this version"));
+  EXPECT_THAT(log, HasSubstr("profile 'gpu': preemption by priority (grace "
+                             "1m, min_run 10m; jobs preemptible unless they "
+                             "say)"));
+  EXPECT_THAT(log, Not(HasSubstr("not acted on")));
   EXPECT_THAT(log, Not(HasSubstr("profile 'batch': preemption")));
 }
 

@@ -334,14 +334,38 @@ TEST(JobYamlParse, TimeLimit) {
               HasSubstr("job.yaml:2:13: time_limit: must be more than 0"));
 }
 
+// Preemption's per-job keys: unset preemptible means the profile's default.
+TEST(JobYamlParse, PreemptibleAndPreemptSignal) {
+  v1::JobSpec plain = ParseOk("command: [ls]\n");
+  EXPECT_FALSE(plain.has_preemptible());
+  EXPECT_EQ(plain.preempt_signal(), "");
+  v1::JobSpec set =
+      ParseOk("command: [ls]\npreemptible: false\npreempt_signal: USR1\n");
+  ASSERT_TRUE(set.has_preemptible());
+  EXPECT_FALSE(set.preemptible());
+  EXPECT_EQ(set.preempt_signal(), "USR1");
+  EXPECT_TRUE(ParseOk("command: [ls]\npreemptible: true\n").preemptible());
+  EXPECT_THAT(ParseError("command: [ls]\npreemptible: maybe\n"),
+              HasSubstr("job.yaml:2:14: preemptible:"));
+  std::string bad = ParseError("command: [ls]\npreempt_signal: KILL\n");
+  EXPECT_THAT(bad, HasSubstr("job.yaml:2:17: preempt_signal: 'KILL' is not a "
+                             "signal a job may be sent"));
+  EXPECT_THAT(bad, HasSubstr("TERM, INT, HUP, USR1"));
+  EXPECT_THAT(ParseError(TrainJob("      - {type: fc, units: 10}\n") +
+                         "preempt_signal: TERM\n"),
+              HasSubstr("preempt_signal: a train job is stopped by the "
+                        "trainer's own checkpoint-and-stop"));
+}
+
 TEST(JobYamlErrors, UnknownTopLevelKey) {
   std::string msg = ParseError("name: x\ncommand: [ls]\npoool: 4\n");
   EXPECT_THAT(msg,
               StartsWith("job.yaml:3:1: unknown key 'poool' at top level"));
   EXPECT_THAT(msg, HasSubstr("did you mean 'pool'?"));
   EXPECT_THAT(msg, HasSubstr("allowed keys: name, profile, pool, priority, "
-                             "time_limit, max_nodes, nodes, attach, env, "
-                             "command, train, sweep"));
+                             "time_limit, preemptible, preempt_signal, "
+                             "max_nodes, nodes, attach, env, command, train, "
+                             "sweep"));
 }
 
 TEST(JobYamlErrors, UnknownKeyUnderOptions) {

@@ -143,6 +143,7 @@ TEST(ProfileConfigTest, ReadsPreemptionInFlowAndBlockStyle) {
       "    preemption:\n"
       "      mode: fair_share\n"
       "      min_run: 0\n"
+      "      preemptible: false\n"
       "  plain:\n"
       "    max_pool: 2\n"
       "  off: {preemption: {mode: off, grace: 1m}}\n"
@@ -160,6 +161,8 @@ TEST(ProfileConfigTest, ReadsPreemptionInFlowAndBlockStyle) {
   EXPECT_EQ(share.mode, PreemptionMode::kFairShare);
   EXPECT_EQ(share.grace_ms, kDefaultPreemptGraceMs);
   EXPECT_EQ(share.min_run_ms, 0);
+  EXPECT_FALSE(share.jobs_preemptible);
+  EXPECT_TRUE(gpu.jobs_preemptible);
   EXPECT_EQ((*profiles)[1].max_pool, 4);
   // Without the key: PreemptionPolicy's defaults, mode off.
   const PreemptionPolicy& plain = (*profiles)[2].preemption;
@@ -211,6 +214,9 @@ TEST(ProfileConfigTest, PreemptionErrorsSayWhatToWrite) {
               HasSubstr("key 'preemption': key 'min_run': '-10m' is negative; "
                         "write how long a job runs before it may be "
                         "preempted, e.g. 10m (0: no minimum)"));
+  EXPECT_THAT(ErrorOf("profiles:\n  c: {preemption: {preemptible: no}}\n"),
+              HasSubstr(at + "2: profile 'c': key 'preemption': key "
+                             "'preemptible': write true (the default"));
   EXPECT_THAT(ErrorOf("profiles:\n  c: {preemption: {min_run: soon}}\n"),
               HasSubstr("key 'min_run': 'soon' is not a duration"));
   // Unknown keys inside, and a value that is no mapping: the file's errors.
@@ -221,7 +227,7 @@ TEST(ProfileConfigTest, PreemptionErrorsSayWhatToWrite) {
                      "min_run"));
   EXPECT_THAT(ErrorOf("profiles:\n  c:\n    preemption: priority\n"),
               HasSubstr(at + "3: profile 'c': key 'preemption': expected a "
-                             "mapping of its keys (mode, grace, min_run), got "
+                             "mapping of its keys (mode, grace, min_run, preemptible), got "
                              "'priority'"));
 }
 

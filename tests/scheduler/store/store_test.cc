@@ -179,7 +179,7 @@ TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   EXPECT_THAT(std::string(reopened.status().message()),
               HasSubstr("schema version 99"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 10"));
+              HasSubstr("reads version 11"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -223,7 +223,7 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "10");
+  EXPECT_EQ((*version)->Text(0), "11");
   (*version)->Reset();
   auto job = reader().GetJob(old);
   ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
@@ -265,6 +265,51 @@ TEST_F(StoreTest, OpensAVersion5FileAndAddsDrainsAndJobControl) {
   EXPECT_THAT(store_->JobControls().value(), IsEmpty());
   ASSERT_TRUE(store_->DeleteDrain("w1").ok());
   EXPECT_THAT(store_->Drains().value(), IsEmpty());
+}
+
+TEST_F(StoreTest, OpensAVersion10FileAndKeepsEachJobsPreemptions) {
+  const int64_t old = Insert(NewJob("from-v10", "", v1::JOB_STATE_FINISHED));
+  ASSERT_NO_FATAL_FAILURE(ReopenAsVersion(10, "DROP TABLE preemptions;"));
+  v1::Preemption first;
+  first.set_by_job(7);
+  first.set_by_priority(10);
+  first.set_kind("priority");
+  first.set_attempt(1);
+  first.set_time_ms(1000);
+  ASSERT_TRUE(store_->PutPreemption(old, 0, first).ok());
+  // The preemption under way, then done: the row is replaced.
+  first.set_done(true);
+  first.set_resume_iteration(1400);
+  ASSERT_TRUE(store_->PutPreemption(old, 0, first).ok());
+  v1::Preemption second;
+  second.set_by_job(9);
+  second.set_kind("reclaim");
+  second.set_attempt(2);
+  ASSERT_TRUE(store_->PutPreemption(old, 1, second).ok());
+  Reopen();
+  for (auto got : {store_->Preemptions(old), reader().Preemptions(old)}) {
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), 2u);
+    EXPECT_EQ((*got)[0].by_job(), 7);
+    EXPECT_TRUE((*got)[0].done());
+    EXPECT_EQ((*got)[0].resume_iteration(), 1400);
+    EXPECT_EQ((*got)[1].kind(), "reclaim");
+  }
+  EXPECT_THAT(reader().Preemptions(old + 1).value(), IsEmpty());
+  // Only queued and running jobs' are loaded at a start.
+  EXPECT_THAT(store_->ActivePreemptions().value(), IsEmpty());
+  const int64_t running = Insert(NewJob("running", "", v1::JOB_STATE_RUNNING));
+  ASSERT_TRUE(store_->PutPreemption(running, 0, second).ok());
+  ASSERT_TRUE(store_->PutPreemption(running, 1, first).ok());
+  auto active = store_->ActivePreemptions();
+  ASSERT_TRUE(active.ok()) << active.status();
+  ASSERT_EQ(active->size(), 1u);
+  ASSERT_EQ(active->at(running).size(), 2u);
+  EXPECT_EQ(active->at(running)[1].by_job(), 7);
+  ASSERT_TRUE(store_->DeletePreemption(running, 1).ok());
+  EXPECT_EQ(store_->Preemptions(running).value().size(), 1u);
+  ASSERT_TRUE(store_->PurgeJobs({old}).ok());
+  EXPECT_THAT(reader().Preemptions(old).value(), IsEmpty());
 }
 
 TEST_F(StoreTest, OpensAVersion6FileAndKeepsEachJobsSlurmJob) {
