@@ -225,10 +225,12 @@ TEST(ProfileConfigTest, PreemptionErrorsSayWhatToWrite) {
       HasSubstr(at + "4: profile 'c': key 'preemption': unknown key 'grase' "
                      "(did you mean 'grace'?); known keys: mode, grace, "
                      "min_run"));
-  EXPECT_THAT(ErrorOf("profiles:\n  c:\n    preemption: priority\n"),
-              HasSubstr(at + "3: profile 'c': key 'preemption': expected a "
-                             "mapping of its keys (mode, grace, min_run, preemptible), got "
-                             "'priority'"));
+  EXPECT_THAT(
+      ErrorOf("profiles:\n  c:\n    preemption: priority\n"),
+      HasSubstr(at +
+                "3: profile 'c': key 'preemption': expected a "
+                "mapping of its keys (mode, grace, min_run, preemptible), got "
+                "'priority'"));
 }
 
 TEST(ProfileConfigTest, FlagsAndTheFileDeclareEachNameOnce) {
