@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/duration.h"
+#include "common/stop_signals.h"
 #include "worker/train_job.h"
 
 namespace dlbatch::worker {
@@ -16,6 +17,47 @@ std::string TimeLimitText(const v1::StartJob& start) {
   return absl::StrCat("time limit ",
                       FormatDurationMs(start.spec().time_limit_s() * 1000),
                       " reached");
+}
+
+// "SIGUSR1" for the signals a job may be sent, "signal N" for others.
+std::string SignalText(int signal) {
+  const std::string name = StopSignalName(signal);
+  return StopSignalNumber(name) == signal ? "SIG" + name : name;
+}
+
+// "killed in 2m00s if still running".
+std::string GraceText(int64_t grace_ms) {
+  return grace_ms <= 0 ? "killed at once if still running"
+                       : absl::StrCat("killed in ", FormatDurationMs(grace_ms),
+                                      " if still running");
+}
+
+// The first signal a preempted job's processes get: a train job's trainer
+// checkpoints at kTrainerStopSignal; a command job gets what its cancel
+// names (0: SIGTERM) if that is a signal a job may be told to stop with
+// (stop_signals.h: not KILL, which follows at the grace anyway, nor STOP,
+// which would hold it there), else SIGTERM.
+int PreemptSignal(const v1::StartJob& start, const v1::CancelJob& cancel) {
+  if (start.spec().has_train()) return kTrainerStopSignal;
+  const int asked = cancel.signal() == 0 ? SIGTERM : cancel.signal();
+  return StopSignalNumber(StopSignalName(asked)) == asked ? asked : SIGTERM;
+}
+
+// What a preempted job's diary says happens to it, after the reason.
+std::string PreemptText(const v1::StartJob& start, const v1::CancelJob& cancel,
+                        int signal) {
+  if (start.spec().has_train()) {
+    return absl::StrCat("checkpointing and stopping (", SignalText(signal),
+                        "; ", GraceText(cancel.grace_ms()), ")");
+  }
+  std::string text = absl::StrCat("sending ", SignalText(signal));
+  const int asked = cancel.signal() == 0 ? SIGTERM : cancel.signal();
+  if (asked != signal) {
+    absl::StrAppend(&text, ", as ", SignalText(asked),
+                    " is not one a job may be sent");
+  }
+  absl::StrAppend(&text, " (", GraceText(cancel.grace_ms()), ")");
+  return text;
 }
 
 }  // namespace
@@ -88,27 +130,56 @@ JobEffects JobTable::Assign(const v1::StartJob& start, int64_t now_ms) {
   return fx;
 }
 
+JobAction JobTable::TerminateAction(const Job& job) {
+  JobAction a;
+  a.kind = JobAction::kTerminate;
+  a.key = job.key;
+  a.ref = job.ref;
+  a.grace_ms = job.cancel_grace_ms;
+  a.signal = job.cancel_signal;
+  return a;
+}
+
 JobEffects JobTable::Cancel(const JobRef& ref, int64_t grace_ms,
                             const std::string& reason, int64_t now_ms) {
+  v1::CancelJob cancel;
+  ref.To(&cancel);
+  cancel.set_grace_ms(grace_ms);
+  cancel.set_reason(reason);
+  return Cancel(cancel, now_ms);
+}
+
+JobEffects JobTable::Cancel(const v1::CancelJob& cancel, int64_t now_ms) {
   JobEffects fx;
+  const JobRef ref = JobRef::Of(cancel);
   auto k = keys_.find(ref);
   if (k == keys_.end()) return fx;
   Job& job = jobs_.at(k->second);
   // Once its processes are gone a job ends as they left it.
   if (job.cancel_requested || job.phase >= JobPhase::kFinishing) return fx;
+  // A job stopping at its time limit fails by it: requeued, it would only
+  // reach it again.
+  if (cancel.preempt() && job.time_limit_hit) return fx;
   job.cancel_requested = true;
-  job.cancel_reason = reason;
-  job.cancel_grace_ms = grace_ms;
-  AddDiary(job, kWorkerStream,
-           absl::StrCat("[dlbatch] stopping the job: ", reason), now_ms, &fx);
-  if (job.phase == JobPhase::kRunning) {
-    JobAction a;
-    a.kind = JobAction::kTerminate;
-    a.key = job.key;
-    a.ref = ref;
-    a.grace_ms = grace_ms;
-    fx.actions.push_back(std::move(a));
+  job.cancel_reason = cancel.reason();
+  job.cancel_grace_ms = cancel.grace_ms();
+  job.cancel_signal = SIGTERM;
+  std::string line;
+  if (!cancel.preempt()) {
+    line = absl::StrCat("[dlbatch] stopping the job: ", cancel.reason());
+  } else {
+    if (job.cancel_reason.empty()) job.cancel_reason = "preempted";
+    job.cancel_signal = PreemptSignal(job.start, cancel);
+    // Preparing with no process asked for: Prepared() ends it.
+    const bool started = job.phase == JobPhase::kRunning || job.start_asked;
+    line =
+        absl::StrCat("[dlbatch] ", job.cancel_reason, ": ",
+                     started ? PreemptText(job.start, cancel, job.cancel_signal)
+                             : "stopped before it started");
   }
+  AddDiary(job, kWorkerStream, line, now_ms, &fx);
+  if (job.phase == JobPhase::kRunning)
+    fx.actions.push_back(TerminateAction(job));
   // Preparing: Prepared() ends it without a process, or Started() stops the
   // process asked for meanwhile.
   return fx;
@@ -160,15 +231,8 @@ JobEffects JobTable::Started(int64_t key, absl::Status status, int64_t now_ms,
   job->phase = JobPhase::kRunning;
   const int64_t limit_s = job->start.spec().time_limit_s();
   if (limit_s > 0) job->deadline_mono_ms = now_mono_ms + limit_s * 1000;
-  if (job->cancel_requested) {
-    // The cancel came while the process was being started.
-    JobAction a;
-    a.kind = JobAction::kTerminate;
-    a.key = key;
-    a.ref = job->ref;
-    a.grace_ms = job->cancel_grace_ms;
-    fx.actions.push_back(std::move(a));
-  }
+  // The cancel came while the process was being started.
+  if (job->cancel_requested) fx.actions.push_back(TerminateAction(*job));
   return fx;
 }
 
@@ -245,34 +309,45 @@ JobEffects JobTable::OutputsUploaded(
     const std::vector<std::string>& notes, int64_t now_ms) {
   JobEffects fx;
   Job* job = Find(key);
-  if (job == nullptr || job->phase != JobPhase::kFinishing) return fx;
+  if (job == nullptr || job->phase != JobPhase::kFinishing ||
+      job->outputs.has_value())
+    return fx;
   // The worker is stopping: no report (the scheduler requeues the job).
   if (!files.ok() && files.status().code() == absl::StatusCode::kCancelled)
     return fx;
   for (const auto& note : notes)
     AddDiary(*job, kWorkerStream, "[dlbatch] " + note, now_ms, &fx);
-  const ExitInfo& info = *job->exit;
+  job->outputs = std::move(files);
+  EndIfReady(*job, now_ms, &fx);
+  return fx;
+}
+
+void JobTable::EndIfReady(Job& job, int64_t now_ms, JobEffects* fx) {
+  if (job.phase != JobPhase::kFinishing || !job.outputs.has_value() ||
+      job.checkpoint_busy || job.checkpoint_wanted >= 0)
+    return;
+  absl::StatusOr<std::vector<v1::OutputFile>>& files = *job.outputs;
+  const ExitInfo& info = *job.exit;
   std::vector<v1::OutputFile> outputs;
   if (files.ok()) outputs = *std::move(files);
-  if (job->cancel_requested) {
-    End(*job, v1::JOB_STATE_CANCELLED, job->cancel_reason, std::move(outputs),
-        &fx);
+  if (job.cancel_requested) {
+    End(job, v1::JOB_STATE_CANCELLED, job.cancel_reason, std::move(outputs),
+        fx);
   } else if (!files.ok()) {
     const std::string reason(files.status().message());
-    AddDiary(*job, kWorkerStream, "[dlbatch] " + reason, now_ms, &fx);
-    End(*job, v1::JOB_STATE_FAILED, reason, {}, &fx);
-  } else if (job->time_limit_hit) {
-    End(*job, v1::JOB_STATE_FAILED, TimeLimitText(job->start),
-        std::move(outputs), &fx);
+    AddDiary(job, kWorkerStream, "[dlbatch] " + reason, now_ms, fx);
+    End(job, v1::JOB_STATE_FAILED, reason, {}, fx);
+  } else if (job.time_limit_hit) {
+    End(job, v1::JOB_STATE_FAILED, TimeLimitText(job.start), std::move(outputs),
+        fx);
   } else if (info.exited && info.exit_code == 0) {
-    End(*job, v1::JOB_STATE_FINISHED, "", std::move(outputs), &fx);
+    End(job, v1::JOB_STATE_FINISHED, "", std::move(outputs), fx);
   } else {
     std::string reason = info.Describe();
-    if (!job->trainer_error.empty())
-      absl::StrAppend(&reason, ": ", job->trainer_error);
-    End(*job, v1::JOB_STATE_FAILED, reason, std::move(outputs), &fx);
+    if (!job.trainer_error.empty())
+      absl::StrAppend(&reason, ": ", job.trainer_error);
+    End(job, v1::JOB_STATE_FAILED, reason, std::move(outputs), fx);
   }
-  return fx;
 }
 
 JobEffects JobTable::CheckpointStored(
@@ -282,7 +357,10 @@ JobEffects JobTable::CheckpointStored(
   Job* job = Find(key);
   if (job == nullptr) return fx;
   job->checkpoint_busy = false;
-  if (job->phase == JobPhase::kEnded) return fx;  // too late to matter
+  // The end waits for every store: a stale event, nothing to tell.
+  if (job->phase == JobPhase::kEnded) return fx;
+  const bool stopping =
+      !files.ok() && files.status().code() == absl::StatusCode::kCancelled;
   if (files.ok()) {
     v1::WorkerMessage m;
     v1::CheckpointStored* c = m.mutable_checkpoint();
@@ -290,8 +368,8 @@ JobEffects JobTable::CheckpointStored(
     c->set_iteration(iteration);
     for (auto& f : *files) *c->add_files() = std::move(f);
     fx.records.push_back(std::move(m));
-  } else if (files.status().code() != absl::StatusCode::kCancelled) {
-    // The job goes on; a requeue would resume from the previous one.
+  } else if (!stopping) {
+    // The job goes on (or ends); a requeue resumes from the previous one.
     AddDiary(*job, kWorkerStream,
              absl::StrCat("[dlbatch] could not store the checkpoint of "
                           "iteration ",
@@ -309,6 +387,8 @@ JobEffects JobTable::CheckpointStored(
     job->checkpoint_wanted = -1;
     fx.actions.push_back(std::move(a));
   }
+  // A stopping worker reports no end (the scheduler requeues the job).
+  if (!stopping) EndIfReady(*job, now_ms, &fx);
   return fx;
 }
 

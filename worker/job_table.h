@@ -17,6 +17,7 @@
 #ifndef DLBATCH_WORKER_JOB_TABLE_H_
 #define DLBATCH_WORKER_JOB_TABLE_H_
 
+#include <csignal>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -37,7 +38,7 @@ struct JobAction {
   enum Kind {
     kPrepare,           // make `dir`, fetch attachments -> Prepared()
     kStart,             // start `process` under `key` -> Started()
-    kTerminate,         // TERM the job's processes, KILL after grace_ms
+    kTerminate,         // `signal` to the job's processes, KILL after grace_ms
     kUploadOutputs,     // upload dir/output -> OutputsUploaded()
     kUploadCheckpoint,  // store `iteration`'s checkpoint -> CheckpointStored()
     kRemove,            // the job is forgotten: remove `dir`
@@ -47,6 +48,9 @@ struct JobAction {
   JobRef ref;
   std::string dir;
   int64_t grace_ms = 0;
+  // kTerminate's first signal: SIGTERM, or a preempted job's stop signal
+  // (a train job's kTrainerStopSignal, a command job's CancelJob.signal).
+  int signal = SIGTERM;
   int64_t iteration = 0;
   v1::StartJob start;         // kPrepare
   SubprocessOptions process;  // kStart
@@ -77,7 +81,15 @@ class JobTable {
 
   // The scheduler placed a job here. A job already known is ignored.
   JobEffects Assign(const v1::StartJob& start, int64_t now_ms);
-  // The scheduler (or the worker itself) asks a job to stop.
+  // The scheduler asks a job to stop. A preempting cancel (`preempt`) sends
+  // a train job's trainer kTrainerStopSignal (it checkpoints and exits) and
+  // a command job's processes `signal` (0: SIGTERM) instead of SIGTERM;
+  // SIGKILL follows grace_ms later either way. A job stopped by a cancel
+  // ends CANCELLED with its reason however its processes exit; a job whose
+  // processes had gone before (or, for a preemption, that had reached its
+  // time limit) ends as it would have.
+  JobEffects Cancel(const v1::CancelJob& cancel, int64_t now_ms);
+  // A plain (not preempting) cancel.
   JobEffects Cancel(const JobRef& ref, int64_t grace_ms,
                     const std::string& reason, int64_t now_ms);
   // kPrepare's result: the process to start, or why the job cannot run;
@@ -91,11 +103,16 @@ class JobTable {
   // Every process of the job is gone.
   JobEffects Exited(int64_t key, const ExitInfo& info, int64_t now_ms);
   // kUploadOutputs' result; `notes` (files skipped, ...) become diary lines.
+  // The end report follows once every checkpoint the trainer announced is
+  // stored (or failed to be): the scheduler requeues a job from the newest
+  // checkpoint it was told of, so the CheckpointStored records come first.
   JobEffects OutputsUploaded(int64_t key,
                              absl::StatusOr<std::vector<v1::OutputFile>> files,
                              const std::vector<std::string>& notes,
                              int64_t now_ms);
-  // kUploadCheckpoint's result.
+  // kUploadCheckpoint's result. A store that failed is noted in the diary
+  // (a requeue resumes from the previous checkpoint); one given up because
+  // the worker stops (kCancelled) is not, and ends nothing.
   JobEffects CheckpointStored(int64_t key, int64_t iteration,
                               absl::StatusOr<std::vector<v1::OutputFile>> files,
                               int64_t now_ms);
@@ -123,6 +140,7 @@ class JobTable {
     bool cancel_requested = false;
     std::string cancel_reason;
     int64_t cancel_grace_ms = 0;
+    int cancel_signal = SIGTERM;  // kTerminate's first signal for the cancel
     bool time_limit_hit = false;
     int64_t deadline_mono_ms = 0;  // 0: no time limit
     std::optional<ExitInfo> exit;
@@ -130,12 +148,20 @@ class JobTable {
     v1::TrainProgress progress;
     bool checkpoint_busy = false;    // a kUploadCheckpoint is out
     int64_t checkpoint_wanted = -1;  // a newer one to store after it
+    // kUploadOutputs' result, kept while a checkpoint is still stored.
+    std::optional<absl::StatusOr<std::vector<v1::OutputFile>>> outputs;
   };
 
   Job* Find(int64_t key);
   void AddDiary(Job& job, int stream, const std::string& text, int64_t time_ms,
                 JobEffects* fx,
                 v1::DiaryLine::Ending ending = v1::DiaryLine::ENDING_NEWLINE);
+  // Builds the job's kTerminate action with its cancel's signal and grace.
+  static JobAction TerminateAction(const Job& job);
+  // A finishing job whose outputs are uploaded and no checkpoint of which is
+  // still to be stored ends: the state and reason its exit, its cancel or
+  // its time limit give.
+  void EndIfReady(Job& job, int64_t now_ms, JobEffects* fx);
   // The one place an end report is built.
   void End(Job& job, v1::JobState state, const std::string& reason,
            std::vector<v1::OutputFile> outputs, JobEffects* fx);

@@ -80,8 +80,10 @@ void SubprocessRunner::Start(int64_t key, SubprocessOptions options) {
   });
 }
 
-void SubprocessRunner::Terminate(int64_t key, int64_t grace_ms) {
-  Post([this, key, grace_ms] { set_->Terminate(key, grace_ms); });
+void SubprocessRunner::Terminate(int64_t key, int signal, int64_t grace_ms) {
+  Post([this, key, signal, grace_ms] {
+    set_->Terminate(key, signal, grace_ms);
+  });
 }
 
 void SubprocessRunner::Shutdown() {

@@ -39,9 +39,10 @@ class ProcessRunner {
   // Starts a job's processes under `key` (unused). Thread-safe; the result
   // arrives as ProcessStarted.
   virtual void Start(int64_t key, SubprocessOptions options) = 0;
-  // TERM to every process of the job now, KILL after grace_ms. Unknown keys
-  // are ignored. Thread-safe.
-  virtual void Terminate(int64_t key, int64_t grace_ms) = 0;
+  // `signal` (SIGTERM, or a preempted job's stop signal) to every process
+  // of the job now, KILL after grace_ms. Unknown keys are ignored.
+  // Thread-safe.
+  virtual void Terminate(int64_t key, int signal, int64_t grace_ms) = 0;
   // Kills every job and stops reporting: once it returns no event is being
   // delivered nor will be. Thread-safe, idempotent; never called from an
   // event.
@@ -67,7 +68,7 @@ class SubprocessRunner final : public ProcessRunner {
 
   void Attach(ProcessEvents* events) override;
   void Start(int64_t key, SubprocessOptions options) override;
-  void Terminate(int64_t key, int64_t grace_ms) override;
+  void Terminate(int64_t key, int signal, int64_t grace_ms) override;
   void Shutdown() override;
 
  private:

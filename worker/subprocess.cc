@@ -631,12 +631,12 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
   return pid;
 }
 
-void SubprocessSet::Terminate(Key key, int64_t grace_ms) {
+void SubprocessSet::Terminate(Key key, int signal, int64_t grace_ms) {
   auto it = procs_.find(key);
   if (it == procs_.end()) return;
   Proc* proc = it->second.get();
-  SignalMembers(*proc, SIGTERM);
-  SignalMembers(*proc, SIGCONT);  // a stopped member must see its SIGTERM
+  SignalMembers(*proc, signal);
+  SignalMembers(*proc, SIGCONT);  // a stopped member must see its signal
   int64_t deadline = clock_->MonotonicMs() + std::max<int64_t>(0, grace_ms);
   if (proc->kill_deadline < 0 || deadline < proc->kill_deadline) {
     proc->kill_deadline = deadline;

@@ -108,10 +108,13 @@ class SubprocessSet {
   // here, not a child that exits 127.
   absl::StatusOr<pid_t> Start(Key key, const SubprocessOptions& options);
 
-  // SIGTERM (and SIGCONT, so stopped ones see it) to every process of the
-  // job now, SIGKILL to every one after grace_ms if any is still alive.
-  // Unknown keys are ignored.
-  void Terminate(Key key, int64_t grace_ms);
+  // `signal` (SIGTERM, or a preempted job's stop signal), then SIGCONT so
+  // that stopped ones see it, to every process of the job now (its group,
+  // its cgroup's or its marked processes, setsid'd ones included); SIGKILL
+  // to every one after grace_ms if any is still alive. A second call sends
+  // its signal too and keeps the earlier kill time. Unknown keys are
+  // ignored.
+  void Terminate(Key key, int signal, int64_t grace_ms);
 
   // Waits up to timeout_ms for output, exits or timers, delivering lines and
   // exits through the sinks (on this thread). Returns early on Wake().

@@ -185,7 +185,7 @@ void Worker::Apply(JobEffects effects) {
         runner_->Start(a.key, std::move(a.process));
         break;
       case JobAction::kTerminate:
-        runner_->Terminate(a.key, a.grace_ms);
+        runner_->Terminate(a.key, a.signal, a.grace_ms);
         break;
       case JobAction::kUploadOutputs:
         pool_.Post(a.key, [this, a] { UploadOutputsTask(a); });
@@ -229,8 +229,11 @@ void Worker::OnSchedulerMessage(const v1::SchedulerMessage& message) {
     }
     case v1::SchedulerMessage::kCancel: {
       const v1::CancelJob& c = message.cancel();
-      Apply(table_.Cancel(JobRef::Of(c), c.grace_ms(), c.reason(),
-                          clock_->NowMs()));
+      if (c.preempt()) {
+        spdlog::info("job {} (attempt {}, part {}) preempted: {}", c.job_id(),
+                     c.attempt(), c.part(), c.reason());
+      }
+      Apply(table_.Cancel(c, clock_->NowMs()));
       break;
     }
     case v1::SchedulerMessage::kEndedAck:

@@ -2,11 +2,13 @@
 // processes, no sleeps. Time comes from a fake clock the test moves.
 #include "worker/job_table.h"
 
+#include <csignal>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/stop_signals.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
 
@@ -27,7 +29,38 @@ v1::StartJob Start(int64_t id, int64_t time_limit_s = 0) {
   return s;
 }
 
+v1::StartJob TrainStart(int64_t id) {
+  v1::StartJob s = Start(id);
+  s.mutable_spec()->clear_command();
+  s.mutable_spec()->mutable_train();
+  return s;
+}
+
 JobRef Ref(int64_t id) { return JobRef{id, 1, 0}; }
+
+// The scheduler's preemption of job `id`.
+v1::CancelJob Preempt(int64_t id, int signal = 0, int64_t grace_ms = 120000) {
+  v1::CancelJob c;
+  Ref(id).To(&c);
+  c.set_preempt(true);
+  c.set_signal(signal);
+  c.set_grace_ms(grace_ms);
+  c.set_reason("preempted by job 7 (priority 10)");
+  return c;
+}
+
+// What each record is, in order: "diary", "checkpoint 100", "ended".
+std::vector<std::string> RecordKinds(const JobEffects& fx) {
+  std::vector<std::string> out;
+  for (const auto& r : fx.records) {
+    if (r.has_diary()) out.push_back("diary");
+    if (r.has_progress()) out.push_back("progress");
+    if (r.has_checkpoint())
+      out.push_back(absl::StrCat("checkpoint ", r.checkpoint().iteration()));
+    if (r.has_ended()) out.push_back("ended");
+  }
+  return out;
+}
 
 SubprocessOptions Process() {
   SubprocessOptions p;
@@ -56,6 +89,13 @@ OutputLine Out(int stream, std::string text,
   line.text = std::move(text);
   line.ending = ending;
   return line;
+}
+
+// The trainer's progress line that announces a checkpoint of `iteration`.
+OutputLine CheckpointLine(int64_t iteration) {
+  return Out(3,
+             absl::StrCat(R"({"iteration":")", iteration,
+                          R"(","checkpoint_iteration":")", iteration, R"("})"));
 }
 
 std::vector<v1::OutputFile> Files() {
@@ -373,6 +413,7 @@ TEST_F(JobTableTest, CancelWhileRunningTerminatesOnceAndReportsCancelled) {
   ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kTerminate});
   EXPECT_EQ(fx.actions[0].key, key);
   EXPECT_EQ(fx.actions[0].grace_ms, 3000);
+  EXPECT_EQ(fx.actions[0].signal, SIGTERM);
   // A second cancel changes nothing, not even the diary.
   EXPECT_TRUE(Empty(table_.Cancel(Ref(12), 1, "again", clock_.NowMs())));
 
@@ -570,16 +611,6 @@ TEST_F(JobTableTest, CheckpointsAreStoredOneAtATimeNewestNext) {
       key, 400, absl::CancelledError("stopping"), clock_.NowMs())));
 }
 
-TEST_F(JobTableTest, ACheckpointStoredAfterTheEndIsNotAnnounced) {
-  const int64_t key = Running(Start(63));
-  table_.Line(key, Out(JobTable::kChannelStream,
-                       R"({"iteration":"100","checkpoint_iteration":"100"})"));
-  table_.Exited(key, Exit(0), clock_.NowMs());
-  ASSERT_TRUE(Ended(Uploaded(key)).has_value());
-  EXPECT_TRUE(
-      Empty(table_.CheckpointStored(key, 100, Files(), clock_.NowMs())));
-}
-
 TEST_F(JobTableTest, JobsListsEveryHeldJobUntilItsEndIsAcknowledged) {
   const int64_t a = Running(Start(70));
   Assign(Start(71));
@@ -589,6 +620,261 @@ TEST_F(JobTableTest, JobsListsEveryHeldJobUntilItsEndIsAcknowledged) {
   EXPECT_EQ(table_.Jobs().size(), 2u);  // ended, not yet acknowledged
   table_.EndedAcked(Ref(70));
   EXPECT_EQ(table_.Jobs(), std::vector<JobRef>{Ref(71)});
+}
+
+// The end report waits for every checkpoint the trainer announced before
+// it exited, so that the scheduler has the newest when the job is requeued
+// (or resumed after a loss); the records keep their order.
+TEST_F(JobTableTest, TheEndWaitsForTheCheckpointsStillBeingStored) {
+  const int64_t key = Running(TrainStart(63));
+  ASSERT_EQ(Kinds(table_.Line(key, CheckpointLine(100))),
+            std::vector<JobAction::Kind>{JobAction::kUploadCheckpoint});
+  EXPECT_TRUE(table_.Line(key, CheckpointLine(200)).actions.empty());
+  table_.Exited(key, Exit(0), clock_.NowMs());
+  JobEffects fx = Uploaded(key);
+  EXPECT_TRUE(Empty(fx)) << "ended before its checkpoints were stored";
+  EXPECT_EQ(table_.Phase(Ref(63)), JobPhase::kFinishing);
+  EXPECT_EQ(table_.BusySlots(), 1);
+  EXPECT_TRUE(Empty(Uploaded(key))) << "a repeated upload changes nothing";
+
+  fx = table_.CheckpointStored(key, 100, Files(), clock_.NowMs());
+  EXPECT_EQ(RecordKinds(fx), std::vector<std::string>{"checkpoint 100"});
+  ASSERT_EQ(Kinds(fx),
+            std::vector<JobAction::Kind>{JobAction::kUploadCheckpoint});
+  EXPECT_EQ(fx.actions[0].iteration, 200);
+
+  fx = table_.CheckpointStored(key, 200, Files(), clock_.NowMs());
+  EXPECT_EQ(RecordKinds(fx),
+            (std::vector<std::string>{"checkpoint 200", "ended"}));
+  std::optional<v1::JobEnded> ended = Ended(fx);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FINISHED);
+  ASSERT_EQ(ended->outputs_size(), 1);  // the outputs uploaded before
+  EXPECT_EQ(ended->outputs(0).path(), "result.txt");
+  EXPECT_EQ(table_.Phase(Ref(63)), JobPhase::kEnded);
+  EXPECT_TRUE(
+      Empty(table_.CheckpointStored(key, 200, Files(), clock_.NowMs())));
+}
+
+// A checkpoint that cannot be stored is noted and the end report still
+// goes: a requeue resumes from the one before.
+TEST_F(JobTableTest, AFailedCheckpointStoreStillEndsTheJob) {
+  const int64_t key = Running(TrainStart(64));
+  table_.Line(key, CheckpointLine(100));
+  table_.Exited(key, Exit(1), clock_.NowMs());
+  EXPECT_TRUE(Empty(Uploaded(key)));
+  JobEffects fx = table_.CheckpointStored(
+      key, 100, absl::UnavailableError("the scheduler refused the blob"),
+      clock_.NowMs());
+  EXPECT_EQ(RecordKinds(fx), (std::vector<std::string>{"diary", "ended"}));
+  ASSERT_EQ(Diary(fx).size(), 1u);
+  EXPECT_EQ(Diary(fx)[0].text(),
+            "[dlbatch] could not store the checkpoint of iteration 100: the "
+            "scheduler refused the blob");
+  std::optional<v1::JobEnded> ended = Ended(fx);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(ended->reason(), "exit code 1");
+  EXPECT_EQ(ended->last_seq(), Diary(fx)[0].seq());  // the note included
+}
+
+// Stored before the outputs were: the end comes with the outputs, as always.
+TEST_F(JobTableTest, ACheckpointStoredBeforeTheOutputsDoesNotHoldTheEnd) {
+  const int64_t key = Running(TrainStart(65));
+  table_.Line(key, CheckpointLine(100));
+  table_.Exited(key, Exit(0), clock_.NowMs());
+  EXPECT_EQ(
+      RecordKinds(table_.CheckpointStored(key, 100, Files(), clock_.NowMs())),
+      std::vector<std::string>{"checkpoint 100"});
+  ASSERT_TRUE(Ended(Uploaded(key)).has_value());
+}
+
+// A stopping worker gives the store up: no report, as for its outputs (the
+// scheduler requeues the job when the worker is gone).
+TEST_F(JobTableTest, AStoreGivenUpByAStoppingWorkerEndsNothing) {
+  const int64_t key = Running(TrainStart(66));
+  table_.Line(key, CheckpointLine(100));
+  table_.Exited(key, Exit(0), clock_.NowMs());
+  EXPECT_TRUE(Empty(Uploaded(key)));
+  EXPECT_TRUE(Empty(table_.CheckpointStored(
+      key, 100, absl::CancelledError("stopping"), clock_.NowMs())));
+  EXPECT_EQ(table_.Phase(Ref(66)), JobPhase::kFinishing);
+}
+
+TEST_F(JobTableTest, APreemptedTrainJobCheckpointsAndEndsCancelled) {
+  const int64_t key = Running(TrainStart(80));
+  JobEffects fx = table_.Cancel(Preempt(80), clock_.NowMs());
+  ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kTerminate});
+  EXPECT_EQ(fx.actions[0].key, key);
+  EXPECT_EQ(fx.actions[0].signal, SIGUSR1);
+  EXPECT_EQ(fx.actions[0].grace_ms, 120000);
+  ASSERT_EQ(Diary(fx).size(), 1u);
+  EXPECT_EQ(Diary(fx)[0].text(),
+            "[dlbatch] preempted by job 7 (priority 10): checkpointing and "
+            "stopping (SIGUSR1; killed in 2m00s if still running)");
+  EXPECT_TRUE(Empty(table_.Cancel(Preempt(80), clock_.NowMs())));
+
+  // The trainer announces the checkpoint written at the signal, exits 75.
+  ASSERT_EQ(Kinds(table_.Line(key, CheckpointLine(1400))),
+            std::vector<JobAction::Kind>{JobAction::kUploadCheckpoint});
+  table_.Exited(key, Exit(kTrainerStoppedExitCode), clock_.NowMs());
+  EXPECT_TRUE(Empty(Uploaded(key)));
+  fx = table_.CheckpointStored(key, 1400, Files(), clock_.NowMs());
+  EXPECT_EQ(RecordKinds(fx),
+            (std::vector<std::string>{"checkpoint 1400", "ended"}));
+  std::optional<v1::JobEnded> ended = Ended(fx);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(ended->reason(), "preempted by job 7 (priority 10)");
+  EXPECT_EQ(ended->exit_code(), 75);
+  EXPECT_EQ(ended->outputs_size(), 1);
+}
+
+TEST_F(JobTableTest, APreemptedCommandJobGetsItsSignal) {
+  Running(Start(81));
+  JobEffects fx =
+      table_.Cancel(Preempt(81, /*signal=*/10, 30000), clock_.NowMs());
+  ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kTerminate});
+  EXPECT_EQ(fx.actions[0].signal, 10);
+  EXPECT_EQ(fx.actions[0].grace_ms, 30000);
+  ASSERT_EQ(Diary(fx).size(), 1u);
+  EXPECT_EQ(Diary(fx)[0].text(),
+            "[dlbatch] preempted by job 7 (priority 10): sending SIGUSR1 "
+            "(killed in 30s if still running)");
+
+  Running(Start(82));
+  fx = table_.Cancel(Preempt(82, /*signal=*/0), clock_.NowMs());
+  ASSERT_EQ(fx.actions.size(), 1u);
+  EXPECT_EQ(fx.actions[0].signal, SIGTERM);
+  EXPECT_EQ(Diary(fx)[0].text(),
+            "[dlbatch] preempted by job 7 (priority 10): sending SIGTERM "
+            "(killed in 2m00s if still running)");
+}
+
+// KILL follows at the grace anyway, STOP would hold the job there, and a
+// number that is no signal cannot be sent: SIGTERM instead, and the diary
+// says so.
+TEST_F(JobTableTest, APreemptSignalAJobMayNotBeSentBecomesSigterm) {
+  Running(Start(83));
+  JobEffects fx =
+      table_.Cancel(Preempt(83, SIGSTOP, /*grace_ms=*/0), clock_.NowMs());
+  ASSERT_EQ(fx.actions.size(), 1u);
+  EXPECT_EQ(fx.actions[0].signal, SIGTERM);
+  EXPECT_EQ(Diary(fx)[0].text(),
+            absl::StrCat("[dlbatch] preempted by job 7 (priority 10): sending "
+                         "SIGTERM, as signal ",
+                         SIGSTOP,
+                         " is not one a job may be sent (killed at once if "
+                         "still running)"));
+  Running(Start(84));
+  EXPECT_EQ(table_.Cancel(Preempt(84, 999), clock_.NowMs()).actions[0].signal,
+            SIGTERM);
+}
+
+// However the preempted job's processes leave - at its signal, killed at
+// the grace, having finished meanwhile, crashing - it is requeued.
+TEST_F(JobTableTest, APreemptedJobEndsCancelledHoweverItExits) {
+  const std::vector<ExitInfo> exits = {Exit(0), Exit(75), Exit(1),
+                                       Killed(SIGKILL), Killed(SIGSEGV)};
+  for (size_t i = 0; i < exits.size(); ++i) {
+    const int64_t id = 90 + static_cast<int64_t>(i);
+    const int64_t key = Running(Start(id));
+    table_.Cancel(Preempt(id), clock_.NowMs());
+    table_.Exited(key, exits[i], clock_.NowMs());
+    std::optional<v1::JobEnded> ended = Ended(Uploaded(key));
+    ASSERT_TRUE(ended.has_value()) << exits[i].Describe();
+    EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED) << exits[i].Describe();
+    EXPECT_EQ(ended->reason(), "preempted by job 7 (priority 10)");
+  }
+}
+
+TEST_F(JobTableTest, APreemptWhileStartingSignalsTheProcessOnceStarted) {
+  const int64_t key = Prepared(TrainStart(85));
+  JobEffects fx = table_.Cancel(Preempt(85), clock_.NowMs());
+  EXPECT_TRUE(fx.actions.empty());
+  ASSERT_EQ(Diary(fx).size(), 1u);
+  EXPECT_NE(Diary(fx)[0].text().find("checkpointing and stopping"),
+            std::string::npos);
+  fx = table_.Started(key, absl::OkStatus(), clock_.NowMs(),
+                      clock_.MonotonicMs());
+  ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kTerminate});
+  EXPECT_EQ(fx.actions[0].signal, SIGUSR1);
+  EXPECT_EQ(fx.actions[0].grace_ms, 120000);
+}
+
+TEST_F(JobTableTest, APreemptWhilePreparingEndsWithoutAProcess) {
+  const int64_t key = Assign(TrainStart(86));
+  JobEffects fx = table_.Cancel(Preempt(86), clock_.NowMs());
+  EXPECT_TRUE(fx.actions.empty());
+  ASSERT_EQ(Diary(fx).size(), 1u);
+  EXPECT_EQ(Diary(fx)[0].text(),
+            "[dlbatch] preempted by job 7 (priority 10): stopped before it "
+            "started");
+  std::optional<v1::JobEnded> ended =
+      Ended(table_.Prepared(key, Process(), {}, clock_.NowMs()));
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(ended->reason(), "preempted by job 7 (priority 10)");
+}
+
+// Once its processes are gone a job ends as they left it: one that
+// finished (or failed) on its own before the preemption reached it is not
+// requeued.
+TEST_F(JobTableTest, AJobThatEndedBeforeThePreemptIsNotChanged) {
+  const int64_t done = Running(TrainStart(87));
+  table_.Exited(done, Exit(0), clock_.NowMs());
+  EXPECT_TRUE(Empty(table_.Cancel(Preempt(87), clock_.NowMs())));
+  std::optional<v1::JobEnded> ended = Ended(Uploaded(done));
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FINISHED);
+  EXPECT_EQ(ended->last_seq(), 0);  // no "preempted" line
+
+  const int64_t failed = Running(Start(88));
+  table_.Exited(failed, Exit(3), clock_.NowMs());
+  EXPECT_TRUE(Empty(table_.Cancel(Preempt(88), clock_.NowMs())));
+  ended = Ended(Uploaded(failed));
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(ended->reason(), "exit code 3");
+
+  // Ended and reported: nothing either.
+  EXPECT_TRUE(Empty(table_.Cancel(Preempt(87), clock_.NowMs())));
+}
+
+// A job already stopping at its time limit fails by it; requeued, it would
+// only reach it again.
+TEST_F(JobTableTest, AJobPastItsTimeLimitIsNotPreempted) {
+  const int64_t key = Running(Start(89, /*time_limit_s=*/5));
+  clock_.Advance(5000);
+  ASSERT_EQ(Kinds(table_.Tick(clock_.NowMs(), clock_.MonotonicMs())),
+            std::vector<JobAction::Kind>{JobAction::kTerminate});
+  EXPECT_TRUE(Empty(table_.Cancel(Preempt(89), clock_.NowMs())));
+  table_.Exited(key, Killed(SIGTERM), clock_.NowMs());
+  std::optional<v1::JobEnded> ended = Ended(Uploaded(key));
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(ended->reason(), "time limit 5s reached");
+}
+
+// A cancel that does not preempt is the cancel it always was, a train
+// job's too, whatever signal it carries.
+TEST_F(JobTableTest, ACancelWithoutPreemptIsUnchanged) {
+  const int64_t key = Running(TrainStart(100));
+  v1::CancelJob c = Preempt(100, SIGUSR2, 3000);
+  c.set_preempt(false);
+  c.set_reason("user asked");
+  JobEffects fx = table_.Cancel(c, clock_.NowMs());
+  ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kTerminate});
+  EXPECT_EQ(fx.actions[0].signal, SIGTERM);
+  EXPECT_EQ(fx.actions[0].grace_ms, 3000);
+  ASSERT_EQ(Diary(fx).size(), 1u);
+  EXPECT_EQ(Diary(fx)[0].text(), "[dlbatch] stopping the job: user asked");
+  table_.Exited(key, Killed(SIGTERM), clock_.NowMs());
+  std::optional<v1::JobEnded> ended = Ended(Uploaded(key));
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(ended->reason(), "user asked");
+  EXPECT_EQ(ended->exit_code(), 128 + SIGTERM);
 }
 
 }  // namespace

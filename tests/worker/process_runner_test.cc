@@ -1,17 +1,27 @@
 // The real runner: its loop thread is joined once however many threads
-// shut it down at once.
+// shut it down at once, and a preempted job's signal reaches every process
+// its containment holds.
 #include "worker/process_runner.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
+#include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
+#include "worker/job_cgroups.h"
 
 namespace dlbatch::worker {
 namespace {
@@ -76,6 +86,161 @@ TEST(SubprocessRunnerTest, ShutdownsFromTwoThreadsAtOnceBothReturn) {
   }
   done = true;
   watchdog.join();
+}
+
+// Records what the runner reports, for a test to wait on.
+class RecordingEvents : public ProcessEvents {
+ public:
+  void ProcessStarted(int64_t key, absl::Status status) override {
+    absl::MutexLock lock(&mu_);
+    started_.emplace(key, std::move(status));
+  }
+  void ProcessLine(int64_t key, const OutputLine& line) override {
+    absl::MutexLock lock(&mu_);
+    lines_[key].push_back(line.text);
+  }
+  void ProcessExited(int64_t key, const ExitInfo& info) override {
+    absl::MutexLock lock(&mu_);
+    exits_.emplace(key, info);
+  }
+  // Waits up to `timeout` for `key`'s start; its status.
+  absl::Status WaitStarted(int64_t key, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return started_.count(key) != 0;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout))
+      return absl::DeadlineExceededError("no start reported");
+    return started_.at(key);
+  }
+  std::optional<ExitInfo> WaitExit(int64_t key, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return exits_.count(key) != 0;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout))
+      return std::nullopt;
+    return exits_.at(key);
+  }
+  bool HasLine(int64_t key, const std::string& text) {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& l : lines_[key]) {
+      if (l == text) return true;
+    }
+    return false;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<int64_t, absl::Status> started_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<std::string>> lines_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, ExitInfo> exits_ ABSL_GUARDED_BY(mu_);
+};
+
+bool WaitFor(const std::function<bool()>& ready, int timeout_ms) {
+  for (int waited = 0; !ready(); waited += 10) {
+    if (waited >= timeout_ms) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+pid_t ReadPid(const std::string& path) {
+  pid_t pid = 0;
+  std::ifstream(path) >> pid;
+  return pid;
+}
+
+bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+// A preempted command job: its stop signal (here SIGUSR2) reaches every
+// process of it - the leader, a process that left its group with setsid
+// after a double fork (found only by the job's containment: its mark, or
+// its cgroup) - and what ignores the signal is killed at the grace.
+class PreemptSignalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = ::testing::TempDir() + "preempt_signal_test.XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << strerror(errno);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  void RunPreempted(const JobContainment& containment) {
+    constexpr int64_t kGraceMs = 1500;
+    SubprocessRunner runner(SystemClock::Get(), containment);
+    RecordingEvents events;
+    runner.Attach(&events);
+    SubprocessOptions job;
+    job.cwd = dir_;
+    // The leader notes the signal and runs on; the escapee notes it and
+    // exits; the ignorer (a child of the leader) ignores it.
+    job.argv = {"sh", "-c",
+                "trap 'echo leader > got-leader' USR2\n"
+                "(setsid sh -c 'trap \"echo escapee > got-escapee; exit 0\" "
+                "USR2; echo $$ > pid-escapee; while :; do sleep 0.05; done' "
+                "</dev/null >/dev/null 2>&1 &)\n"
+                "sh -c 'trap \"\" USR2; echo $$ > pid-ignorer; exec sleep "
+                "1000' &\n"
+                "echo ready\n"
+                "while :; do sleep 0.05; done\n"};
+    job.linger_ms = 10000;  // the grace, not the linger, ends the job
+    runner.Start(1, job);
+    ASSERT_TRUE(events.WaitStarted(1, absl::Seconds(10)).ok());
+    const std::string escapee_file = dir_ + "/pid-escapee";
+    const std::string ignorer_file = dir_ + "/pid-ignorer";
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          return events.HasLine(1, "ready") && ReadPid(escapee_file) > 0 &&
+                 ReadPid(ignorer_file) > 0;
+        },
+        10000))
+        << "the job's processes never got ready";
+    const pid_t escapee = ReadPid(escapee_file);
+    const pid_t ignorer = ReadPid(ignorer_file);
+    ASSERT_NE(getpgid(escapee), getpgid(ignorer))
+        << "the escapee did not setsid";
+
+    const int64_t start = SystemClock::Get()->MonotonicMs();
+    runner.Terminate(1, SIGUSR2, kGraceMs);
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          return Exists(dir_ + "/got-leader") && Exists(dir_ + "/got-escapee");
+        },
+        kGraceMs - 200))
+        << "leader " << Exists(dir_ + "/got-leader") << ", escapee "
+        << Exists(dir_ + "/got-escapee");
+    EXPECT_EQ(kill(ignorer, 0), 0) << "killed before the grace";
+
+    std::optional<ExitInfo> info = events.WaitExit(1, absl::Seconds(10));
+    ASSERT_TRUE(info.has_value()) << "the job did not end after its grace";
+    EXPECT_GE(SystemClock::Get()->MonotonicMs() - start, kGraceMs - 10);
+    EXPECT_TRUE(info->killed_after_grace);
+    EXPECT_EQ(info->term_signal, SIGKILL);
+    EXPECT_EQ(kill(ignorer, 0), -1) << "the ignorer outlived the grace";
+    EXPECT_EQ(kill(escapee, 0), -1) << "the escapee did not stop";
+    runner.Shutdown();
+  }
+
+  std::string dir_;
+};
+
+TEST_F(PreemptSignalTest, ReachesEveryMarkedProcessAndKillsAtTheGrace) {
+  JobContainment containment;
+  containment.mark_prefix = absl::StrCat("preempt-test-", getpid(), ":");
+  RunPreempted(containment);
+}
+
+TEST_F(PreemptSignalTest, ReachesEveryProcessOfTheCgroupAndKillsAtTheGrace) {
+  auto root = MakeCgroupRoot(absl::StrCat("dlbatch-preempt-test-", getpid()));
+  if (!root.ok()) GTEST_SKIP() << "no cgroup to make: " << root.status();
+  JobContainment containment;
+  containment.cgroup_root = *root;
+  RunPreempted(containment);
+  rmdir(root->c_str());
 }
 
 }  // namespace

@@ -376,7 +376,7 @@ TEST_F(SubprocessTest, TerminateKillsTheWholeGroupAfterGrace) {
   for (pid_t child : children) ASSERT_EQ(kill(child, 0), 0);
 
   int64_t start = MonoMs();
-  Set().Terminate(1, 300);
+  Set().Terminate(1, SIGTERM, 300);
   ASSERT_TRUE(WaitExit(1));
   EXPECT_GE(MonoMs() - start, 290);
   const ExitInfo& info = exits_[1];
@@ -395,14 +395,14 @@ TEST_F(SubprocessTest, TerminateLetsAGracefulProgramExit) {
                            "while :; do sleep 0.05; done"));
   ASSERT_TRUE(pid.ok()) << pid.status();
   ASSERT_TRUE(WaitLine(1, "ready"));
-  Set().Terminate(1, 5000);
+  Set().Terminate(1, SIGTERM, 5000);
   int64_t start = MonoMs();
   ASSERT_TRUE(WaitExit(1));
   EXPECT_LT(MonoMs() - start, 3000);
   EXPECT_FALSE(exits_[1].killed_after_grace);
   EXPECT_TRUE(exits_[1].exited);
   EXPECT_EQ(Texts(1, 1), (std::vector<std::string>{"ready", "got-term"}));
-  Set().Terminate(1, 0);  // unknown key now: ignored
+  Set().Terminate(1, SIGTERM, 0);  // unknown key now: ignored
 }
 
 TEST_F(SubprocessTest, LeftoverHoldingStdoutIsKilledAfterLinger) {
@@ -532,7 +532,7 @@ TEST_F(SubprocessTest, CgroupHoldsEveryProcessOfTheJob) {
   for (int i = 0; i < 100 && !stopped(); ++i) Set().Poll(20);
   ASSERT_TRUE(stopped()) << "the setsid'd shell never stopped itself";
   EXPECT_GE(CgroupProcs(cg).size(), 3u);
-  Set().Terminate(1, 300);
+  Set().Terminate(1, SIGTERM, 300);
   ASSERT_TRUE(WaitExit(1));
   EXPECT_TRUE(exits_[1].killed_after_grace);
   EXPECT_TRUE(CgroupProcs(cg).empty());

@@ -44,9 +44,10 @@ class FakeRunner final : public ProcessRunner {
     absl::MutexLock lock(&mu_);
     starts_.emplace_back(key, std::move(options));
   }
-  void Terminate(int64_t key, int64_t grace_ms) override {
+  void Terminate(int64_t key, int signal, int64_t grace_ms) override {
     absl::MutexLock lock(&mu_);
     terminates_.emplace_back(key, grace_ms);
+    terminate_signals_.push_back(signal);
   }
   // Counts the call, then waits while the shutdown gate is closed.
   void Shutdown() override {
@@ -93,6 +94,11 @@ class FakeRunner final : public ProcessRunner {
     absl::MutexLock lock(&mu_);
     return terminates_;
   }
+  // The first signal of each terminate, in order.
+  std::vector<int> terminate_signals() {
+    absl::MutexLock lock(&mu_);
+    return terminate_signals_;
+  }
 
   void Started(int64_t key, absl::Status s = absl::OkStatus()) {
     events_->ProcessStarted(key, std::move(s));
@@ -122,12 +128,13 @@ class FakeRunner final : public ProcessRunner {
   std::vector<std::pair<int64_t, SubprocessOptions>> starts_
       ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, int64_t>> terminates_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> terminate_signals_ ABSL_GUARDED_BY(mu_);
   int shutdowns_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutdown_open_ ABSL_GUARDED_BY(mu_) = true;
 };
 
-// Transfers that succeed at once; a closed gate holds fetches or output
-// uploads until opened.
+// Transfers that succeed at once; a closed gate holds fetches, output
+// uploads or checkpoint files until opened.
 class FakeTransfers final : public BlobTransfers {
  public:
   absl::Status Fetch(const std::string&, int64_t, const std::string&,
@@ -136,6 +143,7 @@ class FakeTransfers final : public BlobTransfers {
   }
   absl::StatusOr<v1::OutputFile> UploadFile(const std::string&,
                                             const std::string& rel) override {
+    RETURN_IF_ERROR(Wait(&file_open_));
     v1::OutputFile f;
     f.set_path(rel);
     f.set_sha256("00");
@@ -182,6 +190,11 @@ class FakeTransfers final : public BlobTransfers {
     absl::MutexLock lock(&mu_);
     upload_open_ = open;
   }
+  // Holds UploadFile (a checkpoint's files) while closed.
+  void SetFileOpen(bool open) {
+    absl::MutexLock lock(&mu_);
+    file_open_ = open;
+  }
   size_t uploads() {
     absl::MutexLock lock(&mu_);
     return uploads_.size();
@@ -201,6 +214,7 @@ class FakeTransfers final : public BlobTransfers {
   absl::Mutex mu_;
   bool fetch_open_ ABSL_GUARDED_BY(mu_) = true;
   bool upload_open_ ABSL_GUARDED_BY(mu_) = true;
+  bool file_open_ ABSL_GUARDED_BY(mu_) = true;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::string> uploads_ ABSL_GUARDED_BY(mu_);
   std::string held_ ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,7 @@
 // the link's connections, the files of a job's folder.
 #include "worker/worker.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -344,6 +345,66 @@ TEST_F(WorkerTest, ChannelProgressAndCheckpointReachTheScheduler) {
   EXPECT_TRUE(progress->message.progress().progress().done());
   // Channel lines are not diary lines.
   EXPECT_TRUE(Lines(60).empty());
+}
+
+// A preempting CancelJob reaches the runner with its signal and grace; the
+// end report waits for the checkpoint announced before the exit to be
+// stored, and the scheduler gets the checkpoint first.
+TEST_F(WorkerTest, APreemptedJobIsSignalledAndEndsAfterItsCheckpoint) {
+  Send(Start(61));
+  std::optional<int64_t> key = runner_.WaitStart(61);
+  ASSERT_TRUE(key.has_value());
+  const std::string out = runner_.Options(*key).cwd + "/output/";
+  std::ofstream(out + "checkpoint.dlbc") << "weights";
+  std::ofstream(out + "training_history.csv") << "iteration,loss\n";
+  runner_.Started(*key);
+  v1::SchedulerMessage m;
+  v1::CancelJob* c = m.mutable_cancel();
+  c->set_job_id(61);
+  c->set_attempt(1);
+  c->set_grace_ms(120000);
+  c->set_reason("preempted by job 7 (priority 10)");
+  c->set_preempt(true);
+  c->set_signal(SIGUSR2);
+  transport_.Send(m);
+  ASSERT_TRUE(Eventually([&] { return !runner_.terminates().empty(); }));
+  EXPECT_EQ(runner_.terminates()[0],
+            (std::pair<int64_t, int64_t>{*key, 120000}));
+  EXPECT_EQ(runner_.terminate_signals(), std::vector<int>{SIGUSR2});
+  ASSERT_TRUE(Eventually([&] {
+    return HasLine(61,
+                   "[dlbatch] preempted by job 7 (priority 10): sending "
+                   "SIGUSR2 (killed in 2m00s if still running)");
+  }));
+
+  // Two checkpoints while the first is being stored: the second is stored
+  // after the outputs are uploaded (one transfer of a job at a time), and
+  // the end waits for it.
+  transfers_.SetFileOpen(false);
+  runner_.Line(*key, JobTable::kChannelStream,
+               R"({"iteration":"1000","checkpoint_iteration":"1000"})");
+  runner_.Line(*key, JobTable::kChannelStream,
+               R"({"iteration":"1400","checkpoint_iteration":"1400"})");
+  runner_.Exit(*key, 0);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(Phase(61), JobPhase::kFinishing);
+  transfers_.SetFileOpen(true);
+
+  std::optional<v1::JobEnded> ended = Ended(61);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(ended->reason(), "preempted by job 7 (priority 10)");
+  std::vector<Written> all = transport_.written();
+  size_t newest_at = all.size(), ended_at = all.size();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const v1::WorkerMessage& w = all[i].message;
+    if (w.has_checkpoint() && w.checkpoint().iteration() == 1400 &&
+        newest_at == all.size())
+      newest_at = i;
+    if (w.has_ended() && ended_at == all.size()) ended_at = i;
+  }
+  ASSERT_LT(newest_at, all.size()) << "the newest checkpoint was not stored";
+  EXPECT_LT(newest_at, ended_at) << "the end came before the checkpoint";
 }
 
 // The signal thread and Run() both stop the worker. Whichever comes second
