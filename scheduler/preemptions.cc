@@ -190,13 +190,12 @@ absl::Status Preemptions::Start(SchedulerState& s, ActiveJob& victim,
   RETURN_IF_ERROR(s.Diary(
       rec.id, rec.attempt,
       rec.spec.has_train()
-          ? absl::StrCat("[dlbatch] ", ByText(p), ": stopping attempt ",
-                         rec.attempt, " at a checkpoint (at most ", grace,
-                         "); it is queued again and resumes from it")
-          : absl::StrCat("[dlbatch] ", ByText(p), ": sending SIG",
-                         StopSignalName(CommandSignal(rec.spec)),
-                         " to attempt ", rec.attempt, " (killed after ", grace,
-                         " if still running); it is queued again")));
+          ? absl::StrCat("[dlbatch] ", ByText(p), ": attempt ", rec.attempt,
+                         " stops at a checkpoint (within ", grace,
+                         ") and the job is queued again to resume from it")
+          : absl::StrCat("[dlbatch] ", ByText(p), ": attempt ", rec.attempt,
+                         " is stopped (within ", grace,
+                         ") and the job is queued again")));
   spdlog::info("job {}: {}", rec.id, ByText(p));
   for (size_t part = 0; part < rec.parts.size(); ++part) {
     if (part < victim.part_ended.size() && victim.part_ended[part]) continue;

@@ -116,10 +116,14 @@ TEST_F(PreemptionTest, APriorityJobTakesTheSlotsAndTheVictimIsQueuedAgain) {
   EXPECT_EQ(h.value("attempt", 0), 1);
   const std::string diary = Diary(low);
   EXPECT_NE(diary.find("part 0 got TERM"), npos) << diary;
-  EXPECT_NE(diary.find("preempted by job " + std::to_string(high) +
-                       " (priority 10): sending SIGTERM to attempt 1"),
+  // The scheduler's decision, and the worker's signal.
+  const std::string by =
+      "preempted by job " + std::to_string(high) + " (priority 10): ";
+  EXPECT_NE(diary.find(by + "attempt 1 is stopped (within 3s) and the job is "
+                            "queued again"),
             npos)
       << diary;
+  EXPECT_NE(diary.find(by + "sending SIGTERM (killed in 3s"), npos) << diary;
   EXPECT_NE(diary.find("a preemption does not count against its 2 attempts"),
             npos)
       << diary;
