@@ -51,6 +51,18 @@ std::string ReadAll(const std::string& path);
 void WriteAll(const std::string& path, const std::string& text);
 bool WaitFor(const std::function<bool()>& ready, int timeout_ms);
 
+// A loopback port free now (bound to port 0, then released).
+int FreePort();
+struct Http {
+  int status = 0;  // 0: no answer
+  std::string body;
+};
+// GET http://127.0.0.1:PORT/PATH (HTTP/1.0, so the body ends at close).
+Http Get(int port, const std::string& path);
+// The value of the series `series` (name and labels exactly as exposed) in
+// a Prometheus scrape; NaN if absent.
+double Sample(const std::string& scrape, const std::string& series);
+
 class Cluster {
  public:
   Cluster();   // makes the temp folder

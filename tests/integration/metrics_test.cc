@@ -21,74 +21,8 @@
 namespace dlbatch::testing {
 namespace {
 
-// A loopback port free now (bound to port 0, then released).
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(fd);
-    return 0;
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-struct Http {
-  int status = 0;  // 0: no answer
-  std::string body;
-};
-
-// GET http://127.0.0.1:PORT/PATH (HTTP/1.0, so the body ends at close).
-Http Get(int port, const std::string& path) {
-  Http r;
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return r;
-  }
-  std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (::write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
-    ::close(fd);
-    return r;
-  }
-  std::string all;
-  char buf[65536];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) all.append(buf, n);
-  ::close(fd);
-  if (all.rfind("HTTP/1.", 0) != 0 || all.size() < 12) return r;
-  r.status = std::atoi(all.c_str() + 9);
-  size_t body = all.find("\r\n\r\n");
-  if (body != std::string::npos) r.body = all.substr(body + 4);
-  return r;
-}
-
 bool Installed(const std::string& program) {
   return Exec({"sh", "-c", "command -v " + program}).code == 0;
-}
-
-// The value of the series `series` (name and labels exactly as exposed) in
-// a scrape; NaN if absent.
-double Sample(const std::string& scrape, const std::string& series) {
-  std::istringstream in(scrape);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) == 0) {
-      return std::strtod(line.c_str() + series.size() + 1, nullptr);
-    }
-  }
-  return std::nan("");
 }
 
 // Whether job `id` finished within 30 s. (Either spelling of the state:

@@ -92,7 +92,9 @@ int64_t PreemptionTest::Ms(const nlohmann::json& time) {
 }
 
 TEST_F(PreemptionTest, APriorityJobTakesTheSlotsAndTheVictimIsQueuedAgain) {
-  Start({"--max-attempts", "2"});
+  const int port = FreePort();
+  Start({"--max-attempts", "2", "--metrics-listen",
+         "127.0.0.1:" + std::to_string(port)});
   c_.StartWorker("w1", 2, "p");
   ASSERT_TRUE(c_.WaitWorkers(1)) << c_.Logs();
   const int64_t low = c_.Submit(Job("low.yaml", kStopsOnTerm),
@@ -141,6 +143,16 @@ TEST_F(PreemptionTest, APriorityJobTakesTheSlotsAndTheVictimIsQueuedAgain) {
                      e.value("reason", "").find("preempted by job") == 0);
   }
   EXPECT_TRUE(requeued) << c_.ShowJson(low).dump();
+  const std::string scrape = Get(port, "/metrics").body;
+  EXPECT_EQ(
+      Sample(scrape,
+             "dlbatch_preemptions_total{kind=\"priority\",profile=\"p\"}"),
+      1)
+      << scrape;
+  EXPECT_GE(Sample(scrape,
+                   "dlbatch_preempted_work_lost_seconds_total{profile=\"p\"}"),
+            0)
+      << scrape;
 
   // Attempt 2 is the second start but the first counted: a worker lost now
   // queues it again (attempt 2 of 2 next), where a counted one would fail.
