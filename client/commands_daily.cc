@@ -106,9 +106,7 @@ std::string Cell(const v1::Job& job, JobColumn column, int64_t now_ms) {
     case JobColumn::kSweep:
       return job.sweep_id() != 0 ? absl::StrCat(job.sweep_id()) : "-";
     case JobColumn::kNote:
-      return job.state() == v1::JOB_STATE_QUEUED && !job.wait_reason().empty()
-                 ? job.wait_reason()
-                 : job.reason();
+      return JobNote(job);
   }
   return "";
 }

@@ -78,6 +78,31 @@ std::string PreemptionText(const v1::Preemption& p, bool train) {
   return out;
 }
 
+std::string JobNote(const v1::Job& job) {
+  const v1::Preemption* last =
+      job.preemptions_size() > 0 ? &job.preemptions(job.preemptions_size() - 1)
+                                 : nullptr;
+  const bool train = job.spec().has_train();
+  if (job.state() == v1::JOB_STATE_QUEUED) {
+    std::string note = job.wait_reason();
+    // Queued again by it, and not started since.
+    if (last != nullptr && last->done() && last->attempt() == job.attempt()) {
+      absl::StrAppend(&note, note.empty() ? "" : "; ", "preempted by job ",
+                      last->by_job());
+      if (train && last->resume_iteration() > 0)
+        absl::StrAppend(&note, ", resumes from iteration ",
+                        last->resume_iteration());
+    }
+    if (!note.empty()) return note;
+  }
+  if (job.state() == v1::JOB_STATE_RUNNING && last != nullptr &&
+      !last->done() && last->attempt() == job.attempt()) {
+    return absl::StrCat("preempted by job ", last->by_job(), ": stopping",
+                        train ? " at a checkpoint" : "");
+  }
+  return job.reason();
+}
+
 std::string ProgressCell(const v1::Job& job) {
   const v1::TrainProgress& p = job.progress();
   if (p.iterations() <= 0) return "";

@@ -41,6 +41,11 @@ std::string ProgressCell(const v1::Job& job);
 // while it stops, "... since 14:02:11; stopping (killed at ... if still
 // running)". Plain text (nothing in it comes from a user).
 std::string PreemptionText(const v1::Preemption& p, bool train);
+// The NOTE of `jobs` and the monitor: why a queued job waits (and, queued
+// again by a preemption, by whom), why a job failed or was cancelled, or
+// that a running one is stopping for a preemption. Raw: the caller escapes
+// it for the terminal.
+std::string JobNote(const v1::Job& job);
 // `dlbatch show`'s progress section, one "  Label:  value" line each.
 std::string ProgressLines(const v1::TrainProgress& progress);
 

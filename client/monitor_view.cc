@@ -366,8 +366,7 @@ std::string PlainSnapshot(const ClusterModel& model, int64_t now_ms) {
   for (const v1::Job* job : ListedJobs(model, "")) {
     const v1::TrainProgress& p = job->progress();
     bool progress = job->has_progress() && p.iterations() > 0;
-    std::string note = job->state() == v1::JOB_STATE_QUEUED ? job->wait_reason()
-                                                            : job->reason();
+    std::string note = JobNote(*job);
     jobs.Add({absl::StrCat(job->id()), job->spec().name(), job->user(),
               JobStateName(job->state()), absl::StrCat(job->spec().pool()),
               progress ? absl::StrCat(Bar(p.iteration(), p.iterations(), 12),

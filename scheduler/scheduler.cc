@@ -421,6 +421,9 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
     auto it = jobs_.find(job.id());
     if (it == jobs_.end()) continue;
     job.mutable_after()->Add(it->second.after.begin(), it->second.after.end());
+    // A listing carries a job's latest preemption only (`show` has all).
+    if (!it->second.preemptions.empty())
+      *job.add_preemptions() = it->second.preemptions.back();
     if (job.state() != v1::JOB_STATE_QUEUED) continue;
     if (it->second.held) job.set_held(true);
     if (it->second.record.state == v1::JOB_STATE_QUEUED &&

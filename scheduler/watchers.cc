@@ -54,6 +54,8 @@ v1::Job Watchers::JobView(const SchedulerState& s, const ActiveJob& job) const {
   if (rec.state == v1::JOB_STATE_QUEUED)
     view.set_wait_reason(WaitReason(s, job));
   view.set_held(job.held);
+  if (!job.preemptions.empty())
+    *view.add_preemptions() = job.preemptions.back();
   if (job.progress.iterations() > 0) *view.mutable_progress() = job.progress;
   for (auto& part : *view.mutable_placement()) {
     auto w = s.workers_.find(part.worker_id());
