@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "common/stop_signals.h"
 #include "common/usage_exit.h"
 #include "common/version.h"
 #include "proto/jobspec_yaml.h"
@@ -24,6 +25,7 @@
 #include "trainer/comm/net_interface.h"
 #include "trainer/options.h"
 #include "trainer/output/progress.h"
+#include "trainer/stop_request.h"
 #include "trainer/thread_ranks.h"
 #include "trainer/training.h"
 
@@ -487,6 +489,9 @@ SchedulerRendezvousFromEnvironment() {
 
 int TrainCommand(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
+  // Until this process knows whether it launches ranks (which forward the
+  // request) or is one (which obeys it): a stop asked meanwhile waits.
+  HoldStopRequests();
   CommandLine cl;
   if (std::optional<int> code = ParseCommandLine(argc, argv, &cl)) {
     return *code;
@@ -530,6 +535,8 @@ int TrainCommand(int argc, char** argv) {
     return Launch(cl, *plan, argc, argv, scheduler_rdv->has_value());
   }
   const int rank = plan->rank, world = plan->world;
+  // Before any thread starts: they all share the handler's flag.
+  InstallStopRequestHandler();
   absl::StatusOr<Connection> connection =
       Connect(cl, *plan, job->spec.train().options().execution_environment(),
               *scheduler_rdv);
@@ -545,6 +552,7 @@ int TrainCommand(int argc, char** argv) {
   req->rendezvous = connection->rendezvous.get();
   req->progress = &*channel;
   req->diary = rank == 0 ? stdout : nullptr;
+  req->stop_requested = StopRequestFlag();
   // One rank on the CPU: its mini-batch split over its threads
   // (thread_ranks.h). Ranks of a pool on threads: each its own rank.
   ThreadRanks threads;
@@ -573,6 +581,8 @@ int TrainCommand(int argc, char** argv) {
           ? TrainOnThreadRanks(*req, threads)
           : Train(*req);
   if (!result.ok()) return Fail(rank, world, result.status());
+  // The checkpoint is written and announced; the run goes on when resumed.
+  if (result->stopped_on_request) return kTrainerStoppedExitCode;
   if (rank == 0) {
     const char* job_id = std::getenv("DLBATCH_JOB_ID");
     if (job_id != nullptr && *job_id != '\0') {

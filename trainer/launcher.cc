@@ -13,15 +13,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
+#include "common/stop_signals.h"
 
 extern char** environ;
 
 namespace dlbatch::trainer {
 namespace {
 
+// What the handlers saw, for the loop to forward: SIGINT or SIGTERM (stop
+// at once), and apart from them a checkpoint-and-stop request.
 std::atomic<int> g_forward_signal{0};
+std::atomic<bool> g_forward_stop_request{false};
 
-void RememberSignal(int sig) { g_forward_signal.store(sig); }
+void RememberSignal(int sig) {
+  if (sig == kTrainerStopSignal) {
+    g_forward_stop_request.store(true);
+  } else {
+    g_forward_signal.store(sig);
+  }
+}
 
 int ExitCodeOf(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -37,6 +47,14 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
                                 const std::string& rendezvous_dir) {
   std::vector<pid_t> pids;
   const pid_t parent = getpid();
+  // A stop request waits until it can be forwarded: held here until the
+  // handler below is in place, and held in each rank (the mask survives
+  // exec) until its own handler is (stop_request.h), so that none sent
+  // while the ranks start ends one.
+  sigset_t stop_set, old_mask;
+  sigemptyset(&stop_set);
+  sigaddset(&stop_set, kTrainerStopSignal);
+  sigprocmask(SIG_BLOCK, &stop_set, &old_mask);
   for (int i = 0; i < range.count; ++i) {
     std::vector<std::string> argv_s = {program};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
@@ -70,6 +88,7 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
     const pid_t pid = fork();
     if (pid < 0) {
       for (pid_t p : pids) kill(p, SIGKILL);
+      sigprocmask(SIG_SETMASK, &old_mask, nullptr);
       return ErrnoStatus(errno, "starting a rank of", program);
     }
     if (pid == 0) {
@@ -90,12 +109,20 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(kTrainerStopSignal, &sa, nullptr);
+  sigprocmask(SIG_UNBLOCK, &stop_set, nullptr);
 
   int result = 0;
   int running = range.count;
   bool stopping = false;
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
+    // The ranks agree on the step to stop after and leave when they have
+    // written its checkpoint: no deadline here (the sender keeps its own).
+    if (g_forward_stop_request.exchange(false)) {
+      for (pid_t p : pids)
+        if (p > 0) kill(p, kTrainerStopSignal);
+    }
     if (const int sig = g_forward_signal.exchange(0); sig != 0) {
       for (pid_t p : pids)
         if (p > 0) kill(p, sig);
@@ -115,7 +142,9 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
         const int code = ExitCodeOf(status);
         if (code != 0 && result == 0) {
           result = code;
-          if (!stopping) {
+          // A rank stopped on request: the others agreed to stop after
+          // the same step and are leaving too.
+          if (!stopping && code != kTrainerStoppedExitCode) {
             // One rank failed: the others would wait for it in the next
             // collective until the timeout; stop them now.
             for (pid_t q : pids)

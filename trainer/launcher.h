@@ -24,9 +24,15 @@ struct RankRange {
 // their rendezvous themselves) for each R of `range`, each in the caller's
 // process group with its stdout and stderr. If a rank fails, the others are
 // sent SIGTERM (and SIGKILL after a grace period); SIGINT/SIGTERM to the
-// launcher go to every rank. Returns the exit code to leave with: 0 if every
-// rank succeeded, else the first failing rank's code (128 + signal for a
-// signal). Removes `rendezvous_dir` at the end.
+// launcher go to every rank. kTrainerStopSignal (common/stop_signals.h) to
+// the launcher goes to every rank too, without a deadline, and does not end
+// the launcher; a rank leaving with kTrainerStoppedExitCode is no failure
+// the others are stopped for (they agreed to stop too). The ranks start
+// with kTrainerStopSignal blocked, so `program` must unblock it
+// (dlbatch-train does, once its handler is in place). Returns the exit
+// code to leave with: 0 if every rank succeeded, else the first other
+// rank's code (128 + signal for a signal; kTrainerStoppedExitCode for a run
+// stopped on request). Removes `rendezvous_dir` at the end.
 absl::StatusOr<int> LaunchRanks(const std::string& program,
                                 const std::vector<std::string>& args,
                                 const RankRange& range,

@@ -33,6 +33,7 @@
 #include "trainer/output/onnx_export.h"
 #include "trainer/rng.h"
 #include "trainer/solver.h"
+#include "trainer/stop_request.h"
 #include "trainer/thread_ranks.h"
 
 namespace dlbatch::trainer {
@@ -142,6 +143,19 @@ class Run {
   void Report();
   int64_t EpochOf(int64_t iteration) const;
   int64_t Epochs() const;
+  // This rank's stop request (TrainRequest::stop_requested).
+  bool StopAsked() const {
+    return req_.stop_requested != nullptr &&
+           req_.stop_requested->load(std::memory_order_relaxed);
+  }
+  // Whether any rank was asked to stop: a collective (stop_request.h).
+  absl::StatusOr<bool> AgreeToStop() {
+    return trainer::AgreeToStop(StopAsked(), comm_, *backend_,
+                                stop_flag_.f32());
+  }
+  // Ends a run stopped on request after iteration_ (its checkpoint
+  // written, where a step ran): says so, and leaves with the other ranks.
+  absl::StatusOr<TrainResult> StopOnRequest(TrainResult result);
   BatchRequest RequestFor(int64_t iteration);
 
   const TrainRequest& req_;
@@ -165,6 +179,7 @@ class Run {
   // Evaluate's batch and sums; with bytes_, the batch's bytes (pixels_).
   // What PrepareImages makes images with (scale_bias_, with bytes_).
   Buffer images_, labels_, stats_, pixels_, scale_bias_;
+  Buffer stop_flag_;    // AgreeToStop's float
   bool bytes_ = false;  // TrainRequest::batches_as_bytes, resolved
   // A training step's loss and accuracy sums (device float[2]), copied
   // into stats_ring_ after the step: a fixed address, so that a recorded
@@ -396,6 +411,7 @@ absl::Status Run::Build() {
   ASSIGN_OR_RETURN(labels_, backend_->Allocate(max_batch * sizeof(int32_t)));
   ASSIGN_OR_RETURN(stats_, backend_->Allocate(4 * sizeof(float)));
   ASSIGN_OR_RETURN(step_stats_, backend_->Allocate(2 * sizeof(float)));
+  ASSIGN_OR_RETURN(stop_flag_, backend_->Allocate(sizeof(float)));
   bytes_ = req_.batches_as_bytes.value_or(backend_->on_gpu());
   if (bytes_) {
     ASSIGN_OR_RETURN(pixels_, backend_->Allocate(max_batch * sample));
@@ -1053,6 +1069,19 @@ absl::StatusOr<TrainResult> Run::Execute() {
   RETURN_IF_ERROR(Build());
   const double build_time = SecondsSince(build_start);
   RETURN_IF_ERROR(ResumeIfAsked());
+  // The first place where the ranks can agree on a stop asked while they
+  // connected, read the data or built the network: every rank is here,
+  // with its communicator and backend. A stop asked later stops after a
+  // step.
+  if (iteration_ < total_) {
+    ASSIGN_OR_RETURN(const bool stop, AgreeToStop());
+    if (stop) {
+      TrainResult result;
+      result.resumed = resumed_;
+      result.build_time_s = build_time;
+      return StopOnRequest(result);
+    }
+  }
   if (bytes_) {
     // Final now (a resumed run's is its checkpoint's).
     const std::vector<float> scale_bias =
@@ -1114,7 +1143,11 @@ absl::StatusOr<TrainResult> Run::Execute() {
     // what it costs beyond a steady step (lazy set-up in the libraries) is
     // then known apart from the steady steps' rate.
     const bool first = steps_run_ == 1;
-    if (!(last || validate || row || checkpoint || read || first)) {
+    // One rank alone reads its stop request at every step, for free;
+    // ranks agree on theirs where they read (below).
+    const bool asked_alone = comm_.size() == 1 && StopAsked();
+    if (!(last || validate || row || checkpoint || read || first ||
+          asked_alone)) {
       train_time += SecondsSince(step_start);
       continue;
     }
@@ -1154,9 +1187,30 @@ absl::StatusOr<TrainResult> Run::Execute() {
                        iteration_, "."));
       break;
     }
+    // Every rank reaches this point at the same iterations (those above
+    // are the same on every rank), after the iteration's validation and
+    // checkpoint: a stop leaves nothing of the iteration undone, so the
+    // resumed run goes on as this one would have. At the last step the
+    // run ends anyway, with its outputs.
+    if (!last) {
+      ASSIGN_OR_RETURN(const bool stop, AgreeToStop());
+      if (stop) {
+        if (!checkpoint) RETURN_IF_ERROR(SaveCheckpoint());
+        result.stopped_on_request = true;
+        break;
+      }
+    }
   }
   loader_->Close();
   if (verbose()) table_.Footer();
+  if (result.stopped_on_request) {
+    result.train_time_s = train_time;
+    result.images_per_s = train_time > 0 ? images / train_time : 0;
+    result.build_time_s = build_time;
+    result.train_loss = last_loss_;
+    result.train_accuracy = last_accuracy_;
+    return StopOnRequest(result);
+  }
 
   result.iterations = iteration_;
   result.epochs = static_cast<double>(iteration_) / per_epoch_;
@@ -1202,6 +1256,29 @@ absl::StatusOr<TrainResult> Run::Execute() {
   }
   // Gloo closes its connections when the communicator goes: no rank may
   // leave while another is still in a collective.
+  RETURN_IF_ERROR(comm_.Barrier());
+  return result;
+}
+
+absl::StatusOr<TrainResult> Run::StopOnRequest(TrainResult result) {
+  result.stopped_on_request = true;
+  result.iterations = iteration_;
+  result.epochs = static_cast<double>(iteration_) / per_epoch_;
+  result.backend_time_s = backend_time_;
+  result.wall_time_s = SecondsSince(start_);
+  if (steps_run_ > 0) {
+    Say(absl::StrCat("Stopping at iteration ", iteration_,
+                     " on request (preempted): checkpoint written; a "
+                     "resumed run continues from it."));
+  } else {
+    Say(absl::StrCat(
+        "Stopping before the first step on request (preempted): no step "
+        "ran and no checkpoint was written; a resumed run ",
+        resumed_ ? absl::StrCat("continues from iteration ", iteration_,
+                                ", as this one would have.")
+                 : std::string("starts from the beginning.")));
+  }
+  // As at a normal end: no rank leaves while another is in a collective.
   RETURN_IF_ERROR(comm_.Barrier());
   return result;
 }

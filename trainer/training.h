@@ -7,6 +7,7 @@
 #ifndef DLBATCH_TRAINER_TRAINING_H_
 #define DLBATCH_TRAINER_TRAINING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -94,6 +95,18 @@ struct TrainRequest {
   Rendezvous* rendezvous = nullptr;
   ProgressChannel* progress = nullptr;  // optional; not owned
   std::FILE* diary = stdout;            // the human output (rank 0 only)
+  // Checkpoint and stop (stop_request.h): set (by a signal handler, or a
+  // test) when this rank is asked to stop with its work kept. The ranks
+  // agree on it after build and then at iterations they all reach alike
+  // (every step on the CPU, every few on a GPU, as the loop reads its
+  // numbers there); when any was asked, every rank stops after that same
+  // step: rank 0 writes the checkpoint of it (unless the step wrote one)
+  // and announces it on the progress channel, and Train returns with
+  // TrainResult::stopped_on_request. Asked before the first step: they
+  // stop before it, with no new checkpoint. Asked at or after the last
+  // step: ignored, the run ends as it would have. Null: never asked.
+  // Not owned.
+  const std::atomic<bool>* stop_requested = nullptr;
 };
 
 struct TrainResult {
@@ -118,13 +131,18 @@ struct TrainResult {
   std::optional<double> test_loss;  // data.test, when given
   std::optional<double> test_accuracy;
   bool stopped_early = false;  // validation patience ran out
+  // Stopped on request (TrainRequest::stop_requested) after `iterations`,
+  // their checkpoint written (none where no step ran): no outputs but the
+  // checkpoint and its history; resume to go on.
+  bool stopped_on_request = false;
   bool resumed = false;
 };
 
 // Trains, writing to output_dir (rank 0): checkpoint.dlbc at every
 // checkpoint and at the end, model.onnx, training_history.csv,
-// metrics.json and training_progress.svg. Every rank returns the same
-// result. A non-finite loss is an error naming the iteration.
+// metrics.json and training_progress.svg (a run stopped on request:
+// checkpoint.dlbc and training_history.csv only). Every rank returns the
+// same result. A non-finite loss is an error naming the iteration.
 absl::StatusOr<TrainResult> Train(const TrainRequest& request);
 
 // The file names inside output_dir.
