@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -467,6 +468,15 @@ double Sample(const std::string& scrape, const std::string& series) {
     }
   }
   return std::nan("");
+}
+
+int64_t JsonTimeMs(const nlohmann::json& time) {
+  if (!time.is_string()) return 0;
+  struct tm tm = {};
+  const std::string s = time.get<std::string>();
+  if (strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr) return 0;
+  const int64_t ms = s.size() >= 23 ? std::stoll(s.substr(20, 3)) : 0;
+  return static_cast<int64_t>(timegm(&tm)) * 1000 + ms;
 }
 
 }  // namespace dlbatch::testing

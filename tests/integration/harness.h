@@ -47,6 +47,9 @@ std::string LenetJob(const std::string& data, const std::string& extra_options,
                      const std::string& header);
 // A 64-bit integer field of proto3 JSON (written as a string); 0 if absent.
 int64_t JsonInt(const nlohmann::json& j, const char* key);
+// A time of the CLI's JSON ("2026-12-02T14:02:11.123Z") as ms since the
+// epoch; 0 if it is not one.
+int64_t JsonTimeMs(const nlohmann::json& time);
 std::string ReadAll(const std::string& path);
 void WriteAll(const std::string& path, const std::string& text);
 bool WaitFor(const std::function<bool()>& ready, int timeout_ms);

@@ -75,21 +75,10 @@ class PreemptionTest : public ::testing::Test {
     EXPECT_EQ(chmod(file.c_str(), 0644), 0);
     return file;
   }
-  static int64_t Ms(const nlohmann::json& time);
 
   Cluster c_;
   std::vector<std::string> flags_;
 };
-
-// "2026-12-02T14:02:11.123Z" -> ms since the epoch (UTC).
-int64_t PreemptionTest::Ms(const nlohmann::json& time) {
-  if (!time.is_string()) return 0;
-  struct tm tm = {};
-  const std::string s = time.get<std::string>();
-  if (strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr) return 0;
-  const int64_t ms = s.size() >= 23 ? std::stoll(s.substr(20, 3)) : 0;
-  return static_cast<int64_t>(timegm(&tm)) * 1000 + ms;
-}
 
 TEST_F(PreemptionTest, APriorityJobTakesTheSlotsAndTheVictimIsQueuedAgain) {
   const int port = FreePort();
@@ -114,7 +103,8 @@ TEST_F(PreemptionTest, APriorityJobTakesTheSlotsAndTheVictimIsQueuedAgain) {
   EXPECT_EQ(p.value("kind", ""), "priority");
   EXPECT_EQ(p.value("attempt", 0), 1);
   EXPECT_TRUE(p.value("done", false));
-  EXPECT_LT(Ms(h["start_time"]), Ms(p["deadline"])) << h.dump() << p.dump();
+  EXPECT_LT(JsonTimeMs(h["start_time"]), JsonTimeMs(p["deadline"]))
+      << h.dump() << p.dump();
   EXPECT_EQ(h.value("attempt", 0), 1);
   const std::string diary = Diary(low);
   EXPECT_NE(diary.find("part 0 got TERM"), npos) << diary;
@@ -187,9 +177,9 @@ TEST_F(PreemptionTest, AVictimThatIgnoresTheSignalIsKilledAtTheGrace) {
                         " (checkpointing; at most 3s)");
   ASSERT_TRUE(c_.WaitState(high, "JOB_STATE_FINISHED")) << c_.Logs();
   const nlohmann::json p = c_.ShowJson(low)["preemptions"][0];
-  const int64_t started = Ms(c_.ShowJson(high)["start_time"]);
+  const int64_t started = JsonTimeMs(c_.ShowJson(high)["start_time"]);
   // Killed at the grace, not before.
-  EXPECT_GE(started, Ms(p["time"]) + 2500) << p.dump();
+  EXPECT_GE(started, JsonTimeMs(p["time"]) + 2500) << p.dump();
   ASSERT_TRUE(WaitRunningAttempt(low, 2)) << c_.ShowJson(low).dump();
 }
 
