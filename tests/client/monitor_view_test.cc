@@ -5,6 +5,7 @@
 #include <string>
 
 #include "client/diary_text.h"
+#include "client/format.h"
 #include "client/monitor_terminal.h"
 #include "client/terminal_text.h"
 #include "gmock/gmock.h"
@@ -311,6 +312,48 @@ TEST(MonitorKeys, DecodesArrowsEscapeAndCharacters) {
   EXPECT_EQ(keys[6].kind, KeyKind::kBackspace);
   EXPECT_EQ(keys[7].kind, KeyKind::kEnter);
   EXPECT_EQ(keys[8].kind, KeyKind::kPageUp);
+}
+
+// The NOTE of `jobs` and the monitor while a job is preempted, and after.
+TEST(JobNoteTest, SaysAPreemptionUnderWayAndByWhomAQueuedJobWasPreempted) {
+  v1::Job job = TrainJob();
+  job.set_attempt(1);
+  v1::Preemption* p = job.add_preemptions();
+  p->set_by_job(7);
+  p->set_by_priority(10);
+  p->set_kind("priority");
+  p->set_attempt(1);
+  EXPECT_EQ(JobNote(job), "preempted by job 7: stopping");
+  job.mutable_spec()->mutable_train();
+  EXPECT_EQ(JobNote(job), "preempted by job 7: stopping at a checkpoint");
+  // Stopped and queued again: the wait, and by whom, from where.
+  p->set_done(true);
+  p->set_resume_iteration(1400);
+  job.set_state(v1::JOB_STATE_QUEUED);
+  job.set_wait_reason("waiting for 4 slots on 'gpu': 0 free");
+  EXPECT_EQ(JobNote(job),
+            "waiting for 4 slots on 'gpu': 0 free; preempted by job 7, "
+            "resumes from iteration 1400");
+  // Started again since: only what it is now.
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_attempt(2);
+  job.set_reason("");
+  EXPECT_EQ(JobNote(job), "");
+  job.set_state(v1::JOB_STATE_FAILED);
+  job.set_reason("exit code 1");
+  EXPECT_EQ(JobNote(job), "exit code 1");
+  // A stopping job's record with times: the show line says them.
+  p->set_done(false);
+  p->set_attempt(2);
+  p->set_time_ms(kNow);
+  p->set_deadline_ms(kNow + 120'000);
+  const std::string text = PreemptionText(*p, /*train=*/true);
+  EXPECT_THAT(text, HasSubstr("preempted by job 7 (priority 10) at "));
+  EXPECT_THAT(text, HasSubstr("; attempt 2 is stopping at a checkpoint "
+                              "(killed at "));
+  p->set_kind("reclaim");
+  EXPECT_THAT(PreemptionText(*p, false),
+              HasSubstr("(a fair-share reclaim at priority 10)"));
 }
 
 }  // namespace

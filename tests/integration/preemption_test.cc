@@ -175,6 +175,12 @@ TEST_F(PreemptionTest, AVictimThatIgnoresTheSignalIsKilledAtTheGrace) {
       << reason << c_.Logs();
   EXPECT_EQ(reason, "preempting job " + std::to_string(low) +
                         " (checkpointing; at most 3s)");
+  // The victim's NOTE says it is stopping, and for whom.
+  const std::string jobs = c_.Cli({"jobs"}).out;
+  EXPECT_NE(
+      jobs.find("preempted by job " + std::to_string(high) + ": stopping"),
+      npos)
+      << jobs;
   ASSERT_TRUE(c_.WaitState(high, "JOB_STATE_FINISHED")) << c_.Logs();
   const nlohmann::json p = c_.ShowJson(low)["preemptions"][0];
   const int64_t started = JsonTimeMs(c_.ShowJson(high)["start_time"]);
