@@ -44,10 +44,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_proc.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using dlbatch::bench::Median;
+using dlbatch::bench::SpawnLogged;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kData[] = "/usr/share/datasets/fashion-mnist";  // the job's data
@@ -125,33 +128,10 @@ Timed RunTimed(const std::vector<std::string>& argv,
   return t;
 }
 
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> args;
-    for (const std::string& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
-
 double ImagesPerS(const std::string& metrics_path) {
   std::ifstream in(metrics_path);
   nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   return j.is_object() ? j.value("images_per_s", 0.0) : 0.0;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2]
-                      : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 }  // namespace
@@ -219,9 +199,9 @@ int main(int argc, char** argv) {
 
   const std::string sock = "unix:" + dir + "/sched.sock";
   pid_t scheduler =
-      Spawn({bin + "/dlbatch-scheduler", "--state-dir", dir + "/state",
-             "--listen", sock, "--ready-file", dir + "/ready"},
-            dir + "/scheduler.log");
+      SpawnLogged({bin + "/dlbatch-scheduler", "--state-dir", dir + "/state",
+                   "--listen", sock, "--ready-file", dir + "/ready"},
+                  dir + "/scheduler.log");
   for (int i = 0; i < 300 && !fs::exists(dir + "/ready"); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -242,7 +222,7 @@ int main(int argc, char** argv) {
       worker_argv.push_back(name);
     }
   }
-  pid_t worker = Spawn(worker_argv, dir + "/worker.log");
+  pid_t worker = SpawnLogged(worker_argv, dir + "/worker.log");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
 
   std::vector<double> start_direct, start_system, end_direct, end_system,
