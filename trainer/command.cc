@@ -535,8 +535,9 @@ int TrainCommand(int argc, char** argv) {
     return Launch(cl, *plan, argc, argv, scheduler_rdv->has_value());
   }
   const int rank = plan->rank, world = plan->world;
-  // Before any thread starts: they all share the handler's flag.
-  InstallStopRequestHandler();
+  // Before any thread starts: each inherits the held signal, which only
+  // the watcher's thread takes (stop_request.h).
+  TakeStopRequests();
   absl::StatusOr<Connection> connection =
       Connect(cl, *plan, job->spec.train().options().execution_environment(),
               *scheduler_rdv);

@@ -49,7 +49,7 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
   const pid_t parent = getpid();
   // A stop request waits until it can be forwarded: held here until the
   // handler below is in place, and held in each rank (the mask survives
-  // exec) until its own handler is (stop_request.h), so that none sent
+  // exec) until it takes them itself (stop_request.h), so that none sent
   // while the ranks start ends one.
   sigset_t stop_set, old_mask;
   sigemptyset(&stop_set);

@@ -28,9 +28,9 @@ struct RankRange {
 // the launcher goes to every rank too, without a deadline, and does not end
 // the launcher; a rank leaving with kTrainerStoppedExitCode is no failure
 // the others are stopped for (they agreed to stop too). The ranks start
-// with kTrainerStopSignal blocked, so `program` must unblock it
-// (dlbatch-train does, once its handler is in place). Returns the exit
-// code to leave with: 0 if every rank succeeded, else the first other
+// with kTrainerStopSignal blocked, so `program` must take it
+// (dlbatch-train does, on a thread of its own: stop_request.h). Returns the
+// exit code to leave with: 0 if every rank succeeded, else the first other
 // rank's code (128 + signal for a signal; kTrainerStoppedExitCode for a run
 // stopped on request). Removes `rendezvous_dir` at the end.
 absl::StatusOr<int> LaunchRanks(const std::string& program,

@@ -1,6 +1,10 @@
 #include "trainer/stop_request.h"
 
 #include <signal.h>
+#include <time.h>
+
+#include <mutex>
+#include <thread>
 
 #include "common/status.h"
 #include "common/stop_signals.h"
@@ -8,36 +12,67 @@
 namespace dlbatch::trainer {
 namespace {
 
-// The one global the handler needs: a signal handler reaches no object.
+// The flag every thread of the process reads (StopRequestFlag).
 std::atomic<bool> g_stop_requested{false};
 static_assert(std::atomic<bool>::is_always_lock_free,
               "a signal handler may only set a lock-free atomic");
 
+sigset_t StopSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, kTrainerStopSignal);
+  return set;
+}
+
+// Only for a thread that does not hold the signal although it should (one
+// a library started before HoldStopRequests): the request sets the flag
+// there too, instead of ending the process by the signal's default action.
 void RememberStopRequest(int) {
   g_stop_requested.store(true, std::memory_order_relaxed);
+}
+
+// The one thread that takes the requests: it waits for them with the
+// signal held, so that no signal frame is ever written on a computing
+// thread's stack (oneDNN's kernels point the stack register into heap
+// buffers while they run: a frame written there corrupts the heap).
+void WatchStopRequests() {
+  const sigset_t set = StopSet();
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) == 0 && sig == kTrainerStopSignal) {
+      g_stop_requested.store(true, std::memory_order_relaxed);
+    }
+  }
 }
 
 }  // namespace
 
 void HoldStopRequests() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, kTrainerStopSignal);
-  sigprocmask(SIG_BLOCK, &set, nullptr);
+  const sigset_t set = StopSet();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-void InstallStopRequestHandler() {
-  struct sigaction sa {};
-  sa.sa_handler = RememberStopRequest;
-  sigemptyset(&sa.sa_mask);
-  // A rank waiting in a socket or a sleep goes on waiting; nothing it
-  // waits for is cut short by the request.
-  sa.sa_flags = SA_RESTART;
-  sigaction(kTrainerStopSignal, &sa, nullptr);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, kTrainerStopSignal);
-  sigprocmask(SIG_UNBLOCK, &set, nullptr);
+void TakeStopRequests() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = RememberStopRequest;
+    sigemptyset(&sa.sa_mask);
+    // A thread waiting in a socket or a sleep goes on waiting.
+    sa.sa_flags = SA_RESTART;
+    sigaction(kTrainerStopSignal, &sa, nullptr);
+    // Held here for good, and so in every thread started from here on.
+    HoldStopRequests();
+    // One sent while the process started (held until now) is taken before
+    // this returns, so that the ranks' first agreement sees it.
+    const sigset_t set = StopSet();
+    const timespec now = {0, 0};
+    if (sigtimedwait(&set, nullptr, &now) == kTrainerStopSignal) {
+      g_stop_requested.store(true, std::memory_order_relaxed);
+    }
+    // Blocked in sigwait until the process ends; it touches only the flag.
+    std::thread(WatchStopRequests).detach();
+  });
 }
 
 const std::atomic<bool>* StopRequestFlag() { return &g_stop_requested; }

@@ -16,21 +16,24 @@ namespace dlbatch::trainer {
 
 // Blocks kTrainerStopSignal in the calling thread (and the threads and
 // processes it starts), so that one sent now waits for whoever takes it:
-// InstallStopRequestHandler in a rank, or a launcher's forwarding
-// (launcher.h). dlbatch-train calls it first thing.
+// TakeStopRequests in a rank, or a launcher's forwarding (launcher.h).
+// dlbatch-train calls it first thing.
 void HoldStopRequests();
 
-// Installs the handler of kTrainerStopSignal (it only sets the flag that
-// StopRequestFlag returns; every thread of the process shares it) and then
-// unblocks the signal. A process may be started with the signal blocked
-// (the launcher starts its ranks so, a worker may too): one sent before
-// the handler is in place then waits for it instead of ending the process.
-// Call once, early, before threads start.
-void InstallStopRequestHandler();
+// Takes kTrainerStopSignal from now on: the flag that StopRequestFlag
+// returns is set by one thread of its own, which waits for the signal
+// while every other thread holds it. No thread that computes ever runs a
+// handler: a signal frame written on its stack while a oneDNN kernel has
+// pointed the stack register into a heap buffer corrupts the heap. A
+// request already pending (the process may be started with the signal
+// blocked: the launcher starts its ranks so, a worker may too) sets the
+// flag before this returns. Call early, before the threads that compute
+// start (they must inherit the held signal); later calls do nothing.
+void TakeStopRequests();
 
-// Whether kTrainerStopSignal arrived since InstallStopRequestHandler, for
-// TrainRequest::stop_requested. The handler's only state: a lock-free
-// atomic, which a signal handler may set.
+// Whether kTrainerStopSignal arrived since TakeStopRequests, for
+// TrainRequest::stop_requested. Set by another thread (or, on a thread
+// that should have held the signal, by its handler): a lock-free atomic.
 const std::atomic<bool>* StopRequestFlag();
 
 // One collective, every rank of `comm` calling it at the same iteration:

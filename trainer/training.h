@@ -95,10 +95,10 @@ struct TrainRequest {
   Rendezvous* rendezvous = nullptr;
   ProgressChannel* progress = nullptr;  // optional; not owned
   std::FILE* diary = stdout;            // the human output (rank 0 only)
-  // Checkpoint and stop (stop_request.h): set (by a signal handler, or a
-  // test) when this rank is asked to stop with its work kept. The ranks
-  // agree on it after build and then at iterations they all reach alike
-  // (every step on the CPU, every few on a GPU, as the loop reads its
+  // Checkpoint and stop (stop_request.h): set (by the thread that takes
+  // the signal, or a test) when this rank is asked to stop with its work kept.
+  // The ranks agree on it after build and then at iterations they all reach
+  // alike (every step on the CPU, every few on a GPU, as the loop reads its
   // numbers there); when any was asked, every rank stops after that same
   // step: rank 0 writes the checkpoint of it (unless the step wrote one)
   // and announces it on the progress channel, and Train returns with

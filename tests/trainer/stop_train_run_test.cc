@@ -93,7 +93,7 @@ class StopRun : public testing::TrainRunFixture {
   // stdout and stderr into `log`, in a process group of its own (as a
   // worker starts it), with the test's tuning cache. `held`: with
   // kTrainerStopSignal blocked, as a launcher starts its ranks: a request
-  // sent at once then waits for the handler instead of ending it.
+  // sent at once then waits to be taken instead of ending it.
   pid_t Start(const std::string& job, const std::string& out,
               const std::vector<std::string>& extra, const std::string& log,
               bool held = false) {
@@ -203,7 +203,7 @@ TEST_F(StopRun, ThreadRanksStopAfterOneStepAndResumeToTheSameModel) {
   EXPECT_EQ(Metrics(out)["iterations"], 400);
 }
 
-// Asked while the ranks start (here before the process has its handler:
+// Asked while the ranks start (here before the process takes requests:
 // the request waits for it, as in a launched rank): they agree once built,
 // before the first step, and stop without a checkpoint. A resumed run
 // asked so keeps the checkpoint it resumed from, unchanged.
