@@ -14,6 +14,16 @@
 
 namespace dlbatch::bench {
 
+// In a forked child: runs argv, or exits 127.
+[[noreturn]] inline void ExecOrExit(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  _exit(127);
+}
+
 // Starts argv with stdout and stderr in `log` (truncated); its pid.
 inline pid_t SpawnLogged(const std::vector<std::string>& argv,
                          const std::string& log) {
@@ -22,12 +32,7 @@ inline pid_t SpawnLogged(const std::vector<std::string>& argv,
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
-    std::vector<char*> args;
-    for (const std::string& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
+    ExecOrExit(argv);
   }
   return pid;
 }
@@ -43,12 +48,7 @@ inline int Capture(const std::vector<std::string>& argv, std::string* out) {
     dup2(null, 2);
     close(fds[0]);
     close(fds[1]);
-    std::vector<char*> args;
-    for (const std::string& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
+    ExecOrExit(argv);
   }
   close(fds[1]);
   out->clear();

@@ -93,12 +93,7 @@ Timed RunTimed(const std::vector<std::string>& argv,
     close(fds[0]);
     close(fds[1]);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const std::string& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
+    dlbatch::bench::ExecOrExit(argv);
   }
   close(fds[1]);
   std::string partial;

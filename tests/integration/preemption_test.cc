@@ -55,6 +55,14 @@ class PreemptionTest : public ::testing::Test {
     flags_ = flags;
     c_.StartScheduler(flags);
   }
+  // A one-slot worker of profile p running a job that ignores TERM.
+  void StartWithAVictimThatIgnoresTerm(int64_t* low) {
+    Start();
+    c_.StartWorker("w1", 1, "p");
+    ASSERT_TRUE(c_.WaitWorkers(1)) << c_.Logs();
+    *low = c_.Submit(Job("low.yaml", kIgnoresTerm), {"--profile", "p"});
+    ASSERT_TRUE(WaitDiary(*low, "ready 1")) << c_.Logs();
+  }
   std::string Diary(int64_t id) {
     return c_.Cli({"diary", std::to_string(id)}).out;
   }
@@ -156,12 +164,8 @@ TEST_F(PreemptionTest, APriorityJobTakesTheSlotsAndTheVictimIsQueuedAgain) {
 }
 
 TEST_F(PreemptionTest, AVictimThatIgnoresTheSignalIsKilledAtTheGrace) {
-  Start();
-  c_.StartWorker("w1", 1, "p");
-  ASSERT_TRUE(c_.WaitWorkers(1)) << c_.Logs();
-  const int64_t low =
-      c_.Submit(Job("low.yaml", kIgnoresTerm), {"--profile", "p"});
-  ASSERT_TRUE(WaitDiary(low, "ready 1")) << c_.Logs();
+  int64_t low = 0;
+  ASSERT_NO_FATAL_FAILURE(StartWithAVictimThatIgnoresTerm(&low));
   const int64_t high = c_.Submit(Job("high.yaml", "command: [echo, high]\n"),
                                  {"--priority", "5", "--profile", "p"});
   // While it stops, the waiting job says what it is doing.
@@ -277,12 +281,8 @@ TEST_F(PreemptionTest, AUserBelowTheirFairShareReclaimsAtEqualPriority) {
 
 TEST_F(PreemptionTest,
        ASchedulerKilledMidPreemptionResumesItAndRunsNothingTwice) {
-  Start();
-  c_.StartWorker("w1", 1, "p");
-  ASSERT_TRUE(c_.WaitWorkers(1)) << c_.Logs();
-  const int64_t low =
-      c_.Submit(Job("low.yaml", kIgnoresTerm), {"--profile", "p"});
-  ASSERT_TRUE(WaitDiary(low, "ready 1")) << c_.Logs();
+  int64_t low = 0;
+  ASSERT_NO_FATAL_FAILURE(StartWithAVictimThatIgnoresTerm(&low));
   const int64_t high =
       c_.Submit(Job("high.yaml", "command: [sh, -c, 'echo high run']\n"),
                 {"--priority", "10", "--profile", "p"});
@@ -301,12 +301,8 @@ TEST_F(PreemptionTest,
 }
 
 TEST_F(PreemptionTest, AWorkerLostWhileStoppingQueuesThePreemptedJobAgain) {
-  Start();
-  c_.StartWorker("w1", 1, "p");
-  ASSERT_TRUE(c_.WaitWorkers(1)) << c_.Logs();
-  const int64_t low =
-      c_.Submit(Job("low.yaml", kIgnoresTerm), {"--profile", "p"});
-  ASSERT_TRUE(WaitDiary(low, "ready 1")) << c_.Logs();
+  int64_t low = 0;
+  ASSERT_NO_FATAL_FAILURE(StartWithAVictimThatIgnoresTerm(&low));
   const int64_t high = c_.Submit(Job("high.yaml", "command: [echo, high]\n"),
                                  {"--priority", "10", "--profile", "p"});
   ASSERT_TRUE(WaitDiary(low, "preempted by job")) << c_.Logs();
