@@ -2,6 +2,7 @@
 // at the signal, are queued again and end with the model an uninterrupted
 // run gives; of two equal victims the one that loses less work is taken.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <iostream>
@@ -139,6 +140,34 @@ TEST_F(PreemptTrain, OfTwoVictimsTheOneThatLosesLessWorkIsTaken) {
   EXPECT_TRUE(c_.ShowJson(b)["preemptions"].empty()) << c_.ShowJson(b).dump();
   EXPECT_EQ(c_.ShowJson(b).value("attempt", 0), 1);
   c_.Cli({"cancel", std::to_string(a), std::to_string(b)});
+}
+
+// The worker killed while its victim checkpoints: the job resumes from
+// whichever checkpoint was stored last and still ends with the model of an
+// uninterrupted run; nothing counts against its attempts.
+TEST_F(PreemptTrain, AWorkerKilledWhileItsVictimCheckpointsLosesNothing) {
+  const int64_t reference = Lenet("reference", kOptions);
+  ASSERT_EQ(c_.Cli({"wait", std::to_string(reference)}, {}, 180000).code, 0)
+      << Diary(reference) << c_.Logs();
+  const std::string want = ModelSha(reference);
+  const int64_t a = Lenet("a", kOptions);
+  ASSERT_TRUE(WaitFor([&] { return Iteration(a) >= 20; }, 120000))
+      << Diary(a) << c_.Logs();
+  const int64_t h =
+      c_.Submit(c_.JobFile("high.yaml", "profile: t\ncommand: [echo, high]\n"),
+                {"--pool", "2", "--priority", "10"});
+  ASSERT_TRUE(
+      WaitFor([&] { return Diary(a).find("preempted by job") != npos; }, 30000))
+      << c_.Logs();
+  c_.KillWorker(0, SIGKILL);
+  c_.RestartWorker(0);
+  ASSERT_TRUE(c_.WaitState(h, "JOB_STATE_FINISHED", 60000)) << c_.Logs();
+  ASSERT_EQ(c_.Cli({"wait", std::to_string(a)}, {}, 180000).code, 0)
+      << Diary(a) << c_.Logs();
+  const nlohmann::json j = c_.ShowJson(a);
+  ASSERT_EQ(j["preemptions"].size(), 1u) << j.dump();
+  EXPECT_TRUE(j["preemptions"][0].value("done", false));
+  EXPECT_EQ(ModelSha(a), want);
 }
 
 }  // namespace
