@@ -51,8 +51,15 @@ std::string LocalTime(int64_t ms) {
   return buf;
 }
 
+// Who preempted: a job of dlbatch's, or Slurm itself (kind "slurm").
+static std::string PreemptedBy(const v1::Preemption& p) {
+  return p.kind() == "slurm" ? std::string("preempted by Slurm")
+                             : absl::StrCat("preempted by job ", p.by_job());
+}
+
 std::string PreemptionText(const v1::Preemption& p, bool train) {
-  std::string by = p.kind() == "reclaim"
+  std::string by = p.kind() == "slurm" ? PreemptedBy(p)
+                   : p.kind() == "reclaim"
                        ? absl::StrCat("preempted by job ", p.by_job(),
                                       " (a fair-share reclaim at priority ",
                                       p.by_priority(), ")")
@@ -87,8 +94,7 @@ std::string JobNote(const v1::Job& job) {
     std::string note = job.wait_reason();
     // Queued again by it, and not started since.
     if (last != nullptr && last->done() && last->attempt() == job.attempt()) {
-      absl::StrAppend(&note, note.empty() ? "" : "; ", "preempted by job ",
-                      last->by_job());
+      absl::StrAppend(&note, note.empty() ? "" : "; ", PreemptedBy(*last));
       if (train && last->resume_iteration() > 0)
         absl::StrAppend(&note, ", resumes from iteration ",
                         last->resume_iteration());
@@ -97,7 +103,7 @@ std::string JobNote(const v1::Job& job) {
   }
   if (job.state() == v1::JOB_STATE_RUNNING && last != nullptr &&
       !last->done() && last->attempt() == job.attempt()) {
-    return absl::StrCat("preempted by job ", last->by_job(), ": stopping",
+    return absl::StrCat(PreemptedBy(*last), ": stopping",
                         train ? " at a checkpoint" : "");
   }
   return job.reason();

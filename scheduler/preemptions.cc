@@ -45,6 +45,7 @@ int Preemptions::PreemptedAttempts(const ActiveJob& job) {
 }
 
 std::string Preemptions::ByText(const v1::Preemption& p) {
+  if (p.kind() == kSlurmKind) return "preempted by Slurm";
   if (p.kind() == kReclaim) {
     return absl::StrCat("preempted by job ", p.by_job(),
                         " (a fair-share reclaim at priority ", p.by_priority(),

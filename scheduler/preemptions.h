@@ -87,6 +87,9 @@ class Preemptions {
   std::string WaitReason(const SchedulerState& s, const ActiveJob& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
 
+  // The kind of a preemption Slurm itself made (its PreemptMode stopped
+  // the job's Slurm job): by_job is 0.
+  static constexpr char kSlurmKind[] = "slurm";
   // "preempted by job 7 (priority 10)": the reason of the preemption `p`.
   static std::string ByText(const v1::Preemption& p);
 

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "proto/job_state.h"
 #include "scheduler/control.h"
+#include "scheduler/preemptions.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -66,6 +67,9 @@ class SlurmProfiles::Side final : public slurm::SlurmHost {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_);
   absl::Status RequeueLost(int64_t job, const std::string& why,
                            slurm::WorkerMail& mail) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_);
+  absl::Status RequeuePreempted(int64_t job, const std::string& why,
+                                slurm::WorkerMail& mail) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_);
   absl::Status FailRunning(int64_t job, const std::string& why,
                            slurm::WorkerMail& mail) override
@@ -206,6 +210,35 @@ absl::Status SlurmProfiles::Side::RequeueLost(int64_t job,
   auto it = s_.jobs_.find(job);
   if (it == s_.jobs_.end()) return absl::OkStatus();
   return s_.RequeueLost(it->second, why, mail.out);
+}
+
+absl::Status SlurmProfiles::Side::RequeuePreempted(int64_t id,
+                                                   const std::string& why,
+                                                   slurm::WorkerMail& mail) {
+  s_.mu_.AssertHeld();
+  auto it = s_.jobs_.find(id);
+  if (it == s_.jobs_.end()) return absl::OkStatus();
+  SchedulerState::ActiveJob& job = it->second;
+  if (job.cancel_requested || job.record.state == v1::JOB_STATE_QUEUED) {
+    return s_.RequeueLost(job, why, mail.out);
+  }
+  // Slurm's own preemption, as a record of the attempt it stopped: by no
+  // dlbatch job, done at once (its processes are gone with the Slurm job).
+  const int64_t now = s_.clock_->NowMs();
+  v1::Preemption p;
+  p.set_by_job(0);
+  p.set_kind(std::string(Preemptions::kSlurmKind));
+  p.set_time_ms(now);
+  p.set_attempt(job.record.attempt);
+  p.set_deadline_ms(now);
+  job.preemptions.push_back(p);
+  RETURN_IF_ERROR(s_.store_->PutPreemption(
+      id, static_cast<int>(job.preemptions.size()) - 1, p));
+  s_.CancelParts(job, why, -1, mail.out);
+  s_.core_->Finished(id, now);
+  RETURN_IF_ERROR(s_.SaveUsage(job.record.user));
+  RETURN_IF_ERROR(s_.Diary(id, job.record.attempt, "[dlbatch] " + why));
+  return s_.preemptions().Requeue(s_, job, "", mail.out);
 }
 
 absl::Status SlurmProfiles::Side::FailRunning(int64_t id,

@@ -96,6 +96,7 @@ void JobTable::End(Job& job, v1::JobState state, const std::string& reason,
   } else {
     ended.set_exit_code(128 + job.exit->term_signal);
   }
+  if (job.slurm_signal > 0) ended.set_exit_code(128 + job.slurm_signal);
   ended.set_reason(reason);
   for (auto& f : outputs) *ended.add_outputs() = std::move(f);
   // Every line before the report: the scheduler ends the job only once it
@@ -182,6 +183,30 @@ JobEffects JobTable::Cancel(const v1::CancelJob& cancel, int64_t now_ms) {
     fx.actions.push_back(TerminateAction(job));
   // Preparing: Prepared() ends it without a process, or Started() stops the
   // process asked for meanwhile.
+  return fx;
+}
+
+JobEffects JobTable::SlurmStopping(int signal, int64_t grace_ms,
+                                   int64_t now_ms) {
+  JobEffects fx;
+  for (auto& [key, job] : jobs_) {
+    // A job whose processes have gone, or that is being stopped already
+    // (a cancel, its time limit), ends as it would have.
+    if (job.phase >= JobPhase::kFinishing || job.cancel_requested ||
+        job.time_limit_hit) {
+      continue;
+    }
+    job.slurm_signal = signal;
+    v1::CancelJob cancel;
+    job.ref.To(&cancel);
+    cancel.set_preempt(true);
+    cancel.set_grace_ms(grace_ms);
+    cancel.set_reason(absl::StrCat("Slurm is ending the job's Slurm job (",
+                                   SignalText(signal), " to its worker)"));
+    JobEffects one = Cancel(cancel, now_ms);
+    for (auto& a : one.actions) fx.actions.push_back(std::move(a));
+    for (auto& r : one.records) fx.records.push_back(std::move(r));
+  }
   return fx;
 }
 

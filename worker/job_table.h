@@ -89,6 +89,12 @@ class JobTable {
   // processes had gone before (or, for a preemption, that had reached its
   // time limit) ends as it would have.
   JobEffects Cancel(const v1::CancelJob& cancel, int64_t now_ms);
+  // Slurm is ending the Slurm job this worker serves (its `signal`, a
+  // preemption's or scancel's, reached the worker): every job not ended
+  // yet is stopped as a preempting cancel would (a trainer checkpoints),
+  // and its end is reported as an end by that signal (128 + signal), which
+  // the scheduler settles with Slurm's word on why the Slurm job ended.
+  JobEffects SlurmStopping(int signal, int64_t grace_ms, int64_t now_ms);
   // A plain (not preempting) cancel.
   JobEffects Cancel(const JobRef& ref, int64_t grace_ms,
                     const std::string& reason, int64_t now_ms);
@@ -142,6 +148,7 @@ class JobTable {
     int64_t cancel_grace_ms = 0;
     int cancel_signal = SIGTERM;  // kTerminate's first signal for the cancel
     bool time_limit_hit = false;
+    int slurm_signal = 0;  // SlurmStopping's signal: the end is reported so
     int64_t deadline_mono_ms = 0;  // 0: no time limit
     std::optional<ExitInfo> exit;
     std::string trainer_error;  // the trainer's first error line

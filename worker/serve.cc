@@ -39,8 +39,13 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetrics(
       });
 }
 
-void StopOnSignal(Worker* worker) {
-  OnStopSignal([worker](int sig) {
+// How long a Slurm job's worker gives its jobs to checkpoint and stop when
+// Slurm signals it: Slurm kills them at its own GraceTime or KillWait
+// anyway; within kStopDeadlineS, so the end is reported before it leaves.
+constexpr int64_t kSlurmStopGraceMs = 30000;
+
+void StopOnSignal(Worker* worker, bool slurm_job) {
+  OnStopSignal([worker, slurm_job](int sig) {
     spdlog::info("signal {}: stopping the jobs and leaving", sig);
     // Stopping kills the jobs and cancels calls, none of which may take
     // long; should anything wedge, the worker still leaves (its jobs die
@@ -52,7 +57,13 @@ void StopOnSignal(Worker* worker) {
       spdlog::shutdown();
       _exit(1);
     }).detach();
-    worker->Shutdown();
+    if (slurm_job) {
+      // Slurm's preemption or scancel: the jobs checkpoint where they can,
+      // their ends go to the scheduler, which asks Slurm why.
+      worker->StopForSlurm(sig, kSlurmStopGraceMs);
+    } else {
+      worker->Shutdown();
+    }
   });
 }
 
@@ -78,7 +89,7 @@ absl::Status Serve(const DaemonOptions& settings) {
         metrics, StartMetrics(settings.flags.metrics_listen, options, &worker));
     spdlog::info("metrics on http://{}/metrics", metrics->address());
   }
-  StopOnSignal(&worker);
+  StopOnSignal(&worker, options.slurm_job.has_value());
   absl::Status s = worker.Run();
   // The jobs are stopped: the guard's last sweep finds nothing, and the
   // worker leaves only once it has ended (a service manager would otherwise

@@ -158,6 +158,19 @@ void Worker::Shutdown() {
   shut_down_ = true;
 }
 
+void Worker::StopForSlurm(int signal, int64_t grace_ms) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (served_ && !stopping_) {
+      JobEffects fx = table_.SlurmStopping(signal, grace_ms, clock_->NowMs());
+      const bool stopping = !fx.actions.empty() || !fx.records.empty();
+      Apply(std::move(fx));
+      if (stopping || table_.size() > 0) return;
+    }
+  }
+  Shutdown();
+}
+
 std::optional<JobPhase> Worker::Phase(const JobRef& ref) const {
   absl::MutexLock lock(&mu_);
   return table_.Phase(ref);

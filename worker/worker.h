@@ -74,6 +74,12 @@ class Worker final : public LinkHandler, public ProcessEvents {
   absl::Status Run();
   // Kills every job and makes Run() return. Thread-safe.
   void Shutdown();
+  // A Slurm profile's ephemeral worker got `signal` from Slurm (a
+  // preemption or scancel ends its Slurm job): its jobs checkpoint and stop
+  // within `grace_ms` (JobTable::SlurmStopping), their ends are reported,
+  // and Run() returns once they are acknowledged, as at any job's end. A
+  // worker that holds no job yet shuts down. Thread-safe.
+  void StopForSlurm(int signal, int64_t grace_ms);
   // Checks time limits now (the ticker does it every tick_ms).
   void Tick();
 

@@ -246,11 +246,12 @@ class SlurmBridge final : public SlurmJobLedger {
              const std::vector<int64_t>& settle_now)
       ABSL_LOCKS_EXCLUDED(host_->mutex());
   // A job whose Slurm job ended or vanished before its workers reported:
-  // requeued (within its attempts) where Slurm's machines failed it or it
-  // has a checkpoint to resume from, else failed, with `reason`.
+  // requeued as preempted where Slurm preempted it (not counted), requeued
+  // (within its attempts) where Slurm's machines failed it or it has a
+  // checkpoint to resume from, else failed, with `reason`.
   // REQUIRES: a transaction open.
   absl::Status JobLost(const HostJob& job, const std::string& reason,
-                       bool machine_fault, WorkerMail& mail)
+                       bool machine_fault, bool preempted, WorkerMail& mail)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(host_->mutex());
 
   SlurmHost* const host_;

@@ -367,26 +367,28 @@ void SlurmBridge::Apply(const ReconcileDecisions& d,
     if (d.lost.empty() && d.reported.empty() && settle_now.empty()) return;
     std::vector<int64_t> as_reported = d.reported;
     as_reported.insert(as_reported.end(), settle_now.begin(), settle_now.end());
-    (void)host_->InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
-                                   host_->mutex()) {
-      for (const auto& lost : d.lost) {
-        std::optional<HostJob> job = host_->FindJob(lost.job_id);
-        if (!job) continue;
-        RETURN_IF_ERROR(JobLost(*job, lost.reason, lost.machine_fault, mail));
-      }
-      for (int64_t job_id : as_reported) {
-        // Still waiting: nothing else ended it since the read.
-        if (SettlingJob(job_id)) {
-          RETURN_IF_ERROR(host_->EndAsReported(job_id, mail));
-        }
-      }
-      return absl::OkStatus();
-    });
+    (void)host_->InTransaction(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(host_->mutex()) {
+          for (const auto& lost : d.lost) {
+            std::optional<HostJob> job = host_->FindJob(lost.job_id);
+            if (!job) continue;
+            RETURN_IF_ERROR(JobLost(*job, lost.reason, lost.machine_fault,
+                                    lost.preempted, mail));
+          }
+          for (int64_t job_id : as_reported) {
+            // Still waiting: nothing else ended it since the read.
+            if (SettlingJob(job_id)) {
+              RETURN_IF_ERROR(host_->EndAsReported(job_id, mail));
+            }
+          }
+          return absl::OkStatus();
+        });
   });
 }
 
 absl::Status SlurmBridge::JobLost(const HostJob& job, const std::string& reason,
-                                  bool machine_fault, WorkerMail& mail) {
+                                  bool machine_fault, bool preempted,
+                                  WorkerMail& mail) {
   host_->mutex().AssertHeld();
   const int64_t id = job.id;
   gangs_.erase(id);
@@ -394,6 +396,14 @@ absl::Status SlurmBridge::JobLost(const HostJob& job, const std::string& reason,
   settling_.erase(id);
   if (job.state == v1::JOB_STATE_QUEUED) {
     // Its Slurm job ended before all its workers were in: no attempt ran.
+    // A preemption is no fault of the job's: it is not counted.
+    if (preempted && !job.cancel_requested) {
+      RETURN_IF_ERROR(host_->Note(
+          id,
+          absl::StrCat("[dlbatch] ", reason, "; submitted to Slurm again")));
+      host_->Enqueue(id);
+      return absl::OkStatus();
+    }
     if (machine_fault && ++resubmits_[id] < options_.max_attempts) {
       RETURN_IF_ERROR(host_->PutResubmits(id, resubmits_[id]));
       RETURN_IF_ERROR(host_->Note(
@@ -410,7 +420,11 @@ absl::Status SlurmBridge::JobLost(const HostJob& job, const std::string& reason,
         job.cancel_requested ? v1::JOB_STATE_CANCELLED : v1::JOB_STATE_FAILED,
         absl::StrCat("[dlbatch] ", reason, "; job failed"), reason);
   }
-  // It ran: a machine's fault, or a job stopped behind dlbatch's back with a
+  // It ran. Preempted by Slurm: queued again as preempted, not counted.
+  if (preempted && !job.cancel_requested) {
+    return host_->RequeuePreempted(id, reason, mail);
+  }
+  // A machine's fault, or a job stopped behind dlbatch's back with a
   // checkpoint to resume from, is requeued within its attempts; its own
   // time limit (Slurm's --time) or a job with nothing stored fails.
   const bool timed_out = absl::StrContains(reason, "time limit");

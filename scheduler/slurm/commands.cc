@@ -278,7 +278,9 @@ SlurmVerdict MapSlurmState(const SqueueRow& row, absl::string_view partition) {
         true, absl::StrCat(id, " lost a node (NODE_FAIL on ", row.nodes, ")"));
   }
   if (state == "PREEMPTED") {
-    return ended(true, absl::StrCat(id, " was preempted"));
+    SlurmVerdict v = ended(true, absl::StrCat(id, " was preempted by Slurm"));
+    v.preempted = true;
+    return v;
   }
   if (state == "BOOT_FAIL") {
     return ended(true, absl::StrCat(id, " could not boot its nodes"));

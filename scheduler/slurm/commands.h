@@ -143,6 +143,10 @@ struct SlurmVerdict {
   // node, preemption, memory), signalling the job's processes as it did;
   // false where the batch script ended by itself (COMPLETED, FAILED).
   bool by_slurm = false;
+  // For kEnded: Slurm preempted it (PREEMPTED: its PreemptMode CANCEL, or
+  // REQUEUE for a job it may not requeue) to start a job of a higher
+  // partition tier or QOS. Its dlbatch job is queued again as preempted.
+  bool preempted = false;
 };
 SlurmVerdict MapSlurmState(const SqueueRow& row, absl::string_view partition);
 

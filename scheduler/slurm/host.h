@@ -126,6 +126,13 @@ class SlurmHost {
   virtual absl::Status RequeueLost(int64_t job, const std::string& why,
                                    WorkerMail& mail)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex()) = 0;
+  // Slurm preempted the running job's Slurm job (`why` says so): its
+  // parts still running are cancelled and it is queued again as preempted
+  // (a Preemption of kind "slurm", by no dlbatch job, not counted against
+  // its attempts), to resume from its newest stored checkpoint.
+  virtual absl::Status RequeuePreempted(int64_t job, const std::string& why,
+                                        WorkerMail& mail)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex()) = 0;
   // The running job fails with `why`: its parts still running are
   // cancelled.
   virtual absl::Status FailRunning(int64_t job, const std::string& why,

@@ -48,7 +48,8 @@ void SettleSignalledEnd(const ReconcileInput& in, const SlurmJobRecord& r,
   const SlurmVerdict verdict = MapSlurmState(*row, partition);
   if (verdict.phase == SlurmPhase::kEnded) {
     if (verdict.by_slurm) {
-      out->lost.push_back({r.job_id, verdict.reason, verdict.retryable});
+      out->lost.push_back(
+          {r.job_id, verdict.reason, verdict.retryable, verdict.preempted});
     } else {
       out->reported.push_back(r.job_id);
     }
@@ -154,7 +155,8 @@ ReconcileDecisions Reconcile(const ReconcileInput& in) {
         break;
       case SlurmPhase::kEnded:
         if (phase != JobPhase::kEnded) {
-          out.lost.push_back({r.job_id, verdict.reason, verdict.retryable});
+          out.lost.push_back(
+              {r.job_id, verdict.reason, verdict.retryable, verdict.preempted});
         }
         out.forget.push_back(r.job_id);
         break;

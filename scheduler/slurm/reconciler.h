@@ -85,6 +85,9 @@ struct ReconcileDecisions {
     int64_t job_id;
     std::string reason;
     bool machine_fault;
+    // Slurm preempted it (SlurmVerdict::preempted): queued again as
+    // preempted, not counted against its attempts.
+    bool preempted = false;
   };
   std::vector<Lost> lost;
   // kSettling jobs whose workers' report stands: Slurm's job ended by

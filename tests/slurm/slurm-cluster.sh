@@ -9,6 +9,9 @@
 #   slurm-cluster.sh stop DIR            stops them by the pids it started.
 #   slurm-cluster.sh env DIR             prints the variables Slurm's commands
 #                                        need (SLURM_CONF), for eval.
+# Partitions over all nodes: gpu (the default; never preempted), low
+# (preempted by Slurm, PreemptMode=CANCEL with a GraceTime of 15 s) and
+# high (a higher PriorityTier: its jobs preempt low's).
 # Nothing is written outside DIR: each daemon is pointed at DIR for its
 # configuration, state, spool, sockets, pid and log files. Slurm 22.05's
 # slurmd drops count-only GRES, so each fake GPU is a character device
@@ -112,8 +115,12 @@ SlurmdTimeout=30
 InactiveLimit=0
 MinJobAge=60
 KillWait=5
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 $node_lines
-PartitionName=gpu Nodes=$names Default=YES MaxTime=INFINITE State=UP
+PartitionName=gpu Nodes=$names Default=YES MaxTime=INFINITE State=UP PreemptMode=OFF
+PartitionName=low Nodes=$names MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=15
+PartitionName=high Nodes=$names MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
   printf 'AutoDetect=off\n%s' "$gres_lines" >"$dir/gres.conf"
   # Slurm 22.05 reads cgroup.conf even when no cgroup plugin is used.

@@ -81,6 +81,8 @@ class SlurmJobs : public ::testing::Test {
     if (!skip_.empty()) GTEST_SKIP() << skip_;
     // Each test starts with both nodes up and no job of an earlier one.
     Exec({"scancel", "--partition=gpu"});
+    Exec({"scancel", "--partition=low"});
+    Exec({"scancel", "--partition=high"});
     Exec({"scontrol", "update", "nodename=n1,n2", "state=resume"});
     ASSERT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
         << Squeue();
@@ -110,8 +112,11 @@ class SlurmJobs : public ::testing::Test {
                           "\n    node_dir: ", node_dir_, "\n");
     };
     // The test Slurm's nodes have 2 CPUs each (slurm-cluster.sh).
+    // `low` runs in the partition Slurm preempts for `high`'s jobs.
+    std::string low = profile("low", 2, BinDir());
+    low.replace(low.find("partition: gpu"), 14, "partition: low");
     WriteAll(config_, absl::StrCat("profiles:\n", profile("hpc", 2, BinDir()),
-                                   profile("cpus", 0, BinDir()),
+                                   low, profile("cpus", 0, BinDir()),
                                    profile("narrow", 0, narrow_bin)));
     c_.StartScheduler({"--config", config_, "--heartbeat-timeout", "5s"},
                       "127.0.0.1:0");
@@ -697,6 +702,57 @@ TEST_F(SlurmJobs, ScancelByHandIsReportedWithSlurmsReason) {
       << c_.ShowJson(id).dump(2);
   EXPECT_TRUE(absl::StrContains(Field(id, "reason"), "cancelled in Slurm"))
       << Field(id, "reason");
+}
+
+TEST_F(SlurmJobs, SlurmsOwnPreemptionRequeuesTheJobAsPreemptedAndItResumes) {
+  // Slurm preempts the low partition's Slurm job for a high one: SIGTERM
+  // to the job's command and its worker (which stops the job as a
+  // preemption), then PREEMPTED. The job is queued again as preempted (not
+  // counted against its attempts), waits in Slurm while the high job holds
+  // the nodes, and its next attempt finishes.
+  const std::string yaml =
+      "name: preempted\nprofile: low\npool: 2\ncommand:\n  - sh\n  - -c\n"
+      "  - |\n"
+      "    trap 'echo got TERM; exit 0' TERM\n"
+      "    echo attempt $DLBATCH_ATTEMPT\n"
+      "    if [ \"$DLBATCH_ATTEMPT\" = 1 ]; then sleep 300 & wait; fi\n"
+      "    echo done\n";
+  const int64_t id = c_.Submit(c_.JobFile("preempted.yaml", yaml));
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_RUNNING", 60000))
+      << c_.ShowJson(id).dump(2);
+  ASSERT_TRUE(
+      WaitFor([&] { return absl::StrContains(Diary(id), "attempt 1"); }, 30000))
+      << Diary(id);
+  std::optional<SlurmRow> first = SlurmJobOf(id);
+  ASSERT_TRUE(first.has_value()) << Squeue();
+  Result high = Exec({"sbatch", "--parsable", "--partition=high", "--nodes=2",
+                      "--gres=gpu:2", "--job-name=high-preemptor",
+                      absl::StrCat("--output=", node_dir_, "/high-%j.out"),
+                      "--wrap", "sleep 8"});
+  ASSERT_EQ(high.code, 0) << high.out << high.err;
+  Result wait = c_.Cli({"wait", std::to_string(id)}, {}, 180000);
+  nlohmann::json show = c_.ShowJson(id);
+  ASSERT_EQ(wait.code, 0) << wait.out << show.dump(2) << Diary(id) << Squeue();
+  EXPECT_EQ(show.value("state", ""), "finished") << show.dump(2);
+  EXPECT_EQ(show.value("attempt", 0), 2) << show.dump(2);
+  ASSERT_TRUE(show.contains("preemptions") && show["preemptions"].is_array() &&
+              show["preemptions"].size() == 1)
+      << show.dump(2);
+  const nlohmann::json& p = show["preemptions"][0];
+  EXPECT_EQ(p.value("kind", ""), "slurm") << p.dump();
+  EXPECT_EQ(p.value("by_job", -1), 0) << p.dump();
+  EXPECT_EQ(p.value("attempt", 0), 1) << p.dump();
+  EXPECT_TRUE(p.value("done", false)) << p.dump();
+  const std::string diary = Diary(id);
+  EXPECT_TRUE(absl::StrContains(diary, "was preempted by Slurm")) << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "got TERM")) << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "does not count against")) << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "done")) << diary;
+  // The first Slurm job ended PREEMPTED; nothing of dlbatch's is left.
+  EXPECT_TRUE(absl::StrContains(ScontrolJob(first->id), "JobState=PREEMPTED"))
+      << ScontrolJob(first->id);
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
+      << Squeue();
 }
 
 // Train jobs need dlbatch-train beside the worker and Fashion-MNIST (read

@@ -730,6 +730,30 @@ TEST_F(JobTableTest, APreemptedTrainJobCheckpointsAndEndsCancelled) {
   EXPECT_EQ(ended->outputs_size(), 1);
 }
 
+TEST_F(JobTableTest, SlurmsSignalCheckpointsATrainJobAndReportsAnEndBySignal) {
+  // Slurm preempts (or scancels) the worker's Slurm job: the trainer is
+  // asked to checkpoint, and the end is reported as one by Slurm's signal
+  // so that the scheduler asks Slurm why.
+  const int64_t key = Running(TrainStart(82));
+  JobEffects fx = table_.SlurmStopping(SIGTERM, 30000, clock_.NowMs());
+  ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kTerminate});
+  EXPECT_EQ(fx.actions[0].signal, SIGUSR1);
+  EXPECT_EQ(fx.actions[0].grace_ms, 30000);
+  EXPECT_TRUE(Empty(table_.SlurmStopping(SIGTERM, 30000, clock_.NowMs())));
+  table_.Line(key, CheckpointLine(300));
+  table_.Exited(key, Exit(kTrainerStoppedExitCode), clock_.NowMs());
+  EXPECT_TRUE(Empty(Uploaded(key)));
+  fx = table_.CheckpointStored(key, 300, Files(), clock_.NowMs());
+  EXPECT_EQ(RecordKinds(fx),
+            (std::vector<std::string>{"checkpoint 300", "ended"}));
+  std::optional<v1::JobEnded> ended = Ended(fx);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(ended->exit_code(), 128 + SIGTERM);
+  EXPECT_EQ(ended->reason(),
+            "Slurm is ending the job's Slurm job (SIGTERM to its worker)");
+}
+
 TEST_F(JobTableTest, APreemptedCommandJobGetsItsSignal) {
   Running(Start(81));
   JobEffects fx =

@@ -110,6 +110,12 @@ class FakeHost final : public SlurmHost {
     calls.push_back(absl::StrCat("requeue ", job, " ", why));
     return absl::OkStatus();
   }
+  absl::Status RequeuePreempted(int64_t job, const std::string& why,
+                                WorkerMail&) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    calls.push_back(absl::StrCat("requeue preempted ", job, " ", why));
+    return absl::OkStatus();
+  }
   absl::Status FailRunning(int64_t job, const std::string& why,
                            WorkerMail&) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -271,6 +271,26 @@ TEST(SlurmReconcilerTest, AnEndBySignalTakesSlurmsReasonWhereSlurmEndedIt) {
   EXPECT_THAT(d.cancel, IsEmpty());
 }
 
+TEST(SlurmReconcilerTest, APreemptionBySlurmIsLostAsPreemptedHoweverItIsSeen) {
+  // Job 1's workers reported its end by Slurm's signal (settling); job 2's
+  // Slurm job was seen PREEMPTED before they did; job 3 was cancelled.
+  ReconcileInput in = Input();
+  in.records = {Record(1, 101), Record(2, 102), Record(3, 103)};
+  in.jobs[1] = JobPhase::kSettling;
+  in.settling_since[1] = kNow - 1000;
+  in.jobs[2] = JobPhase::kRunning;
+  in.jobs[3] = JobPhase::kRunning;
+  in.rows = {Row(101, 1, "PREEMPTED"), Row(102, 2, "PREEMPTED"),
+             Row(103, 3, "CANCELLED by 0")};
+  ReconcileDecisions d = Reconcile(in);
+  ASSERT_EQ(d.lost.size(), 3u);
+  EXPECT_TRUE(d.lost[0].preempted);
+  EXPECT_TRUE(d.lost[1].preempted);
+  EXPECT_FALSE(d.lost[2].preempted);
+  EXPECT_THAT(d.lost[0].reason, HasSubstr("Slurm job 101 was preempted"));
+  EXPECT_THAT(d.forget, ElementsAre(1, 2, 3));
+}
+
 TEST(SlurmReconcilerTest, AnEndBySignalWaitsWhileSlurmStillRunsTheJob) {
   ReconcileInput in = Input();
   in.settling_wait_ms = 45'000;
