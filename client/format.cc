@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/duration.h"
 #include "common/files.h"
+#include "proto/job_state.h"
 
 namespace dlbatch::client {
 
@@ -51,20 +52,15 @@ std::string LocalTime(int64_t ms) {
   return buf;
 }
 
-// Who preempted: a job of dlbatch's, or Slurm itself (kind "slurm").
+// Who preempted, briefly (the NOTE): a job of dlbatch's, or Slurm itself.
 static std::string PreemptedBy(const v1::Preemption& p) {
-  return p.kind() == "slurm" ? std::string("preempted by Slurm")
-                             : absl::StrCat("preempted by job ", p.by_job());
+  return p.kind() == kPreemptedBySlurm
+             ? PreemptedByText(p)
+             : absl::StrCat("preempted by job ", p.by_job());
 }
 
 std::string PreemptionText(const v1::Preemption& p, bool train) {
-  std::string by = p.kind() == "slurm" ? PreemptedBy(p)
-                   : p.kind() == "reclaim"
-                       ? absl::StrCat("preempted by job ", p.by_job(),
-                                      " (a fair-share reclaim at priority ",
-                                      p.by_priority(), ")")
-                       : absl::StrCat("preempted by job ", p.by_job(),
-                                      " (priority ", p.by_priority(), ")");
+  const std::string by = PreemptedByText(p);
   if (!p.done()) {
     return absl::StrCat(by, " at ", LocalTime(p.time_ms()), "; attempt ",
                         p.attempt(), " is stopping",

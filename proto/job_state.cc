@@ -1,5 +1,7 @@
 #include "proto/job_state.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace dlbatch {
 
 const char* JobStateName(v1::JobState state) {
@@ -34,6 +36,17 @@ bool ParseJobState(const std::string& text, v1::JobState* state) {
 bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_FINISHED || state == v1::JOB_STATE_FAILED ||
          state == v1::JOB_STATE_CANCELLED;
+}
+
+std::string PreemptedByText(const v1::Preemption& p) {
+  if (p.kind() == kPreemptedBySlurm) return "preempted by Slurm";
+  if (p.kind() == kPreemptedByReclaim) {
+    return absl::StrCat("preempted by job ", p.by_job(),
+                        " (a fair-share reclaim at priority ", p.by_priority(),
+                        ")");
+  }
+  return absl::StrCat("preempted by job ", p.by_job(), " (priority ",
+                      p.by_priority(), ")");
 }
 
 }  // namespace dlbatch

@@ -12,7 +12,6 @@
 #include "proto/job_state.h"
 #include "scheduler/core/job_control.h"
 #include "scheduler/core/worker_wait_text.h"
-#include "scheduler/users.h"
 #include "scheduler/watchers.h"
 #include "spdlog/spdlog.h"
 
@@ -529,14 +528,7 @@ absl::Status Control::RequeueAsked(SchedulerState& s, ActiveJob& job,
                                       "iteration ",
                                       job.checkpoint.iteration(), ")")
                        : std::string())));
-  rec.parts.clear();
-  job.part_ended.clear();
-  job.part_exit.clear();
-  job.failure.clear();
-  RETURN_IF_ERROR(s.SetState(job, v1::JOB_STATE_QUEUED, "requeued by request"));
-  s.EnqueueJob(rec);
-  s.users().AskWorkers(s, rec.spec.profile(), rec.user, out);
-  return absl::OkStatus();
+  return s.QueueAgain(job, "requeued by request", out);
 }
 
 }  // namespace dlbatch::scheduler

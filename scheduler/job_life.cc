@@ -212,11 +212,19 @@ absl::Status SchedulerState::RequeueLost(ActiveJob& job, const std::string& why,
       rec.id, rec.attempt,
       absl::StrCat("[dlbatch] ", why, "; job requeued (attempt ", counted + 1,
                    " of ", options_.max_attempts, " next)")));
+  return QueueAgain(job, why, out);
+}
+
+absl::Status SchedulerState::QueueAgain(ActiveJob& job,
+                                        const std::string& reason,
+                                        Outbox* out) {
+  mu_.AssertHeld();
+  JobRecord& rec = job.record;
   rec.parts.clear();
   job.part_ended.clear();
   job.part_exit.clear();
   job.failure.clear();
-  RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, why));
+  RETURN_IF_ERROR(SetState(job, v1::JOB_STATE_QUEUED, reason));
   EnqueueJob(rec);
   // Workers that joined while it ran may not have been asked about its user.
   users().AskWorkers(*this, rec.spec.profile(), rec.user, out);

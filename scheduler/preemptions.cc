@@ -9,20 +9,17 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/stop_signals.h"
+#include "proto/job_state.h"
 #include "scheduler/control.h"
 #include "scheduler/slurm/bridge.h"
-#include "scheduler/users.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
 namespace {
 
-constexpr char kReclaim[] = "reclaim";
-constexpr char kPriority[] = "priority";
-
 PreemptionKind KindOf(const v1::Preemption& p) {
-  return p.kind() == kReclaim ? PreemptionKind::kReclaim
-                              : PreemptionKind::kPriority;
+  return p.kind() == kPreemptedByReclaim ? PreemptionKind::kReclaim
+                                         : PreemptionKind::kPriority;
 }
 
 // The signal a command job's processes get first.
@@ -42,17 +39,6 @@ int Preemptions::PreemptedAttempts(const ActiveJob& job) {
   return static_cast<int>(
       std::count_if(job.preemptions.begin(), job.preemptions.end(),
                     [](const v1::Preemption& p) { return p.done(); }));
-}
-
-std::string Preemptions::ByText(const v1::Preemption& p) {
-  if (p.kind() == kSlurmKind) return "preempted by Slurm";
-  if (p.kind() == kReclaim) {
-    return absl::StrCat("preempted by job ", p.by_job(),
-                        " (a fair-share reclaim at priority ", p.by_priority(),
-                        ")");
-  }
-  return absl::StrCat("preempted by job ", p.by_job(), " (priority ",
-                      p.by_priority(), ")");
 }
 
 const PreemptionPolicy* Preemptions::PolicyOf(const SchedulerState& s,
@@ -175,29 +161,24 @@ absl::Status Preemptions::Start(SchedulerState& s, ActiveJob& victim,
                                 const PreemptionPolicy& policy, Outbox* out) {
   s.mu_.AssertHeld();
   JobRecord& rec = victim.record;
-  const int64_t now = s.clock_->NowMs();
   v1::Preemption p;
   p.set_by_job(waiting.record.id);
   p.set_by_priority(waiting.record.spec.priority());
-  p.set_kind(kind == PreemptionKind::kReclaim ? kReclaim : kPriority);
-  p.set_time_ms(now);
-  p.set_attempt(rec.attempt);
-  p.set_deadline_ms(now + policy.grace_ms);
-  victim.preemptions.push_back(p);
-  RETURN_IF_ERROR(s.store_->PutPreemption(
-      rec.id, static_cast<int>(victim.preemptions.size()) - 1, p));
+  p.set_kind(kind == PreemptionKind::kReclaim ? kPreemptedByReclaim
+                                              : kPreemptedByPriority);
+  RETURN_IF_ERROR(Open(s, victim, policy.grace_ms, p));
   s.preempting_for_[waiting.record.id].push_back(rec.id);
   const std::string grace = DurationText(policy.grace_ms);
   RETURN_IF_ERROR(s.Diary(
       rec.id, rec.attempt,
       rec.spec.has_train()
-          ? absl::StrCat("[dlbatch] ", ByText(p), ": attempt ", rec.attempt,
-                         " stops at a checkpoint (within ", grace,
+          ? absl::StrCat("[dlbatch] ", PreemptedByText(p), ": attempt ",
+                         rec.attempt, " stops at a checkpoint (within ", grace,
                          ") and the job is queued again to resume from it")
-          : absl::StrCat("[dlbatch] ", ByText(p), ": attempt ", rec.attempt,
-                         " is stopped (within ", grace,
+          : absl::StrCat("[dlbatch] ", PreemptedByText(p), ": attempt ",
+                         rec.attempt, " is stopped (within ", grace,
                          ") and the job is queued again")));
-  spdlog::info("job {}: {}", rec.id, ByText(p));
+  spdlog::info("job {}: {}", rec.id, PreemptedByText(p));
   for (size_t part = 0; part < rec.parts.size(); ++part) {
     if (part < victim.part_ended.size() && victim.part_ended[part]) continue;
     auto w = s.workers_.find(rec.parts[part].worker);
@@ -207,6 +188,19 @@ absl::Status Preemptions::Start(SchedulerState& s, ActiveJob& victim,
   }
   s.Changed(rec.id);
   return absl::OkStatus();
+}
+
+absl::Status Preemptions::Open(SchedulerState& s, ActiveJob& job,
+                               int64_t grace_ms, v1::Preemption p) {
+  s.mu_.AssertHeld();
+  const int64_t now = s.clock_->NowMs();
+  p.set_time_ms(now);
+  p.set_attempt(job.record.attempt);
+  p.set_deadline_ms(now + grace_ms);
+  job.preemptions.push_back(std::move(p));
+  return s.store_->PutPreemption(job.record.id,
+                                 static_cast<int>(job.preemptions.size()) - 1,
+                                 job.preemptions.back());
 }
 
 v1::SchedulerMessage Preemptions::StopMessage(const SchedulerState& s,
@@ -223,7 +217,7 @@ v1::SchedulerMessage Preemptions::StopMessage(const SchedulerState& s,
   // least, so the job still gets its signal before the kill).
   cancel->set_grace_ms(
       std::max<int64_t>(1000, p.deadline_ms() - s.clock_->NowMs()));
-  cancel->set_reason(ByText(p));
+  cancel->set_reason(PreemptedByText(p));
   cancel->set_preempt(true);
   if (!job.record.spec.has_train())
     cancel->set_signal(CommandSignal(job.record.spec));
@@ -265,10 +259,11 @@ absl::Status Preemptions::Requeue(SchedulerState& s, ActiveJob& job,
     RETURN_IF_ERROR(s.control().SaveControl(s, job));
   }
   std::string what =
-      lost.empty() ? absl::StrCat("[dlbatch] attempt ", rec.attempt,
-                                  " stopped, ", ByText(p))
-                   : absl::StrCat("[dlbatch] ", lost, " while attempt ",
-                                  rec.attempt, " was stopping, ", ByText(p));
+      lost.empty()
+          ? absl::StrCat("[dlbatch] attempt ", rec.attempt, " stopped, ",
+                         PreemptedByText(p))
+          : absl::StrCat("[dlbatch] ", lost, " while attempt ", rec.attempt,
+                         " was stopping, ", PreemptedByText(p));
   absl::StrAppend(
       &what, "; queued again",
       rec.spec.has_train()
@@ -283,13 +278,7 @@ absl::Status Preemptions::Requeue(SchedulerState& s, ActiveJob& job,
       " (a preemption does not count against its ", s.options_.max_attempts,
       " attempts)");
   RETURN_IF_ERROR(s.Diary(rec.id, rec.attempt, what));
-  rec.parts.clear();
-  job.part_ended.clear();
-  job.part_exit.clear();
-  job.failure.clear();
-  RETURN_IF_ERROR(s.SetState(job, v1::JOB_STATE_QUEUED, ByText(p)));
-  s.EnqueueJob(rec);
-  s.users().AskWorkers(s, rec.spec.profile(), rec.user, out);
+  RETURN_IF_ERROR(s.QueueAgain(job, PreemptedByText(p), out));
   if (s.metrics_ != nullptr) {
     s.metrics_->Preempted(rec.spec.profile(), p.kind(),
                           static_cast<double>(lost_ms) / 1000);

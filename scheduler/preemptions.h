@@ -55,6 +55,12 @@ class Preemptions {
   absl::Status Pass(SchedulerState& s, Outbox* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
 
+  // Records a preemption of the job's current attempt, now: `p`'s by_job,
+  // by_priority and kind as given, killed `grace_ms` from now. REQUIRES: a
+  // transaction open.
+  absl::Status Open(SchedulerState& s, ActiveJob& job, int64_t grace_ms,
+                    v1::Preemption p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
+
   // The job's current attempt is stopping for a preemption.
   static bool Stopping(const ActiveJob& job);
   // The CancelJob that asks part `part` of a stopping job to stop (again,
@@ -86,12 +92,6 @@ class Preemptions {
   // (checkpointing; at most 2m)"; empty when it preempts none.
   std::string WaitReason(const SchedulerState& s, const ActiveJob& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
-
-  // The kind of a preemption Slurm itself made (its PreemptMode stopped
-  // the job's Slurm job): by_job is 0.
-  static constexpr char kSlurmKind[] = "slurm";
-  // "preempted by job 7 (priority 10)": the reason of the preemption `p`.
-  static std::string ByText(const v1::Preemption& p);
 
  private:
   // Asks `victim` to stop for `waiting`, by `kind`. REQUIRES: a transaction

@@ -233,6 +233,11 @@ class SchedulerState {
   // Requeues (or fails, past max_attempts) a job whose worker was lost.
   absl::Status RequeueLost(ActiveJob& job, const std::string& why, Outbox* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's attempt is over and it is queued again (its parts and their
+  // ends cleared), with `reason` in its history; its user's workers asked
+  // about it where they were not.
+  absl::Status QueueAgain(ActiveJob& job, const std::string& reason,
+                          Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cancels the job's parts still running, but `skip_part`.
   void CancelParts(const ActiveJob& job, const std::string& why, int skip_part,
                    Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -223,19 +223,13 @@ absl::Status SlurmProfiles::Side::RequeuePreempted(int64_t id,
     return s_.RequeueLost(job, why, mail.out);
   }
   // Slurm's own preemption, as a record of the attempt it stopped: by no
-  // dlbatch job, done at once (its processes are gone with the Slurm job).
-  const int64_t now = s_.clock_->NowMs();
+  // dlbatch job (by_job 0), its grace over (its processes are gone with the
+  // Slurm job).
   v1::Preemption p;
-  p.set_by_job(0);
-  p.set_kind(std::string(Preemptions::kSlurmKind));
-  p.set_time_ms(now);
-  p.set_attempt(job.record.attempt);
-  p.set_deadline_ms(now);
-  job.preemptions.push_back(p);
-  RETURN_IF_ERROR(s_.store_->PutPreemption(
-      id, static_cast<int>(job.preemptions.size()) - 1, p));
+  p.set_kind(kPreemptedBySlurm);
+  RETURN_IF_ERROR(s_.preemptions().Open(s_, job, 0, std::move(p)));
   s_.CancelParts(job, why, -1, mail.out);
-  s_.core_->Finished(id, now);
+  s_.core_->Finished(id, s_.clock_->NowMs());
   RETURN_IF_ERROR(s_.SaveUsage(job.record.user));
   RETURN_IF_ERROR(s_.Diary(id, job.record.attempt, "[dlbatch] " + why));
   return s_.preemptions().Requeue(s_, job, "", mail.out);
