@@ -123,6 +123,7 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
     launch.host = start.parts() > 1 ? context.host : "127.0.0.1";
     launch.resume = start.checkpoint_size() > 0;
     launch.gpus = context.gpus;
+    launch.stop_on_term = context.trainer_stop_on_term;
     RETURN_IF_ERROR(PrepareTrainCommand(start, launch, &sp));
     if (launch.resume) {
       notes->push_back(
