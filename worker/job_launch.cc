@@ -13,9 +13,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "common/files.h"
 #include "common/status.h"
 #include "worker/devices.h"
+#include "worker/launch_env.h"
+#include "worker/launch_rendezvous.h"
 #include "worker/train_job.h"
 
 namespace dlbatch::worker {
@@ -77,6 +80,65 @@ absl::Status GiveTree(const std::string& dir,
   return absl::OkStatus();
 }
 
+// A job's parts must all have started preparing within this long: their
+// workers meet before any process starts.
+constexpr absl::Duration kLaunchMeetTimeout = absl::Minutes(10);
+
+// The processes of a `launch:` job's part, each with torchrun's variables
+// (launch_env.h). Parts of a job spread over workers meet at the
+// scheduler's rendezvous first; a job on one worker talks over loopback.
+absl::StatusOr<std::vector<SubprocessOptions::RankProcess>> LaunchProcesses(
+    const v1::StartJob& start, const LaunchContext& context,
+    std::vector<std::string>* notes) {
+  LaunchLayout layout;
+  layout.mode = start.spec().launch();
+  layout.part = start.part();
+  layout.parts = std::max(1, start.parts());
+  layout.slots = std::max(1, start.devices_size());
+  layout.first_rank = start.first_rank();
+  layout.pool = std::max(start.pool(), layout.first_rank + layout.slots);
+  layout.gpus = context.gpus;
+  if (layout.parts == 1) {
+    layout.hosts = {"127.0.0.1"};
+    ASSIGN_OR_RETURN(layout.master_port, FreeTcpPort());
+  } else {
+    MeetingPlace place;
+    place.address = context.rendezvous;
+    place.ca_pem = context.rendezvous_ca;
+    place.job_id = start.job_id();
+    place.attempt = start.attempt();
+    place.secret = start.rendezvous_secret();
+    absl::StatusOr<PartsMet> met = MeetParts(place, layout.part, layout.parts,
+                                             context.host, kLaunchMeetTimeout);
+    if (!met.ok()) {
+      return Annotate(
+          met.status(),
+          "meeting the job's other parts for launch: " + layout.mode);
+    }
+    layout.hosts = std::move(met->hosts);
+    layout.master_port = met->master_port;
+  }
+  ASSIGN_OR_RETURN(std::vector<RankEnv> ranks, LaunchRanks(layout));
+  std::vector<SubprocessOptions::RankProcess> out;
+  for (RankEnv& r : ranks) {
+    SubprocessOptions::RankProcess p;
+    p.rank = r.rank;
+    for (auto& [name, value] : r.env) {
+      // The job's own env: may choose its threads, as under torchrun.
+      if (name == "OMP_NUM_THREADS" && start.spec().env().count(name)) continue;
+      p.env.emplace_back(std::move(name), std::move(value));
+    }
+    out.push_back(std::move(p));
+  }
+  notes->push_back(absl::StrCat(
+      "launch: ", layout.mode, ": part ", layout.part, " of ", layout.parts,
+      " runs rank", out.size() > 1 ? "s " : " ", out.front().rank,
+      out.size() > 1 ? absl::StrCat("-", out.back().rank) : "", " of ",
+      layout.mode == kLaunchPerNode ? layout.parts : layout.pool,
+      "; MASTER_ADDR=", layout.hosts[0], " MASTER_PORT=", layout.master_port));
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
@@ -133,6 +195,9 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
   } else {
     sp.argv.assign(spec.command().argv().begin(), spec.command().argv().end());
     sp.cwd = dir;
+    if (!spec.launch().empty()) {
+      ASSIGN_OR_RETURN(sp.ranks, LaunchProcesses(start, context, notes));
+    }
   }
   std::string visible;
   if (context.gpus) {
