@@ -50,6 +50,12 @@ struct SubprocessOptions {
   int64_t linger_ms = 2000;
   // Longer lines are split into pieces of this size.
   size_t max_line_bytes = 64 * 1024;
+  // The job's global rank this process's output is labelled with: every
+  // line it delivers carries it (OutputLine::rank), so that a job's part
+  // that starts several processes, each its own stdout and stderr, tells
+  // their lines apart in the diary. -1: none given (the job table labels
+  // them with its part's rank, PartRank in job_table.h).
+  int rank = -1;
   // The leader gets SIGKILL when the thread that started it ends (the
   // worker died): a job must not run on unsupervised.
   bool die_with_parent = true;
@@ -68,6 +74,7 @@ struct SubprocessOptions {
 
 struct OutputLine {
   int stream = 1;  // 1 stdout, 2 stderr, 3 the channel (descriptor 3)
+  int rank = -1;   // its process's SubprocessOptions::rank
   int64_t time_ms = 0;
   std::string text;  // without its ending
   // What followed `text` in the output: "\n", "\r\n", or nothing (the
