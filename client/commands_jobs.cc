@@ -463,9 +463,9 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
 
 namespace {
 
-// Whether the job's placement has several parts (false where it cannot be
-// read: its lines are then labelled once a rank above 0 shows).
-bool HasSeveralParts(Connection& conn, int64_t job_id) {
+// Whether the job runs several processes as placed now (false where it
+// cannot be read: its lines are then labelled once a rank above 0 shows).
+bool AskRunsSeveralProcesses(Connection& conn, int64_t job_id) {
   v1::GetJobRequest get;
   get.set_job_id(job_id);
   v1::Job job;
@@ -473,7 +473,7 @@ bool HasSeveralParts(Connection& conn, int64_t job_id) {
       conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
         return stub->GetJob(ctx, get, &job);
       });
-  return status.ok() && job.placement_size() > 1;
+  return status.ok() && RunsSeveralProcesses(job);
 }
 
 }  // namespace
@@ -487,7 +487,8 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
   RETURN_IF_ERROR(ParseDiaryRanks(options.ranks).status());
   // The text view labels each line with its rank once the job turns out to
   // run several processes (asked at its first line of one).
-  DiaryLabels labels([&conn, job_id] { return HasSeveralParts(conn, job_id); });
+  DiaryLabels labels(
+      [&conn, job_id] { return AskRunsSeveralProcesses(conn, job_id); });
   auto append = [&](const v1::DiaryLine& line, std::string* out) {
     const bool label = !options.json && !options.raw && labels.Label(line);
     AppendDiaryLine(options, line, out, label);

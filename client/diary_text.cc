@@ -91,6 +91,10 @@ std::string RankLabel(const v1::DiaryLine& line) {
   return absl::StrCat("[", line.rank(), "] ");
 }
 
+bool RunsSeveralProcesses(const v1::Job& job) {
+  return job.placement_size() > 1;
+}
+
 bool DiaryLabels::Label(const v1::DiaryLine& line) {
   if (!line.has_rank()) return several_;
   if (!asked_) {

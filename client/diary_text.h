@@ -38,11 +38,16 @@ absl::StatusOr<std::vector<int32_t>> ParseDiaryRanks(
 // process wrote (their text says "[dlbatch]").
 std::string RankLabel(const v1::DiaryLine& line);
 
+// Whether `job`, as placed now, runs several processes: several parts. The
+// one place that says so for the text view's labels (a launch of several
+// processes per part answers here too).
+bool RunsSeveralProcesses(const v1::Job& job);
+
 // Whether the text view labels lines (RankLabel): once the job is known to
 // run several processes, and from then on. That is known at its first line
-// of a process: from `several_parts` (asked once, then: does the job's
-// placement have several parts?), or from a line of a rank above 0 (whose
-// rank 0 runs too). Not thread-safe.
+// of a process: from `several_parts` (asked once, then:
+// RunsSeveralProcesses of the job as it is placed), or from a line of a
+// rank above 0 (whose rank 0 runs too). Not thread-safe.
 class DiaryLabels {
  public:
   explicit DiaryLabels(std::function<bool()> several_parts)

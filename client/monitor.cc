@@ -392,12 +392,12 @@ class MonitorUi {
               conn_, job, [this] { term_->Wake(); },
               [this, job] {
                 bool several = false;
-                feed_.Read([&](const ClusterModel& model, bool, const auto&,
-                               int64_t) {
-                  auto it = model.jobs.find(job);
-                  several =
-                      it != model.jobs.end() && it->second.placement_size() > 1;
-                });
+                feed_.Read(
+                    [&](const ClusterModel& model, bool, const auto&, int64_t) {
+                      auto it = model.jobs.find(job);
+                      several = it != model.jobs.end() &&
+                                RunsSeveralProcesses(it->second);
+                    });
                 return several;
               });
           mode_ = Mode::kDiary;
