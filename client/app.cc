@@ -14,6 +14,7 @@
 #include "client/commands_control.h"
 #include "client/commands_daily.h"
 #include "client/connection.h"
+#include "client/diary_text.h"
 #include "client/global_options.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
@@ -70,6 +71,15 @@ void AddJobCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
                       "Only the last N lines (with -f: then follow)");
   c_diary->add_flag("-t,--timestamps", diary->options.timestamps,
                     "Prefix each line with its time");
+  c_diary
+      ->add_option("--rank", diary->options.ranks,
+                   "Only the lines of these ranks (the job's processes, "
+                   "numbered from 0 across its parts): N, a range N-M or a "
+                   "list N,M; repeatable. Where a job runs several processes "
+                   "the text view prefixes each line with its rank, [N], as "
+                   "srun --label does; dlbatch's own lines have no rank")
+      ->type_name("RANKS")
+      ->allow_extra_args(false);
   auto* diary_raw = c_diary->add_flag(
       "--raw", diary->options.raw,
       "The exact bytes the job printed. Without it, control characters "
@@ -78,7 +88,10 @@ void AddJobCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
   c_diary
       ->add_flag("--json", diary->options.json,
                  "One JSON object a line: n (the line's number in the "
-                 "job's diary, from 1), time, stream, attempt, seq; "
+                 "job's diary, from 1), time, stream, attempt, seq (the "
+                 "line's number in its part's output of the attempt), part "
+                 "and rank (of the process that wrote it; null for "
+                 "dlbatch's own lines); "
                  "\"text\" the line as a string (exact if it is UTF-8, "
                  "else each bad byte as U+FFFD), \"text_base64\" its "
                  "exact bytes and \"ending\" what followed them (\"\\n\", "
@@ -86,6 +99,13 @@ void AddJobCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
                  "without a newline)")
       ->excludes(diary_raw);
   c_diary->callback([=] {
+    // A bad --rank is refused before a scheduler is asked (or the local
+    // one started).
+    if (absl::Status ranks = ParseDiaryRanks(diary->options.ranks).status();
+        !ranks.ok()) {
+      *rc = Report(ranks);
+      return;
+    }
     *rc = WithConnection(*flags, [&](Connection& c) {
       return Diary(c, diary->id, diary->options);
     });

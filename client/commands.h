@@ -63,6 +63,9 @@ struct DiaryOptions {
   bool json = false;        // one DiaryLineJson object a line
   bool quiet = false;       // print nothing: only wait for the end
   int tail = 0;             // > 0: only the last this many lines, then -f
+  // `--rank` as given (ParseDiaryRanks, diary_text.h): only those ranks'
+  // lines; empty: every line.
+  std::vector<std::string> ranks;
 };
 absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
                           const DiaryOptions& options);
@@ -74,9 +77,11 @@ absl::StatusOr<int> ReadDiaryLines(
     Connection& conn, int64_t job_id, const DiaryOptions& options,
     int64_t* after_n, const std::function<void(const v1::DiaryLine&)>& take,
     std::string* pending = nullptr);
-// A diary line as `diary` prints it with `options` (json, timestamps, raw).
+// A diary line as `diary` prints it with `options` (json, timestamps, raw);
+// `label`: the text view prefixes it with its rank (RankLabel,
+// diary_text.h), as for a job of several processes.
 void AppendDiaryLine(const DiaryOptions& options, const v1::DiaryLine& line,
-                     std::string* out);
+                     std::string* out, bool label = false);
 absl::StatusOr<int> Cancel(Connection& conn,
                            const std::vector<int64_t>& job_ids);
 // `wait`: 0 if every job finished, 1 if one did not (failed, cancelled), 2

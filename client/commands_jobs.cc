@@ -463,12 +463,38 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
   return 0;
 }
 
+namespace {
+
+// Whether the job runs several processes as placed now (false where it
+// cannot be read: its lines are then labelled once a rank above 0 shows).
+bool AskRunsSeveralProcesses(Connection& conn, int64_t job_id) {
+  v1::GetJobRequest get;
+  get.set_job_id(job_id);
+  v1::Job job;
+  grpc::Status status =
+      conn.Call([&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->GetJob(ctx, get, &job);
+      });
+  return status.ok() && RunsSeveralProcesses(job);
+}
+
+}  // namespace
+
 absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
                           const DiaryOptions& options) {
   if (options.tail < 0) {
     return UsageError(absl::StrCat("--tail ", options.tail,
                                    ": give the number of last lines to show"));
   }
+  RETURN_IF_ERROR(ParseDiaryRanks(options.ranks).status());
+  // The text view labels each line with its rank once the job turns out to
+  // run several processes (asked at its first line of one).
+  DiaryLabels labels(
+      [&conn, job_id] { return AskRunsSeveralProcesses(conn, job_id); });
+  auto append = [&](const v1::DiaryLine& line, std::string* out) {
+    const bool label = !options.json && !options.raw && labels.Label(line);
+    AppendDiaryLine(options, line, out, label);
+  };
   int64_t after = 0;
   if (options.tail > 0) {
     // The scheduler starts at the last lines (line numbers are the store's,
@@ -485,7 +511,7 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
                         last.pop_front();
                     }));
     std::string out;
-    for (const v1::DiaryLine& line : last) AppendDiaryLine(options, line, &out);
+    for (const v1::DiaryLine& line : last) append(line, &out);
     std::cout.write(out.data(), static_cast<std::streamsize>(out.size()));
     std::cout.flush();
     if (!options.follow) return rc;
@@ -496,8 +522,7 @@ absl::StatusOr<int> Diary(Connection& conn, int64_t job_id,
   std::string out;
   return ReadDiaryLines(
       conn, job_id, rest, &after,
-      [&](const v1::DiaryLine& line) { AppendDiaryLine(options, line, &out); },
-      &out);
+      [&](const v1::DiaryLine& line) { append(line, &out); }, &out);
 }
 
 absl::StatusOr<int> ReadDiaryLines(
@@ -505,10 +530,12 @@ absl::StatusOr<int> ReadDiaryLines(
     int64_t* after_n, const std::function<void(const v1::DiaryLine&)>& take,
     std::string* pending) {
   const bool follow = options.follow;
+  ASSIGN_OR_RETURN(std::vector<int32_t> ranks, ParseDiaryRanks(options.ranks));
   v1::ReadDiaryRequest request;
   request.set_job_id(job_id);
   request.set_follow(follow);
   request.set_tail(options.tail);
+  request.mutable_ranks()->Add(ranks.begin(), ranks.end());
   int64_t& after = *after_n;
   // A call that loses the scheduler (a restart) picks up where it was,
   // retrying while the scheduler is unreachable.
@@ -524,6 +551,12 @@ absl::StatusOr<int> ReadDiaryLines(
       conn.Reached();
       for (const auto& line : chunk.lines()) {
         after = line.n();
+        // A scheduler that predates ranks sends every line.
+        if (!ranks.empty() &&
+            !(line.has_rank() &&
+              std::binary_search(ranks.begin(), ranks.end(), line.rank()))) {
+          continue;
+        }
         take(line);
       }
       if (pending != nullptr && !options.quiet) {
@@ -547,7 +580,7 @@ absl::StatusOr<int> ReadDiaryLines(
 }
 
 void AppendDiaryLine(const DiaryOptions& options, const v1::DiaryLine& line,
-                     std::string* out) {
+                     std::string* out, bool label) {
   if (options.json) {
     absl::StrAppend(out, JsonText(DiaryLineJson(line), /*compact=*/true), "\n");
     return;
@@ -559,7 +592,8 @@ void AppendDiaryLine(const DiaryOptions& options, const v1::DiaryLine& line,
     absl::StrAppend(out, line.text(), DiaryLineEnding(line));
     return;
   }
-  absl::StrAppend(out, EscapeDiaryText(line.text()), "\n");
+  absl::StrAppend(out, label ? RankLabel(line) : "",
+                  EscapeDiaryText(line.text()), "\n");
 }
 
 absl::StatusOr<int> Cancel(Connection& conn,

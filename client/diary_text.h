@@ -3,9 +3,13 @@
 #ifndef DLBATCH_CLIENT_DIARY_TEXT_H_
 #define DLBATCH_CLIENT_DIARY_TEXT_H_
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "dlbatch/v1/job.pb.h"
 
 namespace dlbatch::client {
@@ -22,6 +26,40 @@ std::string EscapeDiaryText(std::string_view bytes);
 // The line as valid UTF-8, each byte that is not part of valid UTF-8
 // replaced by U+FFFD; exactly `bytes` when they are valid UTF-8.
 std::string ValidUtf8(std::string_view bytes);
+
+// `diary --rank` as given, each a rank (a number from 0), a range (0-3) or a
+// list of them (0,2); repeated flags add up. The ranks sorted, each once; a
+// usage error (connection.h) that says what to give otherwise.
+absl::StatusOr<std::vector<int32_t>> ParseDiaryRanks(
+    const std::vector<std::string>& args);
+
+// A line's label in the text view of a job of several processes, as srun
+// --label gives it: "[3] " for rank 3; "" for dlbatch's own lines, which no
+// process wrote (their text says "[dlbatch]").
+std::string RankLabel(const v1::DiaryLine& line);
+
+// Whether `job`, as placed now, runs several processes: several parts. The
+// one place that says so for the text view's labels (a launch of several
+// processes per part answers here too).
+bool RunsSeveralProcesses(const v1::Job& job);
+
+// Whether the text view labels lines (RankLabel): once the job is known to
+// run several processes, and from then on. That is known at its first line
+// of a process: from `several_parts` (asked once, then:
+// RunsSeveralProcesses of the job as it is placed), or from a line of a
+// rank above 0 (whose rank 0 runs too). Not thread-safe.
+class DiaryLabels {
+ public:
+  explicit DiaryLabels(std::function<bool()> several_parts)
+      : several_parts_(std::move(several_parts)) {}
+  // Whether `line`, shown next, is labelled.
+  bool Label(const v1::DiaryLine& line);
+
+ private:
+  std::function<bool()> several_parts_;
+  bool asked_ = false;
+  bool several_ = false;
+};
 
 }  // namespace dlbatch::client
 

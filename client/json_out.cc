@@ -206,7 +206,11 @@ Json DiaryLineJson(const v1::DiaryLine& line) {
               {"seq", line.seq()},
               {"text", ValidUtf8(line.text())},
               {"text_base64", absl::Base64Escape(line.text())},
-              {"ending", DiaryLineEnding(line)}};
+              {"ending", DiaryLineEnding(line)},
+              // The part and global rank of the process that wrote it; rank
+              // null for dlbatch's own lines.
+              {"part", line.part()},
+              {"rank", line.has_rank() ? Json(line.rank()) : Json(nullptr)}};
 }
 
 Json WorkerJson(const v1::WorkerInfo& w) {

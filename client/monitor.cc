@@ -117,11 +117,17 @@ class EventFeed {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// One job's diary, followed live on a thread of its own.
+// One job's diary, followed live on a thread of its own. Lines are labelled
+// with their rank as `dlbatch diary` labels them (DiaryLabels; asking
+// `several_parts` on the feed's thread).
 class DiaryFeed {
  public:
-  DiaryFeed(Connection* conn, int64_t job_id, std::function<void()> on_change)
-      : conn_(conn), job_id_(job_id), on_change_(std::move(on_change)) {
+  DiaryFeed(Connection* conn, int64_t job_id, std::function<void()> on_change,
+            std::function<bool()> several_parts)
+      : conn_(conn),
+        job_id_(job_id),
+        on_change_(std::move(on_change)),
+        labels_(std::move(several_parts)) {
     thread_ = std::thread([this] { Run(); });
   }
   ~DiaryFeed() {
@@ -154,12 +160,18 @@ class DiaryFeed {
     auto reader = conn_->stub()->ReadDiary(ctx.get(), request);
     v1::DiaryChunk chunk;
     while (reader->Read(&chunk)) {
-      absl::MutexLock lock(&mu_);
+      std::vector<std::string> shown;
       for (const auto& line : chunk.lines()) {
         // Escaped as `dlbatch diary` shows it, less the \r of progress bars.
-        lines_.push_back(absl::StrReplaceAll(
-            EscapeDiaryText(absl::StrReplaceAll(line.text(), {{"\r", ""}})),
-            {{"\t", "    "}}));
+        shown.push_back(absl::StrCat(
+            labels_.Label(line) ? RankLabel(line) : "",
+            absl::StrReplaceAll(
+                EscapeDiaryText(absl::StrReplaceAll(line.text(), {{"\r", ""}})),
+                {{"\t", "    "}})));
+      }
+      absl::MutexLock lock(&mu_);
+      for (auto& text : shown) {
+        lines_.push_back(std::move(text));
         if (lines_.size() > kDiaryKeptLines) lines_.pop_front();
       }
       if (chunk.end())
@@ -178,6 +190,7 @@ class DiaryFeed {
   Connection* const conn_;
   const int64_t job_id_;
   const std::function<void()> on_change_;
+  DiaryLabels labels_;  // the feed's thread's only
   absl::Mutex mu_;
   std::deque<std::string> lines_ ABSL_GUARDED_BY(mu_);
   std::string status_ ABSL_GUARDED_BY(mu_) = "connecting";
@@ -374,8 +387,19 @@ class MonitorUi {
       case 'd':
         if (selected_ != 0) {
           diary_job_ = selected_;
-          diary_ = std::make_unique<DiaryFeed>(conn_, selected_,
-                                               [this] { term_->Wake(); });
+          const int64_t job = selected_;
+          diary_ = std::make_unique<DiaryFeed>(
+              conn_, job, [this] { term_->Wake(); },
+              [this, job] {
+                bool several = false;
+                feed_.Read(
+                    [&](const ClusterModel& model, bool, const auto&, int64_t) {
+                      auto it = model.jobs.find(job);
+                      several = it != model.jobs.end() &&
+                                RunsSeveralProcesses(it->second);
+                    });
+                return several;
+              });
           mode_ = Mode::kDiary;
         }
         break;

@@ -15,7 +15,31 @@ namespace {
 // Lines a job's feed keeps: followers further behind read the store.
 constexpr size_t kFeedLines = 8 * kDiaryChunkLines;
 
+// Whether a call that selects `ranks` (sorted; empty: all) sends `line`.
+bool Selected(const std::vector<int32_t>& ranks, const v1::DiaryLine& line) {
+  if (ranks.empty()) return true;
+  return line.has_rank() &&
+         std::binary_search(ranks.begin(), ranks.end(), line.rank());
+}
+
 }  // namespace
+
+absl::Status CheckDiaryRequest(const v1::ReadDiaryRequest& request) {
+  if (request.ranks_size() > kMaxDiaryRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a diary read selects at most ", kMaxDiaryRanks, " ranks, not ",
+        request.ranks_size(), "; select fewer, or read every rank's lines"));
+  }
+  for (int32_t rank : request.ranks()) {
+    if (rank < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank,
+                       " is not a rank: a job's ranks are numbered from 0 "
+                       "(`dlbatch diary --json` shows each line's)"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 struct DiaryFollowHub::Call {
   bool is_wait = false;
@@ -26,11 +50,13 @@ struct DiaryFollowHub::Call {
   // ReadDiary.
   int64_t job = 0;
   bool follow = false;
-  int64_t after = 0;        // the last line sent
-  int64_t tail = 0;         // > 0: start at the last `tail` lines (once)
-  bool live = false;        // takes its lines from the job's feed
-  bool writing = false;     // a WriteChunk is in flight
-  bool final_sent = false;  // the last chunk is in flight
+  int64_t after = 0;           // the last line sent
+  int64_t tail = 0;            // > 0: start at the last `tail` lines (once)
+  std::vector<int32_t> ranks;  // sorted, unique; empty: every line
+  absl::Status invalid;        // the request's fault, reported at once
+  bool live = false;           // takes its lines from the job's feed
+  bool writing = false;        // a WriteChunk is in flight
+  bool final_sent = false;     // the last chunk is in flight
   bool finish_requested = false;
   absl::Status finish_status;
 
@@ -94,6 +120,11 @@ DiaryFollowHub::Handle DiaryFollowHub::ReadDiary(
   call->follow = request.follow();
   call->after = request.after();
   call->tail = request.tail();
+  call->ranks.assign(request.ranks().begin(), request.ranks().end());
+  std::sort(call->ranks.begin(), call->ranks.end());
+  call->ranks.erase(std::unique(call->ranks.begin(), call->ranks.end()),
+                    call->ranks.end());
+  call->invalid = CheckDiaryRequest(request);
   return call;
 }
 
@@ -336,7 +367,7 @@ void DiaryFollowHub::RefreshFeed(int64_t job) {
     absl::StatusOr<FollowSource::DiaryRead> lines;
     if (read) {
       mu_.Unlock();
-      lines = source_->ReadDiaryLines(job, after, kDiaryChunkLines);
+      lines = source_->ReadDiaryLines(job, after, kDiaryChunkLines, {});
       mu_.Lock();
       if (lines.ok()) {
         for (auto& line : lines->lines) {
@@ -399,33 +430,19 @@ void DiaryFollowHub::PumpDiary(const Handle& call) {
   {
     absl::MutexLock lock(&mu_);
     if (call->finished || call->writing) return;
-    if (call->live && call->after < feeds_.at(call->job)->base) {
-      call->live = false;  // fell behind the feed's window
-    }
-    if (call->live) {
-      const Feed& feed = *feeds_.at(call->job);
-      v1::DiaryChunk chunk;
-      auto from = std::upper_bound(
-          feed.lines.begin(), feed.lines.end(), call->after,
-          [](int64_t n, const v1::DiaryLine& line) { return n < line.n(); });
-      for (; from != feed.lines.end() && chunk.lines_size() < kDiaryChunkLines;
-           ++from) {
-        *chunk.add_lines() = *from;
-      }
-      if (chunk.lines_size() > 0) {
-        call->after = chunk.lines().rbegin()->n();
-        StartWrite(call, std::move(chunk), &actions);
-      } else if (feed.ended && call->after >= feed.cursor) {
-        chunk.set_end(true);
-        chunk.set_state(feed.state);
-        call->final_sent = true;
-        StartWrite(call, std::move(chunk), &actions);
-      }
-      // else caught up: the feed's next refresh pumps it
+    if (!call->invalid.ok()) {
+      FinishDiary(call, call->invalid, &actions);
     } else {
-      read_store = true;
-      after = call->after;
-      tail = std::exchange(call->tail, 0);
+      if (call->live && call->after < feeds_.at(call->job)->base) {
+        call->live = false;  // fell behind the feed's window
+      }
+      if (call->live) {
+        TakeFromFeed(call, &actions);
+      } else {
+        read_store = true;
+        after = call->after;
+        tail = std::exchange(call->tail, 0);
+      }
     }
   }
   if (read_store) {
@@ -433,26 +450,28 @@ void DiaryFollowHub::PumpDiary(const Handle& call) {
     if (tail > 0) {
       // The lines before the last `tail` are skipped on this side, so that
       // `diary --tail` of a long diary sends only what it shows.
-      absl::StatusOr<int64_t> start = source_->DiaryTailStart(call->job, tail);
+      absl::StatusOr<int64_t> start =
+          source_->DiaryTailStart(call->job, tail, call->ranks);
       if (start.ok()) {
         after = std::max(after, *start);
       } else {
         tail_status = start.status();
       }
     }
-    auto read =
-        tail_status.ok()
-            ? source_->ReadDiaryLines(call->job, after, kDiaryChunkLines)
-            : absl::StatusOr<FollowSource::DiaryRead>(tail_status);
+    auto read = tail_status.ok()
+                    ? source_->ReadDiaryLines(call->job, after,
+                                              kDiaryChunkLines, call->ranks)
+                    : absl::StatusOr<FollowSource::DiaryRead>(tail_status);
     absl::MutexLock lock(&mu_);
     if (call->finished || call->writing) return;
     call->after = std::max(call->after, after);
+    if (read.ok()) call->after = std::max(call->after, read->scanned);
     if (!read.ok()) {
       FinishDiary(call, read.status(), &actions);
     } else if (!read->lines.empty()) {
       v1::DiaryChunk chunk;
       for (auto& line : read->lines) *chunk.add_lines() = std::move(line);
-      call->after = chunk.lines().rbegin()->n();
+      call->after = std::max(call->after, chunk.lines().rbegin()->n());
       StartWrite(call, std::move(chunk), &actions);
     } else if (!call->follow || read->ended) {
       v1::DiaryChunk last;
@@ -473,6 +492,31 @@ void DiaryFollowHub::PumpDiary(const Handle& call) {
     }
   }
   for (auto& a : actions) a();
+}
+
+void DiaryFollowHub::TakeFromFeed(const Handle& call, Actions* actions) {
+  mu_.AssertHeld();
+  const Feed& feed = *feeds_.at(call->job);
+  v1::DiaryChunk chunk;
+  auto from = std::upper_bound(
+      feed.lines.begin(), feed.lines.end(), call->after,
+      [](int64_t n, const v1::DiaryLine& line) { return n < line.n(); });
+  // Lines of ranks it does not select are passed over: the cursor goes on
+  // past them, so that a caught-up follower is one whatever it selects.
+  for (; from != feed.lines.end() && chunk.lines_size() < kDiaryChunkLines;
+       ++from) {
+    call->after = from->n();
+    if (Selected(call->ranks, *from)) *chunk.add_lines() = *from;
+  }
+  if (chunk.lines_size() > 0) {
+    StartWrite(call, std::move(chunk), actions);
+  } else if (feed.ended && call->after >= feed.cursor) {
+    chunk.set_end(true);
+    chunk.set_state(feed.state);
+    call->final_sent = true;
+    StartWrite(call, std::move(chunk), actions);
+  }
+  // else caught up: the feed's next refresh pumps it
 }
 
 void DiaryFollowHub::PumpWait(const Handle& call) {

@@ -18,7 +18,9 @@
 // whose `end` says whether the job has ended (with its final state); with
 // follow, that last chunk comes once the job has ended and every line has
 // been sent. WaitJobs replies with every job once all have ended or the
-// timeout passes (timed_out), NotFound for an unknown job.
+// timeout passes (timed_out), NotFound for an unknown job. A ReadDiary with
+// `ranks` sends only those ranks' lines, chunk by chunk as without; its
+// cursor goes on past the other ranks' lines it passed over.
 #ifndef DLBATCH_SCHEDULER_DIARY_FOLLOW_H_
 #define DLBATCH_SCHEDULER_DIARY_FOLLOW_H_
 
@@ -41,6 +43,12 @@
 namespace dlbatch::scheduler {
 
 constexpr int kDiaryChunkLines = 1000;
+// The most ranks one ReadDiary may select (ReadDiaryRequest.ranks).
+constexpr int kMaxDiaryRanks = 1024;
+
+// InvalidArgument, saying what to change, for a ReadDiary whose `ranks`
+// name a negative rank or more than kMaxDiaryRanks; OK otherwise.
+absl::Status CheckDiaryRequest(const v1::ReadDiaryRequest& request);
 
 // What the hub reads; implemented by the Scheduler. Thread-safe; may block
 // on the store. REQUIRES: not called with the hub's lock held.
@@ -48,17 +56,25 @@ class FollowSource {
  public:
   struct DiaryRead {
     std::vector<v1::DiaryLine> lines;  // committed, after `after`, ascending n
+    // The n up to which lines were looked at (>= the last line's): with
+    // `ranks`, lines of other ranks after the last one returned were
+    // passed over, up to the job's newest where fewer than `limit` came.
+    int64_t scanned = 0;
     bool ended = false;  // the job had ended before the lines were read, so
                          // with fewer than `limit` lines none follows
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // set when ended
   };
   virtual ~FollowSource() = default;
-  // NotFound for an unknown job.
-  virtual absl::StatusOr<DiaryRead> ReadDiaryLines(int64_t job, int64_t after,
-                                                   int limit) = 0;
-  // The `n` after which the job's last `tail` lines begin (0 where it has
-  // no more than `tail`); NotFound for an unknown job.
-  virtual absl::StatusOr<int64_t> DiaryTailStart(int64_t job, int64_t tail) = 0;
+  // At most `limit` lines after `after`; `ranks` non-empty: only lines of
+  // those ranks (DiaryLine.rank). NotFound for an unknown job.
+  virtual absl::StatusOr<DiaryRead> ReadDiaryLines(
+      int64_t job, int64_t after, int limit,
+      const std::vector<int32_t>& ranks) = 0;
+  // The `n` after which the job's last `tail` lines (of `ranks`, where
+  // non-empty) begin (0 where it has no more than `tail`); NotFound for an
+  // unknown job.
+  virtual absl::StatusOr<int64_t> DiaryTailStart(
+      int64_t job, int64_t tail, const std::vector<int32_t>& ranks) = 0;
   // Whether the job has ended; NotFound for an unknown job.
   virtual absl::StatusOr<bool> JobEnded(int64_t job) = 0;
   virtual absl::StatusOr<v1::Job> JobForWait(int64_t job) = 0;
@@ -125,9 +141,13 @@ class DiaryFollowHub {
   void Pump(const Handle& call);
   void PumpDiary(const Handle& call);
   void PumpWait(const Handle& call);
-  // Queues a pump unless one is queued or running (then it runs again).
   // What to call on a writer or replier once mu_ is released.
   using Actions = std::vector<std::function<void()>>;
+  // A live follower's next chunk from its job's feed (or its last one), if
+  // the feed has it.
+  void TakeFromFeed(const Handle& call, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a pump unless one is queued or running (then it runs again).
   void SchedulePump(const Handle& call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a live follower has lines (or the end) to take from its feed.
   bool HasMore(const Call& call) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -495,9 +495,8 @@ absl::Status Scheduler::ReadDiary(
   return ReadDiaryBlocking(*follow_, request, send, gone);
 }
 
-absl::StatusOr<FollowSource::DiaryRead> Scheduler::ReadDiaryLines(int64_t job,
-                                                                  int64_t after,
-                                                                  int limit) {
+absl::StatusOr<FollowSource::DiaryRead> Scheduler::ReadDiaryLines(
+    int64_t job, int64_t after, int limit, const std::vector<int32_t>& ranks) {
   DiaryRead read;
   {
     // Taking mu_ also waits out a commit whose Changed() notified us.
@@ -505,7 +504,8 @@ absl::StatusOr<FollowSource::DiaryRead> Scheduler::ReadDiaryLines(int64_t job,
     read.ended = !jobs_.contains(job);
   }
   // `ended` was read first, so once true every line is already committed.
-  ASSIGN_OR_RETURN(read.lines, reader_->ReadDiary(job, after, limit));
+  ASSIGN_OR_RETURN(read.lines,
+                   reader_->ReadDiary(job, after, limit, ranks, &read.scanned));
   if (read.ended) {
     ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job));
     if (!rec) {
@@ -517,10 +517,11 @@ absl::StatusOr<FollowSource::DiaryRead> Scheduler::ReadDiaryLines(int64_t job,
   return read;
 }
 
-absl::StatusOr<int64_t> Scheduler::DiaryTailStart(int64_t job, int64_t tail) {
+absl::StatusOr<int64_t> Scheduler::DiaryTailStart(
+    int64_t job, int64_t tail, const std::vector<int32_t>& ranks) {
   // Read outside mu_. A start past 0 means the job has lines, so it exists;
   // only a short or empty diary needs the job looked up.
-  ASSIGN_OR_RETURN(int64_t start, reader_->DiaryTailStart(job, tail));
+  ASSIGN_OR_RETURN(int64_t start, reader_->DiaryTailStart(job, tail, ranks));
   if (start > 0) return start;
   ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job));
   if (!rec) {

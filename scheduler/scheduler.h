@@ -152,10 +152,11 @@ class Scheduler : private FollowSource, private SchedulerState {
 
  private:
   // FollowSource, for the followers' pool threads.
-  absl::StatusOr<int64_t> DiaryTailStart(int64_t job, int64_t tail) override;
-  absl::StatusOr<DiaryRead> ReadDiaryLines(int64_t job, int64_t after,
-                                           int limit) override
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<int64_t> DiaryTailStart(
+      int64_t job, int64_t tail, const std::vector<int32_t>& ranks) override;
+  absl::StatusOr<DiaryRead> ReadDiaryLines(
+      int64_t job, int64_t after, int limit,
+      const std::vector<int32_t>& ranks) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> JobEnded(int64_t job) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::Job> JobForWait(int64_t job) override {
     return GetJob(job);

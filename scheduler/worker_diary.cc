@@ -22,6 +22,18 @@ std::string MarkerText(const DiaryCut& cut, int64_t cap) {
       " (the scheduler's --max-diary-bytes), its first and its last lines");
 }
 
+// The rank a worker's line is stored with: the one it names; none for
+// dlbatch's own; a job's line from a worker that predates ranks (one
+// process per part) its part's number.
+std::optional<int> LineRank(const v1::DiaryLine& line, int part) {
+  if (line.stream() == 0) return std::nullopt;
+  if (line.has_rank()) {
+    if (line.rank() < 0) return std::nullopt;  // not a rank
+    return line.rank();
+  }
+  return part;
+}
+
 }  // namespace
 
 absl::Status WorkerStreams::HandleDiary(SchedulerState& s,
@@ -42,7 +54,8 @@ absl::Status WorkerStreams::HandleDiary(SchedulerState& s,
       RETURN_IF_ERROR(s.store_
                           ->AddDiary(d.job_id(), d.attempt(), d.part(),
                                      line.seq(), line.time_ms(), line.stream(),
-                                     line.text(), line.ending())
+                                     line.text(), line.ending(),
+                                     LineRank(line, d.part()))
                           .status());
     }
     s.Changed(d.job_id());
@@ -92,7 +105,7 @@ absl::Status WorkerStreams::StoreCappedDiary(SchedulerState& s, ActiveJob& job,
       RETURN_IF_ERROR(s.store_
                           ->AddDiary(id, d.attempt(), d.part(), line.seq(),
                                      line.time_ms(), line.stream(), line.text(),
-                                     line.ending())
+                                     line.ending(), LineRank(line, d.part()))
                           .status());
     }
     return absl::OkStatus();
@@ -107,10 +120,11 @@ absl::Status WorkerStreams::StoreCappedDiary(SchedulerState& s, ActiveJob& job,
     const int64_t size = static_cast<int64_t>(line.text().size());
     if (cut.marker_n == 0) {
       if (cut.head_bytes + size <= half) {
-        ASSIGN_OR_RETURN(bool added, s.store_->AddDiary(
-                                         id, d.attempt(), d.part(), line.seq(),
-                                         line.time_ms(), line.stream(),
-                                         line.text(), line.ending()));
+        ASSIGN_OR_RETURN(
+            bool added,
+            s.store_->AddDiary(id, d.attempt(), d.part(), line.seq(),
+                               line.time_ms(), line.stream(), line.text(),
+                               line.ending(), LineRank(line, d.part())));
         if (added) cut.head_bytes += size;
         continue;
       }
@@ -126,10 +140,10 @@ absl::Status WorkerStreams::StoreCappedDiary(SchedulerState& s, ActiveJob& job,
     // A line at or before the newest stored one was stored already (and
     // may have been trimmed since): never again.
     if (last > 0 && line.seq() <= last) continue;
-    ASSIGN_OR_RETURN(bool added,
-                     s.store_->AddDiary(id, d.attempt(), d.part(), line.seq(),
-                                        line.time_ms(), line.stream(),
-                                        line.text(), line.ending()));
+    ASSIGN_OR_RETURN(bool added, s.store_->AddDiary(
+                                     id, d.attempt(), d.part(), line.seq(),
+                                     line.time_ms(), line.stream(), line.text(),
+                                     line.ending(), LineRank(line, d.part())));
     if (added) cut.tail_bytes += size;
     last = std::max(last, line.seq());
   }

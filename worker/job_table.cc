@@ -69,9 +69,13 @@ JobTable::Job* JobTable::Find(int64_t key) {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
+int PartRank(const v1::StartJob& start) {
+  return start.spec().has_train() ? start.first_rank() : start.part();
+}
+
 void JobTable::AddDiary(Job& job, int stream, const std::string& text,
                         int64_t time_ms, JobEffects* fx,
-                        v1::DiaryLine::Ending ending) {
+                        v1::DiaryLine::Ending ending, std::optional<int> rank) {
   v1::WorkerMessage m;
   v1::DiaryBatch* batch = m.mutable_diary();
   job.ref.To(batch);
@@ -81,6 +85,7 @@ void JobTable::AddDiary(Job& job, int stream, const std::string& text,
   line->set_stream(stream);
   line->set_text(text);
   line->set_ending(ending);
+  if (rank) line->set_rank(*rank);
   fx->records.push_back(std::move(m));
 }
 
@@ -237,6 +242,9 @@ JobEffects JobTable::Prepared(int64_t key,
   a.ref = job->ref;
   a.dir = job->dir;
   a.process = *std::move(process);
+  // The stream's rank is set where the stream is: a launch that starts its
+  // processes itself gives each its own.
+  if (a.process.rank < 0) a.process.rank = PartRank(job->start);
   fx.actions.push_back(std::move(a));
   return fx;
 }
@@ -302,7 +310,8 @@ JobEffects JobTable::Line(int64_t key, const OutputLine& line) {
   AddDiary(*job, line.stream, line.text, line.time_ms, &fx,
            line.ending == OutputLine::kCrlf   ? v1::DiaryLine::ENDING_CRLF
            : line.ending == OutputLine::kNone ? v1::DiaryLine::ENDING_NONE
-                                              : v1::DiaryLine::ENDING_NEWLINE);
+                                              : v1::DiaryLine::ENDING_NEWLINE,
+           line.rank >= 0 ? line.rank : PartRank(job->start));
   return fx;
 }
 

@@ -67,6 +67,14 @@ struct JobEffects {
 
 enum class JobPhase { kPreparing, kRunning, kFinishing, kEnded };
 
+// The global rank a part's lines are labelled with in the diary
+// (DiaryLine.rank) when its process gives none (SubprocessOptions::rank
+// unset): a train job's trainer, one process for the part's ranks whose
+// output cannot be told apart, its first rank; a command job's one
+// process per part, the part. dlbatch's own lines (kWorkerStream) carry
+// no rank.
+int PartRank(const v1::StartJob& start);
+
 class JobTable {
  public:
   // Stream numbers of v1::DiaryLine and OutputLine.
@@ -160,9 +168,11 @@ class JobTable {
   };
 
   Job* Find(int64_t key);
+  // `rank`: the process's that wrote it; none for dlbatch's own lines.
   void AddDiary(Job& job, int stream, const std::string& text, int64_t time_ms,
                 JobEffects* fx,
-                v1::DiaryLine::Ending ending = v1::DiaryLine::ENDING_NEWLINE);
+                v1::DiaryLine::Ending ending = v1::DiaryLine::ENDING_NEWLINE,
+                std::optional<int> rank = std::nullopt);
   // Builds the job's kTerminate action with its cancel's signal and grace.
   static JobAction TerminateAction(const Job& job);
   // A finishing job whose outputs are uploaded and no checkpoint of which is

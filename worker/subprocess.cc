@@ -344,9 +344,10 @@ absl::Status ChildFailureStatus(const ChildFailure& failure,
 
 // Delivers one line (without its '\n'; `newline` false: the stream's last
 // bytes, which had none), taking a '\r' before the '\n' as part of the
-// ending and splitting the text into pieces of at most `max_bytes`.
+// ending and splitting the text into pieces of at most `max_bytes`, each
+// labelled as `head` is (stream, rank, time).
 void DeliverLine(const SubprocessSet::LineSink& sink, SubprocessSet::Key key,
-                 int rank, int stream, std::string_view text, int64_t time_ms,
+                 const OutputLine& head, std::string_view text,
                  size_t max_bytes, bool newline = true) {
   OutputLine::Ending ending =
       newline ? OutputLine::kNewline : OutputLine::kNone;
@@ -355,10 +356,7 @@ void DeliverLine(const SubprocessSet::LineSink& sink, SubprocessSet::Key key,
     ending = OutputLine::kCrlf;
   }
   do {
-    OutputLine line;
-    line.stream = stream;
-    line.rank = rank;
-    line.time_ms = time_ms;
+    OutputLine line = head;
     line.text = std::string(text.substr(0, max_bytes));
     text.remove_prefix(line.text.size());
     line.ending = text.empty() ? ending : OutputLine::kNone;
@@ -437,6 +435,7 @@ struct SubprocessSet::Proc {
   std::string partial[kStreams];    // bytes after the last '\n', at most max+1
   size_t max_line_bytes = 0;
   int64_t linger_ms = 0;
+  int rank = -1;  // SubprocessOptions::rank, on each of its lines
 
   bool leader_reaped = false;
   int64_t linger_deadline = 0;  // monotonic; valid once leader_reaped
@@ -447,7 +446,6 @@ struct SubprocessSet::Proc {
   int64_t zombies_only_since = -1;
   std::string cgroup;  // "": none
   std::string mark;
-  int rank = -1;
   bool done = false;
   ExitInfo info;
 };
@@ -778,16 +776,17 @@ void SubprocessSet::ReadPipe(Proc* proc, int stream_index) {
       return;
     }
     total += static_cast<size_t>(n);
-    const int64_t time_ms = clock_->NowMs();
+    OutputLine head;
+    head.stream = stream;
+    head.rank = proc->rank;
+    head.time_ms = clock_->NowMs();
     std::string_view data(buf, static_cast<size_t>(n));
     for (size_t nl; (nl = data.find('\n')) != std::string_view::npos;) {
       if (partial.empty()) {
-        DeliverLine(on_line_, proc->key, proc->rank, stream, data.substr(0, nl),
-                    time_ms, max);
+        DeliverLine(on_line_, proc->key, head, data.substr(0, nl), max);
       } else {
         partial.append(data.substr(0, nl));
-        DeliverLine(on_line_, proc->key, proc->rank, stream, partial, time_ms,
-                    max);
+        DeliverLine(on_line_, proc->key, head, partial, max);
         partial.clear();
       }
       data.remove_prefix(nl + 1);
@@ -797,10 +796,7 @@ void SubprocessSet::ReadPipe(Proc* proc, int stream_index) {
     // followed by "\r\n" still arrives as one piece.
     size_t off = 0;
     while (partial.size() - off > max + 1) {
-      OutputLine line;
-      line.stream = stream;
-      line.rank = proc->rank;
-      line.time_ms = time_ms;
+      OutputLine line = head;
       line.text = partial.substr(off, max);
       line.ending = OutputLine::kNone;  // the line goes on
       on_line_(proc->key, line);
@@ -815,8 +811,12 @@ void SubprocessSet::FlushPartial(Proc* proc, int stream_index) {
   if (partial.empty()) return;
   std::string text = std::move(partial);
   partial.clear();
-  DeliverLine(on_line_, proc->key, proc->rank, stream_index + 1, text,
-              clock_->NowMs(), proc->max_line_bytes, /*newline=*/false);
+  OutputLine head;
+  head.stream = stream_index + 1;
+  head.rank = proc->rank;
+  head.time_ms = clock_->NowMs();
+  DeliverLine(on_line_, proc->key, head, text, proc->max_line_bytes,
+              /*newline=*/false);
 }
 
 std::vector<pid_t> SubprocessSet::Members(const Proc& proc) const {

@@ -50,6 +50,13 @@ struct SubprocessOptions {
   int64_t linger_ms = 2000;
   // Longer lines are split into pieces of this size.
   size_t max_line_bytes = 64 * 1024;
+  // The job's global rank this process's output is labelled with: every
+  // line it delivers carries it (OutputLine::rank), so that a job's part
+  // that starts several processes, each its own stdout and stderr, tells
+  // their lines apart in the diary; its end (ExitInfo::rank) carries it
+  // too. -1: none given, a part's one program (the job table labels its
+  // lines with its part's rank, PartRank in job_table.h).
+  int rank = -1;
   // The leader gets SIGKILL when the thread that started it ends (the
   // worker died): a job must not run on unsupervised.
   bool die_with_parent = true;
@@ -64,10 +71,6 @@ struct SubprocessOptions {
   // environment (the caller adds it), by which processes that left the
   // process group (setsid, double forks) are still found.
   std::string mark;
-  // This process's global rank among the job's processes where a part
-  // runs several (launch: per-node or per-slot), or -1 for a part's one
-  // program: each of its output lines and its end carry it.
-  int rank = -1;
   // A part of several processes (launch: per-node or per-slot): one per
   // entry, each these options with its entry's `env` after `env` and its
   // `rank`, each a subprocess of its own (its own streams, its own group)
@@ -83,7 +86,7 @@ struct SubprocessOptions {
 
 struct OutputLine {
   int stream = 1;  // 1 stdout, 2 stderr, 3 the channel (descriptor 3)
-  int rank = -1;   // the writing process's SubprocessOptions::rank
+  int rank = -1;   // its process's SubprocessOptions::rank
   int64_t time_ms = 0;
   std::string text;  // without its ending
   // What followed `text` in the output: "\n", "\r\n", or nothing (the

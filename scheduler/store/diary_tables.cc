@@ -8,14 +8,15 @@ absl::StatusOr<bool> DiaryTables::AddDiary(int64_t job_id, int attempt,
                                            int part, int64_t seq,
                                            int64_t time_ms, int stream,
                                            absl::string_view text,
-                                           v1::DiaryLine::Ending ending) {
+                                           v1::DiaryLine::Ending ending,
+                                           std::optional<int> rank) {
   // The job's newest line is found backwards on diary_by_job; it is never
   // deleted (a capped diary keeps its newest line), so numbers only grow.
   ASSIGN_OR_RETURN(
       Statement * st,
       db_->Prepare("INSERT OR IGNORE INTO diary(job_id, attempt, part, "
-                   "seq, time_ms, stream, text, ending, line) "
-                   "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,"
+                   "seq, time_ms, stream, text, ending, rank, line) "
+                   "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,"
                    "COALESCE((SELECT line FROM diary WHERE job_id=?1 "
                    "ORDER BY n DESC LIMIT 1), 0) + 1)"));
   st->Bind(1, job_id).Bind(2, attempt).Bind(3, part);
@@ -28,6 +29,11 @@ absl::StatusOr<bool> DiaryTables::AddDiary(int64_t job_id, int attempt,
   // they come back exactly. Rows of older files hold TEXT, read alike.
   st->Bind(5, time_ms).Bind(6, stream).BindBlob(7, text);
   st->Bind(8, static_cast<int>(ending));
+  if (rank) {
+    st->Bind(9, *rank);
+  } else {
+    st->BindNull(9);
+  }
   RETURN_IF_ERROR(st->Run());
   return db_->Changes() > 0;
 }

@@ -38,11 +38,14 @@ class DiaryTables {
   // The caller holds a Transaction on the store's db().
   // seq < 0: a line of dlbatch's own (never deduplicated). Returns false if
   // the line (job, attempt, part, seq) was stored before. A stored line is
-  // numbered after the job's newest one (DiaryLine.line).
+  // numbered after the job's newest one (DiaryLine.line). `rank`: the
+  // global rank of the process that wrote it (DiaryLine.rank); none for
+  // dlbatch's own lines.
   absl::StatusOr<bool> AddDiary(
       int64_t job_id, int attempt, int part, int64_t seq, int64_t time_ms,
       int stream, absl::string_view text,
-      v1::DiaryLine::Ending ending = v1::DiaryLine::ENDING_NEWLINE);
+      v1::DiaryLine::Ending ending = v1::DiaryLine::ENDING_NEWLINE,
+      std::optional<int> rank = std::nullopt);
 
   // Diary cap bookkeeping (see DiaryCut).
   absl::StatusOr<std::optional<DiaryCut>> GetDiaryCut(int64_t job_id);

@@ -20,9 +20,10 @@ namespace {
 // slurm_jobs; version 8 part_ends and slurm_resubmits; version 9
 // job_requests (request ids per user, with the digest of what each asked
 // for); version 10 diary.line and diary.ending; version 11 preemptions
-// (each job's preemptions, a v1.Preemption per row).
+// (each job's preemptions, a v1.Preemption per row); version 12 diary.rank
+// (the global rank of the process that wrote a line).
 // Older files are migrated on open.
-constexpr int kSchemaVersion = 11;
+constexpr int kSchemaVersion = 12;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -79,7 +80,8 @@ CREATE TABLE IF NOT EXISTS diary(
   stream INTEGER NOT NULL,
   text BLOB NOT NULL,
   line INTEGER,
-  ending INTEGER NOT NULL DEFAULT 0);
+  ending INTEGER NOT NULL DEFAULT 0,
+  rank INTEGER);
 CREATE UNIQUE INDEX IF NOT EXISTS diary_by_line ON diary(job_id, attempt, part, seq);
 CREATE INDEX IF NOT EXISTS diary_by_job ON diary(job_id, n);
 CREATE TABLE IF NOT EXISTS outputs(
@@ -290,6 +292,24 @@ CREATE TABLE IF NOT EXISTS preemptions(
 )sql");
 }
 
+// Version 11 -> 12: diary.rank, NULL for dlbatch's own lines (stream 0).
+// Lines stored before came from one process per part, so each takes its
+// part's number (exact for command jobs and for every part 0; a train job's
+// later parts are labelled since with their first rank instead).
+// Idempotent.
+absl::Status AddDiaryRankColumn(Database* db) {
+  ASSIGN_OR_RETURN(Statement * columns,
+                   db->Prepare("SELECT 1 FROM pragma_table_info('diary') "
+                               "WHERE name='rank'"));
+  ASSIGN_OR_RETURN(bool present, columns->Step());
+  columns->Reset();
+  if (present) return absl::OkStatus();
+  return db->Exec(R"sql(
+ALTER TABLE diary ADD COLUMN rank INTEGER;
+UPDATE diary SET rank = part WHERE stream != 0;
+)sql");
+}
+
 }  // namespace
 
 absl::Status MigrateSchema(Database* db, const std::string& path) {
@@ -328,6 +348,7 @@ absl::Status MigrateSchema(Database* db, const std::string& path) {
     RETURN_IF_ERROR(AddJobRequests(db));
     RETURN_IF_ERROR(AddDiaryLineColumns(db));
     RETURN_IF_ERROR(AddPreemptionsTable(db));
+    RETURN_IF_ERROR(AddDiaryRankColumn(db));
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion,
         "') ON CONFLICT(key) DO UPDATE SET value=excluded.value")));

@@ -167,18 +167,47 @@ absl::Status StoreReader::ListJobSummaries(
   return absl::OkStatus();
 }
 
+namespace {
+
+// Ranks as the JSON array json_each reads, so that one cached statement
+// serves any list.
+std::string RanksJson(const std::vector<int32_t>& ranks) {
+  return absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(
-    int64_t job_id, int64_t after, int limit) {
+    int64_t job_id, int64_t after, int limit, const std::vector<int32_t>& ranks,
+    int64_t* scanned) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
-  ASSIGN_OR_RETURN(
-      Statement * st,
-      db->Prepare("SELECT n, time_ms, stream, text, attempt, seq, line, "
-                  "ending FROM diary WHERE job_id=? AND n>? ORDER BY n "
-                  "LIMIT ?"));
-  st->Bind(1, job_id).Bind(2, after).Bind(3, limit);
+  Statement* st = nullptr;
+  if (ranks.empty()) {
+    ASSIGN_OR_RETURN(
+        st, db->Prepare("SELECT n, time_ms, stream, text, attempt, seq, line, "
+                        "ending, part, rank, 1 FROM diary WHERE job_id=? AND "
+                        "n>? ORDER BY n LIMIT ?"));
+    st->Bind(1, job_id).Bind(2, after).Bind(3, limit);
+  } else {
+    // The job's newest line comes too (its last column says whether it is
+    // of `ranks`): one statement sees one snapshot, so where it is reached
+    // every line up to it was looked at, however few were of `ranks`.
+    ASSIGN_OR_RETURN(
+        st,
+        db->Prepare(
+            "SELECT n, time_ms, stream, text, attempt, seq, line, ending, "
+            "part, rank, rank IN (SELECT value FROM json_each(?4)) FROM diary "
+            "WHERE job_id=?1 AND n>?2 AND (rank IN (SELECT value FROM "
+            "json_each(?4)) OR n=(SELECT MAX(n) FROM diary WHERE "
+            "job_id=?1)) ORDER BY n LIMIT ?3"));
+    st->Bind(1, job_id).Bind(2, after).Bind(3, limit).Bind(4, RanksJson(ranks));
+  }
   std::vector<v1::DiaryLine> out;
+  int64_t last = after;
   RETURN_IF_ERROR(st->ForEachRow([&] {
+    last = st->Int(0);
+    if (st->Int(10) == 0) return;  // the newest line, of another rank
     v1::DiaryLine line;
     line.set_n(st->Int(0));
     line.set_time_ms(st->Int(1));
@@ -191,8 +220,11 @@ absl::StatusOr<std::vector<v1::DiaryLine>> StoreReader::ReadDiary(
     if (v1::DiaryLine::Ending_IsValid(static_cast<int>(ending))) {
       line.set_ending(static_cast<v1::DiaryLine::Ending>(ending));
     }
+    line.set_part(static_cast<int>(st->Int(8)));
+    if (!st->IsNull(9)) line.set_rank(static_cast<int>(st->Int(9)));
     out.push_back(std::move(line));
   }));
+  if (scanned != nullptr) *scanned = last;
   return out;
 }
 
@@ -213,12 +245,25 @@ absl::StatusOr<int64_t> StoreReader::DiaryCount(int64_t job_id) {
   return FirstInt("SELECT COUNT(*) FROM diary WHERE job_id=?", {job_id});
 }
 
-absl::StatusOr<int64_t> StoreReader::DiaryTailStart(int64_t job_id,
-                                                    int64_t tail) {
+absl::StatusOr<int64_t> StoreReader::DiaryTailStart(
+    int64_t job_id, int64_t tail, const std::vector<int32_t>& ranks) {
   // Walks the (job_id, n) index backwards past `tail` lines.
-  return FirstInt(
-      "SELECT n FROM diary WHERE job_id=? ORDER BY n DESC LIMIT 1 OFFSET ?",
-      {job_id, tail});
+  if (ranks.empty()) {
+    return FirstInt(
+        "SELECT n FROM diary WHERE job_id=? ORDER BY n DESC LIMIT 1 OFFSET ?",
+        {job_id, tail});
+  }
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db->Prepare("SELECT n FROM diary WHERE job_id=? AND rank IN (SELECT "
+                  "value FROM json_each(?)) ORDER BY n DESC LIMIT 1 OFFSET ?"));
+  st->Bind(1, job_id).Bind(2, RanksJson(ranks)).Bind(3, tail);
+  ASSIGN_OR_RETURN(bool row, st->Step());
+  const int64_t n = row ? st->Int(0) : 0;
+  st->Reset();
+  return n;
 }
 
 absl::StatusOr<TrainState> StoreReader::GetTrainState(int64_t job_id) {

@@ -40,13 +40,20 @@ class StoreReader {
                                 v1::ListJobsReply* out, int64_t sweep_id = 0,
                                 const std::string& user = "",
                                 const std::string& name_glob = "");
-  absl::StatusOr<std::vector<v1::DiaryLine>> ReadDiary(int64_t job_id,
-                                                       int64_t after,
-                                                       int limit);
+  // At most `limit` of the job's lines after diary.n `after`, ascending;
+  // `ranks` non-empty: only the lines of those ranks (DiaryLine.rank).
+  // `scanned` (if given) is set to the n up to which lines were looked at:
+  // the last line returned, or with `ranks` a later line of another rank
+  // (the job's newest where fewer than `limit` came), `after` where none
+  // was, so that a reader going on from it skips what it passed over.
+  absl::StatusOr<std::vector<v1::DiaryLine>> ReadDiary(
+      int64_t job_id, int64_t after, int limit,
+      const std::vector<int32_t>& ranks = {}, int64_t* scanned = nullptr);
   absl::StatusOr<int64_t> DiaryCount(int64_t job_id);
-  // The `n` after which a job's last `tail` lines begin; 0 where it has
-  // no more than `tail` lines.
-  absl::StatusOr<int64_t> DiaryTailStart(int64_t job_id, int64_t tail);
+  // The `n` after which a job's last `tail` lines (of `ranks`, where
+  // non-empty) begin; 0 where it has no more than `tail` of them.
+  absl::StatusOr<int64_t> DiaryTailStart(
+      int64_t job_id, int64_t tail, const std::vector<int32_t>& ranks = {});
   absl::StatusOr<std::vector<v1::OutputFile>> Outputs(int64_t job_id);
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
   absl::StatusOr<std::vector<v1::Preemption>> Preemptions(int64_t job_id);

@@ -90,6 +90,27 @@ TEST(AppendDiaryLine, RawGivesTheJobsBytesWithTheirEnding) {
   EXPECT_EQ(shown, "last\n");
 }
 
+TEST(AppendDiaryLine, ALabelledLineStartsWithItsRankAfterItsTime) {
+  v1::DiaryLine line = Line("epoch 1\x1b[2J", v1::DiaryLine::ENDING_NEWLINE);
+  line.set_rank(2);
+  std::string out;
+  AppendDiaryLine({}, line, &out, /*label=*/true);
+  EXPECT_EQ(out, "[2] epoch 1\\x1b[2J\n");  // the job's text still escaped
+  out.clear();
+  AppendDiaryLine({}, line, &out);  // a job of one process: no label
+  EXPECT_EQ(out, "epoch 1\\x1b[2J\n");
+  DiaryOptions timed;
+  timed.timestamps = true;
+  out.clear();
+  AppendDiaryLine(timed, line, &out, /*label=*/true);
+  EXPECT_NE(out.find("  [2] epoch 1"), std::string::npos) << out;
+  // dlbatch's own lines have no rank, so no label.
+  v1::DiaryLine own = Line("[dlbatch] started", v1::DiaryLine::ENDING_NEWLINE);
+  out.clear();
+  AppendDiaryLine({}, own, &out, /*label=*/true);
+  EXPECT_EQ(out, "[dlbatch] started\n");
+}
+
 TEST(DiaryLineJson, NIsTheLinesNumberInItsJob) {
   Json j = DiaryLineJson(Line("x", v1::DiaryLine::ENDING_NONE));
   EXPECT_EQ(j["n"], 1);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/escaping.h"
+#include "client/connection.h"
 #include "client/json_out.h"
 
 namespace dlbatch::client {
@@ -72,6 +73,8 @@ TEST(DiaryLineJson, CarriesTheTextAsAStringAndItsExactBytes) {
   line.set_time_ms(1700000000000);
   line.set_stream(1);
   line.set_attempt(1);
+  line.set_part(1);
+  line.set_rank(3);
   line.set_text(
       "a\xff"
       "b\x1b[2Jc\0d\"\\"s);
@@ -80,11 +83,77 @@ TEST(DiaryLineJson, CarriesTheTextAsAStringAndItsExactBytes) {
                   R"("attempt":1,"seq":0,"text":"a)"
                   "\xEF\xBF\xBD"
                   R"(b\u001b[2Jc\u0000d\"\\","text_base64":"Yf9iG1sySmMAZCJc",)"
-                  R"("ending":"\n"})");
+                  R"("ending":"\n","part":1,"rank":3})");
+  // dlbatch's own lines have no rank.
   v1::DiaryLine empty;
   EXPECT_EQ(JsonText(DiaryLineJson(empty), /*compact=*/true),
             R"({"n":0,"time":null,"stream":0,"attempt":0,"seq":0,"text":"",)"
-            R"("text_base64":"","ending":"\n"})");
+            R"("text_base64":"","ending":"\n","part":0,"rank":null})");
+}
+
+TEST(ParseDiaryRanks, TakesRanksRangesAndListsSortedOnce) {
+  EXPECT_EQ(ParseDiaryRanks({}).value(), std::vector<int32_t>{});
+  EXPECT_EQ(ParseDiaryRanks({"1"}).value(), std::vector<int32_t>{1});
+  EXPECT_EQ(ParseDiaryRanks({"3,0", "2-4", "0"}).value(),
+            (std::vector<int32_t>{0, 2, 3, 4}));
+}
+
+TEST(ParseDiaryRanks, RefusesWhatIsNotARankSayingWhatToGive) {
+  auto message = [](const std::string& arg) {
+    auto ranks = ParseDiaryRanks({arg});
+    EXPECT_FALSE(ranks.ok()) << arg;
+    EXPECT_TRUE(IsUsageError(ranks.status())) << arg;
+    return std::string(ranks.status().message());
+  };
+  EXPECT_EQ(message("x"),
+            "--rank x: not a rank; give a rank (a number from 0, the "
+            "\"rank\" `dlbatch diary --json` shows), a range such as 0-3, "
+            "or a list such as 0,2");
+  EXPECT_NE(message("-1").find("--rank -1: ranks are numbered from 0, never "
+                               "negative"),
+            std::string::npos);
+  EXPECT_NE(message("1,,2").find("an empty rank"), std::string::npos);
+  EXPECT_NE(message("3-1").find("from the lower rank to the higher"),
+            std::string::npos);
+  EXPECT_NE(message("1-x").find("not a range of ranks"), std::string::npos);
+  EXPECT_NE(message("+1").find("not a rank"), std::string::npos);
+  EXPECT_NE(message("99999999999").find("not a rank"), std::string::npos);
+  EXPECT_NE(message("0-5000").find("more than 1024 ranks at once"),
+            std::string::npos);
+  // What a job printed is never sent to the terminal as it is.
+  EXPECT_NE(message("\x1b[2J").find("\\x1b[2J"), std::string::npos);
+}
+
+v1::DiaryLine RankLine(int rank) {
+  v1::DiaryLine line;
+  line.set_stream(rank < 0 ? 0 : 1);
+  if (rank >= 0) line.set_rank(rank);
+  return line;
+}
+
+TEST(DiaryLabels, LabelsOnceAJobIsSeenToRunSeveralProcesses) {
+  EXPECT_EQ(RankLabel(RankLine(3)), "[3] ");
+  EXPECT_EQ(RankLabel(RankLine(-1)), "");
+
+  int asked = 0;
+  DiaryLabels one_part([&] {
+    ++asked;
+    return false;
+  });
+  EXPECT_FALSE(one_part.Label(RankLine(-1)));  // not asked for dlbatch's
+  EXPECT_EQ(asked, 0);
+  EXPECT_FALSE(one_part.Label(RankLine(0)));
+  EXPECT_FALSE(one_part.Label(RankLine(0)));
+  EXPECT_EQ(asked, 1);  // once
+  // A rank above 0 means several processes (rank 0 is one): from now on.
+  EXPECT_TRUE(one_part.Label(RankLine(1)));
+  EXPECT_TRUE(one_part.Label(RankLine(0)));
+  EXPECT_EQ(asked, 1);
+
+  DiaryLabels two_parts([] { return true; });
+  EXPECT_TRUE(two_parts.Label(RankLine(0)));
+  DiaryLabels unknown(nullptr);
+  EXPECT_FALSE(unknown.Label(RankLine(0)));
 }
 
 TEST(JsonTime, IsRfc3339InUtcOrNullForZero) {

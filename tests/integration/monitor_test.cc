@@ -182,6 +182,43 @@ TEST(Monitor, InTmuxShowsTheRunningJobAndCancelsItWithC) {
       << tmux.Screen();
 }
 
+TEST(Monitor, InTmuxTheDiaryOfAJobOfTwoPartsLabelsEachLineWithItsRank) {
+  if (!HaveTmux())
+    GTEST_SKIP() << "tmux is not installed (deploy/bootstrap.sh installs it)";
+  Cluster c;
+  c.StartScheduler();
+  c.StartWorker("w1", 1);
+  c.StartWorker("w2", 1);
+  ASSERT_TRUE(c.WaitWorkers(2));
+  const int64_t id = c.Submit(
+      c.JobFile("two.yaml",
+                "name: two\npool: 2\nmax_nodes: 2\ncommand: [sh, -c, 'echo "
+                "\"from part $DLBATCH_PART\"']\n"));
+  ASSERT_TRUE(c.WaitState(id, "JOB_STATE_FINISHED")) << c.Logs();
+
+  Tmux tmux(c.dir());
+  std::string command = "env XDG_STATE_HOME=" + c.dir() + "/xdg " + BinDir() +
+                        "/dlbatch --scheduler " + c.address() + " monitor";
+  Result started = tmux.Run(
+      {"new-session", "-d", "-s", "mon", "-x", "80", "-y", "24", command});
+  ASSERT_EQ(started.code, 0) << started.err;
+  std::string screen;
+  ASSERT_TRUE(tmux.WaitScreen(
+      [](const std::string& s) { return s.find(" two ") != std::string::npos; },
+      10000, &screen))
+      << screen;
+  tmux.Run({"send-keys", "-t", "mon", "d"});
+  EXPECT_TRUE(tmux.WaitScreen(
+      [](const std::string& s) {
+        return s.find("\n[0] from part 0") != std::string::npos &&
+               s.find("\n[1] from part 1") != std::string::npos;
+      },
+      10000, &screen))
+      << screen;
+  tmux.Run({"send-keys", "-t", "mon", "q"});
+  tmux.Run({"send-keys", "-t", "mon", "q"});
+}
+
 TEST(Monitor, InTmuxATrainJobsRowShowsItsProgressBarLossAndAccuracy) {
   if (!HaveTmux())
     GTEST_SKIP() << "tmux is not installed (deploy/bootstrap.sh installs it)";

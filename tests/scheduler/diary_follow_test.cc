@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <string>
@@ -22,11 +23,13 @@ class FakeSource final : public FollowSource {
     absl::MutexLock lock(&mu_);
     jobs_[job];
   }
-  void AddLine(int64_t job, const std::string& text) {
+  // rank < 0: a line of dlbatch's own, of no rank.
+  void AddLine(int64_t job, const std::string& text, int rank = 0) {
     absl::MutexLock lock(&mu_);
     v1::DiaryLine line;
     line.set_n(++next_n_);
     line.set_text(text);
+    if (rank >= 0) line.set_rank(rank);
     jobs_[job].lines.push_back(line);
   }
   void End(int64_t job) {
@@ -38,28 +41,38 @@ class FakeSource final : public FollowSource {
     return jobs_[job].reads;
   }
 
-  absl::StatusOr<DiaryRead> ReadDiaryLines(int64_t job, int64_t after,
-                                           int limit) override {
+  // As the store reads: lines of other ranks are passed over (`scanned`
+  // goes on past them).
+  absl::StatusOr<DiaryRead> ReadDiaryLines(
+      int64_t job, int64_t after, int limit,
+      const std::vector<int32_t>& ranks) override {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job);
     if (it == jobs_.end()) return absl::NotFoundError("no job");
     ++it->second.reads;
     DiaryRead read;
+    read.scanned = after;
     read.ended = it->second.ended;
     if (read.ended) read.state = v1::JOB_STATE_FINISHED;
     for (const auto& line : it->second.lines) {
-      if (line.n() > after && static_cast<int>(read.lines.size()) < limit)
-        read.lines.push_back(line);
+      if (line.n() <= after) continue;
+      if (static_cast<int>(read.lines.size()) >= limit) break;
+      read.scanned = line.n();
+      if (Of(ranks, line)) read.lines.push_back(line);
     }
     return read;
   }
-  absl::StatusOr<int64_t> DiaryTailStart(int64_t job, int64_t tail) override {
+  absl::StatusOr<int64_t> DiaryTailStart(
+      int64_t job, int64_t tail, const std::vector<int32_t>& ranks) override {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job);
     if (it == jobs_.end()) return absl::NotFoundError("no job");
-    const auto& lines = it->second.lines;
-    if (static_cast<int64_t>(lines.size()) <= tail) return 0;
-    return lines[lines.size() - tail - 1].n();
+    std::vector<int64_t> ns;
+    for (const auto& line : it->second.lines) {
+      if (Of(ranks, line)) ns.push_back(line.n());
+    }
+    if (static_cast<int64_t>(ns.size()) <= tail) return 0;
+    return ns[ns.size() - tail - 1];
   }
   absl::StatusOr<bool> JobEnded(int64_t job) override {
     absl::MutexLock lock(&mu_);
@@ -80,6 +93,12 @@ class FakeSource final : public FollowSource {
     bool ended = false;
     int reads = 0;
   };
+  static bool Of(const std::vector<int32_t>& ranks, const v1::DiaryLine& line) {
+    if (ranks.empty()) return true;
+    return line.has_rank() &&
+           std::find(ranks.begin(), ranks.end(), line.rank()) != ranks.end();
+  }
+
   absl::Mutex mu_;
   std::map<int64_t, Job> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t next_n_ ABSL_GUARDED_BY(mu_) = 0;
@@ -167,12 +186,14 @@ class DiaryFollowTest : public ::testing::Test {
  protected:
   // Starts a follower of `job` from the start.
   std::unique_ptr<Recorder> Follow(int64_t job, bool follow = true,
-                                   int64_t tail = 0) {
+                                   int64_t tail = 0,
+                                   const std::vector<int32_t>& ranks = {}) {
     auto rec = std::make_unique<Recorder>();
     v1::ReadDiaryRequest request;
     request.set_job_id(job);
     request.set_follow(follow);
     request.set_tail(tail);
+    for (int32_t rank : ranks) request.add_ranks(rank);
     auto call = hub_.ReadDiary(request, rec.get());
     rec->Bind(&hub_, call);
     calls_.push_back(call);
@@ -310,6 +331,82 @@ TEST_F(DiaryFollowTest, AFollowerBehindTheFeedCatchesUpFromTheStoreInOrder) {
   hub_.Notify(1);
   ASSERT_TRUE(WaitUntil([&] { return slow->finished() && fast->finished(); }));
   EXPECT_TRUE(slow->last().end());
+}
+
+TEST_F(DiaryFollowTest, ARankFollowerGetsOnlyItsRanksLinesFromStoreAndFeed) {
+  source_.AddJob(1);
+  source_.AddLine(1, "0 early", 0);
+  source_.AddLine(1, "1 early", 1);
+  source_.AddLine(1, "[dlbatch] started", -1);
+  auto one = Follow(1, /*follow=*/true, /*tail=*/0, {1});
+  auto all = Follow(1);  // shares the feed with it
+  ASSERT_TRUE(Has(*one, 1));
+  ASSERT_TRUE(Has(*all, 3));
+  for (int k = 0; k < 5; ++k) {
+    source_.AddLine(1, absl::StrCat("0 line ", k), 0);
+    source_.AddLine(1, absl::StrCat("1 line ", k), 1);
+    hub_.Notify(1);
+  }
+  ASSERT_TRUE(Has(*one, 6));
+  ASSERT_TRUE(Has(*all, 13));
+  source_.AddLine(1, "0 last", 0);  // the job's last line is another rank's
+  source_.End(1);
+  hub_.Notify(1);
+  ASSERT_TRUE(WaitUntil([&] { return one->finished() && all->finished(); }));
+  EXPECT_TRUE(one->status().ok()) << one->status();
+  EXPECT_TRUE(one->last().end());
+  EXPECT_EQ(one->Texts(),
+            (std::vector<std::string>{"1 early", "1 line 0", "1 line 1",
+                                      "1 line 2", "1 line 3", "1 line 4"}));
+  EXPECT_EQ(all->Texts().size(), 14u);
+}
+
+TEST_F(DiaryFollowTest, ARankThatWroteNothingEndsWithTheJobAfterFewReads) {
+  source_.AddJob(1);
+  for (int i = 0; i < 2500; ++i) source_.AddLine(1, "rank 0", 0);
+  auto none = Follow(1, /*follow=*/true, /*tail=*/0, {3});
+  // Caught up past the other rank's lines, it waits on the feed instead of
+  // reading the store again and again.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_LE(source_.reads(1), 5);
+  source_.End(1);
+  hub_.Notify(1);
+  ASSERT_TRUE(WaitUntil([&] { return none->finished(); }));
+  EXPECT_TRUE(none->status().ok()) << none->status();
+  EXPECT_TRUE(none->Texts().empty());
+  EXPECT_TRUE(none->last().end());
+  EXPECT_LE(source_.reads(1), 8);
+}
+
+TEST_F(DiaryFollowTest, TailCountsOnlyTheSelectedRanksLines) {
+  source_.AddJob(1);
+  for (int i = 1; i <= 5; ++i) {
+    source_.AddLine(1, absl::StrCat("0:", i), 0);
+    source_.AddLine(1, absl::StrCat("1:", i), 1);
+    source_.AddLine(1, absl::StrCat("2:", i), 2);
+  }
+  auto rec = Follow(1, /*follow=*/false, /*tail=*/2, {2, 0});
+  ASSERT_TRUE(WaitUntil([&] { return rec->finished(); }));
+  EXPECT_EQ(rec->Texts(), (std::vector<std::string>{"0:5", "2:5"}));
+}
+
+TEST_F(DiaryFollowTest, ANegativeOrHugeRankListIsRefusedSayingWhy) {
+  source_.AddJob(1);
+  auto bad = Follow(1, /*follow=*/true, /*tail=*/0, {0, -2});
+  ASSERT_TRUE(WaitUntil([&] { return bad->finished(); }));
+  EXPECT_EQ(bad->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad->status().message().find("rank -2 is not a rank"),
+            std::string::npos)
+      << bad->status();
+  std::vector<int32_t> many(kMaxDiaryRanks + 1);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>(i);
+  auto huge = Follow(1, /*follow=*/false, /*tail=*/0, many);
+  ASSERT_TRUE(WaitUntil([&] { return huge->finished(); }));
+  EXPECT_EQ(huge->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(huge->status().message().find("at most 1024 ranks"),
+            std::string::npos)
+      << huge->status();
+  EXPECT_EQ(source_.reads(1), 0);
 }
 
 TEST_F(DiaryFollowTest, ChangesOfAnotherJobCostItsFollowersNothing) {

@@ -164,6 +164,58 @@ class JobTableTest : public ::testing::Test {
   JobTable table_{kWorkDir};
 };
 
+TEST_F(JobTableTest, EachLineCarriesItsProcessesRankAndDlbatchsOwnNone) {
+  // Part 1 of a two-part command job: its one process is rank 1.
+  v1::StartJob command = Start(7);
+  command.set_part(1);
+  command.set_parts(2);
+  command.set_first_rank(1);
+  const int64_t key = Assign(command);
+  JobEffects fx = table_.Prepared(key, Process(), {"fetched"}, clock_.NowMs());
+  ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kStart});
+  EXPECT_EQ(fx.actions[0].process.rank, 1);  // set where the stream is
+  ASSERT_EQ(Diary(fx).size(), 1u);
+  EXPECT_FALSE(Diary(fx)[0].has_rank());  // dlbatch's own note
+  ASSERT_TRUE(Empty(table_.Started(key, absl::OkStatus(), clock_.NowMs(),
+                                   clock_.MonotonicMs())));
+  OutputLine labelled = Out(1, "from rank 1");
+  labelled.rank = 1;
+  std::vector<v1::DiaryLine> lines = Diary(table_.Line(key, labelled));
+  // A process started by a launch of its own names its rank (per slot).
+  OutputLine other = Out(2, "from rank 3");
+  other.rank = 3;
+  for (const auto& l : Diary(table_.Line(key, other))) lines.push_back(l);
+  // A line that names none is its part's.
+  for (const auto& l : Diary(table_.Line(key, Out(1, "unnamed"))))
+    lines.push_back(l);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].rank(), 1);
+  EXPECT_EQ(lines[1].rank(), 3);
+  EXPECT_EQ(lines[2].rank(), 1);
+  EXPECT_LT(lines[0].seq(), lines[1].seq());  // one order per part
+  EXPECT_LT(lines[1].seq(), lines[2].seq());
+  std::vector<v1::DiaryLine> end =
+      Diary(table_.Exited(key, Killed(SIGKILL), clock_.NowMs()));
+  for (const auto& l : end) EXPECT_FALSE(l.has_rank()) << l.text();
+
+  // A train job's trainer speaks for its part's ranks: its first one.
+  v1::StartJob train = TrainStart(8);
+  train.set_part(1);
+  train.set_parts(2);
+  train.set_first_rank(2);
+  const int64_t train_key = Assign(train);
+  fx = table_.Prepared(train_key, Process(), {}, clock_.NowMs());
+  ASSERT_EQ(fx.actions.size(), 1u);
+  EXPECT_EQ(fx.actions[0].process.rank, 2);
+  // A rank the launch set is kept.
+  SubprocessOptions given = Process();
+  given.rank = 5;
+  const int64_t given_key = Assign(Start(9));
+  fx = table_.Prepared(given_key, given, {}, clock_.NowMs());
+  ASSERT_EQ(fx.actions.size(), 1u);
+  EXPECT_EQ(fx.actions[0].process.rank, 5);
+}
+
 TEST_F(JobTableTest, AJobRunsFromAssignmentToItsAcknowledgedEnd) {
   JobEffects fx = table_.Assign(Start(7), clock_.NowMs());
   ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kPrepare});

@@ -230,6 +230,28 @@ TEST_F(SubprocessTest, LineEndingsGiveBackTheStreamsExactBytes) {
   EXPECT_EQ(lines_[1].front().ending, OutputLine::kCrlf);
 }
 
+TEST_F(SubprocessTest, EachProcessesLinesCarryTheRankItWasStartedWith) {
+  // Two processes side by side, as one part's per-slot launch runs them;
+  // every piece of every line (a long one split, a last one unended) is
+  // labelled with its own process's rank.
+  SubprocessOptions zero = Shell("echo a; echo b >&2; printf 'long line'");
+  zero.rank = 0;
+  zero.max_line_bytes = 4;
+  SubprocessOptions three = Shell("echo c; echo d >&2");
+  three.rank = 3;
+  ASSERT_TRUE(Set().Start(1, zero).ok());
+  ASSERT_TRUE(Set().Start(2, three).ok());
+  ASSERT_TRUE(WaitExit(1));
+  ASSERT_TRUE(WaitExit(2));
+  ASSERT_EQ(lines_[1].size(), 5u);  // a, b, "long", " lin", "e"
+  for (const OutputLine& line : lines_[1]) EXPECT_EQ(line.rank, 0) << line.text;
+  ASSERT_EQ(lines_[2].size(), 2u);
+  for (const OutputLine& line : lines_[2]) EXPECT_EQ(line.rank, 3) << line.text;
+  Run(3, Shell("echo unlabelled"));
+  ASSERT_EQ(lines_[3].size(), 1u);
+  EXPECT_EQ(lines_[3][0].rank, -1);
+}
+
 TEST_F(SubprocessTest, ExitCodesAndSignals) {
   ExitInfo info = Run(1, Shell("echo last; exit 3"));
   EXPECT_TRUE(info.exited);
