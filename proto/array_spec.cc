@@ -203,6 +203,12 @@ std::string ArrayJobName(const std::string& base, int64_t index) {
   return absl::StrCat(base, "[", index, "]");
 }
 
+void SetJobArrayFields(const v1::JobSpec& spec, v1::Job* job) {
+  job->set_array_id(spec.array_task().id());
+  job->set_array_index(spec.array_task().index());
+  job->set_array_limit(spec.array_task().limit());
+}
+
 absl::StatusOr<std::vector<v1::JobSpec>> ExpandArray(const v1::JobSpec& spec) {
   if (spec.has_array_task()) {
     return absl::InvalidArgumentError(

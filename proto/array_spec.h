@@ -49,6 +49,10 @@ absl::StatusOr<std::vector<v1::JobSpec>> ExpandArray(const v1::JobSpec& spec);
 // "train[7]"
 std::string ArrayJobName(const std::string& base, int64_t index);
 
+// Job.array_id, array_index and array_limit from the job's spec (its
+// array_task; all 0 for a job outside any array).
+void SetJobArrayFields(const v1::JobSpec& spec, v1::Job* job);
+
 }  // namespace dlbatch
 
 #endif  // DLBATCH_PROTO_ARRAY_SPEC_H_
