@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <iostream>
 #include <memory>
 #include <set>
 #include <string>
@@ -288,6 +289,23 @@ TEST_F(ArrayTest, BadArraysAreRefusedWholeWithWhatToChange) {
   auto all = scheduler_->ListJobs(v1::ListJobsRequest());
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->jobs_size(), 0);
+}
+
+TEST_F(ArrayTest, TheLargestArrayIsOneQuickSubmit) {
+  auto session = Connect(16);
+  const absl::Time began = absl::Now();
+  auto reply = scheduler_->Submit(ArrayRequest("0-9999%10"));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->job_ids_size(), 10000);
+  ASSERT_TRUE(WaitUntil([&] { return Started(*session).size() == 10; }));
+  const absl::Duration took = absl::Now() - began;
+  std::cout << "10,000-job array submitted and its first 10 started in " << took
+            << "\n";
+  EXPECT_LT(took, absl::Seconds(30));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(Started(*session).size(), 10u);
+  EXPECT_EQ(WaitReason(reply->job_ids(9999)),
+            "array 1 has 10 of 10 running (%10)");
 }
 
 }  // namespace
