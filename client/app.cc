@@ -18,6 +18,7 @@
 #include "client/global_options.h"
 #include "client/local_cluster.h"
 #include "common/duration.h"
+#include "common/status.h"
 
 namespace dlbatch::client {
 namespace {
@@ -32,6 +33,7 @@ void AddJobCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
   struct ShowArgs {
     int64_t id = 0;
     int64_t sweep = 0;
+    int64_t array = 0;
     bool json = false;
   };
   auto show = std::make_shared<ShowArgs>();
@@ -44,14 +46,27 @@ void AddJobCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
                                           "their options and final metrics, "
                                           "best first")
                              ->excludes(show_id_opt);
+  auto* show_array_opt =
+      c_show
+          ->add_option("--array", show->array,
+                       "Instead: sum up an array's jobs by state, and list "
+                       "them by index (best first where they report "
+                       "metrics)")
+          ->excludes(show_id_opt)
+          ->excludes(show_sweep_opt);
   c_show->add_flag("--json", show->json, "JSON instead of text");
   c_show->callback([=] {
-    if (show_sweep_opt->count() == 0 && show_id_opt->count() == 0) {
+    if (show_sweep_opt->count() == 0 && show_id_opt->count() == 0 &&
+        show_array_opt->count() == 0) {
       *rc = Report(UsageError(
-          "show: give a job id, or --sweep ID to compare a sweep's jobs"));
+          "show: give a job id, --sweep ID to compare a sweep's jobs, or "
+          "--array ID to sum up an array's"));
       return;
     }
     *rc = WithConnection(*flags, [&](Connection& c) {
+      if (show_array_opt->count() > 0) {
+        return ShowArray(c, show->array, show->json);
+      }
       return show_sweep_opt->count() > 0 ? ShowSweep(c, show->sweep, show->json)
                                          : Show(c, show->id, show->json);
     });
@@ -134,11 +149,32 @@ void AddJobCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
   });
 
   auto cancel_ids = std::make_shared<std::vector<int64_t>>();
+  auto cancel_array = std::make_shared<int64_t>(0);
   auto* c_cancel = app.add_subcommand("cancel", "Cancel jobs");
-  c_cancel->add_option("ids", *cancel_ids, "Job ids")->required();
+  auto* cancel_ids_opt = c_cancel->add_option("ids", *cancel_ids, "Job ids");
+  auto* cancel_array_opt =
+      c_cancel
+          ->add_option("--array", *cancel_array,
+                       "Instead: every queued or running job of this array")
+          ->excludes(cancel_ids_opt);
   c_cancel->callback([=] {
-    *rc = WithConnection(*flags,
-                         [&](Connection& c) { return Cancel(c, *cancel_ids); });
+    if (cancel_array_opt->count() == 0 && cancel_ids_opt->count() == 0) {
+      *rc = Report(UsageError("cancel: give job ids, or --array ID"));
+      return;
+    }
+    *rc = WithConnection(*flags, [&](Connection& c) -> absl::StatusOr<int> {
+      if (cancel_array_opt->count() == 0) return Cancel(c, *cancel_ids);
+      ASSIGN_OR_RETURN(
+          std::vector<int64_t> ids,
+          ArrayJobIds(c, *cancel_array,
+                      {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING}));
+      if (ids.empty()) {
+        std::cout << "array " << *cancel_array
+                  << ": no queued or running job to cancel\n";
+        return 0;
+      }
+      return Cancel(c, ids);
+    });
   });
 
   struct WaitArgs {

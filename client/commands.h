@@ -29,6 +29,8 @@ struct SubmitOptions {
   std::vector<std::string> attach;        // more to upload, relative to the cwd
   std::optional<int> max_nodes;
   std::optional<std::string> launch;  // per-node | per-slot
+  // --array: Slurm's syntax (0-99%10), over the file's `array:`.
+  std::optional<std::string> array;
   // Once the job ends, its outputs are fetched here (waits as --follow).
   std::string output_dir;
   bool follow = false;  // a sweep: wait for all its jobs, then compare them
@@ -49,6 +51,7 @@ struct JobsOptions {
   bool json = false;
   int limit = 0;          // > 0: the newest this many, newest first
   int64_t sweep_id = 0;   // 0: every job
+  int64_t array_id = 0;   // 0: every job; else only this array's
   std::string user;       // only this user's jobs
   bool mine = false;      // only the caller's own
   std::string name_glob;  // only names matching this glob
@@ -108,6 +111,26 @@ void PrintSubmittedSweep(const v1::SubmitJobReply& reply, bool quiet);
 // submit --follow of a sweep: waits for every job, then shows the
 // comparison; the exit code is wait's.
 absl::StatusOr<int> FollowSweep(Connection& conn,
+                                const v1::SubmitJobReply& reply);
+
+// Arrays (commands_arrays.cc). An array's jobs are listed through its id as
+// a sweep's are; ListArrayJobs says so where the id is a sweep's, or none.
+absl::StatusOr<std::vector<v1::Job>> ListArrayJobs(
+    Connection& conn, int64_t array_id,
+    const std::vector<v1::JobState>& states);
+// The ids of the array's jobs in `states` (empty: any) that `keep` (null:
+// every one) keeps: what cancel/hold/release --array act on.
+absl::StatusOr<std::vector<int64_t>> ArrayJobIds(
+    Connection& conn, int64_t array_id, const std::vector<v1::JobState>& states,
+    const std::function<bool(const v1::Job&)>& keep = nullptr);
+// show --array: how many of its jobs are in each state, and its jobs as
+// the sweep table shows them, by index, or best first where they report
+// metrics (--json: {array_id, limit, states, jobs}).
+absl::StatusOr<int> ShowArray(Connection& conn, int64_t array_id, bool json);
+// What submit prints for an array (quiet: its job ids, one a line), and
+// submit --follow of one: waits for every job, then shows the summary.
+void PrintSubmittedArray(const v1::SubmitJobReply& reply, bool quiet);
+absl::StatusOr<int> FollowArray(Connection& conn,
                                 const v1::SubmitJobReply& reply);
 
 // Exit code of `wait` for a job that ended in `state`.

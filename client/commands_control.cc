@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/commands.h"
 #include "client/format.h"
 #include "client/terminal_text.h"
 #include "common/status.h"
@@ -88,12 +89,47 @@ void AddControlCommands(CLI::App& app, const GlobalFlags* flags, int* rc) {
              "or cancelled jobs again",
              v1::JOB_CONTROL_REQUEUE}}) {
     auto ids = std::make_shared<std::vector<int64_t>>();
+    auto array = std::make_shared<int64_t>(0);
     auto* command = app.add_subcommand(spec.name, spec.help);
-    command->add_option("ids", *ids, "Job ids")->required();
+    auto* ids_opt = command->add_option("ids", *ids, "Job ids");
+    CLI::Option* array_opt = nullptr;
     const v1::JobControl action = spec.action;
-    command->callback([flags, rc, ids, action] {
-      *rc = WithConnection(
-          *flags, [&](Connection& c) { return Control(c, action, *ids); });
+    if (action != v1::JOB_CONTROL_REQUEUE) {
+      array_opt = command
+                      ->add_option("--array", *array,
+                                   action == v1::JOB_CONTROL_HOLD
+                                       ? "Instead: every queued job of this "
+                                         "array that is not held"
+                                       : "Instead: every held job of this "
+                                         "array")
+                      ->excludes(ids_opt);
+    }
+    const std::string name = spec.name;
+    command->callback([flags, rc, ids, array, action, ids_opt, array_opt,
+                       name] {
+      const bool by_array = array_opt != nullptr && array_opt->count() > 0;
+      if (!by_array && ids_opt->count() == 0) {
+        *rc = Report(UsageError(
+            absl::StrCat(name, ": give job ids",
+                         array_opt != nullptr ? ", or --array ID" : "")));
+        return;
+      }
+      *rc = WithConnection(*flags, [&](Connection& c) -> absl::StatusOr<int> {
+        if (!by_array) return Control(c, action, *ids);
+        const bool hold = action == v1::JOB_CONTROL_HOLD;
+        ASSIGN_OR_RETURN(std::vector<int64_t> jobs,
+                         ArrayJobIds(c, *array, {v1::JOB_STATE_QUEUED},
+                                     [hold](const v1::Job& job) {
+                                       return job.held() != hold;
+                                     }));
+        if (jobs.empty()) {
+          std::cout << "array " << *array << ": no "
+                    << (hold ? "queued job to hold" : "held job to release")
+                    << "\n";
+          return 0;
+        }
+        return Control(c, action, jobs);
+      });
     });
   }
 }

@@ -389,6 +389,12 @@ void AddDailyCommands(CLI::App& app, const GlobalFlags* flags, int* rc,
                    "per GPU or CPU slot (per-slot), with torchrun's variables")
       ->type_name("MODE");
   c_submit
+      ->add_option("--array", submit->array,
+                   "One job per index, each with $DLBATCH_ARRAY_INDEX (and "
+                   "$DLBATCH_ARRAY_ID): 0-99, 1,3,5, 0-15:4, and %N to run "
+                   "at most N at once (0-99%10); over the job file's array:")
+      ->type_name("INDEXES");
+  c_submit
       ->add_option("--output-dir", submit->output_dir,
                    "When the job ends, fetch its outputs into this folder "
                    "(waits for it, as --follow)")
@@ -442,6 +448,7 @@ void AddDailyCommands(CLI::App& app, const GlobalFlags* flags, int* rc,
   c_jobs->add_option("--limit", jobs->limit,
                      "Only the newest this many, newest first");
   c_jobs->add_option("--sweep", jobs->sweep_id, "Only the jobs of this sweep");
+  c_jobs->add_option("--array", jobs->array_id, "Only the jobs of this array");
   std::vector<std::string> names;
   for (const ColumnInfo& info : kColumns) names.push_back(info.name);
   auto* json = c_jobs->add_flag(

@@ -27,6 +27,7 @@
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "proto/array_spec.h"
 #include "proto/data_paths.h"
 #include "proto/job_state.h"
 #include "proto/jobspec_yaml.h"
@@ -116,6 +117,13 @@ absl::Status ApplySubmitFlags(const SubmitOptions& options, v1::JobSpec* spec) {
                                      seconds.status().message()));
     }
     spec->set_time_limit_s(*seconds);
+  }
+  if (options.array) {
+    absl::StatusOr<ArraySpec> array = ParseArraySpec(*options.array);
+    if (!array.ok()) {  // "array: ..." -> "--array: ..."
+      return UsageError(absl::StrCat("--", array.status().message()));
+    }
+    spec->set_array(*options.array);
   }
   for (const std::string& pair : options.env) {
     const size_t eq = pair.find('=');
@@ -278,6 +286,11 @@ absl::StatusOr<int> Submit(const GlobalFlags& flags,
     std::cerr << "dlbatch: request id '" << request.request_id()
               << "' was submitted before; no new job made\n";
   }
+  if (reply.sweep_id() != 0 && !spec.array().empty()) {
+    PrintSubmittedArray(reply, options.quiet);
+    if (!options.follow) return 0;
+    return FollowArray(*conn, reply);
+  }
   if (reply.sweep_id() != 0) {
     PrintSubmittedSweep(reply, options.quiet);
     if (!options.follow) return 0;
@@ -332,15 +345,35 @@ absl::StatusOr<int> Jobs(Connection& conn, const JobsOptions& options) {
   request.set_limit(filter.queued_only_held ? 0 : options.limit);
   request.set_newest_first(options.limit > 0);
   request.set_sweep_id(options.sweep_id);
+  if (options.array_id != 0) {
+    if (options.sweep_id != 0) {
+      return UsageError("jobs: give --array or --sweep, not both");
+    }
+    request.set_sweep_id(options.array_id);
+  }
   request.set_user(options.user);
   request.set_mine(options.mine);
   request.set_name_glob(options.name_glob);
   v1::ListJobsReply reply;
-  RETURN_IF_ERROR(conn.Error(
-      conn.UnaryCall("ListJobs", request, &reply,
-                     [&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
-                       return stub->ListJobs(ctx, request, &reply);
-                     })));
+  if (options.array_id != 0) {
+    // The array's own checks and messages (a sweep's id, or none).
+    ASSIGN_OR_RETURN(std::vector<v1::Job> jobs,
+                     ListArrayJobs(conn, options.array_id, filter.states));
+    for (v1::Job& job : jobs) *reply.add_jobs() = std::move(job);
+    if (options.limit > 0) {  // the newest `limit`, newest first
+      std::reverse(reply.mutable_jobs()->begin(), reply.mutable_jobs()->end());
+      if (!filter.queued_only_held && reply.jobs_size() > options.limit) {
+        reply.mutable_jobs()->DeleteSubrange(options.limit,
+                                             reply.jobs_size() - options.limit);
+      }
+    }
+  } else {
+    RETURN_IF_ERROR(conn.Error(conn.UnaryCall(
+        "ListJobs", request, &reply,
+        [&](v1::Scheduler::Stub* stub, grpc::ClientContext* ctx) {
+          return stub->ListJobs(ctx, request, &reply);
+        })));
+  }
   if (filter.queued_only_held) {
     auto* jobs = reply.mutable_jobs();
     jobs->erase(
@@ -396,7 +429,14 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
                          FormatDurationMs(spec.time_limit_s() * 1000))
           : "",
       "\n");
-  if (job.sweep_id() != 0) {
+  if (job.array_id() != 0) {
+    absl::StrAppend(
+        &out, "  Array:      ", job.array_id(), " (index ", job.array_index(),
+        job.array_limit() > 0
+            ? absl::StrCat(", at most ", job.array_limit(), " at once")
+            : "",
+        "; dlbatch show --array ", job.array_id(), ")\n");
+  } else if (job.sweep_id() != 0) {
     std::vector<std::string> point;
     for (const auto& [option, value] : spec.sweep_point()) {
       point.push_back(TerminalText(absl::StrCat(option, "=", value)));

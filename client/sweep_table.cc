@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -119,6 +120,42 @@ std::string RenderSweepTable(const std::vector<v1::Job>& ranked,
     table.Add(std::move(row));
   }
   return table.Render();
+}
+
+std::vector<v1::Job> ArrayTableJobs(std::vector<v1::Job> jobs) {
+  bool metrics = false;
+  for (v1::Job& job : jobs) {
+    metrics |= MetricsOf(job).source != SweepMetrics::Source::kNone;
+    (*job.mutable_spec()->mutable_sweep_point())["index"] =
+        absl::StrCat(job.array_index());
+  }
+  if (metrics) return RankSweepJobs(std::move(jobs));
+  std::stable_sort(jobs.begin(), jobs.end(),
+                   [](const v1::Job& a, const v1::Job& b) {
+                     return a.array_index() < b.array_index();
+                   });
+  return jobs;
+}
+
+std::string ArraySummary(const std::vector<v1::Job>& jobs) {
+  int limit = 0;
+  std::map<int, int> by_state;  // JobState, "held" as 0
+  for (const v1::Job& job : jobs) {
+    limit = std::max(limit, job.array_limit());
+    const bool held = job.held() && job.state() == v1::JOB_STATE_QUEUED;
+    ++by_state[held ? 0 : static_cast<int>(job.state())];
+  }
+  std::string out =
+      absl::StrCat(jobs.size(), jobs.size() == 1 ? " job" : " jobs");
+  if (limit > 0) absl::StrAppend(&out, ", at most ", limit, " at once");
+  const char* sep = ": ";
+  for (const auto& [state, n] : by_state) {
+    absl::StrAppend(
+        &out, sep, n, " ",
+        state == 0 ? "held" : JobStateName(static_cast<v1::JobState>(state)));
+    sep = ", ";
+  }
+  return out;
 }
 
 }  // namespace dlbatch::client

@@ -38,6 +38,15 @@ std::vector<std::string> SweptOptions(const std::vector<v1::Job>& jobs);
 std::string RenderSweepTable(const std::vector<v1::Job>& ranked,
                              int64_t now_ms);
 
+// `dlbatch show --array`: an array's jobs as the sweep table shows them,
+// with an "index" column (each job's array_index): ranked as
+// RankSweepJobs does where any job reported metrics, else in index order.
+std::vector<v1::Job> ArrayTableJobs(std::vector<v1::Job> jobs);
+
+// "20 jobs, at most 3 at once: 3 running, 12 queued, 5 finished" (states
+// in the order of a job's life; held jobs counted as "held").
+std::string ArraySummary(const std::vector<v1::Job>& jobs);
+
 }  // namespace dlbatch::client
 
 #endif  // DLBATCH_CLIENT_SWEEP_TABLE_H_

@@ -3,6 +3,7 @@
 // refuse the same sweeps with the same messages.
 #include "proto/jobspec_sweep.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -10,8 +11,11 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status.h"
 #include "proto/jobspec_yaml.h"
 
 namespace dlbatch {
@@ -34,25 +38,68 @@ std::string DescribePoint(const v1::SweepSpec& sweep,
   return out;
 }
 
+enum class AxisKind { kTrainOption, kEnv, kArgs };
+
+AxisKind KindOf(const v1::SweepAxis& axis) {
+  if (absl::StartsWith(axis.option(), kSweepEnvPrefix)) return AxisKind::kEnv;
+  if (axis.option() == kSweepArgs) return AxisKind::kArgs;
+  return AxisKind::kTrainOption;
+}
+
+// What an axis of this kind needs of the job, and of the axis itself.
+absl::Status CheckAxisKind(const v1::JobSpec& spec, const v1::SweepAxis& axis,
+                           const std::string& path) {
+  switch (KindOf(axis)) {
+    case AxisKind::kEnv:
+      if (axis.option().size() == kSweepEnvPrefix.size()) {
+        return Invalid(absl::StrCat(
+            path, ": names no variable; write env.NAME, like env.LR"));
+      }
+      return absl::OkStatus();
+    case AxisKind::kArgs:
+      if (!spec.has_command()) {
+        return Invalid(
+            absl::StrCat(path,
+                         ": only a command: job has arguments to sweep; sweep "
+                         "train.options keys or env.NAME instead"));
+      }
+      if (axis.arg_lists_size() != axis.values_size()) {
+        return Invalid(absl::StrCat(
+            path, ": has ", axis.values_size(), " values but ",
+            axis.arg_lists_size(),
+            " argument lists; give each value as a list, like [--lr, 0.1]"));
+      }
+      return absl::OkStatus();
+    case AxisKind::kTrainOption:
+      if (!spec.has_train()) {
+        return Invalid(absl::StrCat(
+            path,
+            ": a command: job has no train.options; sweep env.NAME (a "
+            "variable of its environment) or args (arguments appended to "
+            "its command) instead"));
+      }
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
 // Checks the axes themselves and returns the number of combinations.
 absl::StatusOr<int64_t> CheckAxes(const v1::JobSpec& spec) {
   const v1::SweepSpec& sweep = spec.sweep();
-  if (!spec.has_train()) {
-    return Invalid(
-        "sweep: only a train: job can be swept (a sweep varies "
-        "train.options); remove `sweep:` or train a network");
-  }
   absl::flat_hash_set<std::string> options;
   int64_t combinations = 1;
   std::vector<std::string> sizes;
   for (const v1::SweepAxis& axis : sweep.axes()) {
     const std::string path = absl::StrCat("sweep.", axis.option());
     if (axis.option().empty()) {
-      return Invalid("sweep: an option has no name; name a train.options key");
+      return Invalid(
+          "sweep: an option has no name; name a train.options key, env.NAME "
+          "or args");
     }
     if (!options.insert(axis.option()).second) {
       return Invalid(absl::StrCat(path, ": given twice; keep one list"));
     }
+    RETURN_IF_ERROR(CheckAxisKind(spec, axis, path));
     if (axis.values().empty()) {
       return Invalid(
           absl::StrCat(path, ": the list is empty; give at least one value"));
@@ -78,7 +125,70 @@ absl::StatusOr<int64_t> CheckAxes(const v1::JobSpec& spec) {
   return combinations;
 }
 
+// A shell's `sh -c LINE`, as `command: "one line"` is written.
+bool IsShellLine(const v1::CommandSpec& command) {
+  return command.argv_size() == 3 && command.argv(0) == "sh" &&
+         command.argv(1) == "-c";
+}
+
+// Sets the axis's value `i` in `job`. Errors only for a train option's
+// value that its option refuses.
+absl::Status ApplyValue(const v1::SweepAxis& axis, int i,
+                        const std::string& path, v1::JobSpec* job) {
+  switch (KindOf(axis)) {
+    case AxisKind::kEnv:
+      (*job->mutable_env())[axis.option().substr(kSweepEnvPrefix.size())] =
+          axis.values(i);
+      return absl::OkStatus();
+    case AxisKind::kArgs: {
+      const v1::SweepArgs& args = axis.arg_lists(i);
+      v1::CommandSpec* command = job->mutable_command();
+      if (IsShellLine(*command)) {
+        if (args.args_size() > 0) {
+          absl::StrAppend(
+              command->mutable_argv(2), " ",
+              SweepArgsText({args.args().begin(), args.args().end()}));
+        }
+      } else {
+        for (const std::string& arg : args.args()) command->add_argv(arg);
+      }
+      return absl::OkStatus();
+    }
+    case AxisKind::kTrainOption:
+      return ApplyTrainingOption(axis.option(), axis.values(i), path,
+                                 job->mutable_train()->mutable_options());
+  }
+  return absl::OkStatus();
+}
+
+bool ShellSafe(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+         absl::string_view("_-+=./:,@%").find(c) != absl::string_view::npos;
+}
+
 }  // namespace
+
+std::string SweepArgsText(const std::vector<std::string>& args) {
+  if (args.empty()) return "(none)";
+  std::string out;
+  for (const std::string& arg : args) {
+    if (!out.empty()) out += ' ';
+    if (!arg.empty() && std::all_of(arg.begin(), arg.end(), ShellSafe)) {
+      out += arg;
+      continue;
+    }
+    out += '\'';
+    for (char c : arg) {
+      if (c == '\'') {
+        out += "'\\''";
+      } else {
+        out += c;
+      }
+    }
+    out += '\'';
+  }
+  return out;
+}
 
 std::string SweepJobName(const std::string& base, const v1::SweepSpec& sweep,
                          const std::vector<int>& point) {
@@ -100,11 +210,8 @@ absl::StatusOr<std::vector<v1::JobSpec>> ExpandSweep(const v1::JobSpec& spec) {
       const std::string path =
           absl::StrCat("sweep.", axis.option(), "[", i, "]");
       v1::JobSpec one = base;
-      absl::Status s =
-          ApplyTrainingOption(axis.option(), axis.values(i), path,
-                              one.mutable_train()->mutable_options());
-      if (!s.ok()) return s;
-      s = ValidateJobSpec(one);
+      RETURN_IF_ERROR(ApplyValue(axis, i, path, &one));
+      absl::Status s = ValidateJobSpec(one);
       if (!s.ok()) {
         return Invalid(absl::StrCat(path, ": '", axis.values(i),
                                     "' makes an invalid job: ", s.message()));
@@ -119,13 +226,10 @@ absl::StatusOr<std::vector<v1::JobSpec>> ExpandSweep(const v1::JobSpec& spec) {
     v1::JobSpec job = base;
     for (size_t a = 0; a < point.size(); ++a) {
       const v1::SweepAxis& axis = sweep.axes(static_cast<int>(a));
-      const std::string& value = axis.values(point[a]);
       // Checked alone above; cannot fail here.
-      absl::Status s = ApplyTrainingOption(
-          axis.option(), value, absl::StrCat("sweep.", axis.option()),
-          job.mutable_train()->mutable_options());
-      if (!s.ok()) return s;
-      (*job.mutable_sweep_point())[axis.option()] = value;
+      RETURN_IF_ERROR(ApplyValue(axis, point[a],
+                                 absl::StrCat("sweep.", axis.option()), &job));
+      (*job.mutable_sweep_point())[axis.option()] = axis.values(point[a]);
     }
     absl::Status s = ValidateJobSpec(job);
     if (!s.ok()) {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/stop_signals.h"
+#include "proto/array_spec.h"
 #include "proto/jobspec_yaml.h"
 #include "proto/network_shapes.h"
 #include "proto/network_wiring.h"
@@ -529,6 +530,36 @@ absl::Status ValidateCommand(const v1::CommandSpec& command) {
   return absl::OkStatus();
 }
 
+// `array:` as written, and what the scheduler set on one job of an array.
+absl::Status ValidateArray(const v1::JobSpec& spec) {
+  if (!spec.array().empty()) {
+    absl::StatusOr<ArraySpec> array = ParseArraySpec(spec.array());
+    if (!array.ok()) return array.status();
+    if (spec.sweep().axes_size() > 0) {
+      return Invalid("array",
+                     "a job has `array:` or `sweep:`, not both; keep one (a "
+                     "sweep over env.NAME can give each job a value of its "
+                     "own)");
+    }
+  }
+  if (!spec.has_array_task()) return absl::OkStatus();
+  const v1::ArrayTask& task = spec.array_task();
+  if (!spec.array().empty()) {
+    return Invalid("array_task",
+                   "is one job of an array; a job made from `array:` has it "
+                   "cleared (remove one of them)");
+  }
+  if (task.index() < 0 || task.index() > kMaxArrayIndex || task.limit() < 0 ||
+      task.count() < 1 || task.count() > kMaxArrayJobs) {
+    return Invalid("array_task",
+                   absl::StrCat("index ", task.index(), ", limit ",
+                                task.limit(), " and count ", task.count(),
+                                " are not one job of an array; give the "
+                                "indexes in `array:` instead"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
@@ -585,6 +616,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                                        spec.attach(i).path());
     if (!s.ok()) return s;
   }
+  if (absl::Status s = ValidateArray(spec); !s.ok()) return s;
   for (const auto& [name, value] : spec.env()) {
     const std::string path = absl::StrCat("env.", name);
     if (name.empty()) return Invalid("env", "a variable has an empty name");
@@ -603,7 +635,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                        "DLBATCH_PART", "DLBATCH_PARTS", "DLBATCH_DEVICES",
                        "DLBATCH_OUTPUT_DIR", "DLBATCH_RENDEZVOUS",
                        "DLBATCH_RENDEZVOUS_SECRET", "DLBATCH_JOB_MARK",
-                       "DLBATCH_HOSTS"})) {
+                       "DLBATCH_HOSTS", "DLBATCH_ARRAY_INDEX",
+                       "DLBATCH_ARRAY_ID"})) {
       return Invalid(path, "the worker sets it for each job; use another name");
     }
     if (!spec.launch().empty() && IsLaunchVariable(name)) {

@@ -22,6 +22,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -29,6 +30,7 @@
 #include "common/duration.h"
 #include "common/edit_distance.h"
 #include "common/files.h"
+#include "proto/array_spec.h"
 #include "proto/jobspec_sweep.h"
 
 namespace dlbatch {
@@ -343,11 +345,6 @@ absl::StatusOr<ParsedJobFile> JobYamlParser::Parse(std::string_view text) {
                    "job has both `command:` and `train:`; keep one (a job "
                    "either runs a program or trains a network)");
   }
-  if (command_mark_ && result_.spec.sweep().axes_size() > 0) {
-    return Locate(absl::InvalidArgumentError(
-        "sweep: only a train: job can be swept (a sweep varies "
-        "train.options); remove `sweep:` or train a network"));
-  }
   s = ValidateJobSpec(result_.spec);
   if (!s.ok()) return Locate(s);
   if (result_.spec.sweep().axes_size() > 0) {
@@ -443,6 +440,16 @@ absl::Status JobYamlParser::ParseTop(const Value& root) {
              return s;
            }},
           {"sweep", [&](const Value& v) { return ParseSweep(v); }},
+          {"array",
+           [&](const Value& v) -> absl::Status {
+             absl::StatusOr<std::string> text = Scalar<std::string>(v);
+             if (!text.ok()) return text.status();
+             // Checked here, at its line; ValidateJobSpec checks it again.
+             absl::StatusOr<ArraySpec> array = ParseArraySpec(*text);
+             if (!array.ok()) return ErrorAt(v.mark, array.status().message());
+             spec.set_array(*std::move(text));
+             return absl::OkStatus();
+           }},
       });
 }
 
@@ -745,9 +752,10 @@ absl::Status JobYamlParser::ParseSweep(const Value& v) {
   if (v.node.IsNull()) return absl::OkStatus();
   if (!v.node.IsMap()) {
     return ErrorAt(v.mark, absl::StrCat("sweep: expected a mapping of "
-                                        "train.options keys to lists of "
-                                        "values, like `initial_learn_rate: "
-                                        "[0.1, 0.01]`, got ",
+                                        "train.options keys, env.NAME or "
+                                        "args to lists of values, like "
+                                        "`initial_learn_rate: [0.1, 0.01]`, "
+                                        "got ",
                                         KindName(v.node)));
   }
   v1::TrainingOptions scratch;  // the values are only checked here
@@ -759,21 +767,32 @@ absl::Status JobYamlParser::ParseSweep(const Value& v) {
     if (!key.IsScalar()) {
       return ErrorAt(key.Mark(), absl::StrCat("sweep: a key is ", KindName(key),
                                               "; keys are train.options "
-                                              "names"));
+                                              "names, env.NAME or args"));
     }
     const std::string& option = key.Scalar();
     const std::string path = absl::StrCat("sweep.", option);
+    const bool env = absl::StartsWith(option, kSweepEnvPrefix);
+    const bool args = option == kSweepArgs;
     auto handler =
         std::find_if(handlers.begin(), handlers.end(),
                      [&](const KeyHandler& k) { return k.key == option; });
-    if (handler == handlers.end()) {
-      std::vector<absl::string_view> allowed;
+    if (!env && !args && handler == handlers.end()) {
+      std::vector<absl::string_view> allowed = {"env.NAME", "args"};
       for (const KeyHandler& k : handlers) allowed.push_back(k.key);
       return ErrorAt(key.Mark(),
                      absl::StrCat("sweep: unknown option '", option, "'",
                                   DidYouMean(option, allowed),
-                                  "; a sweep varies train.options keys: ",
-                                  absl::StrJoin(allowed, ", ")));
+                                  "; a sweep varies env.NAME (a variable of "
+                                  "the job's environment), args (arguments "
+                                  "appended to a command) or a train.options "
+                                  "key: ",
+                                  absl::StrJoin(allowed.begin() + 2,
+                                                allowed.end(), ", ")));
+    }
+    if (env && option.size() == kSweepEnvPrefix.size()) {
+      return ErrorAt(key.Mark(), absl::StrCat(path,
+                                              ": names no variable; write "
+                                              "env.NAME, like env.LR"));
     }
     for (const v1::SweepAxis& axis : sweep->axes()) {
       if (axis.option() == option) {
@@ -786,12 +805,17 @@ absl::Status JobYamlParser::ParseSweep(const Value& v) {
     YAML::Mark mark = values.Mark();
     if (mark.is_null() || values.IsNull()) mark = key.Mark();
     if (!values.IsSequence()) {
+      const std::string one =
+          args ? "[[--lr, 0.1], [--lr, 0.01]]"
+               : absl::StrCat("[", values.IsScalar() ? values.Scalar() : "a",
+                              ", b]");
       return ErrorAt(
-          mark,
-          absl::StrCat(path, ": expected a list of values like [",
-                       values.IsScalar() ? values.Scalar() : "a", ", b], got ",
-                       KindName(values), "; for one value set train.options.",
-                       option, " instead"));
+          mark, absl::StrCat(path, ": expected a list of values like ", one,
+                             ", got ", KindName(values), "; for one value set ",
+                             args  ? "the command's arguments"
+                             : env ? option
+                                   : absl::StrCat("train.options.", option),
+                             " instead"));
     }
     if (values.size() == 0) {
       return ErrorAt(mark, absl::StrCat(path,
@@ -802,13 +826,24 @@ absl::Status JobYamlParser::ParseSweep(const Value& v) {
     axis->set_option(option);
     absl::Status s =
         ParseList({values, mark, path}, [&](const Value& item) -> absl::Status {
-          if (!item.node.IsScalar()) {
+          std::string text;
+          if (args) {
+            // One argument, or a list of them ([] for none).
+            std::vector<std::string> list;
+            if (absl::Status got = ParseStrings(item, &list); !got.ok()) {
+              return got;
+            }
+            text = SweepArgsText(list);
+            axis->add_arg_lists()->mutable_args()->Add(list.begin(),
+                                                       list.end());
+          } else if (!item.node.IsScalar()) {
             return ErrorAt(
                 item.mark,
                 absl::StrCat(item.path, ": expected a single value, got ",
                              KindName(item.node)));
+          } else {
+            text = item.node.Scalar();
           }
-          const std::string& text = item.node.Scalar();
           for (const std::string& seen : axis->values()) {
             if (seen == text) {
               return ErrorAt(item.mark,
@@ -816,8 +851,10 @@ absl::Status JobYamlParser::ParseSweep(const Value& v) {
                                           "' is listed twice; keep one"));
             }
           }
-          absl::Status applied = handler->handle(item);
-          if (!applied.ok()) return applied;
+          if (!env && !args) {
+            absl::Status applied = handler->handle(item);
+            if (!applied.ok()) return applied;
+          }
           axis->add_values(text);
           return absl::OkStatus();
         });
@@ -839,7 +876,9 @@ absl::Status JobYamlParser::ApplyOption(absl::string_view option,
     for (const KeyHandler& k : handlers) allowed.push_back(k.key);
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": unknown option '", option, "'", DidYouMean(option, allowed),
-        "; a sweep varies train.options keys: ", absl::StrJoin(allowed, ", ")));
+        "; a sweep varies env.NAME, args (command jobs) or train.options "
+        "keys: ",
+        absl::StrJoin(allowed, ", ")));
   }
   const YAML::Node node(text);
   return handler->handle(Value{node, YAML::Mark::null_mark(), path});

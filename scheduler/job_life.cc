@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "proto/array_spec.h"
 #include "scheduler/control.h"
 #include "scheduler/diary_follow.h"
 #include "scheduler/preemptions.h"
@@ -38,6 +39,10 @@ QueuedJob SchedulerState::ToQueued(const JobRecord& job) {
   q.max_nodes = std::max(1, job.spec.max_nodes());
   q.time_limit_ms = job.spec.time_limit_s() * 1000;
   q.user = job.user;
+  // The array's %N: every job of it carries it in its stored spec, so the
+  // limit holds again after a restart.
+  q.array_id = job.spec.array_task().id();
+  q.array_limit = job.spec.array_task().limit();
   return q;
 }
 
@@ -310,6 +315,7 @@ v1::Job SchedulerState::RecordToProto(const JobRecord& rec) {
   job.set_exit_code(rec.exit_code);
   job.set_reason(rec.reason);
   job.set_sweep_id(rec.sweep_id);
+  SetJobArrayFields(rec.spec, &job);
   return job;
 }
 

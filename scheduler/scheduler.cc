@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,7 @@
 #include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto/array_spec.h"
 #include "proto/job_state.h"
 #include "proto/jobspec_sweep.h"
 #include "proto/jobspec_yaml.h"
@@ -98,9 +100,16 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   if (spec.profile().empty()) spec.set_profile("local");
   if (spec.max_nodes() == 0) spec.set_max_nodes(1);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
-  // A sweep is one job per combination; a plain spec is one job.
-  ASSIGN_OR_RETURN(std::vector<v1::JobSpec> specs, ExpandSweep(spec));
-  const bool sweep = spec.sweep().axes_size() > 0;
+  // A sweep is one job per combination, an array one per index (never
+  // both); a plain spec is one job. Either is a group with one id.
+  std::vector<v1::JobSpec> specs;
+  if (!spec.array().empty() || spec.has_array_task()) {
+    ASSIGN_OR_RETURN(specs, ExpandArray(spec));
+  } else {
+    ASSIGN_OR_RETURN(specs, ExpandSweep(spec));
+  }
+  const bool array = !spec.array().empty();
+  const bool sweep = spec.sweep().axes_size() > 0 || array;
   {
     std::set<std::string> profiles;
     for (const v1::JobSpec& s : specs) profiles.insert(s.profile());
@@ -110,6 +119,15 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
   // without the lock).
   for (const v1::JobSpec& s : specs) {
     if (bridge().ProfileOf(s.profile()) != nullptr) {
+      if (s.array_task().limit() > 0) {
+        // Slurm's queue starts them, not the placement core that keeps %N.
+        return absl::InvalidArgumentError(absl::StrCat(
+            "array: %", s.array_task().limit(),
+            " is kept by dlbatch's own "
+            "workers, and profile '",
+            s.profile(),
+            "' is Slurm's; leave out the %N, or use another profile"));
+      }
       RETURN_IF_ERROR(bridge().CheckSubmit(s, request.user()));
     }
   }
@@ -183,6 +201,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
     const int64_t now = clock_->NowMs();
     std::vector<JobRecord> records;
     records.reserve(specs.size());
+    std::map<std::string, int> per_profile;  // this submit's jobs so far
     for (v1::JobSpec& job_spec : specs) {
       JobRecord rec;
       if (records.empty()) {
@@ -203,10 +222,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
           core_->CheckSatisfiable(ToQueued(rec), control_.Labels(*this)));
       RETURN_IF_ERROR(users_.CheckUserRuns(*this, rec));
       // Within the user's queued limit with this submit's earlier jobs.
-      int count = 1;
-      for (const JobRecord& r : records) {
-        count += r.spec.profile() == rec.spec.profile();
-      }
+      const int count = ++per_profile[rec.spec.profile()];
       RETURN_IF_ERROR(core_->CheckAdmission(ToQueued(rec), count));
       RETURN_IF_ERROR(CheckDevicesFit(rec.spec));
       records.push_back(std::move(rec));
@@ -223,6 +239,7 @@ absl::StatusOr<v1::SubmitJobReply> Scheduler::Submit(
         }
         for (JobRecord& rec : records) {
           rec.sweep_id = sweep_id;
+          if (array) rec.spec.mutable_array_task()->set_id(sweep_id);
           ASSIGN_OR_RETURN(rec.id, store_->InsertJob(rec));
           RETURN_IF_ERROR(store_->AddEvent(rec.id, v1::JOB_STATE_QUEUED, 0,
                                            rec.submit_ms, ""));

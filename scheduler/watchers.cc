@@ -201,6 +201,7 @@ std::string Watchers::WaitReason(const SchedulerState& s,
   auto info = s.core_->Explain(job.record.id);
   if (!info) return "";
   const std::string& profile = job.record.spec.profile();
+  if (info->array_limited) return ArrayWaitText(info->array);
   if (info->over_limit) {
     return absl::StrFormat("waiting: %s holds %d of their %d slot%s on '%s'",
                            info->user, info->user_slots, info->user_slot_limit,

@@ -227,6 +227,12 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
     sp.env.emplace_back("USER", start.user());
     sp.env.emplace_back("LOGNAME", start.user());
   }
+  if (spec.has_array_task()) {  // a job of an array (submit --array)
+    sp.env.emplace_back("DLBATCH_ARRAY_ID",
+                        absl::StrCat(spec.array_task().id()));
+    sp.env.emplace_back("DLBATCH_ARRAY_INDEX",
+                        absl::StrCat(spec.array_task().index()));
+  }
   const bool as_root = owner ? owner->id.uid == 0 : ::geteuid() == 0;
   for (const auto& [k, v] : spec.env()) {
     if (as_root &&

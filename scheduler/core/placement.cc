@@ -337,6 +337,7 @@ struct PlacementCore::State {
   std::unordered_map<JobId, RunningJob> running;
   TimeMs last_now = 0;
   UsageLedger ledger;
+  ArrayLimits arrays;
   // Scratch space of Schedule, kept so that passes do not allocate.
   std::vector<Cursor> scratch_cursors;
   std::vector<Cursor> scratch_groups;
@@ -461,32 +462,68 @@ struct PlacementCore::State {
     }
   }
 
-  void AddQueued(const QueuedJob& job) {
-    Profile* p = GetProfile(job.profile);
-    queued[job.id] = job;
-    Account& a = GetAccount(*p, job.user);
+  static bool Limited(const QueuedJob& job) {
+    return job.array_id != 0 && job.array_limit > 0;
+  }
+  static ArrayMember MemberOf(const QueuedJob& job) {
+    return {job.array_id, job.array_limit, job.priority, job.seq, job.id};
+  }
+
+  // A queued job's place in its account's queue, where passes find it.
+  void AddToAccount(const QueuedJob& job) {
+    Account& a = GetAccount(*GetProfile(job.profile), job.user);
     a.queue.insert(KeyOf(job));
     a.shapes[ShapeOf(job)].insert(KeyOf(job));
     ++a.pools[job.pool];
+  }
+  void RemoveFromAccount(const QueuedJob& job) {
+    Profile* p = FindProfile(job.profile);
+    Account& a = p->accounts.at(job.user);
+    const QueueKey key = KeyOf(job);
+    a.queue.erase(key);
+    auto shape = a.shapes.find(ShapeOf(job));
+    shape->second.erase(key);
+    if (shape->second.empty()) a.shapes.erase(shape);
+    auto pool = a.pools.find(job.pool);
+    if (--pool->second == 0) a.pools.erase(pool);
+    if (p->first_blocked == job.id) p->first_blocked.reset();
+  }
+
+  // A job of an array at its limit is queued (counted, explained) but
+  // parked out of its account's queue until SettleArrays releases it.
+  void AddQueued(const QueuedJob& job) {
+    Profile* p = GetProfile(job.profile);
+    queued[job.id] = job;
+    GetAccount(*p, job.user);
     ++p->queued;
+    if (Limited(job)) {
+      arrays.Queued(MemberOf(job));
+    } else {
+      AddToAccount(job);
+    }
   }
 
   bool RemoveQueued(JobId id) {
     auto it = queued.find(id);
     if (it == queued.end()) return false;
-    Profile* p = FindProfile(it->second.profile);
-    Account& a = p->accounts.at(it->second.user);
-    const QueueKey key = KeyOf(it->second);
-    a.queue.erase(key);
-    auto shape = a.shapes.find(ShapeOf(it->second));
-    shape->second.erase(key);
-    if (shape->second.empty()) a.shapes.erase(shape);
-    auto pool = a.pools.find(it->second.pool);
-    if (--pool->second == 0) a.pools.erase(pool);
+    const QueuedJob& job = it->second;
+    if (!Limited(job) || !arrays.IsParked(MemberOf(job))) {
+      RemoveFromAccount(job);
+    }
+    if (Limited(job)) arrays.Unqueued(MemberOf(job));
+    Profile* p = FindProfile(job.profile);
     --p->queued;
     if (p->first_blocked == id) p->first_blocked.reset();
     queued.erase(it);
     return true;
+  }
+
+  // Moves array jobs between the queue and parking after the events since
+  // the last call. Never during a pass: a pass walks the queues (and its
+  // starts change no array's sum of released and running jobs).
+  void SettleArrays() {
+    arrays.Settle([&](JobId id) { AddToAccount(queued.at(id)); },
+                  [&](JobId id) { RemoveFromAccount(queued.at(id)); });
   }
 
   void AddRunning(const QueuedJob& job, std::vector<Part> parts, TimeMs start) {
@@ -498,6 +535,7 @@ struct PlacementCore::State {
     r.profile = GetProfile(job.profile);
     r.account = &GetAccount(*r.profile, job.user);
     r.account->running_slots += job.pool;
+    if (Limited(job)) arrays.Started(MemberOf(job));
     ledger.Started(*r.account->user, job.pool, start);
     ++r.profile->running;
     if (r.end != kNever) r.profile->ends.insert({r.end, job.id});
@@ -513,6 +551,7 @@ struct PlacementCore::State {
     if (it == running.end()) return false;
     RunningJob& r = it->second;
     r.account->running_slots -= r.job.pool;
+    if (Limited(r.job)) arrays.Ended(MemberOf(r.job));
     ledger.Ended(*r.account->user, r.job.pool, r.start, end);
     for (const Part& part : r.parts) {
       Worker* w = FindWorker(part.worker);
@@ -1000,6 +1039,7 @@ std::vector<JobId> PlacementCore::WorkerLost(WorkerId worker) {
   if (w == nullptr) return {};
   std::vector<JobId> lost(w->jobs.begin(), w->jobs.end());
   for (JobId job : lost) state_->RemoveRunning(job, state_->last_now);
+  state_->SettleArrays();
   state_->Detach(*w);
   w->online = false;
   w->reachable = false;
@@ -1240,9 +1280,14 @@ void PlacementCore::Enqueue(const QueuedJob& job) {
   j.max_nodes = std::max(1, j.max_nodes);
   j.time_limit_ms = std::max<TimeMs>(0, j.time_limit_ms);
   state_->AddQueued(j);
+  state_->SettleArrays();
 }
 
-bool PlacementCore::Dequeue(JobId job) { return state_->RemoveQueued(job); }
+bool PlacementCore::Dequeue(JobId job) {
+  const bool was = state_->RemoveQueued(job);
+  state_->SettleArrays();
+  return was;
+}
 
 void PlacementCore::MarkRunning(const QueuedJob& job,
                                 const std::vector<Part>& parts, TimeMs start) {
@@ -1273,14 +1318,17 @@ void PlacementCore::MarkRunning(const QueuedJob& job,
     s.SetFree(w, w.free - taken);
   }
   s.AddRunning(j, std::move(sorted), start);
+  s.SettleArrays();
 }
 
 bool PlacementCore::Finished(JobId job) {
-  return state_->RemoveRunning(job, state_->last_now);
+  return Finished(job, state_->last_now);
 }
 
 bool PlacementCore::Finished(JobId job, TimeMs end) {
-  return state_->RemoveRunning(job, end);
+  const bool was = state_->RemoveRunning(job, end);
+  state_->SettleArrays();
+  return was;
 }
 
 std::vector<Decision> PlacementCore::Schedule(TimeMs now) {
@@ -1303,6 +1351,7 @@ std::vector<Decision> PlacementCore::Schedule(TimeMs now) {
     // A pass stops at the last free slot it gives, before any head.
     p.blocked_walk = p.queued > 0 && p.free_slots == 0 && !p.first_blocked;
   }
+  s.SettleArrays();  // starts keep every array's sum: nothing moves
   return out;
 }
 
@@ -1419,6 +1468,10 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
   info.user_slots = static_cast<int>(mine.running_slots);
   info.user_slot_limit = mine.limit.max_slots;
   info.over_limit = q->second.pool > mine.Room();
+  if (State::Limited(q->second)) {
+    info.array_limited = s.arrays.IsParked(State::MemberOf(q->second));
+    info.array = *s.arrays.Standing(q->second.array_id);
+  }
   for (const auto& [cap, id] : p.online_caps) {
     switch (FitOf(s.workers.at(id).users, info.user)) {
       case UserFit::kYes:
@@ -1476,7 +1529,7 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
     info.first_ahead = first->id;
     info.first_ahead_priority = first->priority;
   }
-  if (!head_ahead && !info.over_limit) {
+  if (!head_ahead && !info.over_limit && !info.array_limited) {
     Overrides free_at;
     if (auto res = s.ComputeReservation(p, q->second, s.last_now, free_at,
                                         s.Barred(p, mine))) {
@@ -1522,7 +1575,9 @@ std::optional<PlacementSnapshot> PlacementCore::PreemptionSnapshot(
   const Account& mine = p.accounts.at(q->second.user);
   PlacementSnapshot snap;
   snap.job = q->second;
-  snap.within_limit = q->second.pool <= mine.Room();
+  snap.within_limit = q->second.pool <= mine.Room() &&
+                      !(State::Limited(q->second) &&
+                        s.arrays.IsParked(State::MemberOf(q->second)));
   snap.user_slots = static_cast<int>(mine.running_slots);
   snap.user_slot_limit = mine.limit.max_slots;
   const std::vector<WorkerId>* barred = s.Barred(p, mine);
@@ -1576,6 +1631,10 @@ bool PlacementCore::FitsWithReleased(JobId job,
   const Profile& p = *s.FindProfile(q->second.profile);
   const Account& mine = p.accounts.at(q->second.user);
   if (q->second.pool > mine.Room()) return false;
+  if (State::Limited(q->second) &&
+      s.arrays.IsParked(State::MemberOf(q->second))) {
+    return false;
+  }
   Overrides freed;  // free slots of the workers the released jobs free
   const std::set<JobId> unique(released.begin(), released.end());
   for (JobId id : unique) {

@@ -34,6 +34,10 @@
 //    Under limits, the first job also keeps its user's room: a later job of
 //    the same user and profile starts ahead of it only if it leaves room for
 //    both under the user's max_slots.
+//  - Arrays: of an array with a limit (%N), at most N jobs run at once;
+//    the array's other queued jobs are parked out of the queue
+//    (array_limits.h): they hold no one back and never hold the backfill
+//    reservation, and Explain says so (array_limited).
 //  - Users: a job goes only to workers that run its user's jobs
 //    (WorkerUsers); the others count for it as if they were not there, in
 //    placement, in its reservation and in what Explain says.
@@ -53,6 +57,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "scheduler/core/array_limits.h"
 
 namespace dlbatch::scheduler {
 
@@ -75,6 +80,10 @@ struct QueuedJob {
   int max_nodes = 1;         // workers the pool may span (>= 1)
   TimeMs time_limit_ms = 0;  // 0: none
   std::string user;          // whose limits and usage it counts in
+  // A job of an array with a limit (%N, N = array_limit > 0): at most N
+  // jobs of array array_id run at once (array_limits.h). 0: none.
+  int64_t array_id = 0;
+  int array_limit = 0;
 };
 
 inline constexpr int kNoLimit = -1;
@@ -160,6 +169,9 @@ struct WaitInfo {
   bool fits_online = true;
   std::vector<WorkerId> draining;
   std::vector<WorkerId> offline;
+  // Parked: its array is at its limit (ArrayWaitText(array) says so).
+  bool array_limited = false;
+  ArrayStanding array;
 };
 
 // What the caller calls a worker in the core's messages: its name, and why

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "proto/array_spec.h"
 #include "scheduler/store/job_rows.h"
 
 namespace dlbatch::scheduler {
@@ -80,8 +81,9 @@ absl::Status StoreReader::ListJobSummaries(
     const std::string& name_glob) {
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
-  // The spec (for sweep_point) only for one sweep's jobs: at most
-  // kMaxSweepJobs rows, where a listing of every job stays lean.
+  // The spec (for sweep_point and array_task) only for one sweep's or
+  // array's jobs: at most kMaxSweepJobs or kMaxArrayJobs rows, where a
+  // listing of every job stays lean.
   std::string sql = absl::StrCat(
       "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, "
       "exit_code, reason, "
@@ -154,6 +156,10 @@ absl::Status StoreReader::ListJobSummaries(
       v1::JobSpec full;
       if (full.ParseFromArray(sqlite3_column_blob(st, 15), n)) {
         *spec->mutable_sweep_point() = full.sweep_point();
+        if (full.has_array_task()) {
+          *spec->mutable_array_task() = full.array_task();
+          SetJobArrayFields(full, job);
+        }
       }
     }
     // The placement as GetJob has it (worker names are the caller's to

@@ -103,5 +103,38 @@ TEST(RenderSweepTable, EscapesWhatTheSweepsAuthorWrote) {
   EXPECT_THAT(table, HasSubstr(R"(0.1\x1b[2J)"));
 }
 
+v1::Job ArrayJob(int64_t id, int64_t index, v1::JobState state) {
+  v1::Job job;
+  job.set_id(id);
+  job.set_state(state);
+  job.set_sweep_id(3);
+  job.set_array_id(3);
+  job.set_array_index(index);
+  job.set_array_limit(2);
+  job.mutable_spec()->set_name("sim[" + std::to_string(index) + "]");
+  return job;
+}
+
+TEST(ArrayTable, ByIndexWithoutMetricsBestFirstWithThem) {
+  std::vector<v1::Job> jobs = {ArrayJob(11, 5, v1::JOB_STATE_QUEUED),
+                               ArrayJob(10, 0, v1::JOB_STATE_FINISHED),
+                               ArrayJob(12, 9, v1::JOB_STATE_RUNNING)};
+  jobs[0].set_held(true);
+  std::vector<v1::Job> table = ArrayTableJobs(jobs);
+  EXPECT_THAT(Ids(table), ElementsAre(10, 11, 12));
+  EXPECT_THAT(SweptOptions(table), ElementsAre("index"));
+  const std::string rendered = RenderSweepTable(table, 0);
+  EXPECT_THAT(rendered, HasSubstr("index"));
+  EXPECT_EQ(ArraySummary(jobs),
+            "3 jobs, at most 2 at once: 1 held, 1 running, 1 finished");
+
+  // A job that reported metrics: ranked as a sweep is.
+  jobs[2] = MiniBatch(jobs[2], 50, 1);
+  jobs[1] = Validated(jobs[1], 90, 0.2);
+  EXPECT_THAT(Ids(ArrayTableJobs(jobs)), ElementsAre(10, 12, 11));
+  EXPECT_EQ(ArraySummary({ArrayJob(1, 0, v1::JOB_STATE_QUEUED)}),
+            "1 job, at most 2 at once: 1 queued");
+}
+
 }  // namespace
 }  // namespace dlbatch::client

@@ -138,8 +138,8 @@ TEST(Sweep, QuietSubmitPrintsTheJobIdsAndABadSweepIsRefusedBeforeUpload) {
       "bad.yaml", "command: [echo]\nsweep:\n  initial_learn_rate: [0.1]\n");
   Result refused = c.Cli({"submit", bad});
   EXPECT_EQ(refused.code, 1);
-  EXPECT_NE(refused.err.find("bad.yaml:2:1: sweep: only a train: job can be "
-                             "swept"),
+  EXPECT_NE(refused.err.find("bad.yaml:3:3: sweep.initial_learn_rate: a "
+                             "command: job has no train.options"),
             std::string::npos)
       << refused.err;
 }

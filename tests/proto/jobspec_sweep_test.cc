@@ -151,7 +151,9 @@ TEST(SweepErrors, UnknownOptionSuggestsTheNearest) {
   EXPECT_THAT(msg, StartsWith("job.yaml:12:3: sweep: unknown option "
                               "'initial_learnrate' (did you mean "
                               "'initial_learn_rate'?); a sweep varies "
-                              "train.options keys: solver, "));
+                              "env.NAME (a variable of the job's "
+                              "environment), args (arguments appended to a "
+                              "command) or a train.options key: solver, "));
 }
 
 TEST(SweepErrors, ValuesMustBeANonEmptyListOfScalars) {
@@ -166,7 +168,8 @@ TEST(SweepErrors, ValuesMustBeANonEmptyListOfScalars) {
                          "single value, got a list"));
   EXPECT_THAT(ParseError(SweptJob("sweep: [momentum]\n")),
               StartsWith("job.yaml:11:8: sweep: expected a mapping of "
-                         "train.options keys to lists of values"));
+                         "train.options keys, env.NAME or args to lists of "
+                         "values"));
   EXPECT_THAT(ParseError(SweptJob("sweep:\n  momentum: [0.9, 0.9]\n")),
               StartsWith("job.yaml:12:19: sweep.momentum[1]: '0.9' is listed "
                          "twice; keep one"));
@@ -188,10 +191,12 @@ TEST(SweepErrors, AValueTheOptionRejectsIsNamedWhereItStands) {
                         "train.options.solver: 'sgd' is not a solver"));
 }
 
-TEST(SweepErrors, OnlyTrainJobsAreSwept) {
+TEST(SweepErrors, OnlyTrainJobsSweepTrainOptions) {
   EXPECT_THAT(ParseError("command: [echo, hi]\nsweep:\n  momentum: [0.1]\n"),
-              StartsWith("job.yaml:2:1: sweep: only a train: job can be "
-                         "swept"));
+              StartsWith("job.yaml:3:3: sweep.momentum: a command: job has no "
+                         "train.options; sweep env.NAME (a variable of its "
+                         "environment) or args (arguments appended to its "
+                         "command) instead"));
   v1::JobSpec command;
   command.mutable_command()->add_argv("true");
   v1::SweepAxis* axis = command.mutable_sweep()->add_axes();
@@ -200,7 +205,8 @@ TEST(SweepErrors, OnlyTrainJobsAreSwept) {
   absl::StatusOr<std::vector<v1::JobSpec>> jobs = ExpandSweep(command);
   ASSERT_FALSE(jobs.ok());
   EXPECT_THAT(std::string(jobs.status().message()),
-              StartsWith("sweep: only a train: job"));
+              StartsWith("sweep.momentum: a command: job has no "
+                         "train.options"));
 }
 
 TEST(SweepErrors, TooManyCombinations) {
@@ -238,6 +244,105 @@ TEST(SweepErrors, SpecsFromOtherClientsAreCheckedToo) {
   ASSERT_FALSE(jobs.ok());
   EXPECT_THAT(std::string(jobs.status().message()),
               StartsWith("sweep.momentum: the list is empty"));
+}
+
+// A command job with `sweep` appended at top level.
+std::string SweptCommand(const std::string& command, const std::string& sweep) {
+  return "name: cmd\ncommand: " + command + "\nenv: {LR: '1', KEEP: k}\n" +
+         sweep;
+}
+
+TEST(SweepEnvAndArgs, EnvValuesSetTheVariableOverTheJobsEnv) {
+  std::vector<v1::JobSpec> jobs = ExpandOk(ParseOk(SweptCommand(
+      "[python3, train.py]", "sweep:\n  env.LR: [0.1, '0.01']\n")));
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(jobs[0].env().at("LR"), "0.1");
+  EXPECT_EQ(jobs[1].env().at("LR"), "0.01");
+  EXPECT_EQ(jobs[1].env().at("KEEP"), "k");
+  EXPECT_EQ(jobs[1].name(), "cmd[env.LR=0.01]");
+  EXPECT_THAT(jobs[1].sweep_point(), ElementsAre(Pair("env.LR", "0.01")));
+  EXPECT_THAT(jobs[1].command().argv(), ElementsAre("python3", "train.py"));
+  // A train job's environment may be swept too.
+  EXPECT_EQ(
+      ExpandOk(ParseOk(SweptJob("sweep:\n  env.SEED: [1, 2, 3]\n"))).size(),
+      3u);
+}
+
+TEST(SweepEnvAndArgs, ArgsAreAppendedToTheCommand) {
+  std::vector<v1::JobSpec> jobs = ExpandOk(ParseOk(SweptCommand(
+      "[python3, train.py]",
+      "sweep:\n  args: [[--lr, '0.1'], [--lr, '0.01', --name, 'a b'], [], "
+      "--fast]\n  env.X: [a, b]\n")));
+  ASSERT_EQ(jobs.size(), 8u);
+  // The first axis varies slowest.
+  EXPECT_THAT(jobs[0].command().argv(),
+              ElementsAre("python3", "train.py", "--lr", "0.1"));
+  EXPECT_THAT(
+      jobs[2].command().argv(),
+      ElementsAre("python3", "train.py", "--lr", "0.01", "--name", "a b"));
+  EXPECT_EQ(jobs[2].name(), "cmd[args=--lr 0.01 --name 'a b',env.X=a]");
+  EXPECT_THAT(jobs[4].command().argv(), ElementsAre("python3", "train.py"));
+  EXPECT_EQ(jobs[4].sweep_point().at("args"), "(none)");
+  EXPECT_THAT(jobs[7].command().argv(),
+              ElementsAre("python3", "train.py", "--fast"));
+  EXPECT_EQ(jobs[7].env().at("X"), "b");
+}
+
+TEST(SweepEnvAndArgs, ArgsOfAShellLineAreAppendedToTheLineQuoted) {
+  std::vector<v1::JobSpec> jobs = ExpandOk(
+      ParseOk(SweptCommand("'echo $LR'", "sweep:\n  args: [[it's, x], []]\n")));
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_THAT(jobs[0].command().argv(),
+              ElementsAre("sh", "-c", "echo $LR 'it'\\''s' x"));
+  EXPECT_THAT(jobs[1].command().argv(), ElementsAre("sh", "-c", "echo $LR"));
+}
+
+TEST(SweepEnvAndArgs, ErrorsSayWhatToChange) {
+  EXPECT_THAT(ParseError(SweptJob("sweep:\n  args: [[--x]]\n")),
+              StartsWith("job.yaml:12:3: sweep.args: only a command: job has "
+                         "arguments to sweep; sweep train.options keys or "
+                         "env.NAME instead"));
+  EXPECT_THAT(ParseError(SweptCommand("[a]", "sweep:\n  env.: [1]\n")),
+              StartsWith("job.yaml:5:3: sweep.env.: names no variable; write "
+                         "env.NAME, like env.LR"));
+  EXPECT_THAT(ParseError(SweptCommand("[a]", "sweep:\n  env.X: [[1]]\n")),
+              StartsWith("job.yaml:5:11: sweep.env.X[0]: expected a single "
+                         "value, got a list"));
+  EXPECT_THAT(ParseError(SweptCommand("[a]", "sweep:\n  env.X: 1\n")),
+              StartsWith("job.yaml:5:10: sweep.env.X: expected a list of "
+                         "values like [1, b], got a single value; for one "
+                         "value set env.X instead"));
+  EXPECT_THAT(ParseError(SweptCommand("[a]", "sweep:\n  args: --x\n")),
+              StartsWith("job.yaml:5:9: sweep.args: expected a list of values "
+                         "like [[--lr, 0.1], [--lr, 0.01]], got a single "
+                         "value"));
+  EXPECT_THAT(
+      ParseError(SweptCommand("[a]", "sweep:\n  args: [[--x], [--x]]\n")),
+      StartsWith("job.yaml:5:17: sweep.args[1]: '--x' is listed "
+                 "twice; keep one"));
+  EXPECT_THAT(ParseError(SweptCommand("[a]", "sweep:\n  args: [{a: 1}]\n")),
+              StartsWith("job.yaml:5:10: sweep.args[0]: expected a string or "
+                         "a list of strings, got a mapping"));
+  // The worker's own variables cannot be swept.
+  EXPECT_THAT(
+      ParseError(
+          SweptCommand("[a]", "sweep:\n  env.DLBATCH_ARRAY_INDEX: [1]\n")),
+      HasSubstr("sweep.env.DLBATCH_ARRAY_INDEX[0]: '1' makes an invalid job: "
+                "env.DLBATCH_ARRAY_INDEX: the worker sets it for each job"));
+  // From a client that did not check: lists and values that differ.
+  v1::JobSpec spec =
+      ParseOk(SweptCommand("[a]", "sweep:\n  args: [[--x], [--y]]\n"));
+  spec.mutable_sweep()->mutable_axes(0)->mutable_arg_lists()->RemoveLast();
+  absl::StatusOr<std::vector<v1::JobSpec>> jobs = ExpandSweep(spec);
+  ASSERT_FALSE(jobs.ok());
+  EXPECT_THAT(std::string(jobs.status().message()),
+              StartsWith("sweep.args: has 2 values but 1 argument lists"));
+}
+
+TEST(SweepEnvAndArgs, ArgsTextQuotesWhatAShellWouldSplit) {
+  EXPECT_EQ(SweepArgsText({}), "(none)");
+  EXPECT_EQ(SweepArgsText({"--lr=0.1", "a/b.c", ""}), "--lr=0.1 a/b.c ''");
+  EXPECT_EQ(SweepArgsText({"a b", "$X", "it's"}), "'a b' '$X' 'it'\\''s'");
 }
 
 TEST(SweepExamples, SweepFashionMnistParsesIntoThreeJobs) {
