@@ -578,7 +578,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     if (IsOneOf(name, {"DLBATCH_JOB_ID", "DLBATCH_ATTEMPT", "DLBATCH_POOL",
                        "DLBATCH_PART", "DLBATCH_PARTS", "DLBATCH_DEVICES",
                        "DLBATCH_OUTPUT_DIR", "DLBATCH_RENDEZVOUS",
-                       "DLBATCH_RENDEZVOUS_SECRET", "DLBATCH_JOB_MARK"})) {
+                       "DLBATCH_RENDEZVOUS_SECRET", "DLBATCH_JOB_MARK",
+                       "DLBATCH_PROGRESS", "DLBATCH_STOP_FILE",
+                       "DLBATCH_PREEMPT_SIGNAL", "DLBATCH_CHECKPOINT_DIR",
+                       "DLBATCH_RESUMED_FROM"})) {
       return Invalid(path, "the worker sets it for each job; use another name");
     }
   }
