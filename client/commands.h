@@ -28,6 +28,7 @@ struct SubmitOptions {
   std::vector<std::string> env;           // NAME=VALUE; over the file's env
   std::vector<std::string> attach;        // more to upload, relative to the cwd
   std::optional<int> max_nodes;
+  std::optional<std::string> launch;  // per-node | per-slot
   // Once the job ends, its outputs are fetched here (waits as --follow).
   std::string output_dir;
   bool follow = false;  // a sweep: wait for all its jobs, then compare them

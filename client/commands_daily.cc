@@ -384,6 +384,11 @@ void AddDailyCommands(CLI::App& app, const GlobalFlags* flags, int* rc,
   c_submit->add_option("--max-nodes", submit->max_nodes,
                        "Workers the pool may span (1: one worker)");
   c_submit
+      ->add_option("--launch", submit->launch,
+                   "Command jobs: start one process per worker (per-node) or "
+                   "per GPU or CPU slot (per-slot), with torchrun's variables")
+      ->type_name("MODE");
+  c_submit
       ->add_option("--output-dir", submit->output_dir,
                    "When the job ends, fetch its outputs into this folder "
                    "(waits for it, as --follow)")

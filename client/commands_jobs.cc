@@ -106,6 +106,8 @@ absl::Status ApplySubmitFlags(const SubmitOptions& options, v1::JobSpec* spec) {
     }
     spec->set_max_nodes(*options.max_nodes);
   }
+  // Checked with the rest of the spec (ValidateJobSpec names the choices).
+  if (options.launch) spec->set_launch(*options.launch);
   if (options.time_limit) {
     auto seconds = ParseDurationSeconds(*options.time_limit);
     if (!seconds.ok()) {

@@ -71,6 +71,7 @@ Json SpecJson(const v1::JobSpec& spec) {
               {"priority", spec.priority()},
               {"time_limit_s", spec.time_limit_s()},
               {"max_nodes", spec.max_nodes()},
+              {"launch", spec.launch()},
               {"program", spec.has_train()     ? "train"
                           : spec.has_command() ? "command"
                                                : ""},

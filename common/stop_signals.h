@@ -14,7 +14,9 @@ namespace dlbatch {
 
 // The trainer's "checkpoint and stop": its ranks agree on a step, write a
 // checkpoint at its end and exit with kTrainerStoppedExitCode. SIGTERM
-// still stops it at once, without a checkpoint.
+// still stops it at once, without a checkpoint, unless it runs with
+// --stop-on-term (as a worker in a Slurm job starts it): SIGTERM is then a
+// stop request too.
 inline constexpr int kTrainerStopSignal = SIGUSR1;
 // EX_TEMPFAIL: stopped on request with its work kept; run it again.
 inline constexpr int kTrainerStoppedExitCode = 75;

@@ -58,6 +58,7 @@ packages+=(prometheus-cpp-dev)  # metrics (--metrics-listen): prometheus-cpp cor
 # The Kubernetes manifests' check runs on node (npm installs its schemas).
 ((test_tools)) && ! command -v npm >/dev/null && packages+=(nodejs npm)
 ((test_tools)) && packages+=(prometheus)  # promtool and the server for the metrics tests
+((test_tools)) && packages+=(python3-torch)  # PyTorch jobs (tests/integration/launch_test)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -57,6 +57,15 @@ absl::Status CheckChoice(absl::string_view path, absl::string_view what,
                                     ListChoices(allowed)));
 }
 
+// What a launched job's processes get from the worker (torchrun's
+// variables and the node counts a launcher inside takes).
+bool IsLaunchVariable(absl::string_view name) {
+  return IsOneOf(name, {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+                        "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                        "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                        "ROLE_NAME", "NODE_RANK", "NNODES", "NPROC_PER_NODE"});
+}
+
 bool HasNul(absl::string_view s) {
   return s.find('\0') != absl::string_view::npos;
 }
@@ -550,6 +559,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                                   StopSignalNames(), " (default TERM)"));
     }
   }
+  if (!spec.launch().empty()) {
+    if (spec.has_train()) {
+      return Invalid("launch",
+                     "the embedded trainer starts its own ranks; remove it "
+                     "(it is for command jobs)");
+    }
+    if (!IsOneOf(spec.launch(), {"per-node", "per-slot"})) {
+      return Invalid("launch",
+                     absl::StrCat("'", spec.launch(),
+                                  "' is not a launch mode; use per-node (one "
+                                  "process per worker), per-slot (one per GPU "
+                                  "or CPU slot), or leave it out for one "
+                                  "process per part"));
+    }
+  }
   if (spec.max_nodes() < 0) {
     return Invalid("max_nodes",
                    absl::StrCat(spec.max_nodes(),
@@ -581,8 +605,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                        "DLBATCH_RENDEZVOUS_SECRET", "DLBATCH_JOB_MARK",
                        "DLBATCH_PROGRESS", "DLBATCH_STOP_FILE",
                        "DLBATCH_PREEMPT_SIGNAL", "DLBATCH_CHECKPOINT_DIR",
-                       "DLBATCH_RESUMED_FROM"})) {
+                       "DLBATCH_RESUMED_FROM", "DLBATCH_HOSTS"})) {
       return Invalid(path, "the worker sets it for each job; use another name");
+    }
+    if (!spec.launch().empty() && IsLaunchVariable(name)) {
+      return Invalid(path, absl::StrCat("launch: ", spec.launch(),
+                                        " sets it for each process (as "
+                                        "torchrun does); remove it"));
     }
   }
   switch (spec.program_case()) {

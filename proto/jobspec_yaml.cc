@@ -396,6 +396,8 @@ absl::Status JobYamlParser::ParseTop(const Value& root) {
           {"preempt_signal", Into<std::string>([&](std::string x) {
              spec.set_preempt_signal(x);
            })},
+          {"launch",
+           Into<std::string>([&](std::string x) { spec.set_launch(x); })},
           {"max_nodes",
            [&](const Value& v) -> absl::Status {
              if (nodes_mark_) {

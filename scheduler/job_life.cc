@@ -57,7 +57,9 @@ absl::Status SchedulerState::BeginAttempt(ActiveJob& job,
   RETURN_IF_ERROR(store_->UpdateJob(rec));
   RETURN_IF_ERROR(store_->AddEvent(rec.id, rec.state, rec.attempt, now, ""));
   const bool train = rec.spec.has_train();
-  if (train) rendezvous_.Open(rec.id, rec.attempt);
+  // A launched command job's workers meet there (MASTER_PORT, addresses).
+  const bool meets = train || !rec.spec.launch().empty();
+  if (meets) rendezvous_.Open(rec.id, rec.attempt);
   // A command job's checkpoint ($DLBATCH_CHECKPOINT_DIR) resumes it as a
   // train job's does.
   if (job.checkpoint.files_size() > 0) {
@@ -87,7 +89,7 @@ absl::Status SchedulerState::BeginAttempt(ActiveJob& job,
     start->set_parts(static_cast<int>(parts.size()));
     start->set_first_rank(part_first_rank);
     start->set_max_output_bytes(options_.max_output_bytes);
-    if (train)
+    if (meets)
       start->set_rendezvous_secret(rendezvous_.SecretFor(rec.id, rec.attempt));
     *start->mutable_checkpoint() = job.checkpoint.files();
     start->set_checkpoint_iteration(job.checkpoint.iteration());

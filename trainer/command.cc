@@ -108,6 +108,11 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* cl) {
   app.add_flag(
       "--resume", cl->resume,
       "Continue from the output folder's checkpoint.dlbc if there is one");
+  app.add_flag("--stop-on-term", cl->stop_on_term,
+               "SIGTERM stops the run as SIGUSR1 does: the ranks agree on a "
+               "step, write a checkpoint at its end and exit 75 (without "
+               "it SIGTERM stops at once; a dlbatch worker in a Slurm job "
+               "passes it, as Slurm's preemption sends SIGTERM)");
   app.add_option("--progress", cl->progress,
                  "Structured progress (v1.TrainProgress as JSON lines): fd:N "
                  "or a file path");
@@ -201,7 +206,7 @@ int Launch(const CommandLine& cl, const RankPlan& plan, int argc, char** argv,
           ? std::string()
           : absl::StrCat(cl.output_dir, "/.rendezvous-", getpid());
   absl::StatusOr<int> code =
-      LaunchRanks("/proc/self/exe", args, plan.range, dir);
+      LaunchRanks("/proc/self/exe", args, plan.range, dir, cl.stop_on_term);
   if (!code.ok()) return Fail(0, 1, code.status());
   return *code;
 }
@@ -496,6 +501,9 @@ int TrainCommand(int argc, char** argv) {
   if (std::optional<int> code = ParseCommandLine(argc, argv, &cl)) {
     return *code;
   }
+  // From here a SIGTERM waits too (a launcher forwards it, a rank takes
+  // it); one sent before the command line was read still stops at once.
+  if (cl.stop_on_term) HoldStopRequests(/*sigterm_too=*/true);
   if (cl.list_devices) return ListDevices();
   if (cl.job_file.empty()) {
     std::fprintf(stderr,
@@ -537,7 +545,7 @@ int TrainCommand(int argc, char** argv) {
   const int rank = plan->rank, world = plan->world;
   // Before any thread starts: each inherits the held signal, which only
   // the watcher's thread takes (stop_request.h).
-  TakeStopRequests();
+  TakeStopRequests(cl.stop_on_term);
   absl::StatusOr<Connection> connection =
       Connect(cl, *plan, job->spec.train().options().execution_environment(),
               *scheduler_rdv);

@@ -34,6 +34,9 @@ struct CommandLine {
   // --thread-ranks: this machine's ranks as threads of this process.
   bool thread_ranks = false;
   bool resume = false;
+  // --stop-on-term: SIGTERM asks for a checkpoint-and-stop, as
+  // kTrainerStopSignal does (stop_request.h), instead of stopping at once.
+  bool stop_on_term = false;
   bool list_devices = false;
   int64_t max_epochs = 0;
   int64_t max_iterations = 0;

@@ -21,12 +21,15 @@ namespace dlbatch::trainer {
 namespace {
 
 // What the handlers saw, for the loop to forward: SIGINT or SIGTERM (stop
-// at once), and apart from them a checkpoint-and-stop request.
+// at once), and apart from them a checkpoint-and-stop request (SIGTERM
+// too where g_term_is_stop_request).
 std::atomic<int> g_forward_signal{0};
 std::atomic<bool> g_forward_stop_request{false};
+std::atomic<bool> g_term_is_stop_request{false};
 
 void RememberSignal(int sig) {
-  if (sig == kTrainerStopSignal) {
+  if (sig == kTrainerStopSignal ||
+      (sig == SIGTERM && g_term_is_stop_request.load())) {
     g_forward_stop_request.store(true);
   } else {
     g_forward_signal.store(sig);
@@ -44,8 +47,12 @@ int ExitCodeOf(int status) {
 absl::StatusOr<int> LaunchRanks(const std::string& program,
                                 const std::vector<std::string>& args,
                                 const RankRange& range,
-                                const std::string& rendezvous_dir) {
+                                const std::string& rendezvous_dir,
+                                bool stop_on_term) {
   std::vector<pid_t> pids;
+  g_term_is_stop_request.store(stop_on_term);
+  // How a failed rank's peers are stopped at once.
+  const int stop_at_once = stop_on_term ? SIGINT : SIGTERM;
   const pid_t parent = getpid();
   // A stop request waits until it can be forwarded: held here until the
   // handler below is in place, and held in each rank (the mask survives
@@ -54,6 +61,7 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
   sigset_t stop_set, old_mask;
   sigemptyset(&stop_set);
   sigaddset(&stop_set, kTrainerStopSignal);
+  if (stop_on_term) sigaddset(&stop_set, SIGTERM);
   sigprocmask(SIG_BLOCK, &stop_set, &old_mask);
   for (int i = 0; i < range.count; ++i) {
     std::vector<std::string> argv_s = {program};
@@ -148,7 +156,7 @@ absl::StatusOr<int> LaunchRanks(const std::string& program,
             // One rank failed: the others would wait for it in the next
             // collective until the timeout; stop them now.
             for (pid_t q : pids)
-              if (q > 0) kill(q, SIGTERM);
+              if (q > 0) kill(q, stop_at_once);
             stopping = true;
             stop_deadline =
                 std::chrono::steady_clock::now() + std::chrono::seconds(10);

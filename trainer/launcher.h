@@ -33,10 +33,18 @@ struct RankRange {
 // exit code to leave with: 0 if every rank succeeded, else the first other
 // rank's code (128 + signal for a signal; kTrainerStoppedExitCode for a run
 // stopped on request). Removes `rendezvous_dir` at the end.
+//
+// `stop_on_term` (dlbatch-train --stop-on-term, whose ranks get the flag
+// in `args`): SIGTERM to the launcher is a stop request as
+// kTrainerStopSignal is, forwarded as kTrainerStopSignal without a
+// deadline; the ranks start with SIGTERM held too; a failed rank's peers
+// are stopped at once with SIGINT instead (SIGTERM would ask them for a
+// checkpoint). SIGINT still stops every rank at once.
 absl::StatusOr<int> LaunchRanks(const std::string& program,
                                 const std::vector<std::string>& args,
                                 const RankRange& range,
-                                const std::string& rendezvous_dir);
+                                const std::string& rendezvous_dir,
+                                bool stop_on_term = false);
 
 }  // namespace dlbatch::trainer
 

@@ -17,10 +17,11 @@ std::atomic<bool> g_stop_requested{false};
 static_assert(std::atomic<bool>::is_always_lock_free,
               "a signal handler may only set a lock-free atomic");
 
-sigset_t StopSet() {
+sigset_t StopSet(bool sigterm_too) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, kTrainerStopSignal);
+  if (sigterm_too) sigaddset(&set, SIGTERM);
   return set;
 }
 
@@ -35,11 +36,10 @@ void RememberStopRequest(int) {
 // signal held, so that no signal frame is ever written on a computing
 // thread's stack (oneDNN's kernels point the stack register into heap
 // buffers while they run: a frame written there corrupts the heap).
-void WatchStopRequests() {
-  const sigset_t set = StopSet();
+void WatchStopRequests(sigset_t set) {
   for (;;) {
     int sig = 0;
-    if (sigwait(&set, &sig) == 0 && sig == kTrainerStopSignal) {
+    if (sigwait(&set, &sig) == 0 && sigismember(&set, sig) == 1) {
       g_stop_requested.store(true, std::memory_order_relaxed);
     }
   }
@@ -47,31 +47,33 @@ void WatchStopRequests() {
 
 }  // namespace
 
-void HoldStopRequests() {
-  const sigset_t set = StopSet();
+void HoldStopRequests(bool sigterm_too) {
+  const sigset_t set = StopSet(sigterm_too);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-void TakeStopRequests() {
+void TakeStopRequests(bool sigterm_too) {
   static std::once_flag once;
-  std::call_once(once, [] {
+  std::call_once(once, [sigterm_too] {
     struct sigaction sa {};
     sa.sa_handler = RememberStopRequest;
     sigemptyset(&sa.sa_mask);
     // A thread waiting in a socket or a sleep goes on waiting.
     sa.sa_flags = SA_RESTART;
     sigaction(kTrainerStopSignal, &sa, nullptr);
+    if (sigterm_too) sigaction(SIGTERM, &sa, nullptr);
     // Held here for good, and so in every thread started from here on.
-    HoldStopRequests();
+    HoldStopRequests(sigterm_too);
     // One sent while the process started (held until now) is taken before
-    // this returns, so that the ranks' first agreement sees it.
-    const sigset_t set = StopSet();
+    // this returns, so that the ranks' first agreement sees it; each
+    // pending signal of the set is taken (one of each kind may wait).
+    const sigset_t set = StopSet(sigterm_too);
     const timespec now = {0, 0};
-    if (sigtimedwait(&set, nullptr, &now) == kTrainerStopSignal) {
+    while (sigtimedwait(&set, nullptr, &now) > 0) {
       g_stop_requested.store(true, std::memory_order_relaxed);
     }
     // Blocked in sigwait until the process ends; it touches only the flag.
-    std::thread(WatchStopRequests).detach();
+    std::thread(WatchStopRequests, set).detach();
   });
 }
 

@@ -2,7 +2,11 @@
 // kTrainerStopSignal sets a flag, and the training loop's ranks agree on
 // it at iterations every rank reaches alike (trainer/training.cc), write a
 // checkpoint at the end of that step and leave with
-// kTrainerStoppedExitCode. SIGTERM keeps its meaning: stop at once.
+// kTrainerStoppedExitCode. SIGTERM keeps its meaning, stop at once,
+// unless the process makes it a stop request too (`sigterm_too` below:
+// dlbatch-train --stop-on-term, as a worker inside a Slurm allocation
+// starts it, since Slurm's preemption sends SIGTERM to every process of the
+// job and SIGKILL only at its GraceTime).
 #ifndef DLBATCH_TRAINER_STOP_REQUEST_H_
 #define DLBATCH_TRAINER_STOP_REQUEST_H_
 
@@ -14,11 +18,12 @@
 
 namespace dlbatch::trainer {
 
-// Blocks kTrainerStopSignal in the calling thread (and the threads and
-// processes it starts), so that one sent now waits for whoever takes it:
-// TakeStopRequests in a rank, or a launcher's forwarding (launcher.h).
-// dlbatch-train calls it first thing.
-void HoldStopRequests();
+// Blocks kTrainerStopSignal (and SIGTERM with `sigterm_too`) in the
+// calling thread (and the threads and processes it starts), so that one
+// sent now waits for whoever takes it: TakeStopRequests in a rank, or a
+// launcher's forwarding (launcher.h). dlbatch-train calls it first thing,
+// and again with `sigterm_too` once it has read --stop-on-term.
+void HoldStopRequests(bool sigterm_too = false);
 
 // Takes kTrainerStopSignal from now on: the flag that StopRequestFlag
 // returns is set by one thread of its own, which waits for the signal
@@ -29,9 +34,13 @@ void HoldStopRequests();
 // blocked: the launcher starts its ranks so, a worker may too) sets the
 // flag before this returns. Call early, before the threads that compute
 // start (they must inherit the held signal); later calls do nothing.
-void TakeStopRequests();
+// With `sigterm_too`, SIGTERM is a stop request as kTrainerStopSignal is
+// (each sets the flag, and the process goes on to its checkpoint); without
+// it SIGTERM keeps its default action. REQUIRES: SIGTERM is held only where
+// `sigterm_too` (HoldStopRequests(true)): none else would ever take it.
+void TakeStopRequests(bool sigterm_too = false);
 
-// Whether kTrainerStopSignal arrived since TakeStopRequests, for
+// Whether a stop request arrived since TakeStopRequests, for
 // TrainRequest::stop_requested. Set by another thread (or, on a thread
 // that should have held the signal, by its handler): a lock-free atomic.
 const std::atomic<bool>* StopRequestFlag();

@@ -13,12 +13,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "common/files.h"
 #include "common/status.h"
 #include "common/stop_signals.h"
 #include "worker/command_progress.h"
 #include "worker/devices.h"
 #include "worker/job_table.h"
+#include "worker/launch_env.h"
+#include "worker/launch_rendezvous.h"
 #include "worker/train_job.h"
 
 namespace dlbatch::worker {
@@ -99,6 +102,65 @@ void AddCommandChannels(const v1::JobSpec& spec, const std::string& dir,
     sp->env.emplace_back("PYTHONPATH", context.python_dir);
 }
 
+// A job's parts must all have started preparing within this long: their
+// workers meet before any process starts.
+constexpr absl::Duration kLaunchMeetTimeout = absl::Minutes(10);
+
+// The processes of a `launch:` job's part, each with torchrun's variables
+// (launch_env.h). Parts of a job spread over workers meet at the
+// scheduler's rendezvous first; a job on one worker talks over loopback.
+absl::StatusOr<std::vector<SubprocessOptions::RankProcess>> LaunchProcesses(
+    const v1::StartJob& start, const LaunchContext& context,
+    std::vector<std::string>* notes) {
+  LaunchLayout layout;
+  layout.mode = start.spec().launch();
+  layout.part = start.part();
+  layout.parts = std::max(1, start.parts());
+  layout.slots = std::max(1, start.devices_size());
+  layout.first_rank = start.first_rank();
+  layout.pool = std::max(start.pool(), layout.first_rank + layout.slots);
+  layout.gpus = context.gpus;
+  if (layout.parts == 1) {
+    layout.hosts = {"127.0.0.1"};
+    ASSIGN_OR_RETURN(layout.master_port, FreeTcpPort());
+  } else {
+    MeetingPlace place;
+    place.address = context.rendezvous;
+    place.ca_pem = context.rendezvous_ca;
+    place.job_id = start.job_id();
+    place.attempt = start.attempt();
+    place.secret = start.rendezvous_secret();
+    absl::StatusOr<PartsMet> met = MeetParts(place, layout.part, layout.parts,
+                                             context.host, kLaunchMeetTimeout);
+    if (!met.ok()) {
+      return Annotate(
+          met.status(),
+          "meeting the job's other parts for launch: " + layout.mode);
+    }
+    layout.hosts = std::move(met->hosts);
+    layout.master_port = met->master_port;
+  }
+  ASSIGN_OR_RETURN(std::vector<RankEnv> ranks, LaunchRanks(layout));
+  std::vector<SubprocessOptions::RankProcess> out;
+  for (RankEnv& r : ranks) {
+    SubprocessOptions::RankProcess p;
+    p.rank = r.rank;
+    for (auto& [name, value] : r.env) {
+      // The job's own env: may choose its threads, as under torchrun.
+      if (name == "OMP_NUM_THREADS" && start.spec().env().count(name)) continue;
+      p.env.emplace_back(std::move(name), std::move(value));
+    }
+    out.push_back(std::move(p));
+  }
+  notes->push_back(absl::StrCat(
+      "launch: ", layout.mode, ": part ", layout.part, " of ", layout.parts,
+      " runs rank", out.size() > 1 ? "s " : " ", out.front().rank,
+      out.size() > 1 ? absl::StrCat("-", out.back().rank) : "", " of ",
+      layout.mode == kLaunchPerNode ? layout.parts : layout.pool,
+      "; MASTER_ADDR=", layout.hosts[0], " MASTER_PORT=", layout.master_port));
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
@@ -145,6 +207,7 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
     launch.host = start.parts() > 1 ? context.host : "127.0.0.1";
     launch.resume = start.checkpoint_size() > 0;
     launch.gpus = context.gpus;
+    launch.stop_on_term = context.trainer_stop_on_term;
     RETURN_IF_ERROR(PrepareTrainCommand(start, launch, &sp));
     if (launch.resume) {
       notes->push_back(
@@ -182,6 +245,9 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
       notes->push_back(absl::StrCat(
           "resuming from the stored checkpoint of step ",
           start.checkpoint_iteration(), " in $DLBATCH_CHECKPOINT_DIR"));
+    }
+    if (!spec.launch().empty()) {
+      ASSIGN_OR_RETURN(sp.ranks, LaunchProcesses(start, context, notes));
     }
   }
   std::string visible;

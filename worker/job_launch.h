@@ -40,6 +40,10 @@ struct LaunchContext {
   // TCP: the CA (PEM) the scheduler's certificate chains to, for train
   // jobs' rendezvous.
   std::string rendezvous_ca;
+  // A Slurm job's worker: Slurm sends SIGTERM to the job's processes too
+  // (its preemption, scancel, its time limit), which the trainer takes as a
+  // checkpoint-and-stop (TrainLaunch::stop_on_term), not a stop at once.
+  bool trainer_stop_on_term = false;
 };
 
 // What every job inherits from the worker's environment.

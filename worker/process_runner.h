@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -36,8 +38,13 @@ class ProcessRunner {
   // REQUIRES: called once, before Start(). `events` outlives the runner's
   // use of it (until Shutdown()).
   virtual void Attach(ProcessEvents* events) = 0;
-  // Starts a job's processes under `key` (unused). Thread-safe; the result
-  // arrives as ProcessStarted.
+  // Starts a job's processes under `key` (unused): options' argv, or one
+  // process per entry of options.ranks, all within the job's containment;
+  // Terminate reaches every one, lines carry each one's rank, and the job
+  // has Exited once all have. The first of several to fail is the job's
+  // end (its rank in the ExitInfo) and the others are stopped then (a
+  // collective would wait on the lost rank forever). Thread-safe; the
+  // result arrives as ProcessStarted.
   virtual void Start(int64_t key, SubprocessOptions options) = 0;
   // `signal` (SIGTERM, or a preempted job's stop signal) to every process
   // of the job now, KILL after grace_ms. Unknown keys are ignored.
@@ -53,7 +60,10 @@ class ProcessRunner {
 struct JobContainment {
   // Non-empty: each job gets the cgroup CGROUP_ROOT/job-<key>.
   std::string cgroup_root;
-  // Each job's processes carry kJobMarkVar=<mark_prefix><key>/.
+  // Each job's processes carry kJobMarkVar=<mark_prefix><key>/. A job of
+  // several processes has the cgroup's folder rank-<rank> for each, and
+  // each's mark goes on with <rank>/, so that one process's end takes only
+  // its own with it.
   std::string mark_prefix;
 };
 
@@ -72,13 +82,32 @@ class SubprocessRunner final : public ProcessRunner {
   void Shutdown() override;
 
  private:
+  // The processes of a job that has several (SubprocessOptions::ranks),
+  // each in the set under a key of its own.
+  struct RankGroup {
+    std::map<int64_t, int> live;  // set key -> rank
+    std::string cgroup;           // the job's; each rank's is inside it
+    std::optional<absl::Status> start_error;
+    std::optional<ExitInfo> failed;  // the first to fail
+    ExitInfo end;                    // what the job's end reports
+    bool stopping = false;           // Terminate()d, or a rank failed
+  };
   void Loop();
   void Post(std::function<void()> command);
+  void StartRanks(int64_t key, SubprocessOptions options);
+  void LineOf(int64_t set_key, const OutputLine& line);
+  void ExitOf(int64_t set_key, const ExitInfo& info);
 
   const Clock* const clock_;
   const JobContainment containment_;
   ProcessEvents* events_ = nullptr;
   std::unique_ptr<SubprocessSet> set_;  // the loop thread's only
+  // The loop thread's only: jobs of several processes by key, which job
+  // each of their set keys belongs to, and the next such set key (negative,
+  // so never a job's key).
+  std::map<int64_t, RankGroup> groups_;
+  std::map<int64_t, int64_t> rank_jobs_;
+  int64_t next_rank_key_ = -1;
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(mu_);

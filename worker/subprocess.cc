@@ -347,7 +347,7 @@ absl::Status ChildFailureStatus(const ChildFailure& failure,
 // bytes, which had none), taking a '\r' before the '\n' as part of the
 // ending and splitting the text into pieces of at most `max_bytes`.
 void DeliverLine(const SubprocessSet::LineSink& sink, SubprocessSet::Key key,
-                 int stream, std::string_view text, int64_t time_ms,
+                 int rank, int stream, std::string_view text, int64_t time_ms,
                  size_t max_bytes, bool newline = true) {
   OutputLine::Ending ending =
       newline ? OutputLine::kNewline : OutputLine::kNone;
@@ -358,6 +358,7 @@ void DeliverLine(const SubprocessSet::LineSink& sink, SubprocessSet::Key key,
   do {
     OutputLine line;
     line.stream = stream;
+    line.rank = rank;
     line.time_ms = time_ms;
     line.text = std::string(text.substr(0, max_bytes));
     text.remove_prefix(line.text.size());
@@ -418,13 +419,14 @@ absl::Status OpenFifo(const SubprocessOptions& options, ScopedFd* r,
 }  // namespace
 
 std::string ExitInfo::Describe() const {
-  if (exited) return absl::StrCat("exit code ", exit_code);
+  const std::string who = rank >= 0 ? absl::StrCat("rank ", rank, ": ") : "";
+  if (exited) return absl::StrCat(who, "exit code ", exit_code);
   if (term_signal != 0) {
     const char* name = strsignal(term_signal);
-    return absl::StrCat("killed by signal ", term_signal, " (",
+    return absl::StrCat(who, "killed by signal ", term_signal, " (",
                         name != nullptr ? name : "unknown", ")");
   }
-  return "no exit status";
+  return who + "no exit status";
 }
 
 bool ProcessGroupAlive(pid_t pgid) {
@@ -478,6 +480,7 @@ struct SubprocessSet::Proc {
   int64_t zombies_only_since = -1;
   std::string cgroup;  // "": none
   std::string mark;
+  int rank = -1;
   bool done = false;
   ExitInfo info;
 };
@@ -668,6 +671,8 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
   proc->linger_ms = std::max<int64_t>(0, options.linger_ms);
   proc->cgroup = options.cgroup;
   proc->mark = options.mark;
+  proc->rank = options.rank;
+  proc->info.rank = options.rank;
   procs_.emplace(key, std::move(proc));
   return pid;
 }
@@ -818,11 +823,12 @@ void SubprocessSet::ReadPipe(Proc* proc, int stream_index) {
     std::string_view data(buf, static_cast<size_t>(n));
     for (size_t nl; (nl = data.find('\n')) != std::string_view::npos;) {
       if (partial.empty()) {
-        DeliverLine(on_line_, proc->key, stream, data.substr(0, nl), time_ms,
-                    max);
+        DeliverLine(on_line_, proc->key, proc->rank, stream, data.substr(0, nl),
+                    time_ms, max);
       } else {
         partial.append(data.substr(0, nl));
-        DeliverLine(on_line_, proc->key, stream, partial, time_ms, max);
+        DeliverLine(on_line_, proc->key, proc->rank, stream, partial, time_ms,
+                    max);
         partial.clear();
       }
       data.remove_prefix(nl + 1);
@@ -834,6 +840,7 @@ void SubprocessSet::ReadPipe(Proc* proc, int stream_index) {
     while (partial.size() - off > max + 1) {
       OutputLine line;
       line.stream = stream;
+      line.rank = proc->rank;
       line.time_ms = time_ms;
       line.text = partial.substr(off, max);
       line.ending = OutputLine::kNone;  // the line goes on
@@ -849,8 +856,8 @@ void SubprocessSet::FlushPartial(Proc* proc, int stream_index) {
   if (partial.empty()) return;
   std::string text = std::move(partial);
   partial.clear();
-  DeliverLine(on_line_, proc->key, stream_index + 1, text, clock_->NowMs(),
-              proc->max_line_bytes, /*newline=*/false);
+  DeliverLine(on_line_, proc->key, proc->rank, stream_index + 1, text,
+              clock_->NowMs(), proc->max_line_bytes, /*newline=*/false);
 }
 
 std::vector<pid_t> SubprocessSet::Members(const Proc& proc) const {

@@ -70,10 +70,26 @@ struct SubprocessOptions {
   // environment (the caller adds it), by which processes that left the
   // process group (setsid, double forks) are still found.
   std::string mark;
+  // This process's global rank among the job's processes where a part
+  // runs several (launch: per-node or per-slot), or -1 for a part's one
+  // program: each of its output lines and its end carry it.
+  int rank = -1;
+  // A part of several processes (launch: per-node or per-slot): one per
+  // entry, each these options with its entry's `env` after `env` and its
+  // `rank`, each a subprocess of its own (its own streams, its own group)
+  // inside the job's one containment. Empty: the one process of `argv`.
+  // ProcessRunner starts them; SubprocessSet runs one process and ignores
+  // this.
+  struct RankProcess {
+    int rank = 0;
+    std::vector<std::pair<std::string, std::string>> env;
+  };
+  std::vector<RankProcess> ranks;
 };
 
 struct OutputLine {
   int stream = 1;  // 1 stdout, 2 stderr, 3 the channel (descriptor 3)
+  int rank = -1;   // the writing process's SubprocessOptions::rank
   int64_t time_ms = 0;
   std::string text;  // without its ending
   // What followed `text` in the output: "\n", "\r\n", or nothing (the
@@ -92,7 +108,12 @@ struct ExitInfo {
   int leftover_killed = 0;          // processes killed after the leader exited
   // What those were, "name (pid N), ..." (may be cut short).
   std::string leftover_names;
-  std::string Describe() const;  // "exit code 3", "killed by signal 9 (Killed)"
+  // The process whose end this is (SubprocessOptions::rank): of a part of
+  // several, the first that failed, or -1.
+  int rank = -1;
+  // "exit code 3", "killed by signal 9 (Killed)"; with a rank, "rank 1:
+  // exit code 3".
+  std::string Describe() const;
 };
 
 // Owns the running subprocesses. All methods are called from one thread

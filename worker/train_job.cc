@@ -30,6 +30,7 @@ absl::Status PrepareTrainCommand(const v1::StartJob& start,
   // between the workers' processes.
   if (!launch.gpus) sp->argv.push_back("--thread-ranks");
   if (launch.resume) sp->argv.push_back("--resume");
+  if (launch.stop_on_term) sp->argv.push_back("--stop-on-term");
   sp->cwd = launch.job_dir;
   sp->channel = true;
   if (world > 1) {

@@ -33,6 +33,10 @@ struct TrainLaunch {
   bool gpus = false;
   // TCP: the CA (PEM) of the scheduler's TLS, for the ranks' rendezvous.
   std::string rendezvous_ca;
+  // SIGTERM asks the trainer for a checkpoint-and-stop (--stop-on-term):
+  // a worker inside a Slurm allocation, whose trainers Slurm's preemption
+  // (or scancel, or the time limit) signals as well as the worker.
+  bool stop_on_term = false;
 };
 
 // Writes the spec where the trainer reads it and fills `sp` (argv, cwd,

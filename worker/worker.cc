@@ -115,6 +115,7 @@ Worker::Worker(WorkerOptions options, const Clock* clock, ProcessRunner* runner,
   launch_.host = options_.host;
   launch_.rendezvous = RendezvousAddress(options_.channel.endpoint);
   launch_.rendezvous_ca = options_.channel.ca_pem;
+  launch_.trainer_stop_on_term = options_.slurm_job.has_value();
   for (const auto& d : options_.devices) launch_.gpus |= d.kind() == "gpu";
   launch_.visible_devices = std::getenv("CUDA_VISIBLE_DEVICES");
   launch_.keep_env.assign(std::begin(kJobBaseEnv), std::end(kJobBaseEnv));

@@ -357,6 +357,32 @@ TEST(JobYamlParse, PreemptibleAndPreemptSignal) {
                         "trainer's own checkpoint-and-stop"));
 }
 
+// launch: how many processes a command job's parts run; the variables it
+// sets are the worker's alone when it is given.
+TEST(JobYamlParse, Launch) {
+  EXPECT_EQ(ParseOk("command: [ls]\n").launch(), "");
+  EXPECT_EQ(ParseOk("command: [ls]\nlaunch: per-slot\n").launch(), "per-slot");
+  EXPECT_EQ(ParseOk("command: [ls]\nlaunch: per-node\n").launch(), "per-node");
+  EXPECT_THAT(ParseError("command: [ls]\nlaunch: all\n"),
+              HasSubstr("job.yaml:2:9: launch: 'all' is not a launch mode; "
+                        "use per-node (one process per worker), per-slot"));
+  EXPECT_THAT(
+      ParseError(TrainJob("      - {type: fc, units: 10}\n") +
+                 "launch: per-slot\n"),
+      HasSubstr("launch: the embedded trainer starts its own ranks; remove"));
+  EXPECT_THAT(ParseError("command: [ls]\nlaunch: per-slot\n"
+                         "env: {RANK: '3'}\n"),
+              HasSubstr("job.yaml:3:7: env.RANK: launch: per-slot sets it for "
+                        "each process (as torchrun does); remove it"));
+  // Without launch: a job may set them itself, as before.
+  EXPECT_EQ(ParseOk("command: [ls]\nenv: {MASTER_ADDR: 127.0.0.1}\n")
+                .env()
+                .at("MASTER_ADDR"),
+            "127.0.0.1");
+  EXPECT_THAT(ParseError("command: [ls]\nenv: {DLBATCH_HOSTS: x}\n"),
+              HasSubstr("env.DLBATCH_HOSTS: the worker sets it"));
+}
+
 TEST(JobYamlErrors, UnknownTopLevelKey) {
   std::string msg = ParseError("name: x\ncommand: [ls]\npoool: 4\n");
   EXPECT_THAT(msg,
@@ -364,8 +390,8 @@ TEST(JobYamlErrors, UnknownTopLevelKey) {
   EXPECT_THAT(msg, HasSubstr("did you mean 'pool'?"));
   EXPECT_THAT(msg, HasSubstr("allowed keys: name, profile, pool, priority, "
                              "time_limit, preemptible, preempt_signal, "
-                             "max_nodes, nodes, attach, env, command, train, "
-                             "sweep"));
+                             "launch, max_nodes, nodes, attach, env, command, "
+                             "train, sweep"));
 }
 
 TEST(JobYamlErrors, UnknownKeyUnderOptions) {

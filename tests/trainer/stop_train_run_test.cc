@@ -4,7 +4,8 @@
 // kTrainerStoppedExitCode, and the run resumed from it ends with the
 // uninterrupted run's model.onnx, bit for bit. Ranks as threads of one
 // process, as processes over Gloo signalled one alone, and under the
-// launcher; a stop during set-up; SIGTERM, which still stops at once.
+// launcher; a stop during set-up; SIGTERM, which still stops at once, and
+// with --stop-on-term (a worker in a Slurm job) is a stop request too.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -258,6 +259,62 @@ TEST_F(StopRun, SigtermStillStopsAtOnce) {
   EXPECT_EQ(Wait(pid), 128 + SIGTERM) << ReadAll(dir_ + "/log");
   EXPECT_EQ(ReadAll(dir_ + "/log").find("Stopping"), std::string::npos);
   EXPECT_EQ(access((out + "/checkpoint.dlbc").c_str(), F_OK), -1);
+}
+
+// --stop-on-term, as a worker inside a Slurm allocation starts it (Slurm's
+// preemption sends SIGTERM to every process of the job, and SIGKILL only
+// at its GraceTime): SIGTERM is a stop request, with the checkpoint
+// written at the step's end, and the resumed run ends with the
+// uninterrupted run's model.
+TEST_F(StopRun, WithStopOnTermSigtermCheckpointsAndResumesToTheSameModel) {
+  const std::string job = Job();
+  const std::vector<std::string> ranks = {
+      "--thread-ranks",   "--ranks",  "2", "--threads", "1",
+      "--max-iterations", kIterations};
+  Result whole = RunTrain(job, dir_ + "/whole", ranks);
+  ASSERT_EQ(whole.code, 0) << whole.out << whole.err;
+
+  const std::string out = dir_ + "/stopped";
+  const std::string progress = dir_ + "/stopped.jsonl";
+  const std::string log = dir_ + "/stopped.log";
+  std::vector<std::string> args = ranks;
+  args.insert(args.end(), {"--stop-on-term", "--progress", progress});
+  const pid_t pid = Start(job, out, args, log);
+  WaitForAStep(progress);
+  kill(pid, SIGTERM);
+  const int code = Wait(pid);
+  const int64_t n = ExpectStopped(code, ReadAll(log), out, progress);
+  ASSERT_FALSE(HasFailure());
+
+  std::vector<std::string> resume = ranks;
+  resume.insert(resume.end(), {"--stop-on-term", "--resume"});
+  Result rest = RunTrain(job, out, resume);
+  ASSERT_EQ(rest.code, 0) << rest.out << rest.err;
+  EXPECT_NE(rest.out.find(absl::StrCat("Resuming from ", out,
+                                       "/checkpoint.dlbc: iteration ", n)),
+            std::string::npos)
+      << rest.out;
+  EXPECT_EQ(OnnxSha(out), OnnxSha(dir_ + "/whole"));
+}
+
+// Under the launcher, with SIGTERM to the whole process group as Slurm
+// sends it to each process of a job: the launcher is not ended by it and
+// sets no deadline, the ranks agree on a step, and it leaves with their
+// code; no rank is stopped at once.
+TEST_F(StopRun, WithStopOnTermTheLauncherAndItsRanksTakeSigtermAsAStop) {
+  const std::string out = dir_ + "/out";
+  const std::string progress = dir_ + "/progress.jsonl";
+  const std::string log = dir_ + "/log";
+  const pid_t pid =
+      Start(Job(), out,
+            {"--ranks", "2", "--threads", "1", "--max-iterations", kIterations,
+             "--stop-on-term", "--progress", progress},
+            log);
+  WaitForAStep(progress);
+  kill(-pid, SIGTERM);  // Start made it the leader of its own group
+  const int code = Wait(pid);
+  ExpectStopped(code, ReadAll(log), out, progress);
+  EXPECT_EQ(ReadAll(log).find("rank 1:"), std::string::npos) << ReadAll(log);
 }
 
 // Ranks as processes meeting over Gloo through a rendezvous folder, as

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -98,6 +99,8 @@ class RecordingEvents : public ProcessEvents {
   void ProcessLine(int64_t key, const OutputLine& line) override {
     absl::MutexLock lock(&mu_);
     lines_[key].push_back(line.text);
+    ranked_[key].push_back(
+        absl::StrCat(line.rank, ":", line.stream, ":", line.text));
   }
   void ProcessExited(int64_t key, const ExitInfo& info) override {
     absl::MutexLock lock(&mu_);
@@ -122,6 +125,11 @@ class RecordingEvents : public ProcessEvents {
       return std::nullopt;
     return exits_.at(key);
   }
+  // Each line as "RANK:STREAM:TEXT".
+  std::vector<std::string> Ranked(int64_t key) {
+    absl::MutexLock lock(&mu_);
+    return ranked_[key];
+  }
   bool HasLine(int64_t key, const std::string& text) {
     absl::MutexLock lock(&mu_);
     for (const std::string& l : lines_[key]) {
@@ -134,6 +142,7 @@ class RecordingEvents : public ProcessEvents {
   absl::Mutex mu_;
   std::map<int64_t, absl::Status> started_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::vector<std::string>> lines_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<std::string>> ranked_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, ExitInfo> exits_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -241,6 +250,141 @@ TEST_F(PreemptSignalTest, ReachesEveryProcessOfTheCgroupAndKillsAtTheGrace) {
   containment.cgroup_root = *root;
   RunPreempted(containment);
   rmdir(root->c_str());
+}
+
+// A part of several processes (launch: per-node or per-slot): each is a
+// stream of its own labelled with its rank, a stop reaches every one, and
+// the part's end is the first failure's, naming its rank.
+class RankProcessesTest : public PreemptSignalTest {
+ protected:
+  static SubprocessOptions Ranks(std::string script, std::vector<int> ranks) {
+    SubprocessOptions job;
+    job.argv = {"sh", "-c", std::move(script)};
+    for (int r : ranks) {
+      SubprocessOptions::RankProcess p;
+      p.rank = r;
+      p.env = {{"RANK", absl::StrCat(r)}};
+      job.ranks.push_back(std::move(p));
+    }
+    return job;
+  }
+};
+
+TEST_F(RankProcessesTest, EachRankIsAStreamOfItsOwnLabelledWithItsRank) {
+  SubprocessRunner runner(SystemClock::Get());
+  RecordingEvents events;
+  runner.Attach(&events);
+  runner.Start(
+      1, Ranks("echo out $RANK; echo err $RANK >&2; echo again $RANK", {3, 4}));
+  ASSERT_TRUE(events.WaitStarted(1, absl::Seconds(10)).ok());
+  std::optional<ExitInfo> info = events.WaitExit(1, absl::Seconds(10));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(info->exited);
+  EXPECT_EQ(info->exit_code, 0);
+  EXPECT_EQ(info->rank, -1);
+  std::vector<std::string> lines = events.Ranked(1);
+  for (int r : {3, 4}) {
+    // Each rank's own stdout in its order, and its stderr apart.
+    std::vector<std::string> out;
+    for (const std::string& l : lines) {
+      if (l.rfind(absl::StrCat(r, ":1:"), 0) == 0) out.push_back(l);
+    }
+    EXPECT_EQ(out, (std::vector<std::string>{absl::StrCat(r, ":1:out ", r),
+                                             absl::StrCat(r, ":1:again ", r)}));
+    EXPECT_NE(
+        std::find(lines.begin(), lines.end(), absl::StrCat(r, ":2:err ", r)),
+        lines.end());
+  }
+  EXPECT_EQ(lines.size(), 6u);
+  runner.Shutdown();
+}
+
+TEST_F(RankProcessesTest, OneRankFailingEndsThePartNamingItAndStopsTheRest) {
+  SubprocessRunner runner(SystemClock::Get());
+  RecordingEvents events;
+  runner.Attach(&events);
+  const int64_t start = SystemClock::Get()->MonotonicMs();
+  runner.Start(
+      1, Ranks("if [ $RANK = 1 ]; then sleep 0.2; exit 3; fi; exec sleep 1000",
+               {0, 1, 2}));
+  ASSERT_TRUE(events.WaitStarted(1, absl::Seconds(10)).ok());
+  std::optional<ExitInfo> info = events.WaitExit(1, absl::Seconds(20));
+  ASSERT_TRUE(info.has_value()) << "the others were not stopped";
+  EXPECT_LT(SystemClock::Get()->MonotonicMs() - start, 8000);
+  EXPECT_EQ(info->rank, 1);
+  EXPECT_EQ(info->exit_code, 3);
+  EXPECT_EQ(info->Describe(), "rank 1: exit code 3");
+  runner.Shutdown();
+}
+
+TEST_F(RankProcessesTest, AStopReachesEveryRankInItsMarkedContainment) {
+  JobContainment containment;
+  containment.mark_prefix = absl::StrCat("rank-test-", getpid(), ":");
+  SubprocessRunner runner(SystemClock::Get(), containment);
+  RecordingEvents events;
+  runner.Attach(&events);
+  SubprocessOptions job = Ranks(
+      "trap 'echo $RANK > got-$RANK; exit 0' USR2; echo ready; "
+      "case $DLBATCH_JOB_MARK in *:7/$RANK/) ;; *) exit 9;; esac; "
+      "while :; do sleep 0.05; done",
+      {0, 1});
+  job.cwd = dir_;
+  runner.Start(7, job);
+  ASSERT_TRUE(events.WaitStarted(7, absl::Seconds(10)).ok());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return events.HasLine(7, "ready") && events.Ranked(7).size() == 2;
+      },
+      10000));
+  runner.Terminate(7, SIGUSR2, 5000);
+  std::optional<ExitInfo> info = events.WaitExit(7, absl::Seconds(10));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(info->exited);
+  EXPECT_EQ(info->exit_code, 0) << info->Describe();
+  EXPECT_FALSE(info->killed_after_grace);
+  EXPECT_TRUE(Exists(dir_ + "/got-0"));
+  EXPECT_TRUE(Exists(dir_ + "/got-1"));
+  runner.Shutdown();
+}
+
+TEST_F(RankProcessesTest, AStopReachesEveryRankOfTheJobsCgroup) {
+  auto root = MakeCgroupRoot(absl::StrCat("dlbatch-rank-test-", getpid()));
+  if (!root.ok()) GTEST_SKIP() << "no cgroup to make: " << root.status();
+  JobContainment containment;
+  containment.cgroup_root = *root;
+  SubprocessRunner runner(SystemClock::Get(), containment);
+  RecordingEvents events;
+  runner.Attach(&events);
+  // Each rank leaves a process that ignores the stop: the grace kills it.
+  runner.Start(
+      7, Ranks("(trap '' USR2; exec sleep 1000) & echo ready; wait", {0, 1}));
+  ASSERT_TRUE(events.WaitStarted(7, absl::Seconds(10)).ok());
+  ASSERT_TRUE(WaitFor([&] { return events.Ranked(7).size() == 2; }, 10000));
+  EXPECT_EQ(CgroupProcs(*root + "/job-7/rank-0").size(), 2u);
+  EXPECT_EQ(CgroupProcs(*root + "/job-7/rank-1").size(), 2u);
+  runner.Terminate(7, SIGUSR2, 1000);
+  std::optional<ExitInfo> info = events.WaitExit(7, absl::Seconds(10));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(info->killed_after_grace);
+  EXPECT_FALSE(Exists(*root + "/job-7")) << "the job's cgroup was left";
+  runner.Shutdown();
+  rmdir(root->c_str());
+}
+
+// A rank that cannot start fails the part's start, once the ranks started
+// before it are gone.
+TEST_F(RankProcessesTest, ARankThatCannotStartFailsTheStartAfterTheOthersGo) {
+  SubprocessRunner runner(SystemClock::Get());
+  RecordingEvents events;
+  runner.Attach(&events);
+  SubprocessOptions job = Ranks("exec sleep 1000", {0, 1});
+  job.ranks[1].env.emplace_back("BAD=NAME", "x");
+  runner.Start(1, job);
+  absl::Status s = events.WaitStarted(1, absl::Seconds(10));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(std::string(s.message()).find("rank 1: "), std::string::npos) << s;
+  EXPECT_FALSE(events.WaitExit(1, absl::Milliseconds(200)).has_value());
+  runner.Shutdown();
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // line it starts a train job's ranks with.
 #include "worker/train_job.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -169,6 +170,28 @@ TEST(PrepareTrainCommand, CpuSlotsAreThreadsOfOneProcessAndGpusProcesses) {
               std::string::npos)
         << argv;
     EXPECT_EQ(argv.find("--thread-ranks") != std::string::npos, !gpus) << argv;
+  }
+}
+
+// SIGTERM a checkpoint-and-stop only where the worker asks for it (a Slurm
+// job's worker).
+TEST(PrepareTrainCommand, StopOnTermOnlyWhereAsked) {
+  const std::string dir = ::testing::TempDir() + "/train_job_test_term";
+  std::filesystem::create_directories(dir);
+  v1::StartJob start;
+  start.set_pool(1);
+  start.add_devices(0);
+  start.mutable_spec()->mutable_train();
+  TrainLaunch launch;
+  launch.trainer = "dlbatch-train";
+  launch.job_dir = dir;
+  launch.output_dir = dir + "/output";
+  for (const bool term : {false, true}) {
+    launch.stop_on_term = term;
+    SubprocessOptions sp;
+    ASSERT_TRUE(PrepareTrainCommand(start, launch, &sp).ok());
+    EXPECT_EQ(std::count(sp.argv.begin(), sp.argv.end(), "--stop-on-term"),
+              term ? 1 : 0);
   }
 }
 

@@ -10,12 +10,14 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
 #include "tests/worker/worker_fakes.h"
@@ -132,6 +134,16 @@ class WorkerTest : public ::testing::Test {
   }
   std::optional<JobPhase> Phase(int64_t id) {
     return worker_->Phase(JobRef{id, 1, 0});
+  }
+  // The trainer's argv for a train job (an empty train: section) that the
+  // worker starts as job `id`; empty if it starts none.
+  std::vector<std::string> TrainerArgv(int64_t id) {
+    v1::StartJob s = Start(id);
+    s.mutable_spec()->mutable_train();
+    Send(s);
+    std::optional<int64_t> key = runner_.WaitStart(id);
+    if (!key.has_value()) return {};
+    return runner_.Options(*key).argv;
   }
 
   std::string dir_;
@@ -470,6 +482,28 @@ TEST_F(SlurmWorkerTest, SaysWhichJobItServesAndLeavesOnceItsEndIsAcked) {
   EXPECT_TRUE(run_status_.ok()) << run_status_;
   EXPECT_GE(runner_.shutdowns(), 1);
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/jobs/5-1-0"));
+}
+
+bool Has(const std::vector<std::string>& argv, const std::string& arg) {
+  return std::find(argv.begin(), argv.end(), arg) != argv.end();
+}
+
+// Slurm signals a Slurm job's processes as well as its worker (its own
+// preemption, scancel, the time limit): the trainer there takes SIGTERM as
+// a checkpoint-and-stop, as it takes the worker's own request.
+TEST_F(SlurmWorkerTest, StartsTrainersThatTakeSigtermAsAStopRequest) {
+  const std::vector<std::string> argv = TrainerArgv(5);
+  ASSERT_FALSE(argv.empty());
+  EXPECT_TRUE(Has(argv, "--stop-on-term")) << absl::StrJoin(argv, " ");
+}
+
+// Elsewhere SIGTERM stops a trainer at once (the worker asks for a
+// checkpoint with kTrainerStopSignal).
+TEST_F(WorkerTest, StartsTrainersThatStopAtOnceOnSigtermOutsideSlurm) {
+  const std::vector<std::string> argv = TrainerArgv(8);
+  ASSERT_FALSE(argv.empty());
+  EXPECT_TRUE(Has(argv, "--spec-binary")) << absl::StrJoin(argv, " ");
+  EXPECT_FALSE(Has(argv, "--stop-on-term")) << absl::StrJoin(argv, " ");
 }
 
 TEST(TransferPoolTest, AJobsLongTransferDoesNotDelayAnother) {

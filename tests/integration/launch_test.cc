@@ -1,0 +1,242 @@
+// Command jobs launched per slot and per node (`launch:`) through the real
+// scheduler and two real workers: every process gets torchrun's variables
+// (part 0's address and a port its worker found free, handed over through
+// the scheduler's rendezvous), PyTorch DDP over gloo trains across the
+// workers to the weights of one process on the global batch, every rank's
+// output reaches the diary, and one rank's failure is the job's, by rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/harness.h"
+
+namespace dlbatch::testing {
+namespace {
+
+constexpr char kPython[] = "/usr/bin/python3";
+
+bool HaveTorch() {
+  return Exec({kPython, "-c", "import torch"}, {}, 120000).code == 0;
+}
+
+// `prefix` JSON... lines of the diary ("weights 1: [...]"), by what
+// follows the prefix up to ':' (the rank, or "reference").
+std::map<std::string, std::vector<double>> Weights(const std::string& text) {
+  std::map<std::string, std::vector<double>> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("weights ");
+    const size_t colon = line.find(": [", at);
+    if (at == std::string::npos || colon == std::string::npos) continue;
+    out[line.substr(at + 8, colon - at - 8)] =
+        nlohmann::json::parse(line.substr(colon + 2))
+            .get<std::vector<double>>();
+  }
+  return out;
+}
+
+// The values after `key` ("master 127.0.0.1:") on each line that has it.
+std::set<std::string> After(const std::string& text, const std::string& key) {
+  std::set<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find(key);
+    if (at == std::string::npos) continue;
+    std::string rest = line.substr(at + key.size());
+    out.insert(rest.substr(0, rest.find_first_of(" \t")));
+  }
+  return out;
+}
+
+class Launch : public ::testing::Test {
+ protected:
+  // Two workers of `slots` CPU slots each on this machine.
+  void StartTwoWorkers(int slots) {
+    c_.StartScheduler();
+    c_.StartWorker("a", slots, "local", {"--host", "127.0.0.1"});
+    c_.StartWorker("b", slots, "local", {"--host", "127.0.0.1"});
+    ASSERT_TRUE(c_.WaitWorkers(2));
+  }
+  void CopyExample(const std::string& name) {
+    std::filesystem::copy_file(
+        std::string(DLBATCH_SOURCE_DIR) + "/examples/pytorch/" + name,
+        c_.dir() + "/" + name,
+        std::filesystem::copy_options::overwrite_existing);
+  }
+  std::string Diary(int64_t id) {
+    return c_.Cli({"diary", std::to_string(id)}).out;
+  }
+  // The weights one process reaches on the whole batch.
+  std::vector<double> Reference() {
+    Result r =
+        Exec({kPython, c_.dir() + "/ddp_train.py", "--reference"}, {}, 300000);
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    return Weights(r.out)["reference"];
+  }
+  // Every rank 0..world-1 printed weights within float rounding of `want`.
+  void ExpectRanksReach(const std::string& diary, int world,
+                        const std::vector<double>& want) {
+    std::map<std::string, std::vector<double>> got = Weights(diary);
+    ASSERT_FALSE(want.empty());
+    for (int r = 0; r < world; ++r) {
+      const std::string rank = std::to_string(r);
+      ASSERT_EQ(got[rank].size(), want.size()) << "rank " << r << "\n" << diary;
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i)
+        worst = std::max(worst, std::fabs(got[rank][i] - want[i]));
+      EXPECT_LT(worst, 1e-5) << "rank " << r;
+    }
+    EXPECT_EQ(got.size(), static_cast<size_t>(world)) << diary;
+  }
+
+  Cluster c_;
+};
+
+// Test 1: DDP across two workers, one process per slot.
+TEST_F(Launch, PerSlotDdpAcrossTwoWorkersTrainsAsOneProcessOnTheGlobalBatch) {
+  if (!HaveTorch())
+    GTEST_SKIP() << kPython << " cannot import torch (Debian's python3-torch)";
+  StartTwoWorkers(1);
+  CopyExample("ddp_train.py");
+  const int64_t id =
+      c_.Submit(c_.JobFile("ddp.yaml", absl::StrCat(R"(name: ddp
+pool: 2
+max_nodes: 2
+launch: per-slot
+attach: [ddp_train.py]
+command: [)",
+                                                    kPython,
+                                                    R"(, ddp_train.py]
+)")));
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 300000))
+      << c_.State(id) << "\n"
+      << Diary(id) << c_.Logs();
+  const std::string diary = Diary(id);
+  ExpectRanksReach(diary, 2, Reference());
+  // Both ranks met at part 0's address on one port, found there (not a
+  // fixed number), and each part's worker said what it launched.
+  EXPECT_EQ(After(diary, "master ").size(), 1u) << diary;
+  EXPECT_EQ(After(diary, "master ").count("127.0.0.1:29500"), 0u);
+  EXPECT_NE(diary.find("launch: per-slot: part 0 of 2 runs rank 0 of 2"),
+            std::string::npos)
+      << diary;
+  EXPECT_NE(diary.find("launch: per-slot: part 1 of 2 runs rank 1 of 2"),
+            std::string::npos)
+      << diary;
+  EXPECT_NE(diary.find("rank 0 of 2 (local rank 0)"), std::string::npos);
+  EXPECT_NE(diary.find("rank 1 of 2 (local rank 0)"), std::string::npos);
+  EXPECT_EQ(c_.ShowJson(id).value("spec", nlohmann::json()).value("launch", ""),
+            "per-slot");
+}
+
+// Test 2: one process per worker, which starts that worker's two ranks
+// from NNODES, NODE_RANK and NPROC_PER_NODE (Debian's torchrun cannot run
+// on its Python: see per_node_launcher.py).
+TEST_F(Launch, PerNodeLauncherStartsEachWorkersRanksAsTorchrunWould) {
+  if (!HaveTorch())
+    GTEST_SKIP() << kPython << " cannot import torch (Debian's python3-torch)";
+  StartTwoWorkers(2);
+  CopyExample("ddp_train.py");
+  CopyExample("per_node_launcher.py");
+  const int64_t id = c_.Submit(c_.JobFile(
+      "ddp.yaml", absl::StrCat(R"(name: ddp-nodes
+pool: 4
+max_nodes: 2
+launch: per-node
+attach: [ddp_train.py, per_node_launcher.py]
+command: [)",
+                               kPython, R"(, per_node_launcher.py, ddp_train.py]
+)")));
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 400000))
+      << c_.State(id) << "\n"
+      << Diary(id) << c_.Logs();
+  const std::string diary = Diary(id);
+  ExpectRanksReach(diary, 4, Reference());
+  EXPECT_EQ(After(diary, "master ").size(), 1u) << diary;
+  EXPECT_NE(diary.find("launch: per-node: part 1 of 2 runs rank 1 of 2"),
+            std::string::npos)
+      << diary;
+  for (const char* who :
+       {"rank 2 of 4 (local rank 0)", "rank 3 of 4 (local rank 1)"}) {
+    EXPECT_NE(diary.find(who), std::string::npos) << who << "\n" << diary;
+  }
+}
+
+// What each process is told, without torch: one worker of two slots, so
+// its two processes talk over loopback.
+TEST_F(Launch, EachProcessGetsTorchrunsVariables) {
+  c_.StartScheduler();
+  c_.StartWorker("a", 2);
+  ASSERT_TRUE(c_.WaitWorkers(1));
+  const int64_t id = c_.Submit(c_.JobFile("env.yaml", R"(name: env
+pool: 2
+launch: per-slot
+command: [sh, -c, 'echo "r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK lw=$LOCAL_WORLD_SIZE g=$GROUP_RANK n=$NODE_RANK m=$MASTER_ADDR:$MASTER_PORT h=$DLBATCH_HOSTS t=$OMP_NUM_THREADS"']
+)"));
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FINISHED", 60000)) << Diary(id);
+  const std::string diary = Diary(id);
+  for (int r : {0, 1}) {
+    EXPECT_NE(diary.find(absl::StrCat("r=", r, " w=2 l=", r,
+                                      " lw=2 g=0 n=0 m=127.0.0.1:")),
+              std::string::npos)
+        << diary;
+  }
+  EXPECT_NE(diary.find("h=127.0.0.1 t=1"), std::string::npos) << diary;
+  std::set<std::string> ports = After(diary, "m=127.0.0.1:");
+  ASSERT_EQ(ports.size(), 1u) << diary;
+  EXPECT_NE(std::stoi(*ports.begin()), 0);
+}
+
+// One rank failing fails the job, saying which; the job's other processes
+// (here on the other worker) are stopped, not waited for.
+TEST_F(Launch, ARankThatFailsFailsTheJobByRank) {
+  StartTwoWorkers(1);
+  const int64_t id = c_.Submit(c_.JobFile("fail.yaml", R"(name: fail
+pool: 2
+max_nodes: 2
+launch: per-slot
+command: [sh, -c, 'if [ "$RANK" = 1 ]; then echo rank one fails; exit 3; fi; exec sleep 600']
+)"));
+  ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_FAILED", 60000)) << Diary(id);
+  EXPECT_NE(c_.ShowJson(id).dump().find("rank 1: exit code 3"),
+            std::string::npos)
+      << c_.ShowJson(id).dump();
+}
+
+TEST_F(Launch, ABadLaunchOrAReservedVariableIsRefusedSayingWhatToChange) {
+  c_.StartScheduler();
+  Result bad = c_.Cli({"submit", c_.JobFile("bad.yaml", R"(name: bad
+launch: everywhere
+command: [true]
+)")});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("bad.yaml:2:9: launch: 'everywhere' is not a launch "
+                         "mode; use per-node"),
+            std::string::npos)
+      << bad.err;
+  Result reserved = c_.Cli({"submit", c_.JobFile("reserved.yaml", R"(name: r
+launch: per-slot
+env: {MASTER_PORT: "29500"}
+command: [true]
+)")});
+  EXPECT_NE(reserved.code, 0);
+  EXPECT_NE(reserved.err.find("env.MASTER_PORT: launch: per-slot sets it"),
+            std::string::npos)
+      << reserved.err;
+  Result flag = c_.Cli({"submit", "--launch", "per-rack", "--", "true"});
+  EXPECT_NE(flag.code, 0);
+  EXPECT_NE(flag.err.find("launch: 'per-rack' is not a launch mode"),
+            std::string::npos)
+      << flag.err;
+}
+
+}  // namespace
+}  // namespace dlbatch::testing
