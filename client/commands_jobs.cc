@@ -476,7 +476,7 @@ absl::StatusOr<int> Show(Connection& conn, int64_t job_id, bool json) {
       job.state() == v1::JOB_STATE_FAILED) {
     absl::StrAppend(&out, "  Exit code:  ", job.exit_code(), "\n");
   }
-  if (job.progress().iterations() > 0)
+  if (job.progress().iterations() > 0 || job.progress().time_ms() > 0)
     absl::StrAppend(&out, ProgressLines(job.progress()));
   if (job.checkpoint_size() > 0) {
     absl::StrAppend(&out, "  Checkpoint: iteration ",

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <ctime>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -107,7 +110,11 @@ std::string JobNote(const v1::Job& job) {
 
 std::string ProgressCell(const v1::Job& job) {
   const v1::TrainProgress& p = job.progress();
-  if (p.iterations() <= 0) return "";
+  // A command job may report steps without saying how many in all.
+  if (p.iterations() <= 0) {
+    if (p.iteration() <= 0) return "";
+    return absl::StrFormat("step %d loss %.3f", p.iteration(), p.loss());
+  }
   const int percent = static_cast<int>(100 * p.iteration() / p.iterations());
   std::string cell =
       absl::StrFormat("%d%% %d/%d", percent, p.iteration(), p.iterations());
@@ -118,11 +125,18 @@ std::string ProgressCell(const v1::Job& job) {
 }
 
 std::string ProgressLines(const v1::TrainProgress& p) {
-  std::string out = absl::StrFormat(
-      "  Progress:   iteration %d of %d (%d%%), epoch %d of %d%s\n",
-      p.iteration(), p.iterations(),
-      p.iterations() > 0 ? 100 * p.iteration() / p.iterations() : 0, p.epoch(),
-      p.epochs(), p.done() ? ", done" : "");
+  std::string out;
+  if (p.iterations() > 0) {
+    out = absl::StrFormat(
+        "  Progress:   iteration %d of %d (%d%%), epoch %d of %d%s\n",
+        p.iteration(), p.iterations(), 100 * p.iteration() / p.iterations(),
+        p.epoch(), p.epochs(), p.done() ? ", done" : "");
+  } else if (p.iteration() > 0) {
+    // A command job's report that does not say how many in all.
+    out = absl::StrFormat("  Progress:   iteration %d", p.iteration());
+    if (p.epoch() > 0) absl::StrAppendFormat(&out, ", epoch %d", p.epoch());
+    out += "\n";
+  }
   if (p.iteration() > 0) {
     absl::StrAppendFormat(
         &out, "  Mini-batch: loss %.4f, accuracy %.2f%%, learn rate %g\n",
@@ -139,6 +153,18 @@ std::string ProgressLines(const v1::TrainProgress& p) {
         p.done() ? ""
                  : absl::StrCat(", ETA ", FormatDurationMs(static_cast<int64_t>(
                                               p.eta_s() * 1000))));
+  }
+  // A command job's own numbers (their names are letters, digits and _).
+  if (!p.metrics().empty()) {
+    std::vector<std::pair<std::string, double>> sorted(p.metrics().begin(),
+                                                       p.metrics().end());
+    std::sort(sorted.begin(), sorted.end());
+    out += "  Metrics:    ";
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      absl::StrAppendFormat(&out, "%s%s %g", i ? ", " : "", sorted[i].first,
+                            sorted[i].second);
+    }
+    out += "\n";
   }
   return out;
 }

@@ -36,6 +36,8 @@ Json StringMap(const pb::Map<std::string, std::string>& map) {
 }
 
 Json ProgressJson(const v1::TrainProgress& p) {
+  Json metrics = Json::object();
+  for (const auto& [name, value] : p.metrics()) metrics[name] = Number(value);
   return Json{{"time", JsonTime(p.time_ms())},
               {"iteration", p.iteration()},
               {"iterations", p.iterations()},
@@ -51,7 +53,8 @@ Json ProgressJson(const v1::TrainProgress& p) {
               {"validation_loss", Number(p.validation_loss())},
               {"validation_accuracy", Number(p.validation_accuracy())},
               {"checkpoint_iteration", p.checkpoint_iteration()},
-              {"done", p.done()}};
+              {"done", p.done()},
+              {"metrics", std::move(metrics)}};
 }
 
 Json SpecJson(const v1::JobSpec& spec) {

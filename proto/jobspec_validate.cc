@@ -636,7 +636,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                        "DLBATCH_OUTPUT_DIR", "DLBATCH_RENDEZVOUS",
                        "DLBATCH_RENDEZVOUS_SECRET", "DLBATCH_JOB_MARK",
                        "DLBATCH_HOSTS", "DLBATCH_ARRAY_INDEX",
-                       "DLBATCH_ARRAY_ID"})) {
+                       "DLBATCH_ARRAY_ID", "DLBATCH_PROGRESS",
+                       "DLBATCH_STOP_FILE", "DLBATCH_PREEMPT_SIGNAL",
+                       "DLBATCH_CHECKPOINT_DIR", "DLBATCH_RESUMED_FROM"})) {
       return Invalid(path, "the worker sets it for each job; use another name");
     }
     if (!spec.launch().empty() && IsLaunchVariable(name)) {

@@ -496,7 +496,8 @@ absl::Status Control::RequeueEnded(SchedulerState& s, int64_t id,
   r.end_ms = 0;
   r.exit_code = 0;
   r.reason.clear();
-  if (r.spec.has_train()) {
+  // Any job's: a command job reports progress and checkpoints too.
+  {
     ASSIGN_OR_RETURN(TrainState train, s.store_->GetTrainState(id));
     job.progress = std::move(train.progress);
     job.checkpoint = std::move(train.checkpoint);

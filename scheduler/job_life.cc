@@ -65,15 +65,15 @@ absl::Status SchedulerState::BeginAttempt(ActiveJob& job,
   // A launched command job's workers meet there (MASTER_PORT, addresses).
   const bool meets = train || !rec.spec.launch().empty();
   if (meets) rendezvous_.Open(rec.id, rec.attempt);
-  if (train) {
-    if (job.checkpoint.files_size() > 0) {
-      RETURN_IF_ERROR(Diary(
-          rec.id, rec.attempt,
-          absl::StrCat("[dlbatch] attempt ", rec.attempt,
-                       " resumes from the checkpoint stored at iteration ",
-                       job.checkpoint.iteration(), " (by attempt ",
-                       job.checkpoint.attempt(), ")")));
-    }
+  // A command job's checkpoint ($DLBATCH_CHECKPOINT_DIR) resumes it as a
+  // train job's does.
+  if (job.checkpoint.files_size() > 0) {
+    RETURN_IF_ERROR(Diary(
+        rec.id, rec.attempt,
+        absl::StrCat("[dlbatch] attempt ", rec.attempt,
+                     " resumes from the checkpoint stored at ",
+                     train ? "iteration " : "step ", job.checkpoint.iteration(),
+                     " (by attempt ", job.checkpoint.attempt(), ")")));
   }
   int first_rank = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -94,13 +94,10 @@ absl::Status SchedulerState::BeginAttempt(ActiveJob& job,
     start->set_parts(static_cast<int>(parts.size()));
     start->set_first_rank(part_first_rank);
     start->set_max_output_bytes(options_.max_output_bytes);
-    if (meets) {
+    if (meets)
       start->set_rendezvous_secret(rendezvous_.SecretFor(rec.id, rec.attempt));
-    }
-    if (train) {
-      *start->mutable_checkpoint() = job.checkpoint.files();
-      start->set_checkpoint_iteration(job.checkpoint.iteration());
-    }
+    *start->mutable_checkpoint() = job.checkpoint.files();
+    start->set_checkpoint_iteration(job.checkpoint.iteration());
     starts->emplace_back(w->second.session, std::move(msg));
   }
   Changed(rec.id);
@@ -124,8 +121,11 @@ absl::Status SchedulerState::SetState(ActiveJob& job, v1::JobState state,
   RETURN_IF_ERROR(
       store_->AddEvent(rec.id, state, rec.attempt, clock_->NowMs(), reason));
   // A transaction rolled back reloads the counts with the store (Load).
-  if (metrics_ != nullptr)
+  if (metrics_ != nullptr) {
     metrics_->JobMoved(rec.spec.profile(), before, state);
+    if (state != v1::JOB_STATE_RUNNING && state != v1::JOB_STATE_CANCELLING)
+      metrics_->JobProgressGone(rec.id);
+  }
   Changed(rec.id);
   return absl::OkStatus();
 }

@@ -147,7 +147,20 @@ struct Metrics::Impl {
                            .Help("Work preempted jobs lost: seconds since "
                                  "each one's last stored checkpoint (or its "
                                  "start) when it stopped, summed, by profile")
-                           .Register(*registry)) {}
+                           .Register(*registry)),
+        job_progress(BuildGauge()
+                         .Name("dlbatch_job_progress")
+                         .Help("A running job's latest progress report (its "
+                               "trainer's, or its program's through "
+                               "$DLBATCH_PROGRESS), by job, user, profile "
+                               "and field")
+                         .Register(*registry)),
+        job_metric(BuildGauge()
+                       .Name("dlbatch_job_metric")
+                       .Help("A running command job's own numbers from its "
+                             "latest progress report, by job, user, "
+                             "profile and name")
+                       .Register(*registry)) {}
 
   // The series of a (profile, state), made once; the map's lock is the
   // hooks' alone (a scrape takes only the family's, briefly).
@@ -183,6 +196,8 @@ struct Metrics::Impl {
   Counter& diary_bytes;
   Family<Counter>& preemptions;
   Family<Counter>& preempted_lost;
+  Family<Gauge>& job_progress;
+  Family<Gauge>& job_metric;
 
   absl::Mutex mu;
   std::map<std::pair<std::string, v1::JobState>, Gauge*> job_series
@@ -196,6 +211,10 @@ struct Metrics::Impl {
   std::map<std::pair<std::string, std::string>, Gauge*> worker_series
       ABSL_GUARDED_BY(mu);
   std::map<std::pair<std::string, std::string>, Gauge*> slot_series
+      ABSL_GUARDED_BY(mu);
+  // Each running job's progress series: job -> ("field:loss" or
+  // "metric:NAME" -> series).
+  std::map<int64_t, std::map<std::string, Gauge*>> progress_series
       ABSL_GUARDED_BY(mu);
   // Placed jobs not reported on yet: job -> (attempt, when placed).
   absl::Mutex placed_mu;
@@ -324,6 +343,54 @@ void Metrics::Preempted(const std::string& profile, const std::string& kind,
   }
   count->Increment();
   lost->Increment(std::max(0.0, lost_seconds));
+}
+
+void Metrics::JobProgress(int64_t job_id, const std::string& user,
+                          const std::string& profile,
+                          const v1::TrainProgress& p) {
+  const std::pair<const char*, double> fields[] = {
+      {"iteration", static_cast<double>(p.iteration())},
+      {"iterations", static_cast<double>(p.iterations())},
+      {"epoch", p.epoch()},
+      {"loss", p.loss()},
+      {"accuracy", p.accuracy()},
+      {"learn_rate", p.learn_rate()},
+      {"images_per_s", p.images_per_s()},
+      {"eta_s", p.eta_s()},
+      {"validation_loss", p.validation_loss()},
+      {"validation_accuracy", p.validation_accuracy()},
+  };
+  const std::string job = std::to_string(job_id);
+  absl::MutexLock lock(&impl_->mu);
+  std::map<std::string, Gauge*>& series = impl_->progress_series[job_id];
+  auto set = [&](Family<Gauge>& family, const std::string& key,
+                 const char* label, const std::string& name, double value) {
+    Gauge*& g = series[key];
+    if (g == nullptr) {
+      g = &family.Add(
+          {{"job", job}, {"user", user}, {"profile", profile}, {label, name}});
+    }
+    g->Set(value);
+  };
+  for (const auto& [name, value] : fields) {
+    if (std::string(name).rfind("validation_", 0) == 0 && !p.has_validation())
+      continue;
+    set(impl_->job_progress, std::string("field:") + name, "field", name,
+        value);
+  }
+  for (const auto& [name, value] : p.metrics())
+    set(impl_->job_metric, "metric:" + name, "name", name, value);
+}
+
+void Metrics::JobProgressGone(int64_t job_id) {
+  absl::MutexLock lock(&impl_->mu);
+  auto it = impl_->progress_series.find(job_id);
+  if (it == impl_->progress_series.end()) return;
+  for (const auto& [key, gauge] : it->second) {
+    (key.rfind("metric:", 0) == 0 ? impl_->job_metric : impl_->job_progress)
+        .Remove(gauge);
+  }
+  impl_->progress_series.erase(it);
 }
 
 }  // namespace dlbatch::scheduler

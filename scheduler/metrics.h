@@ -58,6 +58,13 @@ class Metrics {
   // "reclaim"), losing `lost_seconds` of work since its last checkpoint.
   void Preempted(const std::string& profile, const std::string& kind,
                  double lost_seconds);
+  // A running job's latest progress (a train job's or a command job's) as
+  // gauges, dlbatch_job_progress and dlbatch_job_metric; `user` is shown
+  // as a label value (escaped by the exposition).
+  void JobProgress(int64_t job_id, const std::string& user,
+                   const std::string& profile, const v1::TrainProgress& p);
+  // The job no longer runs: its progress series go.
+  void JobProgressGone(int64_t job_id);
 
  private:
   struct Impl;

@@ -367,7 +367,7 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
   job.set_diary_lines(lines);
   ASSIGN_OR_RETURN(auto preemptions, reader_->Preemptions(job_id));
   for (auto& p : preemptions) *job.add_preemptions() = std::move(p);
-  if (rec->spec.has_train()) {
+  {
     // Committed with (or before) the row just read; memory overrides below.
     ASSIGN_OR_RETURN(TrainState train, reader_->GetTrainState(job_id));
     *job.mutable_progress() = std::move(train.progress);
@@ -378,10 +378,8 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
   if (it != jobs_.end()) {
     // Memory is at least as new as the committed row just read.
     const JobRecord& live = it->second.record;
-    if (live.spec.has_train()) {
-      *job.mutable_progress() = it->second.progress;
-      *job.mutable_checkpoint() = it->second.checkpoint.files();
-    }
+    *job.mutable_progress() = it->second.progress;
+    *job.mutable_checkpoint() = it->second.checkpoint.files();
     job.set_state(it->second.cancel_requested && !IsTerminal(live.state)
                       ? v1::JOB_STATE_CANCELLING
                       : live.state);

@@ -98,11 +98,10 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
     ActiveJob& job = jobs_[rec.id];
     job.record = std::move(rec);
     const JobRecord& r = job.record;
-    if (r.spec.has_train()) {
-      ASSIGN_OR_RETURN(TrainState train, store_->GetTrainState(r.id));
-      job.progress = std::move(train.progress);
-      job.checkpoint = std::move(train.checkpoint);
-    }
+    // Any job's progress and checkpoint (a command job reports them too).
+    ASSIGN_OR_RETURN(TrainState train, store_->GetTrainState(r.id));
+    job.progress = std::move(train.progress);
+    job.checkpoint = std::move(train.checkpoint);
     if ((r.spec.has_train() || !r.spec.launch().empty()) &&
         r.state != v1::JOB_STATE_QUEUED && open_rendezvous) {
       rendezvous_.Open(r.id, r.attempt);

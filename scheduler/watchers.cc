@@ -56,7 +56,8 @@ v1::Job Watchers::JobView(const SchedulerState& s, const ActiveJob& job) const {
   view.set_held(job.held);
   if (!job.preemptions.empty())
     *view.add_preemptions() = job.preemptions.back();
-  if (job.progress.iterations() > 0) *view.mutable_progress() = job.progress;
+  if (job.progress.iterations() > 0 || job.progress.time_ms() > 0)
+    *view.mutable_progress() = job.progress;
   for (auto& part : *view.mutable_placement()) {
     auto w = s.workers_.find(part.worker_id());
     if (w != s.workers_.end()) part.set_worker_name(w->second.record.name);

@@ -550,6 +550,10 @@ absl::Status WorkerStreams::HandleProgress(SchedulerState& s, int64_t worker_id,
   const int64_t checkpoint_iteration = job->progress.checkpoint_iteration();
   job->progress = report.progress();
   job->progress.set_checkpoint_iteration(checkpoint_iteration);
+  if (s.metrics_ != nullptr) {
+    s.metrics_->JobProgress(report.job_id(), job->record.user,
+                            job->record.spec.profile(), job->progress);
+  }
   s.Changed(report.job_id());
   // Latest wins: on a full disk it waits in memory for the next report.
   if (s.disk_->full()) return absl::OkStatus();

@@ -16,7 +16,10 @@
 #include "absl/time/time.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "common/stop_signals.h"
+#include "worker/command_progress.h"
 #include "worker/devices.h"
+#include "worker/job_table.h"
 #include "worker/launch_env.h"
 #include "worker/launch_rendezvous.h"
 #include "worker/train_job.h"
@@ -78,6 +81,25 @@ absl::Status GiveTree(const std::string& dir,
   }
   if (ec) return absl::InternalError(absl::StrCat(dir, ": ", ec.message()));
   return absl::OkStatus();
+}
+
+// A command job's ways to talk back: $DLBATCH_PROGRESS (a FIFO in its
+// folder, also its descriptor 3; worker/command_progress.h) and
+// $DLBATCH_STOP_FILE (written when it is asked to stop), and the `dlbatch`
+// Python module on its PYTHONPATH (a job's env: adds to it).
+void AddCommandChannels(const v1::JobSpec& spec, const std::string& dir,
+                        const LaunchContext& context, SubprocessOptions* sp) {
+  sp->channel = true;
+  sp->channel_fifo = absl::StrCat(dir, "/", kProgressFifo);
+  sp->env.emplace_back(kProgressEnv, sp->channel_fifo);
+  sp->env.emplace_back("DLBATCH_STOP_FILE",
+                       absl::StrCat(dir, "/", JobTable::kStopFile));
+  // The signal a preemption sends first (unset: SIGTERM), for
+  // dlbatch.should_stop() to catch.
+  if (std::optional<int> sig = StopSignalNumber(spec.preempt_signal()))
+    sp->env.emplace_back("DLBATCH_PREEMPT_SIGNAL", StopSignalName(*sig));
+  if (!context.python_dir.empty())
+    sp->env.emplace_back("PYTHONPATH", context.python_dir);
 }
 
 // A job's parts must all have started preparing within this long: their
@@ -195,6 +217,35 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
   } else {
     sp.argv.assign(spec.command().argv().begin(), spec.command().argv().end());
     sp.cwd = dir;
+    AddCommandChannels(spec, dir, context, &sp);
+    // $DLBATCH_CHECKPOINT_DIR, with the stored checkpoint laid out again
+    // for an attempt that resumes (requeued, preempted, a worker lost).
+    const std::string ckpt = absl::StrCat(dir, "/", JobTable::kCheckpointDir);
+    RETURN_IF_ERROR(MakeDirs(ckpt, 0755));
+    // Files first, links last: no path written here goes through a link.
+    for (const auto& f : start.checkpoint()) {
+      if (!f.symlink().empty()) continue;
+      const std::string to = absl::StrCat(ckpt, "/", f.path());
+      RETURN_IF_ERROR(MakeDirs(to.substr(0, to.rfind('/')), 0755));
+      RETURN_IF_ERROR(Annotate(
+          transfers->Fetch(f.sha256(), f.size(), to, f.mode()),
+          absl::StrCat("fetching the stored checkpoint's '", f.path(), "'")));
+    }
+    for (const auto& f : start.checkpoint()) {
+      if (f.symlink().empty()) continue;
+      const std::string to = absl::StrCat(ckpt, "/", f.path());
+      RETURN_IF_ERROR(MakeDirs(to.substr(0, to.rfind('/')), 0755));
+      if (::symlink(f.symlink().c_str(), to.c_str()) != 0)
+        return ErrnoStatus(errno, "symlink", to);
+    }
+    sp.env.emplace_back("DLBATCH_CHECKPOINT_DIR", ckpt);
+    if (start.checkpoint_size() > 0) {
+      sp.env.emplace_back("DLBATCH_RESUMED_FROM",
+                          absl::StrCat(start.checkpoint_iteration()));
+      notes->push_back(absl::StrCat(
+          "resuming from the stored checkpoint of step ",
+          start.checkpoint_iteration(), " in $DLBATCH_CHECKPOINT_DIR"));
+    }
     if (!spec.launch().empty()) {
       ASSIGN_OR_RETURN(sp.ranks, LaunchProcesses(start, context, notes));
     }
@@ -241,6 +292,11 @@ absl::StatusOr<SubprocessOptions> PrepareJob(const v1::StartJob& start,
           "env: may not set ", k,
           " for a job run as root: the loader or a shell would run code "
           "of the job's choosing with root's powers; remove it"));
+    }
+    // The module stays importable beside the job's own folders.
+    if (k == "PYTHONPATH" && !spec.has_train() && !context.python_dir.empty()) {
+      sp.env.emplace_back(k, absl::StrCat(v, ":", context.python_dir));
+      continue;
     }
     sp.env.emplace_back(k, v);
   }

@@ -15,7 +15,10 @@
 namespace dlbatch::worker {
 
 struct LaunchContext {
-  std::string trainer;     // dlbatch-train, for `train:` jobs
+  std::string trainer;  // dlbatch-train, for `train:` jobs
+  // The `dlbatch` Python module's folder, put on a command job's
+  // PYTHONPATH ("": none).
+  std::string python_dir;
   std::string host;        // address this worker's ranks listen on
   std::string rendezvous;  // the scheduler's address as a job can use it
   bool gpus = false;       // the worker's slots are GPUs

@@ -143,6 +143,12 @@ JobAction JobTable::TerminateAction(const Job& job) {
   a.ref = job.ref;
   a.grace_ms = job.cancel_grace_ms;
   a.signal = job.cancel_signal;
+  if (!job.start.spec().has_train()) {
+    a.stop_file = absl::StrCat(job.dir, "/", kStopFile);
+    a.stop_why = job.time_limit_hit    ? "time_limit"
+                 : job.cancel_preempts ? "preempted"
+                                       : "cancelled";
+  }
   return a;
 }
 
@@ -175,6 +181,7 @@ JobEffects JobTable::Cancel(const v1::CancelJob& cancel, int64_t now_ms) {
     line = absl::StrCat("[dlbatch] stopping the job: ", cancel.reason());
   } else {
     if (job.cancel_reason.empty()) job.cancel_reason = "preempted";
+    job.cancel_preempts = true;
     job.cancel_signal = PreemptSignal(job.start, cancel);
     // Preparing with no process asked for: Prepared() ends it.
     const bool started = job.phase == JobPhase::kRunning || job.start_asked;
@@ -262,6 +269,7 @@ JobEffects JobTable::Started(int64_t key, absl::Status status, int64_t now_ms,
     return fx;
   }
   job->phase = JobPhase::kRunning;
+  if (!job->start.spec().has_train()) job->command_progress.emplace(now_ms);
   const int64_t limit_s = job->start.spec().time_limit_s();
   if (limit_s > 0) job->deadline_mono_ms = now_mono_ms + limit_s * 1000;
   // The cancel came while the process was being started.
@@ -273,6 +281,10 @@ JobEffects JobTable::Line(int64_t key, const OutputLine& line) {
   JobEffects fx;
   Job* job = Find(key);
   if (job == nullptr || job->phase == JobPhase::kEnded) return fx;
+  if (line.stream == kChannelStream && job->command_progress) {
+    CommandProgressLine(*job, line, &fx);
+    return fx;
+  }
   if (line.stream == kChannelStream) {
     ChannelEvent event =
         ApplyChannelLine(line.text, line.time_ms, &job->progress);
@@ -284,18 +296,7 @@ JobEffects JobTable::Line(int64_t key, const OutputLine& line) {
       *p->mutable_progress() = job->progress;
       fx.records.push_back(std::move(m));
     } else if (event.kind == ChannelEvent::kCheckpoint) {
-      job->checkpoint_wanted = event.iteration;
-      if (!job->checkpoint_busy) {
-        job->checkpoint_busy = true;
-        job->checkpoint_wanted = -1;
-        JobAction a;
-        a.kind = JobAction::kUploadCheckpoint;
-        a.key = key;
-        a.ref = job->ref;
-        a.dir = job->dir;
-        a.iteration = event.iteration;
-        fx.actions.push_back(std::move(a));
-      }
+      AskCheckpoint(*job, event.iteration, &fx);
     }
     return fx;
   }
@@ -334,8 +335,87 @@ JobEffects JobTable::Exited(int64_t key, const ExitInfo& info, int64_t now_ms) {
   a.ref = job->ref;
   a.dir = job->dir;
   a.max_output_bytes = job->start.max_output_bytes();
+  if (job->command_progress) {
+    const CommandProgress& cp = *job->command_progress;
+    if (job->progress_pending) SendProgress(*job, now_ms, &fx);
+    if (cp.bad_lines() > 0 || cp.metrics_dropped() > 0) {
+      std::string text =
+          absl::StrCat("[dlbatch] $", kProgressEnv, ": ", cp.lines(),
+                       " line(s) read, ", cp.bad_lines(), " ignored");
+      if (cp.metrics_dropped() > 0) {
+        absl::StrAppend(&text, "; metrics past the first ", kMaxJobMetrics,
+                        " names were ignored ", cp.metrics_dropped(),
+                        " time(s)");
+      }
+      AddDiary(*job, kWorkerStream, text, now_ms, &fx);
+    }
+    a.history = cp.history();
+    a.history_title = job->start.spec().name().empty()
+                          ? absl::StrCat("job ", job->ref.job_id)
+                          : job->start.spec().name();
+  }
   fx.actions.push_back(std::move(a));
   return fx;
+}
+
+void JobTable::CommandProgressLine(Job& job, const OutputLine& line,
+                                   JobEffects* fx) {
+  CommandProgress& cp = *job.command_progress;
+  const CommandProgress::Result r =
+      cp.Read(line.text, line.ending != OutputLine::kNone, line.time_ms);
+  if (r.kind == CommandProgress::Result::kPiece) return;
+  if (r.kind == CommandProgress::Result::kBad) {
+    if (cp.bad_lines() <= kBadProgressNoted) {
+      std::string text = absl::StrCat("[dlbatch] $", kProgressEnv, " line ",
+                                      cp.lines(), " ignored: ", r.problem);
+      if (cp.bad_lines() == kBadProgressNoted)
+        absl::StrAppend(&text, " (further bad lines are counted, not noted)");
+      AddDiary(job, kWorkerStream, text, line.time_ms, fx);
+    }
+    return;
+  }
+  job.progress = cp.progress();
+  // The checkpoint is part 0's (the job's rank 0 speaks for it).
+  if (r.kind == CommandProgress::Result::kCheckpoint && job.ref.part == 0)
+    AskCheckpoint(job, r.step, fx);
+  // Part 0 speaks for the job; the interval keeps a flood of reports from
+  // becoming a flood of messages and store writes.
+  if (job.ref.part != 0 || !r.progress) return;
+  if (line.time_ms - job.progress_sent_ms >= kProgressIntervalMs) {
+    SendProgress(job, line.time_ms, fx);
+  } else {
+    job.progress_pending = true;
+  }
+}
+
+void JobTable::AskCheckpoint(Job& job, int64_t iteration, JobEffects* fx) {
+  if (job.checkpoint_busy) {
+    job.checkpoint_wanted = iteration;  // stored next, newest only
+    return;
+  }
+  job.checkpoint_busy = true;
+  job.checkpoint_wanted = -1;
+  JobAction a;
+  a.kind = JobAction::kUploadCheckpoint;
+  a.key = job.key;
+  a.ref = job.ref;
+  a.dir = job.dir;
+  a.iteration = iteration;
+  if (job.command_progress) {
+    a.checkpoint_dir = absl::StrCat(job.dir, "/", kCheckpointDir);
+    a.max_output_bytes = job.start.max_output_bytes();
+  }
+  fx->actions.push_back(std::move(a));
+}
+
+void JobTable::SendProgress(Job& job, int64_t now_ms, JobEffects* fx) {
+  job.progress_pending = false;
+  job.progress_sent_ms = now_ms;
+  v1::WorkerMessage m;
+  v1::JobProgress* p = m.mutable_progress();
+  job.ref.To(p);
+  *p->mutable_progress() = job.progress;
+  fx->records.push_back(std::move(m));
 }
 
 JobEffects JobTable::OutputsUploaded(
@@ -410,17 +490,8 @@ JobEffects JobTable::CheckpointStored(
                           iteration, ": ", files.status().message()),
              now_ms, &fx);
   }
-  if (job->checkpoint_wanted >= 0) {
-    job->checkpoint_busy = true;
-    JobAction a;
-    a.kind = JobAction::kUploadCheckpoint;
-    a.key = key;
-    a.ref = job->ref;
-    a.dir = job->dir;
-    a.iteration = job->checkpoint_wanted;
-    job->checkpoint_wanted = -1;
-    fx.actions.push_back(std::move(a));
-  }
+  if (job->checkpoint_wanted >= 0)
+    AskCheckpoint(*job, job->checkpoint_wanted, &fx);
   // A stopping worker reports no end (the scheduler requeues the job).
   if (!stopping) EndIfReady(*job, now_ms, &fx);
   return fx;
@@ -439,12 +510,15 @@ JobEffects JobTable::Tick(int64_t now_ms, int64_t now_mono_ms) {
              absl::StrCat("[dlbatch] ", TimeLimitText(job.start),
                           "; stopping the job"),
              now_ms, &fx);
-    JobAction a;
-    a.kind = JobAction::kTerminate;
-    a.key = key;
-    a.ref = job.ref;
+    JobAction a = TerminateAction(job);
     a.grace_ms = kTimeLimitGraceMs;
+    a.signal = SIGTERM;
     fx.actions.push_back(std::move(a));
+  }
+  for (auto& [key, job] : jobs_) {
+    if (job.progress_pending && job.phase == JobPhase::kRunning &&
+        now_ms - job.progress_sent_ms >= kProgressIntervalMs)
+      SendProgress(job, now_ms, &fx);
   }
   return fx;
 }

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "dlbatch/v1/scheduler.pb.h"
+#include "worker/command_progress.h"
 #include "worker/job_ref.h"
 #include "worker/subprocess.h"
 
@@ -52,6 +53,19 @@ struct JobAction {
   // (a train job's kTrainerStopSignal, a command job's CancelJob.signal).
   int signal = SIGTERM;
   int64_t iteration = 0;
+  // kTerminate of a command job: the file its stop request is written to
+  // ($DLBATCH_STOP_FILE, what dlbatch.should_stop() looks for) before the
+  // signal, saying why ("cancelled", "preempted", "time_limit").
+  std::string stop_file;
+  std::string stop_why;
+  // kUploadCheckpoint of a command job: the folder it wrote the checkpoint
+  // into ($DLBATCH_CHECKPOINT_DIR), stored whole as the job's checkpoint
+  // (within max_output_bytes). Empty: a train job's trainer files.
+  std::string checkpoint_dir;
+  // kUploadOutputs of a command job that reported progress: the history
+  // files to add to its outputs first (those it did not write itself).
+  trainer::TrainingHistory history;
+  std::string history_title;
   v1::StartJob start;         // kPrepare
   SubprocessOptions process;  // kStart
   int64_t max_output_bytes = 0;
@@ -83,6 +97,16 @@ class JobTable {
   static constexpr int kChannelStream = 3;  // the trainer's progress channel
   // Grace between TERM and KILL when a job reaches its time limit.
   static constexpr int64_t kTimeLimitGraceMs = 10000;
+  // A command job's progress reaches the scheduler at most this often
+  // (latest wins; Tick sends what waited).
+  static constexpr int64_t kProgressIntervalMs = 200;
+  // Bad progress lines noted in the diary one by one; later ones are
+  // counted and summed up when the job ends.
+  static constexpr int kBadProgressNoted = 3;
+  // In a command job's folder: its stop request (kTerminate's stop_file).
+  static constexpr char kStopFile[] = ".dlbatch-stop";
+  // In a command job's folder: $DLBATCH_CHECKPOINT_DIR.
+  static constexpr char kCheckpointDir[] = "checkpoint";
 
   // `work_dir`: jobs run in WORK_DIR/jobs/<id>-<attempt>-<part>.
   explicit JobTable(std::string work_dir);
@@ -155,12 +179,17 @@ class JobTable {
     std::string cancel_reason;
     int64_t cancel_grace_ms = 0;
     int cancel_signal = SIGTERM;  // kTerminate's first signal for the cancel
+    bool cancel_preempts = false;
     bool time_limit_hit = false;
     int slurm_signal = 0;  // SlurmStopping's signal: the end is reported so
     int64_t deadline_mono_ms = 0;  // 0: no time limit
     std::optional<ExitInfo> exit;
     std::string trainer_error;  // the trainer's first error line
     v1::TrainProgress progress;
+    // A command job's $DLBATCH_PROGRESS, read once its process started.
+    std::optional<CommandProgress> command_progress;
+    int64_t progress_sent_ms = 0;
+    bool progress_pending = false;   // a report waits for the interval
     bool checkpoint_busy = false;    // a kUploadCheckpoint is out
     int64_t checkpoint_wanted = -1;  // a newer one to store after it
     // kUploadOutputs' result, kept while a checkpoint is still stored.
@@ -175,6 +204,12 @@ class JobTable {
                 std::optional<int> rank = std::nullopt);
   // Builds the job's kTerminate action with its cancel's signal and grace.
   static JobAction TerminateAction(const Job& job);
+  // A command job's line on its progress channel.
+  void CommandProgressLine(Job& job, const OutputLine& line, JobEffects* fx);
+  void SendProgress(Job& job, int64_t now_ms, JobEffects* fx);
+  // Stores the checkpoint of `iteration` (one store at a time; one asked
+  // for meanwhile is stored next, the newest only).
+  void AskCheckpoint(Job& job, int64_t iteration, JobEffects* fx);
   // A finishing job whose outputs are uploaded and no checkpoint of which is
   // still to be stored ends: the state and reason its exit, its cancel or
   // its time limit give.

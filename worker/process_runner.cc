@@ -111,6 +111,12 @@ void SubprocessRunner::StartRanks(int64_t key, SubprocessOptions options) {
   for (size_t i = 0; i < ranks.size() && !group.start_error; ++i) {
     SubprocessOptions one = options;
     one.rank = ranks[i].rank;
+    // One $DLBATCH_PROGRESS per part, read with the first rank's streams;
+    // the others' processes write to it by name.
+    if (i > 0) {
+      one.channel = false;
+      one.channel_fifo.clear();
+    }
     for (auto& kv : ranks[i].env) one.env.push_back(std::move(kv));
     if (!containment_.mark_prefix.empty()) {
       // Last, so the job's own env: cannot replace it.

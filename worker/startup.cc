@@ -53,6 +53,20 @@ std::string TrainerPath(const std::string& flag) {
       .string();
 }
 
+// The `dlbatch` Python module shipped with this program: SHARE/python,
+// SHARE being ../share/dlbatch from the program's folder (the build tree
+// and an installed package alike); "" where it is not there.
+std::string PythonModuleDir() {
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  const auto dir =
+      self.parent_path().parent_path() / "share" / "dlbatch" / "python";
+  return std::filesystem::exists(dir / "dlbatch" / "__init__.py", ec)
+             ? dir.lexically_normal().string()
+             : "";
+}
+
 }  // namespace
 
 absl::Status CheckSchedulerTls(const DaemonOptions& options) {
@@ -128,6 +142,7 @@ WorkerOptions MakeWorkerOptions(const DaemonOptions& options,
   ::gethostname(host_name, sizeof host_name - 1);
   o.host = f.host.empty() ? std::string(host_name) : f.host;
   o.trainer = TrainerPath(f.trainer);
+  o.python_dir = PythonModuleDir();
   if (::access(o.trainer.c_str(), X_OK) != 0) {
     spdlog::warn(
         "{} is not an executable; train: jobs will fail until it is "

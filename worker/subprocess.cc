@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -381,6 +382,38 @@ bool ReadProcStat(const char* pid_name, char* state, long* ppid, long* pgrp) {
          sscanf(paren + 1, " %c %ld %ld", state, ppid, pgrp) == 3;
 }
 
+// The channel as a FIFO at options.channel_fifo: made afresh for the job's
+// user, then opened without following links and checked to be that FIFO,
+// since the folder it is in is the job's (a process of the same user could
+// put a link there, and these opens run with the worker's powers).
+absl::Status OpenFifo(const SubprocessOptions& options, ScopedFd* r,
+                      ScopedFd* w) {
+  const char* path = options.channel_fifo.c_str();
+  if (unlink(path) != 0 && errno != ENOENT)
+    return absl::ErrnoToStatus(errno, absl::StrCat("removing ", path));
+  if (mkfifo(path, 0600) != 0)
+    return absl::ErrnoToStatus(errno, absl::StrCat("making the FIFO ", path));
+  if (options.run_as &&
+      lchown(path, options.run_as->uid, options.run_as->gid) != 0)
+    return absl::ErrnoToStatus(errno, absl::StrCat("chown ", path));
+  // Read and write: no end of file while the job lives, and opening the
+  // write end below does not wait for a reader.
+  *r->out() = open(path, O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (r->get() < 0)
+    return absl::ErrnoToStatus(errno, absl::StrCat("opening ", path));
+  *w->out() = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (w->get() < 0)
+    return absl::ErrnoToStatus(errno, absl::StrCat("opening ", path));
+  struct stat rs, ws;
+  if (fstat(r->get(), &rs) != 0 || fstat(w->get(), &ws) != 0 ||
+      !S_ISFIFO(rs.st_mode) || rs.st_ino != ws.st_ino ||
+      rs.st_dev != ws.st_dev) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " was replaced while it was being opened"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string ExitInfo::Describe() const {
@@ -533,6 +566,14 @@ absl::StatusOr<pid_t> SubprocessSet::Start(Key key,
        {std::pair{&out_r, &out_w}, std::pair{&err_r, &err_w},
         std::pair{&chan_r, &chan_w}, std::pair{&fail_r, &fail_w}}) {
     if (r == &chan_r && !options.channel) continue;
+    if (r == &chan_r && !options.channel_fifo.empty()) {
+      absl::Status made = OpenFifo(options, r, w);
+      if (!made.ok()) {
+        return absl::Status(made.code(), absl::StrCat("cannot run '", program,
+                                                      "': ", made.message()));
+      }
+      continue;
+    }
     if (pipe2(fds, O_CLOEXEC) != 0) {
       return absl::ErrnoToStatus(
           errno, absl::StrCat("cannot run '", program, "': creating a pipe"));

@@ -63,6 +63,12 @@ struct SubprocessOptions {
   // Opens a third pipe as the child's descriptor 3 (a structured channel,
   // e.g. the trainer's JSON-lines progress); its lines arrive as stream 3.
   bool channel = false;
+  // With `channel`, non-empty: the channel is a FIFO made at this path
+  // (anything there is replaced; owned by run_as's user, mode 0600), so
+  // that the job's processes may also open it by name however they close
+  // descriptors. The set holds it open for writing too, so it never ends
+  // before the job does, and reads what is left once the job is gone.
+  std::string channel_fifo;
   // Non-empty: a cgroup v2 folder (made by the caller, empty) that the
   // child joins before exec; the job's processes are then exactly the
   // cgroup's, however they fork or setsid, and it is removed once empty.

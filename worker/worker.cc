@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/files.h"
 #include "spdlog/spdlog.h"
+#include "worker/job_notes_io.h"
 #include "worker/train_job.h"
 
 namespace dlbatch::worker {
@@ -110,6 +111,7 @@ Worker::Worker(WorkerOptions options, const Clock* clock, ProcessRunner* runner,
       link_(MakeLinkOptions(options_), transport, clock),
       pool_(options_.max_transfer_threads) {
   launch_.trainer = options_.trainer;
+  launch_.python_dir = options_.python_dir;
   launch_.host = options_.host;
   launch_.rendezvous = RendezvousAddress(options_.channel.endpoint);
   launch_.rendezvous_ca = options_.channel.ca_pem;
@@ -199,6 +201,12 @@ void Worker::Apply(JobEffects effects) {
         runner_->Start(a.key, std::move(a.process));
         break;
       case JobAction::kTerminate:
+        // Before the signal, so a job that looks when signalled sees it.
+        if (!a.stop_file.empty()) {
+          absl::Status s = WriteStopFile(a.stop_file, a.stop_why);
+          if (!s.ok())
+            spdlog::warn("job {}: {}", a.ref.job_id, std::string(s.message()));
+        }
         runner_->Terminate(a.key, a.signal, a.grace_ms);
         break;
       case JobAction::kUploadOutputs:
@@ -300,6 +308,12 @@ void Worker::PrepareTask(const JobAction& action) {
 
 void Worker::UploadOutputsTask(const JobAction& action) {
   std::vector<std::string> notes;
+  absl::Status history = WriteHistoryFiles(
+      action.dir + "/output", action.history, action.history_title);
+  if (!history.ok()) {
+    notes.push_back(absl::StrCat("could not add the reported history: ",
+                                 history.message()));
+  }
   absl::StatusOr<std::vector<v1::OutputFile>> files = transfers_->UploadOutputs(
       action.dir + "/output", action.max_output_bytes, &notes);
   absl::MutexLock lock(&mu_);
@@ -308,8 +322,14 @@ void Worker::UploadOutputsTask(const JobAction& action) {
 }
 
 void Worker::CheckpointTask(const JobAction& action) {
+  std::vector<std::string> skipped;
+  // A command job's folder is read as its outputs are: links kept as
+  // text, never followed; what is not a file or folder left out.
   absl::StatusOr<std::vector<v1::OutputFile>> files =
-      StoreCheckpoint(action.dir, transfers_);
+      action.checkpoint_dir.empty()
+          ? StoreCheckpoint(action.dir, transfers_)
+          : transfers_->UploadOutputs(action.checkpoint_dir,
+                                      action.max_output_bytes, &skipped);
   absl::MutexLock lock(&mu_);
   Apply(table_.CheckpointStored(action.key, action.iteration, std::move(files),
                                 clock_->NowMs()));

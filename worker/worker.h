@@ -43,6 +43,9 @@ struct WorkerOptions {
   std::vector<v1::Device> devices;
   bool keep_job_dirs = false;
   std::string trainer;  // dlbatch-train, for `train:` jobs
+  // The folder holding the `dlbatch` Python module, put on command jobs'
+  // PYTHONPATH ("": none).
+  std::string python_dir;
   // How often time limits are checked; 0: never by itself (tests call
   // Tick()).
   int64_t tick_ms = 100;

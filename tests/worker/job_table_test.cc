@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/stop_signals.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
 
@@ -594,7 +595,7 @@ TEST_F(JobTableTest, NoTimeLimitAndCancelledJobsAreNotStoppedByTicks) {
 }
 
 TEST_F(JobTableTest, ChannelProgressIsARecordNotADiaryLine) {
-  const int64_t key = Running(Start(60));
+  const int64_t key = Running(TrainStart(60));
   JobEffects fx = table_.Line(
       key, Out(JobTable::kChannelStream, R"({"iteration":"50","done":true})"));
   EXPECT_TRUE(Diary(fx).empty());
@@ -609,7 +610,7 @@ TEST_F(JobTableTest, ChannelProgressIsARecordNotADiaryLine) {
 }
 
 TEST_F(JobTableTest, OnlyPartZeroSpeaksForTheJob) {
-  v1::StartJob s = Start(61);
+  v1::StartJob s = TrainStart(61);
   s.set_part(1);
   const int64_t key = Running(s);
   EXPECT_TRUE(Empty(table_.Line(
@@ -622,7 +623,7 @@ TEST_F(JobTableTest, OnlyPartZeroSpeaksForTheJob) {
 // One checkpoint is stored at a time; of those announced meanwhile only the
 // newest is stored next.
 TEST_F(JobTableTest, CheckpointsAreStoredOneAtATimeNewestNext) {
-  const int64_t key = Running(Start(62));
+  const int64_t key = Running(TrainStart(62));
   auto checkpoint = [&](int it) {
     return table_.Line(
         key, Out(JobTable::kChannelStream,
@@ -951,6 +952,93 @@ TEST_F(JobTableTest, ACancelWithoutPreemptIsUnchanged) {
   EXPECT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(ended->reason(), "user asked");
   EXPECT_EQ(ended->exit_code(), 128 + SIGTERM);
+}
+
+}  // namespace
+}  // namespace dlbatch::worker
+
+namespace dlbatch::worker {
+namespace {
+
+// A command job's $DLBATCH_PROGRESS: its reports become progress records,
+// at most one per interval (the latest wins; a tick sends what waited).
+TEST_F(JobTableTest, ACommandJobsProgressIsSentAtMostOncePerInterval) {
+  const int64_t key = Running(Start(90));
+  OutputLine line = Out(JobTable::kChannelStream, R"({"step":1,"loss":2})");
+  line.time_ms = 1000;
+  EXPECT_EQ(RecordKinds(table_.Line(key, line)),
+            std::vector<std::string>{"progress"});
+  line.text = R"({"step":2,"loss":1.5,"tokens":7})";
+  line.time_ms = 1050;
+  EXPECT_TRUE(Empty(table_.Line(key, line))) << "within the interval";
+  JobEffects fx = table_.Tick(1100, clock_.MonotonicMs());
+  EXPECT_TRUE(Empty(fx)) << "still within it";
+  fx = table_.Tick(1200, clock_.MonotonicMs());
+  ASSERT_EQ(RecordKinds(fx), std::vector<std::string>{"progress"});
+  const v1::TrainProgress& p = fx.records[0].progress().progress();
+  EXPECT_EQ(p.iteration(), 2);
+  EXPECT_DOUBLE_EQ(p.loss(), 1.5);
+  EXPECT_DOUBLE_EQ(p.metrics().at("tokens"), 7);
+  EXPECT_TRUE(Empty(table_.Tick(1500, clock_.MonotonicMs())));
+}
+
+TEST_F(JobTableTest, ACommandJobsBadProgressLinesAreNotedThenCounted) {
+  const int64_t key = Running(Start(91));
+  std::vector<std::string> noted;
+  for (int i = 0; i < 5; ++i) {
+    for (const auto& d :
+         Diary(table_.Line(key, Out(JobTable::kChannelStream, "garbage"))))
+      noted.push_back(d.text());
+  }
+  ASSERT_EQ(noted.size(), 3u);
+  EXPECT_EQ(noted[0], "[dlbatch] $DLBATCH_PROGRESS line 1 ignored: not JSON");
+  EXPECT_THAT(noted[2], ::testing::HasSubstr("further bad lines are counted"));
+  table_.Line(key, Out(JobTable::kChannelStream, R"({"loss":1})"));
+  JobEffects fx = table_.Exited(key, Exit(0), clock_.NowMs());
+  ASSERT_EQ(Diary(fx).size(), 1u);
+  EXPECT_EQ(Diary(fx)[0].text(),
+            "[dlbatch] $DLBATCH_PROGRESS: 6 line(s) read, 5 ignored");
+  // The reported history goes with the outputs' upload.
+  ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kUploadOutputs});
+  EXPECT_EQ(fx.actions[0].history.iterations.size(), 1u);
+  EXPECT_EQ(fx.actions[0].history_title, "job 91");
+}
+
+TEST_F(JobTableTest, ACommandJobsLastReportIsSentWhenItExits) {
+  const int64_t key = Running(Start(92));
+  OutputLine line = Out(JobTable::kChannelStream, R"({"step":1})");
+  line.time_ms = 1000;
+  table_.Line(key, line);
+  line.text = R"({"step":9})";
+  line.time_ms = 1010;
+  table_.Line(key, line);
+  JobEffects fx = table_.Exited(key, Exit(0), 1020);
+  ASSERT_EQ(RecordKinds(fx), std::vector<std::string>{"progress"});
+  EXPECT_EQ(fx.records[0].progress().progress().iteration(), 9);
+}
+
+TEST_F(JobTableTest, AStopOfACommandJobWritesItsStopFileWithWhy) {
+  const int64_t key = Running(Start(93));
+  JobEffects fx = table_.Cancel(Preempt(93), clock_.NowMs());
+  ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kTerminate});
+  EXPECT_EQ(fx.actions[0].stop_file, "/work/jobs/93-1-0/.dlbatch-stop");
+  EXPECT_EQ(fx.actions[0].stop_why, "preempted");
+  (void)key;
+  Running(Start(94));
+  fx = table_.Cancel(Ref(94), 5000, "cancelled by alice", clock_.NowMs());
+  ASSERT_EQ(fx.actions.size(), 1u);
+  EXPECT_EQ(fx.actions[0].stop_why, "cancelled");
+  Running(Start(95, /*time_limit_s=*/1));
+  fx = table_.Tick(clock_.NowMs(), clock_.MonotonicMs() + 2000);
+  ASSERT_EQ(Kinds(fx), std::vector<JobAction::Kind>{JobAction::kTerminate});
+  EXPECT_EQ(fx.actions[0].stop_why, "time_limit");
+  EXPECT_EQ(fx.actions[0].signal, SIGTERM);
+  EXPECT_EQ(fx.actions[0].grace_ms, JobTable::kTimeLimitGraceMs);
+  // A trainer has its own way to stop.
+  Running(TrainStart(96));
+  fx = table_.Cancel(Preempt(96), clock_.NowMs());
+  ASSERT_EQ(fx.actions.size(), 1u);
+  EXPECT_TRUE(fx.actions[0].stop_file.empty());
 }
 
 }  // namespace

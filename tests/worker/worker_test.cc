@@ -74,6 +74,14 @@ class WorkerTest : public ::testing::Test {
     s.mutable_spec()->set_time_limit_s(time_limit_s);
     return s;
   }
+  // A train job: its channel is the trainer's (a command job's is
+  // $DLBATCH_PROGRESS, read differently).
+  static v1::StartJob TrainStart(int64_t id) {
+    v1::StartJob s = Start(id);
+    s.mutable_spec()->clear_command();
+    s.mutable_spec()->mutable_train();
+    return s;
+  }
   void Send(const v1::StartJob& s) {
     v1::SchedulerMessage m;
     *m.mutable_start() = s;
@@ -333,7 +341,7 @@ TEST_F(WorkerTest, OneJobsSlowUploadDoesNotDelayAnothersEnd) {
 // The trainer's channel: progress goes to the scheduler, a checkpoint is
 // stored (its files linked and uploaded) and announced.
 TEST_F(WorkerTest, ChannelProgressAndCheckpointReachTheScheduler) {
-  Send(Start(60));
+  Send(TrainStart(60));
   std::optional<int64_t> key = runner_.WaitStart(60);
   ASSERT_TRUE(key.has_value());
   const std::string out = runner_.Options(*key).cwd + "/output/";
@@ -363,7 +371,7 @@ TEST_F(WorkerTest, ChannelProgressAndCheckpointReachTheScheduler) {
 // end report waits for the checkpoint announced before the exit to be
 // stored, and the scheduler gets the checkpoint first.
 TEST_F(WorkerTest, APreemptedJobIsSignalledAndEndsAfterItsCheckpoint) {
-  Send(Start(61));
+  Send(TrainStart(61));
   std::optional<int64_t> key = runner_.WaitStart(61);
   ASSERT_TRUE(key.has_value());
   const std::string out = runner_.Options(*key).cwd + "/output/";
@@ -382,11 +390,12 @@ TEST_F(WorkerTest, APreemptedJobIsSignalledAndEndsAfterItsCheckpoint) {
   ASSERT_TRUE(Eventually([&] { return !runner_.terminates().empty(); }));
   EXPECT_EQ(runner_.terminates()[0],
             (std::pair<int64_t, int64_t>{*key, 120000}));
-  EXPECT_EQ(runner_.terminate_signals(), std::vector<int>{SIGUSR2});
+  // A trainer gets its own stop signal whatever the cancel names.
+  EXPECT_EQ(runner_.terminate_signals(), std::vector<int>{SIGUSR1});
   ASSERT_TRUE(Eventually([&] {
     return HasLine(61,
-                   "[dlbatch] preempted by job 7 (priority 10): sending "
-                   "SIGUSR2 (killed in 2m00s if still running)");
+                   "[dlbatch] preempted by job 7 (priority 10): checkpointing "
+                   "and stopping (SIGUSR1; killed in 2m00s if still running)");
   }));
 
   // Two checkpoints while the first is being stored: the second is stored
