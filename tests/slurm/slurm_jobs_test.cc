@@ -83,6 +83,7 @@ class SlurmJobs : public ::testing::Test {
     Exec({"scancel", "--partition=gpu"});
     Exec({"scancel", "--partition=low"});
     Exec({"scancel", "--partition=high"});
+    Exec({"scancel", "--partition=requeue"});
     Exec({"scontrol", "update", "nodename=n1,n2", "state=resume"});
     ASSERT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
         << Squeue();
@@ -115,9 +116,18 @@ class SlurmJobs : public ::testing::Test {
     // `low` runs in the partition Slurm preempts for `high`'s jobs.
     std::string low = profile("low", 2, BinDir());
     low.replace(low.find("partition: gpu"), 14, "partition: low");
-    WriteAll(config_, absl::StrCat("profiles:\n", profile("hpc", 2, BinDir()),
-                                   low, profile("cpus", 0, BinDir()),
-                                   profile("narrow", 0, narrow_bin)));
+    // `requeue` runs in the partition of PreemptMode=REQUEUE.
+    std::string requeue = profile("requeue", 2, BinDir());
+    requeue.replace(requeue.find("partition: gpu"), 14, "partition: requeue");
+    // dlbatch preempts `urgent`'s own jobs for its higher-priority ones.
+    const std::string urgent =
+        profile("urgent", 2, BinDir()) +
+        "    preemption:\n      mode: priority\n      grace: 30s\n"
+        "      min_run: 0\n";
+    WriteAll(config_,
+             absl::StrCat("profiles:\n", profile("hpc", 2, BinDir()), low,
+                          requeue, urgent, profile("cpus", 0, BinDir()),
+                          profile("narrow", 0, narrow_bin)));
     c_.StartScheduler({"--config", config_, "--heartbeat-timeout", "5s"},
                       "127.0.0.1:0");
     UseScheduler(c_);
@@ -225,6 +235,9 @@ class SlurmJobs : public ::testing::Test {
     }
     return 0;
   }
+  // Slurm's own preemption of a job of `profile` (its partition's
+  // PreemptMode), for a job of the high partition.
+  void ExpectSlurmsPreemptionRequeues(const std::string& profile);
   std::string Field(int64_t id, const char* key) {
     nlohmann::json j = c_.ShowJson(id);
     if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return "";
@@ -704,19 +717,20 @@ TEST_F(SlurmJobs, ScancelByHandIsReportedWithSlurmsReason) {
       << Field(id, "reason");
 }
 
-TEST_F(SlurmJobs, SlurmsOwnPreemptionRequeuesTheJobAsPreemptedAndItResumes) {
-  // Slurm preempts the low partition's Slurm job for a high one: SIGTERM
-  // to the job's command and its worker (which stops the job as a
-  // preemption), then PREEMPTED. The job is queued again as preempted (not
-  // counted against its attempts), waits in Slurm while the high job holds
-  // the nodes, and its next attempt finishes.
-  const std::string yaml =
-      "name: preempted\nprofile: low\npool: 2\ncommand:\n  - sh\n  - -c\n"
+// Slurm preempts the Slurm job of a job of `profile` for a job of the
+// high partition: SIGTERM to the job's command and its worker (which stops
+// the job as a preemption), then PREEMPTED. The job is queued again as
+// preempted (not counted against its attempts), waits in Slurm while the
+// high job holds the nodes, and its next attempt finishes.
+void SlurmJobs::ExpectSlurmsPreemptionRequeues(const std::string& profile) {
+  const std::string yaml = absl::StrCat(
+      "name: preempted\nprofile: ", profile,
+      "\npool: 2\ncommand:\n  - sh\n  - -c\n"
       "  - |\n"
       "    trap 'echo got TERM; exit 0' TERM\n"
       "    echo attempt $DLBATCH_ATTEMPT\n"
       "    if [ \"$DLBATCH_ATTEMPT\" = 1 ]; then sleep 300 & wait; fi\n"
-      "    echo done\n";
+      "    echo done\n");
   const int64_t id = c_.Submit(c_.JobFile("preempted.yaml", yaml));
   ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_RUNNING", 60000))
       << c_.ShowJson(id).dump(2);
@@ -751,6 +765,117 @@ TEST_F(SlurmJobs, SlurmsOwnPreemptionRequeuesTheJobAsPreemptedAndItResumes) {
   // The first Slurm job ended PREEMPTED; nothing of dlbatch's is left.
   EXPECT_TRUE(absl::StrContains(ScontrolJob(first->id), "JobState=PREEMPTED"))
       << ScontrolJob(first->id);
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
+      << Squeue();
+}
+
+TEST_F(SlurmJobs, SlurmsOwnPreemptionRequeuesTheJobAsPreemptedAndItResumes) {
+  ExpectSlurmsPreemptionRequeues("low");  // PreemptMode=CANCEL
+}
+
+// Under PreemptMode=REQUEUE Slurm requeues only jobs that let it; dlbatch's
+// are submitted with --no-requeue, so Slurm cancels them instead, and says
+// PREEMPTED as under CANCEL: the job is requeued by dlbatch alike.
+TEST_F(SlurmJobs, SlurmsPreemptModeRequeueCancelsTheJobAndItIsRequeued) {
+  ExpectSlurmsPreemptionRequeues("requeue");
+}
+
+// dlbatch preempts a job of its own on a Slurm profile (`urgent`,
+// preemption by priority): both nodes run a priority-0 job, a priority-10
+// job waits in Slurm for resources, one of them is asked to stop through
+// its worker in its Slurm job, its Slurm job ends with it (none of its is
+// left in Slurm), the waiting job starts on the node it freed, and the
+// victim is queued again as preempted and finishes on its next attempt.
+TEST_F(SlurmJobs, PreemptedSlurmProfileJobLeavesNoSlurmJobAndResumes) {
+  auto low_job = [&](const std::string& name) {
+    return c_.Submit(c_.JobFile(
+        name + ".yaml",
+        absl::StrCat(
+            "name: ", name,
+            "\nprofile: urgent\npool: 2\ncommand:\n  - sh\n  - -c\n"
+            "  - |\n"
+            "    trap 'echo got TERM; exit 0' TERM\n"
+            "    echo attempt $DLBATCH_ATTEMPT\n"
+            "    if [ \"$DLBATCH_ATTEMPT\" = 1 ]; then sleep 300 & wait; fi\n"
+            "    echo done\n")));
+  };
+  const int64_t a = low_job("low-a");
+  const int64_t b = low_job("low-b");
+  for (int64_t id : {a, b}) {
+    ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_RUNNING", 60000))
+        << c_.ShowJson(id).dump(2) << Squeue();
+    ASSERT_TRUE(WaitFor(
+        [&] { return absl::StrContains(Diary(id), "attempt 1"); }, 30000))
+        << Diary(id);
+  }
+  std::map<int64_t, int64_t> first_slurm;
+  for (int64_t id : {a, b}) {
+    std::optional<SlurmRow> slurm = SlurmJobOf(id);
+    ASSERT_TRUE(slurm.has_value()) << Squeue();
+    first_slurm[id] = slurm->id;
+  }
+  const int64_t high = c_.Submit(
+      c_.JobFile("high.yaml",
+                 "name: high\nprofile: urgent\npool: 2\npriority: 10\n"
+                 "command: [sh, -c, 'echo high runs; sleep 3']\n"));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(Diary(high), "[dlbatch] preempting job ");
+      },
+      60000))
+      << c_.ShowJson(high).dump(2) << Diary(high) << Squeue();
+  Result wait = c_.Cli({"wait", std::to_string(high)}, {}, 120000);
+  ASSERT_EQ(wait.code, 0) << wait.out << c_.ShowJson(high).dump(2)
+                          << Diary(high) << Squeue();
+  EXPECT_TRUE(absl::StrContains(Diary(high), "(checkpointing; at most 30s)"))
+      << Diary(high);
+
+  // Exactly one of the two was preempted, by the high job.
+  int64_t victim = 0, spared = 0;
+  for (int64_t id : {a, b}) {
+    const nlohmann::json show = c_.ShowJson(id);
+    if (show.contains("preemptions") && !show["preemptions"].empty()) {
+      EXPECT_EQ(victim, 0) << "both were preempted";
+      victim = id;
+    } else {
+      spared = id;
+    }
+  }
+  ASSERT_NE(victim, 0) << c_.ShowJson(a).dump(2) << c_.ShowJson(b).dump(2);
+  ASSERT_NE(spared, 0);
+  // The victim's first Slurm job is over: nothing of its first attempt is
+  // left in Slurm.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        for (const SlurmRow& r : LiveSlurmJobs()) {
+          if (r.id == first_slurm[victim]) return false;
+        }
+        return true;
+      },
+      30000))
+      << Squeue();
+  wait = c_.Cli({"wait", std::to_string(victim)}, {}, 120000);
+  const nlohmann::json show = c_.ShowJson(victim);
+  ASSERT_EQ(wait.code, 0) << wait.out << show.dump(2) << Diary(victim)
+                          << Squeue();
+  EXPECT_EQ(show.value("state", ""), "finished") << show.dump(2);
+  EXPECT_EQ(show.value("attempt", 0), 2) << show.dump(2);
+  ASSERT_EQ(show["preemptions"].size(), 1u) << show.dump(2);
+  const nlohmann::json& p = show["preemptions"][0];
+  EXPECT_EQ(p.value("kind", ""), "priority") << p.dump();
+  EXPECT_EQ(p.value("by_job", 0), high) << p.dump();
+  EXPECT_EQ(p.value("attempt", 0), 1) << p.dump();
+  EXPECT_TRUE(p.value("done", false)) << p.dump();
+  const std::string diary = Diary(victim);
+  EXPECT_TRUE(absl::StrContains(diary, "got TERM")) << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "does not count against")) << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "done")) << diary;
+  EXPECT_FALSE(absl::StrContains(diary, "was cancelled in Slurm")) << diary;
+  // The other ran on undisturbed.
+  EXPECT_EQ(c_.State(spared), "JOB_STATE_RUNNING");
+  EXPECT_EQ(c_.ShowJson(spared).value("attempt", 0), 1);
+  ASSERT_EQ(c_.Cli({"cancel", std::to_string(spared)}).code, 0);
+  ASSERT_TRUE(c_.WaitState(spared, "JOB_STATE_CANCELLED", 60000));
   EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
       << Squeue();
 }
