@@ -6,8 +6,11 @@
 // Slurm), cancel of a pending and a running job, a time limit, a drained node's
 // pending reason, a scheduler killed mid-job (the job adopted, finishing
 // once; an unknown Slurm job of its instance's name cancelled), two
-// schedulers sharing the Slurm (a restart touches only its own jobs) and a
-// Slurm job cancelled by hand (reported with Slurm's reason); on a CPU-only
+// schedulers sharing the Slurm (a restart touches only its own jobs), a
+// Slurm job cancelled by hand (reported with Slurm's reason), Slurm's own
+// preemption under PreemptMode=CANCEL and REQUEUE, and dlbatch's
+// preemption of its own jobs on a Slurm profile (a command job, and a
+// train job resuming from its checkpoint at the signal); on a CPU-only
 // profile, the pool's CPUs asked of Slurm and offered by its workers, a pool
 // no node holds refused at submit, and a worker short of CPUs failing its
 // job at once.
@@ -1048,6 +1051,74 @@ TEST_F(SlurmTrainJobs, ScancelByHandRequeuesFromTheCheckpointAndResumes) {
       diary, "resumes from the checkpoint stored at iteration"))
       << diary;
   EXPECT_EQ(JsonInt(show["progress"], "iteration"), 400);
+}
+
+// dlbatch preempts a train job on a Slurm profile: its worker in its Slurm
+// job asks the trainer to checkpoint and stop, the job is queued again,
+// and its next attempt (a new Slurm job) resumes from the checkpoint
+// written at the signal, with nothing lost, and trains to the end. The
+// other node runs a job that is not preemptible.
+TEST_F(SlurmTrainJobs, PreemptedTrainJobResumesFromTheCheckpointAtTheSignal) {
+  const int64_t pinned = c_.Submit(
+      c_.JobFile("pinned.yaml",
+                 "name: pinned\nprofile: urgent\npool: 2\npreemptible: false\n"
+                 "command: [sh, -c, 'sleep 300']\n"));
+  ASSERT_TRUE(c_.WaitState(pinned, "JOB_STATE_RUNNING", 60000))
+      << c_.ShowJson(pinned).dump(2) << Squeue();
+  const int64_t train = c_.Submit(c_.JobFile(
+      "train.yaml", LenetJob(FashionMnistDir(), R"(    mini_batch_size: 64
+    max_iterations: 600
+    verbose_frequency: 100
+    checkpoint_frequency: 100
+    checkpoint_frequency_unit: iteration
+    execution_environment: cpu
+)",
+                             "name: train\nprofile: urgent\npool: 2\n")));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        nlohmann::json p =
+            c_.ShowJson(train).value("progress", nlohmann::json());
+        return JsonInt(p, "checkpoint_iteration") >= 100;
+      },
+      240000))
+      << Diary(train);
+  std::optional<SlurmRow> first = SlurmJobOf(train);
+  ASSERT_TRUE(first.has_value()) << Squeue();
+  const int64_t high = c_.Submit(
+      c_.JobFile("high.yaml",
+                 "name: high\nprofile: urgent\npool: 2\npriority: 10\n"
+                 "command: [sh, -c, 'echo high runs']\n"));
+  Result wait = c_.Cli({"wait", std::to_string(high)}, {}, 180000);
+  ASSERT_EQ(wait.code, 0) << wait.out << Diary(high) << Diary(train)
+                          << Squeue();
+  EXPECT_TRUE(absl::StrContains(
+      Diary(high), absl::StrCat("[dlbatch] preempting job ", train, " ")))
+      << Diary(high);
+  wait = c_.Cli({"wait", std::to_string(train)}, {}, 300000);
+  const nlohmann::json show = c_.ShowJson(train);
+  ASSERT_EQ(wait.code, 0) << wait.out << show.dump(2) << Diary(train);
+  EXPECT_EQ(show.value("attempt", 0), 2) << show.dump(2);
+  EXPECT_EQ(JsonInt(show["progress"], "iteration"), 600) << show.dump(2);
+  ASSERT_EQ(show["preemptions"].size(), 1u) << show.dump(2);
+  const nlohmann::json& p = show["preemptions"][0];
+  EXPECT_EQ(p.value("kind", ""), "priority") << p.dump();
+  EXPECT_EQ(JsonInt(p, "by_job"), high) << p.dump();
+  // A checkpoint after the signal: nothing lost, resumed past the last
+  // periodic one it was taken at.
+  EXPECT_EQ(p.value("lost_s", -1.0), 0.0) << p.dump();
+  EXPECT_GE(JsonInt(p, "resume_iteration"), 100) << p.dump();
+  EXPECT_TRUE(absl::StrContains(
+      Diary(train),
+      absl::StrCat("resumes from iteration ", JsonInt(p, "resume_iteration"))))
+      << Diary(train);
+  // The first attempt's Slurm job is over; only the pinned job's runs.
+  for (const SlurmRow& r : LiveSlurmJobs()) {
+    EXPECT_NE(r.id, first->id) << Squeue();
+  }
+  EXPECT_EQ(c_.State(pinned), "JOB_STATE_RUNNING");
+  ASSERT_EQ(c_.Cli({"cancel", std::to_string(pinned)}).code, 0);
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 60000))
+      << Squeue();
 }
 
 TEST_F(SlurmJobs, ProfilesShowsSlurmsView) {
