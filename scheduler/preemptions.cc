@@ -207,7 +207,6 @@ absl::Status Preemptions::SlurmPass(SchedulerState& s,
   in.nodes = first->nodes;
   in.per_node = first->per_node;
   in.room = view.room;
-  std::set<std::string> users = {waiting->record.user};
   for (const slurm::SlurmPreemptionView::Running& r : view.running) {
     auto it = s.jobs_.find(r.job_id);
     if (it == s.jobs_.end() ||
@@ -227,19 +226,23 @@ absl::Status Preemptions::SlurmPass(SchedulerState& s,
     c.per_node = r.per_node;
   }
   // Fair shares among the users with jobs on the profile, queued or
-  // running (the core's decayed usage).
-  for (const auto& [id, job] : s.jobs_) {
-    if (job.record.spec.profile() == view.profile)
-      users.insert(job.record.user);
-  }
-  double total = 0;
-  for (const UserUsage& u : s.core_->Usage(now)) {
-    if (!users.contains(u.user)) continue;
-    in.usage.push_back(u);
-    total += u.slot_seconds;
-  }
-  for (UserUsage& u : in.usage) {
-    u.share = total > 0 ? u.slot_seconds / total : 0;
+  // running (the core's decayed usage), for reclaims.
+  if (policy->mode == PreemptionMode::kFairShare) {
+    std::set<std::string> users = {waiting->record.user};
+    for (const auto& [id, job] : s.jobs_) {
+      if (job.record.spec.profile() == view.profile) {
+        users.insert(job.record.user);
+      }
+    }
+    double total = 0;
+    for (const UserUsage& u : s.core_->Usage(now)) {
+      if (!users.contains(u.user)) continue;
+      in.usage.push_back(u);
+      total += u.slot_seconds;
+    }
+    for (UserUsage& u : in.usage) {
+      u.share = total > 0 ? u.slot_seconds / total : 0;
+    }
   }
   PreemptionChoice choice = ChooseVictimsOnNodes(in, *policy, now);
   if (choice.victims.empty()) return absl::OkStatus();

@@ -249,7 +249,7 @@ class SlurmBridge final : public SlurmJobLedger {
   // The Slurm jobs of jobs stopping for a preemption: SIGTERM to those
   // whose workers cannot be asked, scancel of those past their grace.
   void EndStopping(const ReconcileInput& in,
-                   const std::map<int64_t, StoppingJob>& stopping);
+                   std::map<int64_t, StoppingJob> stopping);
   // ---- bridge_preempt.cc ----
   // After a reconcile: the view of each profile with preemption on whose
   // jobs wait in Slurm for resources (sinfo, outside the host's lock),
@@ -316,8 +316,10 @@ class SlurmBridge final : public SlurmJobLedger {
   // logged once; Slurm jobs of stopping jobs signalled.
   std::map<int64_t, int64_t> lingering_;
   std::set<int64_t> left_alone_;
-  // Slurm jobs of stopping jobs signalled already (EndStopping).
+  // Slurm jobs of stopping jobs signalled already, and since when (NowMs)
+  // each stopping job's worker has been unreachable (EndStopping).
   std::set<int64_t> signalled_;
+  std::map<int64_t, int64_t> unreachable_since_;
   std::thread thread_;
 };
 

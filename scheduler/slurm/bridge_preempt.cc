@@ -14,8 +14,10 @@ namespace dlbatch::scheduler::slurm {
 void SlurmBridge::PreemptFor(const ReconcileInput& in) {
   if (options_.preempting.empty()) return;
   const PreemptionScan scan = ScanForPreemption(in, options_.preempting);
-  if (scan.releasing) return;  // what is being freed is not counted yet
-  for (const auto& [name, waiting] : scan.waiting) {
+  if (scan.releasing_unknown) return;  // what is freed is not counted yet
+  for (const auto& entry : scan.waiting) {
+    const std::string& name = entry.first;  // a lambda captures no binding
+    const std::vector<int64_t>& waiting = entry.second;
     const SlurmProfile* profile = ProfileOf(name);
     if (profile == nullptr || waiting.empty()) continue;
     absl::StatusOr<std::vector<NodeRow>> rows = ReadNodeRows(*tool_, *profile);
@@ -25,6 +27,11 @@ void SlurmBridge::PreemptFor(const ReconcileInput& in) {
           "preempt for its waiting jobs: {}",
           name, profile->partition, rows.status().ToString());
       continue;
+    }
+    if (std::any_of(rows->begin(), rows->end(), [&](const NodeRow& row) {
+          return scan.releasing.count(row.name) > 0;
+        })) {
+      continue;  // what is being freed there is not counted yet
     }
     SlurmPreemptionView view;
     view.profile = name;

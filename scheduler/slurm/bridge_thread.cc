@@ -22,6 +22,9 @@ constexpr int64_t kSettlingPollMs = 250;
 // How long past its grace a job stopping for a preemption keeps its Slurm
 // job: its worker kills it at the grace itself, then reports and uploads.
 constexpr int64_t kStopMarginMs = 15000;
+// How long a stopping job's worker is without a stream before its Slurm
+// job is signalled instead: a worker reconnects within a few seconds.
+constexpr int64_t kUnreachableMs = 10000;
 
 }  // namespace
 
@@ -346,7 +349,21 @@ void SlurmBridge::CancelSlurmJobs(const ReconcileInput& in,
 }
 
 void SlurmBridge::EndStopping(const ReconcileInput& in,
-                              const std::map<int64_t, StoppingJob>& stopping) {
+                              std::map<int64_t, StoppingJob> stopping) {
+  // A worker is unreachable for the signal once it has been for a while:
+  // one reconnecting (after the scheduler's restart) is asked on its new
+  // stream.
+  for (auto& [job_id, job] : stopping) {
+    if (!job.unreachable) {
+      unreachable_since_.erase(job_id);
+      continue;
+    }
+    const int64_t since =
+        unreachable_since_.try_emplace(job_id, in.now_ms).first->second;
+    job.unreachable = in.now_ms - since >= kUnreachableMs;
+  }
+  std::erase_if(unreachable_since_,
+                [&](const auto& e) { return stopping.count(e.first) == 0; });
   const StopDecisions d =
       StopPreempted(in, stopping, signalled_, kStopMarginMs);
   for (int64_t slurm_id : d.signal) {

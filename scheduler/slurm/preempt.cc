@@ -53,12 +53,17 @@ PreemptionScan ScanForPreemption(const ReconcileInput& in,
     }
   }
   for (const SqueueRow& row : in.rows) {
-    if (row.state == "COMPLETING") scan.releasing = true;
     std::optional<ParsedSlurmName> name = ParseSlurmJobName(row.name);
-    if (name && name->instance == in.instance && StillHeld(row) &&
-        row.state != "PENDING" && current.count(row.slurm_id) == 0) {
-      scan.releasing = true;
+    const bool over = name && name->instance == in.instance && StillHeld(row) &&
+                      row.state != "PENDING" &&
+                      current.count(row.slurm_id) == 0;
+    if (row.state != "COMPLETING" && !over) continue;
+    absl::StatusOr<std::vector<std::string>> nodes = ExpandHostlist(row.nodes);
+    if (!nodes.ok()) {
+      scan.releasing_unknown = true;
+      continue;
     }
+    scan.releasing.insert(nodes->begin(), nodes->end());
   }
   return scan;
 }

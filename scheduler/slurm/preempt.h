@@ -32,12 +32,14 @@ struct PreemptionScan {
   std::map<std::string, std::vector<int64_t>> waiting;
   // The running jobs' Slurm jobs' nodes (squeue's %N, expanded).
   std::map<int64_t, std::vector<std::string>> nodes;
-  // Nodes are being released now: a Slurm job of the partitions read is
-  // COMPLETING, or a Slurm job of this instance still runs for an attempt
-  // that is over (a victim's, requeued; an ended job's). Nothing is
-  // preempted until they are free: sinfo counts them busy, and a victim's
-  // room would otherwise be taken twice.
-  bool releasing = false;
+  // Nodes being released now: those of a Slurm job that is COMPLETING, or
+  // of a Slurm job of this instance that still runs for an attempt that is
+  // over (a victim's, requeued; an ended job's). Nothing is preempted on a
+  // partition with such a node until it is free: sinfo counts it busy, and
+  // a victim's room would otherwise be taken twice. `releasing_unknown`:
+  // such a Slurm job's nodes could not be read (every partition waits).
+  std::set<std::string> releasing;
+  bool releasing_unknown = false;
 };
 PreemptionScan ScanForPreemption(const ReconcileInput& in,
                                  const std::set<std::string>& profiles);

@@ -66,7 +66,7 @@ TEST(SlurmPreemptScan, JobsNextInSlurmsLineAndTheRunningJobsNodes) {
   EXPECT_THAT(scan.waiting, ElementsAre(Pair("hpc", ElementsAre(1))));
   EXPECT_THAT(scan.nodes, ElementsAre(Pair(3, ElementsAre("n1", "n2")),
                                       Pair(4, ElementsAre("n3"))));
-  EXPECT_FALSE(scan.releasing);
+  EXPECT_THAT(scan.releasing, IsEmpty());
 }
 
 TEST(SlurmPreemptScan, NodesBeingReleasedHoldPreemptionBack) {
@@ -76,19 +76,24 @@ TEST(SlurmPreemptScan, NodesBeingReleasedHoldPreemptionBack) {
   in.jobs = {{1, JobPhase::kWaiting}};
   in.rows = {Row(101, 1, "PENDING", "Resources"),
              Row(102, 2, "RUNNING", "None", "n1")};
-  EXPECT_TRUE(ScanForPreemption(in, {"hpc"}).releasing);
+  EXPECT_THAT(ScanForPreemption(in, {"hpc"}).releasing, ElementsAre("n1"));
   // Its record replaced by the next attempt's: a Slurm job of this
   // instance no record holds.
   in.records = {Record(1, 101)};
-  EXPECT_TRUE(ScanForPreemption(in, {"hpc"}).releasing);
+  EXPECT_THAT(ScanForPreemption(in, {"hpc"}).releasing, ElementsAre("n1"));
   // Gone: nothing is released.
-  in.rows = {Row(101, 1, "PENDING", "Resources"), Row(102, 2, "COMPLETED")};
-  EXPECT_FALSE(ScanForPreemption(in, {"hpc"}).releasing);
-  // Any Slurm job completing (another user's too) frees nodes.
-  SqueueRow theirs = Row(900, 9, "COMPLETING");
+  in.rows = {Row(101, 1, "PENDING", "Resources"),
+             Row(102, 2, "COMPLETED", "None", "n1")};
+  EXPECT_THAT(ScanForPreemption(in, {"hpc"}).releasing, IsEmpty());
+  // Any Slurm job completing (another user's too) frees its nodes.
+  SqueueRow theirs = Row(900, 9, "COMPLETING", "None", "n[2-3]");
   theirs.name = "train.sh";
   in.rows.push_back(theirs);
-  EXPECT_TRUE(ScanForPreemption(in, {"hpc"}).releasing);
+  PreemptionScan scan = ScanForPreemption(in, {"hpc"});
+  EXPECT_THAT(scan.releasing, ElementsAre("n2", "n3"));
+  EXPECT_FALSE(scan.releasing_unknown);
+  in.rows.back().nodes = "n[3";
+  EXPECT_TRUE(ScanForPreemption(in, {"hpc"}).releasing_unknown);
 }
 
 TEST(SlurmPreemptScan, RoomCountsRanksOfFreeGpusAndCpus) {
