@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <csignal>
 #include <optional>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -82,35 +84,13 @@ absl::Status Preemptions::Pass(SchedulerState& s, Outbox* out) {
   const int64_t now = s.clock_->NowMs();
   const RunningFactsFn facts = [&s](JobId id) {
     s.mu_.AssertHeld();
-    RunningFacts f;
-    auto it = s.jobs_.find(id);
-    if (it == s.jobs_.end()) {
-      f.preemptible = false;
-      return f;
-    }
-    const ActiveJob& job = it->second;
-    const v1::JobSpec& spec = job.record.spec;
-    const PreemptionPolicy* policy = PolicyOf(s, spec.profile());
-    // A job already on its way out frees its slots anyway.
-    f.preemptible = policy != nullptr &&
-                    (spec.has_preemptible() ? spec.preemptible()
-                                            : policy->jobs_preemptible) &&
-                    !job.cancel_requested && !job.requeue_requested &&
-                    !Stopping(job);
-    if (job.checkpoint.files_size() > 0 && job.checkpoint_ms > 0) {
-      f.checkpoint = job.checkpoint_ms;
-    }
-    return f;
-  };
-  struct Chosen {
-    int64_t waiting;
-    std::vector<Victim> victims;
-    const PreemptionPolicy* policy;
+    return FactsOf(s, id);
   };
   std::vector<Chosen> chosen;
   s.SlurmLockHeld();
   for (const auto& [profile, policy] : s.options_.preemption) {
-    // A Slurm profile's jobs wait in Slurm, not in the core.
+    // A Slurm profile's jobs wait in Slurm, not in the core: its bridge
+    // hands them over after each reconcile (SlurmPass).
     if (policy.mode == PreemptionMode::kOff ||
         s.bridge().ProfileOf(profile) != nullptr) {
       continue;
@@ -128,6 +108,36 @@ absl::Status Preemptions::Pass(SchedulerState& s, Outbox* out) {
     if (choice.victims.empty()) continue;
     chosen.push_back({*waiting, std::move(choice.victims), &policy});
   }
+  return Carry(s, chosen, out);
+}
+
+RunningFacts Preemptions::FactsOf(const SchedulerState& s, JobId id) {
+  s.mu_.AssertHeld();
+  RunningFacts f;
+  auto it = s.jobs_.find(id);
+  if (it == s.jobs_.end()) {
+    f.preemptible = false;
+    return f;
+  }
+  const ActiveJob& job = it->second;
+  const v1::JobSpec& spec = job.record.spec;
+  const PreemptionPolicy* policy = PolicyOf(s, spec.profile());
+  // A job already on its way out frees its slots anyway.
+  f.preemptible = policy != nullptr &&
+                  (spec.has_preemptible() ? spec.preemptible()
+                                          : policy->jobs_preemptible) &&
+                  !job.cancel_requested && !job.requeue_requested &&
+                  !Stopping(job);
+  if (job.checkpoint.files_size() > 0 && job.checkpoint_ms > 0) {
+    f.checkpoint = job.checkpoint_ms;
+  }
+  return f;
+}
+
+absl::Status Preemptions::Carry(SchedulerState& s,
+                                const std::vector<Chosen>& chosen,
+                                Outbox* out) {
+  s.mu_.AssertHeld();
   if (chosen.empty()) return absl::OkStatus();
   Outbox stops;  // sent only once committed
   RETURN_IF_ERROR(s.InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_) {
@@ -154,6 +164,90 @@ absl::Status Preemptions::Pass(SchedulerState& s, Outbox* out) {
   }));
   for (auto& m : stops) out->push_back(std::move(m));
   return absl::OkStatus();
+}
+
+absl::Status Preemptions::SlurmPass(SchedulerState& s,
+                                    const slurm::SlurmPreemptionView& view,
+                                    Outbox* out) {
+  s.mu_.AssertHeld();
+  const PreemptionPolicy* policy = PolicyOf(s, view.profile);
+  if (policy == nullptr || !s.broken_.ok()) return absl::OkStatus();
+  // The first in dlbatch's order of the jobs Slurm holds for resources.
+  const slurm::SlurmPreemptionView::Waiting* first = nullptr;
+  const ActiveJob* waiting = nullptr;
+  for (const slurm::SlurmPreemptionView::Waiting& w : view.waiting) {
+    auto it = s.jobs_.find(w.job_id);
+    if (it == s.jobs_.end()) continue;
+    const ActiveJob& job = it->second;
+    if (job.record.state != v1::JOB_STATE_QUEUED || job.held ||
+        job.cancel_requested || job.record.spec.profile() != view.profile) {
+      continue;
+    }
+    auto order = [](const ActiveJob& j) {
+      return std::make_tuple(-j.record.spec.priority(), j.record.submit_ms,
+                             j.record.id);
+    };
+    if (waiting == nullptr || order(job) < order(*waiting)) {
+      waiting = &job;
+      first = &w;
+    }
+  }
+  // Its victims are stopping: what they free goes to it.
+  if (waiting == nullptr || s.preempting_for_.contains(waiting->record.id)) {
+    return absl::OkStatus();
+  }
+  const int64_t now = s.clock_->NowMs();
+  NodePreemptionInput in;
+  in.job.id = waiting->record.id;
+  in.job.user = waiting->record.user;
+  in.job.priority = waiting->record.spec.priority();
+  for (const v1::Preemption& p : waiting->preemptions) {
+    in.job.displaced.push_back({p.by_job(), KindOf(p)});
+  }
+  in.nodes = first->nodes;
+  in.per_node = first->per_node;
+  in.room = view.room;
+  for (const slurm::SlurmPreemptionView::Running& r : view.running) {
+    auto it = s.jobs_.find(r.job_id);
+    if (it == s.jobs_.end() ||
+        it->second.record.state != v1::JOB_STATE_RUNNING) {
+      continue;
+    }
+    const JobRecord& rec = it->second.record;
+    NodeCandidate& c = in.running.emplace_back();
+    c.job.id = rec.id;
+    c.job.user = rec.user;
+    c.job.priority = rec.spec.priority();
+    c.job.started = rec.start_ms;
+    const RunningFacts f = FactsOf(s, rec.id);
+    c.job.preemptible = f.preemptible;
+    c.job.checkpoint = f.checkpoint;
+    c.nodes = r.nodes;
+    c.per_node = r.per_node;
+  }
+  // Fair shares among the users with jobs on the profile, queued or
+  // running (the core's decayed usage), for reclaims.
+  if (policy->mode == PreemptionMode::kFairShare) {
+    std::set<std::string> users = {waiting->record.user};
+    for (const auto& [id, job] : s.jobs_) {
+      if (job.record.spec.profile() == view.profile) {
+        users.insert(job.record.user);
+      }
+    }
+    double total = 0;
+    for (const UserUsage& u : s.core_->Usage(now)) {
+      if (!users.contains(u.user)) continue;
+      in.usage.push_back(u);
+      total += u.slot_seconds;
+    }
+    for (UserUsage& u : in.usage) {
+      u.share = total > 0 ? u.slot_seconds / total : 0;
+    }
+  }
+  PreemptionChoice choice = ChooseVictimsOnNodes(in, *policy, now);
+  if (choice.victims.empty()) return absl::OkStatus();
+  return Carry(s, {{waiting->record.id, std::move(choice.victims), policy}},
+               out);
 }
 
 absl::Status Preemptions::Start(SchedulerState& s, ActiveJob& victim,

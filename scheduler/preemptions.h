@@ -8,6 +8,13 @@
 // against --max-attempts, resuming from its newest stored checkpoint. The
 // waiting job then starts on the slots they free.
 //
+// On a profile of Slurm the jobs wait in Slurm's queue, not the core's: the
+// bridge says, after each reconcile, which of them Slurm holds for
+// resources and what the partition's nodes hold (SlurmPass); the victims'
+// workers, in their Slurm jobs, are asked to stop the same way, and their
+// Slurm jobs end as the workers leave (or, past the grace, by scancel:
+// the bridge's EndStopping).
+//
 // What it keeps: each job's preemptions (ActiveJob::preemptions, a
 // v1.Preemption each, in the store's `preemptions` table, committed with
 // the diary lines and the state they change), so a scheduler killed in the
@@ -32,6 +39,7 @@
 #include "dlbatch/v1/scheduler.pb.h"
 #include "scheduler/core/preemption.h"
 #include "scheduler/scheduler_state.h"
+#include "scheduler/slurm/host.h"
 
 namespace dlbatch::scheduler {
 
@@ -53,6 +61,16 @@ class Preemptions {
   // transaction of its own; the CancelJobs go into `out`. REQUIRES: no
   // transaction open.
   absl::Status Pass(SchedulerState& s, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
+
+  // A profile of Slurm, as its bridge found it (SlurmPreemptionView): the
+  // first of its jobs that Slurm holds for resources, in dlbatch's order
+  // (priority, then submission), may preempt its running jobs there
+  // (ChooseVictimsOnNodes), and they are stopped as on workers. Commits in
+  // a transaction of its own; the CancelJobs go into `out`. REQUIRES: no
+  // transaction open.
+  absl::Status SlurmPass(SchedulerState& s,
+                         const slurm::SlurmPreemptionView& view, Outbox* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
 
   // Records a preemption of the job's current attempt, now: `p`'s by_job,
@@ -94,6 +112,19 @@ class Preemptions {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
 
  private:
+  // The chosen victims of each waiting job are asked to stop, committed
+  // in one transaction; then their CancelJobs go into `out`.
+  struct Chosen {
+    int64_t waiting;
+    std::vector<Victim> victims;
+    const PreemptionPolicy* policy;
+  };
+  absl::Status Carry(SchedulerState& s, const std::vector<Chosen>& chosen,
+                     Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
+  // What the core does not keep about the running job `id` (its
+  // preemptibility now, its newest checkpoint).
+  static RunningFacts FactsOf(const SchedulerState& s, JobId id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
   // Asks `victim` to stop for `waiting`, by `kind`. REQUIRES: a transaction
   // open.
   absl::Status Start(SchedulerState& s, ActiveJob& victim,

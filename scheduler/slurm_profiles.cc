@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -51,6 +53,12 @@ class SlurmProfiles::Side final : public slurm::SlurmHost {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_);
   absl::Status CommitForget(int64_t job) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_);
+  absl::Status Preempt(const slurm::SlurmPreemptionView& view,
+                       slurm::WorkerMail& mail) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
+    s_.mu_.AssertHeld();
+    return s_.preemptions().SlurmPass(s_, view, mail.out);
+  }
   absl::Status PutResubmits(int64_t job, int count) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu_) {
     s_.mu_.AssertHeld();
@@ -108,6 +116,20 @@ std::optional<slurm::HostJob> SlurmProfiles::Side::FindJob(int64_t id) const {
   view.part_ended = job.part_ended;
   view.part_exit = job.part_exit;
   view.has_checkpoint = job.checkpoint.files_size() > 0;
+  // Slurm's own preemption is over as it is recorded; dlbatch's waits for
+  // the job to stop.
+  if (Preemptions::Stopping(job) &&
+      job.preemptions.back().kind() != kPreemptedBySlurm) {
+    view.stopping = true;
+    view.stop_deadline_ms = job.preemptions.back().deadline_ms();
+    for (size_t p = 0; p < rec.parts.size(); ++p) {
+      if (p < job.part_ended.size() && job.part_ended[p]) continue;
+      auto w = s_.workers_.find(rec.parts[p].worker);
+      if (w == s_.workers_.end() || !w->second.session) {
+        view.stop_unreachable = true;
+      }
+    }
+  }
   return view;
 }
 
@@ -260,14 +282,31 @@ absl::Status SlurmProfiles::Side::EndAsReported(int64_t job,
   return s_.EndAsReported(it->second, mail.out);
 }
 
+namespace {
+
+// The Slurm profiles whose jobs dlbatch preempts.
+std::set<std::string> PreemptingProfiles(const SchedulerState& s) {
+  std::set<std::string> names;
+  for (const slurm::SlurmProfile& p : s.options_.slurm_profiles) {
+    auto it = s.options_.preemption.find(p.name);
+    if (it != s.options_.preemption.end() &&
+        it->second.mode != PreemptionMode::kOff) {
+      names.insert(p.name);
+    }
+  }
+  return names;
+}
+
+}  // namespace
+
 SlurmProfiles::SlurmProfiles(SchedulerState& state)
     : state_(state),
       side_(std::make_unique<Side>(state)),
       bridge_(std::make_unique<slurm::SlurmBridge>(
           side_.get(), state.clock_,
-          slurm::SlurmBridgeOptions{state.options_.slurm_profiles,
-                                    state.options_.slurm_poll_ms,
-                                    state.options_.max_attempts})) {}
+          slurm::SlurmBridgeOptions{
+              state.options_.slurm_profiles, state.options_.slurm_poll_ms,
+              state.options_.max_attempts, PreemptingProfiles(state)})) {}
 
 SlurmProfiles::~SlurmProfiles() = default;
 

@@ -155,15 +155,6 @@ absl::StatusOr<std::vector<ProfileDeclaration>> DeclaredProfiles(
           DurationText(d.preemption.grace_ms),
           DurationText(d.preemption.min_run_ms),
           d.preemption.jobs_preemptible ? "" : "not ");
-      if (d.type == ProfileType::kSlurm) {
-        // Read and checked, so a file written for a later version starts;
-        // said here so nobody counts on it now.
-        spdlog::warn(
-            "profile '{}': preemption of a Slurm profile is read but not "
-            "acted on in this version: its jobs wait for running jobs to end "
-            "(docs/cluster.md)",
-            d.name);
-      }
     }
     all.push_back(std::move(d));
   }

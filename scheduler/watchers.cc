@@ -191,13 +191,15 @@ std::string Watchers::WaitReason(const SchedulerState& s,
       !control.empty()) {
     return control;
   }
-  if (s.bridge().ProfileOf(job.record.spec.profile()) != nullptr) {
-    s.SlurmLockHeld();
-    return s.bridge().WaitReason(job.record.id, job.record.attempt);
-  }
+  // Its victims stopping say more than the queue it waits in (the core's
+  // or Slurm's).
   if (std::string preempting = s.preemptions().WaitReason(s, job);
       !preempting.empty()) {
     return preempting;
+  }
+  if (s.bridge().ProfileOf(job.record.spec.profile()) != nullptr) {
+    s.SlurmLockHeld();
+    return s.bridge().WaitReason(job.record.id, job.record.attempt);
   }
   auto info = s.core_->Explain(job.record.id);
   if (!info) return "";

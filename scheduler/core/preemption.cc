@@ -612,6 +612,39 @@ PreemptionChoice ChooseVictims(const PlacementCore& core, JobId waiting,
   return choice;
 }
 
+PreemptionChoice ChooseVictimsOnNodes(const NodePreemptionInput& input,
+                                      const PreemptionPolicy& policy,
+                                      TimeMs now) {
+  const int per_node = std::max(1, input.per_node);
+  PreemptionInput in;
+  in.job = input.job;
+  in.job.pool = std::max(1, input.nodes) * per_node;
+  in.job.max_nodes = std::max(1, input.nodes);
+  in.usage = input.usage;
+  std::unordered_map<std::string, WorkerId> id_of;
+  for (const NodeRoom& node : input.room) {
+    // A node short of the share never takes the job.
+    if (node.units < per_node || id_of.contains(node.name)) continue;
+    const WorkerId id = static_cast<WorkerId>(in.workers.size()) + 1;
+    id_of[node.name] = id;
+    in.workers.push_back({id, per_node, std::clamp(node.free, 0, per_node)});
+  }
+  in.running.reserve(input.running.size());
+  for (const NodeCandidate& r : input.running) {
+    PreemptionCandidate& c = in.running.emplace_back(r.job);
+    c.parts.clear();
+    for (const std::string& name : r.nodes) {
+      auto it = id_of.find(name);
+      if (it == id_of.end() || r.per_node <= 0) continue;
+      Part part;
+      part.worker = it->second;
+      for (int d = 0; d < r.per_node; ++d) part.devices.push_back(d);
+      c.parts.push_back(std::move(part));
+    }
+  }
+  return ChooseVictims(in, policy, now);
+}
+
 std::string DurationText(TimeMs ms) {
   if (ms < 1000) return absl::StrCat(std::max<TimeMs>(0, ms), "ms");
   const int64_t total = (ms + 999) / 1000;  // "at most": round up

@@ -191,6 +191,45 @@ PreemptionChoice ChooseVictims(const PlacementCore& core, JobId waiting,
                                const PreemptionPolicy& policy, TimeMs now,
                                const RunningFactsFn& facts);
 
+// ---- Nodes another scheduler allocates (a Slurm partition) ----
+//
+// There a job asks for `nodes` nodes with `per_node` units each (GPUs, or
+// CPUs on CPU-only nodes: the ranks it runs there), the allocator places
+// it, and each running job holds the same share of every node it was
+// given. The rules are ChooseVictims's: each node is a worker whose slots
+// are the job's per-node share (a node with less never takes it), its
+// free slots what the allocator has not given out (to anyone), and a
+// victim frees its share of each of its nodes.
+
+// One node, in the units the waiting job asks for.
+struct NodeRoom {
+  std::string name;
+  int units = 0;  // all of the node's
+  int free = 0;   // not allocated to any job now
+};
+
+// A running job on those nodes.
+struct NodeCandidate {
+  PreemptionCandidate job;         // its parts are not read
+  std::vector<std::string> nodes;  // the nodes it was given
+  int per_node = 0;                // units it holds on each
+};
+
+struct NodePreemptionInput {
+  WaitingJob job;              // its pool and max_nodes are not read
+  int nodes = 1;               // the nodes it asks for
+  int per_node = 1;            // units on each
+  std::vector<NodeRoom> room;  // the nodes that may take it
+  std::vector<NodeCandidate> running;
+  std::vector<UserUsage> usage;  // active users, shares among them
+};
+
+// ChooseVictims over the nodes (see above). A candidate's nodes that are
+// not in `room` free nothing the job can use.
+PreemptionChoice ChooseVictimsOnNodes(const NodePreemptionInput& input,
+                                      const PreemptionPolicy& policy,
+                                      TimeMs now);
+
 // What the waiting job shows while its victims stop: "preempting jobs 3 and
 // 4 (checkpointing; at most 2m)". REQUIRES: victims is not empty.
 std::string PreemptingText(const std::vector<JobId>& victims, TimeMs grace_ms);

@@ -351,8 +351,11 @@ bool SlurmBridge::SettlesWithSlurm(int64_t job_id,
 
 bool SlurmBridge::Settles(const HostJob& job) const {
   host_->mutex().AssertHeld();
+  // A job stopping for dlbatch's preemption ends as dlbatch asked, whatever
+  // signal its parts ended by.
   if (tool_ == nullptr || job.cancel_requested || job.requeue_requested ||
-      job.failure.empty() || ProfileOf(job.profile) == nullptr) {
+      job.stopping || job.failure.empty() ||
+      ProfileOf(job.profile) == nullptr) {
     return false;
   }
   auto r = records_.find(job.id);

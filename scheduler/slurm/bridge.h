@@ -68,6 +68,7 @@
 #include "scheduler/slurm/gang.h"
 #include "scheduler/slurm/host.h"
 #include "scheduler/slurm/launcher.h"
+#include "scheduler/slurm/preempt.h"
 #include "scheduler/slurm/reconciler.h"
 #include "scheduler/slurm/tool.h"
 
@@ -79,6 +80,8 @@ struct SlurmBridgeOptions {
   int64_t poll_ms = 2000;
   // Submissions of a job whose Slurm job fails before it starts, at most.
   int max_attempts = 3;
+  // The profiles whose jobs dlbatch preempts (SlurmHost::Preempt).
+  std::set<std::string> preempting;
 };
 
 // The bridge is its launcher's ledger: records go to the host's store and
@@ -204,6 +207,8 @@ class SlurmBridge final : public SlurmJobLedger {
     // cancelled or requeued: they end as their workers reported, now.
     std::vector<int64_t> settle_now;
     std::set<int64_t> release;  // jobs whose Slurm job goes without a linger
+    // Running jobs stopping for dlbatch's preemption (StopPreempted).
+    std::map<int64_t, StoppingJob> stopping;
   };
 
   // ---- bridge.cc ----
@@ -241,6 +246,15 @@ class SlurmBridge final : public SlurmJobLedger {
   // ended job is left a while to end by itself (unless released).
   void CancelSlurmJobs(const ReconcileInput& in, const ReconcileDecisions& d,
                        const std::set<int64_t>& release);
+  // The Slurm jobs of jobs stopping for a preemption: SIGTERM to those
+  // whose workers cannot be asked, scancel of those past their grace.
+  void EndStopping(const ReconcileInput& in,
+                   std::map<int64_t, StoppingJob> stopping);
+  // ---- bridge_preempt.cc ----
+  // After a reconcile: the view of each profile with preemption on whose
+  // jobs wait in Slurm for resources (sinfo, outside the host's lock),
+  // handed to the host (SlurmHost::Preempt).
+  void PreemptFor(const ReconcileInput& in) ABSL_LOCKS_EXCLUDED(host_->mutex());
   // The decisions on dlbatch's jobs and workers, under the host's lock.
   void Apply(const ReconcileDecisions& d,
              const std::vector<int64_t>& settle_now)
@@ -299,9 +313,13 @@ class SlurmBridge final : public SlurmJobLedger {
 
   // The Slurm thread's own: Slurm jobs of ended jobs still running, and
   // since when (NowMs); Slurm jobs of the old name form left alone, each
-  // logged once.
+  // logged once; Slurm jobs of stopping jobs signalled.
   std::map<int64_t, int64_t> lingering_;
   std::set<int64_t> left_alone_;
+  // Slurm jobs of stopping jobs signalled already, and since when (NowMs)
+  // each stopping job's worker has been unreachable (EndStopping).
+  std::set<int64_t> signalled_;
+  std::map<int64_t, int64_t> unreachable_since_;
   std::thread thread_;
 };
 

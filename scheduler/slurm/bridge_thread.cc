@@ -19,6 +19,12 @@ constexpr int64_t kLingerMs = 15000;
 // How often squeue is read while a job's end waits for Slurm's word
 // (settling_): its Slurm job leaves COMPLETING within moments.
 constexpr int64_t kSettlingPollMs = 250;
+// How long past its grace a job stopping for a preemption keeps its Slurm
+// job: its worker kills it at the grace itself, then reports and uploads.
+constexpr int64_t kStopMarginMs = 15000;
+// How long a stopping job's worker is without a stream before its Slurm
+// job is signalled instead: a worker reconnects within a few seconds.
+constexpr int64_t kUnreachableMs = 10000;
 
 }  // namespace
 
@@ -201,6 +207,7 @@ void SlurmBridge::Reconcile() {
   std::erase_if(left_alone_,
                 [&](int64_t id) { return left_alone.count(id) == 0; });
   CancelSlurmJobs(in, d, snapshot.release);
+  EndStopping(in, snapshot.stopping);
   for (const auto& a : d.adopt) {
     SlurmJobRecord record;
     {
@@ -227,6 +234,7 @@ void SlurmBridge::Reconcile() {
     std::optional<HostJob> job = host_->FindJob(job_id);
     if (job && job->state == v1::JOB_STATE_QUEUED) Enqueue(job_id);
   }
+  PreemptFor(in);
 }
 
 void SlurmBridge::SettleWithoutSlurm(int64_t wait_ms) {
@@ -292,6 +300,10 @@ SlurmBridge::Snapshot SlurmBridge::Read(ReconcileInput& in) {
                             std::find(settle_now.begin(), settle_now.end(),
                                       job_id) == settle_now.end();
       in.jobs[job_id] = settling ? JobPhase::kSettling : JobPhase::kRunning;
+      if (job->stopping) {
+        snapshot.stopping[job_id] = {job->stop_deadline_ms,
+                                     job->stop_unreachable};
+      }
     }
   }
   // Jobs being submitted now hold names squeue may show already.
@@ -334,6 +346,52 @@ void SlurmBridge::CancelSlurmJobs(const ReconcileInput& in,
   }
   std::erase_if(lingering_,
                 [&](const auto& e) { return lingering.count(e.first) == 0; });
+}
+
+void SlurmBridge::EndStopping(const ReconcileInput& in,
+                              std::map<int64_t, StoppingJob> stopping) {
+  // A worker is unreachable for the signal once it has been for a while:
+  // one reconnecting (after the scheduler's restart) is asked on its new
+  // stream.
+  for (auto& [job_id, job] : stopping) {
+    if (!job.unreachable) {
+      unreachable_since_.erase(job_id);
+      continue;
+    }
+    const int64_t since =
+        unreachable_since_.try_emplace(job_id, in.now_ms).first->second;
+    job.unreachable = in.now_ms - since >= kUnreachableMs;
+  }
+  std::erase_if(unreachable_since_,
+                [&](const auto& e) { return stopping.count(e.first) == 0; });
+  const StopDecisions d =
+      StopPreempted(in, stopping, signalled_, kStopMarginMs);
+  for (int64_t slurm_id : d.signal) {
+    spdlog::info(
+        "scancel --batch --signal=TERM Slurm job {}: its dlbatch job is "
+        "preempted and a worker of it cannot be asked to stop",
+        slurm_id);
+    if (absl::Status s = SignalBatch(*tool_, slurm_id, "TERM"); !s.ok()) {
+      spdlog::warn("scancel --signal {}: {}", slurm_id, s.ToString());
+      continue;  // tried again at the next poll
+    }
+    signalled_.insert(slurm_id);
+  }
+  for (int64_t slurm_id : d.cancel) {
+    spdlog::info(
+        "scancel Slurm job {}: its dlbatch job is preempted and has not "
+        "stopped within its grace",
+        slurm_id);
+    if (absl::Status s = CancelBatch(*tool_, slurm_id); !s.ok()) {
+      spdlog::warn("scancel {}: {}", slurm_id, s.ToString());
+    }
+  }
+  std::erase_if(signalled_, [&](int64_t slurm_id) {
+    return std::none_of(
+        in.records.begin(), in.records.end(), [&](const SlurmJobRecord& r) {
+          return r.slurm_id == slurm_id && stopping.count(r.job_id) > 0;
+        });
+  });
 }
 
 void SlurmBridge::Apply(const ReconcileDecisions& d,
@@ -421,8 +479,13 @@ absl::Status SlurmBridge::JobLost(const HostJob& job, const std::string& reason,
         absl::StrCat("[dlbatch] ", reason, "; job failed"), reason);
   }
   // It ran. Preempted by Slurm: queued again as preempted, not counted.
-  if (preempted && !job.cancel_requested) {
+  if (preempted && !job.cancel_requested && !job.stopping) {
     return host_->RequeuePreempted(id, reason, mail);
+  }
+  // Stopping for dlbatch's preemption (its Slurm job ended at the grace,
+  // or Slurm ended it first): the host queues it again as that preemption.
+  if (job.stopping && !job.cancel_requested) {
+    return host_->RequeueLost(id, reason, mail);
   }
   // A machine's fault, or a job stopped behind dlbatch's back with a
   // checkpoint to resume from, is requeued within its attempts; its own

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status.h"
 
 namespace dlbatch::scheduler::slurm {
 namespace {
@@ -68,6 +69,106 @@ int GresCount(absl::string_view field, absl::string_view name) {
     if (absl::SimpleAtoi(parts.back(), &n)) best = std::max(best, n);
   }
   return best;
+}
+
+enum class NodeUse { kIdle, kBusy, kUnavailable };
+
+// sinfo's StateLong: "idle", "mixed", "drained*" (not responding), "idle~"
+// (powered down), ...
+NodeUse StateOfNode(absl::string_view state) {
+  const bool flagged =
+      !state.empty() &&
+      !absl::ascii_isalpha(static_cast<unsigned char>(state.back()));
+  while (!state.empty() &&
+         !absl::ascii_isalpha(static_cast<unsigned char>(state.back()))) {
+    state.remove_suffix(1);
+  }
+  if (flagged) return NodeUse::kUnavailable;
+  if (state == "idle") return NodeUse::kIdle;
+  if (state == "allocated" || state == "mixed" || state == "completing") {
+    return NodeUse::kBusy;
+  }
+  return NodeUse::kUnavailable;
+}
+
+// sinfo -O's fields, each ended by '|' (so a last empty one follows),
+// stripped of their padding; nullopt unless there are `count`.
+std::optional<std::vector<absl::string_view>> PaddedFields(
+    absl::string_view line, size_t count) {
+  std::vector<absl::string_view> f = absl::StrSplit(line, '|');
+  if (f.size() == count + 1 && absl::StripAsciiWhitespace(f.back()).empty()) {
+    f.pop_back();
+  }
+  if (f.size() != count) return std::nullopt;
+  for (absl::string_view& field : f) field = absl::StripAsciiWhitespace(field);
+  return f;
+}
+
+// One bracketed range list of a host list, "1-3,5" with its zero padding
+// kept: "01-02" -> "01", "02".
+absl::StatusOr<std::vector<std::string>> ExpandRanges(absl::string_view ranges,
+                                                      absl::string_view list) {
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat("Slurm's host list '", list,
+                                                   "' has a form dlbatch does "
+                                                   "not know"));
+  };
+  // A host list names a few thousand nodes at most.
+  constexpr int64_t kMaxNodes = 100000;
+  std::vector<std::string> out;
+  for (absl::string_view range : absl::StrSplit(ranges, ',')) {
+    std::vector<absl::string_view> ends = absl::StrSplit(range, '-');
+    int64_t lo = 0, hi = 0;
+    if (ends.empty() || ends.size() > 2 || ends[0].empty() ||
+        !absl::SimpleAtoi(ends[0], &lo) || lo < 0) {
+      return bad();
+    }
+    hi = lo;
+    if (ends.size() == 2 &&
+        (ends[1].empty() || !absl::SimpleAtoi(ends[1], &hi) || hi < lo)) {
+      return bad();
+    }
+    if (hi - lo >= kMaxNodes) return bad();
+    const size_t width = ends[0].size();
+    for (int64_t n = lo; n <= hi; ++n) {
+      std::string digits = absl::StrCat(n);
+      if (digits.size() < width) {
+        digits.insert(0, width - digits.size(), '0');
+      }
+      out.push_back(std::move(digits));
+    }
+  }
+  return out;
+}
+
+// One host of a list (no top-level comma): its text with each bracket
+// group expanded, in order ("r[1-2]n[1-2]": r1n1, r1n2, r2n1, r2n2).
+absl::StatusOr<std::vector<std::string>> ExpandHost(absl::string_view host,
+                                                    absl::string_view list) {
+  const size_t open = host.find('[');
+  if (open == absl::string_view::npos) {
+    if (host.find(']') != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Slurm's host list '", list, "' has a form dlbatch does not know"));
+    }
+    return std::vector<std::string>{std::string(host)};
+  }
+  const size_t close = host.find(']', open);
+  if (close == absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Slurm's host list '", list, "' has a form dlbatch does not know"));
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> numbers,
+                   ExpandRanges(host.substr(open + 1, close - open - 1), list));
+  ASSIGN_OR_RETURN(std::vector<std::string> rests,
+                   ExpandHost(host.substr(close + 1), list));
+  std::vector<std::string> out;
+  for (const std::string& n : numbers) {
+    for (const std::string& rest : rests) {
+      out.push_back(absl::StrCat(host.substr(0, open), n, rest));
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -355,34 +456,24 @@ absl::StatusOr<PartitionView> ParseSinfoNodes(absl::string_view out,
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
     line = absl::StripAsciiWhitespace(line);
     if (line.empty()) continue;
-    std::vector<absl::string_view> f = absl::StrSplit(line, '|');
-    // Each field ends with '|', so a last empty one follows.
-    if (f.size() == 5 && absl::StripAsciiWhitespace(f[4]).empty()) f.pop_back();
-    if (f.size() != 4) {
+    std::optional<std::vector<absl::string_view>> fields =
+        PaddedFields(line, 4);
+    if (!fields) {
       return absl::InternalError(absl::StrCat(
           "sinfo printed a line dlbatch cannot read: '", line, "'"));
     }
-    for (absl::string_view& field : f)
-      field = absl::StripAsciiWhitespace(field);
+    const std::vector<absl::string_view>& f = *fields;
     ++view.nodes;
-    // "idle", "mixed", "drained*" (not responding), "idle~" (powered down).
-    absl::string_view state = f[1];
-    const bool flagged =
-        !state.empty() &&
-        !absl::ascii_isalpha(static_cast<unsigned char>(state.back()));
-    while (!state.empty() &&
-           !absl::ascii_isalpha(static_cast<unsigned char>(state.back()))) {
-      state.remove_suffix(1);
-    }
-    if (flagged) {
-      ++view.unavailable;
-    } else if (state == "idle") {
-      ++view.idle;
-    } else if (state == "allocated" || state == "mixed" ||
-               state == "completing") {
-      ++view.busy;
-    } else {
-      ++view.unavailable;
+    switch (StateOfNode(f[1])) {
+      case NodeUse::kIdle:
+        ++view.idle;
+        break;
+      case NodeUse::kBusy:
+        ++view.busy;
+        break;
+      case NodeUse::kUnavailable:
+        ++view.unavailable;
+        break;
     }
     view.gpus += GresCount(f[2], gres_name);
     view.gpus_used += GresCount(f[3], gres_name);
@@ -394,6 +485,71 @@ absl::StatusOr<PartitionView> ParseSinfoNodes(absl::string_view out,
         "that `sinfo` shows"));
   }
   return view;
+}
+
+std::vector<std::string> SinfoNodeRowsArgv(const std::string& partition) {
+  return {"sinfo", "-h",
+          "-N",    absl::StrCat("--partition=", partition),
+          "-O",    kSinfoNodeRowsFormat};
+}
+
+absl::StatusOr<std::vector<NodeRow>> ParseSinfoNodeRows(
+    absl::string_view out, const std::string& gres_name) {
+  std::vector<NodeRow> rows;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    std::optional<std::vector<absl::string_view>> f = PaddedFields(line, 5);
+    // CPUsState: allocated/idle/other/total.
+    std::vector<absl::string_view> cpus;
+    if (f) cpus = absl::StrSplit((*f)[4], '/');
+    NodeRow row;
+    if (!f || (*f)[0].empty() || cpus.size() != 4 ||
+        !absl::SimpleAtoi(cpus[1], &row.cpus_idle) ||
+        !absl::SimpleAtoi(cpus[3], &row.cpus)) {
+      return absl::InternalError(absl::StrCat(
+          "sinfo printed a line dlbatch cannot read: '", line, "'"));
+    }
+    row.name = std::string((*f)[0]);
+    row.usable = StateOfNode((*f)[1]) != NodeUse::kUnavailable;
+    row.gpus = GresCount((*f)[2], gres_name);
+    row.gpus_used = GresCount((*f)[3], gres_name);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+absl::StatusOr<std::vector<std::string>> ExpandHostlist(
+    absl::string_view list) {
+  std::vector<std::string> out;
+  // Top-level commas part hosts; those inside brackets part ranges.
+  int depth = 0;
+  size_t from = 0;
+  for (size_t i = 0; i <= list.size(); ++i) {
+    if (i < list.size() && list[i] == '[') ++depth;
+    if (i < list.size() && list[i] == ']') --depth;
+    if (depth < 0 || depth > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Slurm's host list '", list, "' has a form dlbatch does not know"));
+    }
+    if (i < list.size() && (list[i] != ',' || depth > 0)) continue;
+    absl::string_view host = list.substr(from, i - from);
+    from = i + 1;
+    if (host.empty()) continue;
+    ASSIGN_OR_RETURN(std::vector<std::string> names, ExpandHost(host, list));
+    for (std::string& n : names) out.push_back(std::move(n));
+  }
+  if (depth != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Slurm's host list '", list, "' has a form dlbatch does not know"));
+  }
+  return out;
+}
+
+std::vector<std::string> ScancelSignalArgv(int64_t slurm_id,
+                                           absl::string_view signal) {
+  return {"scancel", "--batch", absl::StrCat("--signal=", signal),
+          absl::StrCat(slurm_id)};
 }
 
 absl::Status CheckFits(const PartitionLimits& limits,

@@ -185,6 +185,35 @@ absl::StatusOr<PartitionView> ParseSinfoNodes(absl::string_view out,
                                               const std::string& partition,
                                               const std::string& gres_name);
 
+// Each node of a partition as the preemption of dlbatch's own jobs weighs
+// it (sinfo -N -O): its GPUs (of the profile's GRES) and CPUs, and how
+// many of each no job holds now.
+struct NodeRow {
+  std::string name;
+  bool usable = false;  // up: idle, mixed, allocated or completing
+  int gpus = 0;
+  int gpus_used = 0;
+  int cpus = 0;
+  int cpus_idle = 0;
+};
+inline constexpr char kSinfoNodeRowsFormat[] =
+    "NodeList:256|,StateLong:64|,Gres:256|,GresUsed:256|,CPUsState:64|";
+std::vector<std::string> SinfoNodeRowsArgv(const std::string& partition);
+absl::StatusOr<std::vector<NodeRow>> ParseSinfoNodeRows(
+    absl::string_view out, const std::string& gres_name);
+
+// Slurm's host list form, as squeue's %N prints a job's nodes: "n1",
+// "n[1-3,5]", "gpu[01-02],cpu7", "r[1-2]n[1-2]" -> each node's name, in
+// order. InvalidArgument for a form that is not one.
+absl::StatusOr<std::vector<std::string>> ExpandHostlist(absl::string_view list);
+
+// scancel --batch --signal=<signal>: the signal to the batch step alone —
+// on one node the dlbatch-worker itself (the script execs it), on more the
+// srun that passes it on to each node's worker — never to the jobs'
+// processes around the worker. `signal` as Slurm names it ("TERM").
+std::vector<std::string> ScancelSignalArgv(int64_t slurm_id,
+                                           absl::string_view signal);
+
 // OK, or why the request can never run in the partition.
 absl::Status CheckFits(const PartitionLimits& limits,
                        const BatchRequest& request);

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "dlbatch/v1/job.pb.h"
 #include "scheduler/core/placement.h"
+#include "scheduler/core/preemption.h"
 #include "scheduler/slurm/launcher.h"
 
 namespace dlbatch::scheduler::slurm {
@@ -50,6 +51,33 @@ struct HostJob {
   std::vector<bool> part_ended;
   std::vector<int> part_exit;
   bool has_checkpoint = false;  // one is stored to resume from
+  // Its current attempt is stopping for a preemption of dlbatch's (not
+  // Slurm's own), whose grace ends at stop_deadline_ms; stop_unreachable:
+  // a worker of a running part has no stream to be asked on.
+  bool stopping = false;
+  int64_t stop_deadline_ms = 0;
+  bool stop_unreachable = false;
+};
+
+// A profile of Slurm with preemption on, as the bridge found it after a
+// reconcile (SlurmHost::Preempt): its queued jobs that Slurm holds for
+// resources, the partition's nodes, and its running jobs' nodes. Counts
+// are in ranks (RoomOf, preempt.h).
+struct SlurmPreemptionView {
+  std::string profile;
+  std::vector<NodeRoom> room;  // the partition's nodes
+  struct Waiting {
+    int64_t job_id = 0;
+    int nodes = 1;     // its Slurm job's
+    int per_node = 1;  // ranks on each
+  };
+  std::vector<Waiting> waiting;
+  struct Running {
+    int64_t job_id = 0;
+    std::vector<std::string> nodes;  // its Slurm job's
+    int per_node = 1;                // ranks on each
+  };
+  std::vector<Running> running;
 };
 
 // The parts of the host's jobs on one worker (SlurmHost::PartsOn).
@@ -101,6 +129,13 @@ class SlurmHost {
   // The job's Slurm record deleted, in a transaction of its own (allowed on
   // a full disk).
   virtual absl::Status CommitForget(int64_t job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex()) = 0;
+  // A profile's view (above): the first of its waiting jobs in the host's
+  // order may preempt running ones there, as on workers (the choice
+  // ChooseVictimsOnNodes'). Commits in a transaction of its own; the stop
+  // messages go into `mail`. REQUIRES: no transaction open.
+  virtual absl::Status Preempt(const SlurmPreemptionView& view,
+                               WorkerMail& mail)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex()) = 0;
 
   // ---- inside the caller's transaction ----

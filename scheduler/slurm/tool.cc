@@ -222,4 +222,23 @@ absl::Status CancelBatch(SlurmTool& tool, int64_t slurm_id) {
   return ScancelOutcome(r->exit_code, r->err);
 }
 
+absl::Status SignalBatch(SlurmTool& tool, int64_t slurm_id,
+                         const std::string& signal) {
+  absl::StatusOr<ToolResult> r =
+      tool.Run(ScancelSignalArgv(slurm_id, signal), "");
+  if (!r.ok()) return r.status();
+  return ScancelOutcome(r->exit_code, r->err);
+}
+
+absl::StatusOr<std::vector<NodeRow>> ReadNodeRows(SlurmTool& tool,
+                                                  const SlurmProfile& profile) {
+  absl::StatusOr<ToolResult> r =
+      tool.Run(SinfoNodeRowsArgv(profile.partition), "");
+  if (!r.ok()) return r.status();
+  if (r->exit_code != 0) {
+    return absl::UnavailableError(absl::StrCat("sinfo failed: ", Said(*r)));
+  }
+  return ParseSinfoNodeRows(r->out, profile.gres_name);
+}
+
 }  // namespace dlbatch::scheduler::slurm

@@ -44,7 +44,7 @@ class ProcessSlurmTool final : public SlurmTool {
   const int64_t deadline_ms_;
 };
 
-// The four conversations with Slurm, each one tool call.
+// The conversations with Slurm, each one tool call.
 // sbatch: the Slurm job id, or why Slurm refused (its own words).
 absl::StatusOr<int64_t> SubmitBatch(SlurmTool& tool,
                                     const SlurmProfile& profile,
@@ -61,6 +61,13 @@ absl::StatusOr<PartitionView> ReadPartitionView(SlurmTool& tool,
                                                 const SlurmProfile& profile);
 // scancel: OK once the job is gone or going.
 absl::Status CancelBatch(SlurmTool& tool, int64_t slurm_id);
+// scancel --batch --signal (ScancelSignalArgv): OK once sent, or where the
+// job is gone already.
+absl::Status SignalBatch(SlurmTool& tool, int64_t slurm_id,
+                         const std::string& signal);
+// sinfo -N -O: each node of the profile's partition (NodeRow).
+absl::StatusOr<std::vector<NodeRow>> ReadNodeRows(SlurmTool& tool,
+                                                  const SlurmProfile& profile);
 
 }  // namespace dlbatch::scheduler::slurm
 

@@ -10,8 +10,9 @@
 #   slurm-cluster.sh env DIR             prints the variables Slurm's commands
 #                                        need (SLURM_CONF), for eval.
 # Partitions over all nodes: gpu (the default; never preempted), low
-# (preempted by Slurm, PreemptMode=CANCEL with a GraceTime of 15 s) and
-# high (a higher PriorityTier: its jobs preempt low's).
+# (preempted by Slurm, PreemptMode=CANCEL with a GraceTime of 15 s),
+# requeue (the same with PreemptMode=REQUEUE) and high (a higher
+# PriorityTier: its jobs preempt low's and requeue's).
 # Nothing is written outside DIR: each daemon is pointed at DIR for its
 # configuration, state, spool, sockets, pid and log files. Slurm 22.05's
 # slurmd drops count-only GRES, so each fake GPU is a character device
@@ -120,6 +121,7 @@ PreemptMode=CANCEL
 $node_lines
 PartitionName=gpu Nodes=$names Default=YES MaxTime=INFINITE State=UP PreemptMode=OFF
 PartitionName=low Nodes=$names MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=15
+PartitionName=requeue Nodes=$names MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=15
 PartitionName=high Nodes=$names MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
   printf 'AutoDetect=off\n%s' "$gres_lines" >"$dir/gres.conf"

@@ -6,8 +6,11 @@
 // Slurm), cancel of a pending and a running job, a time limit, a drained node's
 // pending reason, a scheduler killed mid-job (the job adopted, finishing
 // once; an unknown Slurm job of its instance's name cancelled), two
-// schedulers sharing the Slurm (a restart touches only its own jobs) and a
-// Slurm job cancelled by hand (reported with Slurm's reason); on a CPU-only
+// schedulers sharing the Slurm (a restart touches only its own jobs), a
+// Slurm job cancelled by hand (reported with Slurm's reason), Slurm's own
+// preemption under PreemptMode=CANCEL and REQUEUE, and dlbatch's
+// preemption of its own jobs on a Slurm profile (a command job, and a
+// train job resuming from its checkpoint at the signal); on a CPU-only
 // profile, the pool's CPUs asked of Slurm and offered by its workers, a pool
 // no node holds refused at submit, and a worker short of CPUs failing its
 // job at once.
@@ -83,6 +86,7 @@ class SlurmJobs : public ::testing::Test {
     Exec({"scancel", "--partition=gpu"});
     Exec({"scancel", "--partition=low"});
     Exec({"scancel", "--partition=high"});
+    Exec({"scancel", "--partition=requeue"});
     Exec({"scontrol", "update", "nodename=n1,n2", "state=resume"});
     ASSERT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
         << Squeue();
@@ -115,9 +119,18 @@ class SlurmJobs : public ::testing::Test {
     // `low` runs in the partition Slurm preempts for `high`'s jobs.
     std::string low = profile("low", 2, BinDir());
     low.replace(low.find("partition: gpu"), 14, "partition: low");
-    WriteAll(config_, absl::StrCat("profiles:\n", profile("hpc", 2, BinDir()),
-                                   low, profile("cpus", 0, BinDir()),
-                                   profile("narrow", 0, narrow_bin)));
+    // `requeue` runs in the partition of PreemptMode=REQUEUE.
+    std::string requeue = profile("requeue", 2, BinDir());
+    requeue.replace(requeue.find("partition: gpu"), 14, "partition: requeue");
+    // dlbatch preempts `urgent`'s own jobs for its higher-priority ones.
+    const std::string urgent =
+        profile("urgent", 2, BinDir()) +
+        "    preemption:\n      mode: priority\n      grace: 30s\n"
+        "      min_run: 0\n";
+    WriteAll(config_,
+             absl::StrCat("profiles:\n", profile("hpc", 2, BinDir()), low,
+                          requeue, urgent, profile("cpus", 0, BinDir()),
+                          profile("narrow", 0, narrow_bin)));
     c_.StartScheduler({"--config", config_, "--heartbeat-timeout", "5s"},
                       "127.0.0.1:0");
     UseScheduler(c_);
@@ -225,6 +238,9 @@ class SlurmJobs : public ::testing::Test {
     }
     return 0;
   }
+  // Slurm's own preemption of a job of `profile` (its partition's
+  // PreemptMode), for a job of the high partition.
+  void ExpectSlurmsPreemptionRequeues(const std::string& profile);
   std::string Field(int64_t id, const char* key) {
     nlohmann::json j = c_.ShowJson(id);
     if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return "";
@@ -704,19 +720,20 @@ TEST_F(SlurmJobs, ScancelByHandIsReportedWithSlurmsReason) {
       << Field(id, "reason");
 }
 
-TEST_F(SlurmJobs, SlurmsOwnPreemptionRequeuesTheJobAsPreemptedAndItResumes) {
-  // Slurm preempts the low partition's Slurm job for a high one: SIGTERM
-  // to the job's command and its worker (which stops the job as a
-  // preemption), then PREEMPTED. The job is queued again as preempted (not
-  // counted against its attempts), waits in Slurm while the high job holds
-  // the nodes, and its next attempt finishes.
-  const std::string yaml =
-      "name: preempted\nprofile: low\npool: 2\ncommand:\n  - sh\n  - -c\n"
+// Slurm preempts the Slurm job of a job of `profile` for a job of the
+// high partition: SIGTERM to the job's command and its worker (which stops
+// the job as a preemption), then PREEMPTED. The job is queued again as
+// preempted (not counted against its attempts), waits in Slurm while the
+// high job holds the nodes, and its next attempt finishes.
+void SlurmJobs::ExpectSlurmsPreemptionRequeues(const std::string& profile) {
+  const std::string yaml = absl::StrCat(
+      "name: preempted\nprofile: ", profile,
+      "\npool: 2\ncommand:\n  - sh\n  - -c\n"
       "  - |\n"
       "    trap 'echo got TERM; exit 0' TERM\n"
       "    echo attempt $DLBATCH_ATTEMPT\n"
       "    if [ \"$DLBATCH_ATTEMPT\" = 1 ]; then sleep 300 & wait; fi\n"
-      "    echo done\n";
+      "    echo done\n");
   const int64_t id = c_.Submit(c_.JobFile("preempted.yaml", yaml));
   ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_RUNNING", 60000))
       << c_.ShowJson(id).dump(2);
@@ -751,6 +768,117 @@ TEST_F(SlurmJobs, SlurmsOwnPreemptionRequeuesTheJobAsPreemptedAndItResumes) {
   // The first Slurm job ended PREEMPTED; nothing of dlbatch's is left.
   EXPECT_TRUE(absl::StrContains(ScontrolJob(first->id), "JobState=PREEMPTED"))
       << ScontrolJob(first->id);
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
+      << Squeue();
+}
+
+TEST_F(SlurmJobs, SlurmsOwnPreemptionRequeuesTheJobAsPreemptedAndItResumes) {
+  ExpectSlurmsPreemptionRequeues("low");  // PreemptMode=CANCEL
+}
+
+// Under PreemptMode=REQUEUE Slurm requeues only jobs that let it; dlbatch's
+// are submitted with --no-requeue, so Slurm cancels them instead, and says
+// PREEMPTED as under CANCEL: the job is requeued by dlbatch alike.
+TEST_F(SlurmJobs, SlurmsPreemptModeRequeueCancelsTheJobAndItIsRequeued) {
+  ExpectSlurmsPreemptionRequeues("requeue");
+}
+
+// dlbatch preempts a job of its own on a Slurm profile (`urgent`,
+// preemption by priority): both nodes run a priority-0 job, a priority-10
+// job waits in Slurm for resources, one of them is asked to stop through
+// its worker in its Slurm job, its Slurm job ends with it (none of its is
+// left in Slurm), the waiting job starts on the node it freed, and the
+// victim is queued again as preempted and finishes on its next attempt.
+TEST_F(SlurmJobs, PreemptedSlurmProfileJobLeavesNoSlurmJobAndResumes) {
+  auto low_job = [&](const std::string& name) {
+    return c_.Submit(c_.JobFile(
+        name + ".yaml",
+        absl::StrCat(
+            "name: ", name,
+            "\nprofile: urgent\npool: 2\ncommand:\n  - sh\n  - -c\n"
+            "  - |\n"
+            "    trap 'echo got TERM; exit 0' TERM\n"
+            "    echo attempt $DLBATCH_ATTEMPT\n"
+            "    if [ \"$DLBATCH_ATTEMPT\" = 1 ]; then sleep 300 & wait; fi\n"
+            "    echo done\n")));
+  };
+  const int64_t a = low_job("low-a");
+  const int64_t b = low_job("low-b");
+  for (int64_t id : {a, b}) {
+    ASSERT_TRUE(c_.WaitState(id, "JOB_STATE_RUNNING", 60000))
+        << c_.ShowJson(id).dump(2) << Squeue();
+    ASSERT_TRUE(WaitFor(
+        [&] { return absl::StrContains(Diary(id), "attempt 1"); }, 30000))
+        << Diary(id);
+  }
+  std::map<int64_t, int64_t> first_slurm;
+  for (int64_t id : {a, b}) {
+    std::optional<SlurmRow> slurm = SlurmJobOf(id);
+    ASSERT_TRUE(slurm.has_value()) << Squeue();
+    first_slurm[id] = slurm->id;
+  }
+  const int64_t high = c_.Submit(
+      c_.JobFile("high.yaml",
+                 "name: high\nprofile: urgent\npool: 2\npriority: 10\n"
+                 "command: [sh, -c, 'echo high runs; sleep 3']\n"));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(Diary(high), "[dlbatch] preempting job ");
+      },
+      60000))
+      << c_.ShowJson(high).dump(2) << Diary(high) << Squeue();
+  Result wait = c_.Cli({"wait", std::to_string(high)}, {}, 120000);
+  ASSERT_EQ(wait.code, 0) << wait.out << c_.ShowJson(high).dump(2)
+                          << Diary(high) << Squeue();
+  EXPECT_TRUE(absl::StrContains(Diary(high), "(checkpointing; at most 30s)"))
+      << Diary(high);
+
+  // Exactly one of the two was preempted, by the high job.
+  int64_t victim = 0, spared = 0;
+  for (int64_t id : {a, b}) {
+    const nlohmann::json show = c_.ShowJson(id);
+    if (show.contains("preemptions") && !show["preemptions"].empty()) {
+      EXPECT_EQ(victim, 0) << "both were preempted";
+      victim = id;
+    } else {
+      spared = id;
+    }
+  }
+  ASSERT_NE(victim, 0) << c_.ShowJson(a).dump(2) << c_.ShowJson(b).dump(2);
+  ASSERT_NE(spared, 0);
+  // The victim's first Slurm job is over: nothing of its first attempt is
+  // left in Slurm.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        for (const SlurmRow& r : LiveSlurmJobs()) {
+          if (r.id == first_slurm[victim]) return false;
+        }
+        return true;
+      },
+      30000))
+      << Squeue();
+  wait = c_.Cli({"wait", std::to_string(victim)}, {}, 120000);
+  const nlohmann::json show = c_.ShowJson(victim);
+  ASSERT_EQ(wait.code, 0) << wait.out << show.dump(2) << Diary(victim)
+                          << Squeue();
+  EXPECT_EQ(show.value("state", ""), "finished") << show.dump(2);
+  EXPECT_EQ(show.value("attempt", 0), 2) << show.dump(2);
+  ASSERT_EQ(show["preemptions"].size(), 1u) << show.dump(2);
+  const nlohmann::json& p = show["preemptions"][0];
+  EXPECT_EQ(p.value("kind", ""), "priority") << p.dump();
+  EXPECT_EQ(p.value("by_job", 0), high) << p.dump();
+  EXPECT_EQ(p.value("attempt", 0), 1) << p.dump();
+  EXPECT_TRUE(p.value("done", false)) << p.dump();
+  const std::string diary = Diary(victim);
+  EXPECT_TRUE(absl::StrContains(diary, "got TERM")) << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "does not count against")) << diary;
+  EXPECT_TRUE(absl::StrContains(diary, "done")) << diary;
+  EXPECT_FALSE(absl::StrContains(diary, "was cancelled in Slurm")) << diary;
+  // The other ran on undisturbed.
+  EXPECT_EQ(c_.State(spared), "JOB_STATE_RUNNING");
+  EXPECT_EQ(c_.ShowJson(spared).value("attempt", 0), 1);
+  ASSERT_EQ(c_.Cli({"cancel", std::to_string(spared)}).code, 0);
+  ASSERT_TRUE(c_.WaitState(spared, "JOB_STATE_CANCELLED", 60000));
   EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 30000))
       << Squeue();
 }
@@ -923,6 +1051,74 @@ TEST_F(SlurmTrainJobs, ScancelByHandRequeuesFromTheCheckpointAndResumes) {
       diary, "resumes from the checkpoint stored at iteration"))
       << diary;
   EXPECT_EQ(JsonInt(show["progress"], "iteration"), 400);
+}
+
+// dlbatch preempts a train job on a Slurm profile: its worker in its Slurm
+// job asks the trainer to checkpoint and stop, the job is queued again,
+// and its next attempt (a new Slurm job) resumes from the checkpoint
+// written at the signal, with nothing lost, and trains to the end. The
+// other node runs a job that is not preemptible.
+TEST_F(SlurmTrainJobs, PreemptedTrainJobResumesFromTheCheckpointAtTheSignal) {
+  const int64_t pinned = c_.Submit(
+      c_.JobFile("pinned.yaml",
+                 "name: pinned\nprofile: urgent\npool: 2\npreemptible: false\n"
+                 "command: [sh, -c, 'sleep 300']\n"));
+  ASSERT_TRUE(c_.WaitState(pinned, "JOB_STATE_RUNNING", 60000))
+      << c_.ShowJson(pinned).dump(2) << Squeue();
+  const int64_t train = c_.Submit(c_.JobFile(
+      "train.yaml", LenetJob(FashionMnistDir(), R"(    mini_batch_size: 64
+    max_iterations: 600
+    verbose_frequency: 100
+    checkpoint_frequency: 100
+    checkpoint_frequency_unit: iteration
+    execution_environment: cpu
+)",
+                             "name: train\nprofile: urgent\npool: 2\n")));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        nlohmann::json p =
+            c_.ShowJson(train).value("progress", nlohmann::json());
+        return JsonInt(p, "checkpoint_iteration") >= 100;
+      },
+      240000))
+      << Diary(train);
+  std::optional<SlurmRow> first = SlurmJobOf(train);
+  ASSERT_TRUE(first.has_value()) << Squeue();
+  const int64_t high = c_.Submit(
+      c_.JobFile("high.yaml",
+                 "name: high\nprofile: urgent\npool: 2\npriority: 10\n"
+                 "command: [sh, -c, 'echo high runs']\n"));
+  Result wait = c_.Cli({"wait", std::to_string(high)}, {}, 180000);
+  ASSERT_EQ(wait.code, 0) << wait.out << Diary(high) << Diary(train)
+                          << Squeue();
+  EXPECT_TRUE(absl::StrContains(
+      Diary(high), absl::StrCat("[dlbatch] preempting job ", train, " ")))
+      << Diary(high);
+  wait = c_.Cli({"wait", std::to_string(train)}, {}, 300000);
+  const nlohmann::json show = c_.ShowJson(train);
+  ASSERT_EQ(wait.code, 0) << wait.out << show.dump(2) << Diary(train);
+  EXPECT_EQ(show.value("attempt", 0), 2) << show.dump(2);
+  EXPECT_EQ(JsonInt(show["progress"], "iteration"), 600) << show.dump(2);
+  ASSERT_EQ(show["preemptions"].size(), 1u) << show.dump(2);
+  const nlohmann::json& p = show["preemptions"][0];
+  EXPECT_EQ(p.value("kind", ""), "priority") << p.dump();
+  EXPECT_EQ(JsonInt(p, "by_job"), high) << p.dump();
+  // A checkpoint after the signal: nothing lost, resumed past the last
+  // periodic one it was taken at.
+  EXPECT_EQ(p.value("lost_s", -1.0), 0.0) << p.dump();
+  EXPECT_GE(JsonInt(p, "resume_iteration"), 100) << p.dump();
+  EXPECT_TRUE(absl::StrContains(
+      Diary(train),
+      absl::StrCat("resumes from iteration ", JsonInt(p, "resume_iteration"))))
+      << Diary(train);
+  // The first attempt's Slurm job is over; only the pinned job's runs.
+  for (const SlurmRow& r : LiveSlurmJobs()) {
+    EXPECT_NE(r.id, first->id) << Squeue();
+  }
+  EXPECT_EQ(c_.State(pinned), "JOB_STATE_RUNNING");
+  ASSERT_EQ(c_.Cli({"cancel", std::to_string(pinned)}).code, 0);
+  EXPECT_TRUE(WaitFor([&] { return LiveSlurmJobs().empty(); }, 60000))
+      << Squeue();
 }
 
 TEST_F(SlurmJobs, ProfilesShowsSlurmsView) {

@@ -122,6 +122,10 @@ class FakeHost final : public SlurmHost {
     calls.push_back(absl::StrCat("fail ", job, " ", why));
     return absl::OkStatus();
   }
+  absl::Status Preempt(const SlurmPreemptionView&, WorkerMail&) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::OkStatus();
+  }
   absl::Status EndAsReported(int64_t job, WorkerMail&) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     calls.push_back(absl::StrCat("end as reported ", job));
@@ -173,7 +177,7 @@ class SlurmBridgeTest : public ::testing::Test {
     cluster.name = "cluster";
     cluster.partition = "gpu";
     cluster.gpus_per_node = 2;
-    return SlurmBridgeOptions{{cluster}, 20, 3};
+    return SlurmBridgeOptions{{cluster}, 20, 3, {}};
   }
   // host_.mu_, held, is the bridge's host lock (as
   // SchedulerState::SlurmLockHeld asserts for the scheduler's).

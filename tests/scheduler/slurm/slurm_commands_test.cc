@@ -355,6 +355,58 @@ TEST(SlurmCommands, SinfoNodesGiveTheViewOfProfiles) {
               HasSubstr("sinfo printed a line dlbatch cannot read"));
 }
 
+// What preemption reads of each node: its GPUs and CPUs, and how many are
+// free (the test Slurm's own lines among them).
+TEST(SlurmCommands, SinfoNodeRowsGiveEachNodesFreeGpusAndCpus) {
+  EXPECT_THAT(SinfoNodeRowsArgv("low"),
+              ElementsAre("sinfo", "-h", "-N", "--partition=low", "-O",
+                          kSinfoNodeRowsFormat));
+  auto rows = ParseSinfoNodeRows(
+      "n1      |idle      |gpu:2      |gpu:0      |0/2/0/2   |\n"
+      "n2      |mixed     |gpu:2      |gpu:1(IDX:0)|1/1/0/2  |\n"
+      "n3      |drained   |gpu:a100:4(S:0-1)|gpu:(null):0(IDX:N/A)|0/0/8/8|\n",
+      "gpu");
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 3u);
+  const NodeRow& n2 = (*rows)[1];
+  EXPECT_EQ(n2.name, "n2");
+  EXPECT_TRUE(n2.usable);
+  EXPECT_EQ(n2.gpus, 2);
+  EXPECT_EQ(n2.gpus_used, 1);
+  EXPECT_EQ(n2.cpus, 2);
+  EXPECT_EQ(n2.cpus_idle, 1);
+  EXPECT_FALSE((*rows)[2].usable);
+  EXPECT_EQ((*rows)[2].gpus, 4);
+  EXPECT_THAT(
+      ParseSinfoNodeRows("n1|idle|gpu:2|gpu:0|2|\n", "gpu").status().message(),
+      HasSubstr("sinfo printed a line dlbatch cannot read"));
+}
+
+TEST(SlurmCommands, HostListsExpandInSlurmsOrder) {
+  auto names = [](absl::string_view list) {
+    absl::StatusOr<std::vector<std::string>> out = ExpandHostlist(list);
+    return out.ok() ? *out : std::vector<std::string>{"error"};
+  };
+  EXPECT_THAT(names("n1"), ElementsAre("n1"));
+  EXPECT_THAT(names("n[1-2]"), ElementsAre("n1", "n2"));
+  EXPECT_THAT(names("n[1-3,5]"), ElementsAre("n1", "n2", "n3", "n5"));
+  EXPECT_THAT(names("gpu[08-10],cpu7"),
+              ElementsAre("gpu08", "gpu09", "gpu10", "cpu7"));
+  EXPECT_THAT(names("r[1-2]n[1-2]"),
+              ElementsAre("r1n1", "r1n2", "r2n1", "r2n2"));
+  EXPECT_THAT(names(""), ElementsAre());
+  for (const char* bad : {"n[2-1]", "n[1-", "n]1", "n[[1]]", "n[a-b]"}) {
+    EXPECT_THAT(ExpandHostlist(bad).status().message(),
+                HasSubstr("has a form dlbatch does not know"))
+        << bad;
+  }
+}
+
+TEST(SlurmCommands, ScancelSignalsTheBatchStepAlone) {
+  EXPECT_THAT(ScancelSignalArgv(12, "TERM"),
+              ElementsAre("scancel", "--batch", "--signal=TERM", "12"));
+}
+
 TEST(ProcessSlurmTool, PassesInputAndEnvironmentAndKeepsTheExitCode) {
   ProcessSlurmTool tool(
       std::map<std::string, std::string>{{"SLURM_CONF", "/etc/x.conf"}});
