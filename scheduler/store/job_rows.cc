@@ -57,6 +57,31 @@ absl::StatusOr<TrainState> ReadTrainState(Database* db, int64_t job_id) {
   return state;
 }
 
+absl::StatusOr<std::vector<v1::CheckpointStored>> ReadKeptCheckpoints(
+    Database* db, int64_t job_id) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db->Prepare("SELECT record FROM job_checkpoints WHERE job_id=? "
+                  "ORDER BY part, iteration"));
+  st->Bind(1, job_id);
+  std::vector<v1::CheckpointStored> out;
+  bool corrupt = false;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
+    absl::string_view r = st->Blob(0);
+    v1::CheckpointStored c;
+    if (!c.ParseFromArray(r.data(), static_cast<int>(r.size()))) {
+      corrupt = true;
+      return;
+    }
+    out.push_back(std::move(c));
+  }));
+  if (corrupt) {
+    return absl::DataLossError(
+        absl::StrCat("job ", job_id, ": a stored checkpoint is corrupt"));
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<v1::Preemption>> ReadPreemptions(Database* db,
                                                             int64_t job_id) {
   ASSIGN_OR_RETURN(Statement * st,

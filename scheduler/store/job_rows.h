@@ -33,6 +33,11 @@ absl::StatusOr<JobRecord> ReadJobRow(const Statement& row, bool with_spec);
 // where what was stored does not parse.
 absl::StatusOr<TrainState> ReadTrainState(Database* db, int64_t job_id);
 
+// The job's kept checkpoints on `db` (job_checkpoints), by part and then
+// iteration; DataLoss where one stored does not parse.
+absl::StatusOr<std::vector<v1::CheckpointStored>> ReadKeptCheckpoints(
+    Database* db, int64_t job_id);
+
 // The job's preemptions on `db`, oldest first (none: empty); DataLoss
 // where one stored does not parse.
 absl::StatusOr<std::vector<v1::Preemption>> ReadPreemptions(Database* db,

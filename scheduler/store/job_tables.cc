@@ -168,6 +168,36 @@ absl::StatusOr<TrainState> JobTables::GetTrainState(int64_t job_id) {
   return ReadTrainState(db_, job_id);
 }
 
+absl::Status JobTables::PutKeptCheckpoint(
+    int64_t job_id, const v1::CheckpointStored& checkpoint) {
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db_->Prepare("INSERT INTO job_checkpoints(job_id, part, iteration, "
+                   "record) VALUES(?,?,?,?) ON CONFLICT(job_id, part, "
+                   "iteration) DO UPDATE SET record=excluded.record"));
+  RETURN_IF_ERROR(st->Bind(1, job_id)
+                      .Bind(2, checkpoint.part())
+                      .Bind(3, checkpoint.iteration())
+                      .BindBlob(4, checkpoint.SerializeAsString())
+                      .Run());
+  for (const auto& f : checkpoint.files())
+    RETURN_IF_ERROR(HoldBlob(job_id, f.sha256()));
+  return absl::OkStatus();
+}
+
+absl::Status JobTables::DeleteKeptCheckpoint(int64_t job_id, int part,
+                                             int64_t iteration) {
+  ASSIGN_OR_RETURN(Statement * st,
+                   db_->Prepare("DELETE FROM job_checkpoints WHERE job_id=? "
+                                "AND part=? AND iteration=?"));
+  return st->Bind(1, job_id).Bind(2, part).Bind(3, iteration).Run();
+}
+
+absl::StatusOr<std::vector<v1::CheckpointStored>> JobTables::KeptCheckpoints(
+    int64_t job_id) {
+  return ReadKeptCheckpoints(db_, job_id);
+}
+
 absl::StatusOr<std::optional<JobTables::RequestMatch>> JobTables::JobForRequest(
     const std::string& user, const std::string& request_id) {
   ASSIGN_OR_RETURN(Statement * st,
@@ -218,6 +248,7 @@ absl::StatusOr<PurgeCounts> JobTables::PurgeJobs(
       "DELETE FROM slurm_resubmits WHERE job_id=?",
       "DELETE FROM job_requests WHERE job_id=?",
       "DELETE FROM preemptions WHERE job_id=?",
+      "DELETE FROM job_checkpoints WHERE job_id=?",
       "DELETE FROM jobs WHERE id=?",
   };
   PurgeCounts counts;

@@ -1,5 +1,6 @@
 // The store's job tables, on the writer's connection: jobs and their
-// request ids, state history (job_events), outputs, train state, the blobs
+// request ids, state history (job_events), outputs, train state and kept
+// checkpoints (job_checkpoints), the blobs
 // each job holds (job_blobs) and each job's control state (job_control).
 // Store is made of this and the other tables' classes (store.h says who
 // may call them, and on which thread).
@@ -83,6 +84,16 @@ class JobTables {
   absl::Status PutCheckpoint(int64_t job_id,
                              const v1::CheckpointStored& checkpoint);
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
+  // The stored checkpoints kept of a job (schema version 13), one per
+  // (part, iteration): stored anew or replaced, holding its blobs (which
+  // stay held by the job, as every blob it held, until it is purged).
+  absl::Status PutKeptCheckpoint(int64_t job_id,
+                                 const v1::CheckpointStored& checkpoint);
+  absl::Status DeleteKeptCheckpoint(int64_t job_id, int part,
+                                    int64_t iteration);
+  // By part, then iteration; DataLoss where one does not parse.
+  absl::StatusOr<std::vector<v1::CheckpointStored>> KeptCheckpoints(
+      int64_t job_id);
 
   // Ended jobs (finished, failed, cancelled) with end_ms < before_ms,
   // oldest first.

@@ -21,9 +21,10 @@ namespace {
 // job_requests (request ids per user, with the digest of what each asked
 // for); version 10 diary.line and diary.ending; version 11 preemptions
 // (each job's preemptions, a v1.Preemption per row); version 12 diary.rank
-// (the global rank of the process that wrote a line).
+// (the global rank of the process that wrote a line); version 13
+// job_checkpoints (the stored checkpoints kept of each job's parts).
 // Older files are migrated on open.
-constexpr int kSchemaVersion = 12;
+constexpr int kSchemaVersion = 13;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -310,6 +311,42 @@ UPDATE diary SET rank = part WHERE stream != 0;
 )sql");
 }
 
+// Version 12 -> 13: job_checkpoints, a v1.CheckpointStored per row: the
+// newest few of each part (train_state.checkpoint stays the one a resume
+// uses). A file made before kept one checkpoint per job, in train_state: it
+// becomes the job's first kept row (its blobs are held already).
+// Idempotent.
+absl::Status AddCheckpointsTable(Database* db) {
+  RETURN_IF_ERROR(db->Exec(R"sql(
+CREATE TABLE IF NOT EXISTS job_checkpoints(
+  job_id INTEGER NOT NULL,
+  part INTEGER NOT NULL,
+  iteration INTEGER NOT NULL,
+  record BLOB NOT NULL,
+  PRIMARY KEY(job_id, part, iteration)) WITHOUT ROWID;
+)sql"));
+  std::vector<std::pair<int64_t, v1::CheckpointStored>> stored;
+  RETURN_IF_ERROR(ForEachStoredMessage<v1::CheckpointStored>(
+      db,
+      "SELECT job_id, checkpoint FROM train_state WHERE checkpoint IS NOT NULL",
+      [&](int64_t job, const v1::CheckpointStored& checkpoint) {
+        if (checkpoint.files_size() > 0) stored.emplace_back(job, checkpoint);
+      }));
+  ASSIGN_OR_RETURN(
+      Statement * put,
+      db->Prepare("INSERT OR IGNORE INTO job_checkpoints(job_id, part, "
+                  "iteration, record) VALUES(?,?,?,?)"));
+  for (const auto& [job, checkpoint] : stored) {
+    put->Reset();
+    RETURN_IF_ERROR(put->Bind(1, job)
+                        .Bind(2, checkpoint.part())
+                        .Bind(3, checkpoint.iteration())
+                        .BindBlob(4, checkpoint.SerializeAsString())
+                        .Run());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status MigrateSchema(Database* db, const std::string& path) {
@@ -349,6 +386,7 @@ absl::Status MigrateSchema(Database* db, const std::string& path) {
     RETURN_IF_ERROR(AddDiaryLineColumns(db));
     RETURN_IF_ERROR(AddPreemptionsTable(db));
     RETURN_IF_ERROR(AddDiaryRankColumn(db));
+    RETURN_IF_ERROR(AddCheckpointsTable(db));
     RETURN_IF_ERROR(db->Exec(absl::StrCat(
         "INSERT INTO meta(key, value) VALUES('schema', '", kSchemaVersion,
         "') ON CONFLICT(key) DO UPDATE SET value=excluded.value")));

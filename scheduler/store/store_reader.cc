@@ -278,6 +278,13 @@ absl::StatusOr<TrainState> StoreReader::GetTrainState(int64_t job_id) {
   return ReadTrainState(db.get(), job_id);
 }
 
+absl::StatusOr<std::vector<v1::CheckpointStored>> StoreReader::KeptCheckpoints(
+    int64_t job_id) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  return ReadKeptCheckpoints(db.get(), job_id);
+}
+
 absl::StatusOr<std::vector<v1::Preemption>> StoreReader::Preemptions(
     int64_t job_id) {
   ASSIGN_OR_RETURN(auto raw, Acquire());

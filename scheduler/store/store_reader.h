@@ -56,6 +56,9 @@ class StoreReader {
       int64_t job_id, int64_t tail, const std::vector<int32_t>& ranks = {});
   absl::StatusOr<std::vector<v1::OutputFile>> Outputs(int64_t job_id);
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);
+  // As Store::KeptCheckpoints.
+  absl::StatusOr<std::vector<v1::CheckpointStored>> KeptCheckpoints(
+      int64_t job_id);
   absl::StatusOr<std::vector<v1::Preemption>> Preemptions(int64_t job_id);
   // The user a job was submitted by; NotFound for an unknown job.
   absl::StatusOr<std::string> JobUser(int64_t job_id);
