@@ -72,6 +72,7 @@ Json SpecJson(const v1::JobSpec& spec) {
               {"time_limit_s", spec.time_limit_s()},
               {"max_nodes", spec.max_nodes()},
               {"launch", spec.launch()},
+              {"checkpoint", spec.checkpoint()},
               {"program", spec.has_train()     ? "train"
                           : spec.has_command() ? "command"
                                                : ""},
@@ -147,6 +148,17 @@ Json JobJson(const v1::Job& job) {
   for (const v1::OutputFile& f : job.checkpoint()) {
     checkpoint.push_back(OutputFileJson(f));
   }
+  Json checkpoints = Json::array();
+  for (const v1::KeptCheckpoint& k : job.checkpoints()) {
+    Json files = Json::array();
+    for (const v1::OutputFile& f : k.files())
+      files.push_back(OutputFileJson(f));
+    checkpoints.push_back(Json{{"part", k.part()},
+                               {"iteration", k.iteration()},
+                               {"attempt", k.attempt()},
+                               {"resume", k.resume()},
+                               {"files", std::move(files)}});
+  }
   Json after = Json::array();
   for (int64_t id : job.after()) after.push_back(id);
   Json preemptions = Json::array();
@@ -186,6 +198,7 @@ Json JobJson(const v1::Job& job) {
               {"placement", std::move(placement)},
               {"progress", ProgressJson(job.progress())},
               {"checkpoint", std::move(checkpoint)},
+              {"checkpoints", std::move(checkpoints)},
               {"preemptions", std::move(preemptions)},
               {"history", std::move(history)},
               {"spec", SpecJson(spec)}};

@@ -605,6 +605,22 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                                   "process per part"));
     }
   }
+  if (!spec.checkpoint().empty()) {
+    if (spec.has_train()) {
+      return Invalid("checkpoint",
+                     "the embedded trainer stores rank 0's checkpoint (its "
+                     "ranks hold the same weights); remove it (it is for "
+                     "command jobs)");
+    }
+    if (spec.checkpoint() != "per-part") {
+      return Invalid("checkpoint",
+                     absl::StrCat("'", spec.checkpoint(),
+                                  "' is not a checkpoint mode; use per-part "
+                                  "(every part stores its own "
+                                  "$DLBATCH_CHECKPOINT_DIR), or leave it out "
+                                  "for part 0's to be the job's"));
+    }
+  }
   if (spec.max_nodes() < 0) {
     return Invalid("max_nodes",
                    absl::StrCat(spec.max_nodes(),

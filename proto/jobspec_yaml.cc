@@ -450,6 +450,8 @@ absl::Status JobYamlParser::ParseTop(const Value& root) {
              spec.set_array(*std::move(text));
              return absl::OkStatus();
            }},
+          {"checkpoint",
+           Into<std::string>([&](std::string x) { spec.set_checkpoint(x); })},
       });
 }
 

@@ -501,6 +501,7 @@ absl::Status Control::RequeueEnded(SchedulerState& s, int64_t id,
     ASSIGN_OR_RETURN(TrainState train, s.store_->GetTrainState(id));
     job.progress = std::move(train.progress);
     job.checkpoint = std::move(train.checkpoint);
+    ASSIGN_OR_RETURN(job.kept_checkpoints, s.store_->KeptCheckpoints(id));
   }
   RETURN_IF_ERROR(SaveControl(s, job));  // nothing left of before
   RETURN_IF_ERROR(

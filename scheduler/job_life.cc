@@ -12,12 +12,50 @@
 #include "proto/array_spec.h"
 #include "scheduler/control.h"
 #include "scheduler/diary_follow.h"
+#include "scheduler/kept_checkpoints.h"
 #include "scheduler/preemptions.h"
 #include "scheduler/scheduler_state.h"
 #include "scheduler/users.h"
 #include "scheduler/watchers.h"
 
 namespace dlbatch::scheduler {
+namespace {
+
+// Chooses the stored checkpoint an attempt of `parts` parts resumes from
+// (job.checkpoint) and drops the kept ones of later steps.
+absl::Status ChooseResume(SchedulerState& s, SchedulerState::ActiveJob& job,
+                          int parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_) {
+  s.mu_.AssertHeld();
+  const JobRecord& rec = job.record;
+  const std::vector<CheckpointKey> keys = KeysOf(job.kept_checkpoints);
+  const std::optional<int64_t> step =
+      ResumeStep(keys, ResumeParts(rec.spec, parts));
+  if (PerPartCheckpoints(rec.spec) && !step && !keys.empty()) {
+    RETURN_IF_ERROR(s.Diary(
+        rec.id, rec.attempt,
+        absl::StrCat("[dlbatch] attempt ", rec.attempt,
+                     " starts afresh: no step has a stored checkpoint of "
+                     "each of its ",
+                     parts, " part(s) (checkpoint: per-part)")));
+  }
+  // What no attempt continues any more goes (all of it when afresh).
+  for (const CheckpointKey& k : CheckpointsAfter(keys, step)) {
+    RETURN_IF_ERROR(s.store_->DeleteKeptCheckpoint(rec.id, k.part, k.step));
+    EraseKept(&job.kept_checkpoints, k);
+  }
+  const v1::CheckpointStored* found = FindKept(job.kept_checkpoints, 0, step);
+  v1::CheckpointStored checkpoint =
+      found != nullptr ? *found : v1::CheckpointStored();
+  if (SameCheckpoint(checkpoint, job.checkpoint)) return absl::OkStatus();
+  // The parts are not those that stored it (fewer or more of them).
+  job.progress.set_checkpoint_iteration(step.value_or(0));
+  RETURN_IF_ERROR(s.store_->PutCheckpoint(rec.id, checkpoint));
+  RETURN_IF_ERROR(s.store_->PutProgress(rec.id, job.progress));
+  job.checkpoint = std::move(checkpoint);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 void SchedulerState::EnqueueJob(const JobRecord& job) {
   mu_.AssertHeld();
@@ -67,13 +105,16 @@ absl::Status SchedulerState::BeginAttempt(ActiveJob& job,
   if (meets) rendezvous_.Open(rec.id, rec.attempt);
   // A command job's checkpoint ($DLBATCH_CHECKPOINT_DIR) resumes it as a
   // train job's does.
+  RETURN_IF_ERROR(ChooseResume(*this, job, static_cast<int>(parts.size())));
+  const bool per_part = PerPartCheckpoints(rec.spec);
   if (job.checkpoint.files_size() > 0) {
     RETURN_IF_ERROR(Diary(
         rec.id, rec.attempt,
         absl::StrCat("[dlbatch] attempt ", rec.attempt,
                      " resumes from the checkpoint stored at ",
                      train ? "iteration " : "step ", job.checkpoint.iteration(),
-                     " (by attempt ", job.checkpoint.attempt(), ")")));
+                     " (by attempt ", job.checkpoint.attempt(), ")",
+                     per_part ? ", each part from its own" : "")));
   }
   int first_rank = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -96,8 +137,16 @@ absl::Status SchedulerState::BeginAttempt(ActiveJob& job,
     start->set_max_output_bytes(options_.max_output_bytes);
     if (meets)
       start->set_rendezvous_secret(rendezvous_.SecretFor(rec.id, rec.attempt));
-    *start->mutable_checkpoint() = job.checkpoint.files();
-    start->set_checkpoint_iteration(job.checkpoint.iteration());
+    const v1::CheckpointStored* resume =
+        !per_part ? &job.checkpoint
+        : job.checkpoint.files_size() > 0
+            ? FindKept(job.kept_checkpoints, static_cast<int>(i),
+                       job.checkpoint.iteration())
+            : nullptr;
+    if (resume != nullptr) {
+      *start->mutable_checkpoint() = resume->files();
+      start->set_checkpoint_iteration(resume->iteration());
+    }
     starts->emplace_back(w->second.session, std::move(msg));
   }
   Changed(rec.id);

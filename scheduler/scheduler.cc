@@ -23,6 +23,7 @@
 #include "proto/job_state.h"
 #include "proto/jobspec_sweep.h"
 #include "proto/jobspec_yaml.h"
+#include "scheduler/kept_checkpoints.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -370,6 +371,9 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
   {
     // Committed with (or before) the row just read; memory overrides below.
     ASSIGN_OR_RETURN(TrainState train, reader_->GetTrainState(job_id));
+    ASSIGN_OR_RETURN(std::vector<v1::CheckpointStored> kept,
+                     reader_->KeptCheckpoints(job_id));
+    SetKeptCheckpoints(kept, train.checkpoint, &job);
     *job.mutable_progress() = std::move(train.progress);
     *job.mutable_checkpoint() = std::move(*train.checkpoint.mutable_files());
   }
@@ -380,6 +384,8 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
     const JobRecord& live = it->second.record;
     *job.mutable_progress() = it->second.progress;
     *job.mutable_checkpoint() = it->second.checkpoint.files();
+    SetKeptCheckpoints(it->second.kept_checkpoints, it->second.checkpoint,
+                       &job);
     job.set_state(it->second.cancel_requested && !IsTerminal(live.state)
                       ? v1::JOB_STATE_CANCELLING
                       : live.state);

@@ -102,6 +102,7 @@ absl::Status Scheduler::Load(bool open_rendezvous) {
     ASSIGN_OR_RETURN(TrainState train, store_->GetTrainState(r.id));
     job.progress = std::move(train.progress);
     job.checkpoint = std::move(train.checkpoint);
+    ASSIGN_OR_RETURN(job.kept_checkpoints, store_->KeptCheckpoints(r.id));
     if ((r.spec.has_train() || !r.spec.launch().empty()) &&
         r.state != v1::JOB_STATE_QUEUED && open_rendezvous) {
       rendezvous_.Open(r.id, r.attempt);

@@ -117,10 +117,16 @@ class SchedulerState {
     std::string failure;  // first failing part's reason
     bool cancel_requested = false;
     std::string cancel_reason;
-    v1::TrainProgress progress;       // train jobs: the latest report
-    v1::CheckpointStored checkpoint;  // train jobs: the newest stored
-    DiaryBudget diary;                // loaded with the first line
-    int64_t disk_dropped_lines = 0;   // lines refused while the disk was full
+    v1::TrainProgress progress;  // train jobs: the latest report
+    // The stored checkpoint a later attempt resumes from: the newest of
+    // part 0, or with `checkpoint: per-part` part 0's of the newest step
+    // every part stored (empty: none).
+    v1::CheckpointStored checkpoint;
+    // Every stored checkpoint kept (kept_checkpoints.h), by part and then
+    // iteration: the newest few of each part, `checkpoint` among them.
+    std::vector<v1::CheckpointStored> kept_checkpoints;
+    DiaryBudget diary;               // loaded with the first line
+    int64_t disk_dropped_lines = 0;  // lines refused while the disk was full
     int64_t disk_dropped_bytes = 0;
     // Job control (control.cc): a held job, or one waiting for
     // the jobs in `after`, is queued but not in the placement core; a

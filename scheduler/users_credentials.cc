@@ -45,6 +45,12 @@ bool Users::WorkerNeedsBlob(const std::string& credential,
     for (const auto& f : job.checkpoint.files()) {
       if (f.sha256() == sha256) holds = true;
     }
+    // With `checkpoint: per-part` each part fetches its own.
+    for (const auto& kept : job.kept_checkpoints) {
+      for (const auto& f : kept.files()) {
+        if (f.sha256() == sha256) holds = true;
+      }
+    }
     if (!holds) continue;
     for (size_t p = 0; p < job.record.parts.size(); ++p) {
       if (p < job.part_ended.size() && job.part_ended[p]) continue;

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "common/version.h"
 #include "scheduler/control.h"
+#include "scheduler/kept_checkpoints.h"
 #include "scheduler/preemptions.h"
 #include "scheduler/slurm/registration.h"
 #include "scheduler/users.h"
@@ -565,12 +566,29 @@ absl::Status WorkerStreams::HandleCheckpoint(
   s.mu_.AssertHeld();
   ActiveJob* job = ReportedJob(s, worker_id, report.job_id(), report.attempt(),
                                report.part());
-  if (job == nullptr || report.part() != 0) return absl::OkStatus();
-  if (job->checkpoint.files_size() > 0 &&
-      report.iteration() < job->checkpoint.iteration()) {
+  if (job == nullptr) return absl::OkStatus();
+  const v1::JobSpec& spec = job->record.spec;
+  if (report.part() != 0 && !PerPartCheckpoints(spec)) return absl::OkStatus();
+  const std::optional<int64_t> newest =
+      NewestOfPart(job->kept_checkpoints, report.part());
+  if (newest && report.iteration() < *newest) {
     return absl::OkStatus();  // a resend of an older one
   }
+  const char* unit = spec.has_train() ? "iteration " : "step ";
+  const std::string what = absl::StrCat(
+      "the checkpoint of ", unit, report.iteration(),
+      PerPartCheckpoints(spec) ? absl::StrCat(" of part ", report.part())
+                               : std::string());
+  if (report.files_size() == 0) {
+    // Nothing a later attempt could be given back.
+    return s.Diary(report.job_id(), report.attempt(),
+                   absl::StrCat("[dlbatch] ", what,
+                                " is not kept: $DLBATCH_CHECKPOINT_DIR held "
+                                "no files; write the checkpoint there before "
+                                "announcing it"));
+  }
   for (const auto& f : report.files()) {
+    if (!f.symlink().empty()) continue;
     auto size = s.blobs_->Size(f.sha256());
     if (!size.ok() || *size != f.size()) {
       spdlog::warn("job {}: checkpoint file '{}' is not in the store; ignored",
@@ -578,14 +596,56 @@ absl::Status WorkerStreams::HandleCheckpoint(
       return absl::OkStatus();
     }
   }
+  // The kept set with it, the step a resume would use, and the oldest of
+  // each part past the few kept.
+  std::vector<v1::CheckpointStored> kept = job->kept_checkpoints;
+  PutKept(&kept, report);
+  const std::optional<int64_t> resume =
+      ResumeStep(KeysOf(kept),
+                 ResumeParts(spec, static_cast<int>(job->record.parts.size())));
+  const std::vector<CheckpointKey> drop =
+      CheckpointsToDrop(KeysOf(kept), resume, kKeptCheckpoints);
+  for (const CheckpointKey& k : drop) EraseKept(&kept, k);
+  // Kept checkpoints count against the output quota, as the outputs do.
+  const int64_t quota = s.options_.max_output_bytes;
+  const int64_t bytes = KeptBytes(kept);
+  if (quota > 0 && bytes > quota) {
+    return s.Diary(
+        report.job_id(), report.attempt(),
+        absl::StrCat(
+            "[dlbatch] ", what,
+            " is not kept: with it the job's stored "
+            "checkpoints would hold ",
+            HumanBytes(bytes), " (", bytes, " bytes), more than the ",
+            HumanBytes(quota), " (", quota,
+            " bytes) a job may keep (the scheduler's --max-output-bytes); "
+            "the job goes on, and a later attempt resumes from ",
+            job->checkpoint.files_size() > 0
+                ? absl::StrCat(unit, job->checkpoint.iteration())
+                : std::string("the start")));
+  }
   // Stored before memory takes it: a refused report leaves no trace.
+  RETURN_IF_ERROR(s.store_->PutKeptCheckpoint(report.job_id(), report));
+  for (const CheckpointKey& k : drop) {
+    RETURN_IF_ERROR(
+        s.store_->DeleteKeptCheckpoint(report.job_id(), k.part, k.step));
+  }
+  const v1::CheckpointStored* found = FindKept(kept, 0, resume);
+  v1::CheckpointStored checkpoint =
+      found != nullptr ? *found : v1::CheckpointStored();
+  const bool moved = !SameCheckpoint(checkpoint, job->checkpoint);
   v1::TrainProgress progress = job->progress;
-  progress.set_checkpoint_iteration(report.iteration());
-  RETURN_IF_ERROR(s.store_->PutCheckpoint(report.job_id(), report));
-  RETURN_IF_ERROR(s.store_->PutProgress(report.job_id(), progress));
-  job->checkpoint = report;
-  job->checkpoint_ms = s.clock_->NowMs();
-  job->progress = std::move(progress);
+  if (moved) {
+    progress.set_checkpoint_iteration(resume.value_or(0));
+    RETURN_IF_ERROR(s.store_->PutCheckpoint(report.job_id(), checkpoint));
+    RETURN_IF_ERROR(s.store_->PutProgress(report.job_id(), progress));
+  }
+  job->kept_checkpoints = std::move(kept);
+  if (moved) {
+    job->checkpoint = std::move(checkpoint);
+    job->checkpoint_ms = s.clock_->NowMs();
+    job->progress = std::move(progress);
+  }
   s.Changed(report.job_id());
   return absl::OkStatus();
 }

@@ -375,8 +375,10 @@ void JobTable::CommandProgressLine(Job& job, const OutputLine& line,
     return;
   }
   job.progress = cp.progress();
-  // The checkpoint is part 0's (the job's rank 0 speaks for it).
-  if (r.kind == CommandProgress::Result::kCheckpoint && job.ref.part == 0)
+  // The checkpoint is part 0's (the job's rank 0 speaks for it), or with
+  // `checkpoint: per-part` each part's own.
+  if (r.kind == CommandProgress::Result::kCheckpoint &&
+      (job.ref.part == 0 || job.start.spec().checkpoint() == "per-part"))
     AskCheckpoint(job, r.step, fx);
   // Part 0 speaks for the job; the interval keeps a flood of reports from
   // becoming a flood of messages and store writes.

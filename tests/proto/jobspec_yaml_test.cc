@@ -383,6 +383,28 @@ TEST(JobYamlParse, Launch) {
               HasSubstr("env.DLBATCH_HOSTS: the worker sets it"));
 }
 
+// checkpoint: whose $DLBATCH_CHECKPOINT_DIR is stored (command jobs).
+TEST(JobYamlParse, Checkpoint) {
+  EXPECT_EQ(ParseOk("command: [ls]\n").checkpoint(), "");
+  EXPECT_EQ(ParseOk("command: [ls]\npool: 2\nmax_nodes: 2\n"
+                    "checkpoint: per-part\n")
+                .checkpoint(),
+            "per-part");
+  EXPECT_THAT(ParseError("command: [ls]\ncheckpoint: per-rank\n"),
+              HasSubstr("job.yaml:2:13: checkpoint: 'per-rank' is not a "
+                        "checkpoint mode; use per-part (every part stores "
+                        "its own $DLBATCH_CHECKPOINT_DIR), or leave it out "
+                        "for part 0's to be the job's"));
+  EXPECT_THAT(
+      ParseError(TrainJob("      - {type: fc, units: 10}\n") +
+                 "checkpoint: per-part\n"),
+      HasSubstr("checkpoint: the embedded trainer stores rank 0's checkpoint "
+                "(its ranks hold the same weights); remove it (it is for "
+                "command jobs)"));
+  EXPECT_THAT(ParseError("command: [ls]\ncheckpoint: [per-part]\n"),
+              HasSubstr("job.yaml:2:13: checkpoint"));
+}
+
 TEST(JobYamlErrors, UnknownTopLevelKey) {
   std::string msg = ParseError("name: x\ncommand: [ls]\npoool: 4\n");
   EXPECT_THAT(msg,

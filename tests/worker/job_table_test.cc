@@ -1041,5 +1041,34 @@ TEST_F(JobTableTest, AStopOfACommandJobWritesItsStopFileWithWhy) {
   EXPECT_TRUE(fx.actions[0].stop_file.empty());
 }
 
+// A command job's {"checkpoint": STEP} is part 0's to store, unless the job
+// says `checkpoint: per-part`: then every part stores its own folder.
+TEST_F(JobTableTest, ACommandJobsCheckpointIsPartZerosUnlessPerPart) {
+  const OutputLine announce =
+      Out(JobTable::kChannelStream, R"({"step":20,"checkpoint":20})");
+  auto part = [&](int64_t id, int index, const std::string& mode) {
+    v1::StartJob s = Start(id);
+    s.set_part(index);
+    s.set_parts(2);
+    s.mutable_spec()->set_checkpoint(mode);
+    return Running(s);
+  };
+  const int64_t zero = part(101, 0, "");
+  JobEffects fx = table_.Line(zero, announce);
+  ASSERT_EQ(Kinds(fx),
+            std::vector<JobAction::Kind>{JobAction::kUploadCheckpoint});
+  EXPECT_EQ(fx.actions[0].iteration, 20);
+  EXPECT_EQ(fx.actions[0].checkpoint_dir, "/work/jobs/101-1-0/checkpoint");
+  EXPECT_TRUE(Kinds(table_.Line(part(102, 1, ""), announce)).empty());
+  const int64_t one = part(103, 1, "per-part");
+  fx = table_.Line(one, announce);
+  ASSERT_EQ(Kinds(fx),
+            std::vector<JobAction::Kind>{JobAction::kUploadCheckpoint});
+  EXPECT_EQ(fx.actions[0].checkpoint_dir, "/work/jobs/103-1-1/checkpoint");
+  fx = table_.CheckpointStored(one, 20, Files(), clock_.NowMs());
+  ASSERT_EQ(RecordKinds(fx), std::vector<std::string>{"checkpoint 20"});
+  EXPECT_EQ(fx.records[0].checkpoint().part(), 1);
+}
+
 }  // namespace
 }  // namespace dlbatch::worker
