@@ -177,5 +177,29 @@ TEST(JobJson, HasPlainValuesAndEveryKey) {
   EXPECT_TRUE(j["spec"]["train"].is_null());
 }
 
+// `checkpoints`: every kept checkpoint with its part, step, attempt, files
+// and whether a resume uses it; `checkpoint` stays the resumed files.
+TEST(JobJson, ListsTheKeptCheckpoints) {
+  v1::Job job;
+  job.mutable_spec()->set_checkpoint("per-part");
+  v1::KeptCheckpoint* k = job.add_checkpoints();
+  k->set_part(1);
+  k->set_iteration(20);
+  k->set_attempt(2);
+  k->set_resume(true);
+  v1::OutputFile* f = k->add_files();
+  f->set_path("state.pt");
+  f->set_size(5);
+  Json j = JobJson(job);
+  ASSERT_EQ(j["checkpoints"].size(), 1u);
+  EXPECT_EQ(j["checkpoints"][0]["part"], 1);
+  EXPECT_EQ(j["checkpoints"][0]["iteration"], 20);
+  EXPECT_EQ(j["checkpoints"][0]["attempt"], 2);
+  EXPECT_EQ(j["checkpoints"][0]["resume"], true);
+  EXPECT_EQ(j["checkpoints"][0]["files"][0]["path"], "state.pt");
+  EXPECT_EQ(j["checkpoint"], Json::array());
+  EXPECT_EQ(j["spec"]["checkpoint"], "per-part");
+}
+
 }  // namespace
 }  // namespace dlbatch::client
