@@ -102,9 +102,20 @@ def save_checkpoint(model, opt, step):
     dlbatch.checkpoint_saved(step)
 
 
+# The tensors agreed() reduces, one per device, alive until the process
+# exits. A gloo thread keeps the last tensor it reduced until it is stopped;
+# if that were the last reference to a tensor made in Python, the thread
+# would need the GIL to free it while the main thread, holding the GIL,
+# waits for the thread in the process group's destructor: torch 1.13 hangs
+# at exit.
+_agreement = {}
+
+
 def agreed(value, op, device):
     """`value` reduced over all ranks (every rank must call it)."""
-    t = torch.tensor([value], dtype=torch.int64, device=device)
+    t = _agreement.setdefault(str(device),
+                              torch.zeros(1, dtype=torch.int64, device=device))
+    t.fill_(value)
     dist.all_reduce(t, op=op)
     return int(t.item())
 
