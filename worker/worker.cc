@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/files.h"
+#include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/job_notes_io.h"
 #include "worker/train_job.h"
@@ -31,19 +33,27 @@ std::string RendezvousAddress(const Endpoint& e) {
 
 // Hard links hold a checkpoint's files while the trainer replaces them with
 // the next one (it writes a new file and renames it over), and those links
-// are uploaded.
+// are uploaded. The output folder is the job's: the snapshot's folder is made
+// afresh by the worker, for the worker alone (mkdir follows no link planted
+// at its name), and only a regular file is taken (link() links a symlink
+// itself, which the upload would follow with the worker's powers).
 absl::StatusOr<std::vector<v1::OutputFile>> StoreCheckpoint(
     const std::string& dir, BlobTransfers* transfers) {
   const std::string snap = absl::StrCat(dir, "/", kCheckpointSnapshotDir);
-  absl::Status s = RemoveTree(snap);
-  if (s.ok()) s = MakeDirs(snap, 0700);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(RemoveTree(snap));
+  if (::mkdir(snap.c_str(), 0700) != 0)
+    return ErrnoStatus(errno, "mkdir", snap);
   std::vector<v1::OutputFile> files;
   for (const char* name : kCheckpointFiles) {
     const std::string from = absl::StrCat(dir, "/output/", name);
     const std::string to = absl::StrCat(snap, "/", name);
     if (::link(from.c_str(), to.c_str()) != 0)
       return absl::ErrnoToStatus(errno, absl::StrCat("linking ", from));
+    struct stat st;
+    if (::lstat(to.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(from, " is not a regular file"));
+    }
     absl::StatusOr<v1::OutputFile> f = transfers->UploadFile(to, name);
     if (!f.ok()) return f.status();
     files.push_back(*std::move(f));

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -365,6 +366,29 @@ TEST_F(WorkerTest, ChannelProgressAndCheckpointReachTheScheduler) {
   EXPECT_TRUE(progress->message.progress().progress().done());
   // Channel lines are not diary lines.
   EXPECT_TRUE(Lines(60).empty());
+}
+
+// A checkpoint file the job's side replaced by a symlink (a process of the
+// same user may write the output folder) is not followed with the
+// worker's powers: the checkpoint is not stored, and the diary says why.
+TEST_F(WorkerTest, ACheckpointFileThatIsALinkIsNotFollowed) {
+  Send(TrainStart(62));
+  std::optional<int64_t> key = runner_.WaitStart(62);
+  ASSERT_TRUE(key.has_value());
+  const std::string out = runner_.Options(*key).cwd + "/output/";
+  const std::string secret = dir_ + "/secret";
+  std::ofstream(secret) << "not the job's";
+  ASSERT_EQ(::symlink(secret.c_str(), (out + "checkpoint.dlbc").c_str()), 0);
+  std::ofstream(out + "training_history.csv") << "iteration,loss\n";
+  runner_.Started(*key);
+  runner_.Line(*key, JobTable::kChannelStream,
+               R"({"iteration":"100","checkpoint_iteration":"100"})");
+  ASSERT_TRUE(Eventually([&] {
+    return HasLine(62, "could not store the checkpoint of iteration 100") &&
+           HasLine(62, "checkpoint.dlbc is not a regular file");
+  }));
+  for (const auto& w : transport_.written())
+    EXPECT_FALSE(w.message.has_checkpoint());
 }
 
 // A preempting CancelJob reaches the runner with its signal and grace; the
