@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace dlbatch::worker {
@@ -85,7 +86,9 @@ CommandProgress::Result CommandProgress::Read(std::string_view line,
   std::optional<int64_t> checkpoint;
   bool has_loss = false, has_validation = false;
   int64_t dropped = 0;
-  for (const auto& [key, value] : j.items()) {
+  for (auto item = j.begin(); item != j.end(); ++item) {
+    const std::string& key = item.key();
+    const nlohmann::json& value = item.value();
     auto number = [&](double* out) -> bool {
       std::optional<double> d = Number(value);
       if (!d) return false;
