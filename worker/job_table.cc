@@ -25,11 +25,15 @@ std::string SignalText(int signal) {
   return StopSignalNumber(name) == signal ? "SIG" + name : name;
 }
 
-// "killed in 2m00s if still running".
+// "killed in 2m00s if still running". A preemption's grace is what is left
+// of it when the cancel is sent (a few ms under the profile's): whole
+// seconds are rounded up, so 1m59.997s reads as the 2m00s it is.
 std::string GraceText(int64_t grace_ms) {
-  return grace_ms <= 0 ? "killed at once if still running"
-                       : absl::StrCat("killed in ", FormatDurationMs(grace_ms),
-                                      " if still running");
+  if (grace_ms <= 0) return "killed at once if still running";
+  const int64_t shown =
+      grace_ms < 1000 ? grace_ms : (grace_ms + 999) / 1000 * 1000;
+  return absl::StrCat("killed in ", FormatDurationMs(shown),
+                      " if still running");
 }
 
 // The first signal a preempted job's processes get: a train job's trainer

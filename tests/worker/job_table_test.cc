@@ -1072,3 +1072,21 @@ TEST_F(JobTableTest, ACommandJobsCheckpointIsPartZerosUnlessPerPart) {
 
 }  // namespace
 }  // namespace dlbatch::worker
+
+namespace dlbatch::worker {
+namespace {
+
+// What is left of a preemption's grace when the cancel is sent is a few ms
+// under the profile's; the diary names the grace, not 1m59s.
+TEST_F(JobTableTest, APreemptsGraceLeftIsShownInWholeSecondsRoundedUp) {
+  Running(Start(97));
+  JobEffects fx =
+      table_.Cancel(Preempt(97, SIGTERM, /*grace_ms=*/119997), clock_.NowMs());
+  ASSERT_EQ(Diary(fx).size(), 1u);
+  EXPECT_NE(Diary(fx)[0].text().find("(killed in 2m00s if still running)"),
+            std::string::npos)
+      << Diary(fx)[0].text();
+}
+
+}  // namespace
+}  // namespace dlbatch::worker
