@@ -102,11 +102,13 @@ class SlurmPreemptTrain : public ::testing::Test {
   }
 
   // A pool-2 LeNet on the CPU (two rank processes under the launcher, a
-  // fake GPU each) with no checkpoint before its end unless asked for.
+  // fake GPU each) with no checkpoint before its end unless asked for, long
+  // enough (1,200 iterations) that Slurm preempts it before it ends on a quiet
+  // machine too.
   int64_t Lenet(const std::string& file) {
     return c_.Submit(c_.JobFile(
         file + ".yaml", LenetJob(FashionMnistDir(), R"(    mini_batch_size: 64
-    max_iterations: 400
+    max_iterations: 1200
     verbose_frequency: 50
     execution_environment: cpu
 )",
@@ -164,7 +166,7 @@ TEST_F(SlurmPreemptTrain,
   // start again from the beginning (it writes none before its end).
   const int64_t resumed = JsonInt(p, "resume_iteration");
   EXPECT_GT(resumed, 0) << p.dump();
-  EXPECT_LT(resumed, 400) << "it ended before it was preempted";
+  EXPECT_LT(resumed, 1200) << "it ended before it was preempted";
   const std::string diary = Diary(id);
   EXPECT_TRUE(absl::StrContains(diary, "was preempted by Slurm")) << diary;
   EXPECT_TRUE(absl::StrContains(
