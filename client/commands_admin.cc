@@ -10,7 +10,7 @@
 #include "client/commands_control.h"
 #include "client/commands_credentials.h"
 #include "client/format.h"
-#include "client/json_out.h"
+#include "proto/json_shapes.h"
 #include "client/terminal_text.h"
 #include "common/duration.h"
 #include "common/files.h"

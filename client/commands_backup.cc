@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/format.h"
-#include "client/json_out.h"
+#include "proto/json_shapes.h"
 #include "client/terminal_text.h"
 #include "common/duration.h"
 #include "common/files.h"

@@ -11,7 +11,7 @@
 #include "client/commands_control.h"
 #include "client/diary_text.h"
 #include "client/format.h"
-#include "client/json_out.h"
+#include "proto/json_shapes.h"
 #include "client/outputs_dir.h"
 #include "client/terminal_text.h"
 #include "common/blob_transfer.h"

@@ -20,7 +20,7 @@
 #include "client/commands_daily.h"
 #include "client/diary_text.h"
 #include "client/format.h"
-#include "client/json_out.h"
+#include "proto/json_shapes.h"
 #include "client/terminal_text.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
 #include "client/format.h"
-#include "client/json_out.h"
+#include "proto/json_shapes.h"
 #include "client/sweep_table.h"
 #include "common/clock.h"
 #include "common/status.h"

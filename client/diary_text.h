@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/utf8.h"
 #include "dlbatch/v1/job.pb.h"
 
 namespace dlbatch::client {
@@ -22,10 +23,6 @@ namespace dlbatch::client {
 // and `diary --raw` / `--json` carry the exact bytes (json_out.h:
 // DiaryLineJson).
 std::string EscapeDiaryText(std::string_view bytes);
-
-// The line as valid UTF-8, each byte that is not part of valid UTF-8
-// replaced by U+FFFD; exactly `bytes` when they are valid UTF-8.
-std::string ValidUtf8(std::string_view bytes);
 
 // `diary --rank` as given, each a rank (a number from 0), a range (0-3) or a
 // list of them (0,2); repeated flags add up. The ranks sorted, each once; a

@@ -17,6 +17,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/utf8.h"
+
 namespace dlbatch::client {
 
 // The control characters a text may keep as themselves: a diary line keeps
@@ -47,11 +49,6 @@ std::string ClipToWidth(std::string_view bytes, int width);
 std::string PadToWidth(std::string_view bytes, int width);
 // ClipToWidth, but a text cut ends in "..." (within `width`).
 std::string ShortenToWidth(std::string_view bytes, int width);
-
-// The length of the valid UTF-8 sequence at the start of `s`, 0 if it does
-// not start with one (RFC 3629: no overlong forms, no surrogates, nothing
-// past U+10FFFF).
-size_t Utf8SequenceLength(std::string_view s);
 
 }  // namespace dlbatch::client
 

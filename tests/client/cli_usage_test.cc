@@ -8,7 +8,7 @@
 #include "client/commands.h"
 #include "client/commands_daily.h"
 #include "client/connection.h"
-#include "client/json_out.h"
+#include "proto/json_shapes.h"
 #include "common/usage_exit.h"
 
 namespace dlbatch::client {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "client/connection.h"
-#include "client/json_out.h"
+#include "proto/json_shapes.h"
 
 namespace dlbatch::client {
 namespace {

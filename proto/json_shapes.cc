@@ -1,4 +1,4 @@
-#include "client/json_out.h"
+#include "proto/json_shapes.h"
 
 #include <cmath>
 #include <iostream>
@@ -6,12 +6,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "client/diary_text.h"
+#include "common/utf8.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
 #include "proto/job_state.h"
 
-namespace dlbatch::client {
+namespace dlbatch {
 namespace {
 
 namespace pb = google::protobuf;
@@ -362,4 +362,4 @@ void PrintJson(const Json& value, bool compact) {
   std::cout.write(text.data(), static_cast<std::streamsize>(text.size()));
 }
 
-}  // namespace dlbatch::client
+}  // namespace dlbatch

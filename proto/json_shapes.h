@@ -16,8 +16,8 @@
 // JsonTime and JsonState for its times and states) and prints it with
 // PrintJson. Nothing here throws: text that is not UTF-8 is written with
 // U+FFFD in place of each bad byte.
-#ifndef DLBATCH_CLIENT_JSON_OUT_H_
-#define DLBATCH_CLIENT_JSON_OUT_H_
+#ifndef DLBATCH_PROTO_JSON_SHAPES_H_
+#define DLBATCH_PROTO_JSON_SHAPES_H_
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -27,7 +27,7 @@
 #include "dlbatch/v1/scheduler.pb.h"
 #include "google/protobuf/message.h"
 
-namespace dlbatch::client {
+namespace dlbatch {
 
 // Keys keep the order they are added in, so output reads like the shape
 // documented in the README.
@@ -67,6 +67,6 @@ void PrintJson(const Json& value, bool compact = false);
 // The text PrintJson writes, without the newline.
 std::string JsonText(const Json& value, bool compact = false);
 
-}  // namespace dlbatch::client
+}  // namespace dlbatch
 
-#endif  // DLBATCH_CLIENT_JSON_OUT_H_
+#endif  // DLBATCH_PROTO_JSON_SHAPES_H_
