@@ -43,6 +43,7 @@ packages=(
   dataset-fashion-mnist
 )
 packages+=(prometheus-cpp-dev)  # metrics (--metrics-listen): prometheus-cpp core + pull
+packages+=(libboost-dev)  # the web face (--web-listen): Boost.Beast and Asio, headers only
 # The tests and benchmarks: GoogleTest; the ONNX checks of exported models;
 # tmux drives the monitor.
 ((programs_only)) || packages+=(libgtest-dev libgmock-dev python3-onnx python3-numpy tmux)
@@ -59,6 +60,7 @@ packages+=(prometheus-cpp-dev)  # metrics (--metrics-listen): prometheus-cpp cor
 ((test_tools)) && ! command -v npm >/dev/null && packages+=(nodejs npm)
 ((test_tools)) && packages+=(prometheus)  # promtool and the server for the metrics tests
 ((test_tools)) && packages+=(python3-torch)  # PyTorch jobs (tests/integration/launch_test)
+((test_tools)) && packages+=(chromium)  # the dashboard's browser tests (tests/web, headless)
 
 missing=()
 for p in "${packages[@]}"; do
