@@ -12,8 +12,8 @@
 # and builds only them (dlbatch, dlbatch-scheduler, dlbatch-worker,
 # dlbatch-train and what they link, and the web dashboard); a build folder
 # it makes then has no tests or benchmarks until a plain run turns them on.
-# --test-tools also installs what only the test command uses (clang-format, for the tree's
-# format check; Slurm and munge, for tests/slurm).
+# --test-tools also installs what only the test command uses (clang-format,
+# for the tree's format check; Slurm and munge, for tests/slurm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
