@@ -10,10 +10,10 @@
 # the check of the lock annotations, among them) and builds every target.
 # --programs (the quick start's) installs only what the four programs need
 # and builds only them (dlbatch, dlbatch-scheduler, dlbatch-worker,
-# dlbatch-train and what they link); a build folder it makes then has no
-# tests or benchmarks until a plain run turns them on. --test-tools also
-# installs what only the test command uses (clang-format, for the tree's
-# format check; Slurm and munge, for tests/slurm).
+# dlbatch-train and what they link, and the web dashboard); a build folder
+# it makes then has no tests or benchmarks until a plain run turns them on.
+# --test-tools also installs what only the test command uses (clang-format,
+# for the tree's format check; Slurm and munge, for tests/slurm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +44,9 @@ packages=(
 )
 packages+=(prometheus-cpp-dev)  # metrics (--metrics-listen): prometheus-cpp core + pull
 packages+=(libboost-dev)  # the web face (--web-listen): Boost.Beast and Asio, headers only
+# The web dashboard is bundled at build time by npm's esbuild (node is not
+# needed to run it); the Kubernetes manifests' check runs on node too.
+! command -v npm >/dev/null && packages+=(nodejs npm)
 # The tests and benchmarks: GoogleTest; the ONNX checks of exported models;
 # tmux drives the monitor.
 ((programs_only)) || packages+=(libgtest-dev libgmock-dev python3-onnx python3-numpy tmux)
@@ -56,8 +59,6 @@ packages+=(libboost-dev)  # the web face (--web-listen): Boost.Beast and Asio, h
 # The package's and units' tests: lintian, systemd-analyze, groff (man pages),
 # zsh (its completion).
 ((test_tools)) && packages+=(lintian systemd groff-base zsh)
-# The Kubernetes manifests' check runs on node (npm installs its schemas).
-((test_tools)) && ! command -v npm >/dev/null && packages+=(nodejs npm)
 ((test_tools)) && packages+=(prometheus)  # promtool and the server for the metrics tests
 ((test_tools)) && packages+=(python3-torch)  # PyTorch jobs (tests/integration/launch_test)
 ((test_tools)) && packages+=(chromium)  # the dashboard's browser tests (tests/web, headless)
@@ -87,7 +88,8 @@ fi
 configure=(-DCMAKE_BUILD_TYPE=Release)
 targets=()
 if ((programs_only)); then
-  targets=(--target dlbatch dlbatch-scheduler dlbatch-worker dlbatch-train)
+  targets=(--target dlbatch dlbatch-scheduler dlbatch-worker dlbatch-train
+    dlbatch-web-ui)
   # A folder the test command configured keeps its tests; a new one has
   # none, since GoogleTest may not be installed.
   [[ -f $build_dir/CMakeCache.txt ]] ||
