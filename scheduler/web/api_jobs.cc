@@ -138,7 +138,9 @@ absl::StatusOr<Json> RestApi::Act(const std::string& action,
       results.push_back(
           Json{{"job", r.job_id()},
                {"ok", r.error().empty()},
-               {"state", JsonState(r.state())},
+               {"state", r.state() == v1::JOB_STATE_UNSPECIFIED
+                             ? Json(nullptr)
+                             : JsonState(r.state())},
                {"message", r.error().empty()
                                ? absl::StrCat("job ", r.job_id(), " ", done)
                                : r.error()}});

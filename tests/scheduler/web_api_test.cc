@@ -279,6 +279,7 @@ TEST_F(WebApiTest, ActionsAnswerPerJob) {
   EXPECT_EQ(results[0]["ok"], true) << results;
   EXPECT_EQ(results[1]["job"], b);
   EXPECT_EQ(results[1]["ok"], false);
+  EXPECT_EQ(results[1]["state"], nullptr);
   EXPECT_TRUE(scheduler_->GetJob(a)->held());
 
   HttpResponse release = Call(
