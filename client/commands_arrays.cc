@@ -8,11 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
-#include "proto/json_shapes.h"
 #include "client/sweep_table.h"
 #include "common/clock.h"
 #include "common/status.h"
 #include "proto/job_state.h"
+#include "proto/json_shapes.h"
 
 namespace dlbatch::client {
 namespace {
@@ -82,19 +82,11 @@ absl::StatusOr<int> ShowArray(Connection& conn, int64_t array_id, bool json) {
                    ListArrayJobs(conn, array_id, {}));
   std::vector<v1::Job> table = ArrayTableJobs(jobs);
   if (json) {
-    Json states = Json::object();
-    int limit = 0;
-    for (const v1::Job& job : jobs) {
-      limit = std::max(limit, job.array_limit());
-      const bool held = job.held() && job.state() == v1::JOB_STATE_QUEUED;
-      states[held ? "held" : JobStateName(job.state())] =
-          states.value(held ? "held" : JobStateName(job.state()), 0) + 1;
-    }
     Json listed = Json::array();  // `jobs --json`'s shape, in table order
     for (const v1::Job& job : table) listed.push_back(JobJson(job));
     PrintJson(Json{{"array_id", array_id},
-                   {"limit", limit},
-                   {"states", std::move(states)},
+                   {"limit", ArrayLimit(jobs)},
+                   {"states", ArrayStatesJson(jobs)},
                    {"jobs", std::move(listed)}});
     return 0;
   }

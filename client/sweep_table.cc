@@ -1,8 +1,6 @@
 #include "client/sweep_table.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -15,44 +13,6 @@
 #include "proto/job_state.h"
 
 namespace dlbatch::client {
-namespace {
-
-double OrWorst(double x, double worst) { return std::isnan(x) ? worst : x; }
-
-}  // namespace
-
-SweepMetrics MetricsOf(const v1::Job& job) {
-  const v1::TrainProgress& p = job.progress();
-  SweepMetrics m;
-  if (p.has_validation()) {
-    m.source = SweepMetrics::Source::kValidation;
-    m.accuracy = p.validation_accuracy();
-    m.loss = p.validation_loss();
-  } else if (p.iteration() > 0) {
-    m.source = SweepMetrics::Source::kMiniBatch;
-    m.accuracy = p.accuracy();
-    m.loss = p.loss();
-  }
-  return m;
-}
-
-std::vector<v1::Job> RankSweepJobs(std::vector<v1::Job> jobs) {
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  auto key = [&](const v1::Job& job) {
-    const SweepMetrics m = MetricsOf(job);
-    const int group = job.state() == v1::JOB_STATE_FINISHED ? 0 : 1;
-    const int source = m.source == SweepMetrics::Source::kValidation  ? 0
-                       : m.source == SweepMetrics::Source::kMiniBatch ? 1
-                                                                      : 2;
-    // Smaller is better in every place.
-    return std::make_tuple(group, source, -OrWorst(m.accuracy, -kInf),
-                           OrWorst(m.loss, kInf), job.id());
-  };
-  std::stable_sort(
-      jobs.begin(), jobs.end(),
-      [&](const v1::Job& a, const v1::Job& b) { return key(a) < key(b); });
-  return jobs;
-}
 
 std::vector<std::string> SweptOptions(const std::vector<v1::Job>& jobs) {
   std::vector<std::string> options;
@@ -120,21 +80,6 @@ std::string RenderSweepTable(const std::vector<v1::Job>& ranked,
     table.Add(std::move(row));
   }
   return table.Render();
-}
-
-std::vector<v1::Job> ArrayTableJobs(std::vector<v1::Job> jobs) {
-  bool metrics = false;
-  for (v1::Job& job : jobs) {
-    metrics |= MetricsOf(job).source != SweepMetrics::Source::kNone;
-    (*job.mutable_spec()->mutable_sweep_point())["index"] =
-        absl::StrCat(job.array_index());
-  }
-  if (metrics) return RankSweepJobs(std::move(jobs));
-  std::stable_sort(jobs.begin(), jobs.end(),
-                   [](const v1::Job& a, const v1::Job& b) {
-                     return a.array_index() < b.array_index();
-                   });
-  return jobs;
 }
 
 std::string ArraySummary(const std::vector<v1::Job>& jobs) {

@@ -9,24 +9,16 @@
 #include <vector>
 
 #include "dlbatch/v1/job.pb.h"
+#include "proto/sweep_rank.h"
 
 namespace dlbatch::client {
 
-// A train job's final (or latest) metrics: validation where it reported
-// one, else the last mini-batch's. Accuracies are percentages.
-struct SweepMetrics {
-  enum class Source { kNone, kValidation, kMiniBatch };
-  Source source = Source::kNone;
-  double accuracy = 0;
-  double loss = 0;
-};
-SweepMetrics MetricsOf(const v1::Job& job);
-
-// Best first: finished jobs before all others (running, queued, failed,
-// cancelled); then validation metrics before mini-batch ones before none;
-// then the highest accuracy, the lowest loss, and the lowest id. NaN counts
-// as the worst value. Stable for equal keys.
-std::vector<v1::Job> RankSweepJobs(std::vector<v1::Job> jobs);
+// The ranking (MetricsOf, RankSweepJobs, ArrayTableJobs) is
+// proto/sweep_rank.h's, which the web face's API uses too.
+using ::dlbatch::ArrayTableJobs;
+using ::dlbatch::MetricsOf;
+using ::dlbatch::RankSweepJobs;
+using ::dlbatch::SweepMetrics;
 
 // The swept options, in the order of the sweep as the job names give it
 // ("net[a=1,b=2]"), else sorted; each appears once.
@@ -37,11 +29,6 @@ std::vector<std::string> SweptOptions(const std::vector<v1::Job>& jobs);
 // for the elapsed time of running jobs. REQUIRES: `ranked` is in rank order.
 std::string RenderSweepTable(const std::vector<v1::Job>& ranked,
                              int64_t now_ms);
-
-// `dlbatch show --array`: an array's jobs as the sweep table shows them,
-// with an "index" column (each job's array_index): ranked as
-// RankSweepJobs does where any job reported metrics, else in index order.
-std::vector<v1::Job> ArrayTableJobs(std::vector<v1::Job> jobs);
 
 // "20 jobs, at most 3 at once: 3 running, 12 queued, 5 finished" (states
 // in the order of a job's life; held jobs counted as "held").

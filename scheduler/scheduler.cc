@@ -403,14 +403,43 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
   return job;
 }
 
+namespace {
+
+// ListJobsRequest.sort's name -> the jobs table's column.
+absl::StatusOr<std::string> JobSortColumn(const std::string& sort) {
+  if (sort.empty() || sort == "id") return std::string("id");
+  if (sort == "submit_time") return std::string("submit_ms");
+  for (const char* same : {"name", "user", "state", "priority"}) {
+    if (sort == same) return sort;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("cannot sort jobs by '", sort,
+                   "'; use id, submit_time, name, user, state or priority"));
+}
+
+}  // namespace
+
 absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
     const v1::ListJobsRequest& request) {
-  std::vector<v1::JobState> states;
-  for (int s : request.states()) states.push_back(static_cast<v1::JobState>(s));
+  JobListQuery query;
+  for (int s : request.states())
+    query.states.push_back(static_cast<v1::JobState>(s));
+  ASSIGN_OR_RETURN(query.sort_column, JobSortColumn(request.sort()));
+  if (request.limit() < 0 || request.offset() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit and offset must be 0 or more; got limit ",
+                     request.limit(), " and offset ", request.offset()));
+  }
+  query.limit = request.limit();
+  query.offset = request.offset();
+  query.descending = request.newest_first();
+  query.sweep_id = request.sweep_id();
+  query.user = request.user();
+  query.name_glob = request.name_glob();
+  query.name_contains = request.name_contains();
+  query.count_total = request.count_total();
   v1::ListJobsReply reply;
-  RETURN_IF_ERROR(reader_->ListJobSummaries(
-      states, request.limit(), request.newest_first(), &reply,
-      request.sweep_id(), request.user(), request.name_glob()));
+  RETURN_IF_ERROR(reader_->ListJobSummaries(query, &reply));
   if (request.sweep_id() != 0 && reply.jobs().empty()) {
     // None in these states, or no such sweep at all?
     v1::ListJobsReply any;

@@ -558,7 +558,9 @@ absl::Status WorkerStreams::HandleProgress(SchedulerState& s, int64_t worker_id,
   s.Changed(report.job_id());
   // Latest wins: on a full disk it waits in memory for the next report.
   if (s.disk_->full()) return absl::OkStatus();
-  return s.store_->PutProgress(report.job_id(), job->progress);
+  RETURN_IF_ERROR(s.store_->PutProgress(report.job_id(), job->progress));
+  // The web face charts the history (GET /api/v1/jobs/ID/progress).
+  return s.store_->AppendProgress(report.job_id(), job->progress);
 }
 
 absl::Status WorkerStreams::HandleCheckpoint(

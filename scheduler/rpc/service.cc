@@ -54,44 +54,21 @@ absl::StatusOr<Caller> SchedulerService::Identify(
     const grpc::ServerContextBase& context, bool worker_ok) {
   absl::StatusOr<Caller> caller = identities_->Identify(context);
   if (caller.ok() && gate_ != nullptr) gate_->Authenticated(context.peer());
-  if (caller.ok() && caller->worker && !worker_ok) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "permission denied: '", caller->user,
-        "' is a worker credential; it registers workers and moves their "
-        "files, and may not submit, cancel or read jobs (use a user's "
-        "token)"));
-  }
+  if (caller.ok() && !worker_ok) RETURN_IF_ERROR(RefuseWorker(*caller));
   return caller;
 }
 
 absl::StatusOr<Caller> SchedulerService::IdentifyAdmin(
     const grpc::ServerContextBase& context, absl::string_view what) {
   absl::StatusOr<Caller> caller = Identify(context);
-  if (caller.ok() && !caller->admin) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "permission denied: ", what,
-        " is for admins (root or the scheduler's user on its socket, or a "
-        "token made with `dlbatch admin user add NAME --admin`); ",
-        caller->user, " is not one"));
-  }
+  if (caller.ok()) RETURN_IF_ERROR(RequireAdmin(*caller, what));
   return caller;
 }
 
 absl::Status SchedulerService::MayAccess(const Caller& caller, int64_t job_id,
                                          bool control) {
-  if (caller.admin || (shared_visibility_ && !control)) {
-    return absl::OkStatus();
-  }
-  ASSIGN_OR_RETURN(std::string owner, scheduler_->JobOwner(job_id));
-  if (owner == caller.user) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat("permission denied: job ", job_id, " belongs to ", owner));
-}
-
-void SchedulerService::Redact(const Caller& caller, v1::Job* job) const {
-  if (!caller.admin && job->user() != caller.user) {
-    job->mutable_spec()->clear_env();
-  }
+  return MayAccessJob(caller, job_id, control, shared_visibility_,
+                      [this](int64_t id) { return scheduler_->JobOwner(id); });
 }
 
 grpc::ServerUnaryReactor* SchedulerService::SubmitJob(

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "dlbatch/v1/scheduler.grpc.pb.h"
+#include "scheduler/rpc/access.h"
 #include "scheduler/rpc/connection_gate.h"
 #include "scheduler/rpc/credentials.h"
 #include "scheduler/rpc/identity.h"
@@ -166,44 +167,22 @@ class SchedulerService final
   absl::StatusOr<Caller> IdentifyAdmin(const grpc::ServerContextBase& context,
                                        absl::string_view what);
   // Whether `caller` may read (diary, progress, outputs) or, with
-  // `control`, cancel job `job_id`: its owner and admins may;
-  // --shared-visibility lets everyone read. PERMISSION_DENIED names the
-  // owner.
+  // `control`, cancel job `job_id` (MayAccessJob, with --shared-visibility).
   absl::Status MayAccess(const Caller& caller, int64_t job_id, bool control);
-  // For a request naming jobs to act on (cancel, hold, ...): `act` gets
-  // the request with only the jobs the caller may control (unknown ones
-  // kept: the scheduler says so), and the reply answers every job of the
-  // request in its order, a refusal for each of the others.
+  // For a request naming jobs to act on (cancel, hold, ...): as
+  // ForControllableJobs of access.h, with MayAccess.
   template <typename Request, typename Reply, typename Act>
   grpc::Status ForControllableJobs(const Caller& caller, const Request& request,
                                    Reply* reply, Act act) {
-    Request allowed = request;
-    allowed.clear_job_ids();
-    std::map<int64_t, std::string> refused;
-    for (int64_t id : request.job_ids()) {
-      absl::Status may = MayAccess(caller, id, /*control=*/true);
-      if (may.ok() || absl::IsNotFound(may)) {
-        allowed.add_job_ids(id);
-      } else {
-        refused[id] = std::string(may.message());
-      }
-    }
-    absl::StatusOr<Reply> done = act(allowed);
-    if (!done.ok()) return ToGrpcStatus(done.status());
-    int next = 0;
-    for (int64_t id : request.job_ids()) {
-      if (auto it = refused.find(id); it != refused.end()) {
-        auto* r = reply->add_results();
-        r->set_job_id(id);
-        r->set_error(it->second);
-      } else if (next < done->results_size()) {
-        *reply->add_results() = done->results(next++);
-      }
-    }
-    return grpc::Status::OK;
+    return ToGrpcStatus(scheduler::ForControllableJobs(
+        request, reply,
+        [&](int64_t id) { return MayAccess(caller, id, /*control=*/true); },
+        act));
   }
-  // What `caller` may see of `job`: another user's env: is never shown.
-  void Redact(const Caller& caller, v1::Job* job) const;
+  // What `caller` may see of `job` (RedactJob).
+  void Redact(const Caller& caller, v1::Job* job) const {
+    RedactJob(caller, job);
+  }
   // A rendezvous call with its attempt's secret authenticates too.
   void NoteRendezvousCaller(const grpc::ServerContextBase& context,
                             int64_t job_id, int attempt,

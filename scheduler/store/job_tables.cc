@@ -249,6 +249,7 @@ absl::StatusOr<PurgeCounts> JobTables::PurgeJobs(
       "DELETE FROM job_requests WHERE job_id=?",
       "DELETE FROM preemptions WHERE job_id=?",
       "DELETE FROM job_checkpoints WHERE job_id=?",
+      "DELETE FROM progress_history WHERE job_id=?",
       "DELETE FROM jobs WHERE id=?",
   };
   PurgeCounts counts;

@@ -81,6 +81,14 @@ class JobTables {
   absl::Status PutOutputs(int64_t job_id,
                           const std::vector<v1::OutputFile>& files);
   absl::Status PutProgress(int64_t job_id, const v1::TrainProgress& progress);
+  // Appends a committed progress report to the job's history (schema
+  // version 14; progress_history.cc) under the next seq. A job keeps at
+  // most kMaxProgressHistory points: when full, every other point of the
+  // older half goes, so the history spans the whole run at a resolution
+  // that halves where it is oldest, and seqs are never reused.
+  static constexpr int64_t kMaxProgressHistory = 10000;
+  absl::Status AppendProgress(int64_t job_id,
+                              const v1::TrainProgress& progress);
   absl::Status PutCheckpoint(int64_t job_id,
                              const v1::CheckpointStored& checkpoint);
   absl::StatusOr<TrainState> GetTrainState(int64_t job_id);

@@ -79,82 +79,133 @@ absl::Status StoreReader::ListJobSummaries(
     const std::vector<v1::JobState>& states, int limit, bool newest_first,
     v1::ListJobsReply* out, int64_t sweep_id, const std::string& user,
     const std::string& name_glob) {
+  JobListQuery query;
+  query.states = states;
+  query.limit = limit;
+  query.descending = newest_first;
+  query.sweep_id = sweep_id;
+  query.user = user;
+  query.name_glob = name_glob;
+  return ListJobSummaries(query, out);
+}
+
+namespace {
+
+// name LIKE's pattern for text anywhere in the name, with LIKE's own
+// characters (and the escape) taken literally.
+std::string ContainsPattern(const std::string& text) {
+  std::string out = "%";
+  for (char c : text) {
+    if (c == '%' || c == '_' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  out.push_back('%');
+  return out;
+}
+
+// A prepared statement of dynamic SQL with the query's text bound: ?1 the
+// user, ?2 the glob, ?3 the contains pattern (text from the caller never
+// enters the SQL).
+absl::StatusOr<std::unique_ptr<Statement>> PrepareListing(
+    Database* db, const std::string& sql, const JobListQuery& query) {
+  sqlite3_stmt* raw = nullptr;
+  if (sqlite3_prepare_v2(db->raw(), sql.c_str(), -1, &raw, nullptr) !=
+      SQLITE_OK) {
+    sqlite3_finalize(raw);
+    return db->Error("listing jobs");
+  }
+  auto st = std::make_unique<Statement>(db, raw);
+  if (!query.user.empty()) st->Bind(1, query.user);
+  if (!query.name_glob.empty()) st->Bind(2, query.name_glob);
+  if (!query.name_contains.empty())
+    st->Bind(3, ContainsPattern(query.name_contains));
+  return st;
+}
+
+}  // namespace
+
+absl::Status StoreReader::ListJobSummaries(const JobListQuery& query,
+                                           v1::ListJobsReply* out) {
+  static constexpr const char* kSortColumns[] = {
+      "id", "submit_ms", "name", "user", "state", "priority"};
+  bool known = false;
+  for (const char* c : kSortColumns) known |= query.sort_column == c;
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot sort jobs by '", query.sort_column, "'"));
+  }
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
-  // The spec (for sweep_point and array_task) only for one sweep's or
-  // array's jobs: at most kMaxSweepJobs or kMaxArrayJobs rows, where a
-  // listing of every job stays lean.
-  std::string sql = absl::StrCat(
-      "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, "
-      "exit_code, reason, "
-      "name, profile, pool, priority, train_state.progress, sweep_id, ",
-      sweep_id != 0 ? "spec" : "NULL", ", parts",
-      " FROM jobs LEFT JOIN train_state ON train_state.job_id = jobs.id");
   std::vector<std::string> where;
-  if (!states.empty()) {
+  if (!query.states.empty()) {
     where.push_back(
         absl::StrCat("state IN (",
-                     absl::StrJoin(states, ",",
+                     absl::StrJoin(query.states, ",",
                                    [](std::string* o, v1::JobState s) {
                                      absl::StrAppend(o, static_cast<int>(s));
                                    }),
                      ")"));
   }
-  if (sweep_id != 0) where.push_back(absl::StrCat("sweep_id = ", sweep_id));
-  // Bound below, in this order: text from the caller never enters the SQL.
-  if (!user.empty()) where.push_back("user = ?1");
-  if (!name_glob.empty()) where.push_back("name GLOB ?2");
-  if (!where.empty())
-    absl::StrAppend(&sql, " WHERE ", absl::StrJoin(where, " AND "));
-  absl::StrAppend(&sql, newest_first ? " ORDER BY id DESC" : " ORDER BY id");
-  if (limit > 0) absl::StrAppend(&sql, " LIMIT ", limit);
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db->raw(), sql.c_str(), -1, &st, nullptr) !=
-      SQLITE_OK) {
-    return db->Error("listing jobs");
+  if (query.sweep_id != 0)
+    where.push_back(absl::StrCat("sweep_id = ", query.sweep_id));
+  if (!query.user.empty()) where.push_back("user = ?1");
+  if (!query.name_glob.empty()) where.push_back("name GLOB ?2");
+  if (!query.name_contains.empty()) where.push_back("name LIKE ?3 ESCAPE '\\'");
+  const std::string filter =
+      where.empty() ? ""
+                    : absl::StrCat(" WHERE ", absl::StrJoin(where, " AND "));
+  if (query.count_total) {
+    ASSIGN_OR_RETURN(
+        auto count,
+        PrepareListing(db.get(),
+                       absl::StrCat("SELECT COUNT(*) FROM jobs", filter),
+                       query));
+    ASSIGN_OR_RETURN(bool row, count->Step());
+    out->set_total(row ? count->Int(0) : 0);
   }
-  Statement owner(nullptr, st);
-  if (!user.empty()) {
-    sqlite3_bind_text(st, 1, user.data(), static_cast<int>(user.size()),
-                      SQLITE_TRANSIENT);
-  }
-  if (!name_glob.empty()) {
-    sqlite3_bind_text(st, 2, name_glob.data(),
-                      static_cast<int>(name_glob.size()), SQLITE_TRANSIENT);
-  }
-  auto text = [st](int col) {
-    return absl::string_view(
-        reinterpret_cast<const char*>(sqlite3_column_text(st, col)),
-        static_cast<size_t>(sqlite3_column_bytes(st, col)));
-  };
-  for (;;) {
-    int rc = sqlite3_step(st);
-    if (rc == SQLITE_DONE) break;
-    if (rc != SQLITE_ROW) return db->Error("listing jobs");
+  // The spec (for sweep_point and array_task) only for one sweep's or
+  // array's jobs: at most kMaxSweepJobs or kMaxArrayJobs rows, where a
+  // listing of every job stays lean.
+  const char* dir = query.descending ? " DESC" : "";
+  std::string sql = absl::StrCat(
+      "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, "
+      "exit_code, reason, "
+      "name, profile, pool, priority, train_state.progress, sweep_id, ",
+      query.sweep_id != 0 ? "spec" : "NULL", ", parts",
+      " FROM jobs LEFT JOIN train_state ON train_state.job_id = jobs.id",
+      filter, " ORDER BY ", query.sort_column, dir);
+  if (query.sort_column != "id") absl::StrAppend(&sql, ", id", dir);
+  if (query.limit > 0 || query.offset > 0)
+    absl::StrAppend(&sql, " LIMIT ", query.limit > 0 ? query.limit : -1);
+  if (query.offset > 0) absl::StrAppend(&sql, " OFFSET ", query.offset);
+  ASSIGN_OR_RETURN(auto listing, PrepareListing(db.get(), sql, query));
+  Statement& st = *listing;
+  return st.ForEachRow([&] {
     v1::Job* job = out->add_jobs();
-    job->set_id(sqlite3_column_int64(st, 0));
-    job->set_user(std::string(text(1)));
-    job->set_state(static_cast<v1::JobState>(sqlite3_column_int(st, 2)));
-    job->set_attempt(sqlite3_column_int(st, 3));
-    job->set_submit_time_ms(sqlite3_column_int64(st, 4));
-    job->set_start_time_ms(sqlite3_column_int64(st, 5));
-    job->set_end_time_ms(sqlite3_column_int64(st, 6));
-    job->set_exit_code(sqlite3_column_int(st, 7));
-    if (sqlite3_column_bytes(st, 8) > 0) job->set_reason(std::string(text(8)));
+    job->set_id(st.Int(0));
+    job->set_user(st.Text(1));
+    job->set_state(static_cast<v1::JobState>(st.Int(2)));
+    job->set_attempt(static_cast<int>(st.Int(3)));
+    job->set_submit_time_ms(st.Int(4));
+    job->set_start_time_ms(st.Int(5));
+    job->set_end_time_ms(st.Int(6));
+    job->set_exit_code(static_cast<int>(st.Int(7)));
+    if (std::string reason = st.Text(8); !reason.empty())
+      job->set_reason(std::move(reason));
     v1::JobSpec* spec = job->mutable_spec();
-    spec->set_name(std::string(text(9)));
-    spec->set_profile(std::string(text(10)));
-    spec->set_pool(sqlite3_column_int(st, 11));
-    spec->set_priority(sqlite3_column_int(st, 12));
-    if (int n = sqlite3_column_bytes(st, 13); n > 0) {
+    spec->set_name(st.Text(9));
+    spec->set_profile(st.Text(10));
+    spec->set_pool(static_cast<int>(st.Int(11)));
+    spec->set_priority(static_cast<int>(st.Int(12)));
+    if (absl::string_view p = st.Blob(13); !p.empty()) {
       // A damaged row loses only its progress column.
-      (void)job->mutable_progress()->ParseFromArray(sqlite3_column_blob(st, 13),
-                                                    n);
+      (void)job->mutable_progress()->ParseFromArray(p.data(),
+                                                    static_cast<int>(p.size()));
     }
-    job->set_sweep_id(sqlite3_column_int64(st, 14));
-    if (int n = sqlite3_column_bytes(st, 15); n > 0) {
+    job->set_sweep_id(st.Int(14));
+    if (absl::string_view b = st.Blob(15); !b.empty()) {
       v1::JobSpec full;
-      if (full.ParseFromArray(sqlite3_column_blob(st, 15), n)) {
+      if (full.ParseFromArray(b.data(), static_cast<int>(b.size()))) {
         *spec->mutable_sweep_point() = full.sweep_point();
         if (full.has_array_task()) {
           *spec->mutable_array_task() = full.array_task();
@@ -164,13 +215,34 @@ absl::Status StoreReader::ListJobSummaries(
     }
     // The placement as GetJob has it (worker names are the caller's to
     // add): a few bytes a job.
-    for (const Part& p : DecodeParts(text(16))) {
+    for (const Part& p : DecodeParts(st.Text(16))) {
       v1::DevicePart* part = job->add_placement();
       part->set_worker_id(p.worker);
       part->mutable_devices()->Add(p.devices.begin(), p.devices.end());
     }
-  }
-  return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<StoreReader::ProgressPoint>>
+StoreReader::ProgressHistory(int64_t job_id, int64_t after_seq, int limit) {
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db->Prepare("SELECT seq, progress FROM progress_history WHERE job_id=? "
+                  "AND seq>? ORDER BY seq LIMIT ?"));
+  st->Bind(1, job_id).Bind(2, after_seq).Bind(3, limit);
+  std::vector<ProgressPoint> out;
+  RETURN_IF_ERROR(st->ForEachRow([&] {
+    ProgressPoint point;
+    point.seq = st->Int(0);
+    absl::string_view blob = st->Blob(1);
+    // A damaged row is a point without values, keeping its place.
+    (void)point.progress.ParseFromArray(blob.data(),
+                                        static_cast<int>(blob.size()));
+    out.push_back(std::move(point));
+  }));
+  return out;
 }
 
 namespace {
@@ -249,6 +321,15 @@ absl::StatusOr<int64_t> StoreReader::FirstInt(
 
 absl::StatusOr<int64_t> StoreReader::DiaryCount(int64_t job_id) {
   return FirstInt("SELECT COUNT(*) FROM diary WHERE job_id=?", {job_id});
+}
+
+absl::StatusOr<int64_t> StoreReader::DiaryCursorForLine(int64_t job_id,
+                                                        int64_t line) {
+  if (line <= 0) return 0;
+  return FirstInt(
+      "SELECT n FROM diary WHERE job_id=? AND line<=? ORDER BY line DESC "
+      "LIMIT 1",
+      {job_id, line});
 }
 
 absl::StatusOr<int64_t> StoreReader::DiaryTailStart(

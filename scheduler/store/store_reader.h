@@ -22,6 +22,23 @@
 
 namespace dlbatch::scheduler {
 
+// A listing of job summaries, filtered, sorted and paged by the store
+// (ListJobsRequest's fields, checked by the caller).
+struct JobListQuery {
+  std::vector<v1::JobState> states;  // empty: all
+  int limit = 0;                     // 0: all
+  int offset = 0;
+  // One of the columns "id", "submit_ms", "name", "user", "state",
+  // "priority" (the caller maps ListJobsRequest.sort); ties by id.
+  std::string sort_column = "id";
+  bool descending = false;
+  int64_t sweep_id = 0;       // != 0: only that sweep's jobs, with sweep_point
+  std::string user;           // non-empty: only that user's
+  std::string name_glob;      // non-empty: SQLite's GLOB on the name
+  std::string name_contains;  // non-empty: names holding it (ASCII any case)
+  bool count_total = false;   // set ListJobsReply.total
+};
+
 // Read-only access on pooled connections. Thread-safe: each read leases a
 // connection of its own, so reads run side by side and see only committed
 // transactions.
@@ -40,6 +57,19 @@ class StoreReader {
                                 v1::ListJobsReply* out, int64_t sweep_id = 0,
                                 const std::string& user = "",
                                 const std::string& name_glob = "");
+  // The same by a query: one page of a sorted listing, with the count of
+  // every job that matches when asked. Indexes cover each sort column.
+  absl::Status ListJobSummaries(const JobListQuery& query,
+                                v1::ListJobsReply* out);
+  // A job's progress reports as committed (schema version 14), after
+  // `after_seq`, at most `limit`, ascending; each with its seq.
+  struct ProgressPoint {
+    int64_t seq = 0;
+    v1::TrainProgress progress;
+  };
+  absl::StatusOr<std::vector<ProgressPoint>> ProgressHistory(int64_t job_id,
+                                                             int64_t after_seq,
+                                                             int limit);
   // At most `limit` of the job's lines after diary.n `after`, ascending;
   // `ranks` non-empty: only the lines of those ranks (DiaryLine.rank).
   // `scanned` (if given) is set to the n up to which lines were looked at:
@@ -50,6 +80,9 @@ class StoreReader {
       int64_t job_id, int64_t after, int limit,
       const std::vector<int32_t>& ranks = {}, int64_t* scanned = nullptr);
   absl::StatusOr<int64_t> DiaryCount(int64_t job_id);
+  // The store cursor (diary.n) of the job's newest line numbered <= `line`
+  // (DiaryLine.line), for reading on after it; 0 where none is.
+  absl::StatusOr<int64_t> DiaryCursorForLine(int64_t job_id, int64_t line);
   // The `n` after which a job's last `tail` lines (of `ranks`, where
   // non-empty) begin; 0 where it has no more than `tail` of them.
   absl::StatusOr<int64_t> DiaryTailStart(

@@ -170,7 +170,7 @@ TEST_F(DiaryRanksTest, OpensAVersion11FileAndGivesItsLinesTheirPartAsRank) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "13");
+  EXPECT_EQ((*version)->Text(0), "14");
   (*version)->Reset();
 
   ASSERT_NO_FATAL_FAILURE(Add(1, 5, 2, "new, rank 5"));

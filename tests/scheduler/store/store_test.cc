@@ -179,7 +179,7 @@ TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
   EXPECT_THAT(std::string(reopened.status().message()),
               HasSubstr("schema version 99"));
   EXPECT_THAT(std::string(reopened.status().message()),
-              HasSubstr("reads version 13"));
+              HasSubstr("reads version 14"));
   EXPECT_THAT(std::string(reopened.status().message()), HasSubstr(path_));
 }
 
@@ -223,7 +223,7 @@ TEST_F(StoreTest, OpensAVersion1FileAndAddsTheSweepColumn) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "13");
+  EXPECT_EQ((*version)->Text(0), "14");
   (*version)->Reset();
   auto job = reader().GetJob(old);
   ASSERT_TRUE(job.ok() && job->has_value()) << job.status();
@@ -693,6 +693,8 @@ TEST_F(StoreTest, OpensAVersion9FileAndNumbersTheLinesItHolds) {
   }
   ASSERT_NO_FATAL_FAILURE(
       ReopenAsVersion(9,
+                      // A version 9 file has no index on the line either.
+                      "DROP INDEX diary_by_job_line; "
                       "ALTER TABLE diary DROP COLUMN line; "
                       "ALTER TABLE diary DROP COLUMN ending;"));
   ASSERT_TRUE(store_->AddDiary(b, 1, 0, 3, 20, 1, "new").ok());
@@ -1324,6 +1326,38 @@ TEST_F(BlobStoreTest, OpenRemovesStaleTempFilesAndKeepsBlobs) {
   ASSERT_TRUE(reopened.ok()) << reopened.status();
   EXPECT_EQ(TempFiles(), 0);
   EXPECT_EQ((*reopened)->Size(sha).value(), 4);
+}
+
+// Each progress report appended; a full history drops every other point of
+// its older half, seqs never reused; a purge removes it.
+TEST_F(StoreTest, ProgressHistoryIsThinnedWhenFullAndPurgedWithItsJob) {
+  const int64_t id = Insert(NewJob("a", "", v1::JOB_STATE_FINISHED));
+  const int64_t max = JobTables::kMaxProgressHistory;
+  {
+    Transaction txn(store_->db());
+    for (int64_t i = 1; i <= max + 1; ++i) {
+      v1::TrainProgress p;
+      p.set_iteration(i);
+      ASSERT_TRUE(store_->AppendProgress(id, p).ok());
+    }
+    ASSERT_TRUE(txn.Commit().ok());
+  }
+  auto history = reader().ProgressHistory(id, 0, 2 * max);
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->size(), static_cast<size_t>(max - max / 4 + 1));
+  EXPECT_EQ((*history)[0].seq, 1);
+  EXPECT_EQ((*history)[1].seq, 3);  // the 2nd went
+  EXPECT_EQ(history->back().seq, max + 1);
+  EXPECT_EQ(history->back().progress.iteration(), max + 1);
+  auto after = reader().ProgressHistory(id, max, 10);
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after->size(), 1u);
+  {
+    Transaction txn(store_->db());
+    ASSERT_TRUE(store_->PurgeJobs({id}).ok());
+    ASSERT_TRUE(txn.Commit().ok());
+  }
+  EXPECT_TRUE(reader().ProgressHistory(id, 0, 10)->empty());
 }
 
 }  // namespace
