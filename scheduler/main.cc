@@ -101,6 +101,13 @@ int Serve(const DaemonOptions& options) {
         " (in use, or not an address of this machine); choose another "
         "with --listen"));
   }
+  // The web face (--web-listen): up once the store is loaded, down before
+  // the scheduler stops. Its REST API comes with the dashboard; until then
+  // /api/v1/ answers the server's own endpoints only.
+  web::NoApi api;
+  auto web_face = StartWebFace(options, &api, &credentials, &open_calls);
+  if (!web_face.ok()) return Fail(web_face.status().message());
+  ConnectWebLogins(web_face->get(), &service);
   std::unique_ptr<Acceptor>& acceptor = listener->acceptor;
   acceptor->Start(server.get());
   const std::string address = ListeningAddress(options, acceptor->port());
@@ -123,6 +130,7 @@ int Serve(const DaemonOptions& options) {
   ShutDownOnStopSignal(server.get(), acceptor.get());
   server->Wait();
   serving = false;
+  if (*web_face) (*web_face)->Stop();
   acceptor->Stop();
   acceptor->RemoveSocketFile();
   scheduler.Stop();
