@@ -194,8 +194,8 @@ class EchoApi final : public ApiHandler {
   HttpResponse Handle(const HttpRequest& request,
                       const Caller& caller) override {
     HttpResponse r;
-    r.body = nlohmann::json{{"user", caller.user}, {"path", request.path}}
-                 .dump();
+    r.body =
+        nlohmann::json{{"user", caller.user}, {"path", request.path}}.dump();
     return r;
   }
 };
@@ -206,8 +206,7 @@ class RoutesTest : public ::testing::Test {
       : sessions_(&clock_, 3600 * 1000),
         limiter_(&clock_),
         files_("/nonexistent-folder"),
-        routes_(&api_, &sessions_, &limiter_, &credentials_, &calls_,
-                &files_) {
+        routes_(&api_, &sessions_, &limiter_, &credentials_, &calls_, &files_) {
     CredentialRecord ada;
     ada.name = "ada";
     ada.token_sha256 = TokenSha256("dlbu_ada");
@@ -258,8 +257,8 @@ TEST_F(RoutesTest, LoginSetsAStrictCookie) {
   ASSERT_EQ(r.status, 200) << r.body;
   std::string cookie = Header(r, "Set-Cookie");
   EXPECT_NE(cookie.find("dlbatch_session="), std::string::npos);
-  for (const char* attr : {"HttpOnly", "Secure", "SameSite=Strict", "Path=/",
-                           "Max-Age=3600"}) {
+  for (const char* attr :
+       {"HttpOnly", "Secure", "SameSite=Strict", "Path=/", "Max-Age=3600"}) {
     EXPECT_NE(cookie.find(attr), std::string::npos) << attr;
   }
   auto body = nlohmann::json::parse(r.body);
@@ -269,8 +268,7 @@ TEST_F(RoutesTest, LoginSetsAStrictCookie) {
 }
 
 TEST_F(RoutesTest, BadTokensWorkersAndBadBodiesAreRefused) {
-  EXPECT_EQ(Do("POST", "/api/v1/login", {}, R"({"token":"nope"})").status,
-            401);
+  EXPECT_EQ(Do("POST", "/api/v1/login", {}, R"({"token":"nope"})").status, 401);
   EXPECT_EQ(Do("POST", "/api/v1/login", {}, R"({"token":"dlbw_w"})").status,
             403);
   EXPECT_EQ(Do("POST", "/api/v1/login", {}, "not json").status, 400);
@@ -320,12 +318,12 @@ TEST_F(RoutesTest, BearerNeedsNoCsrfAndWorkersNoEntry) {
                {{"authorization", "Bearer dlbu_ada"}})
                 .status,
             200);
-  EXPECT_EQ(Do("GET", "/api/v1/jobs", {{"authorization", "Bearer dlbw_w"}})
-                .status,
-            401);
-  EXPECT_EQ(Do("GET", "/api/v1/jobs", {{"authorization", "Bearer nope"}})
-                .status,
-            401);
+  EXPECT_EQ(
+      Do("GET", "/api/v1/jobs", {{"authorization", "Bearer dlbw_w"}}).status,
+      401);
+  EXPECT_EQ(
+      Do("GET", "/api/v1/jobs", {{"authorization", "Bearer nope"}}).status,
+      401);
 }
 
 TEST_F(RoutesTest, RevokingTheCredentialEndsItsSessions) {
@@ -350,8 +348,8 @@ TEST_F(RoutesTest, PagesNeedALoginAssetsDoNot) {
 }
 
 TEST_F(RoutesTest, OnceCodeLogsInOnce) {
-  auto code = sessions_.CreateOnceCode(CallerFromCredential(
-      *credentials_.FindByToken("dlbu_ada")));
+  auto code = sessions_.CreateOnceCode(
+      CallerFromCredential(*credentials_.FindByToken("dlbu_ada")));
   ASSERT_TRUE(code.ok());
   HttpResponse r = Do("GET", "/login?once=" + *code);
   EXPECT_EQ(r.status, 303);
