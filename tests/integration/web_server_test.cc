@@ -281,5 +281,27 @@ TEST(WebServerOffTest, DlbatchWebSaysHowToTurnItOn) {
       << web.err;
 }
 
+// The embedded local cluster serves the web face on a loopback port of its
+// own: `dlbatch web` just works.
+TEST(WebLocalTest, TheLocalClusterServesIt) {
+  Cluster c;  // only for its temp folder
+  std::map<std::string, std::string> env = {
+      {"XDG_STATE_HOME", c.dir() + "/xdg"}, {"DLBATCH_SCHEDULER", ""}};
+  auto cli = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), BinDir() + "/dlbatch");
+    return Exec(args, env, 60000);
+  };
+  Result web = cli({"web", "--json"});
+  ASSERT_EQ(web.code, 0) << web.err;
+  auto j = nlohmann::json::parse(web.out);
+  std::string url = j["url"];
+  EXPECT_EQ(url.rfind("https://127.0.0.1:", 0), 0u) << url;
+  Result login = Exec({"curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                       "--cacert", j["ca_file"], url},
+                      {}, 30000);
+  EXPECT_EQ(login.out, "303");
+  EXPECT_EQ(cli({"local", "stop", "--force"}).code, 0);
+}
+
 }  // namespace
 }  // namespace dlbatch::testing
