@@ -13,6 +13,7 @@
 #include "client/commands_config.h"
 #include "client/commands_control.h"
 #include "client/commands_daily.h"
+#include "client/commands_web.h"
 #include "client/connection.h"
 #include "client/diary_text.h"
 #include "client/global_options.h"
@@ -303,6 +304,7 @@ int RunCommandLine(int argc, char** argv) {
   AddDailyCommands(app, &flags, &rc, &argc, argv);  // submit, jobs
   AddJobCommands(app, &flags, &rc);
   AddClusterCommands(app, &flags, &rc);
+  AddWebCommand(app, &flags, &rc);
   AddLocalCommands(app, &rc);
   AddAdminCommands(app, &flags, &rc);
   AddControlCommands(app, &flags, &rc);  // hold, release, requeue

@@ -269,8 +269,10 @@ absl::Status LocalCluster::EnsureRunning(bool verbose, int cpu_slots) {
         StartProcess("dlbatch-scheduler",
                      // --config '': the machine's /etc/dlbatch files are for
                      // its service, not for a user's own cluster.
+                     // The web face on a free loopback port: `dlbatch
+                     // web` asks the scheduler for its address.
                      {"--config", "", "--state-dir", dir_ + "/scheduler",
-                      "--listen", address()},
+                      "--listen", address(), "--web-listen", "127.0.0.1:0"},
                      dir_ + "/scheduler.log", dir_ + "/scheduler.pid"));
     if (!WaitUntil([this] { return SchedulerAnswers(); }, 15000)) {
       return absl::UnavailableError(absl::StrCat(

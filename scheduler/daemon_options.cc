@@ -1,5 +1,7 @@
 #include "scheduler/daemon_options.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -156,6 +158,43 @@ absl::Status CheckListenerFlags(const DaemonFlags& flags,
 
 }  // namespace
 
+absl::Status ParseWebListen(const std::string& text, std::string* host,
+                            int* port) {
+  auto bad = [&text](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--web-listen ", text, ": ", why,
+        "; write HOST:PORT with an IP address, e.g. 127.0.0.1:8443 (a bare "
+        "port is loopback)"));
+  };
+  std::string h;
+  std::string p;
+  if (!text.empty() && text[0] == '[') {
+    size_t close = text.find("]:");
+    if (close == std::string::npos) return bad("no port after the ]");
+    h = text.substr(1, close - 1);
+    p = text.substr(close + 2);
+  } else if (size_t colon = text.rfind(':'); colon != std::string::npos) {
+    h = text.substr(0, colon);
+    p = text.substr(colon + 1);
+    if (h.find(':') != std::string::npos)
+      return bad("an IPv6 address goes in brackets, [::1]:8443");
+  } else {
+    p = text;
+  }
+  if (h.empty()) h = "127.0.0.1";
+  int n = -1;
+  if (p.empty() || !absl::SimpleAtoi(p, &n) || n < 0 || n > 65535)
+    return bad("the port must be a number from 0 to 65535");
+  unsigned char addr[16];
+  if (::inet_pton(AF_INET, h.c_str(), addr) != 1 &&
+      ::inet_pton(AF_INET6, h.c_str(), addr) != 1) {
+    return bad("the host must be an IP address, not a name");
+  }
+  *host = h;
+  *port = n;
+  return absl::OkStatus();
+}
+
 std::unique_ptr<ConfigBinding> AddDaemonFlags(CLI::App& app, DaemonFlags* flags,
                                               std::string default_config_path) {
   app.add_option(
@@ -246,6 +285,17 @@ std::unique_ptr<ConfigBinding> AddDaemonFlags(CLI::App& app, DaemonFlags* flags,
                  "Serve Prometheus metrics, /healthz and /readyz on HOST:PORT "
                  "(e.g. 127.0.0.1:9464; keep it on loopback or a private "
                  "network); off unless set");
+  app.add_option("--web-listen", flags->web_listen,
+                 "Serve the web dashboard over HTTPS on HOST:PORT (e.g. "
+                 "127.0.0.1:8443; a bare PORT is loopback; port 0: any free "
+                 "port); users log in with their token or `dlbatch web`. Off "
+                 "unless set");
+  app.add_option("--web-assets", flags->web_assets,
+                 "Folder of the dashboard's built files (default: "
+                 "../share/dlbatch/web beside this program)");
+  app.add_option("--web-session-hours", flags->web_session_hours,
+                 "A web login lasts this many hours")
+      ->capture_default_str();
   app.add_option("--log-format", flags->log_format,
                  "Log lines to stderr as text or json (one object per line)")
       ->capture_default_str();
@@ -291,6 +341,18 @@ absl::StatusOr<DaemonOptions> DaemonOptionsFromFlags(
   options.tls_key = flags.tls_key;
   options.tls_names = flags.tls_names;
   options.metrics_listen = flags.metrics_listen;
+  if (!flags.web_listen.empty()) {
+    RETURN_IF_ERROR(
+        ParseWebListen(flags.web_listen, &options.web_host, &options.web_port));
+    options.web = true;
+  }
+  if (flags.web_session_hours < 1 || flags.web_session_hours > 24 * 366) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--web-session-hours ", flags.web_session_hours,
+                     ": write a number of hours from 1 to 8784, e.g. 12"));
+  }
+  options.web_assets = flags.web_assets;
+  options.web_session_ms = int64_t{flags.web_session_hours} * 3600 * 1000;
   return options;
 }
 

@@ -48,6 +48,9 @@ struct DaemonFlags {
   std::string tls_cert;
   std::string tls_key;
   std::string metrics_listen;  // /metrics, /healthz, /readyz; off if empty
+  std::string web_listen;      // the web face's HOST:PORT; off if empty
+  std::string web_assets;      // the dashboard's files; "": beside the binary
+  int web_session_hours = 12;
   std::string log_format = "text";
 };
 
@@ -83,7 +86,21 @@ struct DaemonOptions {
   std::string tls_key;
   std::vector<std::string> tls_names;
   std::string metrics_listen;  // "": no metrics
+  // The web face (--web-listen): its address (port 0: any free one), the
+  // dashboard's folder ("": SHARE/web beside the binary) and how long a
+  // login lasts.
+  bool web = false;
+  std::string web_host;
+  int web_port = 0;
+  std::string web_assets;
+  int64_t web_session_ms = 0;
 };
+
+// --web-listen's HOST:PORT: a bare PORT or ":PORT" is loopback
+// (127.0.0.1), "[::1]:PORT" an IPv6 address. The host must be an IP
+// address; the port 0 (any free one) to 65535.
+absl::Status ParseWebListen(const std::string& text, std::string* host,
+                            int* port);
 
 // Pure: checks `flags` and the declared `profiles` (profile_config.h's, in
 // their order) and makes the daemon's options. A duration takes "500ms"
@@ -93,7 +110,8 @@ struct DaemonOptions {
 // wrong value is the one reported, in this order: --listen, a Slurm
 // profile on a Unix socket, the durations and sizes, --auth-deadline,
 // --max-unauthenticated, then --socket-mode (a Unix socket) or --tls-cert
-// with --tls-key and each --tls-name (TCP).
+// with --tls-key and each --tls-name (TCP), then --web-listen and
+// --web-session-hours.
 absl::StatusOr<DaemonOptions> DaemonOptionsFromFlags(
     const DaemonFlags& flags, std::vector<ProfileDeclaration> profiles);
 

@@ -25,6 +25,7 @@
 #include "scheduler/daemon_options.h"
 #include "scheduler/rpc/service.h"
 #include "scheduler/startup.h"
+#include "scheduler/web/api.h"
 #include "spdlog/spdlog.h"
 
 namespace dlbatch::scheduler {
@@ -101,6 +102,14 @@ int Serve(const DaemonOptions& options) {
         " (in use, or not an address of this machine); choose another "
         "with --listen"));
   }
+  // The web face (--web-listen): up once the store is loaded, down before
+  // the scheduler stops; its REST API calls the scheduler as the gRPC
+  // services do, under the same rules.
+  web::RestApi api(&scheduler, &reader, blobs->get(),
+                   options.shared_visibility);
+  auto web_face = StartWebFace(options, &api, &credentials, &open_calls);
+  if (!web_face.ok()) return Fail(web_face.status().message());
+  ConnectWebLogins(web_face->get(), &service);
   std::unique_ptr<Acceptor>& acceptor = listener->acceptor;
   acceptor->Start(server.get());
   const std::string address = ListeningAddress(options, acceptor->port());
@@ -123,6 +132,7 @@ int Serve(const DaemonOptions& options) {
   ShutDownOnStopSignal(server.get(), acceptor.get());
   server->Wait();
   serving = false;
+  if (*web_face) (*web_face)->Stop();
   acceptor->Stop();
   acceptor->RemoveSocketFile();
   scheduler.Stop();

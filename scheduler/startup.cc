@@ -56,19 +56,29 @@ void RaiseOpenFileLimit() {
   }
 }
 
+// The names the scheduler's own certificate carries: those of each TCP
+// address it listens on (gRPC's, the web face's), so that neither
+// listener's start makes the other's certificate again.
+std::vector<std::string> CertificateNames(const DaemonOptions& options) {
+  std::vector<std::string> names;
+  auto add = [&names](const std::vector<std::string>& more) {
+    for (const std::string& n : more)
+      if (std::find(names.begin(), names.end(), n) == names.end())
+        names.push_back(n);
+  };
+  if (!options.endpoint.is_unix)
+    add(ServerNames(options.endpoint.host, options.tls_names));
+  if (options.web) add(ServerNames(options.web_host, options.tls_names));
+  return names;
+}
+
 // TCP is always TLS: the operator's certificate, or one of the scheduler's
 // own CA (made on first start).
 absl::StatusOr<Listener> ListenTcp(const DaemonOptions& options,
                                    ConnectionGate* gate,
                                    grpc::ServerBuilder* builder) {
   Listener listener;
-  absl::StatusOr<TlsFiles> tls;
-  if (!options.tls_cert.empty()) {
-    tls = LoadOperatorTls(options.tls_cert, options.tls_key);
-  } else {
-    tls = LoadOrCreateTls(options.state_dir, ServerNames(options.endpoint.host,
-                                                         options.tls_names));
-  }
+  absl::StatusOr<TlsFiles> tls = ServerTls(options);
   if (!tls.ok()) return tls.status();
   if (!tls->ca_file.empty()) {
     ASSIGN_OR_RETURN(listener.slurm_ca_pem, ReadFile(tls->ca_file));
@@ -103,6 +113,42 @@ absl::StatusOr<Listener> ListenTcp(const DaemonOptions& options,
 }
 
 }  // namespace
+
+absl::StatusOr<TlsFiles> ServerTls(const DaemonOptions& options) {
+  if (!options.tls_cert.empty())
+    return LoadOperatorTls(options.tls_cert, options.tls_key);
+  return LoadOrCreateTls(options.state_dir, CertificateNames(options));
+}
+
+absl::StatusOr<std::unique_ptr<web::WebFace>> StartWebFace(
+    const DaemonOptions& options, web::ApiHandler* api,
+    const CredentialTable* credentials, OpenCalls* open_calls) {
+  if (!options.web) return nullptr;
+  ASSIGN_OR_RETURN(TlsFiles tls, ServerTls(options));
+  web::WebFaceOptions web;
+  web.host = options.web_host;
+  web.port = options.web_port;
+  web.cert_file = tls.cert_file;
+  web.key_file = tls.key_file;
+  web.ca_file = tls.ca_file;
+  web.assets_dir =
+      options.web_assets.empty() ? web::DefaultAssetsDir() : options.web_assets;
+  web.session_ms = options.web_session_ms;
+  return web::WebFace::Start(web, api, credentials, open_calls,
+                             SystemClock::Get());
+}
+
+void ConnectWebLogins(web::WebFace* face, SchedulerService* service) {
+  if (face == nullptr) return;
+  service->set_web_login(
+      [face](const Caller& caller) -> absl::StatusOr<v1::CreateWebLoginReply> {
+        ASSIGN_OR_RETURN(std::string url, face->LoginUrl(caller));
+        v1::CreateWebLoginReply reply;
+        reply.set_url(url);
+        reply.set_ca_file(face->ca_file());
+        return reply;
+      });
+}
 
 void ShutDownOnStopSignal(grpc::Server* server, Acceptor* acceptor) {
   OnStopSignal([server, acceptor](int sig) {

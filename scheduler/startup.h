@@ -26,7 +26,11 @@
 #include "scheduler/rpc/connection_gate.h"
 #include "scheduler/rpc/credentials.h"
 #include "scheduler/rpc/peer_table.h"
+#include "scheduler/rpc/service.h"
+#include "scheduler/rpc/tls_certs.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/web/http_message.h"
+#include "scheduler/web/web_face.h"
 
 namespace dlbatch::scheduler {
 
@@ -82,6 +86,21 @@ struct Listener {
 absl::StatusOr<Listener> Listen(const DaemonOptions& options, PeerTable* peers,
                                 ConnectionGate* gate,
                                 grpc::ServerBuilder* builder);
+
+// The certificate the scheduler's TLS listeners present (gRPC on TCP, the
+// web face): the operator's --tls-cert, else the state folder's own, made
+// or renewed for the names of every TCP address listened on.
+absl::StatusOr<TlsFiles> ServerTls(const DaemonOptions& options);
+
+// The web face (--web-listen) answering /api/v1/ with `api`, or null when
+// it is off. Everything borrowed must outlive it; stop it (or destroy it)
+// before the scheduler stops.
+absl::StatusOr<std::unique_ptr<web::WebFace>> StartWebFace(
+    const DaemonOptions& options, web::ApiHandler* api,
+    const CredentialTable* credentials, OpenCalls* open_calls);
+// Lets `service` answer CreateWebLogin with `face`'s one-time URLs (a
+// null face: it answers that there is none).
+void ConnectWebLogins(web::WebFace* face, SchedulerService* service);
 
 // The address clients reach once listening: --listen as given for a Unix
 // socket, HOST:PORT with the port bound (port 0: the one chosen) for TCP.

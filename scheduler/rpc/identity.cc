@@ -22,6 +22,16 @@ std::string UserName(uid_t uid) {
   return absl::StrCat("uid", uid);
 }
 
+Caller CallerFromCredential(const CredentialRecord& record) {
+  Caller caller;
+  caller.user = record.name;
+  caller.admin = record.admin && !record.worker;
+  // A one-job credential is a worker's, and less (slurm_registration.h).
+  caller.worker = record.worker || record.job_id != 0;
+  caller.credential = record.Key();
+  return caller;
+}
+
 absl::StatusOr<Caller> Identities::Identify(
     const grpc::ServerContextBase& context) const {
   if (peers_ != nullptr) {
@@ -47,13 +57,7 @@ absl::StatusOr<Caller> Identities::Identify(
         "the token presented is not valid (revoked, or never issued); ask an "
         "admin for one (`dlbatch admin user add NAME`)");
   }
-  Caller caller;
-  caller.user = found->name;
-  caller.admin = found->admin && !found->worker;
-  // A one-job credential is a worker's, and less (slurm_registration.h).
-  caller.worker = found->worker || found->job_id != 0;
-  caller.credential = found->Key();
-  return caller;
+  return CallerFromCredential(*found);
 }
 
 }  // namespace dlbatch::scheduler

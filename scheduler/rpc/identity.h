@@ -35,6 +35,11 @@ struct Caller {
 // The name of `uid` in the password database, or "uid<N>" when it has none.
 std::string UserName(uid_t uid);
 
+// The caller that presents the token of `record`: its user (an admin's may
+// act as any user), or a worker for a worker or one-job credential. What
+// both the gRPC services and the web face's logins see.
+Caller CallerFromCredential(const CredentialRecord& record);
+
 class Identities {
  public:
   // `peers` may be null (no Unix socket). `credentials` (not null) may be

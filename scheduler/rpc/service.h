@@ -5,6 +5,7 @@
 #define DLBATCH_SCHEDULER_RPC_SERVICE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -149,6 +150,16 @@ class SchedulerService final
                          const v1::GetStatusRequest* request,
                          v1::SchedulerStatus* reply) override;
 
+  // A one-time login URL of the web face (service_web.cc).
+  grpc::Status CreateWebLogin(grpc::ServerContext* context,
+                              const v1::CreateWebLoginRequest* request,
+                              v1::CreateWebLoginReply* reply) override;
+  // What makes CreateWebLogin's reply for a caller; unset: the scheduler
+  // serves no web face.
+  using WebLoginMaker =
+      std::function<absl::StatusOr<v1::CreateWebLoginReply>(const Caller&)>;
+  void set_web_login(WebLoginMaker make) { web_login_ = std::move(make); }
+
   // Calls that authenticate take their connection out of `gate`'s watch
   // (TCP connections; none is watched where this is not called).
   void set_connection_gate(ConnectionGate* gate) { gate_ = gate; }
@@ -195,6 +206,7 @@ class SchedulerService final
   OpenCalls* const open_calls_;
   const bool shared_visibility_;
   ConnectionGate* gate_ = nullptr;
+  WebLoginMaker web_login_;
   absl::Mutex admin_mu_;  // one credential change at a time
 };
 

@@ -310,3 +310,42 @@ TEST(DaemonOptionsTest, ABadFileNamesItsLineAndKey) {
 
 }  // namespace
 }  // namespace dlbatch::scheduler
+
+namespace dlbatch::scheduler {
+namespace {
+
+TEST(DaemonOptionsTest, TheWebFaceIsOffUnlessListenedFor) {
+  DaemonCommandLine off;
+  auto options = off.Run({"--state-dir", "/tmp/s"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_FALSE(options->web);
+  EXPECT_EQ(options->web_session_ms, 12 * 3600 * 1000);
+  struct Case {
+    std::string flag, host;
+    int port;
+  };
+  for (const Case& c : std::vector<Case>{{"8443", "127.0.0.1", 8443},
+                                         {":0", "127.0.0.1", 0},
+                                         {"0.0.0.0:443", "0.0.0.0", 443},
+                                         {"[::1]:8443", "::1", 8443}}) {
+    DaemonCommandLine cli;
+    auto on = cli.Run({"--state-dir", "/tmp/s", "--web-listen", c.flag,
+                       "--web-session-hours", "2"});
+    ASSERT_TRUE(on.ok()) << c.flag << ": " << on.status();
+    EXPECT_TRUE(on->web);
+    EXPECT_EQ(on->web_host, c.host) << c.flag;
+    EXPECT_EQ(on->web_port, c.port) << c.flag;
+    EXPECT_EQ(on->web_session_ms, 2 * 3600 * 1000);
+  }
+  for (const std::string bad :
+       {"localhost:8443", "127.0.0.1:70000", "::1:80", "1.2.3.4:x", "[::1]"}) {
+    EXPECT_THAT(Refusal({"--state-dir", "/tmp/s", "--web-listen", bad}),
+                HasSubstr("--web-listen " + bad + ": "))
+        << bad;
+  }
+  EXPECT_THAT(Refusal({"--state-dir", "/tmp/s", "--web-session-hours", "0"}),
+              HasSubstr("--web-session-hours 0: write a number of hours"));
+}
+
+}  // namespace
+}  // namespace dlbatch::scheduler
