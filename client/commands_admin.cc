@@ -10,11 +10,11 @@
 #include "client/commands_control.h"
 #include "client/commands_credentials.h"
 #include "client/format.h"
-#include "proto/json_shapes.h"
 #include "client/terminal_text.h"
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "proto/json_shapes.h"
 
 namespace dlbatch::client {
 

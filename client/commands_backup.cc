@@ -10,11 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/format.h"
-#include "proto/json_shapes.h"
 #include "client/terminal_text.h"
 #include "common/duration.h"
 #include "common/files.h"
 #include "common/status.h"
+#include "proto/json_shapes.h"
 
 namespace dlbatch::client {
 namespace {

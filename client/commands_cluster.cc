@@ -11,7 +11,6 @@
 #include "client/commands_control.h"
 #include "client/diary_text.h"
 #include "client/format.h"
-#include "proto/json_shapes.h"
 #include "client/outputs_dir.h"
 #include "client/terminal_text.h"
 #include "common/blob_transfer.h"
@@ -20,6 +19,7 @@
 #include "common/files.h"
 #include "common/status.h"
 #include "proto/job_state.h"
+#include "proto/json_shapes.h"
 
 namespace dlbatch::client {
 namespace fs = std::filesystem;

@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/format.h"
-#include "proto/json_shapes.h"
 #include "client/terminal_text.h"
 #include "common/status.h"
+#include "proto/json_shapes.h"
 
 namespace dlbatch::client {
 namespace {

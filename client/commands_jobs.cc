@@ -20,7 +20,6 @@
 #include "client/commands_daily.h"
 #include "client/diary_text.h"
 #include "client/format.h"
-#include "proto/json_shapes.h"
 #include "client/terminal_text.h"
 #include "common/blob_transfer.h"
 #include "common/clock.h"
@@ -31,6 +30,7 @@
 #include "proto/data_paths.h"
 #include "proto/job_state.h"
 #include "proto/jobspec_yaml.h"
+#include "proto/json_shapes.h"
 
 namespace dlbatch::client {
 namespace fs = std::filesystem;

@@ -5,10 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
 #include "client/format.h"
-#include "proto/json_shapes.h"
 #include "client/sweep_table.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "proto/json_shapes.h"
 
 namespace dlbatch::client {
 

@@ -8,8 +8,8 @@
 #include "client/commands.h"
 #include "client/commands_daily.h"
 #include "client/connection.h"
-#include "proto/json_shapes.h"
 #include "common/usage_exit.h"
+#include "proto/json_shapes.h"
 
 namespace dlbatch::client {
 namespace {
