@@ -43,7 +43,7 @@ absl::StatusOr<Json> BodyObject(const HttpRequest& request) {
   if (body.is_discarded() || !body.is_object()) {
     return absl::InvalidArgumentError(
         "the request's body must be a JSON object, such as "
-        "{\"ids\": [1, 2], \"reason\": \"...\"}");
+        "{\"ids\": [1, 2]}");
   }
   return body;
 }
