@@ -69,9 +69,18 @@ for f in usr/bin/dlbatch usr/bin/dlbatch-scheduler usr/bin/dlbatch-worker usr/bi
   usr/share/man/man1/dlbatch.1.gz usr/share/man/man1/dlbatch-train.1.gz \
   usr/share/man/man8/dlbatch-scheduler.8.gz usr/share/man/man8/dlbatch-worker.8.gz \
   usr/share/bash-completion/completions/dlbatch usr/share/zsh/vendor-completions/_dlbatch \
-  usr/share/doc/dlbatch/copyright; do
+  usr/share/doc/dlbatch/copyright usr/share/dlbatch/python/dlbatch/__init__.py; do
   [[ -e $root/$f ]] || fail "the package lacks /$f"
 done
+# The dashboard's files, where this build made them (node and npm found).
+web_built=0
+[[ -f $build/share/dlbatch/web/index.html ]] && web_built=1
+if ((web_built)); then
+  for f in usr/share/dlbatch/web/index.html usr/share/dlbatch/web/login.html \
+    usr/share/dlbatch/web/assets/app.js; do
+    [[ -e $root/$f ]] || fail "the package lacks /$f"
+  done
+fi
 : >"$tmp/libs"
 for b in dlbatch dlbatch-scheduler dlbatch-worker dlbatch-train; do
   ldd "$root/usr/bin/$b" >"$tmp/ldd" 2>&1 || fail "ldd $b: $(cat "$tmp/ldd")"
@@ -111,7 +120,7 @@ echo "== a job through the unpacked scheduler, worker and CLI"
 bin=$root/usr/bin
 sock=$tmp/sched.sock
 "$bin/dlbatch-scheduler" --state-dir "$tmp/state" --listen "unix:$sock" \
-  --ready-file "$tmp/ready" >"$tmp/scheduler.log" 2>&1 &
+  --web-listen 127.0.0.1:0 --ready-file "$tmp/ready" >"$tmp/scheduler.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 150); do [[ -s $tmp/ready ]] && break; sleep 0.1; done
 [[ -s $tmp/ready ]] || fail "the scheduler did not start: $(cat "$tmp/scheduler.log")"
@@ -136,6 +145,15 @@ id=$("${cli[@]}" submit -q "$tmp/job.yaml" 2>&1) || fail "submit: $id"
 "${cli[@]}" fetch-outputs "$id" -o "$tmp/outputs" >/dev/null || fail "fetch-outputs $id"
 [[ $(cat "$tmp/outputs/out.txt") == "done" ]] || fail "job $id's outputs: $(ls -R "$tmp/outputs")"
 echo "job $id finished through the packaged programs"
+# The packaged scheduler serves the packaged dashboard: the page its
+# one-time login URL leads to is the app, not the "not built" notice.
+if ((web_built)); then
+  url=$("${cli[@]}" web) || fail "dlbatch web: $url"
+  url=$(head -1 <<<"$url" | grep -o 'https://[^ ]*') || fail "dlbatch web printed no URL"
+  page=$(curl -sk -L -c "$tmp/jar" -b "$tmp/jar" "$url") || fail "curl $url"
+  grep -q 'assets/app.js' <<<"$page" || fail "the packaged dashboard is not served: $page"
+  echo "the packaged scheduler serves the packaged dashboard"
+fi
 
 echo "== the GPU backend"
 "$root/usr/bin/dlbatch-train" --version >"$tmp/version" 2>&1 || fail "dlbatch-train --version: $(cat "$tmp/version")"
