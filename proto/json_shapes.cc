@@ -174,6 +174,8 @@ Json JobJson(const v1::Job& job) {
                                {"lost_s", p.lost_ms() / 1000.0}});
   }
   const v1::JobSpec& spec = job.spec();
+  Json position =
+      job.queue_position() > 0 ? Json(job.queue_position()) : Json(nullptr);
   return Json{{"id", job.id()},
               {"name", spec.name()},
               {"user", job.user()},
@@ -194,6 +196,7 @@ Json JobJson(const v1::Job& job) {
               {"exit_code", job.exit_code()},
               {"reason", job.reason()},
               {"wait_reason", job.wait_reason()},
+              {"queue_position", std::move(position)},
               {"diary_lines", job.diary_lines()},
               {"placement", std::move(placement)},
               {"progress", ProgressJson(job.progress())},

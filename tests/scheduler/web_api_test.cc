@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/files.h"
@@ -132,6 +133,7 @@ class WebApiTest : public ::testing::Test {
     SchedulerOptions options;
     options.heartbeat_interval_ms = 100;
     options.heartbeat_timeout_ms = 100000;
+    if (max_diary_bytes_ > 0) options.max_diary_bytes = max_diary_bytes_;
     scheduler_ = std::make_unique<Scheduler>(store_.get(), reader_.get(),
                                              blobs_.get(), &clock_, options);
     ASSERT_TRUE(scheduler_->Start().ok());
@@ -208,6 +210,7 @@ class WebApiTest : public ::testing::Test {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<RestApi> api_;
   std::shared_ptr<FakeSession> parked_;
+  int64_t max_diary_bytes_ = 0;  // 0: SchedulerOptions' own
 };
 
 TEST_F(WebApiTest, JobIsReadAsShowReadsItAndWorkerCredentialsGet403) {
@@ -458,6 +461,45 @@ TEST_F(WebApiTest, ProgressHistoryDiaryRangesAndOutputDownload) {
       Call(Get(base + "/outputs/out/model \"v1\" é.bin"), User("bob")).status,
       403);
   EXPECT_EQ(Body(Call(Get(base + "/diary"), User("alice")))["ended"], true);
+}
+
+// Positions are the order the scheduler tries the queue in: bob, who has
+// used nothing, before alice, who has run a job for an hour, though her
+// jobs are older; a held job has none.
+TEST_F(WebApiTest, QueuePositionsFollowFairShare) {
+  Start();
+  auto session = Connect("w1", 1);
+  const int64_t running = Submit("alice", "long");
+  WaitStarted(session, running);
+  clock_.Advance(3600 * 1000);
+  const int64_t a1 = Submit("alice", "a1");
+  const int64_t a2 = Submit("alice", "a2");
+  const int64_t held = Submit("alice", "held");
+  const int64_t b1 = Submit("bob", "b1");
+  Json hold = Body(
+      Call(Post(absl::StrCat("/api/v1/jobs/", held, "/hold")), User("alice")));
+  ASSERT_EQ(hold["results"][0]["ok"], true) << hold.dump();
+  Json queue = Body(Call(Get("/api/v1/queue"), User("alice")));
+  ASSERT_EQ(queue["jobs"].size(), 4u) << queue.dump();
+  std::vector<int64_t> ids;
+  for (const Json& j : queue["jobs"]) ids.push_back(j["id"]);
+  EXPECT_EQ(ids, (std::vector<int64_t>{b1, a1, a2, held}));
+  EXPECT_EQ(queue["jobs"][0]["position"], 1);
+  EXPECT_EQ(queue["jobs"][1]["position"], 2);
+  EXPECT_EQ(queue["jobs"][2]["position"], 3);
+  EXPECT_EQ(queue["jobs"][3]["position"], nullptr);
+  EXPECT_EQ(queue["jobs"][0]["queue_position"], 1);
+  // A job as GET /jobs/ID (and `show --json`) has it.
+  Json b = Body(Call(Get(absl::StrCat("/api/v1/jobs/", b1)), User("bob")));
+  EXPECT_EQ(b["queue_position"], 1);
+  Json a = Body(Call(Get(absl::StrCat("/api/v1/jobs/", a2)), User("alice")));
+  EXPECT_EQ(a["queue_position"], 3);
+  EXPECT_THAT(a["wait_reason"].get<std::string>(), HasSubstr("2 jobs ahead"));
+  Json h = Body(Call(Get(absl::StrCat("/api/v1/jobs/", held)), User("alice")));
+  EXPECT_EQ(h["queue_position"], nullptr);
+  Json r =
+      Body(Call(Get(absl::StrCat("/api/v1/jobs/", running)), User("alice")));
+  EXPECT_EQ(r["queue_position"], nullptr);
 }
 
 TEST_F(WebApiTest, EventsStreamDeliversAJobsStateChange) {
