@@ -463,6 +463,97 @@ TEST_F(WebApiTest, ProgressHistoryDiaryRangesAndOutputDownload) {
   EXPECT_EQ(Body(Call(Get(base + "/diary"), User("alice")))["ended"], true);
 }
 
+// A capped diary keeps its head and its tail: its line numbers jump at the
+// cut. Pages by offset cover the stored lines exactly once each, in order,
+// where pages by line number (after=) would repeat or skip lines there.
+TEST_F(WebApiTest, DiaryPagesByOffsetCrossACapsCut) {
+  max_diary_bytes_ = 200;
+  Start();
+  auto session = Connect("w1", 1);
+  const int64_t id = Submit("alice", "chatty");
+  WaitStarted(session, id);
+  v1::WorkerMessage diary;
+  diary.mutable_diary()->set_job_id(id);
+  diary.mutable_diary()->set_attempt(1);
+  for (int i = 1; i <= 60; ++i) {
+    v1::DiaryLine* line = diary.mutable_diary()->add_lines();
+    line->set_seq(i);
+    line->set_stream(1);
+    line->set_rank(i % 2);
+    line->set_text(absl::StrFormat("line %02d", i));
+  }
+  scheduler_->OnWorkerMessage(session, diary);
+  const std::string base = absl::StrCat("/api/v1/jobs/", id, "/diary");
+  Json all;
+  ASSERT_TRUE(WaitUntil([&] {
+    all = Body(Call(Get(base, {{"limit", "5000"}}), User("alice")));
+    return !all["lines"].empty() && all["lines"].back()["text"] == "line 60";
+  }));
+  const int64_t total = all["total"];
+  ASSERT_EQ(static_cast<int64_t>(all["lines"].size()), total);
+  // Cut: fewer lines than numbers (the marker among them).
+  const int64_t last_n = all["lines"].back()["n"];
+  ASSERT_LT(total, last_n) << all.dump();
+  ASSERT_GT(total, 10);
+  for (int page : {1, 3, 7}) {
+    std::vector<int64_t> seen;
+    for (int64_t offset = 0; offset < total + page; offset += page) {
+      Json r = Body(Call(Get(base, {{"offset", std::to_string(offset)},
+                                    {"limit", std::to_string(page)}}),
+                         User("alice")));
+      EXPECT_EQ(r["total"], total);
+      for (const Json& line : r["lines"]) seen.push_back(line["n"]);
+    }
+    std::vector<int64_t> want;
+    for (const Json& line : all["lines"]) want.push_back(line["n"]);
+    EXPECT_EQ(seen, want) << "pages of " << page;
+  }
+  // The position right after the marker is the first kept line after it.
+  int64_t marker = 0;
+  for (size_t i = 0; i < all["lines"].size(); ++i) {
+    if (all["lines"][i]["stream"] == 0) marker = static_cast<int64_t>(i);
+  }
+  ASSERT_GT(marker, 0);
+  Json after_marker = Body(
+      Call(Get(base, {{"offset", std::to_string(marker + 1)}, {"limit", "1"}}),
+           User("alice")));
+  ASSERT_EQ(after_marker["lines"].size(), 1u);
+  EXPECT_EQ(after_marker["lines"][0]["n"], all["lines"][marker + 1]["n"]);
+  EXPECT_GT(after_marker["lines"][0]["n"].get<int64_t>(), marker + 2);
+  // Past the end: nothing, and the count.
+  Json past = Body(
+      Call(Get(base, {{"offset", std::to_string(total + 5)}}), User("alice")));
+  EXPECT_TRUE(past["lines"].empty());
+  EXPECT_EQ(past["total"], total);
+
+  // One rank: its own lines counted, and paged by their own positions.
+  std::vector<int64_t> rank_lines;
+  for (const Json& line : all["lines"]) {
+    if (line["rank"] == 1) rank_lines.push_back(line["n"]);
+  }
+  std::vector<int64_t> seen;
+  for (int64_t offset = 0; offset < static_cast<int64_t>(rank_lines.size()) + 4;
+       offset += 4) {
+    Json r = Body(Call(Get(base, {{"rank", "1"},
+                                  {"offset", std::to_string(offset)},
+                                  {"limit", "4"}}),
+                       User("alice")));
+    EXPECT_EQ(r["total"], static_cast<int64_t>(rank_lines.size()));
+    for (const Json& line : r["lines"]) seen.push_back(line["n"]);
+  }
+  EXPECT_EQ(seen, rank_lines);
+
+  HttpResponse both =
+      Call(Get(base, {{"offset", "1"}, {"after", "1"}}), User("alice"));
+  EXPECT_EQ(both.status, 400);
+  EXPECT_THAT(both.body, HasSubstr("use one of them"));
+  HttpResponse with_tail =
+      Call(Get(base, {{"offset", "1"}, {"tail", "5"}}), User("alice"));
+  EXPECT_EQ(with_tail.status, 400);
+  HttpResponse negative = Call(Get(base, {{"offset", "-1"}}), User("alice"));
+  EXPECT_EQ(negative.status, 400);
+}
+
 // Positions are the order the scheduler tries the queue in: bob, who has
 // used nothing, before alice, who has run a job for an hour, though her
 // jobs are older; a held job has none.
