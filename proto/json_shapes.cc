@@ -174,6 +174,8 @@ Json JobJson(const v1::Job& job) {
                                {"lost_s", p.lost_ms() / 1000.0}});
   }
   const v1::JobSpec& spec = job.spec();
+  Json position =
+      job.queue_position() > 0 ? Json(job.queue_position()) : Json(nullptr);
   return Json{{"id", job.id()},
               {"name", spec.name()},
               {"user", job.user()},
@@ -194,6 +196,7 @@ Json JobJson(const v1::Job& job) {
               {"exit_code", job.exit_code()},
               {"reason", job.reason()},
               {"wait_reason", job.wait_reason()},
+              {"queue_position", std::move(position)},
               {"diary_lines", job.diary_lines()},
               {"placement", std::move(placement)},
               {"progress", ProgressJson(job.progress())},
@@ -243,6 +246,22 @@ Json WorkerJson(const v1::WorkerInfo& w) {
   }
   Json running = Json::array();
   for (int64_t id : w.running_jobs()) running.push_back(id);
+  // NVML's GPUs as the worker last read them; a reading it refused is null.
+  Json gpus = Json::array();
+  for (const v1::GpuReading& g : w.gpus()) {
+    auto known = [](bool has, int64_t value) {
+      return has ? Json(value) : Json(nullptr);
+    };
+    gpus.push_back(
+        Json{{"index", g.index()},
+             {"uuid", g.uuid()},
+             {"utilization_percent",
+              known(g.has_utilization_percent(), g.utilization_percent())},
+             {"memory_used_bytes",
+              known(g.has_memory_used_bytes(), g.memory_used_bytes())},
+             {"memory_total_bytes",
+              known(g.has_memory_total_bytes(), g.memory_total_bytes())}});
+  }
   return Json{{"id", w.id()},
               {"name", w.name()},
               {"host", w.host()},
@@ -255,7 +274,9 @@ Json WorkerJson(const v1::WorkerInfo& w) {
               {"free_slots", w.free_slots()},
               {"devices", std::move(devices)},
               {"running_jobs", std::move(running)},
-              {"last_seen", JsonTime(w.last_seen_ms())}};
+              {"last_seen", JsonTime(w.last_seen_ms())},
+              {"gpus", std::move(gpus)},
+              {"gpus_read", JsonTime(w.gpus_read_ms())}};
 }
 
 Json ProfileJson(const v1::ProfileInfo& p) {

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -389,8 +391,10 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
     job.set_state(it->second.cancel_requested && !IsTerminal(live.state)
                       ? v1::JOB_STATE_CANCELLING
                       : live.state);
-    if (live.state == v1::JOB_STATE_QUEUED)
+    if (live.state == v1::JOB_STATE_QUEUED) {
       job.set_wait_reason(watchers_.WaitReason(*this, it->second));
+      job.set_queue_position(QueuePosition(job_id, live.spec.profile()));
+    }
     job.set_held(it->second.held);
     job.clear_preemptions();  // memory's are as new
     for (const auto& p : it->second.preemptions) *job.add_preemptions() = p;
@@ -461,6 +465,19 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
   // the placement's workers.
   constexpr int kListedWaitReasons = 200;
   int explained = 0;
+  // Positions: each profile's order once (O(q log q)), not a walk per job.
+  std::map<std::string, std::unordered_map<int64_t, int>> positions;
+  auto position = [&](int64_t id, const std::string& profile)
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                        auto [order, added] = positions.try_emplace(profile);
+                        if (added && bridge().ProfileOf(profile) == nullptr) {
+                          int place = 0;
+                          for (JobId queued : core_->QueueOrder(profile))
+                            order->second[queued] = ++place;
+                        }
+                        auto found = order->second.find(id);
+                        return found == order->second.end() ? 0 : found->second;
+                      };
   absl::MutexLock lock(&mu_);
   for (v1::Job& job : *reply.mutable_jobs()) {
     for (v1::DevicePart& part : *job.mutable_placement()) {
@@ -476,8 +493,10 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
       *job.add_preemptions() = it->second.preemptions.back();
     if (job.state() != v1::JOB_STATE_QUEUED) continue;
     if (it->second.held) job.set_held(true);
-    if (it->second.record.state == v1::JOB_STATE_QUEUED &&
-        ++explained <= kListedWaitReasons)
+    if (it->second.record.state != v1::JOB_STATE_QUEUED) continue;
+    job.set_queue_position(
+        position(job.id(), it->second.record.spec.profile()));
+    if (++explained <= kListedWaitReasons)
       job.set_wait_reason(watchers_.WaitReason(*this, it->second));
   }
   return reply;
@@ -591,6 +610,13 @@ absl::StatusOr<bool> Scheduler::JobEnded(int64_t job) {
   return true;
 }
 
+int Scheduler::QueuePosition(int64_t job_id, const std::string& profile) const {
+  if (bridge().ProfileOf(profile) != nullptr) return 0;  // Slurm's queue
+  if (!core_->IsQueued(job_id)) return 0;
+  std::optional<WaitInfo> info = core_->Explain(job_id);
+  return info ? info->position : 0;
+}
+
 v1::ListWorkersReply Scheduler::ListWorkers() {
   absl::MutexLock lock(&mu_);
   v1::ListWorkersReply reply;
@@ -618,6 +644,10 @@ v1::ListWorkersReply Scheduler::ListWorkers() {
     info->set_version(w.version);
     info->set_draining(w.draining);
     info->set_drain_reason(w.drain_reason);
+    if (w.session != nullptr) {
+      info->mutable_gpus()->Add(w.gpus.begin(), w.gpus.end());
+      info->set_gpus_read_ms(w.gpus_read_ms);
+    }
   }
   return reply;
 }

@@ -163,6 +163,11 @@ class SchedulerState {
     // Drained by an admin (kept in the store by name): takes no new jobs.
     bool draining = false;
     std::string drain_reason;
+    // Its GPUs' latest NVML readings (Heartbeat.gpus) and when it took
+    // them: memory only, this session's (cleared when it registers, goes
+    // or is lost).
+    std::vector<v1::GpuReading> gpus;
+    int64_t gpus_read_ms = 0;
   };
   using Outbox = std::vector<
       std::pair<std::shared_ptr<WorkerSession>, v1::SchedulerMessage>>;

@@ -83,6 +83,10 @@ v1::WorkerInfo Watchers::WorkerView(const SchedulerState& s,
   info.set_version(w.version);
   info.set_draining(w.draining);
   info.set_drain_reason(w.drain_reason);
+  if (w.session != nullptr) {
+    info.mutable_gpus()->Add(w.gpus.begin(), w.gpus.end());
+    info.set_gpus_read_ms(w.gpus_read_ms);
+  }
   return info;
 }
 

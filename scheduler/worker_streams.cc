@@ -29,6 +29,12 @@ int SlotCount(const std::vector<v1::Device>& devices) {
   return static_cast<int>(devices.size());
 }
 
+// A worker's GPU readings are its session's: none shown once it is gone.
+void ForgetGpus(SchedulerState::WorkerState& worker) {
+  worker.gpus.clear();
+  worker.gpus_read_ms = 0;
+}
+
 }  // namespace
 
 void WorkerStreams::ProcessBatch(std::deque<WorkerEvent>& batch) {
@@ -146,6 +152,12 @@ absl::Status WorkerStreams::HandleEvent(SchedulerState& s, WorkerEvent& e,
       worker.unknown_since[m.user_answer().user()] = s.clock_->MonotonicMs();
     }
     return absl::OkStatus();
+  }
+  if (m.has_heartbeat() && m.heartbeat().gpus_size() > 0) {
+    // Memory only: shown with the worker (WorkerInfo.gpus), never stored.
+    worker.gpus.assign(m.heartbeat().gpus().begin(),
+                       m.heartbeat().gpus().end());
+    worker.gpus_read_ms = m.heartbeat().time_ms();
   }
   if (!m.has_diary() && !m.has_progress() && !m.has_checkpoint()) {
     return absl::OkStatus();  // heartbeat and JobStarted refresh liveness
@@ -302,6 +314,7 @@ absl::Status WorkerStreams::HandleRegister(
   const bool was_lost = worker.lost;
   worker.record = rec;
   worker.session = session;
+  ForgetGpus(worker);  // this session reports its own
   worker.lost = false;
   worker.version = reg.version();
   worker.last_seen_mono = s.clock_->MonotonicMs();
@@ -490,6 +503,7 @@ absl::Status WorkerStreams::HandleGone(
   s.session_worker_.erase(it);
   if (worker.session == session) {
     worker.session = nullptr;
+    ForgetGpus(worker);
     // A Slurm job's worker done with its one job never comes back: it is
     // forgotten now (SlurmBridge::WorkerLeft).
     s.SlurmLockHeld();
@@ -512,6 +526,7 @@ absl::Status WorkerStreams::LoseWorker(SchedulerState& s, WorkerState& worker,
   s.mu_.AssertHeld();
   spdlog::warn("{}", why);
   worker.lost = true;
+  ForgetGpus(worker);
   if (worker.session) {
     s.session_worker_.erase(worker.session.get());
     worker.session->Close(why);

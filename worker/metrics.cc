@@ -66,6 +66,13 @@ const Nvml* LoadNvml() {
   return n;
 }
 
+// The process's NVML: loaded at the first call, by whichever reader comes
+// first (a function-local static: thread-safe).
+const Nvml* SharedNvml() {
+  static const Nvml* const nvml = LoadNvml();
+  return nvml;
+}
+
 prometheus::MetricFamily Family(const char* name, const char* help) {
   prometheus::MetricFamily f;
   f.name = name;
@@ -166,7 +173,33 @@ std::shared_ptr<prometheus::Collectable> MakeWorkerMetrics(
     const std::string& worker, const std::string& profile,
     const std::string& kind, int slots, std::function<int()> busy) {
   return std::make_shared<WorkerMetrics>(worker, profile, kind, slots,
-                                         std::move(busy), LoadNvml());
+                                         std::move(busy), SharedNvml());
+}
+
+std::vector<v1::GpuReading> ReadGpus() {
+  std::vector<v1::GpuReading> out;
+  const Nvml* nvml = SharedNvml();
+  unsigned int count = 0;
+  if (nvml == nullptr || nvml->DeviceGetCount(&count) != kNvmlSuccess)
+    return out;
+  for (unsigned int i = 0; i < count; ++i) {
+    nvmlDevice_t device = nullptr;
+    if (nvml->DeviceGetHandleByIndex(i, &device) != kNvmlSuccess) continue;
+    v1::GpuReading& r = out.emplace_back();
+    r.set_index(static_cast<int32_t>(i));
+    char uuid[96] = {0};
+    if (nvml->DeviceGetUUID(device, uuid, sizeof uuid - 1) == kNvmlSuccess)
+      r.set_uuid(uuid);
+    NvmlUtilization u{};
+    if (nvml->DeviceGetUtilizationRates(device, &u) == kNvmlSuccess)
+      r.set_utilization_percent(static_cast<int32_t>(std::min(u.gpu, 100u)));
+    NvmlMemory m{};
+    if (nvml->DeviceGetMemoryInfo(device, &m) == kNvmlSuccess) {
+      r.set_memory_used_bytes(static_cast<int64_t>(m.used));
+      r.set_memory_total_bytes(static_cast<int64_t>(m.total));
+    }
+  }
+  return out;
 }
 
 }  // namespace dlbatch::worker

@@ -297,33 +297,56 @@ void SchedulerLink::Detach(LinkStream* stream) {
 }
 
 void SchedulerLink::SendLoop() {
+  // Only this thread reads or sets these.
   int64_t last_write_ms = 0;
+  int64_t last_gpus_ms = 0;
+  // The stream last given GPU readings: a new session gets them at once
+  // (the scheduler forgot the last ones when the old one ended).
+  const LinkStream* gpus_sent_on = nullptr;
   for (;;) {
     std::vector<v1::WorkerMessage> out;
     LinkStream* stream;
+    bool beat = false;
+    bool read_gpus = false;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return stopping_ ||
                (stream_ != nullptr && (outbox_.HasDue() || !answers_.empty()));
       };
+      int64_t wait_ms = heartbeat_ms_;
+      if (options_.read_gpus)
+        wait_ms = std::min(wait_ms, options_.gpu_report_ms);
       mu_.AwaitWithTimeout(absl::Condition(&ready),
-                           absl::Milliseconds(heartbeat_ms_));
+                           absl::Milliseconds(wait_ms));
       if (stopping_) return;
       if (stream_ == nullptr) continue;
       out.swap(answers_);
       for (auto& m : outbox_.TakeDue()) out.push_back(std::move(m));
       const int64_t now = clock_->MonotonicMs();
-      if (out.empty()) {
-        if (now - last_write_ms < heartbeat_ms_) continue;
-        v1::WorkerMessage beat;
-        beat.mutable_heartbeat()->set_time_ms(clock_->NowMs());
-        out.push_back(std::move(beat));
+      read_gpus =
+          options_.read_gpus && (stream_ != gpus_sent_on ||
+                                 now - last_gpus_ms >= options_.gpu_report_ms);
+      beat = out.empty() && now - last_write_ms >= heartbeat_ms_;
+      if (out.empty() && !beat && !read_gpus) continue;
+      if (read_gpus) {
+        gpus_sent_on = stream_;
+        last_gpus_ms = now;
       }
-      last_write_ms = now;
       stream = stream_;
       writing_ = true;
     }
+    // NVML is read without the lock (Detach() waits for it, as for a
+    // write); its readings ride on a heartbeat of their own.
+    std::vector<v1::GpuReading> gpus;
+    if (read_gpus) gpus = options_.read_gpus();
+    if (beat || !gpus.empty()) {
+      v1::WorkerMessage m;
+      m.mutable_heartbeat()->set_time_ms(clock_->NowMs());
+      for (auto& g : gpus) *m.mutable_heartbeat()->add_gpus() = std::move(g);
+      out.push_back(std::move(m));
+    }
+    if (!out.empty()) last_write_ms = clock_->MonotonicMs();
     // Written without the lock; Detach() waits for this to finish. A failed
     // write ends the session, and the next one sends everything again.
     for (const auto& m : out) {

@@ -85,6 +85,12 @@ struct LinkOptions {
   std::function<bool(const std::string&)> knows_user;
   // A Slurm profile's ephemeral worker says which job attempt it serves.
   std::optional<v1::SlurmJob> slurm_job;
+  // The GPUs' readings (NVML), sent on a heartbeat of their own when the
+  // session starts and then every gpu_report_ms (none sent where it returns
+  // none); called on the sender thread with no lock held, so it may take a
+  // few milliseconds. Null: none read.
+  std::function<std::vector<v1::GpuReading>()> read_gpus;
+  int64_t gpu_report_ms = 3000;
   // Reconnecting: the first wait after a break, doubled up to the most.
   int64_t min_backoff_ms = 50;
   int64_t max_backoff_ms = 500;

@@ -72,7 +72,8 @@ void StopOnSignal(Worker* worker, bool slurm_job) {
 absl::Status Serve(const DaemonOptions& settings) {
   RETURN_IF_ERROR(CheckSchedulerTls(settings));
   ASSIGN_OR_RETURN(HostSetup host, PrepareHost(settings));
-  const WorkerOptions options = MakeWorkerOptions(settings, host);
+  WorkerOptions options = MakeWorkerOptions(settings, host);
+  options.read_gpus = ReadGpus;
 
   const Clock* clock = SystemClock::Get();
   std::shared_ptr<grpc::Channel> channel = MakeChannel(options.channel);

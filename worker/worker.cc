@@ -106,6 +106,7 @@ LinkOptions MakeLinkOptions(const WorkerOptions& o) {
   l.user = CurrentUserName();
   l.knows_user = KnowsUser;
   l.slurm_job = o.slurm_job;
+  l.read_gpus = o.read_gpus;
   return l;
 }
 

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,6 +61,9 @@ struct WorkerOptions {
   std::optional<v1::SlurmJob> slurm_job;
   // Told to the scheduler at registration (version.h's Version()).
   std::string version;
+  // Its GPUs' readings for the scheduler (LinkOptions::read_gpus); null:
+  // none sent.
+  std::function<std::vector<v1::GpuReading>()> read_gpus;
 };
 
 class Worker final : public LinkHandler, public ProcessEvents {

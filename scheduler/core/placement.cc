@@ -1525,6 +1525,7 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
       }
     }
   }
+  if (!info.array_limited) info.position = info.jobs_ahead + 1;
   if (first) {
     info.first_ahead = first->id;
     info.first_ahead_priority = first->priority;
@@ -1538,6 +1539,27 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
     }
   }
   return info;
+}
+
+std::vector<JobId> PlacementCore::QueueOrder(const std::string& profile) const {
+  const State& s = *state_;
+  const Profile* p = s.FindProfile(profile);
+  std::vector<JobId> out;
+  if (p == nullptr) return out;
+  // Each account's queue is in order already; usage is one per account, as
+  // of the last pass's time, as Explain and the next pass's order take it.
+  std::vector<std::pair<Order, JobId>> all;
+  for (const auto& [user, a] : p->accounts) {
+    const double standing = s.ledger.Standing(*a.user, s.last_now);
+    for (const QueueKey& key : a.queue) {
+      all.push_back({Order{key.priority, standing, key.seq, key.id}, key.id});
+    }
+  }
+  std::sort(all.begin(), all.end(),
+            [](const auto& x, const auto& y) { return x.first < y.first; });
+  out.reserve(all.size());
+  for (const auto& entry : all) out.push_back(entry.second);
+  return out;
 }
 
 std::optional<JobId> PlacementCore::FirstBlocked(

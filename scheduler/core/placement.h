@@ -144,6 +144,9 @@ struct WaitInfo {
   int online_slots = 0;   // all slots on online workers of the profile
   int offline_slots = 0;  // slots on workers not connected (lost included)
   int jobs_ahead = 0;     // queued jobs of the profile ordered before it
+  // Its place in QueueOrder(profile), from 1; 0 while parked (its array is
+  // at its limit: it is not in the order).
+  int position = 0;
   JobId first_ahead = 0;  // the first of them (0 if none)
   int first_ahead_priority = 0;
   int draining_slots = 0;  // slots on connected workers that are draining
@@ -348,6 +351,17 @@ class PlacementCore {
   // in the queue as it is then (none if slots came free since: the next
   // Schedule decides), in O(the profile's users + the jobs skipped).
   std::optional<JobId> FirstBlocked(const std::string& profile) const;
+
+  // The queued jobs of `profile` in the order a pass tries them: higher
+  // priority first, then the user with the least fair-share usage (decayed
+  // to the last Schedule's time, running jobs counted), then the older
+  // submission. Jobs parked by their array's limit are not in it (a pass
+  // does not try them). A pass may start later ones first (backfill, or
+  // jobs that fit where earlier ones do not); this is the order it looks
+  // at them in, and the order in which each becomes the first to wait. In
+  // O(q log q) for the profile's q queued jobs. Empty for an unknown
+  // profile.
+  std::vector<JobId> QueueOrder(const std::string& profile) const;
 
   // The queued job's standing as the preemption chooser needs it, with
   // usage decayed to `now`; nullopt if it is not queued.

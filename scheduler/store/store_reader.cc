@@ -319,8 +319,63 @@ absl::StatusOr<int64_t> StoreReader::FirstInt(
   return n;
 }
 
-absl::StatusOr<int64_t> StoreReader::DiaryCount(int64_t job_id) {
-  return FirstInt("SELECT COUNT(*) FROM diary WHERE job_id=?", {job_id});
+absl::StatusOr<int64_t> StoreReader::DiaryCount(
+    int64_t job_id, const std::vector<int32_t>& ranks) {
+  if (ranks.empty())
+    return FirstInt("SELECT COUNT(*) FROM diary WHERE job_id=?", {job_id});
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  ASSIGN_OR_RETURN(
+      Statement * st,
+      db->Prepare("SELECT COUNT(*) FROM diary WHERE job_id=? AND rank IN "
+                  "(SELECT value FROM json_each(?))"));
+  ASSIGN_OR_RETURN(bool row,
+                   st->Bind(1, job_id).Bind(2, RanksJson(ranks)).Step());
+  const int64_t count = row ? st->Int(0) : 0;
+  st->Reset();
+  return count;
+}
+
+absl::StatusOr<int64_t> StoreReader::DiaryCursorForOffset(
+    int64_t job_id, int64_t offset, const std::vector<int32_t>& ranks) {
+  if (offset <= 0) return 0;
+  if (!ranks.empty()) {
+    // A rank's lines are spread among the others': counted on the way.
+    ASSIGN_OR_RETURN(auto raw, Acquire());
+    Lease db(this, std::move(raw));
+    ASSIGN_OR_RETURN(
+        Statement * st,
+        db->Prepare("SELECT n FROM diary WHERE job_id=? AND rank IN (SELECT "
+                    "value FROM json_each(?)) ORDER BY n LIMIT 1 OFFSET ?"));
+    st->Bind(1, job_id).Bind(2, RanksJson(ranks)).Bind(3, offset - 1);
+    ASSIGN_OR_RETURN(bool row, st->Step());
+    const int64_t n = row ? st->Int(0) : 0;
+    st->Reset();
+    if (row) return n;
+    // Past the last: after the job's newest line, where nothing follows.
+    return FirstInt("SELECT COALESCE(MAX(n), 0) FROM diary WHERE job_id=?",
+                    {job_id});
+  }
+  // Lines are numbered 1, 2, ... as stored, and only a capped diary loses
+  // any: one run right after its cut's marker (diary_cuts). So the stored
+  // lines are 1..M (M the marker's number), then G, G+1, ... (G the first
+  // kept after it), and the offset-th is found on diary_by_job_line.
+  ASSIGN_OR_RETURN(
+      int64_t marker_line,
+      FirstInt("SELECT d.line FROM diary_cuts c JOIN diary d ON d.n = "
+               "c.marker_n WHERE c.job_id=?",
+               {job_id}));
+  if (marker_line <= 0 || offset <= marker_line)
+    return DiaryCursorForLine(job_id, offset);
+  ASSIGN_OR_RETURN(
+      int64_t resumed,
+      FirstInt("SELECT d.line FROM diary d, diary_cuts c WHERE c.job_id=?1 "
+               "AND d.job_id=?1 AND d.n > c.marker_n ORDER BY d.n LIMIT 1",
+               {job_id}));
+  if (resumed <= 0) return DiaryCursorForLine(job_id, INT64_MAX);
+  // The line before the offset-th: in the run lost where offset is the
+  // first after the cut (the marker's n is found then).
+  return DiaryCursorForLine(job_id, resumed + (offset - marker_line) - 1);
 }
 
 absl::StatusOr<int64_t> StoreReader::DiaryCursorForLine(int64_t job_id,

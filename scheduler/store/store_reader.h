@@ -79,7 +79,18 @@ class StoreReader {
   absl::StatusOr<std::vector<v1::DiaryLine>> ReadDiary(
       int64_t job_id, int64_t after, int limit,
       const std::vector<int32_t>& ranks = {}, int64_t* scanned = nullptr);
-  absl::StatusOr<int64_t> DiaryCount(int64_t job_id);
+  // The job's stored lines (of `ranks`, where non-empty): a capped diary's
+  // cut lines are not counted.
+  absl::StatusOr<int64_t> DiaryCount(int64_t job_id,
+                                     const std::vector<int32_t>& ranks = {});
+  // The store cursor (diary.n) after which the job's offset-th stored line
+  // (from 0; of `ranks`, where non-empty) follows, for ReadDiary: 0 for
+  // offset 0; past the job's newest line where it has no more. Positions,
+  // unlike line numbers, have no gaps where a capped diary was cut. Found
+  // on the (job_id, line) index for all ranks; with `ranks`, their lines
+  // are counted up to the offset.
+  absl::StatusOr<int64_t> DiaryCursorForOffset(
+      int64_t job_id, int64_t offset, const std::vector<int32_t>& ranks = {});
   // The store cursor (diary.n) of the job's newest line numbered <= `line`
   // (DiaryLine.line), for reading on after it; 0 where none is.
   absl::StatusOr<int64_t> DiaryCursorForLine(int64_t job_id, int64_t line);

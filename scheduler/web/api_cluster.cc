@@ -2,6 +2,7 @@
 // outputs (listed, and each file served from the blob store).
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -45,8 +46,9 @@ Json RestApi::Profiles() {
 }
 
 absl::StatusOr<Json> RestApi::Queue(const Caller& caller) {
-  // The queued jobs by priority, highest first, as the store sorts them;
-  // ListJobs explains the first of them (wait_reason) from memory.
+  // The queued jobs as the store lists them, each with its place in the
+  // order the scheduler tries its profile's queue in (Job.queue_position:
+  // priority, fair share, submission) and why it waits, from memory.
   v1::ListJobsRequest list;
   list.add_states(v1::JOB_STATE_QUEUED);
   list.set_sort("priority");
@@ -54,22 +56,23 @@ absl::StatusOr<Json> RestApi::Queue(const Caller& caller) {
   list.set_limit(kMaxQueueJobs);
   ASSIGN_OR_RETURN(v1::ListJobsReply reply, scheduler_->ListJobs(list));
   std::vector<v1::Job> jobs(reply.jobs().begin(), reply.jobs().end());
-  // Placement's order within a profile: priority, then submission (fair
-  // share between users aside); held jobs wait outside it, last.
-  std::stable_sort(jobs.begin(), jobs.end(),
-                   [](const v1::Job& a, const v1::Job& b) {
-                     return std::make_tuple(a.spec().profile(), a.held(),
-                                            -a.spec().priority(), a.id()) <
-                            std::make_tuple(b.spec().profile(), b.held(),
-                                            -b.spec().priority(), b.id());
-                   });
-  std::map<std::string, int> next;  // profile -> the next position
+  // By profile, then position; jobs outside the order (held, waiting for
+  // `after`, parked by their array's %N, a Slurm profile's) after the
+  // profile's ordered ones, by priority then id.
+  auto key = [](const v1::Job& j) {
+    const bool placed = j.queue_position() > 0;
+    return std::make_tuple(j.spec().profile(), !placed,
+                           placed ? j.queue_position() : 0,
+                           -j.spec().priority(), j.id());
+  };
+  std::stable_sort(
+      jobs.begin(), jobs.end(),
+      [&](const v1::Job& a, const v1::Job& b) { return key(a) < key(b); });
   Json out = Json::array();
   for (v1::Job& job : jobs) {
     RedactJob(caller, &job);
     Json entry = JobJson(job);
-    entry["position"] =
-        job.held() ? Json(nullptr) : Json(++next[job.spec().profile()]);
+    entry["position"] = entry["queue_position"];
     out.push_back(std::move(entry));
   }
   return Json{{"jobs", std::move(out)}};

@@ -1,5 +1,7 @@
-// /api/v1/jobs/ID/diary: ranges of a diary by line number (a browser's
-// virtual scroll over a 1,000,000-line diary loads only what it shows),
+// /api/v1/jobs/ID/diary: ranges of a diary by position among the stored
+// lines (a browser's virtual scroll over a 1,000,000-line diary loads only
+// what it shows; positions have no gaps where a capped diary was cut) or
+// after a line number,
 // its tail, one rank's lines, and an event stream that follows new lines.
 // The stream is a call of the scheduler's DiaryFollowHub, as `dlbatch
 // diary -f` is: no thread per stream, one write at a time.
@@ -127,11 +129,20 @@ absl::StatusOr<Json> RestApi::Diary(const HttpRequest& request,
   ASSIGN_OR_RETURN(int64_t after, IntParam(request, "after", 0, INT64_MAX, 0));
   ASSIGN_OR_RETURN(int64_t limit, IntParam(request, "limit", 1, kMaxDiaryPage,
                                            kDefaultDiaryPage));
+  ASSIGN_OR_RETURN(int64_t offset,
+                   IntParam(request, "offset", 0, INT64_MAX, 0));
   ASSIGN_OR_RETURN(int64_t tail,
                    IntParam(request, "tail", 1, kMaxDiaryPage, 0));
-  if (tail > 0 && (request.HasQuery("after") || request.HasQuery("limit"))) {
+  if (tail > 0 && (request.HasQuery("after") || request.HasQuery("limit") ||
+                   request.HasQuery("offset"))) {
     return absl::InvalidArgumentError(
-        "tail reads the last lines; use either tail=L or after=N&limit=L");
+        "tail reads the last lines; use either tail=L, after=N&limit=L or "
+        "offset=K&limit=L");
+  }
+  if (request.HasQuery("offset") && request.HasQuery("after")) {
+    return absl::InvalidArgumentError(
+        "after=N starts after line number N, offset=K at the K-th stored "
+        "line (from 0); use one of them");
   }
   ASSIGN_OR_RETURN(std::vector<int32_t> ranks, RankParam(request));
   RETURN_IF_ERROR(MayAccess(caller, id, /*control=*/false));
@@ -143,13 +154,16 @@ absl::StatusOr<Json> RestApi::Diary(const HttpRequest& request,
   if (tail > 0) {
     ASSIGN_OR_RETURN(cursor, reader_->DiaryTailStart(id, tail, ranks));
     limit = tail;
+  } else if (request.HasQuery("offset")) {
+    ASSIGN_OR_RETURN(cursor, reader_->DiaryCursorForOffset(id, offset, ranks));
   } else {
     ASSIGN_OR_RETURN(cursor, reader_->DiaryCursorForLine(id, after));
   }
   ASSIGN_OR_RETURN(
       std::vector<v1::DiaryLine> lines,
       reader_->ReadDiary(id, cursor, static_cast<int>(limit), ranks));
-  ASSIGN_OR_RETURN(int64_t total, reader_->DiaryCount(id));
+  // The lines a reader can page through by offset: the selected ranks'.
+  ASSIGN_OR_RETURN(int64_t total, reader_->DiaryCount(id, ranks));
   Json out = Json::array();
   for (const v1::DiaryLine& line : lines) out.push_back(DiaryLineJson(line));
   return Json{{"lines", std::move(out)}, {"total", total}, {"ended", ended}};

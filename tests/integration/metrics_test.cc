@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -151,6 +152,88 @@ TEST(MetricsTest, WorkerExportsEachGpuThroughNvml) {
         Exec({"sh", "-c", "promtool check metrics < " + c.dir() + "/gpu.prom"});
     EXPECT_EQ(lint.code, 0) << lint.out << lint.err;
   }
+}
+
+// The same stand-in's readings reach the scheduler with the worker's
+// heartbeats: `dlbatch workers --json` and the web face's GET
+// /api/v1/workers show each GPU's utilisation and memory, and a worker
+// that is gone shows none.
+TEST(MetricsTest, WorkersShowTheirGpusNvmlReadings) {
+  const char* before = std::getenv("LD_LIBRARY_PATH");
+  const std::string saved = before == nullptr ? "" : before;
+  Cluster c;
+  const std::string assets = c.dir() + "/web";
+  std::filesystem::create_directories(assets);
+  WriteAll(assets + "/index.html", "<!doctype html>");
+  WriteAll(assets + "/login.html", "<!doctype html>");
+  c.StartScheduler({"--web-listen", "127.0.0.1:0", "--web-assets", assets});
+  ::setenv(
+      "LD_LIBRARY_PATH",
+      (std::string(DLBATCH_FAKE_NVML_DIR) + (saved.empty() ? "" : ":" + saved))
+          .c_str(),
+      1);
+  c.StartWorker("w1", 2, "local");
+  if (saved.empty()) {
+    ::unsetenv("LD_LIBRARY_PATH");
+  } else {
+    ::setenv("LD_LIBRARY_PATH", saved.c_str(), 1);
+  }
+  ASSERT_TRUE(c.WaitWorkers(1));
+  nlohmann::json workers;
+  auto read = [&] {
+    Result r = c.Cli({"workers", "--json"});
+    if (r.code != 0) return false;
+    workers = nlohmann::json::parse(r.out, nullptr, false);
+    return workers.is_object() && workers["workers"].size() == 1 &&
+           workers["workers"][0]["gpus"].size() == 2;
+  };
+  ASSERT_TRUE(WaitFor(read, 15000)) << workers.dump() << c.Logs();
+  auto check = [](const nlohmann::json& w) {
+    const nlohmann::json& gpu = w["gpus"][1];
+    EXPECT_EQ(gpu["index"], 1);
+    EXPECT_EQ(gpu["uuid"], "GPU-fake-1");
+    EXPECT_EQ(gpu["utilization_percent"], 38);
+    EXPECT_EQ(gpu["memory_used_bytes"], int64_t{1} << 30);
+    EXPECT_EQ(gpu["memory_total_bytes"], int64_t{80} << 30);
+    EXPECT_EQ(w["gpus"][0]["utilization_percent"], 37);
+    EXPECT_TRUE(w["gpus_read"].is_string()) << w.dump();
+  };
+  check(workers["workers"][0]);
+
+  // The web face: GET /api/v1/workers with a user's token.
+  std::string log = ReadAll(c.dir() + "/scheduler.log");
+  const std::string mark = "web face on https://127.0.0.1:";
+  const size_t at = log.find(mark);
+  ASSERT_NE(at, std::string::npos) << log;
+  const int port = std::atoi(log.c_str() + at + mark.size());
+  Result token = c.Cli({"admin", "user", "add", "ada"});
+  ASSERT_EQ(token.code, 0) << token.err;
+  std::string bearer = token.out;
+  while (!bearer.empty() && (bearer.back() == '\n' || bearer.back() == ' '))
+    bearer.pop_back();
+  Result api =
+      Exec({"curl", "-s", "--cacert", c.ca_file(), "-H",
+            "Authorization: Bearer " + bearer,
+            "https://127.0.0.1:" + std::to_string(port) + "/api/v1/workers"},
+           {}, 30000);
+  ASSERT_EQ(api.code, 0) << api.err;
+  nlohmann::json web = nlohmann::json::parse(api.out, nullptr, false);
+  ASSERT_TRUE(web.is_object() && web["workers"].size() == 1) << api.out;
+  ASSERT_EQ(web["workers"][0]["gpus"].size(), 2u) << api.out;
+  check(web["workers"][0]);
+
+  // A worker that is gone has no readings.
+  c.KillWorker(0, SIGKILL);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        Result r = c.Cli({"workers", "--json"});
+        nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+        return j.is_object() && j["workers"].size() == 1 &&
+               j["workers"][0]["online"] == false &&
+               j["workers"][0]["gpus"].empty();
+      },
+      15000))
+      << c.Logs();
 }
 
 TEST(MetricsTest, ReadyzSaysWhyWhileTheWorkerIsNotConnected) {

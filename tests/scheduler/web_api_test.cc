@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/files.h"
@@ -132,6 +133,7 @@ class WebApiTest : public ::testing::Test {
     SchedulerOptions options;
     options.heartbeat_interval_ms = 100;
     options.heartbeat_timeout_ms = 100000;
+    if (max_diary_bytes_ > 0) options.max_diary_bytes = max_diary_bytes_;
     scheduler_ = std::make_unique<Scheduler>(store_.get(), reader_.get(),
                                              blobs_.get(), &clock_, options);
     ASSERT_TRUE(scheduler_->Start().ok());
@@ -208,6 +210,7 @@ class WebApiTest : public ::testing::Test {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<RestApi> api_;
   std::shared_ptr<FakeSession> parked_;
+  int64_t max_diary_bytes_ = 0;  // 0: SchedulerOptions' own
 };
 
 TEST_F(WebApiTest, JobIsReadAsShowReadsItAndWorkerCredentialsGet403) {
@@ -458,6 +461,136 @@ TEST_F(WebApiTest, ProgressHistoryDiaryRangesAndOutputDownload) {
       Call(Get(base + "/outputs/out/model \"v1\" é.bin"), User("bob")).status,
       403);
   EXPECT_EQ(Body(Call(Get(base + "/diary"), User("alice")))["ended"], true);
+}
+
+// A capped diary keeps its head and its tail: its line numbers jump at the
+// cut. Pages by offset cover the stored lines exactly once each, in order,
+// where pages by line number (after=) would repeat or skip lines there.
+TEST_F(WebApiTest, DiaryPagesByOffsetCrossACapsCut) {
+  max_diary_bytes_ = 200;
+  Start();
+  auto session = Connect("w1", 1);
+  const int64_t id = Submit("alice", "chatty");
+  WaitStarted(session, id);
+  v1::WorkerMessage diary;
+  diary.mutable_diary()->set_job_id(id);
+  diary.mutable_diary()->set_attempt(1);
+  for (int i = 1; i <= 60; ++i) {
+    v1::DiaryLine* line = diary.mutable_diary()->add_lines();
+    line->set_seq(i);
+    line->set_stream(1);
+    line->set_rank(i % 2);
+    line->set_text(absl::StrFormat("line %02d", i));
+  }
+  scheduler_->OnWorkerMessage(session, diary);
+  const std::string base = absl::StrCat("/api/v1/jobs/", id, "/diary");
+  Json all;
+  ASSERT_TRUE(WaitUntil([&] {
+    all = Body(Call(Get(base, {{"limit", "5000"}}), User("alice")));
+    return !all["lines"].empty() && all["lines"].back()["text"] == "line 60";
+  }));
+  const int64_t total = all["total"];
+  ASSERT_EQ(static_cast<int64_t>(all["lines"].size()), total);
+  // Cut: fewer lines than numbers (the marker among them).
+  const int64_t last_n = all["lines"].back()["n"];
+  ASSERT_LT(total, last_n) << all.dump();
+  ASSERT_GT(total, 10);
+  for (int page : {1, 3, 7}) {
+    std::vector<int64_t> seen;
+    for (int64_t offset = 0; offset < total + page; offset += page) {
+      Json r = Body(Call(Get(base, {{"offset", std::to_string(offset)},
+                                    {"limit", std::to_string(page)}}),
+                         User("alice")));
+      EXPECT_EQ(r["total"], total);
+      for (const Json& line : r["lines"]) seen.push_back(line["n"]);
+    }
+    std::vector<int64_t> want;
+    for (const Json& line : all["lines"]) want.push_back(line["n"]);
+    EXPECT_EQ(seen, want) << "pages of " << page;
+  }
+  // The position right after the marker is the first kept line after it.
+  int64_t marker = 0;
+  for (size_t i = 0; i < all["lines"].size(); ++i) {
+    if (all["lines"][i]["stream"] == 0) marker = static_cast<int64_t>(i);
+  }
+  ASSERT_GT(marker, 0);
+  Json after_marker = Body(
+      Call(Get(base, {{"offset", std::to_string(marker + 1)}, {"limit", "1"}}),
+           User("alice")));
+  ASSERT_EQ(after_marker["lines"].size(), 1u);
+  EXPECT_EQ(after_marker["lines"][0]["n"], all["lines"][marker + 1]["n"]);
+  EXPECT_GT(after_marker["lines"][0]["n"].get<int64_t>(), marker + 2);
+  // Past the end: nothing, and the count.
+  Json past = Body(
+      Call(Get(base, {{"offset", std::to_string(total + 5)}}), User("alice")));
+  EXPECT_TRUE(past["lines"].empty());
+  EXPECT_EQ(past["total"], total);
+
+  // One rank: its own lines counted, and paged by their own positions.
+  std::vector<int64_t> rank_lines;
+  for (const Json& line : all["lines"]) {
+    if (line["rank"] == 1) rank_lines.push_back(line["n"]);
+  }
+  std::vector<int64_t> seen;
+  for (int64_t offset = 0; offset < static_cast<int64_t>(rank_lines.size()) + 4;
+       offset += 4) {
+    Json r = Body(Call(Get(base, {{"rank", "1"},
+                                  {"offset", std::to_string(offset)},
+                                  {"limit", "4"}}),
+                       User("alice")));
+    EXPECT_EQ(r["total"], static_cast<int64_t>(rank_lines.size()));
+    for (const Json& line : r["lines"]) seen.push_back(line["n"]);
+  }
+  EXPECT_EQ(seen, rank_lines);
+
+  HttpResponse both =
+      Call(Get(base, {{"offset", "1"}, {"after", "1"}}), User("alice"));
+  EXPECT_EQ(both.status, 400);
+  EXPECT_THAT(both.body, HasSubstr("use one of them"));
+  HttpResponse with_tail =
+      Call(Get(base, {{"offset", "1"}, {"tail", "5"}}), User("alice"));
+  EXPECT_EQ(with_tail.status, 400);
+  HttpResponse negative = Call(Get(base, {{"offset", "-1"}}), User("alice"));
+  EXPECT_EQ(negative.status, 400);
+}
+
+// Positions are the order the scheduler tries the queue in: bob, who has
+// used nothing, before alice, who has run a job for an hour, though her
+// jobs are older; a held job has none.
+TEST_F(WebApiTest, QueuePositionsFollowFairShare) {
+  Start();
+  auto session = Connect("w1", 1);
+  const int64_t running = Submit("alice", "long");
+  WaitStarted(session, running);
+  clock_.Advance(3600 * 1000);
+  const int64_t a1 = Submit("alice", "a1");
+  const int64_t a2 = Submit("alice", "a2");
+  const int64_t held = Submit("alice", "held");
+  const int64_t b1 = Submit("bob", "b1");
+  Json hold = Body(
+      Call(Post(absl::StrCat("/api/v1/jobs/", held, "/hold")), User("alice")));
+  ASSERT_EQ(hold["results"][0]["ok"], true) << hold.dump();
+  Json queue = Body(Call(Get("/api/v1/queue"), User("alice")));
+  ASSERT_EQ(queue["jobs"].size(), 4u) << queue.dump();
+  std::vector<int64_t> ids;
+  for (const Json& j : queue["jobs"]) ids.push_back(j["id"]);
+  EXPECT_EQ(ids, (std::vector<int64_t>{b1, a1, a2, held}));
+  EXPECT_EQ(queue["jobs"][0]["position"], 1);
+  EXPECT_EQ(queue["jobs"][1]["position"], 2);
+  EXPECT_EQ(queue["jobs"][2]["position"], 3);
+  EXPECT_EQ(queue["jobs"][3]["position"], nullptr);
+  EXPECT_EQ(queue["jobs"][0]["queue_position"], 1);
+  // A job as GET /jobs/ID (and `show --json`) has it.
+  Json b = Body(Call(Get(absl::StrCat("/api/v1/jobs/", b1)), User("bob")));
+  EXPECT_EQ(b["queue_position"], 1);
+  Json a = Body(Call(Get(absl::StrCat("/api/v1/jobs/", a2)), User("alice")));
+  EXPECT_EQ(a["queue_position"], 3);
+  EXPECT_THAT(a["wait_reason"].get<std::string>(), HasSubstr("2 jobs ahead"));
+  Json h = Body(Call(Get(absl::StrCat("/api/v1/jobs/", held)), User("alice")));
+  EXPECT_EQ(h["queue_position"], nullptr);
+  Json r =
+      Body(Call(Get(absl::StrCat("/api/v1/jobs/", running)), User("alice")));
+  EXPECT_EQ(r["queue_position"], nullptr);
 }
 
 TEST_F(WebApiTest, EventsStreamDeliversAJobsStateChange) {

@@ -530,6 +530,50 @@ TEST_F(WorkerTest, StartsTrainersThatStopAtOnceOnSigtermOutsideSlurm) {
   EXPECT_FALSE(Has(argv, "--stop-on-term")) << absl::StrJoin(argv, " ");
 }
 
+// A worker whose GPUs are read (NVML in the daemon; a counter here).
+class GpuWorkerTest : public WorkerTest {
+ protected:
+  void Customize(WorkerOptions* o) override {
+    o->read_gpus = [this] {
+      v1::GpuReading g;
+      g.set_index(0);
+      g.set_uuid("GPU-x");
+      g.set_utilization_percent(++reads_);
+      g.set_memory_used_bytes(1 << 20);
+      g.set_memory_total_bytes(int64_t{16} << 30);
+      return std::vector<v1::GpuReading>{g};
+    };
+  }
+  std::atomic<int> reads_{0};
+};
+
+TEST_F(GpuWorkerTest, SendsItsGpusOnAHeartbeatAtOnceAndThenEveryFewSeconds) {
+  auto gpus = [](const Written& w) {
+    return w.message.has_heartbeat() && w.message.heartbeat().gpus_size() == 1;
+  };
+  auto first = transport_.WaitFor(gpus);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->message.heartbeat().gpus(0).uuid(), "GPU-x");
+  EXPECT_EQ(first->message.heartbeat().gpus(0).memory_total_bytes(),
+            int64_t{16} << 30);
+  // The fake clock stands still: not read again, however long it waits.
+  absl::SleepFor(absl::Milliseconds(50));
+  const int reads = reads_;
+  EXPECT_EQ(reads, 1);
+  clock_.Advance(1000);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(reads_, 1) << "read again before LinkOptions::gpu_report_ms";
+  clock_.Advance(2000);
+  ASSERT_TRUE(Eventually([&] { return reads_ >= 2; }));
+  ASSERT_TRUE(Eventually([&] {
+    for (const Written& w : transport_.written()) {
+      if (gpus(w) && w.message.heartbeat().gpus(0).utilization_percent() == 2)
+        return true;
+    }
+    return false;
+  }));
+}
+
 TEST(TransferPoolTest, AJobsLongTransferDoesNotDelayAnother) {
   TransferPool pool(4);
   absl::Mutex mu;

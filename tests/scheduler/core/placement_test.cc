@@ -936,6 +936,83 @@ TEST(PlacementFairShare, OneUserKeepsSubmissionOrder) {
   EXPECT_THAT(order, ElementsAre(1, 2, 3, 4, 5));
 }
 
+// The order a pass tries the queue in, as the queue page shows it: fair
+// share decides between users of one priority, so "priority, then
+// submission" would put alice's older jobs first, wrongly.
+TEST(PlacementQueueOrder, FairShareOrdersUsersOfOnePriority) {
+  PlacementCore core;
+  core.SetFairShareHalfLife(0);
+  core.WorkerOnline(1, "p", 1);
+  core.ChargeUsage("alice", 3600e3, 0);
+  core.ChargeUsage("carol", 60e3, 0);
+  StartNow(core, UserJob(1, "dave", 1), 0);  // the one slot is taken
+  core.Enqueue(UserJob(2, "alice", 1));
+  core.Enqueue(UserJob(3, "alice", 1));
+  core.Enqueue(UserJob(4, "carol", 1));
+  core.Enqueue(UserJob(5, "bob", 1));
+  core.Enqueue(UserJob(6, "alice", 1, /*priority=*/2));
+  EXPECT_THAT(core.Schedule(1), IsEmpty());
+  // Priority first; then bob (no usage), carol (a minute), alice (an hour);
+  // each user's own jobs by submission.
+  EXPECT_THAT(core.QueueOrder("p"), ElementsAre(6, 5, 4, 2, 3));
+  EXPECT_THAT(core.QueueOrder("other"), IsEmpty());
+  // Explain agrees, job by job.
+  std::vector<JobId> order = core.QueueOrder("p");
+  for (size_t i = 0; i < order.size(); ++i) {
+    auto info = core.Explain(order[i]);
+    ASSERT_TRUE(info.has_value());
+    EXPECT_EQ(info->position, static_cast<int>(i) + 1) << "job " << order[i];
+    EXPECT_EQ(info->jobs_ahead, static_cast<int>(i));
+  }
+  // And it is the order they start in, one slot at a time.
+  std::vector<JobId> started;
+  ASSERT_TRUE(core.Finished(1, 2));
+  for (TimeMs t = 2; t < 7; ++t) {
+    std::vector<Decision> d = core.Schedule(t);
+    ASSERT_EQ(d.size(), 1u);
+    started.push_back(d[0].job);
+    ASSERT_TRUE(core.Finished(d[0].job, t));  // no usage: the order holds
+  }
+  EXPECT_THAT(started, ElementsAre(6, 5, 4, 2, 3));
+}
+
+// Usage as of the last pass, running jobs counted: a user whose job started
+// goes behind one who has none running.
+TEST(PlacementQueueOrder, RunningUsageMovesAUserBack) {
+  PlacementCore core;
+  core.SetFairShareHalfLife(0);
+  core.WorkerOnline(1, "p", 1);
+  core.Enqueue(UserJob(1, "alice", 1));
+  core.Enqueue(UserJob(2, "alice", 1));
+  core.Enqueue(UserJob(3, "bob", 1));
+  EXPECT_THAT(JobsOf(core.Schedule(0)), ElementsAre(1));
+  EXPECT_THAT(core.QueueOrder("p"), ElementsAre(2, 3));  // equal usage at 0
+  EXPECT_THAT(core.Schedule(1000), IsEmpty());  // alice: a second running
+  EXPECT_THAT(core.QueueOrder("p"), ElementsAre(3, 2));
+  EXPECT_EQ(core.Explain(2)->position, 2);
+  EXPECT_EQ(core.Explain(3)->position, 1);
+}
+
+// Jobs parked by their array's %N are not tried, and have no position.
+TEST(PlacementQueueOrder, ParkedArrayJobsAreLeftOut) {
+  PlacementCore core;
+  core.WorkerOnline(1, "p", 4);
+  for (JobId id = 1; id <= 3; ++id) {
+    QueuedJob job = UserJob(id, "alice", 1);
+    job.array_id = 100;
+    job.array_limit = 1;
+    core.Enqueue(job);
+  }
+  core.Enqueue(UserJob(4, "bob", 4));
+  EXPECT_THAT(JobsOf(core.Schedule(0)), ElementsAre(1));
+  EXPECT_THAT(core.QueueOrder("p"), ElementsAre(4));
+  EXPECT_EQ(core.Explain(4)->position, 1);
+  auto parked = core.Explain(2);
+  ASSERT_TRUE(parked.has_value());
+  EXPECT_TRUE(parked->array_limited);
+  EXPECT_EQ(parked->position, 0);
+}
+
 // --- Whose jobs a worker runs ---------------------------------------------
 
 WorkerUsers Only(const std::string& user) {

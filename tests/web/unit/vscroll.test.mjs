@@ -2,7 +2,7 @@
 // diary and for a 1,000,000-line one (whose spacer is capped).
 import assert from 'node:assert/strict';
 import {test} from 'node:test';
-import {missingBlocks, scrollTopFor, visibleRange} from
+import {diaryPageQuery, missingBlocks, scrollTopFor, visibleRange} from
     '../../../scheduler/web/ui/src/vscroll.js';
 
 const H = 18, VIEW = 480;
@@ -59,4 +59,57 @@ test('missingBlocks names only the blocks with a hole', () => {
   assert.deepEqual(missingBlocks(150, 450, 200, (i) => have.has(i)), [200, 400]);
   assert.deepEqual(missingBlocks(0, 199, 200, (i) => have.has(i)), []);
   assert.deepEqual(missingBlocks(0, 0, 200, () => false), []);
+});
+
+// A capped diary as the store keeps it: lines 1..40 (the marker is 40),
+// then the tail from line 913 on; served as GET /diary serves offset= and
+// after= (the K-th stored line from 0; the lines numbered above N).
+function cutDiary() {
+  const stored = [];
+  for (let n = 1; n <= 40; n++) stored.push({n, text: `head ${n}`});
+  for (let n = 913; n <= 1200; n++) stored.push({n, text: `tail ${n}`});
+  const serve = (query) => {
+    const q = new URLSearchParams(query);
+    const limit = Number(q.get('limit'));
+    const from = q.has('offset') ? Number(q.get('offset'))
+        : stored.findIndex((l) => l.n > Number(q.get('after')));
+    return {lines: from < 0 ? [] : stored.slice(from, from + limit), total: stored.length};
+  };
+  return {stored, serve};
+}
+
+// Fills rows [first, last) the way the diary component does: the missing
+// blocks, each fetched with its query and placed from its start.
+function scroll(serve, query, first, last, block = 50) {
+  const rows = new Map();
+  for (const b of missingBlocks(first, last, block, (i) => rows.has(i))) {
+    serve(query(b, block)).lines.forEach((l, i) => rows.set(b + i, l));
+  }
+  return rows;
+}
+
+test('diary rows by offset: each stored line once, in order, across the cut', () => {
+  const {stored, serve} = cutDiary();
+  assert.equal(diaryPageQuery(200, 50), 'offset=200&limit=50');
+  assert.equal(diaryPageQuery(-3, 0), 'offset=0&limit=1');
+  const total = serve(diaryPageQuery(0, 1)).total;
+  const rows = scroll(serve, diaryPageQuery, 0, total);
+  assert.equal(rows.size, stored.length);
+  for (let i = 0; i < total; i++) assert.equal(rows.get(i).n, stored[i].n, `row ${i}`);
+  // Scrolled to the rows around the cut only.
+  const near = scroll(serve, diaryPageQuery, 30, 60, 20);
+  assert.deepEqual([38, 39, 40, 41].map((i) => near.get(i).n), [39, 40, 913, 914]);
+});
+
+test('diary rows by line number repeat and lose lines at a cut', () => {
+  // What the component did before (row i = the lines after number i): the
+  // blocks past the cut all start at its first tail line again, and the
+  // diary's end is never shown.
+  const {stored, serve} = cutDiary();
+  const rows = scroll(serve, (b, l) => `after=${b}&limit=${l}`, 0, stored.length);
+  assert.equal(rows.get(40).n, 913);
+  assert.equal(rows.get(50).n, 913, 'repeated');
+  const shown = new Set([...rows.values()].map((l) => l.n));
+  assert.ok(shown.size < stored.length, 'lines vanish by line number');
+  assert.ok(!shown.has(1200));
 });

@@ -51,3 +51,11 @@ export function missingBlocks(first, last, block, have) {
   }
   return out;
 }
+
+// The query for the diary rows at positions [start, start + limit): by
+// offset among the stored lines (GET /diary?offset=&limit=). Line numbers
+// would not do: a capped diary was cut in the middle, so its numbers jump
+// there, and row i is not line i + 1.
+export function diaryPageQuery(start, limit) {
+  return `offset=${Math.max(0, Math.floor(start))}&limit=${Math.max(1, Math.floor(limit))}`;
+}

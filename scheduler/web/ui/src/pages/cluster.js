@@ -1,5 +1,6 @@
 // The cluster: every worker, its slots or GPUs and the job on each, its
-// state (online, draining, offline), and the profiles.
+// state (online, draining, offline), its GPUs' utilisation and memory where
+// it reports them (NVML; none shown where it does not), and the profiles.
 import {useEffect, useState} from 'preact/hooks';
 import {getJson, subscribe} from '../api.js';
 import {formatBytes, formatNumber, formatTime, visibleText} from '../format.js';
@@ -23,18 +24,33 @@ function workerState(w) {
 }
 
 function Device({d, job}) {
-  const used = typeof d.memory_used_bytes === 'number' ? d.memory_used_bytes : null;
-  const util = typeof d.utilization === 'number' ? d.utilization : null;
   return html`<li class="device" data-device=${d.index}>
     <span class="mono">${d.kind === 'gpu' || d.kind === 'GPU' ? 'GPU' : visibleText(d.kind)} ${d.index}</span>
     ${d.name && html` ${visibleText(d.name)}`}
-    ${d.memory_bytes > 0 && html` <span class="muted">${used !== null
-        ? `${formatBytes(used)} / ${formatBytes(d.memory_bytes)}` : formatBytes(d.memory_bytes)}</span>`}
-    ${util !== null && html` <progress max="1" value=${util > 1 ? util / 100 : util}></progress>
-        <span class="muted">${formatNumber(util > 1 ? util : 100 * util, 3)}%</span>`}
+    ${d.memory_bytes > 0 && html` <span class="muted">${formatBytes(d.memory_bytes)}</span>`}
     ${job ? html` ← <${Link} href=${`/jobs/${job}`}>job ${job}<//>` : html` <span class="muted">free</span>`}
   </li>`;
 }
+
+// One GPU as the worker last read it through NVML (numbered as NVML numbers
+// them, which need not be the devices' order); a reading NVML refused is
+// left out.
+function GpuReading({g}) {
+  const util = typeof g.utilization_percent === 'number' ? g.utilization_percent : null;
+  const used = typeof g.memory_used_bytes === 'number' ? g.memory_used_bytes : null;
+  const total = typeof g.memory_total_bytes === 'number' ? g.memory_total_bytes : null;
+  return html`<li class="gpu-reading" data-gpu=${g.index} title=${visibleText(g.uuid || '')}>
+    <span class="mono">GPU ${g.index}</span>
+    ${util !== null && html` <progress class="gpu-util" max="100" value=${util}></progress>
+        <span class="gpu-util-text">${formatNumber(util, 3)}%</span>`}
+    ${used !== null && total !== null && html` <span class="muted gpu-memory">${
+        formatBytes(used)} / ${formatBytes(total)}</span>`}
+  </li>`;
+}
+
+// How often the page reads the workers again for fresh GPU readings (the
+// workers send theirs every few seconds; they come with no event).
+const READINGS_REFRESH_MS = 5000;
 
 export function ClusterPage() {
   const [workers, setWorkers] = useState(null);
@@ -56,7 +72,10 @@ export function ClusterPage() {
       later();
     });
     const offJob = subscribe('job', later);
-    return () => { offWorker(); offJob(); clearTimeout(pending); };
+    const refresh = setInterval(() => {
+      if (!document.hidden) setTick((t) => t + 1);
+    }, READINGS_REFRESH_MS);
+    return () => { offWorker(); offJob(); clearTimeout(pending); clearInterval(refresh); };
   }, []);
   if (error && !workers) return html`<${ErrorNote} error=${error} />`;
   if (!workers) return html`<p class="muted">Loading…</p>`;
@@ -66,7 +85,7 @@ export function ClusterPage() {
       <h1>Workers</h1>
       <table class="grid" id="workers-table">
         <thead><tr><th>Name</th><th>Host</th><th>Profile</th><th>State</th><th>Slots</th>
-          <th>Devices and jobs</th><th>Last seen</th></tr></thead>
+          <th>Devices and jobs</th><th>GPU use</th><th>Last seen</th></tr></thead>
         <tbody>${workers.map((w) => {
           const byDevice = held.get(w.id) || new Map();
           const devices = w.devices && w.devices.length ? w.devices
@@ -78,6 +97,9 @@ export function ClusterPage() {
             <td>${w.slots - w.free_slots} / ${w.slots}</td>
             <td><ul class="devices">${devices.map((d) => html`<${Device} d=${d} job=${byDevice.get(d.index)} />`)}</ul>
               ${byDevice.size === 0 && (w.running_jobs || []).map((j) => html`<${Link} href=${`/jobs/${j}`}>job ${j}<//> `)}</td>
+            <td class="gpu-readings">${(w.gpus || []).length
+              ? html`<ul class="devices">${w.gpus.map((g) => html`<${GpuReading} key=${g.index} g=${g} />`)}</ul>`
+              : html`<span class="muted">—</span>`}</td>
             <td>${formatTime(w.last_seen)}</td></tr>`;
         })}</tbody>
       </table>

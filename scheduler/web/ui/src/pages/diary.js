@@ -1,13 +1,14 @@
 // A job's diary as a virtual scroll: fixed row height, only the lines in
-// view are drawn, and only their blocks are fetched (GET /diary?after=&
+// view are drawn, and only their blocks are fetched (GET /diary?offset=&
 // limit=); the count comes from the replies. Follow mode sticks to the
-// tail and takes new lines from /diary/events. A line's position i shows
-// the lines after i (numbers start at 1), so a 1,000,000-line diary costs
-// what 60 lines cost.
+// tail and takes new lines from /diary/events (after the newest line
+// number seen). Row i is the i-th stored line, by position, not line
+// number: a capped diary's numbers jump where it was cut. So a
+// 1,000,000-line diary costs what 60 lines cost.
 import {useEffect, useRef, useState} from 'preact/hooks';
 import {getJson} from '../api.js';
 import {formatClock, visibleText} from '../format.js';
-import {missingBlocks, scrollTopFor, visibleRange} from '../vscroll.js';
+import {diaryPageQuery, missingBlocks, scrollTopFor, visibleRange} from '../vscroll.js';
 import {html} from '../ui.js';
 
 export const ROW_HEIGHT = 18;
@@ -57,7 +58,7 @@ export function Diary({jobId, ended}) {
     for (const b of missingBlocks(r.first, r.last, BLOCK, (i) => s.lines.has(i))) {
       if (s.pending.has(b)) continue;
       s.pending.add(b);
-      getJson(`/api/v1/jobs/${jobId}/diary?after=${b}&limit=${BLOCK}`).then((reply) => {
+      getJson(`/api/v1/jobs/${jobId}/diary?${diaryPageQuery(b, BLOCK)}`).then((reply) => {
         s.pending.delete(b);
         if (typeof reply.total === 'number' && reply.total > s.total) s.total = reply.total;
         place(b, reply.lines || []);
@@ -136,7 +137,7 @@ export function Diary({jobId, ended}) {
     if (follow) {
       setFollow(true);
     } else {
-      getJson(`/api/v1/jobs/${jobId}/diary?after=0&limit=${BLOCK}`).then((reply) => {
+      getJson(`/api/v1/jobs/${jobId}/diary?${diaryPageQuery(0, BLOCK)}`).then((reply) => {
         s.total = reply.total || 0;
         place(0, reply.lines || []);
         measure();
@@ -165,7 +166,7 @@ export function Diary({jobId, ended}) {
         <span class="n">${l.n}</span><span class="t">${formatClock(l.time)}</span>${
         l.rank !== null && l.rank !== undefined ? html`<span class="r">${l.rank}</span>` : ''}<span
         class="text">${visibleText(l.text)}</span></div>`
-      : html`<div class="line loading" key=${i}><span class="n">${i + 1}</span></div>`);
+      : html`<div class="line loading" key=${i}><span class="n"></span></div>`);
   }
   return html`
     <div class="diary-bar">

@@ -114,7 +114,10 @@ export function JobPage({id, session}) {
       ${results && html`<ul id="action-results">${results.map((r) => html`
         <li class=${r.ok ? 'ok' : 'error'}>${visibleText(r.message || (r.ok ? 'done' : 'refused'))}</li>`)}</ul>`}
       ${job.state === 'queued' && html`<p id="wait-reason" class="note">Waiting: ${
-          visibleText(job.held ? 'held (release it to let it start)' : job.wait_reason || 'for a free slot')}</p>`}
+          visibleText(job.held ? 'held (release it to let it start)' : job.wait_reason || 'for a free slot')}${
+          typeof job.queue_position === 'number'
+            ? html` <span id="queue-position" class="muted">(number ${job.queue_position} in ${
+                visibleText(job.profile)}'s queue)</span>` : ''}</p>`}
       ${job.reason && html`<p id="job-reason" class="note">${visibleText(job.reason)}</p>`}
       <dl class="facts" id="job-facts">
         <dt>User</dt><dd>${visibleText(job.user)}</dd>

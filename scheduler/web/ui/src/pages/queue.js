@@ -1,4 +1,7 @@
-// The queue: queued jobs in the order they would start, and why each waits.
+// The queue: queued jobs of each profile in the order the scheduler tries
+// them (priority, fair share, submission; its placement core's own), and
+// why each waits. Jobs outside that order (held, waiting for others,
+// parked by their array's limit) have no position and come last.
 import {useEffect, useState} from 'preact/hooks';
 import {getJson, subscribe} from '../api.js';
 import {formatTime, visibleText} from '../format.js';
@@ -28,7 +31,7 @@ export function QueuePage() {
         <thead><tr><th>Position</th><th>Job</th><th>Name</th><th>User</th><th>Profile</th><th>Pool</th>
           <th>Priority</th><th>Submitted</th><th>Why it waits</th></tr></thead>
         <tbody>${jobs.map((j) => html`<tr key=${j.id} data-job-id=${j.id}>
-          <td>${j.position}</td><td><${Link} href=${`/jobs/${j.id}`}>${j.id}<//></td>
+          <td class="position">${typeof j.position === 'number' ? j.position : '—'}</td><td><${Link} href=${`/jobs/${j.id}`}>${j.id}<//></td>
           <td>${visibleText(j.name)}</td><td>${visibleText(j.user)}</td><td>${visibleText(j.profile)}</td>
           <td>${j.pool}</td><td>${j.priority}</td><td>${formatTime(j.submit_time)}</td>
           <td class="wait-reason">${visibleText(j.held ? 'held' : j.wait_reason)}</td></tr>`)}</tbody>
