@@ -88,12 +88,22 @@ try {
     return r.status;
   }, env.DLBATCH_TOKEN);
   if (login !== 200) throw new Error(`POST /api/v1/login answered ${login}`);
+  await page.goto('about:blank');
 
   // One load of `url`: ms from navigation start to `selector` in the DOM and
   // painted; `then` (a page function) runs at each DOM change once it is in.
   const load = async (url, selector, then, timeout = 60000) => {
     const hook = await page.evaluateOnNewDocument(watchFor(selector, then));
-    await page.goto(url, {waitUntil: 'domcontentloaded'});
+    // A navigation the previous page's scripts start (the login page's
+    // return, say) can abort this one: go again.
+    for (let tries = 1; ; tries++) {
+      try {
+        await page.goto(url, {waitUntil: 'domcontentloaded'});
+        break;
+      } catch (e) {
+        if (tries >= 3 || !/ERR_ABORTED/.test(String(e && e.message))) throw e;
+      }
+    }
     await page.waitForFunction(() => window.__bench && window.__bench.painted > 0,
                                {timeout, polling: 50});
     const r = await page.evaluate(() => {
