@@ -228,6 +228,7 @@ class EventStreams {
   int ready() const { return ready_; }
   int failed() const { return failed_; }
   int64_t job_events() const { return job_events_; }
+  int64_t bytes() const { return bytes_; }
 
  private:
   struct Stream {
@@ -257,6 +258,7 @@ class EventStreams {
         asio::buffer(st->buf), [this, st](beast::error_code ec, size_t n) {
           if (ec) return Fail();
           // Whole lines only; a partial one waits for the next read.
+          bytes_ += static_cast<int64_t>(n);
           st->carry.append(st->buf, n);
           size_t from = 0;
           for (size_t nl;
@@ -283,7 +285,7 @@ class EventStreams {
   std::string request_;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::atomic<int> ready_{0}, failed_{0};
-  std::atomic<int64_t> job_events_{0};
+  std::atomic<int64_t> job_events_{0}, bytes_{0};
   std::thread thread_;
 };
 
@@ -672,6 +674,28 @@ int main(int argc, char** argv) {
     notes.push_back(absl::StrFormat(
         "diary: `seq %d` ran and its %d lines were stored in %.1f s", lines,
         last, write_s));
+    // What the page asks the API for, timed alone: the first block it
+    // shows, and the block at the end it scrolls to.
+    for (const auto& [what, target] :
+         std::vector<std::pair<std::string, std::string>>{
+             {"the diary's first 200 lines",
+              absl::StrCat("/api/v1/jobs/", id, "/diary?after=0&limit=200")},
+             {"its last 200 lines",
+              absl::StrCat("/api/v1/jobs/", id, "/diary?after=",
+                           std::max<int64_t>(0, last - 200), "&limit=200")},
+             {"the job", absl::StrCat("/api/v1/jobs/", id)}}) {
+      std::vector<double> ms;
+      std::string body;
+      for (int r = 0; r < std::min(repeats, 20); ++r) {
+        const auto a = Clock::now();
+        https.Get(target, token, &body);
+        ms.push_back(Ms(a, Clock::now()));
+      }
+      rows.push_back({absl::StrCat("GET ", what, " (API alone)"),
+                      absl::StrFormat("%.1f ms (p95 %.1f)", Median(ms),
+                                      Percentile(ms, 95)),
+                      "-", "-", "-", "-"});
+    }
     int code = 0;
     Json r = RunNode({"diary", std::to_string(loads), std::to_string(id),
                       std::to_string(last)},
@@ -763,39 +787,47 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(2));
     struct Phase {
       double cpu_pct = 0, passes = 0, submit_rate = 0, burst_passes = 0,
-             events_per_s = 0;
+             events_per_s = 0, bytes_per_s = 0;
     };
-    // `events`: the streams' job events so far (none open: null).
-    auto phase = [&](Phase* p, const std::function<int64_t()>& events) {
-      const auto a = Clock::now();
-      const double c0 = CpuSeconds(scheduler);
-      const int64_t n0 = stats().placement_passes();
-      const int64_t e0 = events ? events() : 0;
-      std::this_thread::sleep_for(std::chrono::duration<double>(window));
-      const double secs = Ms(a, Clock::now()) / 1000;
-      p->events_per_s = events ? (events() - e0) / secs : 0;
-      p->cpu_pct = (CpuSeconds(scheduler) - c0) / secs * 100;
-      p->passes = static_cast<double>(stats().placement_passes() - n0);
-      // A burst of submits (they wait: every slot is taken), then away.
-      std::vector<int64_t> ids;
-      const int64_t b0 = stats().placement_passes();
-      const double s =
-          submit_many(1000, 2, 1, absl::StrCat("burst", rand()), &ids);
-      p->burst_passes = static_cast<double>(stats().placement_passes() - b0);
-      p->submit_rate = ids.size() / std::max(s, 1e-9);
-      cancel_all(ids);
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-    };
+    // `events`: the streams' job events and bytes so far (none open: null).
+    auto phase =
+        [&](Phase* p,
+            const std::function<std::pair<int64_t, int64_t>()>& events) {
+          const auto a = Clock::now();
+          const double c0 = CpuSeconds(scheduler);
+          const int64_t n0 = stats().placement_passes();
+          const auto e0 = events ? events() : std::pair<int64_t, int64_t>();
+          std::this_thread::sleep_for(std::chrono::duration<double>(window));
+          const double secs = Ms(a, Clock::now()) / 1000;
+          if (events) {
+            const auto e1 = events();
+            p->events_per_s = (e1.first - e0.first) / secs;
+            p->bytes_per_s = (e1.second - e0.second) / secs;
+          }
+          p->cpu_pct = (CpuSeconds(scheduler) - c0) / secs * 100;
+          p->passes = static_cast<double>(stats().placement_passes() - n0);
+          // A burst of submits (they wait: every slot is taken), then away.
+          std::vector<int64_t> ids;
+          const int64_t b0 = stats().placement_passes();
+          const double s =
+              submit_many(1000, 2, 1, absl::StrCat("burst", rand()), &ids);
+          p->burst_passes =
+              static_cast<double>(stats().placement_passes() - b0);
+          p->submit_rate = ids.size() / std::max(s, 1e-9);
+          cancel_all(ids);
+          std::this_thread::sleep_for(std::chrono::seconds(1));
+        };
     Phase before, open, after;
     phase(&before, nullptr);
-    double events_per_s = 0;
+    double events_per_s = 0, kb_per_s = 0;
     int ready = 0, failed = 0;
     {
       EventStreams es(port, token, streams);
       WaitUntil([&] { return es.ready() + es.failed() >= streams; }, 60000);
       std::this_thread::sleep_for(std::chrono::seconds(1));
-      phase(&open, [&] { return es.job_events(); });
+      phase(&open, [&] { return std::make_pair(es.job_events(), es.bytes()); });
       events_per_s = open.events_per_s / std::max(1, es.ready());
+      kb_per_s = open.bytes_per_s / 1024 / std::max(1, es.ready());
       ready = es.ready();
       failed = es.failed();
     }
@@ -806,8 +838,10 @@ int main(int argc, char** argv) {
     const double added = open.cpu_pct - none;
     rows.push_back(
         {absl::StrFormat("scheduler CPU, %d event streams open (%d ready, %d "
-                         "failed), %.0f job events/s each, %.0f s window",
-                         streams, ready, failed, events_per_s, window),
+                         "failed), %.0f job events/s (%.0f KB/s) each, %.0f s "
+                         "window",
+                         streams, ready, failed, events_per_s, kb_per_s,
+                         window),
          absl::StrFormat("%.1f %% of a core (+%.1f)", open.cpu_pct, added),
          absl::StrFormat("none open %.1f / %.1f %%", before.cpu_pct,
                          after.cpu_pct),
