@@ -97,7 +97,7 @@ constexpr char kUsage[] =
     "  diary's last line, event to pixel, and the scheduler's CPU with N\n"
     "  open event streams. Defaults: 100000 jobs, 60 repeats, 10 loads,\n"
     "  1000000 lines, 20 s of chart, 200 streams, 20 reporting jobs, 15 s\n"
-    "  windows; about 5-8 minutes.\n";
+    "  windows; about 3 minutes here.\n";
 
 // The job of (4) and (5): its own wall-clock time as a metric, every
 // argv[2] s, for argv[1] s.
