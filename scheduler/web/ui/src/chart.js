@@ -21,6 +21,9 @@ export function Chart({id, title, xLabel = 'iteration', series, data, height = 2
       series: [{label: xLabel}, ...series.map((label, i) => ({
         label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
       }))],
+      // data-drawn: how many points the canvas holds once drawn, so that a
+      // benchmark or a test can tell when a reported point reached the screen.
+      hooks: {draw: [(u) => { if (box.current) box.current.dataset.drawn = String(u.data[0].length); }]},
     }, data, box.current);
     const onResize = () => plot.current &&
         plot.current.setSize({width: Math.max(300, box.current.clientWidth), height});
