@@ -79,7 +79,9 @@ export function JobPage({id, session}) {
       }
       jobRef.current = merged;
       setJob(merged);
-      pullProgress();
+      // A running job changes many times a second (each diary line); only
+      // a change of its progress can bring new points.
+      if (!before || JSON.stringify(before.progress) !== JSON.stringify(ev.progress)) pullProgress();
       if (before && (before.state !== ev.state || before.held !== ev.held ||
                      before.attempt !== ev.attempt)) load();
     });
