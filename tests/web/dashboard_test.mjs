@@ -226,6 +226,9 @@ try {
     await jobPage(page, xssId);
     const name = await page.$eval('#job-name', (el) => el.textContent);
     expect(name === XSS_NAME, `the heading reads "${name}"`);
+    // It reports no progress: a note, not an empty chart.
+    await page.waitForSelector('#no-progress', {timeout: 10000});
+    expect(await page.$('#loss-chart') === null, 'an empty loss chart is drawn');
     await page.waitForFunction((line) => [...document.querySelectorAll('#diary .text')]
         .some((el) => el.textContent.includes(line)), {timeout: 15000}, XSS_LINE);
     const texts = await page.$$eval('#diary .text', (l) => l.map((el) => el.textContent));
@@ -291,13 +294,20 @@ try {
     await page.click('button[data-action="cancel"]');
     await page.waitForSelector('#job-state[data-state="cancelled"]', {timeout: 60000});
   });
-  for (const [name, p, sel] of [['sweep', `/sweeps/${env.DLBATCH_SWEEP_ID}`, '#group-table tbody tr'],
-                                ['array', `/arrays/${env.DLBATCH_ARRAY_ID}`, '#group-table tbody tr'],
+  // The sweep's and the array's command jobs report no progress: a note,
+  // not an empty chart, and no metric column of zeros.
+  for (const [name, p, sel] of [['sweep', `/sweeps/${env.DLBATCH_SWEEP_ID}`, '#group-no-curves'],
+                                ['array', `/arrays/${env.DLBATCH_ARRAY_ID}`, '#group-no-curves'],
                                 ['queue', '/queue', '#queue-table tbody tr'],
                                 ['cluster', '/cluster', '#workers-table tbody tr']]) {
     await check(`the ${name} page renders`, async () => {
       await page.goto(`${base}${p}`, {waitUntil: 'load'});
       await page.waitForSelector(sel, {timeout: 20000});
+      if (name === 'sweep' || name === 'array') {
+        await page.waitForSelector('#group-table tbody tr', {timeout: 20000});
+        const values = await page.$$eval('#group-table tbody tr td:nth-child(6)', (l) => l.map((td) => td.textContent));
+        expect(values.every((v) => v === ''), `the loss column reads ${values.join(', ')}`);
+      }
       await sleep(300);  // the chart and the rows settle
       await shot(page, name);
     });

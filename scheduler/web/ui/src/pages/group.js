@@ -75,8 +75,10 @@ export function GroupPage({kind, id}) {
       </div>
       ${summary.length > 0 && html`<dl class="facts" id="group-summary">${summary.map(([k, v]) => html`
         <dt>${visibleText(k)}</dt><dd>${visibleText(typeof v === 'number' ? formatNumber(v) : optionText(v))}</dd>`)}</dl>`}
-      <${Chart} id="group-chart" key=${shownIds + metric} title=${metric}
-          series=${shown.map((j) => `job ${j.id}`)} data=${overlay(curves, metric)} />
+      ${curves.some((pts) => pts.some((pt) => typeof (pt[metric] ?? (pt.metrics || {})[metric]) === 'number'))
+        ? html`<${Chart} id="group-chart" key=${shownIds + metric} title=${metric}
+            series=${shown.map((j) => `job ${j.id}`)} data=${overlay(curves, metric)} />`
+        : html`<p class="muted" id="group-no-curves">No job here reported ${visibleText(metric)}.</p>`}
       <table class="grid" id="group-table">
         <thead><tr><th>Rank</th><th>Job</th><th>Name</th><th>State</th><th>Progress</th>
           <th>${visibleText(metric)}</th>${kind === 'arrays' ? html`<th>Index</th>` : ''}
