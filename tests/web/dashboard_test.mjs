@@ -307,6 +307,8 @@ try {
         await page.waitForSelector('#group-table tbody tr', {timeout: 20000});
         const values = await page.$$eval('#group-table tbody tr td:nth-child(6)', (l) => l.map((td) => td.textContent));
         expect(values.every((v) => v === ''), `the loss column reads ${values.join(', ')}`);
+        const facts = await page.$eval('#group-summary', (el) => el.textContent);
+        expect(/states\s*finished \d+/.test(facts), `the summary reads "${facts}"`);
       }
       await sleep(300);  // the chart and the rows settle
       await shot(page, name);
