@@ -134,6 +134,13 @@ HttpResponse RestApi::Route(const HttpRequest& request, const Caller& caller,
     if (!post) return MethodNotAllowed("POST", method);
     absl::StatusOr<Json> body = BodyObject(request);
     if (!body.ok()) return ErrorResponse(body.status());
+    // One job's action that the caller may not take is refused as a whole
+    // (403, as the table of statuses says), not a 200 whose one result
+    // says no; the bulk form answers each job in its results.
+    if (absl::Status may = MayAccess(caller, *id, /*control=*/true);
+        absl::IsPermissionDenied(may)) {
+      return ErrorResponse(may);
+    }
     return Answer(Act(what, {*id}, caller));
   }
   if (what == "outputs" && parts.size() > 3) {

@@ -5,7 +5,8 @@
 // out cookie), pages and assets for those not logged in, no path out of
 // the assets folder, a body over the limit, garbage on the socket, a file
 // served by ranges, and `dlbatch web`'s one-time URL (used once), or its
-// message where the scheduler serves no web face.
+// message where the scheduler serves no web face; and the REST API's rules
+// of who sees and does what, through the server.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -37,6 +38,9 @@ std::string Trim(std::string s) {
 
 class WebServerTest : public ::testing::Test {
  protected:
+  // Where the scheduler's gRPC listens: "" a Unix socket, else TCP.
+  virtual std::string Listen() const { return ""; }
+
   void SetUp() override {
     assets_ = c_.dir() + "/web";
     std::filesystem::create_directories(assets_ + "/assets");
@@ -46,7 +50,8 @@ class WebServerTest : public ::testing::Test {
     for (int i = 0; i < 100000; ++i) big += static_cast<char>('a' + i % 26);
     WriteAll(assets_ + "/assets/app.js", big);
     std::filesystem::create_symlink("/etc/passwd", assets_ + "/assets/out.js");
-    c_.StartScheduler({"--web-listen", "127.0.0.1:0", "--web-assets", assets_});
+    c_.StartScheduler({"--web-listen", "127.0.0.1:0", "--web-assets", assets_},
+                      Listen());
     port_ = WebPort();
     ASSERT_GT(port_, 0) << c_.Logs();
   }
@@ -267,6 +272,118 @@ TEST_F(WebServerTest, DlbatchWebLogsInOnce) {
   Result plain = c_.Cli({"web"});
   EXPECT_EQ(plain.code, 0);
   EXPECT_EQ(plain.out.rfind(Url("/login?once="), 0), 0u) << plain.out;
+}
+
+// The REST API's rules through the real HTTPS server, users by their
+// tokens (TCP; nobody owns the job, daemon is the other user): a job, its
+// outputs, diary and progress for its owner and an admin, 403 for another user;
+// one job's action refused to the other user (bearer token or session and CSRF
+// token alike) and the job unchanged, taken by its owner's session and by an
+// admin; the bulk form answering the other user per job.
+class WebApiOverHttpsTest : public WebServerTest {
+ protected:
+  std::string Listen() const override { return "127.0.0.1:0"; }
+  void SetUp() override {
+    if (geteuid() != 0) {
+      GTEST_SKIP() << "needs root: the job's owner and the other user are "
+                      "nobody and daemon, whose jobs a root worker takes";
+    }
+    WebServerTest::SetUp();
+    if (HasFatalFailure()) return;
+    admin_ = Trim(ReadAll(c_.scheduler_state() + "/token"));
+    // The CLI and the worker present the first admin's token.
+    setenv("DLBATCH_TOKEN", admin_.c_str(), 1);
+  }
+  void TearDown() override { unsetenv("DLBATCH_TOKEN"); }
+
+  Reply Bearer(const std::string& token, const std::string& path,
+               std::vector<std::string> args = {}) {
+    args.insert(args.end(), {"-H", "Authorization: Bearer " + token});
+    return Curl(Url(path), args);
+  }
+  std::string State(int64_t id) {
+    Reply r = Bearer(admin_, "/api/v1/jobs/" + std::to_string(id));
+    auto j = nlohmann::json::parse(r.body, nullptr, false);
+    if (!j.is_object() || !j.contains("state")) return r.body;
+    return std::string(j["state"]) + (j.value("held", false) ? ",held" : "");
+  }
+
+  std::string admin_;
+};
+
+TEST_F(WebApiOverHttpsTest, OwnerOtherUserAndAdmin) {
+  const std::string ada = NewToken("nobody");
+  const std::string bob = NewToken("daemon");
+  ASSERT_FALSE(ada.empty());
+  ASSERT_FALSE(bob.empty());
+  // A drained worker: the job stays queued, whoever may run it.
+  c_.StartWorker("parked", 1);
+  ASSERT_TRUE(c_.WaitWorkers(1)) << c_.Logs();
+  ASSERT_EQ(c_.Cli({"admin", "drain", "parked", "--reason", "test"}).code, 0);
+  Result submit = c_.Cli(
+      {"submit", "-q",
+       c_.JobFile(
+           "job.yaml",
+           "name: nobodys-job\ncommand: [true]\nenv: {SECRET: s3cret}\n")},
+      {{"DLBATCH_TOKEN", ada}});
+  ASSERT_EQ(submit.code, 0) << submit.err;
+  const int64_t id = std::stoll(submit.out);
+  const std::string job = "/api/v1/jobs/" + std::to_string(id);
+
+  for (const std::string path :
+       {job, job + "/outputs", job + "/diary", job + "/progress"}) {
+    SCOPED_TRACE(path);
+    EXPECT_EQ(Bearer(ada, path).status, 200);
+    EXPECT_EQ(Bearer(admin_, path).status, 200);
+    Reply other = Bearer(bob, path);
+    EXPECT_EQ(other.status, 403) << other.body;
+    EXPECT_NE(other.body.find("belongs to nobody"), std::string::npos)
+        << other.body;
+  }
+  EXPECT_EQ(
+      nlohmann::json::parse(Bearer(ada, job).body)["spec"]["env"]["SECRET"],
+      "s3cret");
+
+  // Another user's action: 403 with a token, and with a session and its
+  // CSRF token; the job is as it was.
+  EXPECT_EQ(Bearer(bob, job + "/hold", {"-X", "POST"}).status, 403);
+  Reply in = Login(bob);
+  ASSERT_EQ(in.status, 200) << in.body;
+  const std::string bob_jar =
+      "Cookie: " +
+      in.headers["set-cookie"].substr(0, in.headers["set-cookie"].find(';'));
+  const std::string bob_csrf = nlohmann::json::parse(in.body)["csrf"];
+  Reply cancel = Curl(Url(job + "/cancel"), {"-X", "POST", "-H", bob_jar, "-H",
+                                             "X-CSRF-Token: " + bob_csrf});
+  EXPECT_EQ(cancel.status, 403) << cancel.body;
+  Reply bulk =
+      Curl(Url("/api/v1/jobs/cancel"),
+           {"-X", "POST", "-H", bob_jar, "-H", "X-CSRF-Token: " + bob_csrf,
+            "--data-binary", "{\"ids\":[" + std::to_string(id) + "]}"});
+  ASSERT_EQ(bulk.status, 200) << bulk.body;
+  EXPECT_EQ(nlohmann::json::parse(bulk.body)["results"][0]["ok"], false);
+  EXPECT_EQ(State(id), "queued");
+
+  // The owner's session holds it (not without the CSRF token); an admin
+  // releases it.
+  Reply ada_in = Login(ada);
+  ASSERT_EQ(ada_in.status, 200) << ada_in.body;
+  const std::string ada_jar =
+      "Cookie: " + ada_in.headers["set-cookie"].substr(
+                       0, ada_in.headers["set-cookie"].find(';'));
+  const std::string ada_csrf = nlohmann::json::parse(ada_in.body)["csrf"];
+  EXPECT_EQ(Curl(Url(job + "/hold"), {"-X", "POST", "-H", ada_jar}).status,
+            403);
+  EXPECT_EQ(State(id), "queued");
+  Reply hold = Curl(Url(job + "/hold"), {"-X", "POST", "-H", ada_jar, "-H",
+                                         "X-CSRF-Token: " + ada_csrf});
+  ASSERT_EQ(hold.status, 200) << hold.body;
+  EXPECT_EQ(nlohmann::json::parse(hold.body)["results"][0]["ok"], true);
+  EXPECT_EQ(State(id), "queued,held");
+  Reply release = Bearer(admin_, job + "/release", {"-X", "POST"});
+  ASSERT_EQ(release.status, 200) << release.body;
+  EXPECT_EQ(nlohmann::json::parse(release.body)["results"][0]["ok"], true);
+  EXPECT_EQ(State(id), "queued");
 }
 
 TEST(WebServerOffTest, DlbatchWebSaysHowToTurnItOn) {

@@ -258,9 +258,17 @@ TEST_F(WebApiTest, SharedVisibilityReadsRedactedButNeverControls) {
   EXPECT_EQ(Call(Get(path + "/outputs"), User("bob")).status, 200);
   EXPECT_EQ(Call(Get(path + "/progress"), User("bob")).status, 200);
 
+  // One job's action is refused whole (403); the bulk form says so per job.
   HttpResponse cancel = Call(Post(path + "/cancel"), User("bob"));
-  ASSERT_EQ(cancel.status, 200) << cancel.body;
-  Json result = Body(cancel)["results"][0];
+  EXPECT_EQ(cancel.status, 403) << cancel.body;
+  EXPECT_EQ(Body(cancel)["error"]["code"], "PERMISSION_DENIED");
+  EXPECT_THAT(Body(cancel)["error"]["message"].get<std::string>(),
+              HasSubstr("belongs to alice"));
+  HttpResponse bulk =
+      Call(Post("/api/v1/jobs/cancel", absl::StrCat("{\"ids\":[", id, "]}")),
+           User("bob"));
+  ASSERT_EQ(bulk.status, 200) << bulk.body;
+  Json result = Body(bulk)["results"][0];
   EXPECT_EQ(result["job"], id);
   EXPECT_EQ(result["ok"], false);
   EXPECT_THAT(result["message"].get<std::string>(), HasSubstr("belongs to"));

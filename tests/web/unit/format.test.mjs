@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import {test} from 'node:test';
 import {actionsFor, formatBytes, formatDuration, formatNumber, formatTime, mayAct,
-        outputUrl, progressFraction, rankJobs, visibleText} from
+        metricValue, outputUrl, progressFraction, rankJobs, visibleText} from
     '../../../scheduler/web/ui/src/format.js';
 import {safeNextPath} from '../../../scheduler/web/ui/src/next.js';
 import {jobsQuery, readJobsParams, writeJobsParams} from
@@ -65,6 +65,20 @@ test('rankJobs: lower is better for losses, missing values last', () => {
                 {id: 5, progress: {metrics: {bleu: 40}}}];
   assert.deepEqual(rankJobs(jobs, 'loss').map((j) => j.id), [2, 1, 3, 4, 5]);
   assert.deepEqual(rankJobs(jobs, 'bleu').map((j) => j.id), [5, 4, 1, 2, 3]);
+});
+
+test('metricValue: a job that never reported has no values, not the zeros of the shape', () => {
+  // A command job's progress as the scheduler sends it before any report.
+  const silent = {progress: {time: null, iteration: 0, loss: 0, accuracy: 0, has_validation: false,
+                             validation_loss: 0, metrics: {}}};
+  assert.equal(metricValue(silent, 'loss'), null);
+  assert.equal(metricValue(silent, 'validation_loss'), null);
+  const trained = {progress: {time: '2026-12-02T18:40:43.000Z', iteration: 5, loss: 0.5, has_validation: false,
+                              validation_loss: 0, metrics: {f1: 0}}};
+  assert.equal(metricValue(trained, 'loss'), 0.5);
+  assert.equal(metricValue(trained, 'validation_loss'), null);
+  assert.equal(metricValue(trained, 'f1'), 0);
+  assert.equal(rankJobs([silent, {...trained, id: 2}], 'loss', true)[0].id, 2);
 });
 
 test('safeNextPath refuses other sites', () => {

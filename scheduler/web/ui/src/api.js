@@ -62,6 +62,32 @@ export async function logout() {
   }
 }
 
+// Every event stream the app opens goes through here, so that leaving the
+// page closes them all. A page the browser keeps in its back/forward cache
+// keeps its connections open otherwise, and over HTTP/1.1 a browser opens
+// at most six to one host: a few pages left behind (two streams each) and
+// the current page's requests wait for a connection to free up, which can
+// take until the server's next heartbeat finds the stream gone. A page
+// brought back from that cache is loaded afresh, streams and all.
+const sources = new Set();
+
+export function openSource(url) {
+  const es = new EventSource(url);
+  sources.add(es);
+  const close = es.close.bind(es);
+  es.close = () => {
+    sources.delete(es);
+    close();
+  };
+  return es;
+}
+
+addEventListener('pagehide', () => {
+  for (const es of [...sources]) es.close();
+  events = null;
+});
+addEventListener('pageshow', (e) => { if (e.persisted) location.reload(); });
+
 // One EventSource on /api/v1/events for the whole app; pages subscribe to
 // its `job` and `worker` events and get the parsed JSON.
 const listeners = {job: new Set(), worker: new Set()};
@@ -69,7 +95,7 @@ let events = null;
 
 function openEvents() {
   if (events) return;
-  events = new EventSource('/api/v1/events');
+  events = openSource('/api/v1/events');
   for (const kind of Object.keys(listeners)) {
     events.addEventListener(kind, (e) => {
       let data;

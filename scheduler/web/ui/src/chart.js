@@ -34,7 +34,13 @@ export function Chart({id, title, xLabel = 'iteration', series, data, height = 2
       plot.current = null;
     };
   }, [shape, title]);
-  useEffect(() => { if (plot.current) plot.current.setData(data); }, [data]);
+  // data-points: how many x values the plot holds now (uPlot's own data),
+  // which tests and scripts read to see a live curve grow.
+  useEffect(() => {
+    if (!plot.current) return;
+    plot.current.setData(data);
+    box.current.dataset.points = String((plot.current.data[0] || []).length);
+  }, [data]);
   return html`<div class="chart" id=${id} ref=${box}></div>`;
 }
 

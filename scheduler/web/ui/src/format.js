@@ -114,7 +114,10 @@ export function lowerIsBetter(metric) {
 // A job's value of a metric: a progress field or one of its own metrics.
 export function metricValue(job, metric) {
   const p = job && job.progress;
-  if (!p) return null;
+  // A job that never reported (time null) carries the shape's zeros, and
+  // validation values count only where has_validation says there are any.
+  if (!p || p.time === null) return null;
+  if (metric.startsWith('validation_') && p.has_validation === false) return null;
   if (metric in p && typeof p[metric] === 'number') return p[metric];
   const m = p.metrics || {};
   return typeof m[metric] === 'number' ? m[metric] : null;

@@ -6,7 +6,7 @@
 // number: a capped diary's numbers jump where it was cut. So a
 // 1,000,000-line diary costs what 60 lines cost.
 import {useEffect, useRef, useState} from 'preact/hooks';
-import {getJson} from '../api.js';
+import {getJson, openSource} from '../api.js';
 import {formatClock, visibleText} from '../format.js';
 import {diaryPageQuery, missingBlocks, scrollTopFor, visibleRange} from '../vscroll.js';
 import {html} from '../ui.js';
@@ -19,7 +19,7 @@ const FETCH_DELAY_MS = 60;
 export function Diary({jobId, ended}) {
   const view = useRef(null);
   const st = useRef({lines: new Map(), total: 0, pending: new Set(), timer: 0,
-                     source: null, lastN: 0, follow: false});
+                     source: null, lastN: 0, follow: false, gone: false});
   const [, redraw] = useState(0);
   const [range, setRange] = useState({first: 0, last: 0, topPx: 0, spacerPx: 0});
   const [follow, setFollowState] = useState(!ended);
@@ -91,7 +91,7 @@ export function Diary({jobId, ended}) {
   const openStream = () => {
     const s = st.current;
     closeStream();
-    const es = new EventSource(`/api/v1/jobs/${jobId}/diary/events?after=${s.lastN}`);
+    const es = openSource(`/api/v1/jobs/${jobId}/diary/events?after=${s.lastN}`);
     es.addEventListener('lines', (e) => {
       let data;
       try {
@@ -128,7 +128,8 @@ export function Diary({jobId, ended}) {
       if (reply.ended) setDone(true);
       requestAnimationFrame(toBottom);
       bump();
-      if (!reply.ended && s.follow) openStream();
+      // The page may have gone meanwhile: a stream opened now would stay.
+      if (!reply.ended && s.follow && !s.gone) openStream();
     } catch (e) { /* shown as an empty diary */ }
   };
 
@@ -144,7 +145,7 @@ export function Diary({jobId, ended}) {
         bump();
       }, () => {});
     }
-    return () => { closeStream(); clearTimeout(s.timer); };
+    return () => { s.gone = true; closeStream(); clearTimeout(s.timer); };
   }, [jobId]);
 
   const onScroll = () => {

@@ -25,6 +25,15 @@ function optionText(v) {
   return typeof v === 'string' ? v : JSON.stringify(v);
 }
 
+// A summary's value: counts by state read "finished 3, running 1".
+function summaryText(v) {
+  if (typeof v === 'number') return formatNumber(v);
+  if (v && typeof v === 'object' && !Array.isArray(v)) {
+    return Object.entries(v).map(([k, n]) => `${k} ${optionText(n)}`).join(', ');
+  }
+  return optionText(v);
+}
+
 export function GroupPage({kind, id}) {
   const [metric, setMetric] = useState('loss');
   const [reply, setReply] = useState(null);
@@ -74,9 +83,11 @@ export function GroupPage({kind, id}) {
             onChange=${(e) => setLowerBetter(e.target.checked)} /> lower is better</label>
       </div>
       ${summary.length > 0 && html`<dl class="facts" id="group-summary">${summary.map(([k, v]) => html`
-        <dt>${visibleText(k)}</dt><dd>${visibleText(typeof v === 'number' ? formatNumber(v) : optionText(v))}</dd>`)}</dl>`}
-      <${Chart} id="group-chart" key=${shownIds + metric} title=${metric}
-          series=${shown.map((j) => `job ${j.id}`)} data=${overlay(curves, metric)} />
+        <dt>${visibleText(k)}</dt><dd>${visibleText(summaryText(v))}</dd>`)}</dl>`}
+      ${curves.some((pts) => pts.some((pt) => typeof (pt[metric] ?? (pt.metrics || {})[metric]) === 'number'))
+        ? html`<${Chart} id="group-chart" key=${shownIds + metric} title=${metric}
+            series=${shown.map((j) => `job ${j.id}`)} data=${overlay(curves, metric)} />`
+        : html`<p class="muted" id="group-no-curves">No job here reported ${visibleText(metric)}.</p>`}
       <table class="grid" id="group-table">
         <thead><tr><th>Rank</th><th>Job</th><th>Name</th><th>State</th><th>Progress</th>
           <th>${visibleText(metric)}</th>${kind === 'arrays' ? html`<th>Index</th>` : ''}

@@ -79,7 +79,9 @@ export function JobPage({id, session}) {
       }
       jobRef.current = merged;
       setJob(merged);
-      pullProgress();
+      // A running job changes many times a second (each diary line); only
+      // a change of its progress can bring new points.
+      if (!before || JSON.stringify(before.progress) !== JSON.stringify(ev.progress)) pullProgress();
       if (before && (before.state !== ev.state || before.held !== ev.held ||
                      before.attempt !== ev.attempt)) load();
     });
@@ -141,7 +143,9 @@ export function JobPage({id, session}) {
       </dl>
       <h2>Progress</h2>
       <div class="charts" id="job-charts">
-        ${CURVES.filter(([, , keys]) => hasAny(points, keys) || keys[0] === 'loss').map(
+        ${points.length === 0 && html`<p class="muted" id="no-progress">No progress reported${
+            isTerminal(job.state) ? '' : ' yet'}.</p>`}
+        ${CURVES.filter(([, , keys]) => hasAny(points, keys)).map(
             ([cid, title, keys]) => html`<${Chart} key=${cid} id=${cid} title=${title}
                 series=${keys} data=${columns(points, keys)} />`)}
         ${custom.length > 0 && html`<${Chart} id="metrics-chart" title="The job's metrics"
