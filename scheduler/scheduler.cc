@@ -392,8 +392,13 @@ absl::StatusOr<v1::Job> Scheduler::GetJob(int64_t job_id) {
                       ? v1::JOB_STATE_CANCELLING
                       : live.state);
     if (live.state == v1::JOB_STATE_QUEUED) {
-      job.set_wait_reason(watchers_.WaitReason(*this, it->second));
-      job.set_queue_position(QueuePosition(job_id, live.spec.profile()));
+      // One walk of its profile's queue for both (Slurm's queue has no
+      // place of ours).
+      std::optional<WaitInfo> info;
+      if (bridge().ProfileOf(live.spec.profile()) == nullptr)
+        info = core_->ExplainMany({job_id})[0];
+      job.set_wait_reason(watchers_.WaitReason(*this, it->second, info));
+      job.set_queue_position(info ? info->position : 0);
     }
     job.set_held(it->second.held);
     job.clear_preemptions();  // memory's are as new
@@ -458,27 +463,33 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
     }
   }
   // Progress comes with the summaries (committed with each report); why a
-  // queued job waits comes from memory, as GetJob's does. Each reason walks
-  // the jobs ahead, so only the first kListedWaitReasons queued jobs of a
-  // listing get one: mu_ is never held long for a listing of every job.
-  // Held and --after come from memory, as GetJob's do; so do the names of
-  // the placement's workers.
+  // queued job waits, and its place in the queue, come from memory, as
+  // GetJob's do: the placement core explains the listing's queued jobs in
+  // one walk of each profile's queue (ExplainMany), and only the first
+  // kListedWaitReasons get their reason written, so mu_ is never held long
+  // for a listing of every job. Held and --after come from memory, as
+  // GetJob's do; so do the names of the placement's workers.
   constexpr int kListedWaitReasons = 200;
-  int explained = 0;
-  // Positions: each profile's order once (O(q log q)), not a walk per job.
-  std::map<std::string, std::unordered_map<int64_t, int>> positions;
-  auto position = [&](int64_t id, const std::string& profile)
-                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                        auto [order, added] = positions.try_emplace(profile);
-                        if (added && bridge().ProfileOf(profile) == nullptr) {
-                          int place = 0;
-                          for (JobId queued : core_->QueueOrder(profile))
-                            order->second[queued] = ++place;
-                        }
-                        auto found = order->second.find(id);
-                        return found == order->second.end() ? 0 : found->second;
-                      };
   absl::MutexLock lock(&mu_);
+  std::vector<JobId> queued;
+  for (const v1::Job& job : reply.jobs()) {
+    auto it = jobs_.find(job.id());
+    if (job.state() == v1::JOB_STATE_QUEUED && it != jobs_.end() &&
+        it->second.record.state == v1::JOB_STATE_QUEUED &&
+        bridge().ProfileOf(it->second.record.spec.profile()) == nullptr) {
+      queued.push_back(job.id());
+    }
+  }
+  // Every queued job's place; the first kListedWaitReasons explained.
+  const std::vector<int> places = core_->QueuePositions(queued);
+  std::unordered_map<int64_t, int> place_of;
+  for (size_t i = 0; i < queued.size(); ++i) place_of[queued[i]] = places[i];
+  if (queued.size() > kListedWaitReasons) queued.resize(kListedWaitReasons);
+  const std::vector<std::optional<WaitInfo>> explained =
+      core_->ExplainMany(queued);
+  std::unordered_map<int64_t, const std::optional<WaitInfo>*> info_of;
+  for (size_t i = 0; i < queued.size(); ++i) info_of[queued[i]] = &explained[i];
+  int reasons = 0;
   for (v1::Job& job : *reply.mutable_jobs()) {
     for (v1::DevicePart& part : *job.mutable_placement()) {
       auto w = workers_.find(part.worker_id());
@@ -494,10 +505,14 @@ absl::StatusOr<v1::ListJobsReply> Scheduler::ListJobs(
     if (job.state() != v1::JOB_STATE_QUEUED) continue;
     if (it->second.held) job.set_held(true);
     if (it->second.record.state != v1::JOB_STATE_QUEUED) continue;
-    job.set_queue_position(
-        position(job.id(), it->second.record.spec.profile()));
-    if (++explained <= kListedWaitReasons)
-      job.set_wait_reason(watchers_.WaitReason(*this, it->second));
+    if (auto place = place_of.find(job.id()); place != place_of.end())
+      job.set_queue_position(place->second);
+    if (++reasons > kListedWaitReasons) continue;
+    auto info = info_of.find(job.id());
+    job.set_wait_reason(
+        info != info_of.end()
+            ? watchers_.WaitReason(*this, it->second, *info->second)
+            : watchers_.WaitReason(*this, it->second));
   }
   return reply;
 }
@@ -608,13 +623,6 @@ absl::StatusOr<bool> Scheduler::JobEnded(int64_t job) {
   ASSIGN_OR_RETURN(auto rec, reader_->GetJob(job));
   if (!rec) return absl::NotFoundError(absl::StrCat("no job ", job));
   return true;
-}
-
-int Scheduler::QueuePosition(int64_t job_id, const std::string& profile) const {
-  if (bridge().ProfileOf(profile) != nullptr) return 0;  // Slurm's queue
-  if (!core_->IsQueued(job_id)) return 0;
-  std::optional<WaitInfo> info = core_->Explain(job_id);
-  return info ? info->position : 0;
 }
 
 v1::ListWorkersReply Scheduler::ListWorkers() {

@@ -163,11 +163,6 @@ class Scheduler : private FollowSource, private SchedulerState {
   }
 
   v1::ListProfilesReply ListProfilesLocked() ABSL_LOCKS_EXCLUDED(mu_);
-  // Job.queue_position of a queued job of `profile`: its place in the
-  // placement core's order (Explain), 0 where it is not in it (held,
-  // waiting for `after`, parked) or its profile is Slurm's.
-  int QueuePosition(int64_t job_id, const std::string& profile) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Loop thread.
   void Loop();

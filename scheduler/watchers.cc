@@ -191,6 +191,13 @@ absl::StatusOr<std::shared_ptr<WatchQueue>> Watchers::Watch(
 std::string Watchers::WaitReason(const SchedulerState& s,
                                  const ActiveJob& job) const {
   s.mu_.AssertHeld();
+  return WaitReason(s, job, std::nullopt);
+}
+
+std::string Watchers::WaitReason(
+    const SchedulerState& s, const ActiveJob& job,
+    const std::optional<WaitInfo>& explained) const {
+  s.mu_.AssertHeld();
   if (std::string control = s.control().ControlWaitReason(s, job);
       !control.empty()) {
     return control;
@@ -205,7 +212,8 @@ std::string Watchers::WaitReason(const SchedulerState& s,
     s.SlurmLockHeld();
     return s.bridge().WaitReason(job.record.id, job.record.attempt);
   }
-  auto info = s.core_->Explain(job.record.id);
+  const std::optional<WaitInfo> info =
+      explained ? explained : s.core_->Explain(job.record.id);
   if (!info) return "";
   const std::string& profile = job.record.spec.profile();
   if (info->array_limited) return ArrayWaitText(info->array);

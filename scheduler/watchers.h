@@ -77,6 +77,11 @@ class Watchers {
   // limit, the workers it waits for, the slots and jobs ahead.
   std::string WaitReason(const SchedulerState& s, const ActiveJob& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
+  // The same with the placement core's answer for it already in hand
+  // (PlacementCore::ExplainMany, for listings).
+  std::string WaitReason(const SchedulerState& s, const ActiveJob& job,
+                         const std::optional<WaitInfo>& explained) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_);
 
  private:
   SchedulerState& state_;

@@ -5,6 +5,8 @@
 #include <compare>
 #include <deque>
 #include <limits>
+#include <map>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -329,6 +331,18 @@ struct Reservation {
 
 }  // namespace
 
+// Where queued jobs of a profile stand in its queue, in the last pass's
+// order: for each (in the order asked), how many jobs are ahead and
+// whether one of those could run on the online workers at all under its
+// user's limit (then the reservation is not theirs); and the profile's
+// first job in order.
+struct QueueWalk {
+  std::vector<int> ahead;
+  std::vector<bool> runnable_ahead;
+  JobId first = 0;
+  int first_priority = 0;
+};
+
 struct PlacementCore::State {
   std::deque<Profile> profiles;  // creation order; addresses stay put
   std::unordered_map<std::string, Profile*> by_name;
@@ -590,6 +604,10 @@ struct PlacementCore::State {
     return Place(View{&p.online_caps, nullptr, barred}, job.pool, job.max_nodes)
         .has_value();
   }
+
+  // Where each of `asked` (queued jobs of `p`) stands in `p`'s queue, in
+  // one walk of it (QueueWalk).
+  QueueWalk Walk(const Profile& p, const std::vector<JobId>& asked) const;
 
   // `free_at` is scratch space. Workers in `barred` are left out.
   std::optional<Reservation> ComputeReservation(
@@ -1453,10 +1471,12 @@ std::vector<UserUsage> PlacementCore::Usage(TimeMs now) const {
   return out;
 }
 
-std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
+// What Explain says of a queued job but the jobs ahead of it: its needs,
+// the profile's workers and its user's standing.
+// REQUIRES: job is queued.
+WaitInfo PlacementCore::ExplainStanding(JobId job) const {
   const State& s = *state_;
-  auto q = s.queued.find(job);
-  if (q == s.queued.end()) return std::nullopt;
+  const auto q = s.queued.find(job);
   const Profile& p = *s.FindProfile(q->second.profile);
   WaitInfo info;
   info.needed = q->second.pool;
@@ -1502,19 +1522,29 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
     std::sort(info.offline.begin(), info.offline.end());
     std::sort(info.draining.begin(), info.draining.end());
   }
-  // The order of the last pass: usage as of its time.
-  auto order = [&](const Account& a, const QueueKey& key) {
-    return Order{key.priority, s.ledger.Standing(*a.user, s.last_now), key.seq,
-                 key.id};
-  };
-  const Order me = order(mine, KeyOf(q->second));
+  return info;
+}
+
+std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
+  const State& s = *state_;
+  auto q = s.queued.find(job);
+  if (q == s.queued.end()) return std::nullopt;
+  WaitInfo info = ExplainStanding(job);
+  const Profile& p = *s.FindProfile(q->second.profile);
+  const Account& mine = p.accounts.at(q->second.user);
+  // The order of the last pass: usage as of its time (one standing per
+  // account, as QueueOrder takes it).
+  const QueueKey my_key = KeyOf(q->second);
+  const Order me{my_key.priority, s.ledger.Standing(*mine.user, s.last_now),
+                 my_key.seq, my_key.id};
   // The reservation belongs to the first job in order that could run on the
   // online workers at all, under its user's limit.
   bool head_ahead = false;
   std::optional<Order> first;
   for (const auto& [user, a] : p.accounts) {
+    const double standing = s.ledger.Standing(*a.user, s.last_now);
     for (const QueueKey& key : a.queue) {
-      const Order o = order(a, key);
+      const Order o{key.priority, standing, key.seq, key.id};
       if (!(o < me)) break;
       ++info.jobs_ahead;
       if (!first || o < *first) first = o;
@@ -1525,11 +1555,141 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
       }
     }
   }
-  if (!info.array_limited) info.position = info.jobs_ahead + 1;
   if (first) {
     info.first_ahead = first->id;
     info.first_ahead_priority = first->priority;
   }
+  FinishExplain(job, head_ahead, &info);
+  return info;
+}
+
+// Each job counts as ahead of every asked-for job ordered after it (a
+// difference array over the asked-for jobs in order): O(q log k) for q
+// queued and k asked. Each account's queue is in order, so its walk for
+// the first runnable job stops at its first, or once past the best found.
+QueueWalk PlacementCore::State::Walk(const Profile& p,
+                                     const std::vector<JobId>& asked) const {
+  auto order = [&](const Account& a, const QueueKey& key) {
+    return Order{key.priority, ledger.Standing(*a.user, last_now), key.seq,
+                 key.id};
+  };
+  std::vector<std::pair<Order, size_t>> mine;
+  for (size_t i = 0; i < asked.size(); ++i) {
+    const QueuedJob& job = queued.at(asked[i]);
+    mine.push_back({order(p.accounts.at(job.user), KeyOf(job)), i});
+  }
+  std::sort(mine.begin(), mine.end(),
+            [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<int> behind(mine.size() + 1, 0);
+  std::optional<Order> first;
+  std::optional<Order> runnable;
+  for (const auto& [user, a] : p.accounts) {
+    const double standing = ledger.Standing(*a.user, last_now);
+    bool looking = true;
+    for (const QueueKey& key : a.queue) {
+      const Order o{key.priority, standing, key.seq, key.id};
+      auto after = std::upper_bound(
+          mine.begin(), mine.end(), o,
+          [](const Order& x, const auto& m) { return x < m.first; });
+      ++behind[after - mine.begin()];
+      if (!first || o < *first) first = o;
+      if (looking && runnable && !(o < *runnable)) looking = false;
+      if (looking) {
+        const QueuedJob& job = queued.at(key.id);
+        if (job.pool <= a.Room() && EverFits(p, job, Barred(p, a))) {
+          runnable = o;
+          looking = false;
+        }
+      }
+    }
+  }
+  QueueWalk walk;
+  walk.ahead.resize(asked.size());
+  walk.runnable_ahead.resize(asked.size());
+  int count = 0;
+  for (size_t j = 0; j < mine.size(); ++j) {
+    count += behind[j];
+    walk.ahead[mine[j].second] = count;
+    walk.runnable_ahead[mine[j].second] = runnable && *runnable < mine[j].first;
+  }
+  if (first) {
+    walk.first = first->id;
+    walk.first_priority = first->priority;
+  }
+  return walk;
+}
+
+namespace {
+
+// `jobs` that are queued, by profile: their ids and places in `jobs`.
+template <typename Queued, typename FindProfile>
+std::map<const Profile*, std::pair<std::vector<JobId>, std::vector<size_t>>>
+QueuedByProfile(const std::vector<JobId>& jobs, const Queued& queued,
+                const FindProfile& find_profile) {
+  std::map<const Profile*, std::pair<std::vector<JobId>, std::vector<size_t>>>
+      out;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    auto q = queued.find(jobs[i]);
+    if (q == queued.end()) continue;
+    auto& [ids, places] = out[find_profile(q->second.profile)];
+    ids.push_back(jobs[i]);
+    places.push_back(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::optional<WaitInfo>> PlacementCore::ExplainMany(
+    const std::vector<JobId>& jobs) const {
+  const State& s = *state_;
+  std::vector<std::optional<WaitInfo>> out(jobs.size());
+  auto find = [&](const std::string& name) { return s.FindProfile(name); };
+  for (const auto& [profile, asked] : QueuedByProfile(jobs, s.queued, find)) {
+    const auto& [ids, places] = asked;
+    const QueueWalk walk = s.Walk(*profile, ids);
+    for (size_t j = 0; j < ids.size(); ++j) {
+      WaitInfo info = ExplainStanding(ids[j]);
+      info.jobs_ahead = walk.ahead[j];
+      if (walk.ahead[j] > 0) {
+        info.first_ahead = walk.first;
+        info.first_ahead_priority = walk.first_priority;
+      }
+      FinishExplain(ids[j], walk.runnable_ahead[j], &info);
+      out[places[j]] = std::move(info);
+    }
+  }
+  return out;
+}
+
+std::vector<int> PlacementCore::QueuePositions(
+    const std::vector<JobId>& jobs) const {
+  const State& s = *state_;
+  std::vector<int> out(jobs.size(), 0);
+  auto find = [&](const std::string& name) { return s.FindProfile(name); };
+  for (const auto& [profile, asked] : QueuedByProfile(jobs, s.queued, find)) {
+    const auto& [ids, places] = asked;
+    const QueueWalk walk = s.Walk(*profile, ids);
+    for (size_t j = 0; j < ids.size(); ++j) {
+      const QueuedJob& job = s.queued.at(ids[j]);
+      const bool parked =
+          State::Limited(job) && s.arrays.IsParked(State::MemberOf(job));
+      out[places[j]] = parked ? 0 : walk.ahead[j] + 1;
+    }
+  }
+  return out;
+}
+
+// The rest of Explain once the jobs ahead are known: the position, and
+// the backfill reservation of a job with nobody runnable ahead.
+void PlacementCore::FinishExplain(JobId job, bool head_ahead,
+                                  WaitInfo* out) const {
+  const State& s = *state_;
+  const auto q = s.queued.find(job);
+  const Profile& p = *s.FindProfile(q->second.profile);
+  const Account& mine = p.accounts.at(q->second.user);
+  WaitInfo& info = *out;
+  if (!info.array_limited) info.position = info.jobs_ahead + 1;
   if (!head_ahead && !info.over_limit && !info.array_limited) {
     Overrides free_at;
     if (auto res = s.ComputeReservation(p, q->second, s.last_now, free_at,
@@ -1538,7 +1698,6 @@ std::optional<WaitInfo> PlacementCore::Explain(JobId job) const {
       info.reserved_start = res->start;
     }
   }
-  return info;
 }
 
 std::vector<JobId> PlacementCore::QueueOrder(const std::string& profile) const {

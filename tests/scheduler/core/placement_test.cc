@@ -1013,6 +1013,63 @@ TEST(PlacementQueueOrder, ParkedArrayJobsAreLeftOut) {
   EXPECT_EQ(parked->position, 0);
 }
 
+// ExplainMany (and QueuePositions) answer as Explain does, job by job, in
+// one walk of each profile's queue: over users with usage, priorities,
+// pools that never fit, arrays parked by their %N, running jobs, a
+// draining worker and two profiles.
+TEST(PlacementQueueOrder, ExplainManyAgreesWithExplain) {
+  for (int seed = 1; seed <= 20; ++seed) {
+    std::mt19937 rng(seed);
+    PlacementCore core;
+    core.SetFairShareHalfLife(0);
+    core.WorkerOnline(1, "p", 4);
+    core.WorkerOnline(2, "p", 2);
+    core.WorkerOnline(3, "q", 3);
+    if (seed % 3 == 0) core.SetDraining(2, true);
+    const char* users[] = {"alice", "bob", "carol"};
+    core.ChargeUsage("alice", 600e3, 0);
+    core.ChargeUsage("carol", 60e3, 0);
+    std::vector<JobId> ids;
+    for (JobId id = 1; id <= 40; ++id) {
+      QueuedJob job = UserJob(id, users[rng() % 3], 1 + rng() % 6,
+                              static_cast<int>(rng() % 3));
+      if (rng() % 2) job.profile = "q";
+      if (rng() % 5 == 0) {
+        job.array_id = 1000;
+        job.array_limit = 2;
+      }
+      core.Enqueue(job);
+      ids.push_back(id);
+    }
+    core.Schedule(1000);
+    ids.push_back(999);  // never submitted
+    const std::vector<std::optional<WaitInfo>> many = core.ExplainMany(ids);
+    const std::vector<int> places = core.QueuePositions(ids);
+    ASSERT_EQ(many.size(), ids.size());
+    ASSERT_EQ(places.size(), ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::optional<WaitInfo> one = core.Explain(ids[i]);
+      EXPECT_EQ(places[i], one ? one->position : 0) << "job " << ids[i];
+      ASSERT_EQ(one.has_value(), many[i].has_value()) << "job " << ids[i];
+      if (!one) continue;
+      const WaitInfo& a = *one;
+      const WaitInfo& b = *many[i];
+      SCOPED_TRACE(testing::Message() << "seed " << seed << " job " << ids[i]);
+      EXPECT_EQ(a.jobs_ahead, b.jobs_ahead);
+      EXPECT_EQ(a.position, b.position);
+      EXPECT_EQ(a.first_ahead, b.first_ahead);
+      EXPECT_EQ(a.first_ahead_priority, b.first_ahead_priority);
+      EXPECT_EQ(a.reserved, b.reserved);
+      EXPECT_EQ(a.reserved_start, b.reserved_start);
+      EXPECT_EQ(a.over_limit, b.over_limit);
+      EXPECT_EQ(a.array_limited, b.array_limited);
+      EXPECT_EQ(a.fits_online, b.fits_online);
+      EXPECT_EQ(a.free_now, b.free_now);
+      EXPECT_EQ(a.draining, b.draining);
+    }
+  }
+}
+
 // --- Whose jobs a worker runs ---------------------------------------------
 
 WorkerUsers Only(const std::string& user) {
