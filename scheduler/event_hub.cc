@@ -1,17 +1,66 @@
 #include "scheduler/event_hub.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace dlbatch::scheduler {
 
+// ---- WatchEvent ----
+
+namespace {
+size_t SizeOf(const v1::Job* job, const v1::WorkerInfo* worker) {
+  if (job) return job->ByteSizeLong();
+  if (worker) return worker->ByteSizeLong();
+  return 1;
+}
+}  // namespace
+
+// The size is taken here, on one thread: ByteSizeLong caches it in the
+// message, which is shared read-only from now on.
+WatchEvent::WatchEvent(std::shared_ptr<const v1::Job> job,
+                       std::shared_ptr<const v1::WorkerInfo> worker,
+                       int64_t time_ms)
+    : job_(std::move(job)),
+      worker_(std::move(worker)),
+      time_ms_(time_ms),
+      size_hint_(SizeOf(job_.get(), worker_.get())) {}
+
+v1::ClusterEvent WatchEvent::ToProto() const {
+  v1::ClusterEvent event;
+  event.set_time_ms(time_ms_);
+  if (job_) {
+    *event.mutable_job() = *job_;
+  } else if (worker_) {
+    *event.mutable_worker() = *worker_;
+  } else {
+    event.set_snapshot_done(true);
+  }
+  return event;
+}
+
+const std::string& WatchEvent::Text(
+    int variant, absl::FunctionRef<std::string()> make) const {
+  absl::call_once(made_[variant], [&] { text_[variant] = make(); });
+  return text_[variant];
+}
+
 // ---- WatchQueue ----
 
-bool WatchQueue::PutLocked(Key key, Entry entry, bool replace) {
+bool WatchQueue::Wanted(const WatchEvent& event) const {
+  if (options_.only_job == 0 || event.snapshot_done()) return true;
+  return event.job() != nullptr && event.job()->id() == options_.only_job;
+}
+
+bool WatchQueue::PutLocked(std::shared_ptr<const WatchEvent> event,
+                           bool replace) {
   mu_.AssertHeld();
   if (finished_ || closing_) return false;
-  auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
+  Key key = event->job()      ? Key{0, event->job()->id()}
+            : event->worker() ? Key{1, event->worker()->id()}
+                              : Key{2, 0};
+  auto [it, inserted] = entries_.try_emplace(key, event);
   if (!inserted) {
-    if (replace) it->second = std::move(entry);
+    if (replace) it->second = std::move(event);
     return false;  // already pending: a wake is already due or in progress
   }
   order_.push_back(key);
@@ -20,33 +69,37 @@ bool WatchQueue::PutLocked(Key key, Entry entry, bool replace) {
   return wake;
 }
 
-bool WatchQueue::PutJob(std::shared_ptr<const v1::Job> job, int64_t time_ms) {
+bool WatchQueue::Put(std::shared_ptr<const WatchEvent> event) {
+  if (!Wanted(*event)) return false;  // options_ is const: no lock
   absl::MutexLock lock(&mu_);
-  Key key{0, job->id()};
-  return PutLocked(key, Entry{std::move(job), nullptr, time_ms},
-                   /*replace=*/true);
+  return PutLocked(std::move(event), /*replace=*/true);
+}
+
+bool WatchQueue::PutJob(std::shared_ptr<const v1::Job> job, int64_t time_ms) {
+  return Put(
+      std::make_shared<const WatchEvent>(std::move(job), nullptr, time_ms));
 }
 
 bool WatchQueue::PutJobIfAbsent(std::shared_ptr<const v1::Job> job,
                                 int64_t time_ms) {
+  if (options_.only_job != 0 && job->id() != options_.only_job) return false;
+  auto event =
+      std::make_shared<const WatchEvent>(std::move(job), nullptr, time_ms);
   absl::MutexLock lock(&mu_);
-  Key key{0, job->id()};
-  return PutLocked(key, Entry{std::move(job), nullptr, time_ms},
-                   /*replace=*/false);
+  return PutLocked(std::move(event), /*replace=*/false);
 }
 
 bool WatchQueue::PutWorker(std::shared_ptr<const v1::WorkerInfo> worker,
                            int64_t time_ms) {
-  absl::MutexLock lock(&mu_);
-  Key key{1, worker->id()};
-  return PutLocked(key, Entry{nullptr, std::move(worker), time_ms},
-                   /*replace=*/true);
+  if (options_.only_job != 0) return false;
+  return Put(
+      std::make_shared<const WatchEvent>(nullptr, std::move(worker), time_ms));
 }
 
 bool WatchQueue::PutSnapshotDone(int64_t time_ms) {
+  auto event = std::make_shared<const WatchEvent>(nullptr, nullptr, time_ms);
   absl::MutexLock lock(&mu_);
-  return PutLocked(Key{2, 0}, Entry{nullptr, nullptr, time_ms},
-                   /*replace=*/false);
+  return PutLocked(std::move(event), /*replace=*/false);
 }
 
 void WatchQueue::Pump() {
@@ -60,23 +113,26 @@ void WatchQueue::Pump() {
     mu_.Unlock();
     return;
   }
-  Key key = order_.front();
-  order_.pop_front();
-  auto node = entries_.extract(key);
+  EventWriter::Batch batch;
+  size_t bytes = 0;
+  const size_t most = std::max<size_t>(options_.max_batch, 1);
+  while (!order_.empty() && batch.size() < most) {
+    auto it = entries_.find(order_.front());
+    const size_t size = it->second->size_hint();
+    if (!batch.empty() && options_.max_batch_bytes > 0 &&
+        bytes + size > options_.max_batch_bytes) {
+      break;
+    }
+    bytes += size;
+    batch.push_back(std::move(it->second));
+    entries_.erase(it);
+    order_.pop_front();
+  }
   writing_ = true;
   EventWriter* writer = writer_;
   mu_.Unlock();
   // Unlocked: FinishStream waits while writing_, so the writer lives on.
-  v1::ClusterEvent event;
-  event.set_time_ms(node.mapped().time_ms);
-  if (node.mapped().job) {
-    *event.mutable_job() = *node.mapped().job;
-  } else if (node.mapped().worker) {
-    *event.mutable_worker() = *node.mapped().worker;
-  } else {
-    event.set_snapshot_done(true);
-  }
-  writer->WriteEvent(std::move(event));
+  writer->WriteEvents(std::move(batch));
 }
 
 void WatchQueue::OnWritten(bool ok) {
@@ -193,37 +249,71 @@ void EventHub::Remove(const WatchQueue* queue) {
   };
   queues_.erase(std::remove_if(queues_.begin(), queues_.end(), gone),
                 queues_.end());
-  to_wake_.erase(std::remove_if(to_wake_.begin(), to_wake_.end(), gone),
+  to_wake_.erase(std::remove_if(to_wake_.begin(), to_wake_.end(),
+                                [&](const Wake& w) { return gone(w.queue); }),
                  to_wake_.end());
   watchers_.store(static_cast<int>(queues_.size()), std::memory_order_relaxed);
 }
 
 void EventHub::PublishJob(v1::Job job, int64_t time_ms) {
-  auto shared = std::make_shared<const v1::Job>(std::move(job));
-  absl::MutexLock lock(&mu_);
-  for (const auto& q : queues_) {
-    if (q->PutJob(shared, time_ms)) to_wake_.push_back(q);
-  }
+  Publish(std::make_shared<const WatchEvent>(
+      std::make_shared<const v1::Job>(std::move(job)), nullptr, time_ms));
 }
 
 void EventHub::PublishWorker(v1::WorkerInfo worker, int64_t time_ms) {
-  auto shared = std::make_shared<const v1::WorkerInfo>(std::move(worker));
-  absl::MutexLock lock(&mu_);
-  for (const auto& q : queues_) {
-    if (q->PutWorker(shared, time_ms)) to_wake_.push_back(q);
-  }
+  Publish(std::make_shared<const WatchEvent>(
+      nullptr, std::make_shared<const v1::WorkerInfo>(std::move(worker)),
+      time_ms));
 }
 
-bool EventHub::WakeDue() const { return stopping_ || !to_wake_.empty(); }
+void EventHub::Publish(const std::shared_ptr<const WatchEvent>& event) {
+  absl::MutexLock lock(&mu_);
+  absl::Time now = absl::InfinitePast();
+  for (const auto& q : queues_) {
+    if (!q->Put(event)) continue;
+    absl::Time due = now;
+    if (const int linger = q->options().linger_ms; linger > 0) {
+      if (now == absl::InfinitePast()) now = absl::Now();
+      due = now + absl::Milliseconds(linger);
+    }
+    to_wake_.push_back(Wake{due, q});
+    earliest_due_ = std::min(earliest_due_, due);
+  }
+}
 
 void EventHub::WakeLoop() {
   for (;;) {
     std::vector<std::shared_ptr<WatchQueue>> batch;
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(this, &EventHub::WakeDue));
+      // Sleeps until the earliest due wake, or until one earlier than it
+      // is added (earliest_due_ drops), or the hub stops.
+      while (!stopping_) {
+        const absl::Time due = earliest_due_;
+        if (due <= absl::Now()) break;
+        auto changed = [this, due]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || earliest_due_ < due;
+        };
+        if (due == absl::InfiniteFuture()) {
+          mu_.Await(absl::Condition(&changed));
+        } else {
+          mu_.AwaitWithDeadline(absl::Condition(&changed), due);
+        }
+      }
       if (stopping_) return;
-      batch.swap(to_wake_);
+      const absl::Time now = absl::Now();
+      absl::Time next = absl::InfiniteFuture();
+      std::vector<Wake> later;
+      for (Wake& w : to_wake_) {
+        if (w.due <= now) {
+          batch.push_back(std::move(w.queue));
+        } else {
+          next = std::min(next, w.due);
+          later.push_back(std::move(w));
+        }
+      }
+      to_wake_.swap(later);
+      earliest_due_ = next;
     }
     for (const auto& q : batch) q->Pump();
   }

@@ -4,6 +4,8 @@
 #include "scheduler/watchers.h"
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/duration.h"
@@ -32,22 +34,26 @@ std::vector<int64_t> WorkersOf(const JobRecord& rec) {
   return workers;
 }
 
+// A stream carries every change of every job: the summary is enough to
+// show it, and `dlbatch show` has the rest.
+void CutToSummary(const v1::JobSpec& full, v1::Job* view) {
+  v1::JobSpec spec;
+  spec.set_name(full.name());
+  spec.set_profile(full.profile());
+  spec.set_pool(full.pool());
+  spec.set_priority(full.priority());
+  spec.set_max_nodes(full.max_nodes());
+  spec.set_time_limit_s(full.time_limit_s());
+  *view->mutable_spec() = std::move(spec);
+}
+
 }  // namespace
 
 v1::Job Watchers::JobView(const SchedulerState& s, const ActiveJob& job) const {
   s.mu_.AssertHeld();
   const JobRecord& rec = job.record;
   v1::Job view = s.RecordToProto(rec);
-  // A stream carries every change of every job: the summary is enough to
-  // show it, and `dlbatch show` has the rest.
-  v1::JobSpec spec;
-  spec.set_name(rec.spec.name());
-  spec.set_profile(rec.spec.profile());
-  spec.set_pool(rec.spec.pool());
-  spec.set_priority(rec.spec.priority());
-  spec.set_max_nodes(rec.spec.max_nodes());
-  spec.set_time_limit_s(rec.spec.time_limit_s());
-  *view.mutable_spec() = std::move(spec);
+  CutToSummary(rec.spec, &view);
   if (job.cancel_requested && !IsTerminal(rec.state)) {
     view.set_state(v1::JOB_STATE_CANCELLING);
   }
@@ -129,9 +135,12 @@ void Watchers::PublishAll(SchedulerState& s) {
 }
 
 absl::StatusOr<std::shared_ptr<WatchQueue>> Watchers::Watch(
-    const v1::WatchEventsRequest& request, EventWriter* writer) {
-  auto queue = std::make_shared<WatchQueue>(writer);
+    const v1::WatchEventsRequest& request, EventWriter* writer,
+    const WatchOptions& options) {
+  auto queue = std::make_shared<WatchQueue>(writer, options);
+  const int64_t only = options.only_job;
   int64_t now = 0;
+  bool in_memory = false;
   {
     absl::MutexLock lock(&state_.mu_);
     now = state_.clock_->NowMs();
@@ -141,25 +150,34 @@ absl::StatusOr<std::shared_ptr<WatchQueue>> Watchers::Watch(
       for (const auto& [id, job] : state_.jobs_)
         state_.watched_slots_.Set(id, WorkersOf(job.record));
     }
-    std::vector<int64_t> running, queued;
-    for (const auto& [id, job] : state_.jobs_) {
-      (job.record.state == v1::JOB_STATE_QUEUED ? queued : running)
-          .push_back(id);
-    }
-    std::sort(running.begin(), running.end());
-    std::sort(queued.begin(), queued.end());
-    if (queued.size() > kWatchQueuedJobs) queued.resize(kWatchQueuedJobs);
-    for (const auto* ids : {&running, &queued}) {
-      for (int64_t id : *ids) {
-        queue->PutJob(std::make_shared<const v1::Job>(
-                          JobView(state_, state_.jobs_.at(id))),
-                      now);
+    if (only != 0) {
+      // One job's stream: its state now, and no view of any other.
+      if (auto it = state_.jobs_.find(only); it != state_.jobs_.end()) {
+        in_memory = true;
+        queue->PutJob(
+            std::make_shared<const v1::Job>(JobView(state_, it->second)), now);
       }
-    }
-    for (const auto& [id, worker] : state_.workers_) {
-      queue->PutWorker(
-          std::make_shared<const v1::WorkerInfo>(WorkerView(state_, worker)),
-          now);
+    } else {
+      std::vector<int64_t> running, queued;
+      for (const auto& [id, job] : state_.jobs_) {
+        (job.record.state == v1::JOB_STATE_QUEUED ? queued : running)
+            .push_back(id);
+      }
+      std::sort(running.begin(), running.end());
+      std::sort(queued.begin(), queued.end());
+      if (queued.size() > kWatchQueuedJobs) queued.resize(kWatchQueuedJobs);
+      for (const auto* ids : {&running, &queued}) {
+        for (int64_t id : *ids) {
+          queue->PutJob(std::make_shared<const v1::Job>(
+                            JobView(state_, state_.jobs_.at(id))),
+                        now);
+        }
+      }
+      for (const auto& [id, worker] : state_.workers_) {
+        queue->PutWorker(
+            std::make_shared<const v1::WorkerInfo>(WorkerView(state_, worker)),
+            now);
+      }
     }
     // From here every change reaches the queue, so nothing falls between
     // the snapshot and the stream.
@@ -168,6 +186,24 @@ absl::StatusOr<std::shared_ptr<WatchQueue>> Watchers::Watch(
   // Ended jobs come from the store, after subscribing: a job that ends
   // meanwhile is either in this read or published to the queue (or both;
   // the queue keeps the published state).
+  if (only != 0) {
+    if (!in_memory) {
+      absl::StatusOr<std::optional<JobRecord>> rec =
+          state_.reader_->GetJob(only);
+      if (!rec.ok()) {
+        events_.Remove(queue.get());
+        return rec.status();
+      }
+      if (*rec) {
+        v1::Job view = SchedulerState::RecordToProto(**rec);
+        CutToSummary((*rec)->spec, &view);
+        queue->PutJobIfAbsent(std::make_shared<const v1::Job>(std::move(view)),
+                              now);
+      }
+    }
+    queue->PutSnapshotDone(now);
+    return queue;
+  }
   int limit = request.ended_jobs() > 0
                   ? std::min(request.ended_jobs(), kWatchEndedJobsMax)
                   : kWatchEndedJobs;

@@ -46,9 +46,12 @@ class Watchers {
   // kWatchQueuedJobs queued ones, the most recently ended, every worker)
   // closed by snapshot_done, then every change as it is published. The
   // caller starts it with Pump() and calls Unwatch when the stream is done.
+  // With options.only_job, the snapshot is that job alone (from memory, or
+  // the store once it ended) and snapshot_done: nothing is built for the
+  // other jobs and workers, now or as they change.
   absl::StatusOr<std::shared_ptr<WatchQueue>> Watch(
-      const v1::WatchEventsRequest& request, EventWriter* writer)
-      ABSL_LOCKS_EXCLUDED(state_.mu_);
+      const v1::WatchEventsRequest& request, EventWriter* writer,
+      const WatchOptions& options = {}) ABSL_LOCKS_EXCLUDED(state_.mu_);
   void Unwatch(const WatchQueue* queue);
 
   // ---- hooks; mu_ held ----

@@ -31,9 +31,10 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::ClusterEvent>,
     queue_->Pump();
   }
 
-  // EventWriter; the queue never has two of these outstanding.
-  void WriteEvent(v1::ClusterEvent event) override {
-    out_ = std::move(event);
+  // EventWriter; the queue never has two of these outstanding, and with
+  // the default WatchOptions each holds one entry.
+  void WriteEvents(Batch events) override {
+    out_ = events.front()->ToProto();
     StartWrite(&out_);
   }
   void FinishStream() override { Finish(grpc::Status::OK); }

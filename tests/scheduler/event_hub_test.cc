@@ -5,9 +5,11 @@
 
 #include <stdlib.h>
 
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -32,12 +34,14 @@ class FakeWriter final : public EventWriter {
   explicit FakeWriter(bool auto_complete) : auto_complete_(auto_complete) {}
   void set_queue(WatchQueue* queue) { queue_ = queue; }
 
-  void WriteEvent(v1::ClusterEvent event) override {
+  void WriteEvents(Batch batch) override {
     {
       absl::MutexLock lock(&mu_);
       EXPECT_FALSE(in_flight_) << "two writes in flight";
+      EXPECT_FALSE(batch.empty()) << "an empty write";
       in_flight_ = true;
-      events_.push_back(std::move(event));
+      for (const auto& e : batch) events_.push_back(e->ToProto());
+      batches_.push_back(std::move(batch));
     }
     if (auto_complete_) Complete(true);
   }
@@ -56,6 +60,11 @@ class FakeWriter final : public EventWriter {
   std::vector<v1::ClusterEvent> events() const {
     absl::MutexLock lock(&mu_);
     return events_;
+  }
+  // The writes, each with the entries it took.
+  std::vector<Batch> batches() const {
+    absl::MutexLock lock(&mu_);
+    return batches_;
   }
   int finished() const {
     absl::MutexLock lock(&mu_);
@@ -77,6 +86,7 @@ class FakeWriter final : public EventWriter {
   WatchQueue* queue_ = nullptr;
   mutable absl::Mutex mu_;
   std::vector<v1::ClusterEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::vector<Batch> batches_ ABSL_GUARDED_BY(mu_);
   bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
   int finished_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -165,6 +175,167 @@ TEST(WatchQueue, FinishesOnlyOnceTheWriteInFlightIsDone) {
   queue.Detach();
   queue.Pump();
   EXPECT_EQ(writer.events().size(), 1u);
+}
+
+TEST(WatchQueue, AWriteTakesWhatIsPendingWithinItsBounds) {
+  FakeWriter writer(/*auto_complete=*/false);
+  WatchOptions options;
+  options.max_batch = 3;
+  WatchQueue queue(&writer, options);
+  writer.set_queue(&queue);
+  queue.PutJob(JobIn(1, v1::JOB_STATE_QUEUED), 1);
+  queue.Pump();  // job 1 alone in flight
+  for (int id = 2; id <= 6; ++id)
+    queue.PutJob(JobIn(id, v1::JOB_STATE_QUEUED), 2);
+  queue.PutJob(JobIn(3, v1::JOB_STATE_RUNNING), 3);  // still coalesced
+  writer.Complete(true);                             // 2, 3, 4
+  writer.Complete(true);                             // 5, 6
+  writer.Complete(true);                             // nothing pending: idle
+  auto batches = writer.batches();
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[0].size(), 1u);
+  EXPECT_EQ(batches[1].size(), 3u);
+  EXPECT_EQ(batches[2].size(), 2u);
+  EXPECT_THAT(Describe(writer.events()),
+              ElementsAre("job 1 JOB_STATE_QUEUED", "job 2 JOB_STATE_QUEUED",
+                          "job 3 JOB_STATE_RUNNING", "job 4 JOB_STATE_QUEUED",
+                          "job 5 JOB_STATE_QUEUED", "job 6 JOB_STATE_QUEUED"));
+  EXPECT_TRUE(queue.PutJob(JobIn(7, v1::JOB_STATE_QUEUED), 4));  // idle again
+}
+
+TEST(WatchQueue, ABatchStaysWithinItsBytesButTakesAtLeastOne) {
+  FakeWriter writer(/*auto_complete=*/false);
+  WatchOptions options;
+  options.max_batch = 100;
+  options.max_batch_bytes = 40;
+  WatchQueue queue(&writer, options);
+  writer.set_queue(&queue);
+  auto big = std::make_shared<v1::Job>();
+  big->set_id(1);
+  big->set_wait_reason(std::string(100, 'x'));
+  queue.PutJob(big, 1);
+  for (int id = 2; id <= 5; ++id) {
+    auto job = std::make_shared<v1::Job>();
+    job->set_id(id);
+    job->set_wait_reason(std::string(10, 'y'));  // about 14 bytes each
+    queue.PutJob(job, 1);
+  }
+  queue.Pump();
+  while (queue.pending() > 0) writer.Complete(true);
+  writer.Complete(true);
+  std::vector<size_t> sizes;
+  for (const auto& b : writer.batches()) sizes.push_back(b.size());
+  EXPECT_THAT(sizes, ElementsAre(1, 2, 2));
+}
+
+TEST(WatchQueue, AOneJobQueueDropsOtherJobsAndWorkersAsTheyArePut) {
+  FakeWriter writer(/*auto_complete=*/true);
+  WatchOptions options;
+  options.only_job = 7;
+  WatchQueue queue(&writer, options);
+  writer.set_queue(&queue);
+  queue.PutJob(JobIn(6, v1::JOB_STATE_QUEUED), 1);
+  queue.PutJob(JobIn(7, v1::JOB_STATE_QUEUED), 1);
+  auto worker = std::make_shared<v1::WorkerInfo>();
+  worker->set_id(1);
+  queue.PutWorker(worker, 1);
+  queue.PutJobIfAbsent(JobIn(8, v1::JOB_STATE_FAILED), 1);
+  queue.PutSnapshotDone(1);
+  EXPECT_EQ(queue.pending(), 2u);
+  queue.Pump();
+  EXPECT_FALSE(queue.PutJob(JobIn(9, v1::JOB_STATE_RUNNING), 2));  // no wake
+  EXPECT_TRUE(queue.PutJob(JobIn(7, v1::JOB_STATE_RUNNING), 2));
+  queue.Pump();
+  EXPECT_THAT(
+      Describe(writer.events()),
+      ElementsAre("job 7 JOB_STATE_QUEUED", "done", "job 7 JOB_STATE_RUNNING"));
+}
+
+TEST(WatchEvent, EachVariantIsMadeOnceForEveryThreadThatAsks) {
+  auto job = std::make_shared<v1::Job>();
+  job->set_id(3);
+  WatchEvent event(job, nullptr, 1);
+  std::atomic<int> made[2] = {0, 0};
+  std::vector<std::thread> threads;
+  std::vector<std::string> seen(8);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      const int v = t % 2;
+      seen[t] = event.Text(v, [&] {
+        made[v]++;
+        return "variant " + std::to_string(v);
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(made[0], 1);
+  EXPECT_EQ(made[1], 1);
+  for (int t = 0; t < 8; ++t)
+    EXPECT_EQ(seen[t], "variant " + std::to_string(t % 2));
+}
+
+TEST(EventHub, OnePublishedEntryIsSharedByEveryQueue) {
+  EventHub hub;
+  FakeWriter a(/*auto_complete=*/true), b(/*auto_complete=*/true);
+  auto qa = std::make_shared<WatchQueue>(&a);
+  auto qb = std::make_shared<WatchQueue>(&b);
+  a.set_queue(qa.get());
+  b.set_queue(qb.get());
+  hub.Add(qa);
+  hub.Add(qb);
+  qa->Pump();  // idle: the hub wakes them
+  qb->Pump();
+  v1::Job job;
+  job.set_id(5);
+  hub.PublishJob(job, 1);
+  ASSERT_TRUE(a.WaitFor([](const v1::ClusterEvent& e) { return e.has_job(); }));
+  ASSERT_TRUE(b.WaitFor([](const v1::ClusterEvent& e) { return e.has_job(); }));
+  // The same entry, so what one stream renders of it the other reuses.
+  ASSERT_EQ(a.batches().size(), 1u);
+  ASSERT_EQ(b.batches().size(), 1u);
+  const auto ea = a.batches()[0][0];
+  const auto eb = b.batches()[0][0];
+  EXPECT_EQ(ea.get(), eb.get());
+  int made = 0;
+  auto make = [&] {
+    ++made;
+    return std::string("text");
+  };
+  ea->Text(0, make);
+  eb->Text(0, make);
+  EXPECT_EQ(made, 1);
+  hub.Remove(qa.get());
+  hub.Remove(qb.get());
+  qa->Detach();
+  qb->Detach();
+}
+
+TEST(EventHub, ALingeringQueueWritesWhatCameMeanwhileInOneWrite) {
+  EventHub hub;
+  FakeWriter writer(/*auto_complete=*/true);
+  WatchOptions options;
+  options.max_batch = 256;
+  options.linger_ms = 200;
+  auto queue = std::make_shared<WatchQueue>(&writer, options);
+  writer.set_queue(queue.get());
+  hub.Add(queue);
+  queue->Pump();  // idle
+  const absl::Time start = absl::Now();
+  for (int id = 1; id <= 50; ++id) {
+    v1::Job job;
+    job.set_id(id);
+    hub.PublishJob(job, 1);
+  }
+  ASSERT_TRUE(writer.WaitFor(
+      [](const v1::ClusterEvent& e) { return e.job().id() == 50; }));
+  // Published within far less than the linger (else the test says nothing).
+  if (absl::Now() - start < absl::Milliseconds(150)) {
+    ASSERT_EQ(writer.batches().size(), 1u);
+    EXPECT_EQ(writer.batches()[0].size(), 50u);
+  }
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
+  hub.Remove(queue.get());
+  queue->Detach();
 }
 
 TEST(WorkerJobsIndex, ReportsTheWorkersWhoseJobsChanged) {

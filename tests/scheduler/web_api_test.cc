@@ -28,6 +28,7 @@ namespace dlbatch::scheduler::web {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 bool WaitUntil(const std::function<bool()>& done,
                absl::Duration timeout = absl::Seconds(10)) {
@@ -79,6 +80,7 @@ class FakeStreamWriter final : public StreamWriter {
     {
       absl::MutexLock lock(&mu_);
       bytes_ += bytes;
+      ++writes_;
     }
     done(true);
   }
@@ -94,10 +96,15 @@ class FakeStreamWriter final : public StreamWriter {
     absl::MutexLock lock(&mu_);
     return finished_;
   }
+  int writes() const {
+    absl::MutexLock lock(&mu_);
+    return writes_;
+  }
 
  private:
   mutable absl::Mutex mu_;
   std::string bytes_ ABSL_GUARDED_BY(mu_);
+  int writes_ ABSL_GUARDED_BY(mu_) = 0;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -647,6 +654,76 @@ TEST_F(WebApiTest, EventsStreamDeliversAJobsStateChange) {
   diary.stream->Start(w3);
   EXPECT_TRUE(WaitUntil([&] { return w3->finished(); })) << w3->bytes();
   EXPECT_THAT(w3->bytes(), HasSubstr("event: end\n"));
+}
+
+// Streams of several callers at once: each sees a job as RedactJob leaves
+// it for them (the entries' texts are shared between streams), and a burst
+// of changes goes out in a few writes, not one per change.
+TEST_F(WebApiTest, EventStreamsShareTextsButNeverAnotherUsersEnv) {
+  Start(/*shared_visibility=*/true);
+  DrainedWorker();
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 100; ++i)
+    ids.push_back(Submit("alice", absl::StrCat("burst", i)));
+  struct Open {
+    std::shared_ptr<StreamSource> source;
+    std::shared_ptr<FakeStreamWriter> writer;
+  };
+  auto open = [&](const Caller& who, bool one_job) {
+    HttpResponse r =
+        Call(one_job ? Get("/api/v1/events", {{"job", std::to_string(ids[0])}})
+                     : Get("/api/v1/events"),
+             who);
+    EXPECT_EQ(r.status, 200) << r.body;
+    Open o{r.stream, std::make_shared<FakeStreamWriter>()};
+    o.source->Start(o.writer);
+    EXPECT_TRUE(WaitUntil([&] {
+      return absl::StrContains(o.writer->bytes(), "event: ready\n");
+    })) << o.writer->bytes();
+    return o;
+  };
+  Open bob = open(User("bob"), false);
+  Open bob_one = open(User("bob"), true);
+  Open alice_one = open(User("alice"), true);
+  Open root = open(User("root", /*admin=*/true), false);
+  const int bob_writes = bob.writer->writes();
+
+  std::string body = "{\"ids\":[";
+  for (size_t i = 0; i < ids.size(); ++i)
+    absl::StrAppend(&body, i ? "," : "", ids[i]);
+  body += "]}";
+  ASSERT_EQ(Call(Post("/api/v1/jobs/cancel", body), User("alice")).status, 200);
+  auto cancelled = [](const FakeStreamWriter& w) {
+    size_t n = 0;
+    const std::string bytes = w.bytes();
+    for (size_t at = 0;
+         (at = bytes.find("\"state\":\"cancelled\"", at)) != std::string::npos;
+         ++at) {
+      ++n;
+    }
+    return n;
+  };
+  EXPECT_TRUE(WaitUntil([&] {
+    return cancelled(*bob.writer) == ids.size() &&
+           cancelled(*root.writer) == ids.size() &&
+           cancelled(*bob_one.writer) == 1 && cancelled(*alice_one.writer) == 1;
+  })) << bob.writer->bytes();
+  // 100 changes (each job's state), and the workers' none: a few writes.
+  EXPECT_LE(bob.writer->writes() - bob_writes, 10);
+
+  // The job as its stream's owner sees it first (GET /api/v1/jobs/ID's
+  // view), as bob is let see it: without env.
+  EXPECT_THAT(alice_one.writer->bytes(), HasSubstr("s3cret"));
+  for (const Open* o : {&bob, &bob_one})
+    EXPECT_THAT(o->writer->bytes(), Not(HasSubstr("s3cret")));
+  // A job stream carries that job only.
+  EXPECT_THAT(bob_one.writer->bytes(),
+              Not(HasSubstr(absl::StrCat("\"id\":", ids[1], ","))));
+  EXPECT_THAT(bob_one.writer->bytes(), Not(HasSubstr("event: worker")));
+  for (const Open* o : {&bob, &bob_one, &alice_one, &root}) {
+    o->source->Cancel();
+    EXPECT_TRUE(WaitUntil([&] { return o->writer->finished(); }));
+  }
 }
 
 // 100,000 jobs inserted straight into the store: a page of 100 sorted by
