@@ -122,20 +122,9 @@ absl::StatusOr<std::unique_ptr<Statement>> PrepareListing(
   return st;
 }
 
-}  // namespace
-
-absl::Status StoreReader::ListJobSummaries(const JobListQuery& query,
-                                           v1::ListJobsReply* out) {
-  static constexpr const char* kSortColumns[] = {
-      "id", "submit_ms", "name", "user", "state", "priority"};
-  bool known = false;
-  for (const char* c : kSortColumns) known |= query.sort_column == c;
-  if (!known) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot sort jobs by '", query.sort_column, "'"));
-  }
-  ASSIGN_OR_RETURN(auto raw, Acquire());
-  Lease db(this, std::move(raw));
+// The WHERE clause of the query's filter ("" for none), its text bound by
+// PrepareListing.
+std::string JobListingFilter(const JobListQuery& query) {
   std::vector<std::string> where;
   if (!query.states.empty()) {
     where.push_back(
@@ -151,33 +140,62 @@ absl::Status StoreReader::ListJobSummaries(const JobListQuery& query,
   if (!query.user.empty()) where.push_back("user = ?1");
   if (!query.name_glob.empty()) where.push_back("name GLOB ?2");
   if (!query.name_contains.empty()) where.push_back("name LIKE ?3 ESCAPE '\\'");
-  const std::string filter =
-      where.empty() ? ""
-                    : absl::StrCat(" WHERE ", absl::StrJoin(where, " AND "));
-  if (query.count_total) {
-    ASSIGN_OR_RETURN(
-        auto count,
-        PrepareListing(db.get(),
-                       absl::StrCat("SELECT COUNT(*) FROM jobs", filter),
-                       query));
-    ASSIGN_OR_RETURN(bool row, count->Step());
-    out->set_total(row ? count->Int(0) : 0);
+  return where.empty() ? ""
+                       : absl::StrCat(" WHERE ", absl::StrJoin(where, " AND "));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> JobListingSql(const JobListQuery& query) {
+  static constexpr const char* kSortColumns[] = {
+      "id", "submit_ms", "name", "user", "state", "priority"};
+  bool known = false;
+  for (const char* c : kSortColumns) known |= query.sort_column == c;
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot sort jobs by '", query.sort_column, "'"));
   }
+  const std::string filter = JobListingFilter(query);
+  const char* dir = query.descending ? " DESC" : "";
+  std::string order = absl::StrCat(" ORDER BY jobs.", query.sort_column, dir);
+  if (query.sort_column != "id") absl::StrAppend(&order, ", jobs.id", dir);
   // The spec (for sweep_point and array_task) only for one sweep's or
   // array's jobs: at most kMaxSweepJobs or kMaxArrayJobs rows, where a
   // listing of every job stays lean.
-  const char* dir = query.descending ? " DESC" : "";
   std::string sql = absl::StrCat(
       "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, "
       "exit_code, reason, "
       "name, profile, pool, priority, train_state.progress, sweep_id, ",
       query.sweep_id != 0 ? "spec" : "NULL", ", parts",
-      " FROM jobs LEFT JOIN train_state ON train_state.job_id = jobs.id",
-      filter, " ORDER BY ", query.sort_column, dir);
-  if (query.sort_column != "id") absl::StrAppend(&sql, ", id", dir);
-  if (query.limit > 0 || query.offset > 0)
-    absl::StrAppend(&sql, " LIMIT ", query.limit > 0 ? query.limit : -1);
+      " FROM jobs LEFT JOIN train_state ON train_state.job_id = jobs.id");
+  if (query.limit <= 0 && query.offset <= 0) {
+    absl::StrAppend(&sql, filter, order);
+    return sql;
+  }
+  // A page: its ids first, sorted, skipped and cut on an index that holds
+  // every column the filter and the sort read (schema version 15), so the
+  // offset walks index entries, not rows; then only the page's rows.
+  absl::StrAppend(&sql, " WHERE jobs.id IN (SELECT id FROM jobs", filter, order,
+                  " LIMIT ", query.limit > 0 ? query.limit : -1);
   if (query.offset > 0) absl::StrAppend(&sql, " OFFSET ", query.offset);
+  absl::StrAppend(&sql, ")", order);
+  return sql;
+}
+
+absl::Status StoreReader::ListJobSummaries(const JobListQuery& query,
+                                           v1::ListJobsReply* out) {
+  ASSIGN_OR_RETURN(const std::string sql, JobListingSql(query));
+  ASSIGN_OR_RETURN(auto raw, Acquire());
+  Lease db(this, std::move(raw));
+  if (query.count_total) {
+    ASSIGN_OR_RETURN(auto count,
+                     PrepareListing(db.get(),
+                                    absl::StrCat("SELECT COUNT(*) FROM jobs",
+                                                 JobListingFilter(query)),
+                                    query));
+    ASSIGN_OR_RETURN(bool row, count->Step());
+    out->set_total(row ? count->Int(0) : 0);
+  }
   ASSIGN_OR_RETURN(auto listing, PrepareListing(db.get(), sql, query));
   Statement& st = *listing;
   return st.ForEachRow([&] {
@@ -321,8 +339,22 @@ absl::StatusOr<int64_t> StoreReader::FirstInt(
 
 absl::StatusOr<int64_t> StoreReader::DiaryCount(
     int64_t job_id, const std::vector<int32_t>& ranks) {
-  if (ranks.empty())
-    return FirstInt("SELECT COUNT(*) FROM diary WHERE job_id=?", {job_id});
+  if (ranks.empty()) {
+    // Lines are numbered 1, 2, ... as stored, and only a capped diary loses
+    // any: one run right after its cut's marker (as DiaryCursorForOffset
+    // says). So the count is the newest line's number less the numbers
+    // between the marker and the first line kept after it: three lookups
+    // on indexes, one statement (one snapshot), however long the diary.
+    return FirstInt(
+        "SELECT COALESCE((SELECT MAX(line) FROM diary WHERE job_id=?1), 0) - "
+        "COALESCE((SELECT d.line FROM diary d, diary_cuts c WHERE "
+        "c.job_id=?1 AND d.job_id=?1 AND d.n > c.marker_n ORDER BY d.n "
+        "LIMIT 1) - (SELECT d.line FROM diary_cuts c JOIN diary d ON d.n = "
+        "c.marker_n WHERE c.job_id=?1) - 1, 0)",
+        {job_id});
+  }
+  // A rank's lines are spread among the others': counted, on
+  // diary_by_rank (job_id, rank), which holds both, without reading a row.
   ASSIGN_OR_RETURN(auto raw, Acquire());
   Lease db(this, std::move(raw));
   ASSIGN_OR_RETURN(

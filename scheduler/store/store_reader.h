@@ -39,6 +39,12 @@ struct JobListQuery {
   bool count_total = false;   // set ListJobsReply.total
 };
 
+// The statement that lists `query`'s jobs (its text bound as ?1 user, ?2
+// name_glob, ?3 the contains pattern): a page picks its ids on a covering
+// index first. Public for the tests of its query plans; InvalidArgument
+// for an unknown sort column.
+absl::StatusOr<std::string> JobListingSql(const JobListQuery& query);
+
 // Read-only access on pooled connections. Thread-safe: each read leases a
 // connection of its own, so reads run side by side and see only committed
 // transactions.

@@ -617,6 +617,10 @@ void WebServer::Impl::Accept() {
             beast::error_code ignored;
             socket.close(ignored);
           } else {
+            // A response of more than one TLS record must not wait in
+            // Nagle's algorithm for the client's delayed ACK (~40 ms).
+            beast::error_code ignored;
+            socket.set_option(tcp::no_delay(true), ignored);
             auto conn = std::make_shared<Connection>(this, std::move(socket));
             bool stopped;
             {

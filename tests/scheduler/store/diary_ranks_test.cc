@@ -160,9 +160,9 @@ TEST_F(DiaryRanksTest, OpensAVersion11FileAndGivesItsLinesTheirPartAsRank) {
   ASSERT_NO_FATAL_FAILURE(Add(0, 0, 1, "part 0"));
   ASSERT_NO_FATAL_FAILURE(Add(1, 1, 1, "part 1"));
   ASSERT_NO_FATAL_FAILURE(Add(1, -1, 0, "[dlbatch] of part 1"));
-  // What a version 11 scheduler left: no rank column.
+  // What a version 11 scheduler left: no rank column (nor its index).
   absl::Status undone = store_->db()->Exec(
-      "ALTER TABLE diary DROP COLUMN rank; "
+      "DROP INDEX diary_by_rank; ALTER TABLE diary DROP COLUMN rank; "
       "UPDATE meta SET value='11' WHERE key='schema'");
   ASSERT_TRUE(undone.ok()) << undone;
   ASSERT_NO_FATAL_FAILURE(Reopen());
@@ -170,7 +170,7 @@ TEST_F(DiaryRanksTest, OpensAVersion11FileAndGivesItsLinesTheirPartAsRank) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "14");
+  EXPECT_EQ((*version)->Text(0), "15");
   (*version)->Reset();
 
   ASSERT_NO_FATAL_FAILURE(Add(1, 5, 2, "new, rank 5"));

@@ -180,7 +180,7 @@ TEST_F(KeptCheckpointsTest, OpensAVersion12FileAndKeepsEachJobsCheckpoint) {
       store_->db()->Prepare("SELECT value FROM meta WHERE key='schema'");
   ASSERT_TRUE(version.ok());
   ASSERT_TRUE((*version)->Step().value());
-  EXPECT_EQ((*version)->Text(0), "14");
+  EXPECT_EQ((*version)->Text(0), "15");
   (*version)->Reset();
 
   auto kept = store_->KeptCheckpoints(job);

@@ -59,3 +59,24 @@ export function missingBlocks(first, last, block, have) {
 export function diaryPageQuery(start, limit) {
   return `offset=${Math.max(0, Math.floor(start))}&limit=${Math.max(1, Math.floor(limit))}`;
 }
+
+// `fn` run at once when called from rest (the view just opened or jumped:
+// its rows are fetched without waiting), then again only once the calls
+// have paused for `delayMs` (a scroll's stream of events costs one fetch
+// at its end). `timers` is setTimeout/clearTimeout's owner (tests pass
+// their own). Returns {call, cancel}.
+export function leadingDebounce(fn, delayMs, timers = globalThis) {
+  let timer = 0;
+  return {
+    call() {
+      const resting = timer === 0;
+      if (!resting) timers.clearTimeout(timer);
+      timer = timers.setTimeout(() => { timer = 0; fn(); }, delayMs);
+      if (resting) fn();
+    },
+    cancel() {
+      if (timer !== 0) timers.clearTimeout(timer);
+      timer = 0;
+    },
+  };
+}

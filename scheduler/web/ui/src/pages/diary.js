@@ -8,7 +8,8 @@
 import {useEffect, useRef, useState} from 'preact/hooks';
 import {getJson, openSource} from '../api.js';
 import {formatClock, visibleText} from '../format.js';
-import {diaryPageQuery, missingBlocks, scrollTopFor, visibleRange} from '../vscroll.js';
+import {diaryPageQuery, leadingDebounce, missingBlocks, scrollTopFor, visibleRange} from
+    '../vscroll.js';
 import {html} from '../ui.js';
 
 export const ROW_HEIGHT = 18;
@@ -18,7 +19,7 @@ const FETCH_DELAY_MS = 60;
 
 export function Diary({jobId, ended}) {
   const view = useRef(null);
-  const st = useRef({lines: new Map(), total: 0, pending: new Set(), timer: 0,
+  const st = useRef({lines: new Map(), total: 0, pending: new Set(), fetcher: null,
                      source: null, lastN: 0, follow: false, gone: false});
   const [, redraw] = useState(0);
   const [range, setRange] = useState({first: 0, last: 0, topPx: 0, spacerPx: 0});
@@ -68,10 +69,14 @@ export function Diary({jobId, ended}) {
     }
   };
 
+  // The first scroll from rest (the jump to the end as the page opens, a
+  // drag of the scrollbar) fetches its rows at once; a scroll going on
+  // fetches when it pauses.
   const scheduleFetch = () => {
     const s = st.current;
-    clearTimeout(s.timer);
-    s.timer = setTimeout(fetchVisible, FETCH_DELAY_MS);
+    s.fetchVisible = fetchVisible;  // this render's (the debounce outlives it)
+    if (!s.fetcher) s.fetcher = leadingDebounce(() => s.fetchVisible(), FETCH_DELAY_MS);
+    s.fetcher.call();
   };
 
   const toBottom = () => {
@@ -145,7 +150,7 @@ export function Diary({jobId, ended}) {
         bump();
       }, () => {});
     }
-    return () => { s.gone = true; closeStream(); clearTimeout(s.timer); };
+    return () => { s.gone = true; closeStream(); if (s.fetcher) s.fetcher.cancel(); };
   }, [jobId]);
 
   const onScroll = () => {
