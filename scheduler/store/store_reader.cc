@@ -160,13 +160,22 @@ absl::StatusOr<std::string> JobListingSql(const JobListQuery& query) {
   std::string order = absl::StrCat(" ORDER BY jobs.", query.sort_column, dir);
   if (query.sort_column != "id") absl::StrAppend(&order, ", jobs.id", dir);
   // The spec (for sweep_point and array_task) only for one sweep's or
-  // array's jobs: at most kMaxSweepJobs or kMaxArrayJobs rows, where a
-  // listing of every job stays lean.
+  // array's jobs (at most kMaxSweepJobs or kMaxArrayJobs rows), or for the
+  // sweeps' and arrays' jobs of a page of at most kPageWithSpecs rows (so
+  // that a page tells an array's jobs from a sweep's), where a listing of
+  // every job stays lean.
+  constexpr int kPageWithSpecs = 1000;
+  const char* spec = "NULL";
+  if (query.sweep_id != 0) {
+    spec = "spec";
+  } else if (query.limit > 0 && query.limit <= kPageWithSpecs) {
+    spec = "CASE WHEN jobs.sweep_id != 0 THEN spec END";
+  }
   std::string sql = absl::StrCat(
       "SELECT id, user, state, attempt, submit_ms, start_ms, end_ms, "
       "exit_code, reason, "
       "name, profile, pool, priority, train_state.progress, sweep_id, ",
-      query.sweep_id != 0 ? "spec" : "NULL", ", parts",
+      spec, ", parts",
       " FROM jobs LEFT JOIN train_state ON train_state.job_id = jobs.id");
   if (query.limit <= 0 && query.offset <= 0) {
     absl::StrAppend(&sql, filter, order);

@@ -193,6 +193,18 @@ TEST_F(ArrayTest, OneJobPerIndexEachToldItsIndexAndArray) {
   ASSERT_EQ(listed->jobs_size(), 4);
   EXPECT_EQ(listed->jobs(3).array_index(), 9);
   EXPECT_EQ(listed->jobs(3).array_id(), 1);
+  // And in a page of every job (the dashboard's), so an array's jobs are
+  // told from a sweep's; a listing of every job without a limit stays lean.
+  v1::ListJobsRequest page;
+  page.set_limit(100);
+  listed = scheduler_->ListJobs(page);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->jobs_size(), 4);
+  EXPECT_EQ(listed->jobs(3).array_id(), 1);
+  EXPECT_EQ(listed->jobs(3).array_index(), 9);
+  listed = scheduler_->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->jobs(3).array_id(), 0);
 
   // A retried submit returns the same array; a second array the next id.
   auto retried = scheduler_->Submit(ArrayRequest("0-2", "req-a"));

@@ -20,7 +20,8 @@ const FETCH_DELAY_MS = 60;
 export function Diary({jobId, ended}) {
   const view = useRef(null);
   const st = useRef({lines: new Map(), total: 0, pending: new Set(), fetcher: null,
-                     source: null, lastN: 0, follow: false, gone: false});
+                     source: null, lastN: 0, follow: false, gone: false,
+                     autoTop: 0});
   const [, redraw] = useState(0);
   const [range, setRange] = useState({first: 0, last: 0, topPx: 0, spacerPx: 0});
   const [follow, setFollowState] = useState(!ended);
@@ -84,6 +85,7 @@ export function Diary({jobId, ended}) {
     if (!el) return;
     el.scrollTop = scrollTopFor({index: st.current.total, viewport: el.clientHeight,
                                  rowHeight: ROW_HEIGHT, total: st.current.total});
+    st.current.autoTop = el.scrollTop;  // where follow put it (see onScroll)
     measure();
   };
 
@@ -156,8 +158,11 @@ export function Diary({jobId, ended}) {
   const onScroll = () => {
     const el = view.current;
     const s = st.current;
-    // Scrolling up away from the tail leaves follow mode.
-    if (s.follow && el.scrollTop + el.clientHeight < el.scrollHeight - 2 * ROW_HEIGHT) {
+    // Scrolling up away from the tail leaves follow mode: up from where
+    // follow last put the view, not a view left behind by lines that came
+    // meanwhile (their rows grow the diary before follow scrolls again).
+    if (s.follow && el.scrollTop < (s.autoTop || 0) - ROW_HEIGHT &&
+        el.scrollTop + el.clientHeight < el.scrollHeight - 2 * ROW_HEIGHT) {
       setFollow(false);
     }
     measure();

@@ -118,7 +118,7 @@ export function JobsPage({session}) {
                 aria-label=${`select job ${j.id}`} checked=${selected.has(j.id)}
                 onChange=${() => toggle(j.id)} />`}</td>
             <td><${Link} href=${`/jobs/${j.id}`}>${j.id}<//></td>
-            <td class="name">${visibleText(j.name)}${j.sweep_id ? html` <${Link}
+            <td class="name">${visibleText(j.name)}${j.sweep_id && !j.array_id ? html` <${Link}
                 class="tag" href=${`/sweeps/${j.sweep_id}`}>sweep ${j.sweep_id}<//>` : ''}${
               j.array_id ? html` <${Link} class="tag" href=${`/arrays/${j.array_id}`}>array ${
                 j.array_id}[${j.array_index}]<//>` : ''}</td>
